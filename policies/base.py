@@ -1,0 +1,316 @@
+"""The one interface between the engine and every KV-cache allocation policy.
+
+The engine (``sim/``) only ever calls the methods of :class:`KVCachePolicy`; each policy owns its
+memory and reports it as a :class:`MemoryBreakdown` that sums exactly to the pool at every instant.
+
+Vocabulary (see ``design.md``): a *slot* holds one token's K and V in every layer; a *block* is
+``block_size`` slots; the *pool* is every slot of the KV cache. A *sequence* is one stream of tokens
+(a request has one, or several after a fork). Token content is carried compactly as *segments*.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+# --------------------------------------------------------------------------------------------------
+# Token content without tokens
+# --------------------------------------------------------------------------------------------------
+
+Segment = tuple[int, int]
+"""``(content_id, length)``: the first ``length`` tokens of the token stream named ``content_id``.
+
+Two sequences hold identical tokens exactly where their segments name the same stream at the same
+offsets. A system prompt, a Mooncake 512-token hash block, a conversation turn, a sequence's
+generated output: each is one stream. Explicit token ids are streams of length 1 (see
+:func:`token_ids`), so the vLLM worked examples can be replayed token by token."""
+
+TokenContent = tuple[Segment, ...]
+
+
+def token_ids(ids: Iterable[int]) -> TokenContent:
+    """Explicit token ids as content: each id is a one-token stream."""
+    return tuple((int(token), 1) for token in ids)
+
+
+def content_length(content: Sequence[Segment]) -> int:
+    return sum(length for _, length in content)
+
+
+def validate_content(content: Sequence[Segment], what: str) -> None:
+    for position, segment in enumerate(content):
+        if len(segment) != 2 or segment[1] < 0:
+            raise PolicyInputError(f"{what}: segment {position} is {segment!r}; expected (content_id, length >= 0)")
+
+
+# --------------------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------------------
+
+
+class PolicyError(Exception):
+    """Base class for errors a policy raises."""
+
+
+class PolicyInputError(PolicyError, ValueError):
+    """A caller passed an impossible value (bad size, unknown sequence, double free...).
+
+    The policy's state is unchanged when this is raised."""
+
+
+class OutOfKVMemory(PolicyError):
+    """The pool cannot hold what was asked for right now. State is unchanged.
+
+    ``needed_slots`` / ``free_slots`` say by how much, so the engine can log an honest OOM."""
+
+    def __init__(self, message: str, needed_slots: int, free_slots: int):
+        super().__init__(message)
+        self.needed_slots = needed_slots
+        self.free_slots = free_slots
+
+
+# --------------------------------------------------------------------------------------------------
+# Pool description, breakdown, statistics
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """What every policy is built from; the engine derives it from model, GPU and knobs."""
+
+    kv_pool_tokens: int
+    block_size: int
+    max_model_len: int
+    kv_bytes_per_token: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("kv_pool_tokens", "block_size", "max_model_len", "kv_bytes_per_token"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise PolicyInputError(f"PoolSpec.{name} must be a positive integer, got {value!r}")
+        if self.kv_pool_tokens < self.block_size:
+            raise PolicyInputError(
+                f"PoolSpec.kv_pool_tokens={self.kv_pool_tokens} is smaller than one block "
+                f"(block_size={self.block_size})"
+            )
+
+    @property
+    def kv_pool_blocks(self) -> int:
+        return self.kv_pool_tokens // self.block_size
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Where every slot of the pool is, in slots. Sums to ``pool_slots`` exactly.
+
+    The categories are the vLLM paper's Figure 2 (token states, reservation, internal and external
+    fragmentation) plus the prefix cache and plain free memory."""
+
+    used: int
+    reserved: int
+    internal_fragmentation: int
+    external_fragmentation: int
+    cached: int
+    free: int
+
+    CATEGORIES: ClassVar[tuple[str, ...]] = (
+        "used",
+        "reserved",
+        "internal_fragmentation",
+        "external_fragmentation",
+        "cached",
+        "free",
+    )
+
+    @property
+    def total(self) -> int:
+        return (
+            self.used
+            + self.reserved
+            + self.internal_fragmentation
+            + self.external_fragmentation
+            + self.cached
+            + self.free
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.CATEGORIES}
+
+    def in_bytes(self, kv_bytes_per_token: int) -> dict[str, int]:
+        return {f"{name}_bytes": value * kv_bytes_per_token for name, value in self.as_dict().items()}
+
+
+@dataclass
+class PolicyStats:
+    """Cumulative counters. Names follow vLLM's metrics where vLLM has one (tokens, not blocks)."""
+
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    evictions: int = 0
+    cow_copies: int = 0
+    fork_copies: int = 0
+    allocation_failures: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# --------------------------------------------------------------------------------------------------
+# The interface
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """A sequence created by :meth:`KVCachePolicy.fork`: it inherits the parent's tokens, then
+    generates its own stream ``output_content_id`` up to ``final_len`` tokens in total."""
+
+    seq_id: int
+    final_len: int
+    output_content_id: int
+
+
+class KVCachePolicy(ABC):
+    """A KV-cache allocator. Every method either succeeds or raises and leaves the state unchanged.
+
+    Lengths are in tokens (= slots). ``final_len`` is the length the sequence will reach when it
+    finishes: the simulator knows it, and the breakdown uses it to tell reservation (slots that will
+    be filled) from internal fragmentation (slots that never will)."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, pool: PoolSpec):
+        self.pool = pool
+        self.stats = PolicyStats()
+
+    # -- sequences ---------------------------------------------------------------------------------
+    @abstractmethod
+    def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
+        """Would :meth:`admit` succeed right now (without changing anything)?"""
+
+    @abstractmethod
+    def admit(self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int) -> int:
+        """Allocate a new sequence holding ``prompt``. Returns prompt tokens served from cache.
+
+        Raises :class:`OutOfKVMemory` when it does not fit now."""
+
+    @abstractmethod
+    def grow(self, seq_id: int, num_tokens: int, content: TokenContent | None = None) -> None:
+        """Append ``num_tokens`` tokens (the sequence's own output stream unless ``content`` is
+        given). Raises :class:`OutOfKVMemory` (an OOM the engine must handle)."""
+
+    @abstractmethod
+    def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
+        """Create ``children`` holding the parent's tokens (parallel sampling, beam search)."""
+
+    @abstractmethod
+    def free(self, seq_id: int) -> None:
+        """Release a sequence. Its blocks may stay cached (prefix policies)."""
+
+    # -- capacity and accounting -------------------------------------------------------------------
+    @abstractmethod
+    def breakdown(self) -> MemoryBreakdown:
+        """Where every slot is now. Must sum to :attr:`pool_slots`."""
+
+    @abstractmethod
+    def slots_needed_to_grow(self, seq_id: int, num_tokens: int) -> int:
+        """New slots the pool must supply for ``grow(seq_id, num_tokens)``: 0 when it fits in what the
+        sequence already holds. Lets the engine find the next memory event in closed form."""
+
+    @abstractmethod
+    def available_slots(self) -> int:
+        """Slots that growth can take right now (free plus evictable cache)."""
+
+    @abstractmethod
+    def seq_len(self, seq_id: int) -> int:
+        """Tokens the sequence holds now."""
+
+    @abstractmethod
+    def live_sequences(self) -> Iterable[int]:
+        """Ids of the sequences currently allocated."""
+
+    @property
+    def pool_slots(self) -> int:
+        return self.pool.kv_pool_tokens
+
+    def pin_prefix(self, prompt: TokenContent) -> int:
+        """Keep ``prompt``'s blocks resident forever (warm-up). Returns slots pinned.
+
+        Only prefix-caching policies can; the others raise, so a config that asks for pinning on a
+        policy without a cache fails loudly instead of silently doing nothing."""
+        raise PolicyInputError(f"policy {self.name!r} has no prefix cache: it cannot pin prefixes")
+
+    # -- shared argument checks --------------------------------------------------------------------
+    def _check_new_sequence(self, seq_id: int, prompt: TokenContent, final_len: int) -> int:
+        if self._has_sequence(seq_id):
+            raise PolicyInputError(f"sequence {seq_id} is already allocated")
+        validate_content(prompt, f"prompt of sequence {seq_id}")
+        prompt_len = content_length(prompt)
+        if prompt_len <= 0:
+            raise PolicyInputError(f"sequence {seq_id}: prompt is empty")
+        if final_len < prompt_len:
+            raise PolicyInputError(f"sequence {seq_id}: final_len={final_len} is below the prompt length {prompt_len}")
+        if final_len > self.pool.max_model_len:
+            raise PolicyInputError(
+                f"sequence {seq_id}: final_len={final_len} exceeds max_model_len={self.pool.max_model_len}"
+            )
+        return prompt_len
+
+    def _check_growth(self, seq_id: int, num_tokens: int, current_len: int, final_len: int) -> None:
+        if num_tokens <= 0:
+            raise PolicyInputError(f"sequence {seq_id}: cannot grow by {num_tokens} tokens")
+        if current_len + num_tokens > final_len:
+            raise PolicyInputError(
+                f"sequence {seq_id}: growing {current_len} by {num_tokens} tokens passes its final length {final_len}"
+            )
+
+    def _check_children(self, parent_id: int, parent_len: int, children: Sequence[ChildSpec]) -> None:
+        seen: set[int] = set()
+        for child in children:
+            if self._has_sequence(child.seq_id) or child.seq_id in seen:
+                raise PolicyInputError(f"fork of {parent_id}: child id {child.seq_id} is already in use")
+            if child.final_len < parent_len or child.final_len > self.pool.max_model_len:
+                raise PolicyInputError(
+                    f"fork of {parent_id}: child {child.seq_id} final_len={child.final_len} must be between "
+                    f"the parent's length {parent_len} and max_model_len={self.pool.max_model_len}"
+                )
+            seen.add(child.seq_id)
+
+    @abstractmethod
+    def _has_sequence(self, seq_id: int) -> bool: ...
+
+
+# --------------------------------------------------------------------------------------------------
+# Registry: YAML names -> classes
+# --------------------------------------------------------------------------------------------------
+
+_REGISTRY: dict[str, type[KVCachePolicy]] = {}
+
+
+def register(name: str) -> Callable[[type[KVCachePolicy]], type[KVCachePolicy]]:
+    def decorate(cls: type[KVCachePolicy]) -> type[KVCachePolicy]:
+        if name in _REGISTRY:
+            raise ValueError(f"policy name {name!r} registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def policy_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def policy_class(name: str) -> type[KVCachePolicy]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise PolicyInputError(f"unknown policy {name!r}; known policies: {', '.join(policy_names())}") from None
+
+
+def make_policy(name: str, pool: PoolSpec, **options: object) -> KVCachePolicy:
+    """Build the policy registered as ``name``; ``options`` are its own keyword arguments."""
+    return policy_class(name)(pool, **options)  # type: ignore[call-arg]
