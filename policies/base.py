@@ -42,7 +42,9 @@ def content_length(content: Sequence[Segment]) -> int:
 def validate_content(content: Sequence[Segment], what: str) -> None:
     for position, segment in enumerate(content):
         if len(segment) != 2 or segment[1] < 0:
-            raise PolicyInputError(f"{what}: segment {position} is {segment!r}; expected (content_id, length >= 0)")
+            raise PolicyInputError(
+                f"{what}: segment {position} is {segment!r}; expected (content_id, length >= 0)"
+            )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -149,8 +151,8 @@ class PolicyStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     evictions: int = 0
-    cow_copies: int = 0
-    fork_copies: int = 0
+    cow_copies: int = 0  # blocks copied because a shared, partly filled block was written
+    fork_copied_tokens: int = 0  # tokens physically copied by forks that cannot share
     allocation_failures: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -251,7 +253,9 @@ class KVCachePolicy(ABC):
         if prompt_len <= 0:
             raise PolicyInputError(f"sequence {seq_id}: prompt is empty")
         if final_len < prompt_len:
-            raise PolicyInputError(f"sequence {seq_id}: final_len={final_len} is below the prompt length {prompt_len}")
+            raise PolicyInputError(
+                f"sequence {seq_id}: final_len={final_len} is below the prompt length {prompt_len}"
+            )
         if final_len > self.pool.max_model_len:
             raise PolicyInputError(
                 f"sequence {seq_id}: final_len={final_len} exceeds max_model_len={self.pool.max_model_len}"
@@ -308,7 +312,9 @@ def policy_class(name: str) -> type[KVCachePolicy]:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise PolicyInputError(f"unknown policy {name!r}; known policies: {', '.join(policy_names())}") from None
+        raise PolicyInputError(
+            f"unknown policy {name!r}; known policies: {', '.join(policy_names())}"
+        ) from None
 
 
 def make_policy(name: str, pool: PoolSpec, **options: object) -> KVCachePolicy:
