@@ -1,0 +1,33 @@
+"""KV-cache allocation policies. Importing the package registers every policy by name."""
+
+from policies import paged as _paged  # noqa: F401  (registers "paged")
+from policies import prefix as _prefix  # noqa: F401  (registers "prefix")
+from policies.base import (
+    ChildSpec,
+    KVCachePolicy,
+    MemoryBreakdown,
+    OutOfKVMemory,
+    PolicyError,
+    PolicyInputError,
+    PolicyStats,
+    PoolSpec,
+    TokenContent,
+    make_policy,
+    policy_names,
+    token_ids,
+)
+
+__all__ = [
+    "ChildSpec",
+    "KVCachePolicy",
+    "MemoryBreakdown",
+    "OutOfKVMemory",
+    "PolicyError",
+    "PolicyInputError",
+    "PolicyStats",
+    "PoolSpec",
+    "TokenContent",
+    "make_policy",
+    "policy_names",
+    "token_ids",
+]

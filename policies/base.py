@@ -193,10 +193,13 @@ class KVCachePolicy(ABC):
         """Would :meth:`admit` succeed right now (without changing anything)?"""
 
     @abstractmethod
-    def admit(self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int) -> int:
+    def admit(
+        self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
+    ) -> int:
         """Allocate a new sequence holding ``prompt``. Returns prompt tokens served from cache.
 
-        Raises :class:`OutOfKVMemory` when it does not fit now."""
+        ``namespace`` separates caches that must not share (a LoRA adapter, a cache salt); policies
+        without a cache ignore it. Raises :class:`OutOfKVMemory` when it does not fit now."""
 
     @abstractmethod
     def grow(self, seq_id: int, num_tokens: int, content: TokenContent | None = None) -> None:

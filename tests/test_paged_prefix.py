@@ -1,0 +1,310 @@
+"""Hand-worked scenarios for the paged and prefix-caching policies (exact block ids and breakdowns)."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies import ChildSpec, OutOfKVMemory, PolicyInputError, PoolSpec, make_policy, token_ids
+from policies.paged import PagedPolicy
+from policies.prefix import PrefixCachingPolicy
+
+
+def ids(first: int, last: int):
+    return token_ids(range(first, last + 1))
+
+
+def prefix_pool(num_blocks: int = 10, block_size: int = 4, max_model_len: int = 64) -> PrefixCachingPolicy:
+    policy = make_policy("prefix", PoolSpec(num_blocks * block_size, block_size, max_model_len))
+    assert isinstance(policy, PrefixCachingPolicy)
+    return policy
+
+
+def assert_sums(policy) -> None:
+    assert policy.breakdown().total == policy.pool_slots
+
+
+class TestVllmPrefixCachingDesignDoc:
+    """docs/design/prefix_caching.md in vllm-project/vllm: block size 4, 10 blocks (ids 0-9)."""
+
+    def drive_to_time_6(self) -> PrefixCachingPolicy:
+        policy = prefix_pool()
+        policy.admit(0, ids(1, 15), 40, output_content_id=1000)
+        assert policy.block_table(0) == [0, 1, 2, 3]
+        policy.grow(0, 1, token_ids([16]))
+        policy.grow(0, 1, token_ids([17]))
+        assert policy.block_table(0) == [0, 1, 2, 3, 4]
+        # Time 3: 14 tokens sharing the first 10 with request 0 hit exactly 2 blocks (8 tokens).
+        cached = policy.admit(1, ids(1, 10) + ids(101, 104), 40, output_content_id=1001)
+        assert cached == 8
+        assert policy.block_table(1) == [0, 1, 5, 6]
+        policy.grow(0, 3, token_ids([18, 19, 20]))
+        policy.grow(1, 2, token_ids([105, 106]))
+        for seq in (0, 1):
+            policy.free(seq)
+            assert_sums(policy)
+        return policy
+
+    def test_free_queue_at_time_6(self):
+        policy = self.drive_to_time_6()
+        assert policy.free_queue_order() == [7, 8, 9, 4, 3, 2, 6, 5, 1, 0]
+        # Every block is free or cached: 7 full blocks with hashes (0-6), 3 never used (7-9).
+        assert policy.breakdown().as_dict() == {
+            "used": 0,
+            "reserved": 0,
+            "internal_fragmentation": 0,
+            "external_fragmentation": 0,
+            "cached": 28,
+            "free": 12,
+        }
+
+    def test_request_2_hits_three_blocks_and_evicts_4_and_3(self):
+        policy = self.drive_to_time_6()
+        cached = policy.admit(2, ids(1, 12) + ids(201, 217), 40, output_content_id=1002)
+        assert cached == 12
+        assert policy.block_table(2) == [0, 1, 2, 7, 8, 9, 4, 3]
+        assert policy.stats.evictions == 2
+        # 29 tokens in 8 blocks (32 slots); final length 40 > 32, so the 3 empty slots are reserved.
+        # Cached: blocks 5 and 6 (full, hashed, no owner) = 8 slots.
+        assert policy.breakdown().as_dict() == {
+            "used": 29,
+            "reserved": 3,
+            "internal_fragmentation": 0,
+            "external_fragmentation": 0,
+            "cached": 8,
+            "free": 0,
+        }
+        assert policy.stats.prefix_cache_queries == 15 + 14 + 29
+        assert policy.stats.prefix_cache_hits == 8 + 12
+
+
+def test_freed_partial_block_goes_to_the_head_and_cached_blocks_to_the_tail_in_reverse():
+    """vLLM #42656: a freed block with no hash is reused before any cached block."""
+    policy = prefix_pool(num_blocks=6)
+    policy.admit(0, ids(1, 10), 12, output_content_id=500)  # blocks 0,1 full; 2 holds 2 tokens
+    assert policy.free_queue_order() == [3, 4, 5]
+    policy.free(0)
+    # Reverse order: 2 (no hash) to the head; then 1, 0 appended to the tail.
+    assert policy.free_queue_order() == [2, 3, 4, 5, 1, 0]
+    assert policy.breakdown().cached == 8
+
+
+def test_last_prompt_token_is_always_computed():
+    policy = prefix_pool()
+    policy.admit(0, ids(1, 8), 8, output_content_id=500)  # exactly 2 full blocks
+    policy.free(0)
+    # The same 8-token prompt may hit only (8 - 1) // 4 = 1 block.
+    assert policy.admit(1, ids(1, 8), 8, output_content_id=501) == 4
+    assert policy.block_table(1) == [0, 2]
+
+
+def test_namespace_separates_caches():
+    policy = prefix_pool()
+    policy.admit(0, ids(1, 9), 9, output_content_id=500, namespace=7)
+    assert policy.admit(1, ids(1, 9), 9, output_content_id=501, namespace=8) == 0
+    assert policy.admit(2, ids(1, 9), 9, output_content_id=502, namespace=7) == 8
+
+
+def test_hash_collision_never_shares_wrong_content():
+    """Every block hashes to the same value: only verified content may be shared."""
+    policy = make_policy("prefix", PoolSpec(40, 4, 64), hash_fn=lambda _key: 42)
+    policy.admit(0, ids(1, 9), 9, output_content_id=500)
+    # Different first block, same hash: must miss.
+    assert policy.admit(1, ids(11, 19), 9, output_content_id=501) == 0
+    # Same first block, different second block whose hash also collides: 1 block only.
+    assert policy.admit(2, ids(1, 4) + ids(21, 25), 9, output_content_id=502) == 4
+    # The true repeat of request 0 hits both of its blocks.
+    assert policy.admit(3, ids(1, 9), 9, output_content_id=503) == 8
+    assert policy.block_table(3)[:2] == policy.block_table(0)[:2]
+    assert_sums(policy)
+
+
+def test_colliding_parent_hashes_do_not_chain_into_the_wrong_prefix():
+    policy = make_policy("prefix", PoolSpec(40, 4, 64), hash_fn=lambda _key: 1)
+    policy.admit(0, ids(1, 4) + ids(50, 54), 9, output_content_id=500)
+    # Same second block, different first block: the second block must not be shared.
+    assert policy.admit(1, ids(11, 14) + ids(50, 54), 9, output_content_id=501) == 0
+
+
+def test_segments_share_exactly_the_common_tokens():
+    policy = prefix_pool(num_blocks=20, block_size=4)
+    system = (7, 10)  # the first 10 tokens of stream 7
+    policy.admit(0, (system, (100, 6)), 16, output_content_id=500)
+    # A prompt with only the first 9 tokens of stream 7 shares 2 full blocks (8 tokens).
+    assert policy.admit(1, ((7, 9), (101, 7)), 16, output_content_id=501) == 8
+    # 10 shared tokens still give only 2 full blocks: block 2 mixes streams 7 and 100.
+    assert policy.admit(2, (system, (102, 6)), 16, output_content_id=502) == 8
+
+
+def test_decode_blocks_are_cached_for_the_next_conversation_turn():
+    policy = prefix_pool(num_blocks=20, block_size=4)
+    policy.admit(0, ((7, 6),), 14, output_content_id=900)
+    policy.grow(0, 8)  # generated tokens: first 8 tokens of stream 900
+    policy.free(0)
+    # Turn 2 = turn 1's prompt + its answer + a new user message: 14 tokens reusable -> 3 blocks.
+    assert policy.admit(1, ((7, 6), (900, 8), (901, 5)), 19, output_content_id=902) == 12
+
+
+def test_fork_shares_blocks_and_copies_only_partial_shared_tail():
+    """Seed 003 §4.2: a write into a shared partly filled block copies it; full blocks never."""
+    policy = prefix_pool(num_blocks=10, block_size=4)
+    policy.admit(0, ids(1, 6), 12, output_content_id=500)  # blocks 0 (full), 1 (2 tokens)
+    policy.fork(0, [ChildSpec(1, 12, 501), ChildSpec(2, 10, 502)])
+    assert policy.block_table(1) == policy.block_table(2) == [0, 1]
+    assert policy.ref_count[0] == 3 and policy.ref_count[1] == 3
+    # Shared tail: 2 filled; the owners reach 12, 12 and 10 -> the block's target is full (4).
+    assert policy.breakdown().as_dict() == {
+        "used": 6,
+        "reserved": 2,
+        "internal_fragmentation": 0,
+        "external_fragmentation": 0,
+        "cached": 0,
+        "free": 32,
+    }
+    policy.grow(1, 1)  # copy-on-write: child 1 gets its own copy of block 1
+    assert policy.stats.cow_copies == 1
+    assert policy.block_table(1) == [0, 2]
+    assert policy.ref_count[1] == 2 and policy.ref_count[0] == 3
+    policy.grow(0, 2)  # still shared with child 2 -> another copy
+    policy.grow(2, 2)  # now the last owner: writes in place, no copy
+    assert policy.stats.cow_copies == 2
+    assert policy.block_table(2) == [0, 1]
+    policy.grow(0, 4)  # parent's block 3 is full: the next tokens take a new block, no copy
+    assert policy.stats.cow_copies == 2
+    assert_sums(policy)
+    for seq in (0, 1, 2):
+        policy.free(seq)
+    assert policy.breakdown().used == 0 and policy.breakdown().reserved == 0
+
+
+def test_fork_of_full_tail_never_copies():
+    policy = prefix_pool()
+    policy.admit(0, ids(1, 8), 16, output_content_id=500)
+    policy.fork(0, [ChildSpec(1, 16, 501)])
+    policy.grow(0, 1)
+    policy.grow(1, 1)
+    assert policy.stats.cow_copies == 0
+    assert policy.block_table(0)[:2] == policy.block_table(1)[:2]
+    assert policy.block_table(0)[2] != policy.block_table(1)[2]
+
+
+def test_beam_search_prunes_and_forks_mid_generation():
+    policy = prefix_pool(num_blocks=16)
+    policy.admit(0, ids(1, 5), 16, output_content_id=500)
+    policy.fork(0, [ChildSpec(1, 16, 501)])
+    policy.grow(0, 3)
+    policy.grow(1, 3)
+    # Beam 1 is pruned; beam 0 survives and is forked into beams 2 and 3.
+    policy.free(1)
+    policy.fork(0, [ChildSpec(2, 16, 502), ChildSpec(3, 16, 503)])
+    for seq in (0, 2, 3):
+        policy.grow(seq, 1)
+    assert_sums(policy)
+    assert sorted(policy.live_sequences()) == [0, 2, 3]
+
+
+def test_pinned_prefix_is_never_evicted():
+    policy = prefix_pool(num_blocks=4, block_size=4)
+    assert policy.pin_prefix(ids(1, 9)) == 8  # two full blocks pinned; the 9th token is not
+    assert policy.breakdown().cached == 8
+    assert policy.available_slots() == 8
+    # Fill all the rest, then free: the pinned blocks must survive any amount of churn.
+    policy.admit(0, ids(50, 57), 8, output_content_id=500)
+    with pytest.raises(OutOfKVMemory):
+        policy.admit(1, ids(60, 61), 2, output_content_id=501)
+    policy.free(0)
+    policy.admit(2, ids(70, 77), 8, output_content_id=502)
+    policy.free(2)
+    assert policy.admit(3, ids(1, 9) + ids(80, 81), 11, output_content_id=503) == 8
+    assert_sums(policy)
+
+
+def test_seed_003_block_arithmetic():
+    """Seed 003: 50 tokens in 16-token blocks take 4 blocks; 150 tokens take 10, tail waste 10/160."""
+    policy = make_policy("paged", PoolSpec(16 * 20, 16, 256))
+    policy.admit(0, ((1, 50),), 50, output_content_id=500)
+    assert len(policy.block_table(0)) == 4
+    policy.admit(1, ((2, 150),), 150, output_content_id=501)
+    assert len(policy.block_table(1)) == 10
+    policy.free(0)
+    breakdown = policy.breakdown()
+    assert breakdown.used == 150
+    assert breakdown.internal_fragmentation == 10
+    assert breakdown.internal_fragmentation / (len(policy.block_table(1)) * 16) == pytest.approx(10 / 160)
+
+
+def test_design_doc_accounting_example():
+    """design.md: block 16, prompt 20, final 50, now at 30 -> used 30, reserved 2, internal 0; at the end
+    the 4th block carries 14 slots of internal fragmentation."""
+    policy = make_policy("paged", PoolSpec(16 * 8, 16, 2048))
+    policy.admit(0, ((1, 20),), 50, output_content_id=500)
+    policy.grow(0, 10)
+    breakdown = policy.breakdown()
+    assert (breakdown.used, breakdown.reserved, breakdown.internal_fragmentation) == (30, 2, 0)
+    policy.grow(0, 20)
+    breakdown = policy.breakdown()
+    assert (breakdown.used, breakdown.reserved, breakdown.internal_fragmentation) == (50, 0, 14)
+    assert breakdown.free == 16 * 4
+
+
+def test_paged_fork_copies_tokens():
+    policy = make_policy("paged", PoolSpec(16 * 8, 16, 256))
+    policy.admit(0, ((1, 20),), 40, output_content_id=500)
+    policy.fork(0, [ChildSpec(1, 40, 501)])
+    assert policy.stats.fork_copied_tokens == 20
+    assert len(policy.block_table(1)) == 2
+    assert set(policy.block_table(0)).isdisjoint(policy.block_table(1))
+
+
+def test_out_of_memory_leaves_state_unchanged():
+    policy = make_policy("paged", PoolSpec(16 * 3, 16, 256))
+    policy.admit(0, ((1, 40),), 60, output_content_id=500)
+    before = policy.breakdown()
+    with pytest.raises(OutOfKVMemory) as error:
+        policy.grow(0, 20)  # needs 2 more blocks, 0 free
+    assert (error.value.needed_slots, error.value.free_slots) == (16, 0)
+    assert policy.breakdown() == before
+    assert policy.seq_len(0) == 40
+    assert policy.stats.allocation_failures == 1
+
+
+@pytest.mark.parametrize("name", ["paged", "prefix"])
+def test_bad_input_names_the_value_and_changes_nothing(name):
+    policy = make_policy(name, PoolSpec(16 * 4, 16, 64))
+    policy.admit(0, ((1, 10),), 20, output_content_id=500)
+    before = policy.breakdown()
+    with pytest.raises(PolicyInputError, match="99"):
+        policy.grow(99, 1)
+    with pytest.raises(PolicyInputError, match="final length 20"):
+        policy.grow(0, 11)
+    with pytest.raises(PolicyInputError, match="-3"):
+        policy.grow(0, -3)
+    with pytest.raises(PolicyInputError, match="already allocated"):
+        policy.admit(0, ((1, 10),), 20, output_content_id=500)
+    with pytest.raises(PolicyInputError, match="max_model_len=64"):
+        policy.admit(1, ((1, 10),), 65, output_content_id=501)
+    assert policy.breakdown() == before
+    policy.free(0)
+    with pytest.raises(PolicyInputError, match="unknown sequence id 0"):
+        policy.free(0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kv_pool_tokens": 64, "block_size": 0, "max_model_len": 64}, "block_size"),
+        ({"kv_pool_tokens": 8, "block_size": 16, "max_model_len": 64}, "smaller than one block"),
+        ({"kv_pool_tokens": 64, "block_size": 16, "max_model_len": -1}, "max_model_len"),
+    ],
+)
+def test_bad_pool(kwargs, message):
+    with pytest.raises(PolicyInputError, match=message):
+        PoolSpec(**kwargs)
+
+
+def test_unknown_policy_lists_known_ones():
+    with pytest.raises(PolicyInputError, match="known policies: .*paged"):
+        make_policy("pagd", PoolSpec(64, 16, 64))
+
+
+def test_paged_is_not_prefix():
+    assert type(make_policy("paged", PoolSpec(64, 16, 64))) is PagedPolicy

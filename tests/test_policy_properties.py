@@ -1,0 +1,164 @@
+"""Property-based tests: random admit / grow / fork / free sequences against every policy."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policies import ChildSpec, OutOfKVMemory, PoolSpec, make_policy
+from policies.paged import PagedPolicy
+from policies.prefix import PrefixCachingPolicy
+
+BLOCK_SIZE = 4
+POOL = PoolSpec(kv_pool_tokens=30 * BLOCK_SIZE + 2, block_size=BLOCK_SIZE, max_model_len=48)
+
+# A few prompts that share leading segments, so prefix hits happen often.
+PROMPTS = [
+    ((1, 9),),
+    ((1, 9), (2, 5)),
+    ((1, 4), (3, 7)),
+    ((1, 12), (4, 1)),
+    ((5, 3),),
+    ((1, 9), (2, 5), (6, 8)),
+]
+
+VARIANTS = [
+    ("paged", {}),
+    ("prefix", {}),
+    ("prefix", {"hash_fn": lambda _key: 7}),  # every hash collides: verification must hold alone
+    ("contiguous", {"reservation": "max", "placement": "first_fit"}),
+    ("contiguous", {"reservation": "pow2", "placement": "best_fit"}),
+    ("contiguous", {"reservation": "oracle", "placement": "buddy"}),
+]
+
+operation = st.one_of(
+    st.tuples(st.just("admit"), st.integers(0, len(PROMPTS) - 1), st.integers(0, 20)),
+    st.tuples(st.just("grow"), st.integers(0, 50), st.integers(1, 9)),
+    st.tuples(st.just("fork"), st.integers(0, 50), st.integers(1, 3)),
+    st.tuples(st.just("free"), st.integers(0, 50), st.just(0)),
+)
+
+
+def expected_block_accounting(policy: PagedPolicy) -> dict[str, int]:
+    """Recompute the breakdown from the block tables alone (independent of the incremental sums)."""
+    block_size = policy.block_size
+    filled: dict[int, int] = {}
+    target: dict[int, int] = {}
+    for seq_id in policy.live_sequences():
+        state = policy.sequences[seq_id]
+        for index, block_id in enumerate(state.block_table):
+            fill = min(block_size, state.num_tokens - index * block_size)
+            goal = min(block_size, max(0, state.final_len - index * block_size))
+            filled[block_id] = fill
+            target[block_id] = max(target.get(block_id, 0), goal)
+    live = len(filled)
+    cached = 0
+    if isinstance(policy, PrefixCachingPolicy):
+        cached = sum(
+            1
+            for block_id in range(policy.num_blocks)
+            if policy.ref_count[block_id] == 0
+            and (policy._block_hash[block_id] is not None or block_id in policy._pinned)
+        )
+    return {
+        "used": sum(filled.values()),
+        "reserved": sum(target[b] - filled[b] for b in filled),
+        "internal_fragmentation": live * block_size - sum(target.values()),
+        "external_fragmentation": policy.pool.kv_pool_tokens - policy.num_blocks * block_size,
+        "cached": cached * block_size,
+        "free": (policy.num_blocks - live - cached) * block_size,
+    }
+
+
+def check_block_invariants(policy: PagedPolicy) -> None:
+    references: Counter[int] = Counter()
+    for seq_id in policy.live_sequences():
+        table = policy.sequences[seq_id].block_table
+        assert len(table) == len(set(table)), "a sequence holds the same block twice"
+        assert len(table) == -(-policy.sequences[seq_id].num_tokens // policy.block_size)
+        references.update(table)
+    for block_id in range(policy.num_blocks):
+        assert policy.ref_count[block_id] == references[block_id] >= 0
+        in_queue = block_id in policy.free_queue
+        pinned_idle = isinstance(policy, PrefixCachingPolicy) and block_id in policy._pinned
+        assert in_queue == (references[block_id] == 0 and not pinned_idle)
+    assert policy.breakdown().as_dict() == expected_block_accounting(policy)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(variant=st.sampled_from(VARIANTS), operations=st.lists(operation, max_size=60))
+def test_random_operations_keep_every_invariant(variant, operations):
+    name, options = variant
+    policy = make_policy(name, POOL, **options)
+    live: list[int] = []
+    next_id = 0
+
+    def fresh_id() -> int:
+        nonlocal next_id
+        next_id += 1
+        return next_id
+
+    for kind, choice, amount in operations:
+        before = policy.breakdown()
+        try:
+            if kind == "admit":
+                prompt = PROMPTS[choice]
+                prompt_len = sum(length for _, length in prompt)
+                seq_id = fresh_id()
+                cached = policy.admit(seq_id, prompt, prompt_len + amount, output_content_id=1000 + seq_id)
+                assert 0 <= cached < prompt_len and cached % BLOCK_SIZE == 0
+                live.append(seq_id)
+            elif live and kind == "grow":
+                seq_id = live[choice % len(live)]
+                state = getattr(policy, "sequences", {}).get(seq_id)
+                room = _final_len(policy, seq_id) - policy.seq_len(seq_id)
+                if room == 0:
+                    continue
+                policy.grow(seq_id, min(amount, room))
+                if state is not None:
+                    _assert_written_blocks_are_private(policy, state, min(amount, room))
+            elif live and kind == "fork":
+                parent = live[choice % len(live)]
+                length = policy.seq_len(parent)
+                children = [
+                    ChildSpec(fresh_id(), min(POOL.max_model_len, length + 5), 5000 + i)
+                    for i in range(amount)
+                ]
+                policy.fork(parent, children)
+                live.extend(child.seq_id for child in children)
+            elif live and kind == "free":
+                policy.free(live.pop(choice % len(live)))
+        except OutOfKVMemory:
+            assert policy.breakdown() == before, "a failed operation changed the pool"
+        assert policy.breakdown().total == POOL.kv_pool_tokens
+        if isinstance(policy, PagedPolicy):
+            check_block_invariants(policy)
+
+    for seq_id in live:
+        policy.free(seq_id)
+    final = policy.breakdown()
+    assert final.used == final.reserved == final.internal_fragmentation == 0
+    assert final.cached + final.free + final.external_fragmentation == POOL.kv_pool_tokens
+    if isinstance(policy, PagedPolicy):
+        check_block_invariants(policy)
+        # Evict everything: admitting enough fresh content drains the cache, and the pool is all free again.
+        seq_id = fresh_id()
+        policy.admit(seq_id, ((999_999, POOL.max_model_len),), POOL.max_model_len, output_content_id=1)
+        policy.free(seq_id)
+        assert policy.breakdown().used == 0
+
+
+def _final_len(policy, seq_id: int) -> int:
+    sequences = getattr(policy, "sequences", None)
+    if sequences is not None:
+        return sequences[seq_id].final_len
+    return policy.final_len(seq_id)
+
+
+def _assert_written_blocks_are_private(policy: PagedPolicy, state, grown: int) -> None:
+    """Copy-on-write: every block a write touched belongs to the writer alone."""
+    first_written = (state.num_tokens - grown) // policy.block_size
+    for block_id in state.block_table[first_written:]:
+        assert policy.ref_count[block_id] == 1
