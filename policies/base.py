@@ -322,4 +322,4 @@ def policy_class(name: str) -> type[KVCachePolicy]:
 
 def make_policy(name: str, pool: PoolSpec, **options: object) -> KVCachePolicy:
     """Build the policy registered as ``name``; ``options`` are its own keyword arguments."""
-    return policy_class(name)(pool, **options)  # type: ignore[call-arg]
+    return policy_class(name)(pool, **options)

@@ -1,0 +1,243 @@
+"""Contiguous per-sequence reservations: the systems before PagedAttention (the vLLM paper's Orca
+baselines, and the seeds' "static preallocation").
+
+Each sequence reserves ONE contiguous region of a linear KV address space of ``kv_pool_tokens``
+slots, sized once, at admission, by a *reservation* rule:
+
+* ``max``: ``max_model_len`` slots (Orca-Max, static preallocation);
+* ``pow2``: the prompt plus the next power of two >= the true output length, capped at
+  ``max_model_len`` (Orca-Pow2: a true output of 25 tokens reserves 32 output slots). An output of
+  0 reserves just the prompt; 1 reserves 1 slot;
+* ``oracle``: exactly ``final_len`` (Orca-Oracle).
+
+*Placement* picks the region: ``first_fit`` (lowest-address hole that fits), ``best_fit`` (smallest
+hole that fits, lowest address on ties) or ``buddy`` (the region is rounded up to a power-of-two
+chunk; chunks split and merge with their buddies). Freed regions coalesce with free neighbours.
+Growth always stays inside the reservation (``final_len <= reservation``), so it never fails, and a
+fork physically copies the parent's tokens into each child's own new region.
+
+Memory breakdown (slots; sums to the pool):
+
+* ``used``: tokens the live sequences hold now;
+* ``reserved``: ``final_len - current length`` per sequence: slots that will be filled later;
+* ``internal_fragmentation``: ``region size - final_len`` per sequence: reservation beyond the
+  final length, plus the buddy's rounding up to a power of two;
+* ``external_fragmentation``: free slots in holes (buddy: free chunks, after merging) too small for
+  the *reference reservation*, i.e. the paper's "holes too small for the next reservation". The
+  reference is the region size of the most recent reservation this policy was asked about: by
+  ``can_admit`` (whether it fits or not: the scheduler asks before admitting, so a request waiting
+  for memory shows the holes too small for it), or by a *successful* ``admit`` or ``fork`` (the
+  last child). A failed ``admit``/``fork`` changes nothing, the reference included, as every
+  error must (see :class:`policies.base.KVCachePolicy`). For ``buddy`` the reference is the
+  power-of-two chunk the request needs. Before any request it is ``max_model_len`` under ``max``
+  and 1 otherwise, so an untouched pool shows no external fragmentation (unless the pool is
+  smaller than ``max_model_len``);
+* ``cached`` is always 0 (no prefix cache); ``free`` is the rest.
+
+Costs: ``first_fit``/``best_fit`` are O(log holes) per admit/free/fork child (treaps, see
+:mod:`policies._free_space`), ``buddy`` O(log pool); ``grow`` is O(1); ``breakdown`` is O(log holes)
+(a prefix sum over holes ordered by size), O(log pool) for buddy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from policies._free_space import BuddySpace, FreeSpace, HoleSpace, ceil_pow2
+from policies.base import (
+    ChildSpec,
+    KVCachePolicy,
+    MemoryBreakdown,
+    OutOfKVMemory,
+    PolicyInputError,
+    PoolSpec,
+    TokenContent,
+    content_length,
+    register,
+    validate_content,
+)
+
+RESERVATIONS = ("max", "pow2", "oracle")
+PLACEMENTS = ("first_fit", "best_fit", "buddy")
+
+
+@dataclass(slots=True)
+class _Sequence:
+    start: int
+    size: int  # slots of the region (>= final_len)
+    prompt_len: int  # the original prompt: forks size their children's reservations from it
+    final_len: int
+    length: int
+
+
+@register("contiguous")
+class ContiguousPolicy(KVCachePolicy):
+    """One contiguous region per sequence; see the module docstring."""
+
+    def __init__(self, pool: PoolSpec, reservation: str = "max", placement: str = "first_fit"):
+        super().__init__(pool)
+        if reservation not in RESERVATIONS:
+            raise PolicyInputError(
+                f"contiguous: unknown reservation {reservation!r}; valid values: {', '.join(RESERVATIONS)}"
+            )
+        if placement not in PLACEMENTS:
+            raise PolicyInputError(
+                f"contiguous: unknown placement {placement!r}; valid values: {', '.join(PLACEMENTS)}"
+            )
+        self.reservation = reservation
+        self.placement = placement
+        self._space: FreeSpace = (
+            BuddySpace(pool.kv_pool_tokens)
+            if placement == "buddy"
+            else HoleSpace(pool.kv_pool_tokens, best_fit=placement == "best_fit")
+        )
+        self._sequences: dict[int, _Sequence] = {}
+        # Running sums over live sequences, so breakdown() never walks them.
+        self._used = 0  # sum of lengths
+        self._final_total = 0  # sum of final_len
+        self._region_total = 0  # sum of region sizes
+        self._reference = self._space.region_size(pool.max_model_len if reservation == "max" else 1)
+
+    # -- read-only helpers (tests, engine diagnostics) ---------------------------------------------
+    def reservation_size(self, prompt_len: int, final_len: int) -> int:
+        """Slots the reservation rule asks for (before buddy rounding)."""
+        if self.reservation == "max":
+            return self.pool.max_model_len
+        if self.reservation == "oracle":
+            return final_len
+        output = final_len - prompt_len
+        return min(prompt_len + (ceil_pow2(output) if output > 0 else 0), self.pool.max_model_len)
+
+    def region(self, seq_id: int) -> tuple[int, int]:
+        """``(start, size)`` of the sequence's region (size includes buddy rounding)."""
+        sequence = self._get(seq_id)
+        return sequence.start, sequence.size
+
+    def free_pieces(self) -> list[tuple[int, int]]:
+        """Free holes (buddy: free chunks) as ``(start, size)`` in address order. O(holes)."""
+        return self._space.pieces()
+
+    @property
+    def reference_size(self) -> int:
+        """Region size below which a free hole counts as external fragmentation."""
+        return self._reference
+
+    # -- sequences ---------------------------------------------------------------------------------
+    def _region_size(self, prompt_len: int, final_len: int) -> int:
+        return self._space.region_size(self.reservation_size(prompt_len, final_len))
+
+    def _get(self, seq_id: int) -> _Sequence:
+        try:
+            return self._sequences[seq_id]
+        except KeyError:
+            raise PolicyInputError(f"unknown sequence {seq_id} (never admitted, or already freed)") from None
+
+    def _has_sequence(self, seq_id: int) -> bool:
+        return seq_id in self._sequences
+
+    def _out_of_memory(self, what: str, size: int) -> OutOfKVMemory:
+        self.stats.allocation_failures += 1
+        free = self._space.free_slots
+        return OutOfKVMemory(
+            f"{what}: no free contiguous region of {size} slots ({free} slots free in total)",
+            needed_slots=size,
+            free_slots=free,
+        )
+
+    def _add(self, seq_id: int, start: int, size: int, prompt_len: int, final_len: int, length: int) -> None:
+        self._sequences[seq_id] = _Sequence(start, size, prompt_len, final_len, length)
+        self._used += length
+        self._final_total += final_len
+        self._region_total += size
+
+    def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
+        size = self._region_size(content_length(prompt), final_len)
+        # The only side effect: this request becomes the external-fragmentation reference.
+        self._reference = size
+        return self._space.find(size) is not None
+
+    def admit(
+        self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
+    ) -> int:
+        # output_content_id and namespace only matter to policies that share cached content.
+        prompt_len = self._check_new_sequence(seq_id, prompt, final_len)
+        size = self._region_size(prompt_len, final_len)
+        start = self._space.allocate(size)
+        if start is None:
+            raise self._out_of_memory(f"admit sequence {seq_id}", size)
+        self._add(seq_id, start, size, prompt_len, final_len, prompt_len)
+        self._reference = size
+        return 0  # no prefix cache
+
+    def grow(self, seq_id: int, num_tokens: int, content: TokenContent | None = None) -> None:
+        sequence = self._get(seq_id)
+        self._check_growth(seq_id, num_tokens, sequence.length, sequence.final_len)
+        if content is not None:
+            validate_content(content, f"growth of sequence {seq_id}")
+            if content_length(content) != num_tokens:
+                raise PolicyInputError(
+                    f"sequence {seq_id}: growth content holds {content_length(content)} tokens, "
+                    f"not num_tokens={num_tokens}"
+                )
+        # final_len <= region size, so growth always fits in the reservation: no allocation.
+        sequence.length += num_tokens
+        self._used += num_tokens
+
+    def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
+        parent = self._get(parent_id)
+        self._check_children(parent_id, parent.length, children)
+        placed: list[tuple[ChildSpec, int, int]] = []
+        for child in children:
+            size = self._region_size(parent.prompt_len, child.final_len)
+            start = self._space.allocate(size)
+            if start is None:
+                # All or nothing. Releasing in reverse restores the exact free structure: holes
+                # are always maximal and buddy chunks always fully merged, so it is canonical.
+                for _, placed_start, placed_size in reversed(placed):
+                    self._space.release(placed_start, placed_size)
+                raise self._out_of_memory(f"fork of {parent_id}: child {child.seq_id}", size)
+            placed.append((child, start, size))
+        for child, start, size in placed:
+            self._add(child.seq_id, start, size, parent.prompt_len, child.final_len, parent.length)
+        if placed:
+            self._reference = placed[-1][2]
+        # Contiguous regions cannot share: every child gets a physical copy of the parent's tokens.
+        self.stats.fork_copied_tokens += parent.length * len(placed)
+
+    def free(self, seq_id: int) -> None:
+        sequence = self._get(seq_id)
+        self._space.release(sequence.start, sequence.size)
+        del self._sequences[seq_id]
+        self._used -= sequence.length
+        self._final_total -= sequence.final_len
+        self._region_total -= sequence.size
+
+    # -- capacity and accounting -------------------------------------------------------------------
+    def breakdown(self) -> MemoryBreakdown:
+        external = self._space.free_below(self._reference)
+        return MemoryBreakdown(
+            used=self._used,
+            reserved=self._final_total - self._used,
+            internal_fragmentation=self._region_total - self._final_total,
+            external_fragmentation=external,
+            cached=0,
+            free=self._space.free_slots - external,
+        )
+
+    def slots_needed_to_grow(self, seq_id: int, num_tokens: int) -> int:
+        self._get(seq_id)
+        return 0  # growth stays inside the reservation
+
+    def available_slots(self) -> int:
+        return self._space.free_slots
+
+    def seq_len(self, seq_id: int) -> int:
+        return self._get(seq_id).length
+
+    def final_len(self, seq_id: int) -> int:
+        """The length the sequence will reach (given at admission or fork)."""
+        return self._get(seq_id).final_len
+
+    def live_sequences(self) -> Iterable[int]:
+        return list(self._sequences)
