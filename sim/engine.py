@@ -1,0 +1,596 @@
+"""A SimPy model of one GPU serving requests with continuous batching over any KV-cache policy.
+
+One SimPy process runs the engine loop, one iteration (or one closed-form jump over many decode
+iterations) per wake-up; arrivals are SimPy events. The scheduler follows vLLM: FCFS, running
+requests first, then waiting requests while the policy can allocate; when a running sequence cannot
+grow, the most recently admitted request is preempted (recompute: freed and requeued at the front;
+swap: its KV moves to a host pool).
+
+Event skipping: between events (an arrival that can be admitted, a completion, an allocation the
+pool cannot satisfy, a beam decision) every running sequence gains one token per iteration and the
+iteration time is linear in the batch and the summed context, so ``k`` iterations are applied at once.
+``step_mode="single"`` turns skipping off; tests check both modes give the same results.
+
+Memory model notes (documented simplifications):
+- admission allocates the whole prompt (vLLM V1 checks the full prompt fits, ``scheduler_reserve_full_isl``);
+  chunked prefill then spends the compute over several iterations;
+- the iteration that finishes a prompt produces the first token; a request with ``n > 1`` or beam search
+  forks right after its prompt, so the samples share the prompt blocks (copy-on-write where supported);
+- ``max_num_seqs`` counts sequences in the batch (samples and beams each count).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from policies.base import ChildSpec, KVCachePolicy, OutOfKVMemory, TokenContent
+from sim.costs import CostModel
+from sim.metrics import Counters, Recorder, RequestRecord
+from workloads.request import Request
+
+
+@dataclass(frozen=True)
+class EngineKnobs:
+    """Scheduler knobs, named and defaulted as vLLM's engine arguments where vLLM has them."""
+
+    max_model_len: int
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_chunked_prefill: bool = True
+    preemption_mode: str = "recompute"  # recompute | swap
+    swap_space_blocks: int = 0  # host pool for preemption_mode=swap, in blocks
+    watermark: float = 0.0  # fraction of the pool kept free at admission (vLLM V0 used 0.01)
+    on_oom: str = "queue"  # queue: a failed admission waits; fail: the request fails (the seeds' OOM story)
+    beam_divergence_prob: float = 0.05  # per beam group and iteration: a beam is pruned, a survivor forked
+    step_mode: str = "skip"  # skip | single
+
+
+@dataclass(slots=True, eq=False)
+class _Running:
+    """A request inside the engine."""
+
+    request: Request
+    record: RequestRecord
+    seq_ids: list[int] = field(default_factory=list)
+    tokens_to_prefill: int = 0  # on the current admission (a recompute re-prefills generated tokens too)
+    prefilled: int = 0
+    generated: int = 0
+    swapped_tokens: int = 0  # > 0 while its KV sits in the host pool
+    next_beam_event: int = 0  # iterations until the next beam prune/fork
+    blocked: bool = False  # its admission already failed in this wait (counted once, whatever the step mode)
+
+    @property
+    def width(self) -> int:
+        return max(self.request.n, self.request.beam_width)
+
+    @property
+    def in_decode(self) -> bool:
+        return bool(self.seq_ids) and self.prefilled >= self.tokens_to_prefill and self.generated > 0
+
+
+class EngineStalled(RuntimeError):
+    """The engine reached a state in which nothing can ever progress (a bug or an impossible config)."""
+
+
+class Engine:
+    def __init__(
+        self,
+        policy: KVCachePolicy,
+        costs: CostModel,
+        knobs: EngineKnobs,
+        requests: Iterator[Request],
+        *,
+        seed: int = 0,
+        follow_up=None,
+        block_size: int = 16,
+    ):
+        self.policy = policy
+        self.costs = costs
+        self.knobs = knobs
+        self.block_size = block_size
+        self.env = simpy.Environment()
+        self.rng = np.random.default_rng(seed)
+        self._follow_up = follow_up
+        self._source = iter(requests)
+        self._next_open_arrival: Request | None = next(self._source, None)
+        self._pending_follow_ups: list[Request] = []
+        self.waiting: deque[_Running] = deque()
+        self.running: list[_Running] = []
+        self.records: list[RequestRecord] = []
+        self.counters = Counters()
+        self.recorder = Recorder(policy.pool_slots)
+        self._wake = self.env.event()
+        self._next_seq_id = 0
+        self._next_child_stream = -1  # children's output streams: negative ids never clash with workloads
+        self._host_tokens_used = 0
+        self._pending_jump_growth = 0
+
+    # ------------------------------------------------------------------------------------------ run
+    def run(self, until_s: float | None = None) -> None:
+        self.env.process(self._arrivals())
+        self.env.process(self._loop())
+        self._sample()
+        self.env.run(until=until_s)
+
+    def _arrivals(self):
+        while self._next_open_arrival is not None:
+            yield self.env.timeout(max(0.0, self._next_open_arrival.arrival_s - self.env.now))
+            # Everything that arrives at this instant is delivered together, so one iteration sees it all.
+            while self._next_open_arrival is not None and self._next_open_arrival.arrival_s <= self.env.now:
+                request = self._next_open_arrival
+                self._next_open_arrival = next(self._source, None)
+                self._arrive(request)
+
+    def _schedule_follow_up(self, request: Request) -> None:
+        self._pending_follow_ups.append(request)
+
+        def deliver(_event) -> None:
+            self._pending_follow_ups.remove(request)
+            self._arrive(request)
+
+        self.env.timeout(max(0.0, request.arrival_s - self.env.now)).callbacks.append(deliver)
+
+    def _next_arrival_s(self) -> float:
+        times = [r.arrival_s for r in self._pending_follow_ups]
+        if self._next_open_arrival is not None:
+            times.append(self._next_open_arrival.arrival_s)
+        return min(times, default=float("inf"))
+
+    def _arrive(self, request: Request) -> None:
+        record = RequestRecord(
+            request.request_id,
+            request.arrival_s,
+            request.prompt_len,
+            request.output_len,
+            request.n,
+            request.beam_width,
+        )
+        self.records.append(record)
+        state = _Running(request, record)
+        reason = self._never_admissible(request)
+        if reason:
+            self._reject(state, reason)
+        else:
+            self.waiting.append(state)
+        if not self._wake.triggered:
+            self._wake.succeed()
+
+    def _never_admissible(self, request: Request) -> str:
+        knobs = self.knobs
+        if request.final_len > knobs.max_model_len:
+            return f"prompt + output = {request.final_len} tokens exceeds max_model_len={knobs.max_model_len}"
+        if request.output_len < 1:
+            return "output_len must be at least 1"
+        if self.width_of(request) > knobs.max_num_seqs:
+            return f"n/beam_width={self.width_of(request)} exceeds max_num_seqs={knobs.max_num_seqs}"
+        if not knobs.enable_chunked_prefill and request.final_len > knobs.max_num_batched_tokens:
+            return (
+                f"{request.final_len} tokens cannot be prefilled in one iteration "
+                f"(max_num_batched_tokens={knobs.max_num_batched_tokens}, chunked prefill off)"
+            )
+        return ""
+
+    @staticmethod
+    def width_of(request: Request) -> int:
+        return max(request.n, request.beam_width)
+
+    def _loop(self):
+        idle_steps = 0
+        while True:
+            if not self.running and not self.waiting:
+                if self._next_arrival_s() == float("inf") and not self._pending_follow_ups:
+                    return
+                self._wake = self.env.event()
+                yield self._wake
+                continue
+            # Samples bracket every discrete change (admission and growth at an iteration's start, the
+            # rest of a jump's growth and completions at its end), so time averages are exact for
+            # single steps and linear across a jump.
+            self._sample()
+            duration = self._advance()
+            if duration > 0:
+                idle_steps = 0
+                self._sample()
+                yield self.env.timeout(duration)
+                self._complete_jump()
+                self._sample()
+                self._finish_iterations()
+            else:
+                idle_steps += 1
+                if idle_steps > 3:
+                    raise EngineStalled(
+                        f"at t={self.env.now:.6f}s no iteration can be scheduled: "
+                        f"{len(self.running)} running, {len(self.waiting)} waiting"
+                    )
+            self._sample()
+
+    # ------------------------------------------------------------------------------------ iteration
+    def _advance(self) -> float:
+        """Schedule the next iteration (or a closed-form jump over k decode iterations); return its time."""
+        jump = self._decode_jump() if self.knobs.step_mode == "skip" else 0
+        if jump > 1:
+            return self._apply_decode_jump(jump)
+        return self._single_iteration()
+
+    def _single_iteration(self) -> float:
+        knobs = self.knobs
+        budget = knobs.max_num_batched_tokens
+        copies_before = self.policy.stats.cow_copies
+        swap_blocks = 0
+        preempted = False
+        decode_batch = 0
+        decode_context = 0
+        decoded: list[_Running] = []
+        # 1. running decodes grow by one token each (may preempt)
+        for state in list(self.running):
+            if state not in self.running or not state.in_decode:
+                continue
+            grown, preempted_now, swapped = self._grow_request(state)
+            preempted |= preempted_now
+            swap_blocks += swapped
+            if grown:
+                decoded.append(state)
+                decode_batch += len(state.seq_ids)
+                decode_context += sum(self.policy.seq_len(s) for s in state.seq_ids)
+                budget -= len(state.seq_ids)
+        # 2. prompts in progress, then 3. admissions (not after a preemption, as vLLM)
+        prefill_s = 0.0
+        self._prefill_this_step: list[tuple[_Running, int]] = []
+        for state in self.running:
+            if not state.in_decode and state.prefilled < state.tokens_to_prefill and budget > 0:
+                budget, cost = self._schedule_prefill(state, budget)
+                prefill_s += cost
+        if not preempted:
+            budget, cost, swap_in = self._admit_waiting(budget)
+            prefill_s += cost
+            swap_blocks += swap_in
+        self._decoded_this_step = decoded
+        self._iterations_this_step = 1
+        if decode_batch == 0 and not self._prefill_this_step:
+            self._check_progress()
+            return 0.0
+        decode = self.costs.decode
+        duration = decode.step_s(decode_batch, decode_context) if decode_batch else decode.intercept_s
+        duration += prefill_s
+        duration += self.costs.copy_blocks_s(self.policy.stats.cow_copies - copies_before)
+        duration += self.costs.swap_blocks_s(swap_blocks) if swap_blocks else 0.0
+        return duration
+
+    def _schedule_prefill(self, state: _Running, budget: int) -> tuple[int, float]:
+        chunk = min(budget, state.tokens_to_prefill - state.prefilled)
+        if not self.knobs.enable_chunked_prefill and chunk < state.tokens_to_prefill - state.prefilled:
+            return budget, 0.0
+        cost = self.costs.prefill_s(chunk, state.prefilled)
+        state.prefilled += chunk
+        self._prefill_this_step.append((state, chunk))
+        return budget - chunk, cost
+
+    def _complete_jump(self) -> None:
+        steps, self._pending_jump_growth = self._pending_jump_growth, 0
+        if steps:
+            for state in self.running:
+                for seq_id in state.seq_ids:
+                    self.policy.grow(seq_id, steps)
+
+    def _finish_iterations(self) -> None:
+        """Book what the iteration(s) that just ended produced: first tokens, decodes, completions."""
+        now = self.env.now
+        steps = self._iterations_this_step
+        self.counters.iterations += steps
+        for state in self._decoded_this_step:
+            if state in self.running:
+                state.generated += steps
+                self.counters.output_tokens += steps * len(state.seq_ids)
+                state.next_beam_event -= steps
+        for state, _chunk in self._prefill_this_step:
+            if state in self.running and state.prefilled >= state.tokens_to_prefill and state.generated == 0:
+                self._start_decoding(state)
+        for state in list(self.running):
+            if state.generated >= state.request.output_len:
+                self._finish(state, now)
+            elif state.request.beam_width > 1 and state.in_decode and state.next_beam_event <= 0:
+                self._beam_step(state)
+        self._prefill_this_step = []
+        self._decoded_this_step = []
+
+    def _start_decoding(self, state: _Running) -> None:
+        """The prompt is in: fork the samples/beams, then every sequence holds its first token."""
+        if state.record.first_token_s != state.record.first_token_s:  # NaN: first time
+            state.record.first_token_s = self.env.now
+        if len(state.seq_ids) < state.width:
+            self._fork(state, state.seq_ids[0], state.width - len(state.seq_ids))
+        for seq_id in list(state.seq_ids):
+            self._grow_or_preempt(state, seq_id)
+            if state not in self.running:
+                return
+        state.generated = max(state.generated, 1)
+        self.counters.output_tokens += len(state.seq_ids)
+        state.next_beam_event = self._draw_beam_interval()
+
+    def _draw_beam_interval(self) -> int:
+        probability = self.knobs.beam_divergence_prob
+        return int(self.rng.geometric(probability)) if probability > 0 else 1 << 62
+
+    def _fork(self, state: _Running, parent: int, count: int) -> None:
+        final_len = state.request.final_len
+        children = []
+        for _ in range(count):
+            children.append(ChildSpec(self._new_seq_id(), final_len, self._next_child_stream))
+            self._next_child_stream -= 1
+        try:
+            self.policy.fork(parent, children)
+        except OutOfKVMemory:
+            self.counters.oom_events += 1
+            self._preempt(state)
+            return
+        state.seq_ids.extend(child.seq_id for child in children)
+
+    def _beam_step(self, state: _Running) -> None:
+        """One beam falls behind: it is freed and a surviving beam is forked to keep the width."""
+        pruned = state.seq_ids.pop(int(self.rng.integers(len(state.seq_ids))))
+        self.policy.free(pruned)
+        survivor = state.seq_ids[int(self.rng.integers(len(state.seq_ids)))]
+        self._fork(state, survivor, 1)
+        state.next_beam_event = self._draw_beam_interval()
+
+    # ----------------------------------------------------------------------------------- growth/OOM
+    def _grow_request(self, state: _Running) -> tuple[bool, bool, int]:
+        preempted = False
+        swapped = 0
+        for seq_id in list(state.seq_ids):
+            outcome = self._grow_or_preempt(state, seq_id)
+            preempted |= outcome > 0
+            swapped += max(0, outcome - 1)
+            if state not in self.running:
+                return False, True, swapped
+        return True, preempted, swapped
+
+    def _grow_or_preempt(self, state: _Running, seq_id: int) -> int:
+        """Grow one sequence by a token; on OOM preempt the newest request until it fits.
+
+        Returns 0 when nothing was preempted, else 1 + blocks swapped out."""
+        outcome = 0
+        while True:
+            try:
+                self.policy.grow(seq_id, 1)
+                return outcome
+            except OutOfKVMemory:
+                self.counters.oom_events += 1
+                victim = self.running[-1]
+                outcome = max(outcome, 1) + self._preempt(victim)
+                if victim is state:
+                    return outcome
+
+    def _preempt(self, state: _Running) -> int:
+        """Take ``state`` off the GPU; returns blocks swapped out (0 for recompute)."""
+        self.counters.preemptions += 1
+        state.record.preemptions += 1
+        self.running.remove(state)
+        swapped_blocks = 0
+        held = sum(self.policy.seq_len(s) for s in state.seq_ids)
+        single = state.width == 1
+        if self.knobs.preemption_mode == "swap" and single and self._host_room() >= held:
+            swapped_blocks = -(-held // self.block_size)
+            state.swapped_tokens = held
+            self._host_tokens_used += held
+            self.counters.swapped_out_blocks += swapped_blocks
+        for seq_id in state.seq_ids:
+            self.policy.free(seq_id)
+        state.seq_ids = []
+        if not single:
+            # Samples and beams restart from the prompt: their diverged tokens are not recoverable.
+            state.generated = 0
+        state.prefilled = 0
+        self.waiting.appendleft(state)
+        return swapped_blocks
+
+    def _host_room(self) -> int:
+        return self.knobs.swap_space_blocks * self.block_size - self._host_tokens_used
+
+    # ------------------------------------------------------------------------------------ admission
+    def _admit_waiting(self, budget: int) -> tuple[int, float, int]:
+        prefill_s = 0.0
+        swap_in_blocks = 0
+        while self.waiting and budget > 0:
+            state = self.waiting[0]
+            running_seqs = sum(len(s.seq_ids) for s in self.running)
+            if running_seqs + state.width > self.knobs.max_num_seqs:
+                break
+            content = self._content_on_admission(state)
+            final_len = state.request.final_len
+            if not self._fits_watermark(content, final_len):
+                if not self._handle_admission_failure(state):
+                    break
+                continue
+            seq_id = self._new_seq_id()
+            try:
+                cached = self.policy.admit(seq_id, content, final_len, state.request.output_content_id)
+            except OutOfKVMemory:
+                if not self._handle_admission_failure(state):
+                    break
+                continue
+            self.waiting.popleft()
+            state.blocked = False
+            state.seq_ids = [seq_id]
+            if state.record.admitted_s != state.record.admitted_s:  # NaN: first admission
+                state.record.admitted_s = self.env.now
+                state.record.cached_prompt_tokens = cached
+            self.running.append(state)
+            total = sum(length for _, length in content)
+            if state.swapped_tokens:
+                swap_in_blocks += -(-state.swapped_tokens // self.block_size)
+                self._host_tokens_used -= state.swapped_tokens
+                state.swapped_tokens = 0
+                state.tokens_to_prefill = state.prefilled = total
+                continue
+            state.tokens_to_prefill = total
+            state.prefilled = cached
+            budget, cost = self._schedule_prefill(state, budget)
+            prefill_s += cost
+        return budget, prefill_s, swap_in_blocks
+
+    def _content_on_admission(self, state: _Running) -> TokenContent:
+        request = state.request
+        if state.generated and state.width == 1:
+            # Recompute (or swap-in) restores what the request had generated as part of its prompt.
+            return request.prompt + ((request.output_content_id, state.generated),)
+        return request.prompt
+
+    def _fits_watermark(self, content: TokenContent, final_len: int) -> bool:
+        if not self.policy.can_admit(content, final_len):
+            return False
+        if self.knobs.watermark <= 0:
+            return True
+        prompt_slots = -(-sum(length for _, length in content) // self.block_size) * self.block_size
+        return self.policy.available_slots() - prompt_slots >= self.knobs.watermark * self.policy.pool_slots
+
+    def _handle_admission_failure(self, state: _Running) -> bool:
+        """Returns True when the queue head was removed and admission may continue."""
+        if not state.blocked:
+            state.blocked = True
+            self.counters.admissions_failed += 1
+            self.counters.oom_events += 1
+        if not self.running:
+            self.waiting.popleft()
+            self._reject(state, "does not fit in the KV pool even with nothing else running")
+            return True
+        if self.knobs.on_oom == "fail" and not state.record.preemptions:
+            self.waiting.popleft()
+            state.record.outcome = "failed_oom"
+            state.record.reason = "KV cache out of memory at admission (on_oom: fail)"
+            return True
+        return False
+
+    def _reject(self, state: _Running, reason: str) -> None:
+        state.record.outcome = "rejected"
+        state.record.reason = reason
+        if state.swapped_tokens:
+            self._host_tokens_used -= state.swapped_tokens
+            state.swapped_tokens = 0
+
+    def _finish(self, state: _Running, now: float) -> None:
+        for seq_id in state.seq_ids:
+            self.policy.free(seq_id)
+        state.seq_ids = []
+        self.running.remove(state)
+        state.record.finish_s = now
+        state.record.outcome = "finished"
+        if self._follow_up is not None:
+            follow = self._follow_up(state.request, now)
+            if follow is not None:
+                self._schedule_follow_up(follow)
+
+    def _check_progress(self) -> None:
+        if self.running or not self.waiting:
+            return
+        if self.env.now >= self._next_arrival_s():
+            return
+        raise EngineStalled(
+            f"at t={self.env.now:.6f}s nothing can run: {len(self.waiting)} waiting, none admissible"
+        )
+
+    def _new_seq_id(self) -> int:
+        self._next_seq_id += 1
+        return self._next_seq_id
+
+    # ----------------------------------------------------------------------------------- event skip
+    def _decode_jump(self) -> int:
+        """How many decode iterations can be applied at once without missing an event (0 = step)."""
+        if not self.running or any(not s.in_decode for s in self.running):
+            return 0
+        if self.waiting and (not self.waiting[0].blocked or self._head_admissible()):
+            return 0  # let a single step try (and count) the admission
+        steps = min(s.request.output_len - s.generated for s in self.running)
+        beam_events = [s.next_beam_event for s in self.running if s.request.beam_width > 1]
+        if beam_events:
+            steps = min(steps, min(beam_events))
+        if not self.waiting:
+            steps = min(steps, self._iterations_until(self._next_arrival_s()))
+        if steps <= 1:
+            return 0
+        return self._steps_memory_allows(steps)
+
+    def _head_admissible(self) -> bool:
+        state = self.waiting[0]
+        running_seqs = sum(len(s.seq_ids) for s in self.running)
+        if running_seqs + state.width > self.knobs.max_num_seqs:
+            return False
+        return self._fits_watermark(self._content_on_admission(state), state.request.final_len)
+
+    def _batch_shape(self) -> tuple[int, int]:
+        seq_ids = [seq_id for s in self.running for seq_id in s.seq_ids]
+        return len(seq_ids), sum(self.policy.seq_len(seq_id) for seq_id in seq_ids)
+
+    def _jump_time_s(self, steps: int, batch: int, context: int) -> float:
+        """Time of ``steps`` decode iterations: an arithmetic series (context grows by ``batch`` each)."""
+        decode = self.costs.decode
+        first = decode.step_s(batch, context + batch)
+        return steps * first + decode.per_context_token_s * batch * steps * (steps - 1) / 2
+
+    def _iterations_until(self, time_s: float) -> int:
+        """Smallest k >= 1 such that k iterations end at or after ``time_s``."""
+        if time_s == float("inf"):
+            return 1 << 62
+        batch, context = self._batch_shape()
+        budget = time_s - self.env.now
+        low, high = 1, 1
+        while self._jump_time_s(high, batch, context) < budget:
+            high *= 2
+        while low < high:
+            middle = (low + high) // 2
+            if self._jump_time_s(middle, batch, context) >= budget:
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
+    def _steps_memory_allows(self, steps: int) -> int:
+        available = self.policy.available_slots()
+        seq_ids = [seq_id for s in self.running for seq_id in s.seq_ids]
+
+        def needed(k: int) -> int:
+            return sum(self.policy.slots_needed_to_grow(seq_id, k) for seq_id in seq_ids)
+
+        if needed(steps) <= available:
+            return steps
+        low, high = 0, steps  # needed(low) fits, needed(high) does not
+        while high - low > 1:
+            middle = (low + high) // 2
+            if needed(middle) <= available:
+                low = middle
+            else:
+                high = middle
+        return low if low > 1 else 0
+
+    def _apply_decode_jump(self, steps: int) -> float:
+        batch, context = self._batch_shape()
+        copies_before = self.policy.stats.cow_copies
+        # One iteration's growth now; the rest when the jump ends (memory for all of it was checked).
+        for state in self.running:
+            for seq_id in state.seq_ids:
+                self.policy.grow(seq_id, 1)
+        self._pending_jump_growth = steps - 1
+        self._decoded_this_step = list(self.running)
+        self._prefill_this_step = []
+        self._iterations_this_step = steps
+        copied = self.policy.stats.cow_copies - copies_before
+        return self._jump_time_s(steps, batch, context) + (
+            self.costs.copy_blocks_s(copied) if copied else 0.0
+        )
+
+    # -------------------------------------------------------------------------------------- record
+    def _sample(self) -> None:
+        self.recorder.sample(
+            self.env.now,
+            self.policy.breakdown(),
+            len(self.running),
+            len(self.waiting),
+            sum(len(s.seq_ids) for s in self.running),
+            self.counters,
+            self.policy.stats.as_dict(),
+        )
