@@ -7,12 +7,42 @@ decode iterations can be applied at once in closed form (event skipping):
 
 Prefill chunks, block copies (copy-on-write, fork) and swaps add their own time to the iteration they
 happen in.
+
+Two sources of numbers:
+
+* :class:`AnalyticCostModel`: a roofline from the model's shapes and the GPU's datasheet (HBM
+  bandwidth, fp16 FLOP/s, an assumed host link). Nothing measured.
+* :class:`ProfileCostModel`: a calibration profile (YAML, schema :class:`CostProfile`) written by
+  ``kvsim calibrate`` from timings of one real torch decoder layer with a paged KV pool, or an
+  analytic profile written by ``calibrate/analytic_profiles.py`` in the same schema. Per-layer
+  coefficients are multiplied by the layer count; the LM head is added once per step.
+
+This module never imports torch: the simulator only reads profiles.
 """
 
 from __future__ import annotations
 
+import math
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+if TYPE_CHECKING:
+    from sim.gpus import GpuSpec
+    from sim.models import ModelSpec
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+DEFAULT_HOST_BANDWIDTH_BYTES_PER_S = 25e9
+"""Host <-> device bandwidth used for swaps when nothing was measured: 25 GB/s, roughly what a
+PCIe 4.0 x16 link sustains with pinned memory (32 GB/s peak). PCIe 5.0 hosts reach about 50 GB/s."""
+
+PROFILE_SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -46,3 +76,662 @@ class CostModel(ABC):
     @abstractmethod
     def swap_blocks_s(self, num_blocks: int) -> float:
         """Moving ``num_blocks`` KV blocks between host and device memory, one direction."""
+
+
+class CostModelError(ValueError):
+    """A cost model cannot be built: a missing or invalid profile, or a model mismatch."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Shape arithmetic shared by the analytic model, the rescaling and the calibration
+# --------------------------------------------------------------------------------------------------
+
+
+class ModelShape(Protocol):
+    """The shape fields of ``sim.models.ModelSpec`` (and of a profile's :class:`ProfileModel`)."""
+
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def num_attention_heads(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def attention(self) -> str: ...
+    @property
+    def kv_lora_rank(self) -> int | None: ...
+    @property
+    def qk_rope_head_dim(self) -> int | None: ...
+    @property
+    def gated_mlp(self) -> bool: ...
+
+
+def attention_pairs(num_tokens: int, start_pos: int) -> float:
+    """(query, key) pairs of causal attention for a chunk of ``num_tokens`` at ``start_pos``.
+
+    Query ``i`` of the chunk sees ``start_pos + i + 1`` keys; the sum is
+    ``n * (start + (n + 1) / 2)``. The analytic model and the fitted profiles use ``n * (start + n / 2)``,
+    which differs by ``n / 2`` pairs, a rounding at the chunk sizes that matter."""
+    return num_tokens * (start_pos + num_tokens / 2)
+
+
+def attention_width(model: ModelShape) -> int:
+    """Query width per layer, ``num_attention_heads * head_dim`` (= hidden size in Llama shapes)."""
+    return model.num_attention_heads * model.head_dim
+
+
+def kv_elements_per_token_per_layer(model: ModelShape) -> int:
+    """Cache elements one token holds in one layer: K and V heads, or MLA's latent plus rope key."""
+    if model.attention == "mla":
+        return int(model.kv_lora_rank or 0) + int(model.qk_rope_head_dim or 0)
+    return 2 * model.num_kv_heads * model.head_dim
+
+
+def layer_matmul_params(model: ModelShape) -> int:
+    """Weights of one decoder layer's matrices: Q, K, V, O projections and the MLP (3 matrices when
+    gated, SwiGLU; 2 otherwise, OPT).
+
+    For MLA models the K/V projections are approximated by the down projection to the latent and the
+    up projection back to the heads; the calibration layer itself is MHA/GQA only."""
+    hidden, width = model.hidden_size, attention_width(model)
+    if model.attention == "mla":
+        latent = int(model.kv_lora_rank or 0)
+        kv = hidden * (latent + int(model.qk_rope_head_dim or 0)) + latent * 2 * width
+    else:
+        kv = 2 * hidden * model.num_kv_heads * model.head_dim
+    mlp_matrices = 3 if model.gated_mlp else 2
+    return hidden * width + kv + width * hidden + mlp_matrices * hidden * model.intermediate_size
+
+
+def head_params(model: ModelShape) -> int:
+    """The LM head (logits projection): ``vocab_size * hidden_size``."""
+    return model.vocab_size * model.hidden_size
+
+
+# --------------------------------------------------------------------------------------------------
+# Analytic roofline
+# --------------------------------------------------------------------------------------------------
+
+
+class AnalyticCostModel(CostModel):
+    """Roofline estimate from the model's shapes and the GPU's datasheet numbers.
+
+    * Decode is memory bound: each step reads every weight once and each sequence's K/V once, so
+      ``intercept = weight_bytes / BW`` and ``per_context_token = kv_bytes_per_token / BW``. The compute
+      of a decode token, ``2 * num_params`` FLOPs (active parameters for mixture-of-experts models), is *added* as ``per_seq`` instead of taking the
+      max of the memory and compute times: a simplification that keeps the step linear in the batch
+      (the engine needs that); it overestimates by at most the smaller of the two terms.
+    * Prefill is compute bound: ``(2 * num_params * n + 4 * layers * heads * head_dim * n * (start + n/2))
+      / FLOP/s`` (matmuls, then QK^T and PV over the causal prefix).
+    * A copy-on-write block copy reads and writes the block in every layer:
+      ``2 * blocks * block_bytes / BW``.
+    * A swap moves ``blocks * block_bytes`` over the host link, ``host_bandwidth_bytes_per_s``
+      (default :data:`DEFAULT_HOST_BANDWIDTH_BYTES_PER_S`, 25 GB/s).
+
+    Peak numbers, no efficiency factors: real servers run slower, by a factor a measured profile shows.
+    """
+
+    label = "analytic roofline"
+    measured = False
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        kv_cache_dtype: str = "auto",
+        block_size: int = 16,
+        host_bandwidth_bytes_per_s: float = DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
+    ):
+        if block_size <= 0:
+            raise CostModelError(f"block_size must be positive, got {block_size}")
+        if host_bandwidth_bytes_per_s <= 0:
+            raise CostModelError(f"host bandwidth must be positive, got {host_bandwidth_bytes_per_s}")
+        self.model = model
+        self.gpu = gpu
+        self.kv_cache_dtype = kv_cache_dtype
+        self.block_size = block_size
+        self.host_bandwidth_bytes_per_s = float(host_bandwidth_bytes_per_s)
+        bandwidth, flops = float(gpu.hbm_bandwidth_bytes_per_s), float(gpu.fp16_flops)
+        self.kv_bytes_per_token = model.kv_bytes_per_token(kv_cache_dtype)
+        self.block_bytes = self.kv_bytes_per_token * block_size
+        # FLOPs per token use the parameters one token touches (all of them for a dense model)
+        active_params = getattr(model, "active_params", model.num_params)
+        self._decode = DecodeCost(
+            intercept_s=model.weight_bytes() / bandwidth,
+            per_seq_s=2.0 * active_params / flops,
+            per_context_token_s=self.kv_bytes_per_token / bandwidth,
+        )
+        self.prefill_per_token_s = 2.0 * active_params / flops
+        self.prefill_per_attention_pair_s = 4.0 * model.num_layers * attention_width(model) / flops
+        self._copy_per_block_s = 2.0 * self.block_bytes / bandwidth
+        self._swap_per_block_s = self.block_bytes / self.host_bandwidth_bytes_per_s
+
+    @property
+    def decode(self) -> DecodeCost:
+        return self._decode
+
+    def prefill_s(self, num_tokens: int, start_pos: int) -> float:
+        if num_tokens <= 0:
+            return 0.0
+        return self.prefill_per_token_s * num_tokens + self.prefill_per_attention_pair_s * attention_pairs(
+            num_tokens, start_pos
+        )
+
+    def copy_blocks_s(self, num_blocks: int) -> float:
+        return self._copy_per_block_s * max(num_blocks, 0)
+
+    def swap_blocks_s(self, num_blocks: int) -> float:
+        return self._swap_per_block_s * max(num_blocks, 0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Calibration profile schema (written by ``kvsim calibrate`` and calibrate/analytic_profiles.py)
+# --------------------------------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ProfileModel(_Strict):
+    """The shapes of the model a profile was measured (or computed) for."""
+
+    name: str
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    num_params: int = Field(gt=0)
+    weight_dtype_bytes: int = 2
+    attention: Literal["mha", "mla"] = "mha"
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    gated_mlp: bool = True
+
+    @classmethod
+    def from_spec(cls, model: ModelSpec) -> ProfileModel:
+        return cls(**{name: getattr(model, name) for name in cls.model_fields if hasattr(model, name)})
+
+    def shapes(self) -> dict[str, Any]:
+        """Everything but the name: two models with equal shapes cost the same."""
+        return self.model_dump(exclude={"name", "num_params", "weight_dtype_bytes"})
+
+
+class ProfileDevice(_Strict):
+    kind: str
+    """``cpu``, ``cuda`` or, for analytic profiles, ``analytic``."""
+    name: str
+    torch_version: str | None = None
+    num_threads: int | None = None
+    load_average: list[float] | None = None
+    hbm_bandwidth_bytes_per_s: float | None = None
+    fp16_flops: float | None = None
+
+
+class LayerDecodeCoefficients(_Strict):
+    """One layer's decode step: ``intercept + per_seq * batch + per_context_token * sum_context``."""
+
+    intercept_s: float = Field(ge=0)
+    per_seq_s: float = Field(ge=0)
+    per_context_token_s: float = Field(ge=0)
+
+
+class StepCoefficients(_Strict):
+    """Work done once per step, not per layer (final norm + LM head): ``intercept + per_seq * rows``."""
+
+    intercept_s: float = Field(ge=0)
+    per_seq_s: float = Field(ge=0)
+
+
+class LayerPrefillCoefficients(_Strict):
+    """One layer's prefill chunk: ``intercept + per_token * n + per_attention_pair * n * (start + n/2)``."""
+
+    intercept_s: float = Field(ge=0)
+    per_token_s: float = Field(ge=0)
+    per_attention_pair_s: float = Field(ge=0)
+
+
+class BlockCoefficients(_Strict):
+    """Moving ``n`` blocks of K and V across every layer of the profile's model: ``intercept + per_block * n``."""
+
+    intercept_s: float = Field(ge=0)
+    per_block_s: float = Field(ge=0)
+    measured: bool = True
+    note: str | None = None
+
+
+class BlockSizePoint(_Strict):
+    """Coefficients that depend on the block size, from the block-size sweep."""
+
+    block_size: int = Field(gt=0)
+    per_context_token_s: float = Field(ge=0)
+    """Per layer, like ``decode_per_layer.per_context_token_s``."""
+    block_copy: BlockCoefficients
+    block_swap: BlockCoefficients
+
+
+class ProfileCoefficients(_Strict):
+    decode_per_layer: LayerDecodeCoefficients
+    decode_per_step: StepCoefficients
+    prefill_per_layer: LayerPrefillCoefficients
+    block_copy: BlockCoefficients
+    block_swap: BlockCoefficients
+    block_size_sweep: list[BlockSizePoint] = Field(default_factory=list)
+
+
+class CostProfile(_Strict):
+    """A calibration profile: per-layer and per-step coefficients plus how they were obtained.
+
+    All times are seconds. ``decode_per_layer`` and ``prefill_per_layer`` are for one decoder layer;
+    multiply by the layer count. ``decode_per_step`` (final norm + LM head) is added once per step, and
+    its ``per_seq_s`` once per prefill chunk (the chunk's last row). ``block_copy`` and ``block_swap`` are for
+    blocks of ``block_size`` tokens across all ``model.num_layers`` layers."""
+
+    kvsim_profile: int = PROFILE_SCHEMA_VERSION
+    measured: bool
+    label: str
+    created: str
+    kvsim_version: str
+    device: ProfileDevice
+    model: ProfileModel
+    dtype: str
+    block_size: int = Field(gt=0)
+    timed_layers: int = Field(1, ge=0)
+    coefficients: ProfileCoefficients
+    fit_quality: dict[str, Any] = Field(default_factory=dict)
+    grid: dict[str, Any] = Field(default_factory=dict)
+    formula: str | None = None
+    samples_csv: str | None = None
+    notes: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check_version(self) -> CostProfile:
+        if self.kvsim_profile != PROFILE_SCHEMA_VERSION:
+            raise ValueError(
+                f"kvsim_profile is {self.kvsim_profile}; this kvsim reads version {PROFILE_SCHEMA_VERSION}"
+            )
+        return self
+
+    def to_yaml(self, path: str | Path) -> None:
+        Path(path).write_text(
+            yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False, width=110),
+            encoding="utf-8",
+        )
+
+
+def load_profile(path: str | Path) -> CostProfile:
+    """Read and validate a profile; errors name the file and the offending key."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CostModelError(f"cost profile not found: {path}") from None
+    except OSError as error:
+        raise CostModelError(f"cannot read cost profile {path}: {error}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise CostModelError(f"cost profile {path} is not valid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise CostModelError(f"cost profile {path} must be a YAML mapping, got {type(data).__name__}")
+    try:
+        return CostProfile.model_validate(data)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in item['loc']) or '<top>'}: {item['msg']}"
+            for item in error.errors()
+        )
+        raise CostModelError(f"invalid cost profile {path}: {problems}") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# Profile-driven cost model
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RescaleRatios:
+    """Target / profile ratios used when a profile is applied to a different model.
+
+    ``weights``: per-layer matmul parameters (the decode intercept reads them, per-seq and per-token
+    prefill work multiplies them). ``kv``: per-layer K/V elements per token (decode context cost).
+    ``attention``: query width ``heads * head_dim`` (prefill attention pairs). ``head``:
+    ``vocab * hidden`` (LM head). ``block``: K/V elements per token across all layers (copy, swap).
+    """
+
+    weights: float
+    kv: float
+    attention: float
+    head: float
+    block: float
+
+    @classmethod
+    def between(cls, profile_model: ProfileModel, target: ProfileModel) -> RescaleRatios:
+        def ratio(f: Any) -> float:
+            return float(f(target)) / float(f(profile_model))
+
+        return cls(
+            weights=ratio(layer_matmul_params),
+            kv=ratio(kv_elements_per_token_per_layer),
+            attention=ratio(attention_width),
+            head=ratio(head_params),
+            block=ratio(lambda m: m.num_layers * kv_elements_per_token_per_layer(m)),
+        )
+
+
+def _interpolate_log2(points: list[tuple[int, float]], block_size: int) -> float:
+    """Linear interpolation in log2(block size) between the two nearest sweep points; clamped to the
+    nearest end outside the swept range."""
+    points = sorted(points)
+    if block_size <= points[0][0]:
+        return points[0][1]
+    if block_size >= points[-1][0]:
+        return points[-1][1]
+    x = math.log2(block_size)
+    for (b0, y0), (b1, y1) in zip(points, points[1:], strict=False):
+        if b0 <= block_size <= b1:
+            t = (x - math.log2(b0)) / (math.log2(b1) - math.log2(b0))
+            return y0 + t * (y1 - y0)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class ProfileCostModel(CostModel):
+    """Costs from a calibration profile, for the profile's model or (``rescale=True``) another one.
+
+    * Layer scaling: per-layer coefficients times ``num_layers``; the LM head once per step.
+    * Block size: the decode per-context-token cost and the copy/swap coefficients come from the
+      block-size sweep. Between swept sizes they are interpolated linearly in log2(block size): the
+      per-context-token cost directly, copy and swap per *slot* (``per_block_s / block_size``) and
+      intercepts directly. Outside the swept range the nearest end is used (per slot for copy and
+      swap, so their per-block cost keeps growing with the block's bytes).
+    * Rescaling to a different model multiplies each coefficient by a shape ratio (see
+      :class:`RescaleRatios`): the decode intercept, per-seq cost and prefill per-token cost and
+      intercept by the per-layer weight ratio; the decode per-context-token cost by the per-layer
+      K/V ratio; the prefill attention cost by the query-width ratio; the LM head by the
+      ``vocab * hidden`` ratio; copy and swap per-block costs by the all-layer K/V ratio (intercepts
+      unchanged); and the layer count is the target's. It assumes the same device and dtype, and that
+      time is proportional to bytes and FLOPs, which is roughly true only for similar shapes. It
+      always warns.
+    """
+
+    def __init__(
+        self,
+        profile: CostProfile,
+        model: ModelSpec | ProfileModel | None = None,
+        *,
+        rescale: bool = False,
+        block_size: int | None = None,
+        host_bandwidth_bytes_per_s: float | None = None,
+        source: str | Path | None = None,
+    ):
+        self.profile = profile
+        self.source = str(source) if source is not None else "<profile>"
+        target = profile.model
+        if model is not None:
+            target = model if isinstance(model, ProfileModel) else ProfileModel.from_spec(model)
+        self.target = target
+        self.rescaled = target.shapes() != profile.model.shapes()
+        if self.rescaled and not rescale:
+            differences = ", ".join(
+                f"{key} {value} vs {target.shapes()[key]}"
+                for key, value in profile.model.shapes().items()
+                if target.shapes()[key] != value
+            )
+            raise CostModelError(
+                f"cost profile {self.source} was measured on {profile.model.name!r}, but the simulated model is "
+                f"{target.name!r} ({differences}). Calibrate the model (`kvsim calibrate --model {target.name}`) "
+                "or set `rescale: true` in cost_model to rescale the profile by shape ratios."
+            )
+        ratios = (
+            RescaleRatios.between(profile.model, target)
+            if self.rescaled
+            else RescaleRatios(weights=1.0, kv=1.0, attention=1.0, head=1.0, block=1.0)
+        )
+        self.ratios = ratios
+        if self.rescaled:
+            warnings.warn(
+                f"cost profile {self.source} measured on {profile.model.name!r} is rescaled to {target.name!r} "
+                f"(ratios: weights {ratios.weights:.3g}, kv {ratios.kv:.3g}, attention {ratios.attention:.3g}, "
+                f"head {ratios.head:.3g}, block {ratios.block:.3g}); times are an extrapolation, not a measurement",
+                stacklevel=2,
+            )
+        self.block_size = int(block_size if block_size is not None else profile.block_size)
+        if self.block_size <= 0:
+            raise CostModelError(f"block_size must be positive, got {self.block_size}")
+
+        c = profile.coefficients
+        per_context, copy, swap = self._block_size_coefficients(self.block_size)
+        if host_bandwidth_bytes_per_s is not None:
+            if swap.measured:
+                raise CostModelError(
+                    f"cost profile {self.source} has measured swap times; a host bandwidth cannot replace them"
+                )
+            swap = self._analytic_swap(host_bandwidth_bytes_per_s)
+        layers = target.num_layers
+        self._decode = DecodeCost(
+            intercept_s=layers * c.decode_per_layer.intercept_s * ratios.weights
+            + c.decode_per_step.intercept_s * ratios.head,
+            per_seq_s=layers * c.decode_per_layer.per_seq_s * ratios.weights
+            + c.decode_per_step.per_seq_s * ratios.head,
+            per_context_token_s=layers * per_context * ratios.kv,
+        )
+        p = c.prefill_per_layer
+        self._prefill = (
+            layers * p.intercept_s * ratios.weights + c.decode_per_step.per_seq_s * ratios.head,
+            layers * p.per_token_s * ratios.weights,
+            layers * p.per_attention_pair_s * ratios.attention,
+        )
+        self._copy = (copy.intercept_s, copy.per_block_s * ratios.block)
+        self._swap = (swap.intercept_s, swap.per_block_s * ratios.block)
+        self.swap_measured = swap.measured
+        self.measured = profile.measured
+        kind = "measured profile" if profile.measured else "analytic profile"
+        self.label = (
+            f"{kind}: {profile.device.name} ({profile.device.kind}, {profile.dtype}), "
+            f"{profile.model.name}" + (f" rescaled to {target.name}" if self.rescaled else "")
+        )
+
+    @classmethod
+    def from_yaml(
+        cls,
+        path: str | Path,
+        model: ModelSpec | ProfileModel | None = None,
+        rescale: bool = False,
+        *,
+        block_size: int | None = None,
+        host_bandwidth_bytes_per_s: float | None = None,
+    ) -> ProfileCostModel:
+        return cls(
+            load_profile(path),
+            model,
+            rescale=rescale,
+            block_size=block_size,
+            host_bandwidth_bytes_per_s=host_bandwidth_bytes_per_s,
+            source=path,
+        )
+
+    def _block_size_coefficients(self, block_size: int) -> tuple[float, BlockCoefficients, BlockCoefficients]:
+        c = self.profile.coefficients
+        sweep = {point.block_size: point for point in c.block_size_sweep}
+        # the main grid's fit is authoritative at its own block size
+        sweep[self.profile.block_size] = BlockSizePoint(
+            block_size=self.profile.block_size,
+            per_context_token_s=c.decode_per_layer.per_context_token_s,
+            block_copy=c.block_copy,
+            block_swap=c.block_swap,
+        )
+        points = sorted(sweep.values(), key=lambda point: point.block_size)
+
+        def interp(get: Any) -> float:
+            return _interpolate_log2([(point.block_size, float(get(point))) for point in points], block_size)
+
+        def blocks(get: Any) -> BlockCoefficients:
+            chosen: BlockCoefficients = get(points[0])
+            per_slot = interp(lambda point: get(point).per_block_s / point.block_size)
+            return BlockCoefficients(
+                intercept_s=interp(lambda point: get(point).intercept_s),
+                per_block_s=per_slot * block_size,
+                measured=chosen.measured,
+                note=chosen.note,
+            )
+
+        return (
+            interp(lambda point: point.per_context_token_s),
+            blocks(lambda point: point.block_copy),
+            blocks(lambda point: point.block_swap),
+        )
+
+    def _analytic_swap(self, host_bandwidth_bytes_per_s: float) -> BlockCoefficients:
+        if host_bandwidth_bytes_per_s <= 0:
+            raise CostModelError(f"host bandwidth must be positive, got {host_bandwidth_bytes_per_s}")
+        block_bytes = profile_block_bytes(self.profile, self.block_size)
+        return BlockCoefficients(
+            intercept_s=0.0,
+            per_block_s=block_bytes / host_bandwidth_bytes_per_s,
+            measured=False,
+            note=f"analytic: block bytes / {host_bandwidth_bytes_per_s / 1e9:g} GB/s host link",
+        )
+
+    @property
+    def decode(self) -> DecodeCost:
+        return self._decode
+
+    def prefill_s(self, num_tokens: int, start_pos: int) -> float:
+        if num_tokens <= 0:
+            return 0.0
+        intercept, per_token, per_pair = self._prefill
+        return intercept + per_token * num_tokens + per_pair * attention_pairs(num_tokens, start_pos)
+
+    def copy_blocks_s(self, num_blocks: int) -> float:
+        return 0.0 if num_blocks <= 0 else self._copy[0] + self._copy[1] * num_blocks
+
+    def swap_blocks_s(self, num_blocks: int) -> float:
+        return 0.0 if num_blocks <= 0 else self._swap[0] + self._swap[1] * num_blocks
+
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "float8_e4m3fn": 1}
+
+
+def profile_block_bytes(profile: CostProfile, block_size: int | None = None) -> int:
+    """Bytes of one block (K and V, every layer of the profile's model) in the profile's dtype."""
+    size = profile.block_size if block_size is None else block_size
+    dtype_bytes = DTYPE_BYTES.get(profile.dtype, profile.model.weight_dtype_bytes)
+    return profile.model.num_layers * kv_elements_per_token_per_layer(profile.model) * dtype_bytes * size
+
+
+# --------------------------------------------------------------------------------------------------
+# Configuration: the ``cost_model:`` key of an experiment YAML
+# --------------------------------------------------------------------------------------------------
+
+
+class CostModelConfig(BaseModel):
+    """``cost_model:`` in an experiment YAML. Accepted forms::
+
+        cost_model: analytic
+        cost_model: {kind: analytic, host_bandwidth_gb_per_s: 25}
+        cost_model: {profile: configs/profiles/cpu-qwen2.5-0.5b.yaml, rescale: false}
+        cost_model: configs/profiles/cpu-qwen2.5-0.5b.yaml      # a path ending in .yaml/.yml
+
+    ``host_bandwidth_gb_per_s`` (10^9 bytes/s) sets the swap link for ``analytic``, and for a profile
+    whose swaps were not measured (CPU profiles); analytic defaults to 25 GB/s.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["analytic", "profile"] = "analytic"
+    profile: str | None = None
+    """Path to a calibration profile; relative paths resolve against the experiment file's folder,
+    then the repository root."""
+    rescale: bool = False
+    """Allow a profile measured on another model to be rescaled by shape ratios (with a warning)."""
+    host_bandwidth_gb_per_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        if data is None:
+            return {}
+        if isinstance(data, str):
+            if data == "analytic":
+                return {"kind": "analytic"}
+            if data.endswith((".yaml", ".yml")):
+                return {"kind": "profile", "profile": data}
+            raise ValueError(
+                f"cost_model must be 'analytic', a profile path (.yaml) or a mapping, got {data!r}"
+            )
+        if isinstance(data, dict) and "profile" in data and "kind" not in data:
+            return {**data, "kind": "profile"}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CostModelConfig:
+        if self.kind == "profile" and not self.profile:
+            raise ValueError("cost_model kind 'profile' needs `profile: PATH`")
+        if self.kind == "analytic" and (self.profile or self.rescale):
+            raise ValueError("cost_model kind 'analytic' takes no `profile` or `rescale`")
+        return self
+
+
+def resolve_profile_path(path: str | Path, base_dir: str | Path | None = None) -> Path:
+    """An absolute path as is; a relative one against ``base_dir``, then the repository root."""
+    candidate = Path(path).expanduser()
+    if candidate.is_absolute():
+        tried = [candidate]
+    else:
+        tried = [Path(base_dir) / candidate] if base_dir is not None else []
+        tried.append(REPO_ROOT / candidate)
+    for option in tried:
+        if option.is_file():
+            return option
+    raise CostModelError(
+        f"cost profile {str(path)!r} not found; tried: {', '.join(str(option) for option in tried)}"
+    )
+
+
+def make_cost_model(
+    config: CostModelConfig | str | dict[str, Any] | None,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    *,
+    block_size: int,
+    kv_cache_dtype: str = "auto",
+    base_dir: str | Path | None = None,
+) -> CostModel:
+    """Build the cost model an experiment asked for (``None`` means analytic).
+
+    ``kv_cache_dtype`` sizes the analytic model's K/V traffic. A profile's times are those of the dtype
+    it was measured in (``profile.dtype``); they are not rescaled for another cache dtype."""
+    if not isinstance(config, CostModelConfig):
+        try:
+            config = CostModelConfig.model_validate(config)
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in item['loc']) or 'cost_model'}: {item['msg']}"
+                for item in error.errors()
+            )
+            raise CostModelError(f"invalid cost_model {config!r}: {problems}") from None
+    bandwidth = None if config.host_bandwidth_gb_per_s is None else config.host_bandwidth_gb_per_s * 1e9
+    if config.kind == "analytic":
+        return AnalyticCostModel(
+            model,
+            gpu,
+            kv_cache_dtype=kv_cache_dtype,
+            block_size=block_size,
+            host_bandwidth_bytes_per_s=bandwidth or DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
+        )
+    assert config.profile is not None
+    path = resolve_profile_path(config.profile, base_dir)
+    return ProfileCostModel.from_yaml(
+        path, model, config.rescale, block_size=block_size, host_bandwidth_bytes_per_s=bandwidth
+    )
