@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 $(BIN)/kvsim: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,calibrate]'
 	@touch $(BIN)/kvsim
 
 venv: $(BIN)/kvsim
@@ -17,11 +17,11 @@ demo: venv
 	$(BIN)/kvsim run configs/quickstart.yaml
 
 lint: venv
-	$(BIN)/ruff check sim policies workloads tests benchmarks
-	$(BIN)/ruff format --check sim policies workloads tests benchmarks
+	$(BIN)/ruff check sim policies workloads calibrate tests benchmarks
+	$(BIN)/ruff format --check sim policies workloads calibrate tests benchmarks
 
 typecheck: venv
-	$(BIN)/mypy policies sim workloads
+	$(BIN)/mypy policies sim workloads calibrate
 
 test: lint typecheck
 	TQDM_DISABLE=1 MPLBACKEND=Agg $(BIN)/pytest -n 2

@@ -287,12 +287,19 @@ class PagedPolicy(KVCachePolicy):
         return min(self.block_size, max(0, seq.final_len - block_index * self.block_size))
 
     def _refresh_tail(self, block_id: int, seq: SequenceState) -> None:
+        """The tail block took more tokens; its owners (and so its target) are unchanged."""
         filled = seq.num_tokens - (len(seq.block_table) - 1) * self.block_size
         if filled >= self.block_size:
             self._partial_owners.pop(block_id, None)
             self._set_fill(block_id, self.block_size, self.block_size)
         else:
-            self._set_fill(block_id, filled, self._shared_target(block_id, len(seq.block_table) - 1))
+            self._filled_sum += filled - self._filled[block_id]
+            self._filled[block_id] = filled
+
+    def _retarget_tail(self, block_id: int, seq: SequenceState) -> None:
+        """The tail block's owners changed (fork, copy-on-write): recompute its fill and target."""
+        filled = seq.num_tokens - (len(seq.block_table) - 1) * self.block_size
+        self._set_fill(block_id, filled, self._shared_target(block_id, len(seq.block_table) - 1))
 
     def _shared_target(self, block_id: int, block_index: int) -> int:
         return max(self._owner_target(owner, block_index) for owner in self._partial_owners[block_id])

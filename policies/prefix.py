@@ -205,7 +205,7 @@ class PrefixCachingPolicy(PagedPolicy):
         if parent.block_table and parent.num_tokens % self.block_size:
             tail = parent.block_table[-1]
             self._partial_owners[tail].append(child)
-            self._refresh_tail(tail, child)
+            self._retarget_tail(tail, child)
 
     def _blocks_needed_to_grow(self, seq: SequenceState, num_tokens: int) -> int:
         return super()._blocks_needed_to_grow(seq, num_tokens) + int(self._tail_is_shared_and_partial(seq))
@@ -227,7 +227,7 @@ class PrefixCachingPolicy(PagedPolicy):
         self._live_blocks += 1
         seq.block_table[-1] = copy
         self._partial_owners[copy] = [seq]
-        self._refresh_tail(copy, seq)
+        self._retarget_tail(copy, seq)
         self.stats.cow_copies += 1
 
     # ------------------------------------------------------------------------------------- pinning

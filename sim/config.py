@@ -167,10 +167,7 @@ def apply_override(data: dict[str, Any], override: str, path: str | Path) -> Non
     keys = key_path.split(".")
     node: Any = data
     for key in keys[:-1]:
-        if isinstance(node, list):
-            node = node[_list_index(key, override)]
-        else:
-            node = node.setdefault(key, {})
+        node = node[_list_index(key, override)] if isinstance(node, list) else node.setdefault(key, {})
     value = yaml.safe_load(raw_value)
     last = keys[-1]
     if isinstance(node, list):

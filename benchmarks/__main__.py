@@ -1,0 +1,27 @@
+"""Run every benchmark: `python -m benchmarks [--quick] [--engine-sizes 10000,100000,1000000]`.
+
+Speed and memory targets live here, never in unit tests. Each figure printed is measured on this
+machine, one core, in a fresh subprocess per engine size (so peak RSS is that run's alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from benchmarks.bench_allocators import run_allocator_benchmarks
+from benchmarks.bench_engine import run_engine_benchmarks
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--engine-sizes", default=None, help="comma-separated request counts")
+    parser.add_argument("--policies", default="paged,prefix,contiguous", help="engine benchmark policies")
+    args = parser.parse_args()
+    run_allocator_benchmarks(cycles=2_000 if args.quick else 20_000)
+    sizes = args.engine_sizes or ("2000" if args.quick else "10000,100000,1000000")
+    run_engine_benchmarks([int(size) for size in sizes.split(",")], args.policies.split(","))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Engine benchmark: simulated requests per wall second and peak memory, per size and policy.
+
+Synthetic stream: prompt ~500 tokens, output ~250 (normal, clipped), Poisson arrivals at a rate that
+keeps Llama-3.1-8B on an A100-80GB busy but stable (analytic costs). Each size runs in a fresh
+subprocess so its peak RSS is its own."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+RATE_PER_S = 20.0
+
+
+def synthetic_requests(count: int, seed: int = 0) -> Iterator:
+    from workloads.request import Request
+
+    rng = np.random.default_rng(seed)
+    arrival = 0.0
+    chunk = 8192
+    for start in range(0, count, chunk):
+        size = min(chunk, count - start)
+        gaps = rng.exponential(1.0 / RATE_PER_S, size)
+        prompts = np.clip(rng.normal(500, 150, size), 16, 2000).astype(int)
+        outputs = np.clip(rng.normal(250, 80, size), 1, 1000).astype(int)
+        for offset in range(size):
+            arrival += float(gaps[offset])
+            request_id = start + offset
+            yield Request(
+                request_id,
+                arrival,
+                ((2 * request_id, int(prompts[offset])),),
+                int(outputs[offset]),
+                output_content_id=2 * request_id + 1,
+            )
+
+
+def run_once(count: int, policy_name: str) -> dict:
+    import resource
+
+    from policies import PoolSpec, make_policy
+    from sim.capacity import size_kv_pool
+    from sim.costs import AnalyticCostModel
+    from sim.engine import Engine, EngineKnobs
+    from sim.gpus import resolve_gpu
+    from sim.models import resolve_model
+
+    model, gpu = resolve_model("Llama-3.1-8B"), resolve_gpu("A100-80GB")
+    capacity = size_kv_pool(model, gpu, block_size=16)
+    pool = PoolSpec(capacity.kv_pool_tokens, 16, 4096, capacity.kv_bytes_per_token)
+    options = {"reservation": "oracle"} if policy_name == "contiguous" else {}
+    policy = make_policy(policy_name, pool, **options)
+    engine = Engine(
+        policy, AnalyticCostModel(model, gpu), EngineKnobs(max_model_len=4096), synthetic_requests(count)
+    )
+    started = time.perf_counter()
+    engine.run()
+    wall_s = time.perf_counter() - started
+    finished = sum(1 for record in engine.records if record.outcome == "finished")
+    return {
+        "policy": policy_name,
+        "requests": count,
+        "finished": finished,
+        "wall_s": wall_s,
+        "requests_per_s": count / wall_s,
+        "simulated_s": engine.env.now,
+        "timeseries_rows": len(engine.recorder.rows),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def run_engine_benchmarks(sizes: list[int], policies: list[str]) -> list[dict]:
+    print(f"engine benchmark: Poisson {RATE_PER_S} req/s, prompt~500, output~250, Llama-3.1-8B, A100-80GB")
+    rows = []
+    for policy in policies:
+        for size in sizes:
+            output = subprocess.run(
+                [sys.executable, "-m", "benchmarks.bench_engine", str(size), policy],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            row = json.loads(output.strip().splitlines()[-1])
+            rows.append(row)
+            print(
+                f"  {policy:<10} {size:>9,} requests: {row['requests_per_s']:>9,.0f} req/s "
+                f"({row['wall_s']:.1f} s wall for {row['simulated_s']:,.0f} s simulated), "
+                f"peak RSS {row['peak_rss_mib']:,.0f} MiB, {row['timeseries_rows']:,} series rows"
+            )
+    return rows
+
+
+if __name__ == "__main__":
+    print(json.dumps(run_once(int(sys.argv[1]), sys.argv[2])))

@@ -1,0 +1,213 @@
+"""GPU presets: memory capacity, memory bandwidth and dense fp16/bf16 tensor throughput.
+
+Units
+-----
+``memory_bytes`` is the capacity on the datasheet, in bytes. NVIDIA's "GB" for memory *capacity*
+is binary (GiB): nvidia-smi shows an A100-80GB as 81920 MiB = 80 x 2**30 bytes, and the H200's
+"141 GB" must be GiB, since its visible 143,771 MiB would not fit in 141 x 10**9 bytes. So
+``A100-80GB`` is 80 x 2**30 = 85,899,345,920 bytes and ``H200-141GB`` 141 x 2**30 bytes.
+
+Bandwidth and FLOP/s are decimal, as on the datasheets (1 TB/s = 10**12 bytes/s).
+``fp16_flops`` is the *dense* FP16/BF16 tensor-core rate with FP32 accumulation, the rate that
+PyTorch/vLLM GEMMs see; NVIDIA's headline numbers "with sparsity" are twice this.
+
+What software sees
+------------------
+Less than the datasheet. vLLM multiplies ``torch.cuda.mem_get_info()[1]`` (the CUDA total) by
+``gpu_memory_utilization``, and that total is below the datasheet capacity:
+
+============  ==========  =====================  ==========================================
+preset        datasheet   nvidia-smi "Total"     CUDA total (torch ``total_memory``) seen
+============  ==========  =====================  ==========================================
+T4-16GB       16 GiB      15,360 MiB (ECC on)    14,930-15,109 MiB (varies with driver)
+A10G-24GB     24 GiB      23,028 MiB (ECC on)    22,587 MiB
+L4-24GB       24 GiB      23,034 MiB (ECC on)    (not found)
+RTX-4090-24GB 24 GiB      24,564 MiB             24,563 MiB; vLLM logs 23.55-23.58 GiB
+A100-40GB     40 GiB      40,960 MiB             40,536 MiB
+A100-80GB     80 GiB      81,920 MiB             vLLM logs show 79.15 GiB on 80 GB parts
+H100-80GB     80 GiB      81,559 MiB             81,082-81,090 MiB; vLLM logs 79.22 GiB
+H200-141GB    141 GiB     143,771 MiB            143,156 MiB; vLLM logs 139.81 GiB
+============  ==========  =====================  ==========================================
+
+The GDDR6 data-centre parts (T4, A10G, L4) lose 1/16 of their memory to ECC, which is on by
+default; HBM parts keep ECC out of band. The presets keep the datasheet number so that names and
+bytes agree; to reproduce one machine's vLLM log exactly, override the memory with the CUDA total,
+e.g. ``resolve_gpu({"base": "H100-80GB", "memory_gib": 79.19})``.
+(torch prints ``total_memory`` in MiB although it labels it "MB".)
+Sources for the table: torch ``_CudaDeviceProperties`` printouts and vLLM start-up logs in public
+repositories and vLLM issues (#7553: RTX 4090 24564 MiB; #55169: H100 81559 MiB; PR #10511); the
+nvidia-smi totals of T4, A10G, L4, A100 and H200 are the values those cards commonly print, not
+re-checked against a stored log.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+__all__ = ["GPU_PRESETS", "GpuSpec", "resolve_gpu"]
+
+GiB = 2**30
+GB = 10**9
+TB = 10**12
+TFLOPS = 10**12
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU. Memory in bytes; bandwidth in bytes/s; ``fp16_flops`` dense FP16/BF16 tensor FLOP/s."""
+
+    name: str
+    memory_bytes: int
+    hbm_bandwidth_bytes_per_s: float
+    fp16_flops: float
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.memory_bytes, bool)
+            or not isinstance(self.memory_bytes, int)
+            or self.memory_bytes <= 0
+        ):
+            raise ValueError(
+                f"GPU {self.name!r}: memory_bytes must be a positive integer, got {self.memory_bytes!r}"
+            )
+        for field in ("hbm_bandwidth_bytes_per_s", "fp16_flops"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"GPU {self.name!r}: {field} must be a positive number, got {value!r}")
+
+
+GPU_PRESETS: dict[str, GpuSpec] = {
+    # NVIDIA T4 datasheet: 16 GB GDDR6, 320+ GB/s, 65 TFLOPS mixed-precision (FP16/FP32) tensor.
+    "T4-16GB": GpuSpec("T4-16GB", 16 * GiB, 320 * GB, 65 * TFLOPS),
+    # AWS G5 (A10G, an AWS-only GA102 part; NVIDIA publishes no A10G datasheet): 24 GB GDDR6 at
+    # 600 GB/s; FP16 tensor 70 TFLOPS dense (vs the A10's 125) per Baseten's "A10 vs A10G" comparison.
+    "A10G-24GB": GpuSpec("A10G-24GB", 24 * GiB, 600 * GB, 70 * TFLOPS),
+    # NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, FP16 tensor 242 TFLOPS with sparsity = 121 dense.
+    "L4-24GB": GpuSpec("L4-24GB", 24 * GiB, 300 * GB, 121 * TFLOPS),
+    # NVIDIA Ada (AD102) whitepaper, GeForce RTX 4090: 24 GB GDDR6X, 1008 GB/s; FP16 tensor with FP32
+    # accumulate 165.2 TFLOPS dense (330.3 with FP16 accumulate; GeForce halves the FP32-accumulate rate).
+    "RTX-4090-24GB": GpuSpec("RTX-4090-24GB", 24 * GiB, 1008 * GB, 165.2 * TFLOPS),
+    # NVIDIA A100 datasheet, SXM4 40GB: HBM2 1,555 GB/s; BF16/FP16 tensor 312 TFLOPS dense (624 sparse).
+    "A100-40GB": GpuSpec("A100-40GB", 40 * GiB, 1555 * GB, 312 * TFLOPS),
+    # NVIDIA A100 datasheet, SXM4 80GB: HBM2e 2,039 GB/s (PCIe: 1,935); 312 TFLOPS dense.
+    "A100-80GB": GpuSpec("A100-80GB", 80 * GiB, 2039 * GB, 312 * TFLOPS),
+    # NVIDIA H100 datasheet, SXM5: 80 GB HBM3, 3.35 TB/s; BF16/FP16 tensor 1,979 TFLOPS with
+    # sparsity = 989.4 dense. (PCIe H100: 2.0 TB/s, 756 dense; use a custom dict for it.)
+    "H100-80GB": GpuSpec("H100-80GB", 80 * GiB, 3.35 * TB, 989.4 * TFLOPS),
+    # NVIDIA H200 datasheet, SXM: 141 GB HBM3e, 4.8 TB/s; same compute as H100 SXM (989.4 dense).
+    "H200-141GB": GpuSpec("H200-141GB", 141 * GiB, 4.8 * TB, 989.4 * TFLOPS),
+}
+
+# Short names that are unambiguous (compared after normalisation: lower case, alphanumerics only).
+_GPU_ALIASES: dict[str, str] = {
+    "t4": "T4-16GB",
+    "teslat4": "T4-16GB",
+    "a10g": "A10G-24GB",
+    "l4": "L4-24GB",
+    "rtx4090": "RTX-4090-24GB",
+    "4090": "RTX-4090-24GB",
+    "geforcertx4090": "RTX-4090-24GB",
+    "a100sxm440gb": "A100-40GB",
+    "a100sxm480gb": "A100-80GB",
+    "h100": "H100-80GB",
+    "h100sxm": "H100-80GB",
+    "h10080gbhbm3": "H100-80GB",
+    "h100sxm80gb": "H100-80GB",
+    "h200": "H200-141GB",
+    "h200sxm": "H200-141GB",
+}
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower().removeprefix("nvidia").strip())
+
+
+_GPU_INDEX: dict[str, str] = {_norm(k): k for k in GPU_PRESETS}
+_GPU_INDEX.update(_GPU_ALIASES)
+
+# Custom-GPU keys: exactly one per group (or none, when "base" supplies it). Units in the names.
+_MEMORY_KEYS = {"memory_bytes": 1, "memory_gib": GiB, "memory_gb": GB}
+_BANDWIDTH_KEYS = {"hbm_bandwidth_bytes_per_s": 1, "hbm_bandwidth_gb_per_s": GB, "hbm_bandwidth_tb_per_s": TB}
+_FLOPS_KEYS = {"fp16_flops": 1, "fp16_tflops": TFLOPS}
+_ALLOWED_KEYS = {"name", "base", *_MEMORY_KEYS, *_BANDWIDTH_KEYS, *_FLOPS_KEYS}
+
+
+def _preset(name: str) -> GpuSpec:
+    key = _GPU_INDEX.get(_norm(name))
+    if key is None:
+        hint = " (A100 comes as A100-40GB and A100-80GB)" if _norm(name).startswith("a100") else ""
+        raise ValueError(f"unknown GPU {name!r}{hint}; presets: {', '.join(GPU_PRESETS)}")
+    return GPU_PRESETS[key]
+
+
+def _pick(spec: Mapping[str, object], keys: dict[str, int], what: str) -> float | None:
+    given = [k for k in keys if k in spec]
+    if len(given) > 1:
+        raise ValueError(f"custom GPU: give {what} once, got {', '.join(given)}")
+    if not given:
+        return None
+    value = spec[given[0]]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"custom GPU: {given[0]} must be a positive number, got {value!r}")
+    return value * keys[given[0]]
+
+
+def resolve_gpu(spec: str | Mapping[str, object] | GpuSpec) -> GpuSpec:
+    """A GPU preset by name (case-insensitive, e.g. ``"a100-80gb"``, ``"H100"``) or a custom GPU.
+
+    A custom GPU is a mapping with these keys (units are part of the key names):
+
+    * ``name`` (optional, default ``"custom"``);
+    * ``base`` (optional): a preset to start from, so only the fields that differ need giving;
+    * memory, one of ``memory_bytes``, ``memory_gib`` (2**30 bytes) or ``memory_gb`` (10**9 bytes);
+    * bandwidth, one of ``hbm_bandwidth_bytes_per_s``, ``hbm_bandwidth_gb_per_s`` (10**9 B/s) or
+      ``hbm_bandwidth_tb_per_s`` (10**12 B/s);
+    * compute, one of ``fp16_flops`` (FLOP/s) or ``fp16_tflops`` (10**12 FLOP/s), dense.
+
+    Without ``base`` all three groups are required. Unknown keys raise ``ValueError``.
+    Example: ``{"name": "H100-PCIe", "memory_gib": 80, "hbm_bandwidth_tb_per_s": 2.0, "fp16_tflops": 756}``.
+    """
+    if isinstance(spec, GpuSpec):
+        return spec
+    if isinstance(spec, str):
+        return _preset(spec)
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"GPU must be a preset name or a mapping of custom values, got {spec!r}")
+    unknown = sorted(set(spec) - _ALLOWED_KEYS)
+    if unknown:
+        raise ValueError(
+            f"custom GPU: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_ALLOWED_KEYS))}"
+        )
+    base_name = spec.get("base")
+    base = None
+    if base_name is not None:
+        if not isinstance(base_name, str):
+            raise ValueError(f"custom GPU: base must be a preset name, got {base_name!r}")
+        base = _preset(base_name)
+    name = spec.get("name", f"{base.name}-custom" if base else "custom")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"custom GPU: name must be a non-empty string, got {name!r}")
+    memory = _pick(spec, _MEMORY_KEYS, "the memory")
+    bandwidth = _pick(spec, _BANDWIDTH_KEYS, "the bandwidth")
+    flops = _pick(spec, _FLOPS_KEYS, "the compute")
+    if base is None:
+        missing = [
+            f"one of {', '.join(keys)}"
+            for value, keys in ((memory, _MEMORY_KEYS), (bandwidth, _BANDWIDTH_KEYS), (flops, _FLOPS_KEYS))
+            if value is None
+        ]
+        if missing:
+            raise ValueError(f"custom GPU {name!r}: missing {'; '.join(missing)} (or give a 'base' preset)")
+        assert memory is not None and bandwidth is not None and flops is not None
+        return GpuSpec(name, int(memory), float(bandwidth), float(flops))
+    return replace(
+        base,
+        name=name,
+        memory_bytes=int(memory) if memory is not None else base.memory_bytes,
+        hbm_bandwidth_bytes_per_s=float(bandwidth)
+        if bandwidth is not None
+        else base.hbm_bandwidth_bytes_per_s,
+        fp16_flops=float(flops) if flops is not None else base.fp16_flops,
+    )

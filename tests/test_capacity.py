@@ -1,0 +1,365 @@
+"""KV pool sizing (vLLM's num_gpu_blocks) and GPU presets.
+
+Every expected number is worked out by hand in the comments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from sim.capacity import (
+    KVCapacity,
+    ModelDoesNotFitError,
+    estimate_activation_reserve,
+    size_kv_pool,
+)
+from sim.gpus import GPU_PRESETS, GpuSpec, resolve_gpu
+from sim.models import MODEL_PRESETS
+
+GiB = 2**30
+MiB = 2**20
+
+# ------------------------------------------------------------------------------ activation reserve
+
+
+def test_activation_reserve_llama_3_1_8b_by_hand() -> None:
+    # Per token, at the MLP of one layer:
+    #   MLP   3 x 14336                 = 43,008  (gate, up, gate*up)
+    #   qkv   (32 + 2 x 8) x 128        =  6,144
+    #   4 x hidden 4 x 4096             = 16,384
+    #                                     65,536 elements x 2 B = 131,072 B
+    # x 8192 tokens = 1,073,741,824 B (1 GiB)
+    # + sampler logits 256 seqs x 128,256 vocab x 4 B (fp32) = 131,334,144 B
+    # = 1,205,075,968 B (1.12 GiB; vLLM's profiler logs 1.20-1.26 GiB for Llama-3-8B)
+    assert estimate_activation_reserve("Llama-3.1-8B") == 1_205_075_968
+
+
+def test_activation_reserve_options() -> None:
+    # Only the sampler term left when no tokens are profiled.
+    assert estimate_activation_reserve("Llama-3.1-8B", num_tokens=0) == 256 * 128_256 * 4
+    # OPT's MLP is ungated: 2 x 20480 + 3 x 5120 (qkv) + 4 x 5120 = 76,800 elements x 2 B.
+    assert estimate_activation_reserve("OPT-13B", num_seqs=0) == 8192 * 76_800 * 2
+    with pytest.raises(ValueError, match="num_tokens"):
+        estimate_activation_reserve("OPT-13B", num_tokens=-1)
+
+
+# ------------------------------------------------------------------------------ worked examples
+
+
+def test_llama_3_1_8b_on_a100_80gb() -> None:
+    # A100-80GB: 80 GiB = 85,899,345,920 B.
+    #   x 0.9                                  = 77,309,411,328 B  (budget)
+    #   - weights 8,030,261,248 x 2 B           = 16,060,522,496 B  (14.96 GiB)
+    #   - activation reserve (test above)       =  1,205,075,968 B
+    #   = available                             = 60,043,812,864 B  (55.92 GiB)
+    # block = 16 tokens x 131,072 B = 2,097,152 B (2 MiB)
+    #   60,043,812,864 // 2,097,152 = 28,631 blocks (28,631 x 2 MiB = 60,043,558,912; 253,952 B left)
+    # tokens = 28,631 x 16 = 458,096
+    # concurrency at 8,192 tokens: 28,631 / (8192 / 16 = 512) = 55.92x
+    cap = size_kv_pool(MODEL_PRESETS["Llama-3.1-8B"], GPU_PRESETS["A100-80GB"])
+    assert cap == KVCapacity(
+        kv_bytes_per_token=131_072,
+        block_size=16,
+        num_gpu_blocks=28_631,
+        kv_pool_bytes=60_043_558_912,
+        available_kv_bytes=60_043_812_864,
+        weight_bytes=16_060_522_496,
+        activation_reserve_bytes=1_205_075_968,
+        source="gpu_memory_utilization",
+    )
+    assert cap.kv_pool_tokens == 458_096
+    assert cap.block_bytes == 2 * MiB
+    assert cap.max_concurrency(8192) == pytest.approx(28_631 / 512)
+    assert cap.capacity_lines(8192) == [
+        "GPU KV cache size: 458,096 tokens",
+        "Maximum concurrency for 8,192 tokens per request: 55.92x",
+    ]
+    # Same by name; names resolve case-insensitively.
+    assert size_kv_pool("meta-llama/Llama-3.1-8B", "a100-80gb") == cap
+
+
+def test_opt_13b_on_a100_40gb_the_vllm_paper_setup() -> None:
+    # A100-40GB: 40 GiB = 42,949,672,960 B.
+    #   x 0.9                                  = 38,654,705,664 B
+    #   - weights 12,853,473,280 x 2 B          = 25,706,946,560 B  (23.94 GiB; paper: "26GB, 65%")
+    #   - reserve: 8192 x (2 x 20480 + 3 x 5120 + 4 x 5120 = 76,800) x 2 B = 1,258,291,200
+    #              + 256 x 50,272 x 4 B = 51,478,528                  -> 1,309,769,728 B
+    #   = available                             = 11,637,989,376 B  (10.84 GiB)
+    # block = 16 x 819,200 B = 13,107,200 B (12.5 MiB)
+    #   11,637,989,376 // 13,107,200 = 887 blocks (887 x 13,107,200 = 11,626,086,400)
+    # tokens = 887 x 16 = 14,192; at OPT's 2,048-token limit: 887 / 128 = 6.93x
+    cap = size_kv_pool("OPT-13B", "A100-40GB")
+    assert cap.activation_reserve_bytes == 1_309_769_728
+    assert cap.available_kv_bytes == 11_637_989_376
+    assert cap.num_gpu_blocks == 887
+    assert cap.kv_pool_bytes == 11_626_086_400
+    assert cap.capacity_lines(2048) == [
+        "GPU KV cache size: 14,192 tokens",
+        "Maximum concurrency for 2,048 tokens per request: 6.93x",
+    ]
+
+
+def test_fp8_kv_doubles_the_blocks() -> None:
+    # Llama-3.1-8B on A100-80GB as above, fp8 KV: block = 16 x 65,536 = 1 MiB;
+    # 60,043,812,864 // 1,048,576 = 57,262 blocks.
+    cap = size_kv_pool("Llama-3.1-8B", "A100-80GB", kv_cache_dtype="fp8")
+    assert cap.kv_bytes_per_token == 65_536
+    assert cap.num_gpu_blocks == 57_262
+
+
+def test_block_size_changes_rounding_only() -> None:
+    # block 32: 4 MiB blocks; 60,043,812,864 // 4,194,304 = 14,315 blocks = 458,080 tokens.
+    cap = size_kv_pool("Llama-3.1-8B", "A100-80GB", block_size=32)
+    assert cap.num_gpu_blocks == 14_315
+    assert cap.kv_pool_tokens == 458_080
+    # 1000-token requests need ceil(1000 / 32) = 32 blocks: 14,315 / 32 = 447.34
+    assert cap.max_concurrency(1000) == pytest.approx(14_315 / 32)
+
+
+def test_tensor_parallel_llama_3_1_70b_on_4_h100() -> None:
+    # Per GPU, tp 4:
+    #   budget 80 GiB x 0.9                     = 77,309,411,328 B
+    #   weights 70,553,706,496 x 2 / 4          = 35,276,853,248 B
+    #   reserve: MLP 3 x 28672/4 = 21,504; qkv (64/4 + 2 x 8/4) x 128 = 2,560; 4 x 8192 = 32,768
+    #            -> 56,832 x 2 B x 8192 = 931,135,488 + logits 131,334,144 = 1,062,469,632 B
+    #   available                               = 40,970,088,448 B
+    #   KV per token per GPU: 2 x 80 x (8/4 = 2) x 128 x 2 = 81,920 B; block 1,310,720 B
+    #   40,970,088,448 // 1,310,720 = 31,257 blocks -> 500,112 tokens; 31,257 / 512 = 61.05x
+    cap = size_kv_pool("Llama-3.1-70B", "H100-80GB", tensor_parallel_size=4)
+    assert cap.kv_bytes_per_token == 81_920
+    assert cap.weight_bytes == 35_276_853_248
+    assert cap.activation_reserve_bytes == 1_062_469_632
+    assert cap.num_gpu_blocks == 31_257
+    assert cap.capacity_lines(8192)[1] == "Maximum concurrency for 8,192 tokens per request: 61.05x"
+
+
+def test_deepseek_v3_needs_its_fp8_weights_on_8_h200() -> None:
+    # bf16 weights: 671,026,419,200 x 2 / 8 = 167,756,604,800 B = 156.24 GiB per GPU > 126.90 GiB.
+    with pytest.raises(ModelDoesNotFitError, match="weights 156.24 GiB"):
+        size_kv_pool("DeepSeek-V3", "H200-141GB", tensor_parallel_size=8)
+    # The official FP8 checkpoint: 1 B/param, KV stays bf16 (vLLM's "auto" = the bf16 model dtype).
+    # Per GPU: budget ceil(141 GiB x 0.9) = 136,257,837,466 B; weights 83,878,302,400 B;
+    # the MLA latent is replicated: 70,272 B/token, block 1,124,352 B.
+    fp8 = dataclasses.replace(MODEL_PRESETS["DeepSeek-V3"], weight_dtype_bytes=1)
+    cap = size_kv_pool(fp8, "H200-141GB", tensor_parallel_size=8, kv_cache_dtype="bf16")
+    assert cap.kv_bytes_per_token == 70_272
+    assert cap.weight_bytes == 83_878_302_400
+    expected_available = 136_257_837_466 - 83_878_302_400 - cap.activation_reserve_bytes
+    assert cap.available_kv_bytes == expected_available
+    assert cap.num_gpu_blocks == expected_available // 1_124_352
+
+
+# ----------------------------------------------------------------------------- other sources
+
+
+def test_kv_cache_memory_bytes() -> None:
+    # 10 GiB of KV at 2 MiB per block = 5,120 blocks, whatever the utilisation.
+    cap = size_kv_pool(
+        "Llama-3.1-8B", "A100-80GB", kv_cache_memory_bytes=10 * GiB, gpu_memory_utilization=0.5
+    )
+    assert cap.source == "kv_cache_memory_bytes"
+    assert cap.num_gpu_blocks == 5_120
+    assert cap.available_kv_bytes == cap.kv_pool_bytes == 10 * GiB
+    # 14.96 GiB weights + 1.12 GiB reserve + 70 GiB > 80 GiB.
+    with pytest.raises(ModelDoesNotFitError, match="kv_cache_memory_bytes=70.00 GiB"):
+        size_kv_pool("Llama-3.1-8B", "A100-80GB", kv_cache_memory_bytes=70 * GiB)
+    with pytest.raises(ValueError, match="smaller than one KV block"):
+        size_kv_pool("Llama-3.1-8B", "A100-80GB", kv_cache_memory_bytes=MiB)
+
+
+def test_num_gpu_blocks_override() -> None:
+    cap = size_kv_pool("Llama-3.1-8B", "A100-80GB", num_gpu_blocks_override=100)
+    assert cap.source == "num_gpu_blocks_override"
+    assert cap.num_gpu_blocks == 100
+    assert cap.kv_pool_bytes == cap.available_kv_bytes == 100 * 2 * MiB
+    assert cap.kv_pool_tokens == 1_600
+    # The model must still load.
+    with pytest.raises(ModelDoesNotFitError):
+        size_kv_pool("Llama-2-70B", "T4-16GB", num_gpu_blocks_override=100)
+    with pytest.raises(ValueError, match="at most one"):
+        size_kv_pool("Llama-3.1-8B", "A100-80GB", num_gpu_blocks_override=100, kv_cache_memory_bytes=GiB)
+
+
+def test_explicit_activation_reserve() -> None:
+    # Reserve 0: available = 77,309,411,328 - 16,060,522,496 = 61,248,888,832 -> 29,205 blocks.
+    cap = size_kv_pool("Llama-3.1-8B", "A100-80GB", activation_reserve_bytes=0)
+    assert cap.activation_reserve_bytes == 0
+    assert cap.num_gpu_blocks == 61_248_888_832 // (2 * MiB) == 29_205
+
+
+def test_custom_gpu_dict_and_utilization() -> None:
+    # A 48 GiB card at 0.8: budget 51,539,607,552 x 0.8 = 41,231,686,042 (ceil of ...041.6);
+    # - 16,060,522,496 - 1,205,075,968 = 23,966,087,578 -> // 2,097,152 = 11,427 blocks
+    # (11,427 x 2 MiB = 23,964,155,904; 1,931,674 B left over).
+    gpu = {"name": "L40S", "memory_gib": 48, "hbm_bandwidth_gb_per_s": 864, "fp16_tflops": 362}
+    cap = size_kv_pool("Llama-3.1-8B", gpu, gpu_memory_utilization=0.8)
+    assert cap.available_kv_bytes == 23_966_087_578
+    assert cap.num_gpu_blocks == 11_427
+
+
+# ------------------------------------------------------------------------------ does not fit
+
+
+def test_llama_2_70b_does_not_fit_on_a_t4() -> None:
+    # 16 GiB x 0.9 = 14.40 GiB budget; weights 68,976,648,192 x 2 B = 137,953,296,384 B = 128.48 GiB.
+    with pytest.raises(ModelDoesNotFitError) as info:
+        size_kv_pool("Llama-2-70B", "T4-16GB")
+    err = info.value
+    assert isinstance(err, ValueError)
+    message = str(err)
+    for piece in (
+        "Llama-2-70B on T4-16GB",
+        "16.00 GiB",
+        "0.9",
+        "14.40 GiB",
+        "weights 128.48 GiB",
+        "activation reserve",
+    ):
+        assert piece in message
+    assert err.weight_bytes == 137_953_296_384
+    assert err.budget_bytes == 15_461_882_266  # ceil(17,179,869,184 x 0.9)
+    assert err.left_bytes == 15_461_882_266 - 137_953_296_384 - err.activation_reserve_bytes
+
+
+def test_less_than_one_block_left_does_not_fit() -> None:
+    # L4: 24 GiB = 25,769,803,776 B; x 0.9 = 23,192,823,398.4 -> 23,192,823,399 B.
+    # - weights 16,060,522,496 = 7,132,300,903 B; a reserve 1 B short of that leaves 1 B < 2 MiB.
+    with pytest.raises(ModelDoesNotFitError, match="less than one KV block"):
+        size_kv_pool("Llama-3.1-8B", "L4-24GB", activation_reserve_bytes=7_132_300_902)
+    # With exactly one block left it fits.
+    cap = size_kv_pool("Llama-3.1-8B", "L4-24GB", activation_reserve_bytes=7_132_300_903 - 2 * MiB)
+    assert cap.num_gpu_blocks == 1
+
+
+# -------------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize("util", [0, 0.0, -0.1, 1.01, True, "0.9"])
+def test_gpu_memory_utilization_must_be_in_0_1(util: object) -> None:
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization must be in \(0, 1\]"):
+        size_kv_pool("Llama-3.1-8B", "A100-80GB", gpu_memory_utilization=util)  # type: ignore[arg-type]
+
+
+def test_gpu_memory_utilization_of_one_is_allowed() -> None:
+    # 85,899,345,920 - 16,060,522,496 - 1,205,075,968 = 68,633,747,456 -> // 2 MiB = 32,727 blocks.
+    assert size_kv_pool("Llama-3.1-8B", "A100-80GB", gpu_memory_utilization=1.0).num_gpu_blocks == 32_727
+
+
+@pytest.mark.parametrize("block_size", [0, -16, 16.0, True])
+def test_block_size_must_be_positive_int(block_size: object) -> None:
+    with pytest.raises(ValueError, match="block_size must be a positive integer"):
+        size_kv_pool("Llama-3.1-8B", "A100-80GB", block_size=block_size)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"activation_reserve_bytes": -1}, "activation_reserve_bytes"),
+        ({"kv_cache_memory_bytes": 0}, "kv_cache_memory_bytes"),
+        ({"num_gpu_blocks_override": 0}, "num_gpu_blocks_override"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+        ({"tensor_parallel_size": 3}, "divisible by tensor_parallel_size"),
+        ({"kv_cache_dtype": "int4"}, "unknown kv_cache_dtype"),
+    ],
+)
+def test_invalid_arguments(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        size_kv_pool("Llama-3.1-8B", "A100-80GB", **kwargs)  # type: ignore[arg-type]
+
+
+def test_kv_heads_and_tp_must_divide() -> None:
+    # Qwen2.5-7B: 28 heads divide by 7, but 4 KV heads and tp 7 do not divide one another.
+    with pytest.raises(ValueError, match="num_kv_heads \\(4\\) and tensor_parallel_size \\(7\\)"):
+        size_kv_pool("Qwen2.5-7B", "A100-80GB", tensor_parallel_size=7)
+
+
+def test_max_concurrency_validates() -> None:
+    cap = size_kv_pool("Llama-3.1-8B", "A100-80GB")
+    with pytest.raises(ValueError, match="tokens_per_request"):
+        cap.max_concurrency(0)
+
+
+# ------------------------------------------------------------------------------------- GPUs
+
+
+def test_gpu_preset_memory_is_binary_gib() -> None:
+    assert GPU_PRESETS["A100-80GB"].memory_bytes == 85_899_345_920  # 80 x 2**30
+    assert GPU_PRESETS["H100-80GB"].memory_bytes == 85_899_345_920
+    assert GPU_PRESETS["H200-141GB"].memory_bytes == 141 * GiB == 151_397_597_184
+    assert GPU_PRESETS["A100-40GB"].memory_bytes == 42_949_672_960
+    assert GPU_PRESETS["T4-16GB"].memory_bytes == 17_179_869_184
+    for name in ("A10G-24GB", "L4-24GB", "RTX-4090-24GB"):
+        assert GPU_PRESETS[name].memory_bytes == 24 * GiB
+
+
+def test_gpu_preset_datasheet_rates() -> None:
+    h100 = GPU_PRESETS["H100-80GB"]
+    assert h100.hbm_bandwidth_bytes_per_s == pytest.approx(3.35e12)
+    assert h100.fp16_flops == pytest.approx(989.4e12)  # dense; 1,979 with sparsity
+    assert GPU_PRESETS["A100-80GB"].hbm_bandwidth_bytes_per_s == pytest.approx(2.039e12)
+    assert GPU_PRESETS["H200-141GB"].hbm_bandwidth_bytes_per_s == pytest.approx(4.8e12)
+    assert GPU_PRESETS["L4-24GB"].fp16_flops == pytest.approx(121e12)
+    for key, spec in GPU_PRESETS.items():
+        assert spec.name == key
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("A100-80GB", "A100-80GB"),
+        ("a100-80gb", "A100-80GB"),
+        ("A100_80GB", "A100-80GB"),
+        ("h100", "H100-80GB"),
+        ("NVIDIA H100 80GB HBM3", "H100-80GB"),
+        ("H200", "H200-141GB"),
+        ("nvidia-h200-141gb", "H200-141GB"),
+        ("T4", "T4-16GB"),
+        ("a10g", "A10G-24GB"),
+        ("L4", "L4-24GB"),
+        ("rtx-4090", "RTX-4090-24GB"),
+        ("A100-40GB", "A100-40GB"),
+    ],
+)
+def test_resolve_gpu_names(given: str, expected: str) -> None:
+    assert resolve_gpu(given) is GPU_PRESETS[expected]
+
+
+def test_resolve_gpu_unknown_and_ambiguous() -> None:
+    with pytest.raises(ValueError, match="A100 comes as A100-40GB and A100-80GB"):
+        resolve_gpu("A100")
+    with pytest.raises(ValueError, match="unknown GPU 'B300'"):
+        resolve_gpu("B300")
+
+
+def test_resolve_gpu_custom() -> None:
+    gpu = resolve_gpu(
+        {"name": "H100-PCIe", "memory_gib": 80, "hbm_bandwidth_tb_per_s": 2.0, "fp16_tflops": 756}
+    )
+    assert gpu == GpuSpec("H100-PCIe", 80 * GiB, 2.0e12, 756e12)
+    decimal = resolve_gpu({"memory_gb": 24, "hbm_bandwidth_bytes_per_s": 1e12, "fp16_flops": 1e14})
+    assert decimal.memory_bytes == 24_000_000_000
+    assert decimal.name == "custom"
+    # Start from a preset and change only the memory (e.g. to the CUDA-visible total).
+    visible = resolve_gpu({"base": "h100", "memory_gib": 79.25})
+    assert visible.memory_bytes == int(79.25 * GiB)
+    assert visible.fp16_flops == GPU_PRESETS["H100-80GB"].fp16_flops
+    assert visible.name == "H100-80GB-custom"
+    assert resolve_gpu(visible) is visible
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ({"memory_gib": 80}, "missing one of hbm_bandwidth"),
+        ({"memory_gib": 80, "memory_bytes": 1, "base": "T4"}, "give the memory once"),
+        ({"base": "T4", "hbm_bandwidth_gbps": 300}, "unknown key"),
+        ({"base": "T4", "memory_gib": 0}, "memory_gib must be a positive number"),
+        ({"base": "T4", "memory_gib": "16"}, "memory_gib must be a positive number"),
+        ({"base": 4}, "base must be a preset name"),
+    ],
+)
+def test_resolve_gpu_custom_errors(spec: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        resolve_gpu(spec)

@@ -1,0 +1,405 @@
+"""Model presets, KV bytes per token and Hugging Face config loading.
+
+Expected numbers are worked out by hand in the comments; none is computed by the code under test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.models import (
+    MODEL_PRESETS,
+    ModelSpec,
+    estimate_num_params,
+    model_from_hf_config,
+    resolve_model,
+)
+
+HF_CONFIGS = Path(__file__).parent / "data" / "hf_configs"
+
+# bytes per token, all layers, fp16/bf16 KV, tp = 1.
+#   MHA/GQA: 2 (K, V) x layers x kv_heads x head_dim x 2 B;  MLA: (kv_lora_rank + rope) x layers x 2 B.
+KV_BYTES_PER_TOKEN = {
+    "Llama-2-7B": 2 * 32 * 32 * 128 * 2,  # 524,288 = 512 KiB
+    "Llama-2-13B": 2 * 40 * 40 * 128 * 2,  # 819,200 = 800 KiB
+    "Llama-2-70B": 2 * 80 * 8 * 128 * 2,  # 327,680 = 320 KiB
+    "Llama-3.1-8B": 2 * 32 * 8 * 128 * 2,  # 131,072 = 128 KiB
+    "Llama-3.1-70B": 2 * 80 * 8 * 128 * 2,  # 327,680
+    "Mistral-7B-v0.1": 2 * 32 * 8 * 128 * 2,  # 131,072
+    "Qwen2.5-7B": 2 * 28 * 4 * 128 * 2,  # 57,344 = 56 KiB
+    "Qwen2.5-72B": 2 * 80 * 8 * 128 * 2,  # 327,680
+    "OPT-13B": 2 * 40 * 40 * 128 * 2,  # 819,200 = 800 KiB, the vLLM paper's figure
+    "OPT-66B": 2 * 64 * 72 * 128 * 2,  # 2,359,296
+    "OPT-175B": 2 * 96 * 96 * 128 * 2,  # 4,718,592 = 4.5 MiB
+    "DeepSeek-V2-Lite": (512 + 64) * 27 * 2,  # 31,104
+    "DeepSeek-V3": (512 + 64) * 61 * 2,  # 70,272 (naive MHA treatment would give 4,997,120)
+}
+
+
+def test_reference_table_literals() -> None:
+    # Guard the table itself against typos in the products above.
+    assert KV_BYTES_PER_TOKEN["Llama-3.1-8B"] == 131_072
+    assert KV_BYTES_PER_TOKEN["Llama-2-7B"] == 524_288
+    assert KV_BYTES_PER_TOKEN["Qwen2.5-7B"] == 57_344
+    assert KV_BYTES_PER_TOKEN["OPT-13B"] == 819_200
+    assert KV_BYTES_PER_TOKEN["DeepSeek-V2-Lite"] == 31_104
+    assert KV_BYTES_PER_TOKEN["DeepSeek-V3"] == 70_272
+
+
+def test_every_preset_is_in_the_reference_table() -> None:
+    assert set(MODEL_PRESETS) == set(KV_BYTES_PER_TOKEN)
+    for key, spec in MODEL_PRESETS.items():
+        assert spec.name == key
+
+
+@pytest.mark.parametrize("name", sorted(KV_BYTES_PER_TOKEN))
+def test_kv_bytes_per_token_matches_reference(name: str) -> None:
+    spec = MODEL_PRESETS[name]
+    expected = KV_BYTES_PER_TOKEN[name]
+    assert spec.kv_bytes_per_token() == expected
+    assert spec.kv_bytes_per_token("auto") == expected
+    assert spec.kv_bytes_per_token("bf16") == expected
+    assert spec.kv_bytes_per_token("FP16") == expected  # case-insensitive
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("name", sorted(KV_BYTES_PER_TOKEN))
+def test_fp8_halves_kv_bytes(name: str, dtype: str) -> None:
+    assert MODEL_PRESETS[name].kv_bytes_per_token(dtype) * 2 == KV_BYTES_PER_TOKEN[name]
+
+
+def test_fp8_ds_mla_layout_is_656_bytes_per_layer() -> None:
+    # 512 fp8 latent + 4 fp32 scales (16 B) + 64 bf16 rope dims (128 B) = 656 B; x 61 layers.
+    assert MODEL_PRESETS["DeepSeek-V3"].kv_bytes_per_token("fp8_ds_mla") == 656 * 61 == 40_016
+    with pytest.raises(ValueError, match="MLA models only"):
+        MODEL_PRESETS["Llama-3.1-8B"].kv_bytes_per_token("fp8_ds_mla")
+
+
+def test_unknown_kv_dtype_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown kv_cache_dtype 'int4'"):
+        MODEL_PRESETS["Llama-3.1-8B"].kv_bytes_per_token("int4")
+
+
+def test_auto_kv_dtype_follows_weight_dtype() -> None:
+    fp32 = dataclasses.replace(MODEL_PRESETS["Llama-3.1-8B"], weight_dtype_bytes=4)
+    assert fp32.kv_bytes_per_token() == 2 * 32 * 8 * 128 * 4
+    assert fp32.kv_bytes_per_token("bf16") == 131_072
+
+
+def test_tensor_parallel_kv_heads_split_then_replicate() -> None:
+    llama70 = MODEL_PRESETS["Llama-3.1-70B"]  # 8 KV heads
+    assert llama70.kv_bytes_per_token(tensor_parallel_size=4) == 2 * 80 * 2 * 128 * 2  # 81,920
+    assert llama70.kv_bytes_per_token(tensor_parallel_size=8) == 2 * 80 * 1 * 128 * 2  # 40,960
+    # tp 16 > 8 KV heads: each GPU still keeps one (replicated) head.
+    assert llama70.kv_bytes_per_token(tensor_parallel_size=16) == 40_960
+    assert llama70.kv_heads_per_gpu(16) == 1
+    # The MLA latent is replicated on every GPU.
+    assert MODEL_PRESETS["DeepSeek-V3"].kv_bytes_per_token(tensor_parallel_size=8) == 70_272
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        llama70.kv_bytes_per_token(tensor_parallel_size=0)
+
+
+def test_weight_bytes() -> None:
+    # 8,030,261,248 params x 2 B = 16,060,522,496 B = 14.96 GiB; vLLM logs "model weights take
+    # 14.96GiB" for Meta-Llama-3-8B (same shapes), vLLM PR #10511.
+    assert MODEL_PRESETS["Llama-3.1-8B"].weight_bytes() == 16_060_522_496
+    assert MODEL_PRESETS["OPT-13B"].weight_bytes() == 12_853_473_280 * 2
+
+
+# Published sizes (model cards / safetensors totals) the preset counts must agree with.
+PUBLISHED_PARAMS = {
+    "Llama-2-7B": 6.74e9,
+    "Llama-2-13B": 13.0e9,
+    "Llama-2-70B": 69.0e9,
+    "Llama-3.1-8B": 8.03e9,
+    "Llama-3.1-70B": 70.6e9,
+    "Mistral-7B-v0.1": 7.24e9,
+    "Qwen2.5-7B": 7.61e9,
+    "Qwen2.5-72B": 72.7e9,
+    "OPT-13B": 12.85e9,
+    "OPT-66B": 65.7e9,
+    "OPT-175B": 175e9,
+    "DeepSeek-V2-Lite": 15.7e9,
+    "DeepSeek-V3": 671e9,
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
+def test_preset_param_counts_match_published_sizes(name: str) -> None:
+    assert MODEL_PRESETS[name].num_params == pytest.approx(PUBLISHED_PARAMS[name], rel=0.01)
+
+
+def test_moe_presets_carry_active_params() -> None:
+    assert MODEL_PRESETS["DeepSeek-V3"].active_params == pytest.approx(36.6e9, rel=0.01)  # README_WEIGHTS
+    assert MODEL_PRESETS["DeepSeek-V2-Lite"].active_params == pytest.approx(2.4e9, rel=0.03)
+    assert MODEL_PRESETS["Llama-3.1-8B"].active_params == MODEL_PRESETS["Llama-3.1-8B"].num_params
+
+
+@pytest.mark.parametrize(
+    ("name", "extra"),
+    [
+        ("Llama-2-7B", {}),
+        ("Llama-2-13B", {}),
+        ("Llama-2-70B", {}),
+        ("Llama-3.1-8B", {}),
+        ("Llama-3.1-70B", {}),
+        ("Mistral-7B-v0.1", {}),
+        ("Qwen2.5-7B", {"qkv_bias": True}),
+        ("Qwen2.5-72B", {"qkv_bias": True}),
+        ("OPT-13B", {"gated_mlp": False, "tie_word_embeddings": True, "opt_style": True}),
+        ("OPT-66B", {"gated_mlp": False, "tie_word_embeddings": True, "opt_style": True}),
+        ("OPT-175B", {"gated_mlp": False, "tie_word_embeddings": True, "opt_style": True}),
+    ],
+)
+def test_dense_preset_counts_equal_the_shape_formula(name: str, extra: dict[str, bool]) -> None:
+    spec = MODEL_PRESETS[name]
+    estimate = estimate_num_params(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        num_layers=spec.num_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        intermediate_size=spec.intermediate_size,
+        max_position_embeddings=spec.max_position_embeddings,
+        **extra,
+    )
+    assert estimate == spec.num_params
+
+
+# ----------------------------------------------------------------------------------- resolving
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("Llama-3.1-8B", "Llama-3.1-8B"),
+        ("llama-3.1-8b", "Llama-3.1-8B"),
+        ("meta-llama/Llama-3.1-8B", "Llama-3.1-8B"),
+        ("meta-llama/Meta-Llama-3.1-8B-Instruct", "Llama-3.1-8B"),
+        ("meta-llama/Llama-2-7b-hf", "Llama-2-7B"),
+        ("meta-llama/Llama-2-13b-chat-hf", "Llama-2-13B"),
+        ("meta-llama/Llama-2-70b-hf", "Llama-2-70B"),
+        ("mistralai/Mistral-7B-v0.1", "Mistral-7B-v0.1"),
+        ("mistralai/Mistral-7B-Instruct-v0.1", "Mistral-7B-v0.1"),
+        ("Mistral-7B", "Mistral-7B-v0.1"),
+        ("Qwen/Qwen2.5-7B-Instruct", "Qwen2.5-7B"),
+        ("qwen/qwen2.5-72b", "Qwen2.5-72B"),
+        ("facebook/opt-13b", "OPT-13B"),
+        ("facebook/opt-66b", "OPT-66B"),
+        ("OPT-175B", "OPT-175B"),
+        ("deepseek-ai/DeepSeek-V2-Lite", "DeepSeek-V2-Lite"),
+        ("deepseek-ai/DeepSeek-V3", "DeepSeek-V3"),
+        ("deepseek-ai/DeepSeek-V3-Base", "DeepSeek-V3"),
+    ],
+)
+def test_resolve_model_names(given: str, expected: str) -> None:
+    assert resolve_model(given) is MODEL_PRESETS[expected]
+
+
+def test_resolve_model_passes_specs_through() -> None:
+    spec = MODEL_PRESETS["OPT-13B"]
+    assert resolve_model(spec) is spec
+
+
+def test_resolve_model_unknown_name() -> None:
+    with pytest.raises(ValueError, match="unknown model 'Llama-9-1B'.*Llama-3.1-8B"):
+        resolve_model("Llama-9-1B")
+
+
+def test_resolve_model_loads_paths(tmp_path: Path) -> None:
+    from_file = resolve_model(str(HF_CONFIGS / "llama-3.1-8b.json"))
+    assert from_file.kv_bytes_per_token() == 131_072
+    # A directory holding config.json, as a str and as a Path.
+    (tmp_path / "config.json").write_text((HF_CONFIGS / "mistral-7b-v0.1.json").read_text())
+    assert resolve_model(str(tmp_path)).num_kv_heads == 8
+    assert resolve_model(tmp_path).num_kv_heads == 8
+
+
+def test_resolve_model_missing_path_names_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nope" / "config.json"
+    with pytest.raises(ValueError, match="no such file") as info:
+        resolve_model(str(missing))
+    assert str(missing) in str(info.value)
+
+
+# ------------------------------------------------------------------------------ config loading
+
+
+def _same_shapes(a: ModelSpec, b: ModelSpec) -> None:
+    for field in dataclasses.fields(ModelSpec):
+        if field.name != "name":
+            assert getattr(a, field.name) == getattr(b, field.name), field.name
+
+
+def test_llama_3_1_8b_config_loads_like_the_preset() -> None:
+    spec = model_from_hf_config(HF_CONFIGS / "llama-3.1-8b.json")
+    _same_shapes(spec, MODEL_PRESETS["Llama-3.1-8B"])
+    # Estimate from the shapes (no count in the file):
+    #   embed 128256 x 4096 = 525,336,576; lm_head the same (untied)
+    #   per layer: q 4096^2 + k, v 2 x 4096 x 1024 + o 4096^2 = 41,943,040
+    #              MLP 3 x 4096 x 14336 = 176,160,768; norms 2 x 4096 = 8,192  -> 218,112,000
+    #   32 layers 6,979,584,000 + 2 x 525,336,576 + final norm 4,096 = 8,030,261,248
+    assert spec.num_params == 8_030_261_248
+    assert spec.num_params == pytest.approx(8.03e9, rel=0.01)  # published "8B" (8.03B)
+    assert spec.name == "llama-3.1-8b"  # from the file name: no _name_or_path in the file
+
+
+def test_mistral_7b_config_estimate() -> None:
+    spec = model_from_hf_config(HF_CONFIGS / "mistral-7b-v0.1.json")
+    _same_shapes(spec, MODEL_PRESETS["Mistral-7B-v0.1"])
+    #   embed + lm_head 2 x 32000 x 4096 = 262,144,000; 32 layers x 218,112,000 = 6,979,584,000
+    #   + final norm 4,096 = 7,241,732,096 (published 7.24B)
+    assert spec.num_params == 7_241_732_096
+    assert spec.num_params == pytest.approx(7.24e9, rel=0.01)
+
+
+def test_gemma2_head_dim_trap_and_fp32_config() -> None:
+    spec = model_from_hf_config(HF_CONFIGS / "gemma2-like.json")
+    # head_dim 256 is read from the file; hidden / heads would give 2304 / 8 = 288.
+    assert spec.head_dim == 256
+    assert spec.num_kv_heads == 4
+    # torch_dtype float32 is served in 16 bits by vLLM ("auto"), so 2 B:
+    # 2 x 26 layers x 4 heads x 256 x 2 B = 106,496 B/token.
+    assert spec.weight_dtype_bytes == 2
+    assert spec.kv_bytes_per_token() == 106_496
+    # gemma2 ties embeddings by default (no tie_word_embeddings in the file). Estimate:
+    #   embed 256000 x 2304 = 589,824,000; per layer q 2304 x 2048 + k, v 2 x 2304 x 1024
+    #   + o 2048 x 2304 = 14,155,776, MLP 3 x 2304 x 9216 = 63,700,992, norms 4,608 -> 77,861,376
+    #   x 26 = 2,024,395,776; + 589,824,000 + 2,304 = 2,614,222,080
+    # vs the published gemma-2-2b count 2,614,341,888 (Gemma-2 has four norms per layer, not two).
+    assert spec.num_params == 2_614_222_080
+    assert spec.num_params == pytest.approx(2_614_341_888, rel=1e-4)
+
+
+def test_opt_config_uses_ffn_dim_and_opt_layout() -> None:
+    spec = model_from_hf_config(HF_CONFIGS / "opt-13b.json")
+    _same_shapes(spec, MODEL_PRESETS["OPT-13B"])
+    assert spec.kv_bytes_per_token() == 819_200
+    assert not spec.gated_mlp
+
+
+def test_mla_config_needs_a_count_then_loads() -> None:
+    path = HF_CONFIGS / "deepseek-v2-lite.json"
+    with pytest.raises(ValueError, match="mixture-of-experts.*num_params") as info:
+        model_from_hf_config(path)
+    assert str(path) in str(info.value)
+    spec = model_from_hf_config(path, num_params=15_706_484_224, name="DeepSeek-V2-Lite")
+    assert spec.attention == "mla"
+    assert (spec.kv_lora_rank, spec.qk_rope_head_dim) == (512, 64)
+    # The file's head_dim 64 (transformers' qk_rope_head_dim) is ignored; q/k heads are 128 + 64.
+    assert spec.head_dim == 192
+    assert spec.weight_dtype_bytes == 2  # from "dtype", the newer spelling of torch_dtype
+    assert spec.kv_bytes_per_token() == 31_104
+    _same_shapes(
+        spec,
+        dataclasses.replace(MODEL_PRESETS["DeepSeek-V2-Lite"], num_active_params=None),
+    )
+
+
+def _write(tmp_path: Path, cfg: object, name: str = "config.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def _llama_cfg() -> dict[str, object]:
+    return json.loads((HF_CONFIGS / "llama-3.1-8b.json").read_text())
+
+
+def test_absent_kv_heads_and_head_dim_mean_mha_and_hidden_over_heads(tmp_path: Path) -> None:
+    cfg = _llama_cfg()
+    del cfg["num_key_value_heads"]
+    spec = model_from_hf_config(_write(tmp_path, cfg))
+    assert spec.num_kv_heads == 32
+    assert spec.head_dim == 4096 // 32
+    assert spec.kv_bytes_per_token() == 2 * 32 * 32 * 128 * 2
+
+
+def test_num_params_from_file_and_override(tmp_path: Path) -> None:
+    cfg = _llama_cfg()
+    cfg["num_params"] = 123_456_789
+    path = _write(tmp_path, cfg)
+    assert model_from_hf_config(path).num_params == 123_456_789
+    assert model_from_hf_config(path, num_params=42).num_params == 42
+
+
+def test_text_config_is_unwrapped(tmp_path: Path) -> None:
+    wrapper = {"model_type": "llava", "vision_config": {"hidden_size": 1024}, "text_config": _llama_cfg()}
+    assert model_from_hf_config(_write(tmp_path, wrapper)).kv_bytes_per_token() == 131_072
+
+
+def test_quantized_config_warns(tmp_path: Path) -> None:
+    cfg = _llama_cfg()
+    cfg["quantization_config"] = {"quant_method": "fp8"}
+    with pytest.warns(UserWarning, match="quantization_config"):
+        spec = model_from_hf_config(_write(tmp_path, cfg))
+    assert spec.weight_dtype_bytes == 2
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no such file"):
+        model_from_hf_config(tmp_path / "absent.json")
+    with pytest.raises(ValueError, match="no such file"):
+        model_from_hf_config(tmp_path)  # a directory without config.json
+
+
+def test_bad_json(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON") as info:
+        model_from_hf_config(path)
+    assert str(path) in str(info.value)
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="expected a JSON object"):
+        model_from_hf_config(path)
+
+
+@pytest.mark.parametrize(
+    "field", ["num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size", "intermediate_size"]
+)
+def test_missing_required_field_names_file_and_field(tmp_path: Path, field: str) -> None:
+    cfg = _llama_cfg()
+    del cfg[field]
+    path = _write(tmp_path, cfg)
+    with pytest.raises(ValueError, match=f"missing required field '{field}'") as info:
+        model_from_hf_config(path)
+    assert str(path) in str(info.value)
+
+
+def test_invalid_field_values(tmp_path: Path) -> None:
+    cfg = _llama_cfg()
+    cfg["hidden_size"] = "4096"
+    with pytest.raises(ValueError, match="'hidden_size' must be a positive integer"):
+        model_from_hf_config(_write(tmp_path, cfg))
+    cfg = _llama_cfg()
+    cfg["num_key_value_heads"] = 5
+    with pytest.raises(ValueError, match="not a multiple of num_key_value_heads"):
+        model_from_hf_config(_write(tmp_path, cfg))
+    cfg = _llama_cfg()
+    cfg["torch_dtype"] = "int3"
+    with pytest.raises(ValueError, match="unsupported torch_dtype"):
+        model_from_hf_config(_write(tmp_path, cfg))
+
+
+def test_mla_config_missing_rope_dim(tmp_path: Path) -> None:
+    cfg = json.loads((HF_CONFIGS / "deepseek-v2-lite.json").read_text())
+    del cfg["qk_rope_head_dim"]
+    with pytest.raises(ValueError, match="missing required field 'qk_rope_head_dim'"):
+        model_from_hf_config(_write(tmp_path, cfg), num_params=1)
+
+
+def test_model_spec_validates() -> None:
+    base = MODEL_PRESETS["Llama-3.1-8B"]
+    with pytest.raises(ValueError, match="num_layers must be a positive integer"):
+        dataclasses.replace(base, num_layers=0)
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        dataclasses.replace(base, num_kv_heads=3)
+    with pytest.raises(ValueError, match="attention='mla' needs a positive integer kv_lora_rank"):
+        dataclasses.replace(base, attention="mla")
+    with pytest.raises(ValueError, match="num_active_params"):
+        dataclasses.replace(base, num_active_params=base.num_params + 1)
