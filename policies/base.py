@@ -236,6 +236,13 @@ class KVCachePolicy(ABC):
     def live_sequences(self) -> Iterable[int]:
         """Ids of the sequences currently allocated."""
 
+    def sharing_slots(self) -> tuple[int, int]:
+        """``(physical, logical)``: slots live sequences hold, and slots they would hold if nothing were
+        shared. ``1 - physical / logical`` is the memory saved by sharing. Without sharing they match."""
+        breakdown = self.breakdown()
+        allocated = breakdown.used + breakdown.reserved + breakdown.internal_fragmentation
+        return allocated, allocated
+
     @property
     def pool_slots(self) -> int:
         return self.pool.kv_pool_tokens

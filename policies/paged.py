@@ -96,6 +96,7 @@ class PagedPolicy(KVCachePolicy):
         # Owners of every live, partly filled block; the block's target is the most any owner will fill.
         self._partial_owners: dict[int, list[SequenceState]] = {}
         self._live_blocks = 0
+        self._logical_blocks = 0  # Σ block-table lengths: what the live sequences would hold unshared
         self._filled_sum = 0
         self._target_sum = 0
         self.sequences: dict[int, SequenceState] = {}
@@ -146,6 +147,9 @@ class PagedPolicy(KVCachePolicy):
     def _cached_blocks(self) -> int:
         return 0
 
+    def sharing_slots(self) -> tuple[int, int]:
+        return self._live_blocks * self.block_size, self._logical_blocks * self.block_size
+
     # ------------------------------------------------------------------------------------- operations
     def admit(
         self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
@@ -158,6 +162,7 @@ class PagedPolicy(KVCachePolicy):
         for block_id in hit_blocks:
             self._share_block(block_id)
             seq.block_table.append(block_id)
+        self._logical_blocks += len(hit_blocks)
         cached_tokens = len(hit_blocks) * self.block_size
         seq.num_tokens = cached_tokens
         self.sequences[seq_id] = seq
@@ -202,6 +207,7 @@ class PagedPolicy(KVCachePolicy):
         # Reverse order: with prefix caching the tail (longest prefix, least reusable) is evicted first.
         for index in range(len(seq.block_table) - 1, -1, -1):
             self._drop_reference(seq, seq.block_table[index])
+        self._logical_blocks -= len(seq.block_table)
         del self.sequences[seq_id]
 
     # ------------------------------------------------------------------- hooks the prefix policy overrides
@@ -272,6 +278,7 @@ class PagedPolicy(KVCachePolicy):
             block_id = self._take_free_block()
             self.ref_count[block_id] = 1
             self._live_blocks += 1
+            self._logical_blocks += 1
             table.append(block_id)
             step = min(block_size, remaining)
             seq.num_tokens += step

@@ -200,6 +200,7 @@ class PrefixCachingPolicy(PagedPolicy):
 
     def _give_child_blocks(self, parent: SequenceState, child: SequenceState) -> None:
         child.block_table = list(parent.block_table)
+        self._logical_blocks += len(child.block_table)
         for block_id in child.block_table:
             self.ref_count[block_id] += 1
         if parent.block_table and parent.num_tokens % self.block_size:
@@ -251,6 +252,7 @@ class PrefixCachingPolicy(PagedPolicy):
         for block_id in hits:
             self._share_block(block_id)
             holder.block_table.append(block_id)
+        self._logical_blocks += len(hits)
         holder.num_tokens = len(hits) * self.block_size
         self.sequences[_PIN_HOLDER_ID] = holder
         self._extend(holder, pinned_len - holder.num_tokens)

@@ -20,6 +20,7 @@ SUMMARY_COLUMNS = [
     ("mean_internal_fragmentation_frac", "int.frag %", "{:.1%}"),
     ("mean_external_fragmentation_frac", "ext.frag %", "{:.1%}"),
     ("mean_cached_frac", "cached %", "{:.1%}"),
+    ("memory_saved_by_sharing_frac", "shared %", "{:.1%}"),
     ("output_tokens_per_s", "out tok/s", "{:.0f}"),
     ("ttft_p50_s", "TTFT p50 s", "{:.3f}"),
     ("e2e_p99_s", "e2e p99 s", "{:.2f}"),

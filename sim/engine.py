@@ -593,4 +593,5 @@ class Engine:
             sum(len(s.seq_ids) for s in self.running),
             self.counters,
             self.policy.stats.as_dict(),
+            self.policy.sharing_slots(),
         )

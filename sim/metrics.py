@@ -48,7 +48,8 @@ class Recorder:
 
     kv_pool_tokens: int
     rows: list[tuple] = field(default_factory=list)
-    _area: np.ndarray = field(default_factory=lambda: np.zeros(len(BREAKDOWN_COLUMNS) + 1))
+    # Areas under: the six breakdown categories, running requests, physical and logical slots.
+    _area: np.ndarray = field(default_factory=lambda: np.zeros(len(BREAKDOWN_COLUMNS) + 3))
     _last_time: float = 0.0
     _last_values: np.ndarray | None = None
 
@@ -65,6 +66,8 @@ class Recorder:
         "prefix_cache_queries",
         "prefix_cache_hits",
         "evictions",
+        "physical_tokens",
+        "logical_tokens",
     )
 
     def sample(
@@ -76,8 +79,9 @@ class Recorder:
         running_sequences: int,
         counters: Counters,
         policy_stats: dict[str, int],
+        sharing: tuple[int, int],
     ) -> None:
-        values = np.array([*breakdown.as_dict().values(), running], dtype=float)
+        values = np.array([*breakdown.as_dict().values(), running, *sharing], dtype=float)
         if self._last_values is not None and time_s > self._last_time:
             # Trapezoid between samples: growth between events is close to linear in time.
             self._area += (values + self._last_values) * 0.5 * (time_s - self._last_time)
@@ -95,6 +99,7 @@ class Recorder:
             policy_stats["prefix_cache_queries"],
             policy_stats["prefix_cache_hits"],
             policy_stats["evictions"],
+            *sharing,
         )
         if self.rows and self.rows[-1][1:] == row[1:]:
             return  # nothing changed: the previous row already describes this interval
@@ -103,7 +108,8 @@ class Recorder:
     def time_averages(self, end_s: float) -> dict[str, float]:
         """Time-weighted means over [0, end_s]: breakdown fractions of the pool and mean running."""
         if end_s <= 0 or self._last_values is None:
-            return {f"mean_{name}_frac": 0.0 for name in MemoryBreakdown.CATEGORIES} | {"mean_running": 0.0}
+            empty = {f"mean_{name}_frac": 0.0 for name in MemoryBreakdown.CATEGORIES}
+            return empty | {"mean_running": 0.0, "memory_saved_by_sharing_frac": 0.0}
         area = self._area.copy()
         area += self._last_values * max(0.0, end_s - self._last_time)
         means = area / end_s
@@ -111,7 +117,11 @@ class Recorder:
             f"mean_{name}_frac": float(means[i] / self.kv_pool_tokens)
             for i, name in enumerate(MemoryBreakdown.CATEGORIES)
         }
-        result["mean_running"] = float(means[-1])
+        categories = len(MemoryBreakdown.CATEGORIES)
+        result["mean_running"] = float(means[categories])
+        physical, logical = area[categories + 1], area[categories + 2]
+        # 1 - physical / logical blocks held by live sequences, both time-averaged.
+        result["memory_saved_by_sharing_frac"] = float(1 - physical / logical) if logical > 0 else 0.0
         return result
 
     def frame(self) -> pd.DataFrame:

@@ -53,6 +53,13 @@ def write_figures(results: RunResults, out_dir: Path) -> list[Path]:
             "fraction of KV pool",
         ),
         _curves(series, out_dir / "running.png", "Requests running", _running, "requests"),
+        _curves(
+            series,
+            out_dir / "sharing.png",
+            "Memory saved by sharing (1 - physical / logical blocks of live sequences)",
+            _saved_by_sharing,
+            "fraction",
+        ),
         _oom_preemptions(series, out_dir / "oom_preemptions.png"),
         _latency_cdfs(requests, out_dir / "latency_cdf.png"),
     ]
@@ -60,7 +67,7 @@ def write_figures(results: RunResults, out_dir: Path) -> list[Path]:
 
 
 def _pool(frame: pd.DataFrame) -> pd.Series:
-    columns = [f"{name}_tokens" for name in CATEGORY_COLOURS]
+    columns = [f"{name}_tokens" for name in CATEGORY_COLOURS]  # the six categories: they sum to the pool
     return frame[columns].sum(axis=1)
 
 
@@ -70,6 +77,11 @@ def _used_frac(frame: pd.DataFrame) -> pd.Series:
 
 def _frag_frac(frame: pd.DataFrame) -> pd.Series:
     return (frame["internal_fragmentation_tokens"] + frame["external_fragmentation_tokens"]) / _pool(frame)
+
+
+def _saved_by_sharing(frame: pd.DataFrame) -> pd.Series:
+    logical = frame["logical_tokens"].where(frame["logical_tokens"] > 0)
+    return (1 - frame["physical_tokens"] / logical).fillna(0.0)
 
 
 def _running(frame: pd.DataFrame) -> pd.Series:

@@ -103,7 +103,9 @@ def test_small_quickstart_run_writes_every_output(tmp_path, capsys):
         fractions += [summary[f"mean_{name}_frac"] for name in ("external_fragmentation", "cached", "free")]
         assert sum(fractions) == pytest.approx(1.0)
         series = results.timeseries(variant)
-        totals = series[[c for c in series.columns if c.endswith("_tokens")]].sum(axis=1)
+        categories = [f"{name}_tokens" for name in ("used", "reserved", "internal_fragmentation")]
+        categories += [f"{name}_tokens" for name in ("external_fragmentation", "cached", "free")]
+        totals = series[categories].sum(axis=1)
         assert (totals == summary["kv_pool_tokens"]).all(), "breakdown must sum to the pool in every row"
         requests = results.requests(variant)
         assert len(requests) == 150

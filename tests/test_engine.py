@@ -111,6 +111,12 @@ def test_parallel_sampling_shares_prompt_blocks_and_copies_on_write():
     assert engine.policy.stats.cow_copies == 2
     paged = run("paged", pool, [request(0, 0.0, 20, 5, n=3)])
     assert paged.policy.stats.fork_copied_tokens == 2 * 20
+    # While the 3 samples decode (25 tokens max: 2 blocks each = 6 logical blocks), the shared first
+    # block makes 4 physical blocks: 1 - 4/6 saved. Paged copies everything: nothing saved.
+    during = [row for row in engine.recorder.rows if row[-1] == 6 * 16]
+    assert during and all(row[-2] == 4 * 16 for row in during)
+    assert 0 < engine.recorder.time_averages(engine.env.now)["memory_saved_by_sharing_frac"] <= 1 - 4 / 6
+    assert paged.recorder.time_averages(paged.env.now)["memory_saved_by_sharing_frac"] == 0.0
 
 
 def random_requests(seed: int, count: int):
@@ -133,7 +139,9 @@ def random_requests(seed: int, count: int):
 def test_event_skipping_equals_single_stepping(policy, options, seed):
     pool = PoolSpec(16 * 24, 16, 160)
     requests = random_requests(seed, 40)
-    costs = RoundCostModel(intercept_s=0.01, per_seq_s=0.001, per_context_token_s=1e-5, prefill_per_token_s=1e-4)
+    costs = RoundCostModel(
+        intercept_s=0.01, per_seq_s=0.001, per_context_token_s=1e-5, prefill_per_token_s=1e-4
+    )
     single = run(policy, pool, requests, "single", costs=costs, options=options)
     skip = run(policy, pool, requests, "skip", costs=costs, options=options)
     for a, b in zip(single.records, skip.records, strict=True):

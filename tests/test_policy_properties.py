@@ -85,6 +85,8 @@ def check_block_invariants(policy: PagedPolicy) -> None:
         pinned_idle = isinstance(policy, PrefixCachingPolicy) and block_id in policy._pinned
         assert in_queue == (references[block_id] == 0 and not pinned_idle)
     assert policy.breakdown().as_dict() == expected_block_accounting(policy)
+    logical = sum(len(policy.sequences[s].block_table) for s in policy.live_sequences())
+    assert policy.sharing_slots() == (len(references) * policy.block_size, logical * policy.block_size)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
