@@ -115,7 +115,7 @@ class ExperimentConfig(_Strict):
     workload: WorkloadConfig
     variants: list[VariantConfig] = Field(min_length=1)
     until_s: float | None = Field(None, gt=0, description="Stop the simulation at this time (seconds).")
-    output: OutputConfig = Field(default_factory=OutputConfig)  # type: ignore[arg-type]
+    output: OutputConfig = Field(default_factory=OutputConfig)
 
     @model_validator(mode="after")
     def _unique_variant_names(self) -> ExperimentConfig:
