@@ -1,0 +1,76 @@
+"""The workload interface the engine consumes, and the errors workloads raise."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from workloads.request import Request
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+class WorkloadError(ValueError):
+    """A workload cannot be built or replayed as configured."""
+
+
+class TraceError(WorkloadError):
+    """A trace file is unusable: missing columns, bad values, truncated lines...
+
+    ``path`` and ``line`` (1-based, when the problem has one) say where."""
+
+    def __init__(self, message: str, path: str | Path | None = None, line: int | None = None):
+        where = ""
+        if path is not None:
+            where = f"{path}:{line}: " if line is not None else f"{path}: "
+        super().__init__(where + message)
+        self.path = None if path is None else str(path)
+        self.line = line
+        self.reason = message
+
+
+class TraceWarning(UserWarning):
+    """Something in a trace was repaired or skipped as the configuration asked (it is also counted)."""
+
+
+class Workload(ABC):
+    """A stream of :class:`Request` objects for the engine.
+
+    * :meth:`requests` yields requests lazily, sorted by ``arrival_s``, with unique ``request_id``.
+      Each call starts the replay afresh (same seed, same stream) and resets :meth:`follow_up`'s state.
+    * :meth:`follow_up` is the closed loop: the engine calls it once for every request that leaves
+      the system (finished or rejected) and schedules what it returns. Requests it returns are not
+      part of :meth:`requests`' stream; their ids never clash with it.
+    * :meth:`describe` is a small JSON-able summary for the results' metadata; counters in it (rows
+      skipped, lengths capped...) are complete once :meth:`requests` has been exhausted.
+    """
+
+    @abstractmethod
+    def requests(self) -> Iterator[Request]: ...
+
+    def follow_up(self, finished: Request, finish_s: float) -> Request | None:
+        """The next request of ``finished``'s user or conversation, or None (the default)."""
+        return None
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]: ...
+
+
+def resolve_path(path: str | Path, base_dir: Path | None) -> Path:
+    """A data file named in a config: absolute, or relative to the YAML's folder, then the project root."""
+    candidate = Path(path).expanduser()
+    if candidate.is_absolute():
+        if candidate.is_file():
+            return candidate
+        raise TraceError("file not found", candidate)
+    tried = []
+    for root in (base_dir, PROJECT_ROOT):
+        if root is None:
+            continue
+        full = Path(root) / candidate
+        tried.append(str(full))
+        if full.is_file():
+            return full
+    raise TraceError(f"file not found (tried {', '.join(tried)})", path)
