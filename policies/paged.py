@@ -171,6 +171,19 @@ class PagedPolicy(KVCachePolicy):
         return cached_tokens
 
     def grow(self, seq_id: int, num_tokens: int, content: TokenContent | None = None) -> None:
+        seq = self.sequences.get(seq_id)
+        if seq is not None and num_tokens == 1 and content is None and seq.num_tokens < seq.final_len:
+            # Hot path (one decode token into a private tail block with room to spare): no block
+            # changes hands and the block's target is unchanged, so only the fill counters move.
+            offset = seq.num_tokens % self.block_size
+            if 0 < offset < self.block_size - 1:
+                tail = seq.block_table[-1]
+                if self.ref_count[tail] == 1:
+                    seq.num_tokens += 1
+                    self._filled[tail] += 1
+                    self._filled_sum += 1
+                    self._append_content(seq, 1, None)
+                    return
         seq = self._get(seq_id)
         self._check_growth(seq_id, num_tokens, seq.num_tokens, seq.final_len)
         if content is not None and sum(length for _, length in content) != num_tokens:

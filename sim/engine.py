@@ -63,6 +63,7 @@ class _Running:
     swapped_tokens: int = 0  # > 0 while its KV sits in the host pool
     next_beam_event: int = 0  # iterations until the next beam prune/fork
     blocked: bool = False  # its admission already failed in this wait (counted once, whatever the step mode)
+    is_running: bool = False
 
     @property
     def width(self) -> int:
@@ -109,6 +110,7 @@ class Engine:
         self._next_child_stream = -1  # children's output streams: negative ids never clash with workloads
         self._host_tokens_used = 0
         self._pending_jump_growth = 0
+        self._running_seqs = 0  # sequences in the batch (samples and beams each count)
 
     # ------------------------------------------------------------------------------------------ run
     def run(self, until_s: float | None = None) -> None:
@@ -228,7 +230,7 @@ class Engine:
         decoded: list[_Running] = []
         # 1. running decodes grow by one token each (may preempt)
         for state in list(self.running):
-            if state not in self.running or not state.in_decode:
+            if not state.is_running or not state.in_decode:
                 continue
             grown, preempted_now, swapped = self._grow_request(state)
             preempted |= preempted_now
@@ -283,12 +285,12 @@ class Engine:
         steps = self._iterations_this_step
         self.counters.iterations += steps
         for state in self._decoded_this_step:
-            if state in self.running:
+            if state.is_running:
                 state.generated += steps
                 self.counters.output_tokens += steps * len(state.seq_ids)
                 state.next_beam_event -= steps
         for state, _chunk in self._prefill_this_step:
-            if state in self.running and state.prefilled >= state.tokens_to_prefill and state.generated == 0:
+            if state.is_running and state.prefilled >= state.tokens_to_prefill and state.generated == 0:
                 self._start_decoding(state)
         for state in list(self.running):
             if state.generated >= state.request.output_len:
@@ -306,7 +308,7 @@ class Engine:
             self._fork(state, state.seq_ids[0], state.width - len(state.seq_ids))
         for seq_id in list(state.seq_ids):
             self._grow_or_preempt(state, seq_id)
-            if state not in self.running:
+            if not state.is_running:
                 return
         state.generated = max(state.generated, 1)
         self.counters.output_tokens += len(state.seq_ids)
@@ -329,11 +331,13 @@ class Engine:
             self._preempt(state)
             return
         state.seq_ids.extend(child.seq_id for child in children)
+        self._running_seqs += len(children)
 
     def _beam_step(self, state: _Running) -> None:
         """One beam falls behind: it is freed and a surviving beam is forked to keep the width."""
         pruned = state.seq_ids.pop(int(self.rng.integers(len(state.seq_ids))))
         self.policy.free(pruned)
+        self._running_seqs -= 1
         survivor = state.seq_ids[int(self.rng.integers(len(state.seq_ids)))]
         self._fork(state, survivor, 1)
         state.next_beam_event = self._draw_beam_interval()
@@ -346,7 +350,7 @@ class Engine:
             outcome = self._grow_or_preempt(state, seq_id)
             preempted |= outcome > 0
             swapped += max(0, outcome - 1)
-            if state not in self.running:
+            if not state.is_running:
                 return False, True, swapped
         return True, preempted, swapped
 
@@ -370,7 +374,7 @@ class Engine:
         """Take ``state`` off the GPU; returns blocks swapped out (0 for recompute)."""
         self.counters.preemptions += 1
         state.record.preemptions += 1
-        self.running.remove(state)
+        self._leave_running(state)
         swapped_blocks = 0
         held = sum(self.policy.seq_len(s) for s in state.seq_ids)
         single = state.width == 1
@@ -398,8 +402,7 @@ class Engine:
         swap_in_blocks = 0
         while self.waiting and budget > 0:
             state = self.waiting[0]
-            running_seqs = sum(len(s.seq_ids) for s in self.running)
-            if running_seqs + state.width > self.knobs.max_num_seqs:
+            if self._running_seqs + state.width > self.knobs.max_num_seqs:
                 break
             content = self._content_on_admission(state)
             final_len = state.request.final_len
@@ -421,6 +424,8 @@ class Engine:
                 state.record.admitted_s = self.env.now
                 state.record.cached_prompt_tokens = cached
             self.running.append(state)
+            state.is_running = True
+            self._running_seqs += 1
             total = sum(length for _, length in content)
             if state.swapped_tokens:
                 swap_in_blocks += -(-state.swapped_tokens // self.block_size)
@@ -463,6 +468,7 @@ class Engine:
             self.waiting.popleft()
             state.record.outcome = "failed_oom"
             state.record.reason = "KV cache out of memory at admission (on_oom: fail)"
+            self._request_done(state)
             return True
         return False
 
@@ -472,18 +478,28 @@ class Engine:
         if state.swapped_tokens:
             self._host_tokens_used -= state.swapped_tokens
             state.swapped_tokens = 0
+        self._request_done(state)
 
     def _finish(self, state: _Running, now: float) -> None:
+        self._leave_running(state)
         for seq_id in state.seq_ids:
             self.policy.free(seq_id)
         state.seq_ids = []
-        self.running.remove(state)
         state.record.finish_s = now
         state.record.outcome = "finished"
+        self._request_done(state)
+
+    def _request_done(self, state: _Running) -> None:
+        """A request reached its outcome; a closed-loop user (or a conversation) may send the next one."""
         if self._follow_up is not None:
-            follow = self._follow_up(state.request, now)
+            follow = self._follow_up(state.request, self.env.now)
             if follow is not None:
                 self._schedule_follow_up(follow)
+
+    def _leave_running(self, state: _Running) -> None:
+        self.running.remove(state)
+        state.is_running = False
+        self._running_seqs -= len(state.seq_ids)
 
     def _check_progress(self) -> None:
         if self.running or not self.waiting:
@@ -517,8 +533,7 @@ class Engine:
 
     def _head_admissible(self) -> bool:
         state = self.waiting[0]
-        running_seqs = sum(len(s.seq_ids) for s in self.running)
-        if running_seqs + state.width > self.knobs.max_num_seqs:
+        if self._running_seqs + state.width > self.knobs.max_num_seqs:
             return False
         return self._fits_watermark(self._content_on_admission(state), state.request.final_len)
 
@@ -590,7 +605,7 @@ class Engine:
             self.policy.breakdown(),
             len(self.running),
             len(self.waiting),
-            sum(len(s.seq_ids) for s in self.running),
+            self._running_seqs,
             self.counters,
             self.policy.stats.as_dict(),
             self.policy.sharing_slots(),
