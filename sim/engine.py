@@ -64,14 +64,12 @@ class _Running:
     next_beam_event: int = 0  # iterations until the next beam prune/fork
     blocked: bool = False  # its admission already failed in this wait (counted once, whatever the step mode)
     is_running: bool = False
+    decoding: bool = False  # prompt done: every sequence gains a token per iteration
+    context: int = 0  # tokens each of its sequences holds (they fork together and grow in step)
 
     @property
     def width(self) -> int:
         return max(self.request.n, self.request.beam_width)
-
-    @property
-    def in_decode(self) -> bool:
-        return bool(self.seq_ids) and self.prefilled >= self.tokens_to_prefill and self.generated > 0
 
 
 class EngineStalled(RuntimeError):
@@ -111,6 +109,7 @@ class Engine:
         self._host_tokens_used = 0
         self._pending_jump_growth = 0
         self._running_seqs = 0  # sequences in the batch (samples and beams each count)
+        self._num_decoding = 0
 
     # ------------------------------------------------------------------------------------------ run
     def run(self, until_s: float | None = None) -> None:
@@ -230,21 +229,22 @@ class Engine:
         decoded: list[_Running] = []
         # 1. running decodes grow by one token each (may preempt)
         for state in list(self.running):
-            if not state.is_running or not state.in_decode:
+            if not state.is_running or not state.decoding:
                 continue
             grown, preempted_now, swapped = self._grow_request(state)
             preempted |= preempted_now
             swap_blocks += swapped
             if grown:
+                state.context += 1
                 decoded.append(state)
                 decode_batch += len(state.seq_ids)
-                decode_context += sum(self.policy.seq_len(s) for s in state.seq_ids)
+                decode_context += state.context * len(state.seq_ids)
                 budget -= len(state.seq_ids)
         # 2. prompts in progress, then 3. admissions (not after a preemption, as vLLM)
         prefill_s = 0.0
         self._prefill_this_step: list[tuple[_Running, int]] = []
         for state in self.running:
-            if not state.in_decode and state.prefilled < state.tokens_to_prefill and budget > 0:
+            if not state.decoding and state.prefilled < state.tokens_to_prefill and budget > 0:
                 budget, cost = self._schedule_prefill(state, budget)
                 prefill_s += cost
         if not preempted:
@@ -290,18 +290,19 @@ class Engine:
                 self.counters.output_tokens += steps * len(state.seq_ids)
                 state.next_beam_event -= steps
         for state, _chunk in self._prefill_this_step:
-            if state.is_running and state.prefilled >= state.tokens_to_prefill and state.generated == 0:
+            if state.is_running and state.prefilled >= state.tokens_to_prefill and not state.decoding:
                 self._start_decoding(state)
         for state in list(self.running):
             if state.generated >= state.request.output_len:
                 self._finish(state, now)
-            elif state.request.beam_width > 1 and state.in_decode and state.next_beam_event <= 0:
+            elif state.request.beam_width > 1 and state.decoding and state.next_beam_event <= 0:
                 self._beam_step(state)
         self._prefill_this_step = []
         self._decoded_this_step = []
 
     def _start_decoding(self, state: _Running) -> None:
-        """The prompt is in: fork the samples/beams, then every sequence holds its first token."""
+        """The prompt is in (or back in, after a recompute): fork the samples/beams, and the
+        iteration's token goes into every sequence."""
         if state.record.first_token_s != state.record.first_token_s:  # NaN: first time
             state.record.first_token_s = self.env.now
         if len(state.seq_ids) < state.width:
@@ -310,7 +311,10 @@ class Engine:
             self._grow_or_preempt(state, seq_id)
             if not state.is_running:
                 return
-        state.generated = max(state.generated, 1)
+        state.context += 1
+        state.generated += 1
+        state.decoding = True
+        self._num_decoding += 1
         self.counters.output_tokens += len(state.seq_ids)
         state.next_beam_event = self._draw_beam_interval()
 
@@ -432,8 +436,12 @@ class Engine:
                 self._host_tokens_used -= state.swapped_tokens
                 state.swapped_tokens = 0
                 state.tokens_to_prefill = state.prefilled = total
+                state.context = total
+                state.decoding = True
+                self._num_decoding += 1
                 continue
             state.tokens_to_prefill = total
+            state.context = total
             state.prefilled = cached
             budget, cost = self._schedule_prefill(state, budget)
             prefill_s += cost
@@ -500,6 +508,9 @@ class Engine:
         self.running.remove(state)
         state.is_running = False
         self._running_seqs -= len(state.seq_ids)
+        if state.decoding:
+            state.decoding = False
+            self._num_decoding -= 1
 
     def _check_progress(self) -> None:
         if self.running or not self.waiting:
@@ -517,7 +528,7 @@ class Engine:
     # ----------------------------------------------------------------------------------- event skip
     def _decode_jump(self) -> int:
         """How many decode iterations can be applied at once without missing an event (0 = step)."""
-        if not self.running or any(not s.in_decode for s in self.running):
+        if not self.running or self._num_decoding < len(self.running):
             return 0
         if self.waiting and (not self.waiting[0].blocked or self._head_admissible()):
             return 0  # let a single step try (and count) the admission
@@ -538,8 +549,7 @@ class Engine:
         return self._fits_watermark(self._content_on_admission(state), state.request.final_len)
 
     def _batch_shape(self) -> tuple[int, int]:
-        seq_ids = [seq_id for s in self.running for seq_id in s.seq_ids]
-        return len(seq_ids), sum(self.policy.seq_len(seq_id) for seq_id in seq_ids)
+        return self._running_seqs, sum(state.context * len(state.seq_ids) for state in self.running)
 
     def _jump_time_s(self, steps: int, batch: int, context: int) -> float:
         """Time of ``steps`` decode iterations: an arithmetic series (context grows by ``batch`` each)."""
@@ -587,6 +597,7 @@ class Engine:
         copies_before = self.policy.stats.cow_copies
         # One iteration's growth now; the rest when the jump ends (memory for all of it was checked).
         for state in self.running:
+            state.context += steps
             for seq_id in state.seq_ids:
                 self.policy.grow(seq_id, 1)
         self._pending_jump_growth = steps - 1
