@@ -222,24 +222,15 @@ class Engine:
         knobs = self.knobs
         budget = knobs.max_num_batched_tokens
         copies_before = self.policy.stats.cow_copies
-        swap_blocks = 0
-        preempted = False
         decode_batch = 0
         decode_context = 0
-        decoded: list[_Running] = []
         # 1. running decodes grow by one token each (may preempt)
-        for state in list(self.running):
-            if not state.is_running or not state.decoding:
-                continue
-            grown, preempted_now, swapped = self._grow_request(state)
-            preempted |= preempted_now
-            swap_blocks += swapped
-            if grown:
-                state.context += 1
-                decoded.append(state)
-                decode_batch += len(state.seq_ids)
-                decode_context += state.context * len(state.seq_ids)
-                budget -= len(state.seq_ids)
+        decoded, preempted, swap_blocks = self._grow_decoding_batch()
+        for state in decoded:
+            state.context += 1
+            decode_batch += len(state.seq_ids)
+            decode_context += state.context * len(state.seq_ids)
+        budget -= decode_batch
         # 2. prompts in progress, then 3. admissions (not after a preemption, as vLLM)
         prefill_s = 0.0
         self._prefill_this_step: list[tuple[_Running, int]] = []
@@ -347,32 +338,45 @@ class Engine:
         state.next_beam_event = self._draw_beam_interval()
 
     # ----------------------------------------------------------------------------------- growth/OOM
-    def _grow_request(self, state: _Running) -> tuple[bool, bool, int]:
+    def _grow_decoding_batch(self) -> tuple[list[_Running], bool, int]:
+        """One token for every decoding sequence, oldest request first, preempting on OOM.
+
+        Returns the requests that grew, whether anything was preempted, and blocks swapped out."""
+        owners = [state for state in self.running if state.decoding for _ in state.seq_ids]
+        seq_ids = [seq_id for state in self.running if state.decoding for seq_id in state.seq_ids]
         preempted = False
         swapped = 0
-        for seq_id in list(state.seq_ids):
-            outcome = self._grow_or_preempt(state, seq_id)
-            preempted |= outcome > 0
+        index = self.policy.grow_each(seq_ids)
+        while index < len(seq_ids):
+            state = owners[index]
+            outcome = self._grow_or_preempt(state, seq_ids[index], failed=True)
+            preempted = True
             swapped += max(0, outcome - 1)
-            if not state.is_running:
-                return False, True, swapped
-        return True, preempted, swapped
+            # Victims are the newest requests, so they sit after ``index``: drop their entries.
+            keep = [i for i in range(index + 1, len(seq_ids)) if owners[i].is_running]
+            owners = owners[: index + 1] + [owners[i] for i in keep]
+            seq_ids = seq_ids[: index + 1] + [seq_ids[i] for i in keep]
+            index = self.policy.grow_each(seq_ids, index + 1)
+        decoded = list(dict.fromkeys(state for state in owners if state.is_running))
+        return decoded, preempted, swapped
 
-    def _grow_or_preempt(self, state: _Running, seq_id: int) -> int:
-        """Grow one sequence by a token; on OOM preempt the newest request until it fits.
-
-        Returns 0 when nothing was preempted, else 1 + blocks swapped out."""
+    def _grow_or_preempt(self, state: _Running, seq_id: int, failed: bool = False) -> int:
+        """Grow one sequence by a token; on OOM (``failed``: it already did) preempt the newest
+        request until it fits. Returns 0 when nothing was preempted, else 1 + blocks swapped out."""
         outcome = 0
         while True:
-            try:
-                self.policy.grow(seq_id, 1)
-                return outcome
-            except OutOfKVMemory:
-                self.counters.oom_events += 1
-                victim = self.running[-1]
-                outcome = max(outcome, 1) + self._preempt(victim)
-                if victim is state:
+            if not failed:
+                try:
+                    self.policy.grow(seq_id, 1)
                     return outcome
+                except OutOfKVMemory:
+                    pass
+            failed = False
+            self.counters.oom_events += 1
+            victim = self.running[-1]
+            outcome = max(outcome, 1) + self._preempt(victim)
+            if victim is state:
+                return outcome
 
     def _preempt(self, state: _Running) -> int:
         """Take ``state`` off the GPU; returns blocks swapped out (0 for recompute)."""
