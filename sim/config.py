@@ -187,7 +187,9 @@ def _list_index(key: str, override: str) -> int:
 def format_validation_error(error: ValidationError, path: str | Path, data: Any) -> str:
     lines = [f"{path}: invalid experiment config ({error.error_count()} problem(s))"]
     for problem in error.errors():
-        location = [part for part in problem["loc"] if not _is_union_tag(part)]
+        location = _data_path(
+            problem["loc"], data, keep_last=problem["type"] in ("extra_forbidden", "missing")
+        )
         key_path = ".".join(str(part) for part in location) or "(top level)"
         message = problem["msg"]
         if problem["type"] == "extra_forbidden":
@@ -201,35 +203,59 @@ def format_validation_error(error: ValidationError, path: str | Path, data: Any)
     return "\n".join(lines)
 
 
-def _is_union_tag(part: Any) -> bool:
-    return isinstance(part, str) and (
-        part in {"synthetic", "trace"} or part.startswith(("function-", "tagged-union"))
-    )
+def _data_path(loc: tuple[Any, ...], data: Any, *, keep_last: bool) -> list[Any]:
+    """pydantic's error location without the union tags it inserts (``synthetic``, ``poisson``...):
+    only the parts that index into the user's YAML are kept (plus the unknown or missing key)."""
+    path: list[Any] = []
+    node = data
+    for position, part in enumerate(loc):
+        indexes_node = (isinstance(node, dict) and part in node) or (
+            isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        )
+        if indexes_node:
+            path.append(part)
+            node = node[part]
+        elif keep_last and position == len(loc) - 1:
+            path.append(part)
+    return path
 
 
 def _known_keys_at(data: Any, location: list[Any]) -> list[str]:
-    """Field names valid at ``location``, found by walking the models along the key path."""
+    """Field names valid at ``location``, found by walking the models along the key path (for a
+    union, the member whose fields best match the user's keys there)."""
     model: Any = ExperimentConfig
+    node = data
     for part in location:
+        node = node[part] if isinstance(node, dict | list) else None
         if isinstance(part, int):
             continue
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
             return []
-        model = _model_in(field.annotation)
+        model = _best_model(_models_in(field.annotation), node)
         if model is None:
             return []
     return list(getattr(model, "model_fields", {}))
 
 
-def _model_in(annotation: Any) -> Any:
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for argument in getattr(annotation, "__args__", ()):
-        found = _model_in(argument)
-        if found is not None:
-            return found
-    return None
+        return [annotation]
+    return [model for argument in getattr(annotation, "__args__", ()) for model in _models_in(argument)]
+
+
+def _best_model(models: list[type[BaseModel]], node: Any) -> type[BaseModel] | None:
+    if not models:
+        return None
+    keys = set(node) if isinstance(node, dict) else set()
+    kind = node.get("kind") if isinstance(node, dict) else None
+
+    def score(model: type[BaseModel]) -> tuple[int, int]:
+        kind_field = model.model_fields.get("kind")
+        kind_matches = kind_field is not None and kind in getattr(kind_field.annotation, "__args__", ())
+        return int(kind_matches), len(keys & set(model.model_fields))
+
+    return max(models, key=score)
 
 
 def _did_you_mean(name: str, candidates: list[str]) -> str:

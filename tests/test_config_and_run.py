@@ -131,3 +131,24 @@ def test_small_quickstart_run_writes_every_output(tmp_path, capsys):
         assert (out / "figures" / f"{figure}.png").stat().st_size > 10_000
     json.loads((out / "paged" / "summary.json").read_text())
     shutil.rmtree(out)
+
+
+def test_error_path_has_no_union_tags(tmp_path):
+    data = quickstart_data()
+    data["workload"]["arrival"]["rate_per_s"] = -1
+    data["workload"]["arrival"]["burst"] = 2
+    path = write_config(tmp_path, yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as error:
+        load_experiment(path)
+    message = str(error.value)
+    assert "workload.arrival.rate_per_s:" in message and "(got -1)" in message
+    assert "workload.arrival.burst: unknown key" in message
+    assert "synthetic" not in message and "poisson." not in message
+
+
+def test_unknown_key_inside_a_union_suggests_from_the_right_member(tmp_path):
+    data = quickstart_data()
+    data["workload"]["arrival"] = {"kind": "gamma", "rate_per_s": 2, "cvv": 2}
+    path = write_config(tmp_path, yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"workload\.arrival\.cvv: unknown key; did you mean 'cv'\?"):
+        load_experiment(path)
