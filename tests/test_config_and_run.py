@@ -152,3 +152,16 @@ def test_unknown_key_inside_a_union_suggests_from_the_right_member(tmp_path):
     path = write_config(tmp_path, yaml.safe_dump(data))
     with pytest.raises(ConfigError, match=r"workload\.arrival\.cvv: unknown key; did you mean 'cv'\?"):
         load_experiment(path)
+
+
+@pytest.mark.parametrize("name", ["azure-conv", "azure-code", "mooncake"])
+def test_trace_example_configs_replay(tmp_path, name):
+    out = tmp_path / name
+    config = ROOT / "configs" / "traces" / f"{name}.yaml"
+    assert main(["run", str(config), "-q", "-o", str(out), "--set", "workload.window.end_s=40"]) == 0
+    results = load_results(out)
+    assert len(results.variants) == 4
+    totals = {int(results.variant_summary(v)["requests_total"]) for v in results.variants}
+    assert len(totals) == 1 and totals.pop() > 10
+    if name == "mooncake":
+        assert results.variant_summary("prefix")["prefix_cache_hits"] > 0
