@@ -66,6 +66,7 @@ class _Running:
     is_running: bool = False
     decoding: bool = False  # prompt done: every sequence gains a token per iteration
     context: int = 0  # tokens each of its sequences holds (they fork together and grow in step)
+    admission: int = 0  # order of its latest admission: the running list is sorted by it
 
     @property
     def width(self) -> int:
@@ -110,6 +111,7 @@ class Engine:
         self._pending_jump_growth = 0
         self._running_seqs = 0  # sequences in the batch (samples and beams each count)
         self._num_decoding = 0
+        self._admissions = 0
 
     # ------------------------------------------------------------------------------------------ run
     def run(self, until_s: float | None = None) -> None:
@@ -169,6 +171,11 @@ class Engine:
             return "output_len must be at least 1"
         if self.width_of(request) > knobs.max_num_seqs:
             return f"n/beam_width={self.width_of(request)} exceeds max_num_seqs={knobs.max_num_seqs}"
+        if request.final_len * self.width_of(request) > self.policy.pool_slots:
+            return (
+                f"{self.width_of(request)} x {request.final_len} tokens exceed the KV pool "
+                f"({self.policy.pool_slots} slots) even with nothing else running"
+            )
         if not knobs.enable_chunked_prefill and request.final_len > knobs.max_num_batched_tokens:
             return (
                 f"{request.final_len} tokens cannot be prefilled in one iteration "
@@ -275,15 +282,23 @@ class Engine:
         now = self.env.now
         steps = self._iterations_this_step
         self.counters.iterations += steps
+        due: list[_Running] = []  # requests that finish or take a beam decision now
         for state in self._decoded_this_step:
             if state.is_running:
                 state.generated += steps
                 self.counters.output_tokens += steps * len(state.seq_ids)
                 state.next_beam_event -= steps
+                if state.generated >= state.request.output_len or state.next_beam_event <= 0:
+                    due.append(state)
         for state, _chunk in self._prefill_this_step:
             if state.is_running and state.prefilled >= state.tokens_to_prefill and not state.decoding:
                 self._start_decoding(state)
-        for state in list(self.running):
+                if state.is_running and state.generated >= state.request.output_len:
+                    due.append(state)
+        # In admission order, as a pass over the running list would meet them.
+        for state in sorted(due, key=lambda state: state.admission):
+            if not state.is_running:
+                continue
             if state.generated >= state.request.output_len:
                 self._finish(state, now)
             elif state.request.beam_width > 1 and state.decoding and state.next_beam_event <= 0:
@@ -298,6 +313,8 @@ class Engine:
             state.record.first_token_s = self.env.now
         if len(state.seq_ids) < state.width:
             self._fork(state, state.seq_ids[0], state.width - len(state.seq_ids))
+            if not state.is_running:
+                return  # the fork did not fit: the request was preempted
         for seq_id in list(state.seq_ids):
             self._grow_or_preempt(state, seq_id)
             if not state.is_running:
@@ -314,6 +331,8 @@ class Engine:
         return int(self.rng.geometric(probability)) if probability > 0 else 1 << 62
 
     def _fork(self, state: _Running, parent: int, count: int) -> None:
+        """Add ``count`` children of ``parent`` to the request; if they do not fit, the request itself
+        is preempted (a simplification: vLLM V0 would preempt the newest request first)."""
         final_len = state.request.final_len
         children = []
         for _ in range(count):
@@ -323,6 +342,14 @@ class Engine:
             self.policy.fork(parent, children)
         except OutOfKVMemory:
             self.counters.oom_events += 1
+            if len(self.running) == 1:
+                # Alone in the pool and still no room: retrying could never succeed.
+                self._leave_running(state)
+                for seq_id in state.seq_ids:
+                    self.policy.free(seq_id)
+                state.seq_ids = []
+                self._reject(state, f"its {state.width} samples/beams do not fit in the KV pool even alone")
+                return
             self._preempt(state)
             return
         state.seq_ids.extend(child.seq_id for child in children)
@@ -432,6 +459,8 @@ class Engine:
                 state.record.admitted_s = self.env.now
                 state.record.cached_prompt_tokens = cached
             self.running.append(state)
+            self._admissions += 1
+            state.admission = self._admissions
             state.is_running = True
             self._running_seqs += 1
             total = sum(length for _, length in content)

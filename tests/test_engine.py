@@ -127,7 +127,9 @@ def random_requests(seed: int, count: int):
         shared = ((1, int(rng.integers(0, 40))),) if rng.random() < 0.5 else ()
         prompt = shared + ((100 + i, int(rng.integers(1, 60))),)
         n = int(rng.choice([1, 1, 1, 2]))
-        out.append(request(i, float(arrival), 0, int(rng.integers(1, 50)), prompt=prompt, n=n))
+        beam_width = int(rng.choice([1, 1, 1, 3])) if n == 1 else 1
+        output_len = int(rng.integers(1, 50))
+        out.append(request(i, float(arrival), 0, output_len, prompt=prompt, n=n, beam_width=beam_width))
     return out
 
 
@@ -142,8 +144,8 @@ def test_event_skipping_equals_single_stepping(policy, options, seed):
     costs = RoundCostModel(
         intercept_s=0.01, per_seq_s=0.001, per_context_token_s=1e-5, prefill_per_token_s=1e-4
     )
-    single = run(policy, pool, requests, "single", costs=costs, options=options)
-    skip = run(policy, pool, requests, "skip", costs=costs, options=options)
+    single = run(policy, pool, requests, "single", costs=costs, options=options, beam_divergence_prob=0.2)
+    skip = run(policy, pool, requests, "skip", costs=costs, options=options, beam_divergence_prob=0.2)
     for a, b in zip(single.records, skip.records, strict=True):
         assert (a.request_id, a.outcome, a.preemptions, a.cached_prompt_tokens) == (
             b.request_id,
@@ -172,3 +174,16 @@ def test_same_seed_same_results():
     second = run("prefix", pool, random_requests(3, 30))
     assert times(first) == times(second)
     assert first.recorder.rows == second.recorder.rows
+
+
+def test_beam_search_prunes_and_forks_through_the_policy():
+    pool = PoolSpec(16 * 64, 16, 256)
+    engine = run("prefix", pool, [request(0, 0.0, 40, 60, beam_width=4)], beam_divergence_prob=0.3)
+    record = engine.records[0]
+    assert record.outcome == "finished"
+    # Each beam decision frees one beam and forks a survivor, whose partly filled tail is then copied.
+    assert engine.policy.stats.cow_copies > 3
+    assert engine.counters.output_tokens == 4 * 60
+    final = engine.policy.breakdown()
+    assert final.used == final.reserved == final.internal_fragmentation == 0
+    assert final.cached + final.free == pool.kv_pool_tokens
