@@ -96,12 +96,13 @@ def _register_optional(commands) -> None:
 def main(argv: list[str] | None = None) -> int:
     from policies.base import PolicyError
     from sim.config import ConfigError
+    from sim.costs import CostModelError
     from workloads.base import WorkloadError
 
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, WorkloadError, PolicyError, FileNotFoundError) as error:
+    except (ConfigError, WorkloadError, PolicyError, CostModelError, FileNotFoundError) as error:
         print(f"kvsim: error: {error}", file=sys.stderr)
         return 2
 

@@ -165,3 +165,16 @@ def test_trace_example_configs_replay(tmp_path, name):
     assert len(totals) == 1 and totals.pop() > 10
     if name == "mooncake":
         assert results.variant_summary("prefix")["prefix_cache_hits"] > 0
+
+
+def test_profile_cost_model_runs_and_a_foreign_profile_is_refused(tmp_path, capsys):
+    out = tmp_path / "profiled"
+    profile = "configs/profiles/analytic-llama-3.1-8b-a100-80gb.yaml"
+    small = ["run", str(QUICKSTART), "-q", "--set", "workload.num_requests=60"]
+    assert main([*small, "-o", str(out), "--set", f"cost_model={profile}"]) == 0
+    assert "profile" in load_results(out).variant_summary("paged")["cost_model"]
+    refused = tmp_path / "refused"
+    foreign = "cost_model=configs/profiles/cpu-llama-3.2-1b.yaml"
+    assert main([*small, "-o", str(refused), "--set", foreign]) == 2
+    assert "rescale" in capsys.readouterr().err
+    assert not refused.exists()
