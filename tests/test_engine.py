@@ -187,3 +187,32 @@ def test_beam_search_prunes_and_forks_through_the_policy():
     final = engine.policy.breakdown()
     assert final.used == final.reserved == final.internal_fragmentation == 0
     assert final.cached + final.free == pool.kv_pool_tokens
+
+
+def test_swap_preemption_moves_kv_to_host_and_back_without_recompute():
+    """Same squeeze as the recompute test, with swap: r1's KV goes to the host pool (0.5 s per block
+    each way in RoundCostModel) and comes back with its prompt intact: no prefill on return."""
+    requests = [request(0, 0.0, 4, 6), request(1, 0.0, 4, 6)]
+    recompute = run("paged", PoolSpec(12, 4, 12), requests)
+    swap = run("paged", PoolSpec(12, 4, 12), requests, preemption_mode="swap", swap_space_blocks=8)
+    assert swap.counters.preemptions >= 1
+    assert swap.counters.swapped_out_blocks >= swap.counters.preemptions
+    assert {r.outcome for r in swap.records} == {"finished"}
+    # Swapping costs transfer time that recompute does not pay.
+    assert swap.env.now > recompute.env.now
+
+
+def test_swap_without_host_room_falls_back_to_recompute():
+    requests = [request(0, 0.0, 4, 6), request(1, 0.0, 4, 6)]
+    engine = run("paged", PoolSpec(12, 4, 12), requests, preemption_mode="swap", swap_space_blocks=0)
+    assert engine.counters.preemptions >= 1 and engine.counters.swapped_out_blocks == 0
+
+
+def test_watermark_keeps_admission_headroom():
+    """Pool of 40 slots; each prompt takes 8. A watermark of 0.7 keeps 28 slots free at admission:
+    r0 leaves 32 >= 28 and is admitted; r1 would leave 24 < 28, so it waits until r0 has finished."""
+    requests = [request(0, 0.0, 8, 2), request(1, 0.0, 8, 2)]
+    plain = times(run("paged", PoolSpec(40, 4, 16), requests))
+    guarded = times(run("paged", PoolSpec(40, 4, 16), requests, watermark=0.7))
+    assert plain[1][0] == 0.0
+    assert guarded[1][0] == pytest.approx(guarded[0][2])
