@@ -109,6 +109,10 @@ class ContiguousPolicy(KVCachePolicy):
         output = final_len - prompt_len
         return min(prompt_len + (ceil_pow2(output) if output > 0 else 0), self.pool.max_model_len)
 
+    def region_size(self, reservation: int) -> int:
+        """Slots a reservation really takes: buddy placement rounds up to a power of two."""
+        return self._space.region_size(reservation)
+
     def region(self, seq_id: int) -> tuple[int, int]:
         """``(start, size)`` of the sequence's region (size includes buddy rounding)."""
         sequence = self._get(seq_id)

@@ -17,8 +17,8 @@ SUMMARY_COLUMNS = [
     ("mean_running", "mean run", "{:.1f}"),
     ("mean_used_frac", "used %", "{:.1%}"),
     ("mean_reserved_frac", "reserv. %", "{:.1%}"),
-    ("mean_internal_fragmentation_frac", "int.frag %", "{:.1%}"),
-    ("mean_external_fragmentation_frac", "ext.frag %", "{:.1%}"),
+    ("mean_internal_frag_frac", "int.frag %", "{:.1%}"),
+    ("mean_external_frag_frac", "ext.frag %", "{:.1%}"),
     ("mean_cached_frac", "cached %", "{:.1%}"),
     ("memory_saved_by_sharing_frac", "shared %", "{:.1%}"),
     ("output_tokens_per_s", "out tok/s", "{:.0f}"),
@@ -91,6 +91,9 @@ def _register_optional(commands) -> None:
     from calibrate.cli import register as register_calibrate
 
     register_calibrate(commands)
+    from sim.validation import register as register_validate
+
+    register_validate(commands)
 
 
 def main(argv: list[str] | None = None) -> int:

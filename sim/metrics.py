@@ -15,6 +15,11 @@ from policies.base import MemoryBreakdown
 BREAKDOWN_COLUMNS = tuple(f"{name}_tokens" for name in MemoryBreakdown.CATEGORIES)
 
 
+def summary_key(category: str) -> str:
+    """``mean_used_frac``, ..., ``mean_internal_frag_frac``: the summary's time-averaged share of a category."""
+    return f"mean_{category.replace('_fragmentation', '_frag')}_frac"
+
+
 @dataclass(slots=True)
 class RequestRecord:
     request_id: int
@@ -108,13 +113,13 @@ class Recorder:
     def time_averages(self, end_s: float) -> dict[str, float]:
         """Time-weighted means over [0, end_s]: breakdown fractions of the pool and mean running."""
         if end_s <= 0 or self._last_values is None:
-            empty = {f"mean_{name}_frac": 0.0 for name in MemoryBreakdown.CATEGORIES}
+            empty = {summary_key(name): 0.0 for name in MemoryBreakdown.CATEGORIES}
             return empty | {"mean_running": 0.0, "memory_saved_by_sharing_frac": 0.0}
         area = self._area.copy()
         area += self._last_values * max(0.0, end_s - self._last_time)
         means = area / end_s
         result = {
-            f"mean_{name}_frac": float(means[i] / self.kv_pool_tokens)
+            summary_key(name): float(means[i] / self.kv_pool_tokens)
             for i, name in enumerate(MemoryBreakdown.CATEGORIES)
         }
         categories = len(MemoryBreakdown.CATEGORIES)

@@ -99,8 +99,8 @@ def test_small_quickstart_run_writes_every_output(tmp_path, capsys):
     for variant in results.variants:
         summary = results.variant_summary(variant)
         assert summary["requests_total"] == 150
-        fractions = [summary[f"mean_{name}_frac"] for name in ("used", "reserved", "internal_fragmentation")]
-        fractions += [summary[f"mean_{name}_frac"] for name in ("external_fragmentation", "cached", "free")]
+        fractions = [summary[f"mean_{name}_frac"] for name in ("used", "reserved", "internal_frag")]
+        fractions += [summary[f"mean_{name}_frac"] for name in ("external_frag", "cached", "free")]
         assert sum(fractions) == pytest.approx(1.0)
         series = results.timeseries(variant)
         categories = [f"{name}_tokens" for name in ("used", "reserved", "internal_fragmentation")]
@@ -117,8 +117,7 @@ def test_small_quickstart_run_writes_every_output(tmp_path, capsys):
     # The paged policy never wastes a whole reservation: it holds more token states than contiguous-max.
     frame = results.summary.set_index("variant")
     assert (
-        frame.loc["paged", "mean_internal_fragmentation_frac"]
-        < frame.loc["contiguous-max", "mean_internal_fragmentation_frac"]
+        frame.loc["paged", "mean_internal_frag_frac"] < frame.loc["contiguous-max", "mean_internal_frag_frac"]
     )
     for figure in (
         "memory_breakdown",
