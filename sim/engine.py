@@ -30,6 +30,7 @@ import simpy
 
 from policies.base import ChildSpec, KVCachePolicy, OutOfKVMemory, TokenContent
 from sim.costs import CostModel
+from sim.event_skip import decode_series_s, iterations_to_reach, most_steps_that_fit
 from sim.metrics import Counters, Recorder, RequestRecord
 from workloads.request import Request
 
@@ -584,46 +585,21 @@ class Engine:
     def _batch_shape(self) -> tuple[int, int]:
         return self._running_seqs, sum(state.context * len(state.seq_ids) for state in self.running)
 
-    def _jump_time_s(self, steps: int, batch: int, context: int) -> float:
-        """Time of ``steps`` decode iterations: an arithmetic series (context grows by ``batch`` each)."""
-        decode = self.costs.decode
-        first = decode.step_s(batch, context + batch)
-        return steps * first + decode.per_context_token_s * batch * steps * (steps - 1) / 2
-
     def _iterations_until(self, time_s: float) -> int:
-        """Smallest k >= 1 such that k iterations end at or after ``time_s``."""
-        if time_s == float("inf"):
-            return 1 << 62
+        """Smallest k >= 1 such that k decode iterations from now end at or after ``time_s``."""
         batch, context = self._batch_shape()
-        budget = time_s - self.env.now
-        low, high = 1, 1
-        while self._jump_time_s(high, batch, context) < budget:
-            high *= 2
-        while low < high:
-            middle = (low + high) // 2
-            if self._jump_time_s(middle, batch, context) >= budget:
-                high = middle
-            else:
-                low = middle + 1
-        return low
+        return iterations_to_reach(self.costs.decode, batch, context, time_s - self.env.now)
 
     def _steps_memory_allows(self, steps: int) -> int:
+        """Most decode iterations (up to ``steps``) whose block needs the pool can meet; 0 = step."""
         available = self.policy.available_slots()
-        seq_ids = [seq_id for s in self.running for seq_id in s.seq_ids]
+        seq_ids = [seq_id for state in self.running for seq_id in state.seq_ids]
 
-        def needed(k: int) -> int:
-            return sum(self.policy.slots_needed_to_grow(seq_id, k) for seq_id in seq_ids)
+        def fits(k: int) -> bool:
+            return sum(self.policy.slots_needed_to_grow(seq_id, k) for seq_id in seq_ids) <= available
 
-        if needed(steps) <= available:
-            return steps
-        low, high = 0, steps  # needed(low) fits, needed(high) does not
-        while high - low > 1:
-            middle = (low + high) // 2
-            if needed(middle) <= available:
-                low = middle
-            else:
-                high = middle
-        return low if low > 1 else 0
+        allowed = most_steps_that_fit(steps, fits)
+        return allowed if allowed > 1 else 0
 
     def _apply_decode_jump(self, steps: int) -> float:
         batch, context = self._batch_shape()
@@ -638,7 +614,7 @@ class Engine:
         self._prefill_this_step = []
         self._iterations_this_step = steps
         copied = self.policy.stats.cow_copies - copies_before
-        return self._jump_time_s(steps, batch, context) + (
+        return decode_series_s(self.costs.decode, steps, batch, context) + (
             self.costs.copy_blocks_s(copied) if copied else 0.0
         )
 
