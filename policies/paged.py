@@ -128,8 +128,11 @@ class PagedPolicy(KVCachePolicy):
     def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
         return self._blocks_needed_to_admit(prompt, namespace=0)[0] <= len(self.free_queue)
 
-    def slots_needed_to_grow(self, seq_id: int, num_tokens: int) -> int:
-        return self._blocks_needed_to_grow(self._get(seq_id), num_tokens) * self.block_size
+    def growth_room(self, seq_id: int) -> int:
+        seq = self._get(seq_id)
+        if seq.num_tokens % self.block_size and self.ref_count[seq.block_table[-1]] > 1:
+            return 0  # the next write copies the shared tail first
+        return min(len(seq.block_table) * self.block_size, seq.final_len) - seq.num_tokens
 
     def breakdown(self) -> MemoryBreakdown:
         block_size = self.block_size

@@ -6,10 +6,12 @@ requests first, then waiting requests while the policy can allocate; when a runn
 grow, the most recently admitted request is preempted (recompute: freed and requeued at the front;
 swap: its KV moves to a host pool).
 
-Event skipping: between events (an arrival that can be admitted, a completion, an allocation the
-pool cannot satisfy, a beam decision) every running sequence gains one token per iteration and the
-iteration time is linear in the batch and the summed context, so ``k`` iterations are applied at once.
-``step_mode="single"`` turns skipping off; tests check both modes give the same results.
+Event skipping: decode tokens are counted on a decode clock (``sim/decoding.py``) and reach the
+policy only when a sequence's held slots run out, so a decode iteration costs nothing per sequence.
+Between events (an arrival that can be admitted, a completion, a sequence that needs a block, a beam
+decision) the iteration time is linear in the batch and the summed context, so ``k`` iterations are
+one closed-form jump (``sim/event_skip.py``). ``step_mode="single"`` tells the policy every token and
+steps every iteration: tests check both modes give the same results.
 
 Memory model notes (documented simplifications):
 - admission allocates the whole prompt (vLLM V1 checks the full prompt fits, ``scheduler_reserve_full_isl``);
@@ -23,14 +25,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import numpy as np
 import simpy
 
 from policies.base import ChildSpec, KVCachePolicy, OutOfKVMemory, TokenContent
 from sim.costs import CostModel
-from sim.event_skip import decode_series_s, iterations_to_reach, most_steps_that_fit
+from sim.decoding import NEVER, DecodeClock, RequestState
+from sim.event_skip import decode_series_s, iterations_to_reach
 from sim.metrics import Counters, Recorder, RequestRecord
 from workloads.request import Request
 
@@ -49,29 +52,6 @@ class EngineKnobs:
     on_oom: str = "queue"  # queue: a failed admission waits; fail: the request fails (the seeds' OOM story)
     beam_divergence_prob: float = 0.05  # per beam group and iteration: a beam is pruned, a survivor forked
     step_mode: str = "skip"  # skip | single
-
-
-@dataclass(slots=True, eq=False)
-class _Running:
-    """A request inside the engine."""
-
-    request: Request
-    record: RequestRecord
-    seq_ids: list[int] = field(default_factory=list)
-    tokens_to_prefill: int = 0  # on the current admission (a recompute re-prefills generated tokens too)
-    prefilled: int = 0
-    generated: int = 0
-    swapped_tokens: int = 0  # > 0 while its KV sits in the host pool
-    next_beam_event: int = 0  # iterations until the next beam prune/fork
-    blocked: bool = False  # its admission already failed in this wait (counted once, whatever the step mode)
-    is_running: bool = False
-    decoding: bool = False  # prompt done: every sequence gains a token per iteration
-    context: int = 0  # tokens each of its sequences holds (they fork together and grow in step)
-    admission: int = 0  # order of its latest admission: the running list is sorted by it
-
-    @property
-    def width(self) -> int:
-        return max(self.request.n, self.request.beam_width)
 
 
 class EngineStalled(RuntimeError):
@@ -100,8 +80,8 @@ class Engine:
         self._source = iter(requests)
         self._next_open_arrival: Request | None = next(self._source, None)
         self._pending_follow_ups: list[Request] = []
-        self.waiting: deque[_Running] = deque()
-        self.running: list[_Running] = []
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []
         self.records: list[RequestRecord] = []
         self.counters = Counters()
         self.recorder = Recorder(policy.pool_slots)
@@ -109,10 +89,13 @@ class Engine:
         self._next_seq_id = 0
         self._next_child_stream = -1  # children's output streams: negative ids never clash with workloads
         self._host_tokens_used = 0
-        self._pending_jump_growth = 0
         self._running_seqs = 0  # sequences in the batch (samples and beams each count)
-        self._num_decoding = 0
         self._admissions = 0
+        self.clock = DecodeClock(policy, defer_growth=knobs.step_mode == "skip")
+        self._jump_rest = 0  # iterations of the current jump still to put on the clock
+        self._decoded_seqs = 0  # sequences that decoded in the current iteration(s)
+        self._iterations_this_step = 0
+        self._prefill_this_step: list[tuple[RequestState, int]] = []
 
     # ------------------------------------------------------------------------------------------ run
     def run(self, until_s: float | None = None) -> None:
@@ -155,7 +138,7 @@ class Engine:
             request.beam_width,
         )
         self.records.append(record)
-        state = _Running(request, record)
+        state = RequestState(request, record)
         reason = self._never_admissible(request)
         if reason:
             self._reject(state, reason)
@@ -222,7 +205,7 @@ class Engine:
     def _advance(self) -> float:
         """Schedule the next iteration (or a closed-form jump over k decode iterations); return its time."""
         jump = self._decode_jump() if self.knobs.step_mode == "skip" else 0
-        if jump > 1:
+        if jump >= 1:
             return self._apply_decode_jump(jump)
         return self._single_iteration()
 
@@ -230,18 +213,15 @@ class Engine:
         knobs = self.knobs
         budget = knobs.max_num_batched_tokens
         copies_before = self.policy.stats.cow_copies
-        decode_batch = 0
-        decode_context = 0
-        # 1. running decodes grow by one token each (may preempt)
-        decoded, preempted, swap_blocks = self._grow_decoding_batch()
-        for state in decoded:
-            state.context += 1
-            decode_batch += len(state.seq_ids)
-            decode_context += state.context * len(state.seq_ids)
+        # 1. every decoding sequence takes a token (the policy hears of those that need a block)
+        self.clock.now += 1
+        preempted, swap_blocks = self._decode_growth()
+        decode_batch = self.clock.sequences
+        decode_context = self.clock.sum_context()
         budget -= decode_batch
         # 2. prompts in progress, then 3. admissions (not after a preemption, as vLLM)
         prefill_s = 0.0
-        self._prefill_this_step: list[tuple[_Running, int]] = []
+        self._prefill_this_step = []
         for state in self.running:
             if not state.decoding and state.prefilled < state.tokens_to_prefill and budget > 0:
                 budget, cost = self._schedule_prefill(state, budget)
@@ -250,7 +230,7 @@ class Engine:
             budget, cost, swap_in = self._admit_waiting(budget)
             prefill_s += cost
             swap_blocks += swap_in
-        self._decoded_this_step = decoded
+        self._decoded_seqs = decode_batch
         self._iterations_this_step = 1
         if decode_batch == 0 and not self._prefill_this_step:
             self._check_progress()
@@ -262,7 +242,7 @@ class Engine:
         duration += self.costs.swap_blocks_s(swap_blocks) if swap_blocks else 0.0
         return duration
 
-    def _schedule_prefill(self, state: _Running, budget: int) -> tuple[int, float]:
+    def _schedule_prefill(self, state: RequestState, budget: int) -> tuple[int, float]:
         chunk = min(budget, state.tokens_to_prefill - state.prefilled)
         if not self.knobs.enable_chunked_prefill and chunk < state.tokens_to_prefill - state.prefilled:
             return budget, 0.0
@@ -272,42 +252,29 @@ class Engine:
         return budget - chunk, cost
 
     def _complete_jump(self) -> None:
-        steps, self._pending_jump_growth = self._pending_jump_growth, 0
-        if steps:
-            for state in self.running:
-                for seq_id in state.seq_ids:
-                    self.policy.grow(seq_id, steps)
+        self.clock.now += self._jump_rest
+        self._jump_rest = 0
 
     def _finish_iterations(self) -> None:
-        """Book what the iteration(s) that just ended produced: first tokens, decodes, completions."""
+        """Book what the iteration(s) that just ended produced: first tokens, completions, beams."""
         now = self.env.now
         steps = self._iterations_this_step
         self.counters.iterations += steps
-        due: list[_Running] = []  # requests that finish or take a beam decision now
-        for state in self._decoded_this_step:
-            if state.is_running:
-                state.generated += steps
-                self.counters.output_tokens += steps * len(state.seq_ids)
-                state.next_beam_event -= steps
-                if state.generated >= state.request.output_len or state.next_beam_event <= 0:
-                    due.append(state)
+        self.counters.output_tokens += steps * self._decoded_seqs
         for state, _chunk in self._prefill_this_step:
             if state.is_running and state.prefilled >= state.tokens_to_prefill and not state.decoding:
                 self._start_decoding(state)
-                if state.is_running and state.generated >= state.request.output_len:
-                    due.append(state)
-        # In admission order, as a pass over the running list would meet them.
-        for state in sorted(due, key=lambda state: state.admission):
-            if not state.is_running:
+        for state in self.clock.due_ends():
+            if not (state.is_running and state.decoding):
                 continue
-            if state.generated >= state.request.output_len:
+            if self.clock.generated(state) >= state.request.output_len:
                 self._finish(state, now)
-            elif state.request.beam_width > 1 and state.decoding and state.next_beam_event <= 0:
+            else:
                 self._beam_step(state)
         self._prefill_this_step = []
-        self._decoded_this_step = []
+        self._decoded_seqs = 0
 
-    def _start_decoding(self, state: _Running) -> None:
+    def _start_decoding(self, state: RequestState) -> None:
         """The prompt is in (or back in, after a recompute): fork the samples/beams, and the
         iteration's token goes into every sequence."""
         if state.record.first_token_s != state.record.first_token_s:  # NaN: first time
@@ -317,21 +284,24 @@ class Engine:
             if not state.is_running:
                 return  # the fork did not fit: the request was preempted
         for seq_id in list(state.seq_ids):
-            self._grow_or_preempt(state, seq_id)
+            self._grow_or_preempt(state, seq_id, victims_at=self.clock.now)
             if not state.is_running:
                 return
         state.context += 1
         state.generated += 1
-        state.decoding = True
-        self._num_decoding += 1
         self.counters.output_tokens += len(state.seq_ids)
-        state.next_beam_event = self._draw_beam_interval()
+        self.clock.enter(state, beam_due=self._next_beam_due(state))
+
+    def _next_beam_due(self, state: RequestState) -> int:
+        if state.request.beam_width <= 1:
+            return NEVER
+        return self.clock.now + self._draw_beam_interval()
 
     def _draw_beam_interval(self) -> int:
         probability = self.knobs.beam_divergence_prob
         return int(self.rng.geometric(probability)) if probability > 0 else 1 << 62
 
-    def _fork(self, state: _Running, parent: int, count: int) -> None:
+    def _fork(self, state: RequestState, parent: int, count: int) -> None:
         """Add ``count`` children of ``parent`` to the request; if they do not fit, the request itself
         is preempted (a simplification: vLLM V0 would preempt the newest request first)."""
         final_len = state.request.final_len
@@ -351,65 +321,66 @@ class Engine:
                 state.seq_ids = []
                 self._reject(state, f"its {state.width} samples/beams do not fit in the KV pool even alone")
                 return
-            self._preempt(state)
+            self._preempt(state, self.clock.now)
             return
         state.seq_ids.extend(child.seq_id for child in children)
         self._running_seqs += len(children)
 
-    def _beam_step(self, state: _Running) -> None:
+    def _beam_step(self, state: RequestState) -> None:
         """One beam falls behind: it is freed and a surviving beam is forked to keep the width."""
+        self.clock.leave(state, self.clock.now)
         pruned = state.seq_ids.pop(int(self.rng.integers(len(state.seq_ids))))
         self.policy.free(pruned)
         self._running_seqs -= 1
         survivor = state.seq_ids[int(self.rng.integers(len(state.seq_ids)))]
         self._fork(state, survivor, 1)
-        state.next_beam_event = self._draw_beam_interval()
+        if state.is_running:
+            self.clock.enter(state, beam_due=self._next_beam_due(state))
 
     # ----------------------------------------------------------------------------------- growth/OOM
-    def _grow_decoding_batch(self) -> tuple[list[_Running], bool, int]:
-        """One token for every decoding sequence, oldest request first, preempting on OOM.
-
-        Returns the requests that grew, whether anything was preempted, and blocks swapped out."""
-        owners = [state for state in self.running if state.decoding for _ in state.seq_ids]
-        seq_ids = [seq_id for state in self.running if state.decoding for seq_id in state.seq_ids]
+    def _decode_growth(self) -> tuple[bool, int]:
+        """This iteration's token for the requests whose held slots ran out, oldest first (the others
+        take theirs on the clock). Returns whether anything was preempted, and blocks swapped out."""
         preempted = False
         swapped = 0
-        index = self.policy.grow_each(seq_ids)
-        while index < len(seq_ids):
-            state = owners[index]
-            outcome = self._grow_or_preempt(state, seq_ids[index], failed=True)
-            preempted = True
-            swapped += max(0, outcome - 1)
-            # Victims are the newest requests, so they sit after ``index``: drop their entries.
-            keep = [i for i in range(index + 1, len(seq_ids)) if owners[i].is_running]
-            owners = owners[: index + 1] + [owners[i] for i in keep]
-            seq_ids = seq_ids[: index + 1] + [seq_ids[i] for i in keep]
-            index = self.policy.grow_each(seq_ids, index + 1)
-        decoded = list(dict.fromkeys(state for state in owners if state.is_running))
-        return decoded, preempted, swapped
+        before = self.clock.now - 1
+        for state in self.clock.due_flushes():
+            if not (state.is_running and state.decoding):
+                continue  # preempted by an older request earlier in this loop
+            self.clock.sync(state, before)
+            for seq_id in list(state.seq_ids):
+                outcome = self._grow_or_preempt(state, seq_id, victims_at=before)
+                preempted |= outcome > 0
+                swapped += max(0, outcome - 1)
+                if not state.is_running:
+                    break
+            if state.is_running:
+                self.clock.took_token(state)
+                self.clock.reschedule(state)
+        return preempted, swapped
 
-    def _grow_or_preempt(self, state: _Running, seq_id: int, failed: bool = False) -> int:
-        """Grow one sequence by a token; on OOM (``failed``: it already did) preempt the newest
-        request until it fits. Returns 0 when nothing was preempted, else 1 + blocks swapped out."""
+    def _grow_or_preempt(self, state: RequestState, seq_id: int, *, victims_at: int) -> int:
+        """Grow one sequence by a token; on OOM preempt the newest request until it fits. Victims are
+        taken back to clock ``victims_at`` (a newer request has not decoded this iteration yet).
+        Returns 0 when nothing was preempted, else 1 + blocks swapped out."""
         outcome = 0
         while True:
-            if not failed:
-                try:
-                    self.policy.grow(seq_id, 1)
-                    return outcome
-                except OutOfKVMemory:
-                    pass
-            failed = False
-            self.counters.oom_events += 1
-            victim = self.running[-1]
-            outcome = max(outcome, 1) + self._preempt(victim)
-            if victim is state:
+            try:
+                self.policy.grow(seq_id, 1)
                 return outcome
+            except OutOfKVMemory:
+                self.counters.oom_events += 1
+                victim = self.running[-1]
+                outcome = max(outcome, 1) + self._preempt(victim, victims_at)
+                if victim is state:
+                    return outcome
 
-    def _preempt(self, state: _Running) -> int:
-        """Take ``state`` off the GPU; returns blocks swapped out (0 for recompute)."""
+    def _preempt(self, state: RequestState, at_clock: int) -> int:
+        """Take ``state`` off the GPU (its tokens as of ``at_clock``); returns blocks swapped out."""
         self.counters.preemptions += 1
         state.record.preemptions += 1
+        if state.decoding:
+            self.clock.leave(state, at_clock)
         self._leave_running(state)
         swapped_blocks = 0
         held = sum(self.policy.seq_len(s) for s in state.seq_ids)
@@ -471,8 +442,7 @@ class Engine:
                 state.swapped_tokens = 0
                 state.tokens_to_prefill = state.prefilled = total
                 state.context = total
-                state.decoding = True
-                self._num_decoding += 1
+                self.clock.enter(state)
                 continue
             state.tokens_to_prefill = total
             state.context = total
@@ -481,7 +451,7 @@ class Engine:
             prefill_s += cost
         return budget, prefill_s, swap_in_blocks
 
-    def _content_on_admission(self, state: _Running) -> TokenContent:
+    def _content_on_admission(self, state: RequestState) -> TokenContent:
         request = state.request
         if state.generated and state.width == 1:
             # Recompute (or swap-in) restores what the request had generated as part of its prompt.
@@ -496,7 +466,7 @@ class Engine:
         prompt_slots = -(-sum(length for _, length in content) // self.block_size) * self.block_size
         return self.policy.available_slots() - prompt_slots >= self.knobs.watermark * self.policy.pool_slots
 
-    def _handle_admission_failure(self, state: _Running) -> bool:
+    def _handle_admission_failure(self, state: RequestState) -> bool:
         """Returns True when the queue head was removed and admission may continue."""
         if not state.blocked:
             state.blocked = True
@@ -514,7 +484,7 @@ class Engine:
             return True
         return False
 
-    def _reject(self, state: _Running, reason: str) -> None:
+    def _reject(self, state: RequestState, reason: str) -> None:
         state.record.outcome = "rejected"
         state.record.reason = reason
         if state.swapped_tokens:
@@ -522,7 +492,8 @@ class Engine:
             state.swapped_tokens = 0
         self._request_done(state)
 
-    def _finish(self, state: _Running, now: float) -> None:
+    def _finish(self, state: RequestState, now: float) -> None:
+        self.clock.leave(state, self.clock.now)
         self._leave_running(state)
         for seq_id in state.seq_ids:
             self.policy.free(seq_id)
@@ -531,20 +502,17 @@ class Engine:
         state.record.outcome = "finished"
         self._request_done(state)
 
-    def _request_done(self, state: _Running) -> None:
+    def _request_done(self, state: RequestState) -> None:
         """A request reached its outcome; a closed-loop user (or a conversation) may send the next one."""
         if self._follow_up is not None:
             follow = self._follow_up(state.request, self.env.now)
             if follow is not None:
                 self._schedule_follow_up(follow)
 
-    def _leave_running(self, state: _Running) -> None:
+    def _leave_running(self, state: RequestState) -> None:
         self.running.remove(state)
         state.is_running = False
         self._running_seqs -= len(state.seq_ids)
-        if state.decoding:
-            state.decoding = False
-            self._num_decoding -= 1
 
     def _check_progress(self) -> None:
         if self.running or not self.waiting:
@@ -561,20 +529,18 @@ class Engine:
 
     # ----------------------------------------------------------------------------------- event skip
     def _decode_jump(self) -> int:
-        """How many decode iterations can be applied at once without missing an event (0 = step)."""
-        if not self.running or self._num_decoding < len(self.running):
+        """How many decode iterations can go on the clock at once without missing an event (0 = step):
+        up to, not including, the next iteration that needs the policy; up to and including the next
+        completion or beam decision; up to the iteration during which the next request arrives."""
+        if not self.running or self.clock.requests < len(self.running):
             return 0
         if self.waiting and (not self.waiting[0].blocked or self._head_admissible()):
             return 0  # let a single step try (and count) the admission
-        steps = min(s.request.output_len - s.generated for s in self.running)
-        beam_events = [s.next_beam_event for s in self.running if s.request.beam_width > 1]
-        if beam_events:
-            steps = min(steps, min(beam_events))
+        now = self.clock.now
+        steps = min(self.clock.next_flush() - 1 - now, self.clock.next_end() - now)
         if not self.waiting:
             steps = min(steps, self._iterations_until(self._next_arrival_s()))
-        if steps <= 1:
-            return 0
-        return self._steps_memory_allows(steps)
+        return max(steps, 0)
 
     def _head_admissible(self) -> bool:
         state = self.waiting[0]
@@ -582,47 +548,33 @@ class Engine:
             return False
         return self._fits_watermark(self._content_on_admission(state), state.request.final_len)
 
-    def _batch_shape(self) -> tuple[int, int]:
-        return self._running_seqs, sum(state.context * len(state.seq_ids) for state in self.running)
-
     def _iterations_until(self, time_s: float) -> int:
         """Smallest k >= 1 such that k decode iterations from now end at or after ``time_s``."""
-        batch, context = self._batch_shape()
-        return iterations_to_reach(self.costs.decode, batch, context, time_s - self.env.now)
-
-    def _steps_memory_allows(self, steps: int) -> int:
-        """Most decode iterations (up to ``steps``) whose block needs the pool can meet; 0 = step."""
-        available = self.policy.available_slots()
-        seq_ids = [seq_id for state in self.running for seq_id in state.seq_ids]
-
-        def fits(k: int) -> bool:
-            return sum(self.policy.slots_needed_to_grow(seq_id, k) for seq_id in seq_ids) <= available
-
-        allowed = most_steps_that_fit(steps, fits)
-        return allowed if allowed > 1 else 0
+        budget = time_s - self.env.now
+        return iterations_to_reach(self.costs.decode, self.clock.sequences, self.clock.sum_context(), budget)
 
     def _apply_decode_jump(self, steps: int) -> float:
-        batch, context = self._batch_shape()
-        copies_before = self.policy.stats.cow_copies
-        # One iteration's growth now; the rest when the jump ends (memory for all of it was checked).
-        for state in self.running:
-            state.context += steps
-            for seq_id in state.seq_ids:
-                self.policy.grow(seq_id, 1)
-        self._pending_jump_growth = steps - 1
-        self._decoded_this_step = list(self.running)
+        """Put ``steps`` decode iterations on the clock: one now, the rest when the jump ends."""
+        duration = decode_series_s(self.costs.decode, steps, self.clock.sequences, self.clock.sum_context())
+        self.clock.now += 1
+        self._jump_rest = steps - 1
+        self._decoded_seqs = self.clock.sequences
         self._prefill_this_step = []
         self._iterations_this_step = steps
-        copied = self.policy.stats.cow_copies - copies_before
-        return decode_series_s(self.costs.decode, steps, batch, context) + (
-            self.costs.copy_blocks_s(copied) if copied else 0.0
-        )
+        return duration
 
     # -------------------------------------------------------------------------------------- record
     def _sample(self) -> None:
+        breakdown = self.policy.breakdown()
+        pending = self.clock.pending_tokens()
+        if pending:
+            # Decoded tokens the policy has not been told of fill slots it still counts as reserved.
+            breakdown = replace(
+                breakdown, used=breakdown.used + pending, reserved=breakdown.reserved - pending
+            )
         self.recorder.sample(
             self.env.now,
-            self.policy.breakdown(),
+            breakdown,
             len(self.running),
             len(self.waiting),
             self._running_seqs,

@@ -140,7 +140,7 @@ def test_scripted_max_reservation_breakdown() -> None:
 def test_grow_never_allocates_and_accepts_explicit_content() -> None:
     p = policy(50, 20, "oracle")
     p.admit(1, token_ids([5, 6, 7]), 6, 101)
-    assert p.slots_needed_to_grow(1, 3) == 0
+    assert p.growth_room(1) == p.final_len(1) - p.seq_len(1)
     p.grow(1, 2, token_ids([8, 9]))
     p.grow(1, 1)
     assert p.seq_len(1) == 6
@@ -385,7 +385,7 @@ def test_bad_input_is_rejected_and_changes_nothing(placement: str) -> None:
         (lambda: p.seq_len(99), "sequence 99"),
         (lambda: p.final_len(99), "sequence 99"),
         (lambda: p.region(99), "sequence 99"),
-        (lambda: p.slots_needed_to_grow(99, 1), "sequence 99"),
+        (lambda: p.growth_room(99), "sequence 99"),
         (lambda: p.grow(1, 11), "by 11 tokens"),  # 10 + 11 passes final_len 20
         (lambda: p.grow(1, 0), "by 0 tokens"),
         (lambda: p.grow(1, 2, token_ids([1])), "num_tokens=2"),  # content of 1 token for 2

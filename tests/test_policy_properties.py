@@ -86,6 +86,14 @@ def check_block_invariants(policy: PagedPolicy) -> None:
         pinned_idle = isinstance(policy, PrefixCachingPolicy) and block_id in policy._pinned
         assert in_queue == (references[block_id] == 0 and not pinned_idle)
     assert policy.breakdown().as_dict() == expected_block_accounting(policy)
+    for seq_id in policy.live_sequences():
+        state = policy.sequences[seq_id]
+        room = policy.growth_room(seq_id)
+        tail_shared = (
+            bool(state.num_tokens % policy.block_size) and policy.ref_count[state.block_table[-1]] > 1
+        )
+        allocated = len(state.block_table) * policy.block_size
+        assert room == (0 if tail_shared else min(allocated, state.final_len) - state.num_tokens)
     logical = sum(len(policy.sequences[s].block_table) for s in policy.live_sequences())
     assert policy.sharing_slots() == (len(references) * policy.block_size, logical * policy.block_size)
 

@@ -1,0 +1,168 @@
+"""Decode bookkeeping that costs nothing per token: a decode clock and deferred growth.
+
+Every decoding sequence gains one token per decode iteration. Rather than telling the policy about
+each token, the engine counts decode iterations on a clock: a request synced at clock ``s`` holds
+``context + (c - s)`` tokens per sequence at clock ``c``. The policy is told (``grow``) only when the
+tokens no longer fit in the slots the sequences already hold (their *growth room*), when the request
+leaves (finish, preemption) or changes shape (a beam decision). Until then the pending tokens sit in
+slots the policy counts as *reserved*, so the exact breakdown is the policy's plus ``pending`` moved
+from reserved to used (:meth:`DecodeClock.pending_tokens`).
+
+Two heaps say when something must happen: the iteration at which a request's room runs out
+(a *flush*: the policy must allocate, which may fail and preempt), and the iteration at which it
+finishes or takes a beam decision. Entries are versioned, so rescheduling never needs a delete.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from policies.base import KVCachePolicy
+from sim.metrics import RequestRecord
+from workloads.request import Request
+
+NEVER = 1 << 62
+
+
+@dataclass(slots=True, eq=False)
+class RequestState:
+    """A request inside the engine."""
+
+    request: Request
+    record: RequestRecord
+    seq_ids: list[int] = field(default_factory=list)
+    tokens_to_prefill: int = 0  # on the current admission (a recompute re-prefills generated tokens too)
+    prefilled: int = 0
+    swapped_tokens: int = 0  # > 0 while its KV sits in the host pool
+    blocked: bool = False  # its admission already failed in this wait (counted once, whatever the step mode)
+    is_running: bool = False
+    admission: int = 0  # order of its latest admission: the running list is sorted by it
+    decoding: bool = False  # prompt done: every sequence gains a token per decode iteration
+    # Token counts as of ``synced_clock`` (exact whenever the request is not decoding).
+    generated: int = 0
+    context: int = 0  # tokens each of its sequences holds (they fork together and grow in step)
+    synced_clock: int = 0
+    finish_due: int = NEVER  # clock at whose iteration end it has all its tokens
+    beam_due: int = NEVER  # clock at whose iteration end its beams diverge
+    version: int = 0
+
+    @property
+    def width(self) -> int:
+        return max(self.request.n, self.request.beam_width)
+
+
+class DecodeClock:
+    """The decode clock, the aggregates of the decoding batch, and what falls due when."""
+
+    def __init__(self, policy: KVCachePolicy, *, defer_growth: bool):
+        self.policy = policy
+        self.defer_growth = defer_growth  # False: every token goes to the policy at once (the reference)
+        self.now = 0  # decode iterations so far
+        self.requests = 0
+        self.sequences = 0
+        self._synced_sum = 0  # Σ over decoding sequences of their request's synced_clock
+        self._offset_sum = 0  # Σ over decoding sequences of (context - synced_clock)
+        self._flushes: list[tuple[int, int, int, RequestState]] = []
+        self._ends: list[tuple[int, int, int, RequestState]] = []
+
+    # ------------------------------------------------------------------------------ batch aggregates
+    def pending_tokens(self) -> int:
+        """Tokens decoded but not yet told to the policy (they fill slots it counts as reserved)."""
+        return self.sequences * self.now - self._synced_sum
+
+    def sum_context(self) -> int:
+        return self._offset_sum + self.sequences * self.now
+
+    def generated(self, state: RequestState) -> int:
+        return state.generated + (self.now - state.synced_clock if state.decoding else 0)
+
+    # ------------------------------------------------------------------------------ enter and leave
+    def enter(self, state: RequestState, beam_due: int = NEVER) -> None:
+        """``state`` starts decoding now (its counts are exact at this clock)."""
+        state.decoding = True
+        state.synced_clock = self.now
+        state.finish_due = self.now + state.request.output_len - state.generated
+        state.beam_due = beam_due
+        self._add(state)
+        self.reschedule(state)
+
+    def leave(self, state: RequestState, at_clock: int) -> None:
+        """``state`` stops decoding; its sequences are brought to ``at_clock`` in the policy first."""
+        self.sync(state, at_clock)
+        self._remove(state)
+        state.decoding = False
+        state.version += 1
+
+    def sync(self, state: RequestState, at_clock: int) -> None:
+        """Tell the policy the tokens decoded up to ``at_clock``; they fit the growth room."""
+        pending = at_clock - state.synced_clock
+        if pending <= 0:
+            return
+        for seq_id in state.seq_ids:
+            self.policy.grow(seq_id, pending)
+        state.generated += pending
+        state.context += pending
+        state.synced_clock = at_clock
+        self._synced_sum += pending * len(state.seq_ids)
+
+    def took_token(self, state: RequestState) -> None:
+        """The policy was just told this iteration's token (a flush): the request is synced to now."""
+        state.generated += 1
+        state.context += 1
+        state.synced_clock += 1
+        self._synced_sum += len(state.seq_ids)
+
+    def _add(self, state: RequestState) -> None:
+        width = len(state.seq_ids)
+        self.requests += 1
+        self.sequences += width
+        self._synced_sum += width * state.synced_clock
+        self._offset_sum += width * (state.context - state.synced_clock)
+
+    def _remove(self, state: RequestState) -> None:
+        width = len(state.seq_ids)
+        self.requests -= 1
+        self.sequences -= width
+        self._synced_sum -= width * state.synced_clock
+        self._offset_sum -= width * (state.context - state.synced_clock)
+
+    # --------------------------------------------------------------------------------------- events
+    def reschedule(self, state: RequestState) -> None:
+        state.version += 1
+        room = min(self.policy.growth_room(seq_id) for seq_id in state.seq_ids) if self.defer_growth else 0
+        heapq.heappush(self._flushes, (state.synced_clock + room + 1, state.admission, state.version, state))
+        end = min(state.finish_due, state.beam_due)
+        heapq.heappush(self._ends, (end, state.admission, state.version, state))
+
+    def next_flush(self) -> int:
+        return self._peek(self._flushes)
+
+    def next_end(self) -> int:
+        return self._peek(self._ends)
+
+    def due_flushes(self) -> list[RequestState]:
+        """Requests whose room runs out at this iteration, oldest admission first."""
+        return self._pop_due(self._flushes)
+
+    def due_ends(self) -> list[RequestState]:
+        """Requests that finish or take a beam decision at the end of this iteration, oldest first."""
+        return self._pop_due(self._ends)
+
+    def _peek(self, heap: list[tuple[int, int, int, RequestState]]) -> int:
+        while heap and not self._valid(heap[0]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else NEVER
+
+    def _pop_due(self, heap: list[tuple[int, int, int, RequestState]]) -> list[RequestState]:
+        due = []
+        while heap and heap[0][0] <= self.now:
+            entry = heapq.heappop(heap)
+            if self._valid(entry):
+                due.append(entry)
+        return [entry[3] for entry in sorted(due, key=lambda entry: entry[1])]
+
+    @staticmethod
+    def _valid(entry: tuple[int, int, int, RequestState]) -> bool:
+        state = entry[3]
+        return state.decoding and state.is_running and state.version == entry[2]

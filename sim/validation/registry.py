@@ -1,0 +1,80 @@
+"""The check interface and registry.
+
+A check is a function ``(claim, context) -> CheckOutput`` that reports one :class:`Measured` per
+target id; :func:`register_check` files it in :data:`CHECKS` under the name claim files give in
+``claim.check``, with the pydantic model of its ``claim.params``. The check modules register on
+import (``sim.validation`` imports them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from sim.validation.claims import Claim
+
+
+@dataclass
+class Measured:
+    """What a check found for one target: a number (or None), how to show it, and the context."""
+
+    value: float | None
+    detail: str = ""
+    shown: str | None = None
+
+
+@dataclass
+class CheckOutput:
+    values: dict[str, Measured] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    figures: list[str] = field(default_factory=list)  # paths relative to the output folder
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # written to data/<claim>__<key>.csv
+
+
+@dataclass
+class RunContext:
+    out_dir: Path  # the staging output folder (figures/ and data/ go under it)
+    fast: bool = False
+    log: Callable[[str], None] = lambda message: None
+
+    def figure_path(self, name: str) -> tuple[Path, str]:
+        relative = f"figures/{name}"
+        path = self.out_dir / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path, relative
+
+
+@dataclass(frozen=True)
+class Check:
+    func: Callable[[Claim, RunContext], CheckOutput]
+    params: type[BaseModel]
+    needs_experiment: bool = False
+    cases: Callable[[Any], list[str]] | None = None
+
+    def required_cases(self, params: Any) -> list[str]:
+        return self.cases(params) if self.cases else []
+
+
+CHECKS: dict[str, Check] = {}
+
+
+def register_check(
+    name: str,
+    params: type[BaseModel],
+    *,
+    needs_experiment: bool = False,
+    cases: Callable[[Any], list[str]] | None = None,
+) -> Callable[[Callable[[Claim, RunContext], CheckOutput]], Callable[[Claim, RunContext], CheckOutput]]:
+    def decorate(
+        func: Callable[[Claim, RunContext], CheckOutput],
+    ) -> Callable[[Claim, RunContext], CheckOutput]:
+        CHECKS[name] = Check(func, params, needs_experiment, cases)
+        return func
+
+    return decorate
