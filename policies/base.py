@@ -231,6 +231,11 @@ class KVCachePolicy(ABC):
         """Where every slot is now. Must sum to :attr:`pool_slots`."""
 
     @abstractmethod
+    def slots_needed_to_grow(self, seq_id: int, num_tokens: int) -> int:
+        """New slots the pool must supply for ``grow(seq_id, num_tokens)``: 0 when it fits in what the
+        sequence already holds."""
+
+    @abstractmethod
     def growth_room(self, seq_id: int) -> int:
         """Tokens the sequence can still take without the pool supplying anything: slots it already
         holds (0 when its next write must first copy a shared block). The engine defers growth

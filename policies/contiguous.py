@@ -229,6 +229,10 @@ class ContiguousPolicy(KVCachePolicy):
             free=self._space.free_slots - external,
         )
 
+    def slots_needed_to_grow(self, seq_id: int, num_tokens: int) -> int:
+        self._get(seq_id)
+        return 0  # growth stays inside the reservation
+
     def growth_room(self, seq_id: int) -> int:
         sequence = self._get(seq_id)
         return sequence.final_len - sequence.length  # growth stays inside the reservation

@@ -128,6 +128,9 @@ class PagedPolicy(KVCachePolicy):
     def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
         return self._blocks_needed_to_admit(prompt, namespace=0)[0] <= len(self.free_queue)
 
+    def slots_needed_to_grow(self, seq_id: int, num_tokens: int) -> int:
+        return self._blocks_needed_to_grow(self._get(seq_id), num_tokens) * self.block_size
+
     def growth_room(self, seq_id: int) -> int:
         seq = self._get(seq_id)
         if seq.num_tokens % self.block_size and self.ref_count[seq.block_table[-1]] > 1:
@@ -238,8 +241,21 @@ class PagedPolicy(KVCachePolicy):
     def free(self, seq_id: int) -> None:
         seq = self._get(seq_id)
         # Reverse order: with prefix caching the tail (longest prefix, least reusable) is evicted first.
-        for index in range(len(seq.block_table) - 1, -1, -1):
-            self._drop_reference(seq, seq.block_table[index])
+        table = seq.block_table
+        if table and table[-1] in self._partial_owners:
+            self._drop_reference(seq, table[-1])
+            table = table[:-1]
+        ref_count, filled, target = self.ref_count, self._filled, self._target
+        for index in range(len(table) - 1, -1, -1):
+            block_id = table[index]
+            ref_count[block_id] -= 1
+            if ref_count[block_id] == 0:
+                # A full block nobody else holds (shared or partly filled blocks take the general path).
+                self._live_blocks -= 1
+                self._filled_sum -= filled[block_id]
+                self._target_sum -= target[block_id]
+                filled[block_id] = target[block_id] = 0
+                self._return_free_block(block_id)
         self._logical_blocks -= len(seq.block_table)
         del self.sequences[seq_id]
 
@@ -307,21 +323,30 @@ class PagedPolicy(KVCachePolicy):
             seq.num_tokens += step
             remaining -= step
             self._refresh_tail(tail, seq)
-        while remaining > 0:
-            block_id = self._take_free_block()
-            self.ref_count[block_id] = 1
-            self._live_blocks += 1
-            self._logical_blocks += 1
-            table.append(block_id)
-            step = min(block_size, remaining)
-            seq.num_tokens += step
-            remaining -= step
-            if step < block_size:
-                self._partial_owners[block_id] = [seq]
-                self._set_fill(block_id, step, self._owner_target(seq, len(table) - 1))
-            else:
-                self._set_fill(block_id, block_size, block_size)
+        if remaining > 0:
+            self._append_blocks(seq, remaining)
         self._on_blocks_filled(seq)
+
+    def _append_blocks(self, seq: SequenceState, num_tokens: int) -> None:
+        """Fresh blocks for ``num_tokens`` tokens: full ones, then a partly filled tail."""
+        block_size = self.block_size
+        full, tail_tokens = divmod(num_tokens, block_size)
+        new_blocks = [self._take_free_block() for _ in range(full + (tail_tokens > 0))]
+        ref_count, filled, target = self.ref_count, self._filled, self._target
+        for block_id in new_blocks:
+            ref_count[block_id] = 1
+            filled[block_id] = target[block_id] = block_size
+        self._filled_sum += full * block_size
+        self._target_sum += full * block_size
+        self._live_blocks += len(new_blocks)
+        self._logical_blocks += len(new_blocks)
+        seq.block_table.extend(new_blocks)
+        seq.num_tokens += num_tokens
+        if tail_tokens:
+            tail = new_blocks[-1]
+            filled[tail] = target[tail] = 0
+            self._partial_owners[tail] = [seq]
+            self._set_fill(tail, tail_tokens, self._owner_target(seq, len(seq.block_table) - 1))
 
     def _owner_target(self, seq: SequenceState, block_index: int) -> int:
         return min(self.block_size, max(0, seq.final_len - block_index * self.block_size))

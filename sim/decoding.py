@@ -16,6 +16,7 @@ finishes or takes a beam decision. Entries are versioned, so rescheduling never 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from policies.base import KVCachePolicy
@@ -45,7 +46,8 @@ class RequestState:
     synced_clock: int = 0
     finish_due: int = NEVER  # clock at whose iteration end it has all its tokens
     beam_due: int = NEVER  # clock at whose iteration end its beams diverge
-    version: int = 0
+    flush_version: int = 0  # heap entries carry these: a stale entry is skipped, never deleted
+    end_version: int = 0
 
     @property
     def width(self) -> int:
@@ -63,8 +65,8 @@ class DecodeClock:
         self.sequences = 0
         self._synced_sum = 0  # Σ over decoding sequences of their request's synced_clock
         self._offset_sum = 0  # Σ over decoding sequences of (context - synced_clock)
-        self._flushes: list[tuple[int, int, int, RequestState]] = []
-        self._ends: list[tuple[int, int, int, RequestState]] = []
+        self._flushes: list[_Entry] = []
+        self._ends: list[_Entry] = []
 
     # ------------------------------------------------------------------------------ batch aggregates
     def pending_tokens(self) -> int:
@@ -85,14 +87,18 @@ class DecodeClock:
         state.finish_due = self.now + state.request.output_len - state.generated
         state.beam_due = beam_due
         self._add(state)
-        self.reschedule(state)
+        self.reschedule_flush(state)
+        state.end_version += 1
+        end = min(state.finish_due, state.beam_due)
+        heapq.heappush(self._ends, (end, state.admission, state.end_version, state))
 
     def leave(self, state: RequestState, at_clock: int) -> None:
         """``state`` stops decoding; its sequences are brought to ``at_clock`` in the policy first."""
         self.sync(state, at_clock)
         self._remove(state)
         state.decoding = False
-        state.version += 1
+        state.flush_version += 1
+        state.end_version += 1
 
     def sync(self, state: RequestState, at_clock: int) -> None:
         """Tell the policy the tokens decoded up to ``at_clock``; they fit the growth room."""
@@ -128,41 +134,51 @@ class DecodeClock:
         self._offset_sum -= width * (state.context - state.synced_clock)
 
     # --------------------------------------------------------------------------------------- events
-    def reschedule(self, state: RequestState) -> None:
-        state.version += 1
+    def reschedule_flush(self, state: RequestState) -> None:
+        """After a sync: the iteration at which its sequences' held slots run out."""
+        state.flush_version += 1
         room = min(self.policy.growth_room(seq_id) for seq_id in state.seq_ids) if self.defer_growth else 0
-        heapq.heappush(self._flushes, (state.synced_clock + room + 1, state.admission, state.version, state))
-        end = min(state.finish_due, state.beam_due)
-        heapq.heappush(self._ends, (end, state.admission, state.version, state))
+        heapq.heappush(
+            self._flushes, (state.synced_clock + room + 1, state.admission, state.flush_version, state)
+        )
 
     def next_flush(self) -> int:
-        return self._peek(self._flushes)
+        return self._peek(self._flushes, _flush_valid)
 
     def next_end(self) -> int:
-        return self._peek(self._ends)
+        return self._peek(self._ends, _end_valid)
 
     def due_flushes(self) -> list[RequestState]:
         """Requests whose room runs out at this iteration, oldest admission first."""
-        return self._pop_due(self._flushes)
+        return self._pop_due(self._flushes, _flush_valid)
 
     def due_ends(self) -> list[RequestState]:
         """Requests that finish or take a beam decision at the end of this iteration, oldest first."""
-        return self._pop_due(self._ends)
+        return self._pop_due(self._ends, _end_valid)
 
-    def _peek(self, heap: list[tuple[int, int, int, RequestState]]) -> int:
-        while heap and not self._valid(heap[0]):
+    @staticmethod
+    def _peek(heap: list[_Entry], valid: Callable[[_Entry], bool]) -> int:
+        while heap and not valid(heap[0]):
             heapq.heappop(heap)
         return heap[0][0] if heap else NEVER
 
-    def _pop_due(self, heap: list[tuple[int, int, int, RequestState]]) -> list[RequestState]:
+    def _pop_due(self, heap: list[_Entry], valid: Callable[[_Entry], bool]) -> list[RequestState]:
         due = []
         while heap and heap[0][0] <= self.now:
             entry = heapq.heappop(heap)
-            if self._valid(entry):
+            if valid(entry):
                 due.append(entry)
         return [entry[3] for entry in sorted(due, key=lambda entry: entry[1])]
 
-    @staticmethod
-    def _valid(entry: tuple[int, int, int, RequestState]) -> bool:
-        state = entry[3]
-        return state.decoding and state.is_running and state.version == entry[2]
+
+_Entry = tuple[int, int, int, RequestState]  # (clock due, admission order, version, request)
+
+
+def _flush_valid(entry: _Entry) -> bool:
+    state = entry[3]
+    return state.decoding and state.is_running and state.flush_version == entry[2]
+
+
+def _end_valid(entry: _Entry) -> bool:
+    state = entry[3]
+    return state.decoding and state.is_running and state.end_version == entry[2]

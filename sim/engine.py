@@ -347,6 +347,9 @@ class Engine:
         for state in self.clock.due_flushes():
             if not (state.is_running and state.decoding):
                 continue  # preempted by an older request earlier in this loop
+            if self._grow_all_pending(state):
+                continue
+            # Not enough blocks: replay it token by token as the reference would, preempting on OOM.
             self.clock.sync(state, before)
             for seq_id in list(state.seq_ids):
                 outcome = self._grow_or_preempt(state, seq_id, victims_at=before)
@@ -356,8 +359,21 @@ class Engine:
                     break
             if state.is_running:
                 self.clock.took_token(state)
-                self.clock.reschedule(state)
+                self.clock.reschedule_flush(state)
         return preempted, swapped
+
+    def _grow_all_pending(self, state: RequestState) -> bool:
+        """Fast path of a flush: every sequence takes all its pending tokens in one call, when the
+        pool has the blocks for all of them (then nothing could have failed token by token)."""
+        needed = sum(
+            self.policy.slots_needed_to_grow(seq_id, self.clock.now - state.synced_clock)
+            for seq_id in state.seq_ids
+        )
+        if needed > self.policy.available_slots():
+            return False
+        self.clock.sync(state, self.clock.now)
+        self.clock.reschedule_flush(state)
+        return True
 
     def _grow_or_preempt(self, state: RequestState, seq_id: int, *, victims_at: int) -> int:
         """Grow one sequence by a token; on OOM preempt the newest request until it fits. Victims are

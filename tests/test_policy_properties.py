@@ -94,6 +94,10 @@ def check_block_invariants(policy: PagedPolicy) -> None:
         )
         allocated = len(state.block_table) * policy.block_size
         assert room == (0 if tail_shared else min(allocated, state.final_len) - state.num_tokens)
+        if room:
+            assert policy.slots_needed_to_grow(seq_id, room) == 0
+        if state.num_tokens < state.final_len and room < state.final_len - state.num_tokens:
+            assert policy.slots_needed_to_grow(seq_id, room + 1) > 0
     logical = sum(len(policy.sequences[s].block_table) for s in policy.live_sequences())
     assert policy.sharing_slots() == (len(references) * policy.block_size, logical * policy.block_size)
 
