@@ -206,17 +206,6 @@ class KVCachePolicy(ABC):
         """Append ``num_tokens`` tokens (the sequence's own output stream unless ``content`` is
         given). Raises :class:`OutOfKVMemory` (an OOM the engine must handle)."""
 
-    def grow_each(self, seq_ids: Sequence[int], start: int = 0) -> int:
-        """Grow ``seq_ids[start:]`` by one token each, in order, stopping at the first that does not
-        fit. Returns the index of that sequence (``len(seq_ids)`` when all grew). One decode
-        iteration of the whole batch in one call: policies may override it with a faster loop."""
-        for index in range(start, len(seq_ids)):
-            try:
-                self.grow(seq_ids[index], 1)
-            except OutOfKVMemory:
-                return index
-        return len(seq_ids)
-
     @abstractmethod
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
         """Create ``children`` holding the parent's tokens (parallel sampling, beam search)."""

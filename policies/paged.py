@@ -176,36 +176,6 @@ class PagedPolicy(KVCachePolicy):
         self._extend(seq, prompt_len - cached_tokens)
         return cached_tokens
 
-    def grow_each(self, seq_ids: Sequence[int], start: int = 0) -> int:
-        block_size = self.block_size
-        sequences = self.sequences
-        ref_count = self.ref_count
-        filled = self._filled
-        for index in range(start, len(seq_ids)):
-            seq = sequences.get(seq_ids[index])
-            # Hot path: one token into a private tail block with room to spare. No block changes hands
-            # and the block's target is unchanged, so only the fill counters move.
-            if (
-                seq is not None
-                and seq.num_tokens < seq.final_len
-                and 0 < seq.num_tokens % block_size < block_size - 1
-            ):
-                tail = seq.block_table[-1]
-                if ref_count[tail] == 1:
-                    seq.num_tokens += 1
-                    filled[tail] += 1
-                    self._filled_sum += 1
-                    if self._tracks_content:
-                        self._append_content(seq, 1, None)
-                    continue
-            try:
-                self.grow(seq_ids[index], 1)
-            except OutOfKVMemory:
-                return index
-        return len(seq_ids)
-
-    _tracks_content = False  # plain paging ignores token content
-
     def grow(self, seq_id: int, num_tokens: int, content: TokenContent | None = None) -> None:
         seq = self._get(seq_id)
         self._check_growth(seq_id, num_tokens, seq.num_tokens, seq.final_len)

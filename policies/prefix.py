@@ -47,8 +47,6 @@ def block_pieces(
 class PrefixCachingPolicy(PagedPolicy):
     """Paged blocks shared by prefix hash and by fork, with LRU eviction of cached blocks."""
 
-    _tracks_content = True
-
     def __init__(self, pool: PoolSpec, hash_fn: Callable[[Hashable], int] = hash):
         super().__init__(pool)
         self.hash_fn = hash_fn

@@ -38,7 +38,6 @@ operation = st.one_of(
     st.tuples(st.just("grow"), st.integers(0, 50), st.integers(1, 9)),
     st.tuples(st.just("fork"), st.integers(0, 50), st.integers(1, 3)),
     st.tuples(st.just("free"), st.integers(0, 50), st.just(0)),
-    st.tuples(st.just("grow_each"), st.just(0), st.just(0)),
 )
 
 
@@ -145,15 +144,6 @@ def test_random_operations_keep_every_invariant(variant, operations):
                 live.extend(child.seq_id for child in children)
             elif live and kind == "free":
                 policy.free(live.pop(choice % len(live)))
-            elif kind == "grow_each":
-                # One decode iteration of the batch: all sequences with room grow, in order, up to the
-                # first that does not fit; the ones before it grew, the rest did not.
-                batch = [s for s in live if _final_len(policy, s) > policy.seq_len(s)]
-                lengths = [policy.seq_len(s) for s in batch]
-                stopped = policy.grow_each(batch)
-                assert [policy.seq_len(s) - n for s, n in zip(batch, lengths, strict=True)] == [
-                    1 if i < stopped else 0 for i in range(len(batch))
-                ]
         except OutOfKVMemory:
             assert policy.breakdown() == before, "a failed operation changed the pool"
         assert policy.breakdown().total == POOL.kv_pool_tokens
