@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,10 +39,7 @@ def write_results(
     timeseries_format: str = "parquet",
     figures: bool = True,
 ) -> Path:
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
-    try:
+    with staged_output_dir(out_dir) as staging:
         (staging / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         pd.DataFrame([_flat(result.summary) for result in results]).to_csv(
             staging / "summary.csv", index=False
@@ -59,13 +58,24 @@ def write_results(
             from sim.plots import write_figures
 
             write_figures(load_results(staging), staging / "figures")
+    return Path(out_dir)
+
+
+@contextmanager
+def staged_output_dir(out_dir: str | Path) -> Iterator[Path]:
+    """A temporary folder beside ``out_dir`` that replaces it only when the block succeeds, so a
+    failed or interrupted run never leaves something that looks like a result."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    try:
+        yield staging
         if out_dir.exists():
             shutil.rmtree(out_dir)
         staging.rename(out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return out_dir
 
 
 def _flat(summary: dict[str, Any]) -> dict[str, Any]:

@@ -11,8 +11,6 @@ Outputs (written under a temporary name and renamed, like :mod:`sim.results`)::
 from __future__ import annotations
 
 import datetime
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from sim.results import staged_output_dir
 from sim.validation.claims import REPO_ROOT, Claim
 from sim.validation.judging import (
     DOES_NOT_HOLD,
@@ -127,10 +126,8 @@ def run_validation(
     """Run ``claims`` and write validation.csv, validation.md, figures/ and data/ to ``out_dir``
     (atomically: a temporary folder renamed at the end)."""
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     started = time.perf_counter()
-    try:
+    with staged_output_dir(out_dir) as staging:
         context = RunContext(staging, fast=fast, log=log)
         results = []
         for claim in claims:
@@ -144,10 +141,4 @@ def run_validation(
         results_frame(results).to_csv(staging / "validation.csv", index=False)
         report = markdown_report(results, fast=fast, wall_s=time.perf_counter() - started)
         (staging / "validation.md").write_text(report)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out_dir, results
