@@ -112,11 +112,7 @@ def check_tail_waste(claim: Claim, context: RunContext) -> CheckOutput:
     ax.set_ylabel("tail waste (% of allocated slots)")
     ax.set_title("Tail waste of one finished sequence (paged policy breakdown)")
     ax.legend()
-    fig.tight_layout()
-    path, relative = context.figure_path(f"{claim.name}.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    output.figures.append(relative)
+    output.figures.append(context.save_figure(fig, f"{claim.name}.png"))
     means = {block: float(table[f"waste_block_{block}"].mean()) for block in sizes}
     output.notes.append(
         "Mean tail waste over lengths 1-"
@@ -336,11 +332,7 @@ def check_system_prompt(claim: Claim, context: RunContext) -> CheckOutput:
     ax.set_ylabel("% of logical KV saved")
     ax.set_title("Multi-turn chat with one shared system prompt (prefix + COW policy)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path, relative = context.figure_path(f"{claim.name}.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    output.figures.append(relative)
+    output.figures.append(context.save_figure(fig, f"{claim.name}.png"))
     return output
 
 

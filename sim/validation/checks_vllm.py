@@ -354,11 +354,7 @@ def _fig2_figures(
     ax.set_title("Fig. 2 token-state share vs rate (dashed: paper; dotted x: idle free left out)")
     ax.set_ylim(0, 105)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path, relative = context.figure_path(f"{claim.name}_vs_rate.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    figures.append(relative)
+    figures.append(context.save_figure(fig, f"{claim.name}_vs_rate.png"))
 
     columns = ("token_states", "reservation", "internal", "others")
     colours_by_column = ("#2b8a3e", "#74b816", "#f08c00", "#adb5bd")
@@ -390,11 +386,7 @@ def _fig2_figures(
         ax.set_title(f"paper vs simulated at {rate:g} req/s", fontsize=10)
     axes[0][-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
     fig.suptitle("Fig. 2 breakdown ('others' includes idle free memory)")
-    fig.tight_layout()
-    path, relative = context.figure_path(f"{claim.name}_breakdown.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    figures.append(relative)
+    figures.append(context.save_figure(fig, f"{claim.name}_breakdown.png"))
     return figures
 
 
@@ -493,9 +485,5 @@ def check_block_size(claim: Claim, context: RunContext) -> CheckOutput:
     left.set_ylabel(f"saturated batch / batch at block {params.base_block}")
     right.set_ylabel("unfilled share of allocated slots (%)")
     fig.suptitle("Block-size sweep (paged, saturated: offline batch)")
-    fig.tight_layout()
-    path, relative = context.figure_path(f"{claim.name}.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    output.figures.append(relative)
+    output.figures.append(context.save_figure(fig, f"{claim.name}.png"))
     return output

@@ -43,11 +43,17 @@ class RunContext:
     fast: bool = False
     log: Callable[[str], None] = lambda message: None
 
-    def figure_path(self, name: str) -> tuple[Path, str]:
+    def save_figure(self, fig: Any, name: str) -> str:
+        """Write a matplotlib figure under figures/, close it, and return its path in the report."""
         relative = f"figures/{name}"
         path = self.out_dir / relative
         path.parent.mkdir(parents=True, exist_ok=True)
-        return path, relative
+        import matplotlib.pyplot as plt  # only when a check draws: the package imports without it
+
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return relative
 
 
 @dataclass(frozen=True)
