@@ -365,12 +365,13 @@ class Engine:
     def _grow_all_pending(self, state: RequestState) -> bool:
         """Fast path of a flush: every sequence takes all its pending tokens in one call, when the
         pool has the blocks for all of them (then nothing could have failed token by token)."""
-        needed = sum(
-            self.policy.slots_needed_to_grow(seq_id, self.clock.now - state.synced_clock)
-            for seq_id in state.seq_ids
-        )
-        if needed > self.policy.available_slots():
-            return False
+        pending = self.clock.now - state.synced_clock
+        available = self.policy.available_slots()
+        # A cheap upper bound first (new blocks, plus one copy-on-write block per sequence).
+        if len(state.seq_ids) * (pending // self.block_size + 2) * self.block_size > available:
+            needed = sum(self.policy.slots_needed_to_grow(seq_id, pending) for seq_id in state.seq_ids)
+            if needed > available:
+                return False
         self.clock.sync(state, self.clock.now)
         self.clock.reschedule_flush(state)
         return True
