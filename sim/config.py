@@ -78,6 +78,11 @@ class VariantConfig(_Strict):
     policy: str
     options: dict[str, Any] = Field(default_factory=dict, description="Policy options, e.g. reservation.")
     engine: dict[str, Any] = Field(default_factory=dict, description="Overrides of the engine section.")
+    pin_shared_prefixes: bool = Field(
+        False,
+        description="Warm-up: pin the workload's shared system prompts in the prefix cache before the run "
+        "(never evicted; prefix policy only).",
+    )
 
     @field_validator("policy")
     @classmethod

@@ -11,7 +11,14 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from policies.base import PoolSpec, make_policy
+from policies.base import (
+    KVCachePolicy,
+    OutOfKVMemory,
+    PolicyInputError,
+    PoolSpec,
+    TokenContent,
+    make_policy,
+)
 from sim.capacity import KVCapacity, size_kv_pool
 from sim.config import ConfigError, EngineConfig, ExperimentConfig, VariantConfig
 from sim.costs import make_cost_model
@@ -101,6 +108,7 @@ def run_variant(
         base_dir=base_dir,
     )
     workload = build_workload(config.workload, seed=config.seed, base_dir=base_dir)
+    pinned_tokens = pin_prefixes(policy, workload.shared_prefixes()) if variant.pin_shared_prefixes else 0
     block_bytes = engine_config.block_size * capacity.kv_bytes_per_token
     knobs = EngineKnobs(
         max_model_len=max_model_len,
@@ -135,9 +143,18 @@ def run_variant(
     summary = summarize(
         engine, requests_table, variant, policy_name, pool, capacity, costs.label, wall_s, max_model_len
     )
+    summary["pinned_tokens"] = pinned_tokens
     return VariantResult(
         variant.name, summary, timeseries, requests_table, capacity.capacity_lines(max_model_len)
     )
+
+
+def pin_prefixes(policy: KVCachePolicy, prefixes: list[TokenContent]) -> int:
+    """Warm-up: pin each shared prefix's full blocks. Returns the slots pinned."""
+    try:
+        return sum(policy.pin_prefix(prefix) for prefix in prefixes)
+    except (PolicyInputError, OutOfKVMemory) as error:
+        raise ConfigError(f"pin_shared_prefixes: {error}") from None
 
 
 def _counted(requests, bar):

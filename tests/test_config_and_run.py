@@ -177,3 +177,24 @@ def test_profile_cost_model_runs_and_a_foreign_profile_is_refused(tmp_path, caps
     assert main([*small, "-o", str(refused), "--set", foreign]) == 2
     assert "rescale" in capsys.readouterr().err
     assert not refused.exists()
+
+
+def test_pinned_system_prompts_are_hit_from_the_first_request(tmp_path):
+    out = tmp_path / "pinned"
+    args = ["run", str(QUICKSTART), "-q", "-o", str(out), "--set", "workload.num_requests=40"]
+    pin = ["--set", "variants.2.pin_shared_prefixes=true"]
+    assert main([*args, *pin]) == 0
+    results = load_results(out)
+    pinned = results.variant_summary("prefix-cow")
+    # 4 system prompts of 256 tokens = 16 full blocks each.
+    assert pinned["pinned_tokens"] == 4 * 256
+    requests = results.requests("prefix-cow").sort_values("arrival_s")
+    with_prefix = requests[requests["cached_prompt_tokens"] > 0]
+    # Each prompt is [system prompt] + its own tokens: exactly the 16 pinned blocks hit, never more.
+    assert len(with_prefix) and set(with_prefix["cached_prompt_tokens"]) == {256}
+    first = requests.iloc[0]
+    assert first["cached_prompt_tokens"] in (0, 256)  # hit from the start if it has a system prompt
+    refused = tmp_path / "refused"
+    small = ["run", str(QUICKSTART), "-q", "--set", "workload.num_requests=40"]
+    assert main([*small, "-o", str(refused), "--set", "variants.1.pin_shared_prefixes=true"]) == 2
+    assert not refused.exists()

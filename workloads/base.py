@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from policies.base import TokenContent
 from workloads.request import Request
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -56,6 +57,11 @@ class Workload(ABC):
 
     @abstractmethod
     def describe(self) -> dict[str, Any]: ...
+
+    def shared_prefixes(self) -> list[TokenContent]:
+        """Prompt prefixes many requests start with (system prompts): what a server would pin in its
+        prefix cache at warm-up. None by default."""
+        return []
 
 
 def resolve_path(path: str | Path, base_dir: Path | None) -> Path:

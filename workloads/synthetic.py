@@ -185,6 +185,9 @@ class SyntheticWorkload(Workload):
         )
         self._reset()
 
+    def shared_prefixes(self) -> list[TokenContent]:
+        return [(prefix,) for prefix in self.prefixes]
+
     # -- state -------------------------------------------------------------------------------------
     def _rng(self, *tags: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, *tags])
