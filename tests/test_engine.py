@@ -9,6 +9,7 @@ import pytest
 
 from policies import PoolSpec, make_policy
 from sim.engine import Engine, EngineKnobs
+from sim.metrics import requests_frame
 from tests.engine_helpers import RoundCostModel, request
 
 
@@ -216,3 +217,26 @@ def test_watermark_keeps_admission_headroom():
     guarded = times(run("paged", PoolSpec(40, 4, 16), requests, watermark=0.7))
     assert plain[1][0] == 0.0
     assert guarded[1][0] == pytest.approx(guarded[0][2])
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_time_averages_and_summary_by_hand(step_mode):
+    """One request, prompt 10, output 2, pool 100 slots of 4-slot blocks (25 blocks).
+
+    [0, 1.1): prefill 10 tokens (1.0 + 0.1 s); 3 blocks: used 10, reserved 2 (final 12)
+    [1.1, 2.1): the first token went in at 1.1 and the second at the next iteration's start: used 12
+    finish at 2.1. Used area = 10 x 1.1 + 12 x 1.0 = 23 slot-seconds; reserved = 2 x 1.1 = 2.2;
+    free = 88 x 1.1 + 88 x 1.0 = 184.8 (3 blocks held throughout)."""
+    engine = run("paged", PoolSpec(100, 4, 40), [request(0, 0.0, 10, 2)], step_mode=step_mode)
+    averages = engine.recorder.time_averages(engine.env.now)
+    assert engine.env.now == pytest.approx(2.1)
+    assert averages["mean_used_frac"] == pytest.approx(23 / 2.1 / 100)
+    assert averages["mean_reserved_frac"] == pytest.approx(2.2 / 2.1 / 100)
+    assert averages["mean_free_frac"] == pytest.approx(184.8 / 2.1 / 100)
+    assert averages["mean_running"] == pytest.approx(1.0)
+    table = requests_frame(engine.records)
+    assert table.loc[0, "ttft_s"] == pytest.approx(1.1)
+    assert table.loc[0, "tpot_s"] == pytest.approx(1.0)
+    assert table.loc[0, "e2e_s"] == pytest.approx(2.1)
+    frame = engine.recorder.frame()
+    assert frame["kv_cache_usage_perc"].max() == pytest.approx(12 / 100)
