@@ -8,8 +8,6 @@ pure functions let the engine find how far it can jump without stepping.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from sim.costs import DecodeCost
 
 UNBOUNDED_STEPS = 1 << 62
@@ -36,18 +34,4 @@ def iterations_to_reach(decode: DecodeCost, batch: int, context: int, budget_s: 
             high = middle
         else:
             low = middle + 1
-    return low
-
-
-def most_steps_that_fit(limit: int, fits: Callable[[int], bool]) -> int:
-    """Largest ``k <= limit`` with ``fits(k)``, given ``fits`` is monotone and ``fits(0)`` holds."""
-    if fits(limit):
-        return limit
-    low, high = 0, limit  # fits(low), not fits(high)
-    while high - low > 1:
-        middle = (low + high) // 2
-        if fits(middle):
-            low = middle
-        else:
-            high = middle
     return low

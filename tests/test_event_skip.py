@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.costs import DecodeCost
-from sim.event_skip import decode_series_s, iterations_to_reach, most_steps_that_fit
+from sim.event_skip import decode_series_s, iterations_to_reach
 
 DECODE = DecodeCost(intercept_s=0.01, per_seq_s=0.0002, per_context_token_s=3e-7)
 
@@ -36,8 +36,3 @@ def test_iterations_to_reach_is_the_first_crossing(batch, context, budget):
 
 def test_iterations_to_reach_unbounded():
     assert iterations_to_reach(DECODE, 4, 100, float("inf")) > 10**15
-
-
-@given(st.integers(0, 1000), st.integers(0, 1000))
-def test_most_steps_that_fit(limit, threshold):
-    assert most_steps_that_fit(limit, lambda k: k <= threshold) == min(limit, threshold)

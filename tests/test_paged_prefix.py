@@ -308,3 +308,16 @@ def test_unknown_policy_lists_known_ones():
 
 def test_paged_is_not_prefix():
     assert type(make_policy("paged", PoolSpec(64, 16, 64))) is PagedPolicy
+
+
+def test_breakdown_in_bytes():
+    policy = make_policy("paged", PoolSpec(64, 16, 64, kv_bytes_per_token=131_072))
+    policy.admit(0, ((1, 20),), 30, output_content_id=500)
+    assert policy.breakdown().in_bytes(131_072) == {
+        "used_bytes": 20 * 131_072,
+        "reserved_bytes": 10 * 131_072,
+        "internal_fragmentation_bytes": 2 * 131_072,
+        "external_fragmentation_bytes": 0,
+        "cached_bytes": 0,
+        "free_bytes": 32 * 131_072,
+    }
