@@ -2,15 +2,17 @@
 
 Synthetic stream: prompt ~500 tokens, output ~250 (normal, clipped), Poisson arrivals at a rate that
 keeps Llama-3.1-8B on an A100-80GB busy but stable (analytic costs). Each size runs in a fresh
-subprocess so its peak RSS is its own."""
+subprocess so its peak RSS is its own; outputs stream to files (as `kvsim run` does)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 
@@ -43,25 +45,37 @@ def synthetic_requests(count: int, seed: int = 0) -> Iterator:
 def run_once(count: int, policy_name: str) -> dict:
     import resource
 
+    import pyarrow.parquet as pq
+
     from policies import PoolSpec, make_policy
     from sim.capacity import size_kv_pool
     from sim.costs import AnalyticCostModel
     from sim.engine import Engine, EngineKnobs
     from sim.gpus import resolve_gpu
     from sim.models import resolve_model
+    from sim.outputs import FileSink
 
     model, gpu = resolve_model("Llama-3.1-8B"), resolve_gpu("A100-80GB")
     capacity = size_kv_pool(model, gpu, block_size=16)
     pool = PoolSpec(capacity.kv_pool_tokens, 16, 4096, capacity.kv_bytes_per_token)
     options = {"reservation": "oracle"} if policy_name == "contiguous" else {}
     policy = make_policy(policy_name, pool, **options)
-    engine = Engine(
-        policy, AnalyticCostModel(model, gpu), EngineKnobs(max_model_len=4096), synthetic_requests(count)
-    )
-    started = time.perf_counter()
-    engine.run()
-    wall_s = time.perf_counter() - started
-    finished = sum(1 for record in engine.records if record.outcome == "finished")
+    with tempfile.TemporaryDirectory() as folder:
+        # Outputs stream to files as `kvsim run` does, so peak memory is the engine's own.
+        sink = FileSink(Path(folder))
+        engine = Engine(
+            policy,
+            AnalyticCostModel(model, gpu),
+            EngineKnobs(max_model_len=4096),
+            synthetic_requests(count),
+            sink=sink,
+        )
+        started = time.perf_counter()
+        engine.run()
+        wall_s = time.perf_counter() - started
+        sink.close()
+        finished = int((sink.requests(columns=["outcome"])["outcome"] == "finished").sum())
+        rows = pq.ParquetFile(sink.path("timeseries")).metadata.num_rows
     return {
         "policy": policy_name,
         "requests": count,
@@ -69,7 +83,7 @@ def run_once(count: int, policy_name: str) -> dict:
         "wall_s": wall_s,
         "requests_per_s": count / wall_s,
         "simulated_s": engine.env.now,
-        "timeseries_rows": len(engine.recorder.rows),
+        "timeseries_rows": rows,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 

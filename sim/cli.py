@@ -29,21 +29,17 @@ SUMMARY_COLUMNS = [
 
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.config import load_experiment
-    from sim.results import write_results
+    from sim.results import staged_output_dir, write_run_files
     from sim.runner import run_experiment
 
     config_path = Path(args.config)
     config = load_experiment(config_path, args.set)
     out_dir = Path(args.output) if args.output else Path("results") / config.name
     show_progress = not args.quiet and os.environ.get("TQDM_DISABLE") != "1"
-    results = run_experiment(config, config_path, progress=show_progress)
-    write_results(
-        out_dir,
-        config.model_dump(mode="json"),
-        results,
-        timeseries_format=config.output.timeseries_format,
-        figures=config.output.figures,
-    )
+    with staged_output_dir(out_dir) as staging:
+        # Tables stream into the staging folder while each variant runs; the rest is written after.
+        results = run_experiment(config, config_path, progress=show_progress, out_dir=staging)
+        write_run_files(staging, config.model_dump(mode="json"), results, figures=config.output.figures)
     print(f"kvsim run {config.name}: cost model = {results[0].summary['cost_model']}")
     for result in results:
         print(f"  [{result.name}] " + " | ".join(result.capacity_lines))

@@ -34,7 +34,8 @@ from policies.base import ChildSpec, KVCachePolicy, OutOfKVMemory, TokenContent
 from sim.costs import CostModel
 from sim.decoding import NEVER, DecodeClock, RequestState
 from sim.event_skip import decode_series_s, iterations_to_reach
-from sim.metrics import Counters, Recorder, RequestRecord
+from sim.metrics import CHUNK_ROWS, Counters, Recorder, RequestRecord
+from sim.outputs import MemorySink, OutputSink
 from workloads.request import Request
 
 
@@ -69,6 +70,7 @@ class Engine:
         seed: int = 0,
         follow_up=None,
         block_size: int = 16,
+        sink: OutputSink | None = None,
     ):
         self.policy = policy
         self.costs = costs
@@ -82,9 +84,10 @@ class Engine:
         self._pending_follow_ups: list[Request] = []
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
-        self.records: list[RequestRecord] = []
+        self.sink: OutputSink = sink if sink is not None else MemorySink()
+        self._done_records: list[RequestRecord] = []  # outcomes not yet handed to the sink
         self.counters = Counters()
-        self.recorder = Recorder(policy.pool_slots)
+        self.recorder = Recorder(policy.pool_slots, self.sink)
         self._wake = self.env.event()
         self._next_seq_id = 0
         self._next_child_stream = -1  # children's output streams: negative ids never clash with workloads
@@ -103,6 +106,27 @@ class Engine:
         self.env.process(self._loop())
         self._sample()
         self.env.run(until=until_s)
+        # Requests still in the system at the end are reported as unfinished.
+        self._done_records.extend(state.record for state in [*self.running, *self.waiting])
+        self._flush_records()
+        self.recorder.flush()
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        """Every request's record (an in-memory sink only), in the order their outcomes were known."""
+        if not isinstance(self.sink, MemorySink):
+            raise AttributeError("records went to a file sink: read them with sink.requests()")
+        return self.sink.records + self._done_records
+
+    def _record_done(self, record: RequestRecord) -> None:
+        self._done_records.append(record)
+        if len(self._done_records) >= CHUNK_ROWS:
+            self._flush_records()
+
+    def _flush_records(self) -> None:
+        if self._done_records:
+            self.sink.write_requests(self._done_records)
+            self._done_records = []
 
     def _arrivals(self):
         while self._next_open_arrival is not None:
@@ -137,7 +161,6 @@ class Engine:
             request.n,
             request.beam_width,
         )
-        self.records.append(record)
         state = RequestState(request, record)
         reason = self._never_admissible(request)
         if reason:
@@ -521,6 +544,7 @@ class Engine:
 
     def _request_done(self, state: RequestState) -> None:
         """A request reached its outcome; a closed-loop user (or a conversation) may send the next one."""
+        self._record_done(state.record)
         if self._follow_up is not None:
             follow = self._follow_up(state.request, self.env.now)
             if follow is not None:

@@ -1,16 +1,23 @@
 """Recording what the engine does: per-request records, a breakdown time series, summaries.
 
-Rows are appended to plain lists during the run (cheap) and turned into DataFrames once at the end.
+Rows are appended to plain lists during the run (cheap) and handed to an output sink
+(``sim/outputs.py``) in chunks, so memory holds only the rows not yet handed over.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from policies.base import MemoryBreakdown
+
+if TYPE_CHECKING:
+    from sim.outputs import OutputSink
+
+CHUNK_ROWS = 50_000  # rows buffered before they go to the sink
 
 BREAKDOWN_COLUMNS = tuple(f"{name}_tokens" for name in MemoryBreakdown.CATEGORIES)
 
@@ -52,7 +59,10 @@ class Recorder:
     """Time series sampled after every engine event, and time-weighted averages of the breakdown."""
 
     kv_pool_tokens: int
+    sink: OutputSink
     rows: list[tuple] = field(default_factory=list)
+    peak_running: int = 0
+    _last_row: tuple | None = None
     # Areas under: the six breakdown categories, running requests, physical and logical slots.
     _area: np.ndarray = field(default_factory=lambda: np.zeros(len(BREAKDOWN_COLUMNS) + 3))
     _last_time: float = 0.0
@@ -106,9 +116,18 @@ class Recorder:
             policy_stats["evictions"],
             *sharing,
         )
-        if self.rows and self.rows[-1][1:] == row[1:]:
+        if self._last_row is not None and self._last_row[1:] == row[1:]:
             return  # nothing changed: the previous row already describes this interval
+        self._last_row = row
+        self.peak_running = max(self.peak_running, running)
         self.rows.append(row)
+        if len(self.rows) >= CHUNK_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            self.sink.write_timeseries(self.rows_frame(self.rows))
+            self.rows = []
 
     def time_averages(self, end_s: float) -> dict[str, float]:
         """Time-weighted means over [0, end_s]: breakdown fractions of the pool and mean running."""
@@ -129,13 +148,18 @@ class Recorder:
         result["memory_saved_by_sharing_frac"] = float(1 - physical / logical) if logical > 0 else 0.0
         return result
 
-    def frame(self) -> pd.DataFrame:
-        frame = pd.DataFrame(self.rows, columns=list(self.COLUMNS))
+    def rows_frame(self, rows: list[tuple]) -> pd.DataFrame:
+        frame = pd.DataFrame(rows, columns=list(self.COLUMNS))
         idle = frame["free_tokens"] + frame["cached_tokens"]
         frame["kv_cache_usage_perc"] = (
             1.0 - idle / self.kv_pool_tokens
         )  # vLLM: evictable cache counts as free
         return frame
+
+    def frame(self) -> pd.DataFrame:
+        """The whole series: what the sink holds plus the rows not handed over yet."""
+        self.flush()
+        return self.sink.timeseries()
 
 
 def requests_frame(records: list[RequestRecord]) -> pd.DataFrame:

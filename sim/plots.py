@@ -26,16 +26,11 @@ CATEGORY_COLOURS = {
 MAX_POINTS = 4000
 
 
-def _thin(frame: pd.DataFrame) -> pd.DataFrame:
-    if len(frame) <= MAX_POINTS:
-        return frame
-    return frame.iloc[np.linspace(0, len(frame) - 1, MAX_POINTS).astype(int)]
-
-
 def write_figures(results: RunResults, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    series = {variant: _thin(results.timeseries(variant)) for variant in results.variants}
-    requests = {variant: results.requests(variant) for variant in results.variants}
+    series = {variant: results.timeseries(variant, max_rows=MAX_POINTS) for variant in results.variants}
+    latency_columns = ["outcome", "ttft_s", "e2e_s"]
+    requests = {variant: results.requests(variant, columns=latency_columns) for variant in results.variants}
     paths = [
         _breakdown_stacks(series, out_dir / "memory_breakdown.png"),
         _curves(

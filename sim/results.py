@@ -28,6 +28,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from sim.outputs import MemorySink, read_requests, read_thinned
 from sim.runner import VariantResult
 
 
@@ -39,26 +40,36 @@ def write_results(
     timeseries_format: str = "parquet",
     figures: bool = True,
 ) -> Path:
+    """Write in-memory results as a results folder (atomically)."""
     with staged_output_dir(out_dir) as staging:
-        (staging / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        pd.DataFrame([_flat(result.summary) for result in results]).to_csv(
-            staging / "summary.csv", index=False
-        )
-        capacity = [f"[{result.name}]\n" + "\n".join(result.capacity_lines) for result in results]
-        (staging / "capacity.txt").write_text("\n\n".join(capacity) + "\n")
-        for result in results:
-            variant_dir = staging / result.name
-            variant_dir.mkdir()
-            (variant_dir / "summary.json").write_text(
-                json.dumps(result.summary, indent=2, default=_json_default)
-            )
+        write_run_files(staging, config, results, timeseries_format=timeseries_format, figures=figures)
+    return Path(out_dir)
+
+
+def write_run_files(
+    folder: Path,
+    config: dict[str, Any],
+    results: list[VariantResult],
+    *,
+    timeseries_format: str = "parquet",
+    figures: bool = True,
+) -> None:
+    """Everything but the tables a file sink already streamed into ``folder/<variant>/``."""
+    (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    pd.DataFrame([_flat(result.summary) for result in results]).to_csv(folder / "summary.csv", index=False)
+    capacity = [f"[{result.name}]\n" + "\n".join(result.capacity_lines) for result in results]
+    (folder / "capacity.txt").write_text("\n\n".join(capacity) + "\n")
+    for result in results:
+        variant_dir = folder / result.name
+        variant_dir.mkdir(exist_ok=True)
+        (variant_dir / "summary.json").write_text(json.dumps(result.summary, indent=2, default=_json_default))
+        if isinstance(result.sink, MemorySink):
             _write_frame(result.timeseries, variant_dir / "timeseries", timeseries_format)
             _write_frame(result.requests, variant_dir / "requests", timeseries_format)
-        if figures:
-            from sim.plots import write_figures
+    if figures:
+        from sim.plots import write_figures
 
-            write_figures(load_results(staging), staging / "figures")
-    return Path(out_dir)
+        write_figures(load_results(folder), folder / "figures")
 
 
 @contextmanager
@@ -95,9 +106,9 @@ def _write_frame(frame: pd.DataFrame, stem: Path, fmt: str) -> None:
         frame.to_csv(stem.with_suffix(".csv"), index=False)
 
 
-def _read_frame(stem: Path) -> pd.DataFrame:
+def _read_frame(stem: Path, columns: list[str] | None = None) -> pd.DataFrame:
     parquet = stem.with_suffix(".parquet")
-    return pd.read_parquet(parquet) if parquet.exists() else pd.read_csv(stem.with_suffix(".csv"))
+    return read_requests(parquet if parquet.exists() else stem.with_suffix(".csv"), columns)
 
 
 @dataclass
@@ -111,11 +122,14 @@ class RunResults:
     def variant_summary(self, variant: str) -> dict[str, Any]:
         return json.loads((self.path / variant / "summary.json").read_text())
 
-    def timeseries(self, variant: str) -> pd.DataFrame:
-        return _read_frame(self.path / variant / "timeseries")
+    def timeseries(self, variant: str, max_rows: int | None = None) -> pd.DataFrame:
+        """The variant's time series; with ``max_rows``, every k-th row, read chunk by chunk."""
+        stem = self.path / variant / "timeseries"
+        parquet = stem.with_suffix(".parquet")
+        return read_thinned(parquet if parquet.exists() else stem.with_suffix(".csv"), max_rows)
 
-    def requests(self, variant: str) -> pd.DataFrame:
-        return _read_frame(self.path / variant / "requests")
+    def requests(self, variant: str, columns: list[str] | None = None) -> pd.DataFrame:
+        return _read_frame(self.path / variant / "requests", columns)
 
 
 def load_results(path: str | Path) -> RunResults:

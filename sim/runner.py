@@ -24,8 +24,8 @@ from sim.config import ConfigError, EngineConfig, ExperimentConfig, VariantConfi
 from sim.costs import make_cost_model
 from sim.engine import Engine, EngineKnobs
 from sim.gpus import GpuSpec, resolve_gpu
-from sim.metrics import requests_frame
 from sim.models import ModelSpec, resolve_model
+from sim.outputs import FileSink, MemorySink, OutputSink
 from workloads import build_workload
 
 GIB = 1024**3
@@ -33,11 +33,20 @@ GIB = 1024**3
 
 @dataclass
 class VariantResult:
+    """A finished variant: its summary, and its tables wherever the sink put them."""
+
     name: str
     summary: dict[str, Any]
-    timeseries: pd.DataFrame
-    requests: pd.DataFrame
     capacity_lines: list[str]
+    sink: OutputSink
+
+    @property
+    def timeseries(self) -> pd.DataFrame:
+        return self.sink.timeseries()
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        return self.sink.requests()
 
 
 def resolve_hardware(config: ExperimentConfig, base_dir: Path) -> tuple[ModelSpec, GpuSpec]:
@@ -83,8 +92,15 @@ def size_pool(model: ModelSpec, gpu: GpuSpec, engine: EngineConfig) -> KVCapacit
 
 
 def run_variant(
-    config: ExperimentConfig, variant: VariantConfig, base_dir: Path, *, progress: bool = False
+    config: ExperimentConfig,
+    variant: VariantConfig,
+    base_dir: Path,
+    *,
+    progress: bool = False,
+    out_dir: Path | None = None,
 ) -> VariantResult:
+    """Run one variant. With ``out_dir`` its tables stream to ``out_dir/<variant>/`` as it runs (memory
+    stays bounded by the running requests); without, they are kept in memory."""
     model, gpu = resolve_hardware(config, base_dir)
     engine_config = config.engine_for(variant)
     capacity = size_pool(model, gpu, engine_config)
@@ -125,6 +141,11 @@ def run_variant(
     requests = workload.requests()
     total = workload.describe().get("num_requests")
     bar = tqdm(total=total, desc=variant.name, unit="req", disable=not progress, leave=False)
+    sink: OutputSink = (
+        FileSink(out_dir / variant.name, config.output.timeseries_format)
+        if out_dir is not None
+        else MemorySink()
+    )
     engine = Engine(
         policy,
         costs,
@@ -133,20 +154,23 @@ def run_variant(
         seed=config.seed,
         follow_up=workload.follow_up,
         block_size=engine_config.block_size,
+        sink=sink,
     )
     started = time.perf_counter()
     engine.run(until_s=config.until_s)
     wall_s = time.perf_counter() - started
     bar.close()
-    timeseries = engine.recorder.frame()
-    requests_table = requests_frame(engine.records)
+    sink.close()
+    requests_table = sink.requests(columns=SUMMARY_REQUEST_COLUMNS)
     summary = summarize(
         engine, requests_table, variant, policy_name, pool, capacity, costs.label, wall_s, max_model_len
     )
     summary["pinned_tokens"] = pinned_tokens
-    return VariantResult(
-        variant.name, summary, timeseries, requests_table, capacity.capacity_lines(max_model_len)
-    )
+    return VariantResult(variant.name, summary, capacity.capacity_lines(max_model_len), sink)
+
+
+# The per-request columns a summary needs (read back alone from a streamed file).
+SUMMARY_REQUEST_COLUMNS = ["outcome", "n", "beam_width", "output_tokens", "ttft_s", "tpot_s", "e2e_s"]
 
 
 def pin_prefixes(policy: KVCachePolicy, prefixes: list[TokenContent]) -> int:
@@ -200,7 +224,7 @@ def summarize(
         "preemptions": engine.counters.preemptions,
         "num_preemptions": engine.counters.preemptions,
         "swapped_out_blocks": engine.counters.swapped_out_blocks,
-        "peak_running": int(engine.recorder.frame()["num_requests_running"].max()),
+        "peak_running": engine.recorder.peak_running,
         "cow_copies": stats.cow_copies,
         "fork_copied_tokens": stats.fork_copied_tokens,
         "evictions": stats.evictions,
@@ -229,8 +253,10 @@ def _percentile(values: pd.Series, q: float) -> float | None:
 
 
 def run_experiment(
-    config: ExperimentConfig, config_path: Path, *, progress: bool = False
+    config: ExperimentConfig, config_path: Path, *, progress: bool = False, out_dir: Path | None = None
 ) -> list[VariantResult]:
     base_dir = config_path.parent
     variants = tqdm(config.variants, desc=config.name, unit="variant", disable=not progress)
-    return [run_variant(config, variant, base_dir, progress=progress) for variant in variants]
+    return [
+        run_variant(config, variant, base_dir, progress=progress, out_dir=out_dir) for variant in variants
+    ]

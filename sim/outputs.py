@@ -1,0 +1,140 @@
+"""Where a run's per-request table and time series go while the engine runs.
+
+The engine hands rows over in chunks as they are complete (a request's row when it finishes, the
+time series every few thousand samples), so memory holds only the rows not yet handed over:
+
+- :class:`MemorySink` keeps them (tests, notebooks, validation runs that read them right away);
+- :class:`FileSink` appends them to ``requests.parquet`` / ``timeseries.parquet`` (or ``.csv``) in a
+  folder as row groups, so a run of a million requests never holds its outputs in memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sim.metrics import RequestRecord, requests_frame
+
+
+class OutputSink(Protocol):
+    def write_requests(self, records: list[RequestRecord]) -> None: ...
+
+    def write_timeseries(self, frame: pd.DataFrame) -> None: ...
+
+    def requests(self, columns: list[str] | None = None) -> pd.DataFrame: ...
+
+    def timeseries(self, max_rows: int | None = None) -> pd.DataFrame: ...
+
+    def close(self) -> None: ...
+
+
+class MemorySink:
+    def __init__(self) -> None:
+        self.records: list[RequestRecord] = []
+        self._series: list[pd.DataFrame] = []
+
+    def write_requests(self, records: list[RequestRecord]) -> None:
+        self.records.extend(records)
+
+    def write_timeseries(self, frame: pd.DataFrame) -> None:
+        self._series.append(frame)
+
+    def requests(self, columns: list[str] | None = None) -> pd.DataFrame:
+        frame = requests_frame(self.records)
+        return frame[columns] if columns else frame
+
+    def timeseries(self, max_rows: int | None = None) -> pd.DataFrame:
+        frame = pd.concat(self._series, ignore_index=True) if self._series else pd.DataFrame()
+        return thin(frame, max_rows)
+
+    def close(self) -> None:
+        """Nothing to close: the rows stay in memory."""
+
+
+class FileSink:
+    """Appends to ``folder/requests.<fmt>`` and ``folder/timeseries.<fmt>`` (fmt: parquet or csv)."""
+
+    def __init__(self, folder: Path, fmt: str = "parquet"):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.fmt = fmt
+        self._writers: dict[str, Any] = {}
+
+    def path(self, stem: str) -> Path:
+        return self.folder / f"{stem}.{self.fmt}"
+
+    def write_requests(self, records: list[RequestRecord]) -> None:
+        self._append("requests", requests_frame(records))
+
+    def write_timeseries(self, frame: pd.DataFrame) -> None:
+        self._append("timeseries", frame)
+
+    def _append(self, stem: str, frame: pd.DataFrame) -> None:
+        if self.fmt == "csv":
+            first = stem not in self._writers
+            frame.to_csv(self.path(stem), mode="w" if first else "a", header=first, index=False)
+            self._writers[stem] = True
+            return
+        writer = self._writers.get(stem)
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        if writer is None:
+            writer = self._writers[stem] = pq.ParquetWriter(self.path(stem), table.schema)
+        writer.write_table(table.cast(writer.schema))
+
+    def requests(self, columns: list[str] | None = None) -> pd.DataFrame:
+        return read_requests(self.path("requests"), columns)
+
+    def timeseries(self, max_rows: int | None = None) -> pd.DataFrame:
+        return read_thinned(self.path("timeseries"), max_rows)
+
+    def close(self) -> None:
+        for stem, empty in (("requests", requests_frame([])), ("timeseries", None)):
+            if stem not in self._writers and empty is not None:
+                self._append(stem, empty)
+        for writer in self._writers.values():
+            if not isinstance(writer, bool):
+                writer.close()
+        self._writers = {stem: True for stem in self._writers}
+
+
+def read_requests(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
+    if path.suffix != ".csv":
+        return pd.read_parquet(path, columns=columns)
+    frame = pd.read_csv(path, usecols=columns)
+    if "reason" in frame:
+        frame["reason"] = frame["reason"].fillna("")  # CSV cannot tell an empty string from a missing one
+    return frame
+
+
+def thin(frame: pd.DataFrame, max_rows: int | None) -> pd.DataFrame:
+    """Every k-th row, so that at most ``max_rows`` remain (plots do not need every sample)."""
+    if max_rows is None or len(frame) <= max_rows:
+        return frame
+    stride = -(-len(frame) // max_rows)
+    return frame.iloc[::stride].reset_index(drop=True)
+
+
+def read_thinned(path: Path, max_rows: int | None) -> pd.DataFrame:
+    """Read a time series file, keeping every k-th row, one chunk at a time (memory stays bounded)."""
+    if path.suffix == ".csv":
+        if max_rows is None:
+            return pd.read_csv(path)
+        total = sum(1 for _ in path.open()) - 1
+        stride = max(1, -(-total // max_rows))
+        return pd.read_csv(path, skiprows=lambda row: row > 0 and (row - 1) % stride != 0)
+    parquet = pq.ParquetFile(path)
+    total = parquet.metadata.num_rows
+    if max_rows is None or total <= max_rows:
+        return parquet.read().to_pandas()
+    stride = -(-total // max_rows)
+    kept, offset = [], 0
+    for batch in parquet.iter_batches(batch_size=65_536):
+        frame = batch.to_pandas()
+        start = (-offset) % stride
+        kept.append(frame.iloc[start::stride])
+        offset += len(frame)
+    return pd.concat(kept, ignore_index=True)
