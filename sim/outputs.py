@@ -104,9 +104,11 @@ class FileSink:
 def read_requests(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
     if path.suffix != ".csv":
         return pd.read_parquet(path, columns=columns)
-    frame = pd.read_csv(path, usecols=columns)
-    if "reason" in frame:
-        frame["reason"] = frame["reason"].fillna("")  # CSV cannot tell an empty string from a missing one
+    # CSV cannot tell an empty string from a missing one: read the text columns as text.
+    text = [name for name in ("outcome", "reason") if columns is None or name in columns]
+    frame = pd.read_csv(path, usecols=columns, dtype=dict.fromkeys(text, "string"))
+    for name in text:
+        frame[name] = frame[name].fillna("").astype(str)
     return frame
 
 
