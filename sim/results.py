@@ -28,22 +28,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from sim.outputs import MemorySink, read_requests, read_thinned
+from sim.outputs import read_requests, read_thinned
 from sim.runner import VariantResult
-
-
-def write_results(
-    out_dir: Path,
-    config: dict[str, Any],
-    results: list[VariantResult],
-    *,
-    timeseries_format: str = "parquet",
-    figures: bool = True,
-) -> Path:
-    """Write in-memory results as a results folder (atomically)."""
-    with staged_output_dir(out_dir) as staging:
-        write_run_files(staging, config, results, timeseries_format=timeseries_format, figures=figures)
-    return Path(out_dir)
 
 
 def write_run_files(
@@ -51,7 +37,6 @@ def write_run_files(
     config: dict[str, Any],
     results: list[VariantResult],
     *,
-    timeseries_format: str = "parquet",
     figures: bool = True,
 ) -> None:
     """Everything but the tables a file sink already streamed into ``folder/<variant>/``."""
@@ -63,9 +48,6 @@ def write_run_files(
         variant_dir = folder / result.name
         variant_dir.mkdir(exist_ok=True)
         (variant_dir / "summary.json").write_text(json.dumps(result.summary, indent=2, default=_json_default))
-        if isinstance(result.sink, MemorySink):
-            _write_frame(result.timeseries, variant_dir / "timeseries", timeseries_format)
-            _write_frame(result.requests, variant_dir / "requests", timeseries_format)
     if figures:
         from sim.plots import write_figures
 
@@ -99,18 +81,6 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot write {type(value).__name__} to JSON")
 
 
-def _write_frame(frame: pd.DataFrame, stem: Path, fmt: str) -> None:
-    if fmt == "parquet":
-        frame.to_parquet(stem.with_suffix(".parquet"), index=False)
-    else:
-        frame.to_csv(stem.with_suffix(".csv"), index=False)
-
-
-def _read_frame(stem: Path, columns: list[str] | None = None) -> pd.DataFrame:
-    parquet = stem.with_suffix(".parquet")
-    return read_requests(parquet if parquet.exists() else stem.with_suffix(".csv"), columns)
-
-
 @dataclass
 class RunResults:
     """A results folder loaded back: what notebooks and reports read."""
@@ -129,7 +99,9 @@ class RunResults:
         return read_thinned(parquet if parquet.exists() else stem.with_suffix(".csv"), max_rows)
 
     def requests(self, variant: str, columns: list[str] | None = None) -> pd.DataFrame:
-        return _read_frame(self.path / variant / "requests", columns)
+        stem = self.path / variant / "requests"
+        parquet = stem.with_suffix(".parquet")
+        return read_requests(parquet if parquet.exists() else stem.with_suffix(".csv"), columns)
 
 
 def load_results(path: str | Path) -> RunResults:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from policies import PoolSpec, make_policy
+from sim.config import VariantConfig
 from sim.engine import Engine, EngineKnobs
 from sim.metrics import requests_frame
+from sim.runner import summarize
 from tests.engine_helpers import RoundCostModel, request
 
 
@@ -248,6 +251,23 @@ def test_time_averages_and_summary_by_hand(step_mode):
     assert table.loc[0, "e2e_s"] == pytest.approx(2.1)
     frame = engine.recorder.frame()
     assert frame["kv_cache_usage_perc"].max() == pytest.approx(12 / 100)
+    summary = summarize(
+        engine,
+        engine.sink.requests(),
+        VariantConfig(name="v", policy="paged"),
+        "paged",
+        PoolSpec(100, 4, 40),
+        SimpleNamespace(num_gpu_blocks=25),
+        "test",
+        0.0,
+        40,
+    )
+    # 2 output tokens in 2.1 s; one finished request: its TTFT, TPOT and e2e are every percentile.
+    assert summary["output_tokens_per_s"] == pytest.approx(2 / 2.1)
+    assert (summary["ttft_p50_s"], summary["ttft_p99_s"]) == pytest.approx((1.1, 1.1))
+    assert (summary["tpot_p50_s"], summary["e2e_p99_s"]) == pytest.approx((1.0, 2.1))
+    assert summary["requests_finished"] == summary["requests_total"] == 1
+    assert summary["peak_running"] == 1 and summary["iterations"] == 2
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
