@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -29,17 +30,21 @@ SUMMARY_COLUMNS = [
 
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.config import load_experiment
-    from sim.results import staged_output_dir, write_run_files
+    from sim.results import write_run_files
     from sim.runner import run_experiment
+    from sim.storage import check_output_target, config_hash, staged_output_dir
 
     config_path = Path(args.config)
     config = load_experiment(config_path, args.set)
     out_dir = Path(args.output) if args.output else Path("results") / config.name
+    check_output_target(out_dir, "run")  # before any simulation: never replace what kvsim did not write
     show_progress = not args.quiet and os.environ.get("TQDM_DISABLE") != "1"
-    with staged_output_dir(out_dir) as staging:
+    resolved = config.model_dump(mode="json")
+    log = lambda message: print(message, file=sys.stderr)  # noqa: E731
+    with staged_output_dir(out_dir, "run", config_hash(resolved), log=log) as staging:
         # Tables stream into the staging folder while each variant runs; the rest is written after.
         results = run_experiment(config, config_path, progress=show_progress, out_dir=staging)
-        write_run_files(staging, config.model_dump(mode="json"), results, figures=config.output.figures)
+        write_run_files(staging, resolved, results, figures=config.output.figures)
     print(f"kvsim run {config.name}: cost model = {results[0].summary['cost_model']}")
     for result in results:
         print(f"  [{result.name}] " + " | ".join(result.capacity_lines))
@@ -96,14 +101,33 @@ def main(argv: list[str] | None = None) -> int:
     from policies.base import PolicyError
     from sim.config import ConfigError
     from sim.costs import CostModelError
+    from sim.storage import OutputTargetError
     from workloads.base import WorkloadError
 
     args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # `timeout` and Slurm stop jobs with SIGTERM
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, WorkloadError, PolicyError, CostModelError, FileNotFoundError) as error:
-        print(f"kvsim: error: {error}", file=sys.stderr)
+    except (
+        ConfigError,
+        WorkloadError,
+        PolicyError,
+        CostModelError,
+        FileNotFoundError,
+        OutputTargetError,
+    ) as error:
+        print(f"\nkvsim: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\nkvsim: interrupted; unfinished output removed, nothing written", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    # Unwinding as for Ctrl-C lets the staged output folders remove themselves.
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -10,17 +10,14 @@ Layout::
     DIR/<variant>/requests.parquet     (or .csv)
     DIR/figures/*.png
 
-The folder is written under a temporary name and renamed at the end, so an interrupted or failed run
-never leaves something that looks like a result.
+The folder is written under a temporary name and renamed at the end (``sim.storage``), so an
+interrupted or failed run never leaves something that looks like a result, and it carries kvsim's
+marker file, without which kvsim refuses to replace a folder.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,23 +49,6 @@ def write_run_files(
         from sim.plots import write_figures
 
         write_figures(load_results(folder), folder / "figures")
-
-
-@contextmanager
-def staged_output_dir(out_dir: str | Path) -> Iterator[Path]:
-    """A temporary folder beside ``out_dir`` that replaces it only when the block succeeds, so a
-    failed or interrupted run never leaves something that looks like a result."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
-    try:
-        yield staging
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 def _flat(summary: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.results import staged_output_dir
+from sim.storage import staged_output_dir
 from sim.validation.claims import REPO_ROOT, Claim
 from sim.validation.judging import (
     DOES_NOT_HOLD,
@@ -127,7 +127,7 @@ def run_validation(
     (atomically: a temporary folder renamed at the end)."""
     out_dir = Path(out_dir)
     started = time.perf_counter()
-    with staged_output_dir(out_dir) as staging:
+    with staged_output_dir(out_dir, "validation", log=log) as staging:
         context = RunContext(staging, fast=fast, log=log)
         results = []
         for claim in claims:

@@ -1,0 +1,210 @@
+"""Results folders that kvsim may create, replace and clean up, and nothing else.
+
+The rule: **kvsim never deletes what it did not write.** Every folder kvsim writes carries a marker file
+(:data:`MARKER`, JSON with the folder's kind, the kvsim version and a hash of the config that made it).
+A folder may be replaced only when it carries that marker (or is empty); anything else is refused before
+any simulation runs. Paths that could only be a mistake (``/``, the home folder, the current folder or
+one of its parents, the project's own root) are refused whatever they hold.
+
+Writing is staged: a hidden sibling ``.NAME.partial-PID-XXXX`` is filled and renamed over the target at
+the end, so a failed or interrupted run never leaves something that looks like a result. A run killed
+outright (SIGKILL) leaves its staging folder behind; the next run of the same output removes the ones
+whose process is gone, since their own staging marker says kvsim made them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+MARKER = ".kvsim-results"
+"""Marker of a finished kvsim folder."""
+
+STAGING_MARKER = ".kvsim-partial"
+"""Marker of a staging folder: holds the pid of the process writing it."""
+
+
+class OutputTargetError(ValueError):
+    """An output path kvsim refuses to write to (raised before any work)."""
+
+
+def kvsim_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("kvsim")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def config_hash(config: Any) -> str:
+    """A short, stable hash of a JSON-able config (sorted keys)."""
+    text = json.dumps(config, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def read_marker(folder: str | Path) -> dict[str, Any] | None:
+    """The marker of a kvsim folder, or None when ``folder`` has none (or an unreadable one)."""
+    path = Path(folder) / MARKER
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_marker(folder: str | Path, kind: str, config_digest: str = "") -> None:
+    marker = {
+        "kind": kind,
+        "kvsim_version": kvsim_version(),
+        "config_hash": config_digest,
+        "written": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    (Path(folder) / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+
+
+def _project_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def _forbidden_reason(target: Path) -> str | None:
+    """Why ``target`` (absolute, resolved) can never be a results folder, or None."""
+    if target == Path(target.anchor):
+        return "it is the file-system root"
+    if target == Path.home().resolve():
+        return "it is your home folder"
+    cwd = Path.cwd().resolve()
+    if target == cwd or target in cwd.parents:
+        return "it is the current folder or one of its parents"
+    if target == _project_root():
+        return "it is the kvsim project folder"
+    return None
+
+
+def check_output_target(out_dir: str | Path, kind: str) -> Path:
+    """Refuse, before any work, an output folder kvsim may not replace; return it resolved.
+
+    Accepted: a path that does not exist yet, an empty folder, or a folder carrying kvsim's marker of
+    the same ``kind`` ("run", "validation", "sweep", "plan")."""
+    given = Path(out_dir)
+    if str(out_dir).strip() == "" or given.name in ("", ".", ".."):
+        raise OutputTargetError(f"output folder {str(out_dir)!r}: give a folder name, not '.', '..' or ''")
+    target = given.expanduser().resolve()
+    reason = _forbidden_reason(target)
+    if reason:
+        raise OutputTargetError(f"output folder {str(out_dir)!r} ({target}): refused, {reason}")
+    if target.exists() and not target.is_dir():
+        raise OutputTargetError(f"output folder {str(out_dir)!r} exists and is not a folder")
+    if target.is_dir() and any(target.iterdir()):
+        marker = read_marker(target)
+        if marker is None:
+            raise OutputTargetError(
+                f"output folder {str(out_dir)!r} exists and was not written by kvsim (no {MARKER} "
+                "marker): kvsim never replaces files it did not write. Choose another folder with -o, "
+                "or move that one away yourself."
+            )
+        if marker.get("kind") != kind:
+            raise OutputTargetError(
+                f"output folder {str(out_dir)!r} holds a kvsim {marker.get('kind')!r} result, not a "
+                f"{kind!r} one: refusing to replace it; choose another folder with -o"
+            )
+    return target
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale_staging_folders(out_dir: Path) -> list[Path]:
+    """Staging folders of ``out_dir`` left by kvsim processes that no longer run."""
+    stale = []
+    for folder in out_dir.parent.glob(f".{out_dir.name}.partial-*"):
+        marker = folder / STAGING_MARKER
+        try:
+            pid = int(marker.read_text(encoding="utf-8").split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # not provably ours: leave it
+        if not _pid_alive(pid):
+            stale.append(folder)
+    return stale
+
+
+def clean_stale_staging(out_dir: Path, log: Callable[[str], None] | None = None) -> int:
+    """Remove ``out_dir``'s staging folders whose writer is gone (only ones carrying kvsim's staging
+    marker); returns how many were removed."""
+    removed = 0
+    for folder in stale_staging_folders(out_dir):
+        shutil.rmtree(folder, ignore_errors=True)
+        removed += 1
+    if removed and log:
+        log(
+            f"kvsim: removed {removed} unfinished output folder(s) of {out_dir.name} left by an interrupted run"
+        )
+    return removed
+
+
+def _make_staging(out_dir: Path) -> Path:
+    # os.mkdir honours the umask (tempfile.mkdtemp would make it 0700, unreadable to colleagues).
+    for _ in range(100):
+        staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}-{secrets.token_hex(3)}"
+        try:
+            staging.mkdir()
+        except FileExistsError:
+            continue
+        (staging / STAGING_MARKER).write_text(f"{os.getpid()}\n", encoding="utf-8")
+        return staging
+    raise OutputTargetError(f"could not create a staging folder beside {out_dir}")
+
+
+def _replace(staging: Path, out_dir: Path, kind: str) -> None:
+    """Rename ``staging`` over ``out_dir``; an existing ``out_dir`` is checked once more (it may have
+    changed during the run) and removed only if it is kvsim's or empty."""
+    if not out_dir.exists():
+        staging.rename(out_dir)
+        return
+    check_output_target(out_dir, kind)
+    retired = out_dir.parent / f".{out_dir.name}.replaced-{os.getpid()}-{secrets.token_hex(3)}"
+    out_dir.rename(retired)
+    staging.rename(out_dir)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+@contextmanager
+def staged_output_dir(
+    out_dir: str | Path,
+    kind: str,
+    config_digest: str = "",
+    log: Callable[[str], None] | None = None,
+) -> Iterator[Path]:
+    """A staging folder that replaces ``out_dir`` (with kvsim's marker) only when the block succeeds.
+
+    Call :func:`check_output_target` before any expensive work; this checks again, cleans stale staging
+    folders of the same output, and never removes anything but its own staging folder on failure."""
+    target = check_output_target(out_dir, kind)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_staging(target, log)
+    staging = _make_staging(target)
+    try:
+        yield staging
+        (staging / STAGING_MARKER).unlink()
+        write_marker(staging, kind, config_digest)
+        _replace(staging, target, kind)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(staging)
+        raise

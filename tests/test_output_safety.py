@@ -1,0 +1,191 @@
+"""kvsim never deletes what it did not write: output targets, markers, staging, interruption."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sim.storage import MARKER, OutputTargetError, check_output_target, read_marker, staged_output_dir
+from sim.storage.folders import STAGING_MARKER, clean_stale_staging
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _user_folder(path: Path) -> Path:
+    (path / "sub").mkdir(parents=True)
+    (path / "thesis.tex").write_text("my thesis")
+    (path / "sub" / "data.csv").write_text("a,b\n1,2\n")
+    return path
+
+
+def _snapshot(path: Path) -> dict[str, str]:
+    return {str(p.relative_to(path)): p.read_text() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_a_users_folder_is_refused_and_left_intact(tmp_path):
+    folder = _user_folder(tmp_path / "mine")
+    before = _snapshot(folder)
+    with pytest.raises(OutputTargetError, match="not written by kvsim"):
+        check_output_target(folder, "run")
+    with pytest.raises(OutputTargetError), staged_output_dir(folder, "run") as staging:
+        (staging / "x").write_text("never")
+    assert _snapshot(folder) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["mine"]  # no staging folder left either
+
+
+@pytest.mark.parametrize("name", [".", "..", ""])
+def test_dot_paths_are_refused(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OutputTargetError):
+        check_output_target(name, "run")
+
+
+def test_current_folder_parents_home_root_and_project_are_refused(tmp_path, monkeypatch):
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    for target, why in [
+        (work, "current folder"),
+        (tmp_path / "a", "current folder or one of its parents"),
+        (Path("results") / "..", "not '.', '..'"),
+        (Path("results/../.."), "not '.', '..'"),
+        (Path("/"), "folder name|root"),
+        (tmp_path / "a" / "b" / "c" / "..", "not '.', '..'"),
+        (Path.home(), "home"),
+        (REPO_ROOT, "project"),
+    ]:
+        with pytest.raises(OutputTargetError, match=why):
+            check_output_target(target, "run")
+
+
+def test_an_existing_file_is_refused(tmp_path):
+    target = tmp_path / "out"
+    target.write_text("not a folder")
+    with pytest.raises(OutputTargetError, match="not a folder"):
+        check_output_target(target, "run")
+    assert target.read_text() == "not a folder"
+
+
+def test_a_marked_folder_is_replaced_and_marked_again(tmp_path):
+    target = tmp_path / "out"
+    with staged_output_dir(target, "run", "hash-1") as staging:
+        (staging / "old.txt").write_text("first run")
+    assert read_marker(target)["config_hash"] == "hash-1"
+    with staged_output_dir(target, "run", "hash-2") as staging:
+        (staging / "new.txt").write_text("second run")
+    assert sorted(p.name for p in target.iterdir()) == [MARKER, "new.txt"]
+    marker = read_marker(target)
+    assert marker["kind"] == "run" and marker["config_hash"] == "hash-2"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_a_folder_of_another_kind_is_refused(tmp_path):
+    target = tmp_path / "out"
+    with staged_output_dir(target, "validation"):
+        pass
+    with pytest.raises(OutputTargetError, match="'validation' result"):
+        check_output_target(target, "run")
+
+
+def test_an_empty_folder_is_accepted(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    with staged_output_dir(target, "run") as staging:
+        (staging / "f").write_text("x")
+    assert (target / "f").read_text() == "x"
+
+
+def test_a_failure_removes_only_the_staging_folder(tmp_path):
+    target = tmp_path / "out"
+    with staged_output_dir(target, "run") as staging:
+        (staging / "keep.txt").write_text("result 1")
+    with pytest.raises(RuntimeError), staged_output_dir(target, "run") as staging:
+        (staging / "half.txt").write_text("half-written")
+        raise RuntimeError("simulation failed")
+    assert sorted(p.name for p in target.iterdir()) == [MARKER, "keep.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_folders_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        with staged_output_dir(tmp_path / "out", "run") as staging:
+            (staging / "f").write_text("x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "out").stat().st_mode) == 0o755
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_stale_staging_of_a_killed_run_is_cleaned_and_foreign_ones_kept(tmp_path):
+    target = tmp_path / "out"
+    stale = tmp_path / ".out.partial-1-abc"
+    stale.mkdir()
+    (stale / STAGING_MARKER).write_text(f"{_dead_pid()}\n")
+    (stale / "timeseries.parquet").write_text("half")
+    alive = tmp_path / ".out.partial-2-def"
+    alive.mkdir()
+    (alive / STAGING_MARKER).write_text(f"{os.getpid()}\n")
+    foreign = tmp_path / ".out.partial-users-own"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    messages: list[str] = []
+    assert clean_stale_staging(target, messages.append) == 1
+    assert not stale.exists() and alive.exists() and (foreign / "notes.txt").read_text() == "mine"
+    assert "removed 1 unfinished output folder" in messages[0]
+
+
+def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sim.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TQDM_DISABLE": "1", "MPLBACKEND": "Agg", "PYTHONPATH": str(REPO_ROOT)},
+    )
+
+
+def test_cli_refuses_a_users_folder_before_running(tmp_path):
+    folder = _user_folder(tmp_path / "mine")
+    before = _snapshot(folder)
+    config = REPO_ROOT / "configs" / "quickstart.yaml"
+    result = _run_cli("run", str(config), "-o", str(folder), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "not written by kvsim" in result.stderr and "Traceback" not in result.stderr
+    assert "kvsim run" not in result.stdout  # refused before the simulation, not after it
+    assert _snapshot(folder) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["mine"]
+
+
+@pytest.mark.slow
+def test_sigterm_removes_the_staging_folder_and_prints_one_line(tmp_path):
+    config = REPO_ROOT / "configs" / "quickstart.yaml"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sim.cli", "run", str(config), "-o", str(tmp_path / "out")],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TQDM_DISABLE": "1", "MPLBACKEND": "Agg", "PYTHONPATH": str(REPO_ROOT)},
+    )
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob(".out.partial-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(tmp_path.glob(".out.partial-*")), "the run never started writing"
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert "Traceback" not in stderr and "interrupted" in stderr
+    assert list(tmp_path.iterdir()) == []
