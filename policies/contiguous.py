@@ -22,21 +22,24 @@ Memory breakdown (slots; sums to the pool):
 * ``reserved``: ``final_len - current length`` per sequence: slots that will be filled later;
 * ``internal_fragmentation``: ``region size - final_len`` per sequence: reservation beyond the
   final length, plus the buddy's rounding up to a power of two;
-* ``external_fragmentation``: free slots in holes (buddy: free chunks, after merging) too small for
-  the *reference reservation*, i.e. the paper's "holes too small for the next reservation". The
-  reference is the region size of the most recent reservation this policy was asked about: by
-  ``can_admit`` (whether it fits or not: the scheduler asks before admitting, so a request waiting
-  for memory shows the holes too small for it), or by a *successful* ``admit`` or ``fork`` (the
-  last child). A failed ``admit``/``fork`` changes nothing, the reference included, as every
-  error must (see :class:`policies.base.KVCachePolicy`). For ``buddy`` the reference is the
-  power-of-two chunk the request needs. Before any request it is ``max_model_len`` under ``max``
-  and 1 otherwise, so an untouched pool shows no external fragmentation (unless the pool is
-  smaller than ``max_model_len``);
+* ``external_fragmentation``: free slots that cannot serve the *reference reservation* only because
+  they are split (the textbook definition): when the reference fits in no hole (buddy: no free
+  chunk) although the free slots together would hold it, every free slot counts; otherwise none
+  does. So an empty pool (one hole), a pool where the reference fits somewhere, and a request larger
+  than all free memory (a shortage, not fragmentation) all report 0. The reference is the region size
+  of the most recent reservation this policy was asked about: by ``can_admit`` (whether it fits or
+  not: the scheduler asks before admitting, so a request waiting for memory is the one measured), or
+  by a *successful* ``admit`` or ``fork`` (the last child), which stands for "the next request of
+  this size". A failed ``admit``/``fork`` changes nothing, the reference included, as every error
+  must (see :class:`policies.base.KVCachePolicy`). For ``buddy`` the reference is the power-of-two
+  chunk the request needs. Before any request it is ``max_model_len`` under ``max`` and 1 otherwise.
+  Free slots in holes smaller than the reference while it still fits elsewhere are ``free``: they
+  are not wasted yet (:meth:`free_pieces` lists the holes for a finer look);
 * ``cached`` is always 0 (no prefix cache); ``free`` is the rest.
 
 Costs: ``first_fit``/``best_fit`` are O(log holes) per admit/free/fork child (treaps, see
 :mod:`policies._free_space`), ``buddy`` O(log pool); ``grow`` is O(1); ``breakdown`` is O(log holes)
-(a prefix sum over holes ordered by size), O(log pool) for buddy.
+(one fit query), O(log pool) for buddy.
 """
 
 from __future__ import annotations
@@ -218,8 +221,20 @@ class ContiguousPolicy(KVCachePolicy):
         self._region_total -= sequence.size
 
     # -- capacity and accounting -------------------------------------------------------------------
+    def largest_region(self) -> int:
+        """The largest region an empty pool can place (buddy: its largest top-level chunk)."""
+        if isinstance(self._space, BuddySpace):
+            return max(size for _, size in self._space.top_level)
+        return self.pool.kv_pool_tokens
+
+    def _external_fragmentation(self) -> int:
+        free = self._space.free_slots
+        if free < self._reference or self._space.find(self._reference) is not None:
+            return 0  # a shortage (or nothing wanted) is not fragmentation
+        return free  # no piece fits the reference, so every free piece is smaller than it
+
     def breakdown(self) -> MemoryBreakdown:
-        external = self._space.free_below(self._reference)
+        external = self._external_fragmentation()
         return MemoryBreakdown(
             used=self._used,
             reserved=self._final_total - self._used,

@@ -8,6 +8,7 @@ engine arguments where vLLM has them.
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,11 +17,32 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from policies.base import policy_names
 from sim.costs import CostModelConfig
+from sim.storage import RUN_FOLDER_ENTRIES
 from workloads.config import WorkloadConfig
 
 
 class ConfigError(ValueError):
     """A config that cannot be run; the message names the file, the key path and the value."""
+
+
+SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+"""Experiment and variant names become folder names: letters, digits, ``-``, ``_`` and ``.``, starting with a
+letter or digit, so that ``..``, hidden names, separators and absolute paths cannot occur."""
+
+RESERVED_VARIANT_NAMES = frozenset(name.casefold() for name in RUN_FOLDER_ENTRIES)
+"""Variant folders sit beside these entries of a results folder (compared ignoring case, as on macOS)."""
+
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+"""The block sizes vLLM's ``CacheConfig`` accepts (``BlockSize`` literal); others are simulated, with a warning."""
+
+
+def check_slug(value: str, what: str) -> str:
+    if not SLUG.fullmatch(value):
+        raise ValueError(
+            f"not a valid {what}: use 1-100 letters, digits, '-', '_' or '.', starting with a letter or "
+            "digit (it becomes a folder name)"
+        )
+    return value
 
 
 class _Strict(BaseModel):
@@ -69,6 +91,11 @@ class EngineConfig(_Strict):
     step_mode: Literal["skip", "single"] = Field(
         "skip", description="skip: jump over decode iterations between events; single: one at a time."
     )
+    allow_long_max_model_len: bool = Field(
+        False,
+        description="Accept a max_model_len beyond the model's context length (vLLM's "
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1); refused otherwise, as vLLM does.",
+    )
 
 
 class VariantConfig(_Strict):
@@ -83,6 +110,17 @@ class VariantConfig(_Strict):
         description="Warm-up: pin the workload's shared system prompts in the prefix cache before the run "
         "(never evicted; prefix policy only).",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        check_slug(value, "variant name")
+        if value.casefold() in RESERVED_VARIANT_NAMES:
+            raise ValueError(
+                f"reserved variant name: a results folder holds {', '.join(RUN_FOLDER_ENTRIES)} beside "
+                "the variant folders"
+            )
+        return value
 
     @field_validator("policy")
     @classmethod
@@ -108,9 +146,9 @@ class OutputConfig(_Strict):
 
 
 class ExperimentConfig(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Also the default results folder name.")
+    name: str = Field(description="Also the default results folder name (letters, digits, -, _, .).")
     description: str = ""
-    seed: int = 0
+    seed: int = Field(0, ge=0, description="Seed of every random draw (workload, beams).")
     model: str = Field(
         description="A preset name (see `kvsim models`) or a path to a HuggingFace config.json."
     )
@@ -122,16 +160,34 @@ class ExperimentConfig(_Strict):
     until_s: float | None = Field(None, gt=0, description="Stop the simulation at this time (seconds).")
     output: OutputConfig = Field(default_factory=OutputConfig)
 
-    @model_validator(mode="after")
-    def _unique_variant_names(self) -> ExperimentConfig:
-        names = [variant.name for variant in self.variants]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            raise ValueError(f"variant names must be unique; repeated: {', '.join(duplicates)}")
-        return self
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        return check_slug(value, "experiment name")
+
+    @field_validator("variants")
+    @classmethod
+    def _unique_variant_names(cls, variants: list[VariantConfig]) -> list[VariantConfig]:
+        # Names become folders, and two names that differ only in case are one folder on macOS/Windows.
+        first: dict[str, int] = {}
+        for index, variant in enumerate(variants):
+            earlier = first.setdefault(variant.name.casefold(), index)
+            if earlier != index:
+                raise ValueError(
+                    f"variants.{index}.name {variant.name!r} repeats variants.{earlier}.name "
+                    f"{variants[earlier].name!r}; variant names must be unique (ignoring case)"
+                )
+        return variants
 
     def engine_for(self, variant: VariantConfig) -> EngineConfig:
-        return EngineConfig.model_validate(self.engine.model_dump() | variant.engine)
+        """The experiment's engine section with the variant's overrides (validated when loading)."""
+        try:
+            return EngineConfig.model_validate(self.engine.model_dump() | variant.engine)
+        except ValidationError as error:
+            index = self.variants.index(variant)
+            problems = [_prefixed(problem, ("variants", index, "engine")) for problem in error.errors()]
+            data = {"variants": {index: {"engine": variant.engine}}}
+            raise ConfigError(_format_problems(problems, f"variant {variant.name!r}", data)) from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -144,66 +200,122 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
+    data = yaml_mapping(path)
+    for override in overrides or []:
+        apply_override(data, override, path)
+    return validate_experiment(data, path)
+
+
+def yaml_mapping(path: Path) -> dict[str, Any]:
+    """A YAML file's top-level mapping; unreadable, non-UTF-8 or malformed files are a ConfigError."""
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {error.object[error.start]:#04x} at offset {error.start}); "
+            "save the file as UTF-8"
+        ) from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read: {error.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{path}:{where} malformed YAML: {getattr(error, 'problem', error)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
-    for override in overrides or []:
-        apply_override(data, override, path)
-    return validate_experiment(data, path)
+    return data
 
 
 def validate_experiment(data: dict[str, Any], path: str | Path = "<config>") -> ExperimentConfig:
+    """Validate the whole config, each variant's merged engine section included, so that every
+    problem is reported at once and before anything runs."""
     try:
-        return ExperimentConfig.model_validate(data)
+        config = ExperimentConfig.model_validate(data)
     except ValidationError as error:
         raise ConfigError(format_validation_error(error, path, data)) from None
+    problems = []
+    for index, variant in enumerate(config.variants):
+        try:
+            EngineConfig.model_validate(config.engine.model_dump() | variant.engine)
+        except ValidationError as error:
+            problems += [_prefixed(problem, ("variants", index, "engine")) for problem in error.errors()]
+    if problems:
+        raise ConfigError(_format_problems(problems, path, data))
+    return config
 
 
 def apply_override(data: dict[str, Any], override: str, path: str | Path) -> None:
     """``engine.block_size=32`` or ``variants.0.policy=paged``; the value is parsed as YAML."""
     key_path, sep, raw_value = override.partition("=")
-    if not sep or not key_path:
-        raise ConfigError(f"--set {override!r}: expected KEY.PATH=VALUE")
+    if not sep or not key_path or "" in key_path.split("."):
+        raise ConfigError(f"--set {override!r}: expected KEY.PATH=VALUE (keys joined by '.')")
     keys = key_path.split(".")
+    try:
+        value = yaml.safe_load(raw_value)
+    except yaml.YAMLError as error:
+        raise ConfigError(
+            f"--set {override!r}: the value {raw_value!r} is not valid YAML "
+            f"({getattr(error, 'problem', None) or 'malformed'}); quote it if it is a string"
+        ) from None
     node: Any = data
-    for key in keys[:-1]:
-        node = node[_list_index(key, override)] if isinstance(node, list) else node.setdefault(key, {})
-    value = yaml.safe_load(raw_value)
-    last = keys[-1]
-    if isinstance(node, list):
-        node[_list_index(last, override)] = value
-    elif isinstance(node, dict):
-        node[last] = value
-    else:
-        raise ConfigError(f"{path}: --set {override!r}: {'.'.join(keys[:-1])} is not a mapping")
+    for depth, key in enumerate(keys):
+        where = ".".join(keys[:depth]) or "the top level"
+        last = depth == len(keys) - 1
+        if isinstance(node, list):
+            index = _list_index(key, node, where, override)
+            if last:
+                node[index] = value
+            else:
+                node = node[index]
+        elif isinstance(node, dict):
+            if last:
+                node[key] = value
+            else:
+                node = node.setdefault(key, {})
+        else:
+            raise ConfigError(
+                f"{path}: --set {override!r}: {where} is {node!r}, not a mapping or list, so it has no key {key!r}"
+            )
 
 
-def _list_index(key: str, override: str) -> int:
+def _list_index(key: str, node: list[Any], where: str, override: str) -> int:
     if not key.isdigit():
-        raise ConfigError(f"--set {override!r}: {key!r} must be a list index")
+        raise ConfigError(f"--set {override!r}: {where} is a list; {key!r} must be an index (0, 1, ...)")
+    if int(key) >= len(node):
+        raise ConfigError(
+            f"--set {override!r}: {where} has {len(node)} entries (indexes 0 to {len(node) - 1}), "
+            f"so there is no entry {key}"
+        )
     return int(key)
 
 
 def format_validation_error(error: ValidationError, path: str | Path, data: Any) -> str:
-    lines = [f"{path}: invalid experiment config ({error.error_count()} problem(s))"]
-    for problem in error.errors():
+    return _format_problems(error.errors(), path, data)
+
+
+def _prefixed(problem: Any, prefix: tuple[Any, ...]) -> Any:
+    return {**problem, "loc": (*prefix, *problem["loc"])}
+
+
+def _format_problems(problems: list[Any], path: str | Path, data: Any) -> str:
+    lines = [f"{path}: invalid experiment config ({len(problems)} problem(s))"]
+    for problem in problems:
         location = _data_path(
             problem["loc"], data, keep_last=problem["type"] in ("extra_forbidden", "missing")
         )
         key_path = ".".join(str(part) for part in location) or "(top level)"
-        message = problem["msg"]
+        # pydantic prefixes the messages of our own validators with "Value error, ".
+        message = problem["msg"].removeprefix("Value error, ")
         if problem["type"] == "extra_forbidden":
             known = _known_keys_at(data, location[:-1])
             message = f"unknown key{_did_you_mean(str(location[-1]), known)}"
         elif problem["type"] == "missing":
             message = "required key is missing"
         value = problem.get("input")
-        shown = "" if problem["type"] == "missing" or isinstance(value, dict) else f" (got {value!r})"
+        quiet = problem["type"] == "missing" or isinstance(value, dict | list)
+        shown = "" if quiet else f" (got {value!r})"
         lines.append(f"  {key_path}: {message}{shown}")
     return "\n".join(lines)
 

@@ -113,23 +113,23 @@ def test_scripted_max_reservation_breakdown() -> None:
     assert p.region(1) == (0, 40)
     assert p.breakdown() == bd(used=10, reserved=15, internal=15, external=0, free=60)
 
-    p.admit(2, tokens(5), 40, 102)  # [40, 80); hole [80, 100) of 20 < 40 is external
-    assert p.region(2) == (40, 40)
-    assert p.breakdown() == bd(used=15, reserved=50, internal=15, external=20, free=0)
+    p.admit(2, tokens(5), 40, 102)  # [40, 80); hole [80, 100) of 20 < 40 free slots:
+    assert p.region(2) == (40, 40)  # a shortage, not fragmentation (unsplit, 20 still cannot hold 40)
+    assert p.breakdown() == bd(used=15, reserved=50, internal=15, external=0, free=20)
 
     p.grow(1, 5)
     assert p.seq_len(1) == 15
-    assert p.breakdown() == bd(used=20, reserved=45, internal=15, external=20, free=0)
+    assert p.breakdown() == bd(used=20, reserved=45, internal=15, external=0, free=20)
 
     assert not p.can_admit(tokens(5), 10)  # needs 40, the only hole is 20
     assert p.available_slots() == 20
 
-    p.free(1)  # holes [0, 40) (fits the reference) and [80, 100) (does not)
+    p.free(1)  # holes [0, 40) and [80, 100): the reference (40) fits the first, so nothing is external
     assert p.free_pieces() == [(0, 40), (80, 20)]
-    assert p.breakdown() == bd(used=5, reserved=35, internal=0, external=20, free=40)
+    assert p.breakdown() == bd(used=5, reserved=35, internal=0, external=0, free=60)
 
     p.grow(2, 35)  # seq 2 reaches its final length
-    assert p.breakdown() == bd(used=40, reserved=0, internal=0, external=20, free=40)
+    assert p.breakdown() == bd(used=40, reserved=0, internal=0, external=0, free=60)
 
     p.free(2)  # everything merges back into one hole
     assert p.free_pieces() == [(0, 100)]
@@ -158,11 +158,11 @@ def test_external_fragmentation_blocks_a_request_until_a_neighbour_frees() -> No
         p.admit(seq_id, tokens(30, seq_id), 30, 100 + seq_id)
     p.free(2)  # holes [30, 60) and [90, 100): 40 slots free in total
     assert p.free_pieces() == [(30, 30), (90, 10)]
-    # reference is the last request (30): only the 10-slot hole is too small
-    assert p.breakdown() == bd(used=60, reserved=0, internal=0, external=10, free=30)
+    # reference is the last request (30): it fits the 30-slot hole, so nothing is external yet
+    assert p.breakdown() == bd(used=60, reserved=0, internal=0, external=0, free=40)
 
     assert not p.can_admit(tokens(35), 35)  # 35 <= 40 free, but no hole holds 35
-    # the reference is now the waiting request of 35: both holes are too small for it
+    # the reference is now the waiting request of 35: no hole holds it, the 40 free slots would
     assert p.breakdown() == bd(used=60, reserved=0, internal=0, external=40, free=0)
     with pytest.raises(OutOfKVMemory) as error:
         p.admit(4, tokens(35), 35, 104)
@@ -275,12 +275,13 @@ def test_buddy_external_fragmentation_and_merge() -> None:
     assert not p.can_admit(tokens(20), 20)  # the scheduler asks: reference becomes 32
     assert p.breakdown() == bd(used=32, reserved=0, internal=0, external=32, free=0)
 
-    p.free(2)  # 16/16 merges with 0/16 into 0/32
+    p.free(2)  # 16/16 merges with 0/16 into 0/32: the reference fits again
     assert p.free_pieces() == [(0, 32), (32, 16)]
-    assert p.breakdown() == bd(used=16, reserved=0, internal=0, external=16, free=32)
+    assert p.breakdown() == bd(used=16, reserved=0, internal=0, external=0, free=48)
     p.admit(5, tokens(20), 20, 105)
     assert p.region(5) == (0, 32)
-    assert p.breakdown() == bd(used=36, reserved=0, internal=12, external=16, free=0)
+    # reference 32, 16 slots free: a shortage, not fragmentation
+    assert p.breakdown() == bd(used=36, reserved=0, internal=12, external=0, free=16)
 
 
 def test_buddy_non_power_of_two_pool() -> None:
@@ -299,16 +300,20 @@ def test_buddy_non_power_of_two_pool() -> None:
     # reference chunk 2: every free chunk is >= 2
     assert p.breakdown() == bd(used=35, reserved=0, internal=3, external=0, free=62)
 
-    assert not p.can_admit(tokens(64), 64)  # no free 64-chunk
-    # reference chunk 64: every free chunk is too small
-    assert p.breakdown() == bd(used=35, reserved=0, internal=3, external=62, free=0)
+    assert not p.can_admit(tokens(64), 64)  # chunk 64, and only 62 slots free: a shortage
+    assert p.breakdown() == bd(used=35, reserved=0, internal=3, external=0, free=62)
 
-    for seq_id in (1, 2, 3):
+    p.free(1)  # 64/32 is free again, but it is a top-level chunk: it cannot merge with 32/32
+    assert p.free_pieces() == [(2, 2), (4, 4), (8, 8), (16, 16), (32, 32), (64, 32)]
+    # 94 free slots would hold the 64-chunk, yet no free chunk is that large: all 94 are external
+    # (seq 2: 3 of a 4-chunk, seq 3: 2 of a 2-chunk)
+    assert p.breakdown() == bd(used=5, reserved=0, internal=1, external=94, free=0)
+
+    for seq_id in (2, 3):
         p.free(seq_id)
-    # top-level chunks never merge across their boundaries
+    # top-level chunks never merge across their boundaries; the reference fits 0/64 again
     assert p.free_pieces() == [(0, 64), (64, 32), (96, 4)]
-    # reference 64: the 32 and 4 top-level chunks stay "too small"
-    assert p.breakdown() == bd(used=0, reserved=0, internal=0, external=36, free=64)
+    assert p.breakdown() == bd(used=0, reserved=0, internal=0, external=0, free=100)
 
 
 def test_buddy_request_larger_than_any_top_level_chunk_fails() -> None:
@@ -318,7 +323,8 @@ def test_buddy_request_larger_than_any_top_level_chunk_fails() -> None:
     assert (error.value.needed_slots, error.value.free_slots) == (128, 100)
     assert p.breakdown() == bd(0, 0, 0, 0, 100)
     assert not p.can_admit(tokens(65), 65)
-    assert p.breakdown() == bd(used=0, reserved=0, internal=0, external=100, free=0)
+    # The reference (128) exceeds the whole pool: an empty pool is never fragmented
+    assert p.breakdown() == bd(used=0, reserved=0, internal=0, external=0, free=100)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -463,7 +469,10 @@ def _check_invariants(
     assert b.reserved == sum(final - length for _, final, length in model.values())
     assert b.internal_fragmentation == sum(regions[s][1] - model[s][1] for s in model)
     assert p.reference_size == reference
-    assert b.external_fragmentation == sum(size for _, size in pieces if size < reference)
+    # External fragmentation (textbook): the reference fits in no free piece, yet in the free total.
+    free = sum(size for _, size in pieces)
+    split_only = free >= reference and all(size < reference for _, size in pieces)
+    assert b.external_fragmentation == (free if split_only else 0)
     assert b.external_fragmentation + b.free == sum(size for _, size in pieces) == p.available_slots()
     for s, (_, _, length) in model.items():
         assert p.seq_len(s) == length
@@ -584,6 +593,6 @@ def test_random_operations_keep_invariants(reservation: str, placement: str, dat
     assert initial_pieces == ([(0, pool)] if placement != "buddy" else _top_level_chunks(pool))
     b = p.breakdown()
     assert (b.used, b.reserved, b.internal_fragmentation, b.cached) == (0, 0, 0, 0)
-    assert b.external_fragmentation == sum(size for _, size in initial_pieces if size < reference)
-    if placement != "buddy" and reference <= pool:
-        assert b.free == pool
+    # An empty pool is never fragmented, whatever the last request asked for (it was reported as 100 %
+    # external fragmentation when that request was larger than the pool).
+    assert (b.external_fragmentation, b.free) == (0, pool)

@@ -2,6 +2,7 @@
 
 from sim.storage.folders import (
     MARKER,
+    RUN_FOLDER_ENTRIES,
     OutputTargetError,
     check_output_target,
     config_hash,
@@ -11,6 +12,7 @@ from sim.storage.folders import (
 
 __all__ = [
     "MARKER",
+    "RUN_FOLDER_ENTRIES",
     "OutputTargetError",
     "check_output_target",
     "config_hash",

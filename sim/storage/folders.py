@@ -29,6 +29,9 @@ from typing import Any
 MARKER = ".kvsim-results"
 """Marker of a finished kvsim folder."""
 
+RUN_FOLDER_ENTRIES = ("config.yaml", "summary.csv", "capacity.txt", "figures")
+"""What a run's results folder holds besides its marker and one folder per variant (``sim.results``)."""
+
 STAGING_MARKER = ".kvsim-partial"
 """Marker of a staging folder: holds the pid of the process writing it."""
 
