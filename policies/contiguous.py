@@ -78,6 +78,8 @@ class _Sequence:
 class ContiguousPolicy(KVCachePolicy):
     """One contiguous region per sequence; see the module docstring."""
 
+    OPTION_VALUES = {"reservation": RESERVATIONS, "placement": PLACEMENTS}  # for `kvsim policies`
+
     def __init__(self, pool: PoolSpec, reservation: str = "max", placement: str = "first_fit"):
         super().__init__(pool)
         if reservation not in RESERVATIONS:

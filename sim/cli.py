@@ -28,29 +28,75 @@ SUMMARY_COLUMNS = [
 ]
 
 
+class StrictRunFailed(Exception):
+    """``--strict``: the run left requests unserved; nothing was written."""
+
+
+def progress_enabled(quiet: bool = False) -> bool:
+    """Progress bars only on a terminal: in logs (CI, Slurm, ``| tee``) their escape sequences are noise."""
+    if quiet or os.environ.get("TQDM_DISABLE") == "1" or os.environ.get("CI"):
+        return False
+    return sys.stderr.isatty()
+
+
+def _warn(message: str) -> None:
+    print(f"kvsim: warning: {message}", file=sys.stderr)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.config import load_experiment
+    from sim.outcomes import format_outcomes, summarize_outcomes
     from sim.results import write_run_files
-    from sim.runner import run_experiment
+    from sim.runner import prepare_experiment, run_experiment
     from sim.storage import check_output_target, config_hash, staged_output_dir
 
     config_path = Path(args.config)
     config = load_experiment(config_path, args.set)
     out_dir = Path(args.output) if args.output else Path("results") / config.name
     check_output_target(out_dir, "run")  # before any simulation: never replace what kvsim did not write
-    show_progress = not args.quiet and os.environ.get("TQDM_DISABLE") != "1"
+    prepared = prepare_experiment(config, config_path)  # every variant checked before the first runs
+    for warning in prepared.warnings:
+        _warn(warning)
     resolved = config.model_dump(mode="json")
-    log = lambda message: print(message, file=sys.stderr)  # noqa: E731
-    with staged_output_dir(out_dir, "run", config_hash(resolved), log=log) as staging:
+    with staged_output_dir(out_dir, "run", config_hash(resolved), log=_log) as staging:
         # Tables stream into the staging folder while each variant runs; the rest is written after.
-        results = run_experiment(config, config_path, progress=show_progress, out_dir=staging)
+        results = run_experiment(
+            config, config_path, progress=progress_enabled(args.quiet), out_dir=staging, prepared=prepared
+        )
+        outcomes = {
+            result.name: summarize_outcomes(result.sink.requests(columns=["outcome", "reason"]))
+            for result in results
+        }
+        report = format_outcomes(outcomes)
+        if args.strict and report:
+            # The staging folder is removed on the way out: a strict failure leaves no results folder
+            # (and an earlier result in the same place is kept as it was).
+            print(report, file=sys.stderr)
+            unserved = sum(item.unserved for item in outcomes.values())
+            raise StrictRunFailed(
+                f"--strict: {unserved:,} request(s) were not served (see above); no results written to "
+                f"{out_dir}/. Rerun without --strict to inspect them in requests.parquet (outcome, reason)."
+            )
         write_run_files(staging, resolved, results, figures=config.output.figures)
     print(f"kvsim run {config.name}: cost model = {results[0].summary['cost_model']}")
-    for result in results:
-        print(f"  [{result.name}] " + " | ".join(result.capacity_lines))
+    for line in capacity_report(results):
+        print(line)
     print(format_summary_table([result.summary for result in results]))
     print(f"results written to {out_dir}/ (summary.csv, per-variant folders, figures/)")
+    if report:
+        print(report, file=sys.stderr)
     return 0
+
+
+def capacity_report(results: list) -> list[str]:
+    """vLLM's capacity lines, once per distinct pool (variants usually share it)."""
+    from sim.results import group_capacity_lines
+
+    return [f"  [{', '.join(names)}] " + " | ".join(lines) for names, lines in group_capacity_lines(results)]
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 def format_summary_table(summaries: list[dict]) -> str:
@@ -71,7 +117,10 @@ def format_summary_table(summaries: list[dict]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from sim.storage.folders import kvsim_version
+
     parser = argparse.ArgumentParser(prog="kvsim", description="Simulate KV-cache allocation policies.")
+    parser.add_argument("--version", action="version", version=f"kvsim {kvsim_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run an experiment YAML and write curves to results/")
     run.add_argument("config", help="experiment YAML")
@@ -80,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY.PATH=VALUE", help="override a config key"
     )
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    run.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail (exit 1, no results folder) if any request is rejected or fails for lack of KV memory",
+    )
     run.set_defaults(func=cmd_run)
     _register_optional(commands)
     return parser
@@ -95,6 +149,15 @@ def _register_optional(commands) -> None:
     from sim.validation import register as register_validate
 
     register_validate(commands)
+    from sim.listing import register as register_listings
+
+    register_listings(commands)
+    from sim.reference import register as register_reference
+
+    register_reference(commands)
+    from sim.columns import register as register_columns
+
+    register_columns(commands)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,13 +179,23 @@ def main(argv: list[str] | None = None) -> int:
         FileNotFoundError,
         OutputTargetError,
     ) as error:
-        print(f"\nkvsim: error: {error}", file=sys.stderr)
+        print(f"{_fresh_line()}kvsim: error: {error}", file=sys.stderr)
         return 2
+    except StrictRunFailed as error:
+        print(f"{_fresh_line()}kvsim: error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
-        print("\nkvsim: interrupted; unfinished output removed, nothing written", file=sys.stderr)
+        print(
+            f"{_fresh_line()}kvsim: interrupted; unfinished output removed, nothing written", file=sys.stderr
+        )
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _fresh_line() -> str:
+    # A progress bar may hold the terminal's current line; in a log there are no bars, so no blank line.
+    return "\n" if sys.stderr.isatty() else ""
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from policies.base import policy_names
 from sim.costs import CostModelConfig
@@ -58,7 +58,9 @@ class EngineConfig(_Strict):
     )
     max_num_seqs: int = Field(256, gt=0, description="Most sequences in one iteration's batch.")
     max_num_batched_tokens: int = Field(8192, gt=0, description="Token budget of one iteration.")
-    enable_chunked_prefill: bool = True
+    enable_chunked_prefill: bool = Field(
+        True, description="Split long prefills over iterations within max_num_batched_tokens (vLLM V1: on)."
+    )
     enable_prefix_caching: bool | None = Field(
         None, description="vLLM's switch; `true` with policy `paged` selects the `prefix` policy."
     )
@@ -73,11 +75,19 @@ class EngineConfig(_Strict):
         None, gt=0, description="Set the number of KV blocks directly."
     )
     kv_cache_dtype: Literal["auto", "fp16", "bf16", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"] = (
-        "auto"
+        Field(
+            "auto",
+            description="KV cache element type; auto: the model's dtype. fp8 halves the bytes per token.",
+        )
     )
-    tensor_parallel_size: int = Field(1, gt=0)
+    tensor_parallel_size: int = Field(
+        1, gt=0, description="GPUs per instance; each holds its share of the KV heads and weights."
+    )
     swap_space: float = Field(4.0, ge=0, description="Host swap space per GPU in GiB (vLLM V0 default 4).")
-    preemption_mode: Literal["recompute", "swap"] = "recompute"
+    preemption_mode: Literal["recompute", "swap"] = Field(
+        "recompute",
+        description="A preempted request is freed and recomputed later (vLLM V1), or swapped to host memory.",
+    )
     watermark: float = Field(0.0, ge=0, lt=1, description="Pool fraction kept free at admission (V0: 0.01).")
     on_oom: Literal["queue", "fail"] = Field(
         "queue", description="A request that does not fit at admission waits (queue) or fails (fail)."
@@ -101,8 +111,8 @@ class EngineConfig(_Strict):
 class VariantConfig(_Strict):
     """One policy run on the experiment's request stream."""
 
-    name: str
-    policy: str
+    name: str = Field(description="The variant's folder and label (letters, digits, -, _, .).")
+    policy: str = Field(description="A policy name (see `kvsim policies`): contiguous, paged, prefix.")
     options: dict[str, Any] = Field(default_factory=dict, description="Policy options, e.g. reservation.")
     engine: dict[str, Any] = Field(default_factory=dict, description="Overrides of the engine section.")
     pin_shared_prefixes: bool = Field(
@@ -141,24 +151,35 @@ class VariantConfig(_Strict):
 
 
 class OutputConfig(_Strict):
-    timeseries_format: Literal["parquet", "csv"] = "parquet"
-    figures: bool = True
+    """What a run writes besides the summaries."""
+
+    timeseries_format: Literal["parquet", "csv"] = Field(
+        "parquet", description="File format of each variant's timeseries and requests tables."
+    )
+    figures: bool = Field(True, description="Write the PNG figures into figures/.")
 
 
 class ExperimentConfig(_Strict):
     name: str = Field(description="Also the default results folder name (letters, digits, -, _, .).")
-    description: str = ""
+    description: str = Field("", description="Free text, kept in the results' config.yaml.")
     seed: int = Field(0, ge=0, description="Seed of every random draw (workload, beams).")
     model: str = Field(
         description="A preset name (see `kvsim models`) or a path to a HuggingFace config.json."
     )
     gpu: str | dict[str, Any] = Field(description="A GPU preset name or custom values.")
-    engine: EngineConfig = Field(default_factory=EngineConfig)  # type: ignore[arg-type]
-    cost_model: CostModelConfig | str = "analytic"
-    workload: WorkloadConfig
-    variants: list[VariantConfig] = Field(min_length=1)
+    engine: EngineConfig = Field(
+        default_factory=EngineConfig,  # type: ignore[arg-type]
+        description="Engine and memory knobs shared by every variant (vLLM engine-argument names).",
+    )
+    cost_model: CostModelConfig | str = Field(
+        "analytic", description="Iteration times: analytic (roofline) or a calibrated profile."
+    )
+    workload: WorkloadConfig = Field(description="The request stream: synthetic, or replayed from a trace.")
+    variants: list[VariantConfig] = Field(
+        min_length=1, description="Policies to compare, each replayed on the identical request stream."
+    )
     until_s: float | None = Field(None, gt=0, description="Stop the simulation at this time (seconds).")
-    output: OutputConfig = Field(default_factory=OutputConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig, description="Output formats.")
 
     @field_validator("name")
     @classmethod

@@ -647,15 +647,17 @@ class CostModelConfig(BaseModel):
     whose swaps were not measured (CPU profiles); analytic defaults to 25 GB/s.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     kind: Literal["analytic", "profile"] = "analytic"
+    """analytic: the roofline model; profile: coefficients measured by ``kvsim calibrate``."""
     profile: str | None = None
     """Path to a calibration profile; relative paths resolve against the experiment file's folder,
     then the repository root."""
     rescale: bool = False
     """Allow a profile measured on another model to be rescaled by shape ratios (with a warning)."""
     host_bandwidth_gb_per_s: float | None = Field(default=None, gt=0)
+    """Host link for swaps in 10^9 bytes/s (analytic default 25; also for profiles without measured swaps)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -39,7 +39,9 @@ def write_run_files(
     """Everything but the tables a file sink already streamed into ``folder/<variant>/``."""
     (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     pd.DataFrame([_flat(result.summary) for result in results]).to_csv(folder / "summary.csv", index=False)
-    capacity = [f"[{result.name}]\n" + "\n".join(result.capacity_lines) for result in results]
+    capacity = [
+        f"[{', '.join(names)}]\n" + "\n".join(lines) for names, lines in group_capacity_lines(results)
+    ]
     (folder / "capacity.txt").write_text("\n\n".join(capacity) + "\n")
     for result in results:
         variant_dir = folder / result.name
@@ -49,6 +51,15 @@ def write_run_files(
         from sim.plots import write_figures
 
         write_figures(load_results(folder), folder / "figures")
+
+
+def group_capacity_lines(results: list[VariantResult]) -> list[tuple[list[str], list[str]]]:
+    """``(variant names, capacity lines)`` per distinct pool, in variant order: variants on the same
+    pool share one entry instead of repeating identical lines."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for result in results:
+        groups.setdefault(tuple(result.capacity_lines), []).append(result.name)
+    return [(names, list(lines)) for lines, names in groups.items()]
 
 
 def _flat(summary: dict[str, Any]) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,15 +20,17 @@ from policies.base import (
     PoolSpec,
     TokenContent,
     make_policy,
+    policy_class,
 )
+from policies.contiguous import ContiguousPolicy
 from sim.capacity import KVCapacity, size_kv_pool
-from sim.config import ConfigError, EngineConfig, ExperimentConfig, VariantConfig
-from sim.costs import make_cost_model
+from sim.config import VLLM_BLOCK_SIZES, ConfigError, EngineConfig, ExperimentConfig, VariantConfig
+from sim.costs import CostModel, CostModelError, make_cost_model
 from sim.engine import Engine, EngineKnobs
 from sim.gpus import GpuSpec, resolve_gpu
 from sim.models import ModelSpec, resolve_model
 from sim.outputs import FileSink, MemorySink, OutputSink
-from workloads import build_workload
+from workloads import Workload, build_workload
 
 GIB = 1024**3
 
@@ -49,15 +53,29 @@ class VariantResult:
         return self.sink.requests()
 
 
-def resolve_hardware(config: ExperimentConfig, base_dir: Path) -> tuple[ModelSpec, GpuSpec]:
+def resolve_hardware(
+    config: ExperimentConfig, base_dir: Path, where: str | Path | None = None
+) -> tuple[ModelSpec, GpuSpec]:
+    """The model and GPU a config names; errors name the config file (``where``) and the key."""
+    where = where if where is not None else base_dir
     model_ref = config.model
     candidate = base_dir / model_ref
     if model_ref.endswith(".json") and candidate.is_file():
         model_ref = str(candidate)
     try:
-        return resolve_model(model_ref), resolve_gpu(config.gpu)
+        model = resolve_model(model_ref)
     except (ValueError, KeyError) as error:
-        raise ConfigError(f"{base_dir}: {error}") from None
+        raise ConfigError(f"{where}: model: {_text(error)}") from None
+    try:
+        gpu = resolve_gpu(config.gpu)
+    except (ValueError, KeyError) as error:
+        raise ConfigError(f"{where}: gpu: {_text(error)}") from None
+    return model, gpu
+
+
+def _text(error: BaseException) -> str:
+    # KeyError's str() is the repr of its argument: strip the quotes it adds.
+    return str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
 
 
 def policy_name_for(variant: VariantConfig, engine: EngineConfig) -> str:
@@ -91,30 +109,115 @@ def size_pool(model: ModelSpec, gpu: GpuSpec, engine: EngineConfig) -> KVCapacit
         raise ConfigError(str(error)) from None
 
 
-def run_variant(
+# --------------------------------------------------------------------------------------------------
+# Preparing: every variant is built and checked before the first one runs
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PreparedVariant:
+    """A variant whose engine config, pool, policy, cost model and pinned prefixes are built and checked."""
+
+    variant: VariantConfig
+    engine: EngineConfig
+    policy_name: str
+    capacity: KVCapacity
+    pool: PoolSpec
+    max_model_len: int
+    policy: KVCachePolicy
+    costs: CostModel
+    pinned_tokens: int
+
+
+@dataclass
+class PreparedExperiment:
+    config: ExperimentConfig
+    base_dir: Path
+    workload: Workload
+    variants: list[PreparedVariant]
+    warnings: list[str]
+
+
+def prepare_experiment(config: ExperimentConfig, config_path: Path) -> PreparedExperiment:
+    """Build and check every variant (merged engine section, vLLM's start-up checks, pool sizing,
+    policy and its options, cost model, pinned prefixes) and the workload, so that a bad later variant
+    fails before the first simulation. Every variant's problems are reported together."""
+    base_dir = config_path.parent
+    model, gpu = resolve_hardware(config, base_dir, config_path)
+    workload = build_workload(config.workload, seed=config.seed, base_dir=base_dir)
+    prefixes = workload.shared_prefixes()
+    prepared: list[PreparedVariant] = []
+    problems: dict[str, list[int]] = {}  # one line per message: a shared engine section fails every variant
+    notes: dict[str, list[int]] = {}
+    for index in range(len(config.variants)):
+        try:
+            item, warnings = _prepare_variant(config, index, model, gpu, base_dir, prefixes)
+        except (ConfigError, CostModelError) as error:
+            problems.setdefault(str(error), []).append(index)
+            continue
+        prepared.append(item)
+        for note in warnings:
+            notes.setdefault(note, []).append(index)
+    if problems:
+        lines = [f"{_variants_label(config, indexes)}: {text}" for text, indexes in problems.items()]
+        raise ConfigError(
+            f"{config_path}: cannot run ({len(lines)} problem(s); nothing was simulated)\n  "
+            + "\n  ".join(lines)
+        )
+    warnings = [f"{_variants_label(config, indexes)}: {text}" for text, indexes in notes.items()]
+    return PreparedExperiment(config, base_dir, workload, prepared, warnings)
+
+
+def _variants_label(config: ExperimentConfig, indexes: list[int]) -> str:
+    if len(indexes) == len(config.variants) > 1:
+        return "every variant"
+    return ", ".join(f"variants.{i} ({config.variants[i].name})" for i in indexes)
+
+
+def _prepare_variant(
     config: ExperimentConfig,
-    variant: VariantConfig,
+    index: int,
+    model: ModelSpec,
+    gpu: GpuSpec,
     base_dir: Path,
-    *,
-    progress: bool = False,
-    out_dir: Path | None = None,
-) -> VariantResult:
-    """Run one variant. With ``out_dir`` its tables stream to ``out_dir/<variant>/`` as it runs (memory
-    stays bounded by the running requests); without, they are kept in memory."""
-    model, gpu = resolve_hardware(config, base_dir)
+    prefixes: list[TokenContent] | None,
+) -> tuple[PreparedVariant, list[str]]:
+    """One variant, built; ``prefixes`` are pinned when the variant asks for it. Returns warnings too."""
+    variant = config.variants[index]
     engine_config = config.engine_for(variant)
-    capacity = size_pool(model, gpu, engine_config)
+
+    def key(name: str) -> str:
+        return f"variants.{index}.engine.{name}" if name in variant.engine else f"engine.{name}"
+
+    errors, warnings = check_engine(engine_config, model.name, model.max_position_embeddings, key)
+    if errors:
+        raise ConfigError("; ".join(errors))
+    try:
+        capacity = size_pool(model, gpu, engine_config)
+    except ConfigError as error:
+        raise ConfigError(f"model {config.model!r} on gpu {_gpu_label(config.gpu)}: {error}") from None
     max_model_len = engine_config.max_model_len or model.max_position_embeddings
+    pool_error = check_pool_holds_a_request(capacity, engine_config.block_size, max_model_len, key)
+    if pool_error:
+        raise ConfigError(pool_error)
     pool = PoolSpec(
         capacity.kv_pool_tokens, engine_config.block_size, max_model_len, capacity.kv_bytes_per_token
     )
     policy_name = policy_name_for(variant, engine_config)
+    unknown = sorted(set(variant.options) - set(policy_options(policy_name)))
+    if unknown:
+        valid = ", ".join(policy_options(policy_name)) or "none"
+        raise ConfigError(
+            f"variants.{index}.options: unknown option(s) {', '.join(map(repr, unknown))} for policy "
+            f"{policy_name!r} (valid: {valid})"
+        )
     try:
         policy = make_policy(policy_name, pool, **variant.options)
-    except TypeError as error:
-        raise ConfigError(
-            f"variant {variant.name!r}: bad policy options {variant.options}: {error}"
-        ) from None
+    except (TypeError, PolicyInputError) as error:
+        raise ConfigError(f"variants.{index}.options: {error}") from None
+    reservation_error = check_reservation_fits(policy, max_model_len, key)
+    if reservation_error:
+        raise ConfigError(reservation_error)
     costs = make_cost_model(
         config.cost_model,
         model,
@@ -123,11 +226,142 @@ def run_variant(
         kv_cache_dtype=engine_config.kv_cache_dtype,
         base_dir=base_dir,
     )
+    pinned_tokens = 0
+    if variant.pin_shared_prefixes:
+        try:
+            pinned_tokens = pin_prefixes(policy, prefixes or [])
+        except ConfigError as error:
+            raise ConfigError(f"variants.{index}.{error}") from None
+    prepared = PreparedVariant(
+        variant, engine_config, policy_name, capacity, pool, max_model_len, policy, costs, pinned_tokens
+    )
+    return prepared, warnings
+
+
+def policy_options(name: str) -> list[str]:
+    """The options a policy takes (its constructor's keyword arguments after the pool)."""
+    parameters = list(inspect.signature(policy_class(name).__init__).parameters)
+    return [parameter for parameter in parameters if parameter not in ("self", "pool")]
+
+
+def _gpu_label(gpu: str | dict[str, Any]) -> str:
+    return repr(gpu) if isinstance(gpu, str) else "(custom)"
+
+
+def check_engine(
+    engine: EngineConfig, model_name: str, model_max_len: int, key: Callable[[str], str]
+) -> tuple[list[str], list[str]]:
+    """vLLM's start-up checks of the engine knobs against the model: ``(errors, warnings)``, each
+    naming the key (``key(name)`` gives its path in the config)."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    max_model_len = engine.max_model_len or model_max_len
+    if engine.max_model_len is not None and engine.max_model_len > model_max_len:
+        text = (
+            f"{key('max_model_len')}: {engine.max_model_len:,} is beyond {model_name}'s context length "
+            f"({model_max_len:,} tokens, max_position_embeddings)"
+        )
+        if engine.allow_long_max_model_len:
+            warnings.append(f"{text}; accepted (allow_long_max_model_len: true)")
+        else:
+            errors.append(
+                f"{text}; vLLM refuses this too. Lower it, or set engine.allow_long_max_model_len: true "
+                "(vLLM: VLLM_ALLOW_LONG_MAX_MODEL_LEN=1) if the model really handles longer contexts"
+            )
+    if engine.block_size > max_model_len:
+        errors.append(
+            f"{key('block_size')}: {engine.block_size:,} is larger than max_model_len ({max_model_len:,}): "
+            "even the longest request would leave most of its only block empty"
+        )
+    elif engine.block_size not in VLLM_BLOCK_SIZES:
+        warnings.append(
+            f"{key('block_size')}: {engine.block_size} is not a block size vLLM accepts "
+            f"({', '.join(map(str, VLLM_BLOCK_SIZES))}); simulated as given"
+        )
+    if not engine.enable_chunked_prefill and engine.max_num_batched_tokens < max_model_len:
+        errors.append(
+            f"{key('max_num_batched_tokens')}: {engine.max_num_batched_tokens:,} is smaller than "
+            f"max_model_len ({max_model_len:,}) with enable_chunked_prefill: false, which vLLM refuses "
+            "(longer prompts could never be prefilled). Raise max_num_batched_tokens, lower "
+            "max_model_len, or enable chunked prefill"
+        )
+    return errors, warnings
+
+
+def check_pool_holds_a_request(
+    capacity: KVCapacity, block_size: int, max_model_len: int, key: Callable[[str], str]
+) -> str:
+    """vLLM refuses to start when one request of ``max_model_len`` tokens cannot fit in the KV cache."""
+    pool_tokens = capacity.num_gpu_blocks * block_size
+    if max_model_len <= pool_tokens:
+        return ""
+    return (
+        f"max_model_len ({max_model_len:,} tokens) is larger than the KV cache holds "
+        f"({capacity.num_gpu_blocks:,} blocks x {block_size} = {pool_tokens:,} tokens), which vLLM refuses "
+        f"at start-up. Lower {key('max_model_len')} to at most {pool_tokens:,}, or give the KV cache more "
+        "memory (gpu_memory_utilization, kv_cache_memory_bytes, num_gpu_blocks_override, a bigger GPU)"
+    )
+
+
+def check_reservation_fits(policy: KVCachePolicy, max_model_len: int, key: Callable[[str], str]) -> str:
+    """A contiguous ``max`` reservation (rounded up by buddy placement) larger than the biggest region an
+    empty pool can place would reject every request: refuse it with the numbers."""
+    if not isinstance(policy, ContiguousPolicy) or policy.reservation != "max":
+        return ""
+    region = policy.region_size(policy.reservation_size(1, 1))
+    largest = policy.largest_region()
+    if region <= largest:
+        return ""
+    rounding = f" (rounded up to {region:,} by buddy placement)" if region != max_model_len else ""
+    biggest = (
+        f"its largest buddy chunk is {largest:,} slots"
+        if policy.placement == "buddy"
+        else f"the KV pool holds {largest:,} slots"
+    )
+    return (
+        f"contiguous reservation 'max' reserves max_model_len = {max_model_len:,} slots per request"
+        f"{rounding}, but {biggest}: no request could ever be admitted. Lower {key('max_model_len')} "
+        f"to at most {largest:,}, or give the KV cache more memory"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------------
+
+
+def run_variant(
+    config: ExperimentConfig,
+    variant: VariantConfig,
+    base_dir: Path,
+    *,
+    progress: bool = False,
+    out_dir: Path | None = None,
+) -> VariantResult:
+    """Prepare and run one variant (the validation checks use it). With ``out_dir`` its tables stream to
+    ``out_dir/<variant>/`` as it runs (memory stays bounded by the running requests); without, they are
+    kept in memory."""
+    model, gpu = resolve_hardware(config, base_dir)
     workload = build_workload(config.workload, seed=config.seed, base_dir=base_dir)
-    pinned_tokens = pin_prefixes(policy, workload.shared_prefixes()) if variant.pin_shared_prefixes else 0
-    block_bytes = engine_config.block_size * capacity.kv_bytes_per_token
+    index = config.variants.index(variant)
+    prefixes = workload.shared_prefixes() if variant.pin_shared_prefixes else None
+    prepared, _ = _prepare_variant(config, index, model, gpu, base_dir, prefixes)
+    return run_prepared(config, prepared, workload, progress=progress, out_dir=out_dir)
+
+
+def run_prepared(
+    config: ExperimentConfig,
+    prepared: PreparedVariant,
+    workload: Workload,
+    *,
+    progress: bool = False,
+    out_dir: Path | None = None,
+) -> VariantResult:
+    """Run one prepared variant on ``workload``'s request stream (replayed afresh)."""
+    variant, engine_config = prepared.variant, prepared.engine
+    block_bytes = engine_config.block_size * prepared.capacity.kv_bytes_per_token
     knobs = EngineKnobs(
-        max_model_len=max_model_len,
+        max_model_len=prepared.max_model_len,
         max_num_seqs=engine_config.max_num_seqs,
         max_num_batched_tokens=engine_config.max_num_batched_tokens,
         enable_chunked_prefill=engine_config.enable_chunked_prefill,
@@ -147,8 +381,8 @@ def run_variant(
         else MemorySink()
     )
     engine = Engine(
-        policy,
-        costs,
+        prepared.policy,
+        prepared.costs,
         knobs,
         _counted(requests, bar),
         seed=config.seed,
@@ -163,10 +397,20 @@ def run_variant(
     sink.close()
     requests_table = sink.requests(columns=SUMMARY_REQUEST_COLUMNS)
     summary = summarize(
-        engine, requests_table, variant, policy_name, pool, capacity, costs.label, wall_s, max_model_len
+        engine,
+        requests_table,
+        variant,
+        prepared.policy_name,
+        prepared.pool,
+        prepared.capacity,
+        prepared.costs.label,
+        wall_s,
+        prepared.max_model_len,
     )
-    summary["pinned_tokens"] = pinned_tokens
-    return VariantResult(variant.name, summary, capacity.capacity_lines(max_model_len), sink)
+    summary["pinned_tokens"] = prepared.pinned_tokens
+    return VariantResult(
+        variant.name, summary, prepared.capacity.capacity_lines(prepared.max_model_len), sink
+    )
 
 
 # The per-request columns a summary needs (read back alone from a streamed file).
@@ -253,10 +497,16 @@ def _percentile(values: pd.Series, q: float) -> float | None:
 
 
 def run_experiment(
-    config: ExperimentConfig, config_path: Path, *, progress: bool = False, out_dir: Path | None = None
+    config: ExperimentConfig,
+    config_path: Path,
+    *,
+    progress: bool = False,
+    out_dir: Path | None = None,
+    prepared: PreparedExperiment | None = None,
 ) -> list[VariantResult]:
-    base_dir = config_path.parent
-    variants = tqdm(config.variants, desc=config.name, unit="variant", disable=not progress)
+    """Run every variant on the identical request stream; all are prepared (checked) before the first."""
+    prepared = prepared or prepare_experiment(config, config_path)
+    variants = tqdm(prepared.variants, desc=config.name, unit="variant", disable=not progress)
     return [
-        run_variant(config, variant, base_dir, progress=progress, out_dir=out_dir) for variant in variants
+        run_prepared(config, item, prepared.workload, progress=progress, out_dir=out_dir) for item in variants
     ]

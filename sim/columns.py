@@ -1,0 +1,200 @@
+"""The output column dictionary: every column kvsim writes, with its unit and meaning, in one place.
+
+``docs/outputs.md`` is generated from these tables (``kvsim output-columns``), and a test runs an
+experiment and checks that the columns written are exactly the ones documented here: a column added,
+renamed or dropped without its entry fails the suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+Columns = dict[str, tuple[str, str]]
+"""column name -> (unit, meaning)."""
+
+_FRAC = "fraction 0-1"
+
+SUMMARY: Columns = {
+    "variant": ("-", "The variant's name (its folder)."),
+    "policy": (
+        "-",
+        "The policy that ran (`prefix` when `enable_prefix_caching: true` turned `paged` into it).",
+    ),
+    "policy_options": ("-", "The policy's options (JSON in summary.csv)."),
+    "block_size": ("tokens", "Tokens per KV block."),
+    "max_model_len": ("tokens", "Longest request (prompt + output) the engine accepts."),
+    "kv_pool_tokens": ("tokens (slots)", "Size of the KV pool: vLLM's `GPU KV cache size`."),
+    "kv_pool_bytes": ("bytes", "Size of the KV pool in bytes (per GPU)."),
+    "kv_bytes_per_token": ("bytes", "KV cache bytes per token, all layers, per GPU."),
+    "num_gpu_blocks": ("blocks", "KV blocks in the pool (vLLM's `num_gpu_blocks`)."),
+    "cost_model": ("-", "Which cost model timed the iterations, and what it rests on."),
+    "requests_total": ("requests", "Requests that arrived (all outcomes)."),
+    "requests_finished": ("requests", "Requests that generated their last token."),
+    "requests_rejected": (
+        "requests",
+        "Requests refused because they can never run (longer than max_model_len, larger than the pool "
+        "even alone, ...); the reason is in requests.parquet.",
+    ),
+    "requests_failed_oom": (
+        "requests",
+        "Requests failed for lack of KV memory at admission (`on_oom: fail`).",
+    ),
+    "requests_unfinished": ("requests", "Requests still queued or running when the run stopped (`until_s`)."),
+    "oom_events": (
+        "count",
+        "KV allocations that failed: admissions that had to wait (once per wait), growth that forced a "
+        "preemption, forks that did not fit. Not crashes: with `on_oom: queue` requests wait.",
+    ),
+    "admissions_failed": ("count", "Times the request at the head of the queue had to wait for KV memory."),
+    "preemptions": ("count", "Requests taken off the GPU to free KV memory (recompute or swap)."),
+    "num_preemptions": ("count", "Same as `preemptions` (vLLM's metric name)."),
+    "swapped_out_blocks": ("blocks", "Blocks copied to host memory by swap preemptions."),
+    "peak_running": ("requests", "Most requests running at once."),
+    "cow_copies": ("blocks", "Shared, partly filled blocks copied before a write (copy-on-write)."),
+    "fork_copied_tokens": ("tokens", "Tokens physically copied by forks of policies that cannot share."),
+    "evictions": ("blocks", "Cached prefix blocks evicted to make room."),
+    "prefix_cache_queries": ("tokens", "Prompt tokens looked up in the prefix cache (vLLM's metric)."),
+    "prefix_cache_hits": ("tokens", "Prompt tokens served from the prefix cache (vLLM's metric)."),
+    "prefix_cache_hit_rate": (_FRAC, "prefix_cache_hits / prefix_cache_queries; empty without queries."),
+    "output_tokens_per_s": (
+        "tokens/s",
+        "Output tokens of finished requests (all samples/beams) per simulated second.",
+    ),
+    "ttft_p50_s": ("s", "Median time to first token of finished requests (from arrival, queueing included)."),
+    "ttft_p99_s": ("s", "99th percentile time to first token."),
+    "tpot_p50_s": ("s", "Median time per output token after the first."),
+    "e2e_p50_s": ("s", "Median end-to-end latency (arrival to last token)."),
+    "e2e_p99_s": ("s", "99th percentile end-to-end latency."),
+    "iterations": ("count", "Engine iterations (scheduler steps) simulated."),
+    "simulated_s": ("s", "Simulated time at the end of the run."),
+    "wall_s": ("s", "Wall-clock time the simulation took (machine-dependent)."),
+    "mean_used_frac": (_FRAC, "Time-averaged share of the pool holding live token states."),
+    "mean_reserved_frac": (_FRAC, "Time-averaged share allocated to live sequences and filled later."),
+    "mean_internal_frag_frac": (
+        _FRAC,
+        "Time-averaged share allocated but never filled (internal fragmentation).",
+    ),
+    "mean_external_frag_frac": (
+        _FRAC,
+        "Time-averaged share free but unusable only because it is split (external fragmentation; "
+        "paged policies: the pool's tail past the last whole block).",
+    ),
+    "mean_cached_frac": (_FRAC, "Time-averaged share holding reusable prefix blocks with no live owner."),
+    "mean_free_frac": (_FRAC, "Time-averaged share free."),
+    "mean_running": ("requests", "Time-averaged number of running requests."),
+    "memory_saved_by_sharing_frac": (
+        _FRAC,
+        "1 - physical / logical slots held by live sequences, time-averaged: what prefix sharing and "
+        "forks saved.",
+    ),
+    "pinned_tokens": ("tokens", "Slots pinned in the prefix cache at warm-up (`pin_shared_prefixes`)."),
+}
+
+TIMESERIES: Columns = {
+    "time_s": ("s", "Simulated time of the sample; a row holds until the next one."),
+    "used_tokens": ("tokens (slots)", "Slots holding live token states."),
+    "reserved_tokens": ("tokens (slots)", "Slots allocated to live sequences that they will fill later."),
+    "internal_fragmentation_tokens": ("tokens (slots)", "Slots allocated that will never be filled."),
+    "external_fragmentation_tokens": (
+        "tokens (slots)",
+        "Free slots unusable only because they are split (contiguous: when the waiting or last "
+        "request fits in no hole yet in their total); paged: the pool's tail past the last whole block.",
+    ),
+    "cached_tokens": (
+        "tokens (slots)",
+        "Slots of cached prefix blocks with no live owner (evictable or pinned).",
+    ),
+    "free_tokens": (
+        "tokens (slots)",
+        "Free slots. The six `*_tokens` breakdown columns sum to kv_pool_tokens.",
+    ),
+    "num_requests_running": ("requests", "Requests running (vLLM's metric)."),
+    "num_requests_waiting": ("requests", "Requests queued: the queue length (vLLM's metric)."),
+    "num_sequences_running": ("sequences", "Sequences running (a request with n > 1 or beams has several)."),
+    "oom_events": ("count", "Cumulative `oom_events` (see summary)."),
+    "num_preemptions": ("count", "Cumulative preemptions (vLLM's metric)."),
+    "admissions_failed": ("count", "Cumulative `admissions_failed` (see summary)."),
+    "cow_copies": ("blocks", "Cumulative copy-on-write block copies."),
+    "prefix_cache_queries": ("tokens", "Cumulative prompt tokens looked up in the prefix cache."),
+    "prefix_cache_hits": ("tokens", "Cumulative prompt tokens served from the prefix cache."),
+    "evictions": ("blocks", "Cumulative evictions of cached blocks."),
+    "physical_tokens": ("tokens (slots)", "Slots held by live sequences, a shared block counted once."),
+    "logical_tokens": ("tokens (slots)", "Slots live sequences would hold if nothing were shared."),
+    "kv_cache_usage_perc": (
+        _FRAC,
+        "vLLM's gauge `kv_cache_usage_perc`: despite the name a fraction from 0 to 1, not a percentage; "
+        "1 - (free + cached) / pool (evictable cache counts as free, as in vLLM).",
+    ),
+}
+
+REQUESTS: Columns = {
+    "request_id": ("-", "The request's id in the workload's stream (identical across variants)."),
+    "arrival_s": ("s", "Arrival time."),
+    "prompt_tokens": ("tokens", "Prompt length."),
+    "output_tokens": ("tokens", "Tokens to generate (per sample/beam)."),
+    "n": ("-", "Parallel samples."),
+    "beam_width": ("-", "Beam width (1: no beam search)."),
+    "admitted_s": ("s", "First admission (its KV memory allocated); empty if never admitted."),
+    "first_token_s": ("s", "Time of the first output token; empty if none."),
+    "finish_s": ("s", "Time of the last output token; empty unless finished."),
+    "preemptions": ("count", "Times this request was preempted."),
+    "cached_prompt_tokens": ("tokens", "Prompt tokens served from the prefix cache at first admission."),
+    "outcome": ("-", "finished, rejected, failed_oom or unfinished."),
+    "reason": ("-", "Why a request was rejected or failed (with its numbers); empty otherwise."),
+    "ttft_s": ("s", "first_token_s - arrival_s: time to first token, queueing included."),
+    "e2e_s": ("s", "finish_s - arrival_s: end-to-end latency."),
+    "tpot_s": (
+        "s",
+        "(finish_s - first_token_s) / (output_tokens - 1): time per output token after the first.",
+    ),
+    "queue_s": ("s", "admitted_s - arrival_s: time waiting before the first admission."),
+}
+
+TABLES: dict[str, tuple[str, Columns]] = {
+    "summary": ("`summary.csv` (one row per variant) and `<variant>/summary.json` (the same keys)", SUMMARY),
+    "timeseries": (
+        "`<variant>/timeseries.parquet` (or `.csv`): one row per change of state, sampled at engine events",
+        TIMESERIES,
+    ),
+    "requests": ("`<variant>/requests.parquet` (or `.csv`): one row per request", REQUESTS),
+}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown() -> str:
+    lines = [
+        "# Output columns",
+        "",
+        "<!-- Generated by `kvsim output-columns` from sim/columns.py; tests/test_reference_docs.py fails "
+        "when a written column is missing here or a documented one is no longer written. "
+        "Do not edit by hand. -->",
+        "",
+        "A results folder (`kvsim run`, default `results/<name>/`) holds `config.yaml` (the resolved "
+        "config), `summary.csv`, `capacity.txt` (vLLM's start-up lines, once per distinct pool), "
+        "`.kvsim-results` (the marker that lets kvsim replace the folder), `figures/*.png` and one "
+        "folder per variant with `summary.json`, `timeseries.parquet` and `requests.parquet`. Units: "
+        "*tokens (slots)* are KV slots, one token's K and V in every layer; *fraction 0-1* is a share, "
+        "never a percentage; times are simulated seconds unless stated. Read a folder from Python with "
+        "`sim.results.load_results(path)`.",
+    ]
+    for title, columns in TABLES.values():
+        lines += ["", f"## {title}", "", "| column | unit | meaning |", "|---|---|---|"]
+        lines += [f"| `{name}` | {unit} | {_cell(meaning)} |" for name, (unit, meaning) in columns.items()]
+    return "\n".join(lines) + "\n"
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "output-columns", help="print the output column dictionary (Markdown; docs/outputs.md is this output)"
+    )
+    parser.set_defaults(func=cmd_output_columns)
+
+
+def cmd_output_columns(args: argparse.Namespace) -> int:
+    sys.stdout.write(markdown())
+    return 0

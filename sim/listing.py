@@ -1,0 +1,120 @@
+"""``kvsim models``, ``kvsim gpus``, ``kvsim policies``: what a config may name, with the numbers that matter."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+from typing import Any
+
+GiB = 2**30
+
+
+def register(subparsers: Any) -> None:
+    """Add the three listing subcommands to ``kvsim``."""
+    models = subparsers.add_parser("models", help="list the model presets (config key: model)")
+    models.set_defaults(func=cmd_models)
+    gpus = subparsers.add_parser("gpus", help="list the GPU presets (config key: gpu)")
+    gpus.set_defaults(func=cmd_gpus)
+    policies = subparsers.add_parser("policies", help="list the KV-cache policies and their options")
+    policies.set_defaults(func=cmd_policies)
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """Columns padded to their widest cell; the first column left-aligned, the rest right-aligned."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            cell.ljust(width) if i == 0 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return "\n".join([line(header), *(line(row) for row in rows)])
+
+
+def models_table() -> str:
+    from sim.models import MODEL_PRESETS
+
+    rows = []
+    for name, spec in MODEL_PRESETS.items():
+        heads = f"{spec.num_kv_heads}/{spec.num_attention_heads}" if spec.attention == "mha" else "latent"
+        rows.append(
+            [
+                name,
+                f"{spec.num_params / 1e9:.1f}B",
+                str(spec.num_layers),
+                spec.attention.upper(),
+                heads,
+                f"{spec.max_position_embeddings:,}",
+                f"{spec.kv_bytes_per_token():,}",
+                f"{spec.weight_bytes() / GiB:.1f}",
+            ]
+        )
+    header = ["model", "params", "layers", "attention", "kv/q heads", "context", "KV B/token", "weights GiB"]
+    return (
+        table(header, rows)
+        + "\n\nKV bytes per token at the model's dtype (kv_cache_dtype: auto), all layers, one GPU. "
+        "A HuggingFace config.json path works too (model: path/to/config.json)."
+    )
+
+
+def gpus_table() -> str:
+    from sim.gpus import GPU_PRESETS
+
+    rows = [
+        [
+            name,
+            f"{spec.memory_bytes / GiB:g}",
+            f"{spec.hbm_bandwidth_bytes_per_s / 1e9:,.0f}",
+            f"{spec.fp16_flops / 1e12:,.1f}",
+        ]
+        for name, spec in GPU_PRESETS.items()
+    ]
+    return (
+        table(["gpu", "memory GiB", "bandwidth GB/s", "fp16 dense TFLOP/s"], rows)
+        + "\n\nCustom GPUs: gpu: {base: H100-80GB, memory_gib: 79.19} or {name, memory_gib, "
+        "hbm_bandwidth_gb_per_s, fp16_tflops}."
+    )
+
+
+def policy_option_lines(name: str) -> list[str]:
+    """``option = default (values)`` for each option a config may set (Python-only hooks left out)."""
+    from policies.base import policy_class
+
+    cls = policy_class(name)
+    values = getattr(cls, "OPTION_VALUES", {})
+    lines = []
+    for parameter in list(inspect.signature(cls.__init__).parameters.values())[2:]:
+        if callable(parameter.default):
+            continue  # e.g. prefix's hash_fn: a test hook, not a config value
+        choice = f" ({' | '.join(values[parameter.name])})" if parameter.name in values else ""
+        lines.append(f"{parameter.name} = {parameter.default}{choice}")
+    return lines
+
+
+def policies_table() -> str:
+    import policies  # noqa: F401  (registers every policy)
+    from policies.base import policy_class, policy_names
+
+    blocks = []
+    for name in policy_names():
+        module_doc = inspect.getmodule(policy_class(name)).__doc__ or ""  # type: ignore[union-attr]
+        summary = module_doc.strip().split("\n\n")[0].replace("\n", " ")
+        options = policy_option_lines(name)
+        blocks.append(f"{name}\n  {summary}\n  options: " + ("; ".join(options) if options else "none"))
+    return "\n\n".join(blocks) + "\n\nIn a config: variants: [{name: NAME, policy: POLICY, options: {...}}]."
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    print(models_table())
+    return 0
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    print(gpus_table())
+    return 0
+
+
+def cmd_policies(args: argparse.Namespace) -> int:
+    print(policies_table())
+    return 0
