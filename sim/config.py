@@ -179,7 +179,7 @@ class ExperimentConfig(_Strict):
         min_length=1, description="Policies to compare, each replayed on the identical request stream."
     )
     until_s: float | None = Field(None, gt=0, description="Stop the simulation at this time (seconds).")
-    output: OutputConfig = Field(default_factory=OutputConfig, description="Output formats.")
+    output: OutputConfig = Field(default_factory=OutputConfig, description="Output formats.")  # type: ignore[arg-type]
 
     @field_validator("name")
     @classmethod

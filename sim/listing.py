@@ -98,7 +98,8 @@ def policies_table() -> str:
 
     blocks = []
     for name in policy_names():
-        module_doc = inspect.getmodule(policy_class(name)).__doc__ or ""  # type: ignore[union-attr]
+        module = inspect.getmodule(policy_class(name))
+        module_doc = (module.__doc__ if module else "") or ""
         summary = module_doc.strip().split("\n\n")[0].replace("\n", " ")
         options = policy_option_lines(name)
         blocks.append(f"{name}\n  {summary}\n  options: " + ("; ".join(options) if options else "none"))

@@ -153,7 +153,8 @@ def prepare_experiment(config: ExperimentConfig, config_path: Path) -> PreparedE
         try:
             item, warnings = _prepare_variant(config, index, model, gpu, base_dir, prefixes)
         except (ConfigError, CostModelError) as error:
-            problems.setdefault(str(error), []).append(index)
+            for text in str(error).split("\n"):
+                problems.setdefault(text, []).append(index)
             continue
         prepared.append(item)
         for note in warnings:
@@ -190,12 +191,12 @@ def _prepare_variant(
         return f"variants.{index}.engine.{name}" if name in variant.engine else f"engine.{name}"
 
     errors, warnings = check_engine(engine_config, model.name, model.max_position_embeddings, key)
-    if errors:
-        raise ConfigError("; ".join(errors))
     try:
         capacity = size_pool(model, gpu, engine_config)
     except ConfigError as error:
-        raise ConfigError(f"model {config.model!r} on gpu {_gpu_label(config.gpu)}: {error}") from None
+        errors.insert(0, f"model, gpu: {error}")
+    if errors:
+        raise ConfigError("\n".join(errors))  # one problem per line
     max_model_len = engine_config.max_model_len or model.max_position_embeddings
     pool_error = check_pool_holds_a_request(capacity, engine_config.block_size, max_model_len, key)
     if pool_error:
@@ -242,10 +243,6 @@ def policy_options(name: str) -> list[str]:
     """The options a policy takes (its constructor's keyword arguments after the pool)."""
     parameters = list(inspect.signature(policy_class(name).__init__).parameters)
     return [parameter for parameter in parameters if parameter not in ("self", "pool")]
-
-
-def _gpu_label(gpu: str | dict[str, Any]) -> str:
-    return repr(gpu) if isinstance(gpu, str) else "(custom)"
 
 
 def check_engine(

@@ -147,6 +147,33 @@ def test_stale_staging_of_a_killed_run_is_cleaned_and_foreign_ones_kept(tmp_path
     assert "removed 1 unfinished output folder" in messages[0]
 
 
+def test_a_result_with_files_added_since_is_refused_naming_them(tmp_path):
+    target = tmp_path / "out"
+    with staged_output_dir(target, "run") as staging:
+        (staging / "sub").mkdir()
+        (staging / "sub" / "summary.json").write_text("{}")
+    assert read_marker(target)["files"] == ["sub/summary.json"]
+    (target / "notes.md").write_text("my notes")
+    with pytest.raises(OutputTargetError, match=r"files were added to it since \(notes\.md\)"):
+        check_output_target(target, "run")
+    assert (target / "notes.md").read_text() == "my notes"
+
+
+def test_staging_of_another_host_and_a_killed_replacement(tmp_path):
+    target = tmp_path / "out"
+    elsewhere = tmp_path / ".out.partial-1-abc"
+    elsewhere.mkdir()
+    # A dead pid, but on another machine sharing the file system: that writer may well be running.
+    (elsewhere / STAGING_MARKER).write_text(f"{_dead_pid()} some-other-host\n")
+    retired = tmp_path / f".out.replaced-{_dead_pid()}-def"  # killed between its two renames
+    retired.mkdir()
+    (retired / MARKER).write_text('{"kind": "run"}')
+    unmarked = tmp_path / f".out.replaced-{_dead_pid()}-123"
+    unmarked.mkdir()
+    assert clean_stale_staging(target) == 1
+    assert elsewhere.exists() and not retired.exists() and unmarked.exists()
+
+
 def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "sim.cli", *args],

@@ -6,10 +6,15 @@ A folder may be replaced only when it carries that marker (or is empty); anythin
 any simulation runs. Paths that could only be a mistake (``/``, the home folder, the current folder or
 one of its parents, the project's own root) are refused whatever they hold.
 
+The marker also lists the files kvsim wrote; a folder in which someone has since put files of their own
+(notes, a notebook's checkpoints) is refused too, naming them, since replacing it would delete them.
+
 Writing is staged: a hidden sibling ``.NAME.partial-PID-XXXX`` is filled and renamed over the target at
 the end, so a failed or interrupted run never leaves something that looks like a result. A run killed
 outright (SIGKILL) leaves its staging folder behind; the next run of the same output removes the ones
-whose process is gone, since their own staging marker says kvsim made them.
+whose process is gone, since their own staging marker says kvsim made them (and on which host: on a
+shared file system a writer on another machine is left alone). The same holds for the retired copy of
+a replaced folder, ``.NAME.replaced-PID-XXXX``, should a run be killed between two renames.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,12 +71,23 @@ def read_marker(folder: str | Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _files_in(folder: Path) -> list[str]:
+    """Every file under ``folder`` (relative, '/'-separated), the marker left out."""
+    return sorted(
+        path.relative_to(folder).as_posix()
+        for path in folder.rglob("*")
+        if not path.is_dir() and path.name != MARKER
+    )
+
+
 def write_marker(folder: str | Path, kind: str, config_digest: str = "") -> None:
+    """Mark ``folder`` as kvsim's, listing the files it holds now (call it once they are written)."""
     marker = {
         "kind": kind,
         "kvsim_version": kvsim_version(),
         "config_hash": config_digest,
         "written": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "files": _files_in(Path(folder)),
     }
     (Path(folder) / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
 
@@ -120,7 +137,22 @@ def check_output_target(out_dir: str | Path, kind: str) -> Path:
                 f"output folder {str(out_dir)!r} holds a kvsim {marker.get('kind')!r} result, not a "
                 f"{kind!r} one: refusing to replace it; choose another folder with -o"
             )
+        foreign = _foreign_files(target, marker)
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise OutputTargetError(
+                f"output folder {str(out_dir)!r} is a kvsim result, but files were added to it since "
+                f"({shown}): replacing it would delete them. Move them away, or choose another folder with -o."
+            )
     return target
+
+
+def _foreign_files(folder: Path, marker: dict[str, Any]) -> list[str]:
+    """Files in a marked folder that its marker does not list (none when the marker predates lists)."""
+    listed = marker.get("files")
+    if not isinstance(listed, list):
+        return []
+    return sorted(set(_files_in(folder)) - set(listed))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -133,16 +165,38 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _writer(folder: Path) -> tuple[int, str] | None:
+    """``(pid, host)`` of the kvsim process that made a staging or retired folder, or None when the
+    folder does not prove it is kvsim's (then it is never touched)."""
+    staging = folder / STAGING_MARKER
+    try:
+        pid_text, *host = staging.read_text(encoding="utf-8").split()
+        return int(pid_text), host[0] if host else socket.gethostname()
+    except (OSError, ValueError, IndexError):
+        pass
+    # A retired folder is a finished result renamed aside: its pid is in its name.
+    marker = read_marker(folder)
+    parts = folder.name.split(".replaced-")
+    if marker is None or len(parts) != 2:
+        return None
+    try:
+        return int(parts[1].split("-")[0]), socket.gethostname()
+    except ValueError:
+        return None
+
+
 def stale_staging_folders(out_dir: Path) -> list[Path]:
-    """Staging folders of ``out_dir`` left by kvsim processes that no longer run."""
+    """Staging (and retired) folders of ``out_dir`` left by kvsim processes of this host that no
+    longer run."""
     stale = []
-    for folder in out_dir.parent.glob(f".{out_dir.name}.partial-*"):
-        marker = folder / STAGING_MARKER
-        try:
-            pid = int(marker.read_text(encoding="utf-8").split()[0])
-        except (OSError, ValueError, IndexError):
-            continue  # not provably ours: leave it
-        if not _pid_alive(pid):
+    here = socket.gethostname()
+    candidates = [
+        *out_dir.parent.glob(f".{out_dir.name}.partial-*"),
+        *out_dir.parent.glob(f".{out_dir.name}.replaced-*"),
+    ]
+    for folder in candidates:
+        writer = _writer(folder)
+        if writer is not None and writer[1] == here and not _pid_alive(writer[0]):
             stale.append(folder)
     return stale
 
@@ -169,7 +223,7 @@ def _make_staging(out_dir: Path) -> Path:
             staging.mkdir()
         except FileExistsError:
             continue
-        (staging / STAGING_MARKER).write_text(f"{os.getpid()}\n", encoding="utf-8")
+        (staging / STAGING_MARKER).write_text(f"{os.getpid()} {socket.gethostname()}\n", encoding="utf-8")
         return staging
     raise OutputTargetError(f"could not create a staging folder beside {out_dir}")
 
