@@ -172,21 +172,25 @@ class Engine:
 
     def _never_admissible(self, request: Request) -> str:
         knobs = self.knobs
+        # The reason names both lengths: "600 tokens" alone reads as the prompt's length.
+        lengths = (
+            f"prompt {request.prompt_len:,} + output {request.output_len:,} = {request.final_len:,} tokens"
+        )
         if request.final_len > knobs.max_model_len:
-            return f"prompt + output = {request.final_len} tokens exceeds max_model_len={knobs.max_model_len}"
+            return f"{lengths} exceeds max_model_len={knobs.max_model_len:,}"
         if request.output_len < 1:
             return "output_len must be at least 1"
         if self.width_of(request) > knobs.max_num_seqs:
             return f"n/beam_width={self.width_of(request)} exceeds max_num_seqs={knobs.max_num_seqs}"
         if request.final_len * self.width_of(request) > self.policy.pool_slots:
             return (
-                f"{self.width_of(request)} x {request.final_len} tokens exceed the KV pool "
-                f"({self.policy.pool_slots} slots) even with nothing else running"
+                f"{self.width_of(request)} sequence(s) x ({lengths}) exceed the KV pool "
+                f"({self.policy.pool_slots:,} slots) even with nothing else running"
             )
         if not knobs.enable_chunked_prefill and request.final_len > knobs.max_num_batched_tokens:
             return (
-                f"{request.final_len} tokens cannot be prefilled in one iteration "
-                f"(max_num_batched_tokens={knobs.max_num_batched_tokens}, chunked prefill off)"
+                f"{lengths} cannot be prefilled in one iteration "
+                f"(max_num_batched_tokens={knobs.max_num_batched_tokens:,}, chunked prefill off)"
             )
         return ""
 
@@ -200,6 +204,7 @@ class Engine:
             if not self.running and not self.waiting:
                 if self._next_arrival_s() == float("inf") and not self._pending_follow_ups:
                     return
+                idle_steps = 0  # rejections that emptied the queue are progress, not a stall
                 self._wake = self.env.event()
                 yield self._wake
                 continue

@@ -1,4 +1,10 @@
-"""Figures a person reads without code. Plotting reads results frames, never engine objects."""
+"""Figures a person reads without code. Plotting reads results frames, never engine objects.
+
+Conventions every figure follows: the KV pool size is in the title (per variant when variants differ);
+legends sit outside the data; curves of several variants that coincide (all at zero, typically) stay
+visible, drawn with different dashes and widths and marked "(0 throughout)"; an empty panel says why
+instead of showing blank axes.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +30,8 @@ CATEGORY_COLOURS = {
     "free": "#dee2e6",
 }
 MAX_POINTS = 4000
+LINE_STYLES = ["-", "--", ":", "-."]
+GiB = 2**30
 
 
 def write_figures(results: RunResults, out_dir: Path) -> list[Path]:
@@ -31,10 +39,14 @@ def write_figures(results: RunResults, out_dir: Path) -> list[Path]:
     series = {variant: results.timeseries(variant, max_rows=MAX_POINTS) for variant in results.variants}
     latency_columns = ["outcome", "ttft_s", "e2e_s"]
     requests = {variant: results.requests(variant, columns=latency_columns) for variant in results.variants}
+    pools = pool_labels(results.summary)
+    empty = {variant: _nothing_ran_text(results.summary, variant) for variant in results.variants}
     paths = [
-        _breakdown_stacks(series, out_dir / "memory_breakdown.png"),
+        _breakdown_stacks(series, pools, empty, out_dir / "memory_breakdown.png"),
         _curves(
             series,
+            pools,
+            empty,
             out_dir / "utilization.png",
             "KV pool holding token states",
             _used_frac,
@@ -42,23 +54,75 @@ def write_figures(results: RunResults, out_dir: Path) -> list[Path]:
         ),
         _curves(
             series,
+            pools,
+            empty,
             out_dir / "fragmentation.png",
             "Internal + external fragmentation",
             _frag_frac,
             "fraction of KV pool",
         ),
-        _curves(series, out_dir / "running.png", "Requests running", _running, "requests"),
+        _curves(series, pools, empty, out_dir / "running.png", "Requests running", _running, "requests"),
         _curves(
             series,
+            pools,
+            empty,
+            out_dir / "queue.png",
+            "Requests waiting (queue length)",
+            _waiting,
+            "requests",
+        ),
+        _curves(
+            series,
+            pools,
+            empty,
             out_dir / "sharing.png",
             "Memory saved by sharing (1 - physical / logical blocks of live sequences)",
             _saved_by_sharing,
             "fraction",
         ),
-        _oom_preemptions(series, out_dir / "oom_preemptions.png"),
-        _latency_cdfs(requests, out_dir / "latency_cdf.png"),
+        _oom_preemptions(series, pools, empty, out_dir / "oom_preemptions.png"),
+        _latency_cdfs(requests, pools, empty, out_dir / "latency_cdf.png"),
     ]
     return paths
+
+
+def pool_labels(summary: pd.DataFrame) -> dict[str, str]:
+    """``variant -> "458,096 tokens, 55.9 GiB"``: the KV pool each variant ran with."""
+    labels = {}
+    for row in summary.itertuples():
+        labels[str(row.variant)] = f"{int(row.kv_pool_tokens):,} tokens, {row.kv_pool_bytes / GiB:.1f} GiB"
+    return labels
+
+
+def _title(title: str, pools: dict[str, str]) -> str:
+    distinct = set(pools.values())
+    return f"{title}\nKV pool {distinct.pop()}" if len(distinct) == 1 else title
+
+
+def _legend_label(variant: str, pools: dict[str, str]) -> str:
+    # Pools that differ between variants go into the legend instead of the title.
+    return variant if len(set(pools.values())) <= 1 else f"{variant} (pool {pools[variant]})"
+
+
+def _nothing_ran_text(summary: pd.DataFrame, variant: str) -> str:
+    """Why a variant has nothing to show ("" when it served requests)."""
+    row = summary[summary["variant"] == variant].iloc[0]
+    if int(row["requests_finished"]) > 0:
+        return ""
+    total, rejected = int(row["requests_total"]), int(row["requests_rejected"])
+    if total == 0:
+        return "nothing ran: the workload produced no requests"
+    return f"nothing ran: no request finished ({rejected:,} of {total:,} rejected)"
+
+
+def _say(axis, text: str, *, blank: bool = False) -> None:
+    """Write ``text`` across the panel; ``blank``: the panel has no data, so no meaningless ticks."""
+    axis.text(
+        0.5, 0.5, text, ha="center", va="center", transform=axis.transAxes, fontsize=10, color="#868e96"
+    )
+    if blank:
+        axis.set_xticks([])
+        axis.set_yticks([])
 
 
 def _pool(frame: pd.DataFrame) -> pd.Series:
@@ -83,77 +147,151 @@ def _running(frame: pd.DataFrame) -> pd.Series:
     return frame["num_requests_running"]
 
 
-def _breakdown_stacks(series: dict[str, pd.DataFrame], path: Path) -> Path:
-    figure, axes = plt.subplots(len(series), 1, figsize=(10, 2.6 * len(series)), sharex=True, squeeze=False)
+def _waiting(frame: pd.DataFrame) -> pd.Series:
+    return frame["num_requests_waiting"]
+
+
+def _breakdown_stacks(
+    series: dict[str, pd.DataFrame], pools: dict[str, str], empty: dict[str, str], path: Path
+) -> Path:
+    figure, axes = plt.subplots(
+        len(series), 1, figsize=(10, 2.6 * len(series) + 0.8), sharex=True, squeeze=False
+    )
     for axis, (variant, frame) in zip(axes[:, 0], series.items(), strict=True):
+        axis.set_title(f"{variant}: where the KV pool ({pools[variant]}) goes", fontsize=10)
+        axis.set_ylim(0, 1)
+        axis.set_ylabel("fraction of pool")
+        if frame.empty:
+            _say(axis, empty[variant] or "no samples", blank=True)
+            continue
         pool = _pool(frame)
-        layers = [frame[f"{name}_tokens"] / pool for name in CATEGORY_COLOURS]
         axis.stackplot(
             frame["time_s"],
-            layers,
+            [frame[f"{name}_tokens"] / pool for name in CATEGORY_COLOURS],
             labels=[name.replace("_", " ") for name in CATEGORY_COLOURS],
             colors=list(CATEGORY_COLOURS.values()),
             step="post",
         )
-        axis.set_ylim(0, 1)
-        axis.set_ylabel("fraction of pool")
-        axis.set_title(f"{variant}: where the KV pool goes")
-    axes[0, 0].legend(loc="upper right", fontsize=7, ncol=3)
+        if empty[variant]:
+            _say(axis, empty[variant])
     axes[-1, 0].set_xlabel("simulated time (s)")
-    return _save(figure, path)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colour) for colour in CATEGORY_COLOURS.values()]
+    # One legend for all panels, above them: it never covers the data.
+    figure.legend(
+        handles,
+        [name.replace("_", " ") for name in CATEGORY_COLOURS],
+        loc="upper center",
+        ncol=len(CATEGORY_COLOURS),
+        fontsize=8,
+        frameon=False,
+    )
+    return _save(figure, path, top=1 - 0.45 / figure.get_figheight())
 
 
-def _curves(series: dict[str, pd.DataFrame], path: Path, title: str, metric, ylabel: str) -> Path:
-    figure, axis = plt.subplots(figsize=(10, 4))
-    for variant, frame in series.items():
-        axis.step(frame["time_s"], metric(frame), where="post", label=variant)
-    axis.set_title(title)
+def _draw_variants(
+    axis, curves: dict[str, tuple[np.ndarray, np.ndarray]], pools: dict[str, str], **style
+) -> None:
+    """Step curves, one per variant; identical curves stay visible (dashes, decreasing widths)."""
+    count = len(curves)
+    for index, (variant, (times, values)) in enumerate(curves.items()):
+        label = _legend_label(variant, pools)
+        if len(values) and not np.any(values):
+            label += " (0 throughout)"
+        axis.step(
+            times,
+            values,
+            where="post",
+            label=label,
+            linestyle=LINE_STYLES[index % len(LINE_STYLES)],
+            linewidth=1.0 + 1.5 * (count - 1 - index) / max(1, count - 1),
+            **style,
+        )
+
+
+def _curves(
+    series: dict[str, pd.DataFrame],
+    pools: dict[str, str],
+    empty: dict[str, str],
+    path: Path,
+    title: str,
+    metric,
+    ylabel: str,
+) -> Path:
+    figure, axis = plt.subplots(figsize=(10, 4.4))
+    curves = {
+        variant: (frame["time_s"].to_numpy(), metric(frame).to_numpy())
+        for variant, frame in series.items()
+        if not frame.empty
+    }
+    _draw_variants(axis, curves, pools)
+    axis.set_title(_title(title, pools), fontsize=11)
     axis.set_xlabel("simulated time (s)")
     axis.set_ylabel(ylabel)
-    axis.legend()
+    _finish_axis(axis, empty)
     return _save(figure, path)
 
 
-def _oom_preemptions(series: dict[str, pd.DataFrame], path: Path) -> Path:
-    figure, axis = plt.subplots(figsize=(10, 4))
-    for variant, frame in series.items():
-        (line,) = axis.step(
-            frame["time_s"], frame["oom_events"], where="post", label=f"{variant}: OOM events"
-        )
-        axis.step(
-            frame["time_s"],
-            frame["num_preemptions"],
-            where="post",
-            linestyle="--",
-            color=line.get_color(),
-            label=f"{variant}: preemptions",
-        )
-    axis.set_title("Cumulative OOM events (failed allocations) and preemptions")
+def _finish_axis(axis, empty: dict[str, str]) -> None:
+    """Legend outside the data (to the right), or a note when no variant has anything to show."""
+    if all(empty.values()) or not axis.get_lines():
+        _say(axis, next((text for text in empty.values() if text), "no samples"), blank=True)
+        return
+    axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+
+
+def _oom_preemptions(
+    series: dict[str, pd.DataFrame], pools: dict[str, str], empty: dict[str, str], path: Path
+) -> Path:
+    figure, axis = plt.subplots(figsize=(10, 4.4))
+    counters = {"oom_events": "OOM events", "num_preemptions": "preemptions"}
+    for column, what in counters.items():
+        curves = {
+            f"{variant}: {what}": (frame["time_s"].to_numpy(), frame[column].to_numpy())
+            for variant, frame in series.items()
+            if not frame.empty
+        }
+        labelled = {name: pools[name.split(": ")[0]] for name in curves}
+        _draw_variants(axis, curves, labelled)
+    axis.set_title(
+        _title("Cumulative OOM events (failed allocations: waits, preemptions) and preemptions", pools),
+        fontsize=11,
+    )
     axis.set_xlabel("simulated time (s)")
     axis.set_ylabel("count")
-    axis.legend(fontsize=8)
+    _finish_axis(axis, empty)
     return _save(figure, path)
 
 
-def _latency_cdfs(requests: dict[str, pd.DataFrame], path: Path) -> Path:
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for variant, frame in requests.items():
-        done = frame[frame["outcome"] == "finished"]
-        for axis, column in zip(axes, ("ttft_s", "e2e_s"), strict=True):
-            values = np.sort(done[column].dropna().to_numpy())
+def _latency_cdfs(
+    requests: dict[str, pd.DataFrame], pools: dict[str, str], empty: dict[str, str], path: Path
+) -> Path:
+    # One x scale for both panels: TTFT is part of end-to-end latency, so they compare directly.
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharex=True, sharey=True)
+    for axis, column, title in zip(
+        axes, ("ttft_s", "e2e_s"), ("Time to first token", "End-to-end latency"), strict=True
+    ):
+        curves = {}
+        for variant, frame in requests.items():
+            values = np.sort(frame.loc[frame["outcome"] == "finished", column].dropna().to_numpy())
             if len(values):
-                axis.step(values, np.arange(1, len(values) + 1) / len(values), where="post", label=variant)
-    for axis, title in zip(axes, ("Time to first token", "End-to-end latency"), strict=True):
-        axis.set_title(f"{title} (finished requests)")
+                curves[variant] = (values, np.arange(1, len(values) + 1) / len(values))
+        _draw_variants(axis, curves, pools)
+        axis.set_title(f"{title} (finished requests)", fontsize=10)
         axis.set_xlabel("seconds")
-        axis.set_ylabel("fraction of requests")
         axis.set_xscale("symlog", linthresh=0.1)
-        axis.legend(fontsize=8)
+        if not curves:
+            _say(axis, next((text for text in empty.values() if text), "no finished requests"), blank=True)
+    axes[0].set_ylabel("fraction of requests")
+    if any(axis.get_lines() for axis in axes):
+        axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    figure.suptitle(_title("Latency CDFs", pools), fontsize=11)
     return _save(figure, path)
 
 
-def _save(figure, path: Path) -> Path:
+def _save(figure, path: Path, top: float | None = None) -> Path:
     figure.tight_layout()
+    if top is not None:
+        figure.subplots_adjust(top=top)
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path

@@ -47,6 +47,9 @@ def register(subparsers: Any) -> None:
 
 
 def run_trace_stats(args: argparse.Namespace) -> int:
+    if args.seed < 0:
+        print(f"kvsim trace-stats: error: --seed must be non-negative (got {args.seed})", file=sys.stderr)
+        return 2
     try:
         stats = trace_stats(
             args.target,

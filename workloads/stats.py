@@ -238,6 +238,18 @@ def arrival_stats(arrivals: np.ndarray, clock_origin: datetime | None = None) ->
 # --------------------------------------------------------------------------------------------------
 
 
+def not_utf8(error: UnicodeDecodeError) -> str:
+    return f"not UTF-8 text (byte {error.object[error.start]:#04x} at offset {error.start}); save the file as UTF-8"
+
+
+def read_utf8(path: Path) -> str:
+    """A text file's content; a file in another encoding is a TraceError naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise TraceError(not_utf8(error), path) from None
+
+
 def detect_source(path: Path) -> dict[str, Any]:
     """The ``source:`` mapping of a known trace format, from a file's header or first line."""
     import csv
@@ -258,8 +270,11 @@ def detect_source(path: Path) -> dict[str, Any]:
                         f"unknown JSONL fields {sorted(fields)}; write a config with source kind jsonl", path
                     )
         raise TraceError("empty file", path)
-    with open(path, newline="", encoding="utf-8-sig") as handle:
-        header = next(csv.reader(handle), None)
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            header = next(csv.reader(handle), None)
+    except UnicodeDecodeError as error:
+        raise TraceError(not_utf8(error), path, 1) from None
     if not header:
         raise TraceError("empty file (no header row)", path)
     columns = {cell.strip() for cell in header}
@@ -343,12 +358,18 @@ def trace_stats(
         if path.suffix.lower() in (".yaml", ".yml"):
             import yaml
 
-            with open(path) as handle:
-                data = yaml.safe_load(handle) or {}
+            try:
+                data = yaml.safe_load(read_utf8(path)) or {}
+            except yaml.YAMLError as error:
+                mark = getattr(error, "problem_mark", None)
+                line = mark.line + 1 if mark else None
+                raise TraceError(f"malformed YAML: {getattr(error, 'problem', error)}", path, line) from None
             if not isinstance(data, dict):
                 raise TraceError("a config must be a YAML mapping", path)
             section = data.get("workload", data)
-            seed = int(data.get("seed", seed))
+            seed = data.get("seed", seed)
+            if not isinstance(seed, int) or seed < 0:
+                raise TraceError(f"seed: must be a non-negative integer (got {seed!r})", path)
             config = parse_workload_config(section)
             base_dir = path.parent
         else:

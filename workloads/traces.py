@@ -380,6 +380,16 @@ class TraceReader:
 
     # -- CSV -----------------------------------------------------------------------------------------
     def _csv_rows(self) -> Iterator[TraceRow]:
+        try:
+            yield from self._csv_rows_utf8()
+        except UnicodeDecodeError as error:
+            # The decoder reads in chunks, so the line of the bad byte is not known here.
+            raise TraceError(
+                f"not UTF-8 text (byte {error.object[error.start]:#04x} cannot be decoded); save the file as UTF-8",
+                self.path,
+            ) from None
+
+    def _csv_rows_utf8(self) -> Iterator[TraceRow]:
         with open(self.path, newline="", encoding="utf-8-sig") as handle:
             reader = csv.reader(handle, delimiter=self.fields.delimiter)
             try:

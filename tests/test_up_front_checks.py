@@ -1,0 +1,296 @@
+"""Bad input is a one-line error naming the file, key and value, before any simulation runs; runs that
+could not serve requests say so (and fail under --strict)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sim.cli import main, progress_enabled
+from sim.config import ConfigError, load_experiment
+from sim.runner import prepare_experiment
+from sim.storage import MARKER
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SMALL = {
+    "name": "small",
+    "seed": 1,
+    "model": "Llama-3.1-8B",
+    "gpu": "A100-80GB",
+    "engine": {"max_model_len": 2048},
+    "workload": {
+        "num_requests": 12,
+        "arrival": {"kind": "poisson", "rate_per_s": 5},
+        "prompt_len": 500,
+        "output_len": 100,
+    },
+    "variants": [
+        {"name": "contiguous-max", "policy": "contiguous", "options": {"reservation": "max"}},
+        {"name": "paged", "policy": "paged"},
+    ],
+    "output": {"figures": False},
+}
+
+
+def config_file(tmp_path: Path, changes: dict | None = None, **top) -> Path:
+    data = copy.deepcopy(SMALL)
+    for key, value in (changes or {}).items():
+        node = data
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+    data.update(top)
+    path = tmp_path / "experiment.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def run(tmp_path: Path, path: Path, *extra: str) -> tuple[int, Path]:
+    out = tmp_path / "out"
+    return main(["run", str(path), "-q", "-o", str(out), *extra]), out
+
+
+# ------------------------------------------------------------------------------------------------
+# Names become folders
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("", "not a valid variant name"),
+        ("../escape", "not a valid variant name"),
+        ("/abs", "not a valid variant name"),
+        (".hidden", "not a valid variant name"),
+        ("figures", "reserved variant name"),
+        ("Summary.CSV", "reserved variant name"),
+    ],
+)
+def test_unsafe_variant_names_are_refused_naming_file_key_and_value(tmp_path, name, why):
+    path = config_file(tmp_path, {"variants.1.name": name})
+    with pytest.raises(ConfigError) as error:
+        load_experiment(path)
+    message = str(error.value)
+    assert str(path) in message and f"variants.1.name: {why}" in message and f"(got {name!r})" in message
+
+
+def test_duplicate_variant_names_ignoring_case_are_refused(tmp_path):
+    path = config_file(tmp_path, {"variants.1.name": "Contiguous-MAX"})
+    with pytest.raises(ConfigError, match=r"variants\.1\.name 'Contiguous-MAX' repeats variants\.0\.name"):
+        load_experiment(path)
+
+
+@pytest.mark.parametrize("name", ["..", ".", "a/b", ""])
+def test_unsafe_experiment_names_are_refused(tmp_path, name):
+    with pytest.raises(ConfigError, match=r"  name: not a valid experiment name"):
+        load_experiment(config_file(tmp_path, name=name))
+
+
+def test_negative_seed_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"  seed: Input should be greater than or equal to 0 \(got -1\)"):
+        load_experiment(config_file(tmp_path, seed=-1))
+
+
+# ------------------------------------------------------------------------------------------------
+# --set, encodings
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("variants.5.policy=paged", "variants has 2 entries (indexes 0 to 1), so there is no entry 5"),
+        ("variants.x.policy=paged", "variants is a list; 'x' must be an index"),
+        ("engine.block_size=[1", "the value '[1' is not valid YAML"),
+        ("seed.x=1", "seed is 1, not a mapping or list"),
+        ("engine..block_size=1", "expected KEY.PATH=VALUE"),
+    ],
+)
+def test_bad_set_overrides_are_one_line_errors(tmp_path, capsys, override, message):
+    code, out = run(tmp_path, config_file(tmp_path), "--set", override)
+    assert code == 2
+    error = capsys.readouterr().err
+    assert message in error and "Traceback" not in error
+    assert not out.exists()
+
+
+def test_a_non_utf8_config_is_named_in_run_and_trace_stats(tmp_path, capsys):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("name: caf\xe9\n".encode("latin-1"))
+    assert main(["run", str(path), "-q", "-o", str(tmp_path / "out")]) == 2
+    assert f"{path}: not UTF-8 text (byte 0xe9 at offset 9)" in capsys.readouterr().err
+    assert main(["trace-stats", str(path)]) == 2
+    assert f"{path}: not UTF-8 text (byte 0xe9 at offset 9)" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+# Every variant checked before the first runs
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_later_variants_bad_option_and_engine_override_fail_before_anything_runs(tmp_path, capsys):
+    path = config_file(
+        tmp_path,
+        {"variants.1.options": {"reservation": "max"}, "variants.0.engine": {"max_num_seqs": 8}},
+    )
+    code, out = run(tmp_path, path)
+    assert code == 2
+    captured = capsys.readouterr()
+    assert "variants.1 (paged): variants.1.options: unknown option(s) 'reservation' for policy 'paged'" in (
+        captured.err
+    )
+    assert "kvsim run" not in captured.out and not out.exists()
+
+
+def test_a_bad_engine_override_value_names_its_key_path(tmp_path):
+    path = config_file(tmp_path, {"variants.1.engine": {"block_size": -16}})
+    with pytest.raises(ConfigError, match=r"variants\.1\.engine\.block_size: Input should be greater than 0"):
+        load_experiment(path)
+
+
+def prepare(path: Path):
+    return prepare_experiment(load_experiment(path), path)
+
+
+def test_contiguous_max_reservation_larger_than_the_largest_region_is_refused_with_numbers(tmp_path):
+    # 400 blocks x 16 = 6,400 slots; max_model_len 5,000 fits first-fit, but buddy rounds it to 8,192
+    # and the pool's largest buddy chunk is 4,096.
+    engine = {"max_model_len": 5000, "num_gpu_blocks_override": 400}
+    first_fit = config_file(tmp_path, {"engine": engine})
+    assert len(prepare(first_fit).variants) == 2
+    buddy = config_file(
+        tmp_path,
+        {"engine": engine, "variants.0.options": {"reservation": "max", "placement": "buddy"}},
+    )
+    with pytest.raises(ConfigError) as error:
+        prepare(buddy)
+    assert (
+        "variants.0 (contiguous-max): contiguous reservation 'max' reserves max_model_len = 5,000 slots per "
+        "request (rounded up to 8,192 by buddy placement), but its largest buddy chunk is 4,096 slots"
+    ) in str(error.value)
+    assert "nothing was simulated" in str(error.value)
+
+
+def test_a_pool_smaller_than_max_model_len_is_refused_as_vllm_does(tmp_path):
+    path = config_file(tmp_path, {"engine": {"max_model_len": 8192, "num_gpu_blocks_override": 300}})
+    with pytest.raises(ConfigError) as error:
+        prepare(path)
+    assert (
+        "every variant: max_model_len (8,192 tokens) is larger than the KV cache holds "
+        "(300 blocks x 16 = 4,800 tokens)"
+    ) in str(error.value)
+    assert "Lower engine.max_model_len to at most 4,800" in str(error.value)
+
+
+def test_max_model_len_beyond_the_models_context_needs_the_override_key(tmp_path):
+    path = config_file(tmp_path, {"model": "Llama-2-7B", "engine": {"max_model_len": 8192}})
+    with pytest.raises(
+        ConfigError, match=r"engine\.max_model_len: 8,192 is beyond Llama-2-7B's context length"
+    ):
+        prepare(path)
+    allowed = config_file(
+        tmp_path,
+        {"model": "Llama-2-7B", "engine": {"max_model_len": 8192, "allow_long_max_model_len": True}},
+    )
+    assert any("accepted (allow_long_max_model_len: true)" in note for note in prepare(allowed).warnings)
+
+
+def test_block_size_checks_as_vllm(tmp_path):
+    too_big = config_file(tmp_path, {"engine": {"max_model_len": 2048, "block_size": 4096}})
+    with pytest.raises(
+        ConfigError, match=r"engine\.block_size: 4,096 is larger than max_model_len \(2,048\)"
+    ):
+        prepare(too_big)
+    odd = config_file(tmp_path, {"variants.1.engine": {"block_size": 24}})
+    assert prepare(odd).warnings == [
+        "variants.1 (paged): variants.1.engine.block_size: 24 is not a block size vLLM accepts "
+        "(1, 8, 16, 32, 64, 128, 256); simulated as given"
+    ]
+
+
+def test_chunked_prefill_off_needs_a_token_budget_of_max_model_len(tmp_path):
+    path = config_file(
+        tmp_path,
+        {"engine": {"max_model_len": 2048, "enable_chunked_prefill": False, "max_num_batched_tokens": 1024}},
+    )
+    with pytest.raises(ConfigError) as error:
+        prepare(path)
+    assert "engine.max_num_batched_tokens: 1,024 is smaller than max_model_len (2,048)" in str(error.value)
+
+
+def test_model_and_gpu_errors_name_the_file_and_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"experiment\.yaml: gpu: unknown GPU 'H800'"):
+        prepare(config_file(tmp_path, gpu="H800"))
+    with pytest.raises(
+        ConfigError, match=r"experiment\.yaml: model: model config 'nope\.json': no such file"
+    ):
+        prepare(config_file(tmp_path, model="nope.json"))
+
+
+# ------------------------------------------------------------------------------------------------
+# Rejections at the end of a run, --strict
+# ------------------------------------------------------------------------------------------------
+
+
+def test_rejections_are_reported_with_counts_and_both_lengths(tmp_path, capsys):
+    # 500 + 100 = 600 tokens > max_model_len 550: every request is rejected, in both variants.
+    path = config_file(tmp_path, {"engine": {"max_model_len": 550}})
+    code, out = run(tmp_path, path)
+    assert code == 0
+    error = capsys.readouterr().err
+    assert (
+        "kvsim: [every variant] 12 rejected of 12 requests - nothing was served; commonest reasons:" in error
+    )
+    assert "12  rejected: prompt 500 + output 100 = 600 tokens exceeds max_model_len=550" in error
+    assert (out / "capacity.txt").read_text().startswith("[contiguous-max, paged]\nGPU KV cache size")
+
+
+def test_strict_run_with_rejections_fails_and_keeps_the_previous_result(tmp_path, capsys):
+    good = config_file(tmp_path)
+    code, out = run(tmp_path, good, "--strict")
+    assert code == 0 and (out / MARKER).is_file()
+    before = (out / "summary.csv").read_text()
+    rejecting = config_file(tmp_path, {"engine": {"max_model_len": 550}})
+    code, out = run(tmp_path, rejecting, "--strict")
+    assert code == 1
+    error = capsys.readouterr().err
+    assert "--strict: 24 request(s) were not served" in error and "no results written" in error
+    assert (out / "summary.csv").read_text() == before, "the earlier result stays as it was"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["experiment.yaml", "out"], "no staging left"
+
+
+def test_progress_bars_only_on_a_terminal(monkeypatch):
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setattr("sys.stderr.isatty", lambda: False)
+    assert not progress_enabled()
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    assert progress_enabled() and not progress_enabled(quiet=True)
+    monkeypatch.setenv("CI", "true")
+    assert not progress_enabled()
+
+
+# ------------------------------------------------------------------------------------------------
+# Listings
+# ------------------------------------------------------------------------------------------------
+
+
+def test_listings_and_version(capsys):
+    assert main(["models"]) == 0
+    models = capsys.readouterr().out
+    assert "Llama-3.1-8B" in models and "131,072" in models  # context length
+    assert main(["gpus"]) == 0
+    assert "A100-80GB" in capsys.readouterr().out
+    assert main(["policies"]) == 0
+    assert "reservation = max (max | pow2 | oracle)" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("kvsim ")
