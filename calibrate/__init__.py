@@ -6,3 +6,8 @@ simulator, the fitting code (:mod:`calibrate.fit`) and the analytic profiles wor
 """
 
 TORCH_HINT = "torch is needed for calibration: pip install 'kvsim[calibrate]' (torch==2.13.0)"
+
+
+class CalibrationError(ValueError):
+    """A calibration that cannot run as asked (no CUDA device, not enough memory...): raised before any
+    timing starts."""

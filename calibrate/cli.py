@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from calibrate import TORCH_HINT
 from calibrate.grids import GRID_NAMES
@@ -32,33 +33,75 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--grid", choices=GRID_NAMES, default="quick")
     parser.add_argument("--block-size", type=int, default=16, help="block size of the main grid (default 16)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("-o", "--output", required=True, type=Path, help="PROFILE.yaml to write")
+    parser.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        type=Path,
+        help="PROFILE.yaml to write (with PROFILE.csv beside it); an existing file is replaced only if it "
+        "is a kvsim profile (or samples CSV)",
+    )
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def _fail(message: str) -> int:
+    print(f"kvsim calibrate: error: {message}", file=sys.stderr)
+    return 2
+
+
+def check_targets(output: Path) -> str:
+    """Why ``output`` (and the CSV beside it) may not be written, or "": kvsim replaces a file only if it
+    wrote it, i.e. a kvsim profile YAML or a kvsim samples CSV."""
+    from calibrate.runner import is_profile_yaml, is_samples_csv
+    from sim.storage import OutputTargetError, check_output_file
+
+    if output.suffix not in (".yaml", ".yml"):
+        return f"-o {output}: the profile is a YAML file; give a name ending in .yaml"
     try:
-        import torch  # noqa: F401
-    except ImportError:
-        print(f"kvsim calibrate: {TORCH_HINT}", file=sys.stderr)
-        return 2
-    from calibrate.runner import run_calibration
+        check_output_file(output, is_profile_yaml, "kvsim profile")
+        check_output_file(output.with_suffix(".csv"), is_samples_csv, "kvsim samples CSV")
+    except OutputTargetError as error:
+        return str(error)
+    return ""
+
+
+def run(args: argparse.Namespace) -> int:
+    # Everything that can be wrong with the command line is checked before torch builds anything.
     from sim.models import resolve_model
 
     if args.block_size <= 0:
-        print("kvsim calibrate: --block-size must be positive", file=sys.stderr)
-        return 2
-    model = resolve_model(args.model)
-    profile = run_calibration(
-        model,
-        args.output,
-        device=args.device,
-        dtype=args.dtype,
-        grid=args.grid,
-        block_size=args.block_size,
-        seed=args.seed,
-        progress=lambda message: print(message, file=sys.stderr),
-    )
+        return _fail("--block-size must be positive")
+    try:
+        model = resolve_model(args.model)
+    except ValueError as error:
+        return _fail(f"--model: {error}")
+    problem = check_targets(args.output)
+    if problem:
+        return _fail(problem)
+    try:
+        import torch
+    except ImportError:
+        return _fail(TORCH_HINT)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return _fail("--device cuda, but torch sees no CUDA device on this machine (use --device cpu)")
+    from calibrate import CalibrationError
+    from calibrate.runner import run_calibration
+
+    reporter = PointReporter()
+    try:
+        profile = run_calibration(
+            model,
+            args.output,
+            device=args.device,
+            dtype=args.dtype,
+            grid=args.grid,
+            block_size=args.block_size,
+            seed=args.seed,
+            progress=reporter.message,
+            on_point=reporter,
+        )
+    except (CalibrationError, ValueError) as error:
+        return _fail(str(error))
     print(f"wrote {args.output} ({profile.label})")
     for phase in ("decode", "head", "prefill", "copy"):
         fit = profile.fit_quality.get(phase, {})
@@ -74,6 +117,37 @@ def run(args: argparse.Namespace) -> int:
     if timing.get("noisy"):
         print(f"  noisy run: median spread across rounds {timing['median_spread_across_rounds']:.1%}")
     return 0
+
+
+class PointReporter:
+    """Progress after every point with an ETA: one line redrawn in place on a terminal; in a log, a
+    line at most every ``interval_s`` seconds (and the last one), so logs stay short."""
+
+    def __init__(self, interval_s: float = 10.0, stream: Any = None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.terminal = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.interval_s = interval_s
+        self._last_s = float("-inf")
+
+    def message(self, text: str) -> None:
+        """A line of its own (the start, each round), never glued to the redrawn progress line."""
+        print(("\r\033[K" if self.terminal else "") + text, file=self.stream)
+
+    def __call__(self, done: int, total: int, point: Any, elapsed_s: float) -> None:
+        from calibrate.memory import describe_point
+
+        eta = elapsed_s / done * (total - done)
+        line = (
+            f"point {done}/{total} ({done / total:.0%}), {elapsed_s:.0f} s elapsed, ETA {eta:.0f} s: "
+            f"{describe_point(point)}"
+        )
+        if self.terminal:
+            end = "\n" if done == total else ""
+            self.stream.write(f"\r\033[K{line}{end}")
+            self.stream.flush()
+        elif done == total or elapsed_s - self._last_s >= self.interval_s:
+            self._last_s = elapsed_s
+            print(line, file=self.stream)
 
 
 def main(argv: list[str] | None = None) -> int:

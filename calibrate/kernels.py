@@ -136,7 +136,8 @@ class DecoderLayer:
         q_width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
 
         def weight(rows: int, cols: int) -> torch.Tensor:
-            w = torch.randn(rows, cols, generator=generator) / math.sqrt(cols)
+            # In place: a second full-size fp32 temporary would double the peak for the largest matrix.
+            w = torch.randn(rows, cols, generator=generator).div_(math.sqrt(cols))
             return w.to(device=device, dtype=dtype)
 
         self.w_qkv = weight(q_width + 2 * kv_width, self.hidden)
@@ -203,7 +204,8 @@ class LMHead:
     def __init__(self, model: ModelShape, dtype: torch.dtype, device: torch.device, seed: int = 1):
         generator = torch.Generator(device="cpu").manual_seed(seed)
         weight = torch.randn(model.vocab_size, model.hidden_size, generator=generator)
-        self.weight = (weight / math.sqrt(model.hidden_size)).to(device=device, dtype=dtype)
+        # In place: the LM head is the largest matrix (Llama-3.1-8B: 2 GiB in fp32); no second copy.
+        self.weight = weight.div_(math.sqrt(model.hidden_size)).to(device=device, dtype=dtype)
         self.norm = torch.ones(model.hidden_size, device=device, dtype=dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ import contextlib
 import csv
 import ctypes
 import datetime as dt
+import io
 import math
 import os
 import platform
@@ -30,8 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from calibrate import CalibrationError
 from calibrate.fit import LinearFit, fit_relative, quality
 from calibrate.grids import Grid, make_grid
+from calibrate.memory import available_bytes, estimate
 from sim.costs import (
     DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
     DTYPE_BYTES,
@@ -46,6 +49,7 @@ from sim.costs import (
     StepCoefficients,
     kv_elements_per_token_per_layer,
 )
+from sim.storage import write_files_atomically
 
 if TYPE_CHECKING:
     import torch
@@ -96,6 +100,18 @@ def heap_only_malloc() -> Any:
             libc.mallopt(_M_MMAP_MAX, _GLIBC_DEFAULT_MMAP_MAX)
             libc.mallopt(_M_TRIM_THRESHOLD, _GLIBC_DEFAULT_TRIM_THRESHOLD)
 
+
+def release_free_heap() -> None:
+    """Hand freed heap memory back to the system (glibc ``malloc_trim``) between points, outside any
+    timing: with trimming otherwise off (:func:`heap_only_malloc`), the free lists of one point's
+    tensors would otherwise pile up with the next ones' and the process would grow well past the
+    largest point. The next point's untimed warm-up call takes the page faults."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+PointProgress = Callable[[int, int, "Point", float], None]
+"""``(points done, points in total, the point just timed, seconds elapsed)``, after every point."""
 
 NOISY_SPREAD = 0.05
 """A run whose median spread across rounds exceeds 5 % is flagged as noisy in the profile."""
@@ -575,11 +591,33 @@ def _load() -> list[float] | None:
         return None
 
 
+def samples_csv_text(rows: list[dict[str, Any]]) -> str:
+    handle = io.StringIO(newline="")
+    writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
+    writer.writeheader()
+    writer.writerows(rows)
+    return handle.getvalue()
+
+
 def write_samples_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    with path.open("w", newline="", encoding="utf-8") as handle:
-        writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    path.write_text(samples_csv_text(rows), encoding="utf-8", newline="")
+
+
+def is_samples_csv(path: Path) -> bool:
+    """Whether ``path`` is a samples CSV kvsim wrote (it starts with this module's header)."""
+    from sim.storage import starts_with
+
+    return starts_with(path, ",".join(CSV_COLUMNS))
+
+
+def is_profile_yaml(path: Path) -> bool:
+    """Whether ``path`` is a cost profile kvsim wrote (its first key is ``kvsim_profile``)."""
+    from sim.storage import starts_with
+
+    return starts_with(path, "kvsim_profile:")
+
+
+DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
 def run_calibration(
@@ -592,10 +630,14 @@ def run_calibration(
     block_size: int = 16,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    on_point: PointProgress | None = None,
 ) -> CostProfile:
-    """Time ``model``'s layer on ``device``, fit, write ``output`` (YAML) and the CSV beside it.
+    """Time ``model``'s layer on ``device``, fit, write ``output`` (YAML) and the CSV beside it (both
+    appear together at the end, or not at all). ``progress`` gets a line at the start and after each
+    round; ``on_point`` is called after every point.
 
-    ``model`` is a ``sim.models.ModelSpec`` (or a :class:`ProfileModel`)."""
+    ``model`` is a ``sim.models.ModelSpec`` (or a :class:`ProfileModel`). Raises
+    :class:`calibrate.CalibrationError` before any work when the grid would not fit in memory."""
     import torch
 
     from calibrate import kernels
@@ -607,7 +649,7 @@ def run_calibration(
             f"{spec.name}: calibration builds MHA/GQA layers only (attention={spec.attention!r})"
         )
     if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda, but torch sees no CUDA device")
+        raise CalibrationError("--device cuda, but torch sees no CUDA device (use --device cpu)")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be cpu or cuda, got {device!r}")
     dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
@@ -624,6 +666,19 @@ def run_calibration(
     started = time.perf_counter()
     swaps = device == "cuda"
     points = grid_points(plan, block_size, swaps)
+    needed = estimate(points, spec, DTYPE_SIZES[dtype])
+    free = available_bytes() if device == "cpu" else None
+    if free is not None and needed.total_bytes > free:
+        torch.set_num_threads(previous_threads)
+        raise CalibrationError(
+            f"the {plan.name} grid for {spec.name} ({dtype}) needs {needed.describe()}, but only "
+            f"{free / 2**30:.1f} GiB of memory is available: use a smaller grid (--grid smoke), a smaller "
+            "model or --dtype bfloat16"
+        )
+    say(
+        f"calibrating {spec.name} on {device} ({dtype}), grid {plan.name}: {len(points)} points x "
+        f"{plan.rounds} rounds; memory {needed.describe()}"
+    )
     rng = np.random.default_rng(seed)
     rows: list[dict[str, Any]] = []
     medians: dict[int, list[float]] = {index: [] for index in range(len(points))}
@@ -639,6 +694,7 @@ def run_calibration(
                     fn = bench.make(point)
                     median, iqr, count = measure(fn, torch_device, plan)
                     del fn
+                    release_free_heap()
                     median = float(f"{median:.9g}")  # the CSV's precision, so that a refit reproduces
                     medians[int(index)].append(median)
                     rows.append(
@@ -661,6 +717,8 @@ def run_calibration(
                             "contexts": " ".join(str(c) for c in point.contexts) if point.ragged else "",
                         }
                     )
+                    if on_point is not None:
+                        on_point(len(rows), plan.rounds * len(points), point, time.perf_counter() - started)
                 say(
                     f"round {round_index + 1}/{plan.rounds}: {len(points)} points, {time.perf_counter() - started:.1f} s"
                 )
@@ -689,7 +747,6 @@ def run_calibration(
         "load_average_start": load_start,
         "load_average_end": _load(),
     }
-    write_samples_csv(csv_path, rows)
     notes = [
         "decode_per_layer and prefill_per_layer were timed on one real decoder layer of the model's shapes "
         "(random weights) and are multiplied by the layer count; decode_per_step is the final norm + LM head",
@@ -725,6 +782,6 @@ def run_calibration(
         samples_csv=csv_path.name,
         notes=notes,
     )
-    profile.to_yaml(output)
+    write_files_atomically({csv_path: samples_csv_text(rows), output: profile.yaml_text()})
     say(f"wrote {output} and {csv_path} in {elapsed:.1f} s")
     return profile

@@ -363,11 +363,11 @@ class CostProfile(_Strict):
             )
         return self
 
+    def yaml_text(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False, width=110)
+
     def to_yaml(self, path: str | Path) -> None:
-        Path(path).write_text(
-            yaml.safe_dump(self.model_dump(mode="json", exclude_none=True), sort_keys=False, width=110),
-            encoding="utf-8",
-        )
+        Path(path).write_text(self.yaml_text(), encoding="utf-8")
 
 
 def load_profile(path: str | Path) -> CostProfile:

@@ -10,6 +10,8 @@ import csv
 import json
 import math
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -298,7 +300,11 @@ def test_smoke_calibration_end_to_end(tmp_path, capsys):
     config.write_text(json.dumps(TINY_CONFIG))
     output = tmp_path / "out" / "tiny.yaml"
     assert main(["--model", str(config), "--device", "cpu", "--grid", "smoke", "-o", str(output)]) == 0
-    assert "wrote" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "wrote" in captured.out
+    total = len(grid_points(make_grid("smoke", "cpu"), 16, swaps=False)) * make_grid("smoke", "cpu").rounds
+    assert f"point {total}/{total} (100%)" in captured.err and "ETA" in captured.err
+    assert "memory about" in captured.err
 
     profile = load_profile(output)
     model = resolve_model(config)
@@ -333,3 +339,105 @@ def test_smoke_calibration_end_to_end(tmp_path, capsys):
     assert costs.decode.step_s(4, 1000) > 0 and costs.prefill_s(64, 0) > 0 and costs.copy_blocks_s(2) > 0
     for block_size in (8, 16, 24, 64):
         ProfileCostModel.from_yaml(output, model, block_size=block_size)
+
+
+# --------------------------------------------------------------------------------------------------
+# Checks before any work, memory, progress
+# --------------------------------------------------------------------------------------------------
+
+
+def test_unknown_model_is_a_one_line_error(capsys, tmp_path):
+    from calibrate.cli import main
+
+    assert main(["--model", "Nope-1B", "-o", str(tmp_path / "p.yaml")]) == 2
+    error = capsys.readouterr().err
+    assert "kvsim calibrate: error: --model: unknown model 'Nope-1B'" in error and "Traceback" not in error
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "why"),
+    [
+        ("p.yaml", "my: own yaml\n", "p.yaml: exists and is not a kvsim profile"),
+        ("p.csv", "a,b\n1,2\n", "p.csv: exists and is not a kvsim samples CSV"),
+        ("p", None, "give a name ending in .yaml"),
+    ],
+)
+def test_output_that_kvsim_did_not_write_is_refused(capsys, tmp_path, name, content, why):
+    from calibrate.cli import main
+
+    if content is not None:
+        (tmp_path / name).write_text(content)
+    target = tmp_path / ("p.yaml" if content is not None else name)
+    assert main(["--model", "Llama-3.1-8B", "-o", str(target)]) == 2
+    assert why in capsys.readouterr().err
+    if content is not None:
+        assert (tmp_path / name).read_text() == content
+
+
+def test_kvsim_profiles_and_samples_are_recognised():
+    from calibrate.runner import is_profile_yaml, is_samples_csv
+
+    profiles = Path(__file__).resolve().parents[1] / "configs" / "profiles"
+    assert is_profile_yaml(profiles / "cpu-llama-3.2-1b.yaml")
+    assert is_samples_csv(profiles / "cpu-llama-3.2-1b.csv")
+    assert not is_profile_yaml(profiles / "cpu-llama-3.2-1b.csv")
+    assert not is_samples_csv(profiles / "llama-3.2-1b.config.json")
+
+
+@pytest.mark.torch
+def test_cuda_without_a_gpu_is_refused_before_any_work(capsys, tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    from calibrate.cli import main
+
+    assert main(["--model", "Llama-3.1-8B", "--device", "cuda", "-o", str(tmp_path / "p.yaml")]) == 2
+    assert "--device cuda, but torch sees no CUDA device" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_memory_estimate_by_hand():
+    from calibrate.memory import point_bytes, weight_bytes
+    from calibrate.runner import Point
+
+    model = SimpleNamespace(
+        num_layers=3,
+        hidden_size=128,
+        num_attention_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        intermediate_size=256,
+        vocab_size=512,
+        gated_mlp=True,
+    )  # TINY_CONFIG's shapes
+    # layer: qkv (128 + 2 x 64) x 128 + o 128 x 128 + gate/up 512 x 128 + down 128 x 256 = 147,456
+    # head: 512 x 128 = 65,536; float32
+    assert weight_bytes(model, 4) == (147_456 + 65_536) * 4
+    # one token's K (or V) in one layer: 2 heads x 32 x 4 B = 256 B
+    # copy of 4 blocks of 16: a cache of 2 x 4 + 1 blocks and the 4 gathered, 3 layers x (K, V)
+    block = 3 * 2 * 16 * 256
+    assert point_bytes(Point("copy", 16, num_blocks=4), model, 4) == 9 * block + 4 * block
+    # decode of 2 x 64 tokens: pools 8 blocks x 16 x 256 x (K, V); gathered 128 tokens x 256 x 2;
+    # scores 2 sequences x 4 heads x 64 padded to 64 x 4 B, twice (scores and softmax)
+    decode = Point("decode", 16, contexts=(64, 64))
+    assert point_bytes(decode, model, 4) == 2 * 8 * 16 * 256 + 2 * 128 * 256 + 2 * (2 * 4 * 128 * 4)
+
+
+def test_point_progress_in_a_log_is_throttled_and_ends_with_the_last_point():
+    import io
+
+    from calibrate.cli import PointReporter
+    from calibrate.runner import Point
+
+    stream = io.StringIO()
+    report = PointReporter(interval_s=10.0, stream=stream)
+    point = Point("head", 16, num_tokens=4)
+    for done, elapsed in ((1, 2.0), (2, 5.0), (3, 12.5), (4, 20.0)):
+        report(done, 4, point, elapsed)
+    lines = stream.getvalue().splitlines()
+    # 2 s: printed (first); 5 s: within 10 s of it; 12.5 s: printed; 20 s: the last point, always
+    assert lines == [
+        "point 1/4 (25%), 2 s elapsed, ETA 6 s: LM head, batch 4",
+        "point 3/4 (75%), 12 s elapsed, ETA 4 s: LM head, batch 4",
+        "point 4/4 (100%), 20 s elapsed, ETA 0 s: LM head, batch 4",
+    ]

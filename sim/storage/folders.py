@@ -155,6 +155,46 @@ def _foreign_files(folder: Path, marker: dict[str, Any]) -> list[str]:
     return sorted(set(_files_in(folder)) - set(listed))
 
 
+def check_output_file(path: str | Path, is_ours: Callable[[Path], bool], what: str) -> Path:
+    """Refuse, before any work, a file target kvsim may not replace: a folder, or an existing file that
+    ``is_ours`` does not recognise as one kvsim wrote (``what`` names the kind, e.g. "kvsim profile")."""
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise OutputTargetError(f"{path}: is a folder; give a file name")
+    if target.exists() and not is_ours(target):
+        raise OutputTargetError(
+            f"{path}: exists and is not a {what}: kvsim never overwrites files it did not write. "
+            "Choose another name, or move that file away yourself."
+        )
+    return target
+
+
+def starts_with(path: Path, prefix: str) -> bool:
+    """Whether a file's first bytes are ``prefix`` (how kvsim recognises the files it writes)."""
+    try:
+        with path.open("rb") as handle:
+            return handle.read(len(prefix.encode())) == prefix.encode()
+    except OSError:
+        return False
+
+
+def write_files_atomically(contents: dict[Path, str]) -> None:
+    """Write several text files so that each appears complete or not at all: every one goes to a hidden
+    temporary sibling first, and they are renamed into place only once all are written."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, text in contents.items():
+            temporary = path.parent / f".{path.name}.partial-{os.getpid()}-{secrets.token_hex(3)}"
+            temporary.write_text(text, encoding="utf-8")
+            staged.append((temporary, path))
+        for temporary, path in staged:
+            os.replace(temporary, path)
+    finally:
+        for temporary, _ in staged:
+            with contextlib.suppress(FileNotFoundError):
+                temporary.unlink()
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -1,0 +1,105 @@
+"""How much memory a calibration needs, before it starts: the layer's and LM head's weights plus the
+largest single point (points are built, timed and dropped one at a time, and the runner hands freed
+memory back to the system between points, so they do not add up).
+
+The per-point terms follow what :mod:`calibrate.kernels` allocates: the point's paged K/V pools (sized
+to exactly the blocks its sequences hold), the gathered K/V copies and attention scores of the plain-
+torch attention, the MLP activations, and for block copies and swaps a cache of ``2n + 1`` blocks in
+every layer plus the gathered blocks. It is an estimate (allocator overheads aside); the README's
+calibration example states a measured peak next to it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from calibrate.runner import Point
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights_bytes: int
+    largest_point_bytes: int
+    largest_point: str
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.largest_point_bytes
+
+    def describe(self) -> str:
+        return (
+            f"about {self.total_bytes / GiB:.1f} GiB: weights {self.weights_bytes / GiB:.1f} GiB + largest point "
+            f"{self.largest_point_bytes / GiB:.1f} GiB ({self.largest_point})"
+        )
+
+
+def weight_bytes(model: Any, dtype_bytes: int) -> int:
+    """One decoder layer (fused QKV, output projection, MLP) and the LM head, as kernels builds them."""
+    q_width = model.num_attention_heads * model.head_dim
+    kv_width = model.num_kv_heads * model.head_dim
+    mlp_in = (2 if getattr(model, "gated_mlp", True) else 1) * model.intermediate_size
+    layer = (q_width + 2 * kv_width) * model.hidden_size + model.hidden_size * q_width
+    layer += mlp_in * model.hidden_size + model.hidden_size * model.intermediate_size
+    return (layer + model.vocab_size * model.hidden_size) * dtype_bytes
+
+
+def point_bytes(point: Point, model: Any, dtype_bytes: int) -> int:
+    """Peak bytes a point allocates on top of the weights."""
+    kv = model.num_kv_heads * model.head_dim * dtype_bytes  # bytes of one token's K (or V), one layer
+    size = point.block_size
+    if point.phase in ("decode", "sweep_attn"):
+        blocks = sum(-(-ctx // size) for ctx in point.contexts)
+        padded = len(point.contexts) * -(-point.ctx_max // size) * size
+        scores = len(point.contexts) * model.num_attention_heads * padded * dtype_bytes
+        return 2 * blocks * size * kv + 2 * padded * kv + 2 * scores
+    if point.phase == "prefill":
+        total = point.start + point.num_tokens
+        pooled = -(-total // size) * size
+        scores = point.num_tokens * model.num_attention_heads * total * dtype_bytes
+        activations = point.num_tokens * (3 * model.intermediate_size + 4 * model.hidden_size) * dtype_bytes
+        return 4 * pooled * kv + 2 * scores + activations
+    if point.phase == "head":
+        return point.num_tokens * (model.vocab_size + model.hidden_size) * dtype_bytes
+    block = model.num_layers * 2 * size * kv  # one block in every layer, K and V
+    cache = (2 * point.num_blocks + 1) * block
+    gathered = point.num_blocks * block
+    host = point.num_blocks * block if "swap" in point.phase else 0
+    return cache + gathered + host
+
+
+def describe_point(point: Point) -> str:
+    if point.phase in ("decode", "sweep_attn"):
+        shape = f"{len(point.contexts)} x {point.ctx_max} tokens" + (" (ragged)" if point.ragged else "")
+        return f"{point.phase} {shape}, block {point.block_size}"
+    if point.phase == "prefill":
+        return f"prefill {point.num_tokens} tokens after {point.start}"
+    if point.phase == "head":
+        return f"LM head, batch {point.num_tokens}"
+    return f"{point.phase} {point.num_blocks} blocks of {point.block_size}"
+
+
+def estimate(points: list[Point], model: Any, dtype_bytes: int) -> MemoryEstimate:
+    largest = max(points, key=lambda point: point_bytes(point, model, dtype_bytes))
+    return MemoryEstimate(
+        weight_bytes(model, dtype_bytes), point_bytes(largest, model, dtype_bytes), describe_point(largest)
+    )
+
+
+def available_bytes() -> int | None:
+    """Memory the system can give without swapping (Linux ``MemAvailable``), or None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
