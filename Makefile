@@ -3,17 +3,31 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test lint typecheck bench clean
+# What is installed in the venv, as stamp files: `demo` needs only the base package; `test` (and
+# `venv`) also the dev tools and torch. The full install satisfies the base one, so `make demo` after
+# `make test` installs nothing; both reinstall only when pyproject.toml changes.
+BASE := $(VENV)/.installed-base
+FULL := $(VENV)/.installed-dev-calibrate
 
-$(BIN)/kvsim: pyproject.toml
+.PHONY: venv base demo test lint typecheck docs fuzz bench clean
+
+$(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+
+$(BASE): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	@touch $@
+
+$(FULL): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev,calibrate]'
-	@touch $(BIN)/kvsim
+	@touch $@ $(BASE)
 
-venv: $(BIN)/kvsim
+base: $(BASE)
 
-demo: venv
+venv: $(FULL)
+
+demo: $(BASE)
 	$(BIN)/kvsim run configs/quickstart.yaml
 
 lint: venv
@@ -25,6 +39,15 @@ typecheck: venv
 
 test: lint typecheck
 	TQDM_DISABLE=1 MPLBACKEND=Agg $(BIN)/pytest -n 2
+
+# The generated references (the tests fail when they are out of date).
+docs: $(BASE)
+	$(BIN)/kvsim config-reference > docs/config-reference.md
+	$(BIN)/kvsim output-columns > docs/outputs.md
+
+# Millions of random policy operations, every invariant checked after each (minutes; not in `test`).
+fuzz: venv
+	$(BIN)/python -m tests.fuzz --ops 1000000 --jobs 2
 
 bench: venv
 	$(BIN)/python -m benchmarks

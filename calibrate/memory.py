@@ -26,15 +26,18 @@ class MemoryEstimate:
     weights_bytes: int
     largest_point_bytes: int
     largest_point: str
+    runtime_bytes: int = 0
+    """What the process holds before building anything (Python, torch): measured, not estimated."""
 
     @property
     def total_bytes(self) -> int:
-        return self.weights_bytes + self.largest_point_bytes
+        return self.runtime_bytes + self.weights_bytes + self.largest_point_bytes
 
     def describe(self) -> str:
         return (
-            f"about {self.total_bytes / GiB:.1f} GiB: weights {self.weights_bytes / GiB:.1f} GiB + largest point "
-            f"{self.largest_point_bytes / GiB:.1f} GiB ({self.largest_point})"
+            f"about {self.total_bytes / GiB:.1f} GiB: runtime {self.runtime_bytes / GiB:.1f} GiB + weights "
+            f"{self.weights_bytes / GiB:.1f} GiB + largest point {self.largest_point_bytes / GiB:.1f} GiB "
+            f"({self.largest_point})"
         )
 
 
@@ -54,8 +57,9 @@ def point_bytes(point: Point, model: Any, dtype_bytes: int) -> int:
     size = point.block_size
     if point.phase in ("decode", "sweep_attn"):
         blocks = sum(-(-ctx // size) for ctx in point.contexts)
-        padded = len(point.contexts) * -(-point.ctx_max // size) * size
-        scores = len(point.contexts) * model.num_attention_heads * padded * dtype_bytes
+        longest = -(-point.ctx_max // size) * size  # the gather pads every sequence to the longest
+        padded = len(point.contexts) * longest
+        scores = len(point.contexts) * model.num_attention_heads * longest * dtype_bytes
         return 2 * blocks * size * kv + 2 * padded * kv + 2 * scores
     if point.phase == "prefill":
         total = point.start + point.num_tokens
@@ -83,11 +87,26 @@ def describe_point(point: Point) -> str:
     return f"{point.phase} {point.num_blocks} blocks of {point.block_size}"
 
 
-def estimate(points: list[Point], model: Any, dtype_bytes: int) -> MemoryEstimate:
+def estimate(points: list[Point], model: Any, dtype_bytes: int, runtime_bytes: int = 0) -> MemoryEstimate:
     largest = max(points, key=lambda point: point_bytes(point, model, dtype_bytes))
     return MemoryEstimate(
-        weight_bytes(model, dtype_bytes), point_bytes(largest, model, dtype_bytes), describe_point(largest)
+        weight_bytes(model, dtype_bytes),
+        point_bytes(largest, model, dtype_bytes),
+        describe_point(largest),
+        runtime_bytes,
     )
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux ``VmRSS``; 0 where unknown)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def available_bytes() -> int | None:

@@ -34,7 +34,7 @@ import numpy as np
 from calibrate import CalibrationError
 from calibrate.fit import LinearFit, fit_relative, quality
 from calibrate.grids import Grid, make_grid
-from calibrate.memory import available_bytes, estimate
+from calibrate.memory import available_bytes, estimate, resident_bytes
 from sim.costs import (
     DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
     DTYPE_BYTES,
@@ -666,7 +666,8 @@ def run_calibration(
     started = time.perf_counter()
     swaps = device == "cuda"
     points = grid_points(plan, block_size, swaps)
-    needed = estimate(points, spec, DTYPE_SIZES[dtype])
+    runtime = resident_bytes() if device == "cpu" else 0  # on CUDA the estimate is of device memory
+    needed = estimate(points, spec, DTYPE_SIZES[dtype], runtime)
     free = available_bytes() if device == "cpu" else None
     if free is not None and needed.total_bytes > free:
         torch.set_num_threads(previous_threads)

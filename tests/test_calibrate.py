@@ -418,9 +418,9 @@ def test_memory_estimate_by_hand():
     block = 3 * 2 * 16 * 256
     assert point_bytes(Point("copy", 16, num_blocks=4), model, 4) == 9 * block + 4 * block
     # decode of 2 x 64 tokens: pools 8 blocks x 16 x 256 x (K, V); gathered 128 tokens x 256 x 2;
-    # scores 2 sequences x 4 heads x 64 padded to 64 x 4 B, twice (scores and softmax)
+    # scores 2 sequences x 4 heads x 64 keys x 4 B, twice (scores and softmax)
     decode = Point("decode", 16, contexts=(64, 64))
-    assert point_bytes(decode, model, 4) == 2 * 8 * 16 * 256 + 2 * 128 * 256 + 2 * (2 * 4 * 128 * 4)
+    assert point_bytes(decode, model, 4) == 2 * 8 * 16 * 256 + 2 * 128 * 256 + 2 * (2 * 4 * 64 * 4)
 
 
 def test_point_progress_in_a_log_is_throttled_and_ends_with_the_last_point():

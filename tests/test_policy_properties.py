@@ -1,4 +1,4 @@
-"""Property-based tests: random admit / grow / fork / free sequences against every policy."""
+"""Property-based tests: random admit / grow / fork / free / evict sequences against every policy."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies import ChildSpec, OutOfKVMemory, PoolSpec, make_policy
+from policies.contiguous import ContiguousPolicy
 from policies.paged import PagedPolicy
 from policies.prefix import PrefixCachingPolicy
+from tests.test_contiguous import _check_invariants as check_contiguous_invariants
+from tests.test_contiguous import _chunk, _expected_reservation
 
 BLOCK_SIZE = 4
 POOL = PoolSpec(kv_pool_tokens=30 * BLOCK_SIZE + 2, block_size=BLOCK_SIZE, max_model_len=48)
@@ -32,13 +35,6 @@ VARIANTS = [
     ("contiguous", {"reservation": "pow2", "placement": "best_fit"}),
     ("contiguous", {"reservation": "oracle", "placement": "buddy"}),
 ]
-
-operation = st.one_of(
-    st.tuples(st.just("admit"), st.integers(0, len(PROMPTS) - 1), st.integers(0, 20)),
-    st.tuples(st.just("grow"), st.integers(0, 50), st.integers(1, 9)),
-    st.tuples(st.just("fork"), st.integers(0, 50), st.integers(1, 3)),
-    st.tuples(st.just("free"), st.integers(0, 50), st.just(0)),
-)
 
 
 def expected_block_accounting(policy: PagedPolicy) -> dict[str, int]:
@@ -101,74 +97,160 @@ def check_block_invariants(policy: PagedPolicy) -> None:
     assert policy.sharing_slots() == (len(references) * policy.block_size, logical * policy.block_size)
 
 
+class Driver:
+    """Applies admit / grow / fork / free / evict operations to one policy and checks every invariant
+    after each one. The hypothesis test below draws the operations; ``make fuzz`` (``tests/fuzz.py``)
+    draws millions from a seeded generator: both go through this class, so they check the same things.
+
+    Checks after every operation: the breakdown sums to the pool; a failed operation changes nothing;
+    paged policies: block tables, reference counts, the free queue, growth room, sharing, and the
+    breakdown recomputed from the block tables; contiguous: the regions and holes tile the pool and the
+    breakdown matches an independent model of the sequences (``tests/test_contiguous.py``).
+
+    ``evict``: on a prefix cache, admit fresh content larger than the uncached free blocks (which forces
+    LRU eviction) and free it again; on policies without a cache, free the newest sequence, as a
+    preemption does."""
+
+    KINDS = ("admit", "grow", "fork", "free", "evict")
+
+    def __init__(self, name: str, options: dict, pool: PoolSpec = POOL, prompts: list = PROMPTS):
+        self.policy = make_policy(name, pool, **options)
+        self.pool, self.prompts = pool, prompts
+        self.live: list[int] = []
+        self.model: dict[int, list[int]] = {}  # seq_id -> [prompt_len, final_len, length]
+        self.next_id = 0
+        self.done: Counter[str] = Counter()  # operations that succeeded, by kind
+        self.failed: Counter[str] = Counter()  # operations refused with OutOfKVMemory, by kind
+        self.contiguous = isinstance(self.policy, ContiguousPolicy)
+        if self.contiguous:
+            initial = pool.max_model_len if self.policy.reservation == "max" else 1
+            self.reference = _chunk(self.policy.placement, initial)
+
+    def _fresh_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    def _region(self, prompt_len: int, final_len: int) -> int:
+        policy = self.policy
+        size = _expected_reservation(policy.reservation, prompt_len, final_len, self.pool.max_model_len)
+        return _chunk(policy.placement, size)
+
+    def apply(self, kind: str, choice: int, amount: int) -> None:
+        policy = self.policy
+        before = policy.breakdown()
+        try:
+            applied = getattr(self, f"_{kind}")(choice, amount)
+        except OutOfKVMemory:
+            assert policy.breakdown() == before, "a failed operation changed the pool"
+            self.failed[kind] += 1
+        else:
+            if applied:
+                self.done[kind] += 1
+        self.check()
+
+    def _admit(self, choice: int, amount: int) -> bool:
+        prompt = self.prompts[choice % len(self.prompts)]
+        prompt_len = sum(length for _, length in prompt)
+        final_len = min(prompt_len + amount, self.pool.max_model_len)
+        seq_id = self._fresh_id()
+        cached = self.policy.admit(seq_id, prompt, final_len, output_content_id=1000 + seq_id)
+        assert 0 <= cached < prompt_len and cached % self.pool.block_size == 0
+        self.live.append(seq_id)
+        self.model[seq_id] = [prompt_len, final_len, prompt_len]
+        if self.contiguous:
+            self.reference = self._region(prompt_len, final_len)
+        return True
+
+    def _grow(self, choice: int, amount: int) -> bool:
+        if not self.live:
+            return False
+        seq_id = self.live[choice % len(self.live)]
+        prompt_len, final_len, length = self.model[seq_id]
+        grown = min(amount, final_len - length)
+        if grown == 0:
+            return False
+        state = getattr(self.policy, "sequences", {}).get(seq_id)
+        self.policy.grow(seq_id, grown)
+        self.model[seq_id][2] += grown
+        if state is not None:
+            _assert_written_blocks_are_private(self.policy, state, grown)
+        return True
+
+    def _fork(self, choice: int, amount: int) -> bool:
+        if not self.live:
+            return False
+        parent = self.live[choice % len(self.live)]
+        prompt_len, _, length = self.model[parent]
+        final_len = min(self.pool.max_model_len, length + 5)
+        first = self.next_id + 1
+        children = [ChildSpec(first + i, final_len, 5000 + i) for i in range(max(1, amount % 4))]
+        self.policy.fork(parent, children)
+        self.next_id += len(children)
+        for child in children:
+            self.live.append(child.seq_id)
+            self.model[child.seq_id] = [prompt_len, final_len, length]
+        if self.contiguous:
+            self.reference = self._region(prompt_len, final_len)
+        return True
+
+    def _free(self, choice: int, amount: int) -> bool:
+        if not self.live:
+            return False
+        seq_id = self.live.pop(choice % len(self.live))
+        self.policy.free(seq_id)
+        del self.model[seq_id]
+        return True
+
+    def _evict(self, choice: int, amount: int) -> bool:
+        policy = self.policy
+        if not isinstance(policy, PrefixCachingPolicy):
+            return self._free(len(self.live) - 1, amount)  # the newest, as a preemption frees it
+        block_size = self.pool.block_size
+        uncached_free = len(policy.free_queue) - policy._cached_blocks()
+        blocks = min(uncached_free + 1 + choice % 3, self.pool.max_model_len // block_size)
+        seq_id = self._fresh_id()
+        length = blocks * block_size
+        policy.admit(seq_id, ((900_000 + seq_id, length),), length, output_content_id=seq_id)
+        policy.free(seq_id)
+        return True
+
+    def check(self) -> None:
+        policy = self.policy
+        assert policy.breakdown().total == self.pool.kv_pool_tokens
+        if isinstance(policy, PagedPolicy):
+            check_block_invariants(policy)
+        else:
+            check_contiguous_invariants(
+                policy, self.model, self.pool.kv_pool_tokens, self.reference, policy.placement
+            )
+
+    def drain(self) -> None:
+        """Free everything: the pool holds nothing live; a cache is drained by one fresh admission."""
+        while self.live:
+            self._free(0, 0)
+        final = self.policy.breakdown()
+        assert final.used == final.reserved == final.internal_fragmentation == 0
+        assert final.cached + final.free + final.external_fragmentation == self.pool.kv_pool_tokens
+        self.check()
+        if isinstance(self.policy, PagedPolicy):
+            seq_id = self._fresh_id()
+            length = self.pool.max_model_len
+            self.policy.admit(seq_id, ((999_999, length),), length, output_content_id=1)
+            self.policy.free(seq_id)
+            assert self.policy.breakdown().used == 0
+
+
+operation = st.tuples(st.sampled_from(Driver.KINDS), st.integers(0, 50), st.integers(0, 20))
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(variant=st.sampled_from(VARIANTS), operations=st.lists(operation, max_size=60))
 def test_random_operations_keep_every_invariant(variant, operations):
     name, options = variant
-    policy = make_policy(name, POOL, **options)
-    live: list[int] = []
-    next_id = 0
-
-    def fresh_id() -> int:
-        nonlocal next_id
-        next_id += 1
-        return next_id
-
+    driver = Driver(name, options)
     for kind, choice, amount in operations:
-        before = policy.breakdown()
-        try:
-            if kind == "admit":
-                prompt = PROMPTS[choice]
-                prompt_len = sum(length for _, length in prompt)
-                seq_id = fresh_id()
-                cached = policy.admit(seq_id, prompt, prompt_len + amount, output_content_id=1000 + seq_id)
-                assert 0 <= cached < prompt_len and cached % BLOCK_SIZE == 0
-                live.append(seq_id)
-            elif live and kind == "grow":
-                seq_id = live[choice % len(live)]
-                state = getattr(policy, "sequences", {}).get(seq_id)
-                room = _final_len(policy, seq_id) - policy.seq_len(seq_id)
-                if room == 0:
-                    continue
-                policy.grow(seq_id, min(amount, room))
-                if state is not None:
-                    _assert_written_blocks_are_private(policy, state, min(amount, room))
-            elif live and kind == "fork":
-                parent = live[choice % len(live)]
-                length = policy.seq_len(parent)
-                children = [
-                    ChildSpec(fresh_id(), min(POOL.max_model_len, length + 5), 5000 + i)
-                    for i in range(amount)
-                ]
-                policy.fork(parent, children)
-                live.extend(child.seq_id for child in children)
-            elif live and kind == "free":
-                policy.free(live.pop(choice % len(live)))
-        except OutOfKVMemory:
-            assert policy.breakdown() == before, "a failed operation changed the pool"
-        assert policy.breakdown().total == POOL.kv_pool_tokens
-        if isinstance(policy, PagedPolicy):
-            check_block_invariants(policy)
-
-    for seq_id in live:
-        policy.free(seq_id)
-    final = policy.breakdown()
-    assert final.used == final.reserved == final.internal_fragmentation == 0
-    assert final.cached + final.free + final.external_fragmentation == POOL.kv_pool_tokens
-    if isinstance(policy, PagedPolicy):
-        check_block_invariants(policy)
-        # Evict everything: admitting enough fresh content drains the cache, and the pool is all free again.
-        seq_id = fresh_id()
-        policy.admit(seq_id, ((999_999, POOL.max_model_len),), POOL.max_model_len, output_content_id=1)
-        policy.free(seq_id)
-        assert policy.breakdown().used == 0
-
-
-def _final_len(policy, seq_id: int) -> int:
-    sequences = getattr(policy, "sequences", None)
-    if sequences is not None:
-        return sequences[seq_id].final_len
-    return policy.final_len(seq_id)
+        driver.apply(kind, choice, amount)
+    driver.drain()
 
 
 def _assert_written_blocks_are_private(policy: PagedPolicy, state, grown: int) -> None:
