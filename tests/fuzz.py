@@ -81,9 +81,7 @@ def report(outcomes: list[Outcome]) -> str:
     header += f"{'blocks evicted':>16}{'seconds':>9}  result"
     lines = [header]
     for item in outcomes:
-        cells = "".join(
-            f"{item.done.get(kind, 0):>9,}/{item.failed.get(kind, 0):<6,}" for kind in WEIGHTS
-        )
+        cells = "".join(f"{item.done.get(kind, 0):>9,}/{item.failed.get(kind, 0):<6,}" for kind in WEIGHTS)
         result = "FAILED" if item.error else "ok: no invariant violated"
         lines.append(
             f"{item.name:<26}{item.operations:>12,}{cells}{item.evicted_blocks:>16,}{item.seconds:>9.0f}  {result}"
