@@ -669,7 +669,7 @@ def run_calibration(
     runtime = resident_bytes() if device == "cpu" else 0  # on CUDA the estimate is of device memory
     needed = estimate(points, spec, DTYPE_SIZES[dtype], runtime)
     free = available_bytes() if device == "cpu" else None
-    if free is not None and needed.total_bytes > free:
+    if free is not None and needed.peak_bytes > free:
         torch.set_num_threads(previous_threads)
         raise CalibrationError(
             f"the {plan.name} grid for {spec.name} ({dtype}) needs {needed.describe()}, but only "

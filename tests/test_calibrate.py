@@ -304,7 +304,7 @@ def test_smoke_calibration_end_to_end(tmp_path, capsys):
     assert "wrote" in captured.out
     total = len(grid_points(make_grid("smoke", "cpu"), 16, swaps=False)) * make_grid("smoke", "cpu").rounds
     assert f"point {total}/{total} (100%)" in captured.err and "ETA" in captured.err
-    assert "memory about" in captured.err
+    assert "memory peak about" in captured.err
 
     profile = load_profile(output)
     model = resolve_model(config)
@@ -414,9 +414,9 @@ def test_memory_estimate_by_hand():
     # head: 512 x 128 = 65,536; float32
     assert weight_bytes(model, 4) == (147_456 + 65_536) * 4
     # one token's K (or V) in one layer: 2 heads x 32 x 4 B = 256 B
-    # copy of 4 blocks of 16: a cache of 2 x 4 + 1 blocks and the 4 gathered, 3 layers x (K, V)
+    # copy of 4 blocks of 16: a cache of 2 x 4 + 1 blocks and the 4 gathered twice, 3 layers x (K, V)
     block = 3 * 2 * 16 * 256
-    assert point_bytes(Point("copy", 16, num_blocks=4), model, 4) == 9 * block + 4 * block
+    assert point_bytes(Point("copy", 16, num_blocks=4), model, 4) == 9 * block + 2 * 4 * block
     # decode of 2 x 64 tokens: pools 8 blocks x 16 x 256 x (K, V); gathered 128 tokens x 256 x 2;
     # scores 2 sequences x 4 heads x 64 keys x 4 B, twice (scores and softmax)
     decode = Point("decode", 16, contexts=(64, 64))
