@@ -22,19 +22,22 @@ Memory breakdown (slots; sums to the pool):
 * ``reserved``: ``final_len - current length`` per sequence: slots that will be filled later;
 * ``internal_fragmentation``: ``region size - final_len`` per sequence: reservation beyond the
   final length, plus the buddy's rounding up to a power of two;
-* ``external_fragmentation``: free slots that cannot serve the *reference reservation* only because
-  they are split (the textbook definition): when the reference fits in no hole (buddy: no free
-  chunk) although the free slots together would hold it, every free slot counts; otherwise none
-  does. So an empty pool (one hole), a pool where the reference fits somewhere, and a request larger
-  than all free memory (a shortage, not fragmentation) all report 0. The reference is the region size
-  of the most recent reservation this policy was asked about: by ``can_admit`` (whether it fits or
-  not: the scheduler asks before admitting, so a request waiting for memory is the one measured), or
-  by a *successful* ``admit`` or ``fork`` (the last child), which stands for "the next request of
-  this size". A failed ``admit``/``fork`` changes nothing, the reference included, as every error
-  must (see :class:`policies.base.KVCachePolicy`). For ``buddy`` the reference is the power-of-two
-  chunk the request needs. Before any request it is ``max_model_len`` under ``max`` and 1 otherwise.
-  Free slots in holes smaller than the reference while it still fits elsewhere are ``free``: they
-  are not wasted yet (:meth:`free_pieces` lists the holes for a finer look);
+* ``external_fragmentation``: free slots stranded by a request that cannot be placed: when the
+  *reference reservation* fits in no hole (buddy: no free chunk) although it would fit in the empty
+  pool, every free slot counts, since every piece (a hole between regions, the pool's tail, a buddy
+  chunk) is too small for it; otherwise none does. So an empty pool, a pool where the reference fits
+  somewhere, and a reference larger than the empty pool could ever place (a request that is rejected,
+  not blocked) all report 0. This is the vLLM paper's "holes too small for the next reservation", and
+  it counts the tail too small for a whole reservation as paged policies count the pool's tail past
+  the last whole block. The reference is the region size of the most recent reservation this policy
+  was asked about: by ``can_admit`` (whether it fits or not: the scheduler asks before admitting, so a
+  request waiting for memory is the one measured), or by a *successful* ``admit`` or ``fork`` (the last
+  child), which stands for "the next request of this size". A failed ``admit``/``fork`` changes
+  nothing, the reference included, as every error must (see :class:`policies.base.KVCachePolicy`).
+  For ``buddy`` the reference is the power-of-two chunk the request needs. Before any request it is
+  ``max_model_len`` under ``max`` and 1 otherwise. Free slots in holes smaller than the reference
+  while it still fits elsewhere are ``free``: nothing is blocked by them yet (:meth:`free_pieces` lists
+  the holes for a finer look);
 * ``cached`` is always 0 (no prefix cache); ``free`` is the rest.
 
 Costs: ``first_fit``/``best_fit`` are O(log holes) per admit/free/fork child (treaps, see
@@ -230,10 +233,9 @@ class ContiguousPolicy(KVCachePolicy):
         return self.pool.kv_pool_tokens
 
     def _external_fragmentation(self) -> int:
-        free = self._space.free_slots
-        if free < self._reference or self._space.find(self._reference) is not None:
-            return 0  # a shortage (or nothing wanted) is not fragmentation
-        return free  # no piece fits the reference, so every free piece is smaller than it
+        if self._reference > self.largest_region() or self._space.find(self._reference) is not None:
+            return 0  # nothing is blocked: the reference fits now, or never will (it is rejected)
+        return self._space.free_slots  # no piece fits the reference: every free piece is smaller
 
     def breakdown(self) -> MemoryBreakdown:
         external = self._external_fragmentation()

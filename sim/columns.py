@@ -78,8 +78,8 @@ SUMMARY: Columns = {
     ),
     "mean_external_frag_frac": (
         _FRAC,
-        "Time-averaged share free but unusable only because it is split (external fragmentation; "
-        "paged policies: the pool's tail past the last whole block).",
+        "Time-averaged share of free slots stranded by a request that cannot be placed (external "
+        "fragmentation; paged policies: the pool's tail past the last whole block).",
     ),
     "mean_cached_frac": (_FRAC, "Time-averaged share holding reusable prefix blocks with no live owner."),
     "mean_free_frac": (_FRAC, "Time-averaged share free."),
@@ -99,8 +99,9 @@ TIMESERIES: Columns = {
     "internal_fragmentation_tokens": ("tokens (slots)", "Slots allocated that will never be filled."),
     "external_fragmentation_tokens": (
         "tokens (slots)",
-        "Free slots unusable only because they are split (contiguous: when the waiting or last "
-        "request fits in no hole yet in their total); paged: the pool's tail past the last whole block.",
+        "Free slots stranded by a request that cannot be placed (contiguous: the waiting or last "
+        "reservation fits in no hole, though it would fit in the empty pool); paged: the pool's tail "
+        "past the last whole block.",
     ),
     "cached_tokens": (
         "tokens (slots)",

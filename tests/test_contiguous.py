@@ -113,18 +113,18 @@ def test_scripted_max_reservation_breakdown() -> None:
     assert p.region(1) == (0, 40)
     assert p.breakdown() == bd(used=10, reserved=15, internal=15, external=0, free=60)
 
-    p.admit(2, tokens(5), 40, 102)  # [40, 80); hole [80, 100) of 20 < 40 free slots:
-    assert p.region(2) == (40, 40)  # a shortage, not fragmentation (unsplit, 20 still cannot hold 40)
-    assert p.breakdown() == bd(used=15, reserved=50, internal=15, external=0, free=20)
+    p.admit(2, tokens(5), 40, 102)  # [40, 80); the tail [80, 100) of 20 < 40 is stranded: external
+    assert p.region(2) == (40, 40)
+    assert p.breakdown() == bd(used=15, reserved=50, internal=15, external=20, free=0)
 
     p.grow(1, 5)
     assert p.seq_len(1) == 15
-    assert p.breakdown() == bd(used=20, reserved=45, internal=15, external=0, free=20)
+    assert p.breakdown() == bd(used=20, reserved=45, internal=15, external=20, free=0)
 
     assert not p.can_admit(tokens(5), 10)  # needs 40, the only hole is 20
     assert p.available_slots() == 20
 
-    p.free(1)  # holes [0, 40) and [80, 100): the reference (40) fits the first, so nothing is external
+    p.free(1)  # holes [0, 40) and [80, 100): the reference (40) fits the first: nothing is blocked
     assert p.free_pieces() == [(0, 40), (80, 20)]
     assert p.breakdown() == bd(used=5, reserved=35, internal=0, external=0, free=60)
 
@@ -162,7 +162,7 @@ def test_external_fragmentation_blocks_a_request_until_a_neighbour_frees() -> No
     assert p.breakdown() == bd(used=60, reserved=0, internal=0, external=0, free=40)
 
     assert not p.can_admit(tokens(35), 35)  # 35 <= 40 free, but no hole holds 35
-    # the reference is now the waiting request of 35: no hole holds it, the 40 free slots would
+    # the reference is now the waiting request of 35: no hole holds it, so all 40 free slots are external
     assert p.breakdown() == bd(used=60, reserved=0, internal=0, external=40, free=0)
     with pytest.raises(OutOfKVMemory) as error:
         p.admit(4, tokens(35), 35, 104)
@@ -280,8 +280,8 @@ def test_buddy_external_fragmentation_and_merge() -> None:
     assert p.breakdown() == bd(used=16, reserved=0, internal=0, external=0, free=48)
     p.admit(5, tokens(20), 20, 105)
     assert p.region(5) == (0, 32)
-    # reference 32, 16 slots free: a shortage, not fragmentation
-    assert p.breakdown() == bd(used=36, reserved=0, internal=12, external=0, free=16)
+    # reference 32 fits no free chunk (only 32/16 is left): the 16 slots are stranded
+    assert p.breakdown() == bd(used=36, reserved=0, internal=12, external=16, free=0)
 
 
 def test_buddy_non_power_of_two_pool() -> None:
@@ -300,12 +300,12 @@ def test_buddy_non_power_of_two_pool() -> None:
     # reference chunk 2: every free chunk is >= 2
     assert p.breakdown() == bd(used=35, reserved=0, internal=3, external=0, free=62)
 
-    assert not p.can_admit(tokens(64), 64)  # chunk 64, and only 62 slots free: a shortage
-    assert p.breakdown() == bd(used=35, reserved=0, internal=3, external=0, free=62)
+    assert not p.can_admit(tokens(64), 64)  # chunk 64: no free chunk holds it, every free one is smaller
+    assert p.breakdown() == bd(used=35, reserved=0, internal=3, external=62, free=0)
 
     p.free(1)  # 64/32 is free again, but it is a top-level chunk: it cannot merge with 32/32
     assert p.free_pieces() == [(2, 2), (4, 4), (8, 8), (16, 16), (32, 32), (64, 32)]
-    # 94 free slots would hold the 64-chunk, yet no free chunk is that large: all 94 are external
+    # 94 free slots, yet no free chunk holds the 64-chunk: all 94 are external
     # (seq 2: 3 of a 4-chunk, seq 3: 2 of a 2-chunk)
     assert p.breakdown() == bd(used=5, reserved=0, internal=1, external=94, free=0)
 
@@ -323,7 +323,8 @@ def test_buddy_request_larger_than_any_top_level_chunk_fails() -> None:
     assert (error.value.needed_slots, error.value.free_slots) == (128, 100)
     assert p.breakdown() == bd(0, 0, 0, 0, 100)
     assert not p.can_admit(tokens(65), 65)
-    # The reference (128) exceeds the whole pool: an empty pool is never fragmented
+    # The reference (128) exceeds any chunk an empty pool has: the request is rejected, not blocked,
+    # so nothing is external (this empty pool was reported as 100 % external fragmentation)
     assert p.breakdown() == bd(used=0, reserved=0, internal=0, external=0, free=100)
 
 
@@ -469,10 +470,10 @@ def _check_invariants(
     assert b.reserved == sum(final - length for _, final, length in model.values())
     assert b.internal_fragmentation == sum(regions[s][1] - model[s][1] for s in model)
     assert p.reference_size == reference
-    # External fragmentation (textbook): the reference fits in no free piece, yet in the free total.
-    free = sum(size for _, size in pieces)
-    split_only = free >= reference and all(size < reference for _, size in pieces)
-    assert b.external_fragmentation == (free if split_only else 0)
+    # External fragmentation: the reference fits in no free piece, yet would fit in the empty pool.
+    largest = max(size for _, size in _top_level_chunks(pool)) if placement == "buddy" else pool
+    blocked = reference <= largest and all(size < reference for _, size in pieces)
+    assert b.external_fragmentation == (sum(size for _, size in pieces) if blocked else 0)
     assert b.external_fragmentation + b.free == sum(size for _, size in pieces) == p.available_slots()
     for s, (_, _, length) in model.items():
         assert p.seq_len(s) == length
@@ -594,5 +595,5 @@ def test_random_operations_keep_invariants(reservation: str, placement: str, dat
     b = p.breakdown()
     assert (b.used, b.reserved, b.internal_fragmentation, b.cached) == (0, 0, 0, 0)
     # An empty pool is never fragmented, whatever the last request asked for (it was reported as 100 %
-    # external fragmentation when that request was larger than the pool).
+    # external fragmentation when that request was larger than the pool could ever place).
     assert (b.external_fragmentation, b.free) == (0, pool)

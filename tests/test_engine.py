@@ -79,12 +79,12 @@ def test_contiguous_max_reservation_oom_story(on_oom):
         assert got[2] == pytest.approx((2.2, 3.3, 4.3, "finished"))
     assert engine.counters.admissions_failed == 1
     # After iteration 1 each request holds 11 tokens (10 prompt + first token) of a final 12 in a
-    # 40-slot region: used 22, reserved 2, internal 2 x 28 = 56; the 20 slots left cannot serve the
-    # next 40-slot reservation even unsplit: a shortage, so they are free, not external fragmentation.
+    # 40-slot region: used 22, reserved 2, internal 2 x 28 = 56; the 20-slot hole left cannot serve
+    # the next 40-slot reservation: external fragmentation 20.
     # Rows at t=1.2: iteration 1's first tokens, then iteration 2's growth (a row that repeats the
     # previous state is not written).
     at_1_2 = [row[1:7] for row in rows(engine) if row[0] == pytest.approx(1.2)]
-    assert at_1_2 == [(22, 2, 56, 0, 0, 20), (24, 0, 56, 0, 0, 20)]
+    assert at_1_2 == [(22, 2, 56, 20, 0, 0), (24, 0, 56, 20, 0, 0)]
 
 
 def test_preemption_recompute_frees_the_newest_request():
