@@ -124,6 +124,7 @@ def test_small_quickstart_run_writes_every_output(tmp_path, capsys):
         "utilization",
         "fragmentation",
         "running",
+        "queue",
         "oom_preemptions",
         "latency_cdf",
     ):

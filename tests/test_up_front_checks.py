@@ -253,6 +253,20 @@ def test_rejections_are_reported_with_counts_and_both_lengths(tmp_path, capsys):
     assert (out / "capacity.txt").read_text().startswith("[contiguous-max, paged]\nGPU KV cache size")
 
 
+def test_a_run_that_served_nothing_still_draws_every_figure_saying_so(tmp_path):
+    from sim.plots import _nothing_ran_text, pool_labels
+    from sim.results import load_results
+
+    path = config_file(tmp_path, {"engine": {"max_model_len": 550}, "output": {"figures": True}})
+    code, out = run(tmp_path, path)
+    assert code == 0
+    figures = sorted(p.name for p in (out / "figures").iterdir())
+    assert "queue.png" in figures and len(figures) == 8
+    results = load_results(out)
+    assert _nothing_ran_text(results.summary, "paged") == "nothing ran: no request finished (12 of 12 rejected)"
+    assert pool_labels(results.summary)["paged"].endswith(" tokens, 55.9 GiB")
+
+
 def test_strict_run_with_rejections_fails_and_keeps_the_previous_result(tmp_path, capsys):
     good = config_file(tmp_path)
     code, out = run(tmp_path, good, "--strict")
