@@ -127,6 +127,8 @@ class PreparedVariant:
     policy: KVCachePolicy
     costs: CostModel
     pinned_tokens: int
+    ran: bool = False
+    """A policy holds the state of its run: a prepared variant runs once."""
 
 
 @dataclass
@@ -355,6 +357,9 @@ def run_prepared(
     out_dir: Path | None = None,
 ) -> VariantResult:
     """Run one prepared variant on ``workload``'s request stream (replayed afresh)."""
+    if prepared.ran:
+        raise RuntimeError(f"variant {prepared.variant.name!r} already ran: prepare it again")
+    prepared.ran = True
     variant, engine_config = prepared.variant, prepared.engine
     block_bytes = engine_config.block_size * prepared.capacity.kv_bytes_per_token
     knobs = EngineKnobs(
