@@ -263,7 +263,9 @@ def test_a_run_that_served_nothing_still_draws_every_figure_saying_so(tmp_path):
     figures = sorted(p.name for p in (out / "figures").iterdir())
     assert "queue.png" in figures and len(figures) == 8
     results = load_results(out)
-    assert _nothing_ran_text(results.summary, "paged") == "nothing ran: no request finished (12 of 12 rejected)"
+    assert (
+        _nothing_ran_text(results.summary, "paged") == "nothing ran: no request finished (12 of 12 rejected)"
+    )
     assert pool_labels(results.summary)["paged"].endswith(" tokens, 55.9 GiB")
 
 
