@@ -32,6 +32,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--grid", choices=GRID_NAMES, default="quick")
     parser.add_argument("--block-size", type=int, default=16, help="block size of the main grid (default 16)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="time decode, LM head and prefill as CUDA-graph replays, as vLLM runs them (cuda only)",
+    )
     parser.add_argument("-o", "--output", required=True, type=Path, help="PROFILE.yaml to write")
     parser.set_defaults(func=run)
 
@@ -57,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         grid=args.grid,
         block_size=args.block_size,
         seed=args.seed,
+        cuda_graphs=args.cuda_graphs,
         progress=lambda message: print(message, file=sys.stderr),
     )
     print(f"wrote {args.output} ({profile.label})")
