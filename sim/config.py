@@ -116,7 +116,7 @@ class ExperimentConfig(_Strict):
     )
     gpu: str | dict[str, Any] = Field(description="A GPU preset name or custom values.")
     engine: EngineConfig = Field(default_factory=EngineConfig)  # type: ignore[arg-type]
-    cost_model: CostModelConfig | str = "analytic"
+    cost_model: CostModelConfig | str = "derated"
     workload: WorkloadConfig
     variants: list[VariantConfig] = Field(min_length=1)
     until_s: float | None = Field(None, gt=0, description="Stop the simulation at this time (seconds).")

@@ -163,7 +163,16 @@ def run_variant(
     sink.close()
     requests_table = sink.requests(columns=SUMMARY_REQUEST_COLUMNS)
     summary = summarize(
-        engine, requests_table, variant, policy_name, pool, capacity, costs.label, wall_s, max_model_len
+        engine,
+        requests_table,
+        variant,
+        policy_name,
+        pool,
+        capacity,
+        costs.label,
+        wall_s,
+        max_model_len,
+        cost_error_band=costs.error_band,
     )
     summary["pinned_tokens"] = pinned_tokens
     return VariantResult(variant.name, summary, capacity.capacity_lines(max_model_len), sink)
@@ -197,6 +206,7 @@ def summarize(
     cost_label: str,
     wall_s: float,
     max_model_len: int,
+    cost_error_band: str = "not validated",
 ) -> dict[str, Any]:
     simulated_s = float(engine.env.now)
     finished = requests[requests["outcome"] == "finished"]
@@ -214,6 +224,7 @@ def summarize(
         "kv_bytes_per_token": pool.kv_bytes_per_token,
         "num_gpu_blocks": capacity.num_gpu_blocks,
         "cost_model": cost_label,
+        "cost_model_error_band": cost_error_band,
         "requests_total": len(requests),
         "requests_finished": len(finished),
         "requests_rejected": int((requests["outcome"] == "rejected").sum()),
