@@ -147,7 +147,7 @@ def _applied(factors: Efficiency, gpu: str, why: str) -> Efficiency:
     return replace(
         factors,
         source=f"{factors.source}, applied to {gpu} ({why})",
-        error_band=f"not validated on {gpu}: no measurements of it; {factors.error_band} on the measured GPU",
+        error_band=f"not validated on {gpu} (no measurements of it); on the measured GPU: {factors.error_band}",
     )
 
 
