@@ -344,7 +344,12 @@ def fit_efficiency(dataset: Dataset, points: Sequence[Point] | None = None) -> d
     kv_share = 1.0 / fit_d["inverse_share"]
     prefill = [p for p in points if p.phase == "prefill" and not p.holdout]
     fit_p = fit_relative(
-        np.array([[1.0, 4.0 * attention_width(model) * attention_pairs(p.chunk, p.context) / flops] for p in prefill]),
+        np.array(
+            [
+                [1.0, 4.0 * attention_width(model) * attention_pairs(p.chunk, p.context) / flops]
+                for p in prefill
+            ]
+        ),
         [p.attention_s - p.context * kv_bytes / (bandwidth * kv_share) for p in prefill],
         ("fixed", "inverse_share"),
     )
@@ -376,7 +381,9 @@ def fitted_efficiencies() -> dict[str, dict[str, float]]:
 # --------------------------------------------------------------------------------------------------
 
 
-def measured_iteration_s(point: Point, model: ModelSpec, gpu: GpuSpec, derated: DeratedCostModel | None = None) -> float:
+def measured_iteration_s(
+    point: Point, model: ModelSpec, gpu: GpuSpec, derated: DeratedCostModel | None = None
+) -> float:
     """A whole iteration at a Vidur point: the layers as measured, plus what Vidur does not time (the
     LM head and the embedding rows), from the derated model with ``gpu``'s factors."""
     derated = derated or DeratedCostModel(model, gpu)
@@ -407,7 +414,9 @@ class Band:
 def band(costs: CostModel, points: Sequence[Point], model: ModelSpec, gpu: GpuSpec, phase: str) -> Band:
     chosen = [p for p in points if p.phase == phase]
     derated = DeratedCostModel(model, gpu)
-    errors = [predicted_iteration_s(costs, p) / measured_iteration_s(p, model, gpu, derated) - 1.0 for p in chosen]
+    errors = [
+        predicted_iteration_s(costs, p) / measured_iteration_s(p, model, gpu, derated) - 1.0 for p in chosen
+    ]
     return Band(phase, len(chosen), min(errors), max(errors), float(np.mean(np.abs(errors))))
 
 
@@ -688,6 +697,69 @@ def _version() -> str:
 
 
 # --------------------------------------------------------------------------------------------------
+# Comparison with the measured H200 torch profiles
+# --------------------------------------------------------------------------------------------------
+
+COMPARISON_POINTS: tuple[tuple[str, int, int], ...] = (
+    ("decode", 1, 1024),
+    ("decode", 32, 1024),
+    ("decode", 128, 1024),
+    ("decode", 256, 2048),
+    ("prefill", 128, 0),
+    ("prefill", 512, 0),
+    ("prefill", 2048, 0),
+    ("prefill", 512, 4096),
+)
+"""``(phase, batch or chunk tokens, context per sequence or prefix)`` for the comparison table."""
+
+
+def comparison_rows(model_name: str) -> list[dict[str, Any]]:
+    """Iteration times (ms) at :data:`COMPARISON_POINTS` under each cost model that exists for
+    ``model_name`` near an H200: the measured H200 torch profile, the Vidur-derived H100 profile, the
+    derated model on H100 and on H200, and the roofline on H200."""
+    model = resolve_model(model_name)
+    slug = "llama-2-7b" if model_name == "Llama-2-7B" else "llama-3.1-8b"
+    columns: dict[str, CostModel] = {
+        "H200 torch eager (measured)": ProfileCostModel.from_yaml(PROFILES / f"h200-{slug}-full.yaml", model),
+    }
+    vidur_h100 = PROFILES / f"vidur-h100-{slug}.yaml"
+    if vidur_h100.is_file():
+        columns["H100 Vidur (measured ops)"] = ProfileCostModel.from_yaml(vidur_h100, model)
+    columns["H100 derated"] = DeratedCostModel(model, resolve_gpu("H100-80GB"))
+    columns["H200 derated"] = DeratedCostModel(model, resolve_gpu("H200-141GB"))
+    columns["H200 roofline"] = AnalyticCostModel(model, resolve_gpu("H200-141GB"))
+    rows = []
+    for phase, tokens, context in COMPARISON_POINTS:
+        row: dict[str, Any] = {"phase": phase, "tokens": tokens, "context": context}
+        for name, costs in columns.items():
+            if phase == "decode":
+                seconds = costs.iteration_s(tokens, tokens * context)
+            else:
+                seconds = costs.iteration_s(0, 0, [(tokens, context)])
+            row[name] = seconds * 1e3
+        rows.append(row)
+    return rows
+
+
+def comparison_markdown(model_name: str) -> str:
+    rows = comparison_rows(model_name)
+    names = [key for key in rows[0] if key not in ("phase", "tokens", "context")]
+    lines = [
+        "| operating point | " + " | ".join(f"{name} (ms)" for name in names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
+    for row in rows:
+        if row["phase"] == "decode":
+            point = f"decode, batch {row['tokens']}, {row['context']:,} tokens each"
+        else:
+            point = f"prefill {row['tokens']:,} tokens" + (
+                f" after {row['context']:,}" if row["context"] else ""
+            )
+        lines.append(f"| {point} | " + " | ".join(f"{row[name]:.2f}" for name in names) + " |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------------
 
@@ -715,13 +787,22 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m calibrate.vidur", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=PROFILES, help="folder for the profiles")
-    parser.add_argument("--check", action="store_true", help="compare with the committed files; write nothing")
+    parser.add_argument(
+        "--check", action="store_true", help="compare with the committed files; write nothing"
+    )
+    parser.add_argument(
+        "--compare-h200", action="store_true", help="print the H200 comparison tables (markdown) and exit"
+    )
     parser.add_argument(
         "--with-kv-cache-save",
         action="store_true",
         help="include Vidur's attn_kv_cache_save in the layer time (FlashInfer rows only)",
     )
     args = parser.parse_args(argv)
+    if args.compare_h200:
+        for model_name in ("Llama-2-7B", "Llama-3.1-8B"):
+            print(f"{model_name}:\n\n{comparison_markdown(model_name)}\n")
+        return 0
     problems = []
     for dataset in DATASETS.values():
         profile, points = build_profile(dataset, with_kv_cache_save=args.with_kv_cache_save)

@@ -46,7 +46,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         results = run_experiment(config, config_path, progress=show_progress, out_dir=staging)
         write_run_files(staging, resolved, results, figures=config.output.figures)
     first = results[0].summary
-    print(f"kvsim run {config.name}: cost model = {first['cost_model']}; error band: {first['cost_model_error_band']}")
+    print(
+        f"kvsim run {config.name}: cost model = {first['cost_model']}; error band: {first['cost_model_error_band']}"
+    )
     for result in results:
         print(f"  [{result.name}] " + " | ".join(result.capacity_lines))
     print(format_summary_table([result.summary for result in results]))

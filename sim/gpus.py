@@ -281,7 +281,7 @@ def _efficiency(spec: Mapping[str, object], base: Efficiency) -> Efficiency:
     changed = ", ".join(f"{key}={value}" for key, value in given.items())
     return replace(
         base,
-        **given,  # type: ignore[arg-type]
+        **given,
         source=f"{base.source}; overridden by the user: {changed}",
         error_band=f"not validated (user-set factors: {changed})",
     )

@@ -98,7 +98,9 @@ def _two_layer_profile():
             dtype="float32",
             block_size=16,
             coefficients=ProfileCoefficients(
-                decode_per_layer=LayerDecodeCoefficients(intercept_s=0.25, per_seq_s=0.0, per_context_token_s=0.0),
+                decode_per_layer=LayerDecodeCoefficients(
+                    intercept_s=0.25, per_seq_s=0.0, per_context_token_s=0.0
+                ),
                 decode_per_step=StepCoefficients(intercept_s=0.0, per_seq_s=0.0),
                 prefill_per_layer=LayerPrefillCoefficients(
                     intercept_s=0.2, per_token_s=0.005, per_attention_pair_s=0.0

@@ -114,7 +114,9 @@ def test_presets_are_the_fitted_factors_and_bands():
     for gpu in ("A100", "H100"):
         assert EFFICIENCY_PRESETS[gpu].error_band == vidur.efficiency_band_text(bands, gpu)
     own = bands["a100-llama-2-7b"]
-    assert ANALYTIC_ERROR_BAND.startswith(f"{own['analytic/decode'].text()}, {own['analytic/prefill'].text()} ")
+    assert ANALYTIC_ERROR_BAND.startswith(
+        f"{own['analytic/decode'].text()}, {own['analytic/prefill'].text()} "
+    )
     # the roofline is too fast on every held-out point; the derated model straddles the measurements
     for key in vidur.DATASETS:
         assert bands[key]["analytic/decode"].high < 0 and bands[key]["analytic/prefill"].high < 0

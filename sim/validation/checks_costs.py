@@ -67,7 +67,9 @@ def check_vidur_holdout(claim: Claim, context: RunContext) -> CheckOutput:
 class Fig13CostParams(_Strict):
     variant: str = Field(description="The vLLM (paged) variant.")
     cost_models: list[str] = Field(min_length=1, description="Cost models to run (cost_model: values).")
-    paper_mean_batch: float = Field(gt=0, description="The paper's mean batched requests (Little's law input).")
+    paper_mean_batch: float = Field(
+        gt=0, description="The paper's mean batched requests (Little's law input)."
+    )
     rate_per_s: float = Field(gt=0)
     mean_output_tokens: float = Field(gt=0, description="The paper's mean ShareGPT output length.")
 
