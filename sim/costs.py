@@ -829,8 +829,6 @@ def make_cost_model(
             raise CostModelError(f"invalid cost_model {config!r}: {problems}") from None
     bandwidth = None if config.host_bandwidth_gb_per_s is None else config.host_bandwidth_gb_per_s * 1e9
     if config.kind == "derated":
-        from sim.derated import DeratedCostModel
-
         return DeratedCostModel(
             model,
             gpu,
@@ -856,17 +854,3 @@ def make_cost_model(
 # The derated model lives in its own module (it needs these definitions); re-exported here so that
 # ``from sim.costs import DeratedCostModel`` works like the other cost models.
 from sim.derated import DeratedCostModel  # noqa: E402
-
-__all__ = [
-    "ANALYTIC_ERROR_BAND",
-    "AnalyticCostModel",
-    "CostModel",
-    "CostModelConfig",
-    "CostModelError",
-    "CostProfile",
-    "DecodeCost",
-    "DeratedCostModel",
-    "ProfileCostModel",
-    "load_profile",
-    "make_cost_model",
-]
