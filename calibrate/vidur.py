@@ -715,13 +715,16 @@ COMPARISON_POINTS: tuple[tuple[str, int, int], ...] = (
 
 def comparison_rows(model_name: str) -> list[dict[str, Any]]:
     """Iteration times (ms) at :data:`COMPARISON_POINTS` under each cost model that exists for
-    ``model_name`` near an H200: the measured H200 torch profile, the Vidur-derived H100 profile, the
-    derated model on H100 and on H200, and the roofline on H200."""
+    ``model_name`` near an H200: the measured H200 torch profiles (eager, CUDA graphs), the
+    Vidur-derived H100 profile, the derated model on H100 and on H200, and the roofline on H200."""
     model = resolve_model(model_name)
     slug = "llama-2-7b" if model_name == "Llama-2-7B" else "llama-3.1-8b"
     columns: dict[str, CostModel] = {
         "H200 torch eager (measured)": ProfileCostModel.from_yaml(PROFILES / f"h200-{slug}-full.yaml", model),
     }
+    graphs = PROFILES / f"h200-{slug}-full-graphs.yaml"
+    if graphs.is_file():
+        columns["H200 torch CUDA graphs (measured)"] = ProfileCostModel.from_yaml(graphs, model)
     vidur_h100 = PROFILES / f"vidur-h100-{slug}.yaml"
     if vidur_h100.is_file():
         columns["H100 Vidur (measured ops)"] = ProfileCostModel.from_yaml(vidur_h100, model)

@@ -606,8 +606,11 @@ class ProfileCostModel(CostModel):
         if profile.measured and profile.analytic_parts:
             kind = "partly measured profile"
         origin = f"{profile.source['name']}: " if profile.source and "name" in profile.source else ""
+        mode = ""
+        if profile.device.kind == "cuda" and profile.source is None:
+            mode = ", CUDA graphs" if profile.grid.get("cuda_graphs") else ", eager"
         self.label = (
-            f"{kind}: {origin}{profile.device.name} ({profile.device.kind}, {profile.dtype}), "
+            f"{kind}: {origin}{profile.device.name} ({profile.device.kind}, {profile.dtype}{mode}), "
             f"{profile.model.name}" + (f" rescaled to {target.name}" if self.rescaled else "")
         )
         self.error_band = profile_error_band(profile) + (

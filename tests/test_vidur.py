@@ -125,3 +125,10 @@ def test_presets_are_the_fitted_factors_and_bands():
 
 def test_check_mode_passes_on_the_committed_files(capsys):
     assert vidur.main(["--check"]) == 0
+
+
+def test_profiles_readme_shows_the_current_comparison():
+    """The H200 comparison tables in configs/profiles/README.md are what the code computes now."""
+    readme = (vidur.PROFILES / "README.md").read_text()
+    for model_name in ("Llama-2-7B", "Llama-3.1-8B"):
+        assert vidur.comparison_markdown(model_name) in readme, model_name
