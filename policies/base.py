@@ -62,15 +62,32 @@ class PolicyInputError(PolicyError, ValueError):
     The policy's state is unchanged when this is raised."""
 
 
+@dataclass(frozen=True)
+class PrefixHit:
+    """What a prefix-cache lookup found for a prompt: ``cached_tokens`` tokens need no prefill.
+
+    ``block_ids`` are the cached blocks the hit would reuse, in prompt order (block-based caches);
+    empty for policies that do not hand out block ids (no cache, or the token-granular radix tree)."""
+
+    cached_tokens: int
+    block_ids: tuple[int, ...] = ()
+
+
+NO_HIT = PrefixHit(0)
+
+
 class OutOfKVMemory(PolicyError):
     """The pool cannot hold what was asked for right now. State is unchanged.
 
-    ``needed_slots`` / ``free_slots`` say by how much, so the engine can log an honest OOM."""
+    ``needed_slots`` / ``free_slots`` say by how much, so the engine can log an honest OOM.
+    ``prefix_hit`` is the prefix-cache hit a failed admission computed before it learned that the
+    allocation fails (vLLM's scheduler also looks the prefix up first); :data:`NO_HIT` otherwise."""
 
-    def __init__(self, message: str, needed_slots: int, free_slots: int):
+    def __init__(self, message: str, needed_slots: int, free_slots: int, prefix_hit: PrefixHit = NO_HIT):
         super().__init__(message)
         self.needed_slots = needed_slots
         self.free_slots = free_slots
+        self.prefix_hit = prefix_hit
 
 
 # --------------------------------------------------------------------------------------------------
@@ -189,8 +206,17 @@ class KVCachePolicy(ABC):
 
     # -- sequences ---------------------------------------------------------------------------------
     @abstractmethod
-    def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
-        """Would :meth:`admit` succeed right now (without changing anything)?"""
+    def can_admit(self, prompt: TokenContent, final_len: int, namespace: int = 0) -> bool:
+        """Would :meth:`admit` (with the same ``namespace``) succeed right now? Changes nothing."""
+
+    def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        """The prefix-cache hit :meth:`admit` would get for ``prompt`` now, changing nothing (no
+        statistics, no LRU refresh, no node split). The hit never covers the prompt's last token,
+        which must be computed to produce logits (vLLM's and SGLang's ``len - 1`` cap).
+
+        Policies without a prefix cache never hit."""
+        validate_content(prompt, "looked-up prompt")
+        return NO_HIT
 
     @abstractmethod
     def admit(

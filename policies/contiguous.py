@@ -155,7 +155,7 @@ class ContiguousPolicy(KVCachePolicy):
         self._final_total += final_len
         self._region_total += size
 
-    def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
+    def can_admit(self, prompt: TokenContent, final_len: int, namespace: int = 0) -> bool:
         size = self._region_size(content_length(prompt), final_len)
         # The only side effect: this request becomes the external-fragmentation reference.
         self._reference = size
