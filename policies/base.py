@@ -11,7 +11,7 @@ Vocabulary (see ``design.md``): a *slot* holds one token's K and V in every laye
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
@@ -199,6 +199,15 @@ class KVCachePolicy(ABC):
     be filled) from internal fragmentation (slots that never will)."""
 
     name: ClassVar[str] = ""
+
+    @classmethod
+    def pool_slots_from_memory(cls, memory_slots: int, block_size: int, options: Mapping[str, object]) -> int:
+        """The pool this policy manages, out of the ``memory_slots`` token slots the KV memory holds,
+        given the engine's ``block_size`` and the policy's own ``options``.
+
+        Block-based policies hold whole blocks, as vLLM sizes ``num_gpu_blocks``; a policy with
+        another unit (contiguous slots, SGLang pages) overrides this."""
+        return memory_slots // block_size * block_size
 
     def __init__(self, pool: PoolSpec):
         self.pool = pool
