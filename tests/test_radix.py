@@ -3,6 +3,7 @@ random operations checked against an independent recount from the tree."""
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies import ChildSpec, OutOfKVMemory, PolicyInputError, PoolSpec, make_policy
-from policies._radix_tree import Key, RadixNode, key_length
+from policies._radix_tree import Key, RadixNode, RadixTree, key_length
 from policies.base import NO_HIT, PrefixHit
 from policies.radix import RadixPolicy
 
@@ -163,6 +164,68 @@ def test_pool_is_sized_in_whole_pages():
     assert RadixPolicy.pool_slots_from_memory(15_728, 16, {"page_size": 64}) == 15_680
 
 
+def test_admission_counts_the_cache_it_locks_by_matching():
+    """Pool of 20. A's 10 tokens are cached (unlocked); B holds 8 fresh tokens: 2 slots free. A
+    prompt extending A's tokens locks them by matching, so they cannot also be evicted for it: 3 new
+    tokens do not fit (2 free + 10 cached - 10 locked by the match), 2 do."""
+    policy = radix_pool(20)
+    policy.admit(0, ((1, 10),), 10, output_content_id=500)
+    policy.free(0)
+    policy.admit(1, ((2, 8),), 8, output_content_id=501)
+    assert breakdown(policy) == (8, 0, 0, 0, 10, 2)
+    assert not policy.can_admit(((1, 10), (3, 3)), 13)
+    with pytest.raises(OutOfKVMemory) as error:
+        policy.admit(2, ((1, 10), (3, 3)), 13, output_content_id=502)
+    assert error.value.prefix_hit == PrefixHit(10)
+    assert policy.can_admit(((1, 10), (3, 2)), 12)
+    assert policy.admit(2, ((1, 10), (3, 2)), 12, output_content_id=502) == 10
+    assert breakdown(policy) == (20, 0, 0, 0, 0, 0)
+
+
+def test_fork_counts_the_pages_its_insertion_deduplicates():
+    """Pool of 24 slots in pages of 4. P = 8 prompt tokens (a tree node) + 6 own output tokens
+    (2 pages). Q's prompt holds P's first 4 output tokens explicitly, so they are in the tree (a node
+    Q locks) and Q keeps 1 own token (1 page): nothing is free. Forking P inserts its 12 whole-page
+    tokens: the last 4 are already cached, so P's own page holding them is freed, and that page is
+    exactly what the child needs for its copy of P's partial page (2 tokens)."""
+    policy = radix_pool(24, page_size=4)
+    policy.admit(0, ((1, 8),), 16, output_content_id=500)
+    policy.grow(0, 6)
+    assert policy.admit(1, ((1, 8), (500, 4), (9, 1)), 13, output_content_id=501) == 8
+    assert policy.available_slots() == 0
+    policy.fork(0, [ChildSpec(2, 16, 502)])
+    # Tree 12 (locked by all three); own: P 2 tokens, Q 1, child 2, one page each. P and the child
+    # will fill 2 more slots each (final 16 = 12 + 4); Q never fills 3 of its page (final 13).
+    assert breakdown(policy) == (17, 4, 3, 0, 0, 0)
+    assert policy.stats.fork_copied_tokens == 2
+    check_against_recount(policy)
+
+
+def test_eviction_takes_the_least_recently_touched_leaf():
+    """Three cached leaves X, Y, Z inserted in that order; a match touches X. Evicting 6 tokens
+    takes whole leaves, least recently used first: Y, then Z (10 tokens); X survives."""
+    tree = RadixTree(page_size=1)
+    x, y, z = ((1, 0, 5),), ((2, 0, 5),), ((3, 0, 5),)
+    for key in (x, y, z):
+        tree.insert(key, namespace=0)
+    tree.match_prefix(x, namespace=0)
+    assert tree.evict(6) == 10
+    assert [tree.longest_match(key, 0).length for key in (x, y, z)] == [5, 0, 0]
+
+
+def test_locked_nodes_are_never_evicted_and_parents_follow_their_last_child():
+    tree = RadixTree(page_size=1)
+    shared = ((1, 0, 4),)
+    a_end, _ = tree.insert((*shared, (2, 0, 3)), namespace=0)
+    tree.insert((*shared, (3, 0, 2)), namespace=0)  # splits: shared (4) above two leaves (3, 2)
+    tree.lock(a_end)
+    assert (tree.total_tokens, tree.locked_tokens) == (9, 7)
+    assert tree.evict(100) == 2  # only the unlocked leaf; its parent is still locked
+    tree.unlock(a_end)
+    assert tree.evict(100) == 7  # the leaf, then its parent once it became a childless leaf
+    assert tree.total_tokens == 0
+
+
 # --------------------------------------------------------------------------------------------------
 # Independent recount
 # --------------------------------------------------------------------------------------------------
@@ -228,12 +291,31 @@ def check_against_recount(policy: RadixPolicy) -> None:
         "free": page_slots - total - own_slots,
     }
     assert policy.breakdown().total == policy.pool_slots
+    assert min(policy.breakdown().as_dict().values()) >= 0
     assert policy.sharing_slots() == (locked + own_slots, held + own_slots)
     for seq_id, seq in policy.sequences.items():
         room = policy.growth_room(seq_id)
         assert room == min(
             seq.tree_len + -(-(seq.num_tokens - seq.tree_len) // page) * page, seq.final_len
         ) - (seq.num_tokens)
+
+
+def assert_really_does_not_fit(
+    policy: RadixPolicy, kind: str, live: list[int], choice: int, namespace: int, needed: int
+) -> None:
+    """Oracle for an out-of-memory answer: on a copy, do what the operation does before it allocates
+    (admission: match and lock the prefix; fork: insert the parent's whole pages), evict every
+    unlocked node, and check that the free slots still fall short."""
+    trial = copy.deepcopy(policy)
+    if kind == "admit":
+        prompt = PROMPTS[choice]
+        prompt_len = sum(length for _, length in prompt)
+        node, _ = trial.tree.match_prefix(trial._prompt_key(prompt, prompt_len), namespace)
+        trial.tree.lock(node)
+    elif kind == "fork":
+        trial._insert_into_tree(trial.sequences[live[choice % len(live)]])
+    trial.tree.evict(trial.pool.kv_pool_tokens)
+    assert trial._free_slots() < needed
 
 
 # Prompts sharing leading segments at various token counts, so partial matches split nodes.
@@ -300,8 +382,9 @@ def test_random_operations_match_an_independent_recount(page_size, pool_slots, o
                 live.extend(child.seq_id for child in children)
             elif live and kind == "free":
                 policy.free(live.pop(choice % len(live)))
-        except OutOfKVMemory:
+        except OutOfKVMemory as error:
             assert policy.breakdown() == before, "a failed operation changed the pool"
+            assert_really_does_not_fit(policy, kind, live, choice, flag, error.needed_slots)
         check_against_recount(policy)
 
     for seq_id in live:
