@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from itertools import islice
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,6 +16,8 @@ from policies import ChildSpec, OutOfKVMemory, PolicyInputError, PoolSpec, make_
 from policies._radix_tree import Key, RadixNode, RadixTree, key_length
 from policies.base import NO_HIT, PrefixHit
 from policies.radix import RadixPolicy
+from workloads import build_workload
+from workloads.stats import trace_stats
 
 SYSTEM = (7, 10)  # a 10-token system prompt (stream 7)
 
@@ -397,3 +401,35 @@ def test_random_operations_match_an_independent_recount(page_size, pool_slots, o
     policy.admit(-1, ((999_999, min(fresh, MAX_LEN)),), min(fresh, MAX_LEN), output_content_id=1)
     policy.free(-1)
     check_against_recount(policy)
+
+
+# --------------------------------------------------------------------------------------------------
+# Real trace, unlimited cache: the radix policy's hits equal an independent token-exact bound
+# --------------------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+MOONCAKE = ROOT / "traces" / "mooncake" / "conversation_trace.jsonl"
+
+
+@pytest.mark.parametrize(("page_size", "max_requests"), [(1, 500), (16, 500)])
+def test_unlimited_cache_hits_equal_the_trace_bound(page_size, max_requests):
+    """``workloads.stats`` computes, with a trie over prompt segments, the longest prefix each prompt
+    shares with an earlier one, capped at ``len - 1`` (and floored to ``B`` tokens for block size
+    ``B``). Radix with a pool large enough never to evict must hit exactly that."""
+    stats = trace_stats(MOONCAKE, max_requests=max_requests, block_sizes=(page_size,))["prefix_reuse"]
+    expected = (
+        stats["cached_prompt_tokens_frac_last_token_recomputed"]
+        if page_size == 1
+        else stats["cached_prompt_tokens_frac_by_block_size"][str(page_size)]
+    )
+    workload = build_workload({"source": {"kind": "mooncake", "path": str(MOONCAKE)}}, seed=0, base_dir=ROOT)
+    requests = list(islice(workload.requests(), max_requests))
+    pool = sum(request.final_len + page_size for request in requests)
+    policy = radix_pool(pool, page_size=page_size, max_model_len=max(r.final_len for r in requests))
+    for request in requests:
+        policy.admit(request.request_id, request.prompt, request.final_len, request.output_content_id)
+        policy.free(request.request_id)
+    assert policy.stats.evictions == 0
+    assert policy.stats.prefix_cache_hits / policy.stats.prefix_cache_queries == pytest.approx(
+        expected, abs=1e-12
+    )
