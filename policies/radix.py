@@ -273,6 +273,11 @@ class RadixPolicy(KVCachePolicy):
         self.tree.unlock(seq.last_node)
         del self.sequences[seq_id]
 
+    def pin_prefix(self, prompt: TokenContent) -> int:
+        raise PolicyInputError(
+            "policy 'radix' cannot pin prefixes: SGLang's radix cache has no pinning (only eviction priorities)"
+        )
+
     # ------------------------------------------------------------------------------------- internals
     def _pages(self, tokens: int) -> int:
         """Slots of the whole pages holding ``tokens`` tokens."""

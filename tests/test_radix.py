@@ -163,6 +163,11 @@ def test_bad_page_size_is_refused(page_size):
         make_policy("radix", PoolSpec(64, 4, 32), page_size=page_size)
 
 
+def test_pinning_is_refused():
+    with pytest.raises(PolicyInputError, match="no pinning"):
+        radix_pool(64).pin_prefix((SYSTEM,))
+
+
 def test_pool_is_sized_in_whole_pages():
     assert RadixPolicy.pool_slots_from_memory(15_728, 256, {}) == 15_728
     assert RadixPolicy.pool_slots_from_memory(15_728, 16, {"page_size": 64}) == 15_680
