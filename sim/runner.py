@@ -66,9 +66,9 @@ def policy_name_for(variant: VariantConfig, engine: EngineConfig) -> str:
         return variant.policy
     if engine.enable_prefix_caching and variant.policy == "paged":
         return "prefix"
-    if not engine.enable_prefix_caching and variant.policy == "prefix":
+    if not engine.enable_prefix_caching and variant.policy in ("prefix", "radix"):
         raise ConfigError(
-            f"variant {variant.name!r}: policy 'prefix' contradicts enable_prefix_caching: false"
+            f"variant {variant.name!r}: policy {variant.policy!r} contradicts enable_prefix_caching: false"
         )
     if engine.enable_prefix_caching and variant.policy == "contiguous":
         raise ConfigError(f"variant {variant.name!r}: the contiguous policy has no prefix cache")
