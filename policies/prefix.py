@@ -84,8 +84,7 @@ class ContentChains:
 
     def __init__(self) -> None:
         self._id_of: dict[ChainKey, int] = {}
-        self._key_of: dict[int, ChainKey] = {}
-        self._references: dict[int, int] = {}
+        self._entry_of: dict[int, list] = {}  # chain id -> [its key, its holders]
         self._next_id = 0
 
     def __len__(self) -> int:
@@ -98,28 +97,27 @@ class ContentChains:
     def acquire(self, key: ChainKey) -> int:
         """One more holder of ``key`` (a block being cached): its id, interned if new."""
         chain = self._id_of.get(key)
-        if chain is None:
-            chain = self._next_id
-            self._next_id += 1
-            self._id_of[key] = chain
-            self._key_of[chain] = key
-            self._references[chain] = 0
-            parent = key[0]
-            if parent is not None:
-                self._references[parent] += 1
-        self._references[chain] += 1
+        if chain is not None:
+            self._entry_of[chain][1] += 1
+            return chain
+        chain = self._next_id
+        self._next_id += 1
+        self._id_of[key] = chain
+        self._entry_of[chain] = [key, 1]
+        if key[0] is not None:
+            self._entry_of[key[0]][1] += 1
         return chain
 
     def release(self, chain: int | None) -> None:
         """One holder fewer; an id nobody holds is forgotten, and releases its parent in turn."""
         while chain is not None:
-            self._references[chain] -= 1
-            if self._references[chain]:
+            entry = self._entry_of[chain]
+            entry[1] -= 1
+            if entry[1]:
                 return
-            key = self._key_of.pop(chain)
-            del self._id_of[key]
-            del self._references[chain]
-            chain = key[0]
+            del self._entry_of[chain]
+            del self._id_of[entry[0]]
+            chain = entry[0][0]
 
 
 @register("prefix")
