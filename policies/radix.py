@@ -32,6 +32,12 @@ How a request's KV lives here, and which SGLang code each rule follows:
   tokens as hits, as the ``prefix`` policy counts them; ``evictions`` counts evicted pages (tokens
   when ``page_size`` is 1).
 
+What this policy does not model: SGLang's scheduler. kvsim's engine admits and preempts the vLLM way
+(FCFS, newest request preempted), not with SGLang's ``PrefillAdder`` (which reserves estimated decode
+tokens, ``new_token_ratio``) and ``retract_decode`` (fewest decoded tokens first). SGLang also
+matches waiting requests' prompts on every scheduling round, refreshing their nodes' LRU position
+(and splitting nodes); here a failed admission changes nothing, as every failed policy call must.
+
 Breakdown (slots, sums to the pool): **used** = tokens in locked tree nodes (each once, however many
 sequences hold them) + every sequence's own tokens; **reserved** / **internal fragmentation** = the
 empty slots of a sequence's last own page that it will / will never fill; **cached** = unlocked tree
