@@ -117,8 +117,8 @@ def test_pages_hold_whole_pages_and_copy_a_partial_page_on_fork():
     assert policy.sharing_slots() == (8 + 8 + 4 + 4 + 4, 4 * 8 + 8 + 4 + 4 + 4)
     for seq_id in (0, 1, 2, 3):
         policy.free(seq_id)
-    # A's 13 tokens: 12 in whole pages are in the tree (8 shared + A's 4 output... its 9th-12th
-    # tokens); B's and the samples' partial pages are freed.
+    # Freeing inserts whole pages: A's tokens 9-12 (2 prompt, 2 output) join the 8 shared ones; A's
+    # 13th token and the 2-token partial pages of B and the samples are freed.
     assert breakdown(policy) == (0, 0, 0, 0, 12, 20)
     check_against_recount(policy)
 
