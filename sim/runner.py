@@ -18,6 +18,7 @@ from policies.base import (
     PoolSpec,
     TokenContent,
     make_policy,
+    policy_class,
 )
 from sim.capacity import KVCapacity, size_kv_pool
 from sim.config import ConfigError, EngineConfig, ExperimentConfig, VariantConfig
@@ -65,9 +66,9 @@ def policy_name_for(variant: VariantConfig, engine: EngineConfig) -> str:
         return variant.policy
     if engine.enable_prefix_caching and variant.policy == "paged":
         return "prefix"
-    if not engine.enable_prefix_caching and variant.policy == "prefix":
+    if not engine.enable_prefix_caching and variant.policy in ("prefix", "radix"):
         raise ConfigError(
-            f"variant {variant.name!r}: policy 'prefix' contradicts enable_prefix_caching: false"
+            f"variant {variant.name!r}: policy {variant.policy!r} contradicts enable_prefix_caching: false"
         )
     if engine.enable_prefix_caching and variant.policy == "contiguous":
         raise ConfigError(f"variant {variant.name!r}: the contiguous policy has no prefix cache")
@@ -105,10 +106,15 @@ def run_variant(
     engine_config = config.engine_for(variant)
     capacity = size_pool(model, gpu, engine_config)
     max_model_len = engine_config.max_model_len or model.max_position_embeddings
-    pool = PoolSpec(
-        capacity.kv_pool_tokens, engine_config.block_size, max_model_len, capacity.kv_bytes_per_token
-    )
     policy_name = policy_name_for(variant, engine_config)
+    pool = PoolSpec(
+        policy_class(policy_name).pool_slots_from_memory(
+            capacity.kv_memory_slots, engine_config.block_size, variant.options
+        ),
+        engine_config.block_size,
+        max_model_len,
+        capacity.kv_bytes_per_token,
+    )
     try:
         policy = make_policy(policy_name, pool, **variant.options)
     except TypeError as error:

@@ -219,7 +219,13 @@ def random_requests(seed: int, count: int):
 
 @pytest.mark.parametrize(
     ("policy", "options"),
-    [("paged", {}), ("prefix", {}), ("contiguous", {"reservation": "pow2", "placement": "buddy"})],
+    [
+        ("paged", {}),
+        ("prefix", {}),
+        ("contiguous", {"reservation": "pow2", "placement": "buddy"}),
+        ("radix", {}),
+        ("radix", {"page_size": 16}),
+    ],
 )
 @pytest.mark.parametrize("seed", [1, 2])
 def test_event_skipping_equals_single_stepping(policy, options, seed):
@@ -244,7 +250,9 @@ def test_event_skipping_equals_single_stepping(policy, options, seed):
     assert single.counters.preemptions == skip.counters.preemptions
     assert single.counters.oom_events == skip.counters.oom_events
     assert single.policy.stats == skip.policy.stats
-    assert len(rows(skip)) < len(rows(single))
+    if not (policy == "radix" and options.get("page_size", 1) == 1):
+        # Token-granular radix takes a fresh slot for every token, so it has nothing to skip.
+        assert len(rows(skip)) < len(rows(single))
     end = single.env.now
     averages_single = single.recorder.time_averages(end)
     averages_skip = skip.recorder.time_averages(end)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from policies import ChildSpec, OutOfKVMemory, PoolSpec, make_policy
 from policies.paged import PagedPolicy
-from policies.prefix import PrefixCachingPolicy
+from policies.prefix import PrefixCachingPolicy, block_pieces
 
 BLOCK_SIZE = 4
 POOL = PoolSpec(kv_pool_tokens=30 * BLOCK_SIZE + 2, block_size=BLOCK_SIZE, max_model_len=48)
@@ -31,6 +31,8 @@ VARIANTS = [
     ("contiguous", {"reservation": "max", "placement": "first_fit"}),
     ("contiguous", {"reservation": "pow2", "placement": "best_fit"}),
     ("contiguous", {"reservation": "oracle", "placement": "buddy"}),
+    ("radix", {}),  # its tree is recounted independently in test_radix.py
+    ("radix", {"page_size": 3}),
 ]
 
 operation = st.one_of(
@@ -99,6 +101,24 @@ def check_block_invariants(policy: PagedPolicy) -> None:
             assert policy.slots_needed_to_grow(seq_id, room + 1) > 0
     logical = sum(len(policy.sequences[s].block_table) for s in policy.live_sequences())
     assert policy.sharing_slots() == (len(references) * policy.block_size, logical * policy.block_size)
+    if isinstance(policy, PrefixCachingPolicy):
+        check_blocks_hold_the_content_of_their_owners(policy)
+
+
+def check_blocks_hold_the_content_of_their_owners(policy: PrefixCachingPolicy) -> None:
+    """Every full block a sequence holds carries the content chain the sequence's own tokens spell
+    (recomputed here from its segments): sharing, by hit or by fork, never shares wrong content."""
+    block_size = policy.block_size
+    for seq_id in policy.live_sequences():
+        state = policy.sequences[seq_id]
+        parent_chain = None
+        for index in range(state.num_tokens // block_size):
+            pieces = block_pieces(
+                state.segments, state.segment_ends, index * block_size, (index + 1) * block_size
+            )
+            chain = policy._chains.find((parent_chain, pieces, state.namespace))
+            assert chain is not None and policy._block_chain[state.block_table[index]] == chain
+            parent_chain = chain
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -121,8 +141,18 @@ def test_random_operations_keep_every_invariant(variant, operations):
                 prompt = PROMPTS[choice]
                 prompt_len = sum(length for _, length in prompt)
                 seq_id = fresh_id()
-                cached = policy.admit(seq_id, prompt, prompt_len + amount, output_content_id=1000 + seq_id)
-                assert 0 <= cached < prompt_len and cached % BLOCK_SIZE == 0
+                hit = policy.lookup(prompt)
+                assert policy.breakdown() == before, "lookup changed the pool"
+                try:
+                    cached = policy.admit(
+                        seq_id, prompt, prompt_len + amount, output_content_id=1000 + seq_id
+                    )
+                except OutOfKVMemory as error:
+                    assert error.prefix_hit == hit
+                    raise
+                assert cached == hit.cached_tokens
+                hit_unit = getattr(policy, "page_size", BLOCK_SIZE)  # radix hits whole pages, others blocks
+                assert 0 <= cached < prompt_len and cached % hit_unit == 0
                 live.append(seq_id)
             elif live and kind == "grow":
                 seq_id = live[choice % len(live)]
@@ -131,7 +161,7 @@ def test_random_operations_keep_every_invariant(variant, operations):
                 if room == 0:
                     continue
                 policy.grow(seq_id, min(amount, room))
-                if state is not None:
+                if isinstance(policy, PagedPolicy):
                     _assert_written_blocks_are_private(policy, state, min(amount, room))
             elif live and kind == "fork":
                 parent = live[choice % len(live)]
