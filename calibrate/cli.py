@@ -34,6 +34,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--block-size", type=int, default=16, help="block size of the main grid (default 16)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="time decode, LM head and prefill as CUDA-graph replays, as vLLM runs them (cuda only)",
+    )
+    parser.add_argument(
         "-o",
         "--output",
         required=True,
@@ -97,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             grid=args.grid,
             block_size=args.block_size,
             seed=args.seed,
+            cuda_graphs=args.cuda_graphs,
             progress=reporter.message,
             on_point=reporter,
         )

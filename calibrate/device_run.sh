@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One prepared GPU calibration run: measure kvsim cost profiles for the shipped models on a CUDA GPU.
 #
-#   OUT=/some/dir bash calibrate/device_run.sh [DEADLINE_S]
+#   OUT=/some/dir bash calibrate/device_run.sh [DEADLINE_S] [eager|graphs]
 #
+# "graphs" times decode, LM head and prefill as CUDA-graph replays (kvsim calibrate --cuda-graphs), as
+# vLLM runs them; "eager" (the default) launches every kernel from Python.
 # Everything lands in $OUT/gpu-calibration.tar.gz (profiles, raw samples, logs, nvidia-smi), written
 # even when a model runs out of time, because each calibration has its own timeout inside DEADLINE_S.
 # fp16, as Vidur's public profiles, so that the two can be compared point for point.
@@ -10,6 +12,10 @@
 set -u
 export PYTHONUNBUFFERED=1
 deadline=$(( $(date +%s) + ${1:-420} ))
+mode=${2:-eager}
+extra=()
+suffix=""
+if [ "$mode" = graphs ]; then extra=(--cuda-graphs); suffix="-graphs"; fi
 OUT=${OUT:-/tmp/kvsim-gpu-out}
 work=/tmp/kvsim-gpu
 mkdir -p "$OUT" "$work"
@@ -33,7 +39,7 @@ calibrate() {  # model grid name
   if [ "$budget" -lt 30 ]; then echo "skip $3: ${budget}s left" >>"$log"; return 1; fi
   echo "== $3 ($1, grid $2, ${budget}s left)" >>"$log"
   timeout "$budget" python3 -m calibrate --model "$1" --device cuda --dtype float16 --grid "$2" \
-    -o "$work/$3.yaml" >>"$log" 2>&1
+    "${extra[@]}" -o "$work/$3.yaml" >>"$log" 2>&1
   local status=$?
   echo "== $3 exit $status" >>"$log"
   return $status
@@ -41,10 +47,12 @@ calibrate() {  # model grid name
 
 # A smoke run first: if the CUDA path is broken, fail in seconds, not minutes.
 if calibrate Llama-2-7B smoke smoke; then
-  calibrate Llama-2-7B quick h200-llama-2-7b-quick
-  calibrate Llama-3.1-8B quick h200-llama-3.1-8b-quick
-  calibrate Llama-3.1-8B full h200-llama-3.1-8b-full
-  calibrate Llama-2-7B full h200-llama-2-7b-full
+  if [ "$mode" = eager ]; then
+    calibrate Llama-2-7B quick h200-llama-2-7b-quick
+    calibrate Llama-3.1-8B quick h200-llama-3.1-8b-quick
+  fi
+  calibrate Llama-3.1-8B full "h200-llama-3.1-8b-full$suffix"
+  calibrate Llama-2-7B full "h200-llama-2-7b-full$suffix"
 fi
 rm -f "$work/smoke.yaml" "$work/smoke.csv"
 tar -czf "$OUT/gpu-calibration.tar.gz" -C "$work" .

@@ -59,7 +59,8 @@ def fit_relative(features: Any, y: Any, names: Sequence[str], *, nonnegative: bo
 
 
 def quality(y: Any, predicted: Any) -> dict[str, float | int]:
-    """R² (of the absolute values), mean and max relative error, number of points."""
+    """R² (of the absolute values), mean and max relative error, the signed extremes of the relative
+    error (negative: predicted too fast), number of points."""
     target = np.asarray(y, dtype=float)
     guess = np.asarray(predicted, dtype=float)
     if target.size == 0:
@@ -69,6 +70,8 @@ def quality(y: Any, predicted: Any) -> dict[str, float | int]:
         "n_points": int(target.size),
         "mean_rel_err": float(relative.mean()),
         "max_rel_err": float(relative.max()),
+        "min_signed_rel_err": float(((guess - target) / target).min()),
+        "max_signed_rel_err": float(((guess - target) / target).max()),
     }
     spread = float(np.sum((target - target.mean()) ** 2))
     if target.size >= 3 and spread > 0:

@@ -283,11 +283,46 @@ class Bench:
         raise ValueError(f"unknown phase {point.phase!r}")
 
 
-def measure(fn: Callable[[], Any], device: torch.device, grid: Grid) -> tuple[float, float, int]:
-    """Median and IQR of the per-call time in seconds, and the number of samples."""
+GRAPH_PHASES = frozenset({"decode", "sweep_attn", "head", "prefill"})
+"""Phases timed as CUDA-graph replays with ``cuda_graphs``: the compute a serving engine captures
+(vLLM replays decode batches from CUDA graphs; V1 captures piecewise graphs for mixed batches too).
+Block copies and host swaps stay eager: engines launch them as plain copies."""
+
+
+def capture_cuda_graph(fn: Callable[[], Any]) -> Callable[[], Any] | None:
+    """``fn`` captured into a CUDA graph (replayed by the returned callable), or None when ``fn`` cannot
+    be captured (a host synchronisation inside it, say): the caller then times it eagerly."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            fn()  # warm-up outside the graph: lazy initialisation must not be captured
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return None
+    return graph.replay
+
+
+def measure(
+    fn: Callable[[], Any], device: torch.device, grid: Grid, graph: bool = False
+) -> tuple[float, float, int, bool]:
+    """Median and IQR of the per-call time in seconds, the number of samples, and whether the samples
+    are CUDA-graph replays (``graph`` asks for one; a call that cannot be captured runs eagerly)."""
     import torch
 
     cuda = device.type == "cuda"
+    replayed = None
+    if cuda and graph:
+        replayed = capture_cuda_graph(fn)
+        if replayed is not None:
+            fn = replayed
 
     def sync() -> None:
         if cuda:
@@ -314,7 +349,7 @@ def measure(fn: Callable[[], Any], device: torch.device, grid: Grid) -> tuple[fl
             fn()
             samples.append(time.perf_counter() - started)
     q25, q50, q75 = np.percentile(samples, [25, 50, 75])
-    return float(q50), float(q75 - q25), count
+    return float(q50), float(q75 - q25), count, replayed is not None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -629,6 +664,7 @@ def run_calibration(
     grid: str | Grid = "quick",
     block_size: int = 16,
     seed: int = 0,
+    cuda_graphs: bool = False,
     progress: Callable[[str], None] | None = None,
     on_point: PointProgress | None = None,
 ) -> CostProfile:
@@ -652,6 +688,8 @@ def run_calibration(
         raise CalibrationError("--device cuda, but torch sees no CUDA device (use --device cpu)")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be cpu or cuda, got {device!r}")
+    if cuda_graphs and device != "cuda":
+        raise ValueError("cuda_graphs needs device cuda")
     dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
     torch_dtype = kernels.dtype_from_name(dtype)
     plan = grid if isinstance(grid, Grid) else make_grid(grid, device)
@@ -682,6 +720,7 @@ def run_calibration(
     )
     rng = np.random.default_rng(seed)
     rows: list[dict[str, Any]] = []
+    graph_misses = 0
     medians: dict[int, list[float]] = {index: [] for index in range(len(points))}
     allocator = "torch CUDA caching allocator" if device == "cuda" else "malloc"
     try:
@@ -693,9 +732,12 @@ def run_calibration(
                 for order, index in enumerate(rng.permutation(len(points))):
                     point = points[int(index)]
                     fn = bench.make(point)
-                    median, iqr, count = measure(fn, torch_device, plan)
+                    median, iqr, count, replayed = measure(
+                        fn, torch_device, plan, graph=cuda_graphs and point.phase in GRAPH_PHASES
+                    )
                     del fn
                     release_free_heap()
+                    graph_misses += cuda_graphs and point.phase in GRAPH_PHASES and not replayed
                     median = float(f"{median:.9g}")  # the CSV's precision, so that a refit reproduces
                     medians[int(index)].append(median)
                     rows.append(
@@ -745,6 +787,8 @@ def run_calibration(
         "p90_spread_across_rounds": float(np.percentile(spreads, 90)),
         "noisy": noisy,
         "allocator": allocator,
+        "cuda_graphs": cuda_graphs,
+        "graph_capture_failures": graph_misses,
         "load_average_start": load_start,
         "load_average_end": _load(),
     }
@@ -758,12 +802,24 @@ def run_calibration(
         notes.append(
             "swap was not measured on this device; its coefficients are an analytic host-bandwidth estimate"
         )
+    if cuda_graphs:
+        notes.append(
+            "decode, LM head and prefill points were timed as CUDA-graph replays (no per-kernel launch "
+            f"cost, as vLLM's captured decode); {graph_misses} timed call(s) could not be captured and ran "
+            "eagerly; block copies and swaps are eager"
+        )
+    else:
+        notes.append(
+            "timed eagerly (one kernel launch per operation): at small batches launch overhead dominates, "
+            "which a serving engine that replays CUDA graphs does not pay"
+        )
     if noisy:
         notes.append(f"noisy run: median spread across rounds above {NOISY_SPREAD:.0%}; consider rerunning")
     threads = 1 if device == "cpu" else previous_threads
     profile = CostProfile(
         measured=True,
-        label=f"measured: {device_name} ({device}, {dtype}), torch {torch.__version__}, {spec.name}",
+        label=f"measured: {device_name} ({device}, {dtype}{', CUDA graphs' if cuda_graphs else ''}), "
+        f"torch {torch.__version__}, {spec.name}",
         created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         kvsim_version=kvsim_version(),
         device=ProfileDevice(
@@ -779,7 +835,13 @@ def run_calibration(
         timed_layers=1,
         coefficients=coefficients,
         fit_quality=report,
-        grid={**plan.describe(), "block_size": block_size, "device": device, "seed": seed},
+        grid={
+            **plan.describe(),
+            "block_size": block_size,
+            "device": device,
+            "seed": seed,
+            "cuda_graphs": cuda_graphs,
+        },
         samples_csv=csv_path.name,
         notes=notes,
     )

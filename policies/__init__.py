@@ -3,6 +3,7 @@
 from policies import contiguous as _contiguous  # noqa: F401  (registers "contiguous")
 from policies import paged as _paged  # noqa: F401  (registers "paged")
 from policies import prefix as _prefix  # noqa: F401  (registers "prefix")
+from policies import radix as _radix  # noqa: F401  (registers "radix")
 from policies.base import (
     ChildSpec,
     KVCachePolicy,

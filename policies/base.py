@@ -11,7 +11,7 @@ Vocabulary (see ``design.md``): a *slot* holds one token's K and V in every laye
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
@@ -62,15 +62,32 @@ class PolicyInputError(PolicyError, ValueError):
     The policy's state is unchanged when this is raised."""
 
 
+@dataclass(frozen=True)
+class PrefixHit:
+    """What a prefix-cache lookup found for a prompt: ``cached_tokens`` tokens need no prefill.
+
+    ``block_ids`` are the cached blocks the hit would reuse, in prompt order (block-based caches);
+    empty for policies that do not hand out block ids (no cache, or the token-granular radix tree)."""
+
+    cached_tokens: int
+    block_ids: tuple[int, ...] = ()
+
+
+NO_HIT = PrefixHit(0)
+
+
 class OutOfKVMemory(PolicyError):
     """The pool cannot hold what was asked for right now. State is unchanged.
 
-    ``needed_slots`` / ``free_slots`` say by how much, so the engine can log an honest OOM."""
+    ``needed_slots`` / ``free_slots`` say by how much, so the engine can log an honest OOM.
+    ``prefix_hit`` is the prefix-cache hit a failed admission computed before it learned that the
+    allocation fails (vLLM's scheduler also looks the prefix up first); :data:`NO_HIT` otherwise."""
 
-    def __init__(self, message: str, needed_slots: int, free_slots: int):
+    def __init__(self, message: str, needed_slots: int, free_slots: int, prefix_hit: PrefixHit = NO_HIT):
         super().__init__(message)
         self.needed_slots = needed_slots
         self.free_slots = free_slots
+        self.prefix_hit = prefix_hit
 
 
 # --------------------------------------------------------------------------------------------------
@@ -183,14 +200,32 @@ class KVCachePolicy(ABC):
 
     name: ClassVar[str] = ""
 
+    @classmethod
+    def pool_slots_from_memory(cls, memory_slots: int, block_size: int, options: Mapping[str, object]) -> int:
+        """The pool this policy manages, out of the ``memory_slots`` token slots the KV memory holds,
+        given the engine's ``block_size`` and the policy's own ``options``.
+
+        Block-based policies hold whole blocks, as vLLM sizes ``num_gpu_blocks``; a policy with
+        another unit (contiguous slots, SGLang pages) overrides this."""
+        return memory_slots // block_size * block_size
+
     def __init__(self, pool: PoolSpec):
         self.pool = pool
         self.stats = PolicyStats()
 
     # -- sequences ---------------------------------------------------------------------------------
     @abstractmethod
-    def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
-        """Would :meth:`admit` succeed right now (without changing anything)?"""
+    def can_admit(self, prompt: TokenContent, final_len: int, namespace: int = 0) -> bool:
+        """Would :meth:`admit` (with the same ``namespace``) succeed right now? Changes nothing."""
+
+    def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        """The prefix-cache hit :meth:`admit` would get for ``prompt`` now, changing nothing (no
+        statistics, no LRU refresh, no node split). The hit never covers the prompt's last token,
+        which must be computed to produce logits (vLLM's and SGLang's ``len - 1`` cap).
+
+        Policies without a prefix cache never hit."""
+        validate_content(prompt, "looked-up prompt")
+        return NO_HIT
 
     @abstractmethod
     def admit(

@@ -47,7 +47,7 @@ Costs: ``first_fit``/``best_fit`` are O(log holes) per admit/free/fork child (tr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from policies._free_space import BuddySpace, FreeSpace, HoleSpace, ceil_pow2
@@ -82,6 +82,12 @@ class ContiguousPolicy(KVCachePolicy):
     """One contiguous region per sequence; see the module docstring."""
 
     OPTION_VALUES = {"reservation": RESERVATIONS, "placement": PLACEMENTS}  # for `kvsim policies`
+
+    @classmethod
+    def pool_slots_from_memory(cls, memory_slots: int, block_size: int, options: Mapping[str, object]) -> int:
+        """Every slot the KV memory holds: a linear address space has no blocks, so ``block_size``
+        must not shrink it (OPT-13B with 12 GiB: 15,728 slots at any block size)."""
+        return memory_slots
 
     def __init__(self, pool: PoolSpec, reservation: str = "max", placement: str = "first_fit"):
         super().__init__(pool)
@@ -163,7 +169,7 @@ class ContiguousPolicy(KVCachePolicy):
         self._final_total += final_len
         self._region_total += size
 
-    def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
+    def can_admit(self, prompt: TokenContent, final_len: int, namespace: int = 0) -> bool:
         size = self._region_size(content_length(prompt), final_len)
         # The only side effect: this request becomes the external-fragmentation reference.
         self._reference = size

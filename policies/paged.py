@@ -19,12 +19,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from policies.base import (
+    NO_HIT,
     ChildSpec,
     KVCachePolicy,
     MemoryBreakdown,
     OutOfKVMemory,
     PolicyInputError,
     PoolSpec,
+    PrefixHit,
     Segment,
     TokenContent,
     register,
@@ -125,8 +127,8 @@ class PagedPolicy(KVCachePolicy):
     def available_slots(self) -> int:
         return len(self.free_queue) * self.block_size
 
-    def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
-        return self._blocks_needed_to_admit(prompt, namespace=0)[0] <= len(self.free_queue)
+    def can_admit(self, prompt: TokenContent, final_len: int, namespace: int = 0) -> bool:
+        return self._blocks_needed_to_admit(prompt, namespace)[0] <= len(self.free_queue)
 
     def slots_needed_to_grow(self, seq_id: int, num_tokens: int) -> int:
         return self._blocks_needed_to_grow(self._get(seq_id), num_tokens) * self.block_size
@@ -162,7 +164,7 @@ class PagedPolicy(KVCachePolicy):
     ) -> int:
         prompt_len = self._check_new_sequence(seq_id, prompt, final_len)
         blocks_needed, hit_blocks = self._blocks_needed_to_admit(prompt, namespace)
-        self._ensure_free_blocks(blocks_needed, f"admitting sequence {seq_id}")
+        self._ensure_free_blocks(blocks_needed, f"admitting sequence {seq_id}", self._prefix_hit(hit_blocks))
         seq = SequenceState(seq_id, 0, final_len, output_content_id, namespace=namespace)
         self._remember_content(seq, prompt)
         for block_id in hit_blocks:
@@ -229,6 +231,9 @@ class PagedPolicy(KVCachePolicy):
         self._logical_blocks -= len(seq.block_table)
         del self.sequences[seq_id]
 
+    def _prefix_hit(self, hit_blocks: list[int]) -> PrefixHit:
+        return PrefixHit(len(hit_blocks) * self.block_size, tuple(hit_blocks)) if hit_blocks else NO_HIT
+
     # ------------------------------------------------------------------- hooks the prefix policy overrides
     def _blocks_needed_to_admit(self, prompt: TokenContent, namespace: int) -> tuple[int, list[int]]:
         """Free-queue blocks an admission consumes, and the cached blocks it would reuse."""
@@ -272,13 +277,14 @@ class PagedPolicy(KVCachePolicy):
         self.free_queue.appendleft(block_id)
 
     # ------------------------------------------------------------------------------ block accounting
-    def _ensure_free_blocks(self, blocks_needed: int, action: str) -> None:
+    def _ensure_free_blocks(self, blocks_needed: int, action: str, prefix_hit: PrefixHit = NO_HIT) -> None:
         if blocks_needed > len(self.free_queue):
             self.stats.allocation_failures += 1
             raise OutOfKVMemory(
                 f"{action} needs {blocks_needed} free blocks, {len(self.free_queue)} available",
                 needed_slots=blocks_needed * self.block_size,
                 free_slots=len(self.free_queue) * self.block_size,
+                prefix_hit=prefix_hit,
             )
 
     def _extend(self, seq: SequenceState, num_tokens: int) -> None:

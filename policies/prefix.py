@@ -1,14 +1,35 @@
 """Paged allocation with prefix sharing and copy-on-write (vLLM V1 prefix caching + V0 forks).
 
 - Every full block gets a hash chained over (parent block hash, the token pieces it holds, the
-  namespace). A hash map finds cached blocks; a hit is verified piece by piece and against the
-  physical parent block, so a hash collision can never share wrong content.
+  namespace), as vLLM's ``hash_block_tokens`` chains over (parent hash, token ids, extra keys). A
+  hash map finds cached blocks (vLLM's ``BlockHashToBlockMap``).
+- A hit is verified on *content*, never on placement: every cached block also carries an interned
+  exact *chain identity* (:class:`ContentChains`: parent's chain, pieces, namespace), and a block
+  verifies when its chain is the one the prompt spells. Any block holding the same content chain
+  verifies, wherever its parent sits (vLLM chains on content alone, ``find_longest_cache_hit``), and
+  a colliding hash can never share wrong content (vLLM trusts its sha256; kvsim's ``hash_fn`` may
+  collide on purpose in tests).
+- Duplicates: vLLM never deduplicates (block tables are append-only), so one hash can name several
+  cached blocks. The lookup returns the one ``BlockHashToBlockMap.get_one_block`` returns: the
+  earliest-cached block still cached under that hash (``next(iter(...))`` of an insertion-ordered
+  dict; ``insert`` appends, ``pop`` removes in place), among those whose chain verifies.
 - Blocks are reference counted. When the last owner frees a full block it keeps its hash and stays
   *cached* (hittable) in the free queue until it is handed out again, which evicts it: LRU.
   A freed sequence's blocks enter the queue tail-first, so its longest-prefix block is evicted first;
   a freed block holding no hash goes to the head and is reused before any cached block (vLLM #42656).
 - A prefix hit never covers the prompt's last token: it must be computed to produce logits (vLLM's
-  ``num_tokens - 1`` rule). Only full blocks are ever shared through the cache.
+  ``num_tokens - 1`` rule, ``KVCacheManager.get_computed_blocks``). Only full blocks are ever shared
+  through the cache. :meth:`PrefixCachingPolicy.lookup` computes the hit without changing anything.
+- Prefix-cache statistics (``prefix_cache_queries`` / ``prefix_cache_hits``, in tokens) count one
+  query per *successful* admission: the prompt's tokens, and the tokens served from cache. A failed
+  admission counts nothing; its :class:`~policies.base.OutOfKVMemory` carries the hit it computed
+  (``prefix_hit``). This is vLLM's scheduler since #48860 (merged 2026-07-16, fixing #43736):
+  ``Scheduler.schedule`` looks the prefix up with ``get_computed_blocks`` and calls
+  ``KVCacheManager.record_prefix_cache_stats`` only after ``allocate_slots`` succeeded. Before
+  #48860, ``get_computed_blocks`` recorded every lookup, so a request that waited for memory was
+  counted once per retry. vLLM also records re-admissions of preempted requests into separate
+  ``preempted_*`` counters that ``vllm:prefix_cache_queries/hits`` leave out; kvsim's policy cannot
+  tell a re-admission from a first one and counts both.
 - ``fork`` shares every parent block with the children. Writing into a shared, partly filled block
   copies it first (copy-on-write); a full shared block is never copied.
 - ``pin_prefix`` keeps a warm-up prompt's blocks resident: they are never evicted.
@@ -19,11 +40,20 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Callable, Hashable
 
-from policies.base import PolicyInputError, PoolSpec, TokenContent, content_length, register, validate_content
+from policies.base import (
+    NO_HIT,
+    PolicyInputError,
+    PoolSpec,
+    PrefixHit,
+    TokenContent,
+    content_length,
+    register,
+    validate_content,
+)
 from policies.paged import PagedPolicy, SequenceState, ceil_div
 
 Piece = tuple[int, int, int]  # (content_id, first offset, end offset) within one token stream
-BlockKey = tuple[tuple[Piece, ...], int, tuple[int, int] | None]  # pieces, namespace, (parent id, epoch)
+ChainKey = tuple[int | None, tuple[Piece, ...], int]  # (parent's chain id, the block's pieces, namespace)
 
 
 def block_pieces(
@@ -43,6 +73,53 @@ def block_pieces(
     return tuple(pieces)
 
 
+class ContentChains:
+    """Interned exact identities of block contents: ``(parent's chain id, pieces, namespace)`` -> id.
+
+    Two blocks with the same chain id hold the same tokens after the same prefix, in the same
+    namespace, wherever they sit in the pool: this is what a prefix hit verifies. An id lives while
+    a cached block holds it or a child chain names it as its parent, so a cached block whose parent
+    was evicted verifies again once the parent's content is cached again, exactly as vLLM's content
+    hashes do. Ids are never reused, so a stale id can never match new content."""
+
+    def __init__(self) -> None:
+        self._id_of: dict[ChainKey, int] = {}
+        self._entry_of: dict[int, list] = {}  # chain id -> [its key, its holders]
+        self._next_id = 0
+
+    def __len__(self) -> int:
+        return len(self._id_of)
+
+    def find(self, key: ChainKey) -> int | None:
+        """The id of ``key`` if anything holds it now (no side effect)."""
+        return self._id_of.get(key)
+
+    def acquire(self, key: ChainKey) -> int:
+        """One more holder of ``key`` (a block being cached): its id, interned if new."""
+        chain = self._id_of.get(key)
+        if chain is not None:
+            self._entry_of[chain][1] += 1
+            return chain
+        chain = self._next_id
+        self._next_id += 1
+        self._id_of[key] = chain
+        self._entry_of[chain] = [key, 1]
+        if key[0] is not None:
+            self._entry_of[key[0]][1] += 1
+        return chain
+
+    def release(self, chain: int | None) -> None:
+        """One holder fewer; an id nobody holds is forgotten, and releases its parent in turn."""
+        while chain is not None:
+            entry = self._entry_of[chain]
+            entry[1] -= 1
+            if entry[1]:
+                return
+            del self._entry_of[chain]
+            del self._id_of[entry[0]]
+            chain = entry[0][0]
+
+
 @register("prefix")
 class PrefixCachingPolicy(PagedPolicy):
     """Paged blocks shared by prefix hash and by fork, with LRU eviction of cached blocks."""
@@ -51,10 +128,9 @@ class PrefixCachingPolicy(PagedPolicy):
         super().__init__(pool)
         self.hash_fn = hash_fn
         self._block_hash: list[int | None] = [None] * self.num_blocks
-        self._block_key: list[BlockKey | None] = [None] * self.num_blocks
-        # A block's epoch changes whenever it is evicted, so a child that chained to its old content
-        # can never verify against its new content.
-        self._epoch = [0] * self.num_blocks
+        self._block_chain: list[int | None] = [None] * self.num_blocks
+        self._chains = ContentChains()
+        # Blocks cached under each hash, earliest-cached first (vLLM's BlockHashToBlockMap order).
         self._cached_by_hash: dict[int, list[int]] = {}
         self._cached_in_queue = 0
         self._pinned: set[int] = set()
@@ -71,6 +147,15 @@ class PrefixCachingPolicy(PagedPolicy):
         return self.free_queue.order()
 
     # ---------------------------------------------------------------------------------- prefix lookup
+    def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        validate_content(prompt, "looked-up prompt")
+        prompt_len = content_length(prompt)
+        if prompt_len <= 0:
+            return NO_HIT
+        return self._prefix_hit(
+            self._find_cached_prefix(prompt, (prompt_len - 1) // self.block_size, namespace)
+        )
+
     def _blocks_needed_to_admit(self, prompt: TokenContent, namespace: int) -> tuple[int, list[int]]:
         prompt_len = content_length(prompt)
         hits = self._find_cached_prefix(prompt, (prompt_len - 1) // self.block_size, namespace)
@@ -87,21 +172,25 @@ class PrefixCachingPolicy(PagedPolicy):
         block_size = self.block_size
         hits: list[int] = []
         parent_hash: int | None = None
-        parent_ref: tuple[int, int] | None = None
+        parent_chain: int | None = None
         for index in range(max_blocks):
             pieces = block_pieces(segments, ends, index * block_size, (index + 1) * block_size)
-            key: BlockKey = (pieces, namespace, parent_ref)
+            chain = self._chains.find((parent_chain, pieces, namespace))
+            if chain is None:
+                break  # no cached block holds this content after this prefix
             block_hash = self.hash_fn((parent_hash, pieces, namespace))
-            block_id = self._verified_block(block_hash, key)
+            block_id = self._first_cached_block(block_hash, chain)
             if block_id is None:
                 break
             hits.append(block_id)
-            parent_hash, parent_ref = block_hash, (block_id, self._epoch[block_id])
+            parent_hash, parent_chain = block_hash, chain
         return hits
 
-    def _verified_block(self, block_hash: int, key: BlockKey) -> int | None:
+    def _first_cached_block(self, block_hash: int, chain: int) -> int | None:
+        """``BlockHashToBlockMap.get_one_block(block_hash)``: the earliest-cached block under the hash,
+        skipping blocks whose content differs (only a deliberately colliding ``hash_fn`` has any)."""
         for block_id in self._cached_by_hash.get(block_hash, ()):
-            if self._block_key[block_id] == key:
+            if self._block_chain[block_id] == chain:
                 return block_id
         return None
 
@@ -153,16 +242,19 @@ class PrefixCachingPolicy(PagedPolicy):
                 seq.segments, seq.segment_ends, index * block_size, (index + 1) * block_size
             )
             if index:
-                parent_id = seq.block_table[index - 1]
+                # The previous block is full and this sequence holds it, so it is cached: its chain
+                # is the content chain of this sequence's prefix (hits and forks share only that).
                 parent_hash: int | None = seq.block_hashes[-1]
-                parent_ref: tuple[int, int] | None = (parent_id, self._epoch[parent_id])
+                parent_chain = self._block_chain[seq.block_table[index - 1]]
             else:
-                parent_hash, parent_ref = None, None
+                parent_hash, parent_chain = None, None
             block_hash = self.hash_fn((parent_hash, pieces, seq.namespace))
             seq.block_hashes.append(block_hash)
             if self._block_hash[block_id] is None:
+                # A block reached by a hit or a fork is already cached; only fresh blocks register.
+                # Identical content cached twice stays twice (vLLM does not deduplicate).
                 self._block_hash[block_id] = block_hash
-                self._block_key[block_id] = (pieces, seq.namespace, parent_ref)
+                self._block_chain[block_id] = self._chains.acquire((parent_chain, pieces, seq.namespace))
                 self._cached_by_hash.setdefault(block_hash, []).append(block_id)
 
     # ---------------------------------------------------------------------------------- free queue
@@ -180,8 +272,8 @@ class PrefixCachingPolicy(PagedPolicy):
         if not same_hash:
             del self._cached_by_hash[block_hash]
         self._block_hash[block_id] = None
-        self._block_key[block_id] = None
-        self._epoch[block_id] += 1
+        self._chains.release(self._block_chain[block_id])
+        self._block_chain[block_id] = None
         self._cached_in_queue -= 1
         self.stats.evictions += 1
 

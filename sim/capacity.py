@@ -100,6 +100,13 @@ class KVCapacity:
         """Tokens the pool holds: ``num_gpu_blocks x block_size`` (vLLM's "GPU KV cache size")."""
         return self.num_gpu_blocks * self.block_size
 
+    @property
+    def kv_memory_slots(self) -> int:
+        """Token slots the KV memory holds before any rounding to blocks: ``available // bytes per
+        token``. A pool without blocks (contiguous allocation) is this many slots, whatever
+        ``block_size`` is; with ``num_gpu_blocks_override`` it is that many whole blocks."""
+        return self.available_kv_bytes // self.kv_bytes_per_token
+
     def max_concurrency(self, tokens_per_request: int) -> float:
         """Requests of ``tokens_per_request`` tokens that fit at once: blocks / ceil(L / block_size)."""
         if (

@@ -78,7 +78,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"{out_dir}/. Rerun without --strict to inspect them in requests.parquet (outcome, reason)."
             )
         write_run_files(staging, resolved, results, figures=config.output.figures)
-    print(f"kvsim run {config.name}: cost model = {results[0].summary['cost_model']}")
+    first = results[0].summary
+    print(
+        f"kvsim run {config.name}: cost model = {first['cost_model']}; error band: {first['cost_model_error_band']}"
+    )
     for line in capacity_report(results):
         print(line)
     print(format_summary_table([result.summary for result in results]))

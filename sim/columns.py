@@ -30,6 +30,10 @@ SUMMARY: Columns = {
     "kv_bytes_per_token": ("bytes", "KV cache bytes per token, all layers, per GPU."),
     "num_gpu_blocks": ("blocks", "KV blocks in the pool (vLLM's `num_gpu_blocks`)."),
     "cost_model": ("-", "Which cost model timed the iterations, and what it rests on."),
+    "cost_model_error_band": (
+        "-",
+        "How far that cost model's iteration times were measured to be off, and against what.",
+    ),
     "requests_total": ("requests", "Requests that arrived (all outcomes)."),
     "requests_finished": ("requests", "Requests that generated their last token."),
     "requests_rejected": (

@@ -172,7 +172,9 @@ class ExperimentConfig(_Strict):
         description="Engine and memory knobs shared by every variant (vLLM engine-argument names).",
     )
     cost_model: CostModelConfig | str = Field(
-        "analytic", description="Iteration times: analytic (roofline) or a calibrated profile."
+        "derated",
+        description="Iteration times: derated (roofline with GPU efficiency factors), analytic (plain "
+        "roofline) or a calibrated profile.",
     )
     workload: WorkloadConfig = Field(description="The request stream: synthetic, or replayed from a trace.")
     variants: list[VariantConfig] = Field(

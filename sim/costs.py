@@ -5,17 +5,24 @@ decode iterations can be applied at once in closed form (event skipping):
 
     decode_step_s = intercept_s + per_seq_s * batch + per_context_token_s * sum_context
 
-Prefill chunks, block copies (copy-on-write, fork) and swaps add their own time to the iteration they
-happen in.
+Prefill chunks add their own time to the iteration they ride in, on top of one fixed cost per
+iteration (:meth:`CostModel.iteration_s`: the weights are read once however many prompts share the
+iteration); block copies (copy-on-write, fork) and swaps add theirs.
 
-Two sources of numbers:
+Three sources of numbers:
 
-* :class:`AnalyticCostModel`: a roofline from the model's shapes and the GPU's datasheet (HBM
-  bandwidth, fp16 FLOP/s, an assumed host link). Nothing measured.
+* :class:`sim.derated.DeratedCostModel` (the default, ``cost_model: derated``): the roofline with
+  the efficiency factors of the GPU preset (:class:`sim.gpus.Efficiency`, fitted to measured GPU
+  operations), fixed per-layer costs, only the embedding rows used, LM-head FLOPs only for rows
+  that need logits, and the cached-prefix K/V read during prefill.
+* :class:`AnalyticCostModel` (``cost_model: analytic``): a roofline from the model's shapes and the
+  GPU's datasheet (HBM bandwidth, fp16 FLOP/s, an assumed host link), no efficiency factors.
+  Optimistic: :data:`ANALYTIC_ERROR_BAND`.
 * :class:`ProfileCostModel`: a calibration profile (YAML, schema :class:`CostProfile`) written by
-  ``kvsim calibrate`` from timings of one real torch decoder layer with a paged KV pool, or an
-  analytic profile written by ``calibrate/analytic_profiles.py`` in the same schema. Per-layer
-  coefficients are multiplied by the layer count; the LM head is added once per step.
+  ``kvsim calibrate`` from timings of one real torch decoder layer with a paged KV pool, by
+  ``calibrate/vidur.py`` from Vidur's measured GPU operations, or an analytic profile written by
+  ``calibrate/analytic_profiles.py`` in the same schema. Per-layer coefficients are multiplied by
+  the layer count; the LM head is added once per step.
 
 This module never imports torch: the simulator only reads profiles.
 """
@@ -25,6 +32,7 @@ from __future__ import annotations
 import math
 import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -56,10 +64,13 @@ class DecodeCost:
 
 
 class CostModel(ABC):
-    """Times for the pieces of an iteration. ``label`` says where the numbers come from."""
+    """Times for the pieces of an iteration. ``label`` says where the numbers come from and
+    ``error_band`` how far they were found from measured iteration times (both go into every run's
+    summary as ``cost_model`` and ``cost_model_error_band``)."""
 
     label: str = ""
     measured: bool = False
+    error_band: str = "not validated"
 
     @property
     @abstractmethod
@@ -67,7 +78,38 @@ class CostModel(ABC):
 
     @abstractmethod
     def prefill_s(self, num_tokens: int, start_pos: int) -> float:
-        """Extra iteration time for a prefill chunk of ``num_tokens`` starting at ``start_pos``."""
+        """Time a prefill chunk of ``num_tokens`` starting at ``start_pos`` adds to the iteration that
+        carries it, on top of the iteration's fixed cost (:attr:`prefill_fixed_s`)."""
+
+    @property
+    def prefill_fixed_s(self) -> float:
+        """Fixed cost of an iteration that runs prefill tokens (reading the weights once, launching
+        every layer). By default the decode intercept, the same weight read."""
+        return self.decode.intercept_s
+
+    def iteration_s(
+        self, batch_size: int, sum_context: int, prefill_chunks: Sequence[tuple[int, int]] = ()
+    ) -> float:
+        """One engine iteration: ``batch_size`` decoding sequences holding ``sum_context`` tokens, and
+        the prefill chunks ``(num_tokens, start_pos)`` scheduled with them.
+
+        The fixed per-iteration cost is paid once, however many prompts share the iteration: the
+        fixed cost of the costliest kind of work present, i.e. :attr:`prefill_fixed_s` for prefill
+        alone and the larger of it and the decode intercept when decoding sequences ride along; each
+        chunk adds only its :meth:`prefill_s` and each sequence its per-sequence and context costs.
+        Without chunks this is exactly ``decode.step_s(batch_size, sum_context)``, which event
+        skipping relies on. Block copies and swaps are not included (:meth:`copy_blocks_s`,
+        :meth:`swap_blocks_s`)."""
+        decode = self.decode
+        if not prefill_chunks:
+            return decode.step_s(batch_size, sum_context)
+        fixed = max(decode.intercept_s if batch_size > 0 else 0.0, self.prefill_fixed_s)
+        return (
+            fixed
+            + decode.per_seq_s * batch_size
+            + decode.per_context_token_s * sum_context
+            + sum(self.prefill_s(num_tokens, start) for num_tokens, start in prefill_chunks)
+        )
 
     @abstractmethod
     def copy_blocks_s(self, num_blocks: int) -> float:
@@ -161,6 +203,14 @@ def head_params(model: ModelShape) -> int:
 # --------------------------------------------------------------------------------------------------
 
 
+ANALYTIC_ERROR_BAND = (
+    "decode -32..-3 %, prefill -43..-7 % vs held-out Vidur A100 Llama-2-7B iterations (datasheet peaks, "
+    "no derating: too fast everywhere)"
+)
+"""How far the analytic roofline lands from Vidur's measured A100 Llama-2-7B iterations (decoder layers
+only); recomputed by ``python -m calibrate.vidur`` and checked by ``tests/test_vidur.py``."""
+
+
 class AnalyticCostModel(CostModel):
     """Roofline estimate from the model's shapes and the GPU's datasheet numbers.
 
@@ -179,8 +229,9 @@ class AnalyticCostModel(CostModel):
     Peak numbers, no efficiency factors: real servers run slower, by a factor a measured profile shows.
     """
 
-    label = "analytic roofline"
+    label = "analytic roofline (datasheet peaks, no derating)"
     measured = False
+    error_band = ANALYTIC_ERROR_BAND
 
     def __init__(
         self,
@@ -292,6 +343,8 @@ class StepCoefficients(_Strict):
 
     intercept_s: float = Field(ge=0)
     per_seq_s: float = Field(ge=0)
+    measured: bool = True
+    note: str | None = None
 
 
 class LayerPrefillCoefficients(_Strict):
@@ -319,6 +372,8 @@ class BlockSizePoint(_Strict):
     """Per layer, like ``decode_per_layer.per_context_token_s``."""
     block_copy: BlockCoefficients
     block_swap: BlockCoefficients
+    measured: bool = True
+    """False when the point was filled analytically (no measurement at this block size)."""
 
 
 class ProfileCoefficients(_Strict):
@@ -354,6 +409,12 @@ class CostProfile(_Strict):
     formula: str | None = None
     samples_csv: str | None = None
     notes: list[str] = Field(default_factory=list)
+    source: dict[str, Any] | None = None
+    """Where the measurements come from when kvsim did not take them (e.g. Vidur's profiling data:
+    repository, paths, commit, blob ids, licence)."""
+    analytic_parts: list[str] = Field(default_factory=list)
+    """Coefficients filled analytically in an otherwise measured profile (they are marked
+    ``measured: false`` where the schema has the flag)."""
 
     @model_validator(mode="after")
     def _check_version(self) -> CostProfile:
@@ -527,8 +588,13 @@ class ProfileCostModel(CostModel):
             per_context_token_s=layers * per_context * ratios.kv,
         )
         p = c.prefill_per_layer
+        # One fixed cost per iteration (the layers' prefill intercept and the LM head's): a chunk adds
+        # only its marginal time, including the one row of logits it needs.
+        self._prefill_fixed = (
+            layers * p.intercept_s * ratios.weights + c.decode_per_step.intercept_s * ratios.head
+        )
         self._prefill = (
-            layers * p.intercept_s * ratios.weights + c.decode_per_step.per_seq_s * ratios.head,
+            c.decode_per_step.per_seq_s * ratios.head,
             layers * p.per_token_s * ratios.weights,
             layers * p.per_attention_pair_s * ratios.attention,
         )
@@ -537,9 +603,18 @@ class ProfileCostModel(CostModel):
         self.swap_measured = swap.measured
         self.measured = profile.measured
         kind = "measured profile" if profile.measured else "analytic profile"
+        if profile.measured and profile.analytic_parts:
+            kind = "partly measured profile"
+        origin = f"{profile.source['name']}: " if profile.source and "name" in profile.source else ""
+        mode = ""
+        if profile.device.kind == "cuda" and profile.source is None:
+            mode = ", CUDA graphs" if profile.grid.get("cuda_graphs") else ", eager"
         self.label = (
-            f"{kind}: {profile.device.name} ({profile.device.kind}, {profile.dtype}), "
+            f"{kind}: {origin}{profile.device.name} ({profile.device.kind}, {profile.dtype}{mode}), "
             f"{profile.model.name}" + (f" rescaled to {target.name}" if self.rescaled else "")
+        )
+        self.error_band = profile_error_band(profile) + (
+            f"; rescaled to {target.name}: not validated" if self.rescaled else ""
         )
 
     @classmethod
@@ -607,17 +682,48 @@ class ProfileCostModel(CostModel):
     def decode(self) -> DecodeCost:
         return self._decode
 
+    @property
+    def prefill_fixed_s(self) -> float:
+        return self._prefill_fixed
+
     def prefill_s(self, num_tokens: int, start_pos: int) -> float:
         if num_tokens <= 0:
             return 0.0
-        intercept, per_token, per_pair = self._prefill
-        return intercept + per_token * num_tokens + per_pair * attention_pairs(num_tokens, start_pos)
+        head_row, per_token, per_pair = self._prefill
+        return head_row + per_token * num_tokens + per_pair * attention_pairs(num_tokens, start_pos)
 
     def copy_blocks_s(self, num_blocks: int) -> float:
         return 0.0 if num_blocks <= 0 else self._copy[0] + self._copy[1] * num_blocks
 
     def swap_blocks_s(self, num_blocks: int) -> float:
         return 0.0 if num_blocks <= 0 else self._swap[0] + self._swap[1] * num_blocks
+
+
+def _band(phase: str, report: dict[str, Any]) -> str | None:
+    held = report.get("holdout")
+    if not isinstance(held, dict) or not held.get("n_points"):
+        return None
+    if "min_signed_rel_err" in held:
+        low, high = held["min_signed_rel_err"] * 100, held["max_signed_rel_err"] * 100
+        return f"{phase} {low:+.0f}..{high:+.0f} %"
+    return f"{phase} mean {held['mean_rel_err']:.0%} / max {held['max_rel_err']:.0%}"
+
+
+def profile_error_band(profile: CostProfile) -> str:
+    """A short band for a profile: its fits' signed (or absolute) errors on the points it held out.
+
+    An analytic profile has no points of its own; it gets the analytic roofline's band."""
+    if not profile.measured:
+        return f"analytic profile, same times as the roofline: {ANALYTIC_ERROR_BAND}"
+    parts = [
+        band
+        for band in (_band(phase, profile.fit_quality.get(phase, {})) for phase in ("decode", "prefill"))
+        if band
+    ]
+    if not parts:
+        return "no held-out points: not validated"
+    what = profile.source.get("name", "the measurement") if profile.source else "the measurement"
+    return f"{', '.join(parts)} vs held-out points of {what} ({profile.device.name}, fit of kvsim's forms)"
 
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "float8_e4m3fn": 1}
@@ -638,19 +744,23 @@ def profile_block_bytes(profile: CostProfile, block_size: int | None = None) -> 
 class CostModelConfig(BaseModel):
     """``cost_model:`` in an experiment YAML. Accepted forms::
 
+        cost_model: derated                                   # the default
         cost_model: analytic
         cost_model: {kind: analytic, host_bandwidth_gb_per_s: 25}
         cost_model: {profile: configs/profiles/cpu-qwen2.5-0.5b.yaml, rescale: false}
         cost_model: configs/profiles/cpu-qwen2.5-0.5b.yaml      # a path ending in .yaml/.yml
 
-    ``host_bandwidth_gb_per_s`` (10^9 bytes/s) sets the swap link for ``analytic``, and for a profile
-    whose swaps were not measured (CPU profiles); analytic defaults to 25 GB/s.
+    ``derated`` takes its efficiency factors from the GPU (``gpu: {base: ..., efficiency: {...}}``
+    overrides them). ``host_bandwidth_gb_per_s`` (10^9 bytes/s) sets the swap link for ``derated``
+    and ``analytic``, and for a profile whose swaps were not measured (CPU and Vidur profiles); it
+    defaults to 25 GB/s.
     """
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    kind: Literal["analytic", "profile"] = "analytic"
-    """analytic: the roofline model; profile: coefficients measured by ``kvsim calibrate``."""
+    kind: Literal["derated", "analytic", "profile"] = "derated"
+    """derated: the roofline with the GPU's efficiency factors; analytic: the plain roofline; profile:
+    coefficients measured by ``kvsim calibrate`` (or converted from Vidur)."""
     profile: str | None = None
     """Path to a calibration profile; relative paths resolve against the experiment file's folder,
     then the repository root."""
@@ -665,12 +775,12 @@ class CostModelConfig(BaseModel):
         if data is None:
             return {}
         if isinstance(data, str):
-            if data == "analytic":
-                return {"kind": "analytic"}
+            if data in ("analytic", "derated"):
+                return {"kind": data}
             if data.endswith((".yaml", ".yml")):
                 return {"kind": "profile", "profile": data}
             raise ValueError(
-                f"cost_model must be 'analytic', a profile path (.yaml) or a mapping, got {data!r}"
+                f"cost_model must be 'derated', 'analytic', a profile path (.yaml) or a mapping, got {data!r}"
             )
         if isinstance(data, dict) and "profile" in data and "kind" not in data:
             return {**data, "kind": "profile"}
@@ -680,8 +790,8 @@ class CostModelConfig(BaseModel):
     def _consistent(self) -> CostModelConfig:
         if self.kind == "profile" and not self.profile:
             raise ValueError("cost_model kind 'profile' needs `profile: PATH`")
-        if self.kind == "analytic" and (self.profile or self.rescale):
-            raise ValueError("cost_model kind 'analytic' takes no `profile` or `rescale`")
+        if self.kind != "profile" and (self.profile or self.rescale):
+            raise ValueError(f"cost_model kind {self.kind!r} takes no `profile` or `rescale`")
         return self
 
 
@@ -710,7 +820,7 @@ def make_cost_model(
     kv_cache_dtype: str = "auto",
     base_dir: str | Path | None = None,
 ) -> CostModel:
-    """Build the cost model an experiment asked for (``None`` means analytic).
+    """Build the cost model an experiment asked for (``None`` means the default, derated).
 
     ``kv_cache_dtype`` sizes the analytic model's K/V traffic. A profile's times are those of the dtype
     it was measured in (``profile.dtype``); they are not rescaled for another cache dtype."""
@@ -724,6 +834,14 @@ def make_cost_model(
             )
             raise CostModelError(f"invalid cost_model {config!r}: {problems}") from None
     bandwidth = None if config.host_bandwidth_gb_per_s is None else config.host_bandwidth_gb_per_s * 1e9
+    if config.kind == "derated":
+        return DeratedCostModel(
+            model,
+            gpu,
+            kv_cache_dtype=kv_cache_dtype,
+            block_size=block_size,
+            host_bandwidth_bytes_per_s=bandwidth or DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
+        )
     if config.kind == "analytic":
         return AnalyticCostModel(
             model,
@@ -737,3 +855,8 @@ def make_cost_model(
     return ProfileCostModel.from_yaml(
         path, model, config.rescale, block_size=block_size, host_bandwidth_bytes_per_s=bandwidth
     )
+
+
+# The derated model lives in its own module (it needs these definitions); re-exported here so that
+# ``from sim.costs import DeratedCostModel`` works like the other cost models.
+from sim.derated import DeratedCostModel  # noqa: E402

@@ -248,36 +248,33 @@ class Engine:
         decode_context = self.clock.sum_context()
         budget -= decode_batch
         # 2. prompts in progress, then 3. admissions (not after a preemption, as vLLM)
-        prefill_s = 0.0
         self._prefill_this_step = []
         for state in self.running:
             if not state.decoding and state.prefilled < state.tokens_to_prefill and budget > 0:
-                budget, cost = self._schedule_prefill(state, budget)
-                prefill_s += cost
+                budget = self._schedule_prefill(state, budget)
         if not preempted:
-            budget, cost, swap_in = self._admit_waiting(budget)
-            prefill_s += cost
+            budget, swap_in = self._admit_waiting(budget)
             swap_blocks += swap_in
         self._decoded_seqs = decode_batch
         self._iterations_this_step = 1
         if decode_batch == 0 and not self._prefill_this_step:
             self._check_progress()
             return 0.0
-        decode = self.costs.decode
-        duration = decode.step_s(decode_batch, decode_context) if decode_batch else decode.intercept_s
-        duration += prefill_s
+        # One forward pass: its fixed cost (the weight read) is paid once, however many prompts share it.
+        # Each chunk started at state.prefilled - chunk (a state is scheduled at most once a step).
+        chunks = [(chunk, state.prefilled - chunk) for state, chunk in self._prefill_this_step]
+        duration = self.costs.iteration_s(decode_batch, decode_context, chunks)
         duration += self.costs.copy_blocks_s(self.policy.stats.cow_copies - copies_before)
         duration += self.costs.swap_blocks_s(swap_blocks) if swap_blocks else 0.0
         return duration
 
-    def _schedule_prefill(self, state: RequestState, budget: int) -> tuple[int, float]:
+    def _schedule_prefill(self, state: RequestState, budget: int) -> int:
         chunk = min(budget, state.tokens_to_prefill - state.prefilled)
         if not self.knobs.enable_chunked_prefill and chunk < state.tokens_to_prefill - state.prefilled:
-            return budget, 0.0
-        cost = self.costs.prefill_s(chunk, state.prefilled)
+            return budget
         state.prefilled += chunk
         self._prefill_this_step.append((state, chunk))
-        return budget - chunk, cost
+        return budget - chunk
 
     def _complete_jump(self) -> None:
         self.clock.now += self._jump_rest
@@ -449,8 +446,7 @@ class Engine:
         return self.knobs.swap_space_blocks * self.block_size - self._host_tokens_used
 
     # ------------------------------------------------------------------------------------ admission
-    def _admit_waiting(self, budget: int) -> tuple[int, float, int]:
-        prefill_s = 0.0
+    def _admit_waiting(self, budget: int) -> tuple[int, int]:
         swap_in_blocks = 0
         while self.waiting and budget > 0:
             state = self.waiting[0]
@@ -492,9 +488,8 @@ class Engine:
             state.tokens_to_prefill = total
             state.context = total
             state.prefilled = cached
-            budget, cost = self._schedule_prefill(state, budget)
-            prefill_s += cost
-        return budget, prefill_s, swap_in_blocks
+            budget = self._schedule_prefill(state, budget)
+        return budget, swap_in_blocks
 
     def _content_on_admission(self, state: RequestState) -> TokenContent:
         request = state.request

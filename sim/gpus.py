@@ -44,9 +44,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
-__all__ = ["GPU_PRESETS", "GpuSpec", "resolve_gpu"]
+__all__ = ["EFFICIENCY_PRESETS", "GENERIC_EFFICIENCY", "GPU_PRESETS", "Efficiency", "GpuSpec", "resolve_gpu"]
 
 GiB = 2**30
 GB = 10**9
@@ -55,13 +55,118 @@ TFLOPS = 10**12
 
 
 @dataclass(frozen=True)
+class Efficiency:
+    """How far real kernels fall short of the datasheet, for the derated cost model
+    (:class:`sim.derated.DeratedCostModel`).
+
+    Fractions are of the GPU's datasheet HBM bandwidth or dense FP16 FLOP/s; ``*_s`` fields are
+    fixed times per decoder layer (seconds). ``source`` says where the numbers come from and
+    ``error_band`` how far the derated model landed from measured iteration times that were not used
+    to fit them; both are printed with every run. The fitted presets are written by
+    ``python -m calibrate.vidur --efficiency`` from Vidur's measured operations
+    (``calibrate/vidur_data``); ``tests/test_vidur.py`` refits them and checks these constants.
+    """
+
+    weight_bandwidth: float
+    """Weight reads of the matrix products (GEMM time at 1-8 tokens = weight bytes / this share of BW)."""
+    gemm_flops: float
+    """Large matrix products (GEMM time at >= 2048 tokens = FLOPs / this share of FLOP/s)."""
+    elementwise_bandwidth: float
+    """Norms, rotary embedding, activation and residual add: their bytes per token / this share of BW."""
+    layer_fixed_s: float
+    """The same elementwise kernels' floor per layer (launch and tail at a handful of tokens)."""
+    kv_bandwidth: float
+    """Reading cached K/V in decode attention (and a cached prefix during prefill)."""
+    decode_attention_fixed_s: float
+    """Decode attention's floor per layer (about 9 us on A100 with FlashAttention)."""
+    decode_attention_per_seq_s: float
+    """Decode attention's cost per sequence in the batch, per layer, beyond its K/V read."""
+    prefill_attention_flops: float
+    """Causal attention of a prefill chunk: ``4 x heads x head_dim`` FLOPs per (query, key) pair."""
+    prefill_attention_fixed_s: float
+    """Prefill attention's floor per chunk and layer."""
+    source: str = ""
+    error_band: str = "not validated"
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if item.name in ("source", "error_band"):
+                if not isinstance(value, str):
+                    raise ValueError(f"efficiency {item.name} must be a string, got {value!r}")
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"efficiency {item.name} must be a non-negative number, got {value!r}")
+            if not item.name.endswith("_s") and not 0 < value <= 1.5:
+                raise ValueError(
+                    f"efficiency {item.name} is a share of the datasheet peak, in (0, 1.5]; got {value!r}"
+                )
+
+
+# Fitted by `python -m calibrate.vidur --efficiency` (calibrate/vidur.py) from Vidur's per-operation
+# timings (microsoft/vidur, MIT; calibrate/vidur_data/README.md has the files and commits). The error
+# bands compare the derated model with held-out iteration times (configs/profiles/README.md).
+_A100 = Efficiency(
+    weight_bandwidth=0.761,
+    gemm_flops=0.694,
+    elementwise_bandwidth=0.51,
+    layer_fixed_s=15.6e-6,
+    kv_bandwidth=0.938,
+    decode_attention_fixed_s=9.28e-6,
+    decode_attention_per_seq_s=1.04e-6,
+    prefill_attention_flops=0.255,
+    prefill_attention_fixed_s=18.1e-6,
+    source="A100 factors fitted to Vidur's A100-80GB Llama-2-7B operations",
+    error_band=(
+        "decode -12..+13 %, prefill -9..+15 % vs held-out Vidur A100 Llama-2-7B iterations; Llama-3-8B "
+        "(FlashInfer, not fitted): decode -10..+21 %, prefill -17..+42 %; LM head not measured"
+    ),
+)
+_H100 = Efficiency(
+    weight_bandwidth=0.791,
+    gemm_flops=0.714,
+    elementwise_bandwidth=0.582,
+    layer_fixed_s=13.0e-6,
+    # no H100 attention rows could be had: the attention factors are the A100's
+    kv_bandwidth=_A100.kv_bandwidth,
+    decode_attention_fixed_s=_A100.decode_attention_fixed_s,
+    decode_attention_per_seq_s=_A100.decode_attention_per_seq_s,
+    prefill_attention_flops=_A100.prefill_attention_flops,
+    prefill_attention_fixed_s=_A100.prefill_attention_fixed_s,
+    source="H100 factors fitted to Vidur's H100 Llama-2-7B operations; attention: A100 factors",
+    error_band=(
+        "decode -13..+0 %, prefill -16..+6 % vs held-out Vidur H100 Llama-2-7B iterations whose attention "
+        "is itself modelled (no H100 attention data): only the matrix products and elementwise kernels "
+        "are checked"
+    ),
+)
+
+
+def _applied(factors: Efficiency, gpu: str, why: str) -> Efficiency:
+    """``factors`` applied to a GPU they were not measured on, saying so in the source and the band."""
+    return replace(
+        factors,
+        source=f"{factors.source}, applied to {gpu} ({why})",
+        error_band=f"not validated on {gpu} (no measurements of it); on the measured GPU: {factors.error_band}",
+    )
+
+
+GENERIC_EFFICIENCY = _applied(_A100, "a GPU without measurements", "no data for it")
+"""The factors a GPU gets when nothing better is known: the A100's, marked as not validated."""
+
+EFFICIENCY_PRESETS: dict[str, Efficiency] = {"A100": _A100, "H100": _H100, "generic": GENERIC_EFFICIENCY}
+
+
+@dataclass(frozen=True)
 class GpuSpec:
-    """One GPU. Memory in bytes; bandwidth in bytes/s; ``fp16_flops`` dense FP16/BF16 tensor FLOP/s."""
+    """One GPU. Memory in bytes; bandwidth in bytes/s; ``fp16_flops`` dense FP16/BF16 tensor FLOP/s;
+    ``efficiency`` the derating factors of the derated cost model."""
 
     name: str
     memory_bytes: int
     hbm_bandwidth_bytes_per_s: float
     fp16_flops: float
+    efficiency: Efficiency = GENERIC_EFFICIENCY
 
     def __post_init__(self) -> None:
         if (
@@ -80,24 +185,48 @@ class GpuSpec:
 
 GPU_PRESETS: dict[str, GpuSpec] = {
     # NVIDIA T4 datasheet: 16 GB GDDR6, 320+ GB/s, 65 TFLOPS mixed-precision (FP16/FP32) tensor.
-    "T4-16GB": GpuSpec("T4-16GB", 16 * GiB, 320 * GB, 65 * TFLOPS),
+    "T4-16GB": GpuSpec(
+        "T4-16GB", 16 * GiB, 320 * GB, 65 * TFLOPS, _applied(_A100, "T4-16GB", "no T4 data in Vidur")
+    ),
     # AWS G5 (A10G, an AWS-only GA102 part; NVIDIA publishes no A10G datasheet): 24 GB GDDR6 at
     # 600 GB/s; FP16 tensor 70 TFLOPS dense (vs the A10's 125) per Baseten's "A10 vs A10G" comparison.
-    "A10G-24GB": GpuSpec("A10G-24GB", 24 * GiB, 600 * GB, 70 * TFLOPS),
+    "A10G-24GB": GpuSpec(
+        "A10G-24GB", 24 * GiB, 600 * GB, 70 * TFLOPS, _applied(_A100, "A10G-24GB", "no A10G data in Vidur")
+    ),
     # NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, FP16 tensor 242 TFLOPS with sparsity = 121 dense.
-    "L4-24GB": GpuSpec("L4-24GB", 24 * GiB, 300 * GB, 121 * TFLOPS),
+    "L4-24GB": GpuSpec(
+        "L4-24GB", 24 * GiB, 300 * GB, 121 * TFLOPS, _applied(_A100, "L4-24GB", "no L4 data in Vidur")
+    ),
     # NVIDIA Ada (AD102) whitepaper, GeForce RTX 4090: 24 GB GDDR6X, 1008 GB/s; FP16 tensor with FP32
     # accumulate 165.2 TFLOPS dense (330.3 with FP16 accumulate; GeForce halves the FP32-accumulate rate).
-    "RTX-4090-24GB": GpuSpec("RTX-4090-24GB", 24 * GiB, 1008 * GB, 165.2 * TFLOPS),
+    "RTX-4090-24GB": GpuSpec(
+        "RTX-4090-24GB",
+        24 * GiB,
+        1008 * GB,
+        165.2 * TFLOPS,
+        _applied(_A100, "RTX-4090-24GB", "no RTX 4090 data in Vidur"),
+    ),
     # NVIDIA A100 datasheet, SXM4 40GB: HBM2 1,555 GB/s; BF16/FP16 tensor 312 TFLOPS dense (624 sparse).
-    "A100-40GB": GpuSpec("A100-40GB", 40 * GiB, 1555 * GB, 312 * TFLOPS),
+    "A100-40GB": GpuSpec(
+        "A100-40GB",
+        40 * GiB,
+        1555 * GB,
+        312 * TFLOPS,
+        _applied(_A100, "A100-40GB", "same chip as the measured A100-80GB, HBM2 at 1,555 GB/s"),
+    ),
     # NVIDIA A100 datasheet, SXM4 80GB: HBM2e 2,039 GB/s (PCIe: 1,935); 312 TFLOPS dense.
-    "A100-80GB": GpuSpec("A100-80GB", 80 * GiB, 2039 * GB, 312 * TFLOPS),
+    "A100-80GB": GpuSpec("A100-80GB", 80 * GiB, 2039 * GB, 312 * TFLOPS, _A100),
     # NVIDIA H100 datasheet, SXM5: 80 GB HBM3, 3.35 TB/s; BF16/FP16 tensor 1,979 TFLOPS with
     # sparsity = 989.4 dense. (PCIe H100: 2.0 TB/s, 756 dense; use a custom dict for it.)
-    "H100-80GB": GpuSpec("H100-80GB", 80 * GiB, 3.35 * TB, 989.4 * TFLOPS),
+    "H100-80GB": GpuSpec("H100-80GB", 80 * GiB, 3.35 * TB, 989.4 * TFLOPS, _H100),
     # NVIDIA H200 datasheet, SXM: 141 GB HBM3e, 4.8 TB/s; same compute as H100 SXM (989.4 dense).
-    "H200-141GB": GpuSpec("H200-141GB", 141 * GiB, 4.8 * TB, 989.4 * TFLOPS),
+    "H200-141GB": GpuSpec(
+        "H200-141GB",
+        141 * GiB,
+        4.8 * TB,
+        989.4 * TFLOPS,
+        _applied(_H100, "H200-141GB", "same Hopper SMs as the H100, HBM3e at 4.8 TB/s"),
+    ),
 }
 
 # Short names that are unambiguous (compared after normalisation: lower case, alphanumerics only).
@@ -131,7 +260,31 @@ _GPU_INDEX.update(_GPU_ALIASES)
 _MEMORY_KEYS = {"memory_bytes": 1, "memory_gib": GiB, "memory_gb": GB}
 _BANDWIDTH_KEYS = {"hbm_bandwidth_bytes_per_s": 1, "hbm_bandwidth_gb_per_s": GB, "hbm_bandwidth_tb_per_s": TB}
 _FLOPS_KEYS = {"fp16_flops": 1, "fp16_tflops": TFLOPS}
-_ALLOWED_KEYS = {"name", "base", *_MEMORY_KEYS, *_BANDWIDTH_KEYS, *_FLOPS_KEYS}
+_ALLOWED_KEYS = {"name", "base", "efficiency", *_MEMORY_KEYS, *_BANDWIDTH_KEYS, *_FLOPS_KEYS}
+_EFFICIENCY_KEYS = [item.name for item in fields(Efficiency) if item.name not in ("source", "error_band")]
+
+
+def _efficiency(spec: Mapping[str, object], base: Efficiency) -> Efficiency:
+    """``base`` with the factors given under ``efficiency:`` replaced (the source says which)."""
+    given = spec.get("efficiency")
+    if given is None:
+        return base
+    if not isinstance(given, Mapping):
+        raise ValueError(f"custom GPU: efficiency must be a mapping of factors, got {given!r}")
+    unknown = sorted(set(given) - set(_EFFICIENCY_KEYS))
+    if unknown:
+        raise ValueError(
+            f"custom GPU: unknown efficiency key(s) {', '.join(map(str, unknown))}; allowed: {', '.join(_EFFICIENCY_KEYS)}"
+        )
+    if not given:
+        return base
+    changed = ", ".join(f"{key}={value}" for key, value in given.items())
+    return replace(
+        base,
+        **given,
+        source=f"{base.source}; overridden by the user: {changed}",
+        error_band=f"not validated (user-set factors: {changed})",
+    )
 
 
 def _preset(name: str) -> GpuSpec:
@@ -164,7 +317,9 @@ def resolve_gpu(spec: str | Mapping[str, object] | GpuSpec) -> GpuSpec:
     * memory, one of ``memory_bytes``, ``memory_gib`` (2**30 bytes) or ``memory_gb`` (10**9 bytes);
     * bandwidth, one of ``hbm_bandwidth_bytes_per_s``, ``hbm_bandwidth_gb_per_s`` (10**9 B/s) or
       ``hbm_bandwidth_tb_per_s`` (10**12 B/s);
-    * compute, one of ``fp16_flops`` (FLOP/s) or ``fp16_tflops`` (10**12 FLOP/s), dense.
+    * compute, one of ``fp16_flops`` (FLOP/s) or ``fp16_tflops`` (10**12 FLOP/s), dense;
+    * ``efficiency`` (optional): a mapping of :class:`Efficiency` factors to replace, e.g.
+      ``{weight_bandwidth: 0.8}``; the rest come from ``base`` (or :data:`GENERIC_EFFICIENCY`, the A100 factors marked as not validated).
 
     Without ``base`` all three groups are required. Unknown keys raise ``ValueError``.
     Example: ``{"name": "H100-PCIe", "memory_gib": 80, "hbm_bandwidth_tb_per_s": 2.0, "fp16_tflops": 756}``.
@@ -201,10 +356,12 @@ def resolve_gpu(spec: str | Mapping[str, object] | GpuSpec) -> GpuSpec:
         if missing:
             raise ValueError(f"custom GPU {name!r}: missing {'; '.join(missing)} (or give a 'base' preset)")
         assert memory is not None and bandwidth is not None and flops is not None
-        return GpuSpec(name, int(memory), float(bandwidth), float(flops))
+        efficiency = _efficiency(spec, GENERIC_EFFICIENCY)
+        return GpuSpec(name, int(memory), float(bandwidth), float(flops), efficiency)
     return replace(
         base,
         name=name,
+        efficiency=_efficiency(spec, base.efficiency),
         memory_bytes=int(memory) if memory is not None else base.memory_bytes,
         hbm_bandwidth_bytes_per_s=float(bandwidth)
         if bandwidth is not None

@@ -83,9 +83,9 @@ def policy_name_for(variant: VariantConfig, engine: EngineConfig) -> str:
         return variant.policy
     if engine.enable_prefix_caching and variant.policy == "paged":
         return "prefix"
-    if not engine.enable_prefix_caching and variant.policy == "prefix":
+    if not engine.enable_prefix_caching and variant.policy in ("prefix", "radix"):
         raise ConfigError(
-            f"variant {variant.name!r}: policy 'prefix' contradicts enable_prefix_caching: false"
+            f"variant {variant.name!r}: policy {variant.policy!r} contradicts enable_prefix_caching: false"
         )
     if engine.enable_prefix_caching and variant.policy == "contiguous":
         raise ConfigError(f"variant {variant.name!r}: the contiguous policy has no prefix cache")
@@ -203,9 +203,6 @@ def _prepare_variant(
     pool_error = check_pool_holds_a_request(capacity, engine_config.block_size, max_model_len, key)
     if pool_error:
         raise ConfigError(pool_error)
-    pool = PoolSpec(
-        capacity.kv_pool_tokens, engine_config.block_size, max_model_len, capacity.kv_bytes_per_token
-    )
     policy_name = policy_name_for(variant, engine_config)
     unknown = sorted(set(variant.options) - set(policy_options(policy_name)))
     if unknown:
@@ -214,6 +211,14 @@ def _prepare_variant(
             f"variants.{index}.options: unknown option(s) {', '.join(map(repr, unknown))} for policy "
             f"{policy_name!r} (valid: {valid})"
         )
+    pool = PoolSpec(
+        policy_class(policy_name).pool_slots_from_memory(
+            capacity.kv_memory_slots, engine_config.block_size, variant.options
+        ),
+        engine_config.block_size,
+        max_model_len,
+        capacity.kv_bytes_per_token,
+    )
     try:
         policy = make_policy(policy_name, pool, **variant.options)
     except (TypeError, PolicyInputError) as error:
@@ -408,6 +413,7 @@ def run_prepared(
         prepared.costs.label,
         wall_s,
         prepared.max_model_len,
+        cost_error_band=prepared.costs.error_band,
     )
     summary["pinned_tokens"] = prepared.pinned_tokens
     return VariantResult(
@@ -443,6 +449,7 @@ def summarize(
     cost_label: str,
     wall_s: float,
     max_model_len: int,
+    cost_error_band: str = "not validated",
 ) -> dict[str, Any]:
     simulated_s = float(engine.env.now)
     finished = requests[requests["outcome"] == "finished"]
@@ -460,6 +467,7 @@ def summarize(
         "kv_bytes_per_token": pool.kv_bytes_per_token,
         "num_gpu_blocks": capacity.num_gpu_blocks,
         "cost_model": cost_label,
+        "cost_model_error_band": cost_error_band,
         "requests_total": len(requests),
         "requests_finished": len(finished),
         "requests_rejected": int((requests["outcome"] == "rejected").sum()),

@@ -27,7 +27,7 @@ DRAIN_EVERY = 20_000
 """Free everything now and then (and check the empty pool), so runs do not sit in one full state."""
 
 NAMES = ["paged", "prefix", "prefix-hash-collisions", "contiguous-max-first_fit", "contiguous-pow2-best_fit"]
-NAMES.append("contiguous-oracle-buddy")
+NAMES += ["contiguous-oracle-buddy", "radix-page-1", "radix-page-3"]
 assert len(NAMES) == len(VARIANTS)
 
 

@@ -129,7 +129,12 @@ def test_small_quickstart_run_writes_every_output(tmp_path, capsys):
         "latency_cdf",
     ):
         assert (out / "figures" / f"{figure}.png").stat().st_size > 10_000
-    json.loads((out / "paged" / "summary.json").read_text())
+    # The run says which cost model is in effect and how far it is validated, on screen and on file.
+    assert "cost model = derated-analytic (A100 factors fitted to Vidur's A100-80GB" in printed
+    assert "error band: decode -12..+13 %, prefill -9..+15 % vs held-out Vidur A100" in printed
+    on_file = json.loads((out / "paged" / "summary.json").read_text())
+    assert on_file["cost_model"].startswith("derated-analytic (A100 factors fitted to Vidur")
+    assert on_file["cost_model_error_band"].startswith("decode -12..+13 %")
     shutil.rmtree(out)
 
 

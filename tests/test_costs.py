@@ -20,6 +20,7 @@ from sim.costs import (
     CostModelConfig,
     CostModelError,
     CostProfile,
+    DeratedCostModel,
     LayerDecodeCoefficients,
     LayerPrefillCoefficients,
     ProfileCoefficients,
@@ -53,7 +54,8 @@ ROUND_GPU = GpuSpec("round", 80 * 2**30, 2.0e12, 1.0e15)
 
 def test_analytic_llama_8b_by_hand():
     costs = AnalyticCostModel(LLAMA_8B, ROUND_GPU)
-    assert costs.label == "analytic roofline" and costs.measured is False
+    assert costs.label == "analytic roofline (datasheet peaks, no derating)" and costs.measured is False
+    assert "too fast" in costs.error_band
     # weights: 8,030,261,248 params x 2 B = 16,060,522,496 B, read once per step at 2 TB/s
     assert costs.decode.intercept_s == approx(16_060_522_496 / 2.0e12) == approx(0.008030261248)
     # compute: 2 x 8,030,261,248 FLOPs per token at 1 PFLOP/s
@@ -160,13 +162,46 @@ def test_profile_layer_scaling_and_head():
     assert costs.decode.intercept_s == approx(4 * 1e-4 + 2e-4)
     assert costs.decode.per_seq_s == approx(4 * 1e-5 + 3e-6)
     assert costs.decode.per_context_token_s == approx(4 * 1e-8)
-    # prefill: 4 x (5e-5 + 2e-6 n + 1e-10 n (start + n/2)) + the head's last row
-    assert costs.prefill_s(100, 50) == approx(4 * (5e-5 + 2e-6 * 100 + 1e-10 * 100 * (50 + 50)) + 3e-6)
+    # prefill: the chunk's marginal time 4 x (2e-6 n + 1e-10 n (start + n/2)) + the head's last row;
+    # the fixed part (4 x 5e-5 + the head's 2e-4) is paid once per iteration
+    assert costs.prefill_s(100, 50) == approx(4 * (2e-6 * 100 + 1e-10 * 100 * (50 + 50)) + 3e-6)
+    assert costs.prefill_fixed_s == approx(4 * 5e-5 + 2e-4)
     assert costs.prefill_s(0, 50) == 0.0
     # copy across all layers, as measured
     assert costs.copy_blocks_s(3) == approx(1e-5 + 3 * 2e-6)
     assert costs.copy_blocks_s(0) == 0.0
     assert costs.swap_blocks_s(2) == approx(2 * 4e-6)
+
+
+def test_one_fixed_cost_per_iteration_however_many_prompts():
+    """The double-intercept bug: every prefill chunk used to add the profile's prefill intercept on top
+    of the decode intercept. Now an iteration pays one fixed cost, the costliest present."""
+    costs = ProfileCostModel(make_profile())  # 4 layers; see make_profile
+    # 3 decoding sequences (300 cached tokens) + chunks (100 at 50) and (20 at 0):
+    #   fixed  max(4 x 1e-4 + 2e-4, 4 x 5e-5 + 2e-4) = 6e-4       (decode intercept > prefill's)
+    #   decode 3 x (4 x 1e-5 + 3e-6) + 300 x 4 x 1e-8 = 1.29e-4 + 1.2e-5
+    #   chunk  4 x (2e-6 x 100 + 1e-10 x 100 x 100) + 3e-6 = 8.07e-4
+    #   chunk  4 x (2e-6 x 20 + 1e-10 x 20 x 10) + 3e-6 = 1.6308e-4
+    expected = 6e-4 + 1.29e-4 + 1.2e-5 + 8.07e-4 + 1.6308e-4
+    assert costs.iteration_s(3, 300, [(100, 50), (20, 0)]) == approx(expected) == approx(1.71108e-3)
+    # the old charge was two prefill intercepts (2 x 4 x 5e-5) more
+    old = costs.decode.step_s(3, 300) + sum(
+        4 * 5e-5 + costs.prefill_s(n, start) for n, start in [(100, 50), (20, 0)]
+    )
+    assert old - expected == approx(4e-4)
+    # prefill alone pays the prefill fixed cost, not the decode intercept: 4e-4 + 8.07e-4
+    assert costs.iteration_s(0, 0, [(100, 50)]) == approx(1.207e-3)
+    # without chunks an iteration is exactly a decode step (event skipping relies on it)
+    assert costs.iteration_s(3, 300) == costs.decode.step_s(3, 300)
+
+
+def test_analytic_iteration_is_the_roofline_sum():
+    """The analytic model has no prefill intercept: an iteration is the weight read once plus every
+    token's FLOPs plus the K/V read, as before the fix."""
+    costs = AnalyticCostModel(LLAMA_8B, ROUND_GPU)
+    expected = costs.decode.step_s(8, 8000) + costs.prefill_s(512, 1024) + costs.prefill_s(64, 0)
+    assert costs.iteration_s(8, 8000, [(512, 1024), (64, 0)]) == approx(expected)
+    assert costs.iteration_s(0, 0, [(512, 1024)]) == approx(0.008030261248 + 0.008566584901632)
 
 
 def test_profile_block_size_from_sweep():
@@ -286,7 +321,8 @@ def test_corrupt_profile(tmp_path, text):
 
 def test_config_forms():
     assert CostModelConfig.model_validate("analytic").kind == "analytic"
-    assert CostModelConfig.model_validate(None).kind == "analytic"
+    assert CostModelConfig.model_validate("derated").kind == "derated"
+    assert CostModelConfig.model_validate(None).kind == "derated"
     config = CostModelConfig.model_validate({"kind": "analytic", "host_bandwidth_gb_per_s": 50})
     assert config.host_bandwidth_gb_per_s == 50
     config = CostModelConfig.model_validate({"profile": "p.yaml", "rescale": True})
@@ -294,6 +330,7 @@ def test_config_forms():
     assert CostModelConfig.model_validate("configs/profiles/x.yml").profile == "configs/profiles/x.yml"
     for bad in (
         {"kind": "analytic", "profile": "p.yaml"},
+        {"kind": "derated", "rescale": True},
         {"kind": "profile"},
         {"profiel": "p.yaml"},
         "roofline",
@@ -309,6 +346,7 @@ def test_make_cost_model_analytic():
     costs = make_cost_model(
         {"host_bandwidth_gb_per_s": 50}, LLAMA_8B, gpu, block_size=16, kv_cache_dtype="fp8"
     )
+    assert isinstance(costs, DeratedCostModel)  # the default kind
     assert costs.swap_blocks_s(1) == approx(65_536 * 16 / 50e9)
     with pytest.raises(CostModelError, match="invalid cost_model"):
         make_cost_model("analytc", LLAMA_8B, gpu, block_size=16)

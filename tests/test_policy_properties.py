@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from policies import ChildSpec, OutOfKVMemory, PoolSpec, make_policy
 from policies.contiguous import ContiguousPolicy
 from policies.paged import PagedPolicy
-from policies.prefix import PrefixCachingPolicy
+from policies.prefix import PrefixCachingPolicy, block_pieces
 from tests.test_contiguous import _check_invariants as check_contiguous_invariants
 from tests.test_contiguous import _chunk, _expected_reservation
 
@@ -34,6 +34,8 @@ VARIANTS = [
     ("contiguous", {"reservation": "max", "placement": "first_fit"}),
     ("contiguous", {"reservation": "pow2", "placement": "best_fit"}),
     ("contiguous", {"reservation": "oracle", "placement": "buddy"}),
+    ("radix", {}),  # its tree is recounted independently in test_radix.py
+    ("radix", {"page_size": 3}),
 ]
 
 
@@ -95,6 +97,24 @@ def check_block_invariants(policy: PagedPolicy) -> None:
             assert policy.slots_needed_to_grow(seq_id, room + 1) > 0
     logical = sum(len(policy.sequences[s].block_table) for s in policy.live_sequences())
     assert policy.sharing_slots() == (len(references) * policy.block_size, logical * policy.block_size)
+    if isinstance(policy, PrefixCachingPolicy):
+        check_blocks_hold_the_content_of_their_owners(policy)
+
+
+def check_blocks_hold_the_content_of_their_owners(policy: PrefixCachingPolicy) -> None:
+    """Every full block a sequence holds carries the content chain the sequence's own tokens spell
+    (recomputed here from its segments): sharing, by hit or by fork, never shares wrong content."""
+    block_size = policy.block_size
+    for seq_id in policy.live_sequences():
+        state = policy.sequences[seq_id]
+        parent_chain = None
+        for index in range(state.num_tokens // block_size):
+            pieces = block_pieces(
+                state.segments, state.segment_ends, index * block_size, (index + 1) * block_size
+            )
+            chain = policy._chains.find((parent_chain, pieces, state.namespace))
+            assert chain is not None and policy._block_chain[state.block_table[index]] == chain
+            parent_chain = chain
 
 
 class Driver:
@@ -122,6 +142,7 @@ class Driver:
         self.done: Counter[str] = Counter()  # operations that succeeded, by kind
         self.failed: Counter[str] = Counter()  # operations refused with OutOfKVMemory, by kind
         self.contiguous = isinstance(self.policy, ContiguousPolicy)
+        self.has_cache = self.policy.name in ("prefix", "radix")
         if self.contiguous:
             initial = pool.max_model_len if self.policy.reservation == "max" else 1
             self.reference = _chunk(self.policy.placement, initial)
@@ -149,12 +170,22 @@ class Driver:
         self.check()
 
     def _admit(self, choice: int, amount: int) -> bool:
+        policy = self.policy
         prompt = self.prompts[choice % len(self.prompts)]
         prompt_len = sum(length for _, length in prompt)
         final_len = min(prompt_len + amount, self.pool.max_model_len)
         seq_id = self._fresh_id()
-        cached = self.policy.admit(seq_id, prompt, final_len, output_content_id=1000 + seq_id)
-        assert 0 <= cached < prompt_len and cached % self.pool.block_size == 0
+        before = policy.breakdown()
+        hit = policy.lookup(prompt)
+        assert policy.breakdown() == before, "lookup changed the pool"
+        try:
+            cached = policy.admit(seq_id, prompt, final_len, output_content_id=1000 + seq_id)
+        except OutOfKVMemory as error:
+            assert error.prefix_hit == hit
+            raise
+        assert cached == hit.cached_tokens
+        hit_unit = getattr(policy, "page_size", self.pool.block_size)  # radix hits whole pages, others blocks
+        assert 0 <= cached < prompt_len and cached % hit_unit == 0
         self.live.append(seq_id)
         self.model[seq_id] = [prompt_len, final_len, prompt_len]
         if self.contiguous:
@@ -169,7 +200,8 @@ class Driver:
         grown = min(amount, final_len - length)
         if grown == 0:
             return False
-        state = getattr(self.policy, "sequences", {}).get(seq_id)
+        paged = isinstance(self.policy, PagedPolicy)
+        state = self.policy.sequences[seq_id] if paged else None
         self.policy.grow(seq_id, grown)
         self.model[seq_id][2] += grown
         if state is not None:
@@ -203,13 +235,13 @@ class Driver:
 
     def _evict(self, choice: int, amount: int) -> bool:
         policy = self.policy
-        if not isinstance(policy, PrefixCachingPolicy):
+        if not self.has_cache:
             return self._free(len(self.live) - 1, amount)  # the newest, as a preemption frees it
-        block_size = self.pool.block_size
-        uncached_free = len(policy.free_queue) - policy._cached_blocks()
-        blocks = min(uncached_free + 1 + choice % 3, self.pool.max_model_len // block_size)
+        # Fresh content a little larger than the uncached free slots: admitting it must evict.
+        unit = getattr(policy, "page_size", self.pool.block_size)
+        wanted = policy.breakdown().free + unit * (1 + choice % 3)
+        length = max(unit, min(wanted, self.pool.max_model_len) // unit * unit)
         seq_id = self._fresh_id()
-        length = blocks * block_size
         policy.admit(seq_id, ((900_000 + seq_id, length),), length, output_content_id=seq_id)
         policy.free(seq_id)
         return True
@@ -219,10 +251,11 @@ class Driver:
         assert policy.breakdown().total == self.pool.kv_pool_tokens
         if isinstance(policy, PagedPolicy):
             check_block_invariants(policy)
-        else:
+        elif self.contiguous:
             check_contiguous_invariants(
                 policy, self.model, self.pool.kv_pool_tokens, self.reference, policy.placement
             )
+        # radix: its tree is recounted independently after every operation in tests/test_radix.py
 
     def drain(self) -> None:
         """Free everything: the pool holds nothing live; a cache is drained by one fresh admission."""
@@ -232,7 +265,7 @@ class Driver:
         assert final.used == final.reserved == final.internal_fragmentation == 0
         assert final.cached + final.free + final.external_fragmentation == self.pool.kv_pool_tokens
         self.check()
-        if isinstance(self.policy, PagedPolicy):
+        if self.has_cache or isinstance(self.policy, PagedPolicy):
             seq_id = self._fresh_id()
             length = self.pool.max_model_len
             self.policy.admit(seq_id, ((999_999, length),), length, output_content_id=1)

@@ -65,12 +65,12 @@ def test_every_validation_yaml_loads(claims):
         for target in claim.spec.targets:
             assert target.not_reproducible or target.tolerance is not None
     fast = {claim.spec.number for claim in claims.values() if claim.spec.fast}
-    assert fast == {"1", "2", "5", "7", "cap"}
+    assert fast == {"1", "2", "5", "7", "cap", "c1"}
 
 
 def test_claims_run_in_issue_order(claims):
     order = [claim.spec.number for claim in v.load_claims(CONFIGS)]
-    assert order == ["1", "2", "3", "4", "5", "6", "7", "8", "9a", "9b", "9c", "9d", "cap"]
+    assert order == ["1", "2", "3", "4", "5", "6", "7", "8", "9a", "9b", "9c", "9d", "c1", "c2", "cap"]
 
 
 def test_select_by_name_and_number():
@@ -363,6 +363,38 @@ def test_claim9d_recompute_vs_reuse(fast_results):
     assert (table.saved_ms > 0).all()
     # one 64-token block copy: 2 x 64 x 819,200 B / 1.555e12 B/s = 67 us
     assert table.cow_copy_one_block_us.iloc[0] == pytest.approx(67.4, abs=0.1)
+
+
+def test_cost_claim_c1_reports_the_vidur_bands(fast_results):
+    """c1 reports what calibrate.vidur computes (tests/test_vidur.py checks that), and its verdicts
+    follow the stated tolerances: mean |error| <= 5 %, worst point <= 15 %."""
+    from calibrate import vidur
+
+    result = fast_results["costs-vidur-holdout"]
+    bands = vidur.error_bands()
+    for target in result.targets:
+        model, dataset, phase, kind = target.target.id.split("/")
+        band = bands[dataset][f"{model}/{phase}"]
+        expected = band.mean_abs if kind == "mean" else max(-band.low, band.high)
+        assert target.measured.value == pytest.approx(expected, rel=1e-12)
+        limit = 0.05 if kind == "mean" else 0.15
+        assert (target.verdict == v.HOLDS) == (expected <= limit + 1e-9), target.target.id
+    # the datasheet roofline is too fast on every held-out point
+    assert verdict(result, "analytic/a100-llama-2-7b/decode/worst") == v.DOES_NOT_HOLD
+    assert (result.output.tables["errors"].query("cost_model == 'analytic'").max_rel_err < 0).all()
+
+
+def test_cost_claim_c2_batch_follows_the_iteration_time(fast_results):
+    """Little's law: at the same arrival rate, longer iterations keep more requests in flight. The
+    derated model's iterations are longer than the roofline's, so its mean batch is larger; the
+    paper's 30.42 requests at 2 req/s imply 30.42 / 2 / 337.99 = 45.0 ms per output token."""
+    result = fast_results["costs-vllm-fig13-batch"]
+    table = result.output.tables["batch_by_cost_model"].set_index("cost_model")
+    assert table.loc["derated", "mean_iteration_s"] > table.loc["analytic", "mean_iteration_s"]
+    assert value(result, "mean_batch@derated") > value(result, "mean_batch@analytic")
+    assert table.loc["derated", "implied_step_s"] == pytest.approx(30.42 / 2 / 337.99, rel=1e-12)
+    assert table.loc["derated", "label"].startswith("derated-analytic (A100 factors")
+    assert "not validated on A100-40GB" in table.loc["derated", "error_band"]
 
 
 # --------------------------------------------------------------------------------------------------

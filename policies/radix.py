@@ -1,0 +1,348 @@
+"""SGLang's RadixAttention cache: one pool of token slots shared by running requests and a radix
+tree of cached token content (``python/sglang/srt/mem_cache/radix_cache.py``; the tree itself is
+:mod:`policies._radix_tree`).
+
+How a request's KV lives here, and which SGLang code each rule follows:
+
+- **Admission** matches the prompt in the tree (``match_prefix``, splitting a node where the match
+  ends inside it) and locks the matched node (``inc_lock_ref``). The match covers at most
+  ``len - 1`` tokens, floored to whole pages (``Req._compute_max_prefix_len`` /
+  ``adjust_max_prefix_ids`` in ``managers/schedule_batch.py``): the last prompt token is computed
+  for its logits. The rest of the prompt takes fresh slots.
+- **Allocation** takes free slots; when too few are free it first evicts the shortfall from the
+  tree (``mem_cache/common.py:evict_from_tree_cache``: ``evict(num_tokens - available)``),
+  least recently used unlocked leaves first. With ``page_size`` > 1 a sequence's own tokens take
+  whole pages, so its last page can be partly empty (``alloc_extend``).
+- **Insertion.** SGLang inserts a request's prompt into the tree when its prefill (or each chunk of
+  it) is done (``cache_unfinished_req``, called by the scheduler after a prefill batch and for a
+  chunked request), and its prompt plus output when it finishes (``cache_finished_req``). Only whole
+  pages enter the tree; tokens already in the tree are deduplicated: the request's own copies are
+  freed and it adopts the tree's (SGLang does, vLLM does not). kvsim's engine allocates a prompt at
+  admission and gives the policy no hook when a prefill chunk completes, so the prompt is inserted
+  at admission (as the ``prefix`` policy caches full blocks at admission), and a sequence's tokens
+  when it is freed. The engine frees preempted sequences the same way, so their tokens are inserted
+  too, where SGLang's ``retract_decode`` frees a retracted request's KV without inserting it.
+- **Decoding** appends the sequence's own tokens; they enter the tree when it is freed.
+- **Forks** (``n > 1``, beams): the parent's whole pages are inserted into the tree and every child
+  locks the same node, so all share the prompt (and any generated prefix) at token granularity with
+  no copy-on-write. A partly filled last page (``page_size`` > 1) is copied into each child. (SGLang
+  shares an ``n > 1`` prompt through the tree too: the tokenizer manager sends the prompt first; it
+  has no beam search in the runtime.)
+- **Statistics**: one prefix-cache query per successful admission (prompt tokens) and its matched
+  tokens as hits, as the ``prefix`` policy counts them; ``evictions`` counts evicted pages (tokens
+  when ``page_size`` is 1).
+
+What this policy does not model: SGLang's scheduler. kvsim's engine admits and preempts the vLLM way
+(FCFS, newest request preempted), not with SGLang's ``PrefillAdder`` (which reserves estimated decode
+tokens, ``new_token_ratio``) and ``retract_decode`` (fewest decoded tokens first). SGLang also
+matches waiting requests' prompts on every scheduling round, refreshing their nodes' LRU position
+(and splitting nodes); here a failed admission changes nothing, as every failed policy call must.
+
+Breakdown (slots, sums to the pool): **used** = tokens in locked tree nodes (each once, however many
+sequences hold them) + every sequence's own tokens; **reserved** / **internal fragmentation** = the
+empty slots of a sequence's last own page that it will / will never fill; **cached** = unlocked tree
+nodes (evictable); **external fragmentation** = pool slots past the last whole page; **free** = the
+rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from policies._radix_tree import Key, RadixNode, RadixTree
+from policies.base import (
+    NO_HIT,
+    ChildSpec,
+    KVCachePolicy,
+    MemoryBreakdown,
+    OutOfKVMemory,
+    PolicyInputError,
+    PoolSpec,
+    PrefixHit,
+    Segment,
+    TokenContent,
+    content_length,
+    register,
+    validate_content,
+)
+from policies.prefix import block_pieces
+
+
+def page_size_option(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise PolicyInputError(
+            f"radix: page_size must be a positive integer (tokens per page), got {value!r}"
+        )
+    return value
+
+
+@dataclass(slots=True, eq=False)
+class RadixSequence:
+    """A sequence's first ``tree_len`` tokens are the tree path ending at ``last_node`` (locked);
+    the rest are its own, in whole pages."""
+
+    seq_id: int
+    final_len: int
+    output_content_id: int
+    namespace: int
+    last_node: RadixNode
+    tree_len: int = 0
+    num_tokens: int = 0
+    segments: list[Segment] = field(default_factory=list)
+    segment_ends: list[int] = field(default_factory=list)
+
+    def append(self, segment: Segment) -> None:
+        """Extend the content; the sequence's own output stream grows in place."""
+        content_id, length = segment
+        if length == 0:
+            return
+        end = (self.segment_ends[-1] if self.segment_ends else 0) + length
+        if self.segments and content_id == self.output_content_id == self.segments[-1][0]:
+            self.segments[-1] = (content_id, self.segments[-1][1] + length)
+            self.segment_ends[-1] = end
+        else:
+            self.segments.append(segment)
+            self.segment_ends.append(end)
+
+    def key(self, num_tokens: int) -> Key:
+        """The first ``num_tokens`` tokens as a tree key."""
+        return block_pieces(self.segments, self.segment_ends, 0, num_tokens)
+
+
+@register("radix")
+class RadixPolicy(KVCachePolicy):
+    """SGLang's radix-tree prefix cache; see the module docstring."""
+
+    @classmethod
+    def pool_slots_from_memory(cls, memory_slots: int, block_size: int, options: Mapping[str, object]) -> int:
+        """Whole pages (SGLang rounds ``max_total_num_tokens`` down to ``page_size``); the engine's
+        ``block_size`` plays no part."""
+        page_size = page_size_option(options.get("page_size", 1))
+        return memory_slots // page_size * page_size
+
+    def __init__(self, pool: PoolSpec, page_size: int = 1):
+        super().__init__(pool)
+        self.page_size = page_size_option(page_size)
+        if self.page_size > pool.kv_pool_tokens:
+            raise PolicyInputError(
+                f"radix: page_size={page_size} exceeds the pool ({pool.kv_pool_tokens} slots)"
+            )
+        self.tree = RadixTree(self.page_size)
+        self.sequences: dict[int, RadixSequence] = {}
+        self._page_slots = pool.kv_pool_tokens // self.page_size * self.page_size
+        # Sums over live sequences of their own tokens, own slots (whole pages), the slots of those
+        # they will fill, and their tree tokens (for the logical side of sharing).
+        self._own_tokens = 0
+        self._own_slots = 0
+        self._own_target = 0
+        self._tree_tokens_held = 0
+
+    # ---------------------------------------------------------------------------------------- queries
+    def _has_sequence(self, seq_id: int) -> bool:
+        return seq_id in self.sequences
+
+    def _get(self, seq_id: int) -> RadixSequence:
+        try:
+            return self.sequences[seq_id]
+        except KeyError:
+            raise PolicyInputError(
+                f"unknown sequence id {seq_id!r} (never admitted, or already freed)"
+            ) from None
+
+    def seq_len(self, seq_id: int) -> int:
+        return self._get(seq_id).num_tokens
+
+    def live_sequences(self) -> Iterable[int]:
+        return self.sequences.keys()
+
+    def available_slots(self) -> int:
+        return self._free_slots() + self._cached_slots()
+
+    def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        validate_content(prompt, "looked-up prompt")
+        prompt_len = content_length(prompt)
+        if prompt_len <= 0:
+            return NO_HIT
+        return PrefixHit(self.tree.longest_match(self._prompt_key(prompt, prompt_len), namespace).length)
+
+    def can_admit(self, prompt: TokenContent, final_len: int, namespace: int = 0) -> bool:
+        prompt_len = content_length(prompt)
+        match = self.tree.longest_match(self._prompt_key(prompt, prompt_len), namespace)
+        return self._pages(prompt_len - match.length) <= self.available_slots() - match.unlocked_tokens
+
+    def slots_needed_to_grow(self, seq_id: int, num_tokens: int) -> int:
+        seq = self._get(seq_id)
+        own = seq.num_tokens - seq.tree_len
+        return self._pages(own + num_tokens) - self._pages(own)
+
+    def growth_room(self, seq_id: int) -> int:
+        seq = self._get(seq_id)
+        return min(seq.tree_len + self._pages(seq.num_tokens - seq.tree_len), seq.final_len) - seq.num_tokens
+
+    def breakdown(self) -> MemoryBreakdown:
+        return MemoryBreakdown(
+            used=self.tree.locked_tokens + self._own_tokens,
+            reserved=self._own_target - self._own_tokens,
+            internal_fragmentation=self._own_slots - self._own_target,
+            external_fragmentation=self.pool.kv_pool_tokens - self._page_slots,
+            cached=self._cached_slots(),
+            free=self._free_slots(),
+        )
+
+    def sharing_slots(self) -> tuple[int, int]:
+        return self.tree.locked_tokens + self._own_slots, self._tree_tokens_held + self._own_slots
+
+    # ------------------------------------------------------------------------------------- operations
+    def admit(
+        self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
+    ) -> int:
+        prompt_len = self._check_new_sequence(seq_id, prompt, final_len)
+        key = self._prompt_key(prompt, prompt_len)
+        match = self.tree.longest_match(key, namespace)
+        needed = self._pages(prompt_len - match.length)
+        # Locking the match takes its unlocked nodes out of the evictable cache.
+        self._ensure_available(
+            needed,
+            self.available_slots() - match.unlocked_tokens,
+            f"admitting sequence {seq_id}",
+            match.length,
+        )
+        node, matched = self.tree.match_prefix(key, namespace)
+        self.tree.lock(node)
+        self._make_free(needed)
+        seq = RadixSequence(seq_id, final_len, output_content_id, namespace, node, tree_len=matched)
+        for segment in prompt:
+            seq.append(segment)
+        seq.num_tokens = prompt_len
+        self.sequences[seq_id] = seq
+        self._account(seq, +1)
+        self._insert_into_tree(seq)  # the prompt's prefill is done (see the module docstring)
+        self.stats.prefix_cache_queries += prompt_len
+        self.stats.prefix_cache_hits += matched
+        return matched
+
+    def grow(self, seq_id: int, num_tokens: int, content: TokenContent | None = None) -> None:
+        seq = self._get(seq_id)
+        self._check_growth(seq_id, num_tokens, seq.num_tokens, seq.final_len)
+        segments: TokenContent = ((seq.output_content_id, num_tokens),) if content is None else content
+        validate_content(segments, f"content of sequence {seq_id}")
+        if content_length(segments) != num_tokens:
+            raise PolicyInputError(
+                f"sequence {seq_id}: content holds a different number of tokens than {num_tokens}"
+            )
+        needed = self.slots_needed_to_grow(seq_id, num_tokens)
+        self._ensure_available(needed, self.available_slots(), f"growing sequence {seq_id}")
+        self._make_free(needed)
+        self._account(seq, -1)
+        for segment in segments:
+            seq.append(segment)
+        seq.num_tokens += num_tokens
+        self._account(seq, +1)
+
+    def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
+        parent = self._get(parent_id)
+        self._check_children(parent_id, parent.num_tokens, children)
+        whole_pages = self._page_floor(parent.num_tokens)
+        partial_page = parent.num_tokens - whole_pages
+        needed = self._pages(partial_page) * len(children)
+        if needed:
+            # Inserting the parent's whole pages frees its copies of tokens the tree already holds
+            # and locks those tree nodes: count both before deciding.
+            match = self.tree.longest_match(parent.key(whole_pages), parent.namespace)
+            deduplicated = match.length - parent.tree_len
+            available = self.available_slots() + deduplicated - match.unlocked_tokens
+            self._ensure_available(needed, available, f"forking sequence {parent_id}")
+        self._insert_into_tree(parent)
+        self._make_free(needed)
+        for child in children:
+            state = RadixSequence(
+                child.seq_id,
+                child.final_len,
+                child.output_content_id,
+                parent.namespace,
+                parent.last_node,
+                tree_len=parent.tree_len,
+                num_tokens=parent.num_tokens,
+                segments=list(parent.segments),
+                segment_ends=list(parent.segment_ends),
+            )
+            self.tree.lock(state.last_node)
+            self.sequences[child.seq_id] = state
+            self._account(state, +1)
+            self.stats.fork_copied_tokens += partial_page
+
+    def free(self, seq_id: int) -> None:
+        seq = self._get(seq_id)
+        self._insert_into_tree(seq)  # cache_finished_req
+        self._account(seq, -1)
+        self.tree.unlock(seq.last_node)
+        del self.sequences[seq_id]
+
+    def pin_prefix(self, prompt: TokenContent) -> int:
+        raise PolicyInputError(
+            "policy 'radix' cannot pin prefixes: SGLang's radix cache has no pinning (only eviction priorities)"
+        )
+
+    # ------------------------------------------------------------------------------------- internals
+    def _pages(self, tokens: int) -> int:
+        """Slots of the whole pages holding ``tokens`` tokens."""
+        return -(-tokens // self.page_size) * self.page_size
+
+    def _page_floor(self, tokens: int) -> int:
+        return tokens - tokens % self.page_size
+
+    def _prompt_key(self, prompt: TokenContent, prompt_len: int) -> Key:
+        """What admission matches: the prompt without its last token, in whole pages."""
+        segments = [segment for segment in prompt if segment[1] > 0]
+        ends: list[int] = []
+        total = 0
+        for _, length in segments:
+            total += length
+            ends.append(total)
+        return block_pieces(segments, ends, 0, self._page_floor(prompt_len - 1))
+
+    def _free_slots(self) -> int:
+        return self._page_slots - self.tree.total_tokens - self._own_slots
+
+    def _cached_slots(self) -> int:
+        return self.tree.total_tokens - self.tree.locked_tokens
+
+    def _ensure_available(self, needed: int, available: int, action: str, hit_tokens: int = 0) -> None:
+        if needed > available:
+            self.stats.allocation_failures += 1
+            raise OutOfKVMemory(
+                f"{action} needs {needed} slots, {available} available (free + evictable)",
+                needed_slots=needed,
+                free_slots=available,
+                prefix_hit=PrefixHit(hit_tokens) if hit_tokens else NO_HIT,
+            )
+
+    def _make_free(self, needed: int) -> None:
+        """Evict the shortfall from the tree when fewer than ``needed`` slots are free."""
+        shortfall = needed - self._free_slots()
+        if shortfall > 0:
+            self.stats.evictions += self.tree.evict(shortfall) // self.page_size
+
+    def _insert_into_tree(self, seq: RadixSequence) -> None:
+        """Put the sequence's whole pages into the tree (SGLang's ``cache_unfinished_req`` /
+        ``cache_finished_req``): new tokens become tree nodes, tokens the tree already holds are
+        deduplicated (the sequence's copies are freed), and the sequence locks the new path end."""
+        whole_pages = self._page_floor(seq.num_tokens)
+        if whole_pages <= seq.tree_len:
+            return
+        self._account(seq, -1)
+        node, _already_cached = self.tree.insert(seq.key(whole_pages), seq.namespace)
+        self.tree.lock(node)
+        self.tree.unlock(seq.last_node)
+        seq.last_node, seq.tree_len = node, whole_pages
+        self._account(seq, +1)
+
+    def _account(self, seq: RadixSequence, sign: int) -> None:
+        """Add (+1) or remove (-1) the sequence's own tokens and slots from the running sums."""
+        own_tokens = seq.num_tokens - seq.tree_len
+        own_slots = self._pages(own_tokens)
+        self._own_tokens += sign * own_tokens
+        self._own_slots += sign * own_slots
+        self._own_target += sign * min(own_slots, seq.final_len - seq.tree_len)
+        self._tree_tokens_held += sign * seq.tree_len

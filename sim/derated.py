@@ -1,0 +1,213 @@
+"""The derated analytic cost model: the roofline with measured efficiency factors and fixed costs.
+
+The analytic roofline (:class:`sim.costs.AnalyticCostModel`) assumes datasheet peaks and nothing
+else, and lands 3-65 % too fast against measured GPU iterations. This model keeps the roofline's
+structure but takes from :class:`sim.gpus.Efficiency` (fitted to Vidur's measured operations, see
+``calibrate/vidur.py``) how fast real kernels run, and adds what the roofline leaves out. Per
+iteration of ``T`` tokens (``B`` decoding sequences holding ``C`` tokens, plus prefill chunks):
+
+* **Matrix products** of the decoder layers: reading the weights once, ``W / (BW x weight_bandwidth)``,
+  combined with their FLOPs, ``2 x active params x T / (FLOP/s x gemm_flops)``, as a quadrature sum
+  ``sqrt(read^2 + flops^2)``: never faster than either bound, and within 4 % (mean) of Vidur's GEMM
+  timings from 1 to 4096 tokens, where a plain sum is up to 50 % slow around the ridge point and a
+  max up to 50 % fast.
+* **LM head**, the same quadrature sum, with FLOPs only for the rows that need logits: one per
+  decoding sequence and one per prefill chunk (the chunk's last token; a prompt's other tokens need
+  none).
+* **Embedding**: only the rows used are read (one per token); the table itself is not read each step.
+* **Elementwise kernels** (norms, rotary embedding, activation, residual add): a fixed floor per
+  layer plus their bytes per token over ``BW x elementwise_bandwidth``.
+* **Decode attention**: a floor per layer, a cost per sequence, and the cached K/V read over
+  ``BW x kv_bandwidth``.
+* **Prefill attention**, per chunk: a floor per layer, the causal pairs' FLOPs over
+  ``FLOP/s x prefill_attention_flops``, and reading the cached prefix's K/V (``start_pos`` tokens)
+  over ``BW x kv_bandwidth``.
+
+Decode iterations must be linear in the batch (event skipping, :mod:`sim.event_skip`): for them the
+quadrature sum is replaced by its least-squares line (relative error) over batches 1..256 taken at
+geometric spacing, i.e. equal weight per doubling of the batch; the line is within 6 % of the
+quadrature sum from 1 to 128 sequences and 12 % at 256 for Vidur's A100 factors. Iterations that
+carry prefill chunks use the quadrature sum itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sim.costs import (
+    DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
+    CostModel,
+    CostModelError,
+    DecodeCost,
+    attention_pairs,
+    attention_width,
+    layer_matmul_params,
+)
+
+if TYPE_CHECKING:
+    from sim.gpus import Efficiency, GpuSpec
+    from sim.models import ModelSpec
+
+DECODE_LINEARIZATION_BATCHES = tuple(sorted({round(2 ** (8 * i / 63)) for i in range(64)}))
+"""Batch sizes the decode line is fitted over: 64 geometrically spaced points from 1 to 256 (after
+rounding, the distinct ones); 256 is vLLM's default ``max_num_seqs``."""
+
+
+def embedding_is_tied(model: ModelSpec) -> bool:
+    """Whether the checkpoint shares one ``vocab x hidden`` table between embedding and LM head.
+
+    ``ModelSpec`` has no such flag; the parameter count tells: what is left after the decoder layers
+    is about one table when tied and two when untied (OPT's learned positions and biases add < 5 %
+    of a table)."""
+    layers = model.num_layers * (layer_matmul_params(model) + 2 * model.hidden_size)
+    rest = model.num_params - layers
+    return rest < 1.5 * model.vocab_size * model.hidden_size
+
+
+def elementwise_elements_per_token(model: ModelSpec) -> int:
+    """Activation elements read and written per token and layer by the elementwise kernels, as
+    Vidur profiles them: two RMSNorms (read and write ``hidden``), rotary embedding of q and k (read
+    and write), the activation (gated: read gate and up, write one; else read and write one) and
+    one residual add (read two, write one)."""
+    hidden, intermediate = model.hidden_size, model.intermediate_size
+    rope = model.num_attention_heads * model.head_dim + model.num_kv_heads * model.head_dim
+    activation = 3 * intermediate if model.gated_mlp else 2 * intermediate
+    return 2 * 2 * hidden + 2 * rope + activation + 3 * hidden
+
+
+def relative_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """``(intercept, slope)`` minimising the squared relative error of ``intercept + slope * x``."""
+    x = np.asarray(xs, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    design = np.column_stack([np.ones_like(x), x]) / y[:, None]
+    (intercept, slope), *_ = np.linalg.lstsq(design, np.ones_like(y), rcond=None)
+    return float(intercept), float(slope)
+
+
+class DeratedCostModel(CostModel):
+    """The roofline derated by ``gpu.efficiency`` (or ``efficiency``); see the module docstring."""
+
+    measured = False
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        kv_cache_dtype: str = "auto",
+        block_size: int = 16,
+        host_bandwidth_bytes_per_s: float = DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
+        efficiency: Efficiency | None = None,
+    ):
+        if block_size <= 0:
+            raise CostModelError(f"block_size must be positive, got {block_size}")
+        if host_bandwidth_bytes_per_s <= 0:
+            raise CostModelError(f"host bandwidth must be positive, got {host_bandwidth_bytes_per_s}")
+        eff = efficiency if efficiency is not None else gpu.efficiency
+        self.model, self.gpu, self.efficiency = model, gpu, eff
+        self.block_size = block_size
+        self.host_bandwidth_bytes_per_s = float(host_bandwidth_bytes_per_s)
+        bandwidth, flops = float(gpu.hbm_bandwidth_bytes_per_s), float(gpu.fp16_flops)
+        weight_bytes = model.weight_dtype_bytes
+        layers = model.num_layers
+        head_params = model.vocab_size * model.hidden_size
+        # An untied embedding table is not read each step (only its rows, below); a tied one is the
+        # LM head's matrix and is read there.
+        table_params = 0 if embedding_is_tied(model) else head_params
+        body_params = max(model.num_params - head_params - table_params, 0)
+        body_active = max(model.active_params - head_params - table_params, 0)
+        weight_bw = bandwidth * eff.weight_bandwidth
+        gemm_flops = flops * eff.gemm_flops
+        self.body_read_s = body_params * weight_bytes / weight_bw
+        self.body_flops_per_token_s = 2.0 * body_active / gemm_flops
+        self.head_read_s = head_params * weight_bytes / weight_bw
+        self.head_flops_per_row_s = 2.0 * head_params / gemm_flops
+        self.embedding_row_s = model.hidden_size * weight_bytes / weight_bw
+        self.elementwise_fixed_s = layers * eff.layer_fixed_s
+        self.elementwise_per_token_s = (
+            layers
+            * elementwise_elements_per_token(model)
+            * weight_bytes
+            / (bandwidth * eff.elementwise_bandwidth)
+        )
+        self.kv_bytes_per_token = model.kv_bytes_per_token(kv_cache_dtype)
+        self.kv_read_per_token_s = self.kv_bytes_per_token / (bandwidth * eff.kv_bandwidth)
+        self.decode_attention_fixed_s = layers * eff.decode_attention_fixed_s
+        self.decode_attention_per_seq_s = layers * eff.decode_attention_per_seq_s
+        self.prefill_attention_fixed_s = layers * eff.prefill_attention_fixed_s
+        self.prefill_attention_per_pair_s = (
+            layers * 4.0 * attention_width(model) / (flops * eff.prefill_attention_flops)
+        )
+        self.block_bytes = self.kv_bytes_per_token * block_size
+        self._copy_per_block_s = 2.0 * self.block_bytes / (bandwidth * eff.kv_bandwidth)
+        self._swap_per_block_s = self.block_bytes / self.host_bandwidth_bytes_per_s
+        batches = DECODE_LINEARIZATION_BATCHES
+        gemm_intercept, gemm_per_seq = relative_line(batches, [self.gemm_s(b, b) for b in batches])
+        self._decode = DecodeCost(
+            intercept_s=gemm_intercept + self.elementwise_fixed_s + self.decode_attention_fixed_s,
+            per_seq_s=gemm_per_seq
+            + self.elementwise_per_token_s
+            + self.embedding_row_s
+            + self.decode_attention_per_seq_s,
+            per_context_token_s=self.kv_read_per_token_s,
+        )
+        self.label = f"derated-analytic ({eff.source})"
+        self.error_band = eff.error_band
+
+    def gemm_s(self, tokens: float, logit_rows: float) -> float:
+        """Matrix products of one iteration: decoder layers over ``tokens``, LM head over
+        ``logit_rows``, each the quadrature sum of its weight read and its FLOPs."""
+        return math.hypot(self.body_read_s, self.body_flops_per_token_s * tokens) + math.hypot(
+            self.head_read_s, self.head_flops_per_row_s * logit_rows
+        )
+
+    @property
+    def decode(self) -> DecodeCost:
+        return self._decode
+
+    @property
+    def prefill_fixed_s(self) -> float:
+        """A prefill-carrying iteration's cost at zero tokens: the weight reads and the layers' floor."""
+        return self.gemm_s(0, 0) + self.elementwise_fixed_s
+
+    def iteration_s(
+        self, batch_size: int, sum_context: int, prefill_chunks: Sequence[tuple[int, int]] = ()
+    ) -> float:
+        if not prefill_chunks:
+            return self._decode.step_s(batch_size, sum_context)
+        chunk_tokens = sum(num_tokens for num_tokens, _ in prefill_chunks)
+        tokens = batch_size + chunk_tokens
+        seconds = (
+            self.gemm_s(tokens, batch_size + len(prefill_chunks))
+            + self.elementwise_fixed_s
+            + (self.elementwise_per_token_s + self.embedding_row_s) * tokens
+        )
+        if batch_size > 0:
+            seconds += (
+                self.decode_attention_fixed_s
+                + self.decode_attention_per_seq_s * batch_size
+                + self.kv_read_per_token_s * sum_context
+            )
+        for num_tokens, start in prefill_chunks:
+            seconds += (
+                self.prefill_attention_fixed_s
+                + self.prefill_attention_per_pair_s * attention_pairs(num_tokens, start)
+                + self.kv_read_per_token_s * start
+            )
+        return seconds
+
+    def prefill_s(self, num_tokens: int, start_pos: int) -> float:
+        """A chunk's time in an iteration of its own, less :attr:`prefill_fixed_s` (in an iteration
+        shared with other work it adds less: the matrix products grow sub-linearly below the ridge)."""
+        if num_tokens <= 0:
+            return 0.0
+        return self.iteration_s(0, 0, [(num_tokens, start_pos)]) - self.prefill_fixed_s
+
+    def copy_blocks_s(self, num_blocks: int) -> float:
+        return self._copy_per_block_s * max(num_blocks, 0)
+
+    def swap_blocks_s(self, num_blocks: int) -> float:
+        return self._swap_per_block_s * max(num_blocks, 0)
