@@ -13,6 +13,7 @@ from policies.paged import PagedPolicy
 from policies.prefix import PrefixCachingPolicy, block_pieces
 from tests.test_contiguous import _check_invariants as check_contiguous_invariants
 from tests.test_contiguous import _chunk, _expected_reservation
+from tests.test_radix import check_against_recount as check_radix_against_recount
 
 BLOCK_SIZE = 4
 POOL = PoolSpec(kv_pool_tokens=30 * BLOCK_SIZE + 2, block_size=BLOCK_SIZE, max_model_len=48)
@@ -123,9 +124,11 @@ class Driver:
     draws millions from a seeded generator: both go through this class, so they check the same things.
 
     Checks after every operation: the breakdown sums to the pool; a failed operation changes nothing;
-    paged policies: block tables, reference counts, the free queue, growth room, sharing, and the
-    breakdown recomputed from the block tables; contiguous: the regions and holes tile the pool and the
-    breakdown matches an independent model of the sequences (``tests/test_contiguous.py``).
+    ``lookup`` changes nothing and predicts the hit ``admit`` then takes; paged policies: block tables,
+    reference counts, the free queue, growth room, sharing, content chains and the breakdown recomputed
+    from the block tables; contiguous: the regions and holes tile the pool and the breakdown matches an
+    independent model of the sequences (``tests/test_contiguous.py``); radix: the tree, locks and
+    breakdown recounted from the sequences (``tests/test_radix.py``).
 
     ``evict``: on a prefix cache, admit fresh content larger than the uncached free blocks (which forces
     LRU eviction) and free it again; on policies without a cache, free the newest sequence, as a
@@ -255,7 +258,8 @@ class Driver:
             check_contiguous_invariants(
                 policy, self.model, self.pool.kv_pool_tokens, self.reference, policy.placement
             )
-        # radix: its tree is recounted independently after every operation in tests/test_radix.py
+        else:
+            check_radix_against_recount(policy)  # the tree and sequences recounted (tests/test_radix.py)
 
     def drain(self) -> None:
         """Free everything: the pool holds nothing live; a cache is drained by one fresh admission."""
