@@ -78,7 +78,7 @@ def fuzz(index: int, operations: int, seed: int) -> Outcome:
 
 def report(outcomes: list[Outcome]) -> str:
     header = f"{'variant':<26}{'operations':>12}" + "".join(f"{kind:>16}" for kind in WEIGHTS)
-    header += f"{'blocks evicted':>16}{'seconds':>9}  result"
+    header += f"{'evictions':>16}{'seconds':>9}  result"
     lines = [header]
     for item in outcomes:
         cells = "".join(f"{item.done.get(kind, 0):>9,}/{item.failed.get(kind, 0):<6,}" for kind in WEIGHTS)
