@@ -79,3 +79,165 @@ def sweep_axis_figure(table: pd.DataFrame, axis: str, other_axes: list[str]) -> 
     figure.suptitle(f"against {axis}{note}")
     figure.tight_layout()
     return figure
+
+
+# --------------------------------------------------------------------------------------------------
+# Plan figures, from plan.json's document
+# --------------------------------------------------------------------------------------------------
+
+KNEE_METRICS = {
+    "ttft_p99_s": "p99 TTFT (s)",
+    "ttft_p50_s": "p50 TTFT (s)",
+    "tpot_p50_s": "p50 TPOT (s)",
+    "tpot_p99_s": "p99 TPOT (s)",
+    "e2e_p99_s": "p99 end-to-end (s)",
+    "preemptions_per_request": "preemptions per request",
+    "rejected_frac": "rejected share",
+    "output_tokens_per_s": "output tokens/s",
+}
+
+MEMORY_PARTS = (
+    ("weight_bytes", "weights", "#7f7f7f"),
+    ("activation_reserve_bytes", "activation reserve", "#bcbd22"),
+    ("used", "KV used", "#1f77b4"),
+    ("reserved", "KV reserved", "#aec7e8"),
+    ("internal_frag", "KV internal frag.", "#d62728"),
+    ("external_frag", "KV external frag.", "#ff9896"),
+    ("cached", "KV cached", "#2ca02c"),
+    ("free", "KV free", "#dddddd"),
+    ("unused_bytes", "outside gpu_memory_utilization", "#ffffff"),
+)
+
+
+def _line_label(candidate: dict[str, Any], group_key: str) -> str:
+    return candidate["key"].removeprefix(group_key + " / ")
+
+
+def _group_key(candidate: dict[str, Any]) -> str:
+    return str(candidate["group"])
+
+
+def knee_metrics(document: dict[str, Any]) -> list[str]:
+    """The curves a plan report draws: every SLO metric, then throughput."""
+    metrics = [slo["metric"] for slo in document["slos"].values() if slo["metric"] in KNEE_METRICS]
+    return list(dict.fromkeys([*metrics, "output_tokens_per_s"]))
+
+
+def knee_figure(document: dict[str, Any], metric: str) -> Any:
+    """``metric`` against the request rate per candidate (mean over seeds, min-max bars), one panel
+    per model/GPU; the SLO as a dashed line; each candidate's maximum sustainable rate as a star."""
+    candidates = [c for c in document["candidates"] if c["probes"]]
+    groups = list(dict.fromkeys(_group_key(c) for c in candidates)) or ["(no probes)"]
+    figure, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 3.8), squeeze=False, sharey=True)
+    probes = {probe["number"]: probe for probe in document["probes"]}
+    limit = next((slo["limit"] for slo in document["slos"].values() if slo["metric"] == metric), None)
+    for ax, group in zip(axes[0], groups, strict=True):
+        for candidate in [c for c in candidates if _group_key(c) == group]:
+            _knee_line(ax, candidate, [probes[n] for n in candidate["probes"]], metric, group)
+        if limit is not None:
+            ax.axhline(limit, color="black", linestyle="--", linewidth=1, label=f"SLO {limit:g}")
+        ax.set_title(group, fontsize=10)
+        ax.set_xlabel("request rate (req/s)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel(KNEE_METRICS.get(metric, metric))
+    if metric.endswith("_s"):
+        axes[0][0].set_yscale("log")
+    figure.tight_layout()
+    return figure
+
+
+def _knee_line(
+    ax: Any, candidate: dict[str, Any], probes: list[dict[str, Any]], metric: str, group: str
+) -> None:
+    rows = sorted(
+        (p["rate_per_s"], p["metrics"][metric])
+        for p in probes
+        if p["metrics"].get(metric, {}).get("mean") is not None
+    )
+    if not rows:
+        return
+    rates = [rate for rate, _ in rows]
+    means = [m["mean"] for _, m in rows]
+    errors = [[m["mean"] - m["min"] for _, m in rows], [m["max"] - m["mean"] for _, m in rows]]
+    line = ax.errorbar(
+        rates, means, yerr=errors, marker="o", markersize=3, capsize=2, label=_line_label(candidate, group)
+    )
+    knee = candidate.get("max_rate_per_s")
+    if knee is not None:
+        value = candidate["at_max"].get(metric, {}).get("mean")
+        if value is not None:
+            ax.plot([knee], [value], marker="*", markersize=12, color=line[0].get_color())
+
+
+def memory_figure(document: dict[str, Any]) -> Any:
+    """GPU memory at each candidate's maximum rate (steady-state time averages), recommended first."""
+    rows = [c for c in document["candidates"] if c.get("at_max") and c.get("memory")]
+    figure, ax = plt.subplots(figsize=(9, 0.45 * max(len(rows), 1) + 1.4))
+    for position, candidate in enumerate(rows):
+        left = 0.0
+        for key, label, color in MEMORY_PARTS:
+            width = memory_part_bytes(candidate, key) / 2**30
+            ax.barh(
+                position,
+                width,
+                left=left,
+                color=color,
+                edgecolor="black",
+                linewidth=0.3,
+                label=label if position == 0 else None,
+            )
+            left += width
+    labels = [("★ " if c["key"] == document.get("recommendation") else "") + c["key"] for c in rows]
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("GPU memory (GiB)")
+    figure.legend(fontsize=7, ncol=5, loc="lower center")
+    figure.tight_layout(rect=(0, 0.1, 1, 1))
+    return figure
+
+
+def memory_part_bytes(candidate: dict[str, Any], key: str) -> float:
+    """Bytes of one part of the GPU memory split at the candidate's maximum rate."""
+    memory = candidate["memory"]
+    if key == "unused_bytes":
+        return max(
+            0.0,
+            memory["gpu_memory_bytes"]
+            - memory["weight_bytes"]
+            - memory["activation_reserve_bytes"]
+            - memory["kv_pool_bytes"],
+        )
+    if key.endswith("_bytes"):
+        return float(memory[key])
+    share = candidate["at_max"].get(f"mean_{key}_frac", {}).get("mean") or 0.0
+    return share * memory["kv_pool_bytes"]
+
+
+def block_size_figure(document: dict[str, Any]) -> Any | None:
+    """Maximum sustainable rate and internal fragmentation against block size, per GPU and policy."""
+    rows = [c for c in document["candidates"] if c.get("max_rate_per_s") is not None]
+    if len({c["block_size"] for c in rows}) < 2:
+        return None
+    figure, (rate_ax, frag_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
+    series: dict[str, list[dict[str, Any]]] = {}
+    for candidate in rows:
+        label = candidate["key"].replace(f" / block {candidate['block_size']}", "")
+        series.setdefault(label, []).append(candidate)
+    for label, members in series.items():
+        members.sort(key=lambda c: c["block_size"])
+        sizes = [c["block_size"] for c in members]
+        rate_ax.plot(sizes, [c["max_rate_per_s"] for c in members], marker="o", label=label)
+        frag = [c["at_max"]["mean_internal_frag_frac"]["mean"] or 0.0 for c in members]
+        frag_ax.plot(sizes, [100 * f for f in frag], marker="o", label=label)
+    for ax, ylabel in (
+        (rate_ax, "max rate under SLO (req/s)"),
+        (frag_ax, "internal fragmentation (% of KV pool)"),
+    ):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("block size (tokens)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    rate_ax.legend(fontsize=7)
+    figure.tight_layout()
+    return figure

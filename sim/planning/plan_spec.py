@@ -31,12 +31,13 @@ from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_
 
 from sim.capacity import KVCapacity, ModelDoesNotFitError, size_kv_pool
 from sim.config import ConfigError, EngineConfig, ExperimentConfig, VariantConfig, validate_experiment
+from sim.gpus import resolve_gpu
+from sim.models import resolve_model
 from sim.planning.preflight import preflight
 from sim.planning.schema import Strict, did_you_mean, read_yaml_mapping, set_key_path, validate_file
 from sim.planning.spec import point_id, shown
 from sim.planning.steady import SteadyWindow
 from sim.planning.tasks import PointTask
-from sim.runner import resolve_hardware
 from sim.storage.folders import config_hash
 
 
@@ -74,7 +75,9 @@ class CandidateGrid(Strict):
 
 
 class SLOs(Strict):
-    """Service-level objectives a rate must meet, on the steady-state window of every seed."""
+    """Service-level objectives a rate must meet, on the steady-state window of every seed (upper
+    bounds). ``max_queue_growth_frac`` is always checked: without it a plan with only a TPOT SLO
+    would call any rate sustainable while the queue grows without end."""
 
     ttft_p99_s: PositiveFloat | None = None
     ttft_p50_s: PositiveFloat | None = None
@@ -83,37 +86,38 @@ class SLOs(Strict):
     e2e_p99_s: PositiveFloat | None = None
     max_preemptions_per_request: NonNegativeFloat | None = None
     max_rejected_frac: float | None = Field(None, ge=0, le=1)
-    min_keeps_up_frac: float = Field(
-        0.95,
+    max_queue_growth_frac: float = Field(
+        0.05,
         gt=0,
         le=1,
-        description="Requests finished per arrival in the window: below it the queue grows (unsustainable).",
+        description="Waiting requests at the window's end minus at its start, over the window's arrivals: "
+        "above it the queue is still growing (the rate is not sustainable).",
     )
 
     @model_validator(mode="after")
     def _at_least_one(self) -> SLOs:
-        named = [name for name in SLO_METRICS if getattr(self, name) is not None]
+        named = [name for name in USER_SLOS if getattr(self, name) is not None]
         if not named:
-            raise ValueError(f"give at least one SLO: {', '.join(SLO_METRICS)}")
+            raise ValueError(f"give at least one SLO: {', '.join(USER_SLOS)}")
         return self
 
     def limits(self) -> dict[str, float]:
-        """Every SLO that is set, including the implicit keeps-up check: name -> limit."""
-        limits = {name: getattr(self, name) for name in SLO_METRICS if getattr(self, name) is not None}
-        return limits | {"min_keeps_up_frac": self.min_keeps_up_frac}
+        """Every SLO that is set (the queue-growth check always is): name -> upper bound."""
+        return {name: getattr(self, name) for name in SLO_METRICS if getattr(self, name) is not None}
 
 
-# SLO name -> (steady-state metric, unit, label, kind): "max" limits are upper bounds, "min" lower.
-SLO_METRICS: dict[str, tuple[str, str, str, str]] = {
-    "ttft_p99_s": ("ttft_p99_s", "s", "p99 TTFT", "max"),
-    "ttft_p50_s": ("ttft_p50_s", "s", "p50 TTFT", "max"),
-    "tpot_p50_s": ("tpot_p50_s", "s", "p50 TPOT", "max"),
-    "tpot_p99_s": ("tpot_p99_s", "s", "p99 TPOT", "max"),
-    "e2e_p99_s": ("e2e_p99_s", "s", "p99 end-to-end", "max"),
-    "max_preemptions_per_request": ("preemptions_per_request", "preemptions/request", "preemptions", "max"),
-    "max_rejected_frac": ("rejected_frac", "fraction", "rejected", "max"),
+# SLO name -> (steady-state metric, unit, label). Every SLO is an upper bound.
+SLO_METRICS: dict[str, tuple[str, str, str]] = {
+    "ttft_p99_s": ("ttft_p99_s", "s", "p99 TTFT"),
+    "ttft_p50_s": ("ttft_p50_s", "s", "p50 TTFT"),
+    "tpot_p50_s": ("tpot_p50_s", "s", "p50 TPOT"),
+    "tpot_p99_s": ("tpot_p99_s", "s", "p99 TPOT"),
+    "e2e_p99_s": ("e2e_p99_s", "s", "p99 end-to-end"),
+    "max_preemptions_per_request": ("preemptions_per_request", "per request", "preemptions"),
+    "max_rejected_frac": ("rejected_frac", "share", "rejected"),
+    "max_queue_growth_frac": ("queue_growth_frac", "share", "queue growth"),
 }
-KEEPS_UP = ("keeps_up_frac", "fraction", "finished per arrival", "min")
+USER_SLOS = [name for name in SLO_METRICS if name != "max_queue_growth_frac"]
 
 
 class SearchSpec(Strict):
@@ -158,7 +162,10 @@ class PlanSpec(Strict):
     search: SearchSpec = Field(default_factory=SearchSpec)  # type: ignore[arg-type]
 
     def gpu_choices(self) -> list[GpuChoice]:
-        return [GpuChoice(gpu=choice) if isinstance(choice, str) else choice for choice in self.gpus]
+        return [
+            GpuChoice.model_validate({"gpu": choice}) if isinstance(choice, str) else choice
+            for choice in self.gpus
+        ]
 
 
 @dataclass(frozen=True)
@@ -166,6 +173,7 @@ class Candidate:
     """One configuration whose maximum sustainable rate is searched."""
 
     key: str  # "A100-80GB / paged / block 16" (unique in the plan)
+    group: str  # what the report draws in one panel: the GPU (and the model, when several)
     model: str
     gpu: str
     policy: str  # the variant's name
@@ -261,7 +269,8 @@ def _candidate(
         "variants": [variant.model_dump(mode="json", exclude_defaults=True) | {"name": variant.name}],
         "output": {"figures": False},
     }
-    parts = ([model] if len(spec.models) > 1 else []) + [gpu.label(), variant.name]
+    group = " / ".join(([model] if len(spec.models) > 1 else []) + [gpu.label()])
+    parts = [group, variant.name]
     engine_config = _engine_or_fail(engine, path, " / ".join(parts))
     parts.append(f"block {engine_config.block_size}")
     parts += [f"{name}={shown(value)}" for name, value in knobs.items()]
@@ -269,6 +278,7 @@ def _candidate(
     infeasible, memory = _fit(template, engine_config, path, key)
     return Candidate(
         key,
+        group,
         model,
         gpu.label(),
         variant.name,
@@ -298,12 +308,10 @@ def _engine_or_fail(engine: dict[str, Any], path: Path, where: str) -> EngineCon
 
 def _fit(template: dict[str, Any], engine: EngineConfig, path: Path, key: str) -> tuple[str, dict[str, int]]:
     """Why the model cannot run on the GPU at all (empty if it can), and the GPU memory split."""
-    # Only the model and GPU matter here; a stub workload stands in for the one the search completes.
-    stub = validate_experiment(
-        template | {"workload": {"num_requests": 1, "arrival": {"kind": "poisson", "rate_per_s": 1}}},
-        f"{path}: candidate {key}",
-    )
-    model, gpu = resolve_hardware(stub, path.parent)
+    try:
+        model, gpu = resolve_model(_model_ref(template["model"], path.parent)), resolve_gpu(template["gpu"])
+    except (ValueError, KeyError) as error:
+        raise ConfigError(f"{path}: candidate {key}: {error}") from None
     try:
         capacity: KVCapacity = size_kv_pool(
             model,
@@ -327,6 +335,12 @@ def _fit(template: dict[str, Any], engine: EngineConfig, path: Path, key: str) -
         "kv_pool_bytes": capacity.kv_pool_bytes,
     }
     return "", memory
+
+
+def _model_ref(model: str, base_dir: Path) -> str:
+    """A preset name, or a config.json path relative to the plan file (as an experiment's)."""
+    candidate = base_dir / model
+    return str(candidate) if model.endswith(".json") and candidate.is_file() else model
 
 
 def _check_unique(candidates: list[Candidate], path: Path) -> None:

@@ -108,7 +108,7 @@ def set_key_path(data: dict[str, Any], key_path: str, value: Any) -> None:
     elif isinstance(node, dict):
         node[last] = copy.deepcopy(value)
     else:
-        raise KeyError(f"{'.'.join(keys[:-1])} is a {type(node).__name__}, not a mapping")
+        raise KeyError(f"{'.'.join(keys[:-1])} holds {node!r}, not a mapping")
 
 
 def _step(node: Any, key: str, so_far: list[str]) -> Any:
@@ -119,7 +119,7 @@ def _step(node: Any, key: str, so_far: list[str]) -> Any:
         if child is None:
             child = node[key] = {}
         return child
-    raise KeyError(f"{'.'.join(so_far[:-1])} is a {type(node).__name__}, not a mapping")
+    raise KeyError(f"{'.'.join(so_far[:-1])} holds {node!r}, not a mapping")
 
 
 def _index(node: list[Any], key: str, so_far: list[str]) -> int:

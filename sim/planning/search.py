@@ -1,8 +1,8 @@
 """The search for a candidate's maximum sustainable rate, and the verdict of one probe.
 
 A rate is **sustainable** when every seed's run meets every SLO on its steady-state window, on the
-window's late half as well (a queue still building up would pass on the whole window and fail
-later), and finishes requests about as fast as they arrive (``min_keeps_up_frac``).
+window's late half as well for latencies (a queue still building up would pass on the whole window
+and fail later), and its waiting queue does not keep growing (``max_queue_growth_frac``).
 
 The search brackets then bisects: from the start rate it multiplies by ``growth`` while probes pass
 (or divides while they fail) until one passes and one fails, then probes the midpoint until the
@@ -16,39 +16,60 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.planning.plan_spec import KEEPS_UP, SLO_METRICS, SLOs, SearchSpec
+from sim.planning.plan_spec import SLO_METRICS, SearchSpec, SLOs
+from sim.planning.units import seconds, share
 
 LATE_PREFIX = "late_"  # steady-state metrics of the window's second half
 
 
 @dataclass(frozen=True)
 class Violation:
-    slo: str  # an SLO name (``ttft_p99_s``) or ``min_keeps_up_frac``
+    slo: str  # an SLO name, e.g. ``ttft_p99_s``
     metric: str  # the steady-state metric compared
     value: float | None
     limit: float
     where: str  # "window" or "late half"
 
-    def describe(self) -> str:
-        _, unit, label, kind = SLO_METRICS.get(self.slo, KEEPS_UP)
-        shown = "none finished" if self.value is None else f"{self.value:.4g} {unit}"
-        relation = "<" if kind == "min" else ">"
-        late = " (late half of the window)" if self.where == "late half" else ""
-        return f"{label} {shown} {relation} {self.limit:g} {unit}{late}"
+
+def describe(violations: list[Violation]) -> list[str]:
+    """``p99 TTFT 2.74–3.20 s > 2.00 s``: one line per SLO and window part, values over seeds."""
+    groups: dict[tuple[str, str], list[Violation]] = {}
+    for violation in violations:
+        groups.setdefault((violation.slo, violation.where), []).append(violation)
+    lines = []
+    for (slo, where), members in groups.items():
+        _, unit, label = SLO_METRICS[slo]
+        values = sorted(v.value for v in members if v.value is not None)
+        shown = "none finished" if not values else _range(values, unit)
+        late = " (late half of the window)" if where == "late half" else ""
+        lines.append(f"{label} {shown} > {_format(members[0].limit, unit)}{late}")
+    return lines
+
+
+def _range(values: list[float], unit: str) -> str:
+    low, high = _format(values[0], unit), _format(values[-1], unit)
+    return low if low == high else f"{low}–{high}"
+
+
+def _format(value: float, unit: str) -> str:
+    if unit == "s":
+        return seconds(value)
+    if unit == "share":
+        return share(value)
+    return f"{value:.3g} {unit}"
 
 
 def violations(steady: dict[str, Any], slos: SLOs) -> list[Violation]:
     """The SLOs one seed's steady-state metrics break (empty: it meets them all)."""
     found = []
     for name, limit in slos.limits().items():
-        metric, _, _, kind = SLO_METRICS.get(name, KEEPS_UP)
-        candidates = [(metric, "window")]
+        metric = SLO_METRICS[name][0]
+        checks = [(metric, "window")]
         if metric.endswith("_s"):
-            candidates.append((LATE_PREFIX + metric, "late half"))
-        for key, where in candidates:
+            checks.append((LATE_PREFIX + metric, "late half"))
+        for key, where in checks:
             value = steady.get(key)
-            broken = value is None or (value < limit if kind == "min" else value > limit)
-            if broken:
+            if value is None or value > limit:
                 found.append(Violation(name, key, value, limit, where))
                 break
     return found

@@ -54,6 +54,8 @@ def steady_metrics(
     metrics |= _latencies(late, "late_")
     metrics |= _rates(requests, inside, start, end)
     metrics |= _series_means(timeseries, start, end, pool_tokens)
+    growth = metrics.pop("waiting_growth", None)
+    metrics["queue_growth_frac"] = growth / len(inside) if growth is not None and len(inside) else None
     return metrics
 
 
@@ -126,8 +128,25 @@ def _series_means(timeseries: pd.DataFrame, start: float, end: float, pool_token
     result["peak_running"] = int(running.max()) if len(running) else 0
     preemptions = timeseries["num_preemptions"].to_numpy()[in_window]
     result["window_preemptions"] = int(preemptions.max() - preemptions.min()) if len(preemptions) else 0
+    result["waiting_growth"] = _waiting_growth(timeseries, start, end)
     blocker = timeseries["admission_blocker"].to_numpy()[:-1]
     for code, name in enumerate(ADMISSION_BLOCKERS):
         if code:
             result[f"blocked_by_{name}_frac"] = float(weights[blocker == code].sum())
     return result
+
+
+def _waiting_growth(timeseries: pd.DataFrame, start: float, end: float, part: float = 0.1) -> float:
+    """Mean waiting requests over the window's last tenth minus over its first tenth: near zero when
+    the engine keeps up (the running batch may fluctuate, the queue does not build), and
+    (arrival rate - service rate) x window in overload."""
+    span = (end - start) * part
+    return _mean_waiting(timeseries, end - span, end) - _mean_waiting(timeseries, start, start + span)
+
+
+def _mean_waiting(timeseries: pd.DataFrame, start: float, end: float) -> float:
+    times = timeseries["time_s"].to_numpy(dtype=float)
+    weights = np.clip(np.minimum(times[1:], end) - np.maximum(times[:-1], start), 0.0, None)
+    total = weights.sum()
+    waiting = timeseries["num_requests_waiting"].to_numpy(dtype=float)[:-1]
+    return float((waiting * weights).sum() / total) if total > 0 else 0.0

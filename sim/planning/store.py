@@ -26,6 +26,7 @@ from typing import Any
 import pandas as pd
 
 from sim.planning.tasks import PointOutcome, read_variant_summary
+from sim.results import SWEEP_TABLE
 from sim.storage.folders import (
     check_output_target,
     clean_stale_staging,
@@ -106,10 +107,11 @@ class PointStore:
         for name in names:
             clean_stale_staging(points / name)
 
-    def write_table(self, table: pd.DataFrame, stem: str = "sweep") -> None:
-        """``DIR/<stem>.parquet`` and ``.csv``, each written to a hidden file and renamed."""
-        write_atomic(self.root / f"{stem}.parquet", lambda path: table.to_parquet(path, index=False))
-        write_atomic(self.root / f"{stem}.csv", lambda path: table.to_csv(path, index=False))
+    def write_table(self, table: pd.DataFrame) -> None:
+        """``DIR/sweep.parquet`` and ``.csv``, each written to a hidden file and renamed."""
+        parquet = self.root / SWEEP_TABLE
+        write_atomic(parquet, lambda path: table.to_parquet(path, index=False))
+        write_atomic(parquet.with_suffix(".csv"), lambda path: table.to_csv(path, index=False))
 
 
 def write_atomic(path: Path, write: Callable[[Path], Any]) -> None:

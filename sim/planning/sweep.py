@@ -49,7 +49,12 @@ def run_sweep(
     bar = make_bar(sweep.spec.name, progress)
     try:
         records, counts = run_points(
-            store, [point_task(point) for point in sweep.points], executor, retry_failed=retry_failed, bar=bar, fn=fn
+            store,
+            [point_task(point) for point in sweep.points],
+            executor,
+            retry_failed=retry_failed,
+            bar=bar,
+            fn=fn,
         )
     finally:
         bar.close()
@@ -59,7 +64,9 @@ def run_sweep(
     if figures:
         from sim.planning.figures import sweep_figures
 
-        replace_dir_atomic(store.root / "figures", lambda folder: sweep_figures(table, sweep.axis_keys, folder))
+        replace_dir_atomic(
+            store.root / "figures", lambda folder: sweep_figures(table, sweep.axis_keys, folder)
+        )
     return SweepRun(store.root, table, counts)
 
 
@@ -118,4 +125,6 @@ def _write_manifest(root: Path, sweep: Sweep, counts: RunCounts) -> None:
             "skipped_failed": counts.skipped_failed,
         },
     }
-    write_atomic(root / "sweep.json", lambda path: path.write_text(json.dumps(manifest, indent=2, default=str)))
+    write_atomic(
+        root / "sweep.json", lambda path: path.write_text(json.dumps(manifest, indent=2, default=str))
+    )
