@@ -53,7 +53,11 @@ def plan_data(**changes: Any) -> dict[str, Any]:
         },
         "slos": {"ttft_p99_s": 1.0},
         "target_rate_per_s": 20,
-        "candidates": {"policies": [{"name": "paged", "policy": "paged"}], "block_sizes": [16]},
+        "candidates": {
+            "policies": [{"name": "paged", "policy": "paged"}],
+            "block_sizes": [16],
+            "engine": {"max_num_seqs": [2, 64]},
+        },
         "search": {"start_rate_per_s": 2, "seeds": [1, 2], "min_requests": 120, "rel_tolerance": 0.1},
     }
     data |= changes

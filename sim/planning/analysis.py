@@ -2,9 +2,9 @@
 
 Every number here comes from a probe's steady-state metrics and carries the ids of the points
 (seeds) it came from. The binding limit is read from what the simulation recorded at the first
-failing rate: which SLO broke and, for queueing SLOs, what held admissions back (the engine's
-``admission_blocker`` series: KV memory, ``max_num_seqs`` or the token budget); when admissions were
-rarely held back, the GPU itself is too slow (compute).
+failing rate: which SLO broke and, when requests broke it waiting for admission, what held
+admissions back (the engine's ``admission_blocker`` series: KV memory, ``max_num_seqs`` or the token
+budget). A broken TPOT SLO, or slow prefills rather than waits, mean the GPU is too slow (compute).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sim.metrics import ADMISSION_BLOCKERS
 from sim.planning.plan_spec import Candidate, Plan
 from sim.planning.search import describe
+from sim.planning.units import seconds
 
 if TYPE_CHECKING:
     from sim.planning.plan import Probe
@@ -54,8 +55,9 @@ LIMIT_LABELS = {
     "compute": "compute",
     "request_length": "request length (max_model_len)",
 }
-# Admissions held back for less than this share of the window do not make a limit binding.
-BLOCKED_THRESHOLD = 0.05
+# When the p99 wait for admission is at least this share of p99 TTFT, queueing broke the SLOs and
+# whatever held admissions back is the binding limit; below it the iterations themselves are slow.
+QUEUEING_SHARE = 0.5
 
 
 def spread(values: list[float | None]) -> dict[str, float | None]:
@@ -92,13 +94,22 @@ def binding_limit(failing: Probe | None) -> dict[str, Any]:
         return _limit(
             "kv_memory", "preemptions broke their SLO: running requests outgrow the KV cache", evidence
         )
+    queue = spread([run.steady.get("queue_p99_s") for run in failing.runs])["mean"] or 0.0
+    ttft = spread([run.steady.get("ttft_p99_s") for run in failing.runs])["mean"] or 0.0
+    evidence |= {"queue_p99_s": queue, "ttft_p99_s": ttft}
     top = max(blocked, key=lambda name: blocked[name])
-    if blocked[top] >= BLOCKED_THRESHOLD:
-        why = f"the queue's head was held back by {LIMIT_LABELS[top]} {blocked[top]:.0%} of the steady window"
+    queued = "max_queue_growth_frac" in broken or (ttft > 0 and queue >= QUEUEING_SHARE * ttft)
+    if queued and blocked[top] > 0:
+        why = (
+            f"requests broke the SLOs waiting for admission (p99 wait {seconds(queue)} of p99 TTFT "
+            f"{seconds(ttft)}); the queue's head was held back by {LIMIT_LABELS[top]} {blocked[top]:.1%} of "
+            "the steady window"
+        )
         return _limit(top, why, evidence)
     why = (
-        f"admissions were held back only {sum(blocked.values()):.0%} of the window, yet the SLOs broke: "
-        "the GPU cannot prefill and decode the offered work fast enough"
+        f"waiting for admission is not what broke the SLOs (p99 wait {seconds(queue)} of p99 TTFT "
+        f"{seconds(ttft)}; admissions held back {sum(blocked.values()):.1%} of the window): prefill and "
+        "decode iterations are too slow for the offered work"
     )
     return _limit("compute", why, evidence)
 
