@@ -236,3 +236,15 @@ def test_cli_sweep_prints_counts(tmp_path, capsys):
     assert main(["sweep", str(path), "-o", str(out), "-j", "1", "-q"]) == 0
     assert "0 simulated, 1 already done (skipped)" in capsys.readouterr().out
     assert Path(out / "sweep.parquet").is_file()
+
+
+def test_interrupted_cli_sweep_says_what_it_kept(tmp_path, capsys, monkeypatch):
+    import sim.planning.sweep as sweep_module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_module, "run_sweep", interrupted)
+    path = sweep_file(tmp_path, axes={"seed": [1]})
+    assert main(["sweep", str(path), "-o", str(tmp_path / "out"), "-j", "1", "-q"]) == 130
+    assert "interrupted; 0 finished point(s) kept" in capsys.readouterr().err

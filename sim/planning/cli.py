@@ -35,6 +35,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             progress=progress_enabled(args.quiet),
             log=log,
         )
+    except KeyboardInterrupt:
+        return _interrupted("sweep", out_dir)
     finally:
         executor.close()
     wall = time.perf_counter() - started
@@ -73,6 +75,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             log=log,
             wall_s=lambda: time.perf_counter() - started,
         )
+    except KeyboardInterrupt:
+        return _interrupted("plan", out_dir)
     finally:
         executor.close()
     document = result.document
@@ -88,20 +92,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def summary_lines(document: dict[str, Any]) -> str:
     """The recommendation table, as text for the terminal."""
-    from sim.planning.report import rate
+    from sim.planning.units import rate
 
     target = document["target_rate_per_s"]
+    width = max([len(c["key"]) for c in document["candidates"]] + [9])
     lines = [
-        f"  {'candidate':<44} {'max rate':>14} {'GPUs@' + format(target, 'g'):>9}  binding limit / reason"
+        f"  {'candidate':<{width}} {'max rate':>14} {'GPUs@' + format(target, 'g'):>9}  binding limit / reason"
     ]
     for c in document["candidates"]:
         if "gpus_for_target" in c:
             prefix = "≥" if c["status"] == "at_max_rate" else ""
             lines.append(
-                f"  {c['key']:<44} {prefix + rate(c['max_rate_per_s']):>14} {c['gpus_for_target']:>9}  {c['binding']['label']}"
+                f"  {c['key']:<{width}} {prefix + rate(c['max_rate_per_s']):>14} {c['gpus_for_target']:>9}  {c['binding']['label']}"
             )
         else:
-            lines.append(f"  {c['key']:<44} {c['status']:>14} {'-':>9}  {c.get('reason', '')[:100]}")
+            lines.append(f"  {c['key']:<{width}} {c['status']:>14} {'-':>9}  {c.get('reason', '')[:100]}")
     best = document["recommendation"]
     lines.append(f"  recommended: {best}" if best else "  no candidate meets the SLOs")
     return "\n".join(lines)
@@ -114,6 +119,18 @@ def _executor(args: argparse.Namespace) -> Executor | None:
     except ExecutorError as error:
         print(f"\nkvsim: error: {error}", file=sys.stderr)
         return None
+
+
+def _interrupted(command: str, out_dir: Path) -> int:
+    """Ctrl-C or SIGTERM: finished points stay (they are complete); the run resumes from them."""
+    points = out_dir / "points"
+    done = len([p for p in points.iterdir() if not p.name.startswith(".")]) if points.is_dir() else 0
+    print(
+        f"\nkvsim {command}: interrupted; {done} finished point(s) kept in {points}/, the ones in flight "
+        f"dropped. Run the same command again to resume.",
+        file=sys.stderr,
+    )
+    return 130
 
 
 def _log(quiet: bool):

@@ -34,12 +34,14 @@ class RunCounts:
     failed: int = 0  # of those that ran
     skipped_done: int = 0
     skipped_failed: int = 0
+    cpu_s: float = 0.0  # CPU time of the points that ran
 
     def add(self, other: RunCounts) -> None:
         self.ran += other.ran
         self.failed += other.failed
         self.skipped_done += other.skipped_done
         self.skipped_failed += other.skipped_failed
+        self.cpu_s += other.cpu_s
 
 
 def progress_enabled(quiet: bool = False) -> bool:
@@ -85,6 +87,7 @@ def run_points(
         )
         counts.ran += 1
         counts.failed += 0 if outcome.ok else 1
+        counts.cpu_s += outcome.cpu_s
         if bar is not None:
             bar.update(1)
     return records, counts
@@ -103,6 +106,8 @@ def make_bar(description: str, enabled: bool) -> Any:
 
 def describe_counts(counts: RunCounts) -> str:
     parts = [f"{counts.ran} simulated" + (f" ({counts.failed} failed)" if counts.failed else "")]
+    if counts.ran:
+        parts[0] += f" in {counts.cpu_s:.0f} CPU-s"
     if counts.skipped_done:
         parts.append(f"{counts.skipped_done} already done (skipped)")
     if counts.skipped_failed:

@@ -133,7 +133,9 @@ class DaskExecutor:
         futures = self._client.map(fn, tasks, pure=False)
         try:
             for future in as_completed(futures):
-                yield future.result()
+                result = future.result()
+                future.release()  # the cluster forgets it: memory stays bounded over many points
+                yield result
         except BaseException:
             self._client.cancel(futures)
             raise

@@ -5,7 +5,6 @@ assumptions; every number links to the probe (and through it the points) it came
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +73,7 @@ def plan_document(
             "reused": counts.skipped_done,
             "probes": len(probes),
             "wall_s": wall_s,
+            "cpu_s": counts.cpu_s,
         },
     }
 
@@ -513,7 +513,3 @@ def probe_blocks(document: dict[str, Any]) -> list[Block]:
         ),
         Table(header, rows, anchors),
     ]
-
-
-def load_plan_document(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text())

@@ -92,6 +92,7 @@ class PointStore:
             "status": OK if outcome.ok else FAILED,
             "point_id": outcome.point_id,
             "error": outcome.error,
+            "cpu_s": outcome.cpu_s,
         }
         with staged_output_dir(target, POINT_KIND, outcome.point_id) as staging:
             for relative, content in outcome.files.items():

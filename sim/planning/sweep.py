@@ -123,6 +123,7 @@ def _write_manifest(root: Path, sweep: Sweep, counts: RunCounts) -> None:
             "failed": counts.failed,
             "skipped_done": counts.skipped_done,
             "skipped_failed": counts.skipped_failed,
+            "cpu_s": counts.cpu_s,
         },
     }
     write_atomic(

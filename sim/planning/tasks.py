@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,19 +38,23 @@ class PointOutcome:
     summaries: list[dict[str, Any]] = field(default_factory=list)  # one per variant
     error: str = ""
     files: dict[str, bytes] = field(default_factory=dict)  # relative path -> content
+    cpu_s: float = 0.0  # CPU time the worker spent on the point (machine load does not inflate it)
 
 
 def run_point(task: PointTask) -> PointOutcome:
+    started = time.process_time()
     try:
-        return _simulate(task)
+        outcome = _simulate(task)
     except Exception as error:  # recorded in the point's folder; --retry-failed runs it again
         detail = traceback.format_exc()
-        return PointOutcome(
+        outcome = PointOutcome(
             task.point_id,
             False,
             error=f"{type(error).__name__}: {error}",
             files={"error.txt": detail.encode()},
         )
+    outcome.cpu_s = time.process_time() - started
+    return outcome
 
 
 def _simulate(task: PointTask) -> PointOutcome:
