@@ -248,3 +248,19 @@ def test_interrupted_cli_sweep_says_what_it_kept(tmp_path, capsys, monkeypatch):
     path = sweep_file(tmp_path, axes={"seed": [1]})
     assert main(["sweep", str(path), "-o", str(tmp_path / "out"), "-j", "1", "-q"]) == 130
     assert "interrupted; 0 finished point(s) kept" in capsys.readouterr().err
+
+
+def test_trace_workload_points_run(tmp_path):
+    """A trace workload's resolved config must validate again on the worker (defaults stay unset)."""
+    trace = Path(__file__).parent / "data" / "traces" / "azure" / "AzureLLMInferenceTrace_conv_head200.csv"
+    experiment = {
+        "name": "trace",
+        "model": "Llama-3.1-8B",
+        "gpu": "H100-80GB",
+        "workload": {"source": {"kind": "azure", "path": str(trace)}, "num_requests": 30},
+        "variants": [{"name": "paged", "policy": "paged"}],
+    }
+    path = sweep_file(tmp_path, experiment=experiment, axes={"workload.target_rate_per_s": [2.0, 4.0]})
+    result = run_sweep(load_sweep_spec(path), tmp_path / "out", figures=False)
+    assert list(result.table["status"]) == ["ok", "ok"]
+    assert list(result.table["requests_total"]) == [30, 30]

@@ -139,7 +139,8 @@ def knee_figure(document: dict[str, Any], metric: str) -> Any:
         ax.set_title(group, fontsize=10)
         ax.set_xlabel("request rate (req/s)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     axes[0][0].set_ylabel(KNEE_METRICS.get(metric, metric))
     if metric.endswith("_s"):
         axes[0][0].set_yscale("log")
@@ -192,7 +193,8 @@ def memory_figure(document: dict[str, Any]) -> Any:
     ax.set_yticks(range(len(rows)), labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("GPU memory (GiB)")
-    figure.legend(fontsize=7, ncol=5, loc="lower center")
+    if rows:
+        figure.legend(fontsize=7, ncol=5, loc="lower center")
     figure.tight_layout(rect=(0, 0.1, 1, 1))
     return figure
 

@@ -210,7 +210,7 @@ class Plan:
         config = self.probe_config(candidate, rate, seed)
         return PointTask(
             point_id(config, candidate.base_dir),
-            config.model_dump(mode="json"),
+            config.model_dump(mode="json", exclude_unset=True),
             str(candidate.base_dir),
             self.spec.search.window(),
         )

@@ -27,7 +27,9 @@ class SweepRun:
 
 
 def point_task(point: Point) -> PointTask:
-    return PointTask(point.point_id, point.config.model_dump(mode="json"), str(point.base_dir))
+    return PointTask(
+        point.point_id, point.config.model_dump(mode="json", exclude_unset=True), str(point.base_dir)
+    )
 
 
 def run_sweep(

@@ -26,7 +26,9 @@ STEADY_FILE = "steady.json"
 @dataclass(frozen=True)
 class PointTask:
     point_id: str
-    config: dict[str, Any]  # the resolved experiment config (JSON-able)
+    # The experiment config as the user's keys set it (``model_dump(exclude_unset=True)``): a full dump
+    # does not always validate again (e.g. a trace's default ``on_too_long`` then counts as given).
+    config: dict[str, Any]
     base_dir: str  # where the config's relative paths are read from
     window: SteadyWindow | None = None  # plan probes also measure the steady state
 
@@ -65,7 +67,7 @@ def _simulate(task: PointTask) -> PointOutcome:
     with tempfile.TemporaryDirectory(prefix="kvsim-point-") as tmp:
         folder = Path(tmp)
         results = run_experiment(config, Path(task.base_dir) / "point.yaml", out_dir=folder)
-        write_run_files(folder, task.config, results, figures=False)
+        write_run_files(folder, config.model_dump(mode="json"), results, figures=False)
         for result in results:
             if task.window is not None:
                 _write_steady(folder / result.name, result.summary["kv_pool_tokens"], task.window)
