@@ -13,6 +13,10 @@ Layout::
 The folder is written under a temporary name and renamed at the end (``sim.storage``), so an
 interrupted or failed run never leaves something that looks like a result, and it carries kvsim's
 marker file, without which kvsim refuses to replace a folder.
+
+Sweeps and plans (``sim/planning/``) are folders of such run folders (``DIR/points/<id>/``) plus a
+combined table (``sweep.parquet``) and, for a plan, ``plan.json``: :func:`load_sweep` and
+:func:`load_plan` read them back.
 """
 
 from __future__ import annotations
