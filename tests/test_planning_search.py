@@ -10,7 +10,7 @@ from sim.planning.analysis import _sizing, binding_limit
 from sim.planning.plan import Probe, SeedRun
 from sim.planning.plan_spec import SearchSpec, SLOs
 from sim.planning.search import RateSearch, describe, nice_rate, violations
-from sim.planning.steady import SteadyWindow, steady_metrics
+from sim.planning.steady import SteadyWindow, steady_metrics, window_bounds
 
 
 def search_against(capacity: float, **spec) -> RateSearch:
@@ -117,8 +117,9 @@ def test_sizing_divides_the_target_evenly():
 
 
 def test_steady_window_by_hand():
-    """Ten requests arriving at t = 0..9 s; the window keeps arrivals between the 20 % and 90 %
-    quantiles (1.8 s and 8.1 s): requests 2..8."""
+    """Ten requests arriving at t = 0..9 s, each 2 s in the system. The window keeps arrivals between
+    the 20 % and 90 % quantiles (1.8 s and 8.1 s), but not before the system has filled: one mean
+    residence time (2 s) after the first arrival. So [2.0, 8.1]: requests 2..8."""
     requests = pd.DataFrame(
         {
             "arrival_s": [float(t) for t in range(10)],
@@ -154,12 +155,14 @@ def test_steady_window_by_hand():
         }
     )
     got = steady_metrics(requests, series, 100, SteadyWindow(0.2, 0.1))
-    assert (got["window_start_s"], got["window_end_s"]) == pytest.approx((1.8, 8.1))
+    assert (got["window_start_s"], got["window_end_s"]) == pytest.approx((2.0, 8.1))
     assert got["window_requests"] == 7  # arrivals 2..8
     assert got["ttft_p50_s"] == pytest.approx(0.6)  # median of 0.3..0.9
+    # The late half holds arrivals after 5.05 s (6..8: TTFT 0.7..0.9); numpy's p99 interpolates.
+    assert got["late_ttft_p99_s"] == pytest.approx(0.898)
     assert got["preemptions_per_request"] == pytest.approx(3 / 7)
     assert got["rejected_frac"] == 0.0
-    duration = 8.1 - 1.8
+    duration = 8.1 - 2.0
     assert got["arrival_rate_per_s"] == pytest.approx(7 / duration)
     assert got["completion_rate_per_s"] == pytest.approx(7 / duration)  # finished at 2..8 s: requests 0..6
     assert got["output_tokens_per_s"] == pytest.approx(70 / duration)
@@ -168,9 +171,18 @@ def test_steady_window_by_hand():
     assert got["blocked_by_max_num_seqs_frac"] == pytest.approx(1.0 / duration)
     assert got["blocked_by_token_budget_frac"] == 0.0
     assert got["mean_waiting"] == pytest.approx(4.0 / duration)
-    assert got["peak_running"] == 3 and got["window_preemptions"] == 2
-    # Waiting over the last tenth (7.47-8.1 s: 0) minus the first (1.8-2.43 s: 0.2 s of 0, then 1).
-    first = (0.0 * 0.2 + 1.0 * (0.63 - 0.2)) / 0.63
-    assert got["queue_growth_frac"] == pytest.approx((0.0 - first) / 7)
-    # The late half holds arrivals after 4.95 s (5..8: TTFT 0.6..0.9); numpy's p99 interpolates.
-    assert got["late_ttft_p99_s"] == pytest.approx(0.897)
+    assert got["peak_running"] == 3 and got["window_preemptions"] == 2  # counter 1 at the start, 3 at the end
+    # Waiting over the last tenth of the window (7.49-8.1 s: 0) minus over the first (2.0-2.61 s: 1).
+    assert got["queue_growth_frac"] == pytest.approx((0.0 - 1.0) / 7)
+
+
+def test_short_probe_keeps_half_its_window():
+    """Residence longer than the run: the warm-up stops halfway through the nominal window."""
+    requests = pd.DataFrame(
+        {
+            "arrival_s": [float(t) for t in range(11)],
+            "e2e_s": [100.0] * 11,
+            "outcome": ["finished"] * 11,
+        }
+    )
+    assert window_bounds(requests, SteadyWindow(0.2, 0.2)) == pytest.approx((2.0 + 3.0, 8.0))

@@ -30,8 +30,6 @@ AT_MAX_METRICS = (
     "e2e_p99_s",
     "output_tokens_per_s",
     "output_tokens_per_request",
-    "completion_rate_per_s",
-    "keeps_up_frac",
     "queue_growth_frac",
     "mean_running",
     "peak_running",

@@ -135,7 +135,8 @@ def knee_figure(document: dict[str, Any], metric: str) -> Any:
         for candidate in [c for c in candidates if _group_key(c) == group]:
             _knee_line(ax, candidate, [probes[n] for n in candidate["probes"]], metric, group)
         if limit is not None:
-            ax.axhline(limit, color="black", linestyle="--", linewidth=1, label=f"SLO {limit:g}")
+            unit = " s" if metric.endswith("_s") else ""
+            ax.axhline(limit, color="black", linestyle="--", linewidth=1, label=f"SLO {limit:g}{unit}")
         ax.set_title(group, fontsize=10)
         ax.set_xlabel("request rate (req/s)")
         ax.grid(alpha=0.3)

@@ -26,7 +26,7 @@ from sim.planning.document import (
 )
 from sim.planning.plan_spec import SLO_METRICS, Plan
 from sim.planning.search import describe
-from sim.planning.units import metric_value, rate, seconds, share
+from sim.planning.units import metric_label, metric_value, rate, seconds, share
 from sim.storage.folders import kvsim_version
 
 if TYPE_CHECKING:
@@ -126,9 +126,11 @@ def _assumptions(plan: Plan, results: list[dict[str, Any]]) -> dict[str, Any]:
         "workload": spec.workload,
         "engine": spec.engine.model_dump(mode="json", exclude_unset=True),
         "probe": (
-            f"each probe: at least {search.min_requests} requests (and {search.min_duration_s:g} s of arrivals), "
-            f"seeds {search.seeds}; measured on the arrivals between the first {search.warmup_frac:.0%} "
-            f"(warm-up) and the last {search.drain_frac:.0%} (drain); a rate passes when every seed meets every "
+            f"each probe: at least {search.min_requests} requests"
+            + (f" and {search.min_duration_s:g} s of arrivals" if search.min_duration_s else "")
+            + f", seeds {search.seeds}; measured on the arrivals between the first {search.warmup_frac:.0%} "
+            "(warm-up, lasting at least one mean end-to-end latency and at most half the window) and the last "
+            f"{search.drain_frac:.0%} (drain); a rate passes when every seed meets every "
             "SLO on that window (latencies on its late half too) and its waiting queue grows by at most "
             f"{spec.slos.max_queue_growth_frac:.0%} of the window's arrivals"
         ),
@@ -318,7 +320,9 @@ def evidence_blocks(document: dict[str, Any]) -> list[Block]:
     for metric in knee_metrics(document):
         name = f"knee_{safe_name(metric)}.png"
         blocks.append(
-            Figure(name, f"{metric} against request rate", png_bytes(knee_figure(document, metric)))
+            Figure(
+                name, f"{metric_label(metric)} against request rate", png_bytes(knee_figure(document, metric))
+            )
         )
     best = next((c for c in document["candidates"] if c["key"] == document["recommendation"]), None)
     if best is not None:
@@ -359,7 +363,7 @@ def _recommended_point_blocks(best: dict[str, Any]) -> list[Block]:
     for name in AT_MAX_METRICS:
         stats = best["at_max"].get(name)
         if stats and stats.get("mean") is not None:
-            rows.append([[name], [probe_link(with_spread(name, stats), probe)]])
+            rows.append([[metric_label(name)], [name], [probe_link(with_spread(name, stats), probe)]])
     memory = best["memory"]
     return [
         Heading(3, f"At the recommended point: {best['key']} at {rate(best['max_rate_per_s'])}"),
@@ -372,7 +376,7 @@ def _recommended_point_blocks(best: dict[str, Any]) -> list[Block]:
                 *_point_links(best["max_points"]),
             ]
         ),
-        Table(["metric", "value"], rows),
+        Table(["metric", "key in plan.json", "value (mean over seeds, min–max)"], rows),
     ]
 
 

@@ -3,9 +3,11 @@
 A run starts empty (the first requests see an idle GPU) and ends draining (the last ones see a
 shrinking batch). Capacity questions are about the regime in between, so a probe is measured on a
 **window** of arrival times: requests that arrived after the first ``warmup_frac`` and before the last
-``drain_frac`` of the arrivals, and the time series over the same interval. The window is also cut in
-two halves; a queue that keeps growing shows up as a late half worse than the whole (see
-``sim.planning.search``).
+``drain_frac`` of the arrivals, and the time series over the same interval. The warm-up also lasts at
+least one mean residence time (mean end-to-end latency: by Little's law the system takes about that
+long to fill), capped at half the window so that a short probe still measures something. The window
+is also cut in two halves; a queue that keeps growing shows up as a late half worse than the whole
+(see ``sim.planning.search``).
 """
 
 from __future__ import annotations
@@ -31,21 +33,24 @@ class SteadyWindow:
         return asdict(self)
 
 
-def window_bounds(arrivals: pd.Series, window: SteadyWindow) -> tuple[float, float]:
-    times = arrivals.to_numpy(dtype=float)
+def window_bounds(requests: pd.DataFrame, window: SteadyWindow) -> tuple[float, float]:
+    times = requests["arrival_s"].to_numpy(dtype=float)
     if len(times) == 0:
         return 0.0, 0.0
-    return (
-        float(np.quantile(times, window.warmup_frac)),
-        float(np.quantile(times, 1.0 - window.drain_frac)),
-    )
+    start = float(np.quantile(times, window.warmup_frac))
+    end = float(np.quantile(times, 1.0 - window.drain_frac))
+    residence = requests.loc[requests["outcome"] == "finished", "e2e_s"].dropna()
+    if len(residence):
+        filled = float(times.min() + residence.mean())
+        start = min(max(start, filled), start + (end - start) / 2)
+    return start, end
 
 
 def steady_metrics(
     requests: pd.DataFrame, timeseries: pd.DataFrame, pool_tokens: int, window: SteadyWindow
 ) -> dict[str, Any]:
     """Latencies, rates, memory shares and admission stops over the steady-state window."""
-    start, end = window_bounds(requests["arrival_s"], window)
+    start, end = window_bounds(requests, window)
     inside = requests[(requests["arrival_s"] >= start) & (requests["arrival_s"] <= end)]
     middle = (start + end) / 2
     late = inside[inside["arrival_s"] >= middle]
@@ -78,16 +83,10 @@ def _rates(requests: pd.DataFrame, inside: pd.DataFrame, start: float, end: floa
     widths = done_inside[["n", "beam_width"]].max(axis=1)
     window_finished = inside[inside["outcome"] == "finished"]
     window_widths = window_finished[["n", "beam_width"]].max(axis=1)
-    arrival_rate = count / duration if duration > 0 else None
-    completion_rate = len(done_inside) / duration if duration > 0 else None
     return {
         "window_s": duration,
-        "arrival_rate_per_s": arrival_rate,
-        "completion_rate_per_s": completion_rate,
-        # Finishing as fast as requests arrive: below 1, the queue grows and the rate is not sustainable.
-        "keeps_up_frac": completion_rate / arrival_rate
-        if arrival_rate and completion_rate is not None
-        else None,
+        "arrival_rate_per_s": count / duration if duration > 0 else None,
+        "completion_rate_per_s": len(done_inside) / duration if duration > 0 else None,
         "output_tokens_per_s": float((done_inside["output_tokens"] * widths).sum()) / duration
         if duration > 0
         else None,

@@ -35,3 +35,35 @@ def metric_value(name: str, value: float | None) -> str:
     if name.endswith("_per_request"):
         return number(value, "tokens/request" if "tokens" in name else "per request")
     return number(value)
+
+
+# What the report calls the steady-state metrics (the key stays beside it, for plan.json readers).
+METRIC_LABELS = {
+    "ttft_p50_s": "p50 time to first token",
+    "ttft_p99_s": "p99 time to first token",
+    "tpot_p50_s": "p50 time per output token",
+    "tpot_p99_s": "p99 time per output token",
+    "e2e_p99_s": "p99 end-to-end latency",
+    "output_tokens_per_s": "output throughput",
+    "output_tokens_per_request": "output tokens per request",
+    "mean_running": "mean running requests",
+    "peak_running": "peak running requests",
+    "mean_waiting": "mean waiting requests",
+    "queue_growth_frac": "queue growth (share of the window's arrivals)",
+    "preemptions_per_request": "preemptions per request",
+    "rejected_frac": "rejected requests",
+    "mean_kv_cache_usage_frac": "KV cache usage (vLLM's kv_cache_usage_perc)",
+    "mean_used_frac": "KV pool: used",
+    "mean_reserved_frac": "KV pool: reserved",
+    "mean_internal_frag_frac": "KV pool: internal fragmentation",
+    "mean_external_frag_frac": "KV pool: external fragmentation",
+    "mean_cached_frac": "KV pool: cached",
+    "mean_free_frac": "KV pool: free",
+    "blocked_by_kv_memory_frac": "admission held back by KV memory (share of time)",
+    "blocked_by_max_num_seqs_frac": "admission held back by max_num_seqs (share of time)",
+    "blocked_by_token_budget_frac": "admission held back by the token budget (share of time)",
+}
+
+
+def metric_label(name: str) -> str:
+    return METRIC_LABELS.get(name, name)
