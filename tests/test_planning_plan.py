@@ -92,6 +92,7 @@ def test_gpus_headroom_and_cost_follow_from_the_max_rate(planned):
     tokens = best["at_max"]["output_tokens_per_request"]["mean"]
     hourly = best["gpus_for_target"] * 2.0
     assert best["cost_per_million_output_tokens"] == pytest.approx(hourly / (target * tokens * 3600) * 1e6)
+    assert best["cost_per_hour_for_target"] == pytest.approx(hourly)
     assert best["rank"] == 1
     assert best["provenance"] == {"cost_model": "analytic roofline", "cost_model_error_band": "not stated"}
 

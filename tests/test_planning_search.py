@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from sim.metrics import KV_MEMORY, MAX_NUM_SEQS, TOKEN_BUDGET
-from sim.planning.analysis import _sizing, binding_limit
+from sim.planning.analysis import _sizing, binding_limit, rank
 from sim.planning.plan import Probe, SeedRun
 from sim.planning.plan_spec import SearchSpec, SLOs
 from sim.planning.search import RateSearch, describe, nice_rate, violations
@@ -112,6 +112,7 @@ def test_sizing_divides_the_target_evenly():
     assert sizing["replicas_for_target"] == 7 and sizing["gpus_for_target"] == 14
     assert sizing["headroom_frac"] == pytest.approx(7 * 7.5 / 50 - 1)
     assert sizing["cost_per_million_output_tokens"] == pytest.approx(14 * 3.0 / (50 * 400 * 3600) * 1e6)
+    assert sizing["cost_per_hour_for_target"] == pytest.approx(14 * 3.0)
     exact = _sizing(result | {"max_rate_per_s": 10.0}, target=50)
     assert exact["replicas_for_target"] == 5 and exact["headroom_frac"] == pytest.approx(0.0)
 
@@ -186,3 +187,23 @@ def test_short_probe_keeps_half_its_window():
         }
     )
     assert window_bounds(requests, SteadyWindow(0.2, 0.2)) == pytest.approx((2.0 + 3.0, 8.0))
+
+
+def test_ranking_by_hourly_cost_then_gpus_then_rate():
+    def usable(key, rate, gpus, per_hour=None, tokens_cost=None):
+        result = {"key": key, "max_rate_per_s": rate, "tensor_parallel_size": 1, "gpus_for_target": gpus}
+        if per_hour is not None:
+            result |= {"cost_per_hour_for_target": per_hour, "cost_per_million_output_tokens": tokens_cost}
+        return result
+
+    infeasible = {"key": "x", "status": "infeasible"}
+    priced = [
+        usable("a100", 3.5, 15, 27.0, 0.34),
+        usable("h100 paged", 9.0, 6, 18.0, 0.21),  # cheaper per token only by sampling noise
+        usable("h100 prefix", 9.5, 6, 18.0, 0.22),
+        infeasible,
+    ]
+    assert [r["key"] for r in rank(priced, 50)] == ["h100 prefix", "h100 paged", "a100", "x"]
+    assert [r["rank"] for r in priced] == [3, 2, 1, None]
+    unpriced = [usable("slow", 2.0, 25), usable("fast", 5.0, 10), usable("fast too", 5.5, 10)]
+    assert [r["key"] for r in rank(unpriced, 50)] == ["fast too", "fast", "slow"]

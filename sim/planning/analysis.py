@@ -191,20 +191,25 @@ def _sizing(result: dict[str, Any], target: float) -> dict[str, Any]:
     sizing["headroom_frac"] = replicas * rate / target - 1
     tokens = result["at_max"]["output_tokens_per_request"]["mean"]
     price = result["price_per_hour"]
-    if price is not None and tokens:
-        tokens_per_hour = target * tokens * 3600
-        sizing["cost_per_million_output_tokens"] = gpus * price / tokens_per_hour * 1e6
+    if price is not None:
+        sizing["cost_per_hour_for_target"] = gpus * price
+        if tokens:
+            tokens_per_hour = target * tokens * 3600
+            sizing["cost_per_million_output_tokens"] = gpus * price / tokens_per_hour * 1e6
     return sizing
 
 
 def rank(results: list[dict[str, Any]], target: float) -> list[dict[str, Any]]:
-    """Candidates that can serve the target first: by cost per output token when every one has a
-    price, else by GPUs; then by rate per GPU. Infeasible ones last, in plan order."""
+    """Candidates that can serve the target first: by the hourly price of their GPUs when every one
+    has a price, else by GPUs; then by rate per GPU. Infeasible ones last, in plan order.
+
+    Not by cost per output token: its tokens per request vary a little with each probe's window
+    (sampling noise), which must not reorder candidates that need the same GPUs."""
     usable = [r for r in results if "gpus_for_target" in r]
-    priced = bool(usable) and all("cost_per_million_output_tokens" in r for r in usable)
+    priced = bool(usable) and all("cost_per_hour_for_target" in r for r in usable)
 
     def key(result: dict[str, Any]) -> tuple[float, float, float]:
-        cost = result["cost_per_million_output_tokens"] if priced else 0.0
+        cost = result["cost_per_hour_for_target"] if priced else 0.0
         per_gpu = result["max_rate_per_s"] / result["tensor_parallel_size"]
         return (cost, result["gpus_for_target"], -per_gpu)
 
@@ -216,6 +221,6 @@ def rank(results: list[dict[str, Any]], target: float) -> list[dict[str, Any]]:
 
 def ranking_rule(results: list[dict[str, Any]]) -> str:
     usable = [r for r in results if "gpus_for_target" in r]
-    if usable and all("cost_per_million_output_tokens" in r for r in usable):
-        return "lowest cost per million output tokens, then fewest GPUs, then highest rate per GPU"
+    if usable and all("cost_per_hour_for_target" in r for r in usable):
+        return "lowest GPU cost per hour for the target rate, then fewest GPUs, then highest rate per GPU"
     return "fewest GPUs for the target rate, then highest rate per GPU"

@@ -222,8 +222,10 @@ def recommendation_blocks(document: dict[str, Any]) -> list[Block]:
             ),
             f" under the SLOs ({_slo_text(document)}); binding limit: {best['binding']['label']}",
         ]
+        if "cost_per_hour_for_target" in best:
+            text += [f"; ${best['cost_per_hour_for_target']:,.2f} per hour"]
         if "cost_per_million_output_tokens" in best:
-            text += [f"; ${best['cost_per_million_output_tokens']:.2f} per million output tokens"]
+            text += [f", ${best['cost_per_million_output_tokens']:.2f} per million output tokens"]
         text += [
             f". Ranked by {document['ranking_rule']}. These numbers rest on the cost model "
             f"“{provenance['cost_model']}” (error band: {provenance['cost_model_error_band']}).",
@@ -252,7 +254,7 @@ def recommendation_table(document: dict[str, Any]) -> Table:
         f"GPUs for {target:g} req/s",
         "binding limit",
         "headroom",
-        "$ / M output tokens",
+        "GPU cost for the target",
         "first failing rate: why",
         "cost model (error band)",
     ]
@@ -291,10 +293,14 @@ def _recommendation_row(c: dict[str, Any]) -> list[Text]:
         [probe_link(str(c["gpus_for_target"]), probe)],
         [probe_link(c["binding"]["label"], c["binding"].get("evidence", {}).get("probe"))],
         [probe_link(f"{c['headroom_frac']:+.0%}", probe)],
-        [probe_link(f"${cost:.2f}", probe) if cost is not None else "no price given"],
+        [probe_link(_cost_text(c), probe) if cost is not None else "no price given"],
         why,
         [cost_model],
     ]
+
+
+def _cost_text(c: dict[str, Any]) -> str:
+    return f"${c['cost_per_hour_for_target']:,.2f}/h, ${c['cost_per_million_output_tokens']:.2f}/M tokens"
 
 
 def evidence_blocks(document: dict[str, Any]) -> list[Block]:
