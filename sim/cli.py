@@ -98,6 +98,9 @@ def _register_optional(commands) -> None:
     from sim.validation import register as register_validate
 
     register_validate(commands)
+    from sim.planning.cli import register as register_planning
+
+    register_planning(commands)
 
 
 def main(argv: list[str] | None = None) -> int:
