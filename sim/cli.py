@@ -152,6 +152,9 @@ def _register_optional(commands) -> None:
     from sim.validation import register as register_validate
 
     register_validate(commands)
+    from sim.planning.cli import register as register_planning
+
+    register_planning(commands)
     from sim.listing import register as register_listings
 
     register_listings(commands)

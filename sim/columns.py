@@ -127,6 +127,11 @@ TIMESERIES: Columns = {
     "evictions": ("blocks", "Cumulative evictions of cached blocks."),
     "physical_tokens": ("tokens (slots)", "Slots held by live sequences, a shared block counted once."),
     "logical_tokens": ("tokens (slots)", "Slots live sequences would hold if nothing were shared."),
+    "admission_blocker": (
+        "code",
+        "What holds the head of the waiting queue back: 0 nothing (or nothing waits), 1 KV memory, "
+        "2 max_num_seqs, 3 the token budget (max_num_batched_tokens).",
+    ),
     "kv_cache_usage_perc": (
         _FRAC,
         "vLLM's gauge `kv_cache_usage_perc`: despite the name a fraction from 0 to 1, not a percentage; "

@@ -34,7 +34,15 @@ from policies.base import ChildSpec, KVCachePolicy, OutOfKVMemory, TokenContent
 from sim.costs import CostModel
 from sim.decoding import NEVER, DecodeClock, RequestState
 from sim.event_skip import decode_series_s, iterations_to_reach
-from sim.metrics import CHUNK_ROWS, Counters, Recorder, RequestRecord
+from sim.metrics import (
+    CHUNK_ROWS,
+    KV_MEMORY,
+    MAX_NUM_SEQS,
+    TOKEN_BUDGET,
+    Counters,
+    Recorder,
+    RequestRecord,
+)
 from sim.outputs import MemorySink, OutputSink
 from workloads.request import Request
 
@@ -99,6 +107,7 @@ class Engine:
         self._decoded_seqs = 0  # sequences that decoded in the current iteration(s)
         self._iterations_this_step = 0
         self._prefill_this_step: list[tuple[RequestState, int]] = []
+        self.admission_blocker = 0  # what holds the queue's head back (see _admission_blocker)
 
     # ------------------------------------------------------------------------------------------ run
     def run(self, until_s: float | None = None) -> None:
@@ -205,6 +214,7 @@ class Engine:
                 if self._next_arrival_s() == float("inf") and not self._pending_follow_ups:
                     return
                 idle_steps = 0  # rejections that emptied the queue are progress, not a stall
+                self.admission_blocker = 0
                 self._wake = self.env.event()
                 yield self._wake
                 continue
@@ -212,7 +222,9 @@ class Engine:
             # rest of a jump's growth and completions at its end), so time averages are exact for
             # single steps and linear across a jump.
             self._sample()
+            preemptions_before = self.counters.preemptions
             duration = self._advance()
+            self.admission_blocker = self._admission_blocker(preemptions_before)
             if duration > 0:
                 idle_steps = 0
                 self._sample()
@@ -555,6 +567,23 @@ class Engine:
         state.is_running = False
         self._running_seqs -= len(state.seq_ids)
 
+    def _admission_blocker(self, preemptions_before: int) -> int:
+        """Why the queue's head is still waiting once this iteration's admissions are done, as an index
+        into ``sim.metrics.ADMISSION_BLOCKERS``: nothing waits; ``kv_memory`` (it does not fit, or a preemption
+        stopped admissions, as in vLLM); ``max_num_seqs`` (the batch is full); ``token_budget`` (it
+        would fit, but this iteration's ``max_num_batched_tokens`` went to other work). Recorded in the
+        time series so that capacity planning reads the binding limit from the simulation."""
+        if not self.waiting:
+            return 0
+        if self.counters.preemptions > preemptions_before:
+            return KV_MEMORY
+        state = self.waiting[0]
+        if self._running_seqs + state.width > self.knobs.max_num_seqs:
+            return MAX_NUM_SEQS
+        if not self._fits_watermark(self._content_on_admission(state), state.request.final_len):
+            return KV_MEMORY
+        return TOKEN_BUDGET
+
     def _check_progress(self) -> None:
         if self.running or not self.waiting:
             return
@@ -622,4 +651,5 @@ class Engine:
             self.counters,
             self.policy.stats.as_dict(),
             self.policy.sharing_slots(),
+            self.admission_blocker,
         )

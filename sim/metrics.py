@@ -19,6 +19,12 @@ if TYPE_CHECKING:
 
 CHUNK_ROWS = 50_000  # rows buffered before they go to the sink
 
+# What holds the waiting queue's head back, per time-series row (column ``admission_blocker``, an
+# index into this tuple; an integer so the series stays numeric): nothing waits, the KV cache, the
+# batch's sequence cap, the iteration's token budget.
+ADMISSION_BLOCKERS = ("none", "kv_memory", "max_num_seqs", "token_budget")
+KV_MEMORY, MAX_NUM_SEQS, TOKEN_BUDGET = 1, 2, 3
+
 BREAKDOWN_COLUMNS = tuple(f"{name}_tokens" for name in MemoryBreakdown.CATEGORIES)
 
 
@@ -83,6 +89,7 @@ class Recorder:
         "evictions",
         "physical_tokens",
         "logical_tokens",
+        "admission_blocker",  # index into ADMISSION_BLOCKERS
     )
 
     def sample(
@@ -95,6 +102,7 @@ class Recorder:
         counters: Counters,
         policy_stats: dict[str, int],
         sharing: tuple[int, int],
+        admission_blocker: int = 0,
     ) -> None:
         values = np.array([*breakdown.as_dict().values(), running, *sharing], dtype=float)
         if self._last_values is not None and time_s > self._last_time:
@@ -115,6 +123,7 @@ class Recorder:
             policy_stats["prefix_cache_hits"],
             policy_stats["evictions"],
             *sharing,
+            admission_blocker,
         )
         if self._last_row is not None and self._last_row[1:] == row[1:]:
             return  # nothing changed: the previous row already describes this interval

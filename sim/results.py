@@ -13,6 +13,10 @@ Layout::
 The folder is written under a temporary name and renamed at the end (``sim.storage``), so an
 interrupted or failed run never leaves something that looks like a result, and it carries kvsim's
 marker file, without which kvsim refuses to replace a folder.
+
+Sweeps and plans (``sim/planning/``) are folders of such run folders (``DIR/points/<id>/``) plus a
+combined table (``sweep.parquet``) and, for a plan, ``plan.json``: :func:`load_sweep` and
+:func:`load_plan` read them back.
 """
 
 from __future__ import annotations
@@ -102,3 +106,88 @@ def load_results(path: str | Path) -> RunResults:
         raise FileNotFoundError(f"{path}: not a kvsim results folder (no summary.csv)")
     summary = pd.read_csv(summary_file)
     return RunResults(path, summary, [str(name) for name in summary["variant"]])
+
+
+# --------------------------------------------------------------------------------------------------
+# Sweeps and plans (written by ``kvsim sweep`` / ``kvsim plan``, see ``sim/planning/``)
+# --------------------------------------------------------------------------------------------------
+
+SWEEP_TABLE = "sweep.parquet"
+SWEEP_MANIFEST = "sweep.json"
+PLAN_FILE = "plan.json"
+PLAN_AXES = ["candidate", "rate_per_s", "seed"]
+
+
+@dataclass
+class SweepResults:
+    """A sweep folder loaded back: one table row per point x variant, axis values as columns."""
+
+    path: Path
+    table: pd.DataFrame
+    axes: list[str]
+
+    @property
+    def point_ids(self) -> list[str]:
+        return list(dict.fromkeys(str(point) for point in self.table["point_id"]))
+
+    def point(self, point_id: str) -> RunResults:
+        """One point's own results folder (summaries, per-request table, time series)."""
+        return load_results(self.path / "points" / point_id)
+
+
+def load_sweep(path: str | Path) -> SweepResults:
+    path = Path(path)
+    table_file = path / SWEEP_TABLE
+    if not table_file.is_file():
+        raise FileNotFoundError(f"{path}: not a kvsim sweep or plan folder (no {SWEEP_TABLE})")
+    manifest = path / SWEEP_MANIFEST
+    axes = json.loads(manifest.read_text())["axes"] if manifest.is_file() else PLAN_AXES
+    return SweepResults(path, pd.read_parquet(table_file), list(axes))
+
+
+@dataclass
+class PlanResults:
+    """A plan folder loaded back: ``document`` is plan.json; the tables are views of it."""
+
+    path: Path
+    document: dict[str, Any]
+    sweep: SweepResults
+
+    @property
+    def recommendation(self) -> str | None:
+        return self.document["recommendation"]
+
+    @property
+    def candidates(self) -> pd.DataFrame:
+        """One row per candidate, in rank order: max rate, GPUs, binding limit, status, reason..."""
+        rows = []
+        for candidate in self.document["candidates"]:
+            row = {key: value for key, value in candidate.items() if not isinstance(value, dict | list)}
+            row["binding_limit"] = (candidate.get("binding") or {}).get("limit")
+            row |= {
+                f"at_max_{name}": stats["mean"] for name, stats in (candidate.get("at_max") or {}).items()
+            }
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    @property
+    def probes(self) -> pd.DataFrame:
+        """One row per probe (candidate x rate): verdict and metrics (mean over seeds, with min/max)."""
+        rows = []
+        for probe in self.document["probes"]:
+            row = {key: probe[key] for key in ("number", "candidate", "rate_per_s", "passed", "error")}
+            for name, stats in probe["metrics"].items():
+                row |= {name: stats["mean"], f"{name}_min": stats["min"], f"{name}_max": stats["max"]}
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def point(self, point_id: str) -> RunResults:
+        return self.sweep.point(point_id)
+
+
+def load_plan(path: str | Path) -> PlanResults:
+    path = Path(path)
+    plan_file = path / PLAN_FILE
+    if not plan_file.is_file():
+        raise FileNotFoundError(f"{path}: not a kvsim plan folder (no {PLAN_FILE})")
+    return PlanResults(path, json.loads(plan_file.read_text()), load_sweep(path))

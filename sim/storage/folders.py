@@ -80,15 +80,18 @@ def _files_in(folder: Path) -> list[str]:
     )
 
 
-def write_marker(folder: str | Path, kind: str, config_digest: str = "") -> None:
-    """Mark ``folder`` as kvsim's, listing the files it holds now (call it once they are written)."""
-    marker = {
+def write_marker(folder: str | Path, kind: str, config_digest: str = "", *, list_files: bool = False) -> None:
+    """Mark ``folder`` as kvsim's. ``list_files``: also list the files it holds now (a finished folder,
+    written in one go); then files added to it later make it irreplaceable. A folder kvsim keeps adding
+    to (a resumable sweep) is marked without a list."""
+    marker: dict[str, Any] = {
         "kind": kind,
         "kvsim_version": kvsim_version(),
         "config_hash": config_digest,
         "written": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "files": _files_in(Path(folder)),
     }
+    if list_files:
+        marker["files"] = _files_in(Path(folder))
     (Path(folder) / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
 
 
@@ -299,7 +302,7 @@ def staged_output_dir(
     try:
         yield staging
         (staging / STAGING_MARKER).unlink()
-        write_marker(staging, kind, config_digest)
+        write_marker(staging, kind, config_digest, list_files=True)
         _replace(staging, target, kind)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -1,0 +1,226 @@
+"""From probes to answers: each candidate's maximum rate, binding limit, GPUs and cost; the ranking.
+
+Every number here comes from a probe's steady-state metrics and carries the ids of the points
+(seeds) it came from. The binding limit is read from what the simulation recorded at the first
+failing rate: which SLO broke and, when requests broke it waiting for admission, what held
+admissions back (the engine's ``admission_blocker`` series: KV memory, ``max_num_seqs`` or the token
+budget). A broken TPOT SLO, or slow prefills rather than waits, mean the GPU is too slow (compute).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from sim.metrics import ADMISSION_BLOCKERS
+from sim.planning.plan_spec import Candidate, Plan
+from sim.planning.search import describe
+from sim.planning.units import seconds
+
+if TYPE_CHECKING:
+    from sim.planning.plan import Probe
+    from sim.planning.search import RateSearch
+
+# Steady-state metrics reported at a candidate's maximum rate (mean and spread over seeds).
+AT_MAX_METRICS = (
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "tpot_p99_s",
+    "e2e_p99_s",
+    "output_tokens_per_s",
+    "output_tokens_per_request",
+    "queue_growth_frac",
+    "mean_running",
+    "peak_running",
+    "mean_waiting",
+    "preemptions_per_request",
+    "rejected_frac",
+    "mean_kv_cache_usage_frac",
+    "mean_used_frac",
+    "mean_reserved_frac",
+    "mean_internal_frag_frac",
+    "mean_external_frag_frac",
+    "mean_cached_frac",
+    "mean_free_frac",
+    *(f"blocked_by_{name}_frac" for name in ADMISSION_BLOCKERS[1:]),
+)
+
+LIMIT_LABELS = {
+    "kv_memory": "KV memory",
+    "max_num_seqs": "max_num_seqs",
+    "token_budget": "token budget (max_num_batched_tokens)",
+    "compute": "compute",
+    "request_length": "request length (max_model_len)",
+}
+# When the p99 wait for admission is at least this share of p99 TTFT, queueing broke the SLOs and
+# whatever held admissions back is the binding limit; below it the iterations themselves are slow.
+QUEUEING_SHARE = 0.5
+
+
+def spread(values: list[float | None]) -> dict[str, float | None]:
+    clean = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not clean:
+        return {"mean": None, "min": None, "max": None}
+    return {"mean": sum(clean) / len(clean), "min": min(clean), "max": max(clean)}
+
+
+def probe_metrics(probe: Probe) -> dict[str, dict[str, float | None]]:
+    return {name: spread([run.steady.get(name) for run in probe.runs]) for name in AT_MAX_METRICS}
+
+
+def binding_limit(failing: Probe | None) -> dict[str, Any]:
+    """Which limit broke the SLOs at the first failing rate, with the evidence."""
+    if failing is None:
+        return {"limit": None, "label": "none reached", "why": "no probed rate broke an SLO"}
+    broken = {violation.slo for run in failing.runs for violation in run.violations}
+    blocked = {
+        name: spread([run.steady.get(f"blocked_by_{name}_frac") for run in failing.runs])["mean"] or 0.0
+        for name in ADMISSION_BLOCKERS[1:]
+    }
+    evidence = {"rate_per_s": failing.rate, "probe": failing.number, "points": failing.point_ids}
+    evidence |= {"broken_slos": sorted(broken), "admission_blocked_frac": blocked}
+    if broken & {"tpot_p50_s", "tpot_p99_s"}:
+        return _limit(
+            "compute", "per-token latency broke its SLO: the batch's decode iterations are too slow", evidence
+        )
+    if broken == {"max_rejected_frac"}:
+        return _limit(
+            "request_length", "requests longer than max_model_len are rejected at any rate", evidence
+        )
+    if "max_preemptions_per_request" in broken:
+        return _limit(
+            "kv_memory", "preemptions broke their SLO: running requests outgrow the KV cache", evidence
+        )
+    queue = spread([run.steady.get("queue_p99_s") for run in failing.runs])["mean"] or 0.0
+    ttft = spread([run.steady.get("ttft_p99_s") for run in failing.runs])["mean"] or 0.0
+    evidence |= {"queue_p99_s": queue, "ttft_p99_s": ttft}
+    top = max(blocked, key=lambda name: blocked[name])
+    queued = "max_queue_growth_frac" in broken or (ttft > 0 and queue >= QUEUEING_SHARE * ttft)
+    if queued and blocked[top] > 0:
+        why = (
+            f"requests broke the SLOs waiting for admission (p99 wait {seconds(queue)} of p99 TTFT "
+            f"{seconds(ttft)}); the queue's head was held back by {LIMIT_LABELS[top]} {blocked[top]:.1%} of "
+            "the steady window"
+        )
+        return _limit(top, why, evidence)
+    why = (
+        f"waiting for admission is not what broke the SLOs (p99 wait {seconds(queue)} of p99 TTFT "
+        f"{seconds(ttft)}; admissions held back {sum(blocked.values()):.1%} of the window): prefill and "
+        "decode iterations are too slow for the offered work"
+    )
+    return _limit("compute", why, evidence)
+
+
+def _limit(name: str, why: str, evidence: dict[str, Any]) -> dict[str, Any]:
+    return {"limit": name, "label": LIMIT_LABELS[name], "why": why, "evidence": evidence}
+
+
+def candidate_results(
+    plan: Plan, searches: dict[str, RateSearch], probes: list[Probe]
+) -> list[dict[str, Any]]:
+    results = [
+        _result(plan, c, searches.get(c.key), [p for p in probes if p.candidate == c.key])
+        for c in plan.candidates
+    ]
+    return rank(results, plan.spec.target_rate_per_s)
+
+
+def _identity(candidate: Candidate) -> dict[str, Any]:
+    return {
+        "key": candidate.key,
+        "group": candidate.group,
+        "model": candidate.model,
+        "gpu": candidate.gpu,
+        "policy": candidate.policy,
+        "block_size": candidate.block_size,
+        "knobs": candidate.knobs,
+        "price_per_hour": candidate.price_per_hour,
+        "tensor_parallel_size": candidate.tensor_parallel_size,
+        "memory": candidate.memory,
+    }
+
+
+def _result(
+    plan: Plan, candidate: Candidate, search: RateSearch | None, probes: list[Probe]
+) -> dict[str, Any]:
+    result = _identity(candidate) | {"probes": [p.number for p in probes]}
+    if candidate.infeasible or search is None:
+        return result | {"status": "infeasible", "reason": candidate.infeasible or "not searched"}
+    errored = next((p for p in probes if p.error), None)
+    if errored is not None:
+        return result | {"status": "error", "reason": errored.error}
+    passing = next((p for p in probes if p.rate == search.lo), None)
+    failing = next((p for p in probes if p.rate == search.hi), None)
+    result |= {"binding": binding_limit(failing), "provenance": _provenance(passing or failing)}
+    if failing is not None:
+        result["fail_rate_per_s"] = failing.rate
+        result["fail_probe"] = failing.number
+        result["fail_reasons"] = describe([v for run in failing.runs for v in run.violations])
+    if passing is None:
+        lowest = min(probes, key=lambda p: p.rate)
+        reasons = "; ".join(describe([v for run in lowest.runs for v in run.violations]))
+        why = f"no rate down to {lowest.rate:g} req/s meets the SLOs (there: {reasons})"
+        return result | {"status": "infeasible", "reason": why}
+    result |= {
+        "status": search.status(),
+        "reason": search.stopped
+        or (f"no SLO broken up to max_rate_per_s={search.spec.max_rate_per_s:g}" if failing is None else ""),
+        "max_rate_per_s": passing.rate,
+        "max_probe": passing.number,
+        "max_points": passing.point_ids,
+        "at_max": probe_metrics(passing),
+    }
+    return result | _sizing(result, plan.spec.target_rate_per_s)
+
+
+def _provenance(probe: Probe | None) -> dict[str, str]:
+    summary = probe.runs[0].summary if probe and probe.runs else {}
+    return {
+        "cost_model": str(summary.get("cost_model", "unknown")),
+        "cost_model_error_band": str(summary.get("cost_model_error_band", "not stated")),
+    }
+
+
+def _sizing(result: dict[str, Any], target: float) -> dict[str, Any]:
+    """Replicas for the target rate, dividing it evenly (kvsim does not simulate replicas yet)."""
+    rate = result["max_rate_per_s"]
+    replicas = math.ceil(target / rate - 1e-9)
+    gpus = replicas * result["tensor_parallel_size"]
+    sizing: dict[str, Any] = {"replicas_for_target": replicas, "gpus_for_target": gpus}
+    sizing["headroom_frac"] = replicas * rate / target - 1
+    tokens = result["at_max"]["output_tokens_per_request"]["mean"]
+    price = result["price_per_hour"]
+    if price is not None:
+        sizing["cost_per_hour_for_target"] = gpus * price
+        if tokens:
+            tokens_per_hour = target * tokens * 3600
+            sizing["cost_per_million_output_tokens"] = gpus * price / tokens_per_hour * 1e6
+    return sizing
+
+
+def rank(results: list[dict[str, Any]], target: float) -> list[dict[str, Any]]:
+    """Candidates that can serve the target first: by the hourly price of their GPUs when every one
+    has a price, else by GPUs; then by rate per GPU. Infeasible ones last, in plan order.
+
+    Not by cost per output token: its tokens per request vary a little with each probe's window
+    (sampling noise), which must not reorder candidates that need the same GPUs."""
+    usable = [r for r in results if "gpus_for_target" in r]
+    priced = bool(usable) and all("cost_per_hour_for_target" in r for r in usable)
+
+    def key(result: dict[str, Any]) -> tuple[float, float, float]:
+        cost = result["cost_per_hour_for_target"] if priced else 0.0
+        per_gpu = result["max_rate_per_s"] / result["tensor_parallel_size"]
+        return (cost, result["gpus_for_target"], -per_gpu)
+
+    ordered = sorted(usable, key=key) + [r for r in results if "gpus_for_target" not in r]
+    for position, result in enumerate(ordered, start=1):
+        result["rank"] = position if "gpus_for_target" in result else None
+    return ordered
+
+
+def ranking_rule(results: list[dict[str, Any]]) -> str:
+    usable = [r for r in results if "gpus_for_target" in r]
+    if usable and all("cost_per_hour_for_target" in r for r in usable):
+        return "lowest GPU cost per hour for the target rate, then fewest GPUs, then highest rate per GPU"
+    return "fewest GPUs for the target rate, then highest rate per GPU"

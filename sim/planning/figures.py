@@ -1,0 +1,246 @@
+"""Figures of sweeps and plans, drawn from tables and ``plan.json`` only (never from engine objects).
+
+Each function returns a matplotlib figure (or writes PNGs), so the report embeds them and notebooks
+can draw the same ones.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from sim.planning.spec import is_numeric_axis  # noqa: E402
+
+# Sweep metrics worth a line per policy: summary key -> axis label (with unit).
+SWEEP_METRICS = {
+    "output_tokens_per_s": "output tokens/s",
+    "ttft_p99_s": "p99 TTFT (s)",
+    "tpot_p50_s": "p50 TPOT (s)",
+    "e2e_p99_s": "p99 end-to-end (s)",
+    "preemptions": "preemptions",
+    "peak_running": "peak running requests",
+    "mean_used_frac": "mean used KV share",
+    "mean_internal_frag_frac": "mean internal fragmentation share",
+}
+
+
+def png_bytes(figure: Any) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "figure"
+
+
+def sweep_figures(table: pd.DataFrame, axis_keys: list[str], folder: Path) -> list[Path]:
+    """One PNG per numeric axis: each key metric against it, one line per variant (averaged over the
+    other axes when they vary too; the title says so)."""
+    ok = table[table["status"] == "ok"] if "status" in table else table
+    written = []
+    for axis in axis_keys:
+        if axis not in ok or not is_numeric_axis(sorted(set(ok[axis].dropna()))):
+            continue
+        figure = sweep_axis_figure(ok, axis, [key for key in axis_keys if key != axis])
+        path = folder / f"{safe_name(axis)}.png"
+        path.write_bytes(png_bytes(figure))
+        written.append(path)
+    return written
+
+
+def sweep_axis_figure(table: pd.DataFrame, axis: str, other_axes: list[str]) -> Any:
+    metrics = [metric for metric in SWEEP_METRICS if metric in table and table[metric].notna().any()]
+    columns = 4
+    rows = max(1, -(-len(metrics) // columns))
+    figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3 * rows), squeeze=False)
+    varying = [key for key in other_axes if key in table and table[key].nunique() > 1]
+    for ax, metric in zip(axes.flat, metrics, strict=False):
+        means = table.groupby(["variant", axis])[metric].mean().reset_index()
+        for variant, group in means.groupby("variant"):
+            ax.plot(group[axis], group[metric], marker="o", label=str(variant))
+        ax.set_xlabel(axis)
+        ax.set_ylabel(SWEEP_METRICS[metric])
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(metrics) :]:
+        ax.axis("off")
+    if metrics:
+        axes.flat[0].legend(fontsize=8)
+    note = f" (mean over {', '.join(varying)})" if varying else ""
+    figure.suptitle(f"against {axis}{note}")
+    figure.tight_layout()
+    return figure
+
+
+# --------------------------------------------------------------------------------------------------
+# Plan figures, from plan.json's document
+# --------------------------------------------------------------------------------------------------
+
+KNEE_METRICS = {
+    "ttft_p99_s": "p99 TTFT (s)",
+    "ttft_p50_s": "p50 TTFT (s)",
+    "tpot_p50_s": "p50 TPOT (s)",
+    "tpot_p99_s": "p99 TPOT (s)",
+    "e2e_p99_s": "p99 end-to-end (s)",
+    "preemptions_per_request": "preemptions per request",
+    "rejected_frac": "rejected share",
+    "output_tokens_per_s": "output tokens/s",
+}
+
+MEMORY_PARTS = (
+    ("weight_bytes", "weights", "#7f7f7f"),
+    ("activation_reserve_bytes", "activation reserve", "#bcbd22"),
+    ("used", "KV used", "#1f77b4"),
+    ("reserved", "KV reserved", "#aec7e8"),
+    ("internal_frag", "KV internal frag.", "#d62728"),
+    ("external_frag", "KV external frag.", "#ff9896"),
+    ("cached", "KV cached", "#2ca02c"),
+    ("free", "KV free", "#dddddd"),
+    ("unused_bytes", "outside gpu_memory_utilization", "#ffffff"),
+)
+
+
+def _line_label(candidate: dict[str, Any], group_key: str) -> str:
+    return candidate["key"].removeprefix(group_key + " / ")
+
+
+def _group_key(candidate: dict[str, Any]) -> str:
+    return str(candidate["group"])
+
+
+def knee_metrics(document: dict[str, Any]) -> list[str]:
+    """The curves a plan report draws: every SLO metric, then throughput."""
+    metrics = [slo["metric"] for slo in document["slos"].values() if slo["metric"] in KNEE_METRICS]
+    return list(dict.fromkeys([*metrics, "output_tokens_per_s"]))
+
+
+def knee_figure(document: dict[str, Any], metric: str) -> Any:
+    """``metric`` against the request rate per candidate (mean over seeds, min-max bars), one panel
+    per model/GPU; the SLO as a dashed line; each candidate's maximum sustainable rate as a star."""
+    candidates = [c for c in document["candidates"] if c["probes"]]
+    groups = list(dict.fromkeys(_group_key(c) for c in candidates)) or ["(no probes)"]
+    figure, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 3.8), squeeze=False, sharey=True)
+    probes = {probe["number"]: probe for probe in document["probes"]}
+    limit = next((slo["limit"] for slo in document["slos"].values() if slo["metric"] == metric), None)
+    for ax, group in zip(axes[0], groups, strict=True):
+        for candidate in [c for c in candidates if _group_key(c) == group]:
+            _knee_line(ax, candidate, [probes[n] for n in candidate["probes"]], metric, group)
+        if limit is not None:
+            unit = " s" if metric.endswith("_s") else ""
+            ax.axhline(limit, color="black", linestyle="--", linewidth=1, label=f"SLO {limit:g}{unit}")
+        ax.set_title(group, fontsize=10)
+        ax.set_xlabel("request rate (req/s)")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    axes[0][0].set_ylabel(KNEE_METRICS.get(metric, metric))
+    if metric.endswith("_s"):
+        axes[0][0].set_yscale("log")
+    figure.tight_layout()
+    return figure
+
+
+def _knee_line(
+    ax: Any, candidate: dict[str, Any], probes: list[dict[str, Any]], metric: str, group: str
+) -> None:
+    rows = sorted(
+        (p["rate_per_s"], p["metrics"][metric])
+        for p in probes
+        if p["metrics"].get(metric, {}).get("mean") is not None
+    )
+    if not rows:
+        return
+    rates = [rate for rate, _ in rows]
+    means = [m["mean"] for _, m in rows]
+    errors = [[m["mean"] - m["min"] for _, m in rows], [m["max"] - m["mean"] for _, m in rows]]
+    line = ax.errorbar(
+        rates, means, yerr=errors, marker="o", markersize=3, capsize=2, label=_line_label(candidate, group)
+    )
+    knee = candidate.get("max_rate_per_s")
+    if knee is not None:
+        value = candidate["at_max"].get(metric, {}).get("mean")
+        if value is not None:
+            ax.plot([knee], [value], marker="*", markersize=12, color=line[0].get_color())
+
+
+def memory_figure(document: dict[str, Any]) -> Any:
+    """GPU memory at each candidate's maximum rate (steady-state time averages), recommended first."""
+    rows = [c for c in document["candidates"] if c.get("at_max") and c.get("memory")]
+    figure, ax = plt.subplots(figsize=(9, 0.45 * max(len(rows), 1) + 1.4))
+    for position, candidate in enumerate(rows):
+        left = 0.0
+        for key, label, color in MEMORY_PARTS:
+            width = memory_part_bytes(candidate, key) / 2**30
+            ax.barh(
+                position,
+                width,
+                left=left,
+                color=color,
+                edgecolor="black",
+                linewidth=0.3,
+                label=label if position == 0 else None,
+            )
+            left += width
+    labels = [("★ " if c["key"] == document.get("recommendation") else "") + c["key"] for c in rows]
+    ax.set_yticks(range(len(rows)), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("GPU memory (GiB)")
+    if rows:
+        figure.legend(fontsize=7, ncol=5, loc="lower center")
+    figure.tight_layout(rect=(0, 0.1, 1, 1))
+    return figure
+
+
+def memory_part_bytes(candidate: dict[str, Any], key: str) -> float:
+    """Bytes of one part of the GPU memory split at the candidate's maximum rate."""
+    memory = candidate["memory"]
+    if key == "unused_bytes":
+        return max(
+            0.0,
+            memory["gpu_memory_bytes"]
+            - memory["weight_bytes"]
+            - memory["activation_reserve_bytes"]
+            - memory["kv_pool_bytes"],
+        )
+    if key.endswith("_bytes"):
+        return float(memory[key])
+    share = candidate["at_max"].get(f"mean_{key}_frac", {}).get("mean") or 0.0
+    return share * memory["kv_pool_bytes"]
+
+
+def block_size_figure(document: dict[str, Any]) -> Any | None:
+    """Maximum sustainable rate and internal fragmentation against block size, per GPU and policy."""
+    rows = [c for c in document["candidates"] if c.get("max_rate_per_s") is not None]
+    if len({c["block_size"] for c in rows}) < 2:
+        return None
+    figure, (rate_ax, frag_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
+    series: dict[str, list[dict[str, Any]]] = {}
+    for candidate in rows:
+        label = candidate["key"].replace(f" / block {candidate['block_size']}", "")
+        series.setdefault(label, []).append(candidate)
+    for label, members in series.items():
+        members.sort(key=lambda c: c["block_size"])
+        sizes = [c["block_size"] for c in members]
+        rate_ax.plot(sizes, [c["max_rate_per_s"] for c in members], marker="o", label=label)
+        frag = [c["at_max"]["mean_internal_frag_frac"]["mean"] or 0.0 for c in members]
+        frag_ax.plot(sizes, [100 * f for f in frag], marker="o", label=label)
+    for ax, ylabel in (
+        (rate_ax, "max rate under SLO (req/s)"),
+        (frag_ax, "internal fragmentation (% of KV pool)"),
+    ):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("block size (tokens)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    rate_ax.legend(fontsize=7)
+    figure.tight_layout()
+    return figure

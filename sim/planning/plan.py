@@ -1,0 +1,178 @@
+"""``kvsim plan`` from Python: search every candidate's maximum sustainable rate, then report.
+
+The searches run in lockstep rounds: each round takes the next rate of every unfinished search,
+runs all of them with every seed as one batch of points (so a local pool or a Dask cluster is kept
+busy), judges them, and moves each search on. Probes are points of a point store, so a plan resumes
+like a sweep; the driver keeps only summaries.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.planning.analysis import candidate_results
+from sim.planning.driver import PointRecord, RunCounts, make_bar, run_points
+from sim.planning.executors import Executor, InlineExecutor
+from sim.planning.plan_spec import Candidate, Plan
+from sim.planning.search import RateSearch, Violation, describe, violations
+from sim.planning.store import FAILED, PointStore, write_atomic
+from sim.planning.sweep import flatten_summary
+from sim.planning.tasks import PointOutcome, PointTask, run_point
+from sim.results import PLAN_FILE
+
+PLAN_KIND = "plan"
+
+
+@dataclass
+class SeedRun:
+    seed: int
+    point_id: str
+    summary: dict[str, Any]  # the run summary, without the steady-state metrics
+    steady: dict[str, Any]
+    violations: list[Violation]
+
+
+@dataclass
+class Probe:
+    """One rate of one candidate, run with every seed."""
+
+    number: int  # order in which the plan ran it (the report's anchor)
+    candidate: str
+    rate: float
+    runs: list[SeedRun] = field(default_factory=list)
+    error: str = ""  # a seed's run failed: the candidate's search stops
+
+    @property
+    def passed(self) -> bool:
+        return not self.error and all(not run.violations for run in self.runs)
+
+    @property
+    def point_ids(self) -> list[str]:
+        return [run.point_id for run in self.runs]
+
+
+@dataclass
+class PlanRun:
+    out_dir: Path
+    document: dict[str, Any]  # what plan.json holds
+    counts: RunCounts
+
+
+def run_plan(
+    plan: Plan,
+    out_dir: str | Path,
+    executor: Executor | None = None,
+    *,
+    retry_failed: bool = False,
+    progress: bool = False,
+    log: Callable[[str], None] = lambda message: None,
+    fn: Callable[[PointTask], PointOutcome] = run_point,
+    wall_s: Callable[[], float] | None = None,
+) -> PlanRun:
+    store = PointStore.open(out_dir, PLAN_KIND, plan.digest(), log)
+    store.clean_stale()
+    executor = executor or InlineExecutor()
+    searches = {c.key: RateSearch(plan.spec.search) for c in plan.candidates if not c.infeasible}
+    probes: list[Probe] = []
+    counts = RunCounts()
+    bar = make_bar(plan.spec.name, progress)
+    rounds = 0
+    try:
+        while wanted := _next_probes(plan.candidates, searches):
+            round_probes, round_counts = _run_round(
+                plan, store, executor, wanted, len(probes), retry_failed, bar, fn
+            )
+            counts.add(round_counts)
+            for probe in round_probes:
+                search = searches[probe.candidate]
+                if probe.error:
+                    search.stop(f"a probe at {probe.rate:g} req/s failed to run: {probe.error}")
+                else:
+                    search.record(probe.rate, probe.passed)
+            probes += round_probes
+            rounds += 1
+            log(
+                f"kvsim plan: round {rounds}: {len(round_probes)} candidate rate(s) x "
+                f"{len(plan.spec.search.seeds)} seed(s); {round_counts.ran} simulated"
+            )
+    finally:
+        bar.close()
+    results = candidate_results(plan, searches, probes)
+    from sim.planning.report import plan_document, write_report
+
+    document = plan_document(plan, results, probes, counts, wall_s() if wall_s else None)
+    write_atomic(store.root / PLAN_FILE, lambda path: path.write_text(json.dumps(document, indent=2)))
+    store.write_table(probe_table(probes))
+    write_report(store.root, document)
+    return PlanRun(store.root, document, counts)
+
+
+def _next_probes(
+    candidates: list[Candidate], searches: dict[str, RateSearch]
+) -> list[tuple[Candidate, float]]:
+    wanted = []
+    for candidate in candidates:
+        search = searches.get(candidate.key)
+        rate = search.next_rate() if search else None
+        if rate is not None:
+            wanted.append((candidate, rate))
+    return wanted
+
+
+def _run_round(
+    plan: Plan,
+    store: PointStore,
+    executor: Executor,
+    wanted: list[tuple[Candidate, float]],
+    first_number: int,
+    retry_failed: bool,
+    bar: Any,
+    fn: Callable[[PointTask], PointOutcome],
+) -> tuple[list[Probe], RunCounts]:
+    seeds = plan.spec.search.seeds
+    tasks = {(c.key, rate, seed): plan.probe_task(c, rate, seed) for c, rate in wanted for seed in seeds}
+    records, counts = run_points(
+        store, list(tasks.values()), executor, retry_failed=retry_failed, bar=bar, fn=fn
+    )
+    probes = []
+    for offset, (candidate, rate) in enumerate(wanted):
+        probe = Probe(first_number + offset, candidate.key, rate)
+        for seed in seeds:
+            record = records[tasks[(candidate.key, rate, seed)].point_id]
+            _add_seed_run(probe, seed, record, plan)
+        probes.append(probe)
+    return probes, counts
+
+
+def _add_seed_run(probe: Probe, seed: int, record: PointRecord, plan: Plan) -> None:
+    if record.status == FAILED or not record.summaries:
+        probe.error = probe.error or f"point {record.point_id} (seed {seed}): {record.error or 'no summary'}"
+        return
+    summary = dict(record.summaries[0])
+    steady = summary.pop("steady", {})
+    probe.runs.append(SeedRun(seed, record.point_id, summary, steady, violations(steady, plan.spec.slos)))
+
+
+def probe_table(probes: list[Probe]) -> pd.DataFrame:
+    """One row per probe point (candidate x rate x seed): the plan's sweep table."""
+    rows = []
+    for probe in probes:
+        for run in probe.runs:
+            head = {
+                "probe": probe.number,
+                "candidate": probe.candidate,
+                "rate_per_s": probe.rate,
+                "seed": run.seed,
+                "point_id": run.point_id,
+                "status": "ok",
+                "passed": not run.violations,
+                "violations": "; ".join(describe(run.violations)),
+            }
+            rows.append(head | flatten_summary(run.summary | {"steady": run.steady}))
+    return pd.DataFrame(rows)

@@ -1,0 +1,350 @@
+"""Plan files: models x GPUs x candidates, SLOs, a target rate, and how to search each candidate's
+maximum sustainable rate. Expanded into :class:`Candidate` objects whose probe configs are all
+validated before anything runs.
+
+    name: llama31-8b-chat
+    models: [Llama-3.1-8B]
+    gpus:
+      - {gpu: A100-80GB, price_per_hour: 1.8}
+      - H100-80GB
+    engine: {max_model_len: 8192}
+    workload: {...}                     # an experiment's workload; the search sets its rate
+    slos: {ttft_p99_s: 2.0, tpot_p50_s: 0.05}
+    target_rate_per_s: 50
+    candidates:
+      policies: [{name: paged, policy: paged}, {name: prefix, policy: prefix}]
+      block_sizes: [16, 32]
+      engine: {max_num_seqs: [128, 256]}   # optional: more engine knobs to cross
+    search: {start_rate_per_s: 2, seeds: [1, 2, 3], min_requests: 800}
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+
+from sim.capacity import KVCapacity, ModelDoesNotFitError, size_kv_pool
+from sim.config import ConfigError, EngineConfig, ExperimentConfig, VariantConfig, validate_experiment
+from sim.gpus import resolve_gpu
+from sim.models import resolve_model
+from sim.planning.preflight import preflight
+from sim.planning.schema import Strict, did_you_mean, read_yaml_mapping, set_key_path, validate_file
+from sim.planning.spec import point_id, shown
+from sim.planning.steady import SteadyWindow
+from sim.planning.tasks import PointTask
+from sim.storage.folders import config_hash
+
+
+class GpuChoice(Strict):
+    gpu: str | dict[str, Any] = Field(description="A GPU preset name or custom values (as an experiment's).")
+    name: str | None = Field(None, description="Label in the report (default: the preset name).")
+    price_per_hour: PositiveFloat | None = Field(None, description="Price of one GPU-hour, in dollars.")
+    cost_model: str | dict[str, Any] | None = Field(
+        None, description="Cost model for this GPU (default: the plan's), e.g. a measured profile."
+    )
+
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        return self.gpu if isinstance(self.gpu, str) else str(self.gpu.get("name") or self.gpu.get("base"))
+
+
+class CandidateGrid(Strict):
+    policies: list[VariantConfig] = Field(min_length=1, description="Variants: name, policy, options.")
+    block_sizes: list[PositiveInt] = Field(default_factory=list, description="Default: the engine's.")
+    engine: dict[str, list[Any]] = Field(
+        default_factory=dict, description="More engine knobs to cross, e.g. max_num_seqs: [128, 256]."
+    )
+
+    @model_validator(mode="after")
+    def _known_knobs(self) -> CandidateGrid:
+        for key, values in self.engine.items():
+            if key not in EngineConfig.model_fields:
+                raise ValueError(
+                    f"candidates.engine.{key}: unknown engine knob{did_you_mean(key, list(EngineConfig.model_fields))}"
+                )
+            if not values:
+                raise ValueError(f"candidates.engine.{key}: empty list of values")
+        return self
+
+
+class SLOs(Strict):
+    """Service-level objectives a rate must meet, on the steady-state window of every seed (upper
+    bounds). ``max_queue_growth_frac`` is always checked: without it a plan with only a TPOT SLO
+    would call any rate sustainable while the queue grows without end."""
+
+    ttft_p99_s: PositiveFloat | None = None
+    ttft_p50_s: PositiveFloat | None = None
+    tpot_p50_s: PositiveFloat | None = None
+    tpot_p99_s: PositiveFloat | None = None
+    e2e_p99_s: PositiveFloat | None = None
+    max_preemptions_per_request: NonNegativeFloat | None = None
+    max_rejected_frac: float | None = Field(None, ge=0, le=1)
+    max_queue_growth_frac: float = Field(
+        0.05,
+        gt=0,
+        le=1,
+        description="Waiting requests at the window's end minus at its start, over the window's arrivals: "
+        "above it the queue is still growing (the rate is not sustainable).",
+    )
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> SLOs:
+        named = [name for name in USER_SLOS if getattr(self, name) is not None]
+        if not named:
+            raise ValueError(f"give at least one SLO: {', '.join(USER_SLOS)}")
+        return self
+
+    def limits(self) -> dict[str, float]:
+        """Every SLO that is set (the queue-growth check always is): name -> upper bound."""
+        return {name: getattr(self, name) for name in SLO_METRICS if getattr(self, name) is not None}
+
+
+# SLO name -> (steady-state metric, unit, label). Every SLO is an upper bound.
+SLO_METRICS: dict[str, tuple[str, str, str]] = {
+    "ttft_p99_s": ("ttft_p99_s", "s", "p99 TTFT"),
+    "ttft_p50_s": ("ttft_p50_s", "s", "p50 TTFT"),
+    "tpot_p50_s": ("tpot_p50_s", "s", "p50 TPOT"),
+    "tpot_p99_s": ("tpot_p99_s", "s", "p99 TPOT"),
+    "e2e_p99_s": ("e2e_p99_s", "s", "p99 end-to-end"),
+    "max_preemptions_per_request": ("preemptions_per_request", "per request", "preemptions"),
+    "max_rejected_frac": ("rejected_frac", "share", "rejected"),
+    "max_queue_growth_frac": ("queue_growth_frac", "share", "queue growth"),
+}
+USER_SLOS = [name for name in SLO_METRICS if name != "max_queue_growth_frac"]
+
+
+class SearchSpec(Strict):
+    start_rate_per_s: PositiveFloat = Field(1.0, description="First rate probed.")
+    min_rate_per_s: PositiveFloat = Field(0.05, description="Below this a candidate is infeasible.")
+    max_rate_per_s: PositiveFloat = Field(1000.0, description="Search no higher (reported as 'at least').")
+    growth: float = Field(2.0, gt=1, description="Bracketing factor: rates grow or shrink by it.")
+    rel_tolerance: float = Field(0.05, gt=0, lt=1, description="Stop when failing/passing rate - 1 <= this.")
+    max_probes: PositiveInt = Field(16, description="Most rates probed per candidate.")
+    seeds: list[int] = Field(default_factory=lambda: [1, 2, 3], min_length=1)
+    min_requests: PositiveInt = Field(1000, description="Requests per probe (at least).")
+    min_duration_s: NonNegativeFloat = Field(0.0, description="Arrival span per probe (at least).")
+    warmup_frac: float = Field(0.2, ge=0, lt=0.5, description="Arrivals dropped at the start.")
+    drain_frac: float = Field(0.1, ge=0, lt=0.5, description="Arrivals dropped at the end.")
+    rate_key: str = Field("workload.arrival.rate_per_s", description="Key path the search sets.")
+    count_key: str = Field("workload.num_requests", description="Key path of the request count.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SearchSpec:
+        if not self.min_rate_per_s <= self.start_rate_per_s <= self.max_rate_per_s:
+            raise ValueError("need min_rate_per_s <= start_rate_per_s <= max_rate_per_s")
+        return self
+
+    def window(self) -> SteadyWindow:
+        return SteadyWindow(self.warmup_frac, self.drain_frac)
+
+    def requests_at(self, rate: float) -> int:
+        return max(self.min_requests, math.ceil(rate * self.min_duration_s))
+
+
+class PlanSpec(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Also the default output folder name.")
+    description: str = ""
+    models: list[str] = Field(min_length=1)
+    gpus: list[str | GpuChoice] = Field(min_length=1)
+    cost_model: str | dict[str, Any] = "analytic"
+    engine: EngineConfig = Field(default_factory=EngineConfig)  # type: ignore[arg-type]
+    workload: dict[str, Any] = Field(description="An experiment's workload; the search sets its rate.")
+    slos: SLOs
+    target_rate_per_s: PositiveFloat
+    candidates: CandidateGrid
+    search: SearchSpec = Field(default_factory=SearchSpec)  # type: ignore[arg-type]
+
+    def gpu_choices(self) -> list[GpuChoice]:
+        return [
+            GpuChoice.model_validate({"gpu": choice}) if isinstance(choice, str) else choice
+            for choice in self.gpus
+        ]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration whose maximum sustainable rate is searched."""
+
+    key: str  # "A100-80GB / paged / block 16" (unique in the plan)
+    group: str  # what the report draws in one panel: the GPU (and the model, when several)
+    model: str
+    gpu: str
+    policy: str  # the variant's name
+    block_size: int
+    knobs: dict[str, Any]
+    price_per_hour: float | None
+    tensor_parallel_size: int
+    template: dict[str, Any]  # an experiment config with one variant; rate, count and seed unset
+    base_dir: Path
+    infeasible: str = ""  # why it cannot run at all (the model does not fit)
+    memory: dict[str, int] = field(default_factory=dict)  # GPU memory split, bytes
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: PlanSpec
+    path: Path
+    candidates: list[Candidate]
+
+    def digest(self) -> str:
+        return config_hash(self.spec.model_dump(mode="json", by_alias=True))
+
+    def probe_config(self, candidate: Candidate, rate: float, seed: int) -> ExperimentConfig:
+        data = copy.deepcopy(candidate.template)
+        search = self.spec.search
+        set_key_path(data, search.rate_key, rate)
+        set_key_path(data, search.count_key, search.requests_at(rate))
+        data["seed"] = seed
+        return validate_experiment(
+            data, f"{self.path}: candidate {candidate.key}, rate {rate:g}/s, seed {seed}"
+        )
+
+    def probe_task(self, candidate: Candidate, rate: float, seed: int) -> PointTask:
+        config = self.probe_config(candidate, rate, seed)
+        return PointTask(
+            point_id(config, candidate.base_dir),
+            config.model_dump(mode="json", exclude_unset=True),
+            str(candidate.base_dir),
+            self.spec.search.window(),
+        )
+
+
+def load_plan_spec(path: str | Path) -> Plan:
+    """Read a plan file and expand its candidates; every candidate's probe config is validated (and
+    preflighted) for every seed before anything runs. A model that does not fit a GPU makes that
+    candidate infeasible, not the plan invalid."""
+    path = Path(path)
+    spec: PlanSpec = validate_file(PlanSpec, read_yaml_mapping(path, "plan"), path, "plan file")
+    candidates = [_candidate(spec, path, *combo) for combo in _grid(spec)]
+    _check_unique(candidates, path)
+    plan = Plan(spec, path, candidates)
+    for candidate in candidates:
+        if candidate.infeasible:
+            continue
+        for seed in spec.search.seeds:
+            config = plan.probe_config(candidate, spec.search.start_rate_per_s, seed)
+            preflight(config, candidate.base_dir, f"{path}: candidate {candidate.key}")
+    return plan
+
+
+def _grid(spec: PlanSpec) -> list[tuple[str, GpuChoice, VariantConfig, int | None, dict[str, Any]]]:
+    blocks: list[int | None] = list(spec.candidates.block_sizes) or [None]
+    knob_names = list(spec.candidates.engine)
+    knob_rows = list(itertools.product(*spec.candidates.engine.values()))
+    return [
+        (model, gpu, variant, block, dict(zip(knob_names, knobs, strict=True)))
+        for model in spec.models
+        for gpu in spec.gpu_choices()
+        for variant in spec.candidates.policies
+        for block in blocks
+        for knobs in knob_rows
+    ]
+
+
+def _candidate(
+    spec: PlanSpec,
+    path: Path,
+    model: str,
+    gpu: GpuChoice,
+    variant: VariantConfig,
+    block: int | None,
+    knobs: dict[str, Any],
+) -> Candidate:
+    engine = spec.engine.model_dump(mode="json", exclude_unset=True) | knobs
+    engine |= {"block_size": block} if block is not None else {}
+    template = {
+        "name": spec.name,
+        "model": model,
+        "gpu": gpu.gpu,
+        "engine": engine,
+        "cost_model": gpu.cost_model if gpu.cost_model is not None else spec.cost_model,
+        "workload": copy.deepcopy(spec.workload),
+        "variants": [variant.model_dump(mode="json", exclude_defaults=True) | {"name": variant.name}],
+        "output": {"figures": False},
+    }
+    group = " / ".join(([model] if len(spec.models) > 1 else []) + [gpu.label()])
+    parts = [group, variant.name]
+    engine_config = _engine_or_fail(engine, path, " / ".join(parts))
+    parts.append(f"block {engine_config.block_size}")
+    parts += [f"{name}={shown(value)}" for name, value in knobs.items()]
+    key = " / ".join(parts)
+    infeasible, memory = _fit(template, engine_config, path, key)
+    return Candidate(
+        key,
+        group,
+        model,
+        gpu.label(),
+        variant.name,
+        engine_config.block_size,
+        knobs,
+        gpu.price_per_hour,
+        engine_config.tensor_parallel_size,
+        template,
+        path.parent,
+        infeasible,
+        memory,
+    )
+
+
+def _engine_or_fail(engine: dict[str, Any], path: Path, where: str) -> EngineConfig:
+    from pydantic import ValidationError
+
+    try:
+        return EngineConfig.model_validate(engine)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"engine.{'.'.join(str(p) for p in item['loc'])}: {item['msg']} (got {item.get('input')!r})"
+            for item in error.errors()
+        )
+        raise ConfigError(f"{path}: candidate {where}: {problems}") from None
+
+
+def _fit(template: dict[str, Any], engine: EngineConfig, path: Path, key: str) -> tuple[str, dict[str, int]]:
+    """Why the model cannot run on the GPU at all (empty if it can), and the GPU memory split."""
+    try:
+        model, gpu = resolve_model(_model_ref(template["model"], path.parent)), resolve_gpu(template["gpu"])
+    except (ValueError, KeyError) as error:
+        raise ConfigError(f"{path}: candidate {key}: {error}") from None
+    try:
+        capacity: KVCapacity = size_kv_pool(
+            model,
+            gpu,
+            block_size=engine.block_size,
+            kv_cache_dtype=engine.kv_cache_dtype,
+            gpu_memory_utilization=engine.gpu_memory_utilization,
+            activation_reserve_bytes=engine.activation_reserve_bytes,
+            kv_cache_memory_bytes=engine.kv_cache_memory_bytes,
+            num_gpu_blocks_override=engine.num_gpu_blocks_override,
+            tensor_parallel_size=engine.tensor_parallel_size,
+        )
+    except ModelDoesNotFitError as error:
+        return str(error), {}
+    except ValueError as error:
+        raise ConfigError(f"{path}: candidate {key}: {error}") from None
+    memory = {
+        "gpu_memory_bytes": gpu.memory_bytes,
+        "weight_bytes": capacity.weight_bytes,
+        "activation_reserve_bytes": capacity.activation_reserve_bytes,
+        "kv_pool_bytes": capacity.kv_pool_bytes,
+    }
+    return "", memory
+
+
+def _model_ref(model: str, base_dir: Path) -> str:
+    """A preset name, or a config.json path relative to the plan file (as an experiment's)."""
+    candidate = base_dir / model
+    return str(candidate) if model.endswith(".json") and candidate.is_file() else model
+
+
+def _check_unique(candidates: list[Candidate], path: Path) -> None:
+    keys = [candidate.key for candidate in candidates]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise ConfigError(f"{path}: candidates repeat: {', '.join(repeated)} (give GPUs distinct `name`s)")

@@ -1,0 +1,56 @@
+"""Everything about a point that can fail without simulating it, checked before the first point runs.
+
+Schema validation catches unknown keys and bad values; this builds what a run builds before its
+first iteration (model and GPU, the KV pool, the policy with its options, the cost model, the
+workload) so that a typo in a policy option or a missing trace file stops a sweep up front, with the
+point named, instead of failing point after point.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from policies.base import PolicyError, PoolSpec, make_policy
+from sim.capacity import KVCapacity
+from sim.config import ConfigError, ExperimentConfig
+from sim.costs import CostModelError, make_cost_model
+from sim.runner import policy_name_for, resolve_hardware, size_pool
+from workloads import WorkloadError, build_workload
+
+
+def preflight(config: ExperimentConfig, base_dir: Path, where: str) -> None:
+    """Raise :class:`ConfigError` (prefixed with ``where``) if any variant of ``config`` cannot start."""
+    try:
+        for variant in config.variants:
+            prepare_variant(config, variant.name, base_dir)
+        build_workload(config.workload, seed=config.seed, base_dir=base_dir)
+    except (ConfigError, CostModelError, PolicyError, WorkloadError) as error:
+        raise ConfigError(f"{where}: {error}") from None
+
+
+def prepare_variant(config: ExperimentConfig, variant_name: str, base_dir: Path) -> KVCapacity:
+    """Build one variant's hardware, pool, policy and cost model; return its KV capacity.
+
+    Raises :class:`ConfigError` when the model does not fit the GPU (a plan reports that candidate
+    as infeasible) or when the policy's options are wrong."""
+    variant = next(v for v in config.variants if v.name == variant_name)
+    model, gpu = resolve_hardware(config, base_dir)
+    engine = config.engine_for(variant)
+    capacity = size_pool(model, gpu, engine)
+    max_model_len = engine.max_model_len or model.max_position_embeddings
+    pool = PoolSpec(capacity.kv_pool_tokens, engine.block_size, max_model_len, capacity.kv_bytes_per_token)
+    try:
+        make_policy(policy_name_for(variant, engine), pool, **variant.options)
+    except TypeError as error:
+        raise ConfigError(
+            f"variant {variant.name!r}: options: bad policy options {variant.options}: {error}"
+        ) from None
+    make_cost_model(
+        config.cost_model,
+        model,
+        gpu,
+        block_size=engine.block_size,
+        kv_cache_dtype=engine.kv_cache_dtype,
+        base_dir=base_dir,
+    )
+    return capacity

@@ -1,0 +1,525 @@
+"""The plan report: ``plan.json`` (the answers, machine-readable) and its rendering as ``report.md``
+and a self-contained ``report.html``. The recommendation comes first, then the evidence, then the
+assumptions; every number links to the probe (and through it the points) it came from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from sim.planning.analysis import AT_MAX_METRICS, LIMIT_LABELS, probe_metrics, ranking_rule
+from sim.planning.document import (
+    Block,
+    Bullets,
+    Code,
+    Figure,
+    Heading,
+    Link,
+    Paragraph,
+    Table,
+    Text,
+    to_html,
+    to_markdown,
+)
+from sim.planning.plan_spec import SLO_METRICS, Plan
+from sim.planning.search import describe
+from sim.planning.units import metric_label, metric_value, rate, seconds, share
+from sim.storage.folders import kvsim_version
+
+if TYPE_CHECKING:
+    from sim.planning.driver import RunCounts
+    from sim.planning.plan import Probe
+
+NOT_MODELLED = [
+    "multiple replicas: the target rate is divided evenly over identical, independent GPUs (no router, no "
+    "load imbalance, no failover headroom); kvsim does not simulate a cluster yet",
+    "tokenizer, detokenizer, HTTP and scheduler CPU time; network latency between client and server",
+    "CUDA graph and allocator overheads beyond the activation reserve (a real server logs 1-4 % less KV memory)",
+    "speculative decoding, quantised weights other than the configured sizes, LoRA adapters",
+    "output lengths known in advance to the simulator only for memory accounting; the scheduler does not use them",
+]
+
+
+# ------------------------------------------------------------------------------------- plan.json
+def plan_document(
+    plan: Plan,
+    results: list[dict[str, Any]],
+    probes: list[Probe],
+    counts: RunCounts,
+    wall_s: float | None,
+) -> dict[str, Any]:
+    spec = plan.spec
+    usable = [r for r in results if r.get("rank")]
+    return {
+        "kind": "plan",
+        "kvsim_version": kvsim_version(),
+        "name": spec.name,
+        "description": spec.description,
+        "plan_file": str(plan.path),
+        "target_rate_per_s": spec.target_rate_per_s,
+        "slos": _slos(plan),
+        "search": spec.search.model_dump(mode="json"),
+        "ranking_rule": ranking_rule(results),
+        "recommendation": usable[0]["key"] if usable else None,
+        "candidates": results,
+        "probes": [_probe_entry(probe) for probe in probes],
+        "assumptions": _assumptions(plan, results),
+        "run": {
+            "simulations": counts.ran,
+            "failed": counts.failed,
+            "reused": counts.skipped_done,
+            "probes": len(probes),
+            "wall_s": wall_s,
+            "cpu_s": counts.cpu_s,
+        },
+    }
+
+
+def _slos(plan: Plan) -> dict[str, dict[str, Any]]:
+    slos = {}
+    for name, limit in plan.spec.slos.limits().items():
+        metric, unit, label = SLO_METRICS[name]
+        slos[name] = {"limit": limit, "metric": metric, "unit": unit, "label": label}
+    return slos
+
+
+def _probe_entry(probe: Probe) -> dict[str, Any]:
+    return {
+        "number": probe.number,
+        "candidate": probe.candidate,
+        "rate_per_s": probe.rate,
+        "passed": probe.passed,
+        "error": probe.error,
+        "metrics": probe_metrics(probe),
+        "seeds": [
+            {
+                "seed": run.seed,
+                "point_id": run.point_id,
+                "violations": describe(run.violations),
+                "cost_model": run.summary.get("cost_model"),
+                "cost_model_error_band": run.summary.get("cost_model_error_band", "not stated"),
+                "window_requests": run.steady.get("window_requests"),
+                "window_s": run.steady.get("window_s"),
+            }
+            for run in probe.runs
+        ],
+    }
+
+
+def _assumptions(plan: Plan, results: list[dict[str, Any]]) -> dict[str, Any]:
+    spec = plan.spec
+    cost_models = {}
+    for result in results:
+        provenance = result.get("provenance")
+        if provenance:
+            cost_models[result["group"]] = provenance
+    search = spec.search
+    return {
+        "models": spec.models,
+        "gpus": [
+            {"name": c.label(), "gpu": c.gpu, "price_per_hour": c.price_per_hour} for c in spec.gpu_choices()
+        ],
+        "cost_models": cost_models,
+        "workload": spec.workload,
+        "engine": spec.engine.model_dump(mode="json", exclude_unset=True),
+        "probe": (
+            f"each probe: at least {search.min_requests} requests"
+            + (f" and {search.min_duration_s:g} s of arrivals" if search.min_duration_s else "")
+            + f", seeds {search.seeds}; measured on the arrivals between the first {search.warmup_frac:.0%} "
+            "(warm-up, lasting at least one mean end-to-end latency and at most half the window) and the last "
+            f"{search.drain_frac:.0%} (drain); a rate passes when every seed meets every "
+            "SLO on that window (latencies on its late half too) and its waiting queue grows by at most "
+            f"{spec.slos.max_queue_growth_frac:.0%} of the window's arrivals"
+        ),
+        "search": (
+            f"bracket from {search.start_rate_per_s:g} req/s by x{search.growth:g}, then bisect until the failing "
+            f"rate is within {search.rel_tolerance:.0%} of the passing one (range {search.min_rate_per_s:g}-"
+            f"{search.max_rate_per_s:g} req/s, at most {search.max_probes} rates per candidate)"
+        ),
+        "not_modelled": NOT_MODELLED,
+    }
+
+
+# -------------------------------------------------------------------------------------- numbers
+def with_spread(name: str, stats: dict[str, float | None]) -> str:
+    text = metric_value(name, stats.get("mean"))
+    low, high = stats.get("min"), stats.get("max")
+    if low is not None and high is not None and low != high:
+        text += f" ({metric_value(name, low)}–{metric_value(name, high)})"
+    return text
+
+
+def probe_link(text: str, probe: int | None) -> Link | str:
+    return text if probe is None else Link(text, f"#probe-{probe}")
+
+
+def point_link(point_id: str, text: str | None = None) -> Link:
+    return Link(text or point_id, f"points/{point_id}/")
+
+
+# --------------------------------------------------------------------------------------- report
+def write_report(root: Path, document: dict[str, Any]) -> None:
+    """``report.md`` (figures in ``figures/``) and ``report.html`` (figures embedded)."""
+    from sim.planning.store import replace_dir_atomic, write_atomic
+
+    blocks = report_blocks(document)
+    figures = [block for block in blocks if isinstance(block, Figure)]
+
+    def fill(folder: Path) -> None:
+        for figure in figures:
+            (folder / figure.name).write_bytes(figure.png)
+
+    replace_dir_atomic(root / "figures", fill)
+    title = f"kvsim plan: {document['name']}"
+    write_atomic(root / "report.md", lambda path: path.write_text(to_markdown(blocks)))
+    write_atomic(root / "report.html", lambda path: path.write_text(to_html(blocks, title)))
+
+
+def report_blocks(document: dict[str, Any]) -> list[Block]:
+    blocks: list[Block] = [Heading(1, f"Capacity plan: {document['name']}")]
+    if document["description"]:
+        blocks.append(Paragraph([document["description"]]))
+    blocks += recommendation_blocks(document)
+    blocks += evidence_blocks(document)
+    blocks += assumption_blocks(document)
+    blocks += probe_blocks(document)
+    return blocks
+
+
+def _slo_text(document: dict[str, Any]) -> str:
+    parts = []
+    for slo in document["slos"].values():
+        if slo["unit"] == "s":
+            limit = seconds(slo["limit"])
+        elif slo["unit"] == "share":
+            limit = share(slo["limit"])
+        else:
+            limit = f"{slo['limit']:g} {slo['unit']}"
+        parts.append(f"{slo['label']} ≤ {limit}")
+    return ", ".join(parts)
+
+
+def recommendation_blocks(document: dict[str, Any]) -> list[Block]:
+    target = document["target_rate_per_s"]
+    candidates = document["candidates"]
+    best = next((c for c in candidates if c["key"] == document["recommendation"]), None)
+    blocks: list[Block] = [Heading(2, "Recommendation")]
+    if best is None:
+        blocks.append(
+            Paragraph([f"No candidate meets the SLOs ({_slo_text(document)}); see the reasons below."])
+        )
+    else:
+        provenance = best["provenance"]
+        text: Text = [
+            f"Recommended: {best['key']}. {best['gpus_for_target']} × {best['gpu']} serve {target:g} req/s; "
+            "each sustains ",
+            probe_link(
+                ("at least " if best["status"] == "at_max_rate" else "") + rate(best["max_rate_per_s"]),
+                best["max_probe"],
+            ),
+            f" under the SLOs ({_slo_text(document)}); binding limit: {best['binding']['label']}",
+        ]
+        if "cost_per_hour_for_target" in best:
+            text += [f"; ${best['cost_per_hour_for_target']:,.2f} per hour"]
+        if "cost_per_million_output_tokens" in best:
+            text += [f", ${best['cost_per_million_output_tokens']:.2f} per million output tokens"]
+        text += [
+            f". Ranked by {document['ranking_rule']}. These numbers rest on the cost model "
+            f"“{provenance['cost_model']}” (error band: {provenance['cost_model_error_band']}).",
+        ]
+        blocks.append(Paragraph(text))
+    blocks.append(recommendation_table(document))
+    blocks.append(
+        Paragraph(
+            [
+                "GPUs = ⌈target ÷ max rate⌉ × tensor-parallel size: kvsim does not simulate multiple replicas yet, so "
+                "the target rate is divided evenly over identical GPUs. Headroom = GPUs' combined max rate ÷ target − 1. "
+                "Max rate = the highest probed rate at which every seed met every SLO; the first failing rate and its "
+                "reasons are in the table. Each number links to its probe below, which links to the simulation folders."
+            ]
+        )
+    )
+    return blocks
+
+
+def recommendation_table(document: dict[str, Any]) -> Table:
+    target = document["target_rate_per_s"]
+    header = [
+        "#",
+        "candidate",
+        "max rate under SLO",
+        f"GPUs for {target:g} req/s",
+        "binding limit",
+        "headroom",
+        "GPU cost for the target",
+        "first failing rate: why",
+        "cost model (error band)",
+    ]
+    rows: list[list[Text]] = []
+    for c in document["candidates"]:
+        rows.append(_recommendation_row(c))
+    return Table(header, rows, css_class="recommendation")
+
+
+def _recommendation_row(c: dict[str, Any]) -> list[Text]:
+    provenance = c.get("provenance") or {}
+    cost_model = f"{provenance['cost_model']} ({provenance['cost_model_error_band']})" if provenance else "—"
+    if "gpus_for_target" not in c:
+        return [
+            ["—"],
+            [c["key"]],
+            [c["status"]],
+            ["—"],
+            [c.get("binding", {}).get("label", "—")],
+            ["—"],
+            ["—"],
+            [c.get("reason", "")],
+            [cost_model],
+        ]
+    probe = c["max_probe"]
+    at_least = "≥ " if c["status"] == "at_max_rate" else ""
+    cost = c.get("cost_per_million_output_tokens")
+    failing = c.get("fail_probe")
+    why = [probe_link(rate(c.get("fail_rate_per_s")), failing), ": " + "; ".join(c.get("fail_reasons", []))]
+    if failing is None:
+        why = [c.get("reason", "")]
+    return [
+        [str(c["rank"])],
+        [c["key"]],
+        [probe_link(at_least + rate(c["max_rate_per_s"]), probe)],
+        [probe_link(str(c["gpus_for_target"]), probe)],
+        [probe_link(c["binding"]["label"], c["binding"].get("evidence", {}).get("probe"))],
+        [probe_link(f"{c['headroom_frac']:+.0%}", probe)],
+        [probe_link(_cost_text(c), probe) if cost is not None else "no price given"],
+        why,
+        [cost_model],
+    ]
+
+
+def _cost_text(c: dict[str, Any]) -> str:
+    return f"${c['cost_per_hour_for_target']:,.2f}/h, ${c['cost_per_million_output_tokens']:.2f}/M tokens"
+
+
+def evidence_blocks(document: dict[str, Any]) -> list[Block]:
+    from sim.planning.figures import (
+        block_size_figure,
+        knee_figure,
+        knee_metrics,
+        memory_figure,
+        png_bytes,
+        safe_name,
+    )
+
+    blocks: list[Block] = [Heading(2, "Evidence")]
+    blocks.append(Heading(3, "Knee curves"))
+    blocks.append(
+        Paragraph(
+            [
+                "Each curve is one candidate: the metric on the steady-state window against the offered rate "
+                "(mean over seeds; bars: min–max). Dashed: the SLO. Star: the maximum rate under every SLO."
+            ]
+        )
+    )
+    for metric in knee_metrics(document):
+        name = f"knee_{safe_name(metric)}.png"
+        blocks.append(
+            Figure(
+                name, f"{metric_label(metric)} against request rate", png_bytes(knee_figure(document, metric))
+            )
+        )
+    best = next((c for c in document["candidates"] if c["key"] == document["recommendation"]), None)
+    if best is not None:
+        blocks += _recommended_point_blocks(best)
+    blocks.append(Heading(3, "Memory at each candidate's maximum rate"))
+    blocks.append(
+        Figure(
+            "memory.png",
+            "GPU memory split at the maximum rate (steady-state time averages; ★ = recommended)",
+            png_bytes(memory_figure(document)),
+        )
+    )
+    block_figure = block_size_figure(document)
+    if block_figure is not None:
+        blocks.append(Heading(3, "Block-size trade-off"))
+        blocks.append(
+            Paragraph(
+                [
+                    "Larger blocks waste more of each sequence's last block (internal fragmentation) and so fit fewer "
+                    "requests; the cost model decides whether they buy faster iterations."
+                ]
+            )
+        )
+        blocks.append(
+            Figure(
+                "block_size.png",
+                "maximum rate and internal fragmentation against block size",
+                png_bytes(block_figure),
+            )
+        )
+    blocks += _binding_blocks(document)
+    return blocks
+
+
+def _recommended_point_blocks(best: dict[str, Any]) -> list[Block]:
+    probe = best["max_probe"]
+    rows: list[list[Text]] = []
+    for name in AT_MAX_METRICS:
+        stats = best["at_max"].get(name)
+        if stats and stats.get("mean") is not None:
+            rows.append([[metric_label(name)], [name], [probe_link(with_spread(name, stats), probe)]])
+    memory = best["memory"]
+    return [
+        Heading(3, f"At the recommended point: {best['key']} at {rate(best['max_rate_per_s'])}"),
+        Paragraph(
+            [
+                "Steady-state window, mean over seeds (min–max in brackets). GPU memory: ",
+                f"{memory['gpu_memory_bytes'] / 2**30:.1f} GiB, weights {memory['weight_bytes'] / 2**30:.1f} GiB, "
+                f"activation reserve {memory['activation_reserve_bytes'] / 2**30:.1f} GiB, KV pool "
+                f"{memory['kv_pool_bytes'] / 2**30:.1f} GiB (kvsim's sizing of this GPU). Points: ",
+                *_point_links(best["max_points"]),
+            ]
+        ),
+        Table(["metric", "key in plan.json", "value (mean over seeds, min–max)"], rows),
+    ]
+
+
+def _point_links(point_ids: list[str]) -> Text:
+    links: Text = []
+    for index, point_id in enumerate(point_ids):
+        if index:
+            links.append(", ")
+        links.append(point_link(point_id))
+    return links
+
+
+def _binding_blocks(document: dict[str, Any]) -> list[Block]:
+    rows: list[list[Text]] = []
+    for c in document["candidates"]:
+        binding = c.get("binding")
+        if not binding or not binding.get("evidence"):
+            continue
+        evidence = binding["evidence"]
+        blocked = evidence["admission_blocked_frac"]
+        rows.append(
+            [
+                [c["key"]],
+                [probe_link(rate(evidence["rate_per_s"]), evidence["probe"])],
+                [binding["label"]],
+                *[
+                    [probe_link(share(blocked[name]), evidence["probe"])]
+                    for name in ("kv_memory", "max_num_seqs", "token_budget")
+                ],
+                [binding["why"]],
+            ]
+        )
+    if not rows:
+        return []
+    header = [
+        "candidate",
+        "at rate",
+        "binding limit",
+        "held back: KV memory",
+        "max_num_seqs",
+        "token budget",
+        "why",
+    ]
+    return [
+        Heading(3, "Binding limits"),
+        Paragraph(
+            [
+                "At each candidate's first failing rate: the share of the steady window during which the waiting "
+                "queue's head was held back, and by what (recorded by the engine at every iteration). A broken TPOT "
+                f"SLO means compute. Limits: {', '.join(LIMIT_LABELS.values())}."
+            ]
+        ),
+        Table(header, rows),
+    ]
+
+
+def assumption_blocks(document: dict[str, Any]) -> list[Block]:
+    assumptions = document["assumptions"]
+    cost_lines: list[Text] = [
+        [f"{group}: cost model “{p['cost_model']}”, error band: {p['cost_model_error_band']}"]
+        for group, p in assumptions["cost_models"].items()
+    ]
+    gpus = ", ".join(
+        g["name"] + (f" (${g['price_per_hour']:g}/GPU-hour)" if g["price_per_hour"] else "")
+        for g in assumptions["gpus"]
+    )
+    return [
+        Heading(2, "Assumptions"),
+        Bullets(
+            [
+                [f"model(s): {', '.join(assumptions['models'])}; GPU(s): {gpus}"],
+                *cost_lines,
+                [assumptions["probe"]],
+                [assumptions["search"]],
+                [f"SLOs: {_slo_text(document)}; target {document['target_rate_per_s']:g} req/s"],
+            ]
+        ),
+        Paragraph(["Workload (the search sets its rate and request count) and engine settings:"]),
+        Code(
+            yaml.safe_dump(
+                {"workload": assumptions["workload"], "engine": assumptions["engine"]}, sort_keys=False
+            )
+        ),
+        Paragraph(["Not modelled:"]),
+        Bullets([[item] for item in assumptions["not_modelled"]]),
+    ]
+
+
+def probe_blocks(document: dict[str, Any]) -> list[Block]:
+    slo_metrics = [slo["metric"] for slo in document["slos"].values()]
+    header = [
+        "probe",
+        "candidate",
+        "rate",
+        "verdict",
+        *slo_metrics,
+        "points (seeds)",
+        "violations",
+        "cost model (error band)",
+    ]
+    rows: list[list[Text]] = []
+    anchors = []
+    for probe in sorted(document["probes"], key=lambda p: (p["candidate"], p["rate_per_s"])):
+        verdict = "error" if probe["error"] else ("meets SLOs" if probe["passed"] else "breaks SLOs")
+        seeds = probe["seeds"]
+        links: Text = []
+        for index, seed in enumerate(seeds):
+            links += ([", "] if index else []) + [point_link(seed["point_id"], f"seed {seed['seed']}")]
+        violations = sorted({v for seed in seeds for v in seed["violations"]}) or (
+            [probe["error"]] if probe["error"] else []
+        )
+        provenance = {f"{s['cost_model']} ({s['cost_model_error_band']})" for s in seeds}
+        slo_cells: list[Text] = [
+            [with_spread(metric, probe["metrics"].get(metric, {}))] for metric in slo_metrics
+        ]
+        rows.append(
+            [
+                [str(probe["number"])],
+                [probe["candidate"]],
+                [rate(probe["rate_per_s"])],
+                [verdict],
+                *slo_cells,
+                links,
+                ["; ".join(violations)],
+                [", ".join(sorted(provenance))],
+            ]
+        )
+        anchors.append(f"probe-{probe['number']}")
+    run = document["run"]
+    wall = f" in {run['wall_s']:.0f} s of wall time" if run.get("wall_s") else ""
+    return [
+        Heading(2, "Probes"),
+        Paragraph(
+            [
+                f"{run['probes']} probes; {run['simulations']} simulations run{wall}, {run['reused']} reused from an "
+                "earlier run of this plan. Metrics: steady-state window, mean over seeds (min–max)."
+            ]
+        ),
+        Table(header, rows, anchors),
+    ]

@@ -1,0 +1,128 @@
+"""Reading sweep and plan files: YAML, pydantic errors in kvsim's style, key-path overrides.
+
+Errors mirror ``sim/config.py``: the file, the key path and the value, and the nearest valid key
+(``axes.engine.blok_size`` is caught later, when the points are validated, with the point named).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from sim.config import ConfigError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
+    """The top-level mapping of a YAML file, or a :class:`ConfigError` naming the file and line."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such {what} file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where} malformed YAML: {getattr(error, 'problem', error)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def validate_file(model: type[BaseModel], data: dict[str, Any], path: Path, what: str) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(format_schema_error(error, path, data, model, what)) from None
+
+
+def format_schema_error(
+    error: ValidationError, path: Path, data: Any, model: type[BaseModel], what: str
+) -> str:
+    lines = [f"{path}: invalid {what} ({error.error_count()} problem(s))"]
+    for problem in error.errors():
+        location = [part for part in problem["loc"] if not _is_union_tag(part)]
+        key_path = ".".join(str(part) for part in location) or "(top level)"
+        message = problem["msg"]
+        if problem["type"] == "extra_forbidden":
+            known = _fields_at(model, location[:-1])
+            message = f"unknown key{did_you_mean(str(location[-1]), known)}"
+        elif problem["type"] == "missing":
+            message = "required key is missing"
+        value = problem.get("input")
+        shown = "" if problem["type"] == "missing" or isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"  {key_path}: {message}{shown}")
+    return "\n".join(lines)
+
+
+def _is_union_tag(part: Any) -> bool:
+    # pydantic inserts the member type of a union into the location ("list[any]", "float", ...).
+    return isinstance(part, str) and ("[" in part or part in {"float", "int", "str", "bool", "dict"})
+
+
+def _fields_at(model: type[BaseModel], location: list[Any]) -> list[str]:
+    """Field names valid at ``location`` (walking nested models; list indexes are skipped)."""
+    current: Any = model
+    for part in location:
+        if isinstance(part, int):
+            continue
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        current = next(iter(_models_in(field.annotation)), None)
+        if current is None:
+            return []
+    return list(getattr(current, "model_fields", {}))
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for argument in getattr(annotation, "__args__", ()) for model in _models_in(argument)]
+
+
+def did_you_mean(name: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.5)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return f"; valid: {', '.join(sorted(candidates))}" if candidates else ""
+
+
+def set_key_path(data: dict[str, Any], key_path: str, value: Any) -> None:
+    """Set ``engine.block_size`` or ``variants.0.policy`` in a config mapping (creating mappings on
+    the way, as ``--set`` does); a path through something that is not a mapping or list is an error."""
+    keys = key_path.split(".")
+    node: Any = data
+    for depth, key in enumerate(keys[:-1]):
+        node = _step(node, key, keys[: depth + 1])
+    last = keys[-1]
+    if isinstance(node, list):
+        node[_index(node, last, keys)] = copy.deepcopy(value)
+    elif isinstance(node, dict):
+        node[last] = copy.deepcopy(value)
+    else:
+        raise KeyError(f"{'.'.join(keys[:-1])} holds {node!r}, not a mapping")
+
+
+def _step(node: Any, key: str, so_far: list[str]) -> Any:
+    if isinstance(node, list):
+        return node[_index(node, key, so_far)]
+    if isinstance(node, dict):
+        child = node.setdefault(key, {})
+        if child is None:
+            child = node[key] = {}
+        return child
+    raise KeyError(f"{'.'.join(so_far[:-1])} holds {node!r}, not a mapping")
+
+
+def _index(node: list[Any], key: str, so_far: list[str]) -> int:
+    if not key.isdigit() or int(key) >= len(node):
+        raise KeyError(f"{'.'.join(so_far)}: {key!r} is not an index of a list of {len(node)}")
+    return int(key)

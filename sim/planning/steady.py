@@ -1,0 +1,151 @@
+"""Steady-state measurement of one run: drop the warm-up and the drain, measure what is left.
+
+A run starts empty (the first requests see an idle GPU) and ends draining (the last ones see a
+shrinking batch). Capacity questions are about the regime in between, so a probe is measured on a
+**window** of arrival times: requests that arrived after the first ``warmup_frac`` and before the last
+``drain_frac`` of the arrivals, and the time series over the same interval. The warm-up also lasts at
+least one mean residence time (mean end-to-end latency: by Little's law the system takes about that
+long to fill), capped at half the window so that a short probe still measures something. The window
+is also cut in two halves; a queue that keeps growing shows up as a late half worse than the whole
+(see ``sim.planning.search``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from policies.base import MemoryBreakdown
+from sim.metrics import ADMISSION_BLOCKERS, summary_key
+
+LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")  # queue: arrival to admission
+
+
+@dataclass(frozen=True)
+class SteadyWindow:
+    warmup_frac: float = 0.2
+    drain_frac: float = 0.1
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def window_bounds(requests: pd.DataFrame, window: SteadyWindow) -> tuple[float, float]:
+    times = requests["arrival_s"].to_numpy(dtype=float)
+    if len(times) == 0:
+        return 0.0, 0.0
+    start = float(np.quantile(times, window.warmup_frac))
+    end = float(np.quantile(times, 1.0 - window.drain_frac))
+    residence = requests.loc[requests["outcome"] == "finished", "e2e_s"].dropna()
+    if len(residence):
+        filled = float(times.min() + residence.mean())
+        start = min(max(start, filled), start + (end - start) / 2)
+    return start, end
+
+
+def steady_metrics(
+    requests: pd.DataFrame, timeseries: pd.DataFrame, pool_tokens: int, window: SteadyWindow
+) -> dict[str, Any]:
+    """Latencies, rates, memory shares and admission stops over the steady-state window."""
+    start, end = window_bounds(requests, window)
+    inside = requests[(requests["arrival_s"] >= start) & (requests["arrival_s"] <= end)]
+    middle = (start + end) / 2
+    late = inside[inside["arrival_s"] >= middle]
+    metrics: dict[str, Any] = {"window_start_s": start, "window_end_s": end, "window_requests": len(inside)}
+    metrics |= _latencies(inside, "")
+    metrics |= _latencies(late, "late_")
+    metrics |= _rates(requests, inside, start, end)
+    metrics |= _series_means(timeseries, start, end, pool_tokens)
+    growth = metrics.pop("waiting_growth", None)
+    metrics["queue_growth_frac"] = growth / len(inside) if growth is not None and len(inside) else None
+    return metrics
+
+
+def _latencies(requests: pd.DataFrame, prefix: str) -> dict[str, float | None]:
+    finished = requests[requests["outcome"] == "finished"]
+    result: dict[str, float | None] = {}
+    for column in LATENCY_METRICS:
+        name = column.removesuffix("_s")
+        values = finished[column].dropna().to_numpy(dtype=float)
+        for q in (50, 99):
+            result[f"{prefix}{name}_p{q}_s"] = float(np.percentile(values, q)) if len(values) else None
+    return result
+
+
+def _rates(requests: pd.DataFrame, inside: pd.DataFrame, start: float, end: float) -> dict[str, Any]:
+    duration = end - start
+    count = len(inside)
+    finished = requests[requests["outcome"] == "finished"]
+    done_inside = finished[(finished["finish_s"] >= start) & (finished["finish_s"] <= end)]
+    widths = done_inside[["n", "beam_width"]].max(axis=1)
+    window_finished = inside[inside["outcome"] == "finished"]
+    window_widths = window_finished[["n", "beam_width"]].max(axis=1)
+    return {
+        "window_s": duration,
+        "arrival_rate_per_s": count / duration if duration > 0 else None,
+        "completion_rate_per_s": len(done_inside) / duration if duration > 0 else None,
+        "output_tokens_per_s": float((done_inside["output_tokens"] * widths).sum()) / duration
+        if duration > 0
+        else None,
+        "output_tokens_per_request": float((window_finished["output_tokens"] * window_widths).mean())
+        if len(window_finished)
+        else None,
+        "preemptions_per_request": float(inside["preemptions"].sum()) / count if count else None,
+        "rejected_frac": float((inside["outcome"] == "rejected").sum()) / count if count else None,
+        "failed_oom_frac": float((inside["outcome"] == "failed_oom").sum()) / count if count else None,
+    }
+
+
+def _series_means(timeseries: pd.DataFrame, start: float, end: float, pool_tokens: int) -> dict[str, Any]:
+    """Time-weighted means over [start, end]: token counts grow linearly between samples (the
+    recorder's trapezoid rule); counts and the admission blocker hold their value over an interval."""
+    times = timeseries["time_s"].to_numpy(dtype=float)
+    if len(times) < 2 or end <= start:
+        return {}
+    lo, hi = times[:-1], times[1:]
+    weights = np.clip(np.minimum(hi, end) - np.maximum(lo, start), 0.0, None)
+    total = weights.sum()
+    if total <= 0:
+        return {}
+    weights = weights / total
+    result: dict[str, Any] = {}
+    for category in MemoryBreakdown.CATEGORIES:
+        values = timeseries[f"{category}_tokens"].to_numpy(dtype=float)
+        result[summary_key(category)] = float(((values[:-1] + values[1:]) / 2 * weights).sum()) / pool_tokens
+    for column, name in (
+        ("num_requests_running", "mean_running"),
+        ("num_sequences_running", "mean_sequences_running"),
+        ("num_requests_waiting", "mean_waiting"),
+        ("kv_cache_usage_perc", "mean_kv_cache_usage_frac"),
+    ):
+        result[name] = float((timeseries[column].to_numpy(dtype=float)[:-1] * weights).sum())
+    in_window = (times >= start) & (times <= end)
+    running = timeseries["num_requests_running"].to_numpy()[in_window]
+    result["peak_running"] = int(running.max()) if len(running) else 0
+    preemptions = timeseries["num_preemptions"].to_numpy()[in_window]
+    result["window_preemptions"] = int(preemptions.max() - preemptions.min()) if len(preemptions) else 0
+    result["waiting_growth"] = _waiting_growth(timeseries, start, end)
+    blocker = timeseries["admission_blocker"].to_numpy()[:-1]
+    for code, name in enumerate(ADMISSION_BLOCKERS):
+        if code:
+            result[f"blocked_by_{name}_frac"] = float(weights[blocker == code].sum())
+    return result
+
+
+def _waiting_growth(timeseries: pd.DataFrame, start: float, end: float, part: float = 0.1) -> float:
+    """Mean waiting requests over the window's last tenth minus over its first tenth: near zero when
+    the engine keeps up (the running batch may fluctuate, the queue does not build), and
+    (arrival rate - service rate) x window in overload."""
+    span = (end - start) * part
+    return _mean_waiting(timeseries, end - span, end) - _mean_waiting(timeseries, start, start + span)
+
+
+def _mean_waiting(timeseries: pd.DataFrame, start: float, end: float) -> float:
+    times = timeseries["time_s"].to_numpy(dtype=float)
+    weights = np.clip(np.minimum(times[1:], end) - np.maximum(times[:-1], start), 0.0, None)
+    total = weights.sum()
+    waiting = timeseries["num_requests_waiting"].to_numpy(dtype=float)[:-1]
+    return float((waiting * weights).sum() / total) if total > 0 else 0.0

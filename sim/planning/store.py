@@ -1,0 +1,143 @@
+"""The sweep folder: one atomically written folder per point, resumable, never touching foreign files.
+
+Layout (``kind`` is "sweep" or "plan")::
+
+    DIR/.kvsim-results                 kvsim's marker (kind, config hash): DIR may be resumed
+    DIR/points/<point id>/             one per point, staged in a hidden sibling and renamed
+        .kvsim-results                 marker of kind "point"
+        status.json                    {"status": "ok" | "failed", "error": ...}
+        config.yaml, summary.csv, capacity.txt, <variant>/summary.json, tables, [steady.json]
+        error.txt                      (failed points) the traceback
+    DIR/sweep.parquet, sweep.csv       one row per point x variant (written at the end)
+
+A point folder exists only once complete, so a killed sweep loses only the points in flight; a
+re-run skips the finished ones (and the failed ones, unless asked to retry them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.planning.tasks import PointOutcome, read_variant_summary
+from sim.results import SWEEP_TABLE
+from sim.storage.folders import (
+    check_output_target,
+    clean_stale_staging,
+    read_marker,
+    staged_output_dir,
+    write_marker,
+)
+
+POINTS = "points"
+STATUS_FILE = "status.json"
+POINT_KIND = "point"
+OK, FAILED = "ok", "failed"
+
+
+class PointStore:
+    def __init__(self, root: Path):
+        self.root = root
+
+    @classmethod
+    def open(cls, out_dir: str | Path, kind: str, digest: str, log: Callable[[str], None]) -> PointStore:
+        """Create ``out_dir`` or resume it (only if it is kvsim's folder of the same kind)."""
+        root = check_output_target(out_dir, kind)
+        previous = read_marker(root)
+        if previous and previous.get("config_hash") != digest:
+            log(
+                f"kvsim: {out_dir} holds an earlier {kind} with another config; its points are kept and "
+                "reused where identical, the tables list this one's"
+            )
+        (root / POINTS).mkdir(parents=True, exist_ok=True)
+        write_marker(root, kind, digest)
+        return cls(root)
+
+    def point_dir(self, point_id: str) -> Path:
+        return self.root / POINTS / point_id
+
+    def status(self, point_id: str) -> str | None:
+        """ "ok", "failed" or None (not run, or not a complete kvsim point folder)."""
+        folder = self.point_dir(point_id)
+        marker = read_marker(folder)
+        if marker is None or marker.get("kind") != POINT_KIND:
+            return None
+        try:
+            return str(json.loads((folder / STATUS_FILE).read_text())["status"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def error(self, point_id: str) -> str:
+        try:
+            return str(json.loads((self.point_dir(point_id) / STATUS_FILE).read_text()).get("error", ""))
+        except (OSError, ValueError):
+            return ""
+
+    def summaries(self, point_id: str) -> list[dict[str, Any]]:
+        """The point's variant summaries, in the order of its summary.csv."""
+        folder = self.point_dir(point_id)
+        names = pd.read_csv(folder / "summary.csv")["variant"].astype(str)
+        return [read_variant_summary(folder / name) for name in names]
+
+    def save(self, outcome: PointOutcome) -> None:
+        """Write a point folder atomically (replacing an earlier failed attempt, which is ours)."""
+        target = self.point_dir(outcome.point_id)
+        status = {
+            "status": OK if outcome.ok else FAILED,
+            "point_id": outcome.point_id,
+            "error": outcome.error,
+            "cpu_s": outcome.cpu_s,
+        }
+        with staged_output_dir(target, POINT_KIND, outcome.point_id) as staging:
+            for relative, content in outcome.files.items():
+                path = staging / relative
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(content)
+            (staging / STATUS_FILE).write_text(json.dumps(status, indent=2) + "\n")
+
+    def clean_stale(self) -> None:
+        """Staging folders of points whose writer was killed (only kvsim's own, by their marker)."""
+        points = self.root / POINTS
+        names = {path.name.split(".partial-")[0].lstrip(".") for path in points.glob(".*.partial-*")}
+        for name in names:
+            clean_stale_staging(points / name)
+
+    def write_table(self, table: pd.DataFrame) -> None:
+        """``DIR/sweep.parquet`` and ``.csv``, each written to a hidden file and renamed."""
+        parquet = self.root / SWEEP_TABLE
+        write_atomic(parquet, lambda path: table.to_parquet(path, index=False))
+        write_atomic(parquet.with_suffix(".csv"), lambda path: table.to_csv(path, index=False))
+
+
+def write_atomic(path: Path, write: Callable[[Path], Any]) -> None:
+    staging = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        write(staging)
+        os.replace(staging, path)
+    finally:
+        if staging.exists():
+            staging.unlink()
+
+
+def replace_dir_atomic(path: Path, fill: Callable[[Path], Any]) -> None:
+    """Fill a hidden sibling and swap it in for ``path`` (a folder kvsim writes, e.g. figures/)."""
+    staging = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        fill(staging)
+        if path.exists():
+            retired = path.with_name(f".{path.name}.retired-{os.getpid()}")
+            path.rename(retired)
+            staging.rename(path)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            staging.rename(path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,69 @@
+"""Numbers as a planner reads them, always with their unit."""
+
+from __future__ import annotations
+
+
+def rate(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3g} req/s"
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def number(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "n/a"
+    text = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    return f"{text} {unit}".strip()
+
+
+def metric_value(name: str, value: float | None) -> str:
+    """Format by the metric's name suffix (``_per_s``, ``_s``, ``_frac``)."""
+    if name.endswith("_per_s"):
+        return number(value, "tokens/s" if "tokens" in name else "req/s")
+    if name.endswith("_s"):
+        return seconds(value)
+    if name.endswith("_frac"):
+        return share(value)
+    if name.endswith("_per_request"):
+        return number(value, "tokens/request" if "tokens" in name else "per request")
+    return number(value)
+
+
+# What the report calls the steady-state metrics (the key stays beside it, for plan.json readers).
+METRIC_LABELS = {
+    "ttft_p50_s": "p50 time to first token",
+    "ttft_p99_s": "p99 time to first token",
+    "tpot_p50_s": "p50 time per output token",
+    "tpot_p99_s": "p99 time per output token",
+    "e2e_p99_s": "p99 end-to-end latency",
+    "output_tokens_per_s": "output throughput",
+    "output_tokens_per_request": "output tokens per request",
+    "mean_running": "mean running requests",
+    "peak_running": "peak running requests",
+    "mean_waiting": "mean waiting requests",
+    "queue_growth_frac": "queue growth (share of the window's arrivals)",
+    "preemptions_per_request": "preemptions per request",
+    "rejected_frac": "rejected requests",
+    "mean_kv_cache_usage_frac": "KV cache usage (vLLM's kv_cache_usage_perc)",
+    "mean_used_frac": "KV pool: used",
+    "mean_reserved_frac": "KV pool: reserved",
+    "mean_internal_frag_frac": "KV pool: internal fragmentation",
+    "mean_external_frag_frac": "KV pool: external fragmentation",
+    "mean_cached_frac": "KV pool: cached",
+    "mean_free_frac": "KV pool: free",
+    "blocked_by_kv_memory_frac": "admission held back by KV memory (share of time)",
+    "blocked_by_max_num_seqs_frac": "admission held back by max_num_seqs (share of time)",
+    "blocked_by_token_budget_frac": "admission held back by the token budget (share of time)",
+}
+
+
+def metric_label(name: str) -> str:
+    return METRIC_LABELS.get(name, name)

@@ -1,0 +1,198 @@
+"""kvsim plan on a tiny workload: the rate found, its binding limit, sizing, and the report."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from sim.cli import main
+from sim.planning.plan import run_plan
+from sim.planning.plan_spec import load_plan_spec
+from sim.results import load_plan
+from tests.planning_helpers import plan_data, write_yaml
+
+SLO_TTFT = 1.0
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("plan")
+    path = write_yaml(
+        tmp / "plan.yaml", plan_data(gpus=[{"gpu": "A100-80GB", "price_per_hour": 2.0}, "T4-16GB"])
+    )
+    plan = load_plan_spec(path)
+    return plan, run_plan(plan, tmp / "out")
+
+
+def candidate(document, key):
+    return next(c for c in document["candidates"] if c["key"] == key)
+
+
+def probe(document, number):
+    return next(p for p in document["probes"] if p["number"] == number)
+
+
+def steady_on_disk(out: Path, point_id: str) -> dict:
+    return json.loads((out / "points" / point_id / "paged" / "steady.json").read_text())
+
+
+@pytest.mark.parametrize("knob", [2, 64])
+def test_max_rate_and_its_failing_neighbour_straddle_the_slo(planned, knob):
+    plan, result = planned
+    document = result.document
+    found = candidate(document, f"A100-80GB / paged / block 16 / max_num_seqs={knob}")
+    assert found["status"] == "feasible"
+    below, above = probe(document, found["max_probe"]), probe(document, found["fail_probe"])
+    assert below["rate_per_s"] == found["max_rate_per_s"] < above["rate_per_s"] == found["fail_rate_per_s"]
+    assert above["rate_per_s"] / below["rate_per_s"] - 1 <= plan.spec.search.rel_tolerance
+    # Every seed meets the SLO at the maximum rate (numbers read back from the points' own files)...
+    for seed in below["seeds"]:
+        steady = steady_on_disk(result.out_dir, seed["point_id"])
+        assert steady["ttft_p99_s"] <= SLO_TTFT and steady["late_ttft_p99_s"] <= SLO_TTFT
+        assert steady["queue_growth_frac"] <= 0.05
+    # ...and at the next rate probed above it, some seed breaks one.
+    broken = [
+        steady_on_disk(result.out_dir, seed["point_id"]) for seed in above["seeds"] if seed["violations"]
+    ]
+    assert broken
+    assert any(
+        s["ttft_p99_s"] > SLO_TTFT or s["late_ttft_p99_s"] > SLO_TTFT or s["queue_growth_frac"] > 0.05
+        for s in broken
+    )
+    assert below["passed"] and not above["passed"]
+
+
+def test_binding_limit_comes_from_what_held_admissions_back(planned):
+    _, result = planned
+    tight = candidate(result.document, "A100-80GB / paged / block 16 / max_num_seqs=2")
+    roomy = candidate(result.document, "A100-80GB / paged / block 16 / max_num_seqs=64")
+    assert tight["binding"]["limit"] == "max_num_seqs"
+    assert roomy["binding"]["limit"] == "kv_memory"
+    for found, name in ((tight, "max_num_seqs"), (roomy, "kv_memory")):
+        blocked = found["binding"]["evidence"]["admission_blocked_frac"]
+        assert blocked[name] == max(blocked.values()) > 0
+        failing = probe(result.document, found["fail_probe"])
+        assert found["binding"]["evidence"]["points"] == [seed["point_id"] for seed in failing["seeds"]]
+
+
+def test_gpus_headroom_and_cost_follow_from_the_max_rate(planned):
+    _, result = planned
+    document = result.document
+    best = candidate(document, document["recommendation"])
+    target = document["target_rate_per_s"]
+    assert best["gpus_for_target"] == math.ceil(target / best["max_rate_per_s"])
+    assert best["headroom_frac"] == pytest.approx(
+        best["gpus_for_target"] * best["max_rate_per_s"] / target - 1
+    )
+    tokens = best["at_max"]["output_tokens_per_request"]["mean"]
+    hourly = best["gpus_for_target"] * 2.0
+    assert best["cost_per_million_output_tokens"] == pytest.approx(hourly / (target * tokens * 3600) * 1e6)
+    assert best["cost_per_hour_for_target"] == pytest.approx(hourly)
+    assert best["rank"] == 1
+    # Provenance is what the runs' summaries say (the error band: "not stated" when they give none).
+    summary = json.loads(
+        (result.out_dir / "points" / best["max_points"][0] / "paged" / "summary.json").read_text()
+    )
+    assert best["provenance"] == {
+        "cost_model": summary["cost_model"],
+        "cost_model_error_band": summary.get("cost_model_error_band", "not stated"),
+    }
+
+
+def test_model_that_does_not_fit_is_an_infeasible_row(planned):
+    _, result = planned
+    rows = [c for c in result.document["candidates"] if c["gpu"] == "T4-16GB"]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["status"] == "infeasible" and row["rank"] is None and row["probes"] == []
+        assert "does not fit" in row["reason"]
+
+
+class _Collector(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.images, self.hrefs, self.ids, self.tables = [], [], set(), []
+        self._cells: list | None = None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if "id" in attrs:
+            self.ids.add(attrs["id"])
+        if tag == "img":
+            self.images.append(attrs["src"])
+        if tag == "a" and "href" in attrs:
+            self.hrefs.append(attrs["href"])
+        if tag == "table":
+            self.tables.append({"class": attrs.get("class"), "rows": []})
+        if tag == "tr":
+            self._cells = []
+        if tag in ("td", "th") and self._cells is not None:
+            self._cells.append("")
+
+    def handle_data(self, data):
+        if self._cells:
+            self._cells[-1] += data
+
+    def handle_endtag(self, tag):
+        if tag == "tr" and self._cells is not None:
+            self.tables[-1]["rows"].append(self._cells)
+            self._cells = None
+
+
+def test_html_report_is_self_contained_and_holds_the_recommendation(planned):
+    _, result = planned
+    text = (result.out_dir / "report.html").read_text()
+    parser = _Collector()
+    parser.feed(text)
+    parser.close()
+    figures = sorted(path.name for path in (result.out_dir / "figures").iterdir())
+    assert figures == ["knee_output_tokens_per_s.png", "knee_ttft_p99_s.png", "memory.png"]
+    assert len(parser.images) == len(figures)
+    for src in parser.images:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "http://" not in text and "https://" not in text and "<script" not in text
+    table = next(t for t in parser.tables if t["class"] == "recommendation")
+    header, *rows = table["rows"]
+    assert header[:5] == ["#", "candidate", "max rate under SLO", "GPUs for 20 req/s", "binding limit"]
+    assert [row[1] for row in rows] == [c["key"] for c in result.document["candidates"]]
+    assert rows[0][1] == result.document["recommendation"]
+    # Every link resolves: probe anchors to rows of the report, point links to simulation folders.
+    for href in parser.hrefs:
+        if href.startswith("#"):
+            assert href[1:] in parser.ids, href
+        else:
+            assert (result.out_dir / href).is_dir(), href
+
+
+def test_markdown_report_puts_the_recommendation_first(planned):
+    _, result = planned
+    text = (result.out_dir / "report.md").read_text()
+    assert text.index("## Recommendation") < text.index("## Evidence") < text.index("## Assumptions")
+    for name in ("knee_ttft_p99_s.png", "memory.png"):
+        assert f"(figures/{name})" in text and (result.out_dir / "figures" / name).is_file()
+    assert "kvsim does not simulate multiple replicas yet" in text
+
+
+def test_results_api_and_resume(planned, capsys):
+    plan, result = planned
+    loaded = load_plan(result.out_dir)
+    assert loaded.recommendation == result.document["recommendation"]
+    assert list(loaded.candidates["key"]) == [c["key"] for c in result.document["candidates"]]
+    assert len(loaded.probes) == result.document["run"]["probes"]
+    assert len(loaded.sweep.table) == result.document["run"]["simulations"]
+    first = result.document["probes"][0]["seeds"][0]["point_id"]
+    assert loaded.point(first).variants == ["paged"]
+    # Running the plan again simulates nothing and gives the same answers.
+    code = main(["plan", str(plan.path), "-o", str(result.out_dir), "-j", "1", "-q"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "0 simulated" in out and "recommended: A100-80GB / paged / block 16 / max_num_seqs=64" in out
+    again = json.loads((result.out_dir / "plan.json").read_text())
+    assert again["candidates"] == result.document["candidates"]
+    assert again["run"]["reused"] == result.document["run"]["simulations"]

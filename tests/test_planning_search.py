@@ -1,0 +1,209 @@
+"""The rate search, SLO verdicts, binding limits, sizing and the steady-state window, by hand."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from sim.metrics import KV_MEMORY, MAX_NUM_SEQS, TOKEN_BUDGET
+from sim.planning.analysis import _sizing, binding_limit, rank
+from sim.planning.plan import Probe, SeedRun
+from sim.planning.plan_spec import SearchSpec, SLOs
+from sim.planning.search import RateSearch, describe, nice_rate, violations
+from sim.planning.steady import SteadyWindow, steady_metrics, window_bounds
+
+
+def search_against(capacity: float, **spec) -> RateSearch:
+    """Run a search where a rate passes exactly when it is at most ``capacity``."""
+    search = RateSearch(SearchSpec.model_validate(spec))
+    while (rate := search.next_rate()) is not None:
+        search.record(rate, rate <= capacity)
+    return search
+
+
+def test_bracket_then_bisect_straddles_the_capacity():
+    search = search_against(7.3, start_rate_per_s=2, rel_tolerance=0.05)
+    assert search.passed[:3] == [2.0, 4.0] + [search.passed[2]] and search.failed[0] == 8.0
+    assert search.lo <= 7.3 < search.hi
+    assert search.hi / search.lo - 1 <= 0.05
+    assert search.status() == "feasible"
+    rates = search.passed + search.failed
+    assert len(rates) == len(set(rates))  # never probes a rate twice
+
+
+def test_bracketing_downwards_and_infeasible():
+    down = search_against(0.7, start_rate_per_s=4)
+    assert down.failed[:3] == [4.0, 2.0, 1.0] and down.lo <= 0.7 < down.hi
+    none = search_against(0.01, start_rate_per_s=1, min_rate_per_s=0.2)
+    assert none.status() == "infeasible" and none.lo is None
+    assert min(none.failed) == 0.2  # the floor itself was tried before giving up
+
+
+def test_no_failure_up_to_the_ceiling():
+    search = search_against(1e9, start_rate_per_s=10, max_rate_per_s=50)
+    assert search.passed == [10.0, 20.0, 40.0, 50.0] and search.status() == "at_max_rate"
+
+
+def test_max_probes_stops_the_search():
+    search = search_against(7.3, start_rate_per_s=1, rel_tolerance=0.001, max_probes=5)
+    assert len(search.passed + search.failed) == 5 and "max_probes=5" in search.stopped
+
+
+def test_nice_rates_stay_strictly_inside_the_bracket():
+    assert nice_rate(5.123456, 4.0, 6.0) == 5.1
+    assert nice_rate(4.0001, 4.0, 4.001) == 4.0001
+
+
+def test_violations_check_the_late_half_and_describe_ranges():
+    slos = SLOs.model_validate({"ttft_p99_s": 2.0, "tpot_p50_s": 0.05})
+    fine = {"ttft_p99_s": 1.0, "late_ttft_p99_s": 1.5, "tpot_p50_s": 0.04, "late_tpot_p50_s": 0.04}
+    assert violations(fine | {"queue_growth_frac": 0.0}, slos) == []
+    late = violations(fine | {"late_ttft_p99_s": 2.5, "queue_growth_frac": 0.0}, slos)
+    assert [(v.slo, v.where, v.value) for v in late] == [("ttft_p99_s", "late half", 2.5)]
+    growing = violations(fine | {"queue_growth_frac": 0.2}, slos)
+    assert [v.slo for v in growing] == ["max_queue_growth_frac"]
+    missing = violations({"queue_growth_frac": 0.0}, slos)  # nothing finished: every latency SLO fails
+    assert [v.slo for v in missing] == ["ttft_p99_s", "tpot_p50_s"]
+    seeds = violations(fine | {"ttft_p99_s": 2.74, "queue_growth_frac": 0}, slos) + violations(
+        fine | {"ttft_p99_s": 3.2, "queue_growth_frac": 0.12}, slos
+    )
+    assert describe(seeds) == ["p99 TTFT 2.74 s–3.20 s > 2.00 s", "queue growth 12.0% > 5.0%"]
+    assert describe(missing) == ["p99 TTFT none finished > 2.00 s", "p50 TPOT none finished > 50 ms"]
+
+
+def failing_probe(broken: dict, blocked: dict, queue_p99: float = 0.9, ttft_p99: float = 1.0) -> Probe:
+    steady = {f"blocked_by_{name}_frac": share for name, share in blocked.items()}
+    steady |= {"queue_p99_s": queue_p99, "ttft_p99_s": ttft_p99}
+    slos = SLOs.model_validate({"ttft_p99_s": 2.0, "tpot_p50_s": 0.05})
+    run = SeedRun(1, "abc", {}, steady, violations(broken | {"queue_growth_frac": 0.0}, slos))
+    return Probe(7, "c", 3.0, [run])
+
+
+OK_LATENCIES = {"ttft_p99_s": 1.0, "late_ttft_p99_s": 1.0, "tpot_p50_s": 0.01, "late_tpot_p50_s": 0.01}
+
+
+@pytest.mark.parametrize(
+    ("broken", "blocked", "queue", "expected"),
+    [
+        ({"tpot_p50_s": 0.08}, {"kv_memory": 0.5}, 0.9, "compute"),
+        ({"ttft_p99_s": 3.0}, {"kv_memory": 0.4, "max_num_seqs": 0.1}, 2.8, "kv_memory"),
+        ({"ttft_p99_s": 3.0}, {"kv_memory": 0.01, "max_num_seqs": 0.3}, 2.8, "max_num_seqs"),
+        ({"ttft_p99_s": 3.0}, {"token_budget": 0.02}, 2.8, "token_budget"),
+        ({"ttft_p99_s": 3.0}, {"kv_memory": 0.3}, 0.2, "compute"),  # slow prefills, not waits
+        ({"ttft_p99_s": 3.0}, {}, 2.8, "compute"),  # waited, but nothing held admissions back
+    ],
+)
+def test_binding_limit(broken, blocked, queue, expected):
+    probe = failing_probe(OK_LATENCIES | broken, blocked, queue_p99=queue, ttft_p99=3.0)
+    limit = binding_limit(probe)
+    assert limit["limit"] == expected
+    assert limit["evidence"]["points"] == ["abc"] and limit["evidence"]["probe"] == 7
+    assert binding_limit(None)["limit"] is None
+
+
+def test_sizing_divides_the_target_evenly():
+    result = {
+        "max_rate_per_s": 7.5,
+        "tensor_parallel_size": 2,
+        "price_per_hour": 3.0,
+        "at_max": {"output_tokens_per_request": {"mean": 400.0}},
+    }
+    sizing = _sizing(result, target=50)
+    assert sizing["replicas_for_target"] == 7 and sizing["gpus_for_target"] == 14
+    assert sizing["headroom_frac"] == pytest.approx(7 * 7.5 / 50 - 1)
+    assert sizing["cost_per_million_output_tokens"] == pytest.approx(14 * 3.0 / (50 * 400 * 3600) * 1e6)
+    assert sizing["cost_per_hour_for_target"] == pytest.approx(14 * 3.0)
+    exact = _sizing(result | {"max_rate_per_s": 10.0}, target=50)
+    assert exact["replicas_for_target"] == 5 and exact["headroom_frac"] == pytest.approx(0.0)
+
+
+def test_steady_window_by_hand():
+    """Ten requests arriving at t = 0..9 s, each 2 s in the system. The window keeps arrivals between
+    the 20 % and 90 % quantiles (1.8 s and 8.1 s), but not before the system has filled: one mean
+    residence time (2 s) after the first arrival. So [2.0, 8.1]: requests 2..8."""
+    requests = pd.DataFrame(
+        {
+            "arrival_s": [float(t) for t in range(10)],
+            "finish_s": [t + 2.0 for t in range(10)],
+            "ttft_s": [0.1 * (t + 1) for t in range(10)],
+            "tpot_s": [0.01] * 10,
+            "e2e_s": [2.0] * 10,
+            "queue_s": [0.0] * 10,
+            "preemptions": [0, 0, 1, 0, 0, 0, 2, 0, 0, 0],
+            "outcome": ["finished"] * 9 + ["rejected"],
+            "output_tokens": [10] * 10,
+            "n": [1] * 10,
+            "beam_width": [1] * 10,
+        }
+    )
+    # The series: 100 slots, a constant split; blocked by KV memory on [2, 5), max_num_seqs on [5, 6).
+    times = [0.0, 2.0, 5.0, 6.0, 12.0]
+    series = pd.DataFrame(
+        {
+            "time_s": times,
+            "used_tokens": [40.0] * 5,
+            "reserved_tokens": [10.0] * 5,
+            "internal_fragmentation_tokens": [5.0] * 5,
+            "external_fragmentation_tokens": [0.0] * 5,
+            "cached_tokens": [0.0] * 5,
+            "free_tokens": [45.0] * 5,
+            "num_requests_running": [2, 3, 3, 2, 0],
+            "num_sequences_running": [2, 3, 3, 2, 0],
+            "num_requests_waiting": [0, 1, 1, 0, 0],
+            "kv_cache_usage_perc": [0.55] * 5,
+            "num_preemptions": [0, 1, 2, 3, 3],
+            "admission_blocker": [0, KV_MEMORY, MAX_NUM_SEQS, 0, TOKEN_BUDGET],
+        }
+    )
+    got = steady_metrics(requests, series, 100, SteadyWindow(0.2, 0.1))
+    assert (got["window_start_s"], got["window_end_s"]) == pytest.approx((2.0, 8.1))
+    assert got["window_requests"] == 7  # arrivals 2..8
+    assert got["ttft_p50_s"] == pytest.approx(0.6)  # median of 0.3..0.9
+    # The late half holds arrivals after 5.05 s (6..8: TTFT 0.7..0.9); numpy's p99 interpolates.
+    assert got["late_ttft_p99_s"] == pytest.approx(0.898)
+    assert got["preemptions_per_request"] == pytest.approx(3 / 7)
+    assert got["rejected_frac"] == 0.0
+    duration = 8.1 - 2.0
+    assert got["arrival_rate_per_s"] == pytest.approx(7 / duration)
+    assert got["completion_rate_per_s"] == pytest.approx(7 / duration)  # finished at 2..8 s: requests 0..6
+    assert got["output_tokens_per_s"] == pytest.approx(70 / duration)
+    assert got["mean_used_frac"] == pytest.approx(0.40) and got["mean_free_frac"] == pytest.approx(0.45)
+    assert got["blocked_by_kv_memory_frac"] == pytest.approx(3.0 / duration)
+    assert got["blocked_by_max_num_seqs_frac"] == pytest.approx(1.0 / duration)
+    assert got["blocked_by_token_budget_frac"] == 0.0
+    assert got["mean_waiting"] == pytest.approx(4.0 / duration)
+    assert got["peak_running"] == 3 and got["window_preemptions"] == 2  # counter 1 at the start, 3 at the end
+    # Waiting over the last tenth of the window (7.49-8.1 s: 0) minus over the first (2.0-2.61 s: 1).
+    assert got["queue_growth_frac"] == pytest.approx((0.0 - 1.0) / 7)
+
+
+def test_short_probe_keeps_half_its_window():
+    """Residence longer than the run: the warm-up stops halfway through the nominal window."""
+    requests = pd.DataFrame(
+        {
+            "arrival_s": [float(t) for t in range(11)],
+            "e2e_s": [100.0] * 11,
+            "outcome": ["finished"] * 11,
+        }
+    )
+    assert window_bounds(requests, SteadyWindow(0.2, 0.2)) == pytest.approx((2.0 + 3.0, 8.0))
+
+
+def test_ranking_by_hourly_cost_then_gpus_then_rate():
+    def usable(key, rate, gpus, per_hour=None, tokens_cost=None):
+        result = {"key": key, "max_rate_per_s": rate, "tensor_parallel_size": 1, "gpus_for_target": gpus}
+        if per_hour is not None:
+            result |= {"cost_per_hour_for_target": per_hour, "cost_per_million_output_tokens": tokens_cost}
+        return result
+
+    infeasible = {"key": "x", "status": "infeasible"}
+    priced = [
+        usable("a100", 3.5, 15, 27.0, 0.34),
+        usable("h100 paged", 9.0, 6, 18.0, 0.21),  # cheaper per token only by sampling noise
+        usable("h100 prefix", 9.5, 6, 18.0, 0.22),
+        infeasible,
+    ]
+    assert [r["key"] for r in rank(priced, 50)] == ["h100 prefix", "h100 paged", "a100", "x"]
+    assert [r["rank"] for r in priced] == [3, 2, 1, None]
+    unpriced = [usable("slow", 2.0, 25), usable("fast", 5.0, 10), usable("fast too", 5.5, 10)]
+    assert [r["key"] for r in rank(unpriced, 50)] == ["fast too", "fast", "slow"]

@@ -1,0 +1,191 @@
+"""Sweep and plan files: expansion, and bad files failing before any simulation with file, key and value."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.cli import main
+from sim.config import ConfigError
+from sim.planning.plan_spec import load_plan_spec
+from sim.planning.schema import set_key_path
+from sim.planning.spec import RangeAxis, load_sweep_spec
+from tests.planning_helpers import TINY_EXPERIMENT, plan_data, sweep_file, write_yaml
+
+
+def test_axes_product_then_zip_groups(tmp_path):
+    path = sweep_file(
+        tmp_path,
+        axes={"engine.block_size": [16, 32], "seed": [1, 2, 3]},
+        zip=[{"gpu": ["A100-80GB", "H100-80GB"], "engine.gpu_memory_utilization": [0.9, 0.8]}],
+    )
+    sweep = load_sweep_spec(path)
+    assert len(sweep.points) == 2 * 3 * 2
+    assert sweep.axis_keys == ["engine.block_size", "seed", "gpu", "engine.gpu_memory_utilization"]
+    assert sweep.points[0].values == {
+        "engine.block_size": 16,
+        "seed": 1,
+        "gpu": "A100-80GB",
+        "engine.gpu_memory_utilization": 0.9,
+    }
+    assert sweep.points[1].values["gpu"] == "H100-80GB"
+    assert sweep.points[1].values["engine.gpu_memory_utilization"] == 0.8
+    last = sweep.points[-1]
+    assert (last.config.engine.block_size, last.config.seed, last.config.gpu) == (32, 3, "H100-80GB")
+    assert len(set(sweep.ids())) == 12
+
+
+def test_range_axes():
+    assert RangeAxis.model_validate({"from": 1, "to": 4, "steps": 4}).values() == [1.0, 2.0, 3.0, 4.0]
+    assert RangeAxis.model_validate({"from": 1, "to": 8, "steps": 4, "log": True}).values() == [
+        1.0,
+        2.0,
+        4.0,
+        8.0,
+    ]
+    assert RangeAxis.model_validate(
+        {"from": 8, "to": 64, "steps": 4, "log": True, "integer": True}
+    ).values() == [
+        8,
+        16,
+        32,
+        64,
+    ]
+    assert RangeAxis.model_validate({"from": 1, "to": 2, "steps": 3}).values() == [1.0, 1.5, 2.0]
+
+
+def test_fixed_overrides_and_cli_set_apply_to_every_point(tmp_path):
+    path = sweep_file(tmp_path, set={"workload.num_requests": 25})
+    sweep = load_sweep_spec(path, ["engine.max_num_seqs=7"])
+    assert {p.config.workload.num_requests for p in sweep.points} == {25}
+    assert {p.config.engine.max_num_seqs for p in sweep.points} == {7}
+
+
+def test_points_with_the_same_config_share_an_id_and_others_do_not(tmp_path):
+    one = load_sweep_spec(sweep_file(tmp_path))
+    again = load_sweep_spec(sweep_file(tmp_path))
+    assert one.ids() == again.ids()
+    assert len(set(one.ids())) == 4
+
+
+def test_base_file_relative_to_the_sweep(tmp_path):
+    (tmp_path / "exp").mkdir()
+    write_yaml(tmp_path / "exp" / "base.yaml", TINY_EXPERIMENT)
+    path = write_yaml(
+        tmp_path / "sweep.yaml", {"name": "s", "base": "exp/base.yaml", "axes": {"seed": [1, 2]}}
+    )
+    sweep = load_sweep_spec(path)
+    assert [p.config.seed for p in sweep.points] == [1, 2]
+    assert sweep.points[0].base_dir == (tmp_path / "exp").resolve()
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        (
+            {"axes": {"engine.blok_size": [16]}},
+            [
+                "sweep.yaml: point 0 (engine.blok_size=16)",
+                "engine.blok_size: unknown key; did you mean 'block_size'? (got 16)",
+            ],
+        ),
+        (
+            {"axes": {"engine.block_size": [16, 0]}},
+            ["point 1 (engine.block_size=0)", "engine.block_size: Input should be greater than 0 (got 0)"],
+        ),
+        ({"axes": {"engine.block_size": []}}, ["invalid sweep file", "axis 'engine.block_size' is empty"]),
+        ({"axis": {"seed": [1]}}, ["invalid sweep file", "axis: unknown key; did you mean 'axes'?"]),
+        (
+            {"axes": {"seed.x": [1]}},
+            ["point 0 (seed.x=1)", "key path 'seed.x' = 1: seed holds 3, not a mapping"],
+        ),
+        (
+            {"axes": {"variants.0.options.reservaton": ["max"]}},
+            ["point 0 (variants.0.options.reservaton=max)", "unexpected keyword argument 'reservaton'"],
+        ),
+        (
+            {"zip": [{"seed": [1, 2], "engine.block_size": [16]}]},
+            ["zip group 0: its keys must have as many values each", "'seed': 2, 'engine.block_size': 1"],
+        ),
+        (
+            {"axes": {"gpu": ["A100-80GB", "A99"]}},
+            ["point 1 (gpu=A99)", "unknown GPU 'A99'"],
+        ),
+    ],
+)
+def test_bad_sweeps_name_file_point_key_and_value(tmp_path, changes, expected):
+    with pytest.raises(ConfigError) as caught:
+        load_sweep_spec(sweep_file(tmp_path, **changes))
+    for text in expected:
+        assert text in str(caught.value)
+
+
+def test_bad_sweep_stops_the_cli_before_any_output(tmp_path, capsys):
+    path = sweep_file(tmp_path, axes={"engine.block_size": [16, -1]})
+    out = tmp_path / "out"
+    assert main(["sweep", str(path), "-o", str(out), "-j", "1"]) == 2
+    assert "point 1 (engine.block_size=-1)" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_set_key_path_into_lists_and_errors():
+    data = {"variants": [{"name": "a", "policy": "paged"}], "seed": 1}
+    set_key_path(data, "variants.0.policy", "prefix")
+    set_key_path(data, "engine.block_size", 32)
+    assert data["variants"][0]["policy"] == "prefix" and data["engine"] == {"block_size": 32}
+    with pytest.raises(KeyError, match="not an index of a list of 1"):
+        set_key_path(data, "variants.3.policy", "paged")
+
+
+def test_plan_expands_candidates_and_marks_models_that_do_not_fit(tmp_path):
+    data = plan_data(
+        gpus=[{"gpu": "A100-80GB", "price_per_hour": 2.0}, "T4-16GB"],
+        engine={"max_model_len": 1024},
+        candidates={"policies": [{"name": "paged", "policy": "paged"}], "block_sizes": [16, 32]},
+    )
+    plan = load_plan_spec(write_yaml(tmp_path / "plan.yaml", data))
+    assert [c.key for c in plan.candidates] == [
+        "A100-80GB / paged / block 16",
+        "A100-80GB / paged / block 32",
+        "T4-16GB / paged / block 16",
+        "T4-16GB / paged / block 32",
+    ]
+    assert plan.candidates[0].price_per_hour == 2.0 and not plan.candidates[0].infeasible
+    assert "Llama-3.1-8B on T4-16GB does not fit" in plan.candidates[2].infeasible
+    config = plan.probe_config(plan.candidates[1], 3.5, seed=2)
+    assert (config.engine.block_size, config.seed, config.workload.num_requests) == (32, 2, 120)
+    assert config.workload.arrival.rate_per_s == 3.5
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"slos": {"ttft_p99": 1.0}}, "slos.ttft_p99: unknown key; did you mean 'ttft_p99_s'?"),
+        ({"slos": {}}, "give at least one SLO"),
+        ({"slos": {"ttft_p99_s": -1}}, "slos.ttft_p99_s: Input should be greater than 0 (got -1)"),
+        ({"target_rate": 3}, "target_rate: unknown key; did you mean 'target_rate_per_s'?"),
+        ({"engine": {"blok_size": 16}}, "engine.blok_size: unknown key; did you mean 'block_size'?"),
+        (
+            {"candidates": {"policies": [{"name": "p", "policy": "paged"}], "engine": {"max_num_seq": [4]}}},
+            "unknown engine knob; did you mean 'max_num_seqs'?",
+        ),
+        (
+            {"candidates": {"policies": [{"name": "p", "policy": "pagd"}]}},
+            "unknown policy 'pagd'; did you mean 'paged'?",
+        ),
+        ({"gpus": ["A99"]}, "unknown GPU 'A99'"),
+        (
+            {"workload": {"arival": {"kind": "poisson", "rate_per_s": 1}}},
+            "workload.arival: unknown key; did you mean 'arrival'?",
+        ),
+        (
+            {"search": {"start_rate_per_s": 0.01, "min_rate_per_s": 0.1}},
+            "need min_rate_per_s <= start_rate_per_s",
+        ),
+    ],
+)
+def test_bad_plans_name_file_key_and_value(tmp_path, changes, expected):
+    path = write_yaml(tmp_path / "plan.yaml", plan_data(**changes))
+    with pytest.raises(ConfigError) as caught:
+        load_plan_spec(path)
+    assert str(path) in str(caught.value)
+    assert expected in str(caught.value)
