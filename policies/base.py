@@ -216,8 +216,13 @@ class KVCachePolicy(ABC):
 
     # -- capacity and accounting -------------------------------------------------------------------
     @abstractmethod
+    def breakdown_values(self) -> tuple[int, int, int, int, int, int]:
+        """The breakdown as a plain tuple in :attr:`MemoryBreakdown.CATEGORIES` order. The engine
+        reads it after every event, so it must be O(1) from running sums (or O(log) at worst)."""
+
     def breakdown(self) -> MemoryBreakdown:
-        """Where every slot is now. Must sum to :attr:`pool_slots`."""
+        """Where every slot is now. Sums to :attr:`pool_slots`."""
+        return MemoryBreakdown(*self.breakdown_values())
 
     @abstractmethod
     def slots_needed_to_grow(self, seq_id: int, num_tokens: int) -> int:
@@ -245,8 +250,8 @@ class KVCachePolicy(ABC):
     def sharing_slots(self) -> tuple[int, int]:
         """``(physical, logical)``: slots live sequences hold, and slots they would hold if nothing were
         shared. ``1 - physical / logical`` is the memory saved by sharing. Without sharing they match."""
-        breakdown = self.breakdown()
-        allocated = breakdown.used + breakdown.reserved + breakdown.internal_fragmentation
+        used, reserved, internal, _, _, _ = self.breakdown_values()
+        allocated = used + reserved + internal
         return allocated, allocated
 
     @property

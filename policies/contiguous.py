@@ -48,7 +48,6 @@ from policies._free_space import BuddySpace, FreeSpace, HoleSpace, ceil_pow2
 from policies.base import (
     ChildSpec,
     KVCachePolicy,
-    MemoryBreakdown,
     OutOfKVMemory,
     PolicyInputError,
     PoolSpec,
@@ -218,15 +217,15 @@ class ContiguousPolicy(KVCachePolicy):
         self._region_total -= sequence.size
 
     # -- capacity and accounting -------------------------------------------------------------------
-    def breakdown(self) -> MemoryBreakdown:
+    def breakdown_values(self) -> tuple[int, int, int, int, int, int]:
         external = self._space.free_below(self._reference)
-        return MemoryBreakdown(
-            used=self._used,
-            reserved=self._final_total - self._used,
-            internal_fragmentation=self._region_total - self._final_total,
-            external_fragmentation=external,
-            cached=0,
-            free=self._space.free_slots - external,
+        return (
+            self._used,
+            self._final_total - self._used,
+            self._region_total - self._final_total,
+            external,
+            0,
+            self._space.free_slots - external,
         )
 
     def slots_needed_to_grow(self, seq_id: int, num_tokens: int) -> int:

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from policies.base import (
     ChildSpec,
     KVCachePolicy,
-    MemoryBreakdown,
     OutOfKVMemory,
     PolicyInputError,
     PoolSpec,
@@ -137,17 +136,17 @@ class PagedPolicy(KVCachePolicy):
             return 0  # the next write copies the shared tail first
         return min(len(seq.block_table) * self.block_size, seq.final_len) - seq.num_tokens
 
-    def breakdown(self) -> MemoryBreakdown:
+    def breakdown_values(self) -> tuple[int, int, int, int, int, int]:
         block_size = self.block_size
         cached_blocks = self._cached_blocks()
-        return MemoryBreakdown(
-            used=self._filled_sum,
-            reserved=self._target_sum - self._filled_sum,
-            internal_fragmentation=self._live_blocks * block_size - self._target_sum,
+        return (
+            self._filled_sum,
+            self._target_sum - self._filled_sum,
+            self._live_blocks * block_size - self._target_sum,
             # Slots past the last whole block can never hold a block: they are split-off memory.
-            external_fragmentation=self.pool.kv_pool_tokens - self.num_blocks * block_size,
-            cached=cached_blocks * block_size,
-            free=(self.num_blocks - self._live_blocks - cached_blocks) * block_size,
+            self.pool.kv_pool_tokens - self.num_blocks * block_size,
+            cached_blocks * block_size,
+            (self.num_blocks - self._live_blocks - cached_blocks) * block_size,
         )
 
     def _cached_blocks(self) -> int:

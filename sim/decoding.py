@@ -36,7 +36,7 @@ class RequestState:
     tokens_to_prefill: int = 0  # on the current admission (a recompute re-prefills generated tokens too)
     prefilled: int = 0
     swapped_tokens: int = 0  # > 0 while its KV sits in the host pool
-    blocked: bool = False  # its admission already failed in this wait (counted once, whatever the step mode)
+    waited_for_memory: bool = False  # its admission failed for lack of KV memory at least once
     is_running: bool = False
     admission: int = 0  # order of its latest admission: the running list is sorted by it
     decoding: bool = False  # prompt done: every sequence gains a token per decode iteration
@@ -147,6 +147,16 @@ class DecodeClock:
 
     def next_end(self) -> int:
         return self._peek(self._ends, _end_valid)
+
+    def pop_flush(self, until: int) -> tuple[int, RequestState] | None:
+        """The next request whose room runs out at or before clock ``until``, and that clock, in the
+        order single steps meet them (clock, then admission); None when there is none."""
+        heap = self._flushes
+        while heap and heap[0][0] <= until:
+            entry = heapq.heappop(heap)
+            if _flush_valid(entry):
+                return entry[0], entry[3]
+        return None
 
     def due_flushes(self) -> list[RequestState]:
         """Requests whose room runs out at this iteration, oldest admission first."""

@@ -118,17 +118,24 @@ def _oom_preemptions(series: dict[str, pd.DataFrame], path: Path) -> Path:
     figure, axis = plt.subplots(figsize=(10, 4))
     for variant, frame in series.items():
         (line,) = axis.step(
-            frame["time_s"], frame["oom_events"], where="post", label=f"{variant}: OOM events"
-        )
-        axis.step(
             frame["time_s"],
-            frame["num_preemptions"],
+            frame["admission_waits"],
             where="post",
-            linestyle="--",
-            color=line.get_color(),
-            label=f"{variant}: preemptions",
+            label=f"{variant}: requests that waited for KV memory",
         )
-    axis.set_title("Cumulative OOM events (failed allocations) and preemptions")
+        for column, style, label in (
+            ("preemptions", "--", "preemptions"),
+            ("oom_failures", ":", "OOM failures"),
+        ):
+            axis.step(
+                frame["time_s"],
+                frame[column],
+                where="post",
+                linestyle=style,
+                color=line.get_color(),
+                label=f"{variant}: {label}",
+            )
+    axis.set_title("Cumulative requests that waited for KV memory, preemptions, OOM failures (on_oom: fail)")
     axis.set_xlabel("simulated time (s)")
     axis.set_ylabel("count")
     axis.legend(fontsize=8)
