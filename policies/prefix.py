@@ -1,12 +1,15 @@
 """Paged allocation with prefix sharing and copy-on-write (vLLM V1 prefix caching + V0 forks).
 
-- Every full block gets a hash chained over (parent block hash, the token pieces it holds, the
-  namespace). A hash map finds cached blocks; a hit is verified piece by piece and against the
-  physical parent block, so a hash collision can never share wrong content.
-- Blocks are reference counted. When the last owner frees a full block it keeps its hash and stays
+- Every full block gets a cache key: the token pieces it holds, the namespace, and its physical
+  parent block (with the parent's epoch, which changes whenever that block is evicted). Chained
+  through the parents, the key names the whole prefix, like vLLM's block hash chain; unlike a hash,
+  a key is only ever matched by equality (the cache is a dict keyed by it), so a lookup can never
+  share wrong content. Two blocks can hold the same key (a prompt that could hit only part of a
+  cached prefix recomputes the rest); the first one cached is the one hit, as vLLM does.
+- Blocks are reference counted. When the last owner frees a full block it keeps its key and stays
   *cached* (hittable) in the free queue until it is handed out again, which evicts it: LRU.
   A freed sequence's blocks enter the queue tail-first, so its longest-prefix block is evicted first;
-  a freed block holding no hash goes to the head and is reused before any cached block (vLLM #42656).
+  a freed block holding no key goes to the head and is reused before any cached block (vLLM #42656).
 - A prefix hit never covers the prompt's last token: it must be computed to produce logits (vLLM's
   ``num_tokens - 1`` rule). Only full blocks are ever shared through the cache.
 - ``fork`` shares every parent block with the children. Writing into a shared, partly filled block
@@ -17,7 +20,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Hashable
+from collections.abc import Iterator
 
 from policies.base import PolicyInputError, PoolSpec, TokenContent, content_length, register, validate_content
 from policies.paged import PagedPolicy, SequenceState, ceil_div
@@ -43,19 +46,37 @@ def block_pieces(
     return tuple(pieces)
 
 
+def blocks_pieces(
+    segments: list[tuple[int, int]], segment_ends: list[int], first: int, last: int, block_size: int
+) -> Iterator[tuple[Piece, ...]]:
+    """:func:`block_pieces` of blocks ``first`` to ``last - 1``, walking the segments once: a block
+    inside one segment (nearly all of them) is a single piece computed in a few operations."""
+    index = bisect_right(segment_ends, first * block_size)
+    for block in range(first, last):
+        start = block * block_size
+        end = start + block_size
+        while segment_ends[index] <= start:
+            index += 1
+        segment_end = segment_ends[index]
+        if end <= segment_end:
+            content_id, length = segments[index]
+            offset = start - segment_end + length
+            yield ((content_id, offset, offset + block_size),)
+        else:
+            yield block_pieces(segments, segment_ends, start, end)
+
+
 @register("prefix")
 class PrefixCachingPolicy(PagedPolicy):
-    """Paged blocks shared by prefix hash and by fork, with LRU eviction of cached blocks."""
+    """Paged blocks shared by prefix (cache key) and by fork, with LRU eviction of cached blocks."""
 
-    def __init__(self, pool: PoolSpec, hash_fn: Callable[[Hashable], int] = hash):
+    def __init__(self, pool: PoolSpec):
         super().__init__(pool)
-        self.hash_fn = hash_fn
-        self._block_hash: list[int | None] = [None] * self.num_blocks
         self._block_key: list[BlockKey | None] = [None] * self.num_blocks
-        # A block's epoch changes whenever it is evicted, so a child that chained to its old content
-        # can never verify against its new content.
+        # A block's epoch changes whenever it is evicted, so a child keyed under its old content can
+        # never match under its new content.
         self._epoch = [0] * self.num_blocks
-        self._cached_by_hash: dict[int, list[int]] = {}
+        self._cached_by_key: dict[BlockKey, list[int]] = {}  # blocks holding each key, first cached first
         self._cached_in_queue = 0
         self._pinned: set[int] = set()
         self._pinned_idle = 0
@@ -84,26 +105,17 @@ class PrefixCachingPolicy(PagedPolicy):
     def _find_cached_prefix(self, prompt: TokenContent, max_blocks: int, namespace: int) -> list[int]:
         segments = [segment for segment in prompt if segment[1] > 0]
         ends = _cumulative_ends(segments)
-        block_size = self.block_size
+        max_blocks = min(max_blocks, (ends[-1] if ends else 0) // self.block_size)
         hits: list[int] = []
-        parent_hash: int | None = None
         parent_ref: tuple[int, int] | None = None
-        for index in range(max_blocks):
-            pieces = block_pieces(segments, ends, index * block_size, (index + 1) * block_size)
-            key: BlockKey = (pieces, namespace, parent_ref)
-            block_hash = self.hash_fn((parent_hash, pieces, namespace))
-            block_id = self._verified_block(block_hash, key)
-            if block_id is None:
+        for pieces in blocks_pieces(segments, ends, 0, max_blocks, self.block_size):
+            holders = self._cached_by_key.get((pieces, namespace, parent_ref))
+            if not holders:
                 break
+            block_id = holders[0]
             hits.append(block_id)
-            parent_hash, parent_ref = block_hash, (block_id, self._epoch[block_id])
+            parent_ref = (block_id, self._epoch[block_id])
         return hits
-
-    def _verified_block(self, block_hash: int, key: BlockKey) -> int | None:
-        for block_id in self._cached_by_hash.get(block_hash, ()):
-            if self._block_key[block_id] == key:
-                return block_id
-        return None
 
     def _record_prefix_query(self, prompt_len: int, cached_tokens: int) -> None:
         self.stats.prefix_cache_queries += prompt_len
@@ -116,11 +128,13 @@ class PrefixCachingPolicy(PagedPolicy):
             else:
                 self.free_queue.remove(block_id)
                 self._cached_in_queue -= 1
+            # A cached block is full: it holds and will hold block_size token states.
             self._live_blocks += 1
-            self._set_fill(block_id, self.block_size, self.block_size)
+            self._filled_sum += self.block_size
+            self._target_sum += self.block_size
         self.ref_count[block_id] += 1
 
-    # ----------------------------------------------------------------------------- content and hashes
+    # ------------------------------------------------------------------------------- content and keys
     def _remember_content(self, seq: SequenceState, content: TokenContent) -> None:
         validate_content(content, f"content of sequence {seq.seq_id}")
         for segment in content:
@@ -145,54 +159,59 @@ class PrefixCachingPolicy(PagedPolicy):
         seq.segment_ends.append((seq.segment_ends[-1] if seq.segment_ends else 0) + segment[1])
 
     def _on_blocks_filled(self, seq: SequenceState) -> None:
-        """Cache every block of ``seq`` that became full and has no hash yet."""
-        block_size = self.block_size
-        for index in range(len(seq.block_hashes), seq.num_tokens // block_size):
-            block_id = seq.block_table[index]
-            pieces = block_pieces(
-                seq.segments, seq.segment_ends, index * block_size, (index + 1) * block_size
-            )
-            if index:
-                parent_id = seq.block_table[index - 1]
-                parent_hash: int | None = seq.block_hashes[-1]
-                parent_ref: tuple[int, int] | None = (parent_id, self._epoch[parent_id])
-            else:
-                parent_hash, parent_ref = None, None
-            block_hash = self.hash_fn((parent_hash, pieces, seq.namespace))
-            seq.block_hashes.append(block_hash)
-            if self._block_hash[block_id] is None:
-                self._block_hash[block_id] = block_hash
-                self._block_key[block_id] = (pieces, seq.namespace, parent_ref)
-                self._cached_by_hash.setdefault(block_hash, []).append(block_id)
+        """Cache every block of ``seq`` that became full and has no key yet (a hit or a block shared
+        with a fork has one)."""
+        first, last = seq.keyed_blocks, seq.num_tokens // self.block_size
+        if first >= last:
+            return
+        table, keys, epoch, cache = seq.block_table, self._block_key, self._epoch, self._cached_by_key
+        namespace = seq.namespace
+        parent_ref = (table[first - 1], epoch[table[first - 1]]) if first else None
+        pieces_of = blocks_pieces(seq.segments, seq.segment_ends, first, last, self.block_size)
+        for block_id, pieces in zip(table[first:last], pieces_of, strict=True):
+            if keys[block_id] is None:
+                key = (pieces, namespace, parent_ref)
+                keys[block_id] = key
+                holders = cache.get(key)
+                if holders is None:
+                    cache[key] = [block_id]
+                else:
+                    holders.append(block_id)
+            parent_ref = (block_id, epoch[block_id])
+        seq.keyed_blocks = last
 
     # ---------------------------------------------------------------------------------- free queue
-    def _take_free_block(self) -> int:
-        block_id = self.free_queue.popleft()
-        if self._block_hash[block_id] is not None:
-            self._evict(block_id)
-        return block_id
+    def _take_free_blocks(self, count: int) -> list[int]:
+        # Blank blocks come first; past them the queue holds cached blocks, evicted oldest first.
+        cached = count - self.free_queue.blank
+        blocks = self.free_queue.take(count)
+        if cached > 0:
+            for block_id in blocks[-cached:]:
+                self._evict(block_id)
+        return blocks
 
     def _evict(self, block_id: int) -> None:
-        block_hash = self._block_hash[block_id]
-        assert block_hash is not None
-        same_hash = self._cached_by_hash[block_hash]
-        same_hash.remove(block_id)
-        if not same_hash:
-            del self._cached_by_hash[block_hash]
-        self._block_hash[block_id] = None
+        key = self._block_key[block_id]
+        assert key is not None
+        holders = self._cached_by_key[key]
+        holders.remove(block_id)
+        if not holders:
+            del self._cached_by_key[key]
         self._block_key[block_id] = None
         self._epoch[block_id] += 1
         self._cached_in_queue -= 1
         self.stats.evictions += 1
 
-    def _return_free_block(self, block_id: int) -> None:
-        if block_id in self._pinned:
-            self._pinned_idle += 1
-        elif self._block_hash[block_id] is not None:
-            self.free_queue.append(block_id)
-            self._cached_in_queue += 1
-        else:
-            self.free_queue.appendleft(block_id)
+    def _return_free_blocks(self, block_ids: list[int]) -> None:
+        keys, queue, pinned = self._block_key, self.free_queue, self._pinned
+        for block_id in block_ids:
+            if block_id in pinned:
+                self._pinned_idle += 1
+            elif keys[block_id] is not None:
+                queue.append(block_id)
+                self._cached_in_queue += 1
+            else:
+                queue.appendleft(block_id)
 
     # ------------------------------------------------------------------------------- fork and COW
     def _blocks_needed_to_fork(self, parent: SequenceState, num_children: int) -> int:
@@ -222,12 +241,12 @@ class PrefixCachingPolicy(PagedPolicy):
         if not self._tail_is_shared_and_partial(seq):
             return
         shared = seq.block_table[-1]
-        copy = self._take_free_block()
+        (copy,) = self._take_free_blocks(1)
         self._drop_reference(seq, shared)
         self.ref_count[copy] = 1
         self._live_blocks += 1
         seq.block_table[-1] = copy
-        self._partial_owners[copy] = [seq]
+        self._start_partial(copy, seq)
         self._retarget_tail(copy, seq)
         self.stats.cow_copies += 1
 

@@ -27,7 +27,6 @@ PROMPTS = [
 VARIANTS = [
     ("paged", {}),
     ("prefix", {}),
-    ("prefix", {"hash_fn": lambda _key: 7}),  # every hash collides: verification must hold alone
     ("contiguous", {"reservation": "max", "placement": "first_fit"}),
     ("contiguous", {"reservation": "pow2", "placement": "best_fit"}),
     ("contiguous", {"reservation": "oracle", "placement": "buddy"}),
@@ -60,7 +59,7 @@ def expected_block_accounting(policy: PagedPolicy) -> dict[str, int]:
             1
             for block_id in range(policy.num_blocks)
             if policy.ref_count[block_id] == 0
-            and (policy._block_hash[block_id] is not None or block_id in policy._pinned)
+            and (policy._block_key[block_id] is not None or block_id in policy._pinned)
         )
     return {
         "used": sum(filled.values()),
