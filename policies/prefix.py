@@ -26,7 +26,11 @@ from policies.base import PolicyInputError, PoolSpec, TokenContent, content_leng
 from policies.paged import PagedPolicy, SequenceState, ceil_div
 
 Piece = tuple[int, int, int]  # (content_id, first offset, end offset) within one token stream
-BlockKey = tuple[tuple[Piece, ...], int, tuple[int, int] | None]  # pieces, namespace, (parent id, epoch)
+# A block's cache key: what it holds, then (namespace, parent block id, parent epoch); the first
+# block of a sequence has parent -1. What it holds is its single piece spelled out (content_id,
+# first, end), or ``(pieces,)`` when it spans several segments: keys of either kind never match.
+BlockKey = tuple
+NO_PARENT = (-1, 0)
 
 
 def block_pieces(
@@ -46,11 +50,12 @@ def block_pieces(
     return tuple(pieces)
 
 
-def blocks_pieces(
+def block_contents(
     segments: list[tuple[int, int]], segment_ends: list[int], first: int, last: int, block_size: int
-) -> Iterator[tuple[Piece, ...]]:
-    """:func:`block_pieces` of blocks ``first`` to ``last - 1``, walking the segments once: a block
-    inside one segment (nearly all of them) is a single piece computed in a few operations."""
+) -> Iterator[tuple]:
+    """What blocks ``first`` to ``last - 1`` hold, as the leading part of their :data:`BlockKey`,
+    walking the segments once: a block inside one segment (nearly all of them) is one piece,
+    computed in a few operations."""
     index = bisect_right(segment_ends, first * block_size)
     for block in range(first, last):
         start = block * block_size
@@ -61,9 +66,9 @@ def blocks_pieces(
         if end <= segment_end:
             content_id, length = segments[index]
             offset = start - segment_end + length
-            yield ((content_id, offset, offset + block_size),)
+            yield (content_id, offset, offset + block_size)
         else:
-            yield block_pieces(segments, segment_ends, start, end)
+            yield (block_pieces(segments, segment_ends, start, end),)
 
 
 @register("prefix")
@@ -76,7 +81,8 @@ class PrefixCachingPolicy(PagedPolicy):
         # A block's epoch changes whenever it is evicted, so a child keyed under its old content can
         # never match under its new content.
         self._epoch = [0] * self.num_blocks
-        self._cached_by_key: dict[BlockKey, list[int]] = {}  # blocks holding each key, first cached first
+        self._cached_by_key: dict[BlockKey, int] = {}  # the first block cached under each key
+        self._later_holders: dict[BlockKey, list[int]] = {}  # rare: more blocks under the same key
         self._cached_in_queue = 0
         self._pinned: set[int] = set()
         self._pinned_idle = 0
@@ -107,14 +113,14 @@ class PrefixCachingPolicy(PagedPolicy):
         ends = _cumulative_ends(segments)
         max_blocks = min(max_blocks, (ends[-1] if ends else 0) // self.block_size)
         hits: list[int] = []
-        parent_ref: tuple[int, int] | None = None
-        for pieces in blocks_pieces(segments, ends, 0, max_blocks, self.block_size):
-            holders = self._cached_by_key.get((pieces, namespace, parent_ref))
-            if not holders:
+        parent = NO_PARENT
+        cache, epoch = self._cached_by_key, self._epoch
+        for content in block_contents(segments, ends, 0, max_blocks, self.block_size):
+            block_id = cache.get(content + (namespace, *parent))
+            if block_id is None:
                 break
-            block_id = holders[0]
             hits.append(block_id)
-            parent_ref = (block_id, self._epoch[block_id])
+            parent = (block_id, epoch[block_id])
         return hits
 
     def _record_prefix_query(self, prompt_len: int, cached_tokens: int) -> None:
@@ -166,18 +172,15 @@ class PrefixCachingPolicy(PagedPolicy):
             return
         table, keys, epoch, cache = seq.block_table, self._block_key, self._epoch, self._cached_by_key
         namespace = seq.namespace
-        parent_ref = (table[first - 1], epoch[table[first - 1]]) if first else None
-        pieces_of = blocks_pieces(seq.segments, seq.segment_ends, first, last, self.block_size)
-        for block_id, pieces in zip(table[first:last], pieces_of, strict=True):
+        parent_id, parent_epoch = (table[first - 1], epoch[table[first - 1]]) if first else NO_PARENT
+        contents = block_contents(seq.segments, seq.segment_ends, first, last, self.block_size)
+        for block_id, content in zip(table[first:last], contents, strict=True):
             if keys[block_id] is None:
-                key = (pieces, namespace, parent_ref)
+                key = content + (namespace, parent_id, parent_epoch)
                 keys[block_id] = key
-                holders = cache.get(key)
-                if holders is None:
-                    cache[key] = [block_id]
-                else:
-                    holders.append(block_id)
-            parent_ref = (block_id, epoch[block_id])
+                if cache.setdefault(key, block_id) != block_id:
+                    self._later_holders.setdefault(key, []).append(block_id)
+            parent_id, parent_epoch = block_id, epoch[block_id]
         seq.keyed_blocks = last
 
     # ---------------------------------------------------------------------------------- free queue
@@ -186,21 +189,34 @@ class PrefixCachingPolicy(PagedPolicy):
         cached = count - self.free_queue.blank
         blocks = self.free_queue.take(count)
         if cached > 0:
-            for block_id in blocks[-cached:]:
-                self._evict(block_id)
+            self._evict(blocks[-cached:])
         return blocks
 
-    def _evict(self, block_id: int) -> None:
-        key = self._block_key[block_id]
-        assert key is not None
-        holders = self._cached_by_key[key]
-        holders.remove(block_id)
+    def _evict(self, block_ids: list[int]) -> None:
+        """Cached blocks taken from the queue forget their content."""
+        keys, epoch, cache, later = self._block_key, self._epoch, self._cached_by_key, self._later_holders
+        for block_id in block_ids:
+            key = keys[block_id]
+            assert key is not None, "only blocks holding a key are cached"
+            keys[block_id] = None
+            epoch[block_id] += 1
+            first = cache.pop(key)
+            if later and key in later:
+                self._drop_holder(key, first, block_id)
+        self._cached_in_queue -= len(block_ids)
+        self.stats.evictions += len(block_ids)
+
+    def _drop_holder(self, key: BlockKey, first: int, block_id: int) -> None:
+        """``block_id`` no longer holds ``key``, which other blocks hold too (``first``, the first
+        cached, was just taken out of the cache): the earliest remaining holder stands for it."""
+        holders = self._later_holders[key]
+        if first == block_id:
+            first = holders.pop(0)
+        else:
+            holders.remove(block_id)
+        self._cached_by_key[key] = first
         if not holders:
-            del self._cached_by_key[key]
-        self._block_key[block_id] = None
-        self._epoch[block_id] += 1
-        self._cached_in_queue -= 1
-        self.stats.evictions += 1
+            del self._later_holders[key]
 
     def _return_free_blocks(self, block_ids: list[int]) -> None:
         keys, queue, pinned = self._block_key, self.free_queue, self._pinned

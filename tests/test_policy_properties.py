@@ -14,8 +14,10 @@ from policies.prefix import PrefixCachingPolicy
 BLOCK_SIZE = 4
 POOL = PoolSpec(kv_pool_tokens=30 * BLOCK_SIZE + 2, block_size=BLOCK_SIZE, max_model_len=48)
 
-# A few prompts that share leading segments, so prefix hits happen often.
+# A few prompts that share leading segments, so prefix hits happen often. A block-aligned prompt
+# repeated may hit only all but its last block, so two blocks come to hold the same cache key.
 PROMPTS = [
+    ((1, 8),),
     ((1, 9),),
     ((1, 9), (2, 5)),
     ((1, 4), (3, 7)),
