@@ -206,6 +206,35 @@ class KVCachePolicy(ABC):
         """Append ``num_tokens`` tokens (the sequence's own output stream unless ``content`` is
         given). Raises :class:`OutOfKVMemory` (an OOM the engine must handle)."""
 
+    def grow_all(self, seq_ids: Sequence[int], num_tokens: int) -> int:
+        """:meth:`grow` each of ``seq_ids`` by ``num_tokens`` of its own output, in order, and return
+        the least :meth:`growth_room` then left among them: what the engine does for the sequences
+        of a request whenever their held slots run out, in one call.
+
+        All or nothing: raises and changes nothing if a sequence is unknown, listed twice or would
+        pass its final length, or if the pool may not hold them all (:meth:`slots_needed_to_grow`
+        summed, so a shared tail that only its first writer copies counts for every sharer)."""
+        if len(seq_ids) == 1:
+            self.grow(seq_ids[0], num_tokens)
+            return self.growth_room(seq_ids[0])
+        if not seq_ids or len(set(seq_ids)) != len(seq_ids):
+            raise PolicyInputError(f"grow_all needs distinct sequence ids, got {list(seq_ids)}")
+        for seq_id in seq_ids:
+            self._check_growth(seq_id, num_tokens, self.seq_len(seq_id), self.final_len(seq_id))
+        needed = sum(self.slots_needed_to_grow(seq_id, num_tokens) for seq_id in seq_ids)
+        available = self.available_slots()
+        if needed > available:
+            self.stats.allocation_failures += 1
+            raise OutOfKVMemory(
+                f"growing sequences {list(seq_ids)} by {num_tokens} tokens needs {needed} slots, "
+                f"{available} available",
+                needed_slots=needed,
+                free_slots=available,
+            )
+        for seq_id in seq_ids:
+            self.grow(seq_id, num_tokens)
+        return min(self.growth_room(seq_id) for seq_id in seq_ids)
+
     @abstractmethod
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
         """Create ``children`` holding the parent's tokens (parallel sampling, beam search)."""
@@ -242,6 +271,10 @@ class KVCachePolicy(ABC):
     @abstractmethod
     def seq_len(self, seq_id: int) -> int:
         """Tokens the sequence holds now."""
+
+    @abstractmethod
+    def final_len(self, seq_id: int) -> int:
+        """The length the sequence will reach (given at admission or fork)."""
 
     @abstractmethod
     def live_sequences(self) -> Iterable[int]:

@@ -149,6 +149,9 @@ class PagedPolicy(KVCachePolicy):
     def seq_len(self, seq_id: int) -> int:
         return self._get(seq_id).num_tokens
 
+    def final_len(self, seq_id: int) -> int:
+        return self._get(seq_id).final_len
+
     def block_table(self, seq_id: int) -> list[int]:
         return list(self._get(seq_id).block_table)
 
@@ -165,7 +168,9 @@ class PagedPolicy(KVCachePolicy):
         return self._blocks_needed_to_grow(self._get(seq_id), num_tokens) * self.block_size
 
     def growth_room(self, seq_id: int) -> int:
-        seq = self._get(seq_id)
+        return self._room(self._get(seq_id))
+
+    def _room(self, seq: SequenceState) -> int:
         if seq.num_tokens % self.block_size and self.ref_count[seq.block_table[-1]] > 1:
             return 0  # the next write copies the shared tail first
         return min(len(seq.block_table) * self.block_size, seq.final_len) - seq.num_tokens
@@ -210,13 +215,23 @@ class PagedPolicy(KVCachePolicy):
         return cached_tokens
 
     def grow(self, seq_id: int, num_tokens: int, content: TokenContent | None = None) -> None:
-        seq = self._get(seq_id)
-        self._check_growth(seq_id, num_tokens, seq.num_tokens, seq.final_len)
+        self._grow(self._get(seq_id), num_tokens, content)
+
+    def grow_all(self, seq_ids: Sequence[int], num_tokens: int) -> int:
+        if len(seq_ids) != 1:
+            return super().grow_all(seq_ids, num_tokens)
+        # One sequence (nearly every request): grow and measure the room without looking it up twice.
+        seq = self._get(seq_ids[0])
+        self._grow(seq, num_tokens, None)
+        return self._room(seq)
+
+    def _grow(self, seq: SequenceState, num_tokens: int, content: TokenContent | None) -> None:
+        self._check_growth(seq.seq_id, num_tokens, seq.num_tokens, seq.final_len)
         if content is not None and sum(length for _, length in content) != num_tokens:
             raise PolicyInputError(
-                f"sequence {seq_id}: content holds a different number of tokens than {num_tokens}"
+                f"sequence {seq.seq_id}: content holds a different number of tokens than {num_tokens}"
             )
-        self._ensure_free_blocks(self._blocks_needed_to_grow(seq, num_tokens), "growing sequence", seq_id)
+        self._ensure_free_blocks(self._blocks_needed_to_grow(seq, num_tokens), "growing sequence", seq.seq_id)
         self._copy_shared_tail_before_write(seq)
         self._append_content(seq, num_tokens, content)
         self._extend(seq, num_tokens)

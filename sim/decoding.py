@@ -112,6 +112,18 @@ class DecodeClock:
         state.synced_clock = at_clock
         self._synced_sum += pending * len(state.seq_ids)
 
+    def flush(self, state: RequestState, at_clock: int) -> None:
+        """The request's held slots ran out at ``at_clock``: its sequences take every pending token
+        in one policy call (the caller made sure the pool has the blocks), and its next flush is
+        scheduled."""
+        pending = at_clock - state.synced_clock
+        room = self.policy.grow_all(state.seq_ids, pending)
+        state.generated += pending
+        state.context += pending
+        state.synced_clock = at_clock
+        self._synced_sum += pending * len(state.seq_ids)
+        self._push_flush(state, room if self.defer_growth else 0)
+
     def took_token(self, state: RequestState) -> None:
         """The policy was just told this iteration's token (a flush): the request is synced to now."""
         state.generated += 1
@@ -136,8 +148,11 @@ class DecodeClock:
     # --------------------------------------------------------------------------------------- events
     def reschedule_flush(self, state: RequestState) -> None:
         """After a sync: the iteration at which its sequences' held slots run out."""
-        state.flush_version += 1
         room = min(self.policy.growth_room(seq_id) for seq_id in state.seq_ids) if self.defer_growth else 0
+        self._push_flush(state, room)
+
+    def _push_flush(self, state: RequestState, room: int) -> None:
+        state.flush_version += 1
         heapq.heappush(
             self._flushes, (state.synced_clock + room + 1, state.admission, state.flush_version, state)
         )

@@ -249,7 +249,9 @@ class Engine:
                 if self._jump is not None:
                     self._end_jump()
                     self._record()
-                self._finish_iterations()
+                if self._finish_iterations():
+                    self._record()
+                continue
             else:
                 idle_steps += 1
                 if idle_steps > 3:
@@ -281,9 +283,10 @@ class Engine:
         # 2. prompts in progress, then 3. admissions (not after a preemption, as vLLM)
         chunks: list[tuple[int, int]] = []
         self._prefill_this_step = []
-        for state in self.running:
-            if not state.decoding and state.prefilled < state.tokens_to_prefill and budget > 0:
-                budget = self._schedule_prefill(state, budget, chunks)
+        if self._prompts_running():
+            for state in self.running:
+                if not state.decoding and state.prefilled < state.tokens_to_prefill and budget > 0:
+                    budget = self._schedule_prefill(state, budget, chunks)
         self._admission_stop = NOT_TRIED
         swap_in = 0
         if not preempted:
@@ -323,6 +326,10 @@ class Engine:
         self._prefill_this_step.append((state, chunk))
         return budget - chunk
 
+    def _prompts_running(self) -> bool:
+        """Are some running requests not decoding (prompts in progress)? O(1)."""
+        return self.clock.requests < len(self.running)
+
     def _prefill_chunk(self, state: RequestState, budget: int, prefilled: int | None = None) -> int:
         """Prompt tokens ``state`` prefills with ``budget`` tokens left (0: none; without chunked
         prefill a prompt goes in whole or waits). ``prefilled``: as planned, instead of now."""
@@ -332,24 +339,29 @@ class Engine:
             return 0
         return max(chunk, 0)
 
-    def _finish_iterations(self) -> None:
-        """Book what the iteration(s) that just ended produced: first tokens, completions, beams."""
+    def _finish_iterations(self) -> bool:
+        """Book what the iteration(s) that just ended produced: first tokens, completions, beams.
+        Returns whether any of those happened (the state changed)."""
         now = self.env.now
         steps = self._iterations_this_step
         self.counters.iterations += steps
         self.counters.output_tokens += steps * self._decoded_seqs
+        changed = False
         for state, _chunk in self._prefill_this_step:
             if state.is_running and state.prefilled >= state.tokens_to_prefill and not state.decoding:
                 self._start_decoding(state)
+                changed = True
         for state in self.clock.due_ends():
             if not (state.is_running and state.decoding):
                 continue
+            changed = True
             if self.clock.generated(state) >= state.request.output_len:
                 self._finish(state, now)
             else:
                 self._beam_step(state)
         self._prefill_this_step = []
         self._decoded_seqs = 0
+        return changed
 
     def _start_decoding(self, state: RequestState) -> None:
         """The prompt is in (or back in, after a recompute): fork the samples/beams, and the
@@ -448,8 +460,7 @@ class Engine:
             needed = sum(self.policy.slots_needed_to_grow(seq_id, pending) for seq_id in state.seq_ids)
             if needed > available:
                 return False
-        self.clock.sync(state, self.clock.now)
-        self.clock.reschedule_flush(state)
+        self.clock.flush(state, self.clock.now)
         return True
 
     def _grow_or_preempt(self, state: RequestState, seq_id: int, *, victims_at: int) -> int:
@@ -651,7 +662,9 @@ class Engine:
         if limit <= 0:
             return None
         budget = self.knobs.max_num_batched_tokens - self._decoded_seqs
-        prompts = [s for s in self.running if not s.decoding and s.prefilled < s.tokens_to_prefill]
+        prompts = []
+        if self._prompts_running():
+            prompts = [s for s in self.running if not s.decoding and s.prefilled < s.tokens_to_prefill]
         if any(self._prefill_chunk(state, budget) for state in prompts):
             jump = self._plan_prefill_jump(first_s, prompts, budget, limit)
         else:
@@ -764,8 +777,7 @@ class Engine:
             if due != observed and observed >= 0:
                 self._observe_at_clock(jump, observed)
             observed = due
-            clock.sync(state, due)
-            clock.reschedule_flush(state)
+            clock.flush(state, due)
         if observed >= 0:
             self._observe_at_clock(jump, observed)
         # Copy-on-write only follows a fork, which ends a wake-up: its write is the next iteration 1.
@@ -773,7 +785,7 @@ class Engine:
 
     def _observe_at_clock(self, jump: Jump, due_clock: int) -> None:
         start = jump.start_s + jump.timeline.elapsed_s(due_clock - jump.first_clock)
-        self.recorder.observe(start, self._state())
+        self.recorder.observe(start, self._averaged_state())
 
     def _stop_inside_jump(self) -> None:
         """The run ended (``until_s``) inside a jump: book what single steps would have by now."""
@@ -794,15 +806,12 @@ class Engine:
         self.counters.output_tokens += ended * timeline.batch
 
     # -------------------------------------------------------------------------------------- record
-    def _state(self) -> tuple:
-        """The state the recorder keeps (``sim.metrics.STATE_COLUMNS``)."""
-        policy = self.policy
-        used, reserved, internal, external, cached, free = policy.breakdown_values()
+    def _averaged_state(self) -> tuple:
+        """The leading part of the state, whose time averages the summary reports."""
+        used, reserved, internal, external, cached, free = self.policy.breakdown_values()
         # Decoded tokens the policy has not been told of fill slots it still counts as reserved.
         pending = self.clock.pending_tokens()
-        physical, logical = policy.sharing_slots()
-        stats = policy.stats
-        counters = self.counters
+        physical, logical = self.policy.sharing_slots()
         return (
             used + pending,
             reserved - pending,
@@ -813,6 +822,13 @@ class Engine:
             len(self.running),
             physical,
             logical,
+        )
+
+    def _state(self) -> tuple:
+        """The state the recorder keeps (``sim.metrics.STATE_COLUMNS``)."""
+        stats = self.policy.stats
+        counters = self.counters
+        return self._averaged_state() + (
             len(self.waiting),
             self._running_seqs,
             counters.admission_waits,
