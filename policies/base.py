@@ -206,34 +206,36 @@ class KVCachePolicy(ABC):
         """Append ``num_tokens`` tokens (the sequence's own output stream unless ``content`` is
         given). Raises :class:`OutOfKVMemory` (an OOM the engine must handle)."""
 
-    def grow_all(self, seq_ids: Sequence[int], num_tokens: int) -> int:
-        """:meth:`grow` each of ``seq_ids`` by ``num_tokens`` of its own output, in order, and return
-        the least :meth:`growth_room` then left among them: what the engine does for the sequences
-        of a request whenever their held slots run out, in one call.
+    def grow_each(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> list[int]:
+        """:meth:`grow` ``seq_ids[i]`` by ``num_tokens[i]`` tokens of its own output, in order, and
+        return each one's :meth:`growth_room` afterwards: what the engine does whenever sequences'
+        held slots run out, in one call however many there are.
 
         All or nothing: raises and changes nothing if a sequence is unknown, listed twice or would
         pass its final length, or if the pool may not hold them all (:meth:`slots_needed_to_grow`
         summed, so a shared tail that only its first writer copies counts for every sharer)."""
-        if len(seq_ids) == 1:
-            self.grow(seq_ids[0], num_tokens)
-            return self.growth_room(seq_ids[0])
-        if not seq_ids or len(set(seq_ids)) != len(seq_ids):
-            raise PolicyInputError(f"grow_all needs distinct sequence ids, got {list(seq_ids)}")
-        for seq_id in seq_ids:
-            self._check_growth(seq_id, num_tokens, self.seq_len(seq_id), self.final_len(seq_id))
-        needed = sum(self.slots_needed_to_grow(seq_id, num_tokens) for seq_id in seq_ids)
+        self._check_grow_each(seq_ids, num_tokens)
+        for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+            self.grow(seq_id, tokens)
+        return [self.growth_room(seq_id) for seq_id in seq_ids]
+
+    def _check_grow_each(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> None:
+        if len(seq_ids) != len(num_tokens) or len(set(seq_ids)) != len(seq_ids):
+            raise PolicyInputError(
+                f"grow_each needs distinct sequence ids, one token count each: {list(seq_ids)}, {list(num_tokens)}"
+            )
+        needed = 0
+        for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+            self._check_growth(seq_id, tokens, self.seq_len(seq_id), self.final_len(seq_id))
+            needed += self.slots_needed_to_grow(seq_id, tokens)
         available = self.available_slots()
         if needed > available:
             self.stats.allocation_failures += 1
             raise OutOfKVMemory(
-                f"growing sequences {list(seq_ids)} by {num_tokens} tokens needs {needed} slots, "
-                f"{available} available",
+                f"growing sequences {list(seq_ids)} needs {needed} slots, {available} available",
                 needed_slots=needed,
                 free_slots=available,
             )
-        for seq_id in seq_ids:
-            self.grow(seq_id, num_tokens)
-        return min(self.growth_room(seq_id) for seq_id in seq_ids)
 
     @abstractmethod
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:

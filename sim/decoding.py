@@ -112,17 +112,27 @@ class DecodeClock:
         state.synced_clock = at_clock
         self._synced_sum += pending * len(state.seq_ids)
 
-    def flush(self, state: RequestState, at_clock: int) -> None:
-        """The request's held slots ran out at ``at_clock``: its sequences take every pending token
-        in one policy call (the caller made sure the pool has the blocks), and its next flush is
-        scheduled."""
-        pending = at_clock - state.synced_clock
-        room = self.policy.grow_all(state.seq_ids, pending)
-        state.generated += pending
-        state.context += pending
-        state.synced_clock = at_clock
-        self._synced_sum += pending * len(state.seq_ids)
-        self._push_flush(state, room if self.defer_growth else 0)
+    def flush(self, states: list[RequestState], at_clock: int) -> None:
+        """The held slots of ``states`` ran out at ``at_clock``: all their sequences take every
+        pending token in one policy call, in order (the caller made sure the pool has the blocks),
+        and each request's next flush is scheduled."""
+        seq_ids: list[int] = []
+        tokens: list[int] = []
+        for state in states:
+            seq_ids += state.seq_ids
+            tokens += [at_clock - state.synced_clock] * len(state.seq_ids)
+        rooms = self.policy.grow_each(seq_ids, tokens)
+        first = 0
+        for state in states:
+            width = len(state.seq_ids)
+            pending = at_clock - state.synced_clock
+            state.generated += pending
+            state.context += pending
+            state.synced_clock = at_clock
+            self._synced_sum += pending * width
+            room = rooms[first] if width == 1 else min(rooms[first : first + width])
+            first += width
+            self._push_flush(state, room if self.defer_growth else 0)
 
     def took_token(self, state: RequestState) -> None:
         """The policy was just told this iteration's token (a flush): the request is synced to now."""
@@ -163,23 +173,14 @@ class DecodeClock:
     def next_end(self) -> int:
         return self._peek(self._ends, _end_valid)
 
-    def pop_flush(self, until: int) -> tuple[int, RequestState] | None:
-        """The next request whose room runs out at or before clock ``until``, and that clock, in the
-        order single steps meet them (clock, then admission); None when there is none."""
-        heap = self._flushes
-        while heap and heap[0][0] <= until:
-            entry = heapq.heappop(heap)
-            if _flush_valid(entry):
-                return entry[0], entry[3]
-        return None
-
-    def due_flushes(self) -> list[RequestState]:
-        """Requests whose room runs out at this iteration, oldest admission first."""
-        return self._pop_due(self._flushes, _flush_valid)
+    def due_flushes(self, at_clock: int | None = None) -> list[RequestState]:
+        """Requests whose room runs out at this iteration (or by clock ``at_clock``), oldest
+        admission first."""
+        return self._pop_due(self._flushes, _flush_valid, self.now if at_clock is None else at_clock)
 
     def due_ends(self) -> list[RequestState]:
         """Requests that finish or take a beam decision at the end of this iteration, oldest first."""
-        return self._pop_due(self._ends, _end_valid)
+        return self._pop_due(self._ends, _end_valid, self.now)
 
     @staticmethod
     def _peek(heap: list[_Entry], valid: Callable[[_Entry], bool]) -> int:
@@ -187,9 +188,10 @@ class DecodeClock:
             heapq.heappop(heap)
         return heap[0][0] if heap else NEVER
 
-    def _pop_due(self, heap: list[_Entry], valid: Callable[[_Entry], bool]) -> list[RequestState]:
+    @staticmethod
+    def _pop_due(heap: list[_Entry], valid: Callable[[_Entry], bool], clock: int) -> list[RequestState]:
         due = []
-        while heap and heap[0][0] <= self.now:
+        while heap and heap[0][0] <= clock:
             entry = heapq.heappop(heap)
             if valid(entry):
                 due.append(entry)

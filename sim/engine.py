@@ -299,7 +299,8 @@ class Engine:
             self._check_progress()
             return 0.0
         duration = self._iteration_duration(decode_batch, decode_context, chunks)
-        duration += self.costs.copy_blocks_s(self.policy.stats.cow_copies - copies_before)
+        copies = self.policy.stats.cow_copies - copies_before
+        duration += self.costs.copy_blocks_s(copies) if copies else 0.0
         swap_blocks += swap_in
         duration += self.costs.swap_blocks_s(swap_blocks) if swap_blocks else 0.0
         return duration
@@ -432,7 +433,11 @@ class Engine:
         preempted = False
         swapped = 0
         before = self.clock.now - 1
-        for state in self.clock.due_flushes():
+        due = self.clock.due_flushes()
+        if due and self._pool_holds(due, self.clock.now):
+            self.clock.flush(due, self.clock.now)  # what one at a time would do, in one policy call
+            return preempted, swapped
+        for state in due:
             if not (state.is_running and state.decoding):
                 continue  # preempted by an older request earlier in this loop
             if self._grow_all_pending(state):
@@ -450,17 +455,24 @@ class Engine:
                 self.clock.reschedule_flush(state)
         return preempted, swapped
 
+    def _pool_holds(self, states: list[RequestState], at_clock: int) -> bool:
+        """Does the pool have the blocks for every sequence of ``states`` to take its tokens up to
+        ``at_clock``? (Then nothing could have failed token by token.) A cheap upper bound: the new
+        blocks, plus one copy-on-write block per sequence."""
+        blocks = 0
+        for state in states:
+            blocks += len(state.seq_ids) * ((at_clock - state.synced_clock) // self.block_size + 2)
+        return blocks * self.block_size <= self.policy.available_slots()
+
     def _grow_all_pending(self, state: RequestState) -> bool:
-        """Fast path of a flush: every sequence takes all its pending tokens in one call, when the
-        pool has the blocks for all of them (then nothing could have failed token by token)."""
-        pending = self.clock.now - state.synced_clock
-        available = self.policy.available_slots()
-        # A cheap upper bound first (new blocks, plus one copy-on-write block per sequence).
-        if len(state.seq_ids) * (pending // self.block_size + 2) * self.block_size > available:
+        """A flush when the pool is short: every sequence takes all its pending tokens in one call if
+        the pool has the blocks for all of them (then nothing could have failed token by token)."""
+        if not self._pool_holds([state], self.clock.now):
+            pending = self.clock.now - state.synced_clock
             needed = sum(self.policy.slots_needed_to_grow(seq_id, pending) for seq_id in state.seq_ids)
-            if needed > available:
+            if needed > self.policy.available_slots():
                 return False
-        self.clock.flush(state, self.clock.now)
+        self.clock.flush([state], self.clock.now)
         return True
 
     def _grow_or_preempt(self, state: RequestState, seq_id: int, *, victims_at: int) -> int:
@@ -771,19 +783,15 @@ class Engine:
         the pool has every block they take."""
         copies_before = self.policy.stats.cow_copies
         clock = self.clock
-        observed = -1
-        while (flush := clock.pop_flush(last_clock)) is not None:
-            due, state = flush
-            if due != observed and observed >= 0:
-                self._observe_at_clock(jump, observed)
-            observed = due
-            clock.flush(state, due)
-        if observed >= 0:
-            self._observe_at_clock(jump, observed)
+        while (due := clock.next_flush()) <= last_clock:
+            self._flush_group(jump, clock.due_flushes(due), due)
         # Copy-on-write only follows a fork, which ends a wake-up: its write is the next iteration 1.
         assert self.policy.stats.cow_copies == copies_before, "a copy-on-write inside a jump"
 
-    def _observe_at_clock(self, jump: Jump, due_clock: int) -> None:
+    def _flush_group(self, jump: Jump, states: list[RequestState], due_clock: int) -> None:
+        """Flushes due at the start of the same iteration of the jump: one policy call, then the
+        state observed at that instant."""
+        self.clock.flush(states, due_clock)
         start = jump.start_s + jump.timeline.elapsed_s(due_clock - jump.first_clock)
         self.recorder.observe(start, self._averaged_state())
 

@@ -9,6 +9,7 @@ of a jump starts, and the exact area under the tokens that grow during it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sim.costs import DecodeCost
@@ -33,10 +34,27 @@ def decode_token_weight_s(decode: DecodeCost, steps: int, batch: int, context: i
 
 
 def iterations_to_reach(decode: DecodeCost, batch: int, context: int, budget_s: float) -> int:
-    """Smallest ``k >= 1`` such that ``k`` decode iterations take at least ``budget_s`` seconds."""
+    """Smallest ``k >= 1`` such that ``k`` decode iterations take at least ``budget_s`` seconds.
+
+    The series is quadratic in ``k``: its root is a guess, corrected against the series itself so
+    that the answer is exactly what stepping would find."""
     if budget_s == float("inf"):
         return UNBOUNDED_STEPS
-    return first_reaching(lambda steps: decode_series_s(decode, steps, batch, context), budget_s)
+    first = decode.step_s(batch, context + batch)
+    half_growth = decode.per_context_token_s * batch / 2  # series(k) = k * first + half_growth * k * (k - 1)
+    linear = first - half_growth
+    if half_growth > 0:
+        guess = (math.sqrt(linear * linear + 4 * half_growth * budget_s) - linear) / (2 * half_growth)
+    else:
+        guess = budget_s / first if first > 0 else float(UNBOUNDED_STEPS)
+    if not guess < UNBOUNDED_STEPS:
+        return first_reaching(lambda steps: decode_series_s(decode, steps, batch, context), budget_s)
+    steps = max(1, math.ceil(guess))
+    while decode_series_s(decode, steps, batch, context) < budget_s:
+        steps += 1
+    while steps > 1 and decode_series_s(decode, steps - 1, batch, context) >= budget_s:
+        steps -= 1
+    return steps
 
 
 def first_reaching(elapsed, budget_s: float, high: int = 1) -> int:
