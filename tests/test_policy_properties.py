@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
@@ -37,6 +38,7 @@ VARIANTS = [
 operation = st.one_of(
     st.tuples(st.just("admit"), st.integers(0, len(PROMPTS) - 1), st.integers(0, 20)),
     st.tuples(st.just("grow"), st.integers(0, 50), st.integers(1, 9)),
+    st.tuples(st.just("grow_each"), st.integers(0, 50), st.integers(1, 9)),
     st.tuples(st.just("fork"), st.integers(0, 50), st.integers(1, 3)),
     st.tuples(st.just("free"), st.integers(0, 50), st.just(0)),
 )
@@ -134,6 +136,8 @@ def test_random_operations_keep_every_invariant(variant, operations):
                 policy.grow(seq_id, min(amount, room))
                 if state is not None:
                     _assert_written_blocks_are_private(policy, state, min(amount, room))
+            elif live and kind == "grow_each":
+                _grow_each_as_one_at_a_time(policy, live, choice, amount)
             elif live and kind == "fork":
                 parent = live[choice % len(live)]
                 length = policy.seq_len(parent)
@@ -166,10 +170,42 @@ def test_random_operations_keep_every_invariant(variant, operations):
 
 
 def _final_len(policy, seq_id: int) -> int:
-    sequences = getattr(policy, "sequences", None)
-    if sequences is not None:
-        return sequences[seq_id].final_len
     return policy.final_len(seq_id)
+
+
+def _grow_each_as_one_at_a_time(policy, live: list[int], choice: int, amount: int) -> None:
+    """grow_each of up to three live sequences (often a parent and its forks, sharing a tail) leaves
+    the policy exactly as growing them one at a time would, and returns each one's growth room; when
+    it fails, nothing changed."""
+    start = choice % len(live)
+    group = [
+        seq_id for seq_id in live[start : start + 3] if policy.seq_len(seq_id) < _final_len(policy, seq_id)
+    ]
+    if not group:
+        return
+    tokens = [min(amount, _final_len(policy, seq_id) - policy.seq_len(seq_id)) for seq_id in group]
+    reference = copy.deepcopy(policy)
+    before = _snapshot(policy, live)
+    failures = policy.stats.allocation_failures
+    try:
+        rooms = policy.grow_each(group, tokens)
+    except OutOfKVMemory:
+        # Nothing changed but the count of failed allocations.
+        assert policy.stats.allocation_failures == failures + 1
+        policy.stats.allocation_failures = failures
+        assert _snapshot(policy, live) == before, "a failed grow_each changed the policy"
+        raise
+    for seq_id, count in zip(group, tokens, strict=True):
+        reference.grow(seq_id, count)
+    assert rooms == [reference.growth_room(seq_id) for seq_id in group]
+    assert _snapshot(policy, live) == _snapshot(reference, live)
+
+
+def _snapshot(policy, live: list[int]) -> tuple:
+    sequences = [(policy.seq_len(s), policy.growth_room(s)) for s in live]
+    tables = [policy.block_table(s) for s in live] if isinstance(policy, PagedPolicy) else []
+    order = policy.free_queue.order() if isinstance(policy, PagedPolicy) else []
+    return policy.breakdown(), policy.sharing_slots(), policy.stats.as_dict(), sequences, tables, order
 
 
 def _assert_written_blocks_are_private(policy: PagedPolicy, state, grown: int) -> None:
