@@ -20,7 +20,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from policies.base import PolicyInputError, PoolSpec, TokenContent, content_length, register, validate_content
 from policies.paged import PagedPolicy, SequenceState, ceil_div
@@ -173,7 +173,15 @@ class PrefixCachingPolicy(PagedPolicy):
         table, keys, epoch, cache = seq.block_table, self._block_key, self._epoch, self._cached_by_key
         namespace = seq.namespace
         parent_id, parent_epoch = (table[first - 1], epoch[table[first - 1]]) if first else NO_PARENT
-        contents = block_contents(seq.segments, seq.segment_ends, first, last, self.block_size)
+        block_size = self.block_size
+        stream, length = seq.segments[-1]
+        offset = first * block_size - (seq.segment_ends[-1] - length)
+        contents: Iterable[tuple]
+        if last == first + 1 and offset >= 0:
+            # One block inside the last segment: a decode block, the common case.
+            contents = ((stream, offset, offset + block_size),)
+        else:
+            contents = block_contents(seq.segments, seq.segment_ends, first, last, block_size)
         for block_id, content in zip(table[first:last], contents, strict=True):
             if keys[block_id] is None:
                 key = content + (namespace, parent_id, parent_epoch)

@@ -191,14 +191,21 @@ class DecodeClock:
     @staticmethod
     def _pop_due(heap: list[_Entry], valid: Callable[[_Entry], bool], clock: int) -> list[RequestState]:
         due = []
+        pop = heapq.heappop
         while heap and heap[0][0] <= clock:
-            entry = heapq.heappop(heap)
+            entry = pop(heap)
             if valid(entry):
                 due.append(entry)
-        return [entry[3] for entry in sorted(due, key=lambda entry: entry[1])]
+        if len(due) > 1:
+            due.sort(key=_admission_order)
+        return [entry[3] for entry in due]
 
 
 _Entry = tuple[int, int, int, RequestState]  # (clock due, admission order, version, request)
+
+
+def _admission_order(entry: _Entry) -> int:
+    return entry[1]
 
 
 def _flush_valid(entry: _Entry) -> bool:
