@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from policies import ChildSpec, OutOfKVMemory, PoolSpec, make_policy
 from policies.paged import PagedPolicy
-from policies.prefix import PrefixCachingPolicy
+from policies.prefix import NO_PARENT, PrefixCachingPolicy, block_contents
 
 BLOCK_SIZE = 4
 POOL = PoolSpec(kv_pool_tokens=30 * BLOCK_SIZE + 2, block_size=BLOCK_SIZE, max_model_len=48)
@@ -100,6 +100,9 @@ def check_block_invariants(policy: PagedPolicy) -> None:
             assert policy.slots_needed_to_grow(seq_id, room) == 0
         if state.num_tokens < state.final_len and room < state.final_len - state.num_tokens:
             assert policy.slots_needed_to_grow(seq_id, room + 1) > 0
+    if isinstance(policy, PrefixCachingPolicy):
+        for seq_id in policy.live_sequences():
+            _assert_keys_name_content_and_parent(policy, policy.sequences[seq_id])
     logical = sum(len(policy.sequences[s].block_table) for s in policy.live_sequences())
     assert policy.sharing_slots() == (len(references) * policy.block_size, logical * policy.block_size)
 
@@ -167,6 +170,17 @@ def test_random_operations_keep_every_invariant(variant, operations):
         policy.admit(seq_id, ((999_999, POOL.max_model_len),), POOL.max_model_len, output_content_id=1)
         policy.free(seq_id)
         assert policy.breakdown().used == 0
+
+
+def _assert_keys_name_content_and_parent(policy: PrefixCachingPolicy, state) -> None:
+    """Every full block of a live sequence is keyed by what it holds and by the block before it,
+    exactly as a lookup of the same content computes the key."""
+    full = state.num_tokens // policy.block_size
+    contents = block_contents(state.segments, state.segment_ends, 0, full, policy.block_size)
+    parent = NO_PARENT
+    for block_id, content in zip(state.block_table[:full], contents, strict=True):
+        assert policy._block_key[block_id] == content + (state.namespace, *parent)
+        parent = (block_id, policy._epoch[block_id])
 
 
 def _final_len(policy, seq_id: int) -> int:
