@@ -167,42 +167,44 @@ class PrefixCachingPolicy(PagedPolicy):
     def _on_blocks_filled(self, seq: SequenceState) -> None:
         """Cache every block of ``seq`` that became full and has no key yet (a hit or a block shared
         with a fork has one), segment by segment: a block inside one segment is keyed by a few
-        integer operations, only a block across segments needs its pieces listed."""
+        integer operations (this loop runs for every block of every prompt), only a block across
+        segments needs its pieces listed."""
         block_size = self.block_size
         block, last = seq.keyed_blocks, seq.num_tokens // block_size
         if block >= last:
             return
-        table, segments, ends = seq.block_table, seq.segments, seq.segment_ends
-        parent = (table[block - 1], self._epoch[table[block - 1]]) if block else NO_PARENT
+        table, segments, ends, namespace = seq.block_table, seq.segments, seq.segment_ends, seq.namespace
+        keys, epoch, cache_under = self._block_key, self._epoch, self._cache_under
+        parent_id, parent_epoch = (table[block - 1], epoch[table[block - 1]]) if block else NO_PARENT
         index = bisect_right(ends, block * block_size)
         while block < last:
             while ends[index] <= block * block_size:
                 index += 1
             content_id, length = segments[index]
-            segment_start = ends[index] - length
             inside = min(last, ends[index] // block_size)  # blocks before it end inside the segment
-            for position in range(block, inside):
-                offset = position * block_size - segment_start
-                parent = self._key_block(
-                    table[position], (content_id, offset, offset + block_size), seq, parent
-                )
+            offset = block * block_size - (ends[index] - length)
+            for block_id in table[block:inside]:
+                if keys[block_id] is None:
+                    cache_under(
+                        block_id,
+                        (content_id, offset, offset + block_size, namespace, parent_id, parent_epoch),
+                    )
+                parent_id, parent_epoch = block_id, epoch[block_id]
+                offset += block_size
             block = max(block, inside)
             if block < last and block * block_size < ends[index]:  # it runs past the segment's end
                 pieces = block_pieces(segments, ends, block * block_size, (block + 1) * block_size)
-                parent = self._key_block(table[block], (pieces,), seq, parent)
+                block_id = table[block]
+                if keys[block_id] is None:
+                    cache_under(block_id, (pieces, namespace, parent_id, parent_epoch))
+                parent_id, parent_epoch = block_id, epoch[block_id]
                 block += 1
         seq.keyed_blocks = last
 
-    def _key_block(
-        self, block_id: int, content: tuple, seq: SequenceState, parent: tuple[int, int]
-    ) -> tuple[int, int]:
-        """Give ``block_id`` its cache key unless it has one; returns it as the next block's parent."""
-        if self._block_key[block_id] is None:
-            key = content + (seq.namespace, *parent)
-            self._block_key[block_id] = key
-            if self._cached_by_key.setdefault(key, block_id) != block_id:
-                self._later_holders.setdefault(key, []).append(block_id)
-        return block_id, self._epoch[block_id]
+    def _cache_under(self, block_id: int, key: BlockKey) -> None:
+        self._block_key[block_id] = key
+        if self._cached_by_key.setdefault(key, block_id) != block_id:
+            self._later_holders.setdefault(key, []).append(block_id)
 
     # ---------------------------------------------------------------------------------- free queue
     def _take_free_blocks(self, count: int) -> list[int]:
