@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice, repeat
 
 from policies.base import (
     ChildSpec,
@@ -74,13 +75,19 @@ class FreeBlockQueue:
             return blocks
         blocks = blank[::-1]
         blank.clear()
-        pop = self._cached.popitem
-        blocks.extend(pop(last=False)[0] for _ in range(count - len(blocks)))
-        return blocks
+        cached = self._cached
+        oldest = list(islice(cached, count - len(blocks)))
+        for block_id in oldest:
+            del cached[block_id]
+        return blocks + oldest
 
     def append(self, block_id: int) -> None:
         """At the tail: a block that holds cached content."""
         self._cached[block_id] = None
+
+    def extend(self, block_ids: list[int]) -> None:
+        """``append`` of each block in turn."""
+        self._cached.update(zip(block_ids, repeat(None)))
 
     def appendleft(self, block_id: int) -> None:
         """At the head: a block that holds nothing reusable."""

@@ -242,15 +242,26 @@ class PrefixCachingPolicy(PagedPolicy):
             del self._later_holders[key]
 
     def _return_free_blocks(self, block_ids: list[int]) -> None:
-        keys, queue, pinned = self._block_key, self.free_queue, self._pinned
-        for block_id in block_ids:
-            if block_id in pinned:
-                self._pinned_idle += 1
-            elif keys[block_id] is not None:
-                queue.append(block_id)
-                self._cached_in_queue += 1
-            else:
-                queue.appendleft(block_id)
+        keys, queue = self._block_key, self.free_queue
+        if self._pinned:
+            for block_id in block_ids:
+                self._return_free_block(block_id)
+            return
+        # Blocks with cached content go to the tail, the others to the head, each kind in turn.
+        keyed = [block_id for block_id in block_ids if keys[block_id] is not None]
+        queue.extend(keyed)
+        self._cached_in_queue += len(keyed)
+        if len(keyed) < len(block_ids):
+            queue.extendleft([block_id for block_id in block_ids if keys[block_id] is None])
+
+    def _return_free_block(self, block_id: int) -> None:
+        if block_id in self._pinned:
+            self._pinned_idle += 1
+        elif self._block_key[block_id] is not None:
+            self.free_queue.append(block_id)
+            self._cached_in_queue += 1
+        else:
+            self.free_queue.appendleft(block_id)
 
     # ------------------------------------------------------------------------------- fork and COW
     def _blocks_needed_to_fork(self, parent: SequenceState, num_children: int) -> int:
