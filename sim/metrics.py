@@ -106,7 +106,7 @@ class Recorder:
         self.kv_pool_tokens = kv_pool_tokens
         self.sink = sink
         self.peak_running = 0
-        self._buffer = np.empty((CHUNK_ROWS, len(SERIES_COLUMNS)))
+        self._buffer = np.empty((CHUNK_ROWS, 1 + len(STATE_COLUMNS)))  # time, then the state
         self._rows = 0
         self._last_row: tuple | None = None
         # The state in force since ``_since`` (the last observed one), and areas up to ``_since``.
@@ -125,13 +125,7 @@ class Recorder:
         running = state[RUNNING]
         if running > self.peak_running:
             self.peak_running = running
-        # SERIES_COLUMNS order: time, breakdown and running, then waiting ... evictions, physical, logical.
-        self._buffer[self._rows] = (
-            time_s,
-            *state[: RUNNING + 1],
-            *state[AVERAGED:],
-            *state[RUNNING + 1 : AVERAGED],
-        )
+        self._buffer[self._rows] = (time_s, *state)
         self._rows += 1
         if self._rows == len(self._buffer):
             self.flush()
@@ -177,10 +171,11 @@ class Recorder:
         return result
 
     def rows_frame(self, block: np.ndarray) -> pd.DataFrame:
+        column = {name: index for index, name in enumerate(("time_s", *STATE_COLUMNS))}
         frame = pd.DataFrame(
             {
-                name: block[:, index] if name == "time_s" else block[:, index].astype(np.int64)
-                for index, name in enumerate(SERIES_COLUMNS)
+                name: block[:, column[name]] if name == "time_s" else block[:, column[name]].astype(np.int64)
+                for name in SERIES_COLUMNS
             }
         )
         idle = frame["free_tokens"] + frame["cached_tokens"]
