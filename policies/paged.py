@@ -377,19 +377,22 @@ class PagedPolicy(KVCachePolicy):
             else:
                 self._filled[tail] += num_tokens
         if after > held:
-            new_blocks = self._take_free_blocks(-(-after // block_size) - len(table))
+            count = -(-after // block_size) - len(table)
+            new_blocks = self._take_free_blocks(count)
             ref_count = self.ref_count
             for block_id in new_blocks:
                 ref_count[block_id] = 1
             table += new_blocks
-            self._live_blocks += len(new_blocks)
-            self._logical_blocks += len(new_blocks)
-            self._target_sum += min(seq.final_len, len(table) * block_size) - held
+            self._live_blocks += count
+            self._logical_blocks += count
+            held += count * block_size
+            # Full new blocks will hold block_size each; the last one up to the final length.
+            self._target_sum += min(seq.final_len, held) - held + count * block_size
             if after % block_size:
                 tail = new_blocks[-1]
                 self._partial_owners[tail] = [seq]
                 self._filled[tail] = after % block_size
-                self._target[tail] = self._owner_target(seq, len(table) - 1)
+                self._target[tail] = min(block_size, seq.final_len - held + block_size)
         self._on_blocks_filled(seq)
 
     def _start_partial(self, block_id: int, owner: SequenceState) -> None:
