@@ -1,7 +1,9 @@
 """Run every benchmark: `python -m benchmarks [--quick] [--engine-sizes 10000,100000,1000000]`.
 
 Speed and memory targets live here, never in unit tests. Each figure printed is measured on this
-machine, one core, in a fresh subprocess per engine size (so peak RSS is that run's alone).
+machine, one core, in a fresh subprocess per engine run (so peak RSS is that run's alone). The trace
+replays also print their ratio to one million bare SimPy timeouts timed in the same subprocess, a
+figure that a busy or different machine changes much less than seconds.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import argparse
 
 from benchmarks.bench_allocators import run_allocator_benchmarks
 from benchmarks.bench_engine import run_engine_benchmarks
+from benchmarks.bench_traces import JOBS, run_trace_benchmarks
 
 
 def main() -> None:
@@ -19,6 +22,7 @@ def main() -> None:
     parser.add_argument("--policies", default="paged,prefix,contiguous", help="engine benchmark policies")
     args = parser.parse_args()
     run_allocator_benchmarks(cycles=2_000 if args.quick else 20_000)
+    run_trace_benchmarks(JOBS[-1:] if args.quick else JOBS)
     sizes = args.engine_sizes or ("2000" if args.quick else "10000,100000,1000000")
     run_engine_benchmarks([int(size) for size in sizes.split(",")], args.policies.split(","))
 

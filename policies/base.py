@@ -241,6 +241,37 @@ class KVCachePolicy(ABC):
         """Append ``num_tokens`` tokens (the sequence's own output stream unless ``content`` is
         given). Raises :class:`OutOfKVMemory` (an OOM the engine must handle)."""
 
+    def grow_each(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> list[int]:
+        """:meth:`grow` ``seq_ids[i]`` by ``num_tokens[i]`` tokens of its own output, in order, and
+        return each one's :meth:`growth_room` afterwards: what the engine does whenever sequences'
+        held slots run out, in one call however many there are.
+
+        All or nothing: raises and changes nothing if a sequence is unknown, listed twice or would
+        pass its final length, or if the pool may not hold them all (:meth:`slots_needed_to_grow`
+        summed, so a shared tail that only its first writer copies counts for every sharer)."""
+        self._check_grow_each(seq_ids, num_tokens)
+        for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+            self.grow(seq_id, tokens)
+        return [self.growth_room(seq_id) for seq_id in seq_ids]
+
+    def _check_grow_each(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> None:
+        if len(seq_ids) != len(num_tokens) or len(set(seq_ids)) != len(seq_ids):
+            raise PolicyInputError(
+                f"grow_each needs distinct sequence ids, one token count each: {list(seq_ids)}, {list(num_tokens)}"
+            )
+        needed = 0
+        for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+            self._check_growth(seq_id, tokens, self.seq_len(seq_id), self.final_len(seq_id))
+            needed += self.slots_needed_to_grow(seq_id, tokens)
+        available = self.available_slots()
+        if needed > available:
+            self.stats.allocation_failures += 1
+            raise OutOfKVMemory(
+                f"growing sequences {list(seq_ids)} needs {needed} slots, {available} available",
+                needed_slots=needed,
+                free_slots=available,
+            )
+
     @abstractmethod
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
         """Create ``children`` holding the parent's tokens (parallel sampling, beam search)."""
@@ -251,8 +282,13 @@ class KVCachePolicy(ABC):
 
     # -- capacity and accounting -------------------------------------------------------------------
     @abstractmethod
+    def breakdown_values(self) -> tuple[int, int, int, int, int, int]:
+        """The breakdown as a plain tuple in :attr:`MemoryBreakdown.CATEGORIES` order. The engine
+        reads it after every event, so it must be O(1) from running sums (or O(log) at worst)."""
+
     def breakdown(self) -> MemoryBreakdown:
-        """Where every slot is now. Must sum to :attr:`pool_slots`."""
+        """Where every slot is now. Sums to :attr:`pool_slots`."""
+        return MemoryBreakdown(*self.breakdown_values())
 
     @abstractmethod
     def slots_needed_to_grow(self, seq_id: int, num_tokens: int) -> int:
@@ -274,14 +310,18 @@ class KVCachePolicy(ABC):
         """Tokens the sequence holds now."""
 
     @abstractmethod
+    def final_len(self, seq_id: int) -> int:
+        """The length the sequence will reach (given at admission or fork)."""
+
+    @abstractmethod
     def live_sequences(self) -> Iterable[int]:
         """Ids of the sequences currently allocated."""
 
     def sharing_slots(self) -> tuple[int, int]:
         """``(physical, logical)``: slots live sequences hold, and slots they would hold if nothing were
         shared. ``1 - physical / logical`` is the memory saved by sharing. Without sharing they match."""
-        breakdown = self.breakdown()
-        allocated = breakdown.used + breakdown.reserved + breakdown.internal_fragmentation
+        used, reserved, internal, _, _, _ = self.breakdown_values()
+        allocated = used + reserved + internal
         return allocated, allocated
 
     @property

@@ -54,7 +54,6 @@ from policies._free_space import BuddySpace, FreeSpace, HoleSpace, ceil_pow2
 from policies.base import (
     ChildSpec,
     KVCachePolicy,
-    MemoryBreakdown,
     OutOfKVMemory,
     PolicyInputError,
     PoolSpec,
@@ -243,15 +242,15 @@ class ContiguousPolicy(KVCachePolicy):
             return 0  # nothing is blocked: the reference fits now, or never will (it is rejected)
         return self._space.free_slots  # no piece fits the reference: every free piece is smaller
 
-    def breakdown(self) -> MemoryBreakdown:
+    def breakdown_values(self) -> tuple[int, int, int, int, int, int]:
         external = self._external_fragmentation()
-        return MemoryBreakdown(
-            used=self._used,
-            reserved=self._final_total - self._used,
-            internal_fragmentation=self._region_total - self._final_total,
-            external_fragmentation=external,
-            cached=0,
-            free=self._space.free_slots - external,
+        return (
+            self._used,
+            self._final_total - self._used,
+            self._region_total - self._final_total,
+            external,
+            0,
+            self._space.free_slots - external,
         )
 
     def slots_needed_to_grow(self, seq_id: int, num_tokens: int) -> int:

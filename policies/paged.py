@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice, repeat
 
 from policies.base import (
     NO_HIT,
     ChildSpec,
     KVCachePolicy,
-    MemoryBreakdown,
     OutOfKVMemory,
     PolicyInputError,
     PoolSpec,
@@ -38,35 +38,75 @@ def ceil_div(a: int, b: int) -> int:
 
 
 class FreeBlockQueue:
-    """Free block ids in eviction order (head = next to be handed out).
+    """Free block ids in the order they are handed out (head first), as vLLM's free block queue.
 
-    An ordered dict gives O(1) pop from the head, append at either end and removal from the middle
-    (a cached block that gets a prefix hit leaves the queue), like vLLM's intrusive linked list."""
+    Blocks holding nothing reusable come first, the last one freed first; then blocks holding cached
+    prefix content, least recently used first (only the prefix policy has those; a prefix hit takes
+    one out of the middle). The first part is a list used as a stack, the second an ordered dict, so
+    taking many blocks, or giving back a sequence's blocks, is a slice or one C-level call."""
 
     def __init__(self, block_ids: Iterable[int]):
-        self._queue: OrderedDict[int, None] = OrderedDict.fromkeys(block_ids)
+        self._blank: list[int] = list(block_ids)[::-1]  # its end is the head of the queue
+        self._cached: OrderedDict[int, None] = OrderedDict()
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._blank) + len(self._cached)
 
     def __contains__(self, block_id: int) -> bool:
-        return block_id in self._queue
+        return block_id in self._cached or block_id in self._blank  # O(free blocks): tests only
+
+    @property
+    def blank(self) -> int:
+        """Blocks at the head that hold nothing reusable (taking them evicts nothing)."""
+        return len(self._blank)
 
     def popleft(self) -> int:
-        return self._queue.popitem(last=False)[0]
+        return self._blank.pop() if self._blank else self._cached.popitem(last=False)[0]
+
+    def take(self, count: int) -> list[int]:
+        """The ``count`` blocks at the head, in order (``count <= len(self)``)."""
+        blank = self._blank
+        if count <= len(blank):
+            if count == 1:
+                return [blank.pop()]  # a sequence's next block: by far the most common
+            if count <= 0:
+                return []
+            blocks = blank[-count:]
+            del blank[-count:]
+            blocks.reverse()
+            return blocks
+        blocks = blank[::-1]
+        blank.clear()
+        cached = self._cached
+        oldest = list(islice(cached, count - len(blocks)))
+        for block_id in oldest:
+            del cached[block_id]
+        return blocks + oldest
 
     def append(self, block_id: int) -> None:
-        self._queue[block_id] = None
+        """At the tail: a block that holds cached content."""
+        self._cached[block_id] = None
+
+    def extend(self, block_ids: list[int]) -> None:
+        """``append`` of each block in turn."""
+        self._cached.update(zip(block_ids, repeat(None)))
 
     def appendleft(self, block_id: int) -> None:
-        self._queue[block_id] = None
-        self._queue.move_to_end(block_id, last=False)
+        """At the head: a block that holds nothing reusable."""
+        self._blank.append(block_id)
+
+    def extendleft(self, block_ids: list[int]) -> None:
+        """``appendleft`` of each block in turn: the last one ends up at the head."""
+        self._blank.extend(block_ids)
 
     def remove(self, block_id: int) -> None:
-        del self._queue[block_id]
+        if block_id in self._cached:
+            del self._cached[block_id]
+        else:
+            self._blank.remove(block_id)
 
     def order(self) -> list[int]:
-        return list(self._queue)
+        return self._blank[::-1] + list(self._cached)
 
 
 @dataclass(slots=True, eq=False)
@@ -76,10 +116,10 @@ class SequenceState:
     final_len: int
     output_content_id: int
     block_table: list[int] = field(default_factory=list)
-    # Token content and block hashes are only kept by policies that share blocks.
+    # Token content and cache keys are only kept by policies that share blocks.
     segments: list[Segment] = field(default_factory=list)
     segment_ends: list[int] = field(default_factory=list)
-    block_hashes: list[int] = field(default_factory=list)
+    keyed_blocks: int = 0  # leading full blocks whose cache key is known
     namespace: int = 0
 
 
@@ -93,9 +133,11 @@ class PagedPolicy(KVCachePolicy):
         self.num_blocks = pool.kv_pool_blocks
         self.free_queue = FreeBlockQueue(range(self.num_blocks))
         self.ref_count = [0] * self.num_blocks
+        # Every live block is full (filled = target = block_size) except partly filled tails: only
+        # those have their fill and target here, with their owners (the target is the most any
+        # owner will fill). The sums cover all live blocks.
         self._filled = [0] * self.num_blocks
         self._target = [0] * self.num_blocks
-        # Owners of every live, partly filled block; the block's target is the most any owner will fill.
         self._partial_owners: dict[int, list[SequenceState]] = {}
         self._live_blocks = 0
         self._logical_blocks = 0  # Σ block-table lengths: what the live sequences would hold unshared
@@ -118,6 +160,9 @@ class PagedPolicy(KVCachePolicy):
     def seq_len(self, seq_id: int) -> int:
         return self._get(seq_id).num_tokens
 
+    def final_len(self, seq_id: int) -> int:
+        return self._get(seq_id).final_len
+
     def block_table(self, seq_id: int) -> list[int]:
         return list(self._get(seq_id).block_table)
 
@@ -134,22 +179,24 @@ class PagedPolicy(KVCachePolicy):
         return self._blocks_needed_to_grow(self._get(seq_id), num_tokens) * self.block_size
 
     def growth_room(self, seq_id: int) -> int:
-        seq = self._get(seq_id)
+        return self._room(self._get(seq_id))
+
+    def _room(self, seq: SequenceState) -> int:
         if seq.num_tokens % self.block_size and self.ref_count[seq.block_table[-1]] > 1:
             return 0  # the next write copies the shared tail first
         return min(len(seq.block_table) * self.block_size, seq.final_len) - seq.num_tokens
 
-    def breakdown(self) -> MemoryBreakdown:
+    def breakdown_values(self) -> tuple[int, int, int, int, int, int]:
         block_size = self.block_size
         cached_blocks = self._cached_blocks()
-        return MemoryBreakdown(
-            used=self._filled_sum,
-            reserved=self._target_sum - self._filled_sum,
-            internal_fragmentation=self._live_blocks * block_size - self._target_sum,
+        return (
+            self._filled_sum,
+            self._target_sum - self._filled_sum,
+            self._live_blocks * block_size - self._target_sum,
             # Slots past the last whole block can never hold a block: they are split-off memory.
-            external_fragmentation=self.pool.kv_pool_tokens - self.num_blocks * block_size,
-            cached=cached_blocks * block_size,
-            free=(self.num_blocks - self._live_blocks - cached_blocks) * block_size,
+            self.pool.kv_pool_tokens - self.num_blocks * block_size,
+            cached_blocks * block_size,
+            (self.num_blocks - self._live_blocks - cached_blocks) * block_size,
         )
 
     def _cached_blocks(self) -> int:
@@ -164,7 +211,7 @@ class PagedPolicy(KVCachePolicy):
     ) -> int:
         prompt_len = self._check_new_sequence(seq_id, prompt, final_len)
         blocks_needed, hit_blocks = self._blocks_needed_to_admit(prompt, namespace)
-        self._ensure_free_blocks(blocks_needed, f"admitting sequence {seq_id}", self._prefix_hit(hit_blocks))
+        self._ensure_free_blocks(blocks_needed, "admitting sequence", seq_id, self._prefix_hit(hit_blocks))
         seq = SequenceState(seq_id, 0, final_len, output_content_id, namespace=namespace)
         self._remember_content(seq, prompt)
         for block_id in hit_blocks:
@@ -179,13 +226,38 @@ class PagedPolicy(KVCachePolicy):
         return cached_tokens
 
     def grow(self, seq_id: int, num_tokens: int, content: TokenContent | None = None) -> None:
-        seq = self._get(seq_id)
-        self._check_growth(seq_id, num_tokens, seq.num_tokens, seq.final_len)
+        self._grow(self._get(seq_id), num_tokens, content)
+
+    def grow_each(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> list[int]:
+        # The engine's hottest path: checked once for all, then grown without looking anything up twice.
+        sequences = [self._get(seq_id) for seq_id in seq_ids]
+        self._check_grow_each_of(sequences, num_tokens)
+        rooms = []
+        for seq, tokens in zip(sequences, num_tokens, strict=True):
+            self._copy_shared_tail_before_write(seq)
+            self._append_content(seq, tokens, None)
+            self._extend(seq, tokens)
+            rooms.append(self._room(seq))
+        return rooms
+
+    def _check_grow_each_of(self, sequences: list[SequenceState], num_tokens: Sequence[int]) -> None:
+        if len(sequences) != len(num_tokens) or len({seq.seq_id for seq in sequences}) != len(sequences):
+            raise PolicyInputError("grow_each needs distinct sequence ids, one token count each")
+        blocks = 0
+        for seq, tokens in zip(sequences, num_tokens, strict=True):
+            self._check_growth(seq.seq_id, tokens, seq.num_tokens, seq.final_len)
+            blocks += self._blocks_needed_to_grow(seq, tokens)
+        self._ensure_free_blocks(
+            blocks, "growing sequences", sequences[0].seq_id if len(sequences) == 1 else None
+        )
+
+    def _grow(self, seq: SequenceState, num_tokens: int, content: TokenContent | None) -> None:
+        self._check_growth(seq.seq_id, num_tokens, seq.num_tokens, seq.final_len)
         if content is not None and sum(length for _, length in content) != num_tokens:
             raise PolicyInputError(
-                f"sequence {seq_id}: content holds a different number of tokens than {num_tokens}"
+                f"sequence {seq.seq_id}: content holds a different number of tokens than {num_tokens}"
             )
-        self._ensure_free_blocks(self._blocks_needed_to_grow(seq, num_tokens), f"growing sequence {seq_id}")
+        self._ensure_free_blocks(self._blocks_needed_to_grow(seq, num_tokens), "growing sequence", seq.seq_id)
         self._copy_shared_tail_before_write(seq)
         self._append_content(seq, num_tokens, content)
         self._extend(seq, num_tokens)
@@ -194,7 +266,7 @@ class PagedPolicy(KVCachePolicy):
         parent = self._get(parent_id)
         self._check_children(parent_id, parent.num_tokens, children)
         self._ensure_free_blocks(
-            self._blocks_needed_to_fork(parent, len(children)), f"forking sequence {parent_id}"
+            self._blocks_needed_to_fork(parent, len(children)), "forking sequence", parent_id
         )
         for child in children:
             state = SequenceState(
@@ -204,7 +276,7 @@ class PagedPolicy(KVCachePolicy):
                 child.output_content_id,
                 segments=list(parent.segments),
                 segment_ends=list(parent.segment_ends),
-                block_hashes=list(parent.block_hashes),
+                keyed_blocks=parent.keyed_blocks,
                 namespace=parent.namespace,
             )
             self.sequences[child.seq_id] = state
@@ -212,23 +284,25 @@ class PagedPolicy(KVCachePolicy):
 
     def free(self, seq_id: int) -> None:
         seq = self._get(seq_id)
-        # Reverse order: with prefix caching the tail (longest prefix, least reusable) is evicted first.
         table = seq.block_table
+        full_blocks = table
         if table and table[-1] in self._partial_owners:
             self._drop_reference(seq, table[-1])
-            table = table[:-1]
-        ref_count, filled, target = self.ref_count, self._filled, self._target
-        for index in range(len(table) - 1, -1, -1):
-            block_id = table[index]
+            full_blocks = table[:-1]
+        # Reverse order: with prefix caching the tail (longest prefix, least reusable) is evicted first.
+        ref_count = self.ref_count
+        released = []
+        for block_id in reversed(full_blocks):
             ref_count[block_id] -= 1
-            if ref_count[block_id] == 0:
-                # A full block nobody else holds (shared or partly filled blocks take the general path).
-                self._live_blocks -= 1
-                self._filled_sum -= filled[block_id]
-                self._target_sum -= target[block_id]
-                filled[block_id] = target[block_id] = 0
-                self._return_free_block(block_id)
-        self._logical_blocks -= len(seq.block_table)
+            if not ref_count[block_id]:
+                released.append(block_id)
+        if released:
+            slots = len(released) * self.block_size
+            self._live_blocks -= len(released)
+            self._filled_sum -= slots
+            self._target_sum -= slots
+            self._return_free_blocks(released)
+        self._logical_blocks -= len(table)
         del self.sequences[seq_id]
 
     def _prefix_hit(self, hit_blocks: list[int]) -> PrefixHit:
@@ -269,73 +343,73 @@ class PagedPolicy(KVCachePolicy):
     def _record_prefix_query(self, prompt_len: int, cached_tokens: int) -> None:
         """Plain paging has no prefix cache to query."""
 
-    def _take_free_block(self) -> int:
-        return self.free_queue.popleft()
+    def _take_free_blocks(self, count: int) -> list[int]:
+        return self.free_queue.take(count)
 
-    def _return_free_block(self, block_id: int) -> None:
-        # Head of the queue: reused first (vLLM puts hash-less freed blocks at the head too).
-        self.free_queue.appendleft(block_id)
+    def _return_free_blocks(self, block_ids: list[int]) -> None:
+        """Back to the head of the queue in turn: reused first (vLLM puts hash-less freed blocks at
+        the head too)."""
+        self.free_queue.extendleft(block_ids)
 
     # ------------------------------------------------------------------------------ block accounting
-    def _ensure_free_blocks(self, blocks_needed: int, action: str, prefix_hit: PrefixHit = NO_HIT) -> None:
+    def _ensure_free_blocks(
+        self, blocks_needed: int, action: str, seq_id: int | None = None, prefix_hit: PrefixHit = NO_HIT
+    ) -> None:
         if blocks_needed > len(self.free_queue):
             self.stats.allocation_failures += 1
+            # The message is only formatted on failure: this check runs on every block.
+            subject = action if seq_id is None else f"{action} {seq_id}"
             raise OutOfKVMemory(
-                f"{action} needs {blocks_needed} free blocks, {len(self.free_queue)} available",
+                f"{subject} needs {blocks_needed} free blocks, {len(self.free_queue)} available",
                 needed_slots=blocks_needed * self.block_size,
                 free_slots=len(self.free_queue) * self.block_size,
                 prefix_hit=prefix_hit,
             )
 
     def _extend(self, seq: SequenceState, num_tokens: int) -> None:
-        """Append ``num_tokens`` token states, taking blocks as they are needed."""
+        """Append ``num_tokens`` token states, taking blocks as they are needed. A partly filled tail
+        is the sequence's own here (a shared one was copied first), so every new token adds one
+        filled slot, and only new blocks change the targets: full ones hold block_size, a new tail
+        what its owner will fill."""
         block_size = self.block_size
         table = seq.block_table
-        remaining = num_tokens
-        if table and seq.num_tokens % block_size:
+        before = seq.num_tokens
+        after = before + num_tokens
+        seq.num_tokens = after
+        self._filled_sum += num_tokens
+        held = len(table) * block_size
+        if before % block_size:
             tail = table[-1]
-            room = block_size - seq.num_tokens % block_size
-            step = min(room, remaining)
-            seq.num_tokens += step
-            remaining -= step
-            self._refresh_tail(tail, seq)
-        if remaining > 0:
-            self._append_blocks(seq, remaining)
+            if after >= held:
+                del self._partial_owners[tail]  # now full: filled = target = block_size
+            else:
+                self._filled[tail] += num_tokens
+        if after > held:
+            count = -(-after // block_size) - len(table)
+            new_blocks = self._take_free_blocks(count)
+            ref_count = self.ref_count
+            for block_id in new_blocks:
+                ref_count[block_id] = 1
+            table += new_blocks
+            self._live_blocks += count
+            self._logical_blocks += count
+            held += count * block_size
+            # Full new blocks will hold block_size each; the last one up to the final length.
+            self._target_sum += min(seq.final_len, held) - held + count * block_size
+            if after % block_size:
+                tail = new_blocks[-1]
+                self._partial_owners[tail] = [seq]
+                self._filled[tail] = after % block_size
+                self._target[tail] = min(block_size, seq.final_len - held + block_size)
         self._on_blocks_filled(seq)
 
-    def _append_blocks(self, seq: SequenceState, num_tokens: int) -> None:
-        """Fresh blocks for ``num_tokens`` tokens: full ones, then a partly filled tail."""
-        block_size = self.block_size
-        full, tail_tokens = divmod(num_tokens, block_size)
-        new_blocks = [self._take_free_block() for _ in range(full + (tail_tokens > 0))]
-        ref_count, filled, target = self.ref_count, self._filled, self._target
-        for block_id in new_blocks:
-            ref_count[block_id] = 1
-            filled[block_id] = target[block_id] = block_size
-        self._filled_sum += full * block_size
-        self._target_sum += full * block_size
-        self._live_blocks += len(new_blocks)
-        self._logical_blocks += len(new_blocks)
-        seq.block_table.extend(new_blocks)
-        seq.num_tokens += num_tokens
-        if tail_tokens:
-            tail = new_blocks[-1]
-            filled[tail] = target[tail] = 0
-            self._partial_owners[tail] = [seq]
-            self._set_fill(tail, tail_tokens, self._owner_target(seq, len(seq.block_table) - 1))
+    def _start_partial(self, block_id: int, owner: SequenceState) -> None:
+        """A fresh block becomes ``owner``'s partly filled tail (it holds nothing yet)."""
+        self._filled[block_id] = self._target[block_id] = 0
+        self._partial_owners[block_id] = [owner]
 
     def _owner_target(self, seq: SequenceState, block_index: int) -> int:
         return min(self.block_size, max(0, seq.final_len - block_index * self.block_size))
-
-    def _refresh_tail(self, block_id: int, seq: SequenceState) -> None:
-        """The tail block took more tokens; its owners (and so its target) are unchanged."""
-        filled = seq.num_tokens - (len(seq.block_table) - 1) * self.block_size
-        if filled >= self.block_size:
-            self._partial_owners.pop(block_id, None)
-            self._set_fill(block_id, self.block_size, self.block_size)
-        else:
-            self._filled_sum += filled - self._filled[block_id]
-            self._filled[block_id] = filled
 
     def _retarget_tail(self, block_id: int, seq: SequenceState) -> None:
         """The tail block's owners changed (fork, copy-on-write): recompute its fill and target."""
@@ -352,7 +426,8 @@ class PagedPolicy(KVCachePolicy):
         self._target[block_id] = target
 
     def _drop_reference(self, seq: SequenceState, block_id: int) -> None:
-        """``seq`` stops referencing ``block_id``; the block is freed when nobody else does."""
+        """``seq`` stops referencing its partly filled tail ``block_id``; the block is freed when
+        nobody else does."""
         owners = self._partial_owners.get(block_id)
         if owners is not None:
             owners.remove(seq)
@@ -366,7 +441,7 @@ class PagedPolicy(KVCachePolicy):
         self._partial_owners.pop(block_id, None)
         self._live_blocks -= 1
         self._set_fill(block_id, 0, 0)
-        self._return_free_block(block_id)
+        self._return_free_blocks([block_id])
 
     def _index_of(self, seq: SequenceState) -> int:
         """Index of the sequence's last block: the only one that can be partly filled."""

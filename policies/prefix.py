@@ -1,22 +1,19 @@
 """Paged allocation with prefix sharing and copy-on-write (vLLM V1 prefix caching + V0 forks).
 
-- Every full block gets a hash chained over (parent block hash, the token pieces it holds, the
-  namespace), as vLLM's ``hash_block_tokens`` chains over (parent hash, token ids, extra keys). A
-  hash map finds cached blocks (vLLM's ``BlockHashToBlockMap``).
-- A hit is verified on *content*, never on placement: every cached block also carries an interned
-  exact *chain identity* (:class:`ContentChains`: parent's chain, pieces, namespace), and a block
-  verifies when its chain is the one the prompt spells. Any block holding the same content chain
-  verifies, wherever its parent sits (vLLM chains on content alone, ``find_longest_cache_hit``), and
-  a colliding hash can never share wrong content (vLLM trusts its sha256; kvsim's ``hash_fn`` may
-  collide on purpose in tests).
-- Duplicates: vLLM never deduplicates (block tables are append-only), so one hash can name several
+- Every full block gets a cache key: its parent's *content chain* id, the token pieces it holds,
+  and the namespace. Chain ids are interned exact identities of those keys (:class:`ContentChains`),
+  so chained through the parents a key names the whole prefix by content, like vLLM's block hash
+  chain (``hash_block_tokens`` over parent hash, token ids, extra keys), but it is only ever matched
+  by equality (the cache is a dict keyed by it), so a lookup can never share wrong content.
+- A hit is verified on *content*, never on placement: any block holding the same content chain
+  verifies, wherever its parent sits (vLLM chains on content alone, ``find_longest_cache_hit``).
+- Duplicates: vLLM never deduplicates (block tables are append-only), so one key can name several
   cached blocks. The lookup returns the one ``BlockHashToBlockMap.get_one_block`` returns: the
-  earliest-cached block still cached under that hash (``next(iter(...))`` of an insertion-ordered
-  dict; ``insert`` appends, ``pop`` removes in place), among those whose chain verifies.
-- Blocks are reference counted. When the last owner frees a full block it keeps its hash and stays
+  earliest-cached block still cached under that key.
+- Blocks are reference counted. When the last owner frees a full block it keeps its key and stays
   *cached* (hittable) in the free queue until it is handed out again, which evicts it: LRU.
   A freed sequence's blocks enter the queue tail-first, so its longest-prefix block is evicted first;
-  a freed block holding no hash goes to the head and is reused before any cached block (vLLM #42656).
+  a freed block holding no key goes to the head and is reused before any cached block (vLLM #42656).
 - A prefix hit never covers the prompt's last token: it must be computed to produce logits (vLLM's
   ``num_tokens - 1`` rule, ``KVCacheManager.get_computed_blocks``). Only full blocks are ever shared
   through the cache. :meth:`PrefixCachingPolicy.lookup` computes the hit without changing anything.
@@ -38,7 +35,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Hashable
+from collections.abc import Iterator
 
 from policies.base import (
     NO_HIT,
@@ -53,7 +50,10 @@ from policies.base import (
 from policies.paged import PagedPolicy, SequenceState, ceil_div
 
 Piece = tuple[int, int, int]  # (content_id, first offset, end offset) within one token stream
-ChainKey = tuple[int | None, tuple[Piece, ...], int]  # (parent's chain id, the block's pieces, namespace)
+# A block's cache key: (parent's chain id or None, what it holds, namespace). What it holds is its
+# single piece spelled out (content_id, first, end), or ``pieces`` (a tuple of pieces) when it spans
+# several segments: keys of either kind never match.
+ChainKey = tuple
 
 
 def block_pieces(
@@ -74,7 +74,8 @@ def block_pieces(
 
 
 class ContentChains:
-    """Interned exact identities of block contents: ``(parent's chain id, pieces, namespace)`` -> id.
+    """Interned exact identities of block contents: a :data:`ChainKey` (parent's chain id, what the
+    block holds, namespace) -> id.
 
     Two blocks with the same chain id hold the same tokens after the same prefix, in the same
     namespace, wherever they sit in the pool: this is what a prefix hit verifies. An id lives while
@@ -120,18 +121,38 @@ class ContentChains:
             chain = entry[0][0]
 
 
+def block_contents(
+    segments: list[tuple[int, int]], segment_ends: list[int], first: int, last: int, block_size: int
+) -> Iterator[tuple]:
+    """What blocks ``first`` to ``last - 1`` hold (the middle of their :data:`ChainKey`), walking the
+    segments once: a block inside one segment (nearly all of them) is one piece,
+    computed in a few operations."""
+    index = bisect_right(segment_ends, first * block_size)
+    for block in range(first, last):
+        start = block * block_size
+        end = start + block_size
+        while segment_ends[index] <= start:
+            index += 1
+        segment_end = segment_ends[index]
+        if end <= segment_end:
+            content_id, length = segments[index]
+            offset = start - segment_end + length
+            yield (content_id, offset, offset + block_size)
+        else:
+            yield (block_pieces(segments, segment_ends, start, end),)
+
+
 @register("prefix")
 class PrefixCachingPolicy(PagedPolicy):
-    """Paged blocks shared by prefix hash and by fork, with LRU eviction of cached blocks."""
+    """Paged blocks shared by prefix (cache key) and by fork, with LRU eviction of cached blocks."""
 
-    def __init__(self, pool: PoolSpec, hash_fn: Callable[[Hashable], int] = hash):
+    def __init__(self, pool: PoolSpec):
         super().__init__(pool)
-        self.hash_fn = hash_fn
-        self._block_hash: list[int | None] = [None] * self.num_blocks
+        self._block_key: list[ChainKey | None] = [None] * self.num_blocks
         self._block_chain: list[int | None] = [None] * self.num_blocks
         self._chains = ContentChains()
-        # Blocks cached under each hash, earliest-cached first (vLLM's BlockHashToBlockMap order).
-        self._cached_by_hash: dict[int, list[int]] = {}
+        self._cached_by_key: dict[ChainKey, int] = {}  # the first block cached under each key
+        self._later_holders: dict[ChainKey, list[int]] = {}  # rare: more blocks under the same key
         self._cached_in_queue = 0
         self._pinned: set[int] = set()
         self._pinned_idle = 0
@@ -169,30 +190,17 @@ class PrefixCachingPolicy(PagedPolicy):
     def _find_cached_prefix(self, prompt: TokenContent, max_blocks: int, namespace: int) -> list[int]:
         segments = [segment for segment in prompt if segment[1] > 0]
         ends = _cumulative_ends(segments)
-        block_size = self.block_size
+        max_blocks = min(max_blocks, (ends[-1] if ends else 0) // self.block_size)
         hits: list[int] = []
-        parent_hash: int | None = None
-        parent_chain: int | None = None
-        for index in range(max_blocks):
-            pieces = block_pieces(segments, ends, index * block_size, (index + 1) * block_size)
-            chain = self._chains.find((parent_chain, pieces, namespace))
-            if chain is None:
-                break  # no cached block holds this content after this prefix
-            block_hash = self.hash_fn((parent_hash, pieces, namespace))
-            block_id = self._first_cached_block(block_hash, chain)
+        parent: int | None = None
+        cache, chain_of = self._cached_by_key, self._block_chain
+        for content in block_contents(segments, ends, 0, max_blocks, self.block_size):
+            block_id = cache.get((parent, *content, namespace))
             if block_id is None:
-                break
+                break  # no cached block holds this content after this prefix
             hits.append(block_id)
-            parent_hash, parent_chain = block_hash, chain
+            parent = chain_of[block_id]
         return hits
-
-    def _first_cached_block(self, block_hash: int, chain: int) -> int | None:
-        """``BlockHashToBlockMap.get_one_block(block_hash)``: the earliest-cached block under the hash,
-        skipping blocks whose content differs (only a deliberately colliding ``hash_fn`` has any)."""
-        for block_id in self._cached_by_hash.get(block_hash, ()):
-            if self._block_chain[block_id] == chain:
-                return block_id
-        return None
 
     def _record_prefix_query(self, prompt_len: int, cached_tokens: int) -> None:
         self.stats.prefix_cache_queries += prompt_len
@@ -205,11 +213,13 @@ class PrefixCachingPolicy(PagedPolicy):
             else:
                 self.free_queue.remove(block_id)
                 self._cached_in_queue -= 1
+            # A cached block is full: it holds and will hold block_size token states.
             self._live_blocks += 1
-            self._set_fill(block_id, self.block_size, self.block_size)
+            self._filled_sum += self.block_size
+            self._target_sum += self.block_size
         self.ref_count[block_id] += 1
 
-    # ----------------------------------------------------------------------------- content and hashes
+    # ------------------------------------------------------------------------------- content and keys
     def _remember_content(self, seq: SequenceState, content: TokenContent) -> None:
         validate_content(content, f"content of sequence {seq.seq_id}")
         for segment in content:
@@ -234,53 +244,108 @@ class PrefixCachingPolicy(PagedPolicy):
         seq.segment_ends.append((seq.segment_ends[-1] if seq.segment_ends else 0) + segment[1])
 
     def _on_blocks_filled(self, seq: SequenceState) -> None:
-        """Cache every block of ``seq`` that became full and has no hash yet."""
+        """Cache every block of ``seq`` that became full and has no key yet (a hit or a block shared
+        with a fork has one), segment by segment: a block inside one segment is keyed by a few
+        integer operations (this loop runs for every block of every prompt), only a block across
+        segments needs its pieces listed."""
         block_size = self.block_size
-        for index in range(len(seq.block_hashes), seq.num_tokens // block_size):
-            block_id = seq.block_table[index]
-            pieces = block_pieces(
-                seq.segments, seq.segment_ends, index * block_size, (index + 1) * block_size
-            )
-            if index:
-                # The previous block is full and this sequence holds it, so it is cached: its chain
-                # is the content chain of this sequence's prefix (hits and forks share only that).
-                parent_hash: int | None = seq.block_hashes[-1]
-                parent_chain = self._block_chain[seq.block_table[index - 1]]
-            else:
-                parent_hash, parent_chain = None, None
-            block_hash = self.hash_fn((parent_hash, pieces, seq.namespace))
-            seq.block_hashes.append(block_hash)
-            if self._block_hash[block_id] is None:
-                # A block reached by a hit or a fork is already cached; only fresh blocks register.
-                # Identical content cached twice stays twice (vLLM does not deduplicate).
-                self._block_hash[block_id] = block_hash
-                self._block_chain[block_id] = self._chains.acquire((parent_chain, pieces, seq.namespace))
-                self._cached_by_hash.setdefault(block_hash, []).append(block_id)
+        block, last = seq.keyed_blocks, seq.num_tokens // block_size
+        if block >= last:
+            return
+        table, segments, ends, namespace = seq.block_table, seq.segments, seq.segment_ends, seq.namespace
+        keys, chain_of, cache_under = self._block_key, self._block_chain, self._cache_under
+        # The previous block is full and this sequence holds it, so it is cached: its chain is the
+        # content chain of this sequence's prefix (hits and forks share only that).
+        parent = chain_of[table[block - 1]] if block else None
+        index = bisect_right(ends, block * block_size)
+        while block < last:
+            while ends[index] <= block * block_size:
+                index += 1
+            content_id, length = segments[index]
+            inside = min(last, ends[index] // block_size)  # blocks before it end inside the segment
+            offset = block * block_size - (ends[index] - length)
+            for block_id in table[block:inside]:
+                if keys[block_id] is None:
+                    cache_under(block_id, (parent, content_id, offset, offset + block_size, namespace))
+                parent = chain_of[block_id]
+                offset += block_size
+            block = max(block, inside)
+            if block < last and block * block_size < ends[index]:  # it runs past the segment's end
+                pieces = block_pieces(segments, ends, block * block_size, (block + 1) * block_size)
+                block_id = table[block]
+                if keys[block_id] is None:
+                    cache_under(block_id, (parent, pieces, namespace))
+                parent = chain_of[block_id]
+                block += 1
+        seq.keyed_blocks = last
+
+    def _cache_under(self, block_id: int, key: ChainKey) -> None:
+        """A fresh block registers (a block reached by a hit or a fork is already cached). Identical
+        content cached twice stays twice (vLLM does not deduplicate)."""
+        self._block_key[block_id] = key
+        self._block_chain[block_id] = self._chains.acquire(key)
+        if self._cached_by_key.setdefault(key, block_id) != block_id:
+            self._later_holders.setdefault(key, []).append(block_id)
 
     # ---------------------------------------------------------------------------------- free queue
-    def _take_free_block(self) -> int:
-        block_id = self.free_queue.popleft()
-        if self._block_hash[block_id] is not None:
-            self._evict(block_id)
-        return block_id
+    def _take_free_blocks(self, count: int) -> list[int]:
+        # Blank blocks come first; past them the queue holds cached blocks, evicted oldest first.
+        cached = count - self.free_queue.blank
+        blocks = self.free_queue.take(count)
+        if cached > 0:
+            self._evict(blocks[-cached:])
+        return blocks
 
-    def _evict(self, block_id: int) -> None:
-        block_hash = self._block_hash[block_id]
-        assert block_hash is not None
-        same_hash = self._cached_by_hash[block_hash]
-        same_hash.remove(block_id)
-        if not same_hash:
-            del self._cached_by_hash[block_hash]
-        self._block_hash[block_id] = None
-        self._chains.release(self._block_chain[block_id])
-        self._block_chain[block_id] = None
-        self._cached_in_queue -= 1
-        self.stats.evictions += 1
+    def _evict(self, block_ids: list[int]) -> None:
+        """Cached blocks taken from the queue forget their content."""
+        keys, chain_of, cache, later = (
+            self._block_key,
+            self._block_chain,
+            self._cached_by_key,
+            self._later_holders,
+        )
+        release = self._chains.release
+        for block_id in block_ids:
+            key = keys[block_id]
+            assert key is not None, "only blocks holding a key are cached"
+            keys[block_id] = None
+            release(chain_of[block_id])
+            chain_of[block_id] = None
+            first = cache.pop(key)
+            if later and key in later:
+                self._drop_holder(key, first, block_id)
+        self._cached_in_queue -= len(block_ids)
+        self.stats.evictions += len(block_ids)
+
+    def _drop_holder(self, key: ChainKey, first: int, block_id: int) -> None:
+        """``block_id`` no longer holds ``key``, which other blocks hold too (``first``, the first
+        cached, was just taken out of the cache): the earliest remaining holder stands for it."""
+        holders = self._later_holders[key]
+        if first == block_id:
+            first = holders.pop(0)
+        else:
+            holders.remove(block_id)
+        self._cached_by_key[key] = first
+        if not holders:
+            del self._later_holders[key]
+
+    def _return_free_blocks(self, block_ids: list[int]) -> None:
+        keys, queue = self._block_key, self.free_queue
+        if self._pinned:
+            for block_id in block_ids:
+                self._return_free_block(block_id)
+            return
+        # Blocks with cached content go to the tail, the others to the head, each kind in turn.
+        keyed = [block_id for block_id in block_ids if keys[block_id] is not None]
+        queue.extend(keyed)
+        self._cached_in_queue += len(keyed)
+        if len(keyed) < len(block_ids):
+            queue.extendleft([block_id for block_id in block_ids if keys[block_id] is None])
 
     def _return_free_block(self, block_id: int) -> None:
         if block_id in self._pinned:
             self._pinned_idle += 1
-        elif self._block_hash[block_id] is not None:
+        elif self._block_key[block_id] is not None:
             self.free_queue.append(block_id)
             self._cached_in_queue += 1
         else:
@@ -314,12 +379,12 @@ class PrefixCachingPolicy(PagedPolicy):
         if not self._tail_is_shared_and_partial(seq):
             return
         shared = seq.block_table[-1]
-        copy = self._take_free_block()
+        (copy,) = self._take_free_blocks(1)
         self._drop_reference(seq, shared)
         self.ref_count[copy] = 1
         self._live_blocks += 1
         seq.block_table[-1] = copy
-        self._partial_owners[copy] = [seq]
+        self._start_partial(copy, seq)
         self._retarget_tail(copy, seq)
         self.stats.cow_copies += 1
 

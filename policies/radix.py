@@ -55,7 +55,6 @@ from policies.base import (
     NO_HIT,
     ChildSpec,
     KVCachePolicy,
-    MemoryBreakdown,
     OutOfKVMemory,
     PolicyInputError,
     PoolSpec,
@@ -180,15 +179,18 @@ class RadixPolicy(KVCachePolicy):
         seq = self._get(seq_id)
         return min(seq.tree_len + self._pages(seq.num_tokens - seq.tree_len), seq.final_len) - seq.num_tokens
 
-    def breakdown(self) -> MemoryBreakdown:
-        return MemoryBreakdown(
-            used=self.tree.locked_tokens + self._own_tokens,
-            reserved=self._own_target - self._own_tokens,
-            internal_fragmentation=self._own_slots - self._own_target,
-            external_fragmentation=self.pool.kv_pool_tokens - self._page_slots,
-            cached=self._cached_slots(),
-            free=self._free_slots(),
+    def breakdown_values(self) -> tuple[int, int, int, int, int, int]:
+        return (
+            self.tree.locked_tokens + self._own_tokens,
+            self._own_target - self._own_tokens,
+            self._own_slots - self._own_target,
+            self.pool.kv_pool_tokens - self._page_slots,
+            self._cached_slots(),
+            self._free_slots(),
         )
+
+    def final_len(self, seq_id: int) -> int:
+        return self._get(seq_id).final_len
 
     def sharing_slots(self) -> tuple[int, int]:
         return self.tree.locked_tokens + self._own_slots, self._tree_tokens_held + self._own_slots

@@ -46,14 +46,13 @@ SUMMARY: Columns = {
         "Requests failed for lack of KV memory at admission (`on_oom: fail`).",
     ),
     "requests_unfinished": ("requests", "Requests still queued or running when the run stopped (`until_s`)."),
-    "oom_events": (
-        "count",
-        "KV allocations that failed: admissions that had to wait (once per wait), growth that forced a "
-        "preemption, forks that did not fit. Not crashes: with `on_oom: queue` requests wait.",
+    "admission_waits": (
+        "requests",
+        "Requests that had to wait for KV memory at admission (each counted once, however long it "
+        "waited). Not crashes: with `on_oom: queue` requests wait.",
     ),
-    "admissions_failed": ("count", "Times the request at the head of the queue had to wait for KV memory."),
     "preemptions": ("count", "Requests taken off the GPU to free KV memory (recompute or swap)."),
-    "num_preemptions": ("count", "Same as `preemptions` (vLLM's metric name)."),
+    "oom_failures": ("requests", "Requests failed because they did not fit at admission (`on_oom: fail`)."),
     "swapped_out_blocks": ("blocks", "Blocks copied to host memory by swap preemptions."),
     "peak_running": ("requests", "Most requests running at once."),
     "cow_copies": ("blocks", "Shared, partly filled blocks copied before a write (copy-on-write)."),
@@ -118,9 +117,9 @@ TIMESERIES: Columns = {
     "num_requests_running": ("requests", "Requests running (vLLM's metric)."),
     "num_requests_waiting": ("requests", "Requests queued: the queue length (vLLM's metric)."),
     "num_sequences_running": ("sequences", "Sequences running (a request with n > 1 or beams has several)."),
-    "oom_events": ("count", "Cumulative `oom_events` (see summary)."),
-    "num_preemptions": ("count", "Cumulative preemptions (vLLM's metric)."),
-    "admissions_failed": ("count", "Cumulative `admissions_failed` (see summary)."),
+    "admission_waits": ("requests", "Cumulative `admission_waits` (see summary)."),
+    "preemptions": ("count", "Cumulative `preemptions` (see summary)."),
+    "oom_failures": ("requests", "Cumulative `oom_failures` (see summary)."),
     "cow_copies": ("blocks", "Cumulative copy-on-write block copies."),
     "prefix_cache_queries": ("tokens", "Cumulative prompt tokens looked up in the prefix cache."),
     "prefix_cache_hits": ("tokens", "Cumulative prompt tokens served from the prefix cache."),

@@ -36,7 +36,7 @@ class RequestState:
     tokens_to_prefill: int = 0  # on the current admission (a recompute re-prefills generated tokens too)
     prefilled: int = 0
     swapped_tokens: int = 0  # > 0 while its KV sits in the host pool
-    blocked: bool = False  # its admission already failed in this wait (counted once, whatever the step mode)
+    waited_for_memory: bool = False  # its admission failed for lack of KV memory at least once
     is_running: bool = False
     admission: int = 0  # order of its latest admission: the running list is sorted by it
     decoding: bool = False  # prompt done: every sequence gains a token per decode iteration
@@ -112,6 +112,28 @@ class DecodeClock:
         state.synced_clock = at_clock
         self._synced_sum += pending * len(state.seq_ids)
 
+    def flush(self, states: list[RequestState], at_clock: int) -> None:
+        """The held slots of ``states`` ran out at ``at_clock``: all their sequences take every
+        pending token in one policy call, in order (the caller made sure the pool has the blocks),
+        and each request's next flush is scheduled."""
+        seq_ids: list[int] = []
+        tokens: list[int] = []
+        for state in states:
+            seq_ids += state.seq_ids
+            tokens += [at_clock - state.synced_clock] * len(state.seq_ids)
+        rooms = self.policy.grow_each(seq_ids, tokens)
+        first = 0
+        for state in states:
+            width = len(state.seq_ids)
+            pending = at_clock - state.synced_clock
+            state.generated += pending
+            state.context += pending
+            state.synced_clock = at_clock
+            self._synced_sum += pending * width
+            room = rooms[first] if width == 1 else min(rooms[first : first + width])
+            first += width
+            self._push_flush(state, room if self.defer_growth else 0)
+
     def took_token(self, state: RequestState) -> None:
         """The policy was just told this iteration's token (a flush): the request is synced to now."""
         state.generated += 1
@@ -136,8 +158,11 @@ class DecodeClock:
     # --------------------------------------------------------------------------------------- events
     def reschedule_flush(self, state: RequestState) -> None:
         """After a sync: the iteration at which its sequences' held slots run out."""
-        state.flush_version += 1
         room = min(self.policy.growth_room(seq_id) for seq_id in state.seq_ids) if self.defer_growth else 0
+        self._push_flush(state, room)
+
+    def _push_flush(self, state: RequestState, room: int) -> None:
+        state.flush_version += 1
         heapq.heappush(
             self._flushes, (state.synced_clock + room + 1, state.admission, state.flush_version, state)
         )
@@ -148,13 +173,14 @@ class DecodeClock:
     def next_end(self) -> int:
         return self._peek(self._ends, _end_valid)
 
-    def due_flushes(self) -> list[RequestState]:
-        """Requests whose room runs out at this iteration, oldest admission first."""
-        return self._pop_due(self._flushes, _flush_valid)
+    def due_flushes(self, at_clock: int | None = None) -> list[RequestState]:
+        """Requests whose room runs out at this iteration (or by clock ``at_clock``), oldest
+        admission first."""
+        return self._pop_due(self._flushes, _flush_valid, self.now if at_clock is None else at_clock)
 
     def due_ends(self) -> list[RequestState]:
         """Requests that finish or take a beam decision at the end of this iteration, oldest first."""
-        return self._pop_due(self._ends, _end_valid)
+        return self._pop_due(self._ends, _end_valid, self.now)
 
     @staticmethod
     def _peek(heap: list[_Entry], valid: Callable[[_Entry], bool]) -> int:
@@ -162,16 +188,24 @@ class DecodeClock:
             heapq.heappop(heap)
         return heap[0][0] if heap else NEVER
 
-    def _pop_due(self, heap: list[_Entry], valid: Callable[[_Entry], bool]) -> list[RequestState]:
+    @staticmethod
+    def _pop_due(heap: list[_Entry], valid: Callable[[_Entry], bool], clock: int) -> list[RequestState]:
         due = []
-        while heap and heap[0][0] <= self.now:
-            entry = heapq.heappop(heap)
+        pop = heapq.heappop
+        while heap and heap[0][0] <= clock:
+            entry = pop(heap)
             if valid(entry):
                 due.append(entry)
-        return [entry[3] for entry in sorted(due, key=lambda entry: entry[1])]
+        if len(due) > 1:
+            due.sort(key=_admission_order)
+        return [entry[3] for entry in due]
 
 
 _Entry = tuple[int, int, int, RequestState]  # (clock due, admission order, version, request)
+
+
+def _admission_order(entry: _Entry) -> int:
+    return entry[1]
 
 
 def _flush_valid(entry: _Entry) -> bool:

@@ -1,17 +1,23 @@
 """A SimPy model of one GPU serving requests with continuous batching over any KV-cache policy.
 
-One SimPy process runs the engine loop, one iteration (or one closed-form jump over many decode
-iterations) per wake-up; arrivals are SimPy events. The scheduler follows vLLM: FCFS, running
+One SimPy process runs the engine loop: each wake-up starts one iteration (growth, prefill chunks,
+admissions) and, when nothing can happen in between, jumps over the iterations after it in closed
+form; arrivals are SimPy events. The scheduler follows vLLM: FCFS, running
 requests first, then waiting requests while the policy can allocate; when a running sequence cannot
 grow, the most recently admitted request is preempted (recompute: freed and requeued at the front;
 swap: its KV moves to a host pool).
 
 Event skipping: decode tokens are counted on a decode clock (``sim/decoding.py``) and reach the
 policy only when a sequence's held slots run out, so a decode iteration costs nothing per sequence.
-Between events (an arrival that can be admitted, a completion, a sequence that needs a block, a beam
-decision) the iteration time is linear in the batch and the summed context, so ``k`` iterations are
-one closed-form jump (``sim/event_skip.py``). ``step_mode="single"`` tells the policy every token and
-steps every iteration: tests check both modes give the same results.
+After an iteration has started, the ones that follow are deterministic until an event: a completion
+(a prompt done, a request finished, a beam decision), an iteration start at which an admission could
+change something (a free token budget and a waiting head that might fit, or an arrival), or a
+sequence needing a block when the pool might not have it. Up to that event the decode batch is
+fixed, so decode-only iterations are an arithmetic series (``sim/event_skip.py``) and chunked-prefill
+iterations a short deterministic schedule; the blocks sequences take inside the jump are taken, in the
+order single steps would take them, when the jump ends, and observed at the instants they were due
+so time averages stay exact. ``step_mode="single"`` tells the policy every token and steps every
+iteration: tests check both modes give the same results.
 
 Memory model notes (documented simplifications):
 - admission allocates the whole prompt (vLLM V1 checks the full prompt fits, ``scheduler_reserve_full_isl``);
@@ -25,7 +31,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
@@ -33,7 +39,7 @@ import simpy
 from policies.base import ChildSpec, KVCachePolicy, OutOfKVMemory, TokenContent
 from sim.costs import CostModel
 from sim.decoding import NEVER, DecodeClock, RequestState
-from sim.event_skip import decode_series_s, iterations_to_reach
+from sim.event_skip import JumpTimeline, iterations_to_reach
 from sim.metrics import (
     CHUNK_ROWS,
     KV_MEMORY,
@@ -65,6 +71,30 @@ class EngineKnobs:
 
 class EngineStalled(RuntimeError):
     """The engine reached a state in which nothing can ever progress (a bug or an impossible config)."""
+
+
+# Why the admission loop of an iteration stopped: what the next iterations' admissions depend on.
+QUEUE_EMPTY = "empty"  # an arrival could be admitted at the next iteration with a free token budget
+OUT_OF_BUDGET = "budget"  # the head was not tried: any iteration with a free token budget tries it
+HEAD_STUCK = "stuck"  # the head cannot be admitted until something leaves (memory or max_num_seqs)
+NOT_TRIED = "not tried"  # a preemption this iteration: no admission (vLLM), the batch changes anyway
+
+
+@dataclass(slots=True)
+class Jump:
+    """The iterations of one wake-up after the first, planned when it starts and applied when it
+    ends (nothing can observe them in between): the chunks each prefills, and whether sequences
+    take blocks inside it."""
+
+    start_s: float
+    first_clock: int  # decode clock of iteration 1
+    timeline: JumpTimeline
+    chunks: list[list[tuple[RequestState, int]]] = field(default_factory=list)
+    grows: bool = False
+
+    @property
+    def last_clock(self) -> int:
+        return self.first_clock + self.timeline.extra
 
 
 class Engine:
@@ -103,18 +133,24 @@ class Engine:
         self._running_seqs = 0  # sequences in the batch (samples and beams each count)
         self._admissions = 0
         self.clock = DecodeClock(policy, defer_growth=knobs.step_mode == "skip")
-        self._jump_rest = 0  # iterations of the current jump still to put on the clock
-        self._decoded_seqs = 0  # sequences that decoded in the current iteration(s)
+        self._jump: Jump | None = None  # the wake-up in flight, when it spans several iterations
+        self._decoded_seqs = 0  # sequences that decoded in each iteration of the current wake-up
         self._iterations_this_step = 0
         self._prefill_this_step: list[tuple[RequestState, int]] = []
         self.admission_blocker = 0  # what holds the queue's head back (see _admission_blocker)
+        # What iteration 1 of the current wake-up did that its successors depend on.
+        self._preempted = False
+        self._swapped_in = False
+        self._admission_stop = QUEUE_EMPTY
 
     # ------------------------------------------------------------------------------------------ run
     def run(self, until_s: float | None = None) -> None:
         self.env.process(self._arrivals())
         self.env.process(self._loop())
-        self._sample()
+        self._record()
         self.env.run(until=until_s)
+        if self._jump is not None:
+            self._stop_inside_jump()
         # Requests still in the system at the end are reported as unfinished.
         self._done_records.extend(state.record for state in [*self.running, *self.waiting])
         self._flush_records()
@@ -218,20 +254,21 @@ class Engine:
                 self._wake = self.env.event()
                 yield self._wake
                 continue
-            # Samples bracket every discrete change (admission and growth at an iteration's start, the
-            # rest of a jump's growth and completions at its end), so time averages are exact for
-            # single steps and linear across a jump.
-            self._sample()
             preemptions_before = self.counters.preemptions
             duration = self._advance()
             self.admission_blocker = self._admission_blocker(preemptions_before)
             if duration > 0:
                 idle_steps = 0
-                self._sample()
+                # Rows bracket every discrete change: the state during iteration 1 (after its growth
+                # and admissions), the state at the end of a jump, and after the completions.
+                self._record()
                 yield self.env.timeout(duration)
-                self._complete_jump()
-                self._sample()
-                self._finish_iterations()
+                if self._jump is not None:
+                    self._end_jump()
+                    self._record()
+                if self._finish_iterations():
+                    self._record()
+                continue
             else:
                 idle_steps += 1
                 if idle_steps > 3:
@@ -239,19 +276,20 @@ class Engine:
                         f"at t={self.env.now:.6f}s no iteration can be scheduled: "
                         f"{len(self.running)} running, {len(self.waiting)} waiting"
                     )
-            self._sample()
+            self._record()
 
     # ------------------------------------------------------------------------------------ iteration
     def _advance(self) -> float:
-        """Schedule the next iteration (or a closed-form jump over k decode iterations); return its time."""
-        jump = self._decode_jump() if self.knobs.step_mode == "skip" else 0
-        if jump >= 1:
-            return self._apply_decode_jump(jump)
-        return self._single_iteration()
+        """Start the next iteration and plan the deterministic ones after it; return their time."""
+        first_s = self._first_iteration()
+        if first_s <= 0 or self.knobs.step_mode != "skip":
+            return first_s
+        self._jump = self._plan_jump(first_s)
+        return first_s if self._jump is None else self._jump.timeline.total_s
 
-    def _single_iteration(self) -> float:
-        knobs = self.knobs
-        budget = knobs.max_num_batched_tokens
+    def _first_iteration(self) -> float:
+        """One iteration as vLLM schedules it: decode growth, prompts in progress, then admissions."""
+        budget = self.knobs.max_num_batched_tokens
         copies_before = self.policy.stats.cow_copies
         # 1. every decoding sequence takes a token (the policy hears of those that need a block)
         self.clock.now += 1
@@ -260,56 +298,85 @@ class Engine:
         decode_context = self.clock.sum_context()
         budget -= decode_batch
         # 2. prompts in progress, then 3. admissions (not after a preemption, as vLLM)
+        chunks: list[tuple[int, int]] = []
         self._prefill_this_step = []
-        for state in self.running:
-            if not state.decoding and state.prefilled < state.tokens_to_prefill and budget > 0:
-                budget = self._schedule_prefill(state, budget)
+        if self._prompts_running():
+            for state in self.running:
+                if not state.decoding and state.prefilled < state.tokens_to_prefill and budget > 0:
+                    budget = self._schedule_prefill(state, budget, chunks)
+        self._admission_stop = NOT_TRIED
+        swap_in = 0
         if not preempted:
-            budget, swap_in = self._admit_waiting(budget)
-            swap_blocks += swap_in
+            budget, swap_in = self._admit_waiting(budget, chunks)
+        self._preempted = preempted
+        self._swapped_in = swap_in > 0
         self._decoded_seqs = decode_batch
         self._iterations_this_step = 1
         if decode_batch == 0 and not self._prefill_this_step:
             self._check_progress()
             return 0.0
-        # One forward pass: its fixed cost (the weight read) is paid once, however many prompts share it.
-        # Each chunk started at state.prefilled - chunk (a state is scheduled at most once a step).
-        chunks = [(chunk, state.prefilled - chunk) for state, chunk in self._prefill_this_step]
-        duration = self.costs.iteration_s(decode_batch, decode_context, chunks)
-        duration += self.costs.copy_blocks_s(self.policy.stats.cow_copies - copies_before)
+        duration = self._iteration_duration(decode_batch, decode_context, chunks)
+        copies = self.policy.stats.cow_copies - copies_before
+        duration += self.costs.copy_blocks_s(copies) if copies else 0.0
+        swap_blocks += swap_in
         duration += self.costs.swap_blocks_s(swap_blocks) if swap_blocks else 0.0
         return duration
 
-    def _schedule_prefill(self, state: RequestState, budget: int) -> int:
-        chunk = min(budget, state.tokens_to_prefill - state.prefilled)
-        if not self.knobs.enable_chunked_prefill and chunk < state.tokens_to_prefill - state.prefilled:
+    def _iteration_duration(
+        self, decode_batch: int, sum_context: int, chunks: list[tuple[int, int]]
+    ) -> float:
+        """Compute time of one iteration: ``decode_batch`` sequences decoding over ``sum_context``
+        tokens, plus prefill ``chunks`` of ``(tokens, start position)``. Every iteration's time comes
+        from here, except runs of decode-only ones (a closed-form series of the same ``step_s``)."""
+        # One forward pass: its fixed cost (the weight read) is paid once, however many prompts
+        # share it (``CostModel.iteration_s``); without chunks this is ``decode.step_s``.
+        return self.costs.iteration_s(decode_batch, sum_context, chunks)
+
+    def _schedule_prefill(self, state: RequestState, budget: int, chunks: list[tuple[int, int]]) -> int:
+        chunk = self._prefill_chunk(state, budget)
+        if not chunk:
             return budget
+        chunks.append((chunk, state.prefilled))
         state.prefilled += chunk
         self._prefill_this_step.append((state, chunk))
         return budget - chunk
 
-    def _complete_jump(self) -> None:
-        self.clock.now += self._jump_rest
-        self._jump_rest = 0
+    def _prompts_running(self) -> bool:
+        """Are some running requests not decoding (prompts in progress)? O(1)."""
+        return self.clock.requests < len(self.running)
 
-    def _finish_iterations(self) -> None:
-        """Book what the iteration(s) that just ended produced: first tokens, completions, beams."""
+    def _prefill_chunk(self, state: RequestState, budget: int, prefilled: int | None = None) -> int:
+        """Prompt tokens ``state`` prefills with ``budget`` tokens left (0: none; without chunked
+        prefill a prompt goes in whole or waits). ``prefilled``: as planned, instead of now."""
+        remaining = state.tokens_to_prefill - (state.prefilled if prefilled is None else prefilled)
+        chunk = min(budget, remaining)
+        if chunk < remaining and not self.knobs.enable_chunked_prefill:
+            return 0
+        return max(chunk, 0)
+
+    def _finish_iterations(self) -> bool:
+        """Book what the iteration(s) that just ended produced: first tokens, completions, beams.
+        Returns whether any of those happened (the state changed)."""
         now = self.env.now
         steps = self._iterations_this_step
         self.counters.iterations += steps
         self.counters.output_tokens += steps * self._decoded_seqs
+        changed = False
         for state, _chunk in self._prefill_this_step:
             if state.is_running and state.prefilled >= state.tokens_to_prefill and not state.decoding:
                 self._start_decoding(state)
+                changed = True
         for state in self.clock.due_ends():
             if not (state.is_running and state.decoding):
                 continue
+            changed = True
             if self.clock.generated(state) >= state.request.output_len:
                 self._finish(state, now)
             else:
                 self._beam_step(state)
         self._prefill_this_step = []
         self._decoded_seqs = 0
+        return changed
 
     def _start_decoding(self, state: RequestState) -> None:
         """The prompt is in (or back in, after a recompute): fork the samples/beams, and the
@@ -349,7 +416,6 @@ class Engine:
         try:
             self.policy.fork(parent, children)
         except OutOfKVMemory:
-            self.counters.oom_events += 1
             if len(self.running) == 1:
                 # Alone in the pool and still no room: retrying could never succeed.
                 self._leave_running(state)
@@ -381,7 +447,11 @@ class Engine:
         preempted = False
         swapped = 0
         before = self.clock.now - 1
-        for state in self.clock.due_flushes():
+        due = self.clock.due_flushes()
+        if due and self._pool_holds(due, self.clock.now):
+            self.clock.flush(due, self.clock.now)  # what one at a time would do, in one policy call
+            return preempted, swapped
+        for state in due:
             if not (state.is_running and state.decoding):
                 continue  # preempted by an older request earlier in this loop
             if self._grow_all_pending(state):
@@ -399,18 +469,24 @@ class Engine:
                 self.clock.reschedule_flush(state)
         return preempted, swapped
 
+    def _pool_holds(self, states: list[RequestState], at_clock: int) -> bool:
+        """Does the pool have the blocks for every sequence of ``states`` to take its tokens up to
+        ``at_clock``? (Then nothing could have failed token by token.) A cheap upper bound: the new
+        blocks, plus one copy-on-write block per sequence."""
+        blocks = 0
+        for state in states:
+            blocks += len(state.seq_ids) * ((at_clock - state.synced_clock) // self.block_size + 2)
+        return blocks * self.block_size <= self.policy.available_slots()
+
     def _grow_all_pending(self, state: RequestState) -> bool:
-        """Fast path of a flush: every sequence takes all its pending tokens in one call, when the
-        pool has the blocks for all of them (then nothing could have failed token by token)."""
-        pending = self.clock.now - state.synced_clock
-        available = self.policy.available_slots()
-        # A cheap upper bound first (new blocks, plus one copy-on-write block per sequence).
-        if len(state.seq_ids) * (pending // self.block_size + 2) * self.block_size > available:
+        """A flush when the pool is short: every sequence takes all its pending tokens in one call if
+        the pool has the blocks for all of them (then nothing could have failed token by token)."""
+        if not self._pool_holds([state], self.clock.now):
+            pending = self.clock.now - state.synced_clock
             needed = sum(self.policy.slots_needed_to_grow(seq_id, pending) for seq_id in state.seq_ids)
-            if needed > available:
+            if needed > self.policy.available_slots():
                 return False
-        self.clock.sync(state, self.clock.now)
-        self.clock.reschedule_flush(state)
+        self.clock.flush([state], self.clock.now)
         return True
 
     def _grow_or_preempt(self, state: RequestState, seq_id: int, *, victims_at: int) -> int:
@@ -423,7 +499,6 @@ class Engine:
                 self.policy.grow(seq_id, 1)
                 return outcome
             except OutOfKVMemory:
-                self.counters.oom_events += 1
                 victim = self.running[-1]
                 outcome = max(outcome, 1) + self._preempt(victim, victims_at)
                 if victim is state:
@@ -458,27 +533,37 @@ class Engine:
         return self.knobs.swap_space_blocks * self.block_size - self._host_tokens_used
 
     # ------------------------------------------------------------------------------------ admission
-    def _admit_waiting(self, budget: int) -> tuple[int, int]:
+    def _admit_waiting(self, budget: int, chunks: list[tuple[int, int]]) -> tuple[int, int]:
+        """Admit from the head of the queue while the budget, ``max_num_seqs`` and the policy allow.
+        Returns the budget left and blocks swapped in; says why it stopped in ``_admission_stop``."""
         swap_in_blocks = 0
-        while self.waiting and budget > 0:
+        while True:
+            if not self.waiting:
+                self._admission_stop = QUEUE_EMPTY
+                return budget, swap_in_blocks
+            if budget <= 0:
+                self._admission_stop = OUT_OF_BUDGET
+                return budget, swap_in_blocks
             state = self.waiting[0]
             if self._running_seqs + state.width > self.knobs.max_num_seqs:
-                break
+                self._admission_stop = HEAD_STUCK
+                return budget, swap_in_blocks
             content = self._content_on_admission(state)
             final_len = state.request.final_len
             if not self._fits_watermark(content, final_len):
                 if not self._handle_admission_failure(state):
-                    break
+                    self._admission_stop = HEAD_STUCK
+                    return budget, swap_in_blocks
                 continue
             seq_id = self._new_seq_id()
             try:
                 cached = self.policy.admit(seq_id, content, final_len, state.request.output_content_id)
             except OutOfKVMemory:
                 if not self._handle_admission_failure(state):
-                    break
+                    self._admission_stop = HEAD_STUCK
+                    return budget, swap_in_blocks
                 continue
             self.waiting.popleft()
-            state.blocked = False
             state.seq_ids = [seq_id]
             if state.record.admitted_s != state.record.admitted_s:  # NaN: first admission
                 state.record.admitted_s = self.env.now
@@ -500,8 +585,7 @@ class Engine:
             state.tokens_to_prefill = total
             state.context = total
             state.prefilled = cached
-            budget = self._schedule_prefill(state, budget)
-        return budget, swap_in_blocks
+            budget = self._schedule_prefill(state, budget, chunks)
 
     def _content_on_admission(self, state: RequestState) -> TokenContent:
         request = state.request
@@ -519,21 +603,21 @@ class Engine:
         return self.policy.available_slots() - prompt_slots >= self.knobs.watermark * self.policy.pool_slots
 
     def _handle_admission_failure(self, state: RequestState) -> bool:
-        """Returns True when the queue head was removed and admission may continue."""
-        if not state.blocked:
-            state.blocked = True
-            self.counters.admissions_failed += 1
-            self.counters.oom_events += 1
+        """The queue head does not fit now. Returns True when it was removed (admission may go on)."""
         if not self.running:
             self.waiting.popleft()
             self._reject(state, "does not fit in the KV pool even with nothing else running")
             return True
         if self.knobs.on_oom == "fail" and not state.record.preemptions:
             self.waiting.popleft()
+            self.counters.oom_failures += 1
             state.record.outcome = "failed_oom"
             state.record.reason = "KV cache out of memory at admission (on_oom: fail)"
             self._request_done(state)
             return True
+        if not state.waited_for_memory:
+            state.waited_for_memory = True
+            self.counters.admission_waits += 1
         return False
 
     def _reject(self, state: RequestState, reason: str) -> None:
@@ -598,58 +682,206 @@ class Engine:
         return self._next_seq_id
 
     # ----------------------------------------------------------------------------------- event skip
-    def _decode_jump(self) -> int:
-        """How many decode iterations can go on the clock at once without missing an event (0 = step):
-        up to, not including, the next iteration that needs the policy; up to and including the next
-        completion or beam decision; up to the iteration during which the next request arrives."""
-        if not self.running or self.clock.requests < len(self.running):
+    def _plan_jump(self, first_s: float) -> Jump | None:
+        """The iterations after iteration 1 that nothing can interrupt, or None to take one step.
+
+        The jump ends with the iteration at whose end something completes; before any iteration
+        whose start could admit a request; and, unless the pool has blocks for every sequence's
+        growth over the whole jump, before the first iteration that needs one."""
+        if self._preempted or self._swapped_in:
+            return None  # the batch of the next iteration differs from this one's
+        if any(state.prefilled >= state.tokens_to_prefill for state, _ in self._prefill_this_step):
+            return None  # a prompt completes at the end of iteration 1
+        clock = self.clock
+        limit = clock.next_end() - clock.now  # iterations after the first, up to the next completion
+        if limit <= 0:
+            return None
+        sequences = clock.sequences
+        room = self.policy.available_slots()
+        # Every sequence takes at most ceil(k / block_size) blocks in k iterations; when the pool has
+        # them all, no growth inside the jump can fail and the jump need not stop at flushes.
+        safe = UNLIMITED if sequences == 0 else room // (sequences * self.block_size) * self.block_size
+        limit = min(limit, max(safe, clock.next_flush() - clock.now - 1))
+        if limit <= 0:
+            return None
+        budget = self.knobs.max_num_batched_tokens - self._decoded_seqs
+        prompts = []
+        if self._prompts_running():
+            prompts = [s for s in self.running if not s.decoding and s.prefilled < s.tokens_to_prefill]
+        if any(self._prefill_chunk(state, budget) for state in prompts):
+            jump = self._plan_prefill_jump(first_s, prompts, budget, limit)
+        else:
+            jump = self._plan_decode_jump(first_s, budget, limit)
+        if jump is not None:
+            jump.grows = jump.last_clock >= clock.next_flush()
+        return jump
+
+    def _plan_decode_jump(self, first_s: float, budget: int, limit: int) -> Jump | None:
+        """Decode-only iterations: each has ``budget`` tokens left for admissions."""
+        extra = limit
+        if budget > 0:
+            if self._admission_stop == OUT_OF_BUDGET:
+                return None  # the next iteration tries the head
+            if self._admission_stop == QUEUE_EMPTY:
+                extra = min(extra, self._iterations_until_arrival(first_s))
+        if extra <= 0:
+            return None
+        timeline = JumpTimeline(
+            first_s, extra, self.costs.decode, self._decoded_seqs, self.clock.sum_context()
+        )
+        return Jump(self.env.now, self.clock.now, timeline)
+
+    def _iterations_until_arrival(self, first_s: float) -> int:
+        """Iterations after the first up to and including the one during which the next request
+        arrives (the one after it sees the arrival); 0 when it arrives during iteration 1."""
+        budget_s = self._next_arrival_s() - self.env.now - first_s
+        if budget_s <= 0:
             return 0
-        if self.waiting and (not self.waiting[0].blocked or self._head_admissible()):
-            return 0  # let a single step try (and count) the admission
-        now = self.clock.now
-        steps = min(self.clock.next_flush() - 1 - now, self.clock.next_end() - now)
-        if not self.waiting:
-            steps = min(steps, self._iterations_until(self._next_arrival_s()))
-        return max(steps, 0)
+        context = self.clock.sum_context()
+        return iterations_to_reach(self.costs.decode, self._decoded_seqs, context, budget_s)
 
-    def _head_admissible(self) -> bool:
-        state = self.waiting[0]
-        if self._running_seqs + state.width > self.knobs.max_num_seqs:
-            return False
-        return self._fits_watermark(self._content_on_admission(state), state.request.final_len)
+    def _plan_prefill_jump(
+        self, first_s: float, prompts: list[RequestState], budget: int, limit: int
+    ) -> Jump | None:
+        """Iterations that prefill ``prompts`` in running order with ``budget`` tokens each, up to the
+        one that completes a prompt; an iteration that leaves budget for admissions must not start
+        after an arrival (or at all, when the queue head is untried)."""
+        batch = self._decoded_seqs
+        context = self.clock.sum_context()
+        positions = [state.prefilled for state in prompts]
+        arrival_s = self._next_arrival_s() - self.env.now
+        elapsed_s = first_s
+        durations: list[float] = []
+        all_chunks: list[list[tuple[RequestState, int]]] = []
+        for step in range(1, limit + 1):
+            left = budget
+            chunks: list[tuple[RequestState, int]] = []
+            sized: list[tuple[int, int]] = []
+            completes = False
+            for index, state in enumerate(prompts):
+                if left <= 0:
+                    break
+                chunk = self._prefill_chunk(state, left, positions[index])
+                if not chunk:
+                    continue
+                chunks.append((state, chunk))
+                sized.append((chunk, positions[index]))
+                positions[index] += chunk
+                completes |= positions[index] == state.tokens_to_prefill
+                left -= chunk
+            if left > 0 and self._admission_may_change(elapsed_s, arrival_s):
+                break
+            durations.append(self._iteration_duration(batch, context + step * batch, sized))
+            all_chunks.append(chunks)
+            elapsed_s += durations[-1]
+            if completes:
+                break
+        if not durations:
+            return None
+        timeline = JumpTimeline(first_s, len(durations), self.costs.decode, batch, context, tuple(durations))
+        return Jump(self.env.now, self.clock.now, timeline, all_chunks)
 
-    def _iterations_until(self, time_s: float) -> int:
-        """Smallest k >= 1 such that k decode iterations from now end at or after ``time_s``."""
-        budget = time_s - self.env.now
-        return iterations_to_reach(self.costs.decode, self.clock.sequences, self.clock.sum_context(), budget)
+    def _admission_may_change(self, start_s: float, arrival_s: float) -> bool:
+        """Could an admission attempt at an iteration starting ``start_s`` after iteration 1 did
+        change anything? (``arrival_s``: when the next request arrives, same origin.)"""
+        if self._admission_stop == OUT_OF_BUDGET:
+            return True
+        return self._admission_stop == QUEUE_EMPTY and arrival_s <= start_s
 
-    def _apply_decode_jump(self, steps: int) -> float:
-        """Put ``steps`` decode iterations on the clock: one now, the rest when the jump ends."""
-        duration = decode_series_s(self.costs.decode, steps, self.clock.sequences, self.clock.sum_context())
-        self.clock.now += 1
-        self._jump_rest = steps - 1
-        self._decoded_seqs = self.clock.sequences
-        self._prefill_this_step = []
-        self._iterations_this_step = steps
-        return duration
+    def _end_jump(self) -> None:
+        """The jump's iterations after the first have run: apply what they did, in order."""
+        jump = self._jump
+        assert jump is not None
+        self._jump = None
+        self._apply_jump(jump, jump.timeline.extra)
+        self._iterations_this_step = 1 + jump.timeline.extra
+
+    def _apply_jump(self, jump: Jump, steps: int) -> None:
+        """The first ``steps`` iterations of the jump after iteration 1 took place: their growth, their
+        prefill chunks and the area of the tokens they decoded."""
+        if jump.grows:
+            self._grow_inside_jump(jump, jump.first_clock + steps)
+        for chunks in jump.chunks[:steps]:
+            for state, chunk in chunks:
+                state.prefilled += chunk
+            self._prefill_this_step.extend(chunks)
+        self.recorder.add_token_area(jump.timeline.batch * jump.timeline.token_weight_s(steps))
+        self.clock.now += steps
+
+    def _grow_inside_jump(self, jump: Jump, last_clock: int) -> None:
+        """Flushes due inside the jump, in the order single steps would take them (clock, then
+        admission), each group observed at the start of its iteration. The jump was planned so that
+        the pool has every block they take."""
+        copies_before = self.policy.stats.cow_copies
+        clock = self.clock
+        while (due := clock.next_flush()) <= last_clock:
+            self._flush_group(jump, clock.due_flushes(due), due)
+        # Copy-on-write only follows a fork, which ends a wake-up: its write is the next iteration 1.
+        assert self.policy.stats.cow_copies == copies_before, "a copy-on-write inside a jump"
+
+    def _flush_group(self, jump: Jump, states: list[RequestState], due_clock: int) -> None:
+        """Flushes due at the start of the same iteration of the jump: one policy call, then the
+        state observed at that instant."""
+        self.clock.flush(states, due_clock)
+        start = jump.start_s + jump.timeline.elapsed_s(due_clock - jump.first_clock)
+        self.recorder.observe(start, self._averaged_state())
+
+    def _stop_inside_jump(self) -> None:
+        """The run ended (``until_s``) inside a jump: book what single steps would have by now."""
+        jump = self._jump
+        assert jump is not None
+        self._jump = None
+        elapsed = self.env.now - jump.start_s
+        ended = jump.timeline.iterations_ended_before(elapsed)
+        # Iteration ``ended + 1`` is in progress: its growth and tokens are in, its completions not.
+        started = min(ended + 1, 1 + jump.timeline.extra)
+        if jump.grows:
+            self._grow_inside_jump(jump, jump.first_clock + started - 1)
+        timeline = jump.timeline
+        partial = elapsed - timeline.elapsed_s(started - 1)
+        area = timeline.token_weight_s(started - 2) + (started - 1) * partial if started > 1 else 0.0
+        self.recorder.add_token_area(timeline.batch * area)
+        self.counters.iterations += ended
+        self.counters.output_tokens += ended * timeline.batch
 
     # -------------------------------------------------------------------------------------- record
-    def _sample(self) -> None:
-        breakdown = self.policy.breakdown()
+    def _averaged_state(self) -> tuple:
+        """The leading part of the state, whose time averages the summary reports."""
+        used, reserved, internal, external, cached, free = self.policy.breakdown_values()
+        # Decoded tokens the policy has not been told of fill slots it still counts as reserved.
         pending = self.clock.pending_tokens()
-        if pending:
-            # Decoded tokens the policy has not been told of fill slots it still counts as reserved.
-            breakdown = replace(
-                breakdown, used=breakdown.used + pending, reserved=breakdown.reserved - pending
-            )
-        self.recorder.sample(
-            self.env.now,
-            breakdown,
+        physical, logical = self.policy.sharing_slots()
+        return (
+            used + pending,
+            reserved - pending,
+            internal,
+            external,
+            cached,
+            free,
             len(self.running),
+            physical,
+            logical,
+        )
+
+    def _state(self) -> tuple:
+        """The state the recorder keeps (``sim.metrics.STATE_COLUMNS``)."""
+        stats = self.policy.stats
+        counters = self.counters
+        return self._averaged_state() + (
             len(self.waiting),
             self._running_seqs,
-            self.counters,
-            self.policy.stats.as_dict(),
-            self.policy.sharing_slots(),
+            counters.admission_waits,
+            counters.preemptions,
+            counters.oom_failures,
+            stats.cow_copies,
+            stats.prefix_cache_queries,
+            stats.prefix_cache_hits,
+            stats.evictions,
             self.admission_blocker,
         )
+
+    def _record(self) -> None:
+        self.recorder.record(self.env.now, self._state())
+
+
+UNLIMITED = 1 << 62

@@ -1,12 +1,18 @@
-"""Recording what the engine does: per-request records, a breakdown time series, summaries.
+"""Recording what the engine does: per-request records, a state time series, exact time averages.
 
-Rows are appended to plain lists during the run (cheap) and handed to an output sink
-(``sim/outputs.py``) in chunks, so memory holds only the rows not yet handed over.
+The engine hands the recorder the state after every event as one tuple (:data:`STATE_COLUMNS`). A
+row is written only when the state changed, into a preallocated numpy buffer that goes to the output
+sink (``sim/outputs.py``) when it is full, so memory holds at most one chunk of rows whatever the run.
+
+Time averages are exact. The state holds its value from one recorded instant to the next; inside an
+event-skipping jump the engine also reports the instants at which the policy changed
+(:meth:`Recorder.observe`, no row written) and the area of the tokens that grow by one per sequence
+and iteration (:meth:`Recorder.add_token_area`), which no row could describe.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -26,6 +32,45 @@ ADMISSION_BLOCKERS = ("none", "kv_memory", "max_num_seqs", "token_budget")
 KV_MEMORY, MAX_NUM_SEQS, TOKEN_BUDGET = 1, 2, 3
 
 BREAKDOWN_COLUMNS = tuple(f"{name}_tokens" for name in MemoryBreakdown.CATEGORIES)
+
+STATE_COLUMNS = (
+    # Time-averaged in the summary: the breakdown, running requests, physical and logical slots.
+    *BREAKDOWN_COLUMNS,
+    "num_requests_running",
+    "physical_tokens",
+    "logical_tokens",
+    # Recorded only.
+    "num_requests_waiting",
+    "num_sequences_running",
+    "admission_waits",
+    "preemptions",
+    "oom_failures",
+    "cow_copies",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "evictions",
+    "admission_blocker",  # index into ADMISSION_BLOCKERS
+)
+AVERAGED = len(BREAKDOWN_COLUMNS) + 3  # the leading state columns that have time averages
+RUNNING = STATE_COLUMNS.index("num_requests_running")
+
+SERIES_COLUMNS = (
+    "time_s",
+    *BREAKDOWN_COLUMNS,
+    "num_requests_running",
+    "num_requests_waiting",
+    "num_sequences_running",
+    "admission_waits",
+    "preemptions",
+    "oom_failures",
+    "cow_copies",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "evictions",
+    "physical_tokens",
+    "logical_tokens",
+    "admission_blocker",  # index into ADMISSION_BLOCKERS
+)
 
 
 def summary_key(category: str) -> str:
@@ -52,117 +97,98 @@ class RequestRecord:
 
 @dataclass
 class Counters:
-    oom_events: int = 0  # allocations that failed (admission or growth)
-    admissions_failed: int = 0
-    preemptions: int = 0
+    """Cumulative engine counters. None of them counts retries: both step modes count the same."""
+
+    admission_waits: int = 0  # requests that had to wait for KV memory at admission (at least once)
+    preemptions: int = 0  # requests taken off the GPU (all sequences of a request count once)
+    oom_failures: int = 0  # requests failed because they did not fit at admission (on_oom: fail)
     swapped_out_blocks: int = 0
     iterations: int = 0
     output_tokens: int = 0
 
 
-@dataclass
 class Recorder:
-    """Time series sampled after every engine event, and time-weighted averages of the breakdown."""
+    """The state time series (rows written on change) and its exact time-weighted areas."""
 
-    kv_pool_tokens: int
-    sink: OutputSink
-    rows: list[tuple] = field(default_factory=list)
-    peak_running: int = 0
-    _last_row: tuple | None = None
-    # Areas under: the six breakdown categories, running requests, physical and logical slots.
-    _area: np.ndarray = field(default_factory=lambda: np.zeros(len(BREAKDOWN_COLUMNS) + 3))
-    _last_time: float = 0.0
-    _last_values: np.ndarray | None = None
+    def __init__(self, kv_pool_tokens: int, sink: OutputSink):
+        self.kv_pool_tokens = kv_pool_tokens
+        self.sink = sink
+        self.peak_running = 0
+        self._buffer = np.empty((CHUNK_ROWS, 1 + len(STATE_COLUMNS)))  # time, then the state
+        self._rows = 0
+        self._last_row: tuple | None = None
+        # The state in force since ``_since`` (the last observed one), and areas up to ``_since``.
+        self._state: tuple | None = None
+        self._since = 0.0
+        self._area = [0.0] * AVERAGED
 
-    COLUMNS = (
-        "time_s",
-        *BREAKDOWN_COLUMNS,
-        "num_requests_running",
-        "num_requests_waiting",
-        "num_sequences_running",
-        "oom_events",
-        "num_preemptions",
-        "admissions_failed",
-        "cow_copies",
-        "prefix_cache_queries",
-        "prefix_cache_hits",
-        "evictions",
-        "physical_tokens",
-        "logical_tokens",
-        "admission_blocker",  # index into ADMISSION_BLOCKERS
-    )
-
-    def sample(
-        self,
-        time_s: float,
-        breakdown: MemoryBreakdown,
-        running: int,
-        waiting: int,
-        running_sequences: int,
-        counters: Counters,
-        policy_stats: dict[str, int],
-        sharing: tuple[int, int],
-        admission_blocker: int = 0,
-    ) -> None:
-        values = np.array([*breakdown.as_dict().values(), running, *sharing], dtype=float)
-        if self._last_values is not None and time_s > self._last_time:
-            # Trapezoid between samples: growth between events is close to linear in time.
-            self._area += (values + self._last_values) * 0.5 * (time_s - self._last_time)
-        self._last_time, self._last_values = time_s, values
-        row = (
-            time_s,
-            *breakdown.as_dict().values(),
-            running,
-            waiting,
-            running_sequences,
-            counters.oom_events,
-            counters.preemptions,
-            counters.admissions_failed,
-            policy_stats["cow_copies"],
-            policy_stats["prefix_cache_queries"],
-            policy_stats["prefix_cache_hits"],
-            policy_stats["evictions"],
-            *sharing,
-            admission_blocker,
-        )
-        if self._last_row is not None and self._last_row[1:] == row[1:]:
-            return  # nothing changed: the previous row already describes this interval
-        self._last_row = row
-        self.peak_running = max(self.peak_running, running)
-        self.rows.append(row)
-        if len(self.rows) >= CHUNK_ROWS:
+    def record(self, time_s: float, state: tuple) -> None:
+        """``state`` (:data:`STATE_COLUMNS`) holds from ``time_s`` on; a row is written if it changed."""
+        if state == self._state:
+            return
+        self.observe(time_s, state)
+        if state == self._last_row:
+            return
+        self._last_row = state
+        running = state[RUNNING]
+        if running > self.peak_running:
+            self.peak_running = running
+        self._buffer[self._rows] = (time_s, *state)
+        self._rows += 1
+        if self._rows == len(self._buffer):
             self.flush()
 
+    def observe(self, time_s: float, state: tuple) -> None:
+        """``state`` holds from ``time_s`` on, without a row (a change inside an event-skipping jump)."""
+        previous = self._state
+        elapsed = time_s - self._since
+        if previous is not None and elapsed > 0:
+            area = self._area
+            for index in range(AVERAGED):
+                area[index] += previous[index] * elapsed
+        self._state = state
+        self._since = time_s
+
+    def add_token_area(self, slot_seconds: float) -> None:
+        """Decoded tokens that filled reserved slots during a jump, in slot-seconds beyond the
+        observed states (they grow every iteration, so no state can hold them)."""
+        self._area[0] += slot_seconds
+        self._area[1] -= slot_seconds
+
     def flush(self) -> None:
-        if self.rows:
-            self.sink.write_timeseries(self.rows_frame(self.rows))
-            self.rows = []
+        if self._rows:
+            self.sink.write_timeseries(self.rows_frame(self._buffer[: self._rows]))
+            self._rows = 0
 
     def time_averages(self, end_s: float) -> dict[str, float]:
         """Time-weighted means over [0, end_s]: breakdown fractions of the pool and mean running."""
-        if end_s <= 0 or self._last_values is None:
+        if end_s <= 0 or self._state is None:
             empty = {summary_key(name): 0.0 for name in MemoryBreakdown.CATEGORIES}
             return empty | {"mean_running": 0.0, "memory_saved_by_sharing_frac": 0.0}
-        area = self._area.copy()
-        area += self._last_values * max(0.0, end_s - self._last_time)
-        means = area / end_s
-        result = {
-            summary_key(name): float(means[i] / self.kv_pool_tokens)
-            for i, name in enumerate(MemoryBreakdown.CATEGORIES)
-        }
+        tail = max(0.0, end_s - self._since)
+        area = [value + self._state[index] * tail for index, value in enumerate(self._area)]
         categories = len(MemoryBreakdown.CATEGORIES)
-        result["mean_running"] = float(means[categories])
+        result = {
+            summary_key(name): area[index] / end_s / self.kv_pool_tokens
+            for index, name in enumerate(MemoryBreakdown.CATEGORIES)
+        }
+        result["mean_running"] = area[categories] / end_s
         physical, logical = area[categories + 1], area[categories + 2]
         # 1 - physical / logical blocks held by live sequences, both time-averaged.
-        result["memory_saved_by_sharing_frac"] = float(1 - physical / logical) if logical > 0 else 0.0
+        result["memory_saved_by_sharing_frac"] = 1 - physical / logical if logical > 0 else 0.0
         return result
 
-    def rows_frame(self, rows: list[tuple]) -> pd.DataFrame:
-        frame = pd.DataFrame(rows, columns=list(self.COLUMNS))
+    def rows_frame(self, block: np.ndarray) -> pd.DataFrame:
+        column = {name: index for index, name in enumerate(("time_s", *STATE_COLUMNS))}
+        frame = pd.DataFrame(
+            {
+                name: block[:, column[name]] if name == "time_s" else block[:, column[name]].astype(np.int64)
+                for name in SERIES_COLUMNS
+            }
+        )
         idle = frame["free_tokens"] + frame["cached_tokens"]
-        frame["kv_cache_usage_perc"] = (
-            1.0 - idle / self.kv_pool_tokens
-        )  # vLLM: evictable cache counts as free
+        # vLLM's metric: evictable cache counts as free.
+        frame["kv_cache_usage_perc"] = 1.0 - idle / self.kv_pool_tokens
         return frame
 
     def frame(self) -> pd.DataFrame:
@@ -171,10 +197,12 @@ class Recorder:
         return self.sink.timeseries()
 
 
+RECORD_FIELDS = tuple(field.name for field in fields(RequestRecord))
+
+
 def requests_frame(records: list[RequestRecord]) -> pd.DataFrame:
-    frame = pd.DataFrame([asdict(record) for record in records])
-    if frame.empty:
-        frame = pd.DataFrame(columns=list(RequestRecord.__dataclass_fields__))
+    # Column by column: building a dict per record costs more than the engine run itself.
+    frame = pd.DataFrame({name: [getattr(record, name) for record in records] for name in RECORD_FIELDS})
     frame["ttft_s"] = frame["first_token_s"] - frame["arrival_s"]
     frame["e2e_s"] = frame["finish_s"] - frame["arrival_s"]
     decode_tokens = (frame["output_tokens"] - 1).where(frame["output_tokens"] > 1)

@@ -243,7 +243,11 @@ def _oom_preemptions(
     series: dict[str, pd.DataFrame], pools: dict[str, str], empty: dict[str, str], path: Path
 ) -> Path:
     figure, axis = plt.subplots(figsize=(10, 4.4))
-    counters = {"oom_events": "OOM events", "num_preemptions": "preemptions"}
+    counters = {
+        "admission_waits": "waited for KV memory",
+        "preemptions": "preemptions",
+        "oom_failures": "OOM failures",
+    }
     for column, what in counters.items():
         curves = {
             f"{variant}: {what}": (frame["time_s"].to_numpy(), frame[column].to_numpy())
@@ -253,7 +257,10 @@ def _oom_preemptions(
         labelled = {name: pools[name.split(": ")[0]] for name in curves}
         _draw_variants(axis, curves, labelled)
     axis.set_title(
-        _title("Cumulative OOM events (failed allocations: waits, preemptions) and preemptions", pools),
+        _title(
+            "Cumulative requests that waited for KV memory, preemptions, OOM failures (on_oom: fail)",
+            pools,
+        ),
         fontsize=11,
     )
     axis.set_xlabel("simulated time (s)")

@@ -97,6 +97,24 @@ def test_last_prompt_token_is_always_computed():
     assert policy.block_table(1) == [0, 2]
 
 
+def test_a_key_held_twice_falls_to_the_second_block_when_the_first_is_evicted():
+    """The capped hit above leaves two blocks under one key (tokens 5-8 after block 0): the first
+    cached answers hits; once evicted, the other one does."""
+    policy = prefix_pool(num_blocks=6)
+    policy.admit(0, ids(1, 8), 8, output_content_id=500)
+    policy.free(0)
+    assert policy.admit(1, ids(1, 8), 8, output_content_id=501) == 4
+    assert policy.block_table(1) == [0, 2]  # block 2 holds what block 1 holds, under the same key
+    policy.free(1)
+    assert policy.free_queue_order() == [3, 4, 5, 1, 2, 0]
+    policy.admit(2, ids(100, 115), 16, output_content_id=502)  # 3 blank blocks, then evicts block 1
+    assert policy.block_table(2) == [3, 4, 5, 1] and policy.stats.evictions == 1
+    policy.free(2)
+    assert policy.admit(3, ids(1, 12), 12, output_content_id=503) == 8
+    assert policy.block_table(3)[:2] == [0, 2]
+    assert_sums(policy)
+
+
 def test_namespace_separates_caches():
     policy = prefix_pool()
     policy.admit(0, ids(1, 9), 9, output_content_id=500, namespace=7)
@@ -104,13 +122,13 @@ def test_namespace_separates_caches():
     assert policy.admit(2, ids(1, 9), 9, output_content_id=502, namespace=7) == 8
 
 
-def test_hash_collision_never_shares_wrong_content():
-    """Every block hashes to the same value: only verified content may be shared."""
-    policy = make_policy("prefix", PoolSpec(40, 4, 64), hash_fn=lambda _key: 42)
+def test_only_identical_content_is_shared():
+    """Blocks are matched by their whole key (pieces, namespace, parent block), never by a hash."""
+    policy = make_policy("prefix", PoolSpec(40, 4, 64))
     policy.admit(0, ids(1, 9), 9, output_content_id=500)
-    # Different first block, same hash: must miss.
+    # Different first block: must miss.
     assert policy.admit(1, ids(11, 19), 9, output_content_id=501) == 0
-    # Same first block, different second block whose hash also collides: 1 block only.
+    # Same first block, different second block: 1 block only.
     assert policy.admit(2, ids(1, 4) + ids(21, 25), 9, output_content_id=502) == 4
     # The true repeat of request 0 hits both of its blocks.
     assert policy.admit(3, ids(1, 9), 9, output_content_id=503) == 8
@@ -118,8 +136,8 @@ def test_hash_collision_never_shares_wrong_content():
     assert_sums(policy)
 
 
-def test_colliding_parent_hashes_do_not_chain_into_the_wrong_prefix():
-    policy = make_policy("prefix", PoolSpec(40, 4, 64), hash_fn=lambda _key: 1)
+def test_same_block_after_a_different_prefix_is_not_shared():
+    policy = make_policy("prefix", PoolSpec(40, 4, 64))
     policy.admit(0, ids(1, 4) + ids(50, 54), 9, output_content_id=500)
     # Same second block, different first block: the second block must not be shared.
     assert policy.admit(1, ids(11, 14) + ids(50, 54), 9, output_content_id=501) == 0

@@ -151,7 +151,7 @@ def test_steady_window_by_hand():
             "num_sequences_running": [2, 3, 3, 2, 0],
             "num_requests_waiting": [0, 1, 1, 0, 0],
             "kv_cache_usage_perc": [0.55] * 5,
-            "num_preemptions": [0, 1, 2, 3, 3],
+            "preemptions": [0, 1, 2, 3, 3],
             "admission_blocker": [0, KV_MEMORY, MAX_NUM_SEQS, 0, TOKEN_BUDGET],
         }
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 from policies import ChildSpec, OutOfKVMemory, PoolSpec, make_policy
 from policies.contiguous import ContiguousPolicy
 from policies.paged import PagedPolicy
-from policies.prefix import PrefixCachingPolicy, block_pieces
+from policies.prefix import PrefixCachingPolicy, block_contents
 from tests.test_contiguous import _check_invariants as check_contiguous_invariants
 from tests.test_contiguous import _chunk, _expected_reservation
 from tests.test_radix import check_against_recount as check_radix_against_recount
@@ -18,8 +19,10 @@ from tests.test_radix import check_against_recount as check_radix_against_recoun
 BLOCK_SIZE = 4
 POOL = PoolSpec(kv_pool_tokens=30 * BLOCK_SIZE + 2, block_size=BLOCK_SIZE, max_model_len=48)
 
-# A few prompts that share leading segments, so prefix hits happen often.
+# A few prompts that share leading segments, so prefix hits happen often. A block-aligned prompt
+# repeated may hit only all but its last block, so two blocks come to hold the same cache key.
 PROMPTS = [
+    ((1, 8),),
     ((1, 9),),
     ((1, 9), (2, 5)),
     ((1, 4), (3, 7)),
@@ -31,7 +34,6 @@ PROMPTS = [
 VARIANTS = [
     ("paged", {}),
     ("prefix", {}),
-    ("prefix", {"hash_fn": lambda _key: 7}),  # every hash collides: verification must hold alone
     ("contiguous", {"reservation": "max", "placement": "first_fit"}),
     ("contiguous", {"reservation": "pow2", "placement": "best_fit"}),
     ("contiguous", {"reservation": "oracle", "placement": "buddy"}),
@@ -59,7 +61,7 @@ def expected_block_accounting(policy: PagedPolicy) -> dict[str, int]:
             1
             for block_id in range(policy.num_blocks)
             if policy.ref_count[block_id] == 0
-            and (policy._block_hash[block_id] is not None or block_id in policy._pinned)
+            and (policy._block_key[block_id] is not None or block_id in policy._pinned)
         )
     return {
         "used": sum(filled.values()),
@@ -103,18 +105,19 @@ def check_block_invariants(policy: PagedPolicy) -> None:
 
 
 def check_blocks_hold_the_content_of_their_owners(policy: PrefixCachingPolicy) -> None:
-    """Every full block a sequence holds carries the content chain the sequence's own tokens spell
-    (recomputed here from its segments): sharing, by hit or by fork, never shares wrong content."""
-    block_size = policy.block_size
+    """Every full block a sequence holds is keyed by the content chain the sequence's own tokens spell
+    (recomputed here from its segments), exactly as a lookup of the same content computes the key:
+    sharing, by hit or by fork, never shares wrong content."""
     for seq_id in policy.live_sequences():
         state = policy.sequences[seq_id]
+        full = state.num_tokens // policy.block_size
+        contents = block_contents(state.segments, state.segment_ends, 0, full, policy.block_size)
         parent_chain = None
-        for index in range(state.num_tokens // block_size):
-            pieces = block_pieces(
-                state.segments, state.segment_ends, index * block_size, (index + 1) * block_size
-            )
-            chain = policy._chains.find((parent_chain, pieces, state.namespace))
-            assert chain is not None and policy._block_chain[state.block_table[index]] == chain
+        for block_id, content in zip(state.block_table[:full], contents, strict=True):
+            key = (parent_chain, *content, state.namespace)
+            chain = policy._chains.find(key)
+            assert chain is not None and policy._block_chain[block_id] == chain
+            assert policy._block_key[block_id] == key
             parent_chain = chain
 
 
@@ -134,7 +137,7 @@ class Driver:
     LRU eviction) and free it again; on policies without a cache, free the newest sequence, as a
     preemption does."""
 
-    KINDS = ("admit", "grow", "fork", "free", "evict")
+    KINDS = ("admit", "grow", "grow_each", "fork", "free", "evict")
 
     def __init__(self, name: str, options: dict, pool: PoolSpec = POOL, prompts: list = PROMPTS):
         self.policy = make_policy(name, pool, **options)
@@ -210,6 +213,14 @@ class Driver:
         if state is not None:
             _assert_written_blocks_are_private(self.policy, state, grown)
         return True
+
+    def _grow_each(self, choice: int, amount: int) -> bool:
+        if not self.live:
+            return False
+        group = _grow_each_as_one_at_a_time(self.policy, self.live, choice, amount)
+        for seq_id, grown in group:
+            self.model[seq_id][2] += grown
+        return bool(group)
 
     def _fork(self, choice: int, amount: int) -> bool:
         if not self.live:
@@ -288,6 +299,46 @@ def test_random_operations_keep_every_invariant(variant, operations):
     for kind, choice, amount in operations:
         driver.apply(kind, choice, amount)
     driver.drain()
+
+
+def _final_len(policy, seq_id: int) -> int:
+    return policy.final_len(seq_id)
+
+
+def _grow_each_as_one_at_a_time(policy, live: list[int], choice: int, amount: int) -> list[tuple[int, int]]:
+    """grow_each of up to three live sequences (often a parent and its forks, sharing a tail) leaves
+    the policy exactly as growing them one at a time would, and returns each one's growth room; when
+    it fails, nothing changed."""
+    start = choice % len(live)
+    group = [
+        seq_id for seq_id in live[start : start + 3] if policy.seq_len(seq_id) < _final_len(policy, seq_id)
+    ]
+    if not group:
+        return []
+    tokens = [min(amount, _final_len(policy, seq_id) - policy.seq_len(seq_id)) for seq_id in group]
+    reference = copy.deepcopy(policy)
+    before = _snapshot(policy, live)
+    failures = policy.stats.allocation_failures
+    try:
+        rooms = policy.grow_each(group, tokens)
+    except OutOfKVMemory:
+        # Nothing changed but the count of failed allocations.
+        assert policy.stats.allocation_failures == failures + 1
+        policy.stats.allocation_failures = failures
+        assert _snapshot(policy, live) == before, "a failed grow_each changed the policy"
+        raise
+    for seq_id, count in zip(group, tokens, strict=True):
+        reference.grow(seq_id, count)
+    assert rooms == [reference.growth_room(seq_id) for seq_id in group]
+    assert _snapshot(policy, live) == _snapshot(reference, live)
+    return list(zip(group, tokens, strict=True))
+
+
+def _snapshot(policy, live: list[int]) -> tuple:
+    sequences = [(policy.seq_len(s), policy.growth_room(s)) for s in live]
+    tables = [policy.block_table(s) for s in live] if isinstance(policy, PagedPolicy) else []
+    order = policy.free_queue.order() if isinstance(policy, PagedPolicy) else []
+    return policy.breakdown(), policy.sharing_slots(), policy.stats.as_dict(), sequences, tables, order
 
 
 def _assert_written_blocks_are_private(policy: PagedPolicy, state, grown: int) -> None:

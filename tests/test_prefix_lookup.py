@@ -31,8 +31,8 @@ def ids(first: int, last: int):
     return token_ids(range(first, last + 1))
 
 
-def prefix_pool(num_blocks: int, hash_fn=hash) -> PrefixCachingPolicy:
-    policy = make_policy("prefix", PoolSpec(num_blocks * 4, 4, 64), hash_fn=hash_fn)
+def prefix_pool(num_blocks: int) -> PrefixCachingPolicy:
+    policy = make_policy("prefix", PoolSpec(num_blocks * 4, 4, 64))
     assert isinstance(policy, PrefixCachingPolicy)
     return policy
 
@@ -67,12 +67,7 @@ def drive_to_duplicate(policy: PrefixCachingPolicy) -> None:
     assert policy.free_queue_order() == [4, 1, 3, 2, 0]
 
 
-# A hash function under which every block collides: only content verification tells them apart.
-COLLIDING = pytest.param(lambda _key: 42, id="colliding-hash")
-
-
-@pytest.mark.parametrize("hash_fn", [hash, COLLIDING])
-def test_next_turn_hits_the_child_of_a_duplicate_as_vllm_does(hash_fn):
+def test_next_turn_hits_the_child_of_a_duplicate_as_vllm_does():
     """Issue 11 §1, step 3: C extends B's conversation. R5: at most (15 - 1) // 4 = 3 blocks.
     h1 -> {0}: block 0. h2 -> {1, 2}: get_one_block gives the earliest, block 1. h3 -> {3}: block 3,
     although its physical parent is 2, not 1 (vLLM's hash depends on content only). Hits [0, 1, 3],
@@ -81,7 +76,7 @@ def test_next_turn_hits_the_child_of_a_duplicate_as_vllm_does(hash_fn):
 
     Verifying the physical parent (kvsim before this fix) stopped at block 3: hits [0, 1], then two
     new blocks 4 and 3 from queue [4, 3, 2], evicting block 3, the very block vLLM hits."""
-    policy = prefix_pool(5, hash_fn)
+    policy = prefix_pool(5)
     drive_to_duplicate(policy)
     assert policy.lookup(PROMPT_C) == PrefixHit(12, (0, 1, 3))
     assert policy.admit(2, PROMPT_C, 15, output_content_id=902) == 12
@@ -101,13 +96,12 @@ def test_next_turn_hits_the_child_of_a_duplicate_as_vllm_does(hash_fn):
     }
 
 
-@pytest.mark.parametrize("hash_fn", [hash, COLLIDING])
-def test_when_the_first_duplicate_is_evicted_the_other_copy_serves(hash_fn):
+def test_when_the_first_duplicate_is_evicted_the_other_copy_serves():
     """After step 2 (queue [4, 1, 3, 2, 0]), D = 8 new tokens takes blocks 4 and 1 (R1), evicting
     block 1: h2 -> {2}. D is freed (R3: 1, 4 appended; both full and hashed): queue [3, 2, 0, 1, 4].
     C: h1 -> 0, h2 -> 2 (the only copy left), h3 -> 3. R2 leaves queue [1, 4]; one new block, R1:
     block 1, evicting D's second block."""
-    policy = prefix_pool(5, hash_fn)
+    policy = prefix_pool(5)
     drive_to_duplicate(policy)
     assert policy.admit(3, ids(50, 57), 8, output_content_id=803) == 0
     assert policy.block_table(3) == [4, 1]

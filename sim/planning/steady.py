@@ -125,7 +125,7 @@ def _series_means(timeseries: pd.DataFrame, start: float, end: float, pool_token
     in_window = (times >= start) & (times <= end)
     running = timeseries["num_requests_running"].to_numpy()[in_window]
     result["peak_running"] = int(running.max()) if len(running) else 0
-    preemptions = timeseries["num_preemptions"].to_numpy()[in_window]
+    preemptions = timeseries["preemptions"].to_numpy()[in_window]
     result["window_preemptions"] = int(preemptions.max() - preemptions.min()) if len(preemptions) else 0
     result["waiting_growth"] = _waiting_growth(timeseries, start, end)
     blocker = timeseries["admission_blocker"].to_numpy()[:-1]

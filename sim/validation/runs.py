@@ -39,8 +39,9 @@ def run_config(
 def interval_frame(timeseries: pd.DataFrame) -> pd.DataFrame:
     """The time series as intervals between consecutive samples.
 
-    Token counts grow linearly between samples (the recorder's trapezoid rule); counts of requests
-    change only at events, so they hold their value over the interval."""
+    Token counts grow between the samples of an event-skipping jump (by the batch every iteration),
+    which the trapezoid rule follows closely (the summary's own time averages are exact); counts of
+    requests change only at events, so they hold their value over the interval."""
     times = timeseries["time_s"].to_numpy(dtype=float)
     frame = pd.DataFrame({"dt": np.diff(times)})
     for column in timeseries.columns:

@@ -1,0 +1,132 @@
+"""Trace replay benchmark: the full Azure 2023 conversation trace through every policy, and the full
+Mooncake conversation trace through prefix caching, as `kvsim run` would (outputs streamed to files).
+
+The job (issue 10): Llama-2-7B on one A100-80GB, analytic costs, block_size 16, max_model_len 4096,
+max_num_seqs 128, max_num_batched_tokens 512, one variant per run. Each replay runs in a fresh
+subprocess, which first times one million bare SimPy ``env.timeout`` events: the engine's wall time
+divided by that reference is a figure that busy or slower machines leave (nearly) unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE_EVENTS = 1_000_000
+
+ENGINE = {
+    "block_size": 16,
+    "max_model_len": 4096,
+    "max_num_seqs": 128,
+    "max_num_batched_tokens": 512,
+}
+SOURCES = {
+    "azure-conv": {"kind": "azure", "path": "traces/azure/AzureLLMInferenceTrace_conv.csv"},
+    "mooncake-conv": {"kind": "mooncake", "path": "traces/mooncake/conversation_trace.jsonl"},
+}
+VARIANTS = {
+    "contiguous-max": {"policy": "contiguous", "options": {"reservation": "max", "placement": "first_fit"}},
+    "contiguous-buddy": {"policy": "contiguous", "options": {"reservation": "max", "placement": "buddy"}},
+    "paged": {"policy": "paged"},
+    "prefix": {"policy": "prefix"},
+}
+JOBS = [
+    ("azure-conv", "contiguous-max"),
+    ("azure-conv", "contiguous-buddy"),
+    ("azure-conv", "paged"),
+    ("azure-conv", "prefix"),
+    ("mooncake-conv", "prefix"),
+]
+
+
+def experiment(trace: str, variant: str) -> dict[str, Any]:
+    return {
+        "name": f"bench-{trace}",
+        "seed": 1,
+        "model": "Llama-2-7B",
+        "gpu": "A100-80GB",
+        "engine": ENGINE,
+        "workload": {"source": SOURCES[trace], "max_model_len": ENGINE["max_model_len"]},
+        "variants": [{"name": variant, **VARIANTS[variant]}],
+        "output": {"figures": False},
+    }
+
+
+def simpy_reference_s(events: int = REFERENCE_EVENTS, repeats: int = 3) -> float:
+    """Seconds SimPy takes for ``events`` bare timeouts (the best of ``repeats``)."""
+    import simpy
+
+    def once() -> float:
+        env = simpy.Environment()
+
+        def ticks():
+            for _ in range(events):
+                yield env.timeout(1.0)
+
+        env.process(ticks())
+        started = time.perf_counter()
+        env.run()
+        return time.perf_counter() - started
+
+    return min(once() for _ in range(repeats))
+
+
+def replay_once(trace: str, variant: str) -> dict[str, Any]:
+    import resource
+
+    from sim.config import validate_experiment
+    from sim.runner import run_variant
+
+    reference_s = simpy_reference_s()
+    config = validate_experiment(experiment(trace, variant))
+    with tempfile.TemporaryDirectory() as folder:
+        result = run_variant(config, config.variants[0], ROOT, out_dir=Path(folder))
+    summary = result.summary
+    return {
+        "trace": trace,
+        "variant": variant,
+        "requests": summary["requests_total"],
+        "finished": summary["requests_finished"],
+        "wall_s": summary["wall_s"],
+        "requests_per_s": summary["requests_total"] / summary["wall_s"],
+        "reference_s": reference_s,
+        "ratio": summary["wall_s"] / reference_s,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def run_trace_benchmarks(jobs: list[tuple[str, str]] = JOBS) -> list[dict[str, Any]]:
+    print(
+        "trace replay: Llama-2-7B, A100-80GB, block 16, max_model_len 4096, max_num_seqs 128, "
+        "max_num_batched_tokens 512, outputs on; ratio = engine wall / 1M bare SimPy timeouts"
+    )
+    rows = []
+    for trace, variant in jobs:
+        output = subprocess.run(
+            [sys.executable, "-m", "benchmarks.bench_traces", trace, variant],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        ).stdout
+        row = json.loads(output.strip().splitlines()[-1])
+        rows.append(row)
+        print(
+            f"  {trace:<14} {variant:<17} {row['requests']:>6,} requests: {row['requests_per_s']:>8,.0f} req/s, "
+            f"engine {row['wall_s']:.2f} s, reference {row['reference_s']:.2f} s, ratio {row['ratio']:.2f}, "
+            f"peak RSS {row['peak_rss_mib']:,.0f} MiB"
+        )
+    return rows
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3:
+        print(json.dumps(replay_once(sys.argv[1], sys.argv[2])))
+    else:
+        run_trace_benchmarks()
