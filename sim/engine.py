@@ -93,6 +93,7 @@ class Engine:
         self._next_child_stream = -1  # children's output streams: negative ids never clash with workloads
         self._host_tokens_used = 0
         self._running_seqs = 0  # sequences in the batch (samples and beams each count)
+        self._unforked_seqs = 0  # samples/beams of admitted requests still in prefill (not forked yet)
         self._admissions = 0
         self.clock = DecodeClock(policy, defer_growth=knobs.step_mode == "skip")
         self._jump_rest = 0  # iterations of the current jump still to put on the clock
@@ -256,6 +257,8 @@ class Engine:
         self._decoded_seqs = decode_batch
         self._iterations_this_step = 1
         if decode_batch == 0 and not self._prefill_this_step:
+            if swap_blocks:
+                return self.costs.swap_blocks_s(swap_blocks)  # a swap-in alone: the transfer, no forward pass
             self._check_progress()
             return 0.0
         decode = self.costs.decode
@@ -303,6 +306,7 @@ class Engine:
         if state.record.first_token_s != state.record.first_token_s:  # NaN: first time
             state.record.first_token_s = self.env.now
         if len(state.seq_ids) < state.width:
+            self._release_unforked(state)
             self._fork(state, state.seq_ids[0], state.width - len(state.seq_ids))
             if not state.is_running:
                 return  # the fork did not fit: the request was preempted
@@ -449,10 +453,16 @@ class Engine:
         swap_in_blocks = 0
         while self.waiting and budget > 0:
             state = self.waiting[0]
-            if self._running_seqs + state.width > self.knobs.max_num_seqs:
+            if self._running_seqs + self._unforked_seqs + state.width > self.knobs.max_num_seqs:
                 break
             content = self._content_on_admission(state)
             final_len = state.request.final_len
+            if (
+                not self.knobs.enable_chunked_prefill
+                and not state.swapped_tokens
+                and sum(length for _, length in content) > budget
+            ):
+                break  # vLLM: without chunked prefill a prompt waits until it fits one iteration
             if not self._fits_watermark(content, final_len):
                 if not self._handle_admission_failure(state):
                     break
@@ -475,6 +485,8 @@ class Engine:
             state.admission = self._admissions
             state.is_running = True
             self._running_seqs += 1
+            state.unforked = state.width - 1
+            self._unforked_seqs += state.unforked
             total = sum(length for _, length in content)
             if state.swapped_tokens:
                 swap_in_blocks += -(-state.swapped_tokens // self.block_size)
@@ -554,6 +566,11 @@ class Engine:
         self.running.remove(state)
         state.is_running = False
         self._running_seqs -= len(state.seq_ids)
+        self._release_unforked(state)
+
+    def _release_unforked(self, state: RequestState) -> None:
+        self._unforked_seqs -= state.unforked
+        state.unforked = 0
 
     def _check_progress(self) -> None:
         if self.running or not self.waiting:
@@ -585,7 +602,7 @@ class Engine:
 
     def _head_admissible(self) -> bool:
         state = self.waiting[0]
-        if self._running_seqs + state.width > self.knobs.max_num_seqs:
+        if self._running_seqs + self._unforked_seqs + state.width > self.knobs.max_num_seqs:
             return False
         return self._fits_watermark(self._content_on_admission(state), state.request.final_len)
 
