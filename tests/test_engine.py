@@ -176,8 +176,11 @@ def test_event_skipping_equals_single_stepping(policy, options, seed):
     end = single.env.now
     averages_single = single.recorder.time_averages(end)
     averages_skip = skip.recorder.time_averages(end)
+    # Within a jump the iteration time grows with the context, so the straight line between the
+    # jump's ends is not exactly the staircase of single steps: the real gap is below 1e-4 here
+    # (left rectangles instead of the trapezoid give 0.017).
     for key, value in averages_single.items():
-        assert averages_skip[key] == pytest.approx(value, abs=0.02), key
+        assert averages_skip[key] == pytest.approx(value, abs=2e-4), key
 
 
 def test_same_seed_same_results():
