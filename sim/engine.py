@@ -94,6 +94,7 @@ class Engine:
         self._host_tokens_used = 0
         self._running_seqs = 0  # sequences in the batch (samples and beams each count)
         self._unforked_seqs = 0  # samples/beams of admitted requests still in prefill (not forked yet)
+        self._swap_out_pending = 0  # blocks swapped out at an iteration's end: the next iteration moves them
         self._admissions = 0
         self.clock = DecodeClock(policy, defer_growth=knobs.step_mode == "skip")
         self._jump_rest = 0  # iterations of the current jump still to put on the clock
@@ -240,6 +241,8 @@ class Engine:
         # 1. every decoding sequence takes a token (the policy hears of those that need a block)
         self.clock.now += 1
         preempted, swap_blocks = self._decode_growth()
+        swap_blocks += self._swap_out_pending
+        self._swap_out_pending = 0
         decode_batch = self.clock.sequences
         decode_context = self.clock.sum_context()
         budget -= decode_batch
@@ -311,7 +314,8 @@ class Engine:
             if not state.is_running:
                 return  # the fork did not fit: the request was preempted
         for seq_id in list(state.seq_ids):
-            self._grow_or_preempt(state, seq_id, victims_at=self.clock.now)
+            outcome = self._grow_or_preempt(state, seq_id, victims_at=self.clock.now)
+            self._swap_out_pending += max(0, outcome - 1)
             if not state.is_running:
                 return
         state.context += 1
@@ -590,7 +594,7 @@ class Engine:
         """How many decode iterations can go on the clock at once without missing an event (0 = step):
         up to, not including, the next iteration that needs the policy; up to and including the next
         completion or beam decision; up to the iteration during which the next request arrives."""
-        if not self.running or self.clock.requests < len(self.running):
+        if not self.running or self.clock.requests < len(self.running) or self._swap_out_pending:
             return 0
         if self.waiting and (not self.waiting[0].blocked or self._head_admissible()):
             return 0  # let a single step try (and count) the admission
