@@ -205,6 +205,40 @@ def test_first_fit_takes_the_lowest_address_hole() -> None:
     assert p.region(7) == (8, 11)
 
 
+@pytest.mark.parametrize("placement", ["first_fit", "best_fit"])
+def test_a_hole_of_exactly_the_requested_size_is_used_and_disappears(placement: str) -> None:
+    # Holes [0, 20) and [40, 50). A 20-slot request fits the first hole exactly: it takes [0, 20)
+    # (first fit: the lowest hole that holds 20; best fit: the smallest), and the hole is gone.
+    p = _holes_20_at_0_and_10_at_40(placement)
+    p.admit(6, tokens(20), 20, 106)
+    assert p.region(6) == (0, 20)
+    assert p.free_pieces() == [(40, 10)]
+    # Then a 10-slot request fits the last hole exactly: [40, 50); nothing is free.
+    p.admit(7, tokens(10), 10, 107)
+    assert p.region(7) == (40, 10)
+    assert p.free_pieces() == []
+    assert p.breakdown() == bd(used=100, reserved=0, internal=0, external=0, free=0)
+    # And a 1-slot request no longer fits anywhere.
+    assert not p.can_admit(tokens(1), 1)
+
+
+def test_first_fit_skips_a_smaller_hole_for_an_exact_one() -> None:
+    # Holes [0, 5) and [20, 30) (10 slots): a 10-slot request skips the 5-slot hole and takes the
+    # 10-slot one exactly; the 5-slot hole is left as it was.
+    p = policy(100, 100, "oracle", "first_fit")
+    for seq_id, size in ((1, 5), (2, 15), (3, 10), (4, 70)):
+        p.admit(seq_id, tokens(size, seq_id), size, 100 + seq_id)
+    # 1: [0, 5), 2: [5, 20), 3: [20, 30), 4: [30, 100)
+    p.free(1)
+    p.free(3)
+    assert p.free_pieces() == [(0, 5), (20, 10)]
+    p.admit(5, tokens(10), 10, 105)
+    assert p.region(5) == (20, 10)
+    assert p.free_pieces() == [(0, 5)]
+    # The 5 free slots cannot hold the latest reservation (10): they count as external fragmentation.
+    assert p.breakdown() == bd(used=95, reserved=0, internal=0, external=5, free=0)
+
+
 def test_best_fit_takes_the_smallest_hole() -> None:
     p = _holes_20_at_0_and_10_at_40("best_fit")
     p.admit(6, tokens(8), 8, 106)
