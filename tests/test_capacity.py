@@ -479,3 +479,109 @@ def test_resolve_gpu_custom() -> None:
 def test_resolve_gpu_custom_errors(spec: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         resolve_gpu(spec)
+
+
+# ------------------------------------------------------------------------- messages and limits
+
+ADVICE = (
+    "Use a bigger GPU, a larger tensor_parallel_size, a higher gpu_memory_utilization or "
+    "smaller weights (weight_dtype_bytes)."
+)
+
+
+def test_does_not_fit_messages_in_full() -> None:
+    # Override path: a card of exactly the weights (16,060,522,496 B = 14.96 GiB) at utilisation 1:
+    # the weights fit (not "alone exceed"), the reserve (1.12 GiB) does not: -1,205,075,968 B left.
+    with pytest.raises(ModelDoesNotFitError) as info:
+        size_kv_pool(
+            "Llama-3.1-8B", card(LLAMA_8B_WEIGHTS), gpu_memory_utilization=1.0, num_gpu_blocks_override=1
+        )
+    assert str(info.value) == (
+        "Llama-3.1-8B on card does not fit: GPU memory 14.96 GiB x gpu_memory_utilization 1 = 14.96 GiB; "
+        "weights 14.96 GiB (8,030,261,248 params x 2 B / tp 1); activation reserve 1.12 GiB; "
+        "left before the KV cache: -1.12 GiB (-1,205,075,968 bytes): less than one KV block "
+        f"(2,097,152 bytes) is left. {ADVICE}"
+    )
+    assert info.value.memory_bytes == LLAMA_8B_WEIGHTS
+    # kv_cache_memory_bytes path, tp 2: 68,976,648,192 x 2 B / 2 = 68,976,648,192 B = 64.24 GiB per
+    # GPU on a 16 GiB card. Reserve at tp 2: (3 x 28672/2 + (64/2 + 2 x 8/2) x 128 + 4 x 8192 = 80,896)
+    # x 2 x 8192 + 256 x 32,000 x 4 = 1,325,400,064 + 32,768,000 = 1,358,168,064 B (1.26 GiB);
+    # left: 17,179,869,184 - 68,976,648,192 - 1,358,168,064 = -53,154,947,072 B (-49.50 GiB).
+    with pytest.raises(ModelDoesNotFitError) as info:
+        size_kv_pool("Llama-2-70B", "T4-16GB", kv_cache_memory_bytes=GiB, tensor_parallel_size=2)
+    assert str(info.value) == (
+        "Llama-2-70B on T4-16GB (tensor_parallel_size=2, per GPU) does not fit: GPU memory 16.00 GiB = "
+        "16.00 GiB; weights 64.24 GiB (68,976,648,192 params x 2 B / tp 2); activation reserve 1.26 GiB; "
+        "left for kv_cache_memory_bytes=1.00 GiB: -49.50 GiB (-53,154,947,072 bytes): the weights alone "
+        f"exceed it. {ADVICE}"
+    )
+    # Utilisation path: L4, 24 GiB x 0.9 = 23,192,823,399 B (21.60 GiB); a reserve of 7,132,300,902 B
+    # (6.64 GiB) leaves 1 byte.
+    with pytest.raises(ModelDoesNotFitError) as info:
+        size_kv_pool("Llama-3.1-8B", "L4-24GB", activation_reserve_bytes=7_132_300_902)
+    assert str(info.value) == (
+        "Llama-3.1-8B on L4-24GB does not fit: GPU memory 24.00 GiB x gpu_memory_utilization 0.9 = 21.60 GiB; "
+        "weights 14.96 GiB (8,030,261,248 params x 2 B / tp 1); activation reserve 6.64 GiB; "
+        f"left for the KV cache: 0.00 GiB (1 bytes): less than one KV block (2,097,152 bytes) is left. {ADVICE}"
+    )
+
+
+def test_kv_cache_memory_bytes_rounds_down_to_whole_blocks() -> None:
+    # 5 MiB of cache at 2 MiB per block: 2 whole blocks (4 MiB), 1 MiB unused.
+    cap = size_kv_pool("Llama-3.1-8B", "A100-80GB", kv_cache_memory_bytes=5 * MiB)
+    assert (cap.num_gpu_blocks, cap.kv_pool_bytes, cap.available_kv_bytes) == (2, 4 * MiB, 5 * MiB)
+    assert isinstance(cap.num_gpu_blocks, int)
+
+
+def test_argument_limits_are_inclusive_and_booleans_are_refused() -> None:
+    # Smallest valid values: block_size 1, one block of override, tp 1.
+    assert size_kv_pool("Llama-3.1-8B", "A100-80GB", block_size=1).block_size == 1
+    cap = size_kv_pool("Llama-3.1-8B", "A100-80GB", kv_cache_memory_bytes=2 * MiB)
+    assert cap.max_concurrency(1) == 1.0  # 1 block / ceil(1 / 16) = 1
+    for bad in (0, True):
+        with pytest.raises(ValueError, match="tokens_per_request must be a positive integer"):
+            cap.max_concurrency(bad)
+    for key, bad in (
+        ("activation_reserve_bytes", True),
+        ("kv_cache_memory_bytes", True),
+        ("num_gpu_blocks_override", True),
+        ("tensor_parallel_size", True),
+    ):
+        with pytest.raises(ValueError, match=key):
+            size_kv_pool("Llama-3.1-8B", "A100-80GB", **{key: bad})
+    with pytest.raises(
+        ValueError, match="^set at most one of kv_cache_memory_bytes and num_gpu_blocks_override$"
+    ):
+        size_kv_pool("Llama-3.1-8B", "A100-80GB", num_gpu_blocks_override=1, kv_cache_memory_bytes=GiB)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_tokens": -1}, "num_tokens must be an integer >= 0, got -1"),
+        ({"num_tokens": True}, "num_tokens must be an integer >= 0, got True"),
+        ({"num_seqs": -1}, "num_seqs must be an integer >= 0, got -1"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size must be an integer >= 1, got 0"),
+    ],
+)
+def test_activation_reserve_argument_messages(kwargs: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError) as error:
+        estimate_activation_reserve("Llama-3.1-8B", **kwargs)
+    assert str(error.value) == message
+
+
+def test_activation_reserve_with_one_kv_head_per_gpu() -> None:
+    # Llama-3.1-70B at tp 8: 8 KV heads / 8 = 1 per GPU.
+    #   MLP 3 x 28672 / 8 = 10,752; qkv (64/8 + 2 x 1) x 128 = 1,280; 4 x 8192 = 32,768
+    #   -> 44,800 x 2 B x 8192 = 734,003,200 + logits 256 x 128,256 x 4 = 131,334,144 -> 865,337,344 B.
+    assert estimate_activation_reserve("Llama-3.1-70B", tensor_parallel_size=8) == 865_337_344
+
+
+def test_kv_heads_replicate_when_tp_is_a_multiple() -> None:
+    # Llama-3.1-8B at tp 16: 32 heads / 16; 8 KV heads < 16 and 16 % 8 == 0: each GPU holds 1 KV head,
+    # 2 x 32 layers x 1 x 128 x 2 B = 16,384 B per token.
+    assert size_kv_pool("Llama-3.1-8B", "A100-80GB", tensor_parallel_size=16).kv_bytes_per_token == 16_384
+    # 3 KV heads and tp 4 (4 % 3 = 1) do not divide one another.
+    odd = dataclasses.replace(MODEL_PRESETS["Llama-3.1-8B"], num_attention_heads=24, num_kv_heads=3)
+    with pytest.raises(ValueError, match=r"num_kv_heads \(3\) and tensor_parallel_size \(4\) must divide"):
+        size_kv_pool(odd, "A100-80GB", tensor_parallel_size=4)
