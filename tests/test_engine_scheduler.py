@@ -464,3 +464,73 @@ def test_on_oom_fail_fails_only_requests_never_preempted(step_mode):
     assert got[0] == (0.0, 1.0, 4.0, 0, "finished")
     assert got[1][3:] == (0, "failed_oom")
     assert [r.request_id for r in engine.records if r.outcome == "failed_oom"] == [1]
+
+
+class ContextCost(ConstantCost):
+    """Iteration = 1 s + 1/16 s per token the decoding sequences hold (after this iteration's token);
+    an iteration without decode costs 1 s."""
+
+    @property
+    def decode(self) -> DecodeCost:
+        return DecodeCost(1.0, 0.0, 0.0625)
+
+
+@pytest.mark.parametrize("step_mode", STEP_MODES)
+def test_recompute_with_a_context_dependent_iteration_time(step_mode):
+    """The squeeze with ContextCost: the times follow the tokens the batch holds.
+
+    it 1 [0, 1): no decode: 1 s. r0 5 tokens, r1 9.
+    it 2: 6 + 10 = 16 tokens: 2 s -> 3.0. it 3: 7 + 11 = 18: 2.125 -> 5.125. it 4: 8 + 12 = 20: 2.25
+    -> 7.375. it 5: r1 preempted, r0 9 tokens: 1.5625 -> 8.9375. it 6-8: r0 10, 11, 12 tokens:
+    1.625 + 1.6875 + 1.75 -> 14.0: r0 finishes. it 9: r1's 12 tokens recomputed, no decode: 1 s ->
+    15.0 (13 tokens). it 10: 14 tokens: 1.875 -> 16.875: r1 finishes."""
+    engine = run(SQUEEZE, SQUEEZE_POOL, step_mode, costs=ContextCost())
+    assert outcomes(engine) == {
+        0: (0.0, 1.0, 14.0, 0, "finished"),
+        1: (0.0, 1.0, 16.875, 1, "finished"),
+    }
+    series = engine.sink.timeseries()
+    categories = [c for c in series.columns if c.endswith("_tokens")][:6]
+    assert (series[categories] >= 0).all().all()
+    assert (series[categories].sum(axis=1) == SQUEEZE_POOL.kv_pool_tokens).all()
+
+    # At 14.0: r0 holds its 12 tokens until it finishes, then the pool is empty (20 free slots), then
+    # r1's 12 recomputed tokens are admitted (3 blocks, 8 free). At 15.0 its 13th token goes in (4th
+    # block: 4 free), and the next iteration's 14th at once.
+    def at(time_s):
+        rows = series[series.time_s == time_s][["used_tokens", "free_tokens"]].to_numpy()
+        return [tuple(int(v) for v in row) for row in rows]
+
+    assert at(14.0)[-2:] == [(0, 20), (12, 8)]
+    assert at(15.0) == [(13, 4), (14, 4)]
+
+
+@pytest.mark.parametrize("step_mode", STEP_MODES)
+def test_a_request_that_preempted_another_is_preempted_in_turn(step_mode):
+    """Pool 7 blocks x 4 slots. rA: prompt 4, output 12 (final 16: 4 blocks); r0: prompt 4, output
+    12 (4 blocks); r1: prompt 4, output 8 (3 blocks); all at 0.
+
+    it 1 [0, 1): all admitted (3 blocks); at 1.0 each holds 5 tokens (2 blocks each: 6 of 7).
+    it 2-4: 6, 7, 8 tokens each.
+    it 5 at 4.0: rA takes the last block for token 9; r0 needs one: the newest, r1 (8 tokens), is
+                 preempted (1); r0 takes one of its blocks. 1 block free; r1 needs 2.
+    it 6-8: rA and r0 reach 12 tokens (8 generated each).
+    it 9 at 8.0: rA takes the free block (13 tokens); r0 needs its 4th: r0 is now the newest running:
+                 preempted (r0: 1), with 8 generated tokens: it will recompute 4 + 8 = 12 tokens.
+    it 10-12 [9, 12): rA's tokens 10-12 (finishes at 12.0). Each iteration r0 is readmitted (3 free
+                 blocks), recomputes its 12 tokens, and at the iteration's end cannot store its next
+                 token (13th: a 4th block) and is preempted again (r0: 2, 3, 4); at 12.0 that happens
+                 before rA frees its blocks.
+    it 13 [12, 13): empty pool: r0 (12 tokens, 3 blocks) and r1 (prompt + 4 generated = 8 tokens,
+                 2 blocks) admitted; at 13.0 r0 takes its 9th token (4th block), r1 its 5th (3rd
+                 block): the pool is full and enough.
+    it 14-16: r0 tokens 10-12, r1 tokens 6-8: both finish at 16.0."""
+    pool = PoolSpec(28, 4, 16)
+    engine = run([request(0, 0.0, 4, 12), request(1, 0.0, 4, 12), request(2, 0.0, 4, 8)], pool, step_mode)
+    assert outcomes(engine) == {
+        0: (0.0, 1.0, 12.0, 0, "finished"),
+        1: (0.0, 1.0, 16.0, 4, "finished"),
+        2: (0.0, 1.0, 16.0, 1, "finished"),
+    }
+    assert engine.counters.preemptions == 5
+    assert engine.counters.iterations == 16
