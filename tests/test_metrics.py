@@ -80,3 +80,15 @@ def test_sharing_saved_without_and_with_little_logical_memory():
     sample(recorder, 0.0, 0, 0, (0, 1))
     sample(recorder, 0.5, 0, 0, (0, 1))
     assert recorder.time_averages(0.5)["memory_saved_by_sharing_frac"] == 1.0
+
+
+def test_time_before_the_first_sample_counts_nothing_and_cached_counts_as_idle():
+    # The first sample at 1.0 (used 10, cached 20, free 60): nothing is integrated over [0, 1);
+    # [1, 2] holds these values: used 10 x 1 / 2 / 100 = 0.05; cached 20 x 1 / 2 / 100 = 0.1.
+    recorder = Recorder(100, MemorySink())
+    breakdown = MemoryBreakdown(10, 5, 3, 2, 20, 60)
+    recorder.sample(1.0, breakdown, 1, 0, 1, Counters(), STATS, (10, 10))
+    averages = recorder.time_averages(2.0)
+    assert (averages["mean_used_frac"], averages["mean_cached_frac"]) == pytest.approx((0.05, 0.1))
+    # vLLM's usage counts evictable cache as free: 1 - (60 + 20) / 100.
+    assert list(recorder.frame()["kv_cache_usage_perc"]) == pytest.approx([0.2])
