@@ -585,3 +585,29 @@ def test_kv_heads_replicate_when_tp_is_a_multiple() -> None:
     odd = dataclasses.replace(MODEL_PRESETS["Llama-3.1-8B"], num_attention_heads=24, num_kv_heads=3)
     with pytest.raises(ValueError, match=r"num_kv_heads \(3\) and tensor_parallel_size \(4\) must divide"):
         size_kv_pool(odd, "A100-80GB", tensor_parallel_size=4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kv_cache_memory_bytes": 0}, "kv_cache_memory_bytes must be a positive integer, got 0"),
+        ({"kv_cache_memory_bytes": -5}, "kv_cache_memory_bytes must be a positive integer, got -5"),
+        ({"num_gpu_blocks_override": 0}, "num_gpu_blocks_override must be a positive integer, got 0"),
+        ({"activation_reserve_bytes": -1}, "activation_reserve_bytes must be a non-negative integer, got -1"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size must be an integer >= 1, got 0"),
+        ({"tensor_parallel_size": True}, "tensor_parallel_size must be an integer >= 1, got True"),
+        (
+            {"kv_cache_memory_bytes": 1},
+            "kv_cache_memory_bytes (1) is smaller than one KV block (2,097,152 bytes = 16 tokens x 131,072 bytes)",
+        ),
+    ],
+)
+def test_argument_messages_in_full(kwargs: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError) as error:
+        size_kv_pool("Llama-3.1-8B", "A100-80GB", **kwargs)
+    assert str(error.value) == message
+
+
+def test_zero_activation_reserve_is_allowed() -> None:
+    # 0 is a valid reserve (a non-negative integer): see test_explicit_activation_reserve for the pool.
+    assert size_kv_pool("Llama-3.1-8B", "A100-80GB", activation_reserve_bytes=0).activation_reserve_bytes == 0
