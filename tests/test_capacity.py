@@ -592,6 +592,7 @@ def test_kv_heads_replicate_when_tp_is_a_multiple() -> None:
     [
         ({"kv_cache_memory_bytes": 0}, "kv_cache_memory_bytes must be a positive integer, got 0"),
         ({"kv_cache_memory_bytes": -5}, "kv_cache_memory_bytes must be a positive integer, got -5"),
+        ({"kv_cache_memory_bytes": True}, "kv_cache_memory_bytes must be a positive integer, got True"),
         ({"num_gpu_blocks_override": 0}, "num_gpu_blocks_override must be a positive integer, got 0"),
         ({"activation_reserve_bytes": -1}, "activation_reserve_bytes must be a non-negative integer, got -1"),
         ({"tensor_parallel_size": 0}, "tensor_parallel_size must be an integer >= 1, got 0"),
