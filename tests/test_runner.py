@@ -226,3 +226,117 @@ def test_one_small_variant_end_to_end():
     assert summary["preemptions"] == 0
     # 12 x 16 output tokens.
     assert summary["output_tokens_per_s"] * summary["simulated_s"] == pytest.approx(192)
+
+
+def tiny_experiment(engine: dict | None = None, **top) -> dict:
+    return {
+        "name": "tiny",
+        "seed": 3,
+        "model": "Llama-3.1-8B",
+        "gpu": "A100-80GB",
+        "engine": {"max_model_len": 1024, **(engine or {})},
+        "workload": {"num_requests": 4, "arrival": {"kind": "batch"}, "prompt_len": 64, "output_len": 4},
+        "variants": [{"name": "v", "policy": "paged"}],
+        **top,
+    }
+
+
+def run_tiny(data: dict, base_dir: Path = Path(".")):
+    config = validate_experiment(data)
+    return run_variant(config, config.variants[0], base_dir)
+
+
+@pytest.mark.parametrize(
+    ("engine", "top", "blocks", "kv_bytes_per_token"),
+    [
+        # Hand-worked in test_capacity.py (Llama-3.1-8B, A100-80GB, block 16 unless said):
+        ({}, {}, 28_631, 131_072),
+        ({"num_gpu_blocks_override": 100}, {}, 100, 131_072),
+        ({"kv_cache_memory_bytes": 10 * 2**30}, {}, 5_120, 131_072),
+        ({"activation_reserve_bytes": 0}, {}, 29_205, 131_072),
+        ({"gpu_memory_utilization": 1.0}, {}, 32_727, 131_072),
+        ({"kv_cache_dtype": "fp8"}, {}, 57_262, 65_536),
+        ({"tensor_parallel_size": 4}, {"model": "Llama-3.1-70B", "gpu": "H100-80GB"}, 31_257, 81_920),
+    ],
+)
+def test_every_pool_knob_reaches_the_sizing(engine, top, blocks, kv_bytes_per_token):
+    summary = run_tiny(tiny_experiment(engine, **top)).summary
+    assert (summary["num_gpu_blocks"], summary["kv_bytes_per_token"]) == (blocks, kv_bytes_per_token)
+    assert summary["kv_pool_tokens"] == blocks * 16
+    assert summary["kv_pool_bytes"] == blocks * 16 * kv_bytes_per_token
+
+
+def test_every_engine_knob_reaches_the_engine(monkeypatch):
+    import sim.runner
+    from sim.engine import Engine, EngineKnobs
+
+    built = {}
+
+    class Recording(Engine):
+        def __init__(self, policy, costs, knobs, requests, **kwargs):
+            built.update(knobs=knobs, costs=costs, policy=policy, **kwargs)
+            super().__init__(policy, costs, knobs, requests, **kwargs)
+
+    monkeypatch.setattr(sim.runner, "Engine", Recording)
+    engine = {
+        "block_size": 32,
+        "max_num_seqs": 7,
+        "max_num_batched_tokens": 300,
+        "enable_chunked_prefill": False,
+        "preemption_mode": "swap",
+        "swap_space": 1.5,
+        "watermark": 0.02,
+        "on_oom": "fail",
+        "beam_divergence_prob": 0.3,
+        "step_mode": "single",
+    }
+    run_tiny(tiny_experiment(engine, seed=11))
+    # Swap space: 1.5 GiB / (32 tokens x 131,072 B = 4 MiB per block) = 384 blocks.
+    assert built["knobs"] == EngineKnobs(
+        max_model_len=1024,
+        max_num_seqs=7,
+        max_num_batched_tokens=300,
+        enable_chunked_prefill=False,
+        preemption_mode="swap",
+        swap_space_blocks=384,
+        watermark=0.02,
+        on_oom="fail",
+        beam_divergence_prob=0.3,
+        step_mode="single",
+    )
+    assert (built["seed"], built["block_size"]) == (11, 32)
+    assert built["policy"].pool == PoolSpec(458_080, 32, 1024, 131_072)
+    assert built["costs"].block_size == 32 and built["costs"].kv_cache_dtype == "auto"
+
+
+def test_model_from_a_config_json_next_to_the_experiment(tmp_path):
+    # A HuggingFace config.json named relative to the experiment's folder is read from there.
+    source = Path(__file__).parent / "data" / "hf_configs" / "llama-3.1-8b.json"
+    (tmp_path / "my-model.json").write_text(source.read_text())
+    summary = run_tiny(tiny_experiment(model="my-model.json"), base_dir=tmp_path).summary
+    assert (summary["num_gpu_blocks"], summary["kv_bytes_per_token"]) == (28_631, 131_072)
+    with pytest.raises(ConfigError, match=f"^{tmp_path}: .*missing-model"):
+        run_tiny(tiny_experiment(model="missing-model"), base_dir=tmp_path)
+
+
+def test_bad_policy_options_and_a_model_that_does_not_fit_are_config_errors():
+    data = tiny_experiment()
+    data["variants"] = [{"name": "v", "policy": "contiguous", "options": {"colour": "red"}}]
+    with pytest.raises(ConfigError, match=r"^variant 'v': bad policy options \{'colour': 'red'\}: "):
+        run_tiny(data)
+    with pytest.raises(ConfigError, match="^Llama-2-70B on T4-16GB does not fit"):
+        run_tiny(tiny_experiment(model="Llama-2-70B", gpu="T4-16GB"))
+
+
+def test_contiguous_options_reach_the_policy_and_pinning_is_counted():
+    data = tiny_experiment()
+    data["variants"] = [{"name": "v", "policy": "contiguous", "options": {"reservation": "oracle"}}]
+    # Oracle reserves exactly 64 + 4 tokens: no internal fragmentation at all.
+    assert run_tiny(data).summary["mean_internal_frag_frac"] == 0.0
+    data = tiny_experiment()
+    data["workload"]["shared_prefix"] = {"num_prefixes": 2, "prefix_len": 48}
+    data["variants"] = [{"name": "v", "policy": "prefix", "pin_shared_prefixes": True}]
+    # Two system prompts of 48 tokens = 3 full blocks of 16 each: 96 slots pinned.
+    assert run_tiny(data).summary["pinned_tokens"] == 96
+    data["variants"] = [{"name": "v", "policy": "prefix"}]
+    assert run_tiny(data).summary["pinned_tokens"] == 0
