@@ -132,6 +132,7 @@ def test_summary_with_nothing_finished_and_no_prefix_queries():
     summary = summary_for(table, now=0.0, queries=0)
     assert summary["requests_finished"] == 0 and summary["requests_total"] == 2
     assert summary["output_tokens_per_s"] == 0.0
+    assert summary_for(table, now=4.0)["output_tokens_per_s"] == 0.0  # time passed, nothing finished
     assert summary["prefix_cache_hit_rate"] is None
     for key in ("ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "e2e_p50_s", "e2e_p99_s"):
         assert summary[key] is None, key
@@ -289,24 +290,26 @@ def test_every_engine_knob_reaches_the_engine(monkeypatch):
         "on_oom": "fail",
         "beam_divergence_prob": 0.3,
         "step_mode": "single",
+        "kv_cache_dtype": "fp8",
     }
     run_tiny(tiny_experiment(engine, seed=11))
-    # Swap space: 1.5 GiB / (32 tokens x 131,072 B = 4 MiB per block) = 384 blocks.
+    # fp8 KV: 65,536 B per token; a block of 32 is 2 MiB: 60,043,812,864 // 2 MiB = 28,631 blocks.
+    # Swap space: 1.5 GiB / 2 MiB per block = 768 blocks.
     assert built["knobs"] == EngineKnobs(
         max_model_len=1024,
         max_num_seqs=7,
         max_num_batched_tokens=300,
         enable_chunked_prefill=False,
         preemption_mode="swap",
-        swap_space_blocks=384,
+        swap_space_blocks=768,
         watermark=0.02,
         on_oom="fail",
         beam_divergence_prob=0.3,
         step_mode="single",
     )
     assert (built["seed"], built["block_size"]) == (11, 32)
-    assert built["policy"].pool == PoolSpec(458_080, 32, 1024, 131_072)
-    assert built["costs"].block_size == 32 and built["costs"].kv_cache_dtype == "auto"
+    assert built["policy"].pool == PoolSpec(28_631 * 32, 32, 1024, 65_536)
+    assert built["costs"].block_size == 32 and built["costs"].kv_cache_dtype == "fp8"
 
 
 def test_model_from_a_config_json_next_to_the_experiment(tmp_path):
@@ -340,3 +343,60 @@ def test_contiguous_options_reach_the_policy_and_pinning_is_counted():
     assert run_tiny(data).summary["pinned_tokens"] == 96
     data["variants"] = [{"name": "v", "policy": "prefix"}]
     assert run_tiny(data).summary["pinned_tokens"] == 0
+
+
+def test_outputs_stream_to_the_folder_and_the_result_carries_its_name(tmp_path):
+    import time
+
+    data = tiny_experiment(output={"timeseries_format": "csv"})
+    config = validate_experiment(data)
+    before = time.perf_counter()
+    result = run_variant(config, config.variants[0], Path("."), out_dir=tmp_path)
+    elapsed = time.perf_counter() - before
+    assert result.name == "v"
+    assert sorted(path.name for path in (tmp_path / "v").iterdir()) == ["requests.csv", "timeseries.csv"]
+    assert len(result.requests) == 4
+    # The engine's wall time is measured inside the call.
+    assert 0.0 <= result.summary["wall_s"] <= elapsed
+
+
+def test_files_named_by_the_experiment_are_read_next_to_it(tmp_path):
+    # A cost profile and a length table that exist only in the experiment's folder.
+    source = Path(__file__).parents[1] / "configs" / "profiles" / "analytic-llama-3.1-8b-a100-80gb.yaml"
+    (tmp_path / "only-here.yaml").write_text(source.read_text())
+    (tmp_path / "lengths.csv").write_text("tokens\n40\n40\n")
+    data = tiny_experiment(cost_model={"profile": "only-here.yaml"})
+    data["workload"]["prompt_len"] = {"kind": "table", "path": "lengths.csv", "column": "tokens"}
+    result = run_tiny(data, base_dir=tmp_path)
+    assert "profile" in result.summary["cost_model"]
+    assert set(result.requests["prompt_tokens"]) == {40}
+    # A preset name that happens to be a file there is still the preset (only .json names are paths).
+    (tmp_path / "Llama-3.1-8B").write_text("not a config")
+    assert run_tiny(tiny_experiment(), base_dir=tmp_path).summary["num_gpu_blocks"] == 28_631
+
+
+def test_closed_loop_users_send_their_next_requests_and_until_s_stops_the_run():
+    # 2 users, 6 requests: each user's next request follows its previous one's finish.
+    data = tiny_experiment()
+    data["workload"]["arrival"] = {"kind": "closed_loop", "num_users": 2}
+    data["workload"]["num_requests"] = 6
+    summary = run_tiny(data).summary
+    assert summary["requests_total"] == summary["requests_finished"] == 6
+    # Stopped after 1 ms: the 4 requests are still in the system, unfinished.
+    stopped = run_tiny(tiny_experiment(until_s=0.001)).summary
+    assert (stopped["requests_unfinished"], stopped["simulated_s"]) == (4, 0.001)
+
+
+def test_run_experiment_runs_every_variant_from_the_config_folder(tmp_path):
+    from sim.runner import run_experiment
+
+    source = Path(__file__).parent / "data" / "hf_configs" / "llama-3.1-8b.json"
+    (tmp_path / "my-model.json").write_text(source.read_text())
+    data = tiny_experiment(model="my-model.json")
+    data["variants"] = [{"name": "a", "policy": "paged"}, {"name": "b", "policy": "prefix"}]
+    results = run_experiment(
+        validate_experiment(data), tmp_path / "experiment.yaml", out_dir=tmp_path / "out"
+    )
+    assert [r.name for r in results] == ["a", "b"]
+    assert [r.summary["policy"] for r in results] == ["paged", "prefix"]
+    assert all((tmp_path / "out" / name / "requests.parquet").is_file() for name in ("a", "b"))
