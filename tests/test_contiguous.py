@@ -621,3 +621,70 @@ def test_random_operations_keep_invariants(reservation: str, placement: str, dat
     assert b.external_fragmentation == sum(size for _, size in initial_pieces if size < reference)
     if placement != "buddy" and reference <= pool:
         assert b.free == pool
+
+
+# --------------------------------------------------------------------------------------------------
+# Messages, counters and the first reference size
+# --------------------------------------------------------------------------------------------------
+
+
+def test_the_first_reference_is_the_max_reservation_or_one_slot() -> None:
+    # Buddy pool of 100 slots: free chunks 64 @0, 32 @64, 4 @96. Before any request, "max" already
+    # expects max_model_len = 40 -> 64-slot regions: the 32 + 4 slots that cannot hold one are
+    # external fragmentation. Other reservations start from a 1-slot reference: nothing is.
+    assert policy(100, 40, "max", "buddy").breakdown() == bd(0, 0, 0, 36, 64)
+    assert policy(100, 40, "oracle", "buddy").breakdown() == bd(0, 0, 0, 0, 100)
+    # Buddy pool of 7 slots: chunks 4, 2, 1. A 1-slot reference leaves the 1-slot chunk usable.
+    assert policy(7, 4, "pow2", "buddy").breakdown() == bd(0, 0, 0, 0, 7)
+
+
+def test_out_of_memory_messages_and_counters() -> None:
+    p = policy(50, 40, "max")
+    p.admit(1, tokens(10), 12, 101)
+    # [0, 40) taken: 10 slots free, a second 40-slot region does not fit.
+    with pytest.raises(OutOfKVMemory) as error:
+        p.admit(2, tokens(10), 12, 102)
+    assert (
+        str(error.value) == "admit sequence 2: no free contiguous region of 40 slots (10 slots free in total)"
+    )
+    assert (error.value.needed_slots, error.value.free_slots) == (40, 10)
+    with pytest.raises(OutOfKVMemory) as error:
+        p.fork(1, [ChildSpec(3, 12, 103)])
+    assert (
+        str(error.value)
+        == "fork of 1: child 3: no free contiguous region of 40 slots (10 slots free in total)"
+    )
+    assert p.stats.allocation_failures == 2
+    assert p.slots_needed_to_grow(1, 2) == 0
+
+
+def test_input_error_messages_name_the_sequence() -> None:
+    p = policy(100, 40, "oracle")
+    p.admit(1, tokens(10), 12, 101)
+    with pytest.raises(
+        PolicyInputError, match="^sequence 1: growing 10 by 3 tokens passes its final length 12$"
+    ):
+        p.grow(1, 3)
+    with pytest.raises(PolicyInputError, match=r"^growth of sequence 1: segment 0 is \(5, -1\)"):
+        p.grow(1, 1, ((5, -1),))
+    with pytest.raises(PolicyInputError, match="^fork of 1: child 2 final_len=5 must be between"):
+        p.fork(1, [ChildSpec(2, 5, 102)])
+    with pytest.raises(PolicyInputError, match="^fork of 1: child id 4 is already in use$"):
+        p.fork(1, [ChildSpec(4, 12, 104), ChildSpec(4, 12, 105)])
+
+
+def test_fork_copies_add_up_and_sharing_counts_every_allocated_slot() -> None:
+    p = policy(100, 40, "oracle")
+    p.admit(1, tokens(10), 12, 101)
+    p.fork(1, [ChildSpec(2, 12, 102)])
+    p.fork(1, [ChildSpec(3, 12, 103), ChildSpec(4, 14, 104)])
+    assert p.stats.fork_copied_tokens == 3 * 10
+    # Nothing is shared: physical = logical = used 40 + reserved 2 + 2 + 2 + 4 (+ no internal).
+    assert p.breakdown() == bd(40, 10, 0, 0, 50)
+    assert p.sharing_slots() == (50, 50)
+    # pow2: output 3 -> reservation 10 + 4 = 14 for a final length of 13: 1 slot of internal
+    # fragmentation, which the live sequence holds too.
+    q = policy(100, 40, "pow2")
+    q.admit(1, tokens(10), 13, 101)
+    assert q.breakdown() == bd(10, 3, 1, 0, 86)
+    assert q.sharing_slots() == (14, 14)

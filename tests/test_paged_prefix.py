@@ -321,3 +321,13 @@ def test_breakdown_in_bytes():
         "cached_bytes": 0,
         "free_bytes": 32 * 131_072,
     }
+
+
+def test_pool_spec_limits_and_out_of_memory_message() -> None:
+    from policies.base import OutOfKVMemory, PolicyInputError, PoolSpec
+
+    assert PoolSpec(16, 16, 16).kv_pool_blocks == 1  # exactly one block is a pool
+    with pytest.raises(PolicyInputError, match="smaller than one block"):
+        PoolSpec(15, 16, 16)
+    error = OutOfKVMemory("no room", needed_slots=4, free_slots=1)
+    assert (str(error), error.needed_slots, error.free_slots) == ("no room", 4, 1)
