@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from policies import ChildSpec, OutOfKVMemory, PolicyInputError, PoolSpec, make_policy, token_ids
+from policies.base import MemoryBreakdown
 from policies.paged import PagedPolicy
 from policies.prefix import PrefixCachingPolicy
 
@@ -331,3 +332,72 @@ def test_pool_spec_limits_and_out_of_memory_message() -> None:
         PoolSpec(15, 16, 16)
     error = OutOfKVMemory("no room", needed_slots=4, free_slots=1)
     assert (str(error), error.needed_slots, error.free_slots) == ("no room", 4, 1)
+
+
+def test_pin_prefix_messages_and_room():
+    policy = prefix_pool(num_blocks=10, block_size=4)
+    with pytest.raises(PolicyInputError) as error:
+        policy.pin_prefix(ids(1, 3))
+    assert str(error.value) == "pinned prompt is shorter than one block (4 tokens)"
+    with pytest.raises(PolicyInputError, match=r"^pinned prompt: segment 0 is \(1, -1\)"):
+        policy.pin_prefix(((1, -1),))
+    # A live sequence takes 8 of the 10 blocks: a 3-block prefix does not fit, a 2-block one does.
+    policy.admit(0, ((7, 32),), 32, output_content_id=500)
+    with pytest.raises(OutOfKVMemory) as oom:
+        policy.pin_prefix(ids(1, 12))
+    assert str(oom.value) == "pinning a prefix needs 3 free blocks, 2 available"
+    assert policy.pin_prefix(ids(1, 8)) == 8
+    # The pool is now full. Pinning the same prefix again takes nothing (its blocks are pinned and
+    # idle, not in the free queue), and pins nothing new.
+    assert policy.pin_prefix(ids(1, 8)) == 0
+    # Pinning a prefix a live sequence holds takes nothing either: its 8 blocks are shared.
+    assert policy.pin_prefix(((7, 32),)) == 32
+    assert policy.breakdown() == MemoryBreakdown(32, 0, 0, 0, 8, 0)
+
+
+def test_pinning_cached_blocks_counts_those_in_the_free_queue():
+    # 10 blocks of 4. A sequence's prompt ids(11..18) (2 blocks) is freed: 2 evictable cached blocks
+    # in the free queue. A live sequence then takes 7 blocks: 3 left in the queue, 2 of them cached.
+    policy = prefix_pool(num_blocks=10, block_size=4)
+    policy.admit(0, ids(11, 18), 8, output_content_id=500)
+    policy.free(0)
+    policy.admit(1, ((7, 28),), 28, output_content_id=501)
+    assert policy.breakdown() == MemoryBreakdown(28, 0, 0, 0, 8, 4)
+    # ids(11..30): 20 tokens = 5 full blocks, 2 of them hits (both in the queue) and 3 new: it needs
+    # 5 - 2 + 2 = 5 queue blocks > 3: no room.
+    with pytest.raises(OutOfKVMemory, match="^pinning a prefix needs 5 free blocks, 3 available$"):
+        policy.pin_prefix(ids(11, 30))
+    # 12 tokens = 3 blocks: 2 hits + 1 new block = all 3 queue blocks: fits exactly.
+    assert policy.pin_prefix(ids(11, 22)) == 12
+    assert policy.breakdown() == MemoryBreakdown(28, 0, 0, 0, 12, 0)
+
+
+def test_pins_are_per_namespace_and_a_live_hit_on_a_pinned_block_is_not_cached():
+    policy = prefix_pool(num_blocks=10, block_size=4)
+    policy.admit(0, ids(1, 8), 8, output_content_id=500, namespace=0)
+    policy.free(0)  # 2 evictable blocks in namespace 0
+    # The same tokens pinned in namespace 1 hit nothing there: 2 new blocks.
+    assert policy.pin_prefix(ids(1, 8), namespace=1) == 8
+    assert policy.breakdown().cached == 16
+    # A sequence of namespace 1 hits the 2 pinned blocks: while it lives they are used, not cached.
+    assert policy.admit(1, ids(1, 9), 9, output_content_id=501, namespace=1) == 8
+    assert policy.breakdown() == MemoryBreakdown(9, 0, 3, 0, 8, 20)
+    policy.free(1)
+    # Back to 16 cached: its third block held 1 token (a partial block is never cached): freed.
+    assert policy.breakdown() == MemoryBreakdown(0, 0, 0, 0, 16, 24)
+
+
+def test_output_grown_token_by_token_is_hit_by_the_next_turn():
+    # Turn 1: prompt ids(1..4) (1 block), 8 output tokens of stream 500 grown one at a time.
+    # Turn 2's prompt is turn 1's prompt + those 8 output tokens + 2 new tokens (14 tokens): its
+    # first 3 blocks (12 tokens; the hit is capped below the prompt length) come from the cache.
+    policy = prefix_pool(num_blocks=10, block_size=4)
+    policy.admit(0, ids(1, 4), 12, output_content_id=500)
+    for _ in range(8):
+        policy.grow(0, 1)
+    policy.free(0)
+    assert policy.admit(1, ids(1, 4) + ((500, 8),) + ids(50, 51), 16, output_content_id=501) == 12
+    # Only the output tokens that were really generated are reused: a prompt that names 9 of them
+    # (stream 500's 9th token never existed in the cache) still hits 12.
+    policy.free(1)
+    assert policy.admit(2, ids(1, 4) + ((500, 9),) + ids(60, 61), 16, output_content_id=502) == 12
