@@ -401,3 +401,76 @@ def test_output_grown_token_by_token_is_hit_by_the_next_turn():
     # (stream 500's 9th token never existed in the cache) still hits 12.
     policy.free(1)
     assert policy.admit(2, ids(1, 4) + ((500, 9),) + ids(60, 61), 16, output_content_id=502) == 12
+
+
+def test_paged_messages_and_failure_counters():
+    policy = make_policy("paged", PoolSpec(8, 4, 16))
+    policy.admit(1, ids(1, 6), 8, output_content_id=501)  # 2 blocks: the pool is full
+    with pytest.raises(OutOfKVMemory) as error:
+        policy.admit(2, ids(7, 7), 2, output_content_id=502)
+    assert str(error.value) == "admitting sequence 2 needs 1 free blocks, 0 available"
+    assert (error.value.needed_slots, error.value.free_slots) == (4, 0)
+    with pytest.raises(OutOfKVMemory, match="^forking sequence 1 needs 2 free blocks, 0 available$"):
+        policy.fork(1, [ChildSpec(3, 8, 503)])
+    policy.grow(1, 2)
+    assert policy.stats.allocation_failures == 2
+    with pytest.raises(
+        PolicyInputError, match="^sequence 1: growing 8 by 1 tokens passes its final length 8$"
+    ):
+        policy.grow(1, 1)
+    other = make_policy("paged", PoolSpec(8, 4, 16))
+    other.admit(1, ids(1, 4), 8, output_content_id=501)
+    with pytest.raises(
+        PolicyInputError, match="^sequence 1: content holds a different number of tokens than 1$"
+    ):
+        other.grow(1, 1, ids(5, 6))
+    with pytest.raises(PolicyInputError, match="^fork of 1: child 2 final_len=1 must be between"):
+        other.fork(1, [ChildSpec(2, 1, 502)])
+
+
+def test_a_reused_partial_block_forgets_its_previous_owner():
+    # One block of 4. A: prompt 2, final 4 (block target 4). Freed; B: prompt 2, final 3 takes the same
+    # block: used 2, reserved 1 (token 3), internal 1 (the 4th slot B never fills).
+    policy = make_policy("paged", PoolSpec(4, 4, 4))
+    policy.admit(1, ids(1, 2), 4, output_content_id=501)
+    policy.free(1)
+    policy.admit(2, ids(5, 6), 3, output_content_id=502)
+    assert policy.breakdown() == MemoryBreakdown(2, 1, 1, 0, 0, 0)
+
+
+def test_can_admit_counts_pinned_hits_and_hits_count_as_logical_blocks():
+    # 4 blocks of 4: ids(1..8) pinned (2 blocks), a live sequence holds 1 block, 1 block free.
+    policy = prefix_pool(num_blocks=4, block_size=4)
+    policy.pin_prefix(ids(1, 8))
+    policy.admit(0, ((9, 4),), 4, output_content_id=500)
+    # ids(1..12): the 2 pinned blocks are hits, 1 new block: fits; ids(21..32) needs 3: does not.
+    assert policy.can_admit(ids(1, 12), 12)
+    assert not policy.can_admit(ids(21, 32), 12)
+    assert policy.admit(1, ids(1, 12), 12, output_content_id=501) == 8
+    policy.free(0)
+    assert policy.admit(2, ids(1, 8) + ids(40, 43), 12, output_content_id=502) == 8
+    # Sequences 1 and 2 hold 3 blocks each (6 logical); the 2 prefix blocks are shared: 4 physical.
+    assert policy.sharing_slots() == (4 * 4, 6 * 4)
+
+
+def test_explicit_growth_content_and_a_forked_sample_are_hit_later():
+    policy = prefix_pool(num_blocks=12, block_size=4)
+    # Growth with explicit content: the block holds ids(5..8), and a prompt naming them hits it.
+    policy.admit(0, ids(1, 4), 8, output_content_id=500)
+    policy.grow(0, 4, ids(5, 8))
+    policy.free(0)
+    assert policy.admit(1, ids(1, 9), 9, output_content_id=501) == 8
+    policy.free(1)
+    # A sample forked in namespace 3 writes its own stream 700; the next turn of that sample, in the
+    # same namespace, hits the prompt block and the sample's output block.
+    policy.admit(2, ids(20, 23), 8, output_content_id=600, namespace=3)
+    policy.fork(2, [ChildSpec(3, 8, 700)])
+    policy.grow(3, 4)
+    policy.free(2)
+    policy.free(3)
+    assert (
+        policy.admit(4, ids(20, 23) + ((700, 4),) + ids(90, 90), 9, output_content_id=800, namespace=3) == 8
+    )
+    assert (
+        policy.admit(5, ids(20, 23) + ((700, 4),) + ids(91, 91), 9, output_content_id=801, namespace=0) == 0
+    )
