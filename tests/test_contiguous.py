@@ -688,3 +688,8 @@ def test_fork_copies_add_up_and_sharing_counts_every_allocated_slot() -> None:
     q.admit(1, tokens(10), 13, 101)
     assert q.breakdown() == bd(10, 3, 1, 0, 86)
     assert q.sharing_slots() == (14, 14)
+
+
+def test_region_size_rounds_only_for_the_buddy() -> None:
+    assert policy(64, 64, "oracle", "first_fit").region_size(5) == 5
+    assert policy(64, 64, "oracle", "buddy").region_size(5) == 8

@@ -474,3 +474,18 @@ def test_explicit_growth_content_and_a_forked_sample_are_hit_later():
     assert (
         policy.admit(5, ids(20, 23) + ((700, 4),) + ids(91, 91), 9, output_content_id=801, namespace=0) == 0
     )
+
+
+def test_content_validation_and_registry_messages():
+    from policies.base import policy_class, validate_content
+
+    validate_content(((1, 0), (2, 3)), "x")  # an empty segment is allowed
+    policy = make_policy("paged", PoolSpec(16, 4, 16))
+    with pytest.raises(PolicyInputError) as error:
+        policy.admit(5, ((1, 2), (3, -1)), 4, output_content_id=500)
+    assert (
+        str(error.value) == "prompt of sequence 5: segment 1 is (3, -1); expected (content_id, length >= 0)"
+    )
+    with pytest.raises(PolicyInputError) as error:
+        policy_class("pagd")
+    assert str(error.value) == "unknown policy 'pagd'; known policies: contiguous, paged, prefix"
