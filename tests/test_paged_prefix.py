@@ -489,3 +489,31 @@ def test_content_validation_and_registry_messages():
     with pytest.raises(PolicyInputError) as error:
         policy_class("pagd")
     assert str(error.value) == "unknown policy 'pagd'; known policies: contiguous, paged, prefix"
+
+
+def test_growth_out_of_memory_message():
+    policy = make_policy("paged", PoolSpec(12, 4, 16))
+    policy.admit(1, ids(1, 4), 16, output_content_id=501)  # 1 block of 3
+    with pytest.raises(OutOfKVMemory) as error:
+        policy.grow(1, 9)  # 13 tokens: 3 more blocks, 2 free
+    assert str(error.value) == "growing sequence 1 needs 3 free blocks, 2 available"
+    assert (error.value.needed_slots, error.value.free_slots) == (12, 8)
+
+
+def test_pinning_a_prefix_cut_inside_a_segment_and_sharing_with_a_live_sequence():
+    # 5 + 8 = 13 tokens pin 3 full blocks (12 tokens: all of stream 1's 5, the first 7 of stream 2).
+    policy = prefix_pool(num_blocks=10, block_size=4)
+    assert policy.pin_prefix(((1, 5), (2, 8))) == 12
+    assert policy.admit(0, ((1, 5), (2, 8), (3, 1)), 14, output_content_id=500) == 12
+    # The live sequence holds 4 blocks (3 shared with the pins); pinning its prefix again changes
+    # neither the pinned set nor what the live sequences hold.
+    assert policy.pin_prefix(((1, 5), (2, 7))) == 0
+    assert policy.sharing_slots() == (16, 16)
+
+
+def test_a_prefix_fork_needs_no_free_block():
+    # A full pool (2 blocks of 4 held by one sequence): forking shares every block.
+    policy = prefix_pool(num_blocks=2, block_size=4)
+    policy.admit(0, ids(1, 8), 8, output_content_id=500)
+    policy.fork(0, [ChildSpec(1, 8, 501)])
+    assert policy.sharing_slots() == (8, 16)
