@@ -122,7 +122,7 @@ def test_request_that_never_fits_is_rejected_not_retried_forever():
     # max reservation 64 > pool of 48 slots: can never be admitted.
     engine = run("contiguous", PoolSpec(48, 16, 64), [request(0, 0.0, 10, 5)], options={"reservation": "max"})
     assert engine.records[0].outcome == "rejected"
-    assert "does not fit" in engine.records[0].reason
+    assert engine.records[0].reason == "does not fit in the KV pool even with nothing else running"
 
 
 def test_parallel_sampling_shares_prompt_blocks_and_copies_on_write():

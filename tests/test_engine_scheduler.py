@@ -463,6 +463,8 @@ def test_on_oom_fail_fails_only_requests_never_preempted(step_mode):
     got = outcomes(engine)
     assert got[0] == (0.0, 1.0, 4.0, 0, "finished")
     assert got[1][3:] == (0, "failed_oom")
+    reasons = {r.request_id: r.reason for r in engine.records}
+    assert reasons == {0: "", 1: "KV cache out of memory at admission (on_oom: fail)"}
     assert [r.request_id for r in engine.records if r.outcome == "failed_oom"] == [1]
 
 
