@@ -101,6 +101,8 @@ class Engine:
         self._next_child_stream = -1  # children's output streams: negative ids never clash with workloads
         self._host_tokens_used = 0
         self._running_seqs = 0  # sequences in the batch (samples and beams each count)
+        self._unforked_seqs = 0  # samples/beams of admitted requests still in prefill (not forked yet)
+        self._swap_out_pending = 0  # blocks swapped out at an iteration's end: the next iteration moves them
         self._admissions = 0
         self.clock = DecodeClock(policy, defer_growth=knobs.step_mode == "skip")
         self._jump_rest = 0  # iterations of the current jump still to put on the clock
@@ -256,6 +258,8 @@ class Engine:
         # 1. every decoding sequence takes a token (the policy hears of those that need a block)
         self.clock.now += 1
         preempted, swap_blocks = self._decode_growth()
+        swap_blocks += self._swap_out_pending
+        self._swap_out_pending = 0
         decode_batch = self.clock.sequences
         decode_context = self.clock.sum_context()
         budget -= decode_batch
@@ -270,6 +274,8 @@ class Engine:
         self._decoded_seqs = decode_batch
         self._iterations_this_step = 1
         if decode_batch == 0 and not self._prefill_this_step:
+            if swap_blocks:
+                return self.costs.swap_blocks_s(swap_blocks)  # a swap-in alone: the transfer, no forward pass
             self._check_progress()
             return 0.0
         # One forward pass: its fixed cost (the weight read) is paid once, however many prompts share it.
@@ -317,11 +323,13 @@ class Engine:
         if state.record.first_token_s != state.record.first_token_s:  # NaN: first time
             state.record.first_token_s = self.env.now
         if len(state.seq_ids) < state.width:
+            self._release_unforked(state)
             self._fork(state, state.seq_ids[0], state.width - len(state.seq_ids))
             if not state.is_running:
                 return  # the fork did not fit: the request was preempted
         for seq_id in list(state.seq_ids):
-            self._grow_or_preempt(state, seq_id, victims_at=self.clock.now)
+            outcome = self._grow_or_preempt(state, seq_id, victims_at=self.clock.now)
+            self._swap_out_pending += max(0, outcome - 1)
             if not state.is_running:
                 return
         state.context += 1
@@ -462,10 +470,16 @@ class Engine:
         swap_in_blocks = 0
         while self.waiting and budget > 0:
             state = self.waiting[0]
-            if self._running_seqs + state.width > self.knobs.max_num_seqs:
+            if self._running_seqs + self._unforked_seqs + state.width > self.knobs.max_num_seqs:
                 break
             content = self._content_on_admission(state)
             final_len = state.request.final_len
+            if (
+                not self.knobs.enable_chunked_prefill
+                and not state.swapped_tokens
+                and sum(length for _, length in content) > budget
+            ):
+                break  # vLLM: without chunked prefill a prompt waits until it fits one iteration
             if not self._fits_watermark(content, final_len):
                 if not self._handle_admission_failure(state):
                     break
@@ -488,6 +502,8 @@ class Engine:
             state.admission = self._admissions
             state.is_running = True
             self._running_seqs += 1
+            state.unforked = state.width - 1
+            self._unforked_seqs += state.unforked
             total = sum(length for _, length in content)
             if state.swapped_tokens:
                 swap_in_blocks += -(-state.swapped_tokens // self.block_size)
@@ -566,6 +582,11 @@ class Engine:
         self.running.remove(state)
         state.is_running = False
         self._running_seqs -= len(state.seq_ids)
+        self._release_unforked(state)
+
+    def _release_unforked(self, state: RequestState) -> None:
+        self._unforked_seqs -= state.unforked
+        state.unforked = 0
 
     def _admission_blocker(self, preemptions_before: int) -> int:
         """Why the queue's head is still waiting once this iteration's admissions are done, as an index
@@ -602,7 +623,7 @@ class Engine:
         """How many decode iterations can go on the clock at once without missing an event (0 = step):
         up to, not including, the next iteration that needs the policy; up to and including the next
         completion or beam decision; up to the iteration during which the next request arrives."""
-        if not self.running or self.clock.requests < len(self.running):
+        if not self.running or self.clock.requests < len(self.running) or self._swap_out_pending:
             return 0
         if self.waiting and (not self.waiting[0].blocked or self._head_admissible()):
             return 0  # let a single step try (and count) the admission
@@ -614,7 +635,7 @@ class Engine:
 
     def _head_admissible(self) -> bool:
         state = self.waiting[0]
-        if self._running_seqs + state.width > self.knobs.max_num_seqs:
+        if self._running_seqs + self._unforked_seqs + state.width > self.knobs.max_num_seqs:
             return False
         return self._fits_watermark(self._content_on_admission(state), state.request.final_len)
 
