@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 BASE := $(VENV)/.installed-base
 FULL := $(VENV)/.installed-dev-calibrate
 
-.PHONY: venv base demo test lint typecheck docs fuzz bench clean
+.PHONY: venv base demo test lint typecheck docs fuzz bench mutation clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,8 +31,8 @@ demo: $(BASE)
 	$(BIN)/kvsim run configs/quickstart.yaml
 
 lint: venv
-	$(BIN)/ruff check sim policies workloads calibrate tests benchmarks
-	$(BIN)/ruff format --check sim policies workloads calibrate tests benchmarks
+	$(BIN)/ruff check sim policies workloads calibrate tests benchmarks tools
+	$(BIN)/ruff format --check sim policies workloads calibrate tests benchmarks tools
 
 typecheck: venv
 	$(BIN)/mypy policies sim workloads calibrate
@@ -52,5 +52,14 @@ fuzz: venv
 bench: venv
 	$(BIN)/python -m benchmarks
 
+# Mutation testing (not part of `make test`): mutmut, config in pyproject.toml [tool.mutmut]. One
+# process at low priority; results are cached in mutants/, so a second run only tests what changed.
+# A subset: make mutation MUTANTS='sim.capacity* sim.metrics*'
+MUTANTS ?=
+mutation: venv
+	$(BIN)/pip install -q -e '.[mutation]'
+	TQDM_DISABLE=1 MPLBACKEND=Agg nice -n 19 $(BIN)/mutmut run --max-children 1 $(MUTANTS)
+	$(BIN)/python tools/mutation_scores.py --survivors
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache mutants

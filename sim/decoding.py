@@ -39,6 +39,7 @@ class RequestState:
     waited_for_memory: bool = False  # its admission failed for lack of KV memory at least once
     is_running: bool = False
     admission: int = 0  # order of its latest admission: the running list is sorted by it
+    unforked: int = 0  # samples/beams admitted but not forked yet: they count against max_num_seqs
     decoding: bool = False  # prompt done: every sequence gains a token per decode iteration
     # Token counts as of ``synced_clock`` (exact whenever the request is not decoding).
     generated: int = 0

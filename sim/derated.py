@@ -109,6 +109,7 @@ class DeratedCostModel(CostModel):
         eff = efficiency if efficiency is not None else gpu.efficiency
         self.model, self.gpu, self.efficiency = model, gpu, eff
         self.block_size = block_size
+        self.kv_cache_dtype = kv_cache_dtype
         self.host_bandwidth_bytes_per_s = float(host_bandwidth_bytes_per_s)
         bandwidth, flops = float(gpu.hbm_bandwidth_bytes_per_s), float(gpu.fp16_flops)
         weight_bytes = model.weight_dtype_bytes

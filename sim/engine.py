@@ -131,6 +131,8 @@ class Engine:
         self._next_child_stream = -1  # children's output streams: negative ids never clash with workloads
         self._host_tokens_used = 0
         self._running_seqs = 0  # sequences in the batch (samples and beams each count)
+        self._unforked_seqs = 0  # samples/beams of admitted requests still in prefill (not forked yet)
+        self._swap_out_pending = 0  # blocks swapped out at an iteration's end: the next iteration moves them
         self._admissions = 0
         self.clock = DecodeClock(policy, defer_growth=knobs.step_mode == "skip")
         self._jump: Jump | None = None  # the wake-up in flight, when it spans several iterations
@@ -294,6 +296,8 @@ class Engine:
         # 1. every decoding sequence takes a token (the policy hears of those that need a block)
         self.clock.now += 1
         preempted, swap_blocks = self._decode_growth()
+        swap_blocks += self._swap_out_pending
+        self._swap_out_pending = 0
         decode_batch = self.clock.sequences
         decode_context = self.clock.sum_context()
         budget -= decode_batch
@@ -308,17 +312,19 @@ class Engine:
         swap_in = 0
         if not preempted:
             budget, swap_in = self._admit_waiting(budget, chunks)
+            swap_blocks += swap_in
         self._preempted = preempted
         self._swapped_in = swap_in > 0
         self._decoded_seqs = decode_batch
         self._iterations_this_step = 1
         if decode_batch == 0 and not self._prefill_this_step:
+            if swap_blocks:
+                return self.costs.swap_blocks_s(swap_blocks)  # a swap-in alone: the transfer, no forward pass
             self._check_progress()
             return 0.0
         duration = self._iteration_duration(decode_batch, decode_context, chunks)
         copies = self.policy.stats.cow_copies - copies_before
         duration += self.costs.copy_blocks_s(copies) if copies else 0.0
-        swap_blocks += swap_in
         duration += self.costs.swap_blocks_s(swap_blocks) if swap_blocks else 0.0
         return duration
 
@@ -384,11 +390,13 @@ class Engine:
         if state.record.first_token_s != state.record.first_token_s:  # NaN: first time
             state.record.first_token_s = self.env.now
         if len(state.seq_ids) < state.width:
+            self._release_unforked(state)
             self._fork(state, state.seq_ids[0], state.width - len(state.seq_ids))
             if not state.is_running:
                 return  # the fork did not fit: the request was preempted
         for seq_id in list(state.seq_ids):
-            self._grow_or_preempt(state, seq_id, victims_at=self.clock.now)
+            outcome = self._grow_or_preempt(state, seq_id, victims_at=self.clock.now)
+            self._swap_out_pending += max(0, outcome - 1)
             if not state.is_running:
                 return
         state.context += 1
@@ -537,6 +545,7 @@ class Engine:
         """Admit from the head of the queue while the budget, ``max_num_seqs`` and the policy allow.
         Returns the budget left and blocks swapped in; says why it stopped in ``_admission_stop``."""
         swap_in_blocks = 0
+        budget_at_start = budget
         while True:
             if not self.waiting:
                 self._admission_stop = QUEUE_EMPTY
@@ -545,11 +554,20 @@ class Engine:
                 self._admission_stop = OUT_OF_BUDGET
                 return budget, swap_in_blocks
             state = self.waiting[0]
-            if self._running_seqs + state.width > self.knobs.max_num_seqs:
+            if self._running_seqs + self._unforked_seqs + state.width > self.knobs.max_num_seqs:
                 self._admission_stop = HEAD_STUCK
                 return budget, swap_in_blocks
             content = self._content_on_admission(state)
             final_len = state.request.final_len
+            if (
+                not self.knobs.enable_chunked_prefill
+                and not state.swapped_tokens
+                and sum(length for _, length in content) > budget
+            ):
+                # vLLM: without chunked prefill a prompt waits until one iteration's budget holds it.
+                # Only a smaller decode batch or an unspent budget can change that.
+                self._admission_stop = OUT_OF_BUDGET if budget < budget_at_start else HEAD_STUCK
+                return budget, swap_in_blocks
             if not self._fits_watermark(content, final_len):
                 if not self._handle_admission_failure(state):
                     self._admission_stop = HEAD_STUCK
@@ -573,6 +591,8 @@ class Engine:
             state.admission = self._admissions
             state.is_running = True
             self._running_seqs += 1
+            state.unforked = state.width - 1
+            self._unforked_seqs += state.unforked
             total = sum(length for _, length in content)
             if state.swapped_tokens:
                 swap_in_blocks += -(-state.swapped_tokens // self.block_size)
@@ -650,6 +670,11 @@ class Engine:
         self.running.remove(state)
         state.is_running = False
         self._running_seqs -= len(state.seq_ids)
+        self._release_unforked(state)
+
+    def _release_unforked(self, state: RequestState) -> None:
+        self._unforked_seqs -= state.unforked
+        state.unforked = 0
 
     def _admission_blocker(self, preemptions_before: int) -> int:
         """Why the queue's head is still waiting once this iteration's admissions are done, as an index
@@ -662,7 +687,7 @@ class Engine:
         if self.counters.preemptions > preemptions_before:
             return KV_MEMORY
         state = self.waiting[0]
-        if self._running_seqs + state.width > self.knobs.max_num_seqs:
+        if self._running_seqs + self._unforked_seqs + state.width > self.knobs.max_num_seqs:
             return MAX_NUM_SEQS
         if not self._fits_watermark(self._content_on_admission(state), state.request.final_len):
             return KV_MEMORY
@@ -688,8 +713,8 @@ class Engine:
         The jump ends with the iteration at whose end something completes; before any iteration
         whose start could admit a request; and, unless the pool has blocks for every sequence's
         growth over the whole jump, before the first iteration that needs one."""
-        if self._preempted or self._swapped_in:
-            return None  # the batch of the next iteration differs from this one's
+        if self._preempted or self._swapped_in or self._swap_out_pending:
+            return None  # the batch (or the swap traffic) of the next iteration differs from this one's
         if any(state.prefilled >= state.tokens_to_prefill for state, _ in self._prefill_this_step):
             return None  # a prompt completes at the end of iteration 1
         clock = self.clock

@@ -140,15 +140,28 @@ def test_deepseek_v3_needs_its_fp8_weights_on_8_h200() -> None:
     with pytest.raises(ModelDoesNotFitError, match="weights 156.24 GiB"):
         size_kv_pool("DeepSeek-V3", "H200-141GB", tensor_parallel_size=8)
     # The official FP8 checkpoint: 1 B/param, KV stays bf16 (vLLM's "auto" = the bf16 model dtype).
-    # Per GPU: budget ceil(141 GiB x 0.9) = 136,257,837,466 B; weights 83,878,302,400 B;
-    # the MLA latent is replicated: 70,272 B/token, block 1,124,352 B.
+    # Per GPU: budget ceil(141 GiB x 0.9) = ceil(136,257,837,465.6) = 136,257,837,466 B;
+    # weights 671,026,419,200 x 1 B / 8 = 83,878,302,400 B;
+    # the MLA latent is replicated: (512 + 64) x 61 layers x 2 B = 70,272 B/token, block 1,124,352 B.
+    # Activation reserve from the published shapes (hidden 7168, intermediate 18432, 128 heads of
+    # 192, vocab 129,280), per GPU at tp 8, activations at 2 B (fp8 weights still compute in bf16):
+    #   MLP 3 x 18432 / 8 = 6,912; qkv (128/8 + 2 x 128/8) x 192 = 9,216; 4 x 7168 = 28,672
+    #   -> 44,800 elements x 2 B x 8192 tokens = 734,003,200 B
+    #   + sampler logits 256 x 129,280 x 4 B = 132,382,720 B  -> 866,385,920 B
+    # available = 136,257,837,466 - 83,878,302,400 - 866,385,920 = 51,513,149,146 B
+    #   // 1,124,352 = 45,815 blocks (45,815 x 1,124,352 = 51,512,186,880 B).
     fp8 = dataclasses.replace(MODEL_PRESETS["DeepSeek-V3"], weight_dtype_bytes=1)
     cap = size_kv_pool(fp8, "H200-141GB", tensor_parallel_size=8, kv_cache_dtype="bf16")
-    assert cap.kv_bytes_per_token == 70_272
-    assert cap.weight_bytes == 83_878_302_400
-    expected_available = 136_257_837_466 - 83_878_302_400 - cap.activation_reserve_bytes
-    assert cap.available_kv_bytes == expected_available
-    assert cap.num_gpu_blocks == expected_available // 1_124_352
+    assert cap == KVCapacity(
+        kv_bytes_per_token=70_272,
+        block_size=16,
+        num_gpu_blocks=45_815,
+        kv_pool_bytes=51_512_186_880,
+        available_kv_bytes=51_513_149_146,
+        weight_bytes=83_878_302_400,
+        activation_reserve_bytes=866_385_920,
+        source="gpu_memory_utilization",
+    )
 
 
 # ----------------------------------------------------------------------------- other sources
@@ -202,6 +215,107 @@ def test_custom_gpu_dict_and_utilization() -> None:
 # ------------------------------------------------------------------------------ does not fit
 
 
+# Llama-3.1-8B: weights 8,030,261,248 x 2 B = 16,060,522,496 B; default reserve 1,205,075,968 B
+# (test_activation_reserve_llama_3_1_8b_by_hand); together 17,265,598,464 B.
+LLAMA_8B_WEIGHTS = 16_060_522_496
+LLAMA_8B_RESERVE = 1_205_075_968
+# Llama-2-70B (hidden 8192, intermediate 28672, 64 heads, 8 KV heads of 128, vocab 32000):
+# (3 x 28672 + (64 + 2 x 8) x 128 + 4 x 8192 = 129,024) x 2 B x 8192 + 256 x 32,000 x 4 B
+# = 2,113,929,216 + 32,768,000 = 2,146,697,216 B.
+LLAMA_2_70B_RESERVE = 2_146_697_216
+
+
+def card(memory_bytes: int) -> dict[str, object]:
+    return {"name": "card", "memory_bytes": memory_bytes, "hbm_bandwidth_gb_per_s": 1000, "fp16_tflops": 100}
+
+
+def test_num_gpu_blocks_override_still_needs_room_for_the_activation_reserve() -> None:
+    # Utilisation 1.0: the budget is the card. Weights + reserve = 17,265,598,464 B exactly: loads.
+    fits = size_kv_pool(
+        "Llama-3.1-8B",
+        card(LLAMA_8B_WEIGHTS + LLAMA_8B_RESERVE),
+        gpu_memory_utilization=1.0,
+        num_gpu_blocks_override=100,
+    )
+    assert (fits.num_gpu_blocks, fits.kv_pool_bytes) == (100, 100 * 2 * MiB)
+    # One byte less: the weights fit (16.06 GB < 17.27 GB) but weights + reserve do not.
+    with pytest.raises(ModelDoesNotFitError, match="less than one KV block") as info:
+        size_kv_pool(
+            "Llama-3.1-8B",
+            card(LLAMA_8B_WEIGHTS + LLAMA_8B_RESERVE - 1),
+            gpu_memory_utilization=1.0,
+            num_gpu_blocks_override=100,
+        )
+    err = info.value
+    assert (err.budget_bytes, err.weight_bytes) == (LLAMA_8B_WEIGHTS + LLAMA_8B_RESERVE - 1, LLAMA_8B_WEIGHTS)
+    assert (err.activation_reserve_bytes, err.left_bytes) == (LLAMA_8B_RESERVE, -1)
+    # The utilisation budget applies: 2 x (weights + reserve) at 0.5 is exactly enough, 2 bytes less
+    # (budget ceil(... - 1) = weights + reserve - 1) is not.
+    twice = 2 * (LLAMA_8B_WEIGHTS + LLAMA_8B_RESERVE)
+    assert (
+        size_kv_pool(
+            "Llama-3.1-8B", card(twice), gpu_memory_utilization=0.5, num_gpu_blocks_override=7
+        ).num_gpu_blocks
+        == 7
+    )
+    with pytest.raises(ModelDoesNotFitError):
+        size_kv_pool("Llama-3.1-8B", card(twice - 2), gpu_memory_utilization=0.5, num_gpu_blocks_override=7)
+    # An explicit reserve is the one checked: 1 GiB more than the card minus the weights fails,
+    # exactly the card minus the weights loads.
+    with pytest.raises(ModelDoesNotFitError):
+        size_kv_pool(
+            "Llama-3.1-8B",
+            card(LLAMA_8B_WEIGHTS + GiB),
+            gpu_memory_utilization=1.0,
+            activation_reserve_bytes=GiB + 1,
+            num_gpu_blocks_override=1,
+        )
+    exact = size_kv_pool(
+        "Llama-3.1-8B",
+        card(LLAMA_8B_WEIGHTS + GiB),
+        gpu_memory_utilization=1.0,
+        activation_reserve_bytes=GiB,
+        num_gpu_blocks_override=1,
+    )
+    assert exact.activation_reserve_bytes == GiB
+
+
+def test_num_gpu_blocks_override_weights_alone_too_big() -> None:
+    # T4: budget ceil(16 GiB x 0.9) = 15,461,882,266 B < Llama-2-70B's 137,953,296,384 B of weights.
+    with pytest.raises(ModelDoesNotFitError, match="the weights alone exceed it") as info:
+        size_kv_pool("Llama-2-70B", "T4-16GB", num_gpu_blocks_override=100)
+    assert info.value.budget_bytes == 15_461_882_266
+    assert info.value.weight_bytes == 137_953_296_384
+
+
+def test_kv_cache_memory_bytes_must_fit_the_whole_card() -> None:
+    # kv_cache_memory_bytes is checked against the card's whole memory (not the utilisation budget):
+    # card = weights + reserve + 10 MiB holds a 10 MiB cache (5 blocks of 2 MiB) and not a byte more.
+    memory = LLAMA_8B_WEIGHTS + LLAMA_8B_RESERVE + 10 * MiB
+    cap = size_kv_pool(
+        "Llama-3.1-8B", card(memory), gpu_memory_utilization=0.5, kv_cache_memory_bytes=10 * MiB
+    )
+    assert (cap.num_gpu_blocks, cap.available_kv_bytes, cap.source) == (5, 10 * MiB, "kv_cache_memory_bytes")
+    with pytest.raises(ModelDoesNotFitError, match="less than one KV block") as info:
+        size_kv_pool("Llama-3.1-8B", card(memory), kv_cache_memory_bytes=10 * MiB + 1)
+    err = info.value
+    # Reported: the card, and what it leaves for the cache after weights and reserve (10 MiB).
+    assert (err.budget_bytes, err.left_bytes) == (memory, 10 * MiB)
+    # A cache of exactly one block (2 MiB) is accepted; one byte less is an argument error.
+    assert size_kv_pool("Llama-3.1-8B", "A100-80GB", kv_cache_memory_bytes=2 * MiB).num_gpu_blocks == 1
+    with pytest.raises(ValueError, match="smaller than one KV block"):
+        size_kv_pool("Llama-3.1-8B", "A100-80GB", kv_cache_memory_bytes=2 * MiB - 1)
+
+
+def test_kv_cache_memory_bytes_weights_alone_too_big() -> None:
+    with pytest.raises(ModelDoesNotFitError, match="the weights alone exceed it") as info:
+        size_kv_pool("Llama-2-70B", "T4-16GB", kv_cache_memory_bytes=GiB)
+    # The whole card (16 GiB), minus weights and the estimated reserve, is what is left.
+    assert info.value.budget_bytes == 17_179_869_184
+    assert info.value.activation_reserve_bytes == LLAMA_2_70B_RESERVE
+    assert info.value.left_bytes == 17_179_869_184 - 137_953_296_384 - LLAMA_2_70B_RESERVE
+
+
 def test_llama_2_70b_does_not_fit_on_a_t4() -> None:
     # 16 GiB x 0.9 = 14.40 GiB budget; weights 68,976,648,192 x 2 B = 137,953,296,384 B = 128.48 GiB.
     with pytest.raises(ModelDoesNotFitError) as info:
@@ -216,11 +330,13 @@ def test_llama_2_70b_does_not_fit_on_a_t4() -> None:
         "14.40 GiB",
         "weights 128.48 GiB",
         "activation reserve",
+        "the weights alone exceed it",
     ):
         assert piece in message
     assert err.weight_bytes == 137_953_296_384
     assert err.budget_bytes == 15_461_882_266  # ceil(17,179,869,184 x 0.9)
-    assert err.left_bytes == 15_461_882_266 - 137_953_296_384 - err.activation_reserve_bytes
+    assert err.activation_reserve_bytes == LLAMA_2_70B_RESERVE
+    assert err.left_bytes == 15_461_882_266 - 137_953_296_384 - LLAMA_2_70B_RESERVE
 
 
 def test_less_than_one_block_left_does_not_fit() -> None:
@@ -363,3 +479,136 @@ def test_resolve_gpu_custom() -> None:
 def test_resolve_gpu_custom_errors(spec: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         resolve_gpu(spec)
+
+
+# ------------------------------------------------------------------------- messages and limits
+
+ADVICE = (
+    "Use a bigger GPU, a larger tensor_parallel_size, a higher gpu_memory_utilization or "
+    "smaller weights (weight_dtype_bytes)."
+)
+
+
+def test_does_not_fit_messages_in_full() -> None:
+    # Override path: a card of exactly the weights (16,060,522,496 B = 14.96 GiB) at utilisation 1:
+    # the weights fit (not "alone exceed"), the reserve (1.12 GiB) does not: -1,205,075,968 B left.
+    with pytest.raises(ModelDoesNotFitError) as info:
+        size_kv_pool(
+            "Llama-3.1-8B", card(LLAMA_8B_WEIGHTS), gpu_memory_utilization=1.0, num_gpu_blocks_override=1
+        )
+    assert str(info.value) == (
+        "Llama-3.1-8B on card does not fit: GPU memory 14.96 GiB x gpu_memory_utilization 1 = 14.96 GiB; "
+        "weights 14.96 GiB (8,030,261,248 params x 2 B / tp 1); activation reserve 1.12 GiB; "
+        "left before the KV cache: -1.12 GiB (-1,205,075,968 bytes): less than one KV block "
+        f"(2,097,152 bytes) is left. {ADVICE}"
+    )
+    assert info.value.memory_bytes == LLAMA_8B_WEIGHTS
+    # kv_cache_memory_bytes path, tp 2: 68,976,648,192 x 2 B / 2 = 68,976,648,192 B = 64.24 GiB per
+    # GPU on a 16 GiB card. Reserve at tp 2: (3 x 28672/2 + (64/2 + 2 x 8/2) x 128 + 4 x 8192 = 80,896)
+    # x 2 x 8192 + 256 x 32,000 x 4 = 1,325,400,064 + 32,768,000 = 1,358,168,064 B (1.26 GiB);
+    # left: 17,179,869,184 - 68,976,648,192 - 1,358,168,064 = -53,154,947,072 B (-49.50 GiB).
+    with pytest.raises(ModelDoesNotFitError) as info:
+        size_kv_pool("Llama-2-70B", "T4-16GB", kv_cache_memory_bytes=GiB, tensor_parallel_size=2)
+    assert str(info.value) == (
+        "Llama-2-70B on T4-16GB (tensor_parallel_size=2, per GPU) does not fit: GPU memory 16.00 GiB = "
+        "16.00 GiB; weights 64.24 GiB (68,976,648,192 params x 2 B / tp 2); activation reserve 1.26 GiB; "
+        "left for kv_cache_memory_bytes=1.00 GiB: -49.50 GiB (-53,154,947,072 bytes): the weights alone "
+        f"exceed it. {ADVICE}"
+    )
+    # Utilisation path: L4, 24 GiB x 0.9 = 23,192,823,399 B (21.60 GiB); a reserve of 7,132,300,902 B
+    # (6.64 GiB) leaves 1 byte.
+    with pytest.raises(ModelDoesNotFitError) as info:
+        size_kv_pool("Llama-3.1-8B", "L4-24GB", activation_reserve_bytes=7_132_300_902)
+    assert str(info.value) == (
+        "Llama-3.1-8B on L4-24GB does not fit: GPU memory 24.00 GiB x gpu_memory_utilization 0.9 = 21.60 GiB; "
+        "weights 14.96 GiB (8,030,261,248 params x 2 B / tp 1); activation reserve 6.64 GiB; "
+        f"left for the KV cache: 0.00 GiB (1 bytes): less than one KV block (2,097,152 bytes) is left. {ADVICE}"
+    )
+
+
+def test_kv_cache_memory_bytes_rounds_down_to_whole_blocks() -> None:
+    # 5 MiB of cache at 2 MiB per block: 2 whole blocks (4 MiB), 1 MiB unused.
+    cap = size_kv_pool("Llama-3.1-8B", "A100-80GB", kv_cache_memory_bytes=5 * MiB)
+    assert (cap.num_gpu_blocks, cap.kv_pool_bytes, cap.available_kv_bytes) == (2, 4 * MiB, 5 * MiB)
+    assert isinstance(cap.num_gpu_blocks, int)
+
+
+def test_argument_limits_are_inclusive_and_booleans_are_refused() -> None:
+    # Smallest valid values: block_size 1, one block of override, tp 1.
+    assert size_kv_pool("Llama-3.1-8B", "A100-80GB", block_size=1).block_size == 1
+    cap = size_kv_pool("Llama-3.1-8B", "A100-80GB", kv_cache_memory_bytes=2 * MiB)
+    assert cap.max_concurrency(1) == 1.0  # 1 block / ceil(1 / 16) = 1
+    for bad in (0, True):
+        with pytest.raises(ValueError, match="tokens_per_request must be a positive integer"):
+            cap.max_concurrency(bad)
+    for key, bad in (
+        ("activation_reserve_bytes", True),
+        ("kv_cache_memory_bytes", True),
+        ("num_gpu_blocks_override", True),
+        ("tensor_parallel_size", True),
+    ):
+        with pytest.raises(ValueError, match=key):
+            size_kv_pool("Llama-3.1-8B", "A100-80GB", **{key: bad})
+    with pytest.raises(
+        ValueError, match="^set at most one of kv_cache_memory_bytes and num_gpu_blocks_override$"
+    ):
+        size_kv_pool("Llama-3.1-8B", "A100-80GB", num_gpu_blocks_override=1, kv_cache_memory_bytes=GiB)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_tokens": -1}, "num_tokens must be an integer >= 0, got -1"),
+        ({"num_tokens": True}, "num_tokens must be an integer >= 0, got True"),
+        ({"num_seqs": -1}, "num_seqs must be an integer >= 0, got -1"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size must be an integer >= 1, got 0"),
+    ],
+)
+def test_activation_reserve_argument_messages(kwargs: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError) as error:
+        estimate_activation_reserve("Llama-3.1-8B", **kwargs)
+    assert str(error.value) == message
+
+
+def test_activation_reserve_with_one_kv_head_per_gpu() -> None:
+    # Llama-3.1-70B at tp 8: 8 KV heads / 8 = 1 per GPU.
+    #   MLP 3 x 28672 / 8 = 10,752; qkv (64/8 + 2 x 1) x 128 = 1,280; 4 x 8192 = 32,768
+    #   -> 44,800 x 2 B x 8192 = 734,003,200 + logits 256 x 128,256 x 4 = 131,334,144 -> 865,337,344 B.
+    assert estimate_activation_reserve("Llama-3.1-70B", tensor_parallel_size=8) == 865_337_344
+
+
+def test_kv_heads_replicate_when_tp_is_a_multiple() -> None:
+    # Llama-3.1-8B at tp 16: 32 heads / 16; 8 KV heads < 16 and 16 % 8 == 0: each GPU holds 1 KV head,
+    # 2 x 32 layers x 1 x 128 x 2 B = 16,384 B per token.
+    assert size_kv_pool("Llama-3.1-8B", "A100-80GB", tensor_parallel_size=16).kv_bytes_per_token == 16_384
+    # 3 KV heads and tp 4 (4 % 3 = 1) do not divide one another.
+    odd = dataclasses.replace(MODEL_PRESETS["Llama-3.1-8B"], num_attention_heads=24, num_kv_heads=3)
+    with pytest.raises(ValueError, match=r"num_kv_heads \(3\) and tensor_parallel_size \(4\) must divide"):
+        size_kv_pool(odd, "A100-80GB", tensor_parallel_size=4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kv_cache_memory_bytes": 0}, "kv_cache_memory_bytes must be a positive integer, got 0"),
+        ({"kv_cache_memory_bytes": -5}, "kv_cache_memory_bytes must be a positive integer, got -5"),
+        ({"kv_cache_memory_bytes": True}, "kv_cache_memory_bytes must be a positive integer, got True"),
+        ({"num_gpu_blocks_override": 0}, "num_gpu_blocks_override must be a positive integer, got 0"),
+        ({"activation_reserve_bytes": -1}, "activation_reserve_bytes must be a non-negative integer, got -1"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size must be an integer >= 1, got 0"),
+        ({"tensor_parallel_size": True}, "tensor_parallel_size must be an integer >= 1, got True"),
+        (
+            {"kv_cache_memory_bytes": 1},
+            "kv_cache_memory_bytes (1) is smaller than one KV block (2,097,152 bytes = 16 tokens x 131,072 bytes)",
+        ),
+    ],
+)
+def test_argument_messages_in_full(kwargs: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError) as error:
+        size_kv_pool("Llama-3.1-8B", "A100-80GB", **kwargs)
+    assert str(error.value) == message
+
+
+def test_zero_activation_reserve_is_allowed() -> None:
+    # 0 is a valid reserve (a non-negative integer): see test_explicit_activation_reserve for the pool.
+    assert size_kv_pool("Llama-3.1-8B", "A100-80GB", activation_reserve_bytes=0).activation_reserve_bytes == 0

@@ -205,6 +205,40 @@ def test_first_fit_takes_the_lowest_address_hole() -> None:
     assert p.region(7) == (8, 11)
 
 
+@pytest.mark.parametrize("placement", ["first_fit", "best_fit"])
+def test_a_hole_of_exactly_the_requested_size_is_used_and_disappears(placement: str) -> None:
+    # Holes [0, 20) and [40, 50). A 20-slot request fits the first hole exactly: it takes [0, 20)
+    # (first fit: the lowest hole that holds 20; best fit: the smallest), and the hole is gone.
+    p = _holes_20_at_0_and_10_at_40(placement)
+    p.admit(6, tokens(20), 20, 106)
+    assert p.region(6) == (0, 20)
+    assert p.free_pieces() == [(40, 10)]
+    # Then a 10-slot request fits the last hole exactly: [40, 50); nothing is free.
+    p.admit(7, tokens(10), 10, 107)
+    assert p.region(7) == (40, 10)
+    assert p.free_pieces() == []
+    assert p.breakdown() == bd(used=100, reserved=0, internal=0, external=0, free=0)
+    # And a 1-slot request no longer fits anywhere.
+    assert not p.can_admit(tokens(1), 1)
+
+
+def test_first_fit_skips_a_smaller_hole_for_an_exact_one() -> None:
+    # Holes [0, 5) and [20, 30) (10 slots): a 10-slot request skips the 5-slot hole and takes the
+    # 10-slot one exactly; the 5-slot hole is left as it was.
+    p = policy(100, 100, "oracle", "first_fit")
+    for seq_id, size in ((1, 5), (2, 15), (3, 10), (4, 70)):
+        p.admit(seq_id, tokens(size, seq_id), size, 100 + seq_id)
+    # 1: [0, 5), 2: [5, 20), 3: [20, 30), 4: [30, 100)
+    p.free(1)
+    p.free(3)
+    assert p.free_pieces() == [(0, 5), (20, 10)]
+    p.admit(5, tokens(10), 10, 105)
+    assert p.region(5) == (20, 10)
+    assert p.free_pieces() == [(0, 5)]
+    # The 5 free slots cannot hold the latest reservation (10): they count as external fragmentation.
+    assert p.breakdown() == bd(used=95, reserved=0, internal=0, external=5, free=0)
+
+
 def test_best_fit_takes_the_smallest_hole() -> None:
     p = _holes_20_at_0_and_10_at_40("best_fit")
     p.admit(6, tokens(8), 8, 106)
@@ -597,3 +631,76 @@ def test_random_operations_keep_invariants(reservation: str, placement: str, dat
     # An empty pool is never fragmented, whatever the last request asked for (it was reported as 100 %
     # external fragmentation when that request was larger than the pool could ever place).
     assert (b.external_fragmentation, b.free) == (0, pool)
+
+
+# --------------------------------------------------------------------------------------------------
+# Messages, counters and the first reference size
+# --------------------------------------------------------------------------------------------------
+
+
+def test_an_empty_pool_is_never_fragmented_whatever_the_reservation() -> None:
+    # Buddy pool of 100 slots: free chunks 64 @0, 32 @64, 4 @96. "max" expects max_model_len = 40 ->
+    # 64-slot regions, and one fits: no request is blocked, so nothing counts as external
+    # fragmentation (the rule of issue 12: fragmentation exists only relative to a request that
+    # cannot be placed).
+    assert policy(100, 40, "max", "buddy").breakdown() == bd(0, 0, 0, 0, 100)
+    assert policy(100, 40, "oracle", "buddy").breakdown() == bd(0, 0, 0, 0, 100)
+    # Buddy pool of 7 slots: chunks 4, 2, 1. A 1-slot reference leaves the 1-slot chunk usable.
+    assert policy(7, 4, "pow2", "buddy").breakdown() == bd(0, 0, 0, 0, 7)
+
+
+def test_out_of_memory_messages_and_counters() -> None:
+    p = policy(50, 40, "max")
+    p.admit(1, tokens(10), 12, 101)
+    # [0, 40) taken: 10 slots free, a second 40-slot region does not fit.
+    with pytest.raises(OutOfKVMemory) as error:
+        p.admit(2, tokens(10), 12, 102)
+    assert (
+        str(error.value) == "admit sequence 2: no free contiguous region of 40 slots (10 slots free in total)"
+    )
+    assert (error.value.needed_slots, error.value.free_slots) == (40, 10)
+    with pytest.raises(OutOfKVMemory) as error:
+        p.fork(1, [ChildSpec(3, 12, 103)])
+    assert (
+        str(error.value)
+        == "fork of 1: child 3: no free contiguous region of 40 slots (10 slots free in total)"
+    )
+    assert p.stats.allocation_failures == 2
+    assert p.slots_needed_to_grow(1, 2) == 0
+
+
+def test_input_error_messages_name_the_sequence() -> None:
+    p = policy(100, 40, "oracle")
+    p.admit(1, tokens(10), 12, 101)
+    with pytest.raises(
+        PolicyInputError, match="^sequence 1: growing 10 by 3 tokens passes its final length 12$"
+    ):
+        p.grow(1, 3)
+    with pytest.raises(PolicyInputError, match=r"^growth of sequence 1: segment 0 is \(5, -1\)"):
+        p.grow(1, 1, ((5, -1),))
+    with pytest.raises(PolicyInputError, match="^fork of 1: child 2 final_len=5 must be between"):
+        p.fork(1, [ChildSpec(2, 5, 102)])
+    with pytest.raises(PolicyInputError, match="^fork of 1: child id 4 is already in use$"):
+        p.fork(1, [ChildSpec(4, 12, 104), ChildSpec(4, 12, 105)])
+
+
+def test_fork_copies_add_up_and_sharing_counts_every_allocated_slot() -> None:
+    p = policy(100, 40, "oracle")
+    p.admit(1, tokens(10), 12, 101)
+    p.fork(1, [ChildSpec(2, 12, 102)])
+    p.fork(1, [ChildSpec(3, 12, 103), ChildSpec(4, 14, 104)])
+    assert p.stats.fork_copied_tokens == 3 * 10
+    # Nothing is shared: physical = logical = used 40 + reserved 2 + 2 + 2 + 4 (+ no internal).
+    assert p.breakdown() == bd(40, 10, 0, 0, 50)
+    assert p.sharing_slots() == (50, 50)
+    # pow2: output 3 -> reservation 10 + 4 = 14 for a final length of 13: 1 slot of internal
+    # fragmentation, which the live sequence holds too.
+    q = policy(100, 40, "pow2")
+    q.admit(1, tokens(10), 13, 101)
+    assert q.breakdown() == bd(10, 3, 1, 0, 86)
+    assert q.sharing_slots() == (14, 14)
+
+
+def test_region_size_rounds_only_for_the_buddy() -> None:
+    assert policy(64, 64, "oracle", "first_fit").region_size(5) == 5
+    assert policy(64, 64, "oracle", "buddy").region_size(5) == 8

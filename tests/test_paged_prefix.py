@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from policies import ChildSpec, OutOfKVMemory, PolicyInputError, PoolSpec, make_policy, token_ids
+from policies.base import MemoryBreakdown
 from policies.paged import PagedPolicy
 from policies.prefix import PrefixCachingPolicy
 
@@ -339,3 +340,198 @@ def test_breakdown_in_bytes():
         "cached_bytes": 0,
         "free_bytes": 32 * 131_072,
     }
+
+
+def test_pool_spec_limits_and_out_of_memory_message() -> None:
+    from policies.base import OutOfKVMemory, PolicyInputError, PoolSpec
+
+    assert PoolSpec(16, 16, 16).kv_pool_blocks == 1  # exactly one block is a pool
+    with pytest.raises(PolicyInputError, match="smaller than one block"):
+        PoolSpec(15, 16, 16)
+    error = OutOfKVMemory("no room", needed_slots=4, free_slots=1)
+    assert (str(error), error.needed_slots, error.free_slots) == ("no room", 4, 1)
+
+
+def test_pin_prefix_messages_and_room():
+    policy = prefix_pool(num_blocks=10, block_size=4)
+    with pytest.raises(PolicyInputError) as error:
+        policy.pin_prefix(ids(1, 3))
+    assert str(error.value) == "pinned prompt is shorter than one block (4 tokens)"
+    with pytest.raises(PolicyInputError, match=r"^pinned prompt: segment 0 is \(1, -1\)"):
+        policy.pin_prefix(((1, -1),))
+    # A live sequence takes 8 of the 10 blocks: a 3-block prefix does not fit, a 2-block one does.
+    policy.admit(0, ((7, 32),), 32, output_content_id=500)
+    with pytest.raises(OutOfKVMemory) as oom:
+        policy.pin_prefix(ids(1, 12))
+    assert str(oom.value) == "pinning a prefix needs 3 free blocks, 2 available"
+    assert policy.pin_prefix(ids(1, 8)) == 8
+    # The pool is now full. Pinning the same prefix again takes nothing (its blocks are pinned and
+    # idle, not in the free queue), and pins nothing new.
+    assert policy.pin_prefix(ids(1, 8)) == 0
+    # Pinning a prefix a live sequence holds takes nothing either: its 8 blocks are shared.
+    assert policy.pin_prefix(((7, 32),)) == 32
+    assert policy.breakdown() == MemoryBreakdown(32, 0, 0, 0, 8, 0)
+
+
+def test_pinning_cached_blocks_counts_those_in_the_free_queue():
+    # 10 blocks of 4. A sequence's prompt ids(11..18) (2 blocks) is freed: 2 evictable cached blocks
+    # in the free queue. A live sequence then takes 7 blocks: 3 left in the queue, 2 of them cached.
+    policy = prefix_pool(num_blocks=10, block_size=4)
+    policy.admit(0, ids(11, 18), 8, output_content_id=500)
+    policy.free(0)
+    policy.admit(1, ((7, 28),), 28, output_content_id=501)
+    assert policy.breakdown() == MemoryBreakdown(28, 0, 0, 0, 8, 4)
+    # ids(11..30): 20 tokens = 5 full blocks, 2 of them hits (both in the queue) and 3 new: it needs
+    # 5 - 2 + 2 = 5 queue blocks > 3: no room.
+    with pytest.raises(OutOfKVMemory, match="^pinning a prefix needs 5 free blocks, 3 available$"):
+        policy.pin_prefix(ids(11, 30))
+    # 12 tokens = 3 blocks: 2 hits + 1 new block = all 3 queue blocks: fits exactly.
+    assert policy.pin_prefix(ids(11, 22)) == 12
+    assert policy.breakdown() == MemoryBreakdown(28, 0, 0, 0, 12, 0)
+
+
+def test_pins_are_per_namespace_and_a_live_hit_on_a_pinned_block_is_not_cached():
+    policy = prefix_pool(num_blocks=10, block_size=4)
+    policy.admit(0, ids(1, 8), 8, output_content_id=500, namespace=0)
+    policy.free(0)  # 2 evictable blocks in namespace 0
+    # The same tokens pinned in namespace 1 hit nothing there: 2 new blocks.
+    assert policy.pin_prefix(ids(1, 8), namespace=1) == 8
+    assert policy.breakdown().cached == 16
+    # A sequence of namespace 1 hits the 2 pinned blocks: while it lives they are used, not cached.
+    assert policy.admit(1, ids(1, 9), 9, output_content_id=501, namespace=1) == 8
+    assert policy.breakdown() == MemoryBreakdown(9, 0, 3, 0, 8, 20)
+    policy.free(1)
+    # Back to 16 cached: its third block held 1 token (a partial block is never cached): freed.
+    assert policy.breakdown() == MemoryBreakdown(0, 0, 0, 0, 16, 24)
+
+
+def test_output_grown_token_by_token_is_hit_by_the_next_turn():
+    # Turn 1: prompt ids(1..4) (1 block), 8 output tokens of stream 500 grown one at a time.
+    # Turn 2's prompt is turn 1's prompt + those 8 output tokens + 2 new tokens (14 tokens): its
+    # first 3 blocks (12 tokens; the hit is capped below the prompt length) come from the cache.
+    policy = prefix_pool(num_blocks=10, block_size=4)
+    policy.admit(0, ids(1, 4), 12, output_content_id=500)
+    for _ in range(8):
+        policy.grow(0, 1)
+    policy.free(0)
+    assert policy.admit(1, ids(1, 4) + ((500, 8),) + ids(50, 51), 16, output_content_id=501) == 12
+    # Only the output tokens that were really generated are reused: a prompt that names 9 of them
+    # (stream 500's 9th token never existed in the cache) still hits 12.
+    policy.free(1)
+    assert policy.admit(2, ids(1, 4) + ((500, 9),) + ids(60, 61), 16, output_content_id=502) == 12
+
+
+def test_paged_messages_and_failure_counters():
+    policy = make_policy("paged", PoolSpec(8, 4, 16))
+    policy.admit(1, ids(1, 6), 8, output_content_id=501)  # 2 blocks: the pool is full
+    with pytest.raises(OutOfKVMemory) as error:
+        policy.admit(2, ids(7, 7), 2, output_content_id=502)
+    assert str(error.value) == "admitting sequence 2 needs 1 free blocks, 0 available"
+    assert (error.value.needed_slots, error.value.free_slots) == (4, 0)
+    with pytest.raises(OutOfKVMemory, match="^forking sequence 1 needs 2 free blocks, 0 available$"):
+        policy.fork(1, [ChildSpec(3, 8, 503)])
+    policy.grow(1, 2)
+    assert policy.stats.allocation_failures == 2
+    with pytest.raises(
+        PolicyInputError, match="^sequence 1: growing 8 by 1 tokens passes its final length 8$"
+    ):
+        policy.grow(1, 1)
+    other = make_policy("paged", PoolSpec(8, 4, 16))
+    other.admit(1, ids(1, 4), 8, output_content_id=501)
+    with pytest.raises(
+        PolicyInputError, match="^sequence 1: content holds a different number of tokens than 1$"
+    ):
+        other.grow(1, 1, ids(5, 6))
+    with pytest.raises(PolicyInputError, match="^fork of 1: child 2 final_len=1 must be between"):
+        other.fork(1, [ChildSpec(2, 1, 502)])
+
+
+def test_a_reused_partial_block_forgets_its_previous_owner():
+    # One block of 4. A: prompt 2, final 4 (block target 4). Freed; B: prompt 2, final 3 takes the same
+    # block: used 2, reserved 1 (token 3), internal 1 (the 4th slot B never fills).
+    policy = make_policy("paged", PoolSpec(4, 4, 4))
+    policy.admit(1, ids(1, 2), 4, output_content_id=501)
+    policy.free(1)
+    policy.admit(2, ids(5, 6), 3, output_content_id=502)
+    assert policy.breakdown() == MemoryBreakdown(2, 1, 1, 0, 0, 0)
+
+
+def test_can_admit_counts_pinned_hits_and_hits_count_as_logical_blocks():
+    # 4 blocks of 4: ids(1..8) pinned (2 blocks), a live sequence holds 1 block, 1 block free.
+    policy = prefix_pool(num_blocks=4, block_size=4)
+    policy.pin_prefix(ids(1, 8))
+    policy.admit(0, ((9, 4),), 4, output_content_id=500)
+    # ids(1..12): the 2 pinned blocks are hits, 1 new block: fits; ids(21..32) needs 3: does not.
+    assert policy.can_admit(ids(1, 12), 12)
+    assert not policy.can_admit(ids(21, 32), 12)
+    assert policy.admit(1, ids(1, 12), 12, output_content_id=501) == 8
+    policy.free(0)
+    assert policy.admit(2, ids(1, 8) + ids(40, 43), 12, output_content_id=502) == 8
+    # Sequences 1 and 2 hold 3 blocks each (6 logical); the 2 prefix blocks are shared: 4 physical.
+    assert policy.sharing_slots() == (4 * 4, 6 * 4)
+
+
+def test_explicit_growth_content_and_a_forked_sample_are_hit_later():
+    policy = prefix_pool(num_blocks=12, block_size=4)
+    # Growth with explicit content: the block holds ids(5..8), and a prompt naming them hits it.
+    policy.admit(0, ids(1, 4), 8, output_content_id=500)
+    policy.grow(0, 4, ids(5, 8))
+    policy.free(0)
+    assert policy.admit(1, ids(1, 9), 9, output_content_id=501) == 8
+    policy.free(1)
+    # A sample forked in namespace 3 writes its own stream 700; the next turn of that sample, in the
+    # same namespace, hits the prompt block and the sample's output block.
+    policy.admit(2, ids(20, 23), 8, output_content_id=600, namespace=3)
+    policy.fork(2, [ChildSpec(3, 8, 700)])
+    policy.grow(3, 4)
+    policy.free(2)
+    policy.free(3)
+    assert (
+        policy.admit(4, ids(20, 23) + ((700, 4),) + ids(90, 90), 9, output_content_id=800, namespace=3) == 8
+    )
+    assert (
+        policy.admit(5, ids(20, 23) + ((700, 4),) + ids(91, 91), 9, output_content_id=801, namespace=0) == 0
+    )
+
+
+def test_content_validation_and_registry_messages():
+    from policies.base import policy_class, validate_content
+
+    validate_content(((1, 0), (2, 3)), "x")  # an empty segment is allowed
+    policy = make_policy("paged", PoolSpec(16, 4, 16))
+    with pytest.raises(PolicyInputError) as error:
+        policy.admit(5, ((1, 2), (3, -1)), 4, output_content_id=500)
+    assert (
+        str(error.value) == "prompt of sequence 5: segment 1 is (3, -1); expected (content_id, length >= 0)"
+    )
+    with pytest.raises(PolicyInputError) as error:
+        policy_class("pagd")
+    assert str(error.value) == "unknown policy 'pagd'; known policies: contiguous, paged, prefix, radix"
+
+
+def test_growth_out_of_memory_message():
+    policy = make_policy("paged", PoolSpec(12, 4, 16))
+    policy.admit(1, ids(1, 4), 16, output_content_id=501)  # 1 block of 3
+    with pytest.raises(OutOfKVMemory) as error:
+        policy.grow(1, 9)  # 13 tokens: 3 more blocks, 2 free
+    assert str(error.value) == "growing sequence 1 needs 3 free blocks, 2 available"
+    assert (error.value.needed_slots, error.value.free_slots) == (12, 8)
+
+
+def test_pinning_a_prefix_cut_inside_a_segment_and_sharing_with_a_live_sequence():
+    # 5 + 8 = 13 tokens pin 3 full blocks (12 tokens: all of stream 1's 5, the first 7 of stream 2).
+    policy = prefix_pool(num_blocks=10, block_size=4)
+    assert policy.pin_prefix(((1, 5), (2, 8))) == 12
+    assert policy.admit(0, ((1, 5), (2, 8), (3, 1)), 14, output_content_id=500) == 12
+    # The live sequence holds 4 blocks (3 shared with the pins); pinning its prefix again changes
+    # neither the pinned set nor what the live sequences hold.
+    assert policy.pin_prefix(((1, 5), (2, 7))) == 0
+    assert policy.sharing_slots() == (16, 16)
+
+
+def test_a_prefix_fork_needs_no_free_block():
+    # A full pool (2 blocks of 4 held by one sequence): forking shares every block.
+    policy = prefix_pool(num_blocks=2, block_size=4)
+    policy.admit(0, ids(1, 8), 8, output_content_id=500)
+    policy.fork(0, [ChildSpec(1, 8, 501)])
+    assert policy.sharing_slots() == (8, 16)

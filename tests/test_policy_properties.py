@@ -309,6 +309,8 @@ def _grow_each_as_one_at_a_time(policy, live: list[int], choice: int, amount: in
     """grow_each of up to three live sequences (often a parent and its forks, sharing a tail) leaves
     the policy exactly as growing them one at a time would, and returns each one's growth room; when
     it fails, nothing changed."""
+    if amount <= 0:
+        return []
     start = choice % len(live)
     group = [
         seq_id for seq_id in live[start : start + 3] if policy.seq_len(seq_id) < _final_len(policy, seq_id)

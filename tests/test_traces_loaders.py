@@ -291,7 +291,16 @@ def test_replays_restart_and_are_deterministic() -> None:
 def test_requests_stream() -> None:
     import types
 
-    assert isinstance(mooncake().requests(), types.GeneratorType)
+    # A generator (requests are produced as the engine pulls them, never held as a list), whose
+    # first item is the file's first line, parsed here independently.
+    stream = mooncake().requests()
+    assert isinstance(stream, types.GeneratorType)
+    first, row = next(stream), mooncake_rows()[0]
+    assert (first.arrival_s, first.prompt_len, first.output_len) == (
+        row["timestamp"] / 1000,
+        row["input_length"],
+        row["output_length"],
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -104,9 +104,23 @@ def test_the_brief_example_validates() -> None:
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_examples_validate(name: str) -> None:
-    config = parse_workload_config(yaml.safe_load(EXAMPLES[name]))
+    given = yaml.safe_load(EXAMPLES[name])
+    config = parse_workload_config(given)
     expected = TraceWorkloadConfig if "source" in EXAMPLES[name] else SyntheticWorkloadConfig
     assert isinstance(config, expected)
+    # Every value the YAML gives survives validation unchanged (nothing dropped, renamed or coerced).
+    assert values_not_kept(given, config.model_dump()) == []
+
+
+def values_not_kept(given: dict, validated: dict, path: str = "") -> list[str]:
+    lost = []
+    for key, value in given.items():
+        here = validated.get(key, "<missing>")
+        if isinstance(value, dict) and isinstance(here, dict):
+            lost += values_not_kept(value, here, f"{path}{key}.")
+        elif here != value:
+            lost.append(f"{path}{key}: {value!r} -> {here!r}")
+    return lost
 
 
 def test_embeds_in_a_larger_model() -> None:

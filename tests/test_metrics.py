@@ -1,0 +1,104 @@
+"""The recorder's time-weighted averages and rows, fed by hand (no engine): every number below is
+worked out in the comments."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.metrics import STATE_COLUMNS, Recorder
+from sim.outputs import MemorySink
+
+KEYS = {
+    "mean_used_frac",
+    "mean_reserved_frac",
+    "mean_internal_frag_frac",
+    "mean_external_frag_frac",
+    "mean_cached_frac",
+    "mean_free_frac",
+    "mean_running",
+    "memory_saved_by_sharing_frac",
+}
+
+
+def state(used: int, running: int, sharing: tuple[int, int], cached: int = 0) -> tuple:
+    """A pool of 100 slots: 5 reserved, 3 internal, 2 external, ``cached``, the rest free."""
+    values = dict.fromkeys(STATE_COLUMNS, 0)
+    values |= {"used_tokens": used, "reserved_tokens": 5, "internal_fragmentation_tokens": 3}
+    values |= {
+        "external_fragmentation_tokens": 2,
+        "cached_tokens": cached,
+        "free_tokens": 100 - used - 10 - cached,
+    }
+    values |= {"num_requests_running": running, "num_sequences_running": running}
+    values |= {"physical_tokens": sharing[0], "logical_tokens": sharing[1]}
+    assert set(values) == set(STATE_COLUMNS), "a misspelt column"
+    return tuple(values[name] for name in STATE_COLUMNS)
+
+
+def sample(recorder: Recorder, time_s: float, used: int, running: int, sharing: tuple[int, int]) -> None:
+    recorder.record(time_s, state(used, running, sharing))
+
+
+def test_each_state_holds_until_the_next_and_the_last_to_the_end():
+    recorder = Recorder(100, MemorySink())
+    sample(recorder, 0.0, 10, 1, (10, 20))
+    sample(recorder, 2.0, 30, 2, (30, 40))  # the engine records after each event: a step, not a ramp
+    sample(recorder, 3.0, 30, 2, (30, 40))  # nothing changed: no new row
+    # Over [0, 4]: used 10 x 2 + 30 x 2 (held to the end) = 80 -> 80 / 4 / 100.
+    # Free = 90 - used: 80 x 2 + 60 x 2 = 280 -> 0.7. Reserved 5, internal 3, external 2 throughout.
+    # Running: 1 x 2 + 2 x 2 = 6 -> 1.5.
+    # Sharing: physical 10 x 2 + 30 x 2 = 80, logical 20 x 2 + 40 x 2 = 120: 1 - 80/120.
+    averages = recorder.time_averages(4.0)
+    assert averages == pytest.approx(
+        {
+            "mean_used_frac": 0.2,
+            "mean_reserved_frac": 0.05,
+            "mean_internal_frag_frac": 0.03,
+            "mean_external_frag_frac": 0.02,
+            "mean_cached_frac": 0.0,
+            "mean_free_frac": 0.7,
+            "mean_running": 1.5,
+            "memory_saved_by_sharing_frac": 1 - 80 / 120,
+        },
+        rel=1e-12,
+    )
+    # Up to 3.0 only: used 10 x 2 + 30 x 1 = 50 -> 50 / 3 / 100.
+    assert recorder.time_averages(3.0)["mean_used_frac"] == pytest.approx(50 / 300, rel=1e-12)
+    frame = recorder.frame()
+    assert list(frame["time_s"]) == [0.0, 2.0]
+    assert list(frame["used_tokens"]) == [10, 30]
+    # vLLM's usage: 1 - (free + cached) / pool = 1 - 80/100, 1 - 60/100.
+    assert list(frame["kv_cache_usage_perc"]) == pytest.approx([0.2, 0.4])
+    assert recorder.peak_running == 2
+
+
+def test_nothing_to_average_gives_zeros():
+    empty = Recorder(100, MemorySink())
+    assert empty.time_averages(5.0) == dict.fromkeys(KEYS, 0.0)
+    recorder = Recorder(100, MemorySink())
+    sample(recorder, 0.0, 10, 1, (10, 20))
+    assert recorder.time_averages(0.0) == dict.fromkeys(KEYS, 0.0)
+
+
+def test_sharing_saved_without_and_with_little_logical_memory():
+    # No live sequence ever (logical 0): nothing saved, not a division by zero.
+    recorder = Recorder(100, MemorySink())
+    sample(recorder, 0.0, 0, 0, (0, 0))
+    sample(recorder, 1.0, 0, 0, (0, 0))
+    assert recorder.time_averages(1.0)["memory_saved_by_sharing_frac"] == 0.0
+    # 1 logical slot for half a second, nothing physical (area 0.5 < 1): all of it saved.
+    recorder = Recorder(100, MemorySink())
+    sample(recorder, 0.0, 0, 0, (0, 1))
+    sample(recorder, 0.5, 0, 0, (0, 1))
+    assert recorder.time_averages(0.5)["memory_saved_by_sharing_frac"] == 1.0
+
+
+def test_time_before_the_first_sample_counts_nothing_and_cached_counts_as_idle():
+    # The first sample at 1.0 (used 10, cached 20, free 60): nothing is integrated over [0, 1);
+    # [1, 2] holds these values: used 10 x 1 / 2 / 100 = 0.05; cached 20 x 1 / 2 / 100 = 0.1.
+    recorder = Recorder(100, MemorySink())
+    recorder.record(1.0, state(10, 1, (10, 10), cached=20))
+    averages = recorder.time_averages(2.0)
+    assert (averages["mean_used_frac"], averages["mean_cached_frac"]) == pytest.approx((0.05, 0.1))
+    # vLLM's usage counts evictable cache as free: 1 - (60 + 20) / 100.
+    assert list(recorder.frame()["kv_cache_usage_perc"]) == pytest.approx([0.2])
