@@ -86,7 +86,7 @@ def policy_option_lines(name: str) -> list[str]:
     lines = []
     for parameter in list(inspect.signature(cls.__init__).parameters.values())[2:]:
         if callable(parameter.default):
-            continue  # e.g. prefix's hash_fn: a test hook, not a config value
+            continue  # a Python-only hook (a callable) cannot come from YAML
         choice = f" ({' | '.join(values[parameter.name])})" if parameter.name in values else ""
         lines.append(f"{parameter.name} = {parameter.default}{choice}")
     return lines
