@@ -58,7 +58,13 @@ from dataclasses import dataclass, fields, replace
 
 __all__ = [
     "DEFAULT_PCIE_BANDWIDTH_BYTES_PER_S",
-    "EFFICIENCY_PRESETS", "GENERIC_EFFICIENCY", "GPU_PRESETS", "Efficiency", "GpuSpec", "resolve_gpu"]
+    "EFFICIENCY_PRESETS",
+    "GENERIC_EFFICIENCY",
+    "GPU_PRESETS",
+    "Efficiency",
+    "GpuSpec",
+    "resolve_gpu",
+]
 
 GiB = 2**30
 GB = 10**9
@@ -220,7 +226,9 @@ class GpuSpec:
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"GPU {self.name!r}: {field} must be a positive number, got {value!r}")
         nvlink = self.nvlink_bandwidth_bytes_per_s
-        if nvlink is not None and (isinstance(nvlink, bool) or not isinstance(nvlink, int | float) or not nvlink > 0):
+        if nvlink is not None and (
+            isinstance(nvlink, bool) or not isinstance(nvlink, int | float) or not nvlink > 0
+        ):
             raise ValueError(
                 f"GPU {self.name!r}: nvlink_bandwidth_bytes_per_s must be a positive number or None, got {nvlink!r}"
             )
@@ -347,7 +355,7 @@ _GPU_INDEX.update(_GPU_ALIASES)
 _MEMORY_KEYS = {"memory_bytes": 1, "memory_gib": GiB, "memory_gb": GB}
 _BANDWIDTH_KEYS = {"hbm_bandwidth_bytes_per_s": 1, "hbm_bandwidth_gb_per_s": GB, "hbm_bandwidth_tb_per_s": TB}
 _FLOPS_KEYS = {"fp16_flops": 1, "fp16_tflops": TFLOPS}
-_LINK_KEYS = {"nvlink_gb_per_s": "nvlink_bandwidth_bytes_per_s", "pcie_gb_per_s": "pcie_bandwidth_bytes_per_s"}
+_LINK_KEYS = ("nvlink_gb_per_s", "pcie_gb_per_s")
 _ALLOWED_KEYS = {"name", "base", "efficiency", *_MEMORY_KEYS, *_BANDWIDTH_KEYS, *_FLOPS_KEYS, *_LINK_KEYS}
 _EFFICIENCY_KEYS = [item.name for item in fields(Efficiency) if item.name not in ("source", "error_band")]
 
@@ -395,20 +403,22 @@ def _pick(spec: Mapping[str, object], keys: dict[str, int], what: str) -> float 
     return value * keys[given[0]]
 
 
-def _links(spec: Mapping[str, object]) -> dict[str, float | None]:
-    """The link rates a custom GPU gives, in bytes/s (``nvlink_gb_per_s: null``: no NVLink)."""
-    links: dict[str, float | None] = {}
-    for key, field in _LINK_KEYS.items():
+def _links(spec: Mapping[str, object], nvlink: float | None, pcie: float) -> tuple[float | None, float]:
+    """The NVLink and PCIe rates in bytes/s: the ones ``spec`` gives (``nvlink_gb_per_s: null``: no
+    NVLink), else ``nvlink`` and ``pcie``."""
+    given: dict[str, float | None] = {}
+    for key in _LINK_KEYS:
         if key not in spec:
             continue
         value = spec[key]
         if value is None and key == "nvlink_gb_per_s":
-            links[field] = None
+            given[key] = None
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
             raise ValueError(f"custom GPU: {key} must be a positive number, got {value!r}")
-        links[field] = float(value) * GB
-    return links
+        given[key] = float(value) * GB
+    pcie_given = given.get("pcie_gb_per_s")
+    return given.get("nvlink_gb_per_s", nvlink), pcie if pcie_given is None else pcie_given
 
 
 def resolve_gpu(spec: str | Mapping[str, object] | GpuSpec) -> GpuSpec:
@@ -464,10 +474,21 @@ def resolve_gpu(spec: str | Mapping[str, object] | GpuSpec) -> GpuSpec:
             raise ValueError(f"custom GPU {name!r}: missing {'; '.join(missing)} (or give a 'base' preset)")
         assert memory is not None and bandwidth is not None and flops is not None
         efficiency = _efficiency(spec, GENERIC_EFFICIENCY)
-        return GpuSpec(name, int(memory), float(bandwidth), float(flops), efficiency, **_links(spec))
+        nvlink, pcie = _links(spec, None, DEFAULT_PCIE_BANDWIDTH_BYTES_PER_S)
+        return GpuSpec(
+            name,
+            int(memory),
+            float(bandwidth),
+            float(flops),
+            efficiency,
+            nvlink_bandwidth_bytes_per_s=nvlink,
+            pcie_bandwidth_bytes_per_s=pcie,
+        )
+    nvlink, pcie = _links(spec, base.nvlink_bandwidth_bytes_per_s, base.pcie_bandwidth_bytes_per_s)
     return replace(
         base,
-        **_links(spec),
+        nvlink_bandwidth_bytes_per_s=nvlink,
+        pcie_bandwidth_bytes_per_s=pcie,
         name=name,
         efficiency=_efficiency(spec, base.efficiency),
         memory_bytes=int(memory) if memory is not None else base.memory_bytes,
