@@ -225,11 +225,17 @@ down projection are split by rows, and each ends in an all-reduce of the layer's
 output (``RowParallelLinear``)."""
 
 ALL_REDUCE_LATENCY_S = 10e-6
-"""Fixed time of one all-reduce call, 10 us. Source: Vidur's NCCL all-reduce timings on an H100 DGX
-under CUDA graphs (microsoft/vidur ``data/profiling/network/h100_dgx/all_reduce.csv``, commit e26eb8f):
-the smallest messages (4-512 KiB) take 7-10 us (minimum of 3 runs) on 2 GPUs and 15-20 us on 8;
-medians are noisier, 10-40 us. 10 us is the 2-GPU value; at 8 GPUs the model is short by ~10-20 us
-per call on small messages (see README, "Tensor parallelism")."""
+"""Fixed time of one all-reduce call at TP 2, 10 us; at TP ``p`` it is ``10 us x log2(p)`` (20 us at
+TP 4, 30 us at TP 8), the growth of NCCL's tree and low-latency protocols with the number of GPUs.
+Source: Vidur's NCCL all-reduce timings on an H100 DGX under CUDA graphs (microsoft/vidur
+``data/profiling/network/h100_dgx/all_reduce.csv``, commit e26eb8f, medians of 3 runs): 7-10 us for
+messages up to 1 MiB on 2 GPUs; 31-34 us for 1-2 MiB on 8 GPUs, whose line through 1-5 MiB meets
+zero bytes at about 28 us. The README ("Tensor parallelism") compares the model with those points."""
+
+
+def all_reduce_latency_s(tensor_parallel_size: int) -> float:
+    """One all-reduce call's fixed time at this TP (0 at TP 1): :data:`ALL_REDUCE_LATENCY_S` x log2(tp)."""
+    return ALL_REDUCE_LATENCY_S * math.log2(tensor_parallel_size)
 
 
 @dataclass(frozen=True)
@@ -238,8 +244,9 @@ class AllReduceCost:
     tokens): ``2 x layers`` all-reduces of ``tokens x hidden x activation bytes`` each, by the ring
     algorithm, which sends and receives ``2 (tp - 1) / tp`` times the message over each GPU's link:
 
-        seconds = calls x latency + calls x 2 (tp - 1) / tp x tokens x hidden x bytes / link
+        seconds = calls x latency(tp) + calls x 2 (tp - 1) / tp x tokens x hidden x bytes / link
 
+    ``latency(tp)`` is :func:`all_reduce_latency_s`.
     with ``link`` one direction of the GPU's NVLink (PCIe without it), :attr:`GpuSpec.tensor_parallel_link_bytes_per_s`.
     All zero at ``tp = 1``. Communication is not overlapped with compute (vLLM does not overlap it)."""
 
@@ -257,7 +264,6 @@ class AllReduceCost:
         model: ModelShape | ModelSpec,
         gpu: GpuSpec,
         tensor_parallel_size: int,
-        latency_s: float = ALL_REDUCE_LATENCY_S,
     ) -> AllReduceCost:
         from sim.models import activation_dtype_bytes
 
@@ -270,7 +276,7 @@ class AllReduceCost:
         message_bytes_per_token = model.hidden_size * activation_dtype_bytes(model.weight_dtype_bytes)
         return cls(
             tensor_parallel_size=tp,
-            per_iteration_s=calls * latency_s,
+            per_iteration_s=calls * all_reduce_latency_s(tp),
             per_token_s=calls * ring * message_bytes_per_token / link,
             link_bytes_per_s=link,
             link=gpu.tensor_parallel_link_name,
