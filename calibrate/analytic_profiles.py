@@ -75,6 +75,7 @@ def analytic_profile(
     dtype = _DTYPE_NAMES.get(kv_dtype_bytes, "bfloat16")
     return CostProfile(
         measured=False,
+        tensor_parallel_size=1,  # the roofline of the whole model on one GPU
         label=f"analytic roofline: {model.name} on {gpu.name}",
         created=dt.date.today().isoformat(),
         kvsim_version=_version(),

@@ -818,6 +818,7 @@ def run_calibration(
     threads = 1 if device == "cpu" else previous_threads
     profile = CostProfile(
         measured=True,
+        tensor_parallel_size=1,  # one GPU timed alone: its times are a TP-1 instance's
         label=f"measured: {device_name} ({device}, {dtype}{', CUDA graphs' if cuda_graphs else ''}), "
         f"torch {torch.__version__}, {spec.name}",
         created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -569,6 +569,7 @@ def build_profile(dataset: Dataset, *, with_kv_cache_save: bool = False) -> tupl
         }
     profile = CostProfile(
         measured=True,
+        tensor_parallel_size=1,  # only Vidur's num_tensor_parallel_workers == 1 rows are read
         label=f"Vidur's measured operations: {dataset.device_name}, {dataset.vidur_model}, fp16, TP 1",
         created="2026-11-30",
         kvsim_version=_version(),

@@ -89,6 +89,8 @@ class KVCapacity:
     weight_bytes: int
     activation_reserve_bytes: int
     source: Source
+    tensor_parallel_size: int = 1
+    """GPUs of the instance; every number above is per GPU (each holds the same pool)."""
 
     @property
     def block_bytes(self) -> int:
@@ -118,11 +120,20 @@ class KVCapacity:
         return self.num_gpu_blocks / math.ceil(tokens_per_request / self.block_size)
 
     def capacity_lines(self, max_model_len: int) -> list[str]:
-        """vLLM's two start-up lines, character for character."""
-        return [
+        """vLLM's two start-up lines, character for character (with TP vLLM prints them once for the
+        instance: each GPU holds ``num_gpu_blocks`` blocks of its share of every token). At TP > 1 a
+        third line gives the per-GPU memory."""
+        lines = [
             f"GPU KV cache size: {self.kv_pool_tokens:,} tokens",
             f"Maximum concurrency for {max_model_len:,} tokens per request: {self.max_concurrency(max_model_len):.2f}x",
         ]
+        if self.tensor_parallel_size > 1:
+            lines.append(
+                f"tensor_parallel_size {self.tensor_parallel_size}, per GPU: weights {_gib(self.weight_bytes)}, "
+                f"activation reserve {_gib(self.activation_reserve_bytes)}, KV cache {_gib(self.kv_pool_bytes)} "
+                f"({self.kv_bytes_per_token:,} B per token)"
+            )
+        return lines
 
 
 def estimate_activation_reserve(
@@ -165,24 +176,7 @@ def estimate_activation_reserve(
     kv_heads = max(1, spec.num_kv_heads // tp)
     qkv = (math.ceil(spec.num_attention_heads / tp) + 2 * kv_heads) * spec.head_dim
     per_token_elements = mlp + qkv + 4 * spec.hidden_size
-    activation_bytes = max(2, spec.weight_dtype_bytes)
-    return num_tokens * per_token_elements * activation_bytes + num_seqs * spec.vocab_size * 4
-
-
-def _check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {tp!r}")
-    if spec.num_attention_heads % tp != 0:
-        raise ValueError(
-            f"{spec.name}: num_attention_heads ({spec.num_attention_heads}) must be divisible by "
-            f"tensor_parallel_size ({tp})"
-        )
-    if spec.attention == "mha":
-        kv = spec.num_kv_heads
-        if (kv >= tp and kv % tp != 0) or (kv < tp and tp % kv != 0):
-            raise ValueError(
-                f"{spec.name}: num_kv_heads ({kv}) and tensor_parallel_size ({tp}) must divide one another"
-            )
+    return num_tokens * per_token_elements * spec.activation_dtype_bytes + num_seqs * spec.vocab_size * 4
 
 
 def _gib(n: int) -> str:
@@ -263,12 +257,12 @@ def size_kv_pool(
         )
     if kv_cache_memory_bytes is not None and num_gpu_blocks_override is not None:
         raise ValueError("set at most one of kv_cache_memory_bytes and num_gpu_blocks_override")
-    _check_tensor_parallel(spec, tensor_parallel_size)
+    spec.check_tensor_parallel(tensor_parallel_size)
     tp = tensor_parallel_size
 
     kv_bpt = spec.kv_bytes_per_token(kv_cache_dtype, tensor_parallel_size=tp)
     block_bytes = block_size * kv_bpt
-    weights = math.ceil(spec.weight_bytes() / tp)
+    weights = spec.weight_bytes_per_gpu(tp)
     reserve = (
         activation_reserve_bytes
         if activation_reserve_bytes is not None
@@ -338,4 +332,5 @@ def size_kv_pool(
         weight_bytes=weights,
         activation_reserve_bytes=reserve,
         source=source,
+        tensor_parallel_size=tp,
     )

@@ -24,6 +24,10 @@ SUMMARY: Columns = {
     ),
     "policy_options": ("-", "The policy's options (JSON in summary.csv)."),
     "block_size": ("tokens", "Tokens per KV block."),
+    "tensor_parallel_size": (
+        "GPUs",
+        "GPUs per instance (`engine.tensor_parallel_size`); the `kv_*` bytes and blocks are per GPU.",
+    ),
     "max_model_len": ("tokens", "Longest request (prompt + output) the engine accepts."),
     "kv_pool_tokens": ("tokens (slots)", "Size of the KV pool: vLLM's `GPU KV cache size`."),
     "kv_pool_bytes": ("bytes", "Size of the KV pool in bytes (per GPU)."),

@@ -154,6 +154,10 @@ class ModelShape(Protocol):
     def qk_rope_head_dim(self) -> int | None: ...
     @property
     def gated_mlp(self) -> bool: ...
+    @property
+    def weight_dtype_bytes(self) -> int: ...
+    @property
+    def name(self) -> str: ...
 
 
 def attention_pairs(num_tokens: int, start_pos: int) -> float:
@@ -170,11 +174,12 @@ def attention_width(model: ModelShape) -> int:
     return model.num_attention_heads * model.head_dim
 
 
-def kv_elements_per_token_per_layer(model: ModelShape) -> int:
-    """Cache elements one token holds in one layer: K and V heads, or MLA's latent plus rope key."""
+def kv_elements_per_token_per_layer(model: ModelShape, tensor_parallel_size: int = 1) -> int:
+    """Cache elements one token holds in one layer on one GPU: K and V of ``max(1, kv_heads // tp)``
+    heads (replicated when TP exceeds them), or MLA's latent plus rope key (replicated on every GPU)."""
     if model.attention == "mla":
         return int(model.kv_lora_rank or 0) + int(model.qk_rope_head_dim or 0)
-    return 2 * model.num_kv_heads * model.head_dim
+    return 2 * max(1, model.num_kv_heads // tensor_parallel_size) * model.head_dim
 
 
 def layer_matmul_params(model: ModelShape) -> int:
@@ -193,9 +198,107 @@ def layer_matmul_params(model: ModelShape) -> int:
     return hidden * width + kv + width * hidden + mlp_matrices * hidden * model.intermediate_size
 
 
+def checked_tensor_parallel(model: ModelShape | ModelSpec, tensor_parallel_size: int) -> int:
+    """``tensor_parallel_size`` after vLLM's checks (:func:`sim.models.check_tensor_parallel`), or a
+    :class:`CostModelError` with vLLM's words."""
+    from sim.models import check_tensor_parallel
+
+    try:
+        check_tensor_parallel(model, tensor_parallel_size)
+    except ValueError as error:
+        raise CostModelError(str(error)) from None
+    return tensor_parallel_size
+
+
 def head_params(model: ModelShape) -> int:
     """The LM head (logits projection): ``vocab_size * hidden_size``."""
     return model.vocab_size * model.hidden_size
+
+
+# --------------------------------------------------------------------------------------------------
+# Tensor parallelism: the all-reduces
+# --------------------------------------------------------------------------------------------------
+
+ALL_REDUCES_PER_LAYER = 2
+"""Megatron-style tensor parallelism, as vLLM runs it: the attention output projection and the MLP
+down projection are split by rows, and each ends in an all-reduce of the layer's ``hidden``-wide
+output (``RowParallelLinear``)."""
+
+ALL_REDUCE_LATENCY_S = 10e-6
+"""Fixed time of one all-reduce call at TP 2, 10 us; at TP ``p`` it is ``10 us x log2(p)`` (20 us at
+TP 4, 30 us at TP 8), the growth of NCCL's tree and low-latency protocols with the number of GPUs.
+Source: Vidur's NCCL all-reduce timings on an H100 DGX under CUDA graphs (microsoft/vidur
+``data/profiling/network/h100_dgx/all_reduce.csv``, commit e26eb8f, medians of 3 runs): 7-10 us for
+messages up to 1 MiB on 2 GPUs; 31-34 us for 1-2 MiB on 8 GPUs, whose line through 1-5 MiB meets
+zero bytes at about 28 us. With the ring term over 450 GB/s the model is +10..+19 % against the 8-GPU
+medians at 1-5 MiB and 1.46-1.71x at 84-128 MiB (NVLS beats the ring there); README, "Tensor
+parallelism"."""
+
+
+def all_reduce_latency_s(tensor_parallel_size: int) -> float:
+    """One all-reduce call's fixed time at this TP (0 at TP 1): :data:`ALL_REDUCE_LATENCY_S` x log2(tp)."""
+    return ALL_REDUCE_LATENCY_S * math.log2(tensor_parallel_size)
+
+
+@dataclass(frozen=True)
+class AllReduceCost:
+    """Time tensor parallelism adds to an iteration of ``tokens`` tokens (decode rows plus prefill
+    tokens): ``2 x layers`` all-reduces of ``tokens x hidden x activation bytes`` each, by the ring
+    algorithm, which sends and receives ``2 (tp - 1) / tp`` times the message over each GPU's link:
+
+        seconds = calls x latency(tp) + calls x 2 (tp - 1) / tp x tokens x hidden x bytes / link
+
+    ``latency(tp)`` is :func:`all_reduce_latency_s`.
+    with ``link`` one direction of the GPU's NVLink (PCIe without it), :attr:`GpuSpec.tensor_parallel_link_bytes_per_s`.
+    All zero at ``tp = 1``. Communication is not overlapped with compute (vLLM does not overlap it)."""
+
+    tensor_parallel_size: int = 1
+    per_iteration_s: float = 0.0
+    """``calls x latency``: paid once by every iteration that runs the model."""
+    per_token_s: float = 0.0
+    """The bandwidth term per token of the iteration."""
+    link_bytes_per_s: float = 0.0
+    link: str = ""
+
+    @classmethod
+    def of(
+        cls,
+        model: ModelShape | ModelSpec,
+        gpu: GpuSpec,
+        tensor_parallel_size: int,
+    ) -> AllReduceCost:
+        from sim.models import activation_dtype_bytes
+
+        tp = tensor_parallel_size
+        if tp == 1:
+            return cls()
+        calls = ALL_REDUCES_PER_LAYER * model.num_layers
+        link = gpu.tensor_parallel_link_bytes_per_s
+        ring = 2 * (tp - 1) / tp
+        message_bytes_per_token = model.hidden_size * activation_dtype_bytes(model.weight_dtype_bytes)
+        return cls(
+            tensor_parallel_size=tp,
+            per_iteration_s=calls * all_reduce_latency_s(tp),
+            per_token_s=calls * ring * message_bytes_per_token / link,
+            link_bytes_per_s=link,
+            link=gpu.tensor_parallel_link_name,
+        )
+
+    def seconds(self, tokens: int) -> float:
+        """All-reduce time of one iteration over ``tokens`` tokens (0 at tp = 1 or without tokens)."""
+        return self.per_iteration_s + self.per_token_s * tokens if tokens > 0 else 0.0
+
+    def describe(self) -> str:
+        """A phrase for cost-model labels: the TP and the link its all-reduces use."""
+        return (
+            f"TP {self.tensor_parallel_size}: per-GPU shares + {ALL_REDUCES_PER_LAYER} all-reduces/layer over "
+            f"{self.link} {self.link_bytes_per_s / 1e9:g} GB/s per direction"
+        )
+
+
+def tensor_parallel_label(label: str, all_reduce: AllReduceCost) -> str:
+    """``label`` with the TP phrase appended at tp > 1 (unchanged at tp = 1)."""
+    return label if all_reduce.tensor_parallel_size == 1 else f"{label}; {all_reduce.describe()}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -224,7 +327,12 @@ class AnalyticCostModel(CostModel):
     * A copy-on-write block copy reads and writes the block in every layer:
       ``2 * blocks * block_bytes / BW``.
     * A swap moves ``blocks * block_bytes`` over the host link, ``host_bandwidth_bytes_per_s``
-      (default :data:`DEFAULT_HOST_BANDWIDTH_BYTES_PER_S`, 25 GB/s).
+      (default :data:`DEFAULT_HOST_BANDWIDTH_BYTES_PER_S`, 25 GB/s; :func:`make_cost_model` passes the
+      GPU's PCIe link, one direction).
+    * Tensor parallelism (``tensor_parallel_size`` > 1): every GPU reads ``weights / tp``, does
+      ``1 / tp`` of the FLOPs and reads its own KV heads (``max(1, kv_heads // tp)`` per layer), all at
+      once, so those terms divide; blocks are per GPU (each GPU copies and swaps its share over its own
+      links); :class:`AllReduceCost` adds the all-reduces.
 
     Peak numbers, no efficiency factors: real servers run slower, by a factor a measured profile shows.
     """
@@ -240,28 +348,34 @@ class AnalyticCostModel(CostModel):
         kv_cache_dtype: str = "auto",
         block_size: int = 16,
         host_bandwidth_bytes_per_s: float = DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
+        tensor_parallel_size: int = 1,
     ):
         if block_size <= 0:
             raise CostModelError(f"block_size must be positive, got {block_size}")
         if host_bandwidth_bytes_per_s <= 0:
             raise CostModelError(f"host bandwidth must be positive, got {host_bandwidth_bytes_per_s}")
+        tp = checked_tensor_parallel(model, tensor_parallel_size)
         self.model = model
         self.gpu = gpu
         self.kv_cache_dtype = kv_cache_dtype
         self.block_size = block_size
+        self.tensor_parallel_size = tp
         self.host_bandwidth_bytes_per_s = float(host_bandwidth_bytes_per_s)
         bandwidth, flops = float(gpu.hbm_bandwidth_bytes_per_s), float(gpu.fp16_flops)
-        self.kv_bytes_per_token = model.kv_bytes_per_token(kv_cache_dtype)
+        self.kv_bytes_per_token = model.kv_bytes_per_token(kv_cache_dtype, tensor_parallel_size=tp)
         self.block_bytes = self.kv_bytes_per_token * block_size
-        # FLOPs per token use the parameters one token touches (all of them for a dense model)
+        self.all_reduce = AllReduceCost.of(model, gpu, tp)
+        # FLOPs per token use the parameters one token touches (all of them for a dense model);
+        # dividing by tp last keeps tp = 1 bit for bit what it was
         active_params = getattr(model, "active_params", model.num_params)
         self._decode = DecodeCost(
-            intercept_s=model.weight_bytes() / bandwidth,
-            per_seq_s=2.0 * active_params / flops,
+            intercept_s=model.weight_bytes() / bandwidth / tp + self.all_reduce.per_iteration_s,
+            per_seq_s=2.0 * active_params / flops / tp + self.all_reduce.per_token_s,
             per_context_token_s=self.kv_bytes_per_token / bandwidth,
         )
-        self.prefill_per_token_s = 2.0 * active_params / flops
-        self.prefill_per_attention_pair_s = 4.0 * model.num_layers * attention_width(model) / flops
+        self.prefill_per_token_s = 2.0 * active_params / flops / tp + self.all_reduce.per_token_s
+        self.prefill_per_attention_pair_s = 4.0 * model.num_layers * attention_width(model) / flops / tp
+        self.label = tensor_parallel_label(self.label, self.all_reduce)
         self._copy_per_block_s = 2.0 * self.block_bytes / bandwidth
         self._swap_per_block_s = self.block_bytes / self.host_bandwidth_bytes_per_s
 
@@ -415,6 +529,11 @@ class CostProfile(_Strict):
     analytic_parts: list[str] = Field(default_factory=list)
     """Coefficients filled analytically in an otherwise measured profile (they are marked
     ``measured: false`` where the schema has the flag)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """The tensor-parallel size the times were measured at: they are one GPU's share of the work
+    (its slice of the weights, heads and KV heads). All-reduce time is never part of a profile;
+    kvsim adds it analytically at TP > 1 (:class:`AllReduceCost`). A run at another TP refuses the
+    profile unless ``cost_model: {tensor_parallel_rescale: true}``."""
 
     @model_validator(mode="after")
     def _check_version(self) -> CostProfile:
@@ -478,16 +597,25 @@ class RescaleRatios:
     block: float
 
     @classmethod
-    def between(cls, profile_model: ProfileModel, target: ProfileModel) -> RescaleRatios:
+    def between(
+        cls, profile_model: ProfileModel, target: ProfileModel, profile_tp: int = 1, target_tp: int = 1
+    ) -> RescaleRatios:
+        """Ratios of one GPU's work: the model's shapes, and under tensor parallelism each GPU's share
+        (``1 / tp`` of the matrices, heads and vocabulary; its own KV heads, replicated when fewer than
+        TP, for the K/V terms)."""
+
         def ratio(f: Any) -> float:
-            return float(f(target)) / float(f(profile_model))
+            return float(f(target)) / float(f(profile_model)) * profile_tp / target_tp
+
+        def kv_ratio(f: Any) -> float:
+            return float(f(target, target_tp)) / float(f(profile_model, profile_tp))
 
         return cls(
             weights=ratio(layer_matmul_params),
-            kv=ratio(kv_elements_per_token_per_layer),
+            kv=kv_ratio(kv_elements_per_token_per_layer),
             attention=ratio(attention_width),
             head=ratio(head_params),
-            block=ratio(lambda m: m.num_layers * kv_elements_per_token_per_layer(m)),
+            block=kv_ratio(lambda m, tp: m.num_layers * kv_elements_per_token_per_layer(m, tp)),
         )
 
 
@@ -524,6 +652,11 @@ class ProfileCostModel(CostModel):
       unchanged); and the layer count is the target's. It assumes the same device and dtype, and that
       time is proportional to bytes and FLOPs, which is roughly true only for similar shapes. It
       always warns.
+    * Tensor parallelism: a profile holds one GPU's times at ``profile.tensor_parallel_size``
+      (default 1). At another TP it is refused unless ``tensor_parallel_rescale=True``, which divides
+      the per-GPU terms like a shape rescale (:meth:`RescaleRatios.between` with both TPs: matrices,
+      heads and LM head by the TP ratio, K/V by the per-GPU KV heads) and warns. At any TP > 1 the
+      all-reduces are added analytically (:class:`AllReduceCost`, over ``gpu``'s link).
     """
 
     def __init__(
@@ -535,6 +668,9 @@ class ProfileCostModel(CostModel):
         block_size: int | None = None,
         host_bandwidth_bytes_per_s: float | None = None,
         source: str | Path | None = None,
+        tensor_parallel_size: int = 1,
+        tensor_parallel_rescale: bool = False,
+        gpu: GpuSpec | None = None,
     ):
         self.profile = profile
         self.source = str(source) if source is not None else "<profile>"
@@ -554,15 +690,19 @@ class ProfileCostModel(CostModel):
                 f"{target.name!r} ({differences}). Calibrate the model (`kvsim calibrate --model {target.name}`) "
                 "or set `rescale: true` in cost_model to rescale the profile by shape ratios."
             )
+        tp = self._check_tensor_parallel(tensor_parallel_size, tensor_parallel_rescale, gpu)
+        self.tensor_parallel_size = tp
+        self.all_reduce = AllReduceCost() if gpu is None else AllReduceCost.of(target, gpu, tp)
         ratios = (
-            RescaleRatios.between(profile.model, target)
-            if self.rescaled
+            RescaleRatios.between(profile.model, target, profile.tensor_parallel_size, tp)
+            if self.rescaled or self.tp_rescaled
             else RescaleRatios(weights=1.0, kv=1.0, attention=1.0, head=1.0, block=1.0)
         )
         self.ratios = ratios
-        if self.rescaled:
+        if self.rescaled or self.tp_rescaled:
             warnings.warn(
-                f"cost profile {self.source} measured on {profile.model.name!r} is rescaled to {target.name!r} "
+                f"cost profile {self.source} measured on {profile.model.name!r} at TP "
+                f"{profile.tensor_parallel_size} is rescaled to {target.name!r} at TP {tp} "
                 f"(ratios: weights {ratios.weights:.3g}, kv {ratios.kv:.3g}, attention {ratios.attention:.3g}, "
                 f"head {ratios.head:.3g}, block {ratios.block:.3g}); times are an extrapolation, not a measurement",
                 stacklevel=2,
@@ -580,22 +720,27 @@ class ProfileCostModel(CostModel):
                 )
             swap = self._analytic_swap(host_bandwidth_bytes_per_s)
         layers = target.num_layers
+        # the all-reduce terms are 0.0 at TP 1: adding them leaves those times bit for bit as they were
         self._decode = DecodeCost(
             intercept_s=layers * c.decode_per_layer.intercept_s * ratios.weights
-            + c.decode_per_step.intercept_s * ratios.head,
+            + c.decode_per_step.intercept_s * ratios.head
+            + self.all_reduce.per_iteration_s,
             per_seq_s=layers * c.decode_per_layer.per_seq_s * ratios.weights
-            + c.decode_per_step.per_seq_s * ratios.head,
+            + c.decode_per_step.per_seq_s * ratios.head
+            + self.all_reduce.per_token_s,
             per_context_token_s=layers * per_context * ratios.kv,
         )
         p = c.prefill_per_layer
         # One fixed cost per iteration (the layers' prefill intercept and the LM head's): a chunk adds
         # only its marginal time, including the one row of logits it needs.
         self._prefill_fixed = (
-            layers * p.intercept_s * ratios.weights + c.decode_per_step.intercept_s * ratios.head
+            layers * p.intercept_s * ratios.weights
+            + c.decode_per_step.intercept_s * ratios.head
+            + self.all_reduce.per_iteration_s
         )
         self._prefill = (
             c.decode_per_step.per_seq_s * ratios.head,
-            layers * p.per_token_s * ratios.weights,
+            layers * p.per_token_s * ratios.weights + self.all_reduce.per_token_s,
             layers * p.per_attention_pair_s * ratios.attention,
         )
         self._copy = (copy.intercept_s, copy.per_block_s * ratios.block)
@@ -609,13 +754,42 @@ class ProfileCostModel(CostModel):
         mode = ""
         if profile.device.kind == "cuda" and profile.source is None:
             mode = ", CUDA graphs" if profile.grid.get("cuda_graphs") else ", eager"
-        self.label = (
+        self.label = tensor_parallel_label(
             f"{kind}: {origin}{profile.device.name} ({profile.device.kind}, {profile.dtype}{mode}), "
-            f"{profile.model.name}" + (f" rescaled to {target.name}" if self.rescaled else "")
+            f"{profile.model.name}"
+            + (f" rescaled to {target.name}" if self.rescaled else "")
+            + (f" rescaled from TP {profile.tensor_parallel_size}" if self.tp_rescaled else ""),
+            self.all_reduce,
         )
-        self.error_band = profile_error_band(profile) + (
-            f"; rescaled to {target.name}: not validated" if self.rescaled else ""
+        self.error_band = (
+            profile_error_band(profile)
+            + (f"; rescaled to {target.name}: not validated" if self.rescaled else "")
+            + (
+                f"; rescaled from TP {profile.tensor_parallel_size} to {tp}: not validated"
+                if self.tp_rescaled
+                else ""
+            )
+            + ("; all-reduce time analytic (not measured)" if tp > 1 else "")
         )
+
+    def _check_tensor_parallel(self, tp: int, rescale: bool, gpu: GpuSpec | None) -> int:
+        """The run's TP after vLLM's checks; refuses a profile measured at another TP unless
+        ``rescale``, and TP > 1 without a GPU (its link times the all-reduces). Sets ``tp_rescaled``."""
+        checked_tensor_parallel(self.target, tp)
+        measured = self.profile.tensor_parallel_size
+        self.tp_rescaled = tp != measured
+        if self.tp_rescaled and not rescale:
+            raise CostModelError(
+                f"cost profile {self.source} was measured at tensor_parallel_size {measured}, but the engine "
+                f"runs at tensor_parallel_size {tp}. Calibrate at that size, or set "
+                "`tensor_parallel_rescale: true` in cost_model to divide the profile's per-GPU times by the "
+                "TP ratio (with analytic all-reduce time added)."
+            )
+        if tp > 1 and gpu is None:
+            raise CostModelError(
+                f"cost profile {self.source}: tensor_parallel_size {tp} needs the GPU (its link times the all-reduces)"
+            )
+        return tp
 
     @classmethod
     def from_yaml(
@@ -626,6 +800,9 @@ class ProfileCostModel(CostModel):
         *,
         block_size: int | None = None,
         host_bandwidth_bytes_per_s: float | None = None,
+        tensor_parallel_size: int = 1,
+        tensor_parallel_rescale: bool = False,
+        gpu: GpuSpec | None = None,
     ) -> ProfileCostModel:
         return cls(
             load_profile(path),
@@ -634,6 +811,9 @@ class ProfileCostModel(CostModel):
             block_size=block_size,
             host_bandwidth_bytes_per_s=host_bandwidth_bytes_per_s,
             source=path,
+            tensor_parallel_size=tensor_parallel_size,
+            tensor_parallel_rescale=tensor_parallel_rescale,
+            gpu=gpu,
         )
 
     def _block_size_coefficients(self, block_size: int) -> tuple[float, BlockCoefficients, BlockCoefficients]:
@@ -752,8 +932,9 @@ class CostModelConfig(BaseModel):
 
     ``derated`` takes its efficiency factors from the GPU (``gpu: {base: ..., efficiency: {...}}``
     overrides them). ``host_bandwidth_gb_per_s`` (10^9 bytes/s) sets the swap link for ``derated``
-    and ``analytic``, and for a profile whose swaps were not measured (CPU and Vidur profiles); it
-    defaults to 25 GB/s.
+    and ``analytic`` (default: one direction of the GPU preset's PCIe link), and for a profile whose
+    swaps were not measured (CPU and Vidur profiles; default: the profile's own, 25 GB/s).
+    ``tensor_parallel_rescale: true`` lets a profile measured at one TP run at another.
     """
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -766,8 +947,12 @@ class CostModelConfig(BaseModel):
     then the repository root."""
     rescale: bool = False
     """Allow a profile measured on another model to be rescaled by shape ratios (with a warning)."""
+    tensor_parallel_rescale: bool = False
+    """Allow a profile measured at another ``tensor_parallel_size`` to be used: its per-GPU times are
+    divided by the TP ratio and all-reduce time is added analytically (with a warning)."""
     host_bandwidth_gb_per_s: float | None = Field(default=None, gt=0)
-    """Host link for swaps in 10^9 bytes/s (analytic default 25; also for profiles without measured swaps)."""
+    """Host link for swaps in 10^9 bytes/s, one direction (derated and analytic default: half the GPU
+    preset's PCIe figure, e.g. 32 for PCIe Gen4 x16; also for profiles without measured swaps)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -790,8 +975,10 @@ class CostModelConfig(BaseModel):
     def _consistent(self) -> CostModelConfig:
         if self.kind == "profile" and not self.profile:
             raise ValueError("cost_model kind 'profile' needs `profile: PATH`")
-        if self.kind != "profile" and (self.profile or self.rescale):
-            raise ValueError(f"cost_model kind {self.kind!r} takes no `profile` or `rescale`")
+        if self.kind != "profile" and (self.profile or self.rescale or self.tensor_parallel_rescale):
+            raise ValueError(
+                f"cost_model kind {self.kind!r} takes no `profile`, `rescale` or `tensor_parallel_rescale`"
+            )
         return self
 
 
@@ -819,8 +1006,10 @@ def make_cost_model(
     block_size: int,
     kv_cache_dtype: str = "auto",
     base_dir: str | Path | None = None,
+    tensor_parallel_size: int = 1,
 ) -> CostModel:
-    """Build the cost model an experiment asked for (``None`` means the default, derated).
+    """Build the cost model an experiment asked for (``None`` means the default, derated), for one
+    instance of ``tensor_parallel_size`` GPUs.
 
     ``kv_cache_dtype`` sizes the analytic model's K/V traffic. A profile's times are those of the dtype
     it was measured in (``profile.dtype``); they are not rescaled for another cache dtype."""
@@ -834,26 +1023,27 @@ def make_cost_model(
             )
             raise CostModelError(f"invalid cost_model {config!r}: {problems}") from None
     bandwidth = None if config.host_bandwidth_gb_per_s is None else config.host_bandwidth_gb_per_s * 1e9
-    if config.kind == "derated":
-        return DeratedCostModel(
+    if config.kind in ("derated", "analytic"):
+        roofline = DeratedCostModel if config.kind == "derated" else AnalyticCostModel
+        return roofline(
             model,
             gpu,
             kv_cache_dtype=kv_cache_dtype,
             block_size=block_size,
-            host_bandwidth_bytes_per_s=bandwidth or DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
-        )
-    if config.kind == "analytic":
-        return AnalyticCostModel(
-            model,
-            gpu,
-            kv_cache_dtype=kv_cache_dtype,
-            block_size=block_size,
-            host_bandwidth_bytes_per_s=bandwidth or DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
+            host_bandwidth_bytes_per_s=bandwidth or gpu.host_link_bytes_per_s,
+            tensor_parallel_size=tensor_parallel_size,
         )
     assert config.profile is not None
     path = resolve_profile_path(config.profile, base_dir)
     return ProfileCostModel.from_yaml(
-        path, model, config.rescale, block_size=block_size, host_bandwidth_bytes_per_s=bandwidth
+        path,
+        model,
+        config.rescale,
+        block_size=block_size,
+        host_bandwidth_bytes_per_s=bandwidth,
+        tensor_parallel_size=tensor_parallel_size,
+        tensor_parallel_rescale=config.tensor_parallel_rescale,
+        gpu=gpu,
     )
 
 

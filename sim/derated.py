@@ -23,6 +23,14 @@ iteration of ``T`` tokens (``B`` decoding sequences holding ``C`` tokens, plus p
   ``FLOP/s x prefill_attention_flops``, and reading the cached prefix's K/V (``start_pos`` tokens)
   over ``BW x kv_bandwidth``.
 
+Tensor parallelism (``tensor_parallel_size`` > 1): each GPU holds ``1 / tp`` of every matrix (the
+vocabulary of the embedding and LM head too), ``1 / tp`` of the attention heads and MLP width, and
+``max(1, kv_heads // tp)`` KV heads; the GPUs run at once, so the weight reads, FLOPs, split
+elementwise kernels (rotary, activation) and K/V reads divide, while the norms and residual adds
+(replicated on every GPU) and the fixed per-layer floors do not. :class:`sim.costs.AllReduceCost`
+adds two all-reduces per layer. Decode attention's per-sequence cost is kept whole (it was fitted
+at TP 1 and is not known to scale with heads).
+
 Decode iterations must be linear in the batch (event skipping, :mod:`sim.event_skip`): for them the
 quadrature sum is replaced by its least-squares line (relative error) over batches 1..256 taken at
 geometric spacing, i.e. equal weight per doubling of the batch; the line is within 6 % of the
@@ -40,12 +48,15 @@ import numpy as np
 
 from sim.costs import (
     DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
+    AllReduceCost,
     CostModel,
     CostModelError,
     DecodeCost,
     attention_pairs,
     attention_width,
+    checked_tensor_parallel,
     layer_matmul_params,
+    tensor_parallel_label,
 )
 
 if TYPE_CHECKING:
@@ -68,13 +79,15 @@ def embedding_is_tied(model: ModelSpec) -> bool:
     return rest < 1.5 * model.vocab_size * model.hidden_size
 
 
-def elementwise_elements_per_token(model: ModelSpec) -> int:
-    """Activation elements read and written per token and layer by the elementwise kernels, as
-    Vidur profiles them: two RMSNorms (read and write ``hidden``), rotary embedding of q and k (read
-    and write), the activation (gated: read gate and up, write one; else read and write one) and
-    one residual add (read two, write one)."""
-    hidden, intermediate = model.hidden_size, model.intermediate_size
-    rope = model.num_attention_heads * model.head_dim + model.num_kv_heads * model.head_dim
+def elementwise_elements_per_token(model: ModelSpec, tensor_parallel_size: int = 1) -> int:
+    """Activation elements read and written per token and layer by the elementwise kernels on one
+    GPU, as Vidur profiles them: two RMSNorms (read and write ``hidden``), rotary embedding of q and k
+    (read and write), the activation (gated: read gate and up, write one; else read and write one)
+    and one residual add (read two, write one). Under tensor parallelism a GPU ropes its own heads
+    and activates its ``intermediate / tp`` slice; norms and the residual add are whole on every GPU."""
+    tp = tensor_parallel_size
+    hidden, intermediate = model.hidden_size, -(-model.intermediate_size // tp)
+    rope = (model.num_attention_heads // tp + max(1, model.num_kv_heads // tp)) * model.head_dim
     activation = 3 * intermediate if model.gated_mlp else 2 * intermediate
     return 2 * 2 * hidden + 2 * rope + activation + 3 * hidden
 
@@ -101,13 +114,17 @@ class DeratedCostModel(CostModel):
         block_size: int = 16,
         host_bandwidth_bytes_per_s: float = DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
         efficiency: Efficiency | None = None,
+        tensor_parallel_size: int = 1,
     ):
         if block_size <= 0:
             raise CostModelError(f"block_size must be positive, got {block_size}")
         if host_bandwidth_bytes_per_s <= 0:
             raise CostModelError(f"host bandwidth must be positive, got {host_bandwidth_bytes_per_s}")
         eff = efficiency if efficiency is not None else gpu.efficiency
+        tp = checked_tensor_parallel(model, tensor_parallel_size)
         self.model, self.gpu, self.efficiency = model, gpu, eff
+        self.tensor_parallel_size = tp
+        self.all_reduce = AllReduceCost.of(model, gpu, tp)
         self.block_size = block_size
         self.kv_cache_dtype = kv_cache_dtype
         self.host_bandwidth_bytes_per_s = float(host_bandwidth_bytes_per_s)
@@ -122,25 +139,27 @@ class DeratedCostModel(CostModel):
         body_active = max(model.active_params - head_params - table_params, 0)
         weight_bw = bandwidth * eff.weight_bandwidth
         gemm_flops = flops * eff.gemm_flops
-        self.body_read_s = body_params * weight_bytes / weight_bw
-        self.body_flops_per_token_s = 2.0 * body_active / gemm_flops
-        self.head_read_s = head_params * weight_bytes / weight_bw
-        self.head_flops_per_row_s = 2.0 * head_params / gemm_flops
-        self.embedding_row_s = model.hidden_size * weight_bytes / weight_bw
+        # each GPU's share of the matrices (dividing by tp last keeps tp = 1 bit for bit what it was);
+        # a vocabulary-parallel embedding looks up 1 / tp of the rows on each GPU on average
+        self.body_read_s = body_params * weight_bytes / weight_bw / tp
+        self.body_flops_per_token_s = 2.0 * body_active / gemm_flops / tp
+        self.head_read_s = head_params * weight_bytes / weight_bw / tp
+        self.head_flops_per_row_s = 2.0 * head_params / gemm_flops / tp
+        self.embedding_row_s = model.hidden_size * weight_bytes / weight_bw / tp
         self.elementwise_fixed_s = layers * eff.layer_fixed_s
         self.elementwise_per_token_s = (
             layers
-            * elementwise_elements_per_token(model)
+            * elementwise_elements_per_token(model, tp)
             * weight_bytes
             / (bandwidth * eff.elementwise_bandwidth)
         )
-        self.kv_bytes_per_token = model.kv_bytes_per_token(kv_cache_dtype)
+        self.kv_bytes_per_token = model.kv_bytes_per_token(kv_cache_dtype, tensor_parallel_size=tp)
         self.kv_read_per_token_s = self.kv_bytes_per_token / (bandwidth * eff.kv_bandwidth)
         self.decode_attention_fixed_s = layers * eff.decode_attention_fixed_s
         self.decode_attention_per_seq_s = layers * eff.decode_attention_per_seq_s
         self.prefill_attention_fixed_s = layers * eff.prefill_attention_fixed_s
         self.prefill_attention_per_pair_s = (
-            layers * 4.0 * attention_width(model) / (flops * eff.prefill_attention_flops)
+            layers * 4.0 * attention_width(model) / (flops * eff.prefill_attention_flops) / tp
         )
         self.block_bytes = self.kv_bytes_per_token * block_size
         self._copy_per_block_s = 2.0 * self.block_bytes / (bandwidth * eff.kv_bandwidth)
@@ -148,14 +167,18 @@ class DeratedCostModel(CostModel):
         batches = DECODE_LINEARIZATION_BATCHES
         gemm_intercept, gemm_per_seq = relative_line(batches, [self.gemm_s(b, b) for b in batches])
         self._decode = DecodeCost(
-            intercept_s=gemm_intercept + self.elementwise_fixed_s + self.decode_attention_fixed_s,
+            intercept_s=gemm_intercept
+            + self.elementwise_fixed_s
+            + self.decode_attention_fixed_s
+            + self.all_reduce.per_iteration_s,
             per_seq_s=gemm_per_seq
             + self.elementwise_per_token_s
             + self.embedding_row_s
-            + self.decode_attention_per_seq_s,
+            + self.decode_attention_per_seq_s
+            + self.all_reduce.per_token_s,
             per_context_token_s=self.kv_read_per_token_s,
         )
-        self.label = f"derated-analytic ({eff.source})"
+        self.label = tensor_parallel_label(f"derated-analytic ({eff.source})", self.all_reduce)
         self.error_band = eff.error_band
 
     def gemm_s(self, tokens: float, logit_rows: float) -> float:
@@ -171,8 +194,9 @@ class DeratedCostModel(CostModel):
 
     @property
     def prefill_fixed_s(self) -> float:
-        """A prefill-carrying iteration's cost at zero tokens: the weight reads and the layers' floor."""
-        return self.gemm_s(0, 0) + self.elementwise_fixed_s
+        """A prefill-carrying iteration's cost at zero tokens: the weight reads, the layers' floor and
+        the all-reduces' latency."""
+        return self.gemm_s(0, 0) + self.elementwise_fixed_s + self.all_reduce.per_iteration_s
 
     def iteration_s(
         self, batch_size: int, sum_context: int, prefill_chunks: Sequence[tuple[int, int]] = ()
@@ -185,6 +209,7 @@ class DeratedCostModel(CostModel):
             self.gemm_s(tokens, batch_size + len(prefill_chunks))
             + self.elementwise_fixed_s
             + (self.elementwise_per_token_s + self.embedding_row_s) * tokens
+            + self.all_reduce.seconds(tokens)
         )
         if batch_size > 0:
             seconds += (

@@ -8,6 +8,16 @@ is binary (GiB): nvidia-smi shows an A100-80GB as 81920 MiB = 80 x 2**30 bytes, 
 ``A100-80GB`` is 80 x 2**30 = 85,899,345,920 bytes and ``H200-141GB`` 141 x 2**30 bytes.
 
 Bandwidth and FLOP/s are decimal, as on the datasheets (1 TB/s = 10**12 bytes/s).
+
+Links
+-----
+``nvlink_bandwidth_bytes_per_s`` and ``pcie_bandwidth_bytes_per_s`` are the datasheet figures, which
+NVIDIA quotes for both directions together (A100 SXM "NVLink: 600 GB/s" = 12 links x 25 GB/s each
+way x 2; "PCIe Gen4: 64 GB/s" = 32 GB/s each way x 2). A transfer moves data one way, so kvsim
+uses half of each: :attr:`GpuSpec.tensor_parallel_link_bytes_per_s` (NVLink, or PCIe on cards
+without it) for tensor-parallel all-reduces and :attr:`GpuSpec.host_link_bytes_per_s` (PCIe) for
+swaps and host-memory transfers. Cards without NVLink (T4, A10G, L4, RTX 4090) have
+``nvlink_bandwidth_bytes_per_s = None``.
 ``fp16_flops`` is the *dense* FP16/BF16 tensor-core rate with FP32 accumulation, the rate that
 PyTorch/vLLM GEMMs see; NVIDIA's headline numbers "with sparsity" are twice this.
 
@@ -46,12 +56,26 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
-__all__ = ["EFFICIENCY_PRESETS", "GENERIC_EFFICIENCY", "GPU_PRESETS", "Efficiency", "GpuSpec", "resolve_gpu"]
+__all__ = [
+    "DEFAULT_PCIE_BANDWIDTH_BYTES_PER_S",
+    "EFFICIENCY_PRESETS",
+    "GENERIC_EFFICIENCY",
+    "GPU_PRESETS",
+    "Efficiency",
+    "GpuSpec",
+    "resolve_gpu",
+]
 
 GiB = 2**30
 GB = 10**9
 TB = 10**12
 TFLOPS = 10**12
+
+DEFAULT_PCIE_BANDWIDTH_BYTES_PER_S = 64 * GB
+"""PCIe Gen4 x16, both directions together (32 GB/s each way): the link of a custom GPU that names none."""
+_PCIE_GEN3 = 32 * GB  # PCIe Gen3 x16, both directions (16 GB/s each way)
+_PCIE_GEN4 = 64 * GB
+_PCIE_GEN5 = 128 * GB
 
 
 @dataclass(frozen=True)
@@ -160,13 +184,33 @@ EFFICIENCY_PRESETS: dict[str, Efficiency] = {"A100": _A100, "H100": _H100, "gene
 @dataclass(frozen=True)
 class GpuSpec:
     """One GPU. Memory in bytes; bandwidth in bytes/s; ``fp16_flops`` dense FP16/BF16 tensor FLOP/s;
-    ``efficiency`` the derating factors of the derated cost model."""
+    ``efficiency`` the derating factors of the derated cost model; ``nvlink_bandwidth_bytes_per_s``
+    (``None`` without NVLink) and ``pcie_bandwidth_bytes_per_s`` the datasheet link rates, both
+    directions together (see the module docstring)."""
 
     name: str
     memory_bytes: int
     hbm_bandwidth_bytes_per_s: float
     fp16_flops: float
     efficiency: Efficiency = GENERIC_EFFICIENCY
+    nvlink_bandwidth_bytes_per_s: float | None = None
+    pcie_bandwidth_bytes_per_s: float = DEFAULT_PCIE_BANDWIDTH_BYTES_PER_S
+
+    @property
+    def tensor_parallel_link_bytes_per_s(self) -> float:
+        """One direction of the link tensor-parallel all-reduces use: NVLink where the card has it,
+        else PCIe (peer to peer through the host's PCIe switch); half the datasheet figure."""
+        link = self.nvlink_bandwidth_bytes_per_s or self.pcie_bandwidth_bytes_per_s
+        return link / 2
+
+    @property
+    def tensor_parallel_link_name(self) -> str:
+        return "NVLink" if self.nvlink_bandwidth_bytes_per_s else "PCIe"
+
+    @property
+    def host_link_bytes_per_s(self) -> float:
+        """One direction of the PCIe link to host memory (swaps, offloading): half the datasheet figure."""
+        return self.pcie_bandwidth_bytes_per_s / 2
 
     def __post_init__(self) -> None:
         if (
@@ -177,55 +221,106 @@ class GpuSpec:
             raise ValueError(
                 f"GPU {self.name!r}: memory_bytes must be a positive integer, got {self.memory_bytes!r}"
             )
-        for field in ("hbm_bandwidth_bytes_per_s", "fp16_flops"):
+        for field in ("hbm_bandwidth_bytes_per_s", "fp16_flops", "pcie_bandwidth_bytes_per_s"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ValueError(f"GPU {self.name!r}: {field} must be a positive number, got {value!r}")
+        nvlink = self.nvlink_bandwidth_bytes_per_s
+        if nvlink is not None and (
+            isinstance(nvlink, bool) or not isinstance(nvlink, int | float) or not nvlink > 0
+        ):
+            raise ValueError(
+                f"GPU {self.name!r}: nvlink_bandwidth_bytes_per_s must be a positive number or None, got {nvlink!r}"
+            )
 
 
 GPU_PRESETS: dict[str, GpuSpec] = {
-    # NVIDIA T4 datasheet: 16 GB GDDR6, 320+ GB/s, 65 TFLOPS mixed-precision (FP16/FP32) tensor.
+    # NVIDIA T4 datasheet: 16 GB GDDR6, 320+ GB/s, 65 TFLOPS mixed-precision (FP16/FP32) tensor;
+    # "PCIe Gen3 x16" (32 GB/s both ways), no NVLink.
     "T4-16GB": GpuSpec(
-        "T4-16GB", 16 * GiB, 320 * GB, 65 * TFLOPS, _applied(_A100, "T4-16GB", "no T4 data in Vidur")
+        "T4-16GB",
+        16 * GiB,
+        320 * GB,
+        65 * TFLOPS,
+        _applied(_A100, "T4-16GB", "no T4 data in Vidur"),
+        pcie_bandwidth_bytes_per_s=_PCIE_GEN3,
     ),
     # AWS G5 (A10G, an AWS-only GA102 part; NVIDIA publishes no A10G datasheet): 24 GB GDDR6 at
     # 600 GB/s; FP16 tensor 70 TFLOPS dense (vs the A10's 125) per Baseten's "A10 vs A10G" comparison.
+    # PCIe Gen4 x16 (the A10 datasheet: "PCIe Gen4 64 GB/s"), no NVLink.
     "A10G-24GB": GpuSpec(
-        "A10G-24GB", 24 * GiB, 600 * GB, 70 * TFLOPS, _applied(_A100, "A10G-24GB", "no A10G data in Vidur")
+        "A10G-24GB",
+        24 * GiB,
+        600 * GB,
+        70 * TFLOPS,
+        _applied(_A100, "A10G-24GB", "no A10G data in Vidur"),
+        pcie_bandwidth_bytes_per_s=_PCIE_GEN4,
     ),
-    # NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, FP16 tensor 242 TFLOPS with sparsity = 121 dense.
+    # NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, FP16 tensor 242 TFLOPS with sparsity = 121 dense;
+    # "PCIe Gen4 x16 64GB/s", no NVLink.
     "L4-24GB": GpuSpec(
-        "L4-24GB", 24 * GiB, 300 * GB, 121 * TFLOPS, _applied(_A100, "L4-24GB", "no L4 data in Vidur")
+        "L4-24GB",
+        24 * GiB,
+        300 * GB,
+        121 * TFLOPS,
+        _applied(_A100, "L4-24GB", "no L4 data in Vidur"),
+        pcie_bandwidth_bytes_per_s=_PCIE_GEN4,
     ),
     # NVIDIA Ada (AD102) whitepaper, GeForce RTX 4090: 24 GB GDDR6X, 1008 GB/s; FP16 tensor with FP32
     # accumulate 165.2 TFLOPS dense (330.3 with FP16 accumulate; GeForce halves the FP32-accumulate rate).
+    # PCIe Gen4 x16; the 4090 has no NVLink connector.
     "RTX-4090-24GB": GpuSpec(
         "RTX-4090-24GB",
         24 * GiB,
         1008 * GB,
         165.2 * TFLOPS,
         _applied(_A100, "RTX-4090-24GB", "no RTX 4090 data in Vidur"),
+        pcie_bandwidth_bytes_per_s=_PCIE_GEN4,
     ),
-    # NVIDIA A100 datasheet, SXM4 40GB: HBM2 1,555 GB/s; BF16/FP16 tensor 312 TFLOPS dense (624 sparse).
+    # NVIDIA A100 datasheet, SXM4 40GB: HBM2 1,555 GB/s; BF16/FP16 tensor 312 TFLOPS dense (624 sparse);
+    # interconnect "NVLink: 600GB/s, PCIe Gen4: 64GB/s".
     "A100-40GB": GpuSpec(
         "A100-40GB",
         40 * GiB,
         1555 * GB,
         312 * TFLOPS,
         _applied(_A100, "A100-40GB", "same chip as the measured A100-80GB, HBM2 at 1,555 GB/s"),
+        nvlink_bandwidth_bytes_per_s=600 * GB,
+        pcie_bandwidth_bytes_per_s=_PCIE_GEN4,
     ),
-    # NVIDIA A100 datasheet, SXM4 80GB: HBM2e 2,039 GB/s (PCIe: 1,935); 312 TFLOPS dense.
-    "A100-80GB": GpuSpec("A100-80GB", 80 * GiB, 2039 * GB, 312 * TFLOPS, _A100),
+    # NVIDIA A100 datasheet, SXM4 80GB: HBM2e 2,039 GB/s (PCIe: 1,935); 312 TFLOPS dense; NVLink
+    # 600 GB/s, PCIe Gen4 64 GB/s.
+    "A100-80GB": GpuSpec(
+        "A100-80GB",
+        80 * GiB,
+        2039 * GB,
+        312 * TFLOPS,
+        _A100,
+        nvlink_bandwidth_bytes_per_s=600 * GB,
+        pcie_bandwidth_bytes_per_s=_PCIE_GEN4,
+    ),
     # NVIDIA H100 datasheet, SXM5: 80 GB HBM3, 3.35 TB/s; BF16/FP16 tensor 1,979 TFLOPS with
-    # sparsity = 989.4 dense. (PCIe H100: 2.0 TB/s, 756 dense; use a custom dict for it.)
-    "H100-80GB": GpuSpec("H100-80GB", 80 * GiB, 3.35 * TB, 989.4 * TFLOPS, _H100),
-    # NVIDIA H200 datasheet, SXM: 141 GB HBM3e, 4.8 TB/s; same compute as H100 SXM (989.4 dense).
+    # sparsity = 989.4 dense; interconnect "NVIDIA NVLink: 900GB/s, PCIe Gen5: 128GB/s". (PCIe H100:
+    # 2.0 TB/s, 756 dense, NVLink bridge 600 GB/s; use a custom dict for it.)
+    "H100-80GB": GpuSpec(
+        "H100-80GB",
+        80 * GiB,
+        3.35 * TB,
+        989.4 * TFLOPS,
+        _H100,
+        nvlink_bandwidth_bytes_per_s=900 * GB,
+        pcie_bandwidth_bytes_per_s=_PCIE_GEN5,
+    ),
+    # NVIDIA H200 datasheet, SXM: 141 GB HBM3e, 4.8 TB/s; same compute as H100 SXM (989.4 dense);
+    # "NVIDIA NVLink: 900GB/s, PCIe Gen5: 128GB/s".
     "H200-141GB": GpuSpec(
         "H200-141GB",
         141 * GiB,
         4.8 * TB,
         989.4 * TFLOPS,
         _applied(_H100, "H200-141GB", "same Hopper SMs as the H100, HBM3e at 4.8 TB/s"),
+        nvlink_bandwidth_bytes_per_s=900 * GB,
+        pcie_bandwidth_bytes_per_s=_PCIE_GEN5,
     ),
 }
 
@@ -260,7 +355,8 @@ _GPU_INDEX.update(_GPU_ALIASES)
 _MEMORY_KEYS = {"memory_bytes": 1, "memory_gib": GiB, "memory_gb": GB}
 _BANDWIDTH_KEYS = {"hbm_bandwidth_bytes_per_s": 1, "hbm_bandwidth_gb_per_s": GB, "hbm_bandwidth_tb_per_s": TB}
 _FLOPS_KEYS = {"fp16_flops": 1, "fp16_tflops": TFLOPS}
-_ALLOWED_KEYS = {"name", "base", "efficiency", *_MEMORY_KEYS, *_BANDWIDTH_KEYS, *_FLOPS_KEYS}
+_LINK_KEYS = ("nvlink_gb_per_s", "pcie_gb_per_s")
+_ALLOWED_KEYS = {"name", "base", "efficiency", *_MEMORY_KEYS, *_BANDWIDTH_KEYS, *_FLOPS_KEYS, *_LINK_KEYS}
 _EFFICIENCY_KEYS = [item.name for item in fields(Efficiency) if item.name not in ("source", "error_band")]
 
 
@@ -307,6 +403,24 @@ def _pick(spec: Mapping[str, object], keys: dict[str, int], what: str) -> float 
     return value * keys[given[0]]
 
 
+def _links(spec: Mapping[str, object], nvlink: float | None, pcie: float) -> tuple[float | None, float]:
+    """The NVLink and PCIe rates in bytes/s: the ones ``spec`` gives (``nvlink_gb_per_s: null``: no
+    NVLink), else ``nvlink`` and ``pcie``."""
+    given: dict[str, float | None] = {}
+    for key in _LINK_KEYS:
+        if key not in spec:
+            continue
+        value = spec[key]
+        if value is None and key == "nvlink_gb_per_s":
+            given[key] = None
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ValueError(f"custom GPU: {key} must be a positive number, got {value!r}")
+        given[key] = float(value) * GB
+    pcie_given = given.get("pcie_gb_per_s")
+    return given.get("nvlink_gb_per_s", nvlink), pcie if pcie_given is None else pcie_given
+
+
 def resolve_gpu(spec: str | Mapping[str, object] | GpuSpec) -> GpuSpec:
     """A GPU preset by name (case-insensitive, e.g. ``"a100-80gb"``, ``"H100"``) or a custom GPU.
 
@@ -318,6 +432,9 @@ def resolve_gpu(spec: str | Mapping[str, object] | GpuSpec) -> GpuSpec:
     * bandwidth, one of ``hbm_bandwidth_bytes_per_s``, ``hbm_bandwidth_gb_per_s`` (10**9 B/s) or
       ``hbm_bandwidth_tb_per_s`` (10**12 B/s);
     * compute, one of ``fp16_flops`` (FLOP/s) or ``fp16_tflops`` (10**12 FLOP/s), dense;
+    * ``nvlink_gb_per_s``, ``pcie_gb_per_s`` (optional): the datasheet link rates, both directions
+      together, in 10**9 B/s (e.g. 900 and 128 for an H100 SXM); ``nvlink_gb_per_s: null`` removes a
+      base's NVLink. Without ``base``: no NVLink and PCIe Gen4 x16 (64 GB/s);
     * ``efficiency`` (optional): a mapping of :class:`Efficiency` factors to replace, e.g.
       ``{weight_bandwidth: 0.8}``; the rest come from ``base`` (or :data:`GENERIC_EFFICIENCY`, the A100 factors marked as not validated).
 
@@ -357,9 +474,21 @@ def resolve_gpu(spec: str | Mapping[str, object] | GpuSpec) -> GpuSpec:
             raise ValueError(f"custom GPU {name!r}: missing {'; '.join(missing)} (or give a 'base' preset)")
         assert memory is not None and bandwidth is not None and flops is not None
         efficiency = _efficiency(spec, GENERIC_EFFICIENCY)
-        return GpuSpec(name, int(memory), float(bandwidth), float(flops), efficiency)
+        nvlink, pcie = _links(spec, None, DEFAULT_PCIE_BANDWIDTH_BYTES_PER_S)
+        return GpuSpec(
+            name,
+            int(memory),
+            float(bandwidth),
+            float(flops),
+            efficiency,
+            nvlink_bandwidth_bytes_per_s=nvlink,
+            pcie_bandwidth_bytes_per_s=pcie,
+        )
+    nvlink, pcie = _links(spec, base.nvlink_bandwidth_bytes_per_s, base.pcie_bandwidth_bytes_per_s)
     return replace(
         base,
+        nvlink_bandwidth_bytes_per_s=nvlink,
+        pcie_bandwidth_bytes_per_s=pcie,
         name=name,
         efficiency=_efficiency(spec, base.efficiency),
         memory_bytes=int(memory) if memory is not None else base.memory_bytes,

@@ -26,6 +26,7 @@ Config traps handled here: ``head_dim`` is read before ``hidden_size // num_atte
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import warnings
@@ -38,6 +39,8 @@ __all__ = [
     "KV_CACHE_DTYPES",
     "MODEL_PRESETS",
     "ModelSpec",
+    "activation_dtype_bytes",
+    "check_tensor_parallel",
     "estimate_num_params",
     "model_from_hf_config",
     "resolve_model",
@@ -184,6 +187,54 @@ class ModelSpec:
     def weight_bytes(self) -> int:
         """Bytes of all weights at ``weight_dtype_bytes`` per parameter (whole model, tp = 1)."""
         return self.num_params * self.weight_dtype_bytes
+
+    def weight_bytes_per_gpu(self, tensor_parallel_size: int = 1) -> int:
+        """Weight bytes one GPU holds: ``ceil(weight_bytes / tp)``. vLLM splits every matrix (QKV and
+        MLP by columns, O and down projections by rows, embedding and LM head by vocabulary); the
+        replicated norms, ``(2 x layers + 1) x hidden`` parameters (2.6 MB for Llama-3.1-70B), are
+        counted split too, an error under 0.01 %."""
+        return math.ceil(self.weight_bytes() / tensor_parallel_size)
+
+    @property
+    def activation_dtype_bytes(self) -> int:
+        """Bytes of one activation element (:func:`activation_dtype_bytes`)."""
+        return activation_dtype_bytes(self.weight_dtype_bytes)
+
+    def check_tensor_parallel(self, tensor_parallel_size: int) -> None:
+        """Raise ``ValueError`` for a TP size vLLM would refuse (:func:`check_tensor_parallel`)."""
+        check_tensor_parallel(self, tensor_parallel_size)
+
+
+def activation_dtype_bytes(weight_dtype_bytes: int) -> int:
+    """Bytes of one activation element: 2 (bf16/fp16), or 4 for an fp32 model; fp8 weights still
+    compute in 16 bits."""
+    return max(2, weight_dtype_bytes)
+
+
+def check_tensor_parallel(model: Any, tensor_parallel_size: int) -> None:
+    """Raise ``ValueError`` for a TP size vLLM would refuse, with vLLM's words. ``model``: anything
+    with ``name``, ``num_attention_heads``, ``num_kv_heads`` and ``attention`` (a ``ModelSpec`` or a
+    profile's model).
+
+    vLLM's ``ModelConfig.verify_with_parallel_config``: "Total number of attention heads (N) must be
+    divisible by tensor parallel size (T)." Its ``QKVParallelLinear`` then needs the KV heads and
+    TP to divide one another (more KV heads than TP: split; fewer: replicated, ``tp % kv == 0``).
+    """
+    tp = tensor_parallel_size
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {tp!r}")
+    if model.num_attention_heads % tp != 0:
+        raise ValueError(
+            f"{model.name}: Total number of attention heads ({model.num_attention_heads}) must be divisible "
+            f"by tensor parallel size ({tp})."
+        )
+    if model.attention == "mha":
+        kv = model.num_kv_heads
+        if (kv >= tp and kv % tp != 0) or (kv < tp and tp % kv != 0):
+            raise ValueError(
+                f"{model.name}: num_kv_heads ({kv}) and tensor_parallel_size ({tp}) must divide one another "
+                "(vLLM splits KV heads over TP, or replicates them when there are fewer)"
+            )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -233,6 +233,7 @@ def _prepare_variant(
         block_size=engine_config.block_size,
         kv_cache_dtype=engine_config.kv_cache_dtype,
         base_dir=base_dir,
+        tensor_parallel_size=engine_config.tensor_parallel_size,
     )
     pinned_tokens = 0
     if variant.pin_shared_prefixes:
@@ -461,6 +462,7 @@ def summarize(
         "policy": policy_name,
         "policy_options": dict(variant.options),
         "block_size": pool.block_size,
+        "tensor_parallel_size": capacity.tensor_parallel_size,
         "max_model_len": max_model_len,
         "kv_pool_tokens": pool.kv_pool_tokens,
         "kv_pool_bytes": pool.kv_pool_tokens * pool.kv_bytes_per_token,

@@ -161,6 +161,7 @@ def test_deepseek_v3_needs_its_fp8_weights_on_8_h200() -> None:
         weight_bytes=83_878_302_400,
         activation_reserve_bytes=866_385_920,
         source="gpu_memory_utilization",
+        tensor_parallel_size=8,
     )
 
 
@@ -376,7 +377,10 @@ def test_block_size_must_be_positive_int(block_size: object) -> None:
         ({"kv_cache_memory_bytes": 0}, "kv_cache_memory_bytes"),
         ({"num_gpu_blocks_override": 0}, "num_gpu_blocks_override"),
         ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
-        ({"tensor_parallel_size": 3}, "divisible by tensor_parallel_size"),
+        (
+            {"tensor_parallel_size": 3},
+            r"Total number of attention heads \(32\) must be divisible by tensor parallel size \(3\)\.",
+        ),
         ({"kv_cache_dtype": "int4"}, "unknown kv_cache_dtype"),
     ],
 )

@@ -86,7 +86,7 @@ def summary_of(engine):
         VariantConfig(name="v", policy="paged"),
         "paged",
         POOL,
-        SimpleNamespace(num_gpu_blocks=POOL.kv_pool_blocks),
+        SimpleNamespace(num_gpu_blocks=POOL.kv_pool_blocks, tensor_parallel_size=1),
         "test",
         0.0,
         POOL.max_model_len,

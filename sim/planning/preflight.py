@@ -52,5 +52,6 @@ def prepare_variant(config: ExperimentConfig, variant_name: str, base_dir: Path)
         block_size=engine.block_size,
         kv_cache_dtype=engine.kv_cache_dtype,
         base_dir=base_dir,
+        tensor_parallel_size=engine.tensor_parallel_size,
     )
     return capacity
