@@ -59,7 +59,9 @@ class HostTier:
         self._entries: OrderedDict[ChainKey, int] = OrderedDict()  # key -> chain id, oldest first
         self.stats = HostTierStats()
 
-    def __len__(self) -> int:
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks the tier holds now."""
         return len(self._entries)
 
     def __contains__(self, key: ChainKey) -> bool:
@@ -95,7 +97,9 @@ class HostTier:
         self.stats.host_loaded_blocks += len(keys)
         self.stats.host_cache_hits += len(keys) * block_size
 
-    def continue_prefix(self, parent: int | None, contents: Iterable[tuple], namespace: int) -> list[ChainKey]:
+    def continue_prefix(
+        self, parent: int | None, contents: Iterable[tuple], namespace: int
+    ) -> list[ChainKey]:
         """The keys of the leading blocks of ``contents`` (what each block holds, in order, after the
         chain ``parent``) that the tier holds: the host part of a prefix hit. No side effect."""
         keys: list[ChainKey] = []

@@ -362,7 +362,8 @@ class KVCachePolicy(ABC):
         if tier is None:
             return 0, 0
         block_size = self.pool.block_size
-        return len(tier) * block_size, (tier.capacity_blocks - len(tier)) * block_size
+        cached = tier.cached_blocks
+        return cached * block_size, (tier.capacity_blocks - cached) * block_size
 
     # -- shared argument checks --------------------------------------------------------------------
     def _check_new_sequence(self, seq_id: int, prompt: TokenContent, final_len: int) -> int:

@@ -199,7 +199,7 @@ class PrefixCachingPolicy(PagedPolicy):
     ) -> list[tuple]:
         tier = self.host_tier
         max_blocks = (prompt_len - 1) // self.block_size
-        if tier is None or not len(tier) or len(hit_blocks) >= max_blocks:
+        if tier is None or not tier.cached_blocks or len(hit_blocks) >= max_blocks:
             return []
         segments = [segment for segment in prompt if segment[1] > 0]
         ends = _cumulative_ends(segments)

@@ -111,7 +111,10 @@ SUMMARY: Columns = {
         "blocks",
         "Cached blocks written GPU -> host when the GPU evicted them (not if the host held them already).",
     ),
-    "host_offload_bytes": ("bytes", "host_offloaded_blocks x block bytes (GPU -> host; asynchronous, no time)."),
+    "host_offload_bytes": (
+        "bytes",
+        "host_offloaded_blocks x block bytes (GPU -> host; asynchronous, no time).",
+    ),
     "host_evictions": ("blocks", "Host-tier entries dropped (least recently used) to make room."),
     "host_cached_tokens_end": ("tokens (slots)", "Slots of the host tier holding cached blocks at the end."),
 }

@@ -326,7 +326,9 @@ class Engine:
         load_s = self._charge_host_loads(loads_before)
         if decode_batch == 0 and not self._prefill_this_step:
             if swap_blocks:
-                return self.costs.swap_blocks_s(swap_blocks) + load_s  # a swap-in alone: the transfer, no forward pass
+                return (
+                    self.costs.swap_blocks_s(swap_blocks) + load_s
+                )  # a swap-in alone: the transfer, no forward pass
             self._check_progress()
             return 0.0
         duration = self._iteration_duration(decode_batch, decode_context, chunks)

@@ -230,7 +230,9 @@ def _prepare_variant(
         raise ConfigError(reservation_error)
     offload = config.offload_for(variant)
     if offload is not None:
-        attach_host_tier(policy, offload, engine_config.block_size * capacity.kv_bytes_per_token, variant, index)
+        attach_host_tier(
+            policy, offload, engine_config.block_size * capacity.kv_bytes_per_token, variant, index
+        )
     costs = make_cost_model(
         config.cost_model,
         model,
