@@ -27,7 +27,8 @@ from policies.base import PolicyInputError, PrefixHit
 from policies.prefix import PrefixCachingPolicy, block_contents
 from sim.config import ConfigError, load_experiment
 from sim.engine import Engine, EngineKnobs
-from sim.runner import prepare_experiment
+from sim.metrics import HOST_COLUMNS
+from sim.runner import prepare_experiment, run_experiment
 from tests.engine_helpers import RoundCostModel
 from tests.test_policy_properties import PROMPTS, Driver
 from workloads.request import Request
@@ -356,7 +357,7 @@ class TierDriver(Driver):
 operation = st.tuples(st.sampled_from(Driver.KINDS), st.integers(0, 50), st.integers(0, 20))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(host_blocks=st.integers(1, 12), operations=st.lists(operation, max_size=60))
 def test_random_operations_keep_both_tiers_exact(host_blocks, operations):
     driver = TierDriver(host_blocks)
@@ -377,3 +378,53 @@ def test_driver_prompts_reach_the_host_tier():
     for index in range(len(PROMPTS)):
         driver.apply("admit", index, 3)
     assert driver.policy.host_tier.stats.host_loaded_blocks > 0
+
+
+def test_a_run_reports_the_tier_consistently(tmp_path):
+    """End to end on a tiny pool (64 blocks) with conversations whose next turn comes after the pool
+    turned over: the summary's bytes are its blocks x 2 MiB, the load seconds are the loaded blocks
+    over the default host link (2 MiB / 25 GB/s = 83.886 us per block), the time series ends on the
+    summary's counters, and a variant without the tier matches a run with no offload section."""
+    path = tmp_path / "experiment.yaml"
+    path.write_text(
+        """
+name: offload-e2e
+seed: 3
+model: Llama-3.1-8B
+gpu: A100-80GB
+engine: {block_size: 16, max_model_len: 1024, num_gpu_blocks_override: 64}
+workload:
+  num_requests: 40
+  arrival: {kind: poisson, rate_per_s: 2}
+  prompt_len: {kind: uniform, low: 100, high: 300}
+  output_len: 20
+  multi_turn: {turns: 3, user_turn_len: 30, think_time_s: 5}
+offload: {host_memory_gib: 0.25}
+variants:
+  - {name: tier, policy: prefix}
+  - {name: none, policy: prefix, offload: false}
+"""
+    )
+    config = load_experiment(path)
+    results = {result.name: result for result in run_experiment(config, path)}
+    summary = results["tier"].summary
+    block_bytes = 2 * 1024**2
+    assert summary["host_tier_blocks"] == 128 and summary["host_tier_bytes"] == 128 * block_bytes
+    assert summary["host_loaded_blocks"] > 0 and summary["host_evictions"] > 0
+    assert summary["host_load_bytes"] == summary["host_loaded_blocks"] * block_bytes
+    assert summary["host_offload_bytes"] == summary["host_offloaded_blocks"] * block_bytes
+    assert summary["host_load_s"] == pytest.approx(summary["host_loaded_blocks"] * block_bytes / 25e9)
+    queries = summary["prefix_cache_queries"]
+    assert summary["total_cache_hit_rate"] == pytest.approx(
+        (summary["prefix_cache_hits"] + summary["host_cache_hits"]) / queries
+    )
+    last = results["tier"].timeseries.iloc[-1]
+    for column in ("host_cache_hits", "host_loaded_blocks", "host_offloaded_blocks", "host_evictions"):
+        assert last[column] == summary[column]
+    assert last["host_cached_tokens"] == summary["host_cached_tokens_end"]
+    assert summary["host_cached_tokens_end"] == 16 * (
+        summary["host_offloaded_blocks"] - summary["host_evictions"]
+    )
+    none = results["none"].summary
+    assert none["host_tier_blocks"] == none["host_loaded_blocks"] == none["host_load_s"] == 0
+    assert (results["none"].timeseries[list(HOST_COLUMNS)] == 0).all().all()
