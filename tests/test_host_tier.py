@@ -65,7 +65,8 @@ def host_order(policy: PrefixCachingPolicy) -> list[str]:
 def run(policy: PrefixCachingPolicy, seq_id: int, prompt, final_len: int) -> int:
     """Admit, generate up to ``final_len``, free; returns the prompt tokens that needed no prefill."""
     cached = policy.admit(seq_id, prompt, final_len, output_content_id=100 + seq_id)
-    policy.grow(seq_id, final_len - sum(length for _, length in prompt))
+    if final_len > sum(length for _, length in prompt):
+        policy.grow(seq_id, final_len - sum(length for _, length in prompt))
     policy.free(seq_id)
     return cached
 
@@ -152,6 +153,36 @@ def test_lookup_and_failed_admission_change_nothing_in_the_host_tier():
         policy.admit(4, B, 13, output_content_id=104)
     assert error.value.prefix_hit == PrefixHit(0, (), 8)
     assert (host_order(policy), host_counts(policy)) == (order, counts)
+
+
+def moved_to_host(prompt, namespace: int = 0) -> PrefixCachingPolicy:
+    """``prompt`` (11 tokens: 2 full blocks and 3 tokens) computed, freed, then all of its cached
+    blocks evicted to an 8-block host tier by a fresh 16-token prompt on the 4-block GPU pool."""
+    policy = tier_policy(gpu_blocks=4, host_blocks=8)
+    policy.admit(1, prompt, 11, output_content_id=101, namespace=namespace)
+    policy.free(1)
+    run(policy, 2, ((999, 16),), 16)
+    assert policy.host_tier.cached_blocks == 2  # the GPU now caches only stream 999
+    return policy
+
+
+def test_host_hits_are_only_identical_content_after_the_same_prefix():
+    """The GPU cache's collision tests (``tests/test_paged_prefix.py``), against the host tier: a host
+    entry matches by its whole key (what the block holds, its parent's content chain, namespace)."""
+    prompt = ((1, 4), (2, 7))  # blocks: stream 1 [0, 4), stream 2 [0, 4), then stream 2 [4, 7)
+    policy = moved_to_host(prompt)
+    assert policy.lookup(prompt) == PrefixHit(0, (), 8)  # cap (11 - 1) // 4 = 2 blocks
+    # The same second block after a different first block: no hit at all.
+    assert policy.lookup(((3, 4), (2, 7))) == PrefixHit(0)
+    # The same first block, then a block mixing streams 2 and 4: one block.
+    assert policy.lookup(((1, 4), (2, 3), (4, 4))) == PrefixHit(0, (), 4)
+    # A first block mixing streams 1 and 5: no hit.
+    assert policy.lookup(((1, 2), (5, 9))) == PrefixHit(0)
+    # Another namespace (a LoRA adapter, a cache salt): no hit.
+    assert policy.lookup(prompt, namespace=1) == PrefixHit(0)
+    namespaced = moved_to_host(prompt, namespace=7)
+    assert namespaced.lookup(prompt) == PrefixHit(0)
+    assert namespaced.lookup(prompt, namespace=7) == PrefixHit(0, (), 8)
 
 
 def test_only_the_prefix_policy_has_a_host_tier_and_it_needs_a_block():
