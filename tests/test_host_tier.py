@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from policies import OutOfKVMemory, PoolSpec, make_policy
 from policies.base import PolicyInputError, PrefixHit
 from policies.prefix import PrefixCachingPolicy, block_contents
+from sim.columns import SUMMARY
 from sim.config import ConfigError, load_experiment
 from sim.engine import Engine, EngineKnobs
 from sim.metrics import HOST_COLUMNS
@@ -415,7 +416,8 @@ def test_a_run_reports_the_tier_consistently(tmp_path):
     """End to end on a tiny pool (64 blocks) with conversations whose next turn comes after the pool
     turned over: the summary's bytes are its blocks x 2 MiB, the load seconds are the loaded blocks
     over the default host link (2 MiB / 25 GB/s = 83.886 us per block), the time series ends on the
-    summary's counters, and a variant without the tier matches a run with no offload section."""
+    summary's counters, stepping one iteration at a time gives the same run, and a variant with
+    ``offload: false`` reports no tier."""
     path = tmp_path / "experiment.yaml"
     path.write_text(
         """
@@ -434,6 +436,7 @@ offload: {host_memory_gib: 0.25}
 variants:
   - {name: tier, policy: prefix}
   - {name: none, policy: prefix, offload: false}
+  - {name: single, policy: prefix, engine: {step_mode: single}}
 """
     )
     config = load_experiment(path)
@@ -456,6 +459,13 @@ variants:
     assert summary["host_cached_tokens_end"] == 16 * (
         summary["host_offloaded_blocks"] - summary["host_evictions"]
     )
+    # Event skipping changes nothing: one iteration at a time gives the same hits, loads and times.
+    single = results["single"].summary
+    for column in SUMMARY:
+        if column.startswith("host_") or column in ("prefix_cache_hits", "iterations", "evictions"):
+            assert single[column] == pytest.approx(summary[column]), column
+    for column in ("ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "simulated_s"):
+        assert single[column] == pytest.approx(summary[column], rel=1e-9), column
     none = results["none"].summary
     assert none["host_tier_blocks"] == none["host_loaded_blocks"] == none["host_load_s"] == 0
     assert (results["none"].timeseries[list(HOST_COLUMNS)] == 0).all().all()
