@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
+from policies._host_tier import HostTier
+
 # --------------------------------------------------------------------------------------------------
 # Token content without tokens
 # --------------------------------------------------------------------------------------------------
@@ -67,10 +69,18 @@ class PrefixHit:
     """What a prefix-cache lookup found for a prompt: ``cached_tokens`` tokens need no prefill.
 
     ``block_ids`` are the cached blocks the hit would reuse, in prompt order (block-based caches);
-    empty for policies that do not hand out block ids (no cache, or the token-granular radix tree)."""
+    empty for policies that do not hand out block ids (no cache, or the token-granular radix tree).
+    ``host_tokens`` follow the GPU hit: tokens the host-memory tier holds, which admission loads back
+    (``offload:``; 0 without a host tier)."""
 
     cached_tokens: int
     block_ids: tuple[int, ...] = ()
+    host_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt tokens that need no prefill: the GPU hit plus the host hit."""
+        return self.cached_tokens + self.host_tokens
 
 
 NO_HIT = PrefixHit(0)
@@ -199,6 +209,8 @@ class KVCachePolicy(ABC):
     be filled) from internal fragmentation (slots that never will)."""
 
     name: ClassVar[str] = ""
+    host_tier: HostTier | None = None
+    """The host-memory tier of evicted cached blocks, once :meth:`enable_host_tier` made one."""
 
     @classmethod
     def pool_slots_from_memory(cls, memory_slots: int, block_size: int, options: Mapping[str, object]) -> int:
@@ -334,6 +346,24 @@ class KVCachePolicy(ABC):
         Only prefix-caching policies can; the others raise, so a config that asks for pinning on a
         policy without a cache fails loudly instead of silently doing nothing."""
         raise PolicyInputError(f"policy {self.name!r} has no prefix cache: it cannot pin prefixes")
+
+    def enable_host_tier(self, capacity_blocks: int) -> None:
+        """Keep cached blocks the GPU evicts in a host-memory LRU tier of ``capacity_blocks`` blocks,
+        from which later prefix hits are loaded back (``offload:``). Only the prefix-caching policy
+        has one; the others raise, so a config asking for it fails before anything runs."""
+        raise PolicyInputError(
+            f"policy {self.name!r} cannot keep evicted blocks in host memory (offload:): only the "
+            "'prefix' policy has a host tier"
+        )
+
+    def host_breakdown_values(self) -> tuple[int, int]:
+        """``(cached, free)`` slots of the host tier: they sum to its size. ``(0, 0)`` without one."""
+        tier = self.host_tier
+        if tier is None:
+            return 0, 0
+        block_size = self.pool.block_size
+        cached = tier.cached_blocks
+        return cached * block_size, (tier.capacity_blocks - cached) * block_size
 
     # -- shared argument checks --------------------------------------------------------------------
     def _check_new_sequence(self, seq_id: int, prompt: TokenContent, final_len: int) -> int:

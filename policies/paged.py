@@ -211,7 +211,10 @@ class PagedPolicy(KVCachePolicy):
     ) -> int:
         prompt_len = self._check_new_sequence(seq_id, prompt, final_len)
         blocks_needed, hit_blocks = self._blocks_needed_to_admit(prompt, namespace)
-        self._ensure_free_blocks(blocks_needed, "admitting sequence", seq_id, self._prefix_hit(hit_blocks))
+        host_hits = self._host_hits(prompt, prompt_len, hit_blocks, namespace)
+        self._ensure_free_blocks(
+            blocks_needed, "admitting sequence", seq_id, self._prefix_hit(hit_blocks, len(host_hits))
+        )
         seq = SequenceState(seq_id, 0, final_len, output_content_id, namespace=namespace)
         self._remember_content(seq, prompt)
         for block_id in hit_blocks:
@@ -222,8 +225,10 @@ class PagedPolicy(KVCachePolicy):
         seq.num_tokens = cached_tokens
         self.sequences[seq_id] = seq
         self._record_prefix_query(prompt_len, cached_tokens)
+        # Host hits are loaded into fresh blocks, taken as if computed (they get their keys as they fill).
+        loaded_tokens = self._load_from_host(host_hits)
         self._extend(seq, prompt_len - cached_tokens)
-        return cached_tokens
+        return cached_tokens + loaded_tokens
 
     def grow(self, seq_id: int, num_tokens: int, content: TokenContent | None = None) -> None:
         self._grow(self._get(seq_id), num_tokens, content)
@@ -305,13 +310,26 @@ class PagedPolicy(KVCachePolicy):
         self._logical_blocks -= len(table)
         del self.sequences[seq_id]
 
-    def _prefix_hit(self, hit_blocks: list[int]) -> PrefixHit:
-        return PrefixHit(len(hit_blocks) * self.block_size, tuple(hit_blocks)) if hit_blocks else NO_HIT
+    def _prefix_hit(self, hit_blocks: list[int], host_blocks: int = 0) -> PrefixHit:
+        if not hit_blocks and not host_blocks:
+            return NO_HIT
+        block_size = self.block_size
+        return PrefixHit(len(hit_blocks) * block_size, tuple(hit_blocks), host_blocks * block_size)
 
     # ------------------------------------------------------------------- hooks the prefix policy overrides
     def _blocks_needed_to_admit(self, prompt: TokenContent, namespace: int) -> tuple[int, list[int]]:
         """Free-queue blocks an admission consumes, and the cached blocks it would reuse."""
         return ceil_div(sum(length for _, length in prompt), self.block_size), []
+
+    def _host_hits(
+        self, prompt: TokenContent, prompt_len: int, hit_blocks: list[int], namespace: int
+    ) -> list[tuple]:
+        """The host-tier blocks that continue the GPU hit (their keys); plain paging has no tier."""
+        return []
+
+    def _load_from_host(self, host_hits: list[tuple]) -> int:
+        """Load ``host_hits`` back (counted, touched); returns their tokens."""
+        return 0
 
     def _blocks_needed_to_grow(self, seq: SequenceState, num_tokens: int) -> int:
         return ceil_div(seq.num_tokens + num_tokens, self.block_size) - len(seq.block_table)

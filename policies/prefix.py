@@ -30,6 +30,14 @@
 - ``fork`` shares every parent block with the children. Writing into a shared, partly filled block
   copies it first (copy-on-write); a full shared block is never copied.
 - ``pin_prefix`` keeps a warm-up prompt's blocks resident: they are never evicted.
+- With a host tier (:meth:`PrefixCachingPolicy.enable_host_tier`, ``offload:``), a cached block the
+  GPU evicts is written to a host LRU pool under the same key (``policies/_host_tier.py``), unless the
+  host holds that key already or another GPU block still does. Admission continues the prefix lookup
+  into the host tier where the GPU hit ends, as vLLM's offloading connector does
+  (``get_num_new_matched_tokens`` after ``num_computed_tokens``), within the same ``len - 1`` cap: the
+  host-hit blocks take fresh GPU blocks (exactly as if computed, so memory needs are unchanged) and
+  are counted as loaded; their host copies stay. ``lookup`` reports the host hit apart
+  (``PrefixHit.host_tokens``); ``prefix_cache_hits`` stays the GPU hit, ``host_cache_hits`` counts the rest.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Iterator
 
+from policies._host_tier import HostTier
 from policies.base import (
     NO_HIT,
     PolicyInputError,
@@ -173,9 +182,37 @@ class PrefixCachingPolicy(PagedPolicy):
         prompt_len = content_length(prompt)
         if prompt_len <= 0:
             return NO_HIT
-        return self._prefix_hit(
-            self._find_cached_prefix(prompt, (prompt_len - 1) // self.block_size, namespace)
-        )
+        hits = self._find_cached_prefix(prompt, (prompt_len - 1) // self.block_size, namespace)
+        return self._prefix_hit(hits, len(self._host_hits(prompt, prompt_len, hits, namespace)))
+
+    # ------------------------------------------------------------------------------------- host tier
+    def enable_host_tier(self, capacity_blocks: int) -> None:
+        if self.host_tier is not None:
+            raise PolicyInputError("this policy already has a host tier")
+        try:
+            self.host_tier = HostTier(capacity_blocks, self._chains.acquire, self._chains.release)
+        except ValueError as error:
+            raise PolicyInputError(str(error)) from None
+
+    def _host_hits(
+        self, prompt: TokenContent, prompt_len: int, hit_blocks: list[int], namespace: int
+    ) -> list[tuple]:
+        tier = self.host_tier
+        max_blocks = (prompt_len - 1) // self.block_size
+        if tier is None or not tier.cached_blocks or len(hit_blocks) >= max_blocks:
+            return []
+        segments = [segment for segment in prompt if segment[1] > 0]
+        ends = _cumulative_ends(segments)
+        parent = self._block_chain[hit_blocks[-1]] if hit_blocks else None
+        contents = block_contents(segments, ends, len(hit_blocks), max_blocks, self.block_size)
+        return tier.continue_prefix(parent, contents, namespace)
+
+    def _load_from_host(self, host_hits: list[tuple]) -> int:
+        if not host_hits:
+            return 0
+        assert self.host_tier is not None
+        self.host_tier.load(host_hits, self.block_size)
+        return len(host_hits) * self.block_size
 
     def _blocks_needed_to_admit(self, prompt: TokenContent, namespace: int) -> tuple[int, list[int]]:
         prompt_len = content_length(prompt)
@@ -297,23 +334,26 @@ class PrefixCachingPolicy(PagedPolicy):
         return blocks
 
     def _evict(self, block_ids: list[int]) -> None:
-        """Cached blocks taken from the queue forget their content."""
+        """Cached blocks taken from the queue forget their content (written to the host tier first,
+        when there is one)."""
         keys, chain_of, cache, later = (
             self._block_key,
             self._block_chain,
             self._cached_by_key,
             self._later_holders,
         )
-        release = self._chains.release
+        release, tier = self._chains.release, self.host_tier
         for block_id in block_ids:
             key = keys[block_id]
             assert key is not None, "only blocks holding a key are cached"
             keys[block_id] = None
-            release(chain_of[block_id])
-            chain_of[block_id] = None
             first = cache.pop(key)
             if later and key in later:
                 self._drop_holder(key, first, block_id)
+            if tier is not None and key not in cache:
+                tier.store(key)  # while this block still holds the chain: its id carries over
+            release(chain_of[block_id])
+            chain_of[block_id] = None
         self._cached_in_queue -= len(block_ids)
         self.stats.evictions += len(block_ids)
 

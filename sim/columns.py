@@ -97,6 +97,30 @@ SUMMARY: Columns = {
         "forks saved.",
     ),
     "pinned_tokens": ("tokens", "Slots pinned in the prefix cache at warm-up (`pin_shared_prefixes`)."),
+    "host_tier_blocks": ("blocks", "Blocks the host-memory tier holds (`offload:`); 0 without one."),
+    "host_tier_bytes": ("bytes", "host_tier_blocks x block bytes (block_size x kv_bytes_per_token)."),
+    "host_cache_hits": (
+        "tokens",
+        "Prompt tokens served from the host tier (loaded back), beyond the GPU hit `prefix_cache_hits`.",
+    ),
+    "host_cache_hit_rate": (_FRAC, "host_cache_hits / prefix_cache_queries; empty without queries."),
+    "total_cache_hit_rate": (
+        _FRAC,
+        "(prefix_cache_hits + host_cache_hits) / prefix_cache_queries: prompt tokens not prefilled.",
+    ),
+    "host_loaded_blocks": ("blocks", "Blocks loaded host -> GPU for host hits."),
+    "host_load_bytes": ("bytes", "host_loaded_blocks x block bytes (host -> GPU)."),
+    "host_load_s": ("s", "Transfer time of the loads, added to the iterations that admitted them."),
+    "host_offloaded_blocks": (
+        "blocks",
+        "Cached blocks written GPU -> host when the GPU evicted them (not if the host held them already).",
+    ),
+    "host_offload_bytes": (
+        "bytes",
+        "host_offloaded_blocks x block bytes (GPU -> host; asynchronous, no time).",
+    ),
+    "host_evictions": ("blocks", "Host-tier entries dropped (least recently used) to make room."),
+    "host_cached_tokens_end": ("tokens (slots)", "Slots of the host tier holding cached blocks at the end."),
 }
 
 TIMESERIES: Columns = {
@@ -135,6 +159,12 @@ TIMESERIES: Columns = {
         "What holds the head of the waiting queue back: 0 nothing (or nothing waits), 1 KV memory, "
         "2 max_num_seqs, 3 the token budget (max_num_batched_tokens).",
     ),
+    "host_cached_tokens": ("tokens (slots)", "Host-tier slots holding cached blocks (`offload:`)."),
+    "host_free_tokens": ("tokens (slots)", "Free host-tier slots: host_cached + host_free = the host tier."),
+    "host_cache_hits": ("tokens", "Cumulative prompt tokens served from the host tier."),
+    "host_loaded_blocks": ("blocks", "Cumulative blocks loaded host -> GPU."),
+    "host_offloaded_blocks": ("blocks", "Cumulative blocks written GPU -> host at eviction."),
+    "host_evictions": ("blocks", "Cumulative host-tier entries dropped to make room."),
     "kv_cache_usage_perc": (
         _FRAC,
         "vLLM's gauge `kv_cache_usage_perc`: despite the name a fraction from 0 to 1, not a percentage; "

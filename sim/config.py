@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from policies.base import policy_names
 from sim.costs import CostModelConfig
+from sim.offload import OffloadConfig
 from sim.storage import RUN_FOLDER_ENTRIES
 from workloads.config import WorkloadConfig
 
@@ -120,6 +121,11 @@ class VariantConfig(_Strict):
         description="Warm-up: pin the workload's shared system prompts in the prefix cache before the run "
         "(never evicted; prefix policy only).",
     )
+    offload: OffloadConfig | Literal[False] | None = Field(
+        None,
+        description="This variant's host-memory tier: replaces the experiment's `offload:` section; "
+        "`false`: none. Default: the experiment's.",
+    )
 
     @field_validator("name")
     @classmethod
@@ -180,6 +186,11 @@ class ExperimentConfig(_Strict):
     variants: list[VariantConfig] = Field(
         min_length=1, description="Policies to compare, each replayed on the identical request stream."
     )
+    offload: OffloadConfig | None = Field(
+        None,
+        description="Host-memory tier for cached blocks the GPU evicts (prefix policy); default: none. "
+        "A variant's `offload:` replaces it.",
+    )
     until_s: float | None = Field(None, gt=0, description="Stop the simulation at this time (seconds).")
     output: OutputConfig = Field(default_factory=OutputConfig, description="Output formats.")  # type: ignore[arg-type]
 
@@ -201,6 +212,12 @@ class ExperimentConfig(_Strict):
                     f"{variants[earlier].name!r}; variant names must be unique (ignoring case)"
                 )
         return variants
+
+    def offload_for(self, variant: VariantConfig) -> OffloadConfig | None:
+        """The variant's host tier: its own ``offload:``, else the experiment's (``false``: none)."""
+        if variant.offload is None:
+            return self.offload
+        return variant.offload or None
 
     def engine_for(self, variant: VariantConfig) -> EngineConfig:
         """The experiment's engine section with the variant's overrides (validated when loading)."""

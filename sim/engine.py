@@ -30,7 +30,7 @@ Memory model notes (documented simplifications):
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -109,9 +109,12 @@ class Engine:
         follow_up=None,
         block_size: int = 16,
         sink: OutputSink | None = None,
+        host_load_s: Callable[[int], float] | None = None,
     ):
         self.policy = policy
         self.costs = costs
+        # Seconds to load blocks from the host tier (offload:); by default the swap link.
+        self._host_load_s = host_load_s if host_load_s is not None else costs.swap_blocks_s
         self.knobs = knobs
         self.block_size = block_size
         self.env = simpy.Environment()
@@ -293,6 +296,7 @@ class Engine:
         """One iteration as vLLM schedules it: decode growth, prompts in progress, then admissions."""
         budget = self.knobs.max_num_batched_tokens
         copies_before = self.policy.stats.cow_copies
+        loads_before = self._host_loads()
         # 1. every decoding sequence takes a token (the policy hears of those that need a block)
         self.clock.now += 1
         preempted, swap_blocks = self._decode_growth()
@@ -317,16 +321,33 @@ class Engine:
         self._swapped_in = swap_in > 0
         self._decoded_seqs = decode_batch
         self._iterations_this_step = 1
+        # Prefix hits loaded from the host tier at admission: their transfer delays this iteration,
+        # which needs them, like a swap-in (a host hit always leaves its prompt's last token to compute).
+        load_s = self._charge_host_loads(loads_before)
         if decode_batch == 0 and not self._prefill_this_step:
             if swap_blocks:
-                return self.costs.swap_blocks_s(swap_blocks)  # a swap-in alone: the transfer, no forward pass
+                return (
+                    self.costs.swap_blocks_s(swap_blocks) + load_s
+                )  # a swap-in alone: the transfer, no forward pass
             self._check_progress()
             return 0.0
         duration = self._iteration_duration(decode_batch, decode_context, chunks)
         copies = self.policy.stats.cow_copies - copies_before
         duration += self.costs.copy_blocks_s(copies) if copies else 0.0
         duration += self.costs.swap_blocks_s(swap_blocks) if swap_blocks else 0.0
-        return duration
+        return duration + load_s
+
+    def _host_loads(self) -> int:
+        tier = self.policy.host_tier
+        return tier.stats.host_loaded_blocks if tier is not None else 0
+
+    def _charge_host_loads(self, loads_before: int) -> float:
+        loaded = self._host_loads() - loads_before
+        if not loaded:
+            return 0.0
+        seconds = self._host_load_s(loaded)
+        self.counters.host_load_s += seconds
+        return seconds
 
     def _iteration_duration(
         self, decode_batch: int, sum_context: int, chunks: list[tuple[int, int]]
@@ -903,6 +924,21 @@ class Engine:
             stats.prefix_cache_hits,
             stats.evictions,
             self.admission_blocker,
+            *self._host_state(),
+        )
+
+    def _host_state(self) -> tuple[int, ...]:
+        """The host tier's part of the state (``sim.metrics.HOST_COLUMNS``); zeros without one."""
+        tier = self.policy.host_tier
+        if tier is None:
+            return _NO_HOST_TIER
+        stats = tier.stats
+        return (
+            *self.policy.host_breakdown_values(),
+            stats.host_cache_hits,
+            stats.host_loaded_blocks,
+            stats.host_offloaded_blocks,
+            stats.host_evictions,
         )
 
     def _record(self) -> None:
@@ -910,3 +946,4 @@ class Engine:
 
 
 UNLIMITED = 1 << 62
+_NO_HOST_TIER = (0, 0, 0, 0, 0, 0)

@@ -33,6 +33,15 @@ KV_MEMORY, MAX_NUM_SEQS, TOKEN_BUDGET = 1, 2, 3
 
 BREAKDOWN_COLUMNS = tuple(f"{name}_tokens" for name in MemoryBreakdown.CATEGORIES)
 
+HOST_COLUMNS = (
+    "host_cached_tokens",
+    "host_free_tokens",
+    "host_cache_hits",
+    "host_loaded_blocks",
+    "host_offloaded_blocks",
+    "host_evictions",
+)
+
 STATE_COLUMNS = (
     # Time-averaged in the summary: the breakdown, running requests, physical and logical slots.
     *BREAKDOWN_COLUMNS,
@@ -50,6 +59,8 @@ STATE_COLUMNS = (
     "prefix_cache_hits",
     "evictions",
     "admission_blocker",  # index into ADMISSION_BLOCKERS
+    # The host-memory tier (offload:), zero without one: its breakdown and cumulative counters.
+    *HOST_COLUMNS,
 )
 AVERAGED = len(BREAKDOWN_COLUMNS) + 3  # the leading state columns that have time averages
 RUNNING = STATE_COLUMNS.index("num_requests_running")
@@ -70,6 +81,7 @@ SERIES_COLUMNS = (
     "physical_tokens",
     "logical_tokens",
     "admission_blocker",  # index into ADMISSION_BLOCKERS
+    *HOST_COLUMNS,
 )
 
 
@@ -105,6 +117,7 @@ class Counters:
     swapped_out_blocks: int = 0
     iterations: int = 0
     output_tokens: int = 0
+    host_load_s: float = 0.0  # seconds of host -> GPU loads of prefix hits charged to iterations
 
 
 class Recorder:

@@ -22,6 +22,7 @@ from pydantic_core import PydanticUndefined
 
 from sim.config import EngineConfig, ExperimentConfig, OutputConfig, VariantConfig
 from sim.costs import CostModelConfig
+from sim.offload import OffloadConfig
 from workloads import config as wl
 
 DISTRIBUTIONS: tuple[type[BaseModel], ...] = typing.get_args(typing.get_args(wl.Dist)[0])
@@ -60,6 +61,7 @@ pin_shared_prefixes: true
 """,
     CostModelConfig: "{profile: configs/profiles/analytic-llama-3.1-8b-a100-80gb.yaml}\n",
     OutputConfig: "{timeseries_format: csv, figures: false}\n",
+    OffloadConfig: "{host_memory_gib: 256, bandwidth_gb_per_s: 25}\n",
     wl.SyntheticWorkloadConfig: """\
 duration_s: 600
 arrival: {kind: gamma, rate_per_s: 2, cv: 3}

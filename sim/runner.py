@@ -29,6 +29,7 @@ from sim.costs import CostModel, CostModelError, make_cost_model
 from sim.engine import Engine, EngineKnobs
 from sim.gpus import GpuSpec, resolve_gpu
 from sim.models import ModelSpec, resolve_model
+from sim.offload import OffloadConfig, host_load_seconds, host_tier_blocks, host_tier_summary
 from sim.outputs import FileSink, MemorySink, OutputSink
 from workloads import Workload, build_workload
 
@@ -129,6 +130,7 @@ class PreparedVariant:
     pinned_tokens: int
     ran: bool = False
     """A policy holds the state of its run: a prepared variant runs once."""
+    offload: OffloadConfig | None = None
 
 
 @dataclass
@@ -226,6 +228,11 @@ def _prepare_variant(
     reservation_error = check_reservation_fits(policy, max_model_len, key)
     if reservation_error:
         raise ConfigError(reservation_error)
+    offload = config.offload_for(variant)
+    if offload is not None:
+        attach_host_tier(
+            policy, offload, engine_config.block_size * capacity.kv_bytes_per_token, variant, index
+        )
     costs = make_cost_model(
         config.cost_model,
         model,
@@ -244,7 +251,25 @@ def _prepare_variant(
     prepared = PreparedVariant(
         variant, engine_config, policy_name, capacity, pool, max_model_len, policy, costs, pinned_tokens
     )
+    prepared.offload = offload
     return prepared, warnings
+
+
+def attach_host_tier(
+    policy: KVCachePolicy, offload: OffloadConfig, block_bytes: int, variant: VariantConfig, index: int
+) -> None:
+    """Give ``policy`` the host tier ``offload`` asks for, or say why it cannot have one."""
+    where = f"variants.{index}.offload" if variant.offload else "offload"
+    blocks = host_tier_blocks(offload, block_bytes)
+    if blocks < 1:
+        raise ConfigError(
+            f"{where}.host_memory_gib: {offload.host_memory_gib:g} GiB holds no KV block "
+            f"({block_bytes:,} bytes each)"
+        )
+    try:
+        policy.enable_host_tier(blocks)
+    except PolicyInputError as error:
+        raise ConfigError(f"{where}: {error}") from None
 
 
 def policy_options(name: str) -> list[str]:
@@ -397,6 +422,9 @@ def run_prepared(
         follow_up=workload.follow_up,
         block_size=engine_config.block_size,
         sink=sink,
+        host_load_s=(
+            host_load_seconds(prepared.offload, prepared.costs, block_bytes) if prepared.offload else None
+        ),
     )
     started = time.perf_counter()
     engine.run(until_s=config.until_s)
@@ -417,6 +445,7 @@ def run_prepared(
         cost_error_band=prepared.costs.error_band,
     )
     summary["pinned_tokens"] = prepared.pinned_tokens
+    summary.update(host_tier_summary(prepared.policy, block_bytes, engine.counters.host_load_s))
     return VariantResult(
         variant.name, summary, prepared.capacity.capacity_lines(prepared.max_model_len), sink
     )

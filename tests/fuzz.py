@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tests.test_host_tier import TierDriver
 from tests.test_policy_properties import VARIANTS, Driver
 
 # Operation mix: admissions and growth dominate, as in a server; forks and evictions are rarer.
@@ -26,9 +27,10 @@ WEIGHTS = {"admit": 0.25, "grow": 0.3, "fork": 0.05, "free": 0.3, "evict": 0.1}
 DRAIN_EVERY = 20_000
 """Free everything now and then (and check the empty pool), so runs do not sit in one full state."""
 
-NAMES = ["paged", "prefix", "prefix-hash-collisions", "contiguous-max-first_fit", "contiguous-pow2-best_fit"]
+NAMES = ["paged", "prefix", "contiguous-max-first_fit", "contiguous-pow2-best_fit"]
 NAMES += ["contiguous-oracle-buddy", "radix-page-1", "radix-page-3"]
 assert len(NAMES) == len(VARIANTS)
+NAMES += ["prefix-host-tier-8"]  # the prefix policy with an 8-block host tier (tests/test_host_tier.py)
 
 
 @dataclass
@@ -42,9 +44,15 @@ class Outcome:
     error: str = ""
 
 
+def driver_for(index: int) -> Driver:
+    if index < len(VARIANTS):
+        name, options = VARIANTS[index]
+        return Driver(name, options)
+    return TierDriver(host_blocks=8)
+
+
 def fuzz(index: int, operations: int, seed: int) -> Outcome:
-    name, options = VARIANTS[index]
-    driver = Driver(name, options)
+    driver = driver_for(index)
     rng = np.random.default_rng([seed, index])
     kinds = list(WEIGHTS)
     # Drawn in chunks: one numpy call per 10k operations instead of three per operation.

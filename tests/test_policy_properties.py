@@ -189,7 +189,7 @@ class Driver:
         except OutOfKVMemory as error:
             assert error.prefix_hit == hit
             raise
-        assert cached == hit.cached_tokens
+        assert cached == hit.total_tokens  # the GPU hit, plus what a host tier loads back
         hit_unit = getattr(policy, "page_size", self.pool.block_size)  # radix hits whole pages, others blocks
         assert 0 <= cached < prompt_len and cached % hit_unit == 0
         self.live.append(seq_id)

@@ -1,0 +1,83 @@
+"""The host-memory tier for cached KV blocks (``offload:`` in an experiment YAML).
+
+Cached blocks the GPU evicts go to a host LRU pool instead of vanishing; a later prefix hit there is
+loaded back (``policies/_host_tier.py`` holds the tier, the prefix policy uses it). This module holds
+the config section, the tier's size in blocks, and the time a load takes.
+
+Timing choices (documented simplifications):
+
+- A load (host -> GPU) is charged to the iteration that admits the request, the way swap-ins and
+  copy-on-write copies are: ``blocks x block bytes / bandwidth``, on top of the forward pass. vLLM's
+  offloading connector loads asynchronously (the request waits in ``WAITING_FOR_REMOTE_KVS`` while
+  the batch runs on), so kvsim's charge is the pessimistic bound for the rest of the batch and exact
+  for the loading request.
+- Offload writes (GPU -> host, at eviction) cost no iteration time: vLLM's connector stores on a side
+  stream while the model runs (``wait_for_save`` -> ``prepare_store_kv``) and SGLang HiCache writes
+  back asynchronously too. Their bytes are counted (``host_offload_bytes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from policies._host_tier import HostTierStats
+from policies.base import KVCachePolicy
+from sim.costs import CostModel
+
+GIB = 1024**3
+
+
+class OffloadConfig(BaseModel):
+    """``offload:``: keep cached blocks the GPU evicts in host memory (prefix policy only)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    host_memory_gib: float = Field(gt=0)
+    """Host memory for evicted cached blocks, in GiB (2^30 bytes) per engine. The tier holds
+    ``floor(host bytes / (kv_bytes_per_token x block_size))`` blocks."""
+    bandwidth_gb_per_s: float | None = Field(default=None, gt=0)
+    """Host <-> GPU transfer bandwidth in 10^9 bytes/s. Default: the link swaps use (the cost model's
+    host link: `cost_model.host_bandwidth_gb_per_s`, 25 GB/s PCIe 4.0 x16 unless set, or a profile's
+    measured swap times)."""
+    policy: Literal["lru"] = "lru"
+    """Which host entry makes room: the least recently stored or hit (vLLM's `LRUOffloadingManager`)."""
+
+
+def host_tier_blocks(config: OffloadConfig, block_bytes: int) -> int:
+    """Blocks the host tier holds: whole blocks in ``host_memory_gib``."""
+    return int(config.host_memory_gib * GIB // block_bytes)
+
+
+def host_load_seconds(config: OffloadConfig, costs: CostModel, block_bytes: int) -> Callable[[int], float]:
+    """Seconds to load ``n`` blocks from the host tier: over ``bandwidth_gb_per_s`` when set, else as
+    the cost model times a swap of ``n`` blocks (the same host link)."""
+    if config.bandwidth_gb_per_s is None:
+        return costs.swap_blocks_s
+    per_block_s = block_bytes / (config.bandwidth_gb_per_s * 1e9)
+    return lambda blocks: blocks * per_block_s
+
+
+def host_tier_summary(policy: KVCachePolicy, block_bytes: int, host_load_s: float) -> dict[str, Any]:
+    """The host tier's summary columns (``sim/columns.py``); zeros without a tier."""
+    tier = policy.host_tier
+    stats = tier.stats if tier is not None else HostTierStats()
+    queries = policy.stats.prefix_cache_queries
+    return {
+        "host_tier_blocks": tier.capacity_blocks if tier is not None else 0,
+        "host_tier_bytes": tier.capacity_blocks * block_bytes if tier is not None else 0,
+        "host_cache_hits": stats.host_cache_hits,
+        "host_cache_hit_rate": stats.host_cache_hits / queries if queries else None,
+        "total_cache_hit_rate": (
+            (policy.stats.prefix_cache_hits + stats.host_cache_hits) / queries if queries else None
+        ),
+        "host_loaded_blocks": stats.host_loaded_blocks,
+        "host_load_bytes": stats.host_loaded_blocks * block_bytes,
+        "host_load_s": host_load_s,
+        "host_offloaded_blocks": stats.host_offloaded_blocks,
+        "host_offload_bytes": stats.host_offloaded_blocks * block_bytes,
+        "host_evictions": stats.host_evictions,
+        "host_cached_tokens_end": policy.host_breakdown_values()[0],
+    }
