@@ -152,6 +152,7 @@ REQUESTS: Columns = {
     "cached_prompt_tokens": ("tokens", "Prompt tokens served from the prefix cache at first admission."),
     "outcome": ("-", "finished, rejected, failed_oom or unfinished."),
     "reason": ("-", "Why a request was rejected or failed (with its numbers); empty otherwise."),
+    "replica": ("-", "The cluster replica its router sent it to (0 without a `cluster:` section)."),
     "ttft_s": ("s", "first_token_s - arrival_s: time to first token, queueing included."),
     "e2e_s": ("s", "finish_s - arrival_s: end-to-end latency."),
     "tpot_s": (

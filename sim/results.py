@@ -51,10 +51,16 @@ def write_run_files(
         variant_dir = folder / result.name
         variant_dir.mkdir(exist_ok=True)
         (variant_dir / "summary.json").write_text(json.dumps(result.summary, indent=2, default=_json_default))
+        if result.replica_summaries is not None:
+            replicas = pd.DataFrame([_flat(summary) for summary in result.replica_summaries])
+            replicas.to_csv(variant_dir / REPLICAS_FILE, index=False)
     if figures:
         from sim.plots import write_figures
 
         write_figures(load_results(folder), folder / "figures")
+
+
+REPLICAS_FILE = "replicas.csv"  # a cluster variant's per-replica summaries
 
 
 def group_capacity_lines(results: list[VariantResult]) -> list[tuple[list[str], list[str]]]:
