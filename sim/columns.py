@@ -93,6 +93,9 @@ SUMMARY: Columns = {
         "forks saved.",
     ),
     "pinned_tokens": ("tokens", "Slots pinned in the prefix cache at warm-up (`pin_shared_prefixes`)."),
+}
+
+BALANCE: Columns = {
     "replicas": ("replicas", "Engine replicas (`cluster.replicas`; 1 without a `cluster:` section)."),
     "router": ("-", "The cluster's router (`none` without a `cluster:` section)."),
     "requests_max_over_mean": (
@@ -108,6 +111,8 @@ SUMMARY: Columns = {
     "prefix_cache_hit_rate_min": (_FRAC, "Lowest replica prefix_cache_hit_rate; empty without queries."),
     "prefix_cache_hit_rate_max": (_FRAC, "Highest replica prefix_cache_hit_rate; empty without queries."),
 }
+"""The cluster's load balance, at the end of every summary (a single engine is a cluster of one)."""
+SUMMARY |= BALANCE
 """In a cluster run, the pool columns (kv_pool_*, num_gpu_blocks, ...) are per replica; counters,
 percentiles and time-averaged shares are over the whole cluster (its pools together)."""
 
@@ -115,7 +120,8 @@ REPLICA_SUMMARY: Columns = {
     "replica": ("-", "The replica (0 to replicas - 1)."),
     "requests_routed": ("requests", "Requests the router sent to this replica."),
 }
-"""``<variant>/replicas.csv`` (cluster runs): every SUMMARY column for the replica alone, then these."""
+"""``<variant>/replicas.csv`` (cluster runs): the SUMMARY columns but BALANCE, for the replica alone,
+then these."""
 
 TIMESERIES: Columns = {
     "time_s": ("s", "Simulated time of the sample; a row holds until the next one."),
@@ -192,8 +198,8 @@ TABLES: dict[str, tuple[str, Columns]] = {
     ),
     "requests": ("`<variant>/requests.parquet` (or `.csv`): one row per request", REQUESTS),
     "replicas": (
-        "`<variant>/replicas.csv` (cluster runs): one row per replica, with every summary column for "
-        "that replica alone, then these",
+        "`<variant>/replicas.csv` (cluster runs): one row per replica, with the summary columns up to "
+        "`pinned_tokens` for that replica alone, then these",
         REPLICA_SUMMARY,
     ),
 }

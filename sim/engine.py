@@ -272,9 +272,9 @@ class Engine:
         while True:
             if not self.running and not self.waiting:
                 # A replica stays until the clock stops: another replica's request may have a follow-up.
-                if self._upstream is None and self._next_arrival_s() == float("inf"):
-                    if not self._pending_follow_ups:
-                        return
+                done = self._next_arrival_s() == float("inf") and not self._pending_follow_ups
+                if done and self._upstream is None:
+                    return
                 idle_steps = 0  # rejections that emptied the queue are progress, not a stall
                 self.admission_blocker = 0
                 self._wake = self.env.event()

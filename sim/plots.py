@@ -311,8 +311,12 @@ def _replicas(results: RunResults, variants: list[str], path: Path) -> Path:
     for (usage_axis, bar_axis), variant in zip(axes, variants, strict=True):
         frame = results.replica_timeseries(variant, max_rows=MAX_POINTS)
         for replica, rows in frame.groupby("replica"):
-            usage_axis.step(rows["time_s"], rows["kv_cache_usage_perc"], where="post", label=f"replica {replica}")
-        usage_axis.set_title(f"{variant}: KV cache usage per replica (1 - (free + cached) / pool)", fontsize=10)
+            usage_axis.step(
+                rows["time_s"], rows["kv_cache_usage_perc"], where="post", label=f"replica {replica}"
+            )
+        usage_axis.set_title(
+            f"{variant}: KV cache usage per replica (1 - (free + cached) / pool)", fontsize=10
+        )
         usage_axis.set_xlabel("simulated time (s)")
         usage_axis.set_ylabel("fraction of pool")
         usage_axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)

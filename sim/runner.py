@@ -229,7 +229,11 @@ def _prepare_variant(
             f"{policy_name!r} (valid: {valid})"
         )
     cluster = config.cluster_for(variant)
-    if cluster is not None and make_router(cluster).needs_prefix_lookup and not has_prefix_lookup(policy_name):
+    if (
+        cluster is not None
+        and make_router(cluster).needs_prefix_lookup
+        and not has_prefix_lookup(policy_name)
+    ):
         raise ConfigError(
             f"{_cluster_key(config, index, 'router')}: router {cluster.router!r} routes by the prefix each "
             f"replica's cache would serve, but policy {policy_name!r} has no prefix cache (no lookup). "
@@ -470,7 +474,9 @@ def _make_engine(
     )
 
 
-def _summary(engine, requests_table: pd.DataFrame, prepared: PreparedVariant, wall_s: float) -> dict[str, Any]:
+def _summary(
+    engine, requests_table: pd.DataFrame, prepared: PreparedVariant, wall_s: float
+) -> dict[str, Any]:
     summary = summarize(
         engine,
         requests_table,
@@ -504,7 +510,14 @@ def _run_cluster(
 
     def build_replica(index, env, upstream, follow_up) -> Engine:
         return _make_engine(
-            config, prepared, policies[index], (), sinks[index], env=env, upstream=upstream, follow_up=follow_up
+            config,
+            prepared,
+            policies[index],
+            (),
+            sinks[index],
+            env=env,
+            upstream=upstream,
+            follow_up=follow_up,
         )
 
     cluster = Cluster(

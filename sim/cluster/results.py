@@ -79,15 +79,22 @@ def total_series(per_replica: pd.DataFrame, pool_tokens: int) -> pd.DataFrame:
         blockers = frame["admission_blocker"].to_numpy()
         # Per blocker code, whether this replica is held back by it: summed, how many replicas are.
         held = np.stack([blockers == code for code in codes], axis=1).astype(np.int64)
-        values = np.concatenate([frame[SUMMED].to_numpy(dtype=np.int64), held], axis=1)
+        first = np.zeros((len(frame), 1), dtype=np.int64)
+        first[0] = 1  # counts the replicas that have a row yet
+        values = np.concatenate(
+            [frame[SUMMED].to_numpy(dtype=np.int64), held, np.cumsum(first, axis=0)], axis=1
+        )
         times.append(frame["time_s"].to_numpy(dtype=float))
         deltas.append(np.diff(values, axis=0, prepend=np.zeros((1, values.shape[1]), dtype=np.int64)))
     all_times = np.concatenate(times)
     order = np.argsort(all_times, kind="stable")
     sums = np.cumsum(np.concatenate(deltas)[order], axis=0)
+    # Rows before every replica has its first one (all at time 0) would leave replicas out.
+    complete = sums[:, -1] == len(times)
+    sums = sums[complete]
     total = pd.DataFrame(sums[:, : len(SUMMED)], columns=SUMMED)
-    total.insert(0, "time_s", all_times[order])
-    total["admission_blocker"] = _most_common_blocker(sums[:, len(SUMMED) :])
+    total.insert(0, "time_s", all_times[order][complete])
+    total["admission_blocker"] = _most_common_blocker(sums[:, len(SUMMED) : -1])
     total = total[list(SERIES_COLUMNS)]
     total["kv_cache_usage_perc"] = 1.0 - (total["free_tokens"] + total["cached_tokens"]) / pool_tokens
     return total
@@ -141,7 +148,9 @@ class ClusterTotals:
         self.recorder = _TotalRecorder(peak, summed, pool_tokens)
 
 
-def balance_metrics(router: str, routed: list[int], replica_summaries: list[dict[str, Any]]) -> dict[str, Any]:
+def balance_metrics(
+    router: str, routed: list[int], replica_summaries: list[dict[str, Any]]
+) -> dict[str, Any]:
     """Load imbalance across replicas: requests routed and time-averaged KV usage (max / mean and the
     coefficient of variation, population standard deviation / mean), and the spread of the replicas'
     prefix-cache hit rates. A single engine is a cluster of one (max / mean 1, CV 0)."""
