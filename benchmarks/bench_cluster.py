@@ -59,7 +59,7 @@ def run_cluster_once(replicas: int, requests_per_replica: int, router: str = "ro
     }
 
 
-def run_cluster_benchmarks(requests_per_replica: int = 5_000) -> list[dict]:
+def run_cluster_benchmarks(requests_per_replica: int = 2_000) -> list[dict]:
     print(f"\ncluster: {requests_per_replica:,} requests per replica at {RATE_PER_S:g}/s each, round robin")
     print(
         f"{'replicas':>8} {'requests':>9} {'wall s':>8} {'us/request':>11} {'x 1 replica':>12} {'iterations':>11}"

@@ -176,7 +176,7 @@ def test_markdown_report_puts_the_recommendation_first(planned):
     assert text.index("## Recommendation") < text.index("## Evidence") < text.index("## Assumptions")
     for name in ("knee_ttft_p99_s.png", "memory.png"):
         assert f"(figures/{name})" in text and (result.out_dir / "figures" / name).is_file()
-    assert "kvsim does not simulate multiple replicas yet" in text
+    assert "the target divided evenly over identical, independent replicas" in text
 
 
 def test_results_api_and_resume(planned, capsys):
