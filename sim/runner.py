@@ -267,8 +267,9 @@ def _prepare_variant(
     pinned_tokens = 0
     if variant.pin_shared_prefixes:
         try:
-            # Every replica pins the prefixes in its own cache; the summary reports one replica's slots.
-            pinned_tokens = [pin_prefixes(item, prefixes or []) for item in replica_policies][0]
+            # Every replica pins the same prefixes in its own cache: the summary reports one replica's.
+            pinned = [pin_prefixes(item, prefixes or []) for item in replica_policies]
+            pinned_tokens = pinned[0]
         except ConfigError as error:
             raise ConfigError(f"variants.{index}.{error}") from None
     prepared = PreparedVariant(
@@ -446,8 +447,9 @@ def _make_engine(
     policy: KVCachePolicy,
     requests,
     sink: OutputSink,
-    **cluster_hooks,
+    **engine_options: Any,
 ) -> Engine:
+    """One engine (or cluster replica: ``engine_options`` carry its clock and hooks) for the variant."""
     engine_config = prepared.engine
     block_bytes = engine_config.block_size * prepared.capacity.kv_bytes_per_token
     knobs = EngineKnobs(
@@ -470,7 +472,7 @@ def _make_engine(
         seed=config.seed,
         block_size=engine_config.block_size,
         sink=sink,
-        **cluster_hooks,
+        **engine_options,
     )
 
 
