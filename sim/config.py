@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from policies.base import policy_names
 from sim.costs import CostModelConfig
@@ -140,6 +140,15 @@ class ClusterConfig(_Strict):
         description="prefix_aware: weight of the load score ((max - load) / (max - min) over replicas "
         "of running + waiting requests; 1 when all are equal); llm-d's default weighs its queue scorer 2.",
     )
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> ClusterConfig:
+        if self.prefix_weight == 0 and self.load_weight == 0:
+            raise ValueError(
+                "prefix_weight and load_weight are both 0: every replica would score the same; "
+                "give at least one a positive weight"
+            )
+        return self
 
     @field_validator("router")
     @classmethod

@@ -215,6 +215,10 @@ def test_cluster_run_writes_the_documented_files(tmp_path, capsys):
         ({"replicas": 0}, r"cluster\.replicas: Input should be greater than 0 \(got 0\)"),
         ({"router": "least_load"}, r"cluster\.router: unknown router 'least_load'; did you mean 'least_kv'"),
         ({"replicaz": 2}, r"cluster\.replicaz: unknown key; did you mean 'replicas'"),
+        (
+            {"prefix_weight": 0, "load_weight": 0},
+            r"cluster: prefix_weight and load_weight are both 0",
+        ),
     ],
 )
 def test_bad_cluster_sections_are_refused_when_loading(cluster, message):

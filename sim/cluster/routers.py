@@ -74,7 +74,10 @@ class LeastRequests(Router):
 
 class LeastKV(Router):
     """The replica with the most free KV slots (evictable cached blocks count as free, as in vLLM's
-    ``kv_cache_usage_perc``), as the policy reports them at the arrival instant."""
+    ``kv_cache_usage_perc``), as the policy reports them at the arrival instant. With
+    ``step_mode: skip`` the blocks a replica takes inside an event-skipping jump are booked when the
+    jump ends, so an arrival during a jump's last iteration can see a few blocks more free than
+    single steps would (a real router reads scraped metrics, staler still)."""
 
     name = "least_kv"
 
