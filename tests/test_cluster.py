@@ -10,14 +10,16 @@ import pandas as pd
 import pytest
 import yaml
 
-from policies.base import PoolSpec, make_policy
+from policies.base import MemoryBreakdown, PoolSpec, make_policy
 from sim import columns
 from sim.cli import main
 from sim.cluster.cluster import Cluster
 from sim.cluster.routers import LeastKV, LeastRequests, PrefixAware, RoundRobin, SessionAffinity
 from sim.config import ClusterConfig, ConfigError, validate_experiment
 from sim.engine import Engine, EngineKnobs
-from sim.metrics import BREAKDOWN_COLUMNS
+from sim.metrics import BREAKDOWN_COLUMNS, summary_key
+from sim.planning.steady import SteadyWindow
+from sim.planning.tasks import PointTask, run_point
 from sim.results import load_results
 from sim.runner import prepare_experiment, run_experiment
 from tests.engine_helpers import RoundCostModel, request
@@ -251,3 +253,15 @@ def test_cluster_config_defaults():
     assert ClusterConfig() == ClusterConfig(
         replicas=1, router="round_robin", prefix_weight=3.0, load_weight=2.0
     )
+
+
+def test_plan_probe_of_a_cluster_measures_shares_over_every_replica_pool():
+    """A plan probe's steady-state shares come from the total series: over the two pools together,
+    so the six breakdown shares still sum to 1."""
+    data = chat_data(60, replicas=2, router="least_requests")
+    data["variants"] = data["variants"][:1]
+    outcome = run_point(PointTask("p", data, str(ROOT / "configs"), SteadyWindow(0.2, 0.1)))
+    assert outcome.ok, outcome.error
+    steady = outcome.summaries[0]["steady"]
+    shares = [steady[summary_key(name)] for name in MemoryBreakdown.CATEGORIES]
+    assert sum(shares) == pytest.approx(1.0)
