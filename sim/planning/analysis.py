@@ -117,10 +117,16 @@ def _limit(name: str, why: str, evidence: dict[str, Any]) -> dict[str, Any]:
 
 
 def candidate_results(
-    plan: Plan, searches: dict[str, RateSearch], probes: list[Probe]
+    plan: Plan,
+    searches: dict[str, RateSearch],
+    probes: list[Probe],
+    checks: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
+    """Each candidate's answer; ``checks``: the cluster checks of single-engine candidates
+    (``sim/planning/cluster_check.py``), which replace the divided GPU count."""
+    checks = checks or {}
     results = [
-        _result(plan, c, searches.get(c.key), [p for p in probes if p.candidate == c.key])
+        _result(plan, c, searches.get(c.key), [p for p in probes if p.candidate == c.key], checks.get(c.key))
         for c in plan.candidates
     ]
     return rank(results, plan.spec.target_rate_per_s)
@@ -144,7 +150,11 @@ def _identity(candidate: Candidate) -> dict[str, Any]:
 
 
 def _result(
-    plan: Plan, candidate: Candidate, search: RateSearch | None, probes: list[Probe]
+    plan: Plan,
+    candidate: Candidate,
+    search: RateSearch | None,
+    probes: list[Probe],
+    check: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     result = _identity(candidate) | {"probes": [p.number for p in probes]}
     if candidate.infeasible or search is None:
@@ -173,6 +183,8 @@ def _result(
         "max_points": passing.point_ids,
         "at_max": probe_metrics(passing),
     }
+    if check is not None:
+        result["cluster_check"] = check
     return result | _sizing(result, plan.spec.target_rate_per_s)
 
 
@@ -201,6 +213,20 @@ def _sizing(result: dict[str, Any], target: float) -> dict[str, Any]:
         headroom = rate / target - 1
     else:
         replicas, sizing_method = math.ceil(target / rate - 1e-9), "divided over independent replicas"
+        check = result.get("cluster_check")
+        if check is not None and check["replicas"] is None:
+            tried = check["tried"][-1]
+            return {
+                "status": "below_target",
+                "reason": f"{tried['replicas']} replicas behind {check['router']} do not meet the SLOs at the "
+                f"target {target:g} req/s ({'; '.join(tried['violations']) or tried['error']}); dividing "
+                f"the rate asked for {check['divided_replicas']}",
+            }
+        if check is not None:
+            replicas = check["replicas"]
+            sizing_method = (
+                f"checked: {replicas} replicas behind {check['router']} simulated at the target rate"
+            )
         headroom = replicas * rate / target - 1
     gpus = replicas * result["tensor_parallel_size"]
     sizing: dict[str, Any] = {"replicas_for_target": replicas, "gpus_for_target": gpus}

@@ -143,6 +143,20 @@ SLO_METRICS: dict[str, tuple[str, str, str]] = {
 USER_SLOS = [name for name in SLO_METRICS if name != "max_queue_growth_frac"]
 
 
+class ClusterCheck(Strict):
+    """Check a single-engine candidate's GPU count with the cluster model: simulate the replicas that
+    dividing the target rate asks for, behind ``router``, at the target rate; add replicas until every
+    seed meets the SLOs (at most ``max_extra_replicas`` more)."""
+
+    router: str = Field("least_requests", description="The router of the checked clusters.")
+    max_extra_replicas: int = Field(4, ge=0, description="Replicas added at most beyond the divided count.")
+
+    @model_validator(mode="after")
+    def _known_router(self) -> ClusterCheck:
+        ClusterConfig.model_validate({"router": self.router})  # the same check and message
+        return self
+
+
 class SearchSpec(Strict):
     start_rate_per_s: PositiveFloat = Field(1.0, description="First rate probed.")
     min_rate_per_s: PositiveFloat = Field(0.05, description="Below this a candidate is infeasible.")
@@ -157,6 +171,11 @@ class SearchSpec(Strict):
     drain_frac: float = Field(0.1, ge=0, lt=0.5, description="Arrivals dropped at the end.")
     rate_key: str = Field("workload.arrival.rate_per_s", description="Key path the search sets.")
     count_key: str = Field("workload.num_requests", description="Key path of the request count.")
+    cluster_check: ClusterCheck | None = Field(
+        None,
+        description="Check single-engine candidates' GPU counts by simulating the cluster at the target "
+        "rate (default: off, the count divides the target rate).",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> SearchSpec:

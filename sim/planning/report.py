@@ -240,7 +240,8 @@ def recommendation_blocks(document: dict[str, Any]) -> list[Block]:
                 "replicas × tensor-parallel size GPUs when its max rate reaches the target (headroom = max rate ÷ target − 1) "
                 "and is marked below_target otherwise; a single-engine candidate needs ⌈target ÷ max rate⌉ × "
                 "tensor-parallel size, the target divided evenly over identical, independent replicas (headroom = their "
-                "combined max rate ÷ target − 1). "
+                "combined max rate ÷ target − 1), or, with search.cluster_check, the first count of replicas that met the "
+                "SLOs when simulated as one cluster at the target rate (plan.json: sizing_method, cluster_check). "
                 "Max rate = the highest probed rate at which every seed met every SLO; the first failing rate and its "
                 "reasons are in the table. Each number links to its probe below, which links to the simulation folders."
             ]
