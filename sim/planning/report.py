@@ -34,9 +34,9 @@ if TYPE_CHECKING:
     from sim.planning.plan import Probe
 
 NOT_MODELLED = [
-    "replicas of a candidate without `candidates.cluster`: the target rate is divided evenly over identical, "
-    "independent GPUs (no router, no load imbalance); candidates with `candidates.cluster` are simulated as "
-    "the whole cluster at the full rate (router and imbalance included; still no failover headroom)",
+    "replicas of a candidate without `candidates.cluster` (and without `search.cluster_check`): the target rate "
+    "is divided evenly over identical, independent GPUs (no router, no load imbalance); clusters (candidates or "
+    "checks) are simulated whole at the full rate, router and imbalance included; no failover headroom",
     "tokenizer, detokenizer, HTTP and scheduler CPU time; network latency between client and server",
     "CUDA graph and allocator overheads beyond the activation reserve (a real server logs 1-4 % less KV memory)",
     "speculative decoding, quantised weights other than the configured sizes, LoRA adapters",
