@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from benchmarks.bench_allocators import run_allocator_benchmarks
+from benchmarks.bench_cluster import run_cluster_benchmarks
 from benchmarks.bench_engine import run_engine_benchmarks
 from benchmarks.bench_traces import JOBS, run_trace_benchmarks
 
@@ -25,6 +26,7 @@ def main() -> None:
     run_trace_benchmarks(JOBS[-1:] if args.quick else JOBS)
     sizes = args.engine_sizes or ("2000" if args.quick else "10000,100000,1000000")
     run_engine_benchmarks([int(size) for size in sizes.split(",")], args.policies.split(","))
+    run_cluster_benchmarks(500 if args.quick else 2_000)
 
 
 if __name__ == "__main__":

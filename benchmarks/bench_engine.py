@@ -19,7 +19,7 @@ import numpy as np
 RATE_PER_S = 20.0
 
 
-def synthetic_requests(count: int, seed: int = 0) -> Iterator:
+def synthetic_requests(count: int, seed: int = 0, rate_per_s: float = RATE_PER_S) -> Iterator:
     from workloads.request import Request
 
     rng = np.random.default_rng(seed)
@@ -27,7 +27,7 @@ def synthetic_requests(count: int, seed: int = 0) -> Iterator:
     chunk = 8192
     for start in range(0, count, chunk):
         size = min(chunk, count - start)
-        gaps = rng.exponential(1.0 / RATE_PER_S, size)
+        gaps = rng.exponential(1.0 / rate_per_s, size)
         prompts = np.clip(rng.normal(500, 150, size), 16, 2000).astype(int)
         outputs = np.clip(rng.normal(250, 80, size), 1, 1000).astype(int)
         for offset in range(size):

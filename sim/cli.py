@@ -28,6 +28,22 @@ SUMMARY_COLUMNS = [
     ("e2e_p99_s", "e2e p99 s", "{:.2f}"),
 ]
 
+# Printed for variants with a cluster section: the router's effect and the load imbalance.
+CLUSTER_COLUMNS = [
+    ("variant", "variant", "{}"),
+    ("replicas", "replicas", "{:d}"),
+    ("router", "router", "{}"),
+    ("prefix_cache_hit_rate", "hit %", "{:.1%}"),
+    ("prefix_cache_hit_rate_min", "hit % min", "{:.1%}"),
+    ("prefix_cache_hit_rate_max", "hit % max", "{:.1%}"),
+    ("requests_max_over_mean", "req max/mean", "{:.2f}"),
+    ("requests_cv", "req CV", "{:.2f}"),
+    ("kv_usage_max_over_mean", "KV max/mean", "{:.2f}"),
+    ("kv_usage_cv", "KV CV", "{:.2f}"),
+    ("ttft_p50_s", "TTFT p50 s", "{:.3f}"),
+    ("ttft_p99_s", "TTFT p99 s", "{:.3f}"),
+]
+
 
 class StrictRunFailed(Exception):
     """``--strict``: the run left requests unserved; nothing was written."""
@@ -86,6 +102,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     for line in capacity_report(results):
         print(line)
     print(format_summary_table([result.summary for result in results]))
+    clusters = [result.summary for result in results if result.replica_summaries is not None]
+    if clusters:
+        print("clusters (pool columns above are per replica; shares over the replicas' pools together):")
+        print(format_summary_table(clusters, CLUSTER_COLUMNS))
     print(f"results written to {out_dir}/ (summary.csv, per-variant folders, figures/)")
     if report:
         print(report, file=sys.stderr)
@@ -103,12 +123,12 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def format_summary_table(summaries: list[dict]) -> str:
-    header = [label for _, label, _ in SUMMARY_COLUMNS]
+def format_summary_table(summaries: list[dict], columns: list[tuple[str, str, str]] = SUMMARY_COLUMNS) -> str:
+    header = [label for _, label, _ in columns]
     rows = []
     for summary in summaries:
         row = []
-        for key, _, fmt in SUMMARY_COLUMNS:
+        for key, _, fmt in columns:
             value = summary.get(key)
             row.append("n/a" if value is None else fmt.format(value))
         rows.append(row)

@@ -123,6 +123,34 @@ SUMMARY: Columns = {
     "host_cached_tokens_end": ("tokens (slots)", "Slots of the host tier holding cached blocks at the end."),
 }
 
+BALANCE: Columns = {
+    "replicas": ("replicas", "Engine replicas (`cluster.replicas`; 1 without a `cluster:` section)."),
+    "router": ("-", "The cluster's router (`none` without a `cluster:` section)."),
+    "requests_max_over_mean": (
+        "ratio",
+        "Load imbalance: most requests routed to one replica / the mean over replicas (1: even).",
+    ),
+    "requests_cv": ("ratio", "Coefficient of variation (std / mean) of the requests routed per replica."),
+    "kv_usage_max_over_mean": (
+        "ratio",
+        "Highest replica time-averaged KV usage (1 - free - cached share) / the mean over replicas.",
+    ),
+    "kv_usage_cv": ("ratio", "Coefficient of variation of the replicas' time-averaged KV usage."),
+    "prefix_cache_hit_rate_min": (_FRAC, "Lowest replica prefix_cache_hit_rate; empty without queries."),
+    "prefix_cache_hit_rate_max": (_FRAC, "Highest replica prefix_cache_hit_rate; empty without queries."),
+}
+"""The cluster's load balance, at the end of every summary (a single engine is a cluster of one)."""
+SUMMARY |= BALANCE
+"""In a cluster run, the pool columns (kv_pool_*, num_gpu_blocks, ...) are per replica; counters,
+percentiles and time-averaged shares are over the whole cluster (its pools together)."""
+
+REPLICA_SUMMARY: Columns = {
+    "replica": ("-", "The replica (0 to replicas - 1)."),
+    "requests_routed": ("requests", "Requests the router sent to this replica."),
+}
+"""``<variant>/replicas.csv`` (cluster runs): the SUMMARY columns but BALANCE, for the replica alone,
+then these."""
+
 TIMESERIES: Columns = {
     "time_s": ("s", "Simulated time of the sample; a row holds until the next one."),
     "used_tokens": ("tokens (slots)", "Slots holding live token states."),
@@ -186,6 +214,7 @@ REQUESTS: Columns = {
     "cached_prompt_tokens": ("tokens", "Prompt tokens served from the prefix cache at first admission."),
     "outcome": ("-", "finished, rejected, failed_oom or unfinished."),
     "reason": ("-", "Why a request was rejected or failed (with its numbers); empty otherwise."),
+    "replica": ("-", "The cluster replica its router sent it to (0 without a `cluster:` section)."),
     "ttft_s": ("s", "first_token_s - arrival_s: time to first token, queueing included."),
     "e2e_s": ("s", "finish_s - arrival_s: end-to-end latency."),
     "tpot_s": (
@@ -202,6 +231,11 @@ TABLES: dict[str, tuple[str, Columns]] = {
         TIMESERIES,
     ),
     "requests": ("`<variant>/requests.parquet` (or `.csv`): one row per request", REQUESTS),
+    "replicas": (
+        "`<variant>/replicas.csv` (cluster runs): one row per replica, with the summary columns up to "
+        "`pinned_tokens` for that replica alone, then these",
+        REPLICA_SUMMARY,
+    ),
 }
 
 
@@ -223,7 +257,12 @@ def markdown() -> str:
         "folder per variant with `summary.json`, `timeseries.parquet` and `requests.parquet`. Units: "
         "*tokens (slots)* are KV slots, one token's K and V in every layer; *fraction 0-1* is a share, "
         "never a percentage; times are simulated seconds unless stated. Read a folder from Python with "
-        "`sim.results.load_results(path)`.",
+        "`sim.results.load_results(path)`. A variant with a `cluster:` section (several replicas behind "
+        "a router) writes the cluster total in `summary.json`, `summary.csv` and `timeseries.parquet` "
+        "(its pool columns per replica; counters, percentiles and shares over the whole cluster; in the "
+        "total series `admission_blocker` is the blocker most replicas are held back by), and beside "
+        "them `replicas.csv` (one summary row per replica) and `replica_timeseries.parquet` (every "
+        "replica's rows, a `replica` column first, then the time series columns).",
     ]
     for title, columns in TABLES.values():
         lines += ["", f"## {title}", "", "| column | unit | meaning |", "|---|---|---|"]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from policies.base import policy_names
 from sim.costs import CostModelConfig
@@ -48,6 +48,9 @@ def check_slug(value: str, what: str) -> str:
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+_Section = TypeVar("_Section", bound=_Strict)
 
 
 class EngineConfig(_Strict):
@@ -109,6 +112,55 @@ class EngineConfig(_Strict):
     )
 
 
+ROUTERS = ("round_robin", "least_requests", "least_kv", "session_affinity", "prefix_aware")
+
+
+class ClusterConfig(_Strict):
+    """Replicas of the engine behind a router, all simulated on one clock (``sim/cluster/``)."""
+
+    replicas: int = Field(
+        1, gt=0, description="Engine replicas, each with its own GPU(s), KV pool and policy instance."
+    )
+    router: str = Field(
+        "round_robin",
+        description="Which replica each arriving request goes to: round_robin, least_requests (fewest "
+        "running + waiting), least_kv (most free KV slots), session_affinity (a conversation stays on "
+        "the replica its first request went to; new sessions go to least_requests' choice), "
+        "prefix_aware (score = prefix_weight x cached fraction of the prompt + load_weight x "
+        "load score, as llm-d's scorers).",
+    )
+    prefix_weight: float = Field(
+        3.0,
+        ge=0,
+        description="prefix_aware: weight of the prefix score (the fraction of the prompt the replica's "
+        "cache would serve, 0-1); llm-d's default profile weighs its prefix-cache scorer 3.",
+    )
+    load_weight: float = Field(
+        2.0,
+        ge=0,
+        description="prefix_aware: weight of the load score ((max - load) / (max - min) over replicas "
+        "of running + waiting requests; 1 when all are equal); llm-d's default weighs its queue scorer 2.",
+    )
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> ClusterConfig:
+        if self.prefix_weight == 0 and self.load_weight == 0:
+            raise ValueError(
+                "prefix_weight and load_weight are both 0: every replica would score the same; "
+                "give at least one a positive weight"
+            )
+        return self
+
+    @field_validator("router")
+    @classmethod
+    def _known_router(cls, value: str) -> str:
+        if value not in ROUTERS:
+            raise ValueError(
+                f"unknown router {value!r}{_did_you_mean(value, list(ROUTERS))} (valid: {', '.join(ROUTERS)})"
+            )
+        return value
+
+
 class VariantConfig(_Strict):
     """One policy run on the experiment's request stream."""
 
@@ -125,6 +177,9 @@ class VariantConfig(_Strict):
         None,
         description="This variant's host-memory tier: replaces the experiment's `offload:` section; "
         "`false`: none. Default: the experiment's.",
+    )
+    cluster: dict[str, Any] = Field(
+        default_factory=dict, description="Overrides of the cluster section (e.g. another router)."
     )
 
     @field_validator("name")
@@ -152,6 +207,16 @@ class VariantConfig(_Strict):
             if key not in EngineConfig.model_fields:
                 raise ValueError(
                     f"unknown engine key {key!r}{_did_you_mean(key, list(EngineConfig.model_fields))}"
+                )
+        return value
+
+    @field_validator("cluster")
+    @classmethod
+    def _known_cluster_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if key not in ClusterConfig.model_fields:
+                raise ValueError(
+                    f"unknown cluster key {key!r}{_did_you_mean(key, list(ClusterConfig.model_fields))}"
                 )
         return value
 
@@ -189,7 +254,11 @@ class ExperimentConfig(_Strict):
     offload: OffloadConfig | None = Field(
         None,
         description="Host-memory tier for cached blocks the GPU evicts (prefix policy); default: none. "
-        "A variant's `offload:` replaces it.",
+        "A variant's `offload:` replaces it. In a cluster, every replica has a tier of this size.",
+    )
+    cluster: ClusterConfig | None = Field(
+        None,
+        description="Several replicas behind a router (omitted: one engine, the single-GPU run).",
     )
     until_s: float | None = Field(None, gt=0, description="Stop the simulation at this time (seconds).")
     output: OutputConfig = Field(default_factory=OutputConfig, description="Output formats.")  # type: ignore[arg-type]
@@ -221,12 +290,26 @@ class ExperimentConfig(_Strict):
 
     def engine_for(self, variant: VariantConfig) -> EngineConfig:
         """The experiment's engine section with the variant's overrides (validated when loading)."""
+        return self._section_for(variant, EngineConfig, self.engine.model_dump(), "engine")
+
+    def cluster_for(self, variant: VariantConfig) -> ClusterConfig | None:
+        """The experiment's cluster section with the variant's overrides; None: a single engine."""
+        if self.cluster is None and not variant.cluster:
+            return None
+        base = self.cluster.model_dump() if self.cluster is not None else {}
+        return self._section_for(variant, ClusterConfig, base, "cluster")
+
+    def _section_for(
+        self, variant: VariantConfig, model: type[_Section], base: dict[str, Any], key: str
+    ) -> _Section:
+        """A section merged with the variant's overrides of it; errors name the variant's keys."""
+        overrides = getattr(variant, key)
         try:
-            return EngineConfig.model_validate(self.engine.model_dump() | variant.engine)
+            return model.model_validate(base | overrides)
         except ValidationError as error:
             index = self.variants.index(variant)
-            problems = [_prefixed(problem, ("variants", index, "engine")) for problem in error.errors()]
-            data = {"variants": {index: {"engine": variant.engine}}}
+            problems = [_prefixed(problem, ("variants", index, key)) for problem in error.errors()]
+            data = {"variants": {index: {key: overrides}}}
             raise ConfigError(_format_problems(problems, f"variant {variant.name!r}", data)) from None
 
 
@@ -276,11 +359,16 @@ def validate_experiment(data: dict[str, Any], path: str | Path = "<config>") -> 
     except ValidationError as error:
         raise ConfigError(format_validation_error(error, path, data)) from None
     problems = []
+    cluster = config.cluster.model_dump() if config.cluster is not None else {}
     for index, variant in enumerate(config.variants):
-        try:
-            EngineConfig.model_validate(config.engine.model_dump() | variant.engine)
-        except ValidationError as error:
-            problems += [_prefixed(problem, ("variants", index, "engine")) for problem in error.errors()]
+        for key, model, base in (
+            ("engine", EngineConfig, config.engine.model_dump()),
+            ("cluster", ClusterConfig, cluster),
+        ):
+            try:
+                model.model_validate(base | getattr(variant, key))
+            except ValidationError as error:
+                problems += [_prefixed(problem, ("variants", index, key)) for problem in error.errors()]
     if problems:
         raise ConfigError(_format_problems(problems, path, data))
     return config

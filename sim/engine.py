@@ -110,14 +110,21 @@ class Engine:
         block_size: int = 16,
         sink: OutputSink | None = None,
         host_load_s: Callable[[int], float] | None = None,
+        env: simpy.Environment | None = None,
+        upstream: Callable[[], float] | None = None,
     ):
+        """``env`` and ``upstream`` make the engine a replica of a cluster (``sim/cluster/``): it shares
+        the cluster's clock, receives its requests through :meth:`submit`, and ``upstream()`` bounds
+        when the next one may come (the engine plans its event-skipping jumps with it)."""
         self.policy = policy
         self.costs = costs
         # Seconds to load blocks from the host tier (offload:); by default the swap link.
         self._host_load_s = host_load_s if host_load_s is not None else costs.swap_blocks_s
         self.knobs = knobs
         self.block_size = block_size
-        self.env = simpy.Environment()
+        self.env = env if env is not None else simpy.Environment()
+        self._upstream = upstream
+        self.busy_until = float("inf")  # end of the wake-up in flight: no completion comes before it
         self.rng = np.random.default_rng(seed)
         self._follow_up = follow_up
         self._source = iter(requests)
@@ -150,10 +157,23 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------ run
     def run(self, until_s: float | None = None) -> None:
-        self.env.process(self._arrivals())
+        self.start()
+        self.env.run(until=until_s)
+        self.finish()
+
+    def start(self) -> None:
+        """Register the engine's processes (a cluster starts every replica, then runs the clock)."""
+        if self._upstream is None:
+            self.env.process(self._arrivals())
         self.env.process(self._loop())
         self._record()
-        self.env.run(until=until_s)
+
+    def submit(self, request: Request) -> None:
+        """A request a cluster's router sends to this replica arrives now."""
+        self._arrive(request)
+
+    def finish(self) -> None:
+        """The clock stopped: book what was in flight and hand every row to the sink."""
         if self._jump is not None:
             self._stop_inside_jump()
         # Requests still in the system at the end are reported as unfinished.
@@ -197,6 +217,8 @@ class Engine:
         self.env.timeout(max(0.0, request.arrival_s - self.env.now)).callbacks.append(deliver)
 
     def _next_arrival_s(self) -> float:
+        if self._upstream is not None:
+            return self._upstream()
         times = [r.arrival_s for r in self._pending_follow_ups]
         if self._next_open_arrival is not None:
             times.append(self._next_open_arrival.arrival_s)
@@ -252,7 +274,9 @@ class Engine:
         idle_steps = 0
         while True:
             if not self.running and not self.waiting:
-                if self._next_arrival_s() == float("inf") and not self._pending_follow_ups:
+                # A replica stays until the clock stops: another replica's request may have a follow-up.
+                done = self._next_arrival_s() == float("inf") and not self._pending_follow_ups
+                if done and self._upstream is None:
                     return
                 idle_steps = 0  # rejections that emptied the queue are progress, not a stall
                 self.admission_blocker = 0
@@ -267,7 +291,9 @@ class Engine:
                 # Rows bracket every discrete change: the state during iteration 1 (after its growth
                 # and admissions), the state at the end of a jump, and after the completions.
                 self._record()
+                self.busy_until = self.env.now + duration
                 yield self.env.timeout(duration)
+                self.busy_until = float("inf")
                 if self._jump is not None:
                     self._end_jump()
                     self._record()

@@ -105,6 +105,7 @@ class RequestRecord:
     cached_prompt_tokens: int = 0
     outcome: str = "unfinished"  # finished | rejected | failed_oom | unfinished
     reason: str = ""
+    replica: int = 0  # the cluster replica that served it (0 for a single engine)
 
 
 @dataclass
@@ -175,21 +176,14 @@ class Recorder:
 
     def time_averages(self, end_s: float) -> dict[str, float]:
         """Time-weighted means over [0, end_s]: breakdown fractions of the pool and mean running."""
+        return averages_from_areas(self.areas(end_s), end_s, self.kv_pool_tokens)
+
+    def areas(self, end_s: float) -> list[float] | None:
+        """The time integrals over [0, end_s] of the averaged state columns; None before any state."""
         if end_s <= 0 or self._state is None:
-            empty = {summary_key(name): 0.0 for name in MemoryBreakdown.CATEGORIES}
-            return empty | {"mean_running": 0.0, "memory_saved_by_sharing_frac": 0.0}
+            return None
         tail = max(0.0, end_s - self._since)
-        area = [value + self._state[index] * tail for index, value in enumerate(self._area)]
-        categories = len(MemoryBreakdown.CATEGORIES)
-        result = {
-            summary_key(name): area[index] / end_s / self.kv_pool_tokens
-            for index, name in enumerate(MemoryBreakdown.CATEGORIES)
-        }
-        result["mean_running"] = area[categories] / end_s
-        physical, logical = area[categories + 1], area[categories + 2]
-        # 1 - physical / logical blocks held by live sequences, both time-averaged.
-        result["memory_saved_by_sharing_frac"] = 1 - physical / logical if logical > 0 else 0.0
-        return result
+        return [value + self._state[index] * tail for index, value in enumerate(self._area)]
 
     def rows_frame(self, block: np.ndarray) -> pd.DataFrame:
         column = {name: index for index, name in enumerate(("time_s", *STATE_COLUMNS))}
@@ -208,6 +202,23 @@ class Recorder:
         """The whole series: what the sink holds plus the rows not handed over yet."""
         self.flush()
         return self.sink.timeseries()
+
+
+def averages_from_areas(area: list[float] | None, end_s: float, kv_pool_tokens: int) -> dict[str, float]:
+    """Time averages from :meth:`Recorder.areas` (a cluster sums its replicas' areas and pools)."""
+    if area is None:
+        empty = {summary_key(name): 0.0 for name in MemoryBreakdown.CATEGORIES}
+        return empty | {"mean_running": 0.0, "memory_saved_by_sharing_frac": 0.0}
+    categories = len(MemoryBreakdown.CATEGORIES)
+    result = {
+        summary_key(name): area[index] / end_s / kv_pool_tokens
+        for index, name in enumerate(MemoryBreakdown.CATEGORIES)
+    }
+    result["mean_running"] = area[categories] / end_s
+    physical, logical = area[categories + 1], area[categories + 2]
+    # 1 - physical / logical blocks held by live sequences, both time-averaged.
+    result["memory_saved_by_sharing_frac"] = 1 - physical / logical if logical > 0 else 0.0
+    return result
 
 
 RECORD_FIELDS = tuple(field.name for field in fields(RequestRecord))

@@ -85,6 +85,14 @@ class FileSink:
             writer = self._writers[stem] = pq.ParquetWriter(self.path(stem), table.schema)
         writer.write_table(table.cast(writer.schema))
 
+    def write_table(self, stem: str, frame: pd.DataFrame) -> None:
+        """A whole table written at once beside the streamed ones (``folder/<stem>.<fmt>``)."""
+        self._append(stem, frame)
+        writer = self._writers[stem]
+        if not isinstance(writer, bool):
+            writer.close()
+        self._writers[stem] = True
+
     def requests(self, columns: list[str] | None = None) -> pd.DataFrame:
         return read_requests(self.path("requests"), columns)
 

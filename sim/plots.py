@@ -83,6 +83,9 @@ def write_figures(results: RunResults, out_dir: Path) -> list[Path]:
         _oom_preemptions(series, pools, empty, out_dir / "oom_preemptions.png"),
         _latency_cdfs(requests, pools, empty, out_dir / "latency_cdf.png"),
     ]
+    clusters = [variant for variant in results.variants if results.is_cluster(variant)]
+    if clusters:
+        paths.append(_replicas(results, clusters, out_dir / "replicas.png"))
     return paths
 
 
@@ -90,7 +93,11 @@ def pool_labels(summary: pd.DataFrame) -> dict[str, str]:
     """``variant -> "458,096 tokens, 55.9 GiB"``: the KV pool each variant ran with."""
     labels = {}
     for row in summary.itertuples():
-        labels[str(row.variant)] = f"{int(row.kv_pool_tokens):,} tokens, {row.kv_pool_bytes / GiB:.1f} GiB"
+        # A cluster's pool columns are per replica.
+        replicas = f"{int(row.replicas)} x " if int(getattr(row, "replicas", 1)) > 1 else ""
+        labels[str(row.variant)] = (
+            f"{replicas}{int(row.kv_pool_tokens):,} tokens, {row.kv_pool_bytes / GiB:.1f} GiB"
+        )
     return labels
 
 
@@ -292,6 +299,38 @@ def _latency_cdfs(
     if any(axis.get_lines() for axis in axes):
         axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     figure.suptitle(_title("Latency CDFs", pools), fontsize=11)
+    return _save(figure, path)
+
+
+def _replicas(results: RunResults, variants: list[str], path: Path) -> Path:
+    """Cluster variants, one row each: every replica's KV usage over time (left); requests routed
+    and prefix-cache hit rate per replica (right), the load imbalance the summary condenses."""
+    figure, axes = plt.subplots(
+        len(variants), 2, figsize=(12, 3.0 * len(variants) + 0.8), squeeze=False, width_ratios=[2, 1]
+    )
+    for (usage_axis, bar_axis), variant in zip(axes, variants, strict=True):
+        frame = results.replica_timeseries(variant, max_rows=MAX_POINTS)
+        for replica, rows in frame.groupby("replica"):
+            usage_axis.step(
+                rows["time_s"], rows["kv_cache_usage_perc"], where="post", label=f"replica {replica}"
+            )
+        usage_axis.set_title(
+            f"{variant}: KV cache usage per replica (1 - (free + cached) / pool)", fontsize=10
+        )
+        usage_axis.set_xlabel("simulated time (s)")
+        usage_axis.set_ylabel("fraction of pool")
+        usage_axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+        summaries = results.replica_summaries(variant)
+        positions = summaries["replica"].to_numpy()
+        bar_axis.bar(positions, summaries["requests_routed"], color="#adb5bd", label="requests routed")
+        bar_axis.set_xlabel("replica")
+        bar_axis.set_ylabel("requests routed")
+        bar_axis.set_xticks(positions)
+        hit_axis = bar_axis.twinx()
+        hit_axis.plot(positions, summaries["prefix_cache_hit_rate"], "o", color="#1c7ed6")
+        hit_axis.set_ylim(0, 1)
+        hit_axis.set_ylabel("prefix-cache hit rate (dots)", color="#1c7ed6")
+        bar_axis.set_title(f"{variant}: requests (bars) and hit rate (dots)", fontsize=10)
     return _save(figure, path)
 
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from sim.config import EngineConfig, ExperimentConfig, OutputConfig, VariantConfig
+from sim.config import ClusterConfig, EngineConfig, ExperimentConfig, OutputConfig, VariantConfig
 from sim.costs import CostModelConfig
 from sim.offload import OffloadConfig
 from workloads import config as wl
@@ -59,6 +59,7 @@ policy: prefix
 engine: {block_size: 32}
 pin_shared_prefixes: true
 """,
+    ClusterConfig: "{replicas: 4, router: prefix_aware, prefix_weight: 3, load_weight: 2}\n",
     CostModelConfig: "{profile: configs/profiles/analytic-llama-3.1-8b-a100-80gb.yaml}\n",
     OutputConfig: "{timeseries_format: csv, figures: false}\n",
     OffloadConfig: "{host_memory_gib: 256, bandwidth_gb_per_s: 25}\n",

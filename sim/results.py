@@ -8,7 +8,11 @@ Layout::
     DIR/<variant>/summary.json
     DIR/<variant>/timeseries.parquet   (or .csv)
     DIR/<variant>/requests.parquet     (or .csv)
+    DIR/<variant>/replicas.csv                  cluster runs: one summary row per replica
+    DIR/<variant>/replica_timeseries.parquet    cluster runs: every replica's rows (or .csv)
     DIR/figures/*.png
+
+A cluster variant's summary.json and timeseries are the cluster total (``sim/cluster/results.py``).
 
 The folder is written under a temporary name and renamed at the end (``sim.storage``), so an
 interrupted or failed run never leaves something that looks like a result, and it carries kvsim's
@@ -51,10 +55,16 @@ def write_run_files(
         variant_dir = folder / result.name
         variant_dir.mkdir(exist_ok=True)
         (variant_dir / "summary.json").write_text(json.dumps(result.summary, indent=2, default=_json_default))
+        if result.replica_summaries is not None:
+            replicas = pd.DataFrame([_flat(summary) for summary in result.replica_summaries])
+            replicas.to_csv(variant_dir / REPLICAS_FILE, index=False)
     if figures:
         from sim.plots import write_figures
 
         write_figures(load_results(folder), folder / "figures")
+
+
+REPLICAS_FILE = "replicas.csv"  # a cluster variant's per-replica summaries
 
 
 def group_capacity_lines(results: list[VariantResult]) -> list[tuple[list[str], list[str]]]:
@@ -90,6 +100,19 @@ class RunResults:
     def timeseries(self, variant: str, max_rows: int | None = None) -> pd.DataFrame:
         """The variant's time series; with ``max_rows``, every k-th row, read chunk by chunk."""
         stem = self.path / variant / "timeseries"
+        parquet = stem.with_suffix(".parquet")
+        return read_thinned(parquet if parquet.exists() else stem.with_suffix(".csv"), max_rows)
+
+    def is_cluster(self, variant: str) -> bool:
+        return (self.path / variant / REPLICAS_FILE).is_file()
+
+    def replica_summaries(self, variant: str) -> pd.DataFrame:
+        """A cluster variant's per-replica summaries (one row per replica)."""
+        return pd.read_csv(self.path / variant / REPLICAS_FILE)
+
+    def replica_timeseries(self, variant: str, max_rows: int | None = None) -> pd.DataFrame:
+        """A cluster variant's per-replica series (``replica`` column first)."""
+        stem = self.path / variant / "replica_timeseries"
         parquet = stem.with_suffix(".parquet")
         return read_thinned(parquet if parquet.exists() else stem.with_suffix(".csv"), max_rows)
 

@@ -24,7 +24,17 @@ from policies.base import (
 )
 from policies.contiguous import ContiguousPolicy
 from sim.capacity import KVCapacity, size_kv_pool
-from sim.config import VLLM_BLOCK_SIZES, ConfigError, EngineConfig, ExperimentConfig, VariantConfig
+from sim.cluster.cluster import Cluster, follow_up_of
+from sim.cluster.results import ClusterTotals, ReplicaSink, balance_metrics, replica_series, total_series
+from sim.cluster.routers import make_router
+from sim.config import (
+    VLLM_BLOCK_SIZES,
+    ClusterConfig,
+    ConfigError,
+    EngineConfig,
+    ExperimentConfig,
+    VariantConfig,
+)
 from sim.costs import CostModel, CostModelError, make_cost_model
 from sim.engine import Engine, EngineKnobs
 from sim.gpus import GpuSpec, resolve_gpu
@@ -44,6 +54,10 @@ class VariantResult:
     summary: dict[str, Any]
     capacity_lines: list[str]
     sink: OutputSink
+    replica_summaries: list[dict[str, Any]] | None = None
+    """A cluster's per-replica summaries (None for a single engine)."""
+    replica_timeseries: pd.DataFrame | None = None
+    """A cluster's per-replica time series, a ``replica`` column first (None for a single engine)."""
 
     @property
     def timeseries(self) -> pd.DataFrame:
@@ -128,6 +142,9 @@ class PreparedVariant:
     policy: KVCachePolicy
     costs: CostModel
     pinned_tokens: int
+    cluster: ClusterConfig | None = None
+    replica_policies: list[KVCachePolicy] | None = None
+    """A cluster's policy instances, one per replica (``policy`` is the first)."""
     ran: bool = False
     """A policy holds the state of its run: a prepared variant runs once."""
     offload: OffloadConfig | None = None
@@ -213,6 +230,17 @@ def _prepare_variant(
             f"variants.{index}.options: unknown option(s) {', '.join(map(repr, unknown))} for policy "
             f"{policy_name!r} (valid: {valid})"
         )
+    cluster = config.cluster_for(variant)
+    if (
+        cluster is not None
+        and make_router(cluster).needs_prefix_lookup
+        and not has_prefix_lookup(policy_name)
+    ):
+        raise ConfigError(
+            f"{_cluster_key(config, index, 'router')}: router {cluster.router!r} routes by the prefix each "
+            f"replica's cache would serve, but policy {policy_name!r} has no prefix cache (no lookup). "
+            "Use policy prefix or radix, or another router"
+        )
     pool = PoolSpec(
         policy_class(policy_name).pool_slots_from_memory(
             capacity.kv_memory_slots, engine_config.block_size, variant.options
@@ -221,18 +249,25 @@ def _prepare_variant(
         max_model_len,
         capacity.kv_bytes_per_token,
     )
+    replicas = cluster.replicas if cluster is not None else 1
     try:
-        policy = make_policy(policy_name, pool, **variant.options)
+        replica_policies = [make_policy(policy_name, pool, **variant.options) for _ in range(replicas)]
     except (TypeError, PolicyInputError) as error:
         raise ConfigError(f"variants.{index}.options: {error}") from None
+    policy = replica_policies[0]
     reservation_error = check_reservation_fits(policy, max_model_len, key)
     if reservation_error:
         raise ConfigError(reservation_error)
     offload = config.offload_for(variant)
     if offload is not None:
-        attach_host_tier(
-            policy, offload, engine_config.block_size * capacity.kv_bytes_per_token, variant, index
-        )
+        for replica_policy in replica_policies:  # each replica has its own host memory
+            attach_host_tier(
+                replica_policy,
+                offload,
+                engine_config.block_size * capacity.kv_bytes_per_token,
+                variant,
+                index,
+            )
     costs = make_cost_model(
         config.cost_model,
         model,
@@ -245,11 +280,23 @@ def _prepare_variant(
     pinned_tokens = 0
     if variant.pin_shared_prefixes:
         try:
-            pinned_tokens = pin_prefixes(policy, prefixes or [])
+            # Every replica pins the same prefixes in its own cache: the summary reports one replica's.
+            pinned = [pin_prefixes(item, prefixes or []) for item in replica_policies]
+            pinned_tokens = pinned[0]
         except ConfigError as error:
             raise ConfigError(f"variants.{index}.{error}") from None
     prepared = PreparedVariant(
-        variant, engine_config, policy_name, capacity, pool, max_model_len, policy, costs, pinned_tokens
+        variant,
+        engine_config,
+        policy_name,
+        capacity,
+        pool,
+        max_model_len,
+        policy,
+        costs,
+        pinned_tokens,
+        cluster,
+        replica_policies if cluster is not None else None,
     )
     prepared.offload = offload
     return prepared, warnings
@@ -270,6 +317,15 @@ def attach_host_tier(
         policy.enable_host_tier(blocks)
     except PolicyInputError as error:
         raise ConfigError(f"{where}: {error}") from None
+
+
+def has_prefix_lookup(policy_name: str) -> bool:
+    """Does the policy implement the side-effect-free prefix lookup (a prefix cache)?"""
+    return policy_class(policy_name).lookup is not KVCachePolicy.lookup
+
+
+def _cluster_key(config: ExperimentConfig, index: int, name: str) -> str:
+    return f"variants.{index}.cluster.{name}" if name in config.variants[index].cluster else f"cluster.{name}"
 
 
 def policy_options(name: str) -> list[str]:
@@ -391,7 +447,41 @@ def run_prepared(
     if prepared.ran:
         raise RuntimeError(f"variant {prepared.variant.name!r} already ran: prepare it again")
     prepared.ran = True
-    variant, engine_config = prepared.variant, prepared.engine
+    variant = prepared.variant
+    total = workload.describe().get("num_requests")
+    bar = tqdm(total=total, desc=variant.name, unit="req", disable=not progress, leave=False)
+    sink: OutputSink = (
+        FileSink(out_dir / variant.name, config.output.timeseries_format)
+        if out_dir is not None
+        else MemorySink()
+    )
+    requests = _counted(workload.requests(), bar)
+    if prepared.cluster is not None:
+        return _run_cluster(config, prepared, workload, requests, sink, bar)
+    engine = _make_engine(config, prepared, prepared.policy, requests, sink, follow_up=workload.follow_up)
+    started = time.perf_counter()
+    engine.run(until_s=config.until_s)
+    wall_s = time.perf_counter() - started
+    bar.close()
+    sink.close()
+    requests_table = sink.requests(columns=SUMMARY_REQUEST_COLUMNS)
+    summary = _summary(engine, requests_table, prepared, wall_s, [prepared.policy])
+    summary |= balance_metrics("none", [len(requests_table)], [summary])
+    return VariantResult(
+        variant.name, summary, prepared.capacity.capacity_lines(prepared.max_model_len), sink
+    )
+
+
+def _make_engine(
+    config: ExperimentConfig,
+    prepared: PreparedVariant,
+    policy: KVCachePolicy,
+    requests,
+    sink: OutputSink,
+    **engine_options: Any,
+) -> Engine:
+    """One engine (or cluster replica: ``engine_options`` carry its clock and hooks) for the variant."""
+    engine_config = prepared.engine
     block_bytes = engine_config.block_size * prepared.capacity.kv_bytes_per_token
     knobs = EngineKnobs(
         max_model_len=prepared.max_model_len,
@@ -405,37 +495,34 @@ def run_prepared(
         beam_divergence_prob=engine_config.beam_divergence_prob,
         step_mode=engine_config.step_mode,
     )
-    requests = workload.requests()
-    total = workload.describe().get("num_requests")
-    bar = tqdm(total=total, desc=variant.name, unit="req", disable=not progress, leave=False)
-    sink: OutputSink = (
-        FileSink(out_dir / variant.name, config.output.timeseries_format)
-        if out_dir is not None
-        else MemorySink()
-    )
-    engine = Engine(
-        prepared.policy,
+    return Engine(
+        policy,
         prepared.costs,
         knobs,
-        _counted(requests, bar),
+        requests,
         seed=config.seed,
-        follow_up=workload.follow_up,
         block_size=engine_config.block_size,
         sink=sink,
         host_load_s=(
             host_load_seconds(prepared.offload, prepared.costs, block_bytes) if prepared.offload else None
         ),
+        **engine_options,
     )
-    started = time.perf_counter()
-    engine.run(until_s=config.until_s)
-    wall_s = time.perf_counter() - started
-    bar.close()
-    sink.close()
-    requests_table = sink.requests(columns=SUMMARY_REQUEST_COLUMNS)
+
+
+def _summary(
+    engine,
+    requests_table: pd.DataFrame,
+    prepared: PreparedVariant,
+    wall_s: float,
+    policies: list[KVCachePolicy],
+) -> dict[str, Any]:
+    """The summary row of ``engine`` (one engine, a replica, or a cluster's totals) whose host tiers,
+    if any, are those of ``policies``."""
     summary = summarize(
         engine,
         requests_table,
-        variant,
+        prepared.variant,
         prepared.policy_name,
         prepared.pool,
         prepared.capacity,
@@ -445,11 +532,72 @@ def run_prepared(
         cost_error_band=prepared.costs.error_band,
     )
     summary["pinned_tokens"] = prepared.pinned_tokens
-    summary.update(host_tier_summary(prepared.policy, block_bytes, engine.counters.host_load_s))
+    block_bytes = prepared.engine.block_size * prepared.capacity.kv_bytes_per_token
+    summary.update(host_tier_summary(policies, block_bytes, engine.counters.host_load_s))
+    return summary
+
+
+def _run_cluster(
+    config: ExperimentConfig,
+    prepared: PreparedVariant,
+    workload: Workload,
+    requests,
+    sink: OutputSink,
+    bar,
+) -> VariantResult:
+    """Run a variant's replicas behind its router; the cluster total is the variant's summary and
+    time series, the replicas' own are kept beside it (``sim/cluster/results.py``)."""
+    cluster_config = prepared.cluster
+    policies = prepared.replica_policies
+    assert cluster_config is not None and policies is not None
+    sinks = [ReplicaSink(sink, index) for index in range(cluster_config.replicas)]
+
+    def build_replica(index, env, upstream, follow_up) -> Engine:
+        return _make_engine(
+            config,
+            prepared,
+            policies[index],
+            (),
+            sinks[index],
+            env=env,
+            upstream=upstream,
+            follow_up=follow_up,
+        )
+
+    cluster = Cluster(
+        cluster_config.replicas, build_replica, make_router(cluster_config), requests, follow_up_of(workload)
+    )
+    started = time.perf_counter()
+    cluster.run(until_s=config.until_s)
+    wall_s = time.perf_counter() - started
+    bar.close()
+    per_replica = replica_series(sinks)
+    total = total_series(per_replica, prepared.pool.kv_pool_tokens * cluster_config.replicas)
+    sink.write_timeseries(total)
+    if isinstance(sink, FileSink):
+        sink.write_table(REPLICA_TIMESERIES, per_replica)
+    sink.close()
+    requests_table = sink.requests(columns=[*SUMMARY_REQUEST_COLUMNS, "replica"])
+    replica_summaries = [
+        _summary(
+            engine, requests_table[requests_table["replica"] == index], prepared, wall_s, [engine.policy]
+        )
+        | {"replica": index, "requests_routed": cluster.routed[index]}
+        for index, engine in enumerate(cluster.replicas)
+    ]
+    summary = _summary(ClusterTotals(cluster.replicas, total), requests_table, prepared, wall_s, policies)
+    summary |= balance_metrics(cluster_config.router, cluster.routed, replica_summaries)
     return VariantResult(
-        variant.name, summary, prepared.capacity.capacity_lines(prepared.max_model_len), sink
+        prepared.variant.name,
+        summary,
+        prepared.capacity.capacity_lines(prepared.max_model_len),
+        sink,
+        replica_summaries,
+        per_replica,
     )
 
+
+REPLICA_TIMESERIES = "replica_timeseries"  # a cluster variant's per-replica series, beside timeseries
 
 # The per-request columns a summary needs (read back alone from a streamed file).
 SUMMARY_REQUEST_COLUMNS = ["outcome", "n", "beam_width", "output_tokens", "ttft_s", "tpot_s", "e2e_s"]
@@ -470,7 +618,7 @@ def _counted(requests, bar):
 
 
 def summarize(
-    engine: Engine,
+    engine: Engine | ClusterTotals,
     requests: pd.DataFrame,
     variant: VariantConfig,
     policy_name: str,

@@ -176,7 +176,7 @@ def test_markdown_report_puts_the_recommendation_first(planned):
     assert text.index("## Recommendation") < text.index("## Evidence") < text.index("## Assumptions")
     for name in ("knee_ttft_p99_s.png", "memory.png"):
         assert f"(figures/{name})" in text and (result.out_dir / "figures" / name).is_file()
-    assert "kvsim does not simulate multiple replicas yet" in text
+    assert "the target divided evenly over identical, independent replicas" in text
 
 
 def test_results_api_and_resume(planned, capsys):
@@ -196,3 +196,33 @@ def test_results_api_and_resume(planned, capsys):
     again = json.loads((result.out_dir / "plan.json").read_text())
     assert again["candidates"] == result.document["candidates"]
     assert again["run"]["reused"] == result.document["run"]["simulations"]
+
+
+def test_cluster_check_counts_gpus_by_simulating_the_divided_cluster(tmp_path):
+    """With search.cluster_check a single-engine candidate's count is checked: ceil(target / max rate)
+    replicas behind the router are simulated at the target rate (every seed), adding replicas until
+    the SLOs hold; the GPU count is the first count that held."""
+    data = plan_data()
+    data["candidates"]["engine"] = {"max_num_seqs": [64]}
+    data["search"] |= {"seeds": [1], "cluster_check": {"router": "least_requests", "max_extra_replicas": 3}}
+    plan = load_plan_spec(write_yaml(tmp_path / "plan.yaml", data))
+    document = run_plan(plan, tmp_path / "out").document
+    (found,) = document["candidates"]
+    check = found["cluster_check"]
+    divided = math.ceil(plan.spec.target_rate_per_s / found["max_rate_per_s"] - 1e-9)
+    assert check["divided_replicas"] == divided and check["tried"][0]["replicas"] == divided
+    counts = [entry["replicas"] for entry in check["tried"]]
+    assert counts == list(range(divided, divided + len(counts)))
+    assert [entry["passed"] for entry in check["tried"]][:-1] == [False] * (len(counts) - 1)
+    if check["replicas"] is not None:
+        assert found["gpus_for_target"] == check["replicas"] == counts[-1]
+        assert found["sizing_method"].startswith(f"checked: {counts[-1]} replicas behind least_requests")
+    for entry in check["tried"]:
+        (point,) = entry["points"]
+        config = (tmp_path / "out" / "points" / point / "config.yaml").read_text()
+        assert f"replicas: {entry['replicas']}" in config and "router: least_requests" in config
+        steady = steady_on_disk(tmp_path / "out", point)
+        if entry["passed"]:
+            assert steady["ttft_p99_s"] <= SLO_TTFT and steady["queue_growth_frac"] <= 0.05
+        else:
+            assert entry["violations"]

@@ -117,6 +117,39 @@ def test_sizing_divides_the_target_evenly():
     assert exact["replicas_for_target"] == 5 and exact["headroom_frac"] == pytest.approx(0.0)
 
 
+def test_sizing_a_simulated_cluster_does_not_divide_the_rate():
+    """A cluster of 2 replicas x TP 2 simulated whole: it sustains 60 req/s >= the target 50, so it
+    needs its own 2 x 2 = 4 GPUs (headroom 60 / 50 - 1 = +20 %); at 40 req/s it is below the target
+    and gets no GPU count (dividing would have said 2 clusters)."""
+    result = {
+        "max_rate_per_s": 60.0,
+        "tensor_parallel_size": 2,
+        "replicas": 2,
+        "router": "prefix_aware",
+        "price_per_hour": 3.0,
+        "at_max": {"output_tokens_per_request": {"mean": 400.0}},
+    }
+    sizing = _sizing(result, target=50)
+    assert (sizing["replicas_for_target"], sizing["gpus_for_target"]) == (2, 4)
+    assert sizing["headroom_frac"] == pytest.approx(0.2)
+    assert sizing["cost_per_hour_for_target"] == pytest.approx(4 * 3.0)
+    assert sizing["sizing_method"] == "simulated cluster"
+    short = _sizing(result | {"max_rate_per_s": 40.0}, target=50)
+    assert "gpus_for_target" not in short and short["status"] == "below_target"
+    assert "2 replica(s) behind prefix_aware sustain 40 req/s < the target 50 req/s" in short["reason"]
+    # Ranking per GPU counts every replica's GPUs: 60 req/s over 4 GPUs loses to 40 req/s over 2.
+    cluster = result | sizing | {"key": "cluster"}
+    single = {
+        "key": "single",
+        "max_rate_per_s": 40.0,
+        "tensor_parallel_size": 1,
+        "replicas": 1,
+        "router": None,
+    }
+    single |= {"gpus_for_target": 4, "price_per_hour": 3.0, "cost_per_hour_for_target": 12.0}
+    assert [r["key"] for r in rank([cluster, single], target=50)] == ["single", "cluster"]
+
+
 def test_steady_window_by_hand():
     """Ten requests arriving at t = 0..9 s, each 2 s in the system. The window keeps arrivals between
     the 20 % and 90 % quantiles (1.8 s and 8.1 s), but not before the system has filled: one mean

@@ -189,3 +189,46 @@ def test_bad_plans_name_file_key_and_value(tmp_path, changes, expected):
         load_plan_spec(path)
     assert str(path) in str(caught.value)
     assert expected in str(caught.value)
+
+
+def test_plan_crosses_cluster_keys_and_probes_the_whole_cluster(tmp_path):
+    data = plan_data(
+        candidates={
+            "policies": [{"name": "prefix", "policy": "prefix"}],
+            "engine": {"tensor_parallel_size": [1, 2]},
+            "cluster": {"replicas": [2], "router": ["round_robin", "prefix_aware"]},
+        }
+    )
+    plan = load_plan_spec(write_yaml(tmp_path / "plan.yaml", data))
+    assert [c.key for c in plan.candidates] == [
+        "A100-80GB / prefix / block 16 / tensor_parallel_size=1 / replicas=2 / router=round_robin",
+        "A100-80GB / prefix / block 16 / tensor_parallel_size=1 / replicas=2 / router=prefix_aware",
+        "A100-80GB / prefix / block 16 / tensor_parallel_size=2 / replicas=2 / router=round_robin",
+        "A100-80GB / prefix / block 16 / tensor_parallel_size=2 / replicas=2 / router=prefix_aware",
+    ]
+    last = plan.candidates[-1]
+    assert (last.replicas, last.router, last.tensor_parallel_size) == (2, "prefix_aware", 2)
+    # The probe is the whole cluster at the full rate: the rate is not divided over replicas.
+    config = plan.probe_config(last, 8.0, seed=1)
+    assert config.workload.arrival.rate_per_s == 8.0
+    assert config.cluster is not None and (config.cluster.replicas, config.cluster.router) == (
+        2,
+        "prefix_aware",
+    )
+    assert config.engine.tensor_parallel_size == 2
+
+
+@pytest.mark.parametrize(
+    ("cluster", "expected"),
+    [
+        ({"replica": [2]}, "candidates.cluster.replica: unknown cluster key; did you mean 'replicas'?"),
+        ({"replicas": [0]}, "cluster.replicas: Input should be greater than 0 (got 0)"),
+        ({"router": ["round_robin", "fastest"]}, "unknown router 'fastest'"),
+    ],
+)
+def test_bad_plan_cluster_keys(tmp_path, cluster, expected):
+    data = plan_data(candidates={"policies": [{"name": "prefix", "policy": "prefix"}], "cluster": cluster})
+    with pytest.raises(
+        ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")
+    ):
+        load_plan_spec(write_yaml(tmp_path / "plan.yaml", data))

@@ -40,8 +40,8 @@ class OffloadConfig(BaseModel):
     ``floor(host bytes / (kv_bytes_per_token x block_size))`` blocks."""
     bandwidth_gb_per_s: float | None = Field(default=None, gt=0)
     """Host <-> GPU transfer bandwidth in 10^9 bytes/s. Default: the link swaps use (the cost model's
-    host link: `cost_model.host_bandwidth_gb_per_s`, 25 GB/s PCIe 4.0 x16 unless set, or a profile's
-    measured swap times)."""
+    host link: `cost_model.host_bandwidth_gb_per_s`, else one direction of the GPU preset's PCIe link,
+    e.g. 32 GB/s on an A100; or a profile's measured swap times)."""
     policy: Literal["lru"] = "lru"
     """Which host entry makes room: the least recently stored or hit (vLLM's `LRUOffloadingManager`)."""
 
@@ -60,24 +60,28 @@ def host_load_seconds(config: OffloadConfig, costs: CostModel, block_bytes: int)
     return lambda blocks: blocks * per_block_s
 
 
-def host_tier_summary(policy: KVCachePolicy, block_bytes: int, host_load_s: float) -> dict[str, Any]:
-    """The host tier's summary columns (``sim/columns.py``); zeros without a tier."""
-    tier = policy.host_tier
-    stats = tier.stats if tier is not None else HostTierStats()
-    queries = policy.stats.prefix_cache_queries
+def host_tier_summary(policies: list[KVCachePolicy], block_bytes: int, host_load_s: float) -> dict[str, Any]:
+    """The host tier's summary columns (``sim/columns.py``) over ``policies`` (one engine's, or every
+    replica's of a cluster, each with its own tier), summed; zeros without a tier."""
+    tiers = [policy.host_tier for policy in policies if policy.host_tier is not None]
+    stats = [tier.stats for tier in tiers] or [HostTierStats()]
+    capacity_blocks = sum(tier.capacity_blocks for tier in tiers)
+    queries = sum(policy.stats.prefix_cache_queries for policy in policies)
+    gpu_hits = sum(policy.stats.prefix_cache_hits for policy in policies)
+    host_hits = sum(item.host_cache_hits for item in stats)
+    loaded = sum(item.host_loaded_blocks for item in stats)
+    offloaded = sum(item.host_offloaded_blocks for item in stats)
     return {
-        "host_tier_blocks": tier.capacity_blocks if tier is not None else 0,
-        "host_tier_bytes": tier.capacity_blocks * block_bytes if tier is not None else 0,
-        "host_cache_hits": stats.host_cache_hits,
-        "host_cache_hit_rate": stats.host_cache_hits / queries if queries else None,
-        "total_cache_hit_rate": (
-            (policy.stats.prefix_cache_hits + stats.host_cache_hits) / queries if queries else None
-        ),
-        "host_loaded_blocks": stats.host_loaded_blocks,
-        "host_load_bytes": stats.host_loaded_blocks * block_bytes,
+        "host_tier_blocks": capacity_blocks,
+        "host_tier_bytes": capacity_blocks * block_bytes,
+        "host_cache_hits": host_hits,
+        "host_cache_hit_rate": host_hits / queries if queries else None,
+        "total_cache_hit_rate": (gpu_hits + host_hits) / queries if queries else None,
+        "host_loaded_blocks": loaded,
+        "host_load_bytes": loaded * block_bytes,
         "host_load_s": host_load_s,
-        "host_offloaded_blocks": stats.host_offloaded_blocks,
-        "host_offload_bytes": stats.host_offloaded_blocks * block_bytes,
-        "host_evictions": stats.host_evictions,
-        "host_cached_tokens_end": policy.host_breakdown_values()[0],
+        "host_offloaded_blocks": offloaded,
+        "host_offload_bytes": offloaded * block_bytes,
+        "host_evictions": sum(item.host_evictions for item in stats),
+        "host_cached_tokens_end": sum(policy.host_breakdown_values()[0] for policy in policies),
     }

@@ -117,10 +117,16 @@ def _limit(name: str, why: str, evidence: dict[str, Any]) -> dict[str, Any]:
 
 
 def candidate_results(
-    plan: Plan, searches: dict[str, RateSearch], probes: list[Probe]
+    plan: Plan,
+    searches: dict[str, RateSearch],
+    probes: list[Probe],
+    checks: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
+    """Each candidate's answer; ``checks``: the cluster checks of single-engine candidates
+    (``sim/planning/cluster_check.py``), which replace the divided GPU count."""
+    checks = checks or {}
     results = [
-        _result(plan, c, searches.get(c.key), [p for p in probes if p.candidate == c.key])
+        _result(plan, c, searches.get(c.key), [p for p in probes if p.candidate == c.key], checks.get(c.key))
         for c in plan.candidates
     ]
     return rank(results, plan.spec.target_rate_per_s)
@@ -137,12 +143,18 @@ def _identity(candidate: Candidate) -> dict[str, Any]:
         "knobs": candidate.knobs,
         "price_per_hour": candidate.price_per_hour,
         "tensor_parallel_size": candidate.tensor_parallel_size,
+        "replicas": candidate.replicas,
+        "router": candidate.router,
         "memory": candidate.memory,
     }
 
 
 def _result(
-    plan: Plan, candidate: Candidate, search: RateSearch | None, probes: list[Probe]
+    plan: Plan,
+    candidate: Candidate,
+    search: RateSearch | None,
+    probes: list[Probe],
+    check: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     result = _identity(candidate) | {"probes": [p.number for p in probes]}
     if candidate.infeasible or search is None:
@@ -171,6 +183,8 @@ def _result(
         "max_points": passing.point_ids,
         "at_max": probe_metrics(passing),
     }
+    if check is not None:
+        result["cluster_check"] = check
     return result | _sizing(result, plan.spec.target_rate_per_s)
 
 
@@ -183,12 +197,41 @@ def _provenance(probe: Probe | None) -> dict[str, str]:
 
 
 def _sizing(result: dict[str, Any], target: float) -> dict[str, Any]:
-    """Replicas for the target rate, dividing it evenly (kvsim does not simulate replicas yet)."""
+    """GPUs for the target rate. A cluster candidate was simulated whole at the full rate: it serves
+    the target with its own replicas x TP GPUs if its maximum rate reaches it, and is not sized
+    otherwise (a bigger cluster is another candidate). A single-engine candidate is sized by dividing
+    the target evenly over identical, independent replicas (no router, no imbalance)."""
     rate = result["max_rate_per_s"]
-    replicas = math.ceil(target / rate - 1e-9)
+    if result.get("router") is not None:
+        if rate < target - 1e-9:
+            return {
+                "status": "below_target",
+                "reason": f"{result['replicas']} replica(s) behind {result['router']} sustain {rate:g} req/s "
+                f"< the target {target:g} req/s (simulated as a cluster; add replicas as another candidate)",
+            }
+        replicas, sizing_method = result["replicas"], "simulated cluster"
+        headroom = rate / target - 1
+    else:
+        replicas, sizing_method = math.ceil(target / rate - 1e-9), "divided over independent replicas"
+        check = result.get("cluster_check")
+        if check is not None and check["replicas"] is None:
+            tried = check["tried"][-1]
+            return {
+                "status": "below_target",
+                "reason": f"{tried['replicas']} replicas behind {check['router']} do not meet the SLOs at the "
+                f"target {target:g} req/s ({'; '.join(tried['violations']) or tried['error']}); dividing "
+                f"the rate asked for {check['divided_replicas']}",
+            }
+        if check is not None:
+            replicas = check["replicas"]
+            sizing_method = (
+                f"checked: {replicas} replicas behind {check['router']} simulated at the target rate"
+            )
+        headroom = replicas * rate / target - 1
     gpus = replicas * result["tensor_parallel_size"]
     sizing: dict[str, Any] = {"replicas_for_target": replicas, "gpus_for_target": gpus}
-    sizing["headroom_frac"] = replicas * rate / target - 1
+    sizing["sizing_method"] = sizing_method
+    sizing["headroom_frac"] = headroom
     tokens = result["at_max"]["output_tokens_per_request"]["mean"]
     price = result["price_per_hour"]
     if price is not None:
@@ -210,7 +253,7 @@ def rank(results: list[dict[str, Any]], target: float) -> list[dict[str, Any]]:
 
     def key(result: dict[str, Any]) -> tuple[float, float, float]:
         cost = result["cost_per_hour_for_target"] if priced else 0.0
-        per_gpu = result["max_rate_per_s"] / result["tensor_parallel_size"]
+        per_gpu = result["max_rate_per_s"] / (result["tensor_parallel_size"] * result.get("replicas", 1))
         return (cost, result["gpus_for_target"], -per_gpu)
 
     ordered = sorted(usable, key=key) + [r for r in results if "gpus_for_target" not in r]

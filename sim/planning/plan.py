@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from sim.planning.analysis import candidate_results
+from sim.planning.cluster_check import run_cluster_checks
 from sim.planning.driver import PointRecord, RunCounts, make_bar, run_points
 from sim.planning.executors import Executor, InlineExecutor
 from sim.planning.plan_spec import Candidate, Plan
@@ -101,9 +102,16 @@ def run_plan(
                 f"kvsim plan: round {rounds}: {len(round_probes)} candidate rate(s) x "
                 f"{len(plan.spec.search.seeds)} seed(s); {round_counts.ran} simulated"
             )
+        results = candidate_results(plan, searches, probes)
+        checks, check_counts = run_cluster_checks(
+            plan, results, store, executor, retry_failed=retry_failed, bar=bar, fn=fn
+        )
+        counts.add(check_counts)
+        if checks:
+            log(f"kvsim plan: cluster checks of {len(checks)} candidate(s); {check_counts.ran} simulated")
     finally:
         bar.close()
-    results = candidate_results(plan, searches, probes)
+    results = candidate_results(plan, searches, probes, checks)
     from sim.planning.report import plan_document, write_report
 
     document = plan_document(plan, results, probes, counts, wall_s() if wall_s else None)

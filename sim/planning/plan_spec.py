@@ -15,6 +15,7 @@ validated before anything runs.
       policies: [{name: paged, policy: paged}, {name: prefix, policy: prefix}]
       block_sizes: [16, 32]
       engine: {max_num_seqs: [128, 256]}   # optional: more engine knobs to cross
+      cluster: {replicas: [1, 2], router: [round_robin, prefix_aware]}   # optional: simulated clusters
     search: {start_rate_per_s: 2, seeds: [1, 2, 3], min_requests: 800}
 """
 
@@ -25,12 +26,19 @@ import itertools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from sim.capacity import KVCapacity, ModelDoesNotFitError, size_kv_pool
-from sim.config import ConfigError, EngineConfig, ExperimentConfig, VariantConfig, validate_experiment
+from sim.config import (
+    ClusterConfig,
+    ConfigError,
+    EngineConfig,
+    ExperimentConfig,
+    VariantConfig,
+    validate_experiment,
+)
 from sim.gpus import resolve_gpu
 from sim.models import resolve_model
 from sim.planning.preflight import preflight
@@ -39,6 +47,8 @@ from sim.planning.spec import point_id, shown
 from sim.planning.steady import SteadyWindow
 from sim.planning.tasks import PointTask
 from sim.storage.folders import config_hash
+
+_Section = TypeVar("_Section", EngineConfig, ClusterConfig)
 
 
 class GpuChoice(Strict):
@@ -55,22 +65,35 @@ class GpuChoice(Strict):
         return self.gpu if isinstance(self.gpu, str) else str(self.gpu.get("name") or self.gpu.get("base"))
 
 
+KNOB_WORDS = {"engine": "engine knob", "cluster": "cluster key"}
+
+
 class CandidateGrid(Strict):
     policies: list[VariantConfig] = Field(min_length=1, description="Variants: name, policy, options.")
     block_sizes: list[PositiveInt] = Field(default_factory=list, description="Default: the engine's.")
     engine: dict[str, list[Any]] = Field(
         default_factory=dict, description="More engine knobs to cross, e.g. max_num_seqs: [128, 256]."
     )
+    cluster: dict[str, list[Any]] = Field(
+        default_factory=dict,
+        description="Cluster keys to cross, e.g. replicas: [1, 2, 4], router: [round_robin, prefix_aware]: "
+        "each candidate is then the whole cluster, simulated at the full rate.",
+    )
 
     @model_validator(mode="after")
     def _known_knobs(self) -> CandidateGrid:
-        for key, values in self.engine.items():
-            if key not in EngineConfig.model_fields:
-                raise ValueError(
-                    f"candidates.engine.{key}: unknown engine knob{did_you_mean(key, list(EngineConfig.model_fields))}"
-                )
-            if not values:
-                raise ValueError(f"candidates.engine.{key}: empty list of values")
+        for section, known in (
+            ("engine", EngineConfig.model_fields),
+            ("cluster", ClusterConfig.model_fields),
+        ):
+            for key, values in getattr(self, section).items():
+                if key not in known:
+                    raise ValueError(
+                        f"candidates.{section}.{key}: unknown {KNOB_WORDS[section]}"
+                        f"{did_you_mean(key, list(known))}"
+                    )
+                if not values:
+                    raise ValueError(f"candidates.{section}.{key}: empty list of values")
         return self
 
 
@@ -120,6 +143,20 @@ SLO_METRICS: dict[str, tuple[str, str, str]] = {
 USER_SLOS = [name for name in SLO_METRICS if name != "max_queue_growth_frac"]
 
 
+class ClusterCheck(Strict):
+    """Check a single-engine candidate's GPU count with the cluster model: simulate the replicas that
+    dividing the target rate asks for, behind ``router``, at the target rate; add replicas until every
+    seed meets the SLOs (at most ``max_extra_replicas`` more)."""
+
+    router: str = Field("least_requests", description="The router of the checked clusters.")
+    max_extra_replicas: int = Field(4, ge=0, description="Replicas added at most beyond the divided count.")
+
+    @model_validator(mode="after")
+    def _known_router(self) -> ClusterCheck:
+        ClusterConfig.model_validate({"router": self.router})  # the same check and message
+        return self
+
+
 class SearchSpec(Strict):
     start_rate_per_s: PositiveFloat = Field(1.0, description="First rate probed.")
     min_rate_per_s: PositiveFloat = Field(0.05, description="Below this a candidate is infeasible.")
@@ -134,6 +171,11 @@ class SearchSpec(Strict):
     drain_frac: float = Field(0.1, ge=0, lt=0.5, description="Arrivals dropped at the end.")
     rate_key: str = Field("workload.arrival.rate_per_s", description="Key path the search sets.")
     count_key: str = Field("workload.num_requests", description="Key path of the request count.")
+    cluster_check: ClusterCheck | None = Field(
+        None,
+        description="Check single-engine candidates' GPU counts by simulating the cluster at the target "
+        "rate (default: off, the count divides the target rate).",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> SearchSpec:
@@ -181,6 +223,8 @@ class Candidate:
     knobs: dict[str, Any]
     price_per_hour: float | None
     tensor_parallel_size: int
+    replicas: int  # engine replicas the candidate deploys (1 without a cluster)
+    router: str | None  # None: no cluster simulated (a single engine; GPUs for the target by division)
     template: dict[str, Any]  # an experiment config with one variant; rate, count and seed unset
     base_dir: Path
     infeasible: str = ""  # why it cannot run at all (the model does not fit)
@@ -234,18 +278,24 @@ def load_plan_spec(path: str | Path) -> Plan:
     return plan
 
 
-def _grid(spec: PlanSpec) -> list[tuple[str, GpuChoice, VariantConfig, int | None, dict[str, Any]]]:
+def _grid(
+    spec: PlanSpec,
+) -> list[tuple[str, GpuChoice, VariantConfig, int | None, dict[str, Any], dict[str, Any]]]:
     blocks: list[int | None] = list(spec.candidates.block_sizes) or [None]
-    knob_names = list(spec.candidates.engine)
-    knob_rows = list(itertools.product(*spec.candidates.engine.values()))
     return [
-        (model, gpu, variant, block, dict(zip(knob_names, knobs, strict=True)))
+        (model, gpu, variant, block, knobs, cluster)
         for model in spec.models
         for gpu in spec.gpu_choices()
         for variant in spec.candidates.policies
         for block in blocks
-        for knobs in knob_rows
+        for knobs in _crossed(spec.candidates.engine)
+        for cluster in _crossed(spec.candidates.cluster)
     ]
+
+
+def _crossed(lists: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the listed values: ``{a: [1, 2]}`` -> ``[{a: 1}, {a: 2}]``."""
+    return [dict(zip(lists, values, strict=True)) for values in itertools.product(*lists.values())]
 
 
 def _candidate(
@@ -256,6 +306,7 @@ def _candidate(
     variant: VariantConfig,
     block: int | None,
     knobs: dict[str, Any],
+    cluster_keys: dict[str, Any],
 ) -> Candidate:
     engine = spec.engine.model_dump(mode="json", exclude_unset=True) | knobs
     engine |= {"block_size": block} if block is not None else {}
@@ -269,11 +320,16 @@ def _candidate(
         "variants": [variant.model_dump(mode="json", exclude_defaults=True) | {"name": variant.name}],
         "output": {"figures": False},
     }
+    if cluster_keys:
+        template["cluster"] = cluster_keys
     group = " / ".join(([model] if len(spec.models) > 1 else []) + [gpu.label()])
     parts = [group, variant.name]
-    engine_config = _engine_or_fail(engine, path, " / ".join(parts))
+    where = " / ".join(parts)
+    engine_config = _section_or_fail(EngineConfig, engine, "engine", path, where)
+    cluster = _section_or_fail(ClusterConfig, cluster_keys, "cluster", path, where) if cluster_keys else None
     parts.append(f"block {engine_config.block_size}")
     parts += [f"{name}={shown(value)}" for name, value in knobs.items()]
+    parts += [f"{name}={shown(value)}" for name, value in cluster_keys.items()]
     key = " / ".join(parts)
     infeasible, memory = _fit(template, engine_config, path, key)
     return Candidate(
@@ -286,6 +342,8 @@ def _candidate(
         knobs,
         gpu.price_per_hour,
         engine_config.tensor_parallel_size,
+        cluster.replicas if cluster is not None else 1,
+        cluster.router if cluster is not None else None,
         template,
         path.parent,
         infeasible,
@@ -293,14 +351,16 @@ def _candidate(
     )
 
 
-def _engine_or_fail(engine: dict[str, Any], path: Path, where: str) -> EngineConfig:
+def _section_or_fail(
+    model: type[_Section], data: dict[str, Any], section: str, path: Path, where: str
+) -> _Section:
     from pydantic import ValidationError
 
     try:
-        return EngineConfig.model_validate(engine)
+        return model.model_validate(data)
     except ValidationError as error:
         problems = "; ".join(
-            f"engine.{'.'.join(str(p) for p in item['loc'])}: {item['msg']} (got {item.get('input')!r})"
+            f"{section}.{'.'.join(str(p) for p in item['loc'])}: {item['msg']} (got {item.get('input')!r})"
             for item in error.errors()
         )
         raise ConfigError(f"{path}: candidate {where}: {problems}") from None

@@ -34,8 +34,9 @@ if TYPE_CHECKING:
     from sim.planning.plan import Probe
 
 NOT_MODELLED = [
-    "multiple replicas: the target rate is divided evenly over identical, independent GPUs (no router, no "
-    "load imbalance, no failover headroom); kvsim does not simulate a cluster yet",
+    "replicas of a candidate without `candidates.cluster` (and without `search.cluster_check`): the target rate "
+    "is divided evenly over identical, independent GPUs (no router, no load imbalance); clusters (candidates or "
+    "checks) are simulated whole at the full rate, router and imbalance included; no failover headroom",
     "tokenizer, detokenizer, HTTP and scheduler CPU time; network latency between client and server",
     "CUDA graph and allocator overheads beyond the activation reserve (a real server logs 1-4 % less KV memory)",
     "speculative decoding, quantised weights other than the configured sizes, LoRA adapters",
@@ -215,7 +216,7 @@ def recommendation_blocks(document: dict[str, Any]) -> list[Block]:
         provenance = best["provenance"]
         text: Text = [
             f"Recommended: {best['key']}. {best['gpus_for_target']} × {best['gpu']} serve {target:g} req/s; "
-            "each sustains ",
+            + ("the simulated cluster sustains " if best.get("router") else "each sustains "),
             probe_link(
                 ("at least " if best["status"] == "at_max_rate" else "") + rate(best["max_rate_per_s"]),
                 best["max_probe"],
@@ -235,8 +236,12 @@ def recommendation_blocks(document: dict[str, Any]) -> list[Block]:
     blocks.append(
         Paragraph(
             [
-                "GPUs = ⌈target ÷ max rate⌉ × tensor-parallel size: kvsim does not simulate multiple replicas yet, so "
-                "the target rate is divided evenly over identical GPUs. Headroom = GPUs' combined max rate ÷ target − 1. "
+                "GPUs: a cluster candidate (`candidates.cluster`) is simulated whole at the full rate, so it needs its "
+                "replicas × tensor-parallel size GPUs when its max rate reaches the target (headroom = max rate ÷ target − 1) "
+                "and is marked below_target otherwise; a single-engine candidate needs ⌈target ÷ max rate⌉ × "
+                "tensor-parallel size, the target divided evenly over identical, independent replicas (headroom = their "
+                "combined max rate ÷ target − 1), or, with search.cluster_check, the first count of replicas that met the "
+                "SLOs when simulated as one cluster at the target rate (plan.json: sizing_method, cluster_check). "
                 "Max rate = the highest probed rate at which every seed met every SLO; the first failing rate and its "
                 "reasons are in the table. Each number links to its probe below, which links to the simulation folders."
             ]

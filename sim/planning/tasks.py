@@ -70,7 +70,12 @@ def _simulate(task: PointTask) -> PointOutcome:
         write_run_files(folder, config.model_dump(mode="json"), results, figures=False)
         for result in results:
             if task.window is not None:
-                _write_steady(folder / result.name, result.summary["kv_pool_tokens"], task.window)
+                _write_steady(
+                    # A cluster's series is its total: over every replica's pool.
+                    folder / result.name,
+                    result.summary["kv_pool_tokens"] * result.summary["replicas"],
+                    task.window,
+                )
         summaries = [read_variant_summary(folder / result.name) for result in results]
         files = {
             str(path.relative_to(folder)): path.read_bytes()

@@ -1,0 +1,102 @@
+"""A cluster: replicas of the engine behind a router, all on one SimPy clock.
+
+The cluster owns the request stream: it delivers each arrival (and each follow-up a finished request
+produces: the next conversation turn, a closed-loop user's next request) to the replica its router
+picks, through :meth:`Engine.submit`. A replica plans its event-skipping jumps with
+:meth:`Cluster.arrival_bound`: the next known arrival and, when the workload has follow-ups, the
+end of every other replica's wake-up in flight (a follow-up is born at a completion, which only
+happens at the end of a wake-up), so a request routed to a replica never lands inside one of its
+jumps and a cluster gives the same results in both step modes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import simpy
+
+from sim.cluster.routers import Router
+from sim.engine import Engine
+from workloads.base import Workload
+from workloads.request import Request
+
+ReplicaBuilder = Callable[[int, simpy.Environment, Callable[[], float], Callable | None], Engine]
+"""``(index, env, upstream, follow_up) -> Engine``: one replica on the cluster's clock."""
+
+
+def follow_up_of(workload: Workload) -> Callable | None:
+    """The workload's follow-up hook, or None when it never produces one (replicas can jump further)."""
+    return workload.follow_up if type(workload).follow_up is not Workload.follow_up else None
+
+
+class Cluster:
+    def __init__(
+        self,
+        replicas: int,
+        build_replica: ReplicaBuilder,
+        router: Router,
+        requests: Iterator[Request],
+        follow_up: Callable | None = None,
+    ):
+        self.env = simpy.Environment()
+        self.router = router
+        self._source = iter(requests)
+        self._next_open_arrival: Request | None = next(self._source, None)
+        self._pending_follow_ups: list[Request] = []
+        self._follow_up = follow_up
+        hook = self._on_request_done if follow_up is not None else None
+        self.replicas: list[Engine] = [
+            build_replica(index, self.env, self._bound_for(index), hook) for index in range(replicas)
+        ]
+        self.routed = [0] * replicas  # requests each replica received
+
+    def run(self, until_s: float | None = None) -> None:
+        self.env.process(self._arrivals())
+        for replica in self.replicas:
+            replica.start()
+        self.env.run(until=until_s)
+        for replica in self.replicas:
+            replica.finish()
+
+    # ------------------------------------------------------------------------------------ arrivals
+    def _arrivals(self):
+        while self._next_open_arrival is not None:
+            yield self.env.timeout(max(0.0, self._next_open_arrival.arrival_s - self.env.now))
+            # Everything that arrives at this instant is routed together, in stream order.
+            while self._next_open_arrival is not None and self._next_open_arrival.arrival_s <= self.env.now:
+                request = self._next_open_arrival
+                self._next_open_arrival = next(self._source, None)
+                self._route(request)
+
+    def _route(self, request: Request) -> None:
+        index = self.router.choose(request, self.replicas)
+        self.routed[index] += 1
+        self.replicas[index].submit(request)
+
+    def _on_request_done(self, request: Request, now: float) -> None:
+        """A replica's request reached its outcome: its follow-up (if any) is routed when it arrives."""
+        assert self._follow_up is not None
+        follow = self._follow_up(request, now)
+        if follow is None:
+            return None
+        self._pending_follow_ups.append(follow)
+
+        def deliver(_event) -> None:
+            self._pending_follow_ups.remove(follow)
+            self._route(follow)
+
+        self.env.timeout(max(0.0, follow.arrival_s - self.env.now)).callbacks.append(deliver)
+        return None  # the replica schedules nothing itself
+
+    # --------------------------------------------------------------------------------- jump bounds
+    def _bound_for(self, index: int) -> Callable[[], float]:
+        return lambda: self.arrival_bound(index)
+
+    def arrival_bound(self, index: int) -> float:
+        """The earliest time a request not yet delivered could reach replica ``index``."""
+        times = [request.arrival_s for request in self._pending_follow_ups]
+        if self._next_open_arrival is not None:
+            times.append(self._next_open_arrival.arrival_s)
+        if self._follow_up is not None:
+            times += [replica.busy_until for other, replica in enumerate(self.replicas) if other != index]
+        return min(times, default=float("inf"))

@@ -1,0 +1,267 @@
+"""A cluster of replicas behind a router (sim/cluster/): routers worked out by hand, a cluster of one
+replica against the single engine, both step modes, the cluster totals, and bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import yaml
+
+from policies.base import MemoryBreakdown, PoolSpec, make_policy
+from sim import columns
+from sim.cli import main
+from sim.cluster.cluster import Cluster
+from sim.cluster.routers import LeastKV, LeastRequests, PrefixAware, RoundRobin, SessionAffinity
+from sim.config import ClusterConfig, ConfigError, validate_experiment
+from sim.engine import Engine, EngineKnobs
+from sim.metrics import BREAKDOWN_COLUMNS, summary_key
+from sim.planning.steady import SteadyWindow
+from sim.planning.tasks import PointTask, run_point
+from sim.results import load_results
+from sim.runner import prepare_experiment, run_experiment
+from tests.engine_helpers import RoundCostModel, request
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAT = ROOT / "configs" / "chat-radix-vs-prefix.yaml"
+
+
+def replica(load: int = 0, policy=None, free_slots: int = 0):
+    """What a router reads of a replica: its queue, its batch and its policy."""
+    policy = policy or SimpleNamespace(available_slots=lambda: free_slots)
+    return SimpleNamespace(running=[None] * load, waiting=[], policy=policy)
+
+
+# ------------------------------------------------------------------------------------------ routers
+def test_round_robin_cycles_through_the_replicas_in_a_real_cluster():
+    # 7 requests, 3 replicas: 0 1 2 0 1 2 0, so replicas 0/1/2 get 3/2/2 requests.
+    stream = [request(i, arrival_s=float(i), prompt_len=16, output_len=2) for i in range(7)]
+    pool = PoolSpec(1024, 16, 256)
+
+    def build(index, env, upstream, follow_up):
+        return Engine(
+            make_policy("paged", pool), RoundCostModel(), EngineKnobs(max_model_len=256), (),
+            env=env, upstream=upstream, follow_up=follow_up,
+        )  # fmt: skip
+
+    cluster = Cluster(3, build, RoundRobin(), iter(stream))
+    cluster.run()
+    served = {record.request_id: index for index, e in enumerate(cluster.replicas) for record in e.records}
+    assert [served[i] for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
+    assert cluster.routed == [3, 2, 2]
+    assert all(record.outcome == "finished" for e in cluster.replicas for record in e.records)
+
+
+def test_least_requests_and_least_kv_pick_by_hand():
+    replicas = [
+        replica(load=3, free_slots=100),
+        replica(load=1, free_slots=300),
+        replica(load=1, free_slots=300),
+    ]
+    # Fewest running + waiting: 1 (replicas 1 and 2 tie, the lower index wins).
+    assert LeastRequests().choose(request(0, 0.0, 16, 1), replicas) == 1
+    # Most free KV slots: 300 (1 and 2 tie -> 1); with replica 2 at 301 it wins.
+    assert LeastKV().choose(request(0, 0.0, 16, 1), replicas) == 1
+    replicas[2] = replica(load=1, free_slots=301)
+    assert LeastKV().choose(request(0, 0.0, 16, 1), replicas) == 2
+
+
+def test_session_affinity_keeps_a_conversation_on_its_first_replica():
+    router = SessionAffinity()
+    replicas = [replica(load=2), replica(load=0), replica(load=1)]
+    assert router.choose(request(0, 0.0, 16, 1, session_id=7), replicas) == 1  # new: least loaded
+    replicas[1] = replica(load=5)
+    assert router.choose(request(1, 1.0, 16, 1, session_id=7), replicas) == 1  # sticks despite the load
+    assert router.choose(request(2, 2.0, 16, 1, session_id=8), replicas) == 2  # new session: least loaded
+    assert router.choose(request(3, 3.0, 16, 1), replicas) == 2  # no session: least loaded
+
+
+def _prefix_policy_holding(prompt):
+    """A prefix-caching policy whose cache holds ``prompt`` (admitted, then freed: cached, idle)."""
+    policy = make_policy("prefix", PoolSpec(1024, 16, 512))
+    if prompt:
+        policy.admit(1, prompt, final_len=sum(length for _, length in prompt) + 1, output_content_id=99)
+        policy.free(1)
+    return policy
+
+
+def test_prefix_aware_weighs_the_cached_fraction_against_the_load():
+    """Replica 1 holds 64 tokens of stream 1 in its cache; loads are 0, 2, 1.
+
+    Load scores (max - load) / (max - min) = (2-0)/2, (2-2)/2, (2-1)/2 = 1, 0, 0.5, times load_weight 2.
+    - prompt = 64 cached + 36 new tokens: replica 1 hits 64 / 100 -> 3 x 0.64 + 0 = 1.92 against
+      replica 0's 0 + 2 x 1 = 2.0: the idle replica wins;
+    - prompt = 64 cached + 16 new tokens: 3 x 64/80 = 2.4 > 2.0: the replica holding the prefix wins.
+    """
+    cached = ((1, 64),)
+    replicas = [
+        replica(load=0, policy=_prefix_policy_holding(())),
+        replica(load=2, policy=_prefix_policy_holding(cached)),
+        replica(load=1, policy=_prefix_policy_holding(())),
+    ]
+    router = PrefixAware(prefix_weight=3.0, load_weight=2.0)
+    long_prompt = request(5, 0.0, 0, 1, prompt=((1, 64), (2, 36)))
+    assert router.scores(long_prompt, replicas) == pytest.approx([2.0, 1.92, 1.0])
+    assert router.choose(long_prompt, replicas) == 0
+    short_prompt = request(6, 0.0, 0, 1, prompt=((1, 64), (3, 16)))
+    assert router.scores(short_prompt, replicas) == pytest.approx([2.0, 2.4, 1.0])
+    assert router.choose(short_prompt, replicas) == 1
+    # lookup() changed nothing: no statistics counted on the replica that was asked.
+    assert replicas[1].policy.stats.prefix_cache_queries == 64  # its own admission of 64 tokens only
+
+
+def test_prefix_aware_falls_back_to_the_load_when_hits_tie():
+    """Nobody holds stream 5: prefix scores tie at 0; loads 2, 1, 1 -> load scores 0, 1, 1 (x2); the
+    lowest index of the two least loaded wins."""
+    replicas = [replica(load=load, policy=_prefix_policy_holding(((1, 64),))) for load in (2, 1, 1)]
+    router = PrefixAware(prefix_weight=3.0, load_weight=2.0)
+    unseen = request(7, 0.0, 0, 1, prompt=((5, 48),))
+    assert router.scores(unseen, replicas) == pytest.approx([0.0, 2.0, 2.0])
+    assert router.choose(unseen, replicas) == 1
+
+
+# ------------------------------------------------------------------------------- whole experiments
+def chat_data(num_requests: int = 120, **cluster) -> dict:
+    data = yaml.safe_load(CHAT.read_text())
+    data["workload"]["num_requests"] = num_requests
+    data["workload"]["arrival"]["rate_per_s"] = 4.0
+    data["gpu"] = "L4-24GB"  # a tight pool: replicas evict, so which one holds a prefix matters
+    data["variants"] = [variant for variant in data["variants"] if variant["name"] in ("prefix", "radix")]
+    if cluster:
+        data["cluster"] = cluster
+    return data
+
+
+def run(data: dict):
+    config = validate_experiment(data, CHAT)
+    return run_experiment(config, CHAT)
+
+
+def test_a_cluster_of_one_replica_is_the_single_engine_run():
+    single = run(chat_data())
+    cluster = run(chat_data(replicas=1, router="prefix_aware"))
+    for alone, one in zip(single, cluster, strict=True):
+        assert one.requests.equals(alone.requests)
+        assert one.timeseries.equals(alone.timeseries)
+        differ = {key for key in alone.summary if alone.summary[key] != one.summary[key]}
+        assert differ == {"wall_s", "router"}
+        assert (alone.summary["router"], one.summary["router"]) == ("none", "prefix_aware")
+
+
+def test_a_cluster_routes_the_same_in_both_step_modes():
+    """Replicas jump over iterations only up to the next time a request could reach them (an arrival,
+    or another replica's wake-up end, where a follow-up turn may be born), so single steps agree."""
+    data = chat_data(replicas=3, router="prefix_aware")
+    skip = run(data)
+    data["engine"]["step_mode"] = "single"
+    single = run(data)
+    for jumped, stepped in zip(skip, single, strict=True):
+        left = jumped.requests.sort_values("request_id").reset_index(drop=True)
+        right = stepped.requests.sort_values("request_id").reset_index(drop=True)
+        assert left["replica"].equals(right["replica"])
+        assert left["cached_prompt_tokens"].equals(right["cached_prompt_tokens"])
+        pd.testing.assert_series_equal(left["finish_s"], right["finish_s"], rtol=0, atol=1e-9)
+        assert jumped.summary["iterations"] == stepped.summary["iterations"]
+
+
+def test_cluster_totals_add_up_over_the_replicas():
+    (result, _) = run(chat_data(replicas=3, router="round_robin"))
+    replicas = result.replica_summaries
+    summary = result.summary
+    assert [row["requests_routed"] for row in replicas] == [40, 40, 40]  # round robin, 120 requests
+    for key in ("requests_finished", "prefix_cache_queries", "prefix_cache_hits", "evictions", "iterations"):
+        assert summary[key] == sum(row[key] for row in replicas), key
+    assert summary["prefix_cache_hit_rate"] == summary["prefix_cache_hits"] / summary["prefix_cache_queries"]
+    rates = [row["prefix_cache_hit_rate"] for row in replicas]
+    assert (summary["prefix_cache_hit_rate_min"], summary["prefix_cache_hit_rate_max"]) == (
+        min(rates),
+        max(rates),
+    )
+    assert (summary["requests_max_over_mean"], summary["requests_cv"]) == (1.0, 0.0)
+    # Time-averaged shares over the three pools together: the mean of the replicas' shares (equal pools).
+    assert summary["mean_used_frac"] == pytest.approx(sum(row["mean_used_frac"] for row in replicas) / 3)
+    # The total series: the breakdown sums to the three pools in every row, and its last row is the sum
+    # of the replicas' last rows.
+    total, per_replica = result.timeseries, result.replica_timeseries
+    assert (total[list(BREAKDOWN_COLUMNS)].sum(axis=1) == 3 * summary["kv_pool_tokens"]).all()
+    last = per_replica.groupby("replica").tail(1)
+    for name in ("used_tokens", "cached_tokens", "prefix_cache_hits", "preemptions"):
+        assert total[name].iloc[-1] == last[name].sum()
+    assert summary["peak_running"] == total["num_requests_running"].max()
+    assert summary["peak_running"] <= sum(row["peak_running"] for row in replicas)
+
+
+def test_cluster_run_writes_the_documented_files(tmp_path, capsys):
+    path = tmp_path / "experiment.yaml"
+    path.write_text(yaml.safe_dump(chat_data(60, replicas=2, router="session_affinity")))
+    out = tmp_path / "run"
+    assert main(["run", str(path), "-q", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "session_affinity" in printed and "req max/mean" in printed
+    results = load_results(out)
+    assert results.is_cluster("prefix")
+    own = [name for name in columns.SUMMARY if name not in columns.BALANCE]
+    assert list(results.replica_summaries("prefix").columns) == [*own, *columns.REPLICA_SUMMARY]
+    assert list(results.replica_timeseries("prefix").columns) == ["replica", *columns.TIMESERIES]
+    assert list(results.timeseries("prefix").columns) == list(columns.TIMESERIES)
+    assert set(results.requests("prefix")["replica"]) == {0, 1}
+    assert (out / "figures" / "replicas.png").stat().st_size > 10_000
+
+
+# -------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    ("cluster", "message"),
+    [
+        ({"replicas": 0}, r"cluster\.replicas: Input should be greater than 0 \(got 0\)"),
+        ({"router": "least_load"}, r"cluster\.router: unknown router 'least_load'; did you mean 'least_kv'"),
+        ({"replicaz": 2}, r"cluster\.replicaz: unknown key; did you mean 'replicas'"),
+        (
+            {"prefix_weight": 0, "load_weight": 0},
+            r"cluster: prefix_weight and load_weight are both 0",
+        ),
+    ],
+)
+def test_bad_cluster_sections_are_refused_when_loading(cluster, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_experiment(chat_data() | {"cluster": cluster}, CHAT)
+
+
+def test_a_variant_override_is_checked_too():
+    data = chat_data(replicas=2)
+    data["variants"][1]["cluster"] = {"replicas": -1}
+    with pytest.raises(ConfigError, match=r"variants\.1\.cluster\.replicas: Input should be greater than 0"):
+        validate_experiment(data, CHAT)
+
+
+def test_prefix_aware_with_a_policy_without_lookup_fails_before_any_simulation():
+    data = chat_data(replicas=2, router="prefix_aware")
+    data["variants"].append({"name": "paged", "policy": "paged", "cluster": {"router": "round_robin"}})
+    data["variants"].append({"name": "contiguous", "policy": "contiguous"})
+    config = validate_experiment(data, CHAT)
+    with pytest.raises(ConfigError) as raised:
+        prepare_experiment(config, CHAT)
+    message = str(raised.value)
+    assert "nothing was simulated" in message
+    assert "variants.3 (contiguous): cluster.router: router 'prefix_aware'" in message
+    assert "policy 'contiguous' has no prefix cache" in message
+    assert "paged" not in message.split("\n", 1)[1]  # its own override picked round_robin
+
+
+def test_cluster_config_defaults():
+    assert ClusterConfig() == ClusterConfig(
+        replicas=1, router="round_robin", prefix_weight=3.0, load_weight=2.0
+    )
+
+
+def test_plan_probe_of_a_cluster_measures_shares_over_every_replica_pool():
+    """A plan probe's steady-state shares come from the total series: over the two pools together,
+    so the six breakdown shares still sum to 1."""
+    data = chat_data(60, replicas=2, router="least_requests")
+    data["variants"] = data["variants"][:1]
+    outcome = run_point(PointTask("p", data, str(ROOT / "configs"), SteadyWindow(0.2, 0.1)))
+    assert outcome.ok, outcome.error
+    steady = outcome.summaries[0]["steady"]
+    shares = [steady[summary_key(name)] for name in MemoryBreakdown.CATEGORIES]
+    assert sum(shares) == pytest.approx(1.0)
