@@ -376,7 +376,7 @@ def run_prepared(
         swap_space_blocks=int(engine_config.swap_space * GIB // block_bytes),
         watermark=engine_config.watermark,
         on_oom=engine_config.on_oom,
-        beam_divergence_prob=engine_config.beam_divergence_prob,
+        beam_reparent_prob=engine_config.beam_reparent_prob,
         step_mode=engine_config.step_mode,
     )
     requests = workload.requests()
@@ -454,8 +454,7 @@ def summarize(
     simulated_s = float(engine.env.now)
     finished = requests[requests["outcome"] == "finished"]
     stats = engine.policy.stats
-    widths = finished[["n", "beam_width"]].max(axis=1) if len(finished) else pd.Series(dtype=float)
-    output_tokens = float((finished["output_tokens"] * widths).sum()) if len(finished) else 0.0
+    output_tokens = float(finished["sample_output_tokens"].sum()) if len(finished) else 0.0
     summary: dict[str, Any] = {
         "variant": variant.name,
         "policy": policy_name,

@@ -230,10 +230,23 @@ def random_requests(seed: int, count: int, gap: float = 0.4, forks: bool = True)
     for i, arrival in enumerate(arrivals):
         shared = ((1, int(rng.integers(0, 40))),) if rng.random() < 0.5 else ()
         prompt = shared + ((100 + i, int(rng.integers(1, 60))),)
-        n = int(rng.choice([1, 1, 1, 2])) if forks else 1
+        n = int(rng.choice([1, 1, 1, 2, 3])) if forks else 1
         beam_width = int(rng.choice([1, 1, 1, 3])) if n == 1 and forks else 1
         output_len = int(rng.integers(1, 50))
-        out.append(request(i, float(arrival), 0, output_len, prompt=prompt, n=n, beam_width=beam_width))
+        # Samples stop independently (sample 0 runs output_len); beams all run to output_len.
+        samples = (output_len, *rng.integers(1, 50, n - 1).tolist()) if n > 1 else ()
+        out.append(
+            request(
+                i,
+                float(arrival),
+                0,
+                output_len,
+                prompt=prompt,
+                n=n,
+                beam_width=beam_width,
+                sample_output_lens=samples,
+            )
+        )
     return out
 
 
@@ -339,7 +352,7 @@ def test_event_skipping_equals_single_stepping(policy, options, scenario, seed, 
             mode,
             costs=EQUIVALENCE_COSTS,
             options=options,
-            beam_divergence_prob=0.2,
+            beam_reparent_prob=0.2,
             **knobs,
         )
         for mode in ("single", "skip")
@@ -378,7 +391,7 @@ def test_same_seed_same_results():
 
 def test_beam_search_prunes_and_forks_through_the_policy():
     pool = PoolSpec(16 * 64, 16, 256)
-    engine = run("prefix", pool, [request(0, 0.0, 40, 60, beam_width=4)], beam_divergence_prob=0.3)
+    engine = run("prefix", pool, [request(0, 0.0, 40, 60, beam_width=4)], beam_reparent_prob=0.3)
     record = engine.records[0]
     assert record.outcome == "finished"
     # Each beam decision frees one beam and forks a survivor, whose partly filled tail is then copied.

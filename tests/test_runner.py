@@ -293,7 +293,7 @@ def test_every_engine_knob_reaches_the_engine(monkeypatch):
         "swap_space": 1.5,
         "watermark": 0.02,
         "on_oom": "fail",
-        "beam_divergence_prob": 0.3,
+        "beam_reparent_prob": 0.3,
         "step_mode": "single",
         "kv_cache_dtype": "fp8",
     }
@@ -309,7 +309,7 @@ def test_every_engine_knob_reaches_the_engine(monkeypatch):
         swap_space_blocks=768,
         watermark=0.02,
         on_oom="fail",
-        beam_divergence_prob=0.3,
+        beam_reparent_prob=0.3,
         step_mode="single",
     )
     assert (built["seed"], built["block_size"]) == (11, 32)
