@@ -66,7 +66,7 @@ class EngineKnobs:
     swap_space_blocks: int = 0  # host pool for preemption_mode=swap, in blocks
     watermark: float = 0.0  # fraction of the pool kept free at admission (vLLM V0 used 0.01)
     on_oom: str = "queue"  # queue: a failed admission waits; fail: the request fails (the seeds' OOM story)
-    beam_reparent_prob: float = 0.05  # q: per beam and decode step, the beam is replaced by a survivor's fork
+    beam_reparent_prob: float = 0.15  # q: per beam and decode step, the beam is replaced by a survivor's fork
     step_mode: str = "skip"  # skip | single
 
 

@@ -422,7 +422,7 @@ def run_prepared(
 
 
 # The per-request columns a summary needs (read back alone from a streamed file).
-SUMMARY_REQUEST_COLUMNS = ["outcome", "n", "beam_width", "output_tokens", "ttft_s", "tpot_s", "e2e_s"]
+SUMMARY_REQUEST_COLUMNS = ["outcome", "sample_output_tokens", "ttft_s", "tpot_s", "e2e_s"]
 
 
 def pin_prefixes(policy: KVCachePolicy, prefixes: list[TokenContent]) -> int:

@@ -59,7 +59,7 @@ def test_every_validation_yaml_loads(claims):
     paths = sorted(CONFIGS.glob("*.yaml"))
     assert len(paths) == len(claims) >= 13
     numbers = {claim.spec.number for claim in claims.values()}
-    assert {"1", "2", "3", "4", "5", "6", "7", "8", "9a", "9b", "9c", "9d", "cap"} <= numbers
+    assert {"1", "2", "3", "4", "5", "6", "7", "8", "9a", "9b", "9c", "9d", "10", "cap"} <= numbers
     for claim in claims.values():
         assert claim.path.stem == claim.name
         for target in claim.spec.targets:
@@ -70,7 +70,7 @@ def test_every_validation_yaml_loads(claims):
 
 def test_claims_run_in_issue_order(claims):
     order = [claim.spec.number for claim in v.load_claims(CONFIGS)]
-    assert order == ["1", "2", "3", "4", "5", "6", "7", "8", "9a", "9b", "9c", "9d", "c1", "c2", "cap"]
+    assert order == ["1", "2", "3", "4", "5", "6", "7", "8", "9a", "9b", "9c", "9d", "10", "c1", "c2", "cap"]
 
 
 def test_select_by_name_and_number():
@@ -318,6 +318,25 @@ def test_claim6_prealloc_vs_paged(fast_results):
     assert value(result, "paged_token_share") > 0.8
     # Paging is memory-bound at ~2048 / (live length + tail) times the preallocated batch.
     assert value(result, "concurrency_ratio") > 2.5
+
+
+def test_claim10_fig15_sharing_rises_with_width(fast_results):
+    result = fast_results["vllm-fig15-sharing"]
+    table = result.output.tables["saving"]
+    assert set(table.q.dropna()) == {0.15}  # the fast sweep: one q, which is then the fit
+    sampling = [value(result, f"sampling@{w}") for w in (2, 4, 6)]
+    beams = [value(result, f"beam@{w}") for w in (2, 4, 6)]
+    # More samples or beams share the prompt (and beams their common history) more ways.
+    assert sampling == sorted(sampling) and beams == sorted(beams)
+    # Samples share only the ~19-token prompt (about one block) out of ~80 tokens each: well under
+    # half of the beams' saving, which also shares generated history.
+    assert all(0 < s < 0.2 and b > 2 * s for s, b in zip(sampling, beams, strict=True))
+    # Samples stopping together share the prompt n ways until the request ends; stopping
+    # independently, fewer samples share it as they finish: the saving is smaller.
+    table = table.set_index(["mode", "width"])
+    for width in (2, 4, 6):
+        together = table.loc[("sampling (identical lengths)", width), "saved"]
+        assert together > table.loc[("sampling (independent lengths)", width), "saved"]
 
 
 def test_claim8_static_oom(fast_results):
