@@ -396,6 +396,18 @@ def test_claim10_fig15_sharing_rises_with_width(fast_results):
         assert together > table.loc[("sampling (independent lengths)", width), "saved"]
 
 
+def test_claim6_partial_load_ratio_equals_the_share_ratio(fast_results):
+    result = fast_results["seed003-prealloc-vs-paged"]
+    (row,) = result.output.tables["partial_load"].itertuples()
+    assert row.rate == 14
+    # Preallocation saturates first: its batch is floor(pool / 2048) = 22 with a request waiting.
+    assert row.prealloc_running == pytest.approx(22, abs=0.5) and row.prealloc_waiting_share > 0.9
+    # Under one load both serve the same requests, so the live tokens per running request agree and
+    # the concurrency ratio is the token-share ratio (up to which requests are live in the window).
+    assert row.concurrency_ratio == pytest.approx(row.paged_token_share / row.prealloc_token_share, rel=0.05)
+    assert row.paged_running > row.prealloc_running
+
+
 def test_claim8_static_oom(fast_results):
     result = fast_results["seed000-13b-static-oom"]
     # LLaMA-13B: 2 x 40 x 5120 x 2 B = 819,200 B per token x 2048 = 1,677,721,600 B = 1.68 GB.
