@@ -235,9 +235,11 @@ class Engine:
             return f"n/beam_width={self.width_of(request)} exceeds max_num_seqs={knobs.max_num_seqs}"
         all_sequences = sum(request.prompt_len + output for output in request.output_lens)
         if all_sequences > self.policy.pool_slots:
-            shape = f"({lengths})" if not request.sample_output_lens else f"sequences of {all_sequences:,} tokens in all"
+            shape = (
+                f"x ({lengths})" if not request.sample_output_lens else f"of {all_sequences:,} tokens in all"
+            )
             return (
-                f"{self.width_of(request)} {shape} exceed the KV pool "
+                f"{self.width_of(request)} sequence(s) {shape} exceed the KV pool "
                 f"({self.policy.pool_slots:,} slots) even with nothing else running"
             )
         if not knobs.enable_chunked_prefill and request.final_len > knobs.max_num_batched_tokens:

@@ -150,6 +150,7 @@ def test_beam_sharing_rises_with_q_and_keeps_the_breakdown_exact():
 def test_beam_replacements_charge_their_copy_on_write():
     """A replaced beam forks a survivor mid-block: its next write copies the shared tail, and every
     copy is charged in the iteration that makes it (none is lost at a fork's first token)."""
+
     class CopyCharged(RoundCostModel):
         def copy_blocks_s(self, num_blocks):
             return 0.001 * num_blocks

@@ -424,7 +424,9 @@ def test_parallel_samples_draw_independent_lengths() -> None:
     identical = list(make(4, num_requests=3000, n=4, output_len=spec, sample_lengths="identical").requests())
     assert [r.output_len for r in independent] == [r.output_len for r in identical]
     assert all(r.sample_output_lens == () and r.output_lens == (r.output_len,) * 4 for r in identical)
-    assert all(r.sample_output_lens[0] == r.output_len and len(r.sample_output_lens) == 4 for r in independent)
+    assert all(
+        r.sample_output_lens[0] == r.output_len and len(r.sample_output_lens) == 4 for r in independent
+    )
     others = np.array([r.sample_output_lens[1:] for r in independent], dtype=float)
     assert others.mean() == pytest.approx(100, rel=0.03)
     # Independent of sample 0: the correlation of sample 1 with sample 0 is ~0 (3000 pairs: sd 0.018).

@@ -175,7 +175,11 @@ def check_prealloc(claim: Claim, context: RunContext) -> CheckOutput:
     def holding(target_id: str) -> list[float]:
         target = targets[target_id]
         assert target.tolerance is not None and target.expected is not None
-        return [r.rate for r in table.itertuples() if target.tolerance.accepts(target.expected, getattr(r, target_id))]
+        return [
+            r.rate
+            for r in table.itertuples()
+            if target.tolerance.accepts(target.expected, getattr(r, target_id))
+        ]
 
     def rates_text(rates: list[float]) -> str:
         return ", ".join(f"{r:g}" for r in rates) + " req/s" if rates else "none of the swept rates"
@@ -191,10 +195,12 @@ def check_prealloc(claim: Claim, context: RunContext) -> CheckOutput:
     )
     both = f"{describe(params.prealloc_variant)}. {describe(params.paged_variant)}. Pool {pool:,} slots; {lengths}."
     output.values["prealloc_token_share"] = Measured(
-        pre["used"], f"Offline batch: {both} Under load it holds at {rates_text(loads['prealloc_token_share'])}."
+        pre["used"],
+        f"Offline batch: {both} Under load it holds at {rates_text(loads['prealloc_token_share'])}.",
     )
     output.values["paged_token_share"] = Measured(
-        paged["used"], f"Offline batch: {both} Under load it holds at {rates_text(loads['paged_token_share'])}."
+        paged["used"],
+        f"Offline batch: {both} Under load it holds at {rates_text(loads['paged_token_share'])}.",
     )
     output.values["concurrency_ratio"] = Measured(
         paged["running"] / pre["running"],

@@ -200,7 +200,10 @@ class Fig2Params(_Strict):
     reference_rate: float = Field(gt=0, description="The rate the verdicts are read at.")
     variants: dict[str, str] = Field(min_length=1, description="Variant name -> label in figures.")
     warmup_fraction: float = Field(
-        0.2, ge=0, lt=1, description="Steady-state window: from this fraction of the arrivals to the last one."
+        0.2,
+        ge=0,
+        lt=1,
+        description="Steady-state window: from this fraction of the arrivals to the last one.",
     )
     paper_mean_prompt: float = Field(161.31, gt=0, description="The paper's ShareGPT mean prompt (tokens).")
     paper_mean_output: float = Field(337.99, gt=0, description="The paper's ShareGPT mean output (tokens).")
@@ -293,7 +296,9 @@ def max_closed_form(requests: pd.DataFrame, pool: int, max_model_len: int) -> di
     }
 
 
-def invert_max_column(used: float, reservation: float, batch: int, pool: int, mean_o: float) -> dict[str, float]:
+def invert_max_column(
+    used: float, reservation: float, batch: int, pool: int, mean_o: float
+) -> dict[str, float]:
     """The output moments the paper's Max column implies, by inverting :func:`max_closed_form`:
     ``E[o^2] / E[o] = 2 reservation pool / B``, ``E[p o] / E[o] = (used - reservation) pool / B``."""
     second_over_first = 2 * reservation * pool / batch
@@ -355,15 +360,15 @@ def check_fig2(claim: Claim, context: RunContext) -> CheckOutput:
             f"{r:g}: {table[(table.rate_per_s == r) & (table.variant == variant)][metric].iloc[0]:.1%}"
             for r in rates
         )
-        closed = ""
+        closed_text = ""
         if variant == params.max_variant and metric in ("token_states", "reservation"):
-            closed = (
+            closed_text = (
                 f"Closed form at saturation ({moments['batch']:.0f} running, this run's lengths): token "
                 f"states {row.closed_form_used:.1%}, reservation {row.closed_form_reservation:.1%}. "
             )
         output.values[target_id] = Measured(
             float(row[metric]),
-            f"{closed}Steady state at {params.reference_rate:g} req/s ({row.window_start_s:.0f}-"
+            f"{closed_text}Steady state at {params.reference_rate:g} req/s ({row.window_start_s:.0f}-"
             f"{row.window_end_s:.0f} s, a request waiting {row.waiting_share:.0%} of it): {variant} has "
             f"token states {row.token_states:.1%}, "
             f"reservation {row.reservation:.1%}, internal {row.internal:.1%}, buddy rounding "
@@ -407,11 +412,19 @@ def check_fig2(claim: Claim, context: RunContext) -> CheckOutput:
     return output
 
 
-def _fig2_closed_form_notes(params: Fig2Params, targets: dict[str, Target], moments: dict[str, float]) -> list[str]:
+def _fig2_closed_form_notes(
+    params: Fig2Params, targets: dict[str, Target], moments: dict[str, float]
+) -> list[str]:
     """What the paper's Max column says about its output lengths, and this workload's moments."""
     used = targets.get(f"token_states/{params.max_variant}")
     reservation = targets.get(f"reservation/{params.max_variant}")
-    if not moments or used is None or reservation is None or used.expected is None or reservation.expected is None:
+    if (
+        not moments
+        or used is None
+        or reservation is None
+        or used.expected is None
+        or reservation.expected is None
+    ):
         return []
     batch, pool = int(moments["batch"]), int(moments["pool"])
     implied = invert_max_column(used.expected, reservation.expected, batch, pool, params.paper_mean_output)
@@ -622,11 +635,13 @@ def check_fig15(claim: Claim, context: RunContext) -> CheckOutput:
     rows = []
     for width in params.widths:
         for lengths in ("independent", "identical"):
-            saved = _saving(claim, context, {"n": width, "sample_lengths": lengths})
-            rows.append({"mode": f"sampling ({lengths} lengths)", "width": width, "q": None, "saved": saved})
+            fraction = _saving(claim, context, {"n": width, "sample_lengths": lengths})
+            rows.append(
+                {"mode": f"sampling ({lengths} lengths)", "width": width, "q": None, "saved": fraction}
+            )
         for q in qs:
-            saved = _saving(claim, context, {"beam_width": width}, {"beam_reparent_prob": q})
-            rows.append({"mode": "beam", "width": width, "q": q, "saved": saved})
+            fraction = _saving(claim, context, {"beam_width": width}, {"beam_reparent_prob": q})
+            rows.append({"mode": "beam", "width": width, "q": q, "saved": fraction})
         context.log(f"  width {width} done")
     table = pd.DataFrame(rows)
     output.tables["saving"] = table
@@ -642,15 +657,20 @@ def check_fig15(claim: Claim, context: RunContext) -> CheckOutput:
         return None if target is None else target.expected
 
     def misfit(q: float) -> float:
-        gaps = [saved("beam", w, q) - paper("beam", w) for w in params.widths if paper("beam", w) is not None]
+        claimed = {w: paper("beam", w) for w in params.widths}
+        gaps = [saved("beam", w, q) - value for w, value in claimed.items() if value is not None]
         return float(np.sqrt(np.mean(np.square(gaps)))) if gaps else float("nan")
 
+    def best_for(width: int) -> float:
+        claimed = paper("beam", width) or 0.0
+        return min(qs, key=lambda q: abs(saved("beam", width, q) - claimed))
+
     best_q = min(qs, key=misfit)
-    by_width = {
-        w: min(qs, key=lambda q, w=w: abs(saved("beam", w, q) - (paper("beam", w) or 0.0))) for w in params.widths
-    }
+    by_width = {w: best_for(w) for w in params.widths}
     sweep = "; ".join(
-        f"q {q:g}: " + " / ".join(f"{saved('beam', w, q):.1%}" for w in params.widths) + f" (rms gap {misfit(q):.1%})"
+        f"q {q:g}: "
+        + " / ".join(f"{saved('beam', w, q):.1%}" for w in params.widths)
+        + f" (rms gap {misfit(q):.1%})"
         for q in qs
     )
     for width in params.widths:

@@ -80,7 +80,9 @@ def steady_window(requests: pd.DataFrame, warmup_fraction: float) -> tuple[float
     return start, float(arrivals[-1])
 
 
-def window_means(timeseries: pd.DataFrame, pool_tokens: int, start_s: float, end_s: float) -> dict[str, float]:
+def window_means(
+    timeseries: pd.DataFrame, pool_tokens: int, start_s: float, end_s: float
+) -> dict[str, float]:
     """Time averages over ``[start_s, end_s]``: the six breakdown categories as fractions of the
     pool, ``running``, and ``waiting_share`` (the share of the window with a request waiting: 1 when
     the engine stayed saturated)."""
