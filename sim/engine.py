@@ -451,12 +451,7 @@ class Engine:
             for seq_id in forked:
                 self.policy.free(seq_id)
             if len(self.running) == 1:
-                # Alone in the pool and still no room: retrying could never succeed.
-                self._leave_running(state)
-                for seq_id in state.seq_ids:
-                    self.policy.free(seq_id)
-                state.seq_ids = []
-                self._reject(state, f"its {state.width} samples/beams do not fit in the KV pool even alone")
+                self._reject_alone(state, self.clock.now)
                 return
             self._preempt(state, self.clock.now)
             return
@@ -567,6 +562,11 @@ class Engine:
                 return outcome
             except OutOfKVMemory:
                 victim = self.running[-1]
+                if victim is state and len(self.running) == 1:
+                    # Its samples/beams outgrow the pool with nothing else in it (whole blocks each
+                    # can exceed the tokens checked on arrival): a rejection, not a preemption.
+                    self._reject_alone(state, victims_at)
+                    return outcome
                 outcome = max(outcome, 1) + self._preempt(victim, victims_at)
                 if victim is state:
                     return outcome
@@ -595,6 +595,16 @@ class Engine:
         state.prefilled = 0
         self.waiting.appendleft(state)
         return swapped_blocks
+
+    def _reject_alone(self, state: RequestState, at_clock: int) -> None:
+        """Alone in the pool and still no room for its samples/beams: retrying could never succeed."""
+        if state.decoding:
+            self.clock.leave(state, at_clock)
+        self._leave_running(state)
+        for seq_id in state.seq_ids:
+            self.policy.free(seq_id)
+        state.seq_ids = []
+        self._reject(state, f"its {state.width} samples/beams do not fit in the KV pool even alone")
 
     def _host_room(self) -> int:
         return self.knobs.swap_space_blocks * self.block_size - self._host_tokens_used

@@ -264,23 +264,19 @@ POLICIES = [
 # Each scenario drives some fast path of event skipping: a roomy pool (decode jumps that take blocks
 # inside them), a small token budget (chunked-prefill jumps), a tight pool (jumps that must stop at
 # flushes, preemptions), swapping, a watermark, failures at admission, prompts that cannot be chunked.
-# Tight pools run without samples and beams: a beam group that fits the pool in tokens but not in
-# blocks preempts itself until the engine stalls, in both step modes (a limit of admission checks).
+# Samples (stopping independently) and beams run in every scenario; in tight pools a group that fits
+# the pool in tokens but not in whole blocks is rejected once it outgrows the pool alone.
 SCENARIOS = {
     "roomy": (PoolSpec(16 * 60, 16, 160), {}, {}),
     "chunked": (PoolSpec(16 * 40, 16, 160), {"max_num_batched_tokens": 24, "max_num_seqs": 8}, {"gap": 0.05}),
-    "tight": (PoolSpec(16 * 10, 16, 160), {}, {"gap": 0.1, "forks": False}),
-    "swap": (
-        PoolSpec(16 * 10, 16, 160),
-        {"preemption_mode": "swap", "swap_space_blocks": 12},
-        {"gap": 0.1, "forks": False},
-    ),
+    "tight": (PoolSpec(16 * 10, 16, 160), {}, {"gap": 0.1}),
+    "swap": (PoolSpec(16 * 10, 16, 160), {"preemption_mode": "swap", "swap_space_blocks": 12}, {"gap": 0.1}),
     "watermark": (PoolSpec(16 * 24, 16, 160), {"watermark": 0.1}, {"gap": 0.1}),
-    "fail": (PoolSpec(16 * 10, 16, 160), {"on_oom": "fail"}, {"gap": 0.1, "forks": False}),
+    "fail": (PoolSpec(16 * 10, 16, 160), {"on_oom": "fail"}, {"gap": 0.1}),
     "unchunked": (
         PoolSpec(16 * 30, 16, 256),
         {"max_num_batched_tokens": 200, "enable_chunked_prefill": False},
-        {"gap": 0.1, "forks": False},
+        {"gap": 0.1},
     ),
 }
 
