@@ -24,7 +24,10 @@ Memory model notes (documented simplifications):
   chunked prefill then spends the compute over several iterations;
 - the iteration that finishes a prompt produces the first token; a request with ``n > 1`` or beam search
   forks right after its prompt, so the samples share the prompt blocks (copy-on-write where supported);
-- ``max_num_seqs`` counts sequences in the batch (samples and beams each count).
+- ``max_num_seqs`` counts sequences in the batch (samples and beams each count);
+- samples stop independently: a sample that generated its last token frees its own blocks and the
+  request finishes with its last one; beams re-parent: at each decode step each beam is replaced by
+  a fork of a surviving beam with probability ``beam_reparent_prob`` (``_beam_step``).
 """
 
 from __future__ import annotations
