@@ -227,8 +227,10 @@ class Engine:
     def _never_admissible(self, request: Request) -> str:
         knobs = self.knobs
         # The reason names both lengths: "600 tokens" alone reads as the prompt's length.
+        output = "longest sample" if request.sample_output_lens else "output"
         lengths = (
-            f"prompt {request.prompt_len:,} + output {request.output_len:,} = {request.final_len:,} tokens"
+            f"prompt {request.prompt_len:,} + {output} {request.longest_output_len:,} = "
+            f"{request.final_len:,} tokens"
         )
         if request.final_len > knobs.max_model_len:
             return f"{lengths} exceeds max_model_len={knobs.max_model_len:,}"

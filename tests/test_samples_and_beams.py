@@ -183,3 +183,11 @@ def test_a_beam_group_that_fits_in_tokens_but_not_in_blocks_is_rejected_not_stal
     assert first.preemptions == 0 and engine.counters.preemptions == 0
     assert second.outcome == "finished"
     assert engine.policy.breakdown().free == pool.kv_pool_tokens
+
+
+def test_a_sample_longer_than_max_model_len_rejects_the_request_naming_it():
+    pool = PoolSpec(4 * 32, 4, 64)
+    engine = run("prefix", pool, [request(0, 0.0, 10, 5, n=2, sample_output_lens=(5, 60))])
+    record = engine.records[0]
+    assert record.outcome == "rejected"
+    assert record.reason == "prompt 10 + longest sample 60 = 70 tokens exceeds max_model_len=64"
