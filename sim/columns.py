@@ -204,9 +204,17 @@ REQUESTS: Columns = {
     "request_id": ("-", "The request's id in the workload's stream (identical across variants)."),
     "arrival_s": ("s", "Arrival time."),
     "prompt_tokens": ("tokens", "Prompt length."),
-    "output_tokens": ("tokens", "Tokens to generate (per sample/beam)."),
+    "output_tokens": (
+        "tokens",
+        "Tokens its longest sample/beam generates: the request's decode steps (with `n > 1` samples "
+        "stop independently, see `sample_lengths`; beams all run to this length).",
+    ),
     "n": ("-", "Parallel samples."),
     "beam_width": ("-", "Beam width (1: no beam search)."),
+    "sample_output_tokens": (
+        "tokens",
+        "Tokens all its samples/beams generate together (equals output_tokens when n = beam_width = 1).",
+    ),
     "admitted_s": ("s", "First admission (its KV memory allocated); empty if never admitted."),
     "first_token_s": ("s", "Time of the first output token; empty if none."),
     "finish_s": ("s", "Time of the last output token; empty unless finished."),
@@ -219,7 +227,8 @@ REQUESTS: Columns = {
     "e2e_s": ("s", "finish_s - arrival_s: end-to-end latency."),
     "tpot_s": (
         "s",
-        "(finish_s - first_token_s) / (output_tokens - 1): time per output token after the first.",
+        "(finish_s - first_token_s) / (output_tokens - 1): time per decode step after the first token "
+        "(with n > 1 or beams: per token of the longest sample, which every step extends).",
     ),
     "queue_s": ("s", "admitted_s - arrival_s: time waiting before the first admission."),
 }

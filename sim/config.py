@@ -96,11 +96,14 @@ class EngineConfig(_Strict):
     on_oom: Literal["queue", "fail"] = Field(
         "queue", description="A request that does not fit at admission waits (queue) or fails (fail)."
     )
-    beam_divergence_prob: float = Field(
-        0.05,
+    beam_reparent_prob: float = Field(
+        0.15,
         ge=0,
         le=1,
-        description="Per beam group and iteration: one beam is pruned and a survivor forked.",
+        description="Beam search, q: at each decode step each beam independently falls out of the top "
+        "beam_width with probability q and is replaced by a fork of a surviving beam (1/q: the mean "
+        "steps a beam's own line of tokens survives). Several beams can be replaced in one step. Default: "
+        "the single q that best fits the vLLM paper's Fig. 15 beam-search savings (kvsim validate vllm-fig15-sharing).",
     )
     step_mode: Literal["skip", "single"] = Field(
         "skip", description="skip: jump over decode iterations between events; single: one at a time."

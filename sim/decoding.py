@@ -45,14 +45,31 @@ class RequestState:
     generated: int = 0
     context: int = 0  # tokens each of its sequences holds (they fork together and grow in step)
     synced_clock: int = 0
-    finish_due: int = NEVER  # clock at whose iteration end it has all its tokens
+    finish_due: int = NEVER  # clock at whose iteration end a sample (or the request) finishes
     beam_due: int = NEVER  # clock at whose iteration end its beams diverge
     flush_version: int = 0  # heap entries carry these: a stale entry is skipped, never deleted
     end_version: int = 0
+    # Output lengths of its samples/beams still to finish, aligned with ``seq_ids`` once forked
+    # (before the fork, entry 0 is the admitted sequence's). A sample that finishes leaves both.
+    sample_lens: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.sample_lens:
+            self.sample_lens = list(self.request.output_lens)
 
     @property
     def width(self) -> int:
-        return max(self.request.n, self.request.beam_width)
+        """Sequences it runs once forked: its samples/beams not finished yet."""
+        return len(self.sample_lens)
+
+    @property
+    def next_sample_end(self) -> int:
+        """Generated tokens at which its next sample (or, the last one left, the request) finishes."""
+        return min(self.sample_lens)
+
+    def final_len_of(self, index: int) -> int:
+        """Prompt plus the output of its ``index``-th unfinished sample: that sequence's final length."""
+        return self.request.prompt_len + self.sample_lens[index]
 
 
 class DecodeClock:
@@ -85,7 +102,7 @@ class DecodeClock:
         """``state`` starts decoding now (its counts are exact at this clock)."""
         state.decoding = True
         state.synced_clock = self.now
-        state.finish_due = self.now + state.request.output_len - state.generated
+        state.finish_due = self.now + state.next_sample_end - state.generated
         state.beam_due = beam_due
         self._add(state)
         self.reschedule_flush(state)

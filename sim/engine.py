@@ -24,11 +24,15 @@ Memory model notes (documented simplifications):
   chunked prefill then spends the compute over several iterations;
 - the iteration that finishes a prompt produces the first token; a request with ``n > 1`` or beam search
   forks right after its prompt, so the samples share the prompt blocks (copy-on-write where supported);
-- ``max_num_seqs`` counts sequences in the batch (samples and beams each count).
+- ``max_num_seqs`` counts sequences in the batch (samples and beams each count);
+- samples stop independently: a sample that generated its last token frees its own blocks and the
+  request finishes with its last one; beams re-parent: at each decode step each beam is replaced by
+  a fork of a surviving beam with probability ``beam_reparent_prob`` (``_beam_step``).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -65,7 +69,7 @@ class EngineKnobs:
     swap_space_blocks: int = 0  # host pool for preemption_mode=swap, in blocks
     watermark: float = 0.0  # fraction of the pool kept free at admission (vLLM V0 used 0.01)
     on_oom: str = "queue"  # queue: a failed admission waits; fail: the request fails (the seeds' OOM story)
-    beam_divergence_prob: float = 0.05  # per beam group and iteration: a beam is pruned, a survivor forked
+    beam_reparent_prob: float = 0.15  # q: per beam and decode step, the beam is replaced by a survivor's fork
     step_mode: str = "skip"  # skip | single
 
 
@@ -143,6 +147,8 @@ class Engine:
         self._running_seqs = 0  # sequences in the batch (samples and beams each count)
         self._unforked_seqs = 0  # samples/beams of admitted requests still in prefill (not forked yet)
         self._swap_out_pending = 0  # blocks swapped out at an iteration's end: the next iteration moves them
+        # Blocks copied on write at an iteration's end (a fork's first token): the next iteration copies them.
+        self._copies_pending = 0
         self._admissions = 0
         self.clock = DecodeClock(policy, defer_growth=knobs.step_mode == "skip")
         self._jump: Jump | None = None  # the wake-up in flight, when it spans several iterations
@@ -229,9 +235,10 @@ class Engine:
             request.request_id,
             request.arrival_s,
             request.prompt_len,
-            request.output_len,
+            request.longest_output_len,
             request.n,
             request.beam_width,
+            sum(request.output_lens),
         )
         state = RequestState(request, record)
         reason = self._never_admissible(request)
@@ -245,8 +252,10 @@ class Engine:
     def _never_admissible(self, request: Request) -> str:
         knobs = self.knobs
         # The reason names both lengths: "600 tokens" alone reads as the prompt's length.
+        output = "longest sample" if request.sample_output_lens else "output"
         lengths = (
-            f"prompt {request.prompt_len:,} + output {request.output_len:,} = {request.final_len:,} tokens"
+            f"prompt {request.prompt_len:,} + {output} {request.longest_output_len:,} = "
+            f"{request.final_len:,} tokens"
         )
         if request.final_len > knobs.max_model_len:
             return f"{lengths} exceeds max_model_len={knobs.max_model_len:,}"
@@ -254,9 +263,13 @@ class Engine:
             return "output_len must be at least 1"
         if self.width_of(request) > knobs.max_num_seqs:
             return f"n/beam_width={self.width_of(request)} exceeds max_num_seqs={knobs.max_num_seqs}"
-        if request.final_len * self.width_of(request) > self.policy.pool_slots:
+        all_sequences = sum(request.prompt_len + output for output in request.output_lens)
+        if all_sequences > self.policy.pool_slots:
+            shape = (
+                f"x ({lengths})" if not request.sample_output_lens else f"of {all_sequences:,} tokens in all"
+            )
             return (
-                f"{self.width_of(request)} sequence(s) x ({lengths}) exceed the KV pool "
+                f"{self.width_of(request)} sequence(s) {shape} exceed the KV pool "
                 f"({self.policy.pool_slots:,} slots) even with nothing else running"
             )
         if not knobs.enable_chunked_prefill and request.final_len > knobs.max_num_batched_tokens:
@@ -268,7 +281,7 @@ class Engine:
 
     @staticmethod
     def width_of(request: Request) -> int:
-        return max(request.n, request.beam_width)
+        return request.width
 
     def _loop(self):
         idle_steps = 0
@@ -358,7 +371,8 @@ class Engine:
             self._check_progress()
             return 0.0
         duration = self._iteration_duration(decode_batch, decode_context, chunks)
-        copies = self.policy.stats.cow_copies - copies_before
+        copies = self.policy.stats.cow_copies - copies_before + self._copies_pending
+        self._copies_pending = 0
         duration += self.costs.copy_blocks_s(copies) if copies else 0.0
         duration += self.costs.swap_blocks_s(swap_blocks) if swap_blocks else 0.0
         return duration + load_s
@@ -412,6 +426,7 @@ class Engine:
         Returns whether any of those happened (the state changed)."""
         now = self.env.now
         steps = self._iterations_this_step
+        copies_before = self.policy.stats.cow_copies
         self.counters.iterations += steps
         self.counters.output_tokens += steps * self._decoded_seqs
         changed = False
@@ -423,12 +438,13 @@ class Engine:
             if not (state.is_running and state.decoding):
                 continue
             changed = True
-            if self.clock.generated(state) >= state.request.output_len:
-                self._finish(state, now)
+            if self.clock.generated(state) >= state.next_sample_end:
+                self._end_samples(state, now)
             else:
                 self._beam_step(state)
         self._prefill_this_step = []
         self._decoded_seqs = 0
+        self._copies_pending += self.policy.stats.cow_copies - copies_before
         return changed
 
     def _start_decoding(self, state: RequestState) -> None:
@@ -438,7 +454,9 @@ class Engine:
             state.record.first_token_s = self.env.now
         if len(state.seq_ids) < state.width:
             self._release_unforked(state)
-            self._fork(state, state.seq_ids[0], state.width - len(state.seq_ids))
+            # Sample i (i >= 1) runs to its own length: the children take entries 1.. of sample_lens.
+            final_lens = [state.final_len_of(index) for index in range(len(state.seq_ids), state.width)]
+            self._fork(state, [(state.seq_ids[0], final_lens)])
             if not state.is_running:
                 return  # the fork did not fit: the request was preempted
         for seq_id in list(state.seq_ids):
@@ -454,46 +472,87 @@ class Engine:
     def _next_beam_due(self, state: RequestState) -> int:
         if state.request.beam_width <= 1:
             return NEVER
-        return self.clock.now + self._draw_beam_interval()
+        return self.clock.now + self._draw_beam_interval(len(state.seq_ids))
 
-    def _draw_beam_interval(self) -> int:
-        probability = self.knobs.beam_divergence_prob
-        return int(self.rng.geometric(probability)) if probability > 0 else 1 << 62
+    def _draw_beam_interval(self, width: int) -> int:
+        """Decode steps to the next step at which some beam is replaced: each of ``width`` beams is,
+        independently, with probability q per step, so a step replaces one or more with probability
+        ``1 - (1 - q)^width``."""
+        q = self.knobs.beam_reparent_prob
+        if q <= 0:
+            return NEVER
+        return int(self.rng.geometric(1.0 - (1.0 - q) ** width))
 
-    def _fork(self, state: RequestState, parent: int, count: int) -> None:
-        """Add ``count`` children of ``parent`` to the request; if they do not fit, the request itself
-        is preempted (a simplification: vLLM V0 would preempt the newest request first)."""
-        final_len = state.request.final_len
-        children = []
-        for _ in range(count):
-            children.append(ChildSpec(self._new_seq_id(), final_len, self._next_child_stream))
-            self._next_child_stream -= 1
+    def _fork(self, state: RequestState, forks: list[tuple[int, list[int]]]) -> None:
+        """Add children to the request: for each ``(parent, final lengths)``, one child of ``parent``
+        per length. If they do not all fit, the request itself is preempted (a simplification: vLLM
+        V0 would preempt the newest request first)."""
+        planned: list[tuple[int, list[ChildSpec]]] = []
+        for parent, final_lens in forks:
+            children = []
+            for final_len in final_lens:
+                children.append(ChildSpec(self._new_seq_id(), final_len, self._next_child_stream))
+                self._next_child_stream -= 1
+            planned.append((parent, children))
+        forked: list[int] = []
         try:
-            self.policy.fork(parent, children)
+            for parent, children in planned:
+                self.policy.fork(parent, children)
+                forked.extend(child.seq_id for child in children)
         except OutOfKVMemory:
+            for seq_id in forked:
+                self.policy.free(seq_id)
             if len(self.running) == 1:
-                # Alone in the pool and still no room: retrying could never succeed.
-                self._leave_running(state)
-                for seq_id in state.seq_ids:
-                    self.policy.free(seq_id)
-                state.seq_ids = []
-                self._reject(state, f"its {state.width} samples/beams do not fit in the KV pool even alone")
+                self._reject_alone(state, self.clock.now)
                 return
             self._preempt(state, self.clock.now)
             return
-        state.seq_ids.extend(child.seq_id for child in children)
-        self._running_seqs += len(children)
+        state.seq_ids.extend(forked)
+        self._running_seqs += len(forked)
 
     def _beam_step(self, state: RequestState) -> None:
-        """One beam falls behind: it is freed and a surviving beam is forked to keep the width."""
+        """Some beams fall out of the top ``width``: each is freed and replaced by a fork of a
+        surviving beam (its blocks shared, its partly filled tail copied on the next write)."""
         self.clock.leave(state, self.clock.now)
-        pruned = state.seq_ids.pop(int(self.rng.integers(len(state.seq_ids))))
-        self.policy.free(pruned)
-        self._running_seqs -= 1
-        survivor = state.seq_ids[int(self.rng.integers(len(state.seq_ids)))]
-        self._fork(state, survivor, 1)
+        width = len(state.seq_ids)
+        replaced = self._draw_replaced_beams(width)
+        survivors = [seq for index, seq in enumerate(state.seq_ids) if index not in replaced]
+        parents = self.rng.choice(len(survivors), len(replaced)).tolist()
+        for index in sorted(replaced, reverse=True):
+            self.policy.free(state.seq_ids.pop(index))
+        self._running_seqs -= len(replaced)
+        final_len = state.final_len_of(0)  # beams all run to the request's length
+        children_of: dict[int, list[int]] = {}
+        for parent in parents:
+            children_of.setdefault(survivors[parent], []).append(final_len)
+        self._fork(state, list(children_of.items()))
         if state.is_running:
             self.clock.enter(state, beam_due=self._next_beam_due(state))
+
+    def _draw_replaced_beams(self, width: int) -> set[int]:
+        """Which beams a beam step replaces: each independently with probability q, given that at
+        least one is; at most ``width - 1``, since the best candidates all continuing one beam leave
+        that beam in place."""
+        q = self.knobs.beam_reparent_prob
+        counts = np.arange(1, width + 1)
+        weights = np.array([math.comb(width, k) for k in counts]) * q**counts * (1 - q) ** (width - counts)
+        count = min(int(self.rng.choice(counts, p=weights / weights.sum())), width - 1)
+        return set(self.rng.choice(width, count, replace=False).tolist())
+
+    def _end_samples(self, state: RequestState, now: float) -> None:
+        """Samples that generated their last token stop and free their blocks (blocks they share stay
+        with the others); the request finishes with its last sample."""
+        generated = self.clock.generated(state)
+        if max(state.sample_lens) <= generated:
+            self._finish(state, now)
+            return
+        self.clock.leave(state, self.clock.now)
+        ending = [index for index, length in enumerate(state.sample_lens) if length <= generated]
+        for index in reversed(ending):
+            self.policy.free(state.seq_ids.pop(index))
+            state.sample_lens.pop(index)
+        self._running_seqs -= len(ending)
+        self.clock.enter(state, beam_due=state.beam_due)
 
     # ----------------------------------------------------------------------------------- growth/OOM
     def _decode_growth(self) -> tuple[bool, int]:
@@ -555,6 +614,11 @@ class Engine:
                 return outcome
             except OutOfKVMemory:
                 victim = self.running[-1]
+                if victim is state and len(self.running) == 1:
+                    # Its samples/beams outgrow the pool with nothing else in it (whole blocks each
+                    # can exceed the tokens checked on arrival): a rejection, not a preemption.
+                    self._reject_alone(state, victims_at)
+                    return outcome
                 outcome = max(outcome, 1) + self._preempt(victim, victims_at)
                 if victim is state:
                     return outcome
@@ -568,7 +632,7 @@ class Engine:
         self._leave_running(state)
         swapped_blocks = 0
         held = sum(self.policy.seq_len(s) for s in state.seq_ids)
-        single = state.width == 1
+        single = self.width_of(state.request) == 1
         if self.knobs.preemption_mode == "swap" and single and self._host_room() >= held:
             swapped_blocks = -(-held // self.block_size)
             state.swapped_tokens = held
@@ -583,6 +647,16 @@ class Engine:
         state.prefilled = 0
         self.waiting.appendleft(state)
         return swapped_blocks
+
+    def _reject_alone(self, state: RequestState, at_clock: int) -> None:
+        """Alone in the pool and still no room for its samples/beams: retrying could never succeed."""
+        if state.decoding:
+            self.clock.leave(state, at_clock)
+        self._leave_running(state)
+        for seq_id in state.seq_ids:
+            self.policy.free(seq_id)
+        state.seq_ids = []
+        self._reject(state, f"its {state.width} samples/beams do not fit in the KV pool even alone")
 
     def _host_room(self) -> int:
         return self.knobs.swap_space_blocks * self.block_size - self._host_tokens_used
@@ -605,7 +679,7 @@ class Engine:
                 self._admission_stop = HEAD_STUCK
                 return budget, swap_in_blocks
             content = self._content_on_admission(state)
-            final_len = state.request.final_len
+            final_len = state.final_len_of(0)
             if (
                 not self.knobs.enable_chunked_prefill
                 and not state.swapped_tokens
@@ -656,7 +730,7 @@ class Engine:
 
     def _content_on_admission(self, state: RequestState) -> TokenContent:
         request = state.request
-        if state.generated and state.width == 1:
+        if state.generated and self.width_of(request) == 1:
             # Recompute (or swap-in) restores what the request had generated as part of its prompt.
             return request.prompt + ((request.output_content_id, state.generated),)
         return request.prompt
@@ -736,7 +810,7 @@ class Engine:
         state = self.waiting[0]
         if self._running_seqs + self._unforked_seqs + state.width > self.knobs.max_num_seqs:
             return MAX_NUM_SEQS
-        if not self._fits_watermark(self._content_on_admission(state), state.request.final_len):
+        if not self._fits_watermark(self._content_on_admission(state), state.final_len_of(0)):
             return KV_MEMORY
         return TOKEN_BUDGET
 

@@ -98,6 +98,7 @@ class RequestRecord:
     output_tokens: int
     n: int
     beam_width: int
+    sample_output_tokens: int  # all its samples/beams together
     admitted_s: float = float("nan")
     first_token_s: float = float("nan")
     finish_s: float = float("nan")

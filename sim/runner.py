@@ -492,7 +492,7 @@ def _make_engine(
         swap_space_blocks=int(engine_config.swap_space * GIB // block_bytes),
         watermark=engine_config.watermark,
         on_oom=engine_config.on_oom,
-        beam_divergence_prob=engine_config.beam_divergence_prob,
+        beam_reparent_prob=engine_config.beam_reparent_prob,
         step_mode=engine_config.step_mode,
     )
     return Engine(
@@ -600,7 +600,7 @@ def _run_cluster(
 REPLICA_TIMESERIES = "replica_timeseries"  # a cluster variant's per-replica series, beside timeseries
 
 # The per-request columns a summary needs (read back alone from a streamed file).
-SUMMARY_REQUEST_COLUMNS = ["outcome", "n", "beam_width", "output_tokens", "ttft_s", "tpot_s", "e2e_s"]
+SUMMARY_REQUEST_COLUMNS = ["outcome", "sample_output_tokens", "ttft_s", "tpot_s", "e2e_s"]
 
 
 def pin_prefixes(policy: KVCachePolicy, prefixes: list[TokenContent]) -> int:
@@ -632,8 +632,7 @@ def summarize(
     simulated_s = float(engine.env.now)
     finished = requests[requests["outcome"] == "finished"]
     stats = engine.policy.stats
-    widths = finished[["n", "beam_width"]].max(axis=1) if len(finished) else pd.Series(dtype=float)
-    output_tokens = float((finished["output_tokens"] * widths).sum()) if len(finished) else 0.0
+    output_tokens = float(finished["sample_output_tokens"].sum()) if len(finished) else 0.0
     summary: dict[str, Any] = {
         "variant": variant.name,
         "policy": policy_name,

@@ -230,10 +230,23 @@ def random_requests(seed: int, count: int, gap: float = 0.4, forks: bool = True)
     for i, arrival in enumerate(arrivals):
         shared = ((1, int(rng.integers(0, 40))),) if rng.random() < 0.5 else ()
         prompt = shared + ((100 + i, int(rng.integers(1, 60))),)
-        n = int(rng.choice([1, 1, 1, 2])) if forks else 1
+        n = int(rng.choice([1, 1, 1, 2, 3])) if forks else 1
         beam_width = int(rng.choice([1, 1, 1, 3])) if n == 1 and forks else 1
         output_len = int(rng.integers(1, 50))
-        out.append(request(i, float(arrival), 0, output_len, prompt=prompt, n=n, beam_width=beam_width))
+        # Samples stop independently (sample 0 runs output_len); beams all run to output_len.
+        samples = (output_len, *rng.integers(1, 50, n - 1).tolist()) if n > 1 else ()
+        out.append(
+            request(
+                i,
+                float(arrival),
+                0,
+                output_len,
+                prompt=prompt,
+                n=n,
+                beam_width=beam_width,
+                sample_output_lens=samples,
+            )
+        )
     return out
 
 
@@ -251,23 +264,19 @@ POLICIES = [
 # Each scenario drives some fast path of event skipping: a roomy pool (decode jumps that take blocks
 # inside them), a small token budget (chunked-prefill jumps), a tight pool (jumps that must stop at
 # flushes, preemptions), swapping, a watermark, failures at admission, prompts that cannot be chunked.
-# Tight pools run without samples and beams: a beam group that fits the pool in tokens but not in
-# blocks preempts itself until the engine stalls, in both step modes (a limit of admission checks).
+# Samples (stopping independently) and beams run in every scenario; in tight pools a group that fits
+# the pool in tokens but not in whole blocks is rejected once it outgrows the pool alone.
 SCENARIOS = {
     "roomy": (PoolSpec(16 * 60, 16, 160), {}, {}),
     "chunked": (PoolSpec(16 * 40, 16, 160), {"max_num_batched_tokens": 24, "max_num_seqs": 8}, {"gap": 0.05}),
-    "tight": (PoolSpec(16 * 10, 16, 160), {}, {"gap": 0.1, "forks": False}),
-    "swap": (
-        PoolSpec(16 * 10, 16, 160),
-        {"preemption_mode": "swap", "swap_space_blocks": 12},
-        {"gap": 0.1, "forks": False},
-    ),
+    "tight": (PoolSpec(16 * 10, 16, 160), {}, {"gap": 0.1}),
+    "swap": (PoolSpec(16 * 10, 16, 160), {"preemption_mode": "swap", "swap_space_blocks": 12}, {"gap": 0.1}),
     "watermark": (PoolSpec(16 * 24, 16, 160), {"watermark": 0.1}, {"gap": 0.1}),
-    "fail": (PoolSpec(16 * 10, 16, 160), {"on_oom": "fail"}, {"gap": 0.1, "forks": False}),
+    "fail": (PoolSpec(16 * 10, 16, 160), {"on_oom": "fail"}, {"gap": 0.1}),
     "unchunked": (
         PoolSpec(16 * 30, 16, 256),
         {"max_num_batched_tokens": 200, "enable_chunked_prefill": False},
-        {"gap": 0.1, "forks": False},
+        {"gap": 0.1},
     ),
 }
 
@@ -339,7 +348,7 @@ def test_event_skipping_equals_single_stepping(policy, options, scenario, seed, 
             mode,
             costs=EQUIVALENCE_COSTS,
             options=options,
-            beam_divergence_prob=0.2,
+            beam_reparent_prob=0.2,
             **knobs,
         )
         for mode in ("single", "skip")
@@ -378,7 +387,7 @@ def test_same_seed_same_results():
 
 def test_beam_search_prunes_and_forks_through_the_policy():
     pool = PoolSpec(16 * 64, 16, 256)
-    engine = run("prefix", pool, [request(0, 0.0, 40, 60, beam_width=4)], beam_divergence_prob=0.3)
+    engine = run("prefix", pool, [request(0, 0.0, 40, 60, beam_width=4)], beam_reparent_prob=0.3)
     record = engine.records[0]
     assert record.outcome == "finished"
     # Each beam decision frees one beam and forks a survivor, whose partly filled tail is then copied.

@@ -165,6 +165,7 @@ def test_steady_window_by_hand():
             "preemptions": [0, 0, 1, 0, 0, 0, 2, 0, 0, 0],
             "outcome": ["finished"] * 9 + ["rejected"],
             "output_tokens": [10] * 10,
+            "sample_output_tokens": [10] * 10,
             "n": [1] * 10,
             "beam_width": [1] * 10,
         }

@@ -62,6 +62,8 @@ def test_summary_of_a_hand_made_table():
             "n": [1, 2, 1, 1, 1, 1, 1],
             "beam_width": [1, 1, 3, 1, 1, 1, 1],
             "output_tokens": [10, 5, 4, 1, 7, 7, 7],
+            # all samples/beams together (here every sample runs output_tokens): output x width
+            "sample_output_tokens": [10, 10, 12, 1, 7, 7, 7],
             "ttft_s": [1.0, 2.0, 4.0, 3.0, NAN, NAN, 0.5],
             "tpot_s": [0.5, 0.25, 1.0, NAN, NAN, NAN, 9.0],
             "e2e_s": [6.0, 3.0, 7.0, 3.0, NAN, NAN, NAN],
@@ -129,6 +131,7 @@ def test_summary_with_nothing_finished_and_no_prefix_queries():
             "n": [1, 1],
             "beam_width": [1, 1],
             "output_tokens": [3, 3],
+            "sample_output_tokens": [3, 3],
             "ttft_s": [NAN, 1.0],
             "tpot_s": [NAN, NAN],
             "e2e_s": [NAN, NAN],
@@ -294,7 +297,7 @@ def test_every_engine_knob_reaches_the_engine(monkeypatch):
         "swap_space": 1.5,
         "watermark": 0.02,
         "on_oom": "fail",
-        "beam_divergence_prob": 0.3,
+        "beam_reparent_prob": 0.3,
         "step_mode": "single",
         "kv_cache_dtype": "fp8",
     }
@@ -310,7 +313,7 @@ def test_every_engine_knob_reaches_the_engine(monkeypatch):
         swap_space_blocks=768,
         watermark=0.02,
         on_oom="fail",
-        beam_divergence_prob=0.3,
+        beam_reparent_prob=0.3,
         step_mode="single",
     )
     assert (built["seed"], built["block_size"]) == (11, 32)

@@ -477,3 +477,24 @@ def test_warnings_are_not_raised_for_clean_files() -> None:
         warnings.simplefilter("error")
         replay(mooncake())
         replay(azure())
+
+
+def test_trace_samples_spread_lognormally_around_the_traced_length() -> None:
+    """n = 3 on the Mooncake fixture: sample 0 keeps the traced output length; samples 1 and 2 are
+    the traced length times exp(0.5 Z): their log ratio to it has mean ~0 and sd ~0.5 (rounding to
+    whole tokens adds little on lengths of 100+ tokens). sigma 0 and `identical` keep the trace."""
+    requests = replay(mooncake(n=3, sample_length_sigma=0.5))
+    traced = replay(mooncake())
+    assert [r.output_len for r in requests] == [r.output_len for r in traced]
+    assert all(r.sample_output_lens[0] == r.output_len for r in requests)
+    ratios = np.array(
+        [np.log(np.array(r.sample_output_lens[1:]) / r.output_len) for r in requests if r.output_len >= 100]
+    ).ravel()
+    assert len(ratios) > 200
+    assert ratios.mean() == pytest.approx(0.0, abs=0.08)
+    assert ratios.std() == pytest.approx(0.5, rel=0.12)
+    flat = replay(mooncake(n=3, sample_length_sigma=0.0))
+    assert all(set(r.sample_output_lens) == {r.output_len} for r in flat)
+    assert all(r.sample_output_lens == () for r in replay(mooncake(n=3, sample_lengths="identical")))
+    capped = replay(mooncake(n=3, max_model_len=8192))
+    assert max(r.final_len for r in capped) <= 8192

@@ -59,7 +59,7 @@ def test_every_validation_yaml_loads(claims):
     paths = sorted(CONFIGS.glob("*.yaml"))
     assert len(paths) == len(claims) >= 13
     numbers = {claim.spec.number for claim in claims.values()}
-    assert {"1", "2", "3", "4", "5", "6", "7", "8", "9a", "9b", "9c", "9d", "cap"} <= numbers
+    assert {"1", "2", "3", "4", "5", "6", "7", "8", "9a", "9b", "9c", "9d", "10", "cap"} <= numbers
     for claim in claims.values():
         assert claim.path.stem == claim.name
         for target in claim.spec.targets:
@@ -70,7 +70,7 @@ def test_every_validation_yaml_loads(claims):
 
 def test_claims_run_in_issue_order(claims):
     order = [claim.spec.number for claim in v.load_claims(CONFIGS)]
-    assert order == ["1", "2", "3", "4", "5", "6", "7", "8", "9a", "9b", "9c", "9d", "c1", "c2", "cap"]
+    assert order == ["1", "2", "3", "4", "5", "6", "7", "8", "9a", "9b", "9c", "9d", "10", "c1", "c2", "cap"]
 
 
 def test_select_by_name_and_number():
@@ -288,6 +288,63 @@ def test_claim3_internal_split_matches_the_policy(claims):
     assert rule + rounding == pytest.approx(result.summary["mean_internal_frag_frac"], abs=1e-3)
 
 
+def test_steady_window_and_window_means_by_hand():
+    # Arrivals at 0, 1, ..., 9 s: 20 % warm-up starts the window at the 3rd arrival (2 s); it ends at
+    # the last one (9 s).
+    requests = pd.DataFrame({"arrival_s": [float(t) for t in range(10)]})
+    assert v.steady_window(requests, 0.2) == (2.0, 9.0)
+    # used 0 on [0, 4) and 10 on [4, 10) (rows at equal values: no slope inside an interval);
+    # waiting from 6 s. Window [2, 9]: used = 10 x 5 / 7, waiting share 3 / 7.
+    series = pd.DataFrame(
+        {
+            "time_s": [0.0, 4.0, 4.0, 6.0, 10.0],
+            "used_tokens": [0, 0, 10, 10, 10],
+            "num_requests_running": [0, 1, 1, 1, 1],
+            "num_requests_waiting": [0, 0, 0, 1, 1],
+        }
+    )
+    for category in ("reserved", "internal_fragmentation", "external_fragmentation", "cached", "free"):
+        series[f"{category}_tokens"] = 0
+    means = v.window_means(series, 100, 2.0, 9.0)
+    assert means["window_s"] == 7.0
+    assert means["used"] == pytest.approx(10 * 5 / 7 / 100)
+    assert means["running"] == pytest.approx(5 / 7)
+    assert means["waiting_share"] == pytest.approx(3 / 7)
+
+
+def test_max_closed_form_and_its_inversion_by_hand():
+    from sim.validation.checks_vllm import invert_max_column, max_closed_form
+
+    # Two requests (p, o) = (100, 200) and (300, 400); pool 4096, max_model_len 2048: B = 2.
+    # E[o] = 300, E[o^2] = (40,000 + 160,000) / 2 = 100,000, E[p o] = (20,000 + 120,000) / 2 = 70,000.
+    # used = 2 / 4096 x (70,000 + 50,000) / 300 = 0.1953125; reservation = 2 / 4096 x 100,000 / 600.
+    requests = pd.DataFrame(
+        {"outcome": ["finished", "finished"], "prompt_tokens": [100, 300], "output_tokens": [200, 400]}
+    )
+    closed = max_closed_form(requests, 4096, 2048)
+    assert closed["batch"] == 2
+    assert closed["used"] == pytest.approx(2 / 4096 * 120_000 / 300)
+    assert closed["reservation"] == pytest.approx(2 / 4096 * 100_000 / 600)
+    # The paper's Max column (20.4 %, 13.3 %), pool 15,728, 7 running, E[o] = 337.99:
+    # E[o^2]/E[o] = 2 x 0.133 x 15,728 / 7 = 597.66; CV = sqrt(597.66 / 337.99 - 1) = 0.8765;
+    # E[p o]/E[o] = 0.071 x 15,728 / 7 = 1,116.688 / 7 = 159.527.
+    implied = invert_max_column(0.204, 0.133, 7, 15_728, 337.99)
+    assert implied["e_o2_over_e_o"] == pytest.approx(597.664, abs=1e-3)
+    assert implied["cv_o"] == pytest.approx(0.8765, abs=1e-4)
+    assert implied["e_po_over_e_o"] == pytest.approx(159.527, abs=1e-3)
+
+
+def test_claim3_max_matches_its_closed_form_at_saturation(fast_results):
+    table = fast_results["vllm-fig2-memory-shares"].output.tables["shares_vs_rate"]
+    row = table[table.variant == "contiguous-max"].iloc[0]
+    assert row.waiting_share == pytest.approx(1.0) and row.mean_running == pytest.approx(7.0)
+    # The closed form leaves out the prefill iteration and admission gaps, and averages over every
+    # finished request, while the fast run's 80 s window sees a few dozen (the full run agrees within
+    # 0.3 pp): within 2 pp.
+    assert row.token_states == pytest.approx(row.closed_form_used, abs=0.02)
+    assert row.reservation == pytest.approx(row.closed_form_reservation, abs=0.02)
+
+
 def test_saturated_means_follow_the_recorder(claims):
     claim = claims["vllm-fig13-max-cap"]
     config = claim.config("offline-batch", {"workload": {"num_requests": 20}}, fast=True)
@@ -318,6 +375,37 @@ def test_claim6_prealloc_vs_paged(fast_results):
     assert value(result, "paged_token_share") > 0.8
     # Paging is memory-bound at ~2048 / (live length + tail) times the preallocated batch.
     assert value(result, "concurrency_ratio") > 2.5
+
+
+def test_claim10_fig15_sharing_rises_with_width(fast_results):
+    result = fast_results["vllm-fig15-sharing"]
+    table = result.output.tables["saving"]
+    assert set(table.q.dropna()) == {0.15}  # the fast sweep: one q, which is then the fit
+    sampling = [value(result, f"sampling@{w}") for w in (2, 4, 6)]
+    beams = [value(result, f"beam@{w}") for w in (2, 4, 6)]
+    # More samples or beams share the prompt (and beams their common history) more ways.
+    assert sampling == sorted(sampling) and beams == sorted(beams)
+    # Samples share only the ~19-token prompt (about one block) out of ~80 tokens each: well under
+    # half of the beams' saving, which also shares generated history.
+    assert all(0 < s < 0.2 and b > 2 * s for s, b in zip(sampling, beams, strict=True))
+    # Samples stopping together share the prompt n ways until the request ends; stopping
+    # independently, fewer samples share it as they finish: the saving is smaller.
+    table = table.set_index(["mode", "width"])
+    for width in (2, 4, 6):
+        together = table.loc[("sampling (identical lengths)", width), "saved"]
+        assert together > table.loc[("sampling (independent lengths)", width), "saved"]
+
+
+def test_claim6_partial_load_ratio_equals_the_share_ratio(fast_results):
+    result = fast_results["seed003-prealloc-vs-paged"]
+    (row,) = result.output.tables["partial_load"].itertuples()
+    assert row.rate == 14
+    # Preallocation saturates first: its batch is floor(pool / 2048) = 22 with a request waiting.
+    assert row.prealloc_running == pytest.approx(22, abs=0.5) and row.prealloc_waiting_share > 0.9
+    # Under one load both serve the same requests, so the live tokens per running request agree and
+    # the concurrency ratio is the token-share ratio (up to which requests are live in the window).
+    assert row.concurrency_ratio == pytest.approx(row.paged_token_share / row.prealloc_token_share, rel=0.05)
+    assert row.paged_running > row.prealloc_running
 
 
 def test_claim8_static_oom(fast_results):

@@ -413,3 +413,33 @@ def test_length_pairs_keep_rows_together() -> None:
             },
             seed=0,
         )
+
+
+def test_parallel_samples_draw_independent_lengths() -> None:
+    """n = 4: sample 0 keeps the request's drawn length, the other three are fresh draws from the
+    same output distribution (exponential, mean 100 tokens: so is their mean); `identical` gives
+    every sample the request's length, and n = 1 streams are the same in both modes."""
+    spec = {"kind": "exponential", "mean": 100}
+    independent = list(make(4, num_requests=3000, n=4, output_len=spec).requests())
+    identical = list(make(4, num_requests=3000, n=4, output_len=spec, sample_lengths="identical").requests())
+    assert [r.output_len for r in independent] == [r.output_len for r in identical]
+    assert all(r.sample_output_lens == () and r.output_lens == (r.output_len,) * 4 for r in identical)
+    assert all(
+        r.sample_output_lens[0] == r.output_len and len(r.sample_output_lens) == 4 for r in independent
+    )
+    others = np.array([r.sample_output_lens[1:] for r in independent], dtype=float)
+    assert others.mean() == pytest.approx(100, rel=0.03)
+    # Independent of sample 0: the correlation of sample 1 with sample 0 is ~0 (3000 pairs: sd 0.018).
+    firsts = np.array([r.output_len for r in independent], dtype=float)
+    assert abs(np.corrcoef(firsts, others[:, 0])[0, 1]) < 0.06
+    assert all(r.final_len == r.prompt_len + max(r.sample_output_lens) for r in independent)
+    # The same seed gives each request the same samples (they do not depend on the order of draws).
+    again = list(make(4, num_requests=3000, n=4, output_len=spec).requests())
+    assert [r.sample_output_lens for r in again] == [r.sample_output_lens for r in independent]
+    single = list(make(4, num_requests=50, output_len=spec).requests())
+    assert single == list(make(4, num_requests=50, output_len=spec, sample_lengths="identical").requests())
+
+
+def test_beams_all_run_to_the_request_length() -> None:
+    requests = list(make(2, num_requests=20, n=1, beam_width=4).requests())
+    assert all(r.sample_output_lens == () and r.output_lens == (r.output_len,) * 4 for r in requests)

@@ -37,6 +37,9 @@ from pydantic import (
 # --------------------------------------------------------------------------------------------------
 
 
+SampleLengths = Literal["independent", "identical"]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -304,6 +307,11 @@ class SyntheticWorkloadConfig(_Model):
     multi_turn: MultiTurnConfig | None = Field(None, description="Multi-turn conversations.")
     n: LengthSpec = Field(1, description="Parallel samples per request (OpenAI/vLLM `n`).")
     beam_width: LengthSpec = Field(1, description="Beam width per request (1 = no beam search).")
+    sample_lengths: SampleLengths = Field(
+        "independent",
+        description="With n > 1: independent (each sample's output length drawn from `output_len`; "
+        "sample 0 keeps the request's) or identical (every sample generates the same length).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SyntheticWorkloadConfig:
@@ -494,6 +502,17 @@ class TraceWorkloadConfig(_Model):
     )
     n: LengthSpec = Field(1, description="Parallel samples per request.")
     beam_width: LengthSpec = Field(1, description="Beam width per request.")
+    sample_lengths: SampleLengths = Field(
+        "independent",
+        description="With n > 1: independent (sample 0 keeps the traced length, the others spread "
+        "around it, see sample_length_sigma) or identical (every sample generates the traced length).",
+    )
+    sample_length_sigma: NonNegativeFloat = Field(
+        0.5,
+        description="Independent samples of a trace request: each other sample's length is the traced "
+        "length times exp(sigma * Z), Z standard normal (a lognormal whose median is the traced length; "
+        "0.5: half the samples within about x0.7..x1.4 of it). An assumption, not a measurement.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TraceWorkloadConfig:

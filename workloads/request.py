@@ -14,7 +14,8 @@ class Request:
     ``prompt`` is token content as segments ``(content_id, length)`` (see ``policies.base``): two
     requests share exactly the tokens whose segments name the same stream at the same offsets.
     ``output_content_id`` names the stream the request generates, so a later conversation turn can
-    put that same stream in its prompt and hit the cached blocks of this turn's answer.
+    put that same stream in its prompt and hit the cached blocks of this turn's answer (sample 0's,
+    when there are several).
     """
 
     request_id: int
@@ -25,6 +26,24 @@ class Request:
     n: int = 1  # parallel samples (OpenAI/vLLM `n`)
     beam_width: int = 1  # beam search width (1 = no beam search)
     session_id: int | None = None  # conversation / user, when the source has one
+    # Output length of each parallel sample when they differ (``n`` entries, sample 0 first, whose
+    # length is ``output_len``); empty: every sample/beam generates ``output_len`` tokens.
+    sample_output_lens: tuple[int, ...] = ()
+
+    @property
+    def width(self) -> int:
+        """Sequences the request runs once forked: samples or beams."""
+        return max(self.n, self.beam_width)
+
+    @property
+    def output_lens(self) -> tuple[int, ...]:
+        """Tokens each sample/beam generates (``width`` entries, sample 0 first)."""
+        return self.sample_output_lens or (self.output_len,) * self.width
+
+    @property
+    def longest_output_len(self) -> int:
+        """Tokens of its longest sample: the request's decode steps."""
+        return max(self.sample_output_lens) if self.sample_output_lens else self.output_len
 
     @property
     def prompt_len(self) -> int:
@@ -32,4 +51,5 @@ class Request:
 
     @property
     def final_len(self) -> int:
-        return self.prompt_len + self.output_len
+        """Prompt plus its longest sample: the longest sequence it runs."""
+        return self.prompt_len + self.longest_output_len

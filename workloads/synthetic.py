@@ -30,6 +30,7 @@ from workloads.config import (
 from workloads.content import OUTPUT_SLOT, PROMPT_SLOT, ContentIds
 from workloads.distributions import Draws, Sampler, load_column, zipf_probabilities
 from workloads.request import Request
+from workloads.samples import with_sample_lengths
 
 # Seed tags: one Generator per quantity, each seeded with (seed, tag).
 _TAG_STRUCTURE, _TAG_ARRIVALS = 1, 2
@@ -241,8 +242,8 @@ class SyntheticWorkload(Workload):
         segments.append((ContentIds.for_request(request_id, PROMPT_SLOT), prompt_len))
         return tuple(segments)
 
-    @staticmethod
     def _request(
+        self,
         request_id: int,
         arrival_s: float,
         prompt: TokenContent,
@@ -251,7 +252,7 @@ class SyntheticWorkload(Workload):
         beam_width: int,
         session_id: int | None,
     ) -> Request:
-        return Request(
+        request = Request(
             request_id=request_id,
             arrival_s=arrival_s,
             prompt=prompt,
@@ -261,6 +262,14 @@ class SyntheticWorkload(Workload):
             beam_width=beam_width,
             session_id=session_id,
         )
+        if self.config.sample_lengths == "identical":
+            return request
+        return with_sample_lengths(request, self._other_sample_lengths, self.seed)
+
+    def _other_sample_lengths(self, rng: np.random.Generator, count: int) -> list[int]:
+        """Independent samples draw their lengths from the workload's output distribution (with
+        ``length_pairs``: from its output column, independently of the prompt)."""
+        return self._samplers["output_len"].sample(rng, count).tolist()
 
     def _new_request(
         self, draws: _Draws, request_id: int, arrival_s: float, session_id: int | None

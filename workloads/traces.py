@@ -42,6 +42,7 @@ from workloads.config import (
 from workloads.content import OUTPUT_SLOT, PROMPT_SLOT, ContentIds, hash_prompt
 from workloads.distributions import Draws, Sampler
 from workloads.request import Request
+from workloads.samples import lognormal_spread, with_sample_lengths
 
 _PER_S = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 _TAG_SAMPLE, _TAG_ARRIVALS, _TAG_SHUFFLE, _TAG_SPREAD, _TAG_N, _TAG_BEAM = 21, 22, 23, 24, 25, 26
@@ -748,6 +749,7 @@ class TraceWorkload(Workload):
                 beam_width=beam_draws.next_int(),
                 session_id=session_id,
             )
+            request = self._with_sample_lengths(request)
             if extend and session_id is not None:
                 contexts[session_id] = request
             counts.add("requests")
@@ -755,6 +757,20 @@ class TraceWorkload(Workload):
             yield request, row
         if request_id == 0:
             raise TraceError(f"no requests left to replay ({self._why_empty(counts)})", self.path)
+
+    def _with_sample_lengths(self, request: Request) -> Request:
+        """Samples 1..n-1 spread around the traced length (``sample_length_sigma``), within
+        ``max_model_len`` when one is set."""
+        cfg = self.config
+        if cfg.sample_lengths == "identical":
+            return request
+        cap = (cfg.max_model_len or 1 << 62) - request.prompt_len
+        traced = request.output_len
+
+        def other_lengths(rng: np.random.Generator, count: int) -> list[int]:
+            return lognormal_spread(traced, cfg.sample_length_sigma, rng, count, max(cap, 1))
+
+        return with_sample_lengths(request, other_lengths, self.seed)
 
     @staticmethod
     def _why_empty(counts: RowCounts) -> str:

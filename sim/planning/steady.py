@@ -80,17 +80,16 @@ def _rates(requests: pd.DataFrame, inside: pd.DataFrame, start: float, end: floa
     count = len(inside)
     finished = requests[requests["outcome"] == "finished"]
     done_inside = finished[(finished["finish_s"] >= start) & (finished["finish_s"] <= end)]
-    widths = done_inside[["n", "beam_width"]].max(axis=1)
     window_finished = inside[inside["outcome"] == "finished"]
-    window_widths = window_finished[["n", "beam_width"]].max(axis=1)
     return {
         "window_s": duration,
         "arrival_rate_per_s": count / duration if duration > 0 else None,
         "completion_rate_per_s": len(done_inside) / duration if duration > 0 else None,
-        "output_tokens_per_s": float((done_inside["output_tokens"] * widths).sum()) / duration
+        # sample_output_tokens: all samples/beams of a request (samples may stop at different lengths)
+        "output_tokens_per_s": float(done_inside["sample_output_tokens"].sum()) / duration
         if duration > 0
         else None,
-        "output_tokens_per_request": float((window_finished["output_tokens"] * window_widths).mean())
+        "output_tokens_per_request": float(window_finished["sample_output_tokens"].mean())
         if len(window_finished)
         else None,
         "preemptions_per_request": float(inside["preemptions"].sum()) / count if count else None,

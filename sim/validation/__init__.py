@@ -34,7 +34,14 @@ from sim.validation.judging import (
 )
 from sim.validation.registry import CHECKS, Check, CheckOutput, Measured, RunContext, register_check
 from sim.validation.report import run_validation
-from sim.validation.runs import contiguous_internal_split, interval_frame, run_config, saturated_means
+from sim.validation.runs import (
+    contiguous_internal_split,
+    interval_frame,
+    run_config,
+    saturated_means,
+    steady_window,
+    window_means,
+)
 
 __all__ = [
     "CHECKS",
@@ -63,5 +70,7 @@ __all__ = [
     "run_config",
     "run_validation",
     "saturated_means",
+    "steady_window",
     "tail_waste",
+    "window_means",
 ]

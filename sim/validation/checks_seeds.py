@@ -17,7 +17,17 @@ from sim.gpus import resolve_gpu
 from sim.models import resolve_model
 from sim.validation.claims import Claim, _Strict
 from sim.validation.registry import CheckOutput, Measured, RunContext, register_check
-from sim.validation.runs import GB, GiB, _pyplot, block_waste, describe_lengths, run_config, saturated_means
+from sim.validation.runs import (
+    GB,
+    GiB,
+    _pyplot,
+    block_waste,
+    describe_lengths,
+    run_config,
+    saturated_means,
+    steady_window,
+    window_means,
+)
 
 # -- claim 5: 7B KV product --------------------------------------------------------------------------
 
@@ -130,6 +140,9 @@ def check_tail_waste(claim: Claim, context: RunContext) -> CheckOutput:
 class PreallocParams(_Strict):
     prealloc_variant: str
     paged_variant: str
+    rates: list[float] = Field(min_length=1, description="Poisson rates of the partial-load sweep (req/s).")
+    fast_rates: list[float] = Field(min_length=1)
+    warmup_fraction: float = Field(0.2, ge=0, lt=1, description="Steady-state window start (see claim 3).")
 
 
 @register_check("prealloc_vs_paged", PreallocParams, needs_experiment=True)
@@ -155,15 +168,84 @@ def check_prealloc(claim: Claim, context: RunContext) -> CheckOutput:
             f"{m['free']:.1%}; batch {m['running']:.1f} (saturated intervals)"
         )
 
+    table = _prealloc_load_sweep(claim, context, params)
+    output.tables["partial_load"] = table
+    targets = {t.id: t for t in claim.spec.targets}
+
+    def holding(target_id: str) -> list[float]:
+        target = targets[target_id]
+        assert target.tolerance is not None and target.expected is not None
+        return [
+            r.rate
+            for r in table.itertuples()
+            if target.tolerance.accepts(target.expected, getattr(r, target_id))
+        ]
+
+    def rates_text(rates: list[float]) -> str:
+        return ", ".join(f"{r:g}" for r in rates) + " req/s" if rates else "none of the swept rates"
+
+    sweep = "; ".join(
+        f"{r.rate:g}: {r.prealloc_token_share:.1%} / {r.paged_token_share:.1%} / {r.concurrency_ratio:.2f}×"
+        for r in table.itertuples()
+    )
+    loads = {t: holding(t) for t in ("prealloc_token_share", "paged_token_share", "concurrency_ratio")}
+    output.notes.append(
+        "Steady state under Poisson load (req/s: preallocated share / paged share / concurrency ratio): "
+        f"{sweep}."
+    )
     both = f"{describe(params.prealloc_variant)}. {describe(params.paged_variant)}. Pool {pool:,} slots; {lengths}."
-    output.values["prealloc_token_share"] = Measured(pre["used"], both)
-    output.values["paged_token_share"] = Measured(paged["used"], both)
+    output.values["prealloc_token_share"] = Measured(
+        pre["used"],
+        f"Offline batch: {both} Under load it holds at {rates_text(loads['prealloc_token_share'])}.",
+    )
+    output.values["paged_token_share"] = Measured(
+        paged["used"],
+        f"Offline batch: {both} Under load it holds at {rates_text(loads['paged_token_share'])}.",
+    )
     output.values["concurrency_ratio"] = Measured(
         paged["running"] / pre["running"],
-        f"batch {paged['running']:.1f} paged vs {pre['running']:.1f} preallocated "
-        f"(floor({pool:,}/2048) = {pool // 2048}). {lengths}.",
+        f"Offline batch: batch {paged['running']:.1f} paged vs {pre['running']:.1f} preallocated "
+        f"(floor({pool:,}/2048) = {pool // 2048}). Under load it holds at "
+        f"{rates_text(loads['concurrency_ratio'])}. {lengths}.",
+    )
+    together = sorted(set.intersection(*(set(rates) for rates in loads.values())))
+    closest = table.iloc[int((table.paged_token_share - 0.6).abs().idxmin())]
+    output.values["partial/all_hold"] = Measured(
+        float(len(together)),
+        f"All three parts hold together at {rates_text(together)}. Nearest (paged share closest to "
+        f"60 %): {closest.rate:g} req/s, "
+        f"{closest.prealloc_token_share:.1%} / {closest.paged_token_share:.1%} / "
+        f"{closest.concurrency_ratio:.2f}×.",
+        shown=rates_text(together),
     )
     return output
+
+
+def _prealloc_load_sweep(claim: Claim, context: RunContext, params: PreallocParams) -> pd.DataFrame:
+    """Both variants under Poisson load, steady-state window: token shares, batch ratio, and the
+    share of the window each one had a request waiting (1: saturated)."""
+    rows = []
+    for rate in params.fast_rates if context.fast else params.rates:
+        overrides = {"workload": {"arrival": {"kind": "poisson", "rate_per_s": rate}}}
+        results = run_config(claim.config(overrides=overrides, fast=context.fast), claim.path.parent)
+        means = {}
+        for name, result in results.items():
+            window = steady_window(result.requests, params.warmup_fraction)
+            means[name] = window_means(result.timeseries, int(result.summary["kv_pool_tokens"]), *window)
+        pre, paged = means[params.prealloc_variant], means[params.paged_variant]
+        rows.append(
+            {
+                "rate": rate,
+                "prealloc_token_share": pre["used"],
+                "paged_token_share": paged["used"],
+                "concurrency_ratio": paged["running"] / pre["running"],
+                "prealloc_running": pre["running"],
+                "paged_running": paged["running"],
+                "prealloc_waiting_share": pre["waiting_share"],
+                "paged_waiting_share": paged["waiting_share"],
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 # -- claim 8: LLaMA-13B static allocation OOM ---------------------------------------------------------

@@ -71,6 +71,40 @@ def saturated_means(timeseries: pd.DataFrame, pool_tokens: int) -> dict[str, flo
     return result
 
 
+def steady_window(requests: pd.DataFrame, warmup_fraction: float) -> tuple[float, float]:
+    """The steady-state window of an open-loop run: from the arrival of the request at
+    ``warmup_fraction`` of the stream (warm-up dropped) to the last arrival (the drain after it
+    dropped)."""
+    arrivals = np.sort(requests["arrival_s"].to_numpy(dtype=float))
+    start = float(arrivals[min(int(warmup_fraction * len(arrivals)), len(arrivals) - 1)])
+    return start, float(arrivals[-1])
+
+
+def window_means(
+    timeseries: pd.DataFrame, pool_tokens: int, start_s: float, end_s: float
+) -> dict[str, float]:
+    """Time averages over ``[start_s, end_s]``: the six breakdown categories as fractions of the
+    pool, ``running``, and ``waiting_share`` (the share of the window with a request waiting: 1 when
+    the engine stayed saturated)."""
+    frame = interval_frame(timeseries)
+    times = timeseries["time_s"].to_numpy(dtype=float)
+    positive = np.diff(times) > 0  # the intervals interval_frame keeps, in order
+    starts, ends = times[:-1][positive], times[1:][positive]
+    overlap = np.clip(np.minimum(ends, end_s) - np.maximum(starts, start_s), 0.0, None)
+    total = float(overlap.sum())
+    if total <= 0:
+        raise ValueError(f"no recorded time in the window [{start_s:g}, {end_s:g}] s")
+    weights = overlap / total
+    result = {
+        "window_s": total,
+        "running": float((frame["num_requests_running"] * weights).sum()),
+        "waiting_share": float(((frame["num_requests_waiting"] > 0) * weights).sum()),
+    }
+    for category in MemoryBreakdown.CATEGORIES:
+        result[category] = float((frame[f"{category}_tokens"] * weights).sum()) / pool_tokens
+    return result
+
+
 def request_means(requests: pd.DataFrame) -> dict[str, float]:
     total = requests["prompt_tokens"] + requests["output_tokens"]
     return {
@@ -90,14 +124,16 @@ def describe_lengths(requests: pd.DataFrame) -> str:
     )
 
 
-def contiguous_internal_split(result: VariantResult, reservation: str, placement: str) -> tuple[float, float]:
+def contiguous_internal_split(
+    result: VariantResult, reservation: str, placement: str, window: tuple[float, float] | None = None
+) -> tuple[float, float]:
     """Time-averaged slots (as fractions of the pool) of a contiguous policy's internal fragmentation,
     split into the reservation rule's overshoot (``reservation_size - final_len``) and the
     placement's rounding (buddy: ``region - reservation_size``).
 
     Exact from the requests table: a contiguous region lives from admission to finish with a fixed
-    size (growth never fails, so the policy never preempts). The averaging window is the whole run,
-    as the summary's ``mean_*_frac``."""
+    size (growth never fails, so the policy never preempts). The averaging window is ``window``
+    (start, end in s), by default the whole run, as the summary's ``mean_*_frac``."""
     summary = result.summary
     requests = result.requests
     if int(summary["preemptions"]) or (requests[["n", "beam_width"]].max(axis=1) > 1).any():
@@ -105,10 +141,11 @@ def contiguous_internal_split(result: VariantResult, reservation: str, placement
     pool = PoolSpec(int(summary["kv_pool_tokens"]), int(summary["block_size"]), int(summary["max_model_len"]))
     policy = make_policy("contiguous", pool, reservation=reservation, placement=placement)
     assert isinstance(policy, ContiguousPolicy)
-    end_s = float(summary["simulated_s"])
+    run_end_s = float(summary["simulated_s"])
+    start_s, end_s = window if window is not None else (0.0, run_end_s)
     live = requests[requests["admitted_s"].notna()]
-    finish = live["finish_s"].fillna(end_s).to_numpy(dtype=float)
-    lifetime = finish - live["admitted_s"].to_numpy(dtype=float)
+    finish = np.minimum(live["finish_s"].fillna(run_end_s).to_numpy(dtype=float), end_s)
+    lifetime = np.clip(finish - np.maximum(live["admitted_s"].to_numpy(dtype=float), start_s), 0.0, None)
     rule = np.empty(len(live))
     rounding = np.empty(len(live))
     prompts = live["prompt_tokens"].to_numpy(dtype=int)
@@ -118,7 +155,7 @@ def contiguous_internal_split(result: VariantResult, reservation: str, placement
         size = policy.reservation_size(int(prompt), final)
         rule[i] = size - final
         rounding[i] = policy.region_size(size) - size
-    scale = end_s * pool.kv_pool_tokens
+    scale = (end_s - start_s) * pool.kv_pool_tokens
     return float((rule * lifetime).sum() / scale), float((rounding * lifetime).sum() / scale)
 
 

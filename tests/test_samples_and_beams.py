@@ -1,0 +1,193 @@
+"""Parallel samples that stop independently, and the per-beam re-parenting model of beam search."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from policies import PoolSpec, make_policy
+from sim.engine import Engine, EngineKnobs
+from sim.metrics import requests_frame
+from tests.engine_helpers import RoundCostModel, request
+
+
+def run(policy_name, pool, requests, step_mode="skip", costs=None, seed=0, **knobs):
+    engine = Engine(
+        make_policy(policy_name, pool),
+        costs or RoundCostModel(),
+        EngineKnobs(max_model_len=pool.max_model_len, step_mode=step_mode, **knobs),
+        iter(requests),
+        seed=seed,
+        block_size=pool.block_size,
+    )
+    engine.run()
+    return engine
+
+
+def physical_logical_blocks(engine, block_size):
+    """(time, live physical blocks, logical blocks, sequences running) from each instant on (the
+    last row of an instant: rows in between last no time)."""
+    frame = engine.recorder.frame()
+    series: list[tuple] = []
+    for time_s, physical, logical, seqs in frame[
+        ["time_s", "physical_tokens", "logical_tokens", "num_sequences_running"]
+    ].itertuples(index=False):
+        point = (round(time_s, 9), physical // block_size, logical // block_size, seqs)
+        if series and series[-1][0] == point[0]:
+            series.pop()
+        if not series or series[-1][1:] != point[1:]:
+            series.append(point)
+    return series
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_three_samples_of_lengths_2_5_9_free_their_own_blocks_by_hand(step_mode):
+    """1 request, n = 3, sample lengths 2 / 5 / 9, prompt 6 tokens, block 4, prefix policy (shares
+    blocks, copies a shared partial tail on write). Decode step 1 s; prefill 1 s + 0.01 s/token.
+
+    t = 0: the 6-token prompt takes 2 blocks (B0 full, B1 with 2 tokens); its prefill ends at 1.06 s.
+    t = 1.06: first token: fork into 3 samples of 7 tokens; B1 is shared by 3, so the first two to
+      write copy it (2 COW copies): B0 shared + 3 own tails = 4 physical, 3 x 2 = 6 logical blocks.
+    Decode iteration k ends at 1.06 + k with 1 + k tokens generated.
+    t = 2.06: sample A (2 tokens, 8 in all) finishes and frees its own tail; the iteration starting
+      then writes token 9 of B and C, each takes a third block: B0 + 2 x 2 = 5 physical, 6 logical.
+    t = 5.06: B (5 tokens, 11 in all) finishes and frees its 2 own blocks: C holds B0 + 2 own
+      = 3 blocks, 3 logical.
+    t = 6.06: C writes token 13 (generated 6 -> 7): a fourth block, 4 physical, 4 logical.
+    t = 9.06: C generated 9: the request finishes, everything is freed.
+    """
+    pool = PoolSpec(4 * 32, 4, 64)
+    sample = request(0, 0.0, 6, 2, n=3, sample_output_lens=(2, 5, 9))
+    engine = run("prefix", pool, [sample], step_mode)
+    expected = [
+        (0.0, 2, 2, 1),
+        (1.06, 4, 6, 3),
+        (2.06, 5, 6, 2),
+        (5.06, 3, 3, 1),
+        (6.06, 4, 4, 1),
+        (9.06, 0, 0, 0),
+    ]
+    if step_mode == "skip":
+        # The block taken at 6.06 is taken inside a decode jump: observed for the averages, no row.
+        expected.remove((6.06, 4, 4, 1))
+    assert physical_logical_blocks(engine, 4) == expected
+    assert engine.policy.stats.cow_copies == 2
+    record = engine.records[0]
+    assert (record.outcome, record.first_token_s, record.finish_s) == ("finished", 1.06, pytest.approx(9.06))
+    assert (record.output_tokens, record.sample_output_tokens) == (9, 2 + 5 + 9)
+    # Tokens decoded: 3 first tokens, then 3 / 2 / 2 / 2 / 1 / 1 / 1 / 1 sequences per iteration.
+    assert engine.counters.output_tokens == 16
+    # TPOT: 8 decode steps of the longest sample in 9.06 - 1.06 = 8 s.
+    assert requests_frame(engine.records)["tpot_s"].iloc[0] == pytest.approx(1.0)
+    # Time-averaged sharing: physical 2 x 1.06 + 4 + 5 x 3 + 3 + 4 x 3 = 36.12 block-seconds,
+    # logical 2 x 1.06 + 6 + 6 x 3 + 3 + 4 x 3 = 41.12.
+    saved = engine.recorder.time_averages(engine.env.now)["memory_saved_by_sharing_frac"]
+    assert saved == pytest.approx(1 - 36.12 / 41.12, rel=1e-9)
+
+
+def test_identical_sample_lengths_keep_every_sample_to_the_end():
+    pool = PoolSpec(4 * 32, 4, 64)
+    engine = run("prefix", pool, [request(0, 0.0, 6, 9, n=3)])
+    series = physical_logical_blocks(engine, 4)
+    assert [point[3] for point in series] == [1, 3, 0]  # all three samples run to 9 tokens
+    assert engine.records[0].sample_output_tokens == 27
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_a_preempted_request_restarts_only_its_unfinished_samples(step_mode):
+    """Request 1 (n = 2, lengths 1 and 20) loses its short sample at its first token (2.16 s); when
+    request 0 needs a block the pool lacks, the newest request (1) is preempted, and it comes back
+    with its one unfinished sample only: from then on every running request runs one sequence."""
+    pool = PoolSpec(4 * 12, 4, 64)
+    requests = [request(0, 0.0, 8, 30), request(1, 0.5, 8, 1, n=2, sample_output_lens=(1, 20))]
+    engine = run("paged", pool, requests, step_mode)
+    assert [r.outcome for r in engine.records] == ["finished", "finished"]
+    assert engine.records[1].preemptions > 0 and engine.records[1].first_token_s == pytest.approx(2.16)
+    assert engine.records[1].sample_output_tokens == 21
+    frame = engine.recorder.frame()
+    after = frame[frame["preemptions"] > 0]
+    assert (after["num_sequences_running"] == after["num_requests_running"]).all()
+    assert engine.policy.breakdown().free == pool.kv_pool_tokens
+
+
+def beam_saving(q, width, seed=0, requests=20):
+    pool = PoolSpec(16 * 4096, 16, 2048)
+    stream = [request(i, 0.0, 20, 300, beam_width=width) for i in range(requests)]
+    engine = run("prefix", pool, stream, beam_reparent_prob=q, seed=seed)
+    return engine, engine.recorder.time_averages(engine.env.now)["memory_saved_by_sharing_frac"]
+
+
+def test_beam_replacement_count_follows_the_binomial_model():
+    """Each beam is replaced with probability q per step: over many steps the mean number replaced
+    per step is width x q (capped at width - 1 per step, negligible at q = 0.1: P(all 4) = 1e-4)."""
+    engine = Engine.__new__(Engine)
+    engine.rng = np.random.default_rng(5)
+    engine.knobs = type("K", (), {"beam_reparent_prob": 0.1})()
+    steps = 20_000  # standard errors: 0.25 % of the mean count, 0.6 % of the mean interval
+    width = 4
+    rate = 1 - (1 - 0.1) ** width  # steps with at least one replacement
+    total = 0
+    for _ in range(steps):
+        total += len(engine._draw_replaced_beams(width))
+    # Given a replacement step, the expected count is width q / (1 - (1 - q)^width) = 0.4 / 0.3439.
+    expected = width * 0.1 / rate
+    assert total / steps == pytest.approx(expected, rel=0.01)
+    intervals = [engine._draw_beam_interval(width) for _ in range(steps)]
+    assert np.mean(intervals) == pytest.approx(1 / rate, rel=0.02)
+
+
+def test_beam_sharing_rises_with_q_and_keeps_the_breakdown_exact():
+    _, low = beam_saving(0.005, 4)
+    engine, high = beam_saving(0.2, 4)
+    assert high > low
+    final = engine.policy.breakdown()
+    assert final.used == final.reserved == final.internal_fragmentation == 0
+    assert engine.counters.output_tokens == 20 * 4 * 300
+
+
+def test_beam_replacements_charge_their_copy_on_write():
+    """A replaced beam forks a survivor mid-block: its next write copies the shared tail, and every
+    copy is charged in the iteration that makes it (none is lost at a fork's first token)."""
+
+    class CopyCharged(RoundCostModel):
+        def copy_blocks_s(self, num_blocks):
+            return 0.001 * num_blocks
+
+    pool = PoolSpec(16 * 256, 16, 512)
+    stream = [request(0, 0.0, 20, 100, beam_width=4)]
+    plain = run("prefix", pool, stream, beam_reparent_prob=0.1, seed=3)
+    charged = run("prefix", pool, stream, costs=CopyCharged(), beam_reparent_prob=0.1, seed=3)
+    copies = charged.policy.stats.cow_copies
+    assert copies == plain.policy.stats.cow_copies > 3
+    assert charged.env.now - plain.env.now == pytest.approx(0.001 * copies, rel=1e-9)
+    assert math.isclose(charged.records[0].first_token_s, plain.records[0].first_token_s)
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_a_beam_group_that_fits_in_tokens_but_not_in_blocks_is_rejected_not_stalled(step_mode):
+    """Pool 10 blocks of 16 (160 slots); 3 beams of prompt 10 + output 40 = 150 tokens pass the
+    arrival check (150 <= 160), but plain paging copies the prompt into each beam and each needs
+    ceil(50 / 16) = 4 blocks: 12 > 10. Alone in the pool the beams hold 3 x 3 = 9 blocks at token
+    33; at token 49 the first beam takes the 10th block and the second finds none: rejected with
+    its reason, and the next request runs (before: EngineStalled)."""
+    pool = PoolSpec(160, 16, 160)
+    stream = [request(0, 0.0, 10, 40, beam_width=3), request(1, 1.0, 10, 5)]
+    engine = run("paged", pool, stream, step_mode)
+    first, second = sorted(engine.records, key=lambda r: r.request_id)
+    assert (first.outcome, first.reason) == (
+        "rejected",
+        "its 3 samples/beams do not fit in the KV pool even alone",
+    )
+    assert first.preemptions == 0 and engine.counters.preemptions == 0
+    assert second.outcome == "finished"
+    assert engine.policy.breakdown().free == pool.kv_pool_tokens
+
+
+def test_a_sample_longer_than_max_model_len_rejects_the_request_naming_it():
+    pool = PoolSpec(4 * 32, 4, 64)
+    engine = run("prefix", pool, [request(0, 0.0, 10, 5, n=2, sample_output_lens=(5, 60))])
+    record = engine.records[0]
+    assert record.outcome == "rejected"
+    assert record.reason == "prompt 10 + longest sample 60 = 70 tokens exceeds max_model_len=64"
