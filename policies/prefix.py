@@ -101,6 +101,10 @@ class ContentChains:
         if chain is not None:
             self._entry_of[chain][1] += 1
             return chain
+        return self.intern_new(key)
+
+    def intern_new(self, key: ChainKey) -> int:
+        """:meth:`acquire` of a key nothing holds yet (the caller checked): its new id."""
         chain = self._next_id
         self._next_id += 1
         self._id_of[key] = chain
@@ -145,6 +149,8 @@ def block_contents(
 @register("prefix")
 class PrefixCachingPolicy(PagedPolicy):
     """Paged blocks shared by prefix (cache key) and by fork, with LRU eviction of cached blocks."""
+
+    _SHARES_BLOCKS = True
 
     def __init__(self, pool: PoolSpec):
         super().__init__(pool)
@@ -254,6 +260,8 @@ class PrefixCachingPolicy(PagedPolicy):
             return
         table, segments, ends, namespace = seq.block_table, seq.segments, seq.segment_ends, seq.namespace
         keys, chain_of, cache_under = self._block_key, self._block_chain, self._cache_under
+        chains, cache = self._chains, self._cached_by_key
+        known = chains._id_of
         # The previous block is full and this sequence holds it, so it is cached: its chain is the
         # content chain of this sequence's prefix (hits and forks share only that).
         parent = chain_of[table[block - 1]] if block else None
@@ -266,7 +274,14 @@ class PrefixCachingPolicy(PagedPolicy):
             offset = block * block_size - (ends[index] - length)
             for block_id in table[block:inside]:
                 if keys[block_id] is None:
-                    cache_under(block_id, (parent, content_id, offset, offset + block_size, namespace))
+                    # _cache_under inlined for the common case: the key is new, the block its first holder.
+                    key = (parent, content_id, offset, offset + block_size, namespace)
+                    if key in known or key in cache:
+                        cache_under(block_id, key)
+                    else:
+                        keys[block_id] = key
+                        chain_of[block_id] = chains.intern_new(key)
+                        cache[key] = block_id
                 parent = chain_of[block_id]
                 offset += block_size
             block = max(block, inside)

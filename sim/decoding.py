@@ -120,9 +120,19 @@ class DecodeClock:
         seq_ids: list[int] = []
         tokens: list[int] = []
         for state in states:
-            seq_ids += state.seq_ids
-            tokens += [at_clock - state.synced_clock] * len(state.seq_ids)
+            ids = state.seq_ids
+            if len(ids) == 1:
+                seq_ids.append(ids[0])
+                tokens.append(at_clock - state.synced_clock)
+            else:
+                seq_ids += ids
+                tokens += [at_clock - state.synced_clock] * len(ids)
         rooms = self.policy.grow_each(seq_ids, tokens)
+        # The rest of _push_flush and sync, inlined: this runs once per block a sequence fills.
+        defer = self.defer_growth
+        heap = self._flushes
+        push = heapq.heappush
+        synced = 0
         first = 0
         for state in states:
             width = len(state.seq_ids)
@@ -130,10 +140,12 @@ class DecodeClock:
             state.generated += pending
             state.context += pending
             state.synced_clock = at_clock
-            self._synced_sum += pending * width
+            synced += pending * width
             room = rooms[first] if width == 1 else min(rooms[first : first + width])
             first += width
-            self._push_flush(state, room if self.defer_growth else 0)
+            state.flush_version += 1
+            push(heap, (at_clock + (room if defer else 0) + 1, state.admission, state.flush_version, state))
+        self._synced_sum += synced
 
     def took_token(self, state: RequestState) -> None:
         """The policy was just told this iteration's token (a flush): the request is synced to now."""
