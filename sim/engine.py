@@ -262,13 +262,14 @@ class Engine:
             if duration > 0:
                 idle_steps = 0
                 # Rows bracket every discrete change: the state during iteration 1 (after its growth
-                # and admissions), the state at the end of a jump, and after the completions.
+                # and admissions), and the state after the completions (or at the end of a jump
+                # when nothing completes; a row before the completions would hold for no time).
                 self._record()
                 yield self.env.timeout(duration)
-                if self._jump is not None:
+                jumped = self._jump is not None
+                if jumped:
                     self._end_jump()
-                    self._record()
-                if self._finish_iterations():
+                if self._finish_iterations() or jumped:
                     self._record()
                 continue
             else:
