@@ -32,6 +32,7 @@ class RequestState:
 
     request: Request
     record: RequestRecord
+    final_len: int = 0  # the request's prompt + output tokens (Request sums its prompt on every call)
     seq_ids: list[int] = field(default_factory=list)
     tokens_to_prefill: int = 0  # on the current admission (a recompute re-prefills generated tokens too)
     prefilled: int = 0
@@ -189,11 +190,21 @@ class DecodeClock:
     def due_flushes(self, at_clock: int | None = None) -> list[RequestState]:
         """Requests whose room runs out at this iteration (or by clock ``at_clock``), oldest
         admission first."""
-        return self._pop_due(self._flushes, _flush_valid, self.now if at_clock is None else at_clock)
+        heap = self._flushes
+        clock = self.now if at_clock is None else at_clock
+        due = []
+        pop = heapq.heappop
+        # _pop_due with the validity check inlined: this runs once per block a sequence fills.
+        while heap and heap[0][0] <= clock:
+            entry = pop(heap)
+            state = entry[3]
+            if state.decoding and state.is_running and state.flush_version == entry[2]:
+                due.append(entry)
+        return _in_admission_order(due)
 
     def due_ends(self) -> list[RequestState]:
         """Requests that finish or take a beam decision at the end of this iteration, oldest first."""
-        return self._pop_due(self._ends, _end_valid, self.now)
+        return _in_admission_order(self._pop_due(self._ends, _end_valid, self.now))
 
     @staticmethod
     def _peek(heap: list[_Entry], valid: Callable[[_Entry], bool]) -> int:
@@ -202,16 +213,22 @@ class DecodeClock:
         return heap[0][0] if heap else NEVER
 
     @staticmethod
-    def _pop_due(heap: list[_Entry], valid: Callable[[_Entry], bool], clock: int) -> list[RequestState]:
+    def _pop_due(heap: list[_Entry], valid: Callable[[_Entry], bool], clock: int) -> list[_Entry]:
         due = []
         pop = heapq.heappop
         while heap and heap[0][0] <= clock:
             entry = pop(heap)
             if valid(entry):
                 due.append(entry)
-        if len(due) > 1:
-            due.sort(key=_admission_order)
-        return [entry[3] for entry in due]
+        return due
+
+
+def _in_admission_order(due: list[_Entry]) -> list[RequestState]:
+    """The requests of popped entries, oldest admission first. Entries come off the heap ordered by
+    (clock, admission): only entries of several clocks need sorting."""
+    if len(due) > 1 and due[0][0] != due[-1][0]:
+        due.sort(key=_admission_order)
+    return [entry[3] for entry in due]
 
 
 _Entry = tuple[int, int, int, RequestState]  # (clock due, admission order, version, request)

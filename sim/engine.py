@@ -200,15 +200,16 @@ class Engine:
         return min(times, default=float("inf"))
 
     def _arrive(self, request: Request) -> None:
+        prompt_len = request.prompt_len
         record = RequestRecord(
             request.request_id,
             request.arrival_s,
-            request.prompt_len,
+            prompt_len,
             request.output_len,
             request.n,
             request.beam_width,
         )
-        state = RequestState(request, record)
+        state = RequestState(request, record, prompt_len + request.output_len)
         reason = self._never_admissible(request)
         if reason:
             self._reject(state, reason)
@@ -219,27 +220,31 @@ class Engine:
 
     def _never_admissible(self, request: Request) -> str:
         knobs = self.knobs
-        # The reason names both lengths: "600 tokens" alone reads as the prompt's length.
-        lengths = (
-            f"prompt {request.prompt_len:,} + output {request.output_len:,} = {request.final_len:,} tokens"
-        )
-        if request.final_len > knobs.max_model_len:
-            return f"{lengths} exceeds max_model_len={knobs.max_model_len:,}"
+        prompt_len = request.prompt_len
+        final_len = prompt_len + request.output_len
+        width = self.width_of(request)
+        if final_len > knobs.max_model_len:
+            return f"{self._lengths(request)} exceeds max_model_len={knobs.max_model_len:,}"
         if request.output_len < 1:
             return "output_len must be at least 1"
-        if self.width_of(request) > knobs.max_num_seqs:
-            return f"n/beam_width={self.width_of(request)} exceeds max_num_seqs={knobs.max_num_seqs}"
-        if request.final_len * self.width_of(request) > self.policy.pool_slots:
+        if width > knobs.max_num_seqs:
+            return f"n/beam_width={width} exceeds max_num_seqs={knobs.max_num_seqs}"
+        if final_len * width > self.policy.pool_slots:
             return (
-                f"{self.width_of(request)} sequence(s) x ({lengths}) exceed the KV pool "
+                f"{width} sequence(s) x ({self._lengths(request)}) exceed the KV pool "
                 f"({self.policy.pool_slots:,} slots) even with nothing else running"
             )
-        if not knobs.enable_chunked_prefill and request.final_len > knobs.max_num_batched_tokens:
+        if not knobs.enable_chunked_prefill and final_len > knobs.max_num_batched_tokens:
             return (
-                f"{lengths} cannot be prefilled in one iteration "
+                f"{self._lengths(request)} cannot be prefilled in one iteration "
                 f"(max_num_batched_tokens={knobs.max_num_batched_tokens:,}, chunked prefill off)"
             )
         return ""
+
+    @staticmethod
+    def _lengths(request: Request) -> str:
+        # A rejection names both lengths: "600 tokens" alone reads as the prompt's length.
+        return f"prompt {request.prompt_len:,} + output {request.output_len:,} = {request.final_len:,} tokens"
 
     @staticmethod
     def width_of(request: Request) -> int:
@@ -417,7 +422,7 @@ class Engine:
     def _fork(self, state: RequestState, parent: int, count: int) -> None:
         """Add ``count`` children of ``parent`` to the request; if they do not fit, the request itself
         is preempted (a simplification: vLLM V0 would preempt the newest request first)."""
-        final_len = state.request.final_len
+        final_len = state.final_len
         children = []
         for _ in range(count):
             children.append(ChildSpec(self._new_seq_id(), final_len, self._next_child_stream))
@@ -559,7 +564,7 @@ class Engine:
                 self._admission_stop = HEAD_STUCK
                 return budget, swap_in_blocks
             content = self._content_on_admission(state)
-            final_len = state.request.final_len
+            final_len = state.final_len
             if (
                 not self.knobs.enable_chunked_prefill
                 and not state.swapped_tokens
@@ -690,7 +695,7 @@ class Engine:
         state = self.waiting[0]
         if self._running_seqs + self._unforked_seqs + state.width > self.knobs.max_num_seqs:
             return MAX_NUM_SEQS
-        if not self._fits_watermark(self._content_on_admission(state), state.request.final_len):
+        if not self._fits_watermark(self._content_on_admission(state), state.final_len):
             return KV_MEMORY
         return TOKEN_BUDGET
 
