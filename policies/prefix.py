@@ -35,7 +35,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from policies.base import (
     NO_HIT,
@@ -115,14 +115,20 @@ class ContentChains:
 
     def release(self, chain: int | None) -> None:
         """One holder fewer; an id nobody holds is forgotten, and releases its parent in turn."""
-        while chain is not None:
-            entry = self._entry_of[chain]
-            entry[1] -= 1
-            if entry[1]:
-                return
-            del self._entry_of[chain]
-            del self._id_of[entry[0]]
-            chain = entry[0][0]
+        self.release_each((chain,))
+
+    def release_each(self, chains: Iterable[int | None]) -> None:
+        """:meth:`release` of each id in turn (evictions release many at once)."""
+        entry_of, id_of = self._entry_of, self._id_of
+        for chain in chains:
+            while chain is not None:
+                entry = entry_of[chain]
+                entry[1] -= 1
+                if entry[1]:
+                    break
+                del entry_of[chain]
+                del id_of[entry[0]]
+                chain = entry[0][0]
 
 
 def block_contents(
@@ -319,16 +325,17 @@ class PrefixCachingPolicy(PagedPolicy):
             self._cached_by_key,
             self._later_holders,
         )
-        release = self._chains.release
+        released = []
         for block_id in block_ids:
             key = keys[block_id]
             assert key is not None, "only blocks holding a key are cached"
             keys[block_id] = None
-            release(chain_of[block_id])
+            released.append(chain_of[block_id])
             chain_of[block_id] = None
             first = cache.pop(key)
             if later and key in later:
                 self._drop_holder(key, first, block_id)
+        self._chains.release_each(released)
         self._cached_in_queue -= len(block_ids)
         self.stats.evictions += len(block_ids)
 
