@@ -267,14 +267,15 @@ class Engine:
             if duration > 0:
                 idle_steps = 0
                 # Rows bracket every discrete change: the state during iteration 1 (after its growth
-                # and admissions), and the state after the completions (or at the end of a jump
-                # when nothing completes; a row before the completions would hold for no time).
+                # and admissions), the state at the end of a jump, and after the completions. (The
+                # end of a jump holds for no time when completions follow, but it samples the tokens
+                # that grew during the jump: readers of the series interpolate between samples.)
                 self._record()
                 yield self.env.timeout(duration)
-                jumped = self._jump is not None
-                if jumped:
+                if self._jump is not None:
                     self._end_jump()
-                if self._finish_iterations() or jumped:
+                    self._record()
+                if self._finish_iterations():
                     self._record()
                 continue
             else:
