@@ -47,6 +47,7 @@ def run_once(count: int, policy_name: str) -> dict:
 
     import pyarrow.parquet as pq
 
+    from benchmarks.bench_traces import simpy_reference_s
     from policies import PoolSpec, make_policy
     from sim.capacity import size_kv_pool
     from sim.costs import AnalyticCostModel
@@ -55,6 +56,7 @@ def run_once(count: int, policy_name: str) -> dict:
     from sim.models import resolve_model
     from sim.outputs import FileSink
 
+    reference_s = simpy_reference_s()  # 1M bare SimPy timeouts, timed in this subprocess
     model, gpu = resolve_model("Llama-3.1-8B"), resolve_gpu("A100-80GB")
     capacity = size_kv_pool(model, gpu, block_size=16)
     pool = PoolSpec(capacity.kv_pool_tokens, 16, 4096, capacity.kv_bytes_per_token)
@@ -83,13 +85,18 @@ def run_once(count: int, policy_name: str) -> dict:
         "wall_s": wall_s,
         "requests_per_s": count / wall_s,
         "simulated_s": engine.env.now,
+        "reference_s": reference_s,
+        "ratio": wall_s / reference_s,
         "timeseries_rows": rows,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
 
 def run_engine_benchmarks(sizes: list[int], policies: list[str]) -> list[dict]:
-    print(f"engine benchmark: Poisson {RATE_PER_S} req/s, prompt~500, output~250, Llama-3.1-8B, A100-80GB")
+    print(
+        f"engine benchmark: Poisson {RATE_PER_S} req/s, prompt~500, output~250, Llama-3.1-8B, A100-80GB; "
+        "ratio = engine wall / 1M bare SimPy timeouts"
+    )
     rows = []
     for policy in policies:
         for size in sizes:
@@ -103,7 +110,8 @@ def run_engine_benchmarks(sizes: list[int], policies: list[str]) -> list[dict]:
             rows.append(row)
             print(
                 f"  {policy:<10} {size:>9,} requests: {row['requests_per_s']:>9,.0f} req/s "
-                f"({row['wall_s']:.1f} s wall for {row['simulated_s']:,.0f} s simulated), "
+                f"({row['wall_s']:.1f} s wall for {row['simulated_s']:,.0f} s simulated, "
+                f"reference {row['reference_s']:.2f} s, ratio {row['ratio']:.0f}), "
                 f"peak RSS {row['peak_rss_mib']:,.0f} MiB, {row['timeseries_rows']:,} series rows"
             )
     return rows

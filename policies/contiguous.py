@@ -242,6 +242,10 @@ class ContiguousPolicy(KVCachePolicy):
             return 0  # nothing is blocked: the reference fits now, or never will (it is rejected)
         return self._space.free_slots  # no piece fits the reference: every free piece is smaller
 
+    def sharing_slots(self) -> tuple[int, int]:
+        # used + reserved + internal fragmentation: the regions, without computing the breakdown.
+        return self._region_total, self._region_total
+
     def breakdown_values(self) -> tuple[int, int, int, int, int, int]:
         external = self._external_fragmentation()
         return (

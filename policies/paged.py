@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import islice, repeat
+from itertools import repeat
 
 from policies.base import (
     NO_HIT,
@@ -77,11 +77,9 @@ class FreeBlockQueue:
             return blocks
         blocks = blank[::-1]
         blank.clear()
-        cached = self._cached
-        oldest = list(islice(cached, count - len(blocks)))
-        for block_id in oldest:
-            del cached[block_id]
-        return blocks + oldest
+        # popitem: half the cost of islice-then-delete for the one or few blocks usually taken.
+        take_oldest = self._cached.popitem
+        return blocks + [take_oldest(False)[0] for _ in range(count - len(blocks))]
 
     def append(self, block_id: int) -> None:
         """At the tail: a block that holds cached content."""
@@ -126,6 +124,8 @@ class SequenceState:
 @register("paged")
 class PagedPolicy(KVCachePolicy):
     """PagedAttention block tables without sharing: O(1) allocation and free per block."""
+
+    _SHARES_BLOCKS = False  # True: blocks are shared (prefix cache, forks): the sharing hooks run
 
     def __init__(self, pool: PoolSpec):
         super().__init__(pool)
@@ -234,27 +234,49 @@ class PagedPolicy(KVCachePolicy):
         self._grow(self._get(seq_id), num_tokens, content)
 
     def grow_each(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> list[int]:
-        # The engine's hottest path: checked once for all, then grown without looking anything up twice.
+        # The engine's hottest path (once per block a decoding sequence fills): checked once for
+        # all, then grown without looking anything up twice; the hooks only sharing policies need
+        # are skipped for plain paging.
         sequences = [self._get(seq_id) for seq_id in seq_ids]
         self._check_grow_each_of(sequences, num_tokens)
+        shares = self._SHARES_BLOCKS
+        extend = self._extend
         rooms = []
+        if shares:
+            room = self._room
+            for seq, tokens in zip(sequences, num_tokens, strict=True):
+                self._copy_shared_tail_before_write(seq)
+                self._append_content(seq, tokens, None)
+                extend(seq, tokens)
+                rooms.append(room(seq))
+            return rooms
+        block_size = self.block_size
         for seq, tokens in zip(sequences, num_tokens, strict=True):
-            self._copy_shared_tail_before_write(seq)
-            self._append_content(seq, tokens, None)
-            self._extend(seq, tokens)
-            rooms.append(self._room(seq))
+            extend(seq, tokens)
+            held = len(seq.block_table) * block_size
+            rooms.append((held if held < seq.final_len else seq.final_len) - seq.num_tokens)
         return rooms
 
     def _check_grow_each_of(self, sequences: list[SequenceState], num_tokens: Sequence[int]) -> None:
-        if len(sequences) != len(num_tokens) or len({seq.seq_id for seq in sequences}) != len(sequences):
+        if len(sequences) != len(num_tokens) or (
+            len(sequences) > 1 and len({seq.seq_id for seq in sequences}) != len(sequences)
+        ):
             raise PolicyInputError("grow_each needs distinct sequence ids, one token count each")
         blocks = 0
+        block_size = self.block_size
+        needed = self._blocks_needed_to_grow if self._SHARES_BLOCKS else None
         for seq, tokens in zip(sequences, num_tokens, strict=True):
-            self._check_growth(seq.seq_id, tokens, seq.num_tokens, seq.final_len)
-            blocks += self._blocks_needed_to_grow(seq, tokens)
-        self._ensure_free_blocks(
-            blocks, "growing sequences", sequences[0].seq_id if len(sequences) == 1 else None
-        )
+            after = seq.num_tokens + tokens
+            if tokens <= 0 or after > seq.final_len:
+                self._check_growth(seq.seq_id, tokens, seq.num_tokens, seq.final_len)
+            if needed is None:
+                blocks += -(-after // block_size) - len(seq.block_table)
+            else:
+                blocks += needed(seq, tokens)
+        if blocks > len(self.free_queue):
+            self._ensure_free_blocks(
+                blocks, "growing sequences", sequences[0].seq_id if len(sequences) == 1 else None
+            )
 
     def _grow(self, seq: SequenceState, num_tokens: int, content: TokenContent | None) -> None:
         self._check_growth(seq.seq_id, num_tokens, seq.num_tokens, seq.final_len)
@@ -296,11 +318,17 @@ class PagedPolicy(KVCachePolicy):
             full_blocks = table[:-1]
         # Reverse order: with prefix caching the tail (longest prefix, least reusable) is evicted first.
         ref_count = self.ref_count
-        released = []
-        for block_id in reversed(full_blocks):
-            ref_count[block_id] -= 1
-            if not ref_count[block_id]:
-                released.append(block_id)
+        if self._SHARES_BLOCKS:
+            released = []
+            for block_id in reversed(full_blocks):
+                ref_count[block_id] -= 1
+                if not ref_count[block_id]:
+                    released.append(block_id)
+        else:
+            # Plain paging: the sequence alone holds each of its blocks.
+            released = full_blocks[::-1]
+            for block_id in released:
+                ref_count[block_id] = 0
         if released:
             slots = len(released) * self.block_size
             self._live_blocks -= len(released)
@@ -419,7 +447,8 @@ class PagedPolicy(KVCachePolicy):
                 self._partial_owners[tail] = [seq]
                 self._filled[tail] = after % block_size
                 self._target[tail] = min(block_size, seq.final_len - held + block_size)
-        self._on_blocks_filled(seq)
+        if self._SHARES_BLOCKS:
+            self._on_blocks_filled(seq)
 
     def _start_partial(self, block_id: int, owner: SequenceState) -> None:
         """A fresh block becomes ``owner``'s partly filled tail (it holds nothing yet)."""

@@ -43,7 +43,7 @@
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from policies._host_tier import HostTier
 from policies.base import (
@@ -110,6 +110,10 @@ class ContentChains:
         if chain is not None:
             self._entry_of[chain][1] += 1
             return chain
+        return self.intern_new(key)
+
+    def intern_new(self, key: ChainKey) -> int:
+        """:meth:`acquire` of a key nothing holds yet (the caller checked): its new id."""
         chain = self._next_id
         self._next_id += 1
         self._id_of[key] = chain
@@ -120,14 +124,20 @@ class ContentChains:
 
     def release(self, chain: int | None) -> None:
         """One holder fewer; an id nobody holds is forgotten, and releases its parent in turn."""
-        while chain is not None:
-            entry = self._entry_of[chain]
-            entry[1] -= 1
-            if entry[1]:
-                return
-            del self._entry_of[chain]
-            del self._id_of[entry[0]]
-            chain = entry[0][0]
+        self.release_each((chain,))
+
+    def release_each(self, chains: Iterable[int | None]) -> None:
+        """:meth:`release` of each id in turn (evictions release many at once)."""
+        entry_of, id_of = self._entry_of, self._id_of
+        for chain in chains:
+            while chain is not None:
+                entry = entry_of[chain]
+                entry[1] -= 1
+                if entry[1]:
+                    break
+                del entry_of[chain]
+                del id_of[entry[0]]
+                chain = entry[0][0]
 
 
 def block_contents(
@@ -154,6 +164,8 @@ def block_contents(
 @register("prefix")
 class PrefixCachingPolicy(PagedPolicy):
     """Paged blocks shared by prefix (cache key) and by fork, with LRU eviction of cached blocks."""
+
+    _SHARES_BLOCKS = True
 
     def __init__(self, pool: PoolSpec):
         super().__init__(pool)
@@ -291,6 +303,8 @@ class PrefixCachingPolicy(PagedPolicy):
             return
         table, segments, ends, namespace = seq.block_table, seq.segments, seq.segment_ends, seq.namespace
         keys, chain_of, cache_under = self._block_key, self._block_chain, self._cache_under
+        chains, cache = self._chains, self._cached_by_key
+        known = chains._id_of
         # The previous block is full and this sequence holds it, so it is cached: its chain is the
         # content chain of this sequence's prefix (hits and forks share only that).
         parent = chain_of[table[block - 1]] if block else None
@@ -303,7 +317,14 @@ class PrefixCachingPolicy(PagedPolicy):
             offset = block * block_size - (ends[index] - length)
             for block_id in table[block:inside]:
                 if keys[block_id] is None:
-                    cache_under(block_id, (parent, content_id, offset, offset + block_size, namespace))
+                    # _cache_under inlined for the common case: the key is new, the block its first holder.
+                    key = (parent, content_id, offset, offset + block_size, namespace)
+                    if key in known or key in cache:
+                        cache_under(block_id, key)
+                    else:
+                        keys[block_id] = key
+                        chain_of[block_id] = chains.intern_new(key)
+                        cache[key] = block_id
                 parent = chain_of[block_id]
                 offset += block_size
             block = max(block, inside)
@@ -342,7 +363,8 @@ class PrefixCachingPolicy(PagedPolicy):
             self._cached_by_key,
             self._later_holders,
         )
-        release, tier = self._chains.release, self.host_tier
+        tier = self.host_tier
+        released = []
         for block_id in block_ids:
             key = keys[block_id]
             assert key is not None, "only blocks holding a key are cached"
@@ -351,9 +373,10 @@ class PrefixCachingPolicy(PagedPolicy):
             if later and key in later:
                 self._drop_holder(key, first, block_id)
             if tier is not None and key not in cache:
-                tier.store(key)  # while this block still holds the chain: its id carries over
-            release(chain_of[block_id])
+                tier.store(key)  # before the chains are released below: the chain's id carries over
+            released.append(chain_of[block_id])
             chain_of[block_id] = None
+        self._chains.release_each(released)
         self._cached_in_queue -= len(block_ids)
         self.stats.evictions += len(block_ids)
 

@@ -137,9 +137,19 @@ class DecodeClock:
         seq_ids: list[int] = []
         tokens: list[int] = []
         for state in states:
-            seq_ids += state.seq_ids
-            tokens += [at_clock - state.synced_clock] * len(state.seq_ids)
+            ids = state.seq_ids
+            if len(ids) == 1:
+                seq_ids.append(ids[0])
+                tokens.append(at_clock - state.synced_clock)
+            else:
+                seq_ids += ids
+                tokens += [at_clock - state.synced_clock] * len(ids)
         rooms = self.policy.grow_each(seq_ids, tokens)
+        # The rest of _push_flush and sync, inlined: this runs once per block a sequence fills.
+        defer = self.defer_growth
+        heap = self._flushes
+        push = heapq.heappush
+        synced = 0
         first = 0
         for state in states:
             width = len(state.seq_ids)
@@ -147,10 +157,12 @@ class DecodeClock:
             state.generated += pending
             state.context += pending
             state.synced_clock = at_clock
-            self._synced_sum += pending * width
+            synced += pending * width
             room = rooms[first] if width == 1 else min(rooms[first : first + width])
             first += width
-            self._push_flush(state, room if self.defer_growth else 0)
+            state.flush_version += 1
+            push(heap, (at_clock + (room if defer else 0) + 1, state.admission, state.flush_version, state))
+        self._synced_sum += synced
 
     def took_token(self, state: RequestState) -> None:
         """The policy was just told this iteration's token (a flush): the request is synced to now."""
@@ -194,11 +206,21 @@ class DecodeClock:
     def due_flushes(self, at_clock: int | None = None) -> list[RequestState]:
         """Requests whose room runs out at this iteration (or by clock ``at_clock``), oldest
         admission first."""
-        return self._pop_due(self._flushes, _flush_valid, self.now if at_clock is None else at_clock)
+        heap = self._flushes
+        clock = self.now if at_clock is None else at_clock
+        due = []
+        pop = heapq.heappop
+        # _pop_due with the validity check inlined: this runs once per block a sequence fills.
+        while heap and heap[0][0] <= clock:
+            entry = pop(heap)
+            state = entry[3]
+            if state.decoding and state.is_running and state.flush_version == entry[2]:
+                due.append(entry)
+        return _in_admission_order(due)
 
     def due_ends(self) -> list[RequestState]:
         """Requests that finish or take a beam decision at the end of this iteration, oldest first."""
-        return self._pop_due(self._ends, _end_valid, self.now)
+        return _in_admission_order(self._pop_due(self._ends, _end_valid, self.now))
 
     @staticmethod
     def _peek(heap: list[_Entry], valid: Callable[[_Entry], bool]) -> int:
@@ -207,16 +229,22 @@ class DecodeClock:
         return heap[0][0] if heap else NEVER
 
     @staticmethod
-    def _pop_due(heap: list[_Entry], valid: Callable[[_Entry], bool], clock: int) -> list[RequestState]:
+    def _pop_due(heap: list[_Entry], valid: Callable[[_Entry], bool], clock: int) -> list[_Entry]:
         due = []
         pop = heapq.heappop
         while heap and heap[0][0] <= clock:
             entry = pop(heap)
             if valid(entry):
                 due.append(entry)
-        if len(due) > 1:
-            due.sort(key=_admission_order)
-        return [entry[3] for entry in due]
+        return due
+
+
+def _in_admission_order(due: list[_Entry]) -> list[RequestState]:
+    """The requests of popped entries, oldest admission first. Entries come off the heap ordered by
+    (clock, admission): only entries of several clocks need sorting."""
+    if len(due) > 1 and due[0][0] != due[-1][0]:
+        due.sort(key=_admission_order)
+    return [entry[3] for entry in due]
 
 
 _Entry = tuple[int, int, int, RequestState]  # (clock due, admission order, version, request)

@@ -231,10 +231,11 @@ class Engine:
         return min(times, default=float("inf"))
 
     def _arrive(self, request: Request) -> None:
+        prompt_len = request.prompt_len
         record = RequestRecord(
             request.request_id,
             request.arrival_s,
-            request.prompt_len,
+            prompt_len,
             request.longest_output_len,
             request.n,
             request.beam_width,
@@ -251,33 +252,42 @@ class Engine:
 
     def _never_admissible(self, request: Request) -> str:
         knobs = self.knobs
-        # The reason names both lengths: "600 tokens" alone reads as the prompt's length.
-        output = "longest sample" if request.sample_output_lens else "output"
-        lengths = (
-            f"prompt {request.prompt_len:,} + {output} {request.longest_output_len:,} = "
-            f"{request.final_len:,} tokens"
-        )
-        if request.final_len > knobs.max_model_len:
-            return f"{lengths} exceeds max_model_len={knobs.max_model_len:,}"
+        prompt_len = request.prompt_len
+        longest = request.longest_output_len
+        final_len = prompt_len + longest
+        width = self.width_of(request)
+        if final_len > knobs.max_model_len:
+            return f"{self._lengths(request)} exceeds max_model_len={knobs.max_model_len:,}"
         if request.output_len < 1:
             return "output_len must be at least 1"
-        if self.width_of(request) > knobs.max_num_seqs:
-            return f"n/beam_width={self.width_of(request)} exceeds max_num_seqs={knobs.max_num_seqs}"
-        all_sequences = sum(request.prompt_len + output for output in request.output_lens)
+        if width > knobs.max_num_seqs:
+            return f"n/beam_width={width} exceeds max_num_seqs={knobs.max_num_seqs}"
+        all_sequences = sum(prompt_len + output for output in request.output_lens)
         if all_sequences > self.policy.pool_slots:
             shape = (
-                f"x ({lengths})" if not request.sample_output_lens else f"of {all_sequences:,} tokens in all"
+                f"x ({self._lengths(request)})"
+                if not request.sample_output_lens
+                else f"of {all_sequences:,} tokens in all"
             )
             return (
-                f"{self.width_of(request)} sequence(s) {shape} exceed the KV pool "
+                f"{width} sequence(s) {shape} exceed the KV pool "
                 f"({self.policy.pool_slots:,} slots) even with nothing else running"
             )
-        if not knobs.enable_chunked_prefill and request.final_len > knobs.max_num_batched_tokens:
+        if not knobs.enable_chunked_prefill and final_len > knobs.max_num_batched_tokens:
             return (
-                f"{lengths} cannot be prefilled in one iteration "
+                f"{self._lengths(request)} cannot be prefilled in one iteration "
                 f"(max_num_batched_tokens={knobs.max_num_batched_tokens:,}, chunked prefill off)"
             )
         return ""
+
+    @staticmethod
+    def _lengths(request: Request) -> str:
+        # A rejection names both lengths: "600 tokens" alone reads as the prompt's length.
+        output = "longest sample" if request.sample_output_lens else "output"
+        return (
+            f"prompt {request.prompt_len:,} + {output} {request.longest_output_len:,} = "
+            f"{request.final_len:,} tokens"
+        )
 
     @staticmethod
     def width_of(request: Request) -> int:
@@ -302,7 +312,9 @@ class Engine:
             if duration > 0:
                 idle_steps = 0
                 # Rows bracket every discrete change: the state during iteration 1 (after its growth
-                # and admissions), the state at the end of a jump, and after the completions.
+                # and admissions), the state at the end of a jump, and after the completions. (The
+                # end of a jump holds for no time when completions follow, but it samples the tokens
+                # that grew during the jump: readers of the series interpolate between samples.)
                 self._record()
                 self.busy_until = self.env.now + duration
                 yield self.env.timeout(duration)
