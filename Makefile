@@ -54,7 +54,7 @@ bench: venv
 
 # Mutation testing (not part of `make test`): mutmut, config in pyproject.toml [tool.mutmut]. One
 # process at low priority; results are cached in mutants/, so a second run only tests what changed.
-# A subset: make mutation MUTANTS='sim.capacity* sim.metrics*'
+# A subset: make mutation MUTANTS='sim.hardware.capacity* sim.outputs.metrics*'
 MUTANTS ?=
 mutation: venv
 	$(BIN)/pip install -q -e '.[mutation]'

@@ -16,14 +16,14 @@ REPLICAS = (1, 2, 4, 8)
 
 def run_cluster_once(replicas: int, requests_per_replica: int, router: str = "round_robin") -> dict:
     from policies import PoolSpec, make_policy
-    from sim.capacity import size_kv_pool
     from sim.cluster.cluster import Cluster
     from sim.cluster.routers import make_router
     from sim.config import ClusterConfig
-    from sim.costs import AnalyticCostModel
-    from sim.engine import Engine, EngineKnobs
-    from sim.gpus import resolve_gpu
-    from sim.models import resolve_model
+    from sim.costs.core import AnalyticCostModel
+    from sim.engine.core import Engine, EngineKnobs
+    from sim.hardware.capacity import size_kv_pool
+    from sim.hardware.gpus import resolve_gpu
+    from sim.hardware.models import resolve_model
 
     model, gpu = resolve_model("Llama-3.1-8B"), resolve_gpu("A100-80GB")
     capacity = size_kv_pool(model, gpu, block_size=16)

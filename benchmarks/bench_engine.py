@@ -49,12 +49,12 @@ def run_once(count: int, policy_name: str) -> dict:
 
     from benchmarks.bench_traces import simpy_reference_s
     from policies import PoolSpec, make_policy
-    from sim.capacity import size_kv_pool
-    from sim.costs import AnalyticCostModel
-    from sim.engine import Engine, EngineKnobs
-    from sim.gpus import resolve_gpu
-    from sim.models import resolve_model
-    from sim.outputs import FileSink
+    from sim.costs.core import AnalyticCostModel
+    from sim.engine.core import Engine, EngineKnobs
+    from sim.hardware.capacity import size_kv_pool
+    from sim.hardware.gpus import resolve_gpu
+    from sim.hardware.models import resolve_model
+    from sim.outputs.sinks import FileSink
 
     reference_s = simpy_reference_s()  # 1M bare SimPy timeouts, timed in this subprocess
     model, gpu = resolve_model("Llama-3.1-8B"), resolve_gpu("A100-80GB")

@@ -2,7 +2,7 @@
 
 ``python -m calibrate.analytic_profiles`` regenerates ``configs/profiles/analytic-*.yaml`` for
 Llama-3.1-8B on the GPU presets A100-80GB, H100-80GB, H200-141GB and L4-24GB. The numbers are those of
-:class:`sim.costs.AnalyticCostModel` (a roofline), split per layer so that the profile machinery
+:class:`sim.costs.core.AnalyticCostModel` (a roofline), split per layer so that the profile machinery
 (layer scaling, rescaling) treats them like a measured profile; loading one back gives exactly the
 analytic model's times. No torch needed.
 """
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sim.costs import (
+from sim.costs.core import (
     DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
     REPO_ROOT,
     AnalyticCostModel,
@@ -32,8 +32,8 @@ from sim.costs import (
 )
 
 if TYPE_CHECKING:
-    from sim.gpus import GpuSpec
-    from sim.models import ModelSpec
+    from sim.hardware.gpus import GpuSpec
+    from sim.hardware.models import ModelSpec
 
 DEFAULT_MODEL = "Llama-3.1-8B"
 DEFAULT_GPUS = ("A100-80GB", "H100-80GB", "H200-141GB", "L4-24GB")
@@ -133,8 +133,8 @@ def profile_filename(model_name: str, gpu_name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sim.gpus import resolve_gpu
-    from sim.models import resolve_model
+    from sim.hardware.gpus import resolve_gpu
+    from sim.hardware.models import resolve_model
 
     parser = argparse.ArgumentParser(prog="python -m calibrate.analytic_profiles", description=__doc__)
     parser.add_argument("--model", default=DEFAULT_MODEL)

@@ -72,7 +72,7 @@ def check_targets(output: Path) -> str:
 
 def run(args: argparse.Namespace) -> int:
     # Everything that can be wrong with the command line is checked before torch builds anything.
-    from sim.models import resolve_model
+    from sim.hardware.models import resolve_model
 
     if args.block_size <= 0:
         return _fail("--block-size must be positive")

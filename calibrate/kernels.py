@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from sim.costs import ModelShape
+from sim.costs.core import ModelShape
 
 # --------------------------------------------------------------------------------------------------
 # Paged attention

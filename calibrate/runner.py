@@ -35,7 +35,7 @@ from calibrate import CalibrationError
 from calibrate.fit import LinearFit, fit_relative, quality
 from calibrate.grids import Grid, make_grid
 from calibrate.memory import available_bytes, estimate, resident_bytes
-from sim.costs import (
+from sim.costs.core import (
     DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
     DTYPE_BYTES,
     BlockCoefficients,
@@ -672,7 +672,7 @@ def run_calibration(
     appear together at the end, or not at all). ``progress`` gets a line at the start and after each
     round; ``on_point`` is called after every point.
 
-    ``model`` is a ``sim.models.ModelSpec`` (or a :class:`ProfileModel`). Raises
+    ``model`` is a ``sim.hardware.models.ModelSpec`` (or a :class:`ProfileModel`). Raises
     :class:`calibrate.CalibrationError` before any work when the grid would not fit in memory."""
     import torch
 

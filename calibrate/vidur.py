@@ -25,11 +25,11 @@ What this module builds from them, all at TP 1 and block size 16:
    derated model and marked ``measured: false``: the LM head, block copies and swaps, block sizes
    other than 16, and, for H100 (no attention file can be had: the only public copy of Vidur's
    ``h100/.../attention.csv`` is a Git-LFS pointer), attention itself.
-3. **Derating factors** (:func:`fit_efficiency`) for :class:`sim.derated.DeratedCostModel`, and the
+3. **Derating factors** (:func:`fit_efficiency`) for :class:`sim.costs.derated.DeratedCostModel`, and the
    **error bands** (:func:`error_bands`) of each cost model against the held-out points.
 
 ``python -m calibrate.vidur`` rewrites the profiles and prints the factors and bands;
-``--check`` exits with status 1 when the committed profiles or the presets in ``sim/gpus.py`` differ
+``--check`` exits with status 1 when the committed profiles or the presets in ``sim/hardware/gpus.py`` differ
 from a fresh fit. No torch needed.
 """
 
@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from calibrate.fit import fit_relative, quality
-from sim.costs import (
+from sim.costs.core import (
     ANALYTIC_ERROR_BAND,
     DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
     REPO_ROOT,
@@ -68,14 +68,14 @@ from sim.costs import (
     kv_elements_per_token_per_layer,
     layer_matmul_params,
 )
-from sim.derated import (
+from sim.costs.derated import (
     DECODE_LINEARIZATION_BATCHES,
     DeratedCostModel,
     elementwise_elements_per_token,
     relative_line,
 )
-from sim.gpus import Efficiency, GpuSpec, resolve_gpu
-from sim.models import ModelSpec, resolve_model
+from sim.hardware.gpus import Efficiency, GpuSpec, resolve_gpu
+from sim.hardware.models import ModelSpec, resolve_model
 
 DATA = Path(__file__).resolve().parent / "vidur_data"
 PROFILES = REPO_ROOT / "configs" / "profiles"
@@ -364,7 +364,7 @@ def fit_efficiency(dataset: Dataset, points: Sequence[Point] | None = None) -> d
 
 
 def rounded(factors: dict[str, float], digits: int = 3) -> dict[str, float]:
-    """Factors at ``digits`` significant digits, as the presets in ``sim/gpus.py`` hold them."""
+    """Factors at ``digits`` significant digits, as the presets in ``sim/hardware/gpus.py`` hold them."""
     return {key: float(f"{value:.{digits}g}") for key, value in factors.items()}
 
 
@@ -782,12 +782,14 @@ def check_presets(fitted: dict[str, dict[str, float]], presets: dict[str, Effici
         for key, value in factors.items():
             stored = getattr(presets[name], key)
             if not math.isclose(stored, value, rel_tol=1e-9):
-                problems.append(f"{name}.{key}: sim/gpus.py has {stored!r}, a fresh fit gives {value!r}")
+                problems.append(
+                    f"{name}.{key}: sim/hardware/gpus.py has {stored!r}, a fresh fit gives {value!r}"
+                )
     return problems
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sim.gpus import EFFICIENCY_PRESETS
+    from sim.hardware.gpus import EFFICIENCY_PRESETS
 
     parser = argparse.ArgumentParser(prog="python -m calibrate.vidur", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=PROFILES, help="folder for the profiles")
@@ -846,12 +848,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"  analytic error_band: {analytic}")
     if analytic != ANALYTIC_ERROR_BAND:
-        problems.append(f"ANALYTIC_ERROR_BAND in sim/costs.py differs from: {analytic}")
+        problems.append(f"ANALYTIC_ERROR_BAND in sim/costs/core.py differs from: {analytic}")
     for gpu in ("A100", "H100"):
         text = efficiency_band_text(bands, gpu)
         print(f"  {gpu} error_band: {text}")
         if EFFICIENCY_PRESETS[gpu].error_band != text:
-            problems.append(f"{gpu} error_band in sim/gpus.py differs from: {text}")
+            problems.append(f"{gpu} error_band in sim/hardware/gpus.py differs from: {text}")
     if args.check and problems:
         print("\n".join(problems), file=sys.stderr)
         return 1

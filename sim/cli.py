@@ -62,7 +62,7 @@ def _warn(message: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from sim.config import load_experiment
-    from sim.outcomes import format_outcomes, summarize_outcomes
+    from sim.outputs.outcomes import format_outcomes, summarize_outcomes
     from sim.results import write_run_files
     from sim.runner import prepare_experiment, run_experiment
     from sim.storage import check_output_target, config_hash, staged_output_dir
@@ -182,7 +182,7 @@ def _register_optional(commands) -> None:
     from sim.reference import register as register_reference
 
     register_reference(commands)
-    from sim.columns import register as register_columns
+    from sim.outputs.columns import register as register_columns
 
     register_columns(commands)
 
@@ -190,7 +190,7 @@ def _register_optional(commands) -> None:
 def main(argv: list[str] | None = None) -> int:
     from policies.base import PolicyError
     from sim.config import ConfigError
-    from sim.costs import CostModelError
+    from sim.costs.core import CostModelError
     from sim.storage import OutputTargetError
     from workloads.base import WorkloadError
 

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from policies.base import policy_names
-from sim.costs import CostModelConfig
+from sim.costs.core import CostModelConfig
 from sim.offload import OffloadConfig
 from sim.storage import RUN_FOLDER_ENTRIES
 from workloads.config import WorkloadConfig
@@ -72,7 +72,7 @@ class EngineConfig(_Strict):
         0.9, gt=0, le=1, description="Fraction of GPU memory for the engine."
     )
     activation_reserve_bytes: int | None = Field(
-        None, ge=0, description="Memory kept for activations; default: see sim/capacity.py."
+        None, ge=0, description="Memory kept for activations; default: see sim/hardware/capacity.py."
     )
     kv_cache_memory_bytes: int | None = Field(None, gt=0, description="Set the KV pool size directly.")
     num_gpu_blocks_override: int | None = Field(

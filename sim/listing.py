@@ -33,7 +33,7 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def models_table() -> str:
-    from sim.models import MODEL_PRESETS
+    from sim.hardware.models import MODEL_PRESETS
 
     rows = []
     for name, spec in MODEL_PRESETS.items():
@@ -59,7 +59,7 @@ def models_table() -> str:
 
 
 def gpus_table() -> str:
-    from sim.gpus import GPU_PRESETS
+    from sim.hardware.gpus import GPU_PRESETS
 
     rows = [
         [

@@ -21,7 +21,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from sim.config import ClusterConfig, EngineConfig, ExperimentConfig, OutputConfig, VariantConfig
-from sim.costs import CostModelConfig
+from sim.costs.core import CostModelConfig
 from sim.offload import OffloadConfig
 from workloads import config as wl
 

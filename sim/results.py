@@ -33,7 +33,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from sim.outputs import read_requests, read_thinned
+from sim.outputs.sinks import read_requests, read_thinned
 from sim.runner import VariantResult
 
 
@@ -59,7 +59,7 @@ def write_run_files(
             replicas = pd.DataFrame([_flat(summary) for summary in result.replica_summaries])
             replicas.to_csv(variant_dir / REPLICAS_FILE, index=False)
     if figures:
-        from sim.plots import write_figures
+        from sim.outputs.plots import write_figures
 
         write_figures(load_results(folder), folder / "figures")
 

@@ -23,7 +23,6 @@ from policies.base import (
     policy_class,
 )
 from policies.contiguous import ContiguousPolicy
-from sim.capacity import KVCapacity, size_kv_pool
 from sim.cluster.cluster import Cluster, follow_up_of
 from sim.cluster.results import ClusterTotals, ReplicaSink, balance_metrics, replica_series, total_series
 from sim.cluster.routers import make_router
@@ -35,12 +34,13 @@ from sim.config import (
     ExperimentConfig,
     VariantConfig,
 )
-from sim.costs import CostModel, CostModelError, make_cost_model
-from sim.engine import Engine, EngineKnobs
-from sim.gpus import GpuSpec, resolve_gpu
-from sim.models import ModelSpec, resolve_model
+from sim.costs.core import CostModel, CostModelError, make_cost_model
+from sim.engine.core import Engine, EngineKnobs
+from sim.hardware.capacity import KVCapacity, size_kv_pool
+from sim.hardware.gpus import GpuSpec, resolve_gpu
+from sim.hardware.models import ModelSpec, resolve_model
 from sim.offload import OffloadConfig, host_load_seconds, host_tier_blocks, host_tier_summary
-from sim.outputs import FileSink, MemorySink, OutputSink
+from sim.outputs.sinks import FileSink, MemorySink, OutputSink
 from workloads import Workload, build_workload
 
 GIB = 1024**3

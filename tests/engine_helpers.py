@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sim.costs import CostModel, DecodeCost
+from sim.costs.core import CostModel, DecodeCost
 from workloads.request import Request
 
 

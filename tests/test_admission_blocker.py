@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from policies import PoolSpec, make_policy
-from sim.engine import Engine, EngineKnobs
-from sim.metrics import ADMISSION_BLOCKERS, KV_MEMORY, MAX_NUM_SEQS, TOKEN_BUDGET
+from sim.engine.core import Engine, EngineKnobs
+from sim.outputs.metrics import ADMISSION_BLOCKERS, KV_MEMORY, MAX_NUM_SEQS, TOKEN_BUDGET
 from tests.engine_helpers import RoundCostModel, request
 
 

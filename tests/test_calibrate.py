@@ -19,8 +19,8 @@ import pytest
 from calibrate.fit import fit_relative, quality
 from calibrate.grids import GRID_NAMES, make_grid
 from calibrate.runner import grid_points, load_samples, refit
-from sim.costs import REPO_ROOT, ProfileCostModel, load_profile
-from sim.models import resolve_model
+from sim.costs.core import REPO_ROOT, ProfileCostModel, load_profile
+from sim.hardware.models import resolve_model
 
 # --------------------------------------------------------------------------------------------------
 # Fitting (no torch)
@@ -239,7 +239,7 @@ def test_decoder_layer_chunking_and_decode_agree():
     """The whole layer: one prefill chunk == two chunks; a decode step == a 1-token chunk."""
     torch = pytest.importorskip("torch")
     from calibrate import kernels
-    from sim.costs import ProfileModel
+    from sim.costs.core import ProfileModel
 
     model = ProfileModel(
         name="t",

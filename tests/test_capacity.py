@@ -9,14 +9,14 @@ import dataclasses
 
 import pytest
 
-from sim.capacity import (
+from sim.hardware.capacity import (
     KVCapacity,
     ModelDoesNotFitError,
     estimate_activation_reserve,
     size_kv_pool,
 )
-from sim.gpus import GPU_PRESETS, GpuSpec, resolve_gpu
-from sim.models import MODEL_PRESETS
+from sim.hardware.gpus import GPU_PRESETS, GpuSpec, resolve_gpu
+from sim.hardware.models import MODEL_PRESETS
 
 GiB = 2**30
 MiB = 2**20

@@ -11,13 +11,13 @@ import pytest
 import yaml
 
 from policies.base import MemoryBreakdown, PoolSpec, make_policy
-from sim import columns
 from sim.cli import main
 from sim.cluster.cluster import Cluster
 from sim.cluster.routers import LeastKV, LeastRequests, PrefixAware, RoundRobin, SessionAffinity
 from sim.config import ClusterConfig, ConfigError, validate_experiment
-from sim.engine import Engine, EngineKnobs
-from sim.metrics import BREAKDOWN_COLUMNS, summary_key
+from sim.engine.core import Engine, EngineKnobs
+from sim.outputs import columns
+from sim.outputs.metrics import BREAKDOWN_COLUMNS, summary_key
 from sim.planning.steady import SteadyWindow
 from sim.planning.tasks import PointTask, run_point
 from sim.results import load_results

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from calibrate.analytic_profiles import DEFAULT_GPUS, analytic_profile
-from sim.costs import (
+from sim.costs.core import (
     REPO_ROOT,
     AnalyticCostModel,
     BlockCoefficients,
@@ -33,8 +33,8 @@ from sim.costs import (
     load_profile,
     make_cost_model,
 )
-from sim.gpus import GpuSpec, resolve_gpu
-from sim.models import ModelSpec, resolve_model
+from sim.hardware.gpus import GpuSpec, resolve_gpu
+from sim.hardware.models import ModelSpec, resolve_model
 
 PROFILES = REPO_ROOT / "configs" / "profiles"
 
@@ -427,7 +427,7 @@ def test_no_torch_import():
     import sys
 
     code = (
-        "import sys, sim.costs, calibrate, calibrate.cli, calibrate.fit, calibrate.grids, calibrate.runner, "
+        "import sys, sim.costs.core, calibrate, calibrate.cli, calibrate.fit, calibrate.grids, calibrate.runner, "
         "calibrate.analytic_profiles; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(REPO_ROOT))

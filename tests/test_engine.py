@@ -12,8 +12,8 @@ import pytest
 
 from policies import PoolSpec, make_policy
 from sim.config import VariantConfig
-from sim.engine import Engine, EngineKnobs
-from sim.metrics import requests_frame
+from sim.engine.core import Engine, EngineKnobs
+from sim.outputs.metrics import requests_frame
 from sim.runner import summarize
 from tests.engine_helpers import RoundCostModel, request
 
@@ -65,7 +65,7 @@ def test_two_requests_exact_times(step_mode):
 
 
 def _two_layer_profile():
-    from sim.costs import (
+    from sim.costs.core import (
         BlockCoefficients,
         CostProfile,
         LayerDecodeCoefficients,
@@ -491,14 +491,14 @@ def test_time_averages_and_summary_by_hand(step_mode):
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
 def test_streamed_outputs_equal_in_memory_outputs(tmp_path, monkeypatch, fmt):
     """Tables handed to a file sink in small chunks read back exactly as the in-memory ones."""
-    import sim.engine
-    import sim.metrics
-    from sim.outputs import FileSink
+    import sim.engine.core
+    import sim.outputs.metrics
+    from sim.outputs.sinks import FileSink
 
     pool = PoolSpec(16 * 24, 16, 160)
     memory = run("prefix", pool, random_requests(5, 30))
-    monkeypatch.setattr(sim.metrics, "CHUNK_ROWS", 7)
-    monkeypatch.setattr(sim.engine, "CHUNK_ROWS", 7)
+    monkeypatch.setattr(sim.outputs.metrics, "CHUNK_ROWS", 7)
+    monkeypatch.setattr(sim.engine.core, "CHUNK_ROWS", 7)
     sink = FileSink(tmp_path, fmt)
     policy = make_policy("prefix", pool)
     engine = Engine(

@@ -22,8 +22,8 @@ from __future__ import annotations
 import pytest
 
 from policies import PoolSpec, make_policy
-from sim.costs import CostModel, DecodeCost
-from sim.engine import Engine, EngineKnobs
+from sim.costs.core import CostModel, DecodeCost
+from sim.engine.core import Engine, EngineKnobs
 from tests.engine_helpers import request
 
 STEP_MODES = ["single", "skip"]

@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 from policies import OutOfKVMemory, PoolSpec, make_policy
 from policies.base import PolicyInputError, PrefixHit
 from policies.prefix import PrefixCachingPolicy, block_contents
-from sim.columns import SUMMARY
 from sim.config import ConfigError, load_experiment
-from sim.engine import Engine, EngineKnobs
-from sim.metrics import HOST_COLUMNS
+from sim.engine.core import Engine, EngineKnobs
+from sim.outputs.columns import SUMMARY
+from sim.outputs.metrics import HOST_COLUMNS
 from sim.runner import prepare_experiment, run_experiment
 from tests.engine_helpers import RoundCostModel
 from tests.test_policy_properties import PROMPTS, Driver

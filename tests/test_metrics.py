@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.metrics import STATE_COLUMNS, Recorder
-from sim.outputs import MemorySink
+from sim.outputs.metrics import STATE_COLUMNS, Recorder
+from sim.outputs.sinks import MemorySink
 
 KEYS = {
     "mean_used_frac",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.models import (
+from sim.hardware.models import (
     MODEL_PRESETS,
     ModelSpec,
     estimate_num_params,

@@ -216,3 +216,32 @@ def test_sigterm_removes_the_staging_folder_and_prints_one_line(tmp_path):
     assert process.returncode == 130
     assert "Traceback" not in stderr and "interrupted" in stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signal masks")
+@pytest.mark.parametrize("moment", ["staging made", "while renaming"])
+def test_an_interrupt_at_the_edges_of_staging_leaves_nothing_half_done(tmp_path, monkeypatch, moment):
+    """Ctrl-C arriving just after the staging folder exists (before the block runs) must not leave
+    it behind; one arriving during the final renames is delivered after them, so the target is
+    whole. The signal is sent to this process at exactly that moment."""
+    import sim.storage.folders as folders
+
+    target = tmp_path / "out"
+    hook = "_make_staging" if moment == "staging made" else "_replace"
+    original = getattr(folders, hook)
+
+    def interrupted(*args):
+        result = original(*args)
+        os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    monkeypatch.setattr(folders, hook, interrupted)
+    ran = []
+    with pytest.raises(KeyboardInterrupt), staged_output_dir(target, "run") as staging:
+        (staging / "summary.csv").write_text("x\n")
+        ran.append(True)
+    if moment == "staging made":
+        assert ran == [] and list(tmp_path.iterdir()) == []
+    else:
+        assert ran == [True] and [p.name for p in tmp_path.iterdir()] == ["out"]
+        assert (target / "summary.csv").read_text() == "x\n" and read_marker(target) is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from sim.metrics import KV_MEMORY, MAX_NUM_SEQS, TOKEN_BUDGET
+from sim.outputs.metrics import KV_MEMORY, MAX_NUM_SEQS, TOKEN_BUDGET
 from sim.planning.analysis import _sizing, binding_limit, rank
 from sim.planning.plan import Probe, SeedRun
 from sim.planning.plan_spec import SearchSpec, SLOs

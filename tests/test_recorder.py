@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-import sim.metrics
-from sim.metrics import SERIES_COLUMNS, STATE_COLUMNS, Recorder
-from sim.outputs import MemorySink
+import sim.outputs.metrics
+from sim.outputs.metrics import SERIES_COLUMNS, STATE_COLUMNS, Recorder
+from sim.outputs.sinks import MemorySink
 
 
 def state(used: int, free: int, running: int = 1, waiting: int = 0) -> tuple:
@@ -42,7 +42,7 @@ def test_rows_only_on_change_and_exact_averages():
 
 
 def test_full_chunks_go_to_the_sink(monkeypatch):
-    monkeypatch.setattr(sim.metrics, "CHUNK_ROWS", 3)
+    monkeypatch.setattr(sim.outputs.metrics, "CHUNK_ROWS", 3)
     sink = MemorySink()
     recorder = Recorder(100, sink)
     for step in range(7):

@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from sim import columns, reference
+from sim import reference
 from sim.cli import main
 from sim.config import validate_experiment
+from sim.outputs import columns
 
 ROOT = Path(__file__).resolve().parents[1]
 REGENERATE = "regenerate it with `make docs`"

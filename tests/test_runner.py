@@ -14,7 +14,7 @@ import pytest
 from policies import PoolSpec, make_policy
 from policies.base import PolicyStats
 from sim.config import ConfigError, EngineConfig, VariantConfig, validate_experiment
-from sim.metrics import Counters
+from sim.outputs.metrics import Counters
 from sim.runner import pin_prefixes, policy_name_for, run_variant, summarize
 
 NAN = math.nan
@@ -278,7 +278,7 @@ def test_every_pool_knob_reaches_the_sizing(engine, top, blocks, kv_bytes_per_to
 
 def test_every_engine_knob_reaches_the_engine(monkeypatch):
     import sim.runner
-    from sim.engine import Engine, EngineKnobs
+    from sim.engine.core import Engine, EngineKnobs
 
     built = {}
 

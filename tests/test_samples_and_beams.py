@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from policies import PoolSpec, make_policy
-from sim.engine import Engine, EngineKnobs
-from sim.metrics import requests_frame
+from sim.engine.core import Engine, EngineKnobs
+from sim.outputs.metrics import requests_frame
 from tests.engine_helpers import RoundCostModel, request
 
 

@@ -24,8 +24,8 @@ import pytest
 
 from policies import PoolSpec, make_policy
 from sim.config import VariantConfig
-from sim.costs import CostModel, DecodeCost
-from sim.engine import Engine, EngineKnobs
+from sim.costs.core import CostModel, DecodeCost
+from sim.engine.core import Engine, EngineKnobs
 from sim.runner import summarize
 from tests.engine_helpers import RoundCostModel, request
 

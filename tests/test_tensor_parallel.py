@@ -11,9 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.capacity import size_kv_pool
 from sim.cli import main
-from sim.costs import (
+from sim.costs.core import (
     ALL_REDUCE_LATENCY_S,
     AllReduceCost,
     AnalyticCostModel,
@@ -23,9 +22,10 @@ from sim.costs import (
     load_profile,
     make_cost_model,
 )
-from sim.derated import DeratedCostModel
-from sim.gpus import GPU_PRESETS, resolve_gpu
-from sim.models import MODEL_PRESETS
+from sim.costs.derated import DeratedCostModel
+from sim.hardware.capacity import size_kv_pool
+from sim.hardware.gpus import GPU_PRESETS, resolve_gpu
+from sim.hardware.models import MODEL_PRESETS
 from sim.results import load_results
 
 LLAMA_8B = MODEL_PRESETS["Llama-3.1-8B"]

@@ -1,5 +1,5 @@
 """Vidur's measured operations: the copies in calibrate/vidur_data, the profiles built from them, the
-derating factors in sim/gpus.py and the error bands printed with every run. No torch needed."""
+derating factors in sim/hardware/gpus.py and the error bands printed with every run. No torch needed."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import hashlib
 import pytest
 
 from calibrate import vidur
-from sim.costs import ANALYTIC_ERROR_BAND, ProfileCostModel, load_profile
-from sim.gpus import EFFICIENCY_PRESETS
-from sim.models import resolve_model
+from sim.costs.core import ANALYTIC_ERROR_BAND, ProfileCostModel, load_profile
+from sim.hardware.gpus import EFFICIENCY_PRESETS
+from sim.hardware.models import resolve_model
 
 DATA_README = vidur.DATA / "README.md"
 
@@ -106,7 +106,7 @@ def test_profiles_run_for_their_models():
 
 
 def test_presets_are_the_fitted_factors_and_bands():
-    """sim/gpus.py holds the factors a fresh fit gives (3 significant digits) and the bands it prints
+    """sim/hardware/gpus.py holds the factors a fresh fit gives (3 significant digits) and the bands it prints
     are the ones recomputed here; the analytic roofline's band too."""
     fitted = vidur.fitted_efficiencies()
     assert vidur.check_presets(fitted, EFFICIENCY_PRESETS) == []

@@ -22,7 +22,7 @@ DETECTED = {"killed", "timeout", "caught by type check"}
 
 
 def module_of(mutant: str) -> str:
-    """``sim.engine.xǁEngineǁ_loop__mutmut_3`` -> ``sim.engine``; ``sim.event_skip.x_f__mutmut_1`` -> ``sim.event_skip``."""
+    """``sim.engine.core.xǁEngineǁ_loop__mutmut_3`` -> ``sim.engine.core``; ``sim.engine.event_skip.x_f__mutmut_1`` -> ``sim.engine.event_skip``."""
     return re.split(r"\.x[_ǁ]", mutant, maxsplit=1)[0]
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import simpy
 
 from sim.cluster.routers import Router
-from sim.engine import Engine
+from sim.engine.core import Engine
 from workloads.base import Workload
 from workloads.request import Request
 

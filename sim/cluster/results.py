@@ -20,14 +20,14 @@ import numpy as np
 import pandas as pd
 
 from policies.base import PolicyStats
-from sim.metrics import (
+from sim.outputs.metrics import (
     ADMISSION_BLOCKERS,
     SERIES_COLUMNS,
     Counters,
     RequestRecord,
     averages_from_areas,
 )
-from sim.outputs import OutputSink, thin
+from sim.outputs.sinks import OutputSink, thin
 
 
 class ReplicaSink:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, ClassVar
 from sim.config import ClusterConfig
 
 if TYPE_CHECKING:
-    from sim.engine import Engine
+    from sim.engine.core import Engine
     from workloads.request import Request
 
 

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from policies._host_tier import HostTierStats
 from policies.base import KVCachePolicy
-from sim.costs import CostModel
+from sim.costs.core import CostModel
 
 GIB = 1024**3
 
@@ -61,7 +61,7 @@ def host_load_seconds(config: OffloadConfig, costs: CostModel, block_bytes: int)
 
 
 def host_tier_summary(policies: list[KVCachePolicy], block_bytes: int, host_load_s: float) -> dict[str, Any]:
-    """The host tier's summary columns (``sim/columns.py``) over ``policies`` (one engine's, or every
+    """The host tier's summary columns (``sim/outputs/columns.py``) over ``policies`` (one engine's, or every
     replica's of a cluster, each with its own tier), summed; zeros without a tier."""
     tiers = [policy.host_tier for policy in policies if policy.host_tier is not None]
     stats = [tier.stats for tier in tiers] or [HostTierStats()]

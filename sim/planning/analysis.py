@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from sim.metrics import ADMISSION_BLOCKERS
+from sim.outputs.metrics import ADMISSION_BLOCKERS
 from sim.planning.plan_spec import Candidate, Plan
 from sim.planning.search import describe
 from sim.planning.units import seconds

@@ -30,7 +30,6 @@ from typing import Any, TypeVar
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
-from sim.capacity import KVCapacity, ModelDoesNotFitError, size_kv_pool
 from sim.config import (
     ClusterConfig,
     ConfigError,
@@ -39,8 +38,9 @@ from sim.config import (
     VariantConfig,
     validate_experiment,
 )
-from sim.gpus import resolve_gpu
-from sim.models import resolve_model
+from sim.hardware.capacity import KVCapacity, ModelDoesNotFitError, size_kv_pool
+from sim.hardware.gpus import resolve_gpu
+from sim.hardware.models import resolve_model
 from sim.planning.preflight import preflight
 from sim.planning.schema import Strict, did_you_mean, read_yaml_mapping, set_key_path, validate_file
 from sim.planning.spec import point_id, shown

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from policies.base import PolicyError, PoolSpec, make_policy
-from sim.capacity import KVCapacity
 from sim.config import ConfigError, ExperimentConfig
-from sim.costs import CostModelError, make_cost_model
+from sim.costs.core import CostModelError, make_cost_model
+from sim.hardware.capacity import KVCapacity
 from sim.runner import policy_name_for, resolve_hardware, size_pool
 from workloads import WorkloadError, build_workload
 

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from policies.base import MemoryBreakdown
-from sim.metrics import ADMISSION_BLOCKERS, summary_key
+from sim.outputs.metrics import ADMISSION_BLOCKERS, summary_key
 
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")  # queue: arrival to admission
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.config import validate_experiment
-from sim.outputs import read_requests, read_thinned
+from sim.outputs.sinks import read_requests, read_thinned
 from sim.planning.steady import SteadyWindow, steady_metrics
 
 STEADY_FILE = "steady.json"

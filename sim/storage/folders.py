@@ -26,6 +26,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -298,13 +299,38 @@ def staged_output_dir(
     target = check_output_target(out_dir, kind)
     target.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_staging(target, log)
+    # Ctrl-C or SIGTERM between creating the staging folder and entering ``try`` would leave it behind,
+    # and one during the final renames would leave a half-replaced target: both wait until it is safe.
+    mask = _defer_interrupts()
     staging = _make_staging(target)
+    committed = False
     try:
+        _restore_interrupts(mask)
         yield staging
+        mask = _defer_interrupts()
         (staging / STAGING_MARKER).unlink()
         write_marker(staging, kind, config_digest, list_files=True)
         _replace(staging, target, kind)
+        committed = True
     except BaseException:
-        with contextlib.suppress(OSError):
-            shutil.rmtree(staging)
+        if not committed:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(staging)
         raise
+    finally:
+        _restore_interrupts(mask)  # an interrupt that came during the renames is delivered now
+
+
+_INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _defer_interrupts() -> set[signal.Signals | int] | None:
+    """Hold SIGINT/SIGTERM back (POSIX); returns the mask to restore."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return None  # Windows: no signal masks; the window stays, as small as it is
+    return signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTS)
+
+
+def _restore_interrupts(mask: set[signal.Signals | int] | None) -> None:
+    if mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)

@@ -11,10 +11,10 @@ import pandas as pd
 from pydantic import Field, model_validator
 
 from policies.base import MemoryBreakdown, PoolSpec, make_policy, token_ids
-from sim.capacity import size_kv_pool
-from sim.costs import make_cost_model
-from sim.gpus import resolve_gpu
-from sim.models import resolve_model
+from sim.costs.core import make_cost_model
+from sim.hardware.capacity import size_kv_pool
+from sim.hardware.gpus import resolve_gpu
+from sim.hardware.models import resolve_model
 from sim.validation.claims import Claim, _Strict
 from sim.validation.registry import CheckOutput, Measured, RunContext, register_check
 from sim.validation.runs import (

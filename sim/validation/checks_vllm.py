@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
-from sim.capacity import size_kv_pool
 from sim.config import ConfigError
-from sim.models import resolve_model
+from sim.hardware.capacity import size_kv_pool
+from sim.hardware.models import resolve_model
 from sim.runner import VariantResult
 from sim.validation.claims import Claim, Target, _Strict
 from sim.validation.registry import CheckOutput, Measured, RunContext, register_check

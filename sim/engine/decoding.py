@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from policies.base import KVCachePolicy
-from sim.metrics import RequestRecord
+from sim.outputs.metrics import RequestRecord
 from workloads.request import Request
 
 NEVER = 1 << 62

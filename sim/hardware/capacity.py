@@ -10,8 +10,8 @@ then logs ``GPU KV cache size: N tokens`` (N = num_blocks x block_size) and ``Ma
 for L tokens per request: X.XXx`` (X = num_blocks / ceil(L / block_size)). ``kv_cache_memory_bytes``
 replaces the computed ``available``; ``num_gpu_blocks_override`` replaces ``num_blocks``.
 
-:func:`size_kv_pool` does the same arithmetic with a model and a GPU from :mod:`sim.models` and
-:mod:`sim.gpus`. Profiling is replaced by an estimate (:func:`estimate_activation_reserve`) that
+:func:`size_kv_pool` does the same arithmetic with a model and a GPU from :mod:`sim.hardware.models` and
+:mod:`sim.hardware.gpus`. Profiling is replaced by an estimate (:func:`estimate_activation_reserve`) that
 the caller can override with ``activation_reserve_bytes``.
 """
 
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Literal
 
-from sim.gpus import GpuSpec, resolve_gpu
-from sim.models import ModelSpec, resolve_model
+from sim.hardware.gpus import GpuSpec, resolve_gpu
+from sim.hardware.models import ModelSpec, resolve_model
 
 __all__ = [
     "DEFAULT_PROFILE_NUM_SEQS",

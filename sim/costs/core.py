@@ -11,8 +11,8 @@ iteration); block copies (copy-on-write, fork) and swaps add theirs.
 
 Three sources of numbers:
 
-* :class:`sim.derated.DeratedCostModel` (the default, ``cost_model: derated``): the roofline with
-  the efficiency factors of the GPU preset (:class:`sim.gpus.Efficiency`, fitted to measured GPU
+* :class:`sim.costs.derated.DeratedCostModel` (the default, ``cost_model: derated``): the roofline with
+  the efficiency factors of the GPU preset (:class:`sim.hardware.gpus.Efficiency`, fitted to measured GPU
   operations), fixed per-layer costs, only the embedding rows used, LM-head FLOPs only for rows
   that need logits, and the cached-prefix K/V read during prefill.
 * :class:`AnalyticCostModel` (``cost_model: analytic``): a roofline from the model's shapes and the
@@ -41,10 +41,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 if TYPE_CHECKING:
-    from sim.gpus import GpuSpec
-    from sim.models import ModelSpec
+    from sim.hardware.gpus import GpuSpec
+    from sim.hardware.models import ModelSpec
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 DEFAULT_HOST_BANDWIDTH_BYTES_PER_S = 25e9
 """Host <-> device bandwidth used for swaps when nothing was measured: 25 GB/s, roughly what a
@@ -130,7 +130,7 @@ class CostModelError(ValueError):
 
 
 class ModelShape(Protocol):
-    """The shape fields of ``sim.models.ModelSpec`` (and of a profile's :class:`ProfileModel`)."""
+    """The shape fields of ``sim.hardware.models.ModelSpec`` (and of a profile's :class:`ProfileModel`)."""
 
     @property
     def num_layers(self) -> int: ...
@@ -199,9 +199,9 @@ def layer_matmul_params(model: ModelShape) -> int:
 
 
 def checked_tensor_parallel(model: ModelShape | ModelSpec, tensor_parallel_size: int) -> int:
-    """``tensor_parallel_size`` after vLLM's checks (:func:`sim.models.check_tensor_parallel`), or a
+    """``tensor_parallel_size`` after vLLM's checks (:func:`sim.hardware.models.check_tensor_parallel`), or a
     :class:`CostModelError` with vLLM's words."""
-    from sim.models import check_tensor_parallel
+    from sim.hardware.models import check_tensor_parallel
 
     try:
         check_tensor_parallel(model, tensor_parallel_size)
@@ -267,7 +267,7 @@ class AllReduceCost:
         gpu: GpuSpec,
         tensor_parallel_size: int,
     ) -> AllReduceCost:
-        from sim.models import activation_dtype_bytes
+        from sim.hardware.models import activation_dtype_bytes
 
         tp = tensor_parallel_size
         if tp == 1:
@@ -1048,5 +1048,5 @@ def make_cost_model(
 
 
 # The derated model lives in its own module (it needs these definitions); re-exported here so that
-# ``from sim.costs import DeratedCostModel`` works like the other cost models.
-from sim.derated import DeratedCostModel  # noqa: E402
+# ``from sim.costs.core import DeratedCostModel`` works like the other cost models.
+from sim.costs.derated import DeratedCostModel  # noqa: E402

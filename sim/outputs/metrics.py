@@ -2,7 +2,7 @@
 
 The engine hands the recorder the state after every event as one tuple (:data:`STATE_COLUMNS`). A
 row is written only when the state changed, into a preallocated numpy buffer that goes to the output
-sink (``sim/outputs.py``) when it is full, so memory holds at most one chunk of rows whatever the run.
+sink (``sim/outputs/sinks.py``) when it is full, so memory holds at most one chunk of rows whatever the run.
 
 Time averages are exact. The state holds its value from one recorded instant to the next; inside an
 event-skipping jump the engine also reports the instants at which the policy changed
@@ -21,7 +21,7 @@ import pandas as pd
 from policies.base import MemoryBreakdown
 
 if TYPE_CHECKING:
-    from sim.outputs import OutputSink
+    from sim.outputs.sinks import OutputSink
 
 CHUNK_ROWS = 50_000  # rows buffered before they go to the sink
 

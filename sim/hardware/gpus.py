@@ -81,7 +81,7 @@ _PCIE_GEN5 = 128 * GB
 @dataclass(frozen=True)
 class Efficiency:
     """How far real kernels fall short of the datasheet, for the derated cost model
-    (:class:`sim.derated.DeratedCostModel`).
+    (:class:`sim.costs.derated.DeratedCostModel`).
 
     Fractions are of the GPU's datasheet HBM bandwidth or dense FP16 FLOP/s; ``*_s`` fields are
     fixed times per decoder layer (seconds). ``source`` says where the numbers come from and

@@ -7,13 +7,13 @@ requests first, then waiting requests while the policy can allocate; when a runn
 grow, the most recently admitted request is preempted (recompute: freed and requeued at the front;
 swap: its KV moves to a host pool).
 
-Event skipping: decode tokens are counted on a decode clock (``sim/decoding.py``) and reach the
+Event skipping: decode tokens are counted on a decode clock (``sim/engine/decoding.py``) and reach the
 policy only when a sequence's held slots run out, so a decode iteration costs nothing per sequence.
 After an iteration has started, the ones that follow are deterministic until an event: a completion
 (a prompt done, a request finished, a beam decision), an iteration start at which an admission could
 change something (a free token budget and a waiting head that might fit, or an arrival), or a
 sequence needing a block when the pool might not have it. Up to that event the decode batch is
-fixed, so decode-only iterations are an arithmetic series (``sim/event_skip.py``) and chunked-prefill
+fixed, so decode-only iterations are an arithmetic series (``sim/engine/event_skip.py``) and chunked-prefill
 iterations a short deterministic schedule; the blocks sequences take inside the jump are taken, in the
 order single steps would take them, when the jump ends, and observed at the instants they were due
 so time averages stay exact. ``step_mode="single"`` tells the policy every token and steps every
@@ -41,10 +41,10 @@ import numpy as np
 import simpy
 
 from policies.base import ChildSpec, KVCachePolicy, OutOfKVMemory, TokenContent
-from sim.costs import CostModel
-from sim.decoding import NEVER, DecodeClock, RequestState
-from sim.event_skip import JumpTimeline, iterations_to_reach
-from sim.metrics import (
+from sim.costs.core import CostModel
+from sim.engine.decoding import NEVER, DecodeClock, RequestState
+from sim.engine.event_skip import JumpTimeline, iterations_to_reach
+from sim.outputs.metrics import (
     CHUNK_ROWS,
     KV_MEMORY,
     MAX_NUM_SEQS,
@@ -53,7 +53,7 @@ from sim.metrics import (
     Recorder,
     RequestRecord,
 )
-from sim.outputs import MemorySink, OutputSink
+from sim.outputs.sinks import MemorySink, OutputSink
 from workloads.request import Request
 
 
@@ -811,7 +811,7 @@ class Engine:
 
     def _admission_blocker(self, preemptions_before: int) -> int:
         """Why the queue's head is still waiting once this iteration's admissions are done, as an index
-        into ``sim.metrics.ADMISSION_BLOCKERS``: nothing waits; ``kv_memory`` (it does not fit, or a preemption
+        into ``sim.outputs.metrics.ADMISSION_BLOCKERS``: nothing waits; ``kv_memory`` (it does not fit, or a preemption
         stopped admissions, as in vLLM); ``max_num_seqs`` (the batch is full); ``token_budget`` (it
         would fit, but this iteration's ``max_num_batched_tokens`` went to other work). Recorded in the
         time series so that capacity planning reads the binding limit from the simulation."""
@@ -1022,7 +1022,7 @@ class Engine:
         )
 
     def _state(self) -> tuple:
-        """The state the recorder keeps (``sim.metrics.STATE_COLUMNS``)."""
+        """The state the recorder keeps (``sim.outputs.metrics.STATE_COLUMNS``)."""
         stats = self.policy.stats
         counters = self.counters
         return self._averaged_state() + (
@@ -1040,7 +1040,7 @@ class Engine:
         )
 
     def _host_state(self) -> tuple[int, ...]:
-        """The host tier's part of the state (``sim.metrics.HOST_COLUMNS``); zeros without one."""
+        """The host tier's part of the state (``sim.outputs.metrics.HOST_COLUMNS``); zeros without one."""
         tier = self.policy.host_tier
         if tier is None:
             return _NO_HOST_TIER

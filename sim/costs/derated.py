@@ -1,8 +1,8 @@
 """The derated analytic cost model: the roofline with measured efficiency factors and fixed costs.
 
-The analytic roofline (:class:`sim.costs.AnalyticCostModel`) assumes datasheet peaks and nothing
+The analytic roofline (:class:`sim.costs.core.AnalyticCostModel`) assumes datasheet peaks and nothing
 else, and lands 3-65 % too fast against measured GPU iterations. This model keeps the roofline's
-structure but takes from :class:`sim.gpus.Efficiency` (fitted to Vidur's measured operations, see
+structure but takes from :class:`sim.hardware.gpus.Efficiency` (fitted to Vidur's measured operations, see
 ``calibrate/vidur.py``) how fast real kernels run, and adds what the roofline leaves out. Per
 iteration of ``T`` tokens (``B`` decoding sequences holding ``C`` tokens, plus prefill chunks):
 
@@ -27,11 +27,11 @@ Tensor parallelism (``tensor_parallel_size`` > 1): each GPU holds ``1 / tp`` of 
 vocabulary of the embedding and LM head too), ``1 / tp`` of the attention heads and MLP width, and
 ``max(1, kv_heads // tp)`` KV heads; the GPUs run at once, so the weight reads, FLOPs, split
 elementwise kernels (rotary, activation) and K/V reads divide, while the norms and residual adds
-(replicated on every GPU) and the fixed per-layer floors do not. :class:`sim.costs.AllReduceCost`
+(replicated on every GPU) and the fixed per-layer floors do not. :class:`sim.costs.core.AllReduceCost`
 adds two all-reduces per layer. Decode attention's per-sequence cost is kept whole (it was fitted
 at TP 1 and is not known to scale with heads).
 
-Decode iterations must be linear in the batch (event skipping, :mod:`sim.event_skip`): for them the
+Decode iterations must be linear in the batch (event skipping, :mod:`sim.engine.event_skip`): for them the
 quadrature sum is replaced by its least-squares line (relative error) over batches 1..256 taken at
 geometric spacing, i.e. equal weight per doubling of the batch; the line is within 6 % of the
 quadrature sum from 1 to 128 sequences and 12 % at 256 for Vidur's A100 factors. Iterations that
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.costs import (
+from sim.costs.core import (
     DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
     AllReduceCost,
     CostModel,
@@ -60,8 +60,8 @@ from sim.costs import (
 )
 
 if TYPE_CHECKING:
-    from sim.gpus import Efficiency, GpuSpec
-    from sim.models import ModelSpec
+    from sim.hardware.gpus import Efficiency, GpuSpec
+    from sim.hardware.models import ModelSpec
 
 DECODE_LINEARIZATION_BATCHES = tuple(sorted({round(2 ** (8 * i / 63)) for i in range(64)}))
 """Batch sizes the decode line is fitted over: 64 geometrically spaced points from 1 to 256 (after

@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sim.metrics import RequestRecord, requests_frame
+from sim.outputs.metrics import RequestRecord, requests_frame
 
 
 class OutputSink(Protocol):
