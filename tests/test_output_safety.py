@@ -221,7 +221,7 @@ def test_sigterm_removes_the_staging_folder_and_prints_one_line(tmp_path):
 @pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signal masks")
 @pytest.mark.parametrize("moment", ["staging made", "while renaming"])
 def test_an_interrupt_at_the_edges_of_staging_leaves_nothing_half_done(tmp_path, monkeypatch, moment):
-    """Ctrl-C arriving just after the staging folder exists (before the block runs) must not leave
+    """Ctrl-C or SIGTERM arriving just after the staging folder exists (before the block runs) must not leave
     it behind; one arriving during the final renames is delivered after them, so the target is
     whole. The signal is sent to this process at exactly that moment."""
     import sim.storage.folders as folders
@@ -232,14 +232,21 @@ def test_an_interrupt_at_the_edges_of_staging_leaves_nothing_half_done(tmp_path,
 
     def interrupted(*args):
         result = original(*args)
-        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
         return result
 
+    def as_the_cli_does(signum, frame):
+        raise KeyboardInterrupt
+
     monkeypatch.setattr(folders, hook, interrupted)
+    previous = signal.signal(signal.SIGTERM, as_the_cli_does)  # test workers may ignore SIGINT
     ran = []
-    with pytest.raises(KeyboardInterrupt), staged_output_dir(target, "run") as staging:
-        (staging / "summary.csv").write_text("x\n")
-        ran.append(True)
+    try:
+        with pytest.raises(KeyboardInterrupt), staged_output_dir(target, "run") as staging:
+            (staging / "summary.csv").write_text("x\n")
+            ran.append(True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if moment == "staging made":
         assert ran == [] and list(tmp_path.iterdir()) == []
     else:
