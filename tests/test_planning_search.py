@@ -10,7 +10,7 @@ from sim.planning.analysis import _sizing, binding_limit, rank
 from sim.planning.plan import Probe, SeedRun
 from sim.planning.plan_spec import SearchSpec, SLOs
 from sim.planning.search import RateSearch, describe, nice_rate, violations
-from sim.planning.steady import SteadyWindow, steady_metrics, window_bounds
+from sim.planning.steady import SteadyWindow, steady_metrics, window_and_fill_deficit, window_bounds
 
 
 def search_against(capacity: float, **spec) -> RateSearch:
@@ -69,6 +69,10 @@ def test_violations_check_the_late_half_and_describe_ranges():
     )
     assert describe(seeds) == ["p99 TTFT 2.74 s–3.20 s > 2.00 s", "queue growth 12.0% > 5.0%"]
     assert describe(missing) == ["p99 TTFT none finished > 2.00 s", "p50 TPOT none finished > 50 ms"]
+    # A window that opened 3 s before the system filled: the probe measured the ramp-up.
+    short = violations(fine | {"queue_growth_frac": 0.0, "fill_deficit_s": 3.0}, slos)
+    assert [(v.slo, v.where, v.value) for v in short] == [("max_fill_deficit_s", "window", 3.0)]
+    assert violations(fine | {"queue_growth_frac": 0.0, "fill_deficit_s": 0.0}, slos) == []
 
 
 def failing_probe(broken: dict, blocked: dict, queue_p99: float = 0.9, ttft_p99: float = 1.0) -> Probe:
@@ -91,6 +95,7 @@ OK_LATENCIES = {"ttft_p99_s": 1.0, "late_ttft_p99_s": 1.0, "tpot_p50_s": 0.01, "
         ({"ttft_p99_s": 3.0}, {"token_budget": 0.02}, 2.8, "token_budget"),
         ({"ttft_p99_s": 3.0}, {"kv_memory": 0.3}, 0.2, "compute"),  # slow prefills, not waits
         ({"ttft_p99_s": 3.0}, {}, 2.8, "compute"),  # waited, but nothing held admissions back
+        ({"fill_deficit_s": 4.0}, {"kv_memory": 0.3}, 0.2, "probe_length"),  # SLOs met on a ramp-up
     ],
 )
 def test_binding_limit(broken, blocked, queue, expected):
@@ -192,6 +197,7 @@ def test_steady_window_by_hand():
     got = steady_metrics(requests, series, 100, SteadyWindow(0.2, 0.1))
     assert (got["window_start_s"], got["window_end_s"]) == pytest.approx((2.0, 8.1))
     assert got["window_requests"] == 7  # arrivals 2..8
+    assert got["fill_deficit_s"] == 0.0  # the warm-up (2 s) covered the fill
     assert got["ttft_p50_s"] == pytest.approx(0.6)  # median of 0.3..0.9
     # The late half holds arrivals after 5.05 s (6..8: TTFT 0.7..0.9); numpy's p99 interpolates.
     assert got["late_ttft_p99_s"] == pytest.approx(0.898)
@@ -221,6 +227,8 @@ def test_short_probe_keeps_half_its_window():
         }
     )
     assert window_bounds(requests, SteadyWindow(0.2, 0.2)) == pytest.approx((2.0 + 3.0, 8.0))
+    # The system fills at 0 + 100 s; the window opened at 5 s: 95 s too early, so the probe cannot pass.
+    assert window_and_fill_deficit(requests, SteadyWindow(0.2, 0.2))[2] == pytest.approx(95.0)
 
 
 def test_ranking_by_hourly_cost_then_gpus_then_rate():

@@ -52,6 +52,7 @@ LIMIT_LABELS = {
     "token_budget": "token budget (max_num_batched_tokens)",
     "compute": "compute",
     "request_length": "request length (max_model_len)",
+    "probe_length": "probe too short (a lower bound)",
 }
 # When the p99 wait for admission is at least this share of p99 TTFT, queueing broke the SLOs and
 # whatever held admissions back is the binding limit; below it the iterations themselves are slow.
@@ -83,6 +84,15 @@ def binding_limit(failing: Probe | None) -> dict[str, Any]:
     if broken & {"tpot_p50_s", "tpot_p99_s"}:
         return _limit(
             "compute", "per-token latency broke its SLO: the batch's decode iterations are too slow", evidence
+        )
+    if broken == {"max_fill_deficit_s"}:
+        deficit = spread([run.steady.get("fill_deficit_s") for run in failing.runs])["max"] or 0.0
+        return _limit(
+            "probe_length",
+            f"the probe's requests all arrived within the time the system takes to fill (the window opened "
+            f"{seconds(deficit)} early): it measured the ramp-up, not this rate's steady state, so the "
+            "maximum rate is a lower bound; raise search.min_requests or search.min_duration_s",
+            evidence,
         )
     if broken == {"max_rejected_frac"}:
         return _limit(

@@ -100,7 +100,9 @@ class CandidateGrid(Strict):
 class SLOs(Strict):
     """Service-level objectives a rate must meet, on the steady-state window of every seed (upper
     bounds). ``max_queue_growth_frac`` is always checked: without it a plan with only a TPOT SLO
-    would call any rate sustainable while the queue grows without end."""
+    would call any rate sustainable while the queue grows without end. So is ``max_fill_deficit_s``:
+    a probe whose requests all arrive before the system has filled measures the ramp-up, which meets
+    latency SLOs that the same rate breaks once the batch is full."""
 
     ttft_p99_s: PositiveFloat | None = None
     ttft_p50_s: PositiveFloat | None = None
@@ -116,6 +118,13 @@ class SLOs(Strict):
         description="Waiting requests at the window's end minus at its start, over the window's arrivals: "
         "above it the queue is still growing (the rate is not sustainable).",
     )
+    max_fill_deficit_s: float = Field(
+        0.0,
+        ge=0,
+        description="How long the steady window may open before the system has filled (first arrival + "
+        "mean end-to-end latency). Above it the probe is too short for its rate: it measured the ramp-up, "
+        "so the rate does not count as sustainable (raise `search.min_requests` or `min_duration_s`).",
+    )
 
     @model_validator(mode="after")
     def _at_least_one(self) -> SLOs:
@@ -125,7 +134,7 @@ class SLOs(Strict):
         return self
 
     def limits(self) -> dict[str, float]:
-        """Every SLO that is set (the queue-growth check always is): name -> upper bound."""
+        """Every SLO that is set (the queue-growth and fill checks always are): name -> upper bound."""
         return {name: getattr(self, name) for name in SLO_METRICS if getattr(self, name) is not None}
 
 
@@ -139,8 +148,14 @@ SLO_METRICS: dict[str, tuple[str, str, str]] = {
     "max_preemptions_per_request": ("preemptions_per_request", "per request", "preemptions"),
     "max_rejected_frac": ("rejected_frac", "share", "rejected"),
     "max_queue_growth_frac": ("queue_growth_frac", "share", "queue growth"),
+    "max_fill_deficit_s": (
+        "fill_deficit_s",
+        "s",
+        "probe too short: window opened before the system filled by",
+    ),
 }
-USER_SLOS = [name for name in SLO_METRICS if name != "max_queue_growth_frac"]
+ALWAYS_CHECKED = ("max_queue_growth_frac", "max_fill_deficit_s")
+USER_SLOS = [name for name in SLO_METRICS if name not in ALWAYS_CHECKED]
 
 
 class ClusterCheck(Strict):

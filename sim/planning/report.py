@@ -133,7 +133,8 @@ def _assumptions(plan: Plan, results: list[dict[str, Any]]) -> dict[str, Any]:
             "(warm-up, lasting at least one mean end-to-end latency and at most half the window) and the last "
             f"{search.drain_frac:.0%} (drain); a rate passes when every seed meets every "
             "SLO on that window (latencies on its late half too) and its waiting queue grows by at most "
-            f"{spec.slos.max_queue_growth_frac:.0%} of the window's arrivals"
+            f"{spec.slos.max_queue_growth_frac:.0%} of the window's arrivals; a probe too short to fill the "
+            "system before its window opens (the warm-up cut at half the window) does not pass"
         ),
         "search": (
             f"bracket from {search.start_rate_per_s:g} req/s by x{search.growth:g}, then bisect until the failing "

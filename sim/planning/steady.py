@@ -5,7 +5,8 @@ shrinking batch). Capacity questions are about the regime in between, so a probe
 **window** of arrival times: requests that arrived after the first ``warmup_frac`` and before the last
 ``drain_frac`` of the arrivals, and the time series over the same interval. The warm-up also lasts at
 least one mean residence time (mean end-to-end latency: by Little's law the system takes about that
-long to fill), capped at half the window so that a short probe still measures something. The window
+long to fill), capped at half the window; when the cap cuts it short (``fill_deficit_s`` > 0) the probe
+is too short for its rate and the search does not count it as sustainable. The window
 is also cut in two halves; a queue that keeps growing shows up as a late half worse than the whole
 (see ``sim.planning.search``).
 """
@@ -34,27 +35,37 @@ class SteadyWindow:
 
 
 def window_bounds(requests: pd.DataFrame, window: SteadyWindow) -> tuple[float, float]:
+    start, end, _ = window_and_fill_deficit(requests, window)
+    return start, end
+
+
+def window_and_fill_deficit(requests: pd.DataFrame, window: SteadyWindow) -> tuple[float, float, float]:
+    """The window's start and end, and by how much it opens before the system has filled (0 when the
+    warm-up covered the fill; > 0 when the cap at half the window cut it short: the probe is too short
+    for its rate, and what it measures is still the ramp-up)."""
     times = requests["arrival_s"].to_numpy(dtype=float)
     if len(times) == 0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     start = float(np.quantile(times, window.warmup_frac))
     end = float(np.quantile(times, 1.0 - window.drain_frac))
     residence = requests.loc[requests["outcome"] == "finished", "e2e_s"].dropna()
-    if len(residence):
-        filled = float(times.min() + residence.mean())
-        start = min(max(start, filled), start + (end - start) / 2)
-    return start, end
+    if not len(residence):
+        return start, end, 0.0
+    filled = float(times.min() + residence.mean())
+    start = min(max(start, filled), start + (end - start) / 2)
+    return start, end, max(0.0, filled - start)
 
 
 def steady_metrics(
     requests: pd.DataFrame, timeseries: pd.DataFrame, pool_tokens: int, window: SteadyWindow
 ) -> dict[str, Any]:
     """Latencies, rates, memory shares and admission stops over the steady-state window."""
-    start, end = window_bounds(requests, window)
+    start, end, fill_deficit = window_and_fill_deficit(requests, window)
     inside = requests[(requests["arrival_s"] >= start) & (requests["arrival_s"] <= end)]
     middle = (start + end) / 2
     late = inside[inside["arrival_s"] >= middle]
     metrics: dict[str, Any] = {"window_start_s": start, "window_end_s": end, "window_requests": len(inside)}
+    metrics["fill_deficit_s"] = fill_deficit
     metrics |= _latencies(inside, "")
     metrics |= _latencies(late, "late_")
     metrics |= _rates(requests, inside, start, end)

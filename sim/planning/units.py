@@ -50,6 +50,7 @@ METRIC_LABELS = {
     "peak_running": "peak running requests",
     "mean_waiting": "mean waiting requests",
     "queue_growth_frac": "queue growth (share of the window's arrivals)",
+    "fill_deficit_s": "window opened before the system filled by (probe too short if > 0)",
     "preemptions_per_request": "preemptions per request",
     "rejected_frac": "rejected requests",
     "mean_kv_cache_usage_frac": "KV cache usage (vLLM's kv_cache_usage_perc)",
