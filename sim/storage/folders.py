@@ -26,7 +26,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -259,13 +258,18 @@ def clean_stale_staging(out_dir: Path, log: Callable[[str], None] | None = None)
     return removed
 
 
-def _make_staging(out_dir: Path) -> Path:
+def _make_staging(out_dir: Path, trying: list[Path]) -> Path:
+    """Create a staging folder beside ``out_dir``. ``trying`` holds the name being created *before* it
+    is created, so that an interrupt at any moment (a signal handler runs between any two bytecodes)
+    leaves the caller a name to clean up."""
     # os.mkdir honours the umask (tempfile.mkdtemp would make it 0700, unreadable to colleagues).
     for _ in range(100):
         staging = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}-{secrets.token_hex(3)}"
+        trying[:] = [staging]
         try:
             staging.mkdir()
         except FileExistsError:
+            trying.clear()
             continue
         (staging / STAGING_MARKER).write_text(f"{os.getpid()} {socket.gethostname()}\n", encoding="utf-8")
         return staging
@@ -281,7 +285,11 @@ def _replace(staging: Path, out_dir: Path, kind: str) -> None:
     check_output_target(out_dir, kind)
     retired = out_dir.parent / f".{out_dir.name}.replaced-{os.getpid()}-{secrets.token_hex(3)}"
     out_dir.rename(retired)
-    staging.rename(out_dir)
+    try:
+        staging.rename(out_dir)
+    except BaseException:
+        retired.rename(out_dir)  # interrupted or failed between the renames: the old results come back
+        raise
     shutil.rmtree(retired, ignore_errors=True)
 
 
@@ -299,38 +307,21 @@ def staged_output_dir(
     target = check_output_target(out_dir, kind)
     target.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_staging(target, log)
-    # Ctrl-C or SIGTERM between creating the staging folder and entering ``try`` would leave it behind,
-    # and one during the final renames would leave a half-replaced target: both wait until it is safe.
-    mask = _defer_interrupts()
-    staging = _make_staging(target)
+    # Created inside ``try``: Ctrl-C or SIGTERM (raised as KeyboardInterrupt) may land between any two
+    # bytecodes, also right after the folder exists, and the staging folder must not outlive the run.
+    # (Signal masks would not do: a signal sent to the process may be taken by another thread.)
+    trying: list[Path] = []
     committed = False
     try:
-        _restore_interrupts(mask)
+        staging = _make_staging(target, trying)
         yield staging
-        mask = _defer_interrupts()
         (staging / STAGING_MARKER).unlink()
         write_marker(staging, kind, config_digest, list_files=True)
         _replace(staging, target, kind)
         committed = True
     except BaseException:
         if not committed:
-            with contextlib.suppress(OSError):
-                shutil.rmtree(staging)
+            for folder in trying:
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(folder)
         raise
-    finally:
-        _restore_interrupts(mask)  # an interrupt that came during the renames is delivered now
-
-
-_INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
-
-
-def _defer_interrupts() -> set[signal.Signals | int] | None:
-    """Hold SIGINT/SIGTERM back (POSIX); returns the mask to restore."""
-    if not hasattr(signal, "pthread_sigmask"):
-        return None  # Windows: no signal masks; the window stays, as small as it is
-    return signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTS)
-
-
-def _restore_interrupts(mask: set[signal.Signals | int] | None) -> None:
-    if mask is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
