@@ -129,13 +129,17 @@ def replace_dir_atomic(path: Path, fill: Callable[[Path], Any]) -> None:
     """Fill a hidden sibling and swap it in for ``path`` (a folder kvsim writes, e.g. figures/)."""
     staging = path.with_name(f".{path.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
     try:
+        staging.mkdir(parents=True)  # inside ``try``: an interrupt right after it must not leave it behind
         fill(staging)
         if path.exists():
             retired = path.with_name(f".{path.name}.retired-{os.getpid()}")
             path.rename(retired)
-            staging.rename(path)
+            try:
+                staging.rename(path)
+            except BaseException:
+                retired.rename(path)  # stopped between the renames: the old folder comes back
+                raise
             shutil.rmtree(retired, ignore_errors=True)
         else:
             staging.rename(path)
