@@ -15,7 +15,9 @@ from workloads.request import Request
 
 
 class Arrivals:
-    def __init__(self, env: simpy.Environment, requests: Iterable[Request], deliver: Callable[[Request], None]):
+    def __init__(
+        self, env: simpy.Environment, requests: Iterable[Request], deliver: Callable[[Request], None]
+    ):
         self.env = env
         self._deliver = deliver
         self._source = iter(requests)
