@@ -592,11 +592,19 @@ def load_profile(path: str | Path) -> CostProfile:
     try:
         return CostProfile.model_validate(data)
     except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in item['loc']) or '<top>'}: {item['msg']}"
-            for item in error.errors()
-        )
-        raise CostModelError(f"invalid cost profile {path}: {problems}") from None
+        raise CostModelError(f"invalid cost profile {path}: {one_line_problems(error)}") from None
+
+
+def one_line_problems(
+    error: ValidationError, top_level: str = "<top>", key_prefix: str = "", show_input: bool = False
+) -> str:
+    """pydantic's problems on one line, ``key.path: message`` each (``top_level`` names an empty path),
+    for errors short enough to sit inside a sentence."""
+    return "; ".join(
+        f"{key_prefix}{'.'.join(str(part) for part in item['loc']) or top_level}: {item['msg']}"
+        + (f" (got {item.get('input')!r})" if show_input else "")
+        for item in error.errors()
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1041,10 +1049,7 @@ def make_cost_model(
         try:
             config = CostModelConfig.model_validate(config)
         except ValidationError as error:
-            problems = "; ".join(
-                f"{'.'.join(str(part) for part in item['loc']) or 'cost_model'}: {item['msg']}"
-                for item in error.errors()
-            )
+            problems = one_line_problems(error, top_level="cost_model")
             raise CostModelError(f"invalid cost_model {config!r}: {problems}") from None
     bandwidth = None if config.host_bandwidth_gb_per_s is None else config.host_bandwidth_gb_per_s * 1e9
     if config.kind in ("derated", "analytic"):

@@ -36,13 +36,15 @@ from sim.config import (
     EngineConfig,
     ExperimentConfig,
     VariantConfig,
+    did_you_mean,
     validate_experiment,
 )
+from sim.costs.core import one_line_problems
 from sim.hardware.capacity import KVCapacity, ModelDoesNotFitError, size_kv_pool
 from sim.hardware.gpus import resolve_gpu
 from sim.hardware.models import resolve_model
 from sim.planning.preflight import preflight
-from sim.planning.schema import Strict, did_you_mean, read_yaml_mapping, set_key_path, validate_file
+from sim.planning.schema import Strict, read_yaml_mapping, set_key_path, validate_file
 from sim.planning.spec import point_id, shown
 from sim.planning.steady import SteadyWindow
 from sim.planning.tasks import PointTask
@@ -359,10 +361,7 @@ def _section_or_fail(
     try:
         return model.model_validate(data)
     except ValidationError as error:
-        problems = "; ".join(
-            f"{section}.{'.'.join(str(p) for p in item['loc'])}: {item['msg']} (got {item.get('input')!r})"
-            for item in error.errors()
-        )
+        problems = one_line_problems(error, top_level="", key_prefix=f"{section}.", show_input=True)
         raise ConfigError(f"{path}: candidate {where}: {problems}") from None
 
 

@@ -25,7 +25,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sim.config import ConfigError, ExperimentConfig, validate_experiment
+from sim.config import ConfigError, ExperimentConfig, format_problems, validate_experiment
 from sim.validation.registry import CHECKS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -226,16 +226,12 @@ class Claim:
 
 
 def _format_claim_error(error: ValidationError, path: Path, what: str, prefix: str = "") -> str:
-    lines = [f"{path}: invalid {what} ({error.error_count()} problem(s))"]
-    for problem in error.errors():
-        key_path = prefix + ".".join(str(part) for part in problem["loc"]) or "(top level)"
-        message = "required key is missing" if problem["type"] == "missing" else problem["msg"]
-        if problem["type"] == "extra_forbidden":
-            message = "unknown key"
-        value = problem.get("input")
-        shown = "" if problem["type"] == "missing" or isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"  {key_path}: {message}{shown}")
-    return "\n".join(lines)
+    return format_problems(
+        f"{path}: invalid {what}",
+        error.errors(),
+        location=lambda problem: list(problem["loc"]),
+        key_prefix=prefix,
+    )
 
 
 def load_claim(path: str | Path) -> Claim:
