@@ -1,7 +1,8 @@
 """Reading sweep and plan files: YAML, pydantic errors in kvsim's style, key-path overrides.
 
 Errors are ``sim/config.py``'s (:func:`sim.config.format_problems`): the file, the key path and
-the value, and the nearest valid key (``axes.engine.blok_size`` is caught later, when the points are validated, with the point named).
+the value, and the nearest valid key (``axes.engine.blok_size`` is caught later, when the points
+are validated, with the point named).
 """
 
 from __future__ import annotations
