@@ -11,10 +11,9 @@ import copy
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from sim.config import ConfigError, format_problems, models_in
+from sim.config import ConfigError, format_problems, models_in, yaml_mapping
 
 
 class Strict(BaseModel):
@@ -25,15 +24,7 @@ def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     """The top-level mapping of a YAML file, or a :class:`ConfigError` naming the file and line."""
     if not path.is_file():
         raise ConfigError(f"{path}: no such {what} file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}:{where} malformed YAML: {getattr(error, 'problem', error)}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
-    return data
+    return yaml_mapping(path)
 
 
 def validate_file(model: type[BaseModel], data: dict[str, Any], path: Path, what: str) -> Any:
