@@ -22,35 +22,11 @@ from __future__ import annotations
 import pytest
 
 from policies import PoolSpec, make_policy
-from sim.costs.core import CostModel, DecodeCost
+from sim.costs.core import DecodeCost
 from sim.engine.core import Engine, EngineKnobs
-from tests.engine_helpers import request
+from tests.engine_helpers import ConstantCost, request
 
 STEP_MODES = ["single", "skip"]
-
-
-class ConstantCost(CostModel):
-    """Every iteration costs ``iteration_s``: the decode intercept is the only fixed cost, prefill
-    chunks and copies are free, a swap costs ``swap_block_s`` per block (one direction)."""
-
-    label = "test: constant iteration time"
-
-    def __init__(self, iteration_s: float = 1.0, swap_block_s: float = 0.0):
-        self._decode = DecodeCost(iteration_s, 0.0, 0.0)
-        self.swap_block_s = swap_block_s
-
-    @property
-    def decode(self) -> DecodeCost:
-        return self._decode
-
-    def prefill_s(self, num_tokens: int, start_pos: int) -> float:
-        return 0.0
-
-    def copy_blocks_s(self, num_blocks: int) -> float:
-        return 0.0
-
-    def swap_blocks_s(self, num_blocks: int) -> float:
-        return self.swap_block_s * num_blocks
 
 
 def run(requests, pool, step_mode, *, policy="paged", costs=None, **knobs):
