@@ -207,22 +207,20 @@ class VariantConfig(_Strict):
     @field_validator("engine")
     @classmethod
     def _known_engine_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for key in value:
-            if key not in EngineConfig.model_fields:
-                raise ValueError(
-                    f"unknown engine key {key!r}{did_you_mean(key, list(EngineConfig.model_fields))}"
-                )
-        return value
+        return _known_keys(value, EngineConfig, "engine")
 
     @field_validator("cluster")
     @classmethod
     def _known_cluster_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for key in value:
-            if key not in ClusterConfig.model_fields:
-                raise ValueError(
-                    f"unknown cluster key {key!r}{did_you_mean(key, list(ClusterConfig.model_fields))}"
-                )
-        return value
+        return _known_keys(value, ClusterConfig, "cluster")
+
+
+def _known_keys(overrides: dict[str, Any], section: type[BaseModel], name: str) -> dict[str, Any]:
+    """A variant's overrides of a section, checked key by key against the section's fields."""
+    for key in overrides:
+        if key not in section.model_fields:
+            raise ValueError(f"unknown {name} key {key!r}{did_you_mean(key, list(section.model_fields))}")
+    return overrides
 
 
 class OutputConfig(_Strict):
