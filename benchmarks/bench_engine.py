@@ -7,7 +7,6 @@ subprocess so its peak RSS is its own; outputs stream to files (as `kvsim run` d
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -15,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks.fresh import peak_rss_mib, run_fresh
 
 RATE_PER_S = 20.0
 
@@ -43,7 +44,6 @@ def synthetic_requests(count: int, seed: int = 0, rate_per_s: float = RATE_PER_S
 
 
 def run_once(count: int, policy_name: str) -> dict:
-    import resource
 
     import pyarrow.parquet as pq
 
@@ -88,7 +88,7 @@ def run_once(count: int, policy_name: str) -> dict:
         "reference_s": reference_s,
         "ratio": wall_s / reference_s,
         "timeseries_rows": rows,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mib": peak_rss_mib(),
     }
 
 
@@ -100,13 +100,7 @@ def run_engine_benchmarks(sizes: list[int], policies: list[str]) -> list[dict]:
     rows = []
     for policy in policies:
         for size in sizes:
-            output = subprocess.run(
-                [sys.executable, "-m", "benchmarks.bench_engine", str(size), policy],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            row = json.loads(output.strip().splitlines()[-1])
+            row = run_fresh("benchmarks.bench_engine", str(size), policy)
             rows.append(row)
             print(
                 f"  {policy:<10} {size:>9,} requests: {row['requests_per_s']:>9,.0f} req/s "

@@ -10,14 +10,14 @@ divided by that reference is a figure that busy or slower machines leave (nearly
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.fresh import ROOT, peak_rss_mib, run_fresh
+
 REFERENCE_EVENTS = 1_000_000
 
 ENGINE = {
@@ -78,7 +78,6 @@ def simpy_reference_s(events: int = REFERENCE_EVENTS, repeats: int = 3) -> float
 
 
 def replay_once(trace: str, variant: str) -> dict[str, Any]:
-    import resource
 
     from sim.config import validate_experiment
     from sim.runner import run_variant
@@ -97,7 +96,7 @@ def replay_once(trace: str, variant: str) -> dict[str, Any]:
         "requests_per_s": summary["requests_total"] / summary["wall_s"],
         "reference_s": reference_s,
         "ratio": summary["wall_s"] / reference_s,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mib": peak_rss_mib(),
     }
 
 
@@ -108,14 +107,7 @@ def run_trace_benchmarks(jobs: list[tuple[str, str]] = JOBS) -> list[dict[str, A
     )
     rows = []
     for trace, variant in jobs:
-        output = subprocess.run(
-            [sys.executable, "-m", "benchmarks.bench_traces", trace, variant],
-            check=True,
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-        ).stdout
-        row = json.loads(output.strip().splitlines()[-1])
+        row = run_fresh("benchmarks.bench_traces", trace, variant)
         rows.append(row)
         print(
             f"  {trace:<14} {variant:<17} {row['requests']:>6,} requests: {row['requests_per_s']:>8,.0f} req/s, "

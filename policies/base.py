@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import ClassVar, Generic, Protocol, TypeVar
 
 from policies._host_tier import HostTier
 
@@ -277,11 +277,10 @@ class KVCachePolicy(ABC):
             needed += self.slots_needed_to_grow(seq_id, tokens)
         available = self.available_slots()
         if needed > available:
-            self.stats.allocation_failures += 1
-            raise OutOfKVMemory(
+            raise self._allocation_failure(
                 f"growing sequences {list(seq_ids)} needs {needed} slots, {available} available",
-                needed_slots=needed,
-                free_slots=available,
+                needed,
+                available,
             )
 
     @abstractmethod
@@ -405,6 +404,51 @@ class KVCachePolicy(ABC):
 
     @abstractmethod
     def _has_sequence(self, seq_id: int) -> bool: ...
+
+    def _allocation_failure(
+        self, message: str, needed_slots: int, free_slots: int, prefix_hit: PrefixHit = NO_HIT
+    ) -> OutOfKVMemory:
+        """Count a failed allocation and describe it; the caller raises it (nothing has changed yet)."""
+        self.stats.allocation_failures += 1
+        return OutOfKVMemory(message, needed_slots=needed_slots, free_slots=free_slots, prefix_hit=prefix_hit)
+
+
+class SequenceLengths(Protocol):
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def final_len(self) -> int: ...
+
+
+SequenceT = TypeVar("SequenceT", bound=SequenceLengths)
+
+
+class SequenceTable(Generic[SequenceT]):
+    """The per-sequence queries of a policy that keeps its live sequences in ``self.sequences`` by id
+    (list it before :class:`KVCachePolicy` among the bases)."""
+
+    sequences: dict[int, SequenceT]
+
+    def _has_sequence(self, seq_id: int) -> bool:
+        return seq_id in self.sequences
+
+    def _get(self, seq_id: int) -> SequenceT:
+        try:
+            return self.sequences[seq_id]
+        except KeyError:
+            raise PolicyInputError(
+                f"unknown sequence id {seq_id!r} (never admitted, or already freed)"
+            ) from None
+
+    def seq_len(self, seq_id: int) -> int:
+        return self._get(seq_id).num_tokens
+
+    def final_len(self, seq_id: int) -> int:
+        return self._get(seq_id).final_len
+
+    def live_sequences(self) -> Iterable[int]:
+        return self.sequences.keys()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -154,12 +154,9 @@ class ContiguousPolicy(KVCachePolicy):
         return seq_id in self._sequences
 
     def _out_of_memory(self, what: str, size: int) -> OutOfKVMemory:
-        self.stats.allocation_failures += 1
         free = self._space.free_slots
-        return OutOfKVMemory(
-            f"{what}: no free contiguous region of {size} slots ({free} slots free in total)",
-            needed_slots=size,
-            free_slots=free,
+        return self._allocation_failure(
+            f"{what}: no free contiguous region of {size} slots ({free} slots free in total)", size, free
         )
 
     def _add(self, seq_id: int, start: int, size: int, prompt_len: int, final_len: int, length: int) -> None:

@@ -28,6 +28,7 @@ from policies.base import (
     PoolSpec,
     PrefixHit,
     Segment,
+    SequenceTable,
     TokenContent,
     register,
 )
@@ -122,7 +123,7 @@ class SequenceState:
 
 
 @register("paged")
-class PagedPolicy(KVCachePolicy):
+class PagedPolicy(SequenceTable[SequenceState], KVCachePolicy):
     """PagedAttention block tables without sharing: O(1) allocation and free per block."""
 
     _SHARES_BLOCKS = False  # True: blocks are shared (prefix cache, forks): the sharing hooks run
@@ -146,28 +147,8 @@ class PagedPolicy(KVCachePolicy):
         self.sequences: dict[int, SequenceState] = {}
 
     # ---------------------------------------------------------------------------------------- queries
-    def _has_sequence(self, seq_id: int) -> bool:
-        return seq_id in self.sequences
-
-    def _get(self, seq_id: int) -> SequenceState:
-        try:
-            return self.sequences[seq_id]
-        except KeyError:
-            raise PolicyInputError(
-                f"unknown sequence id {seq_id!r} (never admitted, or already freed)"
-            ) from None
-
-    def seq_len(self, seq_id: int) -> int:
-        return self._get(seq_id).num_tokens
-
-    def final_len(self, seq_id: int) -> int:
-        return self._get(seq_id).final_len
-
     def block_table(self, seq_id: int) -> list[int]:
         return list(self._get(seq_id).block_table)
-
-    def live_sequences(self) -> Iterable[int]:
-        return self.sequences.keys()
 
     def available_slots(self) -> int:
         return len(self.free_queue) * self.block_size

@@ -47,7 +47,7 @@ rest.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from policies._radix_tree import Key, RadixNode, RadixTree
@@ -55,11 +55,11 @@ from policies.base import (
     NO_HIT,
     ChildSpec,
     KVCachePolicy,
-    OutOfKVMemory,
     PolicyInputError,
     PoolSpec,
     PrefixHit,
     Segment,
+    SequenceTable,
     TokenContent,
     content_length,
     register,
@@ -110,7 +110,7 @@ class RadixSequence:
 
 
 @register("radix")
-class RadixPolicy(KVCachePolicy):
+class RadixPolicy(SequenceTable[RadixSequence], KVCachePolicy):
     """SGLang's radix-tree prefix cache; see the module docstring."""
 
     @classmethod
@@ -138,23 +138,6 @@ class RadixPolicy(KVCachePolicy):
         self._tree_tokens_held = 0
 
     # ---------------------------------------------------------------------------------------- queries
-    def _has_sequence(self, seq_id: int) -> bool:
-        return seq_id in self.sequences
-
-    def _get(self, seq_id: int) -> RadixSequence:
-        try:
-            return self.sequences[seq_id]
-        except KeyError:
-            raise PolicyInputError(
-                f"unknown sequence id {seq_id!r} (never admitted, or already freed)"
-            ) from None
-
-    def seq_len(self, seq_id: int) -> int:
-        return self._get(seq_id).num_tokens
-
-    def live_sequences(self) -> Iterable[int]:
-        return self.sequences.keys()
-
     def available_slots(self) -> int:
         return self._free_slots() + self._cached_slots()
 
@@ -188,9 +171,6 @@ class RadixPolicy(KVCachePolicy):
             self._cached_slots(),
             self._free_slots(),
         )
-
-    def final_len(self, seq_id: int) -> int:
-        return self._get(seq_id).final_len
 
     def sharing_slots(self) -> tuple[int, int]:
         return self.tree.locked_tokens + self._own_slots, self._tree_tokens_held + self._own_slots
@@ -312,12 +292,11 @@ class RadixPolicy(KVCachePolicy):
 
     def _ensure_available(self, needed: int, available: int, action: str, hit_tokens: int = 0) -> None:
         if needed > available:
-            self.stats.allocation_failures += 1
-            raise OutOfKVMemory(
+            raise self._allocation_failure(
                 f"{action} needs {needed} slots, {available} available (free + evictable)",
-                needed_slots=needed,
-                free_slots=available,
-                prefix_hit=PrefixHit(hit_tokens) if hit_tokens else NO_HIT,
+                needed,
+                available,
+                PrefixHit(hit_tokens) if hit_tokens else NO_HIT,
             )
 
     def _make_free(self, needed: int) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -159,7 +160,7 @@ class ClusterConfig(_Strict):
     def _known_router(cls, value: str) -> str:
         if value not in ROUTERS:
             raise ValueError(
-                f"unknown router {value!r}{_did_you_mean(value, list(ROUTERS))} (valid: {', '.join(ROUTERS)})"
+                f"unknown router {value!r}{did_you_mean(value, list(ROUTERS))} (valid: {', '.join(ROUTERS)})"
             )
         return value
 
@@ -200,28 +201,26 @@ class VariantConfig(_Strict):
     @classmethod
     def _known_policy(cls, value: str) -> str:
         if value not in policy_names():
-            raise ValueError(f"unknown policy {value!r}{_did_you_mean(value, policy_names())}")
+            raise ValueError(f"unknown policy {value!r}{did_you_mean(value, policy_names())}")
         return value
 
     @field_validator("engine")
     @classmethod
     def _known_engine_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for key in value:
-            if key not in EngineConfig.model_fields:
-                raise ValueError(
-                    f"unknown engine key {key!r}{_did_you_mean(key, list(EngineConfig.model_fields))}"
-                )
-        return value
+        return _known_keys(value, EngineConfig, "engine")
 
     @field_validator("cluster")
     @classmethod
     def _known_cluster_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for key in value:
-            if key not in ClusterConfig.model_fields:
-                raise ValueError(
-                    f"unknown cluster key {key!r}{_did_you_mean(key, list(ClusterConfig.model_fields))}"
-                )
-        return value
+        return _known_keys(value, ClusterConfig, "cluster")
+
+
+def _known_keys(overrides: dict[str, Any], section: type[BaseModel], name: str) -> dict[str, Any]:
+    """A variant's overrides of a section, checked key by key against the section's fields."""
+    for key in overrides:
+        if key not in section.model_fields:
+            raise ValueError(f"unknown {name} key {key!r}{did_you_mean(key, list(section.model_fields))}")
+    return overrides
 
 
 class OutputConfig(_Strict):
@@ -431,21 +430,41 @@ def _prefixed(problem: Any, prefix: tuple[Any, ...]) -> Any:
 
 
 def _format_problems(problems: list[Any], path: str | Path, data: Any) -> str:
-    lines = [f"{path}: invalid experiment config ({len(problems)} problem(s))"]
-    for problem in problems:
-        location = _data_path(
+    return format_problems(
+        f"{path}: invalid experiment config",
+        problems,
+        location=lambda problem: _data_path(
             problem["loc"], data, keep_last=problem["type"] in ("extra_forbidden", "missing")
-        )
-        key_path = ".".join(str(part) for part in location) or "(top level)"
+        ),
+        known_keys_at=lambda location: _known_keys_at(data, location),
+        quiet_values=(dict, list),
+    )
+
+
+def format_problems(
+    heading: str,
+    problems: Sequence[Mapping[str, Any]],
+    location: Callable[[Mapping[str, Any]], list[Any]],
+    known_keys_at: Callable[[list[Any]], list[str]] | None = None,
+    key_prefix: str = "",
+    quiet_values: tuple[type, ...] = (dict,),
+) -> str:
+    """kvsim's report of pydantic problems, one line each: the key path (``location`` turns pydantic's
+    location into the user's keys), what is wrong and the value given (not for ``quiet_values``);
+    an unknown key gets the nearest of ``known_keys_at(where it stands)``."""
+    lines = [f"{heading} ({len(problems)} problem(s))"]
+    for problem in problems:
+        keys = location(problem)
+        key_path = key_prefix + ".".join(str(part) for part in keys) or "(top level)"
         # pydantic prefixes the messages of our own validators with "Value error, ".
         message = problem["msg"].removeprefix("Value error, ")
         if problem["type"] == "extra_forbidden":
-            known = _known_keys_at(data, location[:-1])
-            message = f"unknown key{_did_you_mean(str(location[-1]), known)}"
+            known = known_keys_at(keys[:-1]) if known_keys_at is not None else []
+            message = f"unknown key{did_you_mean(str(keys[-1]), known)}"
         elif problem["type"] == "missing":
             message = "required key is missing"
         value = problem.get("input")
-        quiet = problem["type"] == "missing" or isinstance(value, dict | list)
+        quiet = problem["type"] == "missing" or isinstance(value, quiet_values)
         shown = "" if quiet else f" (got {value!r})"
         lines.append(f"  {key_path}: {message}{shown}")
     return "\n".join(lines)
@@ -480,16 +499,17 @@ def _known_keys_at(data: Any, location: list[Any]) -> list[str]:
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
             return []
-        model = _best_model(_models_in(field.annotation), node)
+        model = _best_model(models_in(field.annotation), node)
         if model is None:
             return []
     return list(getattr(model, "model_fields", {}))
 
 
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
+def models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models a field's annotation names (itself, or the members of a union or list)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
-    return [model for argument in getattr(annotation, "__args__", ()) for model in _models_in(argument)]
+    return [model for argument in getattr(annotation, "__args__", ()) for model in models_in(argument)]
 
 
 def _best_model(models: list[type[BaseModel]], node: Any) -> type[BaseModel] | None:
@@ -506,7 +526,8 @@ def _best_model(models: list[type[BaseModel]], node: Any) -> type[BaseModel] | N
     return max(models, key=score)
 
 
-def _did_you_mean(name: str, candidates: list[str]) -> str:
+def did_you_mean(name: str, candidates: list[str]) -> str:
+    """``; did you mean 'x'?`` for the closest candidate, else the valid ones (nothing when none)."""
     close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.5)
     return (
         f"; did you mean {close[0]!r}?"

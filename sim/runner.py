@@ -107,21 +107,43 @@ def policy_name_for(variant: VariantConfig, engine: EngineConfig) -> str:
     return variant.policy
 
 
+def engine_pool(model: ModelSpec, gpu: GpuSpec, engine: EngineConfig) -> KVCapacity:
+    """The KV pool the engine section's sizing keys give; raises what :func:`size_kv_pool` raises
+    (:class:`ModelDoesNotFitError` when the weights leave no room)."""
+    return size_kv_pool(
+        model,
+        gpu,
+        block_size=engine.block_size,
+        kv_cache_dtype=engine.kv_cache_dtype,
+        gpu_memory_utilization=engine.gpu_memory_utilization,
+        activation_reserve_bytes=engine.activation_reserve_bytes,
+        kv_cache_memory_bytes=engine.kv_cache_memory_bytes,
+        num_gpu_blocks_override=engine.num_gpu_blocks_override,
+        tensor_parallel_size=engine.tensor_parallel_size,
+    )
+
+
 def size_pool(model: ModelSpec, gpu: GpuSpec, engine: EngineConfig) -> KVCapacity:
     try:
-        return size_kv_pool(
-            model,
-            gpu,
-            block_size=engine.block_size,
-            kv_cache_dtype=engine.kv_cache_dtype,
-            gpu_memory_utilization=engine.gpu_memory_utilization,
-            activation_reserve_bytes=engine.activation_reserve_bytes,
-            kv_cache_memory_bytes=engine.kv_cache_memory_bytes,
-            num_gpu_blocks_override=engine.num_gpu_blocks_override,
-            tensor_parallel_size=engine.tensor_parallel_size,
-        )
+        return engine_pool(model, gpu, engine)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+
+
+def engine_cost_model(
+    config: ExperimentConfig, model: ModelSpec, gpu: GpuSpec, engine: EngineConfig, base_dir: Path
+) -> CostModel:
+    """The experiment's cost model for one instance of the engine section (block size, cache dtype,
+    tensor parallelism)."""
+    return make_cost_model(
+        config.cost_model,
+        model,
+        gpu,
+        block_size=engine.block_size,
+        kv_cache_dtype=engine.kv_cache_dtype,
+        base_dir=base_dir,
+        tensor_parallel_size=engine.tensor_parallel_size,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -268,15 +290,7 @@ def _prepare_variant(
                 variant,
                 index,
             )
-    costs = make_cost_model(
-        config.cost_model,
-        model,
-        gpu,
-        block_size=engine_config.block_size,
-        kv_cache_dtype=engine_config.kv_cache_dtype,
-        base_dir=base_dir,
-        tensor_parallel_size=engine_config.tensor_parallel_size,
-    )
+    costs = engine_cost_model(config, model, gpu, engine_config, base_dir)
     pinned_tokens = 0
     if variant.pin_shared_prefixes:
         try:

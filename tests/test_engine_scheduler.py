@@ -22,35 +22,11 @@ from __future__ import annotations
 import pytest
 
 from policies import PoolSpec, make_policy
-from sim.costs.core import CostModel, DecodeCost
+from sim.costs.core import DecodeCost
 from sim.engine.core import Engine, EngineKnobs
-from tests.engine_helpers import request
+from tests.engine_helpers import ConstantCost, request
 
 STEP_MODES = ["single", "skip"]
-
-
-class ConstantCost(CostModel):
-    """Every iteration costs ``iteration_s``: the decode intercept is the only fixed cost, prefill
-    chunks and copies are free, a swap costs ``swap_block_s`` per block (one direction)."""
-
-    label = "test: constant iteration time"
-
-    def __init__(self, iteration_s: float = 1.0, swap_block_s: float = 0.0):
-        self._decode = DecodeCost(iteration_s, 0.0, 0.0)
-        self.swap_block_s = swap_block_s
-
-    @property
-    def decode(self) -> DecodeCost:
-        return self._decode
-
-    def prefill_s(self, num_tokens: int, start_pos: int) -> float:
-        return 0.0
-
-    def copy_blocks_s(self, num_blocks: int) -> float:
-        return 0.0
-
-    def swap_blocks_s(self, num_blocks: int) -> float:
-        return self.swap_block_s * num_blocks
 
 
 def run(requests, pool, step_mode, *, policy="paged", costs=None, **knobs):
@@ -380,6 +356,18 @@ def test_recompute_of_a_preempted_request_uses_chunks_of_the_budget(step_mode):
     assert engine.counters.preemptions == 1
 
 
+def run_squeeze_with_swap(step_mode, host_blocks):
+    """The squeeze, preempting by swap into ``host_blocks`` blocks of host room at S = 0.25 s per block."""
+    return run(
+        SQUEEZE,
+        SQUEEZE_POOL,
+        step_mode,
+        costs=ConstantCost(1.0, swap_block_s=0.25),
+        preemption_mode="swap",
+        swap_space_blocks=host_blocks,
+    )
+
+
 @pytest.mark.parametrize("step_mode", STEP_MODES)
 def test_swap_preemption_exact_times(step_mode):
     """The squeeze with swap (host room 8 blocks), S = 0.25 s per block and direction.
@@ -388,14 +376,7 @@ def test_swap_preemption_exact_times(step_mode):
     it 6-8 [5.75, 8.75): r0 tokens 6, 7, 8: finishes at 8.75. r1 waits (3 blocks, 2 free).
     [8.75, 9.5): r1's 3 blocks come back (0.75 s): nothing to recompute, nothing else to run.
     [9.5, 10.5), [10.5, 11.5): r1's tokens 5 and 6: finishes at 11.5."""
-    engine = run(
-        SQUEEZE,
-        SQUEEZE_POOL,
-        step_mode,
-        costs=ConstantCost(1.0, swap_block_s=0.25),
-        preemption_mode="swap",
-        swap_space_blocks=8,
-    )
+    engine = run_squeeze_with_swap(step_mode, host_blocks=8)
     assert outcomes(engine) == {
         0: (0.0, 1.0, 8.75, 0, "finished"),
         1: (0.0, 1.0, 11.5, 1, "finished"),
@@ -409,14 +390,7 @@ def test_swap_preemption_exact_times(step_mode):
 def test_swap_without_enough_host_room_recomputes(step_mode):
     """Host room of 2 blocks < the 3 blocks r1 holds: the preemption falls back to recompute, and
     the times are the recompute test's, with no swap time."""
-    engine = run(
-        SQUEEZE,
-        SQUEEZE_POOL,
-        step_mode,
-        costs=ConstantCost(1.0, swap_block_s=0.25),
-        preemption_mode="swap",
-        swap_space_blocks=2,
-    )
+    engine = run_squeeze_with_swap(step_mode, host_blocks=2)
     assert outcomes(engine) == {
         0: (0.0, 1.0, 8.0, 0, "finished"),
         1: (0.0, 1.0, 10.0, 1, "finished"),
@@ -427,14 +401,7 @@ def test_swap_without_enough_host_room_recomputes(step_mode):
 @pytest.mark.parametrize("step_mode", STEP_MODES)
 def test_exactly_enough_host_room_swaps(step_mode):
     """Host room of exactly 3 blocks (12 slots) holds r1's 12 tokens: it swaps (the swap test's times)."""
-    engine = run(
-        SQUEEZE,
-        SQUEEZE_POOL,
-        step_mode,
-        costs=ConstantCost(1.0, swap_block_s=0.25),
-        preemption_mode="swap",
-        swap_space_blocks=3,
-    )
+    engine = run_squeeze_with_swap(step_mode, host_blocks=3)
     assert outcomes(engine)[1] == (0.0, 1.0, 11.5, 1, "finished")
     assert engine.counters.swapped_out_blocks == 3
 

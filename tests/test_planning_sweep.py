@@ -96,25 +96,23 @@ def test_outputs_and_results_api(reference):
     )
 
 
-def test_local_processes_give_identical_rows(reference, tmp_path):
+def assert_same_rows_on(executor, reference, out_dir):
+    """The reference sweep run again on ``executor`` gives the same rows (the executor is closed)."""
     sweep, result = reference
-    executor = LocalExecutor(2)
     try:
-        again = run_sweep(sweep, tmp_path / "out", executor, figures=False)
+        again = run_sweep(sweep, out_dir, executor, figures=False)
     finally:
         executor.close()
     pd.testing.assert_frame_equal(deterministic(again.table), deterministic(result.table))
+
+
+def test_local_processes_give_identical_rows(reference, tmp_path):
+    assert_same_rows_on(LocalExecutor(2), reference, tmp_path / "out")
 
 
 def test_dask_local_cluster_gives_identical_rows(reference, tmp_path):
     pytest.importorskip("distributed")
-    sweep, result = reference
-    executor = DaskExecutor(workers=2)
-    try:
-        again = run_sweep(sweep, tmp_path / "out", executor, figures=False)
-    finally:
-        executor.close()
-    pd.testing.assert_frame_equal(deterministic(again.table), deterministic(result.table))
+    assert_same_rows_on(DaskExecutor(workers=2), reference, tmp_path / "out")
 
 
 def test_unreachable_dask_scheduler_is_a_clear_error(tmp_path, capsys):

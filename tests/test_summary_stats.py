@@ -24,35 +24,15 @@ import pytest
 
 from policies import PoolSpec, make_policy
 from sim.config import VariantConfig
-from sim.costs.core import CostModel, DecodeCost
 from sim.engine.core import Engine, EngineKnobs
 from sim.runner import summarize
-from tests.engine_helpers import RoundCostModel, request
+from tests.engine_helpers import ConstantCost, RoundCostModel, request
 
 BLOCK = 16
 # 400 blocks (enough for 32 requests of 180 tokens: no preemption) and 5 slots that cannot form a block: the paged policy reports them as external
 # fragmentation all the time.
 POOL = PoolSpec(BLOCK * 400 + 5, BLOCK, 256)
 T = 0.25  # constant iteration time of the first cost model (exact in binary)
-
-
-class ConstantCost(CostModel):
-    """Every iteration takes ``T``, whatever it holds."""
-
-    label = "test: constant"
-
-    @property
-    def decode(self) -> DecodeCost:
-        return DecodeCost(T, 0.0, 0.0)
-
-    def prefill_s(self, num_tokens: int, start_pos: int) -> float:
-        return 0.0
-
-    def copy_blocks_s(self, num_blocks: int) -> float:
-        return 0.0
-
-    def swap_blocks_s(self, num_blocks: int) -> float:
-        return 0.0
 
 
 def many_requests(count: int = 300, seed: int = 11):
@@ -146,7 +126,7 @@ def exact_areas(rec, pool: PoolSpec):
 
 @pytest.mark.parametrize("step_mode", ["skip", "single"])
 def test_time_averages_equal_the_exact_integrals_from_the_records(step_mode):
-    engine = run(ConstantCost(), step_mode)
+    engine = run(ConstantCost(T), step_mode)  # every iteration takes T, whatever it holds
     rec = raw_records(engine)
     end = float(rec.finish.max())
     assert engine.env.now == end

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 import simpy
 
 from sim.cluster.routers import Router
+from sim.engine.arrivals import Arrivals
 from sim.engine.core import Engine
 from workloads.base import Workload
 from workloads.request import Request
@@ -40,9 +41,7 @@ class Cluster:
     ):
         self.env = simpy.Environment()
         self.router = router
-        self._source = iter(requests)
-        self._next_open_arrival: Request | None = next(self._source, None)
-        self._pending_follow_ups: list[Request] = []
+        self._arrivals = Arrivals(self.env, requests, self._route)
         self._follow_up = follow_up
         hook = self._on_request_done if follow_up is not None else None
         self.replicas: list[Engine] = [
@@ -51,7 +50,7 @@ class Cluster:
         self.routed = [0] * replicas  # requests each replica received
 
     def run(self, until_s: float | None = None) -> None:
-        self.env.process(self._arrivals())
+        self.env.process(self._arrivals.process())
         for replica in self.replicas:
             replica.start()
         self.env.run(until=until_s)
@@ -59,15 +58,6 @@ class Cluster:
             replica.finish()
 
     # ------------------------------------------------------------------------------------ arrivals
-    def _arrivals(self):
-        while self._next_open_arrival is not None:
-            yield self.env.timeout(max(0.0, self._next_open_arrival.arrival_s - self.env.now))
-            # Everything that arrives at this instant is routed together, in stream order.
-            while self._next_open_arrival is not None and self._next_open_arrival.arrival_s <= self.env.now:
-                request = self._next_open_arrival
-                self._next_open_arrival = next(self._source, None)
-                self._route(request)
-
     def _route(self, request: Request) -> None:
         index = self.router.choose(request, self.replicas)
         self.routed[index] += 1
@@ -77,15 +67,8 @@ class Cluster:
         """A replica's request reached its outcome: its follow-up (if any) is routed when it arrives."""
         assert self._follow_up is not None
         follow = self._follow_up(request, now)
-        if follow is None:
-            return None
-        self._pending_follow_ups.append(follow)
-
-        def deliver(_event) -> None:
-            self._pending_follow_ups.remove(follow)
-            self._route(follow)
-
-        self.env.timeout(max(0.0, follow.arrival_s - self.env.now)).callbacks.append(deliver)
+        if follow is not None:
+            self._arrivals.schedule_follow_up(follow)
         return None  # the replica schedules nothing itself
 
     # --------------------------------------------------------------------------------- jump bounds
@@ -94,9 +77,7 @@ class Cluster:
 
     def arrival_bound(self, index: int) -> float:
         """The earliest time a request not yet delivered could reach replica ``index``."""
-        times = [request.arrival_s for request in self._pending_follow_ups]
-        if self._next_open_arrival is not None:
-            times.append(self._next_open_arrival.arrival_s)
+        times = [self._arrivals.next_arrival_s()]
         if self._follow_up is not None:
             times += [replica.busy_until for other, replica in enumerate(self.replicas) if other != index]
-        return min(times, default=float("inf"))
+        return min(times)

@@ -314,7 +314,53 @@ ANALYTIC_ERROR_BAND = (
 only); recomputed by ``python -m calibrate.vidur`` and checked by ``tests/test_vidur.py``."""
 
 
-class AnalyticCostModel(CostModel):
+class DatasheetCostModel(CostModel):
+    """A cost model computed from a model's shape and a GPU's datasheet (the analytic roofline and its
+    derated form): the block geometry, the host link and the all-reduces they share, and block moves
+    priced per block (each subclass sets ``_copy_per_block_s`` and ``_decode``)."""
+
+    _decode: DecodeCost
+    _copy_per_block_s: float
+
+    def _set_geometry(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        kv_cache_dtype: str,
+        block_size: int,
+        host_bandwidth_bytes_per_s: float,
+        tensor_parallel_size: int,
+    ) -> int:
+        """Check and store what both datasheet models need; returns the tensor-parallel size."""
+        if block_size <= 0:
+            raise CostModelError(f"block_size must be positive, got {block_size}")
+        if host_bandwidth_bytes_per_s <= 0:
+            raise CostModelError(f"host bandwidth must be positive, got {host_bandwidth_bytes_per_s}")
+        tp = checked_tensor_parallel(model, tensor_parallel_size)
+        self.model = model
+        self.gpu = gpu
+        self.kv_cache_dtype = kv_cache_dtype
+        self.block_size = block_size
+        self.tensor_parallel_size = tp
+        self.host_bandwidth_bytes_per_s = float(host_bandwidth_bytes_per_s)
+        self.all_reduce = AllReduceCost.of(model, gpu, tp)
+        self.kv_bytes_per_token = model.kv_bytes_per_token(kv_cache_dtype, tensor_parallel_size=tp)
+        self.block_bytes = self.kv_bytes_per_token * block_size
+        self._swap_per_block_s = self.block_bytes / self.host_bandwidth_bytes_per_s
+        return tp
+
+    @property
+    def decode(self) -> DecodeCost:
+        return self._decode
+
+    def copy_blocks_s(self, num_blocks: int) -> float:
+        return self._copy_per_block_s * max(num_blocks, 0)
+
+    def swap_blocks_s(self, num_blocks: int) -> float:
+        return self._swap_per_block_s * max(num_blocks, 0)
+
+
+class AnalyticCostModel(DatasheetCostModel):
     """Roofline estimate from the model's shapes and the GPU's datasheet numbers.
 
     * Decode is memory bound: each step reads every weight once and each sequence's K/V once, so
@@ -350,21 +396,10 @@ class AnalyticCostModel(CostModel):
         host_bandwidth_bytes_per_s: float = DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
         tensor_parallel_size: int = 1,
     ):
-        if block_size <= 0:
-            raise CostModelError(f"block_size must be positive, got {block_size}")
-        if host_bandwidth_bytes_per_s <= 0:
-            raise CostModelError(f"host bandwidth must be positive, got {host_bandwidth_bytes_per_s}")
-        tp = checked_tensor_parallel(model, tensor_parallel_size)
-        self.model = model
-        self.gpu = gpu
-        self.kv_cache_dtype = kv_cache_dtype
-        self.block_size = block_size
-        self.tensor_parallel_size = tp
-        self.host_bandwidth_bytes_per_s = float(host_bandwidth_bytes_per_s)
+        tp = self._set_geometry(
+            model, gpu, kv_cache_dtype, block_size, host_bandwidth_bytes_per_s, tensor_parallel_size
+        )
         bandwidth, flops = float(gpu.hbm_bandwidth_bytes_per_s), float(gpu.fp16_flops)
-        self.kv_bytes_per_token = model.kv_bytes_per_token(kv_cache_dtype, tensor_parallel_size=tp)
-        self.block_bytes = self.kv_bytes_per_token * block_size
-        self.all_reduce = AllReduceCost.of(model, gpu, tp)
         # FLOPs per token use the parameters one token touches (all of them for a dense model);
         # dividing by tp last keeps tp = 1 bit for bit what it was
         active_params = getattr(model, "active_params", model.num_params)
@@ -377,11 +412,6 @@ class AnalyticCostModel(CostModel):
         self.prefill_per_attention_pair_s = 4.0 * model.num_layers * attention_width(model) / flops / tp
         self.label = tensor_parallel_label(self.label, self.all_reduce)
         self._copy_per_block_s = 2.0 * self.block_bytes / bandwidth
-        self._swap_per_block_s = self.block_bytes / self.host_bandwidth_bytes_per_s
-
-    @property
-    def decode(self) -> DecodeCost:
-        return self._decode
 
     def prefill_s(self, num_tokens: int, start_pos: int) -> float:
         if num_tokens <= 0:
@@ -389,12 +419,6 @@ class AnalyticCostModel(CostModel):
         return self.prefill_per_token_s * num_tokens + self.prefill_per_attention_pair_s * attention_pairs(
             num_tokens, start_pos
         )
-
-    def copy_blocks_s(self, num_blocks: int) -> float:
-        return self._copy_per_block_s * max(num_blocks, 0)
-
-    def swap_blocks_s(self, num_blocks: int) -> float:
-        return self._swap_per_block_s * max(num_blocks, 0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -568,11 +592,19 @@ def load_profile(path: str | Path) -> CostProfile:
     try:
         return CostProfile.model_validate(data)
     except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in item['loc']) or '<top>'}: {item['msg']}"
-            for item in error.errors()
-        )
-        raise CostModelError(f"invalid cost profile {path}: {problems}") from None
+        raise CostModelError(f"invalid cost profile {path}: {one_line_problems(error)}") from None
+
+
+def one_line_problems(
+    error: ValidationError, top_level: str = "<top>", key_prefix: str = "", show_input: bool = False
+) -> str:
+    """pydantic's problems on one line, ``key.path: message`` each (``top_level`` names an empty path),
+    for errors short enough to sit inside a sentence."""
+    return "; ".join(
+        f"{key_prefix}{'.'.join(str(part) for part in item['loc']) or top_level}: {item['msg']}"
+        + (f" (got {item.get('input')!r})" if show_input else "")
+        for item in error.errors()
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1017,10 +1049,7 @@ def make_cost_model(
         try:
             config = CostModelConfig.model_validate(config)
         except ValidationError as error:
-            problems = "; ".join(
-                f"{'.'.join(str(part) for part in item['loc']) or 'cost_model'}: {item['msg']}"
-                for item in error.errors()
-            )
+            problems = one_line_problems(error, top_level="cost_model")
             raise CostModelError(f"invalid cost_model {config!r}: {problems}") from None
     bandwidth = None if config.host_bandwidth_gb_per_s is None else config.host_bandwidth_gb_per_s * 1e9
     if config.kind in ("derated", "analytic"):

@@ -48,13 +48,10 @@ import numpy as np
 
 from sim.costs.core import (
     DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
-    AllReduceCost,
-    CostModel,
-    CostModelError,
+    DatasheetCostModel,
     DecodeCost,
     attention_pairs,
     attention_width,
-    checked_tensor_parallel,
     layer_matmul_params,
     tensor_parallel_label,
 )
@@ -101,7 +98,7 @@ def relative_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, floa
     return float(intercept), float(slope)
 
 
-class DeratedCostModel(CostModel):
+class DeratedCostModel(DatasheetCostModel):
     """The roofline derated by ``gpu.efficiency`` (or ``efficiency``); see the module docstring."""
 
     measured = False
@@ -116,18 +113,11 @@ class DeratedCostModel(CostModel):
         efficiency: Efficiency | None = None,
         tensor_parallel_size: int = 1,
     ):
-        if block_size <= 0:
-            raise CostModelError(f"block_size must be positive, got {block_size}")
-        if host_bandwidth_bytes_per_s <= 0:
-            raise CostModelError(f"host bandwidth must be positive, got {host_bandwidth_bytes_per_s}")
+        tp = self._set_geometry(
+            model, gpu, kv_cache_dtype, block_size, host_bandwidth_bytes_per_s, tensor_parallel_size
+        )
         eff = efficiency if efficiency is not None else gpu.efficiency
-        tp = checked_tensor_parallel(model, tensor_parallel_size)
-        self.model, self.gpu, self.efficiency = model, gpu, eff
-        self.tensor_parallel_size = tp
-        self.all_reduce = AllReduceCost.of(model, gpu, tp)
-        self.block_size = block_size
-        self.kv_cache_dtype = kv_cache_dtype
-        self.host_bandwidth_bytes_per_s = float(host_bandwidth_bytes_per_s)
+        self.efficiency = eff
         bandwidth, flops = float(gpu.hbm_bandwidth_bytes_per_s), float(gpu.fp16_flops)
         weight_bytes = model.weight_dtype_bytes
         layers = model.num_layers
@@ -153,7 +143,6 @@ class DeratedCostModel(CostModel):
             * weight_bytes
             / (bandwidth * eff.elementwise_bandwidth)
         )
-        self.kv_bytes_per_token = model.kv_bytes_per_token(kv_cache_dtype, tensor_parallel_size=tp)
         self.kv_read_per_token_s = self.kv_bytes_per_token / (bandwidth * eff.kv_bandwidth)
         self.decode_attention_fixed_s = layers * eff.decode_attention_fixed_s
         self.decode_attention_per_seq_s = layers * eff.decode_attention_per_seq_s
@@ -161,9 +150,7 @@ class DeratedCostModel(CostModel):
         self.prefill_attention_per_pair_s = (
             layers * 4.0 * attention_width(model) / (flops * eff.prefill_attention_flops) / tp
         )
-        self.block_bytes = self.kv_bytes_per_token * block_size
         self._copy_per_block_s = 2.0 * self.block_bytes / (bandwidth * eff.kv_bandwidth)
-        self._swap_per_block_s = self.block_bytes / self.host_bandwidth_bytes_per_s
         batches = DECODE_LINEARIZATION_BATCHES
         gemm_intercept, gemm_per_seq = relative_line(batches, [self.gemm_s(b, b) for b in batches])
         self._decode = DecodeCost(
@@ -187,10 +174,6 @@ class DeratedCostModel(CostModel):
         return math.hypot(self.body_read_s, self.body_flops_per_token_s * tokens) + math.hypot(
             self.head_read_s, self.head_flops_per_row_s * logit_rows
         )
-
-    @property
-    def decode(self) -> DecodeCost:
-        return self._decode
 
     @property
     def prefill_fixed_s(self) -> float:
@@ -231,9 +214,3 @@ class DeratedCostModel(CostModel):
         if num_tokens <= 0:
             return 0.0
         return self.iteration_s(0, 0, [(num_tokens, start_pos)]) - self.prefill_fixed_s
-
-    def copy_blocks_s(self, num_blocks: int) -> float:
-        return self._copy_per_block_s * max(num_blocks, 0)
-
-    def swap_blocks_s(self, num_blocks: int) -> float:
-        return self._swap_per_block_s * max(num_blocks, 0)

@@ -42,6 +42,7 @@ import simpy
 
 from policies.base import ChildSpec, KVCachePolicy, OutOfKVMemory, TokenContent
 from sim.costs.core import CostModel
+from sim.engine.arrivals import Arrivals
 from sim.engine.decoding import NEVER, DecodeClock, RequestState
 from sim.engine.event_skip import JumpTimeline, iterations_to_reach
 from sim.outputs.metrics import (
@@ -131,9 +132,7 @@ class Engine:
         self.busy_until = float("inf")  # end of the wake-up in flight: no completion comes before it
         self.rng = np.random.default_rng(seed)
         self._follow_up = follow_up
-        self._source = iter(requests)
-        self._next_open_arrival: Request | None = next(self._source, None)
-        self._pending_follow_ups: list[Request] = []
+        self._arrivals = Arrivals(self.env, requests, self._arrive)
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
         self.sink: OutputSink = sink if sink is not None else MemorySink()
@@ -170,7 +169,7 @@ class Engine:
     def start(self) -> None:
         """Register the engine's processes (a cluster starts every replica, then runs the clock)."""
         if self._upstream is None:
-            self.env.process(self._arrivals())
+            self.env.process(self._arrivals.process())
         self.env.process(self._loop())
         self._record()
 
@@ -204,31 +203,10 @@ class Engine:
             self.sink.write_requests(self._done_records)
             self._done_records = []
 
-    def _arrivals(self):
-        while self._next_open_arrival is not None:
-            yield self.env.timeout(max(0.0, self._next_open_arrival.arrival_s - self.env.now))
-            # Everything that arrives at this instant is delivered together, so one iteration sees it all.
-            while self._next_open_arrival is not None and self._next_open_arrival.arrival_s <= self.env.now:
-                request = self._next_open_arrival
-                self._next_open_arrival = next(self._source, None)
-                self._arrive(request)
-
-    def _schedule_follow_up(self, request: Request) -> None:
-        self._pending_follow_ups.append(request)
-
-        def deliver(_event) -> None:
-            self._pending_follow_ups.remove(request)
-            self._arrive(request)
-
-        self.env.timeout(max(0.0, request.arrival_s - self.env.now)).callbacks.append(deliver)
-
     def _next_arrival_s(self) -> float:
         if self._upstream is not None:
             return self._upstream()
-        times = [r.arrival_s for r in self._pending_follow_ups]
-        if self._next_open_arrival is not None:
-            times.append(self._next_open_arrival.arrival_s)
-        return min(times, default=float("inf"))
+        return self._arrivals.next_arrival_s()
 
     def _arrive(self, request: Request) -> None:
         prompt_len = request.prompt_len
@@ -298,7 +276,7 @@ class Engine:
         while True:
             if not self.running and not self.waiting:
                 # A replica stays until the clock stops: another replica's request may have a follow-up.
-                done = self._next_arrival_s() == float("inf") and not self._pending_follow_ups
+                done = self._next_arrival_s() == float("inf") and not self._arrivals.pending_follow_ups
                 if done and self._upstream is None:
                     return
                 idle_steps = 0  # rejections that emptied the queue are progress, not a stall
@@ -797,7 +775,7 @@ class Engine:
         if self._follow_up is not None:
             follow = self._follow_up(state.request, self.env.now)
             if follow is not None:
-                self._schedule_follow_up(follow)
+                self._arrivals.schedule_follow_up(follow)
 
     def _leave_running(self, state: RequestState) -> None:
         self.running.remove(state)

@@ -42,13 +42,8 @@ HOST_COLUMNS = (
     "host_evictions",
 )
 
-STATE_COLUMNS = (
-    # Time-averaged in the summary: the breakdown, running requests, physical and logical slots.
-    *BREAKDOWN_COLUMNS,
-    "num_requests_running",
-    "physical_tokens",
-    "logical_tokens",
-    # Recorded only.
+# State recorded at every sample but not time-averaged in the summary: queue sizes and event counters.
+RECORDED_ONLY_COLUMNS = (
     "num_requests_waiting",
     "num_sequences_running",
     "admission_waits",
@@ -58,6 +53,15 @@ STATE_COLUMNS = (
     "prefix_cache_queries",
     "prefix_cache_hits",
     "evictions",
+)
+
+STATE_COLUMNS = (
+    # Time-averaged in the summary: the breakdown, running requests, physical and logical slots.
+    *BREAKDOWN_COLUMNS,
+    "num_requests_running",
+    "physical_tokens",
+    "logical_tokens",
+    *RECORDED_ONLY_COLUMNS,
     "admission_blocker",  # index into ADMISSION_BLOCKERS
     # The host-memory tier (offload:), zero without one: its breakdown and cumulative counters.
     *HOST_COLUMNS,
@@ -69,15 +73,7 @@ SERIES_COLUMNS = (
     "time_s",
     *BREAKDOWN_COLUMNS,
     "num_requests_running",
-    "num_requests_waiting",
-    "num_sequences_running",
-    "admission_waits",
-    "preemptions",
-    "oom_failures",
-    "cow_copies",
-    "prefix_cache_queries",
-    "prefix_cache_hits",
-    "evictions",
+    *RECORDED_ONLY_COLUMNS,
     "physical_tokens",
     "logical_tokens",
     "admission_blocker",  # index into ADMISSION_BLOCKERS

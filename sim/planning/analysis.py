@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from sim.outputs.metrics import ADMISSION_BLOCKERS
+from policies.base import MemoryBreakdown
+from sim.outputs.metrics import ADMISSION_BLOCKERS, summary_key
 from sim.planning.plan_spec import Candidate, Plan
 from sim.planning.search import describe
 from sim.planning.units import seconds
@@ -37,12 +38,7 @@ AT_MAX_METRICS = (
     "preemptions_per_request",
     "rejected_frac",
     "mean_kv_cache_usage_frac",
-    "mean_used_frac",
-    "mean_reserved_frac",
-    "mean_internal_frag_frac",
-    "mean_external_frag_frac",
-    "mean_cached_frac",
-    "mean_free_frac",
+    *(summary_key(category) for category in MemoryBreakdown.CATEGORIES),  # mean_used_frac, ...
     *(f"blocked_by_{name}_frac" for name in ADMISSION_BLOCKERS[1:]),
 )
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sim.planning.executors import DEFAULT_DASK_TIMEOUT_S, Executor, ExecutorError, make_executor
+
+Result = TypeVar("Result")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -20,25 +23,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sweep = load_sweep_spec(args.sweep, args.set)  # every point validated before anything runs
     out_dir = Path(args.output) if args.output else Path("results") / sweep.spec.name
     check_output_target(out_dir, SWEEP_KIND)
-    log = _log(args.quiet)
     started = time.perf_counter()
-    executor = _executor(args)
-    if executor is None:
-        return 2
-    log(f"kvsim sweep {sweep.spec.name}: {len(sweep.points)} points on {executor.description}")
-    try:
-        result = run_sweep(
+    result = _on_executor(
+        args,
+        "sweep",
+        out_dir,
+        f"kvsim sweep {sweep.spec.name}: {len(sweep.points)} points",
+        lambda executor, log: run_sweep(
             sweep,
             out_dir,
             executor,
             retry_failed=args.retry_failed,
             progress=progress_enabled(args.quiet),
             log=log,
-        )
-    except KeyboardInterrupt:
-        return _interrupted("sweep", out_dir)
-    finally:
-        executor.close()
+        ),
+    )
+    if isinstance(result, int):
+        return result
     wall = time.perf_counter() - started
     print(
         f"kvsim sweep {sweep.spec.name}: {len(sweep.points)} points: {describe_counts(result.counts)}; {wall:.1f} s"
@@ -59,14 +60,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan = load_plan_spec(args.plan)  # every candidate's probe configs validated before anything runs
     out_dir = Path(args.output) if args.output else Path("results") / plan.spec.name
     check_output_target(out_dir, PLAN_KIND)
-    log = _log(args.quiet)
     started = time.perf_counter()
-    executor = _executor(args)
-    if executor is None:
-        return 2
-    log(f"kvsim plan {plan.spec.name}: {len(plan.candidates)} candidates on {executor.description}")
-    try:
-        result = run_plan(
+    result = _on_executor(
+        args,
+        "plan",
+        out_dir,
+        f"kvsim plan {plan.spec.name}: {len(plan.candidates)} candidates",
+        lambda executor, log: run_plan(
             plan,
             out_dir,
             executor,
@@ -74,11 +74,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
             progress=progress_enabled(args.quiet),
             log=log,
             wall_s=lambda: time.perf_counter() - started,
-        )
-    except KeyboardInterrupt:
-        return _interrupted("plan", out_dir)
-    finally:
-        executor.close()
+        ),
+    )
+    if isinstance(result, int):
+        return result
     document = result.document
     print(
         f"kvsim plan {plan.spec.name}: {describe_counts(result.counts)}; {time.perf_counter() - started:.1f} s"
@@ -110,6 +109,29 @@ def summary_lines(document: dict[str, Any]) -> str:
     best = document["recommendation"]
     lines.append(f"  recommended: {best}" if best else "  no candidate meets the SLOs")
     return "\n".join(lines)
+
+
+def _on_executor(
+    args: argparse.Namespace,
+    command: str,
+    out_dir: Path,
+    heading: str,
+    run: Callable[[Executor, Callable[[str], None]], Result],
+) -> Result | int:
+    """``run(executor, log)`` on the executor the flags ask for (closed afterwards), after logging
+    ``<heading> on <executor>``; an exit code instead when the executor cannot start (2) or the run
+    is interrupted (130)."""
+    log = _log(args.quiet)
+    executor = _executor(args)
+    if executor is None:
+        return 2
+    log(f"{heading} on {executor.description}")
+    try:
+        return run(executor, log)
+    except KeyboardInterrupt:
+        return _interrupted(command, out_dir)
+    finally:
+        executor.close()
 
 
 def _executor(args: argparse.Namespace) -> Executor | None:

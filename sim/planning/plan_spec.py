@@ -36,16 +36,19 @@ from sim.config import (
     EngineConfig,
     ExperimentConfig,
     VariantConfig,
+    did_you_mean,
     validate_experiment,
 )
-from sim.hardware.capacity import KVCapacity, ModelDoesNotFitError, size_kv_pool
+from sim.costs.core import one_line_problems
+from sim.hardware.capacity import KVCapacity, ModelDoesNotFitError
 from sim.hardware.gpus import resolve_gpu
 from sim.hardware.models import resolve_model
 from sim.planning.preflight import preflight
-from sim.planning.schema import Strict, did_you_mean, read_yaml_mapping, set_key_path, validate_file
+from sim.planning.schema import Strict, read_yaml_mapping, set_key_path, validate_file
 from sim.planning.spec import point_id, shown
 from sim.planning.steady import SteadyWindow
 from sim.planning.tasks import PointTask
+from sim.runner import engine_pool
 from sim.storage.folders import config_hash
 
 _Section = TypeVar("_Section", EngineConfig, ClusterConfig)
@@ -374,10 +377,7 @@ def _section_or_fail(
     try:
         return model.model_validate(data)
     except ValidationError as error:
-        problems = "; ".join(
-            f"{section}.{'.'.join(str(p) for p in item['loc'])}: {item['msg']} (got {item.get('input')!r})"
-            for item in error.errors()
-        )
+        problems = one_line_problems(error, top_level="", key_prefix=f"{section}.", show_input=True)
         raise ConfigError(f"{path}: candidate {where}: {problems}") from None
 
 
@@ -388,17 +388,7 @@ def _fit(template: dict[str, Any], engine: EngineConfig, path: Path, key: str) -
     except (ValueError, KeyError) as error:
         raise ConfigError(f"{path}: candidate {key}: {error}") from None
     try:
-        capacity: KVCapacity = size_kv_pool(
-            model,
-            gpu,
-            block_size=engine.block_size,
-            kv_cache_dtype=engine.kv_cache_dtype,
-            gpu_memory_utilization=engine.gpu_memory_utilization,
-            activation_reserve_bytes=engine.activation_reserve_bytes,
-            kv_cache_memory_bytes=engine.kv_cache_memory_bytes,
-            num_gpu_blocks_override=engine.num_gpu_blocks_override,
-            tensor_parallel_size=engine.tensor_parallel_size,
-        )
+        capacity: KVCapacity = engine_pool(model, gpu, engine)
     except ModelDoesNotFitError as error:
         return str(error), {}
     except ValueError as error:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from policies.base import PolicyError, PoolSpec, make_policy
 from sim.config import ConfigError, ExperimentConfig
-from sim.costs.core import CostModelError, make_cost_model
+from sim.costs.core import CostModelError
 from sim.hardware.capacity import KVCapacity
-from sim.runner import policy_name_for, resolve_hardware, size_pool
+from sim.runner import engine_cost_model, policy_name_for, resolve_hardware, size_pool
 from workloads import WorkloadError, build_workload
 
 
@@ -45,13 +45,5 @@ def prepare_variant(config: ExperimentConfig, variant_name: str, base_dir: Path)
         raise ConfigError(
             f"variant {variant.name!r}: options: bad policy options {variant.options}: {error}"
         ) from None
-    make_cost_model(
-        config.cost_model,
-        model,
-        gpu,
-        block_size=engine.block_size,
-        kv_cache_dtype=engine.kv_cache_dtype,
-        base_dir=base_dir,
-        tensor_parallel_size=engine.tensor_parallel_size,
-    )
+    engine_cost_model(config, model, gpu, engine, base_dir)
     return capacity

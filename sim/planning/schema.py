@@ -1,20 +1,19 @@
 """Reading sweep and plan files: YAML, pydantic errors in kvsim's style, key-path overrides.
 
-Errors mirror ``sim/config.py``: the file, the key path and the value, and the nearest valid key
-(``axes.engine.blok_size`` is caught later, when the points are validated, with the point named).
+Errors are ``sim/config.py``'s (:func:`sim.config.format_problems`): the file, the key path and
+the value, and the nearest valid key (``axes.engine.blok_size`` is caught later, when the points
+are validated, with the point named).
 """
 
 from __future__ import annotations
 
 import copy
-import difflib
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from sim.config import ConfigError
+from sim.config import ConfigError, format_problems, models_in, yaml_mapping
 
 
 class Strict(BaseModel):
@@ -25,15 +24,7 @@ def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
     """The top-level mapping of a YAML file, or a :class:`ConfigError` naming the file and line."""
     if not path.is_file():
         raise ConfigError(f"{path}: no such {what} file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}:{where} malformed YAML: {getattr(error, 'problem', error)}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
-    return data
+    return yaml_mapping(path)
 
 
 def validate_file(model: type[BaseModel], data: dict[str, Any], path: Path, what: str) -> Any:
@@ -46,20 +37,12 @@ def validate_file(model: type[BaseModel], data: dict[str, Any], path: Path, what
 def format_schema_error(
     error: ValidationError, path: Path, data: Any, model: type[BaseModel], what: str
 ) -> str:
-    lines = [f"{path}: invalid {what} ({error.error_count()} problem(s))"]
-    for problem in error.errors():
-        location = [part for part in problem["loc"] if not _is_union_tag(part)]
-        key_path = ".".join(str(part) for part in location) or "(top level)"
-        message = problem["msg"]
-        if problem["type"] == "extra_forbidden":
-            known = _fields_at(model, location[:-1])
-            message = f"unknown key{did_you_mean(str(location[-1]), known)}"
-        elif problem["type"] == "missing":
-            message = "required key is missing"
-        value = problem.get("input")
-        shown = "" if problem["type"] == "missing" or isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"  {key_path}: {message}{shown}")
-    return "\n".join(lines)
+    return format_problems(
+        f"{path}: invalid {what}",
+        error.errors(),
+        location=lambda problem: [part for part in problem["loc"] if not _is_union_tag(part)],
+        known_keys_at=lambda location: _fields_at(model, location),
+    )
 
 
 def _is_union_tag(part: Any) -> bool:
@@ -76,23 +59,10 @@ def _fields_at(model: type[BaseModel], location: list[Any]) -> list[str]:
         field = getattr(current, "model_fields", {}).get(part)
         if field is None:
             return []
-        current = next(iter(_models_in(field.annotation)), None)
+        current = next(iter(models_in(field.annotation)), None)
         if current is None:
             return []
     return list(getattr(current, "model_fields", {}))
-
-
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return [model for argument in getattr(annotation, "__args__", ()) for model in _models_in(argument)]
-
-
-def did_you_mean(name: str, candidates: list[str]) -> str:
-    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.5)
-    if close:
-        return f"; did you mean {close[0]!r}?"
-    return f"; valid: {', '.join(sorted(candidates))}" if candidates else ""
 
 
 def set_key_path(data: dict[str, Any], key_path: str, value: Any) -> None:

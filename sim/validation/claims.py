@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from sim.config import ConfigError, ExperimentConfig, validate_experiment
+from sim.config import ConfigError, ExperimentConfig, format_problems, validate_experiment, yaml_mapping
 from sim.validation.registry import CHECKS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -226,16 +225,12 @@ class Claim:
 
 
 def _format_claim_error(error: ValidationError, path: Path, what: str, prefix: str = "") -> str:
-    lines = [f"{path}: invalid {what} ({error.error_count()} problem(s))"]
-    for problem in error.errors():
-        key_path = prefix + ".".join(str(part) for part in problem["loc"]) or "(top level)"
-        message = "required key is missing" if problem["type"] == "missing" else problem["msg"]
-        if problem["type"] == "extra_forbidden":
-            message = "unknown key"
-        value = problem.get("input")
-        shown = "" if problem["type"] == "missing" or isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"  {key_path}: {message}{shown}")
-    return "\n".join(lines)
+    return format_problems(
+        f"{path}: invalid {what}",
+        error.errors(),
+        location=lambda problem: list(problem["loc"]),
+        key_prefix=prefix,
+    )
 
 
 def load_claim(path: str | Path) -> Claim:
@@ -243,12 +238,7 @@ def load_claim(path: str | Path) -> Claim:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such claim file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: malformed YAML: {error}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping with a `claim` key")
+    data = yaml_mapping(path)
     try:
         parsed = ClaimFile.model_validate(data)
     except ValidationError as error:

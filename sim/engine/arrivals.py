@@ -1,0 +1,52 @@
+"""Requests not yet delivered: the open-loop stream and the follow-ups scheduled on the clock.
+
+A lone engine and a cluster both own a request stream and deliver each arrival at its time (the
+engine admits it, the cluster routes it to a replica); this is that shared bookkeeping, so both
+bound their event-skipping jumps by the same next-arrival time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import simpy
+
+from workloads.request import Request
+
+
+class Arrivals:
+    def __init__(
+        self, env: simpy.Environment, requests: Iterable[Request], deliver: Callable[[Request], None]
+    ):
+        self.env = env
+        self._deliver = deliver
+        self._source = iter(requests)
+        self.next_open: Request | None = next(self._source, None)  # the stream's next request, read ahead
+        self.pending_follow_ups: list[Request] = []
+
+    def process(self):
+        """SimPy process delivering the open-loop stream, in stream order."""
+        while self.next_open is not None:
+            yield self.env.timeout(max(0.0, self.next_open.arrival_s - self.env.now))
+            # Everything that arrives at this instant is delivered together, so one iteration sees it all.
+            while self.next_open is not None and self.next_open.arrival_s <= self.env.now:
+                request = self.next_open
+                self.next_open = next(self._source, None)
+                self._deliver(request)
+
+    def schedule_follow_up(self, request: Request) -> None:
+        """Deliver ``request`` (a follow-up a finished request produced) at its arrival time."""
+        self.pending_follow_ups.append(request)
+
+        def deliver(_event) -> None:
+            self.pending_follow_ups.remove(request)
+            self._deliver(request)
+
+        self.env.timeout(max(0.0, request.arrival_s - self.env.now)).callbacks.append(deliver)
+
+    def next_arrival_s(self) -> float:
+        """When the earliest request not yet delivered arrives (inf when none is known)."""
+        times = [request.arrival_s for request in self.pending_follow_ups]
+        if self.next_open is not None:
+            times.append(self.next_open.arrival_s)
+        return min(times, default=float("inf"))
