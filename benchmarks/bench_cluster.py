@@ -36,14 +36,14 @@ def run_cluster_once(replicas: int, requests_per_replica: int, router: str = "ro
             policy,
             costs,
             EngineKnobs(max_model_len=4096),
-            (),
+            iter(()),  # a replica's requests come from the router
             env=env,
             upstream=upstream,
             follow_up=follow_up,
         )
 
     stream = synthetic_requests(replicas * requests_per_replica, rate_per_s=replicas * RATE_PER_S)
-    router_config = ClusterConfig(replicas=replicas, router=router)
+    router_config = ClusterConfig.model_validate({"replicas": replicas, "router": router})
     cluster = Cluster(replicas, build, make_router(router_config), stream)
     started = time.perf_counter()
     cluster.run()
