@@ -119,6 +119,10 @@ class SequenceState:
     segment_ends: list[int] = field(default_factory=list)
     keyed_blocks: int = 0  # leading full blocks whose cache key is known
     namespace: int = 0
+    # Prefix caching keys a sequence's blocks lazily while nothing else starts with the same block
+    # (policies/prefix.py): its first block's key then, and how many of its blocks are still cached.
+    lazy_first_key: tuple | None = None
+    lazy_cached_blocks: int = 0
 
 
 @register("paged")

@@ -30,6 +30,15 @@
 - ``fork`` shares every parent block with the children. Writing into a shared, partly filled block
   copies it first (copy-on-write); a full shared block is never copied.
 - ``pin_prefix`` keeps a warm-up prompt's blocks resident: they are never evicted.
+- Lazy keys (a speed-up with identical results): on streams with little reuse nearly every key is
+  created and evicted unused. A block can only be hit by a lookup that matches its sequence's first
+  block (same content, same namespace), so while no other sequence starts with that block, the
+  sequence's full blocks are only *marked* cached (``_block_key`` holds the sequence itself: a lazy
+  run). The first lookup, fork or other sequence that starts with the same first block keys the run's
+  still-cached blocks exactly as they would have been keyed (:meth:`PrefixCachingPolicy._key_lazy_run`),
+  and that first block's keys are made eagerly from then on. A lazy run holds no duplicate keys (keys
+  of different lengths differ), so no caching order is lost. With a host tier every key is made
+  eagerly (evictions store keys).
 - With a host tier (:meth:`PrefixCachingPolicy.enable_host_tier`, ``offload:``), a cached block the
   GPU evicts is written to a host LRU pool under the same key (``policies/_host_tier.py``), unless the
   host holds that key already or another GPU block still does. Admission continues the prefix lookup
@@ -166,10 +175,12 @@ class PrefixCachingPolicy(PagedPolicy):
     """Paged blocks shared by prefix (cache key) and by fork, with LRU eviction of cached blocks."""
 
     _SHARES_BLOCKS = True
+    _LAZY_KEYS = True  # False: every full block keyed at once (the reference the tests compare with)
 
     def __init__(self, pool: PoolSpec):
         super().__init__(pool)
-        self._block_key: list[ChainKey | None] = [None] * self.num_blocks
+        # A block's key; a lazy run's blocks hold their sequence instead (keyed when they could hit).
+        self._block_key: list[ChainKey | SequenceState | None] = [None] * self.num_blocks
         self._block_chain: list[int | None] = [None] * self.num_blocks
         self._chains = ContentChains()
         self._cached_by_key: dict[ChainKey, int] = {}  # the first block cached under each key
@@ -177,6 +188,9 @@ class PrefixCachingPolicy(PagedPolicy):
         self._cached_in_queue = 0
         self._pinned: set[int] = set()
         self._pinned_idle = 0
+        # A first block's key -> the one sequence whose blocks starting with it are keyed lazily,
+        # or None once that first block's keys are made eagerly.
+        self._first_block_runs: dict[ChainKey, SequenceState | None] = {}
 
     # ------------------------------------------------------------------------------------ accounting
     def _cached_blocks(self) -> int:
@@ -205,6 +219,9 @@ class PrefixCachingPolicy(PagedPolicy):
             self.host_tier = HostTier(capacity_blocks, self._chains.acquire, self._chains.release)
         except ValueError as error:
             raise PolicyInputError(str(error)) from None
+        # Evictions store their keys to the tier: every key is made eagerly from now on.
+        for run in [run for run in self._first_block_runs.values() if run is not None]:
+            self._key_lazy_run(run)
 
     def _host_hits(
         self, prompt: TokenContent, prompt_len: int, hit_blocks: list[int], namespace: int
@@ -244,7 +261,11 @@ class PrefixCachingPolicy(PagedPolicy):
         parent: int | None = None
         cache, chain_of = self._cached_by_key, self._block_chain
         for content in block_contents(segments, ends, 0, max_blocks, self.block_size):
-            block_id = cache.get((parent, *content, namespace))
+            key = (parent, *content, namespace)
+            lazy_run = self._first_block_runs.get(key) if parent is None else None
+            if lazy_run is not None:
+                self._key_lazy_run(lazy_run)  # it starts with the same first block: it could hit
+            block_id = cache.get(key)
             if block_id is None:
                 break  # no cached block holds this content after this prefix
             hits.append(block_id)
@@ -301,6 +322,13 @@ class PrefixCachingPolicy(PagedPolicy):
         block, last = seq.keyed_blocks, seq.num_tokens // block_size
         if block >= last:
             return
+        if seq.lazy_first_key is not None or (block == 0 and self._starts_lazy_run(seq)):
+            keys = self._block_key
+            for block_id in seq.block_table[block:last]:
+                keys[block_id] = seq  # cached, keyed when a lookup could hit it
+            seq.lazy_cached_blocks += last - block
+            seq.keyed_blocks = last
+            return
         table, segments, ends, namespace = seq.block_table, seq.segments, seq.segment_ends, seq.namespace
         keys, chain_of, cache_under = self._block_key, self._block_chain, self._cache_under
         chains, cache = self._chains, self._cached_by_key
@@ -337,6 +365,41 @@ class PrefixCachingPolicy(PagedPolicy):
                 block += 1
         seq.keyed_blocks = last
 
+    def _starts_lazy_run(self, seq: SequenceState) -> bool:
+        """``seq``'s first block just became full: whether its blocks are keyed lazily (nothing else
+        starts with that block). Another sequence's lazy run starting with it is keyed now."""
+        if self._block_key[seq.block_table[0]] is not None:
+            return False  # a hit: that first block is keyed eagerly
+        first_key = (None, *_first_block_content(seq, self.block_size), seq.namespace)
+        runs = self._first_block_runs
+        if first_key not in runs:
+            if not self._LAZY_KEYS or self.host_tier is not None:
+                return False
+            runs[first_key] = seq
+            seq.lazy_first_key = first_key
+            return True
+        other_run = runs[first_key]
+        if other_run is not None:
+            self._key_lazy_run(other_run)
+        return False
+
+    def _key_lazy_run(self, run: SequenceState) -> None:
+        """Key the blocks of a lazy run that are still cached, in order, as they would have been keyed
+        when they filled. Those are its leading blocks: a run is freed tail first into the free
+        queue and none of its blocks is touched while it is lazy (a touch is a hit, which needs a
+        key), so its blocks are evicted last block first."""
+        assert run.lazy_first_key is not None
+        self._first_block_runs[run.lazy_first_key] = None
+        run.lazy_first_key = None
+        cached = run.block_table[: run.lazy_cached_blocks]
+        run.lazy_cached_blocks = 0
+        assert all(self._block_key[block_id] is run for block_id in cached), "evicted out of order"
+        contents = block_contents(run.segments, run.segment_ends, 0, len(cached), self.block_size)
+        parent: int | None = None
+        for block_id, content in zip(cached, contents, strict=True):
+            self._cache_under(block_id, (parent, *content, run.namespace))
+            parent = self._block_chain[block_id]
+
     def _cache_under(self, block_id: int, key: ChainKey) -> None:
         """A fresh block registers (a block reached by a hit or a fork is already cached). Identical
         content cached twice stays twice (vLLM does not deduplicate)."""
@@ -369,6 +432,13 @@ class PrefixCachingPolicy(PagedPolicy):
             key = keys[block_id]
             assert key is not None, "only blocks holding a key are cached"
             keys[block_id] = None
+            if isinstance(key, SequenceState):  # a block of a lazy run: nothing was keyed
+                key.lazy_cached_blocks -= 1
+                if not key.lazy_cached_blocks:  # the run is freed and all of it evicted
+                    first_key = key.lazy_first_key
+                    assert first_key is not None
+                    del self._first_block_runs[first_key]
+                continue
             first = cache.pop(key)
             if later and key in later:
                 self._drop_holder(key, first, block_id)
@@ -419,6 +489,8 @@ class PrefixCachingPolicy(PagedPolicy):
         return 0
 
     def _give_child_blocks(self, parent: SequenceState, child: SequenceState) -> None:
+        if parent.lazy_first_key is not None:
+            self._key_lazy_run(parent)  # the children share its blocks and key theirs after them
         child.block_table = list(parent.block_table)
         self._logical_blocks += len(child.block_table)
         for block_id in child.block_table:
@@ -483,6 +555,10 @@ class PrefixCachingPolicy(PagedPolicy):
 
 
 _PIN_HOLDER_ID = -(2**62)  # a private sequence id, held only inside pin_prefix
+
+
+def _first_block_content(seq: SequenceState, block_size: int) -> tuple:
+    return next(block_contents(seq.segments, seq.segment_ends, 0, 1, block_size))
 
 
 def _cumulative_ends(segments: list[tuple[int, int]]) -> list[int]:

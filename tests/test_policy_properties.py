@@ -111,6 +111,12 @@ def check_blocks_hold_the_content_of_their_owners(policy: PrefixCachingPolicy) -
     for seq_id in policy.live_sequences():
         state = policy.sequences[seq_id]
         full = state.num_tokens // policy.block_size
+        if state.lazy_first_key is not None:
+            # A lazy run: its full blocks are marked with it, and it alone starts with its first block.
+            assert all(policy._block_key[block_id] is state for block_id in state.block_table[:full])
+            assert policy._first_block_runs[state.lazy_first_key] is state
+            assert policy._chains.find(state.lazy_first_key) is None
+            continue
         contents = block_contents(state.segments, state.segment_ends, 0, full, policy.block_size)
         parent_chain = None
         for block_id, content in zip(state.block_table[:full], contents, strict=True):
