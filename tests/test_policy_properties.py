@@ -190,11 +190,14 @@ class Driver:
         before = policy.breakdown()
         hit = policy.lookup(prompt)
         assert policy.breakdown() == before, "lookup changed the pool"
+        # Paged policies: can_admit predicts admit exactly (contiguous ones remember what they checked).
+        fits = policy.can_admit(prompt, final_len) if isinstance(policy, PagedPolicy) else None
         try:
             cached = policy.admit(seq_id, prompt, final_len, output_content_id=1000 + seq_id)
         except OutOfKVMemory as error:
-            assert error.prefix_hit == hit
+            assert error.prefix_hit == hit and fits is not True
             raise
+        assert fits is not False
         assert cached == hit.total_tokens  # the GPU hit, plus what a host tier loads back
         hit_unit = getattr(policy, "page_size", self.pool.block_size)  # radix hits whole pages, others blocks
         assert 0 <= cached < prompt_len and cached % hit_unit == 0
