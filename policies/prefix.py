@@ -501,18 +501,16 @@ class PrefixCachingPolicy(PagedPolicy):
             self._retarget_tail(tail, child)
 
     def _blocks_needed_to_grow(self, seq: SequenceState, num_tokens: int) -> int:
-        return super()._blocks_needed_to_grow(seq, num_tokens) + int(self._tail_is_shared_and_partial(seq))
-
-    def _tail_is_shared_and_partial(self, seq: SequenceState) -> bool:
-        return (
-            bool(seq.block_table)
-            and seq.num_tokens % self.block_size != 0
-            and self.ref_count[seq.block_table[-1]] > 1
-        )
+        # Runs once per block a sequence fills: the paged count and the tail check written out here.
+        block_size, table = self.block_size, seq.block_table
+        needed = -(-(seq.num_tokens + num_tokens) // block_size) - len(table)
+        if seq.num_tokens % block_size and self.ref_count[table[-1]] > 1:
+            needed += 1  # the shared tail is copied first (a partly filled sequence has a tail)
+        return needed
 
     def _copy_shared_tail_before_write(self, seq: SequenceState) -> None:
-        if not self._tail_is_shared_and_partial(seq):
-            return
+        if not seq.num_tokens % self.block_size or self.ref_count[seq.block_table[-1]] < 2:
+            return  # the tail is full, or this sequence's alone: nothing to copy
         shared = seq.block_table[-1]
         (copy,) = self._take_free_blocks(1)
         self._drop_reference(seq, shared)
