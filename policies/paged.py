@@ -119,9 +119,10 @@ class SequenceState:
     segment_ends: list[int] = field(default_factory=list)
     keyed_blocks: int = 0  # leading full blocks whose cache key is known
     namespace: int = 0
-    # Prefix caching keys a sequence's blocks lazily while nothing else starts with the same block
-    # (policies/prefix.py): its first block's key then, and how many of its blocks are still cached.
-    lazy_first_key: tuple | None = None
+    # Prefix caching keys a sequence's blocks lazily from its first block whose key nothing holds
+    # (policies/prefix.py): that key, that block's index, and how many of them are still cached.
+    lazy_key: tuple | None = None
+    lazy_from: int = 0
     lazy_cached_blocks: int = 0
 
 

@@ -31,14 +31,14 @@
   copies it first (copy-on-write); a full shared block is never copied.
 - ``pin_prefix`` keeps a warm-up prompt's blocks resident: they are never evicted.
 - Lazy keys (a speed-up with identical results): on streams with little reuse nearly every key is
-  created and evicted unused. A block can only be hit by a lookup that matches its sequence's first
-  block (same content, same namespace), so while no other sequence starts with that block, the
-  sequence's full blocks are only *marked* cached (``_block_key`` holds the sequence itself: a lazy
-  run). The first lookup, fork or other sequence that starts with the same first block keys the run's
-  still-cached blocks exactly as they would have been keyed (:meth:`PrefixCachingPolicy._key_lazy_run`),
-  and that first block's keys are made eagerly from then on. A lazy run holds no duplicate keys (keys
-  of different lengths differ), so no caching order is lost. With a host tier every key is made
-  eagerly (evictions store keys).
+  created and evicted unused. Where a sequence's blocks first hold a key nothing holds (past its
+  prefix hit), a *lazy run* starts: that block and the sequence's later full blocks are only marked
+  cached (``_block_key`` holds the sequence itself), and the run is filed under that first new key.
+  Any block after it can only be hit through that key, so the first lookup, fork or other sequence
+  that reaches the key keys the run's still-cached blocks exactly as they would have been keyed
+  (:meth:`PrefixCachingPolicy._key_lazy_run`). The run's keys are its own (they all descend from that
+  key), so no caching order among duplicates is lost; the run holds its parent's content chain as
+  its first block would. With a host tier every key is made at once (evictions store keys).
 - With a host tier (:meth:`PrefixCachingPolicy.enable_host_tier`, ``offload:``), a cached block the
   GPU evicts is written to a host LRU pool under the same key (``policies/_host_tier.py``), unless the
   host holds that key already or another GPU block still does. Admission continues the prefix lookup
@@ -131,6 +131,11 @@ class ContentChains:
             self._entry_of[key[0]][1] += 1
         return chain
 
+    def hold(self, chain: int | None) -> None:
+        """One more reference to an id that is held already (``None``: no parent, nothing to hold)."""
+        if chain is not None:
+            self._entry_of[chain][1] += 1
+
     def release(self, chain: int | None) -> None:
         """One holder fewer; an id nobody holds is forgotten, and releases its parent in turn."""
         self.release_each((chain,))
@@ -188,9 +193,8 @@ class PrefixCachingPolicy(PagedPolicy):
         self._cached_in_queue = 0
         self._pinned: set[int] = set()
         self._pinned_idle = 0
-        # A first block's key -> the one sequence whose blocks starting with it are keyed lazily,
-        # or None once that first block's keys are made eagerly.
-        self._first_block_runs: dict[ChainKey, SequenceState | None] = {}
+        # The first key of each lazy run (nothing else holds it) -> the run's sequence.
+        self._lazy_runs: dict[ChainKey, SequenceState] = {}
 
     # ------------------------------------------------------------------------------------ accounting
     def _cached_blocks(self) -> int:
@@ -220,7 +224,7 @@ class PrefixCachingPolicy(PagedPolicy):
         except ValueError as error:
             raise PolicyInputError(str(error)) from None
         # Evictions store their keys to the tier: every key is made eagerly from now on.
-        for run in [run for run in self._first_block_runs.values() if run is not None]:
+        for run in list(self._lazy_runs.values()):
             self._key_lazy_run(run)
 
     def _host_hits(
@@ -262,12 +266,13 @@ class PrefixCachingPolicy(PagedPolicy):
         cache, chain_of = self._cached_by_key, self._block_chain
         for content in block_contents(segments, ends, 0, max_blocks, self.block_size):
             key = (parent, *content, namespace)
-            lazy_run = self._first_block_runs.get(key) if parent is None else None
-            if lazy_run is not None:
-                self._key_lazy_run(lazy_run)  # it starts with the same first block: it could hit
             block_id = cache.get(key)
             if block_id is None:
-                break  # no cached block holds this content after this prefix
+                lazy_run = self._lazy_runs.get(key)
+                if lazy_run is None:
+                    break  # no cached block holds this content after this prefix
+                self._key_lazy_run(lazy_run)  # this lookup reaches it: its keys are made now
+                block_id = cache[key]
             hits.append(block_id)
             parent = chain_of[block_id]
         return hits
@@ -322,12 +327,8 @@ class PrefixCachingPolicy(PagedPolicy):
         block, last = seq.keyed_blocks, seq.num_tokens // block_size
         if block >= last:
             return
-        if seq.lazy_first_key is not None or (block == 0 and self._starts_lazy_run(seq)):
-            keys = self._block_key
-            for block_id in seq.block_table[block:last]:
-                keys[block_id] = seq  # cached, keyed when a lookup could hit it
-            seq.lazy_cached_blocks += last - block
-            seq.keyed_blocks = last
+        if seq.lazy_key is not None:
+            self._mark_lazy(seq, block, last)
             return
         table, segments, ends, namespace = seq.block_table, seq.segments, seq.segment_ends, seq.namespace
         keys, chain_of, cache_under = self._block_key, self._block_chain, self._cache_under
@@ -343,16 +344,13 @@ class PrefixCachingPolicy(PagedPolicy):
             content_id, length = segments[index]
             inside = min(last, ends[index] // block_size)  # blocks before it end inside the segment
             offset = block * block_size - (ends[index] - length)
-            for block_id in table[block:inside]:
+            for block_index, block_id in enumerate(table[block:inside], block):
                 if keys[block_id] is None:
-                    # _cache_under inlined for the common case: the key is new, the block its first holder.
-                    key = (parent, content_id, offset, offset + block_size, namespace)
+                    key: ChainKey = (parent, content_id, offset, offset + block_size, namespace)
                     if key in known or key in cache:
                         cache_under(block_id, key)
-                    else:
-                        keys[block_id] = key
-                        chain_of[block_id] = chains.intern_new(key)
-                        cache[key] = block_id
+                    elif self._key_new(seq, block_index, key, last):
+                        return  # a lazy run starts here
                 parent = chain_of[block_id]
                 offset += block_size
             block = max(block, inside)
@@ -360,45 +358,64 @@ class PrefixCachingPolicy(PagedPolicy):
                 pieces = block_pieces(segments, ends, block * block_size, (block + 1) * block_size)
                 block_id = table[block]
                 if keys[block_id] is None:
-                    cache_under(block_id, (parent, pieces, namespace))
+                    key = (parent, pieces, namespace)
+                    if key in known or key in cache:
+                        cache_under(block_id, key)
+                    elif self._key_new(seq, block, key, last):
+                        return
                 parent = chain_of[block_id]
                 block += 1
         seq.keyed_blocks = last
 
-    def _starts_lazy_run(self, seq: SequenceState) -> bool:
-        """``seq``'s first block just became full: whether its blocks are keyed lazily (nothing else
-        starts with that block). Another sequence's lazy run starting with it is keyed now."""
-        if self._block_key[seq.block_table[0]] is not None:
-            return False  # a hit: that first block is keyed eagerly
-        first_key = (None, *_first_block_content(seq, self.block_size), seq.namespace)
-        runs = self._first_block_runs
-        if first_key not in runs:
-            if not self._LAZY_KEYS or self.host_tier is not None:
-                return False
-            runs[first_key] = seq
-            seq.lazy_first_key = first_key
+    def _key_new(self, seq: SequenceState, index: int, key: ChainKey, last: int) -> bool:
+        """Block ``index`` of ``seq`` becomes the first holder of ``key`` (nothing cached holds it).
+        Returns True when a lazy run starts there (its blocks up to ``last`` are marked, the caller
+        stops); a lazy run already filed under ``key`` (earlier content) is keyed first."""
+        block_id = seq.block_table[index]
+        lazy_run = self._lazy_runs.get(key)
+        if lazy_run is not None:
+            self._key_lazy_run(lazy_run)
+            self._cache_under(block_id, key)
+            return False
+        if self._LAZY_KEYS and self.host_tier is None:
+            self._lazy_runs[key] = seq
+            seq.lazy_key, seq.lazy_from = key, index
+            self._chains.hold(key[0])  # as the run's first block's key would hold its parent
+            self._mark_lazy(seq, index, last)
             return True
-        other_run = runs[first_key]
-        if other_run is not None:
-            self._key_lazy_run(other_run)
+        self._block_key[block_id] = key
+        self._block_chain[block_id] = self._chains.intern_new(key)
+        self._cached_by_key[key] = block_id
         return False
+
+    def _mark_lazy(self, seq: SequenceState, first: int, last: int) -> None:
+        """Blocks ``first`` to ``last - 1`` of a lazy run are full: cached, keyed if ever reached."""
+        keys = self._block_key
+        for block_id in seq.block_table[first:last]:
+            keys[block_id] = seq
+        seq.lazy_cached_blocks += last - first
+        seq.keyed_blocks = last
 
     def _key_lazy_run(self, run: SequenceState) -> None:
         """Key the blocks of a lazy run that are still cached, in order, as they would have been keyed
         when they filled. Those are its leading blocks: a run is freed tail first into the free
         queue and none of its blocks is touched while it is lazy (a touch is a hit, which needs a
         key), so its blocks are evicted last block first."""
-        assert run.lazy_first_key is not None
-        self._first_block_runs[run.lazy_first_key] = None
-        run.lazy_first_key = None
-        cached = run.block_table[: run.lazy_cached_blocks]
+        first_key = run.lazy_key
+        assert first_key is not None
+        del self._lazy_runs[first_key]
+        run.lazy_key = None
+        cached = run.block_table[run.lazy_from : run.lazy_from + run.lazy_cached_blocks]
         run.lazy_cached_blocks = 0
         assert all(self._block_key[block_id] is run for block_id in cached), "evicted out of order"
-        contents = block_contents(run.segments, run.segment_ends, 0, len(cached), self.block_size)
-        parent: int | None = None
+        contents = block_contents(
+            run.segments, run.segment_ends, run.lazy_from, run.lazy_from + len(cached), self.block_size
+        )
+        parent = first_key[0]
         for block_id, content in zip(cached, contents, strict=True):
             self._cache_under(block_id, (parent, *content, run.namespace))
             parent = self._block_chain[block_id]
+        self._chains.release(first_key[0])  # the run's hold: its first block's key holds it now
 
     def _cache_under(self, block_id: int, key: ChainKey) -> None:
         """A fresh block registers (a block reached by a hit or a fork is already cached). Identical
@@ -435,9 +452,10 @@ class PrefixCachingPolicy(PagedPolicy):
             if isinstance(key, SequenceState):  # a block of a lazy run: nothing was keyed
                 key.lazy_cached_blocks -= 1
                 if not key.lazy_cached_blocks:  # the run is freed and all of it evicted
-                    first_key = key.lazy_first_key
+                    first_key = key.lazy_key
                     assert first_key is not None
-                    del self._first_block_runs[first_key]
+                    del self._lazy_runs[first_key]
+                    self._chains.release(first_key[0])
                 continue
             first = cache.pop(key)
             if later and key in later:
@@ -489,7 +507,7 @@ class PrefixCachingPolicy(PagedPolicy):
         return 0
 
     def _give_child_blocks(self, parent: SequenceState, child: SequenceState) -> None:
-        if parent.lazy_first_key is not None:
+        if parent.lazy_key is not None:
             self._key_lazy_run(parent)  # the children share its blocks and key theirs after them
         child.block_table = list(parent.block_table)
         self._logical_blocks += len(child.block_table)
@@ -553,10 +571,6 @@ class PrefixCachingPolicy(PagedPolicy):
 
 
 _PIN_HOLDER_ID = -(2**62)  # a private sequence id, held only inside pin_prefix
-
-
-def _first_block_content(seq: SequenceState, block_size: int) -> tuple:
-    return next(block_contents(seq.segments, seq.segment_ends, 0, 1, block_size))
 
 
 def _cumulative_ends(segments: list[tuple[int, int]]) -> list[int]:

@@ -72,7 +72,7 @@ def test_lazy_keys_match_eager_keys(operations):
     assert _observed(lazy) == _observed(eager)
 
 
-def test_a_lazy_run_is_keyed_when_another_prompt_starts_with_its_first_block():
+def test_a_lazy_run_is_keyed_when_a_lookup_reaches_its_first_key():
     """Worked example, block size 4: sequence 1 holds ((10, 8)) = 2 full blocks, lazily marked. A lookup
     of ((10, 12)) (max (12 - 1) // 4 = 2 blocks) keys them and hits both: 8 tokens, blocks [0, 1]."""
     policy = PrefixCachingPolicy(POOL)
@@ -94,7 +94,21 @@ def test_an_evicted_lazy_run_leaves_nothing_behind():
     policy.free(1)
     policy.admit(2, ((99, 48),), 48, output_content_id=1)
     policy.admit(3, ((98, 48),), 48, output_content_id=1)
-    assert policy._first_block_runs[first_key] is not None and policy.stats.evictions == 0
+    assert policy._lazy_runs[first_key].seq_id == 1 and policy.stats.evictions == 0
     policy.admit(4, ((97, 24),), 24, output_content_id=1)
-    assert policy.stats.evictions == 2 and first_key not in policy._first_block_runs
+    assert policy.stats.evictions == 2 and first_key not in policy._lazy_runs
     assert policy.lookup(((10, 12),)).cached_tokens == 0
+
+
+def test_a_lazy_run_starts_past_the_prefix_hit():
+    """Block size 4. Sequence 1 ((10, 8)) is a lazy run from block 0; sequence 2 ((10, 8), (11, 8))
+    looks up its first block, which keys sequence 1's blocks 0-1 (a hit of 8 tokens); its own blocks
+    2-3 hold new keys: a lazy run from block 2, filed under block 2's key, parented by block 1's chain."""
+    policy = PrefixCachingPolicy(POOL)
+    policy.admit(1, ((10, 8),), 8, output_content_id=100)
+    assert policy.admit(2, ((10, 8), (11, 8)), 16, output_content_id=101) == 8
+    second = policy.sequences[2]
+    assert (second.lazy_from, second.block_table[:2]) == (2, [0, 1])
+    parent = policy._block_chain[1]
+    assert second.lazy_key == (parent, 11, 0, 4, 0) and policy._lazy_runs[second.lazy_key] is second
+    assert policy._block_key[second.block_table[2]] is second

@@ -111,16 +111,16 @@ def check_blocks_hold_the_content_of_their_owners(policy: PrefixCachingPolicy) -
     for seq_id in policy.live_sequences():
         state = policy.sequences[seq_id]
         full = state.num_tokens // policy.block_size
-        if state.lazy_first_key is not None:
-            # A lazy run: its full blocks are marked with it, and it alone starts with its first block.
-            assert all(policy._block_key[block_id] is state for block_id in state.block_table[:full])
-            assert policy._first_block_runs[state.lazy_first_key] is state
-            assert policy._chains.find(state.lazy_first_key) is None
-            continue
         contents = block_contents(state.segments, state.segment_ends, 0, full, policy.block_size)
         parent_chain = None
-        for block_id, content in zip(state.block_table[:full], contents, strict=True):
+        for index, (block_id, content) in enumerate(zip(state.block_table[:full], contents, strict=True)):
             key = (parent_chain, *content, state.namespace)
+            if state.lazy_key is not None and index == state.lazy_from:
+                # A lazy run from here: filed under this key, which nothing holds; its blocks marked.
+                assert policy._lazy_runs[key] is state and key == state.lazy_key
+                assert policy._chains.find(key) is None and key not in policy._cached_by_key
+                assert all(policy._block_key[block] is state for block in state.block_table[index:full])
+                break
             chain = policy._chains.find(key)
             assert chain is not None and policy._block_chain[block_id] == chain
             assert policy._block_key[block_id] == key
