@@ -120,6 +120,11 @@ class SequenceState:
     segment_ends: list[int] = field(default_factory=list)
     keyed_blocks: int = 0  # leading full blocks whose cache key is known
     namespace: int = 0
+    # Prefix caching keys a sequence's blocks lazily from its first block whose key nothing holds
+    # (policies/prefix.py): that key, that block's index, and how many of them are still cached.
+    lazy_key: tuple | None = None
+    lazy_from: int = 0
+    lazy_cached_blocks: int = 0
 
 
 @register("paged")
@@ -154,7 +159,10 @@ class PagedPolicy(SequenceTable[SequenceState], KVCachePolicy):
         return len(self.free_queue) * self.block_size
 
     def can_admit(self, prompt: TokenContent, final_len: int, namespace: int = 0) -> bool:
-        return self._blocks_needed_to_admit(prompt, namespace)[0] <= len(self.free_queue)
+        free = len(self.free_queue)
+        if ceil_div(sum(length for _, length in prompt), self.block_size) <= free:
+            return True  # a prefix hit never needs more blocks than the prompt fills: no lookup needed
+        return self._blocks_needed_to_admit(prompt, namespace)[0] <= free
 
     def slots_needed_to_grow(self, seq_id: int, num_tokens: int) -> int:
         return self._blocks_needed_to_grow(self._get(seq_id), num_tokens) * self.block_size

@@ -30,6 +30,15 @@
 - ``fork`` shares every parent block with the children. Writing into a shared, partly filled block
   copies it first (copy-on-write); a full shared block is never copied.
 - ``pin_prefix`` keeps a warm-up prompt's blocks resident: they are never evicted.
+- Lazy keys (a speed-up with identical results): on streams with little reuse nearly every key is
+  created and evicted unused. Where a sequence's blocks first hold a key nothing holds (past its
+  prefix hit), a *lazy run* starts: that block and the sequence's later full blocks are only marked
+  cached (``_block_key`` holds the sequence itself), and the run is filed under that first new key.
+  Any block after it can only be hit through that key, so the first lookup, fork or other sequence
+  that reaches the key keys the run's still-cached blocks exactly as they would have been keyed
+  (:meth:`PrefixCachingPolicy._key_lazy_run`). The run's keys are its own (they all descend from that
+  key), so no caching order among duplicates is lost; the run holds its parent's content chain as
+  its first block would. With a host tier every key is made at once (evictions store keys).
 - With a host tier (:meth:`PrefixCachingPolicy.enable_host_tier`, ``offload:``), a cached block the
   GPU evicts is written to a host LRU pool under the same key (``policies/_host_tier.py``), unless the
   host holds that key already or another GPU block still does. Admission continues the prefix lookup
@@ -122,6 +131,11 @@ class ContentChains:
             self._entry_of[key[0]][1] += 1
         return chain
 
+    def hold(self, chain: int | None) -> None:
+        """One more reference to an id that is held already (``None``: no parent, nothing to hold)."""
+        if chain is not None:
+            self._entry_of[chain][1] += 1
+
     def release(self, chain: int | None) -> None:
         """One holder fewer; an id nobody holds is forgotten, and releases its parent in turn."""
         self.release_each((chain,))
@@ -166,10 +180,12 @@ class PrefixCachingPolicy(PagedPolicy):
     """Paged blocks shared by prefix (cache key) and by fork, with LRU eviction of cached blocks."""
 
     _SHARES_BLOCKS = True
+    _LAZY_KEYS = True  # False: every full block keyed at once (the reference the tests compare with)
 
     def __init__(self, pool: PoolSpec):
         super().__init__(pool)
-        self._block_key: list[ChainKey | None] = [None] * self.num_blocks
+        # A block's key; a lazy run's blocks hold their sequence instead (keyed when they could hit).
+        self._block_key: list[ChainKey | SequenceState | None] = [None] * self.num_blocks
         self._block_chain: list[int | None] = [None] * self.num_blocks
         self._chains = ContentChains()
         self._cached_by_key: dict[ChainKey, int] = {}  # the first block cached under each key
@@ -177,6 +193,8 @@ class PrefixCachingPolicy(PagedPolicy):
         self._cached_in_queue = 0
         self._pinned: set[int] = set()
         self._pinned_idle = 0
+        # The first key of each lazy run (nothing else holds it) -> the run's sequence.
+        self._lazy_runs: dict[ChainKey, SequenceState] = {}
 
     # ------------------------------------------------------------------------------------ accounting
     def _cached_blocks(self) -> int:
@@ -205,6 +223,9 @@ class PrefixCachingPolicy(PagedPolicy):
             self.host_tier = HostTier(capacity_blocks, self._chains.acquire, self._chains.release)
         except ValueError as error:
             raise PolicyInputError(str(error)) from None
+        # Evictions store their keys to the tier: every key is made eagerly from now on.
+        for run in list(self._lazy_runs.values()):
+            self._key_lazy_run(run)
 
     def _host_hits(
         self, prompt: TokenContent, prompt_len: int, hit_blocks: list[int], namespace: int
@@ -244,9 +265,14 @@ class PrefixCachingPolicy(PagedPolicy):
         parent: int | None = None
         cache, chain_of = self._cached_by_key, self._block_chain
         for content in block_contents(segments, ends, 0, max_blocks, self.block_size):
-            block_id = cache.get((parent, *content, namespace))
+            key = (parent, *content, namespace)
+            block_id = cache.get(key)
             if block_id is None:
-                break  # no cached block holds this content after this prefix
+                lazy_run = self._lazy_runs.get(key)
+                if lazy_run is None:
+                    break  # no cached block holds this content after this prefix
+                self._key_lazy_run(lazy_run)  # this lookup reaches it: its keys are made now
+                block_id = cache[key]
             hits.append(block_id)
             parent = chain_of[block_id]
         return hits
@@ -301,6 +327,9 @@ class PrefixCachingPolicy(PagedPolicy):
         block, last = seq.keyed_blocks, seq.num_tokens // block_size
         if block >= last:
             return
+        if seq.lazy_key is not None:
+            self._mark_lazy(seq, block, last)
+            return
         table, segments, ends, namespace = seq.block_table, seq.segments, seq.segment_ends, seq.namespace
         keys, chain_of, cache_under = self._block_key, self._block_chain, self._cache_under
         chains, cache = self._chains, self._cached_by_key
@@ -315,16 +344,13 @@ class PrefixCachingPolicy(PagedPolicy):
             content_id, length = segments[index]
             inside = min(last, ends[index] // block_size)  # blocks before it end inside the segment
             offset = block * block_size - (ends[index] - length)
-            for block_id in table[block:inside]:
+            for block_index, block_id in enumerate(table[block:inside], block):
                 if keys[block_id] is None:
-                    # _cache_under inlined for the common case: the key is new, the block its first holder.
-                    key = (parent, content_id, offset, offset + block_size, namespace)
+                    key: ChainKey = (parent, content_id, offset, offset + block_size, namespace)
                     if key in known or key in cache:
                         cache_under(block_id, key)
-                    else:
-                        keys[block_id] = key
-                        chain_of[block_id] = chains.intern_new(key)
-                        cache[key] = block_id
+                    elif self._key_new(seq, block_index, key, last):
+                        return  # a lazy run starts here
                 parent = chain_of[block_id]
                 offset += block_size
             block = max(block, inside)
@@ -332,10 +358,64 @@ class PrefixCachingPolicy(PagedPolicy):
                 pieces = block_pieces(segments, ends, block * block_size, (block + 1) * block_size)
                 block_id = table[block]
                 if keys[block_id] is None:
-                    cache_under(block_id, (parent, pieces, namespace))
+                    key = (parent, pieces, namespace)
+                    if key in known or key in cache:
+                        cache_under(block_id, key)
+                    elif self._key_new(seq, block, key, last):
+                        return
                 parent = chain_of[block_id]
                 block += 1
         seq.keyed_blocks = last
+
+    def _key_new(self, seq: SequenceState, index: int, key: ChainKey, last: int) -> bool:
+        """Block ``index`` of ``seq`` becomes the first holder of ``key`` (nothing cached holds it).
+        Returns True when a lazy run starts there (its blocks up to ``last`` are marked, the caller
+        stops); a lazy run already filed under ``key`` (earlier content) is keyed first."""
+        block_id = seq.block_table[index]
+        lazy_run = self._lazy_runs.get(key)
+        if lazy_run is not None:
+            self._key_lazy_run(lazy_run)
+            self._cache_under(block_id, key)
+            return False
+        if self._LAZY_KEYS and self.host_tier is None:
+            self._lazy_runs[key] = seq
+            seq.lazy_key, seq.lazy_from = key, index
+            self._chains.hold(key[0])  # as the run's first block's key would hold its parent
+            self._mark_lazy(seq, index, last)
+            return True
+        self._block_key[block_id] = key
+        self._block_chain[block_id] = self._chains.intern_new(key)
+        self._cached_by_key[key] = block_id
+        return False
+
+    def _mark_lazy(self, seq: SequenceState, first: int, last: int) -> None:
+        """Blocks ``first`` to ``last - 1`` of a lazy run are full: cached, keyed if ever reached."""
+        keys = self._block_key
+        for block_id in seq.block_table[first:last]:
+            keys[block_id] = seq
+        seq.lazy_cached_blocks += last - first
+        seq.keyed_blocks = last
+
+    def _key_lazy_run(self, run: SequenceState) -> None:
+        """Key the blocks of a lazy run that are still cached, in order, as they would have been keyed
+        when they filled. Those are its leading blocks: a run is freed tail first into the free
+        queue and none of its blocks is touched while it is lazy (a touch is a hit, which needs a
+        key), so its blocks are evicted last block first."""
+        first_key = run.lazy_key
+        assert first_key is not None
+        del self._lazy_runs[first_key]
+        run.lazy_key = None
+        cached = run.block_table[run.lazy_from : run.lazy_from + run.lazy_cached_blocks]
+        run.lazy_cached_blocks = 0
+        assert all(self._block_key[block_id] is run for block_id in cached), "evicted out of order"
+        contents = block_contents(
+            run.segments, run.segment_ends, run.lazy_from, run.lazy_from + len(cached), self.block_size
+        )
+        parent = first_key[0]
+        for block_id, content in zip(cached, contents, strict=True):
+            self._cache_under(block_id, (parent, *content, run.namespace))
+            parent = self._block_chain[block_id]
+        self._chains.release(first_key[0])  # the run's hold: its first block's key holds it now
 
     def _cache_under(self, block_id: int, key: ChainKey) -> None:
         """A fresh block registers (a block reached by a hit or a fork is already cached). Identical
@@ -369,6 +449,14 @@ class PrefixCachingPolicy(PagedPolicy):
             key = keys[block_id]
             assert key is not None, "only blocks holding a key are cached"
             keys[block_id] = None
+            if isinstance(key, SequenceState):  # a block of a lazy run: nothing was keyed
+                key.lazy_cached_blocks -= 1
+                if not key.lazy_cached_blocks:  # the run is freed and all of it evicted
+                    first_key = key.lazy_key
+                    assert first_key is not None
+                    del self._lazy_runs[first_key]
+                    self._chains.release(first_key[0])
+                continue
             first = cache.pop(key)
             if later and key in later:
                 self._drop_holder(key, first, block_id)
@@ -419,6 +507,8 @@ class PrefixCachingPolicy(PagedPolicy):
         return 0
 
     def _give_child_blocks(self, parent: SequenceState, child: SequenceState) -> None:
+        if parent.lazy_key is not None:
+            self._key_lazy_run(parent)  # the children share its blocks and key theirs after them
         child.block_table = list(parent.block_table)
         self._logical_blocks += len(child.block_table)
         for block_id in child.block_table:
@@ -429,18 +519,16 @@ class PrefixCachingPolicy(PagedPolicy):
             self._retarget_tail(tail, child)
 
     def _blocks_needed_to_grow(self, seq: SequenceState, num_tokens: int) -> int:
-        return super()._blocks_needed_to_grow(seq, num_tokens) + int(self._tail_is_shared_and_partial(seq))
-
-    def _tail_is_shared_and_partial(self, seq: SequenceState) -> bool:
-        return (
-            bool(seq.block_table)
-            and seq.num_tokens % self.block_size != 0
-            and self.ref_count[seq.block_table[-1]] > 1
-        )
+        # Runs once per block a sequence fills: the paged count and the tail check written out here.
+        block_size, table = self.block_size, seq.block_table
+        needed = -(-(seq.num_tokens + num_tokens) // block_size) - len(table)
+        if seq.num_tokens % block_size and self.ref_count[table[-1]] > 1:
+            needed += 1  # the shared tail is copied first (a partly filled sequence has a tail)
+        return needed
 
     def _copy_shared_tail_before_write(self, seq: SequenceState) -> None:
-        if not self._tail_is_shared_and_partial(seq):
-            return
+        if not seq.num_tokens % self.block_size or self.ref_count[seq.block_table[-1]] < 2:
+            return  # the tail is full, or this sequence's alone: nothing to copy
         shared = seq.block_table[-1]
         (copy,) = self._take_free_blocks(1)
         self._drop_reference(seq, shared)

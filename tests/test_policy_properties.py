@@ -113,8 +113,14 @@ def check_blocks_hold_the_content_of_their_owners(policy: PrefixCachingPolicy) -
         full = state.num_tokens // policy.block_size
         contents = block_contents(state.segments, state.segment_ends, 0, full, policy.block_size)
         parent_chain = None
-        for block_id, content in zip(state.block_table[:full], contents, strict=True):
+        for index, (block_id, content) in enumerate(zip(state.block_table[:full], contents, strict=True)):
             key = (parent_chain, *content, state.namespace)
+            if state.lazy_key is not None and index == state.lazy_from:
+                # A lazy run from here: filed under this key, which nothing holds; its blocks marked.
+                assert policy._lazy_runs[key] is state and key == state.lazy_key
+                assert policy._chains.find(key) is None and key not in policy._cached_by_key
+                assert all(policy._block_key[block] is state for block in state.block_table[index:full])
+                break
             chain = policy._chains.find(key)
             assert chain is not None and policy._block_chain[block_id] == chain
             assert policy._block_key[block_id] == key
@@ -184,11 +190,14 @@ class Driver:
         before = policy.breakdown()
         hit = policy.lookup(prompt)
         assert policy.breakdown() == before, "lookup changed the pool"
+        # Paged policies: can_admit predicts admit exactly (contiguous ones remember what they checked).
+        fits = policy.can_admit(prompt, final_len) if isinstance(policy, PagedPolicy) else None
         try:
             cached = policy.admit(seq_id, prompt, final_len, output_content_id=1000 + seq_id)
         except OutOfKVMemory as error:
-            assert error.prefix_hit == hit
+            assert error.prefix_hit == hit and fits is not True
             raise
+        assert fits is not False
         assert cached == hit.total_tokens  # the GPU hit, plus what a host tier loads back
         hit_unit = getattr(policy, "page_size", self.pool.block_size)  # radix hits whole pages, others blocks
         assert 0 <= cached < prompt_len and cached % hit_unit == 0

@@ -82,6 +82,7 @@ class EngineStalled(RuntimeError):
 QUEUE_EMPTY = "empty"  # an arrival could be admitted at the next iteration with a free token budget
 OUT_OF_BUDGET = "budget"  # the head was not tried: any iteration with a free token budget tries it
 HEAD_STUCK = "stuck"  # the head cannot be admitted until something leaves (memory or max_num_seqs)
+HEAD_OUT_OF_MEMORY = "memory"  # stuck: the head was tried and does not fit in KV memory now
 NOT_TRIED = "not tried"  # a preemption this iteration: no admission (vLLM), the batch changes anyway
 
 
@@ -681,7 +682,7 @@ class Engine:
                 return budget, swap_in_blocks
             if not self._fits_watermark(content, final_len):
                 if not self._handle_admission_failure(state):
-                    self._admission_stop = HEAD_STUCK
+                    self._admission_stop = HEAD_OUT_OF_MEMORY
                     return budget, swap_in_blocks
                 continue
             seq_id = self._new_seq_id()
@@ -689,7 +690,7 @@ class Engine:
                 cached = self.policy.admit(seq_id, content, final_len, state.request.output_content_id)
             except OutOfKVMemory:
                 if not self._handle_admission_failure(state):
-                    self._admission_stop = HEAD_STUCK
+                    self._admission_stop = HEAD_OUT_OF_MEMORY
                     return budget, swap_in_blocks
                 continue
             self.waiting.popleft()
@@ -795,7 +796,8 @@ class Engine:
         time series so that capacity planning reads the binding limit from the simulation."""
         if not self.waiting:
             return 0
-        if self.counters.preemptions > preemptions_before:
+        if self.counters.preemptions > preemptions_before or self._admission_stop == HEAD_OUT_OF_MEMORY:
+            # (Out of memory: the head's admission just failed, and nothing changed the pool since.)
             return KV_MEMORY
         state = self.waiting[0]
         if self._running_seqs + self._unforked_seqs + state.width > self.knobs.max_num_seqs:
