@@ -66,7 +66,7 @@ def test_committed_profiles_are_a_fresh_fit(key):
     path = vidur.PROFILES / vidur.profile_filename(dataset)
     committed = load_profile(path)
     fresh, points = vidur.build_profile(dataset)
-    assert committed.coefficients == fresh.coefficients
+    assert vidur.same_fit(committed.coefficients, fresh.coefficients)
     # the samples CSV reproduces the fit
     samples = vidur.load_samples(path.with_suffix(".csv"))
     assert len(samples) == len(points)
@@ -121,6 +121,24 @@ def test_presets_are_the_fitted_factors_and_bands():
     for key in vidur.DATASETS:
         assert bands[key]["analytic/decode"].high < 0 and bands[key]["analytic/prefill"].high < 0
     assert own["derated/decode"].low < 0 < own["derated/decode"].high
+
+
+def test_same_fit_ignores_last_digits_only():
+    """Another CPU's BLAS moves a refit's last digits (1e-14); a real change (1e-6) is a different fit."""
+    dataset = vidur.DATASETS["a100-llama-2-7b"]
+    committed = load_profile(vidur.PROFILES / vidur.profile_filename(dataset)).coefficients
+    decode = committed.decode_per_layer
+
+    def with_per_seq(factor):
+        changed = decode.model_copy(update={"per_seq_s": decode.per_seq_s * factor})
+        return committed.model_copy(update={"decode_per_layer": changed})
+
+    assert vidur.same_fit(committed, with_per_seq(1 + 3e-14))
+    assert not vidur.same_fit(committed, with_per_seq(1 + 1e-6))
+    note_changed = committed.model_copy(
+        update={"block_swap": committed.block_swap.model_copy(update={"note": "other"})}
+    )
+    assert not vidur.same_fit(committed, note_changed)
 
 
 def test_check_mode_passes_on_the_committed_files(capsys):
