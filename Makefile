@@ -35,7 +35,7 @@ lint: venv
 	$(BIN)/ruff format --check sim policies workloads calibrate tests benchmarks tools
 
 typecheck: venv
-	$(BIN)/mypy policies sim workloads calibrate
+	$(BIN)/mypy policies sim workloads calibrate benchmarks
 
 test: lint typecheck
 	TQDM_DISABLE=1 MPLBACKEND=Agg $(BIN)/pytest -n 2

@@ -30,7 +30,7 @@ SOURCES = {
     "azure-conv": {"kind": "azure", "path": "traces/azure/AzureLLMInferenceTrace_conv.csv"},
     "mooncake-conv": {"kind": "mooncake", "path": "traces/mooncake/conversation_trace.jsonl"},
 }
-VARIANTS = {
+VARIANTS: dict[str, dict[str, Any]] = {
     "contiguous-max": {"policy": "contiguous", "options": {"reservation": "max", "placement": "first_fit"}},
     "contiguous-buddy": {"policy": "contiguous", "options": {"reservation": "max", "placement": "buddy"}},
     "paged": {"policy": "paged"},

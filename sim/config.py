@@ -130,7 +130,8 @@ class ClusterConfig(_Strict):
         description="Which replica each arriving request goes to: round_robin, least_requests (fewest "
         "running + waiting), least_kv (most free KV slots), session_affinity (a conversation stays on "
         "the replica its first request went to; new sessions go to least_requests' choice), "
-        "prefix_aware (score = prefix_weight x cached fraction of the prompt + load_weight x "
+        "prefix_aware (score = prefix_weight x cached fraction of the prompt, host-tier tokens "
+        "weighted host_weight, + load_weight x "
         "load score, as llm-d's scorers).",
     )
     prefix_weight: float = Field(
@@ -144,6 +145,14 @@ class ClusterConfig(_Strict):
         ge=0,
         description="prefix_aware: weight of the load score ((max - load) / (max - min) over replicas "
         "of running + waiting requests; 1 when all are equal); llm-d's default weighs its queue scorer 2.",
+    )
+    host_weight: float = Field(
+        0.8,
+        ge=0,
+        le=1,
+        description="prefix_aware: what a prompt token held in the replica's host-memory tier (offload:) "
+        "counts in the prefix score, against 1 for a token in its GPU cache (loading it back costs a "
+        "transfer); llm-d's KV-block index weighs its CPU tier 0.8.",
     )
 
     @model_validator(mode="after")

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from policies.base import MemoryBreakdown, PoolSpec, make_policy
+from policies.base import MemoryBreakdown, PoolSpec, PrefixHit, make_policy
 from sim.cli import main
 from sim.cluster.cluster import Cluster
 from sim.cluster.routers import LeastKV, LeastRequests, PrefixAware, RoundRobin, SessionAffinity
@@ -110,6 +110,36 @@ def test_prefix_aware_weighs_the_cached_fraction_against_the_load():
     assert router.choose(short_prompt, replicas) == 1
     # lookup() changed nothing: no statistics counted on the replica that was asked.
     assert replicas[1].policy.stats.prefix_cache_queries == 64  # its own admission of 64 tokens only
+
+
+def test_prefix_aware_counts_host_tier_hits_at_host_weight():
+    """Both replicas held the 8 full-block tokens of an 11-token prompt; replica 1's GPU evicted them
+    to its host tier. A 12-token prompt extending it: replica 0 hits 8 tokens on the GPU, replica 1
+    0 on the GPU and 8 in host memory. Loads 1, 0 -> load scores 0, 1 (x 2).
+    - host_weight 0.8: 3 x 8/12 = 2.0 against 3 x 0.8 x 8/12 + 2 = 3.6: replica 1 wins;
+    - host_weight 0 (GPU hits only, as before host tiers were scored): 2.0 against 2.0, a tie: replica 0.
+    """
+    prompt = ((1, 8), (2, 3))
+    on_gpu = make_policy("prefix", PoolSpec(16, 4, 16))
+    on_gpu.enable_host_tier(8)
+    on_gpu.admit(1, prompt, 11, output_content_id=101)
+    on_gpu.free(1)
+    on_host = make_policy("prefix", PoolSpec(16, 4, 16))
+    on_host.enable_host_tier(8)
+    on_host.admit(1, prompt, 11, output_content_id=101)
+    on_host.free(1)
+    on_host.admit(2, ((999, 16),), 16, output_content_id=102)  # takes every GPU block: evicts to host
+    on_host.free(2)
+    extended = request(8, 0.0, 0, 1, prompt=((1, 8), (3, 4)))
+    assert on_gpu.lookup(extended.prompt) == PrefixHit(8, (0, 1), 0)
+    assert on_host.lookup(extended.prompt) == PrefixHit(0, (), 8)
+    replicas = [replica(load=1, policy=on_gpu), replica(load=0, policy=on_host)]
+    weighted = PrefixAware(prefix_weight=3.0, load_weight=2.0, host_weight=0.8)
+    assert weighted.scores(extended, replicas) == pytest.approx([2.0, 3.6])
+    assert weighted.choose(extended, replicas) == 1
+    gpu_only = PrefixAware(prefix_weight=3.0, load_weight=2.0, host_weight=0.0)
+    assert gpu_only.scores(extended, replicas) == pytest.approx([2.0, 2.0])
+    assert gpu_only.choose(extended, replicas) == 0
 
 
 def test_prefix_aware_falls_back_to_the_load_when_hits_tie():
@@ -251,7 +281,7 @@ def test_prefix_aware_with_a_policy_without_lookup_fails_before_any_simulation()
 
 def test_cluster_config_defaults():
     assert ClusterConfig() == ClusterConfig(
-        replicas=1, router="round_robin", prefix_weight=3.0, load_weight=2.0
+        replicas=1, router="round_robin", prefix_weight=3.0, load_weight=2.0, host_weight=0.8
     )
 
 

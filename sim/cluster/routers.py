@@ -8,17 +8,22 @@ llm-d and the SGLang router count it.
 ``prefix_aware`` follows llm-d's scheduler (a weighted sum of scorers, the highest total wins; its
 default profile weighs the prefix-cache scorer 3 and the queue scorer 2 [1]):
 
-    score(replica) = prefix_weight x hit_tokens / prompt_tokens
+    score(replica) = prefix_weight x (gpu_hit_tokens + host_weight x host_hit_tokens) / prompt_tokens
                    + load_weight x (max_load - load) / (max_load - min_load)   (1 when all loads are equal)
 
-``hit_tokens`` is the prefix the replica's policy would serve from its cache right now, through the
-policy's side-effect-free ``lookup()`` (exact, where llm-d estimates it from KV events or a
-router-side index: an upper bound of what a real router knows). When the hits tie, the prefix term is
-the same for every replica and the load decides.
+``gpu_hit_tokens`` is the prefix the replica's policy would serve from its GPU cache right now, and
+``host_hit_tokens`` the continuation its host-memory tier would load back (``offload:``; 0 without
+one), both through the policy's side-effect-free ``lookup()`` (exact, where llm-d estimates them from
+KV events or a router-side index: an upper bound of what a real router knows). A block held in host
+memory counts ``host_weight`` (default 0.8) of a block on the GPU, as llm-d's KV-block index weighs
+its GPU and CPU tiers 1.0 and 0.8 [2]: a host hit still saves the prefill, but costs a load. When the
+hits tie, the prefix term is the same for every replica and the load decides.
 
 [1] Red Hat OpenShift AI, "Configuring scheduler settings for LLM inference services" (llm-d's
     EndpointPicker default profile: queue scorer weight 2, prefix-cache scorer weight 3);
     llm-d docs, architecture/core/router/epp/scheduling (filter -> score -> pick).
+[2] llm-d kv-cache-manager architecture (KV-block index: blocks tagged by device tier, GPU 1.0 and
+    CPU 0.8; a block in both tiers counts once, at the higher weight).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import TYPE_CHECKING, ClassVar
 from sim.config import ClusterConfig
 
 if TYPE_CHECKING:
+    from policies.base import PrefixHit
     from sim.engine.core import Engine
     from workloads.request import Request
 
@@ -107,13 +113,14 @@ class PrefixAware(Router):
     name = "prefix_aware"
     needs_prefix_lookup = True
 
-    def __init__(self, prefix_weight: float, load_weight: float) -> None:
+    def __init__(self, prefix_weight: float, load_weight: float, host_weight: float = 0.8) -> None:
         self.prefix_weight = prefix_weight
         self.load_weight = load_weight
+        self.host_weight = host_weight
 
     def scores(self, request: Request, replicas: Sequence[Engine]) -> list[float]:
         prompt_tokens = request.prompt_len
-        hits = [engine.policy.lookup(request.prompt).cached_tokens for engine in replicas]
+        hits = [self._weighted_hit(engine.policy.lookup(request.prompt)) for engine in replicas]
         loads = [load_of(engine) for engine in replicas]
         low, high = min(loads), max(loads)
         return [
@@ -121,6 +128,10 @@ class PrefixAware(Router):
             + self.load_weight * ((high - load) / (high - low) if high > low else 1.0)
             for hit, load in zip(hits, loads, strict=True)
         ]
+
+    def _weighted_hit(self, hit: PrefixHit) -> float:
+        # The host continuation starts where the GPU hit ends, so no block counts in both tiers.
+        return hit.cached_tokens + self.host_weight * hit.host_tokens
 
     def choose(self, request: Request, replicas: Sequence[Engine]) -> int:
         scores = self.scores(request, replicas)
@@ -134,5 +145,5 @@ ROUTER_CLASSES: dict[str, type[Router]] = {
 
 def make_router(config: ClusterConfig) -> Router:
     if config.router == PrefixAware.name:
-        return PrefixAware(config.prefix_weight, config.load_weight)
+        return PrefixAware(config.prefix_weight, config.load_weight, config.host_weight)
     return ROUTER_CLASSES[config.router]()
