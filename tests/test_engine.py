@@ -335,10 +335,6 @@ def jump_kinds(monkeypatch):
 @pytest.mark.parametrize("seed", [1, 2])
 def test_event_skipping_equals_single_stepping(policy, options, scenario, seed, jump_kinds):
     pool, knobs, shape = SCENARIOS[scenario]
-    if policy == "contiguous" and scenario == "chunked":
-        # Two forking requests that cannot both fit preempt each other forever there (an engine
-        # limitation of the fork-or-preempt rule, not of event skipping).
-        shape = shape | {"forks": False}
     requests = random_requests(seed, 50, **shape)
     run_both = {
         mode: run(
