@@ -180,10 +180,12 @@ def test_a_cluster_of_one_replica_is_the_single_engine_run():
         assert (alone.summary["router"], one.summary["router"]) == ("none", "prefix_aware")
 
 
-def test_a_cluster_routes_the_same_in_both_step_modes():
+@pytest.mark.parametrize("router", ["prefix_aware", "least_kv", "least_requests", "session_affinity"])
+def test_a_cluster_routes_the_same_in_both_step_modes(router):
     """Replicas jump over iterations only up to the next time a request could reach them (an arrival,
-    or another replica's wake-up end, where a follow-up turn may be born), so single steps agree."""
-    data = chat_data(replicas=3, router="prefix_aware")
+    or another replica's wake-up end, where a follow-up turn may be born), so single steps agree:
+    routers that read the replicas' state (cache, free KV, queues) see the same state in both modes."""
+    data = chat_data(replicas=3, router=router)
     skip = run(data)
     data["engine"]["step_mode"] = "single"
     single = run(data)
