@@ -16,8 +16,10 @@ re-run skips the finished ones (and the failed ones, unless asked to retry them)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -115,25 +117,32 @@ class PointStore:
         write_atomic(parquet.with_suffix(".csv"), lambda path: table.to_csv(path, index=False))
 
 
+def _sibling(path: Path, kind: str) -> Path:
+    """A hidden sibling name no other writer (another process, an earlier crash, the user) holds:
+    kvsim only ever removes a sibling it created itself in this call."""
+    return path.with_name(f".{path.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
 def write_atomic(path: Path, write: Callable[[Path], Any]) -> None:
-    staging = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    staging = _sibling(path, "partial")
     try:
         write(staging)
         os.replace(staging, path)
     finally:
-        if staging.exists():
-            staging.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            staging.unlink()  # what ``write`` left of its own file when it failed
 
 
 def replace_dir_atomic(path: Path, fill: Callable[[Path], Any]) -> None:
     """Fill a hidden sibling and swap it in for ``path`` (a folder kvsim writes, e.g. figures/)."""
-    staging = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = _sibling(path, "partial")
+    made = False
     try:
-        staging.mkdir(parents=True)  # inside ``try``: an interrupt right after it must not leave it behind
+        staging.mkdir()  # a fresh name: it fails rather than adopt a folder that is not this call's
+        made = True
         fill(staging)
         if path.exists():
-            retired = path.with_name(f".{path.name}.retired-{os.getpid()}")
+            retired = _sibling(path, "retired")
             path.rename(retired)
             try:
                 staging.rename(path)
@@ -144,4 +153,8 @@ def replace_dir_atomic(path: Path, fill: Callable[[Path], Any]) -> None:
         else:
             staging.rename(path)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if made:
+            shutil.rmtree(staging, ignore_errors=True)  # still there only if this call did not finish
+        else:
+            with contextlib.suppress(OSError):
+                staging.rmdir()  # stopped between mkdir and ``made``: only an empty folder is removed
