@@ -3,6 +3,7 @@ replica against the single engine, both step modes, the cluster totals, and bad 
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ import yaml
 from policies.base import MemoryBreakdown, PoolSpec, PrefixHit, make_policy
 from sim.cli import main
 from sim.cluster.cluster import Cluster
+from sim.cluster.results import balance_metrics
 from sim.cluster.routers import LeastKV, LeastRequests, PrefixAware, RoundRobin, SessionAffinity
 from sim.config import ClusterConfig, ConfigError, validate_experiment
 from sim.engine.core import Engine, EngineKnobs
@@ -224,6 +226,44 @@ def test_cluster_totals_add_up_over_the_replicas():
         assert total[name].iloc[-1] == last[name].sum()
     assert summary["peak_running"] == total["num_requests_running"].max()
     assert summary["peak_running"] <= sum(row["peak_running"] for row in replicas)
+
+
+def test_balance_metrics_by_hand():
+    """Routed 6, 2, 4: mean 4, max / mean 1.5, population std sqrt(8/3) = 1.63299, CV 0.408248.
+    KV usage (1 - free - cached) 0.5, 0.25, 0.75: mean 0.5, max / mean 1.5, std sqrt(0.125/3), CV
+    0.408248. Hit rates 0.1, none (no queries), 0.3: min 0.1, max 0.3."""
+    rows = [
+        {"mean_free_frac": 0.25, "mean_cached_frac": 0.25, "prefix_cache_hit_rate": 0.1},
+        {"mean_free_frac": 0.5, "mean_cached_frac": 0.25, "prefix_cache_hit_rate": None},
+        {"mean_free_frac": 0.2, "mean_cached_frac": 0.05, "prefix_cache_hit_rate": 0.3},
+    ]
+    got = balance_metrics("least_kv", [6, 2, 4], rows)
+    assert got == {
+        "replicas": 3,
+        "router": "least_kv",
+        "requests_max_over_mean": pytest.approx(1.5),
+        "requests_cv": pytest.approx(0.408248, rel=1e-5),
+        "kv_usage_max_over_mean": pytest.approx(1.5),
+        "kv_usage_cv": pytest.approx(0.408248, rel=1e-5),
+        "prefix_cache_hit_rate_min": 0.1,
+        "prefix_cache_hit_rate_max": 0.3,
+    }
+    idle = balance_metrics("round_robin", [0, 0], rows[:2])
+    assert idle["requests_max_over_mean"] is None and idle["requests_cv"] is None
+
+
+def test_an_unbalanced_cluster_reports_its_imbalance():
+    """session_affinity keeps conversations where they started, so replicas get unequal shares; the
+    summary's balance columns are recomputed here from the per-replica rows (statistics.pstdev)."""
+    (result, _) = run(chat_data(replicas=3, router="session_affinity"))
+    routed = [row["requests_routed"] for row in result.replica_summaries]
+    assert sum(routed) == 120 and len(set(routed)) > 1
+    mean = sum(routed) / 3
+    summary = result.summary
+    assert summary["requests_max_over_mean"] == pytest.approx(max(routed) / mean)
+    assert summary["requests_cv"] == pytest.approx(statistics.pstdev(routed) / mean)
+    usage = [1 - row["mean_free_frac"] - row["mean_cached_frac"] for row in result.replica_summaries]
+    assert summary["kv_usage_cv"] == pytest.approx(statistics.pstdev(usage) / statistics.mean(usage))
 
 
 def test_cluster_run_writes_the_documented_files(tmp_path, capsys):
