@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from policies.base import TokenContent, content_length
 
@@ -29,6 +29,11 @@ class Request:
     # Output length of each parallel sample when they differ (``n`` entries, sample 0 first, whose
     # length is ``output_len``); empty: every sample/beam generates ``output_len`` tokens.
     sample_output_lens: tuple[int, ...] = ()
+    # Derived from ``prompt`` once: the engine reads it several times per request.
+    prompt_len: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_len", content_length(self.prompt))
 
     @property
     def width(self) -> int:
@@ -44,10 +49,6 @@ class Request:
     def longest_output_len(self) -> int:
         """Tokens of its longest sample: the request's decode steps."""
         return max(self.sample_output_lens) if self.sample_output_lens else self.output_len
-
-    @property
-    def prompt_len(self) -> int:
-        return content_length(self.prompt)
 
     @property
     def final_len(self) -> int:

@@ -405,7 +405,8 @@ class TraceReader:
                 data_rows = 0
                 for cells in reader:
                     line = reader.line_num
-                    if not cells or not any(cell.strip() for cell in cells):
+                    # (A non-blank first cell settles it without scanning the row.)
+                    if not cells or (not cells[0].strip() and not any(cell.strip() for cell in cells)):
                         self.counts.add("blank_lines")
                         continue
                     data_rows += 1

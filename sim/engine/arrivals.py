@@ -46,6 +46,8 @@ class Arrivals:
 
     def next_arrival_s(self) -> float:
         """When the earliest request not yet delivered arrives (inf when none is known)."""
+        if not self.pending_follow_ups:  # open-loop streams: asked at every wake-up
+            return self.next_open.arrival_s if self.next_open is not None else float("inf")
         times = [request.arrival_s for request in self.pending_follow_ups]
         if self.next_open is not None:
             times.append(self.next_open.arrival_s)

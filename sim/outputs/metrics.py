@@ -125,8 +125,10 @@ class Recorder:
         self.kv_pool_tokens = kv_pool_tokens
         self.sink = sink
         self.peak_running = 0
-        self._buffer = np.empty((CHUNK_ROWS, 1 + len(STATE_COLUMNS)))  # time, then the state
-        self._rows = 0
+        # Rows not handed to the sink yet, as Python lists: appending a tuple costs a fraction of
+        # writing it into a numpy row; the lists become columns in one conversion per chunk.
+        self._times: list[float] = []
+        self._states: list[tuple] = []
         self._last_row: tuple | None = None
         # The state in force since ``_since`` (the last observed one), and areas up to ``_since``.
         self._state: tuple | None = None
@@ -144,9 +146,9 @@ class Recorder:
         running = state[RUNNING]
         if running > self.peak_running:
             self.peak_running = running
-        self._buffer[self._rows] = (time_s, *state)
-        self._rows += 1
-        if self._rows == len(self._buffer):
+        self._times.append(time_s)
+        self._states.append(state)
+        if len(self._times) == CHUNK_ROWS:
             self.flush()
 
     def observe(self, time_s: float, state: tuple) -> None:
@@ -167,9 +169,10 @@ class Recorder:
         self._area[1] -= slot_seconds
 
     def flush(self) -> None:
-        if self._rows:
-            self.sink.write_timeseries(self.rows_frame(self._buffer[: self._rows]))
-            self._rows = 0
+        if self._times:
+            self.sink.write_timeseries(self.rows_frame(self._times, self._states))
+            self._times = []
+            self._states = []
 
     def time_averages(self, end_s: float) -> dict[str, float]:
         """Time-weighted means over [0, end_s]: breakdown fractions of the pool and mean running."""
@@ -182,11 +185,12 @@ class Recorder:
         tail = max(0.0, end_s - self._since)
         return [value + self._state[index] * tail for index, value in enumerate(self._area)]
 
-    def rows_frame(self, block: np.ndarray) -> pd.DataFrame:
-        column = {name: index for index, name in enumerate(("time_s", *STATE_COLUMNS))}
+    def rows_frame(self, times: list[float], states: list[tuple]) -> pd.DataFrame:
+        block = np.array(states, dtype=np.int64).reshape(len(states), len(STATE_COLUMNS))
+        column = {name: index for index, name in enumerate(STATE_COLUMNS)}
         frame = pd.DataFrame(
             {
-                name: block[:, column[name]] if name == "time_s" else block[:, column[name]].astype(np.int64)
+                name: np.array(times, dtype=np.float64) if name == "time_s" else block[:, column[name]]
                 for name in SERIES_COLUMNS
             }
         )
