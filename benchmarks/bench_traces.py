@@ -92,6 +92,8 @@ def replay_once(trace: str, variant: str) -> dict[str, Any]:
         "variant": variant,
         "requests": summary["requests_total"],
         "finished": summary["requests_finished"],
+        "iterations": summary["iterations"],
+        "wakeups": summary["engine_wakeups"],
         "wall_s": summary["wall_s"],
         "requests_per_s": summary["requests_total"] / summary["wall_s"],
         "reference_s": reference_s,
@@ -112,7 +114,8 @@ def run_trace_benchmarks(jobs: list[tuple[str, str]] = JOBS) -> list[dict[str, A
         print(
             f"  {trace:<14} {variant:<17} {row['requests']:>6,} requests: {row['requests_per_s']:>8,.0f} req/s, "
             f"engine {row['wall_s']:.2f} s, reference {row['reference_s']:.2f} s, ratio {row['ratio']:.2f}, "
-            f"peak RSS {row['peak_rss_mib']:,.0f} MiB"
+            f"{row['wakeups']:,} wake-ups for {row['iterations']:,} iterations "
+            f"({row['wall_s'] / row['wakeups'] * 1e6:.0f} µs each), peak RSS {row['peak_rss_mib']:,.0f} MiB"
         )
     return rows
 

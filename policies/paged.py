@@ -226,7 +226,10 @@ class PagedPolicy(SequenceTable[SequenceState], KVCachePolicy):
         # The engine's hottest path (once per block a decoding sequence fills): checked once for
         # all, then grown without looking anything up twice; the hooks only sharing policies need
         # are skipped for plain paging.
-        sequences = [self._get(seq_id) for seq_id in seq_ids]
+        try:
+            sequences = [self.sequences[seq_id] for seq_id in seq_ids]
+        except KeyError:
+            sequences = [self._get(seq_id) for seq_id in seq_ids]  # names the unknown id
         self._check_grow_each_of(sequences, num_tokens)
         self._extend_each(sequences, num_tokens, decoded=True)
         if self._SHARES_BLOCKS:

@@ -685,6 +685,7 @@ def summarize(
         "e2e_p50_s": _percentile(finished["e2e_s"], 50),
         "e2e_p99_s": _percentile(finished["e2e_s"], 99),
         "iterations": engine.counters.iterations,
+        "engine_wakeups": engine.wakeups,
         "simulated_s": simulated_s,
         "wall_s": wall_s,
     }

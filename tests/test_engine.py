@@ -542,3 +542,15 @@ def test_chunked_prefill_jump_by_hand(jump_kinds):
     assert record.finish_s == record.first_token_s  # a single output token
     assert engine.counters.iterations == 4
     assert jump_kinds == {"prefill": 1}
+
+
+def test_engine_wakeups_count_events_not_iterations():
+    """One request, prompt 20, output 10, nothing else: iteration 1 prefills and gives the first
+    token (a prompt completing ends a wake-up); the 9 decode iterations after it have nothing that
+    could interrupt them before the request finishes, so skipping runs them in one wake-up. Single
+    stepping wakes once per iteration."""
+    requests = [request(0, 0.0, 20, 10)]
+    skip = run("paged", PoolSpec(160, 16, 128), requests)
+    single = run("paged", PoolSpec(160, 16, 128), requests, step_mode="single")
+    assert skip.counters.iterations == single.counters.iterations == 10
+    assert (skip.wakeups, single.wakeups) == (2, 10)

@@ -25,6 +25,7 @@ def fake_engine(now: float, queries: int):
     return SimpleNamespace(
         env=SimpleNamespace(now=now),
         counters=Counters(preemptions=3, swapped_out_blocks=4, iterations=9),
+        wakeups=2,
         policy=SimpleNamespace(
             stats=PolicyStats(
                 prefix_cache_queries=queries,
@@ -108,6 +109,7 @@ def test_summary_of_a_hand_made_table():
         "e2e_p50_s": 4.5,
         "e2e_p99_s": pytest.approx(6.97, rel=1e-12),
         "iterations": 9,
+        "engine_wakeups": 2,
         "simulated_s": 8.0,
         "wall_s": 0.5,
         # the recorder's time averages, merged in as they come

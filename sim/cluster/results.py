@@ -140,6 +140,7 @@ class ClusterTotals:
         self.env = _Now(now)
         self.policy = _Stats(summed_dataclass([replica.policy.stats for replica in replicas], PolicyStats))
         self.counters = summed_dataclass([replica.counters for replica in replicas], Counters)
+        self.wakeups = sum(replica.wakeups for replica in replicas)
         areas = [replica.recorder.areas(now) for replica in replicas]
         known = [area for area in areas if area is not None]
         summed = [sum(values) for values in zip(*known, strict=True)] if known else None

@@ -136,9 +136,15 @@ class Engine:
         self._arrivals = Arrivals(self.env, requests, self._arrive)
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
+        # The running requests whose prompt is in progress, in running order: every iteration
+        # schedules their chunks, so they are kept apart rather than found among the running.
+        self._prefilling: list[RequestState] = []
         self.sink: OutputSink = sink if sink is not None else MemorySink()
         self._done_records: list[RequestRecord] = []  # outcomes not yet handed to the sink
         self.counters = Counters()
+        # Loop wake-ups that ran iterations (one each, or a jump): what the run's wall time scales
+        # with. Not a counter of the results: the step modes differ in it by design.
+        self.wakeups = 0
         self.recorder = Recorder(policy.pool_slots, self.sink)
         self._wake = self.env.event()
         self._next_seq_id = 0
@@ -290,6 +296,7 @@ class Engine:
             self.admission_blocker = self._admission_blocker(preemptions_before)
             if duration > 0:
                 idle_steps = 0
+                self.wakeups += 1
                 # Rows bracket every discrete change: the state during iteration 1 (after its growth
                 # and admissions), the state at the end of a jump, and after the completions. (The
                 # end of a jump holds for no time when completions follow, but it samples the tokens
@@ -338,10 +345,9 @@ class Engine:
         # 2. prompts in progress, then 3. admissions (not after a preemption, as vLLM)
         chunks: list[tuple[int, int]] = []
         self._prefill_this_step = []
-        if self._prompts_running():
-            for state in self.running:
-                if not state.decoding and state.prefilled < state.tokens_to_prefill and budget > 0:
-                    budget = self._schedule_prefill(state, budget, chunks)
+        for state in self._prefilling:
+            if state.prefilled < state.tokens_to_prefill and budget > 0:
+                budget = self._schedule_prefill(state, budget, chunks)
         self._admission_stop = NOT_TRIED
         swap_in = 0
         if not preempted:
@@ -399,10 +405,6 @@ class Engine:
         self._prefill_this_step.append((state, chunk))
         return budget - chunk
 
-    def _prompts_running(self) -> bool:
-        """Are some running requests not decoding (prompts in progress)? O(1)."""
-        return self.clock.requests < len(self.running)
-
     def _prefill_chunk(self, state: RequestState, budget: int, prefilled: int | None = None) -> int:
         """Prompt tokens ``state`` prefills with ``budget`` tokens left (0: none; without chunked
         prefill a prompt goes in whole or waits). ``prefilled``: as planned, instead of now."""
@@ -441,6 +443,7 @@ class Engine:
     def _start_decoding(self, state: RequestState) -> None:
         """The prompt is in (or back in, after a recompute): fork the samples/beams, and the
         iteration's token goes into every sequence."""
+        self._prefilling.remove(state)
         if state.record.first_token_s != state.record.first_token_s:  # NaN: first time
             state.record.first_token_s = self.env.now
         if len(state.seq_ids) < state.width:
@@ -578,10 +581,11 @@ class Engine:
         """Does the pool have the blocks for every sequence of ``states`` to take its tokens up to
         ``at_clock``? (Then nothing could have failed token by token.) A cheap upper bound: the new
         blocks, plus one copy-on-write block per sequence."""
-        blocks = 0
-        for state in states:
-            blocks += len(state.seq_ids) * ((at_clock - state.synced_clock) // self.block_size + 2)
-        return blocks * self.block_size <= self.policy.available_slots()
+        block_size = self.block_size
+        blocks = sum(
+            len(state.seq_ids) * ((at_clock - state.synced_clock) // block_size + 2) for state in states
+        )
+        return blocks * block_size <= self.policy.available_slots()
 
     def _grow_all_pending(self, state: RequestState) -> bool:
         """A flush when the pool is short: every sequence takes all its pending tokens in one call if
@@ -717,6 +721,7 @@ class Engine:
             state.tokens_to_prefill = total
             state.context = total
             state.prefilled = cached
+            self._prefilling.append(state)
             budget = self._schedule_prefill(state, budget, chunks)
 
     def _content_on_admission(self, state: RequestState) -> TokenContent:
@@ -780,6 +785,8 @@ class Engine:
 
     def _leave_running(self, state: RequestState) -> None:
         self.running.remove(state)
+        if not state.decoding and state in self._prefilling:
+            self._prefilling.remove(state)
         state.is_running = False
         self._running_seqs -= len(state.seq_ids)
         self._release_unforked(state)
@@ -843,9 +850,7 @@ class Engine:
         if limit <= 0:
             return None
         budget = self.knobs.max_num_batched_tokens - self._decoded_seqs
-        prompts = []
-        if self._prompts_running():
-            prompts = [s for s in self.running if not s.decoding and s.prefilled < s.tokens_to_prefill]
+        prompts = [state for state in self._prefilling if state.prefilled < state.tokens_to_prefill]
         if any(self._prefill_chunk(state, budget) for state in prompts):
             jump = self._plan_prefill_jump(first_s, prompts, budget, limit)
         else:

@@ -134,16 +134,8 @@ class DecodeClock:
         """The held slots of ``states`` ran out at ``at_clock``: all their sequences take every
         pending token in one policy call, in order (the caller made sure the pool has the blocks),
         and each request's next flush is scheduled."""
-        seq_ids: list[int] = []
-        tokens: list[int] = []
-        for state in states:
-            ids = state.seq_ids
-            if len(ids) == 1:
-                seq_ids.append(ids[0])
-                tokens.append(at_clock - state.synced_clock)
-            else:
-                seq_ids += ids
-                tokens += [at_clock - state.synced_clock] * len(ids)
+        seq_ids = [seq_id for state in states for seq_id in state.seq_ids]
+        tokens = [at_clock - state.synced_clock for state in states for _ in state.seq_ids]
         rooms = self.policy.grow_each(seq_ids, tokens)
         # The rest of _push_flush and sync, inlined: this runs once per block a sequence fills.
         defer = self.defer_growth

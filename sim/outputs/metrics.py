@@ -156,9 +156,8 @@ class Recorder:
         previous = self._state
         elapsed = time_s - self._since
         if previous is not None and elapsed > 0:
-            area = self._area
-            for index in range(AVERAGED):
-                area[index] += previous[index] * elapsed
+            # (zip stops at the averaged columns: a recorded state holds more.)
+            self._area = [area + value * elapsed for area, value in zip(self._area, previous, strict=False)]
         self._state = state
         self._since = time_s
 
