@@ -445,18 +445,23 @@ class PrefixCachingPolicy(PagedPolicy):
         )
         tier = self.host_tier
         released = []
+        # Blocks of one lazy run come off the queue together (a run is freed tail first, in one go):
+        # they are counted off their run as one group.
+        run: SequenceState | None = None
+        run_blocks = 0
         for block_id in block_ids:
             key = keys[block_id]
-            assert key is not None, "only blocks holding a key are cached"
             keys[block_id] = None
-            if isinstance(key, SequenceState):  # a block of a lazy run: nothing was keyed
-                key.lazy_cached_blocks -= 1
-                if not key.lazy_cached_blocks:  # the run is freed and all of it evicted
-                    first_key = key.lazy_key
-                    assert first_key is not None
-                    del self._lazy_runs[first_key]
-                    self._chains.release(first_key[0])
+            if key is run:
+                run_blocks += 1
                 continue
+            if run is not None:
+                self._evict_lazy(run, run_blocks)
+                run = None
+            if isinstance(key, SequenceState):  # a block of a lazy run: nothing was keyed
+                run, run_blocks = key, 1
+                continue
+            assert key is not None, "only blocks holding a key are cached"
             first = cache.pop(key)
             if later and key in later:
                 self._drop_holder(key, first, block_id)
@@ -464,9 +469,21 @@ class PrefixCachingPolicy(PagedPolicy):
                 tier.store(key)  # before the chains are released below: the chain's id carries over
             released.append(chain_of[block_id])
             chain_of[block_id] = None
+        if run is not None:
+            self._evict_lazy(run, run_blocks)
         self._chains.release_each(released)
         self._cached_in_queue -= len(block_ids)
         self.stats.evictions += len(block_ids)
+
+    def _evict_lazy(self, run: SequenceState, blocks: int) -> None:
+        """``blocks`` cached blocks of the lazy run ``run`` were evicted; the run is forgotten with
+        its last one."""
+        run.lazy_cached_blocks -= blocks
+        if not run.lazy_cached_blocks:  # the run is freed and all of it evicted
+            first_key = run.lazy_key
+            assert first_key is not None
+            del self._lazy_runs[first_key]
+            self._chains.release(first_key[0])
 
     def _drop_holder(self, key: ChainKey, first: int, block_id: int) -> None:
         """``block_id`` no longer holds ``key``, which other blocks hold too (``first``, the first
