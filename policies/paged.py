@@ -231,12 +231,20 @@ class PagedPolicy(SequenceTable[SequenceState], KVCachePolicy):
         except KeyError:
             sequences = [self._get(seq_id) for seq_id in seq_ids]  # names the unknown id
         self._check_grow_each_of(sequences, num_tokens)
-        self._extend_each(sequences, num_tokens, decoded=True)
-        if self._SHARES_BLOCKS:
-            return [self._room(seq) for seq in sequences]
-        block_size = self.block_size
+        shares = self._SHARES_BLOCKS
+        extend = self._extend
         rooms = []
-        for seq in sequences:
+        if shares:
+            room = self._room
+            for seq, tokens in zip(sequences, num_tokens, strict=True):
+                self._copy_shared_tail_before_write(seq)
+                self._append_content(seq, tokens, None)
+                extend(seq, tokens)
+                rooms.append(room(seq))
+            return rooms
+        block_size = self.block_size
+        for seq, tokens in zip(sequences, num_tokens, strict=True):
+            extend(seq, tokens)
             held = len(seq.block_table) * block_size
             rooms.append((held if held < seq.final_len else seq.final_len) - seq.num_tokens)
         return rooms
@@ -395,65 +403,42 @@ class PagedPolicy(SequenceTable[SequenceState], KVCachePolicy):
             )
 
     def _extend(self, seq: SequenceState, num_tokens: int) -> None:
-        """Append ``num_tokens`` token states to ``seq``, taking blocks as they are needed."""
-        self._extend_each((seq,), (num_tokens,))
-
-    def _extend_each(
-        self, sequences: Sequence[SequenceState], num_tokens: Sequence[int], *, decoded: bool = False
-    ) -> None:
-        """Append ``num_tokens[i]`` token states to each sequence in turn, taking blocks as they are
-        needed (the caller checked the pool has them); ``decoded``: they are the sequences' own
-        output, written after a shared tail is copied. One loop for all: every decoding sequence
-        grows through here, once per block it fills.
-
-        A partly filled tail is the sequence's own here (a shared one was copied first), so every
-        new token adds one filled slot, and only new blocks change the targets: full ones hold
-        block_size, a new tail what its owner will fill."""
+        """Append ``num_tokens`` token states, taking blocks as they are needed. A partly filled tail
+        is the sequence's own here (a shared one was copied first), so every new token adds one
+        filled slot, and only new blocks change the targets: full ones hold block_size, a new tail
+        what its owner will fill."""
         block_size = self.block_size
-        shares = self._SHARES_BLOCKS
-        take = self._take_free_blocks
-        ref_count = self.ref_count
-        partial_owners = self._partial_owners
-        filled = self._filled
-        new_blocks_total = 0
-        target_added = 0
-        for seq, tokens in zip(sequences, num_tokens, strict=True):
-            if shares and decoded:
-                self._copy_shared_tail_before_write(seq)
-                self._append_content(seq, tokens, None)
-            table = seq.block_table
-            before = seq.num_tokens
-            after = before + tokens
-            seq.num_tokens = after
-            held = len(table) * block_size
-            if before % block_size:
-                tail = table[-1]
-                if after >= held:
-                    del partial_owners[tail]  # now full: filled = target = block_size
-                else:
-                    filled[tail] += tokens
-            if after > held:
-                count = -(-after // block_size) - len(table)
-                new_blocks = take(count)
-                for block_id in new_blocks:
-                    ref_count[block_id] = 1
-                table += new_blocks
-                new_blocks_total += count
-                held += count * block_size
-                # Full new blocks will hold block_size each; the last one up to the final length.
-                final_len = seq.final_len
-                target_added += (final_len if final_len < held else held) - held + count * block_size
-                if after % block_size:
-                    tail = new_blocks[-1]
-                    partial_owners[tail] = [seq]
-                    filled[tail] = after % block_size
-                    self._target[tail] = min(block_size, final_len - held + block_size)
-            if shares:
-                self._on_blocks_filled(seq)
-        self._filled_sum += sum(num_tokens)
-        self._target_sum += target_added
-        self._live_blocks += new_blocks_total
-        self._logical_blocks += new_blocks_total
+        table = seq.block_table
+        before = seq.num_tokens
+        after = before + num_tokens
+        seq.num_tokens = after
+        self._filled_sum += num_tokens
+        held = len(table) * block_size
+        if before % block_size:
+            tail = table[-1]
+            if after >= held:
+                del self._partial_owners[tail]  # now full: filled = target = block_size
+            else:
+                self._filled[tail] += num_tokens
+        if after > held:
+            count = -(-after // block_size) - len(table)
+            new_blocks = self._take_free_blocks(count)
+            ref_count = self.ref_count
+            for block_id in new_blocks:
+                ref_count[block_id] = 1
+            table += new_blocks
+            self._live_blocks += count
+            self._logical_blocks += count
+            held += count * block_size
+            # Full new blocks will hold block_size each; the last one up to the final length.
+            self._target_sum += min(seq.final_len, held) - held + count * block_size
+            if after % block_size:
+                tail = new_blocks[-1]
+                self._partial_owners[tail] = [seq]
+                self._filled[tail] = after % block_size
+                self._target[tail] = min(block_size, seq.final_len - held + block_size)
+        if self._SHARES_BLOCKS:
+            self._on_blocks_filled(seq)
 
     def _start_partial(self, block_id: int, owner: SequenceState) -> None:
         """A fresh block becomes ``owner``'s partly filled tail (it holds nothing yet)."""
