@@ -17,6 +17,7 @@ from workloads import (
     parse_workload_config,
 )
 from workloads.config import LognormalDist, TableDist
+from workloads.distributions import load_column
 
 BRIEF_EXAMPLE = """
 workload:
@@ -259,3 +260,35 @@ def test_table_with_bad_values_names_file_and_line(tmp_path: Path) -> None:
             seed=0,
             base_dir=tmp_path,
         )
+
+
+@pytest.mark.parametrize(
+    ("cells", "quoted", "line"),
+    [("1,5\n2,", "''", 3), ("1,5\n2,7.5", "'7.5'", 3), ("1,5\n2,abc", "'abc'", 3), ("1,-1\n2,5", "'-1'", 2)],
+)
+def test_length_column_errors_quote_the_cell_as_written(tmp_path: Path, cells, quoted, line) -> None:
+    """A clean numeric column is read by the fast numeric parser; any bad cell falls back to the
+    text read, so the error quotes it as the file has it (a blank, not 'nan')."""
+    (tmp_path / "lens.csv").write_text(f"p,o\n{cells}\n")
+    with pytest.raises(TraceError, match=rf"lens.csv:{line}: .*value {quoted} is not a non-negative integer"):
+        load_column("lens.csv", "o", tmp_path, "output_len")
+
+
+def test_length_column_is_read_once_per_file_content(tmp_path: Path, monkeypatch) -> None:
+    """A plan builds the same workload for every probe: the column is parsed once while the file's
+    bytes stay the same, and again as soon as they change (even with the same size and time)."""
+    import workloads.distributions as distributions
+
+    parsed = []
+    read = distributions._read_column
+    monkeypatch.setattr(distributions, "_read_column", lambda *args: parsed.append(args) or read(*args))
+    distributions._cached_column.cache_clear()
+    path = tmp_path / "lens.csv"
+    path.write_text("o\n5\n12.0\n")
+    first = load_column("lens.csv", "o", tmp_path, "output_len")
+    again = load_column("lens.csv", "o", tmp_path, "output_len")
+    assert first.tolist() == again.tolist() == [5, 12] and len(parsed) == 1
+    with pytest.raises(ValueError, match="read-only"):
+        first[0] = 7  # shared between callers: nobody may change it
+    path.write_text("o\n6\n12.0\n")  # same size
+    assert load_column("lens.csv", "o", tmp_path, "output_len").tolist() == [6, 12] and len(parsed) == 2
