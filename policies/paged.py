@@ -431,12 +431,15 @@ class PagedPolicy(SequenceTable[SequenceState], KVCachePolicy):
             self._logical_blocks += count
             held += count * block_size
             # Full new blocks will hold block_size each; the last one up to the final length.
-            self._target_sum += min(seq.final_len, held) - held + count * block_size
+            # (Conditional expressions, not min(): this runs for every block a sequence takes.)
+            final_len = seq.final_len
+            self._target_sum += (final_len if final_len < held else held) - held + count * block_size
             if after % block_size:
                 tail = new_blocks[-1]
                 self._partial_owners[tail] = [seq]
                 self._filled[tail] = after % block_size
-                self._target[tail] = min(block_size, seq.final_len - held + block_size)
+                tail_target = final_len - held + block_size
+                self._target[tail] = tail_target if tail_target < block_size else block_size
         if self._SHARES_BLOCKS:
             self._on_blocks_filled(seq)
 
