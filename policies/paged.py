@@ -173,7 +173,8 @@ class PagedPolicy(SequenceTable[SequenceState], KVCachePolicy):
     def _room(self, seq: SequenceState) -> int:
         if seq.num_tokens % self.block_size and self.ref_count[seq.block_table[-1]] > 1:
             return 0  # the next write copies the shared tail first
-        return min(len(seq.block_table) * self.block_size, seq.final_len) - seq.num_tokens
+        held = len(seq.block_table) * self.block_size
+        return (held if held < seq.final_len else seq.final_len) - seq.num_tokens
 
     def breakdown_values(self) -> tuple[int, int, int, int, int, int]:
         block_size = self.block_size

@@ -409,10 +409,12 @@ class Engine:
         """Prompt tokens ``state`` prefills with ``budget`` tokens left (0: none; without chunked
         prefill a prompt goes in whole or waits). ``prefilled``: as planned, instead of now."""
         remaining = state.tokens_to_prefill - (state.prefilled if prefilled is None else prefilled)
-        chunk = min(budget, remaining)
-        if chunk < remaining and not self.knobs.enable_chunked_prefill:
+        if remaining <= budget:
+            return remaining if remaining > 0 else 0
+        # (Comparisons, not min/max: this runs for every prompt at every iteration that plans chunks.)
+        if not self.knobs.enable_chunked_prefill or budget <= 0:
             return 0
-        return max(chunk, 0)
+        return budget
 
     def _finish_iterations(self) -> bool:
         """Book what the iteration(s) that just ended produced: first tokens, completions, beams.
