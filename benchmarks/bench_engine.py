@@ -85,6 +85,8 @@ def run_once(count: int, policy_name: str) -> dict:
         "wall_s": wall_s,
         "requests_per_s": count / wall_s,
         "simulated_s": engine.env.now,
+        "iterations": engine.counters.iterations,
+        "wakeups": engine.wakeups,
         "reference_s": reference_s,
         "ratio": wall_s / reference_s,
         "timeseries_rows": rows,
@@ -106,6 +108,8 @@ def run_engine_benchmarks(sizes: list[int], policies: list[str]) -> list[dict]:
                 f"  {policy:<10} {size:>9,} requests: {row['requests_per_s']:>9,.0f} req/s "
                 f"({row['wall_s']:.1f} s wall for {row['simulated_s']:,.0f} s simulated, "
                 f"reference {row['reference_s']:.2f} s, ratio {row['ratio']:.0f}), "
+                f"{row['wakeups']:,} wake-ups for {row['iterations']:,} iterations "
+                f"({row['wall_s'] / row['wakeups'] * 1e6:.0f} µs each), "
                 f"peak RSS {row['peak_rss_mib']:,.0f} MiB, {row['timeseries_rows']:,} series rows"
             )
     return rows

@@ -39,13 +39,16 @@ class _Node:
 
 def _pull(node: _Node) -> None:
     """Recompute ``node``'s aggregates from its children (which must already be correct)."""
+    # (Comparisons, not max(): this runs at every level of every insert and remove.)
     max_value = sum_value = node.value
     left, right = node.left, node.right
     if left is not None:
-        max_value = max(max_value, left.max_value)
+        if left.max_value > max_value:
+            max_value = left.max_value
         sum_value += left.sum_value
     if right is not None:
-        max_value = max(max_value, right.max_value)
+        if right.max_value > max_value:
+            max_value = right.max_value
         sum_value += right.sum_value
     node.max_value = max_value
     node.sum_value = sum_value

@@ -247,7 +247,8 @@ class Engine:
             return "output_len must be at least 1"
         if width > knobs.max_num_seqs:
             return f"n/beam_width={width} exceeds max_num_seqs={knobs.max_num_seqs}"
-        all_sequences = sum(prompt_len + output for output in request.output_lens)
+        output_lens = request.output_lens
+        all_sequences = prompt_len * len(output_lens) + sum(output_lens)
         if all_sequences > self.policy.pool_slots:
             shape = (
                 f"x ({self._lengths(request)})"
