@@ -14,10 +14,9 @@ so only those blocks need tracking beyond "full".
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
 
 from policies.base import (
     NO_HIT,
@@ -43,26 +42,34 @@ class FreeBlockQueue:
 
     Blocks holding nothing reusable come first, the last one freed first; then blocks holding cached
     prefix content, least recently used first (only the prefix policy has those; a prefix hit takes
-    one out of the middle). The first part is a list used as a stack, the second an ordered dict, so
-    taking many blocks, or giving back a sequence's blocks, is a slice or one C-level call."""
+    one out of the middle). The first part is a list used as a stack, the second a deque, so taking
+    many blocks, or giving back a sequence's blocks, is a slice or one C-level call: every block of
+    every prompt passes through the cached part when prefix caching is on (2.2 M blocks each way on
+    the Mooncake conversation trace).
+
+    A hit leaves its entry in the deque, counted as stale (O(1) rather than a scan): a block's
+    entries are in the order it was freed, and all but its last are stale, so the head skips
+    exactly as many of a block's entries as it has stale ones."""
+
+    COMPACT_AFTER = 1024  # stale entries (at least) before the deque is rebuilt without them
 
     def __init__(self, block_ids: Iterable[int]):
         self._blank: list[int] = list(block_ids)[::-1]  # its end is the head of the queue
-        self._cached: OrderedDict[int, None] = OrderedDict()
+        self._cached: deque[int] = deque()
+        self._cached_count = 0  # live entries of _cached
+        self._stale: dict[int, int] = {}  # block -> entries of it in _cached left by hits
+        self._stale_entries = 0
 
     def __len__(self) -> int:
-        return len(self._blank) + len(self._cached)
+        return len(self._blank) + self._cached_count
 
     def __contains__(self, block_id: int) -> bool:
-        return block_id in self._cached or block_id in self._blank  # O(free blocks): tests only
+        return block_id in self.order()  # O(free blocks): tests only
 
     @property
     def blank(self) -> int:
         """Blocks at the head that hold nothing reusable (taking them evicts nothing)."""
         return len(self._blank)
-
-    def popleft(self) -> int:
-        return self._blank.pop() if self._blank else self._cached.popitem(last=False)[0]
 
     def take(self, count: int) -> list[int]:
         """The ``count`` blocks at the head, in order (``count <= len(self)``)."""
@@ -78,17 +85,37 @@ class FreeBlockQueue:
             return blocks
         blocks = blank[::-1]
         blank.clear()
-        # popitem: half the cost of islice-then-delete for the one or few blocks usually taken.
-        take_oldest = self._cached.popitem
-        return blocks + [take_oldest(False)[0] for _ in range(count - len(blocks))]
+        oldest = count - len(blocks)
+        if oldest > self._cached_count:
+            raise IndexError(f"take({count}) from a queue of {len(blocks) + self._cached_count} blocks")
+        self._cached_count -= oldest
+        popleft = self._cached.popleft
+        if not self._stale:
+            return blocks + [popleft() for _ in range(oldest)]
+        stale = self._stale
+        while oldest:
+            block_id = popleft()
+            left = stale.get(block_id)
+            if left:  # an entry a hit left behind
+                self._stale_entries -= 1
+                if left == 1:
+                    del stale[block_id]
+                else:
+                    stale[block_id] = left - 1
+                continue
+            blocks.append(block_id)
+            oldest -= 1
+        return blocks
 
     def append(self, block_id: int) -> None:
         """At the tail: a block that holds cached content."""
-        self._cached[block_id] = None
+        self._cached.append(block_id)
+        self._cached_count += 1
 
     def extend(self, block_ids: list[int]) -> None:
         """``append`` of each block in turn."""
-        self._cached.update(zip(block_ids, repeat(None)))
+        self._cached.extend(block_ids)
+        self._cached_count += len(block_ids)
 
     def appendleft(self, block_id: int) -> None:
         """At the head: a block that holds nothing reusable."""
@@ -98,14 +125,31 @@ class FreeBlockQueue:
         """``appendleft`` of each block in turn: the last one ends up at the head."""
         self._blank.extend(block_ids)
 
-    def remove(self, block_id: int) -> None:
-        if block_id in self._cached:
-            del self._cached[block_id]
-        else:
-            self._blank.remove(block_id)
+    def remove_cached(self, block_id: int) -> None:
+        """``block_id``, a free block holding cached content (appended, not taken since), leaves
+        the queue: a prefix hit."""
+        self._stale[block_id] = self._stale.get(block_id, 0) + 1
+        self._cached_count -= 1
+        self._stale_entries += 1
+        if self._stale_entries > max(self.COMPACT_AFTER, self._cached_count):
+            # Hits without evictions would grow the deque without bound: drop the stale entries
+            # (linear, once per as many hits as live entries).
+            self._cached = deque(self._live_cached())
+            self._stale.clear()
+            self._stale_entries = 0
 
     def order(self) -> list[int]:
-        return self._blank[::-1] + list(self._cached)
+        return self._blank[::-1] + self._live_cached()
+
+    def _live_cached(self) -> list[int]:
+        stale = dict(self._stale)
+        live = []
+        for block_id in self._cached:
+            if stale.get(block_id):
+                stale[block_id] -= 1
+            else:
+                live.append(block_id)
+        return live
 
 
 @dataclass(slots=True, eq=False)

@@ -286,7 +286,7 @@ class PrefixCachingPolicy(PagedPolicy):
             if block_id in self._pinned:
                 self._pinned_idle -= 1
             else:
-                self.free_queue.remove(block_id)
+                self.free_queue.remove_cached(block_id)
                 self._cached_in_queue -= 1
             # A cached block is full: it holds and will hold block_size token states.
             self._live_blocks += 1
