@@ -275,7 +275,7 @@ class PagedPolicy(SequenceTable[SequenceState], KVCachePolicy):
             sequences = [self.sequences[seq_id] for seq_id in seq_ids]
         except KeyError:
             sequences = [self._get(seq_id) for seq_id in seq_ids]  # names the unknown id
-        self._check_grow_each_of(sequences, num_tokens)
+        self._check_grow_each_of(sequences, num_tokens, len(set(seq_ids)) if len(seq_ids) > 1 else 1)
         shares = self._SHARES_BLOCKS
         extend = self._extend
         rooms = []
@@ -294,9 +294,11 @@ class PagedPolicy(SequenceTable[SequenceState], KVCachePolicy):
             rooms.append((held if held < seq.final_len else seq.final_len) - seq.num_tokens)
         return rooms
 
-    def _check_grow_each_of(self, sequences: list[SequenceState], num_tokens: Sequence[int]) -> None:
+    def _check_grow_each_of(
+        self, sequences: list[SequenceState], num_tokens: Sequence[int], distinct_ids: int
+    ) -> None:
         count = len(sequences)
-        if count != len(num_tokens) or (count > 1 and len({seq.seq_id for seq in sequences}) != count):
+        if count != len(num_tokens) or (count > 1 and distinct_ids != count):
             raise PolicyInputError("grow_each needs distinct sequence ids, one token count each")
         total = 0
         for seq, tokens in zip(sequences, num_tokens, strict=True):
@@ -356,8 +358,9 @@ class PagedPolicy(SequenceTable[SequenceState], KVCachePolicy):
         if self._SHARES_BLOCKS:
             released = []
             for block_id in reversed(full_blocks):
-                ref_count[block_id] -= 1
-                if not ref_count[block_id]:
+                references = ref_count[block_id] - 1
+                ref_count[block_id] = references
+                if not references:
                     released.append(block_id)
         else:
             # Plain paging: the sequence alone holds each of its blocks.

@@ -535,3 +535,16 @@ def test_a_prefix_fork_needs_no_free_block():
     policy.admit(0, ids(1, 8), 8, output_content_id=500)
     policy.fork(0, [ChildSpec(1, 8, 501)])
     assert policy.sharing_slots() == (8, 16)
+
+
+@pytest.mark.parametrize("name", ["paged", "prefix"])
+def test_grow_each_refuses_repeated_or_unknown_ids_and_changes_nothing(name):
+    policy = make_policy(name, PoolSpec(64, 4, 32))
+    policy.admit(1, ((100, 5),), 20, output_content_id=-1)
+    policy.admit(2, ((200, 3),), 20, output_content_id=-2)
+    with pytest.raises(PolicyInputError, match="distinct sequence ids"):
+        policy.grow_each([1, 2, 1], [1, 1, 1])
+    with pytest.raises(PolicyInputError, match="unknown sequence id 7"):
+        policy.grow_each([1, 7], [1, 1])
+    assert (policy.seq_len(1), policy.seq_len(2)) == (5, 3)
+    assert policy.grow_each([2, 1], [2, 3]) == [3, 0]  # rooms: 5 of 8 slots held, 8 of 8
