@@ -83,6 +83,10 @@ class FreeBlockQueue:
             del blank[-count:]
             blocks.reverse()
             return blocks
+        if count == 1 and not blank and not self._stale and self._cached_count:
+            # A decoding sequence's next block once no blank block is left: the oldest cached one.
+            self._cached_count -= 1
+            return [self._cached.popleft()]
         blocks = blank[::-1]
         blank.clear()
         oldest = count - len(blocks)

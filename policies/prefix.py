@@ -471,7 +471,8 @@ class PrefixCachingPolicy(PagedPolicy):
             chain_of[block_id] = None
         if run is not None:
             self._evict_lazy(run, run_blocks)
-        self._chains.release_each(released)
+        if released:
+            self._chains.release_each(released)
         self._cached_in_queue -= len(block_ids)
         self.stats.evictions += len(block_ids)
 
