@@ -279,7 +279,7 @@ class PagedPolicy(SequenceTable[SequenceState], KVCachePolicy):
             sequences = [self.sequences[seq_id] for seq_id in seq_ids]
         except KeyError:
             sequences = [self._get(seq_id) for seq_id in seq_ids]  # names the unknown id
-        self._check_grow_each_of(sequences, num_tokens, len(set(seq_ids)) if len(seq_ids) > 1 else 1)
+        self._check_grow_each_of(seq_ids, sequences, num_tokens)
         shares = self._SHARES_BLOCKS
         extend = self._extend
         rooms = []
@@ -299,10 +299,10 @@ class PagedPolicy(SequenceTable[SequenceState], KVCachePolicy):
         return rooms
 
     def _check_grow_each_of(
-        self, sequences: list[SequenceState], num_tokens: Sequence[int], distinct_ids: int
+        self, seq_ids: Sequence[int], sequences: list[SequenceState], num_tokens: Sequence[int]
     ) -> None:
         count = len(sequences)
-        if count != len(num_tokens) or (count > 1 and distinct_ids != count):
+        if count != len(num_tokens) or (count > 1 and len(set(seq_ids)) != count):
             raise PolicyInputError("grow_each needs distinct sequence ids, one token count each")
         total = 0
         for seq, tokens in zip(sequences, num_tokens, strict=True):

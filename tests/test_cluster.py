@@ -206,8 +206,11 @@ def test_cluster_totals_add_up_over_the_replicas():
     replicas = result.replica_summaries
     summary = result.summary
     assert [row["requests_routed"] for row in replicas] == [40, 40, 40]  # round robin, 120 requests
-    for key in ("requests_finished", "prefix_cache_queries", "prefix_cache_hits", "evictions", "iterations"):
+    summed = ("requests_finished", "prefix_cache_queries", "prefix_cache_hits", "evictions", "iterations")
+    for key in (*summed, "engine_wakeups"):
         assert summary[key] == sum(row[key] for row in replicas), key
+    # Each replica wakes at most once per iteration, and skipping saves some of them.
+    assert 0 < summary["engine_wakeups"] < summary["iterations"]
     assert summary["prefix_cache_hit_rate"] == summary["prefix_cache_hits"] / summary["prefix_cache_queries"]
     rates = [row["prefix_cache_hit_rate"] for row in replicas]
     assert (summary["prefix_cache_hit_rate_min"], summary["prefix_cache_hit_rate_max"]) == (
