@@ -299,9 +299,10 @@ class Engine:
                 idle_steps = 0
                 self.wakeups += 1
                 # Rows bracket every discrete change: the state during iteration 1 (after its growth
-                # and admissions), the state at the end of a jump, and after the completions. (The
-                # end of a jump holds for no time when completions follow, but it samples the tokens
-                # that grew during the jump: readers of the series interpolate between samples.)
+                # and admissions), the state at the end of a jump, and after the completions when the
+                # engine goes idle. (The end of a jump holds for no time when completions follow, but
+                # it samples the tokens that grew during the jump: readers of the series interpolate
+                # between samples.)
                 self._record()
                 self.busy_until = self.env.now + duration
                 yield self.env.timeout(duration)
@@ -309,7 +310,9 @@ class Engine:
                 if self._jump is not None:
                     self._end_jump()
                     self._record()
-                if self._finish_iterations():
+                if self._finish_iterations() and not (self.running or self.waiting):
+                    # Only when the engine goes idle: otherwise the next iteration starts at this
+                    # instant and records its state, which would replace this one after no time.
                     self._record()
                 continue
             else:

@@ -158,7 +158,12 @@ REPLICA_SUMMARY: Columns = {
 then these."""
 
 TIMESERIES: Columns = {
-    "time_s": ("s", "Simulated time of the sample; a row holds until the next one."),
+    "time_s": (
+        "s",
+        "Simulated time of the sample; a row holds until the next one. A state replaced at the same "
+        "instant is not written (completions followed at once by the next iteration), except the end "
+        "of an event-skipping jump, which shows the tokens decoded during it.",
+    ),
     "used_tokens": ("tokens (slots)", "Slots holding live token states."),
     "reserved_tokens": ("tokens (slots)", "Slots allocated to live sequences that they will fill later."),
     "internal_fragmentation_tokens": ("tokens (slots)", "Slots allocated that will never be filled."),
