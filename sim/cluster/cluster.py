@@ -17,7 +17,7 @@ import simpy
 
 from sim.cluster.routers import Router
 from sim.engine.arrivals import Arrivals
-from sim.engine.core import Engine
+from sim.engine.core import Engine, fewer_collections
 from workloads.base import Workload
 from workloads.request import Request
 
@@ -53,7 +53,8 @@ class Cluster:
         self.env.process(self._arrivals.process())
         for replica in self.replicas:
             replica.start()
-        self.env.run(until=until_s)
+        with fewer_collections():
+            self.env.run(until=until_s)
         for replica in self.replicas:
             replica.finish()
 

@@ -32,9 +32,11 @@ Memory model notes (documented simplifications):
 
 from __future__ import annotations
 
+import gc
 import math
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -72,6 +74,22 @@ class EngineKnobs:
     on_oom: str = "queue"  # queue: a failed admission waits; fail: the request fails (the seeds' OOM story)
     beam_reparent_prob: float = 0.15  # q: per beam and decode step, the beam is replaced by a survivor's fork
     step_mode: str = "skip"  # skip | single
+
+
+@contextmanager
+def fewer_collections(first_generation: int = 10_000) -> Iterator[None]:
+    """Run with the cyclic garbage collector's youngest generation collected every
+    ``first_generation`` allocations instead of Python's 700. A run allocates many small objects that
+    live long (request states and records, time-series rows), so the default paces a collection
+    every few iterations: 3-5 % of the trace replays' wall time. Nothing a run allocates relies on
+    prompt collection; the threshold is restored afterwards (a disabled collector stays disabled)."""
+    thresholds = gc.get_threshold()
+    if thresholds[0] and thresholds[0] < first_generation:
+        gc.set_threshold(first_generation, *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
 
 
 class EngineStalled(RuntimeError):
@@ -170,7 +188,8 @@ class Engine:
     # ------------------------------------------------------------------------------------------ run
     def run(self, until_s: float | None = None) -> None:
         self.start()
-        self.env.run(until=until_s)
+        with fewer_collections():
+            self.env.run(until=until_s)
         self.finish()
 
     def start(self) -> None:
