@@ -8,9 +8,12 @@ leaves (finish, preemption) or changes shape (a beam decision). Until then the p
 slots the policy counts as *reserved*, so the exact breakdown is the policy's plus ``pending`` moved
 from reserved to used (:meth:`DecodeClock.pending_tokens`).
 
-Two heaps say when something must happen: the iteration at which a request's room runs out
+Two schedules say when something must happen: the iteration at which a request's room runs out
 (a *flush*: the policy must allocate, which may fail and preempt), and the iteration at which it
-finishes or takes a beam decision. Entries are versioned, so rescheduling never needs a delete.
+finishes or takes a beam decision. Flushes come once per block a sequence fills, so they are kept in
+per-clock buckets (a list of requests per due clock, and a heap of the clocks only): scheduling one
+is an append, and a request that stops decoding leaves its bucket. Ends are rarer (one per request
+or beam decision) and sit in a heap of versioned entries, so rescheduling never needs a delete.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from policies.base import KVCachePolicy
 from sim.outputs.metrics import RequestRecord
@@ -47,8 +51,8 @@ class RequestState:
     synced_clock: int = 0
     finish_due: int = NEVER  # clock at whose iteration end a sample (or the request) finishes
     beam_due: int = NEVER  # clock at whose iteration end its beams diverge
-    flush_version: int = 0  # heap entries carry these: a stale entry is skipped, never deleted
-    end_version: int = 0
+    flush_clock: int = NEVER  # the clock of the flush bucket it is in (NEVER: in none)
+    end_version: int = 0  # end heap entries carry it: a stale entry is skipped, never deleted
     # Output lengths of its samples/beams still to finish, aligned with ``seq_ids`` once forked
     # (before the fork, entry 0 is the admitted sequence's). A sample that finishes leaves both.
     sample_lens: list[int] = field(default_factory=list)
@@ -83,7 +87,8 @@ class DecodeClock:
         self.sequences = 0
         self._synced_sum = 0  # Σ over decoding sequences of their request's synced_clock
         self._offset_sum = 0  # Σ over decoding sequences of (context - synced_clock)
-        self._flushes: list[_Entry] = []
+        self._flushes: dict[int, list[RequestState]] = {}  # due clock -> requests due then
+        self._flush_clocks: list[int] = []  # heap of the buckets' clocks (emptied ones skipped)
         self._ends: list[_Entry] = []
 
     # ------------------------------------------------------------------------------ batch aggregates
@@ -115,7 +120,7 @@ class DecodeClock:
         self.sync(state, at_clock)
         self._remove(state)
         state.decoding = False
-        state.flush_version += 1
+        self._cancel_flush(state)
         state.end_version += 1
 
     def sync(self, state: RequestState, at_clock: int) -> None:
@@ -137,10 +142,9 @@ class DecodeClock:
         seq_ids = [seq_id for state in states for seq_id in state.seq_ids]
         tokens = [at_clock - state.synced_clock for state in states for _ in state.seq_ids]
         rooms = self.policy.grow_each(seq_ids, tokens)
-        # The rest of _push_flush and sync, inlined: this runs once per block a sequence fills.
+        # The rest of sync, inlined: this runs once per block a sequence fills.
         defer = self.defer_growth
-        heap = self._flushes
-        push = heapq.heappush
+        schedule = self._schedule_flush
         synced = 0
         first = 0
         for state in states:
@@ -152,8 +156,7 @@ class DecodeClock:
             synced += pending * width
             room = rooms[first] if width == 1 else min(rooms[first : first + width])
             first += width
-            state.flush_version += 1
-            push(heap, (at_clock + (room if defer else 0) + 1, state.admission, state.flush_version, state))
+            schedule(state, at_clock + (room if defer else 0) + 1)
         self._synced_sum += synced
 
     def took_token(self, state: RequestState) -> None:
@@ -181,34 +184,55 @@ class DecodeClock:
     def reschedule_flush(self, state: RequestState) -> None:
         """After a sync: the iteration at which its sequences' held slots run out."""
         room = min(self.policy.growth_room(seq_id) for seq_id in state.seq_ids) if self.defer_growth else 0
-        self._push_flush(state, room)
+        self._cancel_flush(state)
+        self._schedule_flush(state, state.synced_clock + room + 1)
 
-    def _push_flush(self, state: RequestState, room: int) -> None:
-        state.flush_version += 1
-        heapq.heappush(
-            self._flushes, (state.synced_clock + room + 1, state.admission, state.flush_version, state)
-        )
+    def _schedule_flush(self, state: RequestState, clock: int) -> None:
+        """Put ``state`` (in no bucket) in the bucket of ``clock``."""
+        bucket = self._flushes.get(clock)
+        if bucket is None:
+            self._flushes[clock] = [state]
+            heapq.heappush(self._flush_clocks, clock)
+        else:
+            bucket.append(state)
+        state.flush_clock = clock
+
+    def _cancel_flush(self, state: RequestState) -> None:
+        """Take ``state`` out of its bucket, if it is in one (an emptied bucket is dropped)."""
+        clock = state.flush_clock
+        if clock == NEVER:
+            return
+        state.flush_clock = NEVER
+        bucket = self._flushes[clock]
+        bucket.remove(state)  # (identity: RequestState compares by identity)
+        if not bucket:
+            del self._flushes[clock]
 
     def next_flush(self) -> int:
-        return self._peek(self._flushes, _flush_valid)
+        clocks = self._flush_clocks
+        while clocks and clocks[0] not in self._flushes:
+            heapq.heappop(clocks)  # an emptied bucket's clock
+        return clocks[0] if clocks else NEVER
 
     def next_end(self) -> int:
         return self._peek(self._ends, _end_valid)
 
     def due_flushes(self, at_clock: int | None = None) -> list[RequestState]:
         """Requests whose room runs out at this iteration (or by clock ``at_clock``), oldest
-        admission first."""
-        heap = self._flushes
+        admission first; they leave their buckets (the caller flushes or reschedules each)."""
         clock = self.now if at_clock is None else at_clock
-        due = []
-        pop = heapq.heappop
-        # _pop_due with the validity check inlined: this runs once per block a sequence fills.
-        while heap and heap[0][0] <= clock:
-            entry = pop(heap)
-            state = entry[3]
-            if state.decoding and state.is_running and state.flush_version == entry[2]:
-                due.append(entry)
-        return _in_admission_order(due)
+        clocks = self._flush_clocks
+        buckets = self._flushes
+        due: list[RequestState] = []
+        while clocks and clocks[0] <= clock:
+            bucket = buckets.pop(heapq.heappop(clocks), None)
+            if bucket is not None:
+                due += bucket
+        for state in due:
+            state.flush_clock = NEVER
+        if len(due) > 1:
+            due.sort(key=_ADMISSION)
+        return due
 
     def due_ends(self) -> list[RequestState]:
         """Requests that finish or take a beam decision at the end of this iteration, oldest first."""
@@ -240,15 +264,11 @@ def _in_admission_order(due: list[_Entry]) -> list[RequestState]:
 
 
 _Entry = tuple[int, int, int, RequestState]  # (clock due, admission order, version, request)
+_ADMISSION = attrgetter("admission")
 
 
 def _admission_order(entry: _Entry) -> int:
     return entry[1]
-
-
-def _flush_valid(entry: _Entry) -> bool:
-    state = entry[3]
-    return state.decoding and state.is_running and state.flush_version == entry[2]
 
 
 def _end_valid(entry: _Entry) -> bool:
