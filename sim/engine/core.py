@@ -607,9 +607,9 @@ class Engine:
         ``at_clock``? (Then nothing could have failed token by token.) A cheap upper bound: the new
         blocks, plus one copy-on-write block per sequence."""
         block_size = self.block_size
-        blocks = sum(
-            len(state.seq_ids) * ((at_clock - state.synced_clock) // block_size + 2) for state in states
-        )
+        blocks = 0
+        for state in states:  # (a loop, not sum() of a generator: this runs at every flush)
+            blocks += len(state.seq_ids) * ((at_clock - state.synced_clock) // block_size + 2)
         return blocks * block_size <= self.policy.available_slots()
 
     def _grow_all_pending(self, state: RequestState) -> bool:
@@ -1035,18 +1035,21 @@ class Engine:
         """The state the recorder keeps (``sim.outputs.metrics.STATE_COLUMNS``)."""
         stats = self.policy.stats
         counters = self.counters
-        return self._averaged_state() + (
-            len(self.waiting),
-            self._running_seqs,
-            counters.admission_waits,
-            counters.preemptions,
-            counters.oom_failures,
-            stats.cow_copies,
-            stats.prefix_cache_queries,
-            stats.prefix_cache_hits,
-            stats.evictions,
-            self.admission_blocker,
-            *self._host_state(),
+        return (
+            self._averaged_state()
+            + (
+                len(self.waiting),
+                self._running_seqs,
+                counters.admission_waits,
+                counters.preemptions,
+                counters.oom_failures,
+                stats.cow_copies,
+                stats.prefix_cache_queries,
+                stats.prefix_cache_hits,
+                stats.evictions,
+                self.admission_blocker,
+            )
+            + self._host_state()
         )
 
     def _host_state(self) -> tuple[int, ...]:

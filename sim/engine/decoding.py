@@ -142,9 +142,9 @@ class DecodeClock:
         seq_ids = [seq_id for state in states for seq_id in state.seq_ids]
         tokens = [at_clock - state.synced_clock for state in states for _ in state.seq_ids]
         rooms = self.policy.grow_each(seq_ids, tokens)
-        # The rest of sync, inlined: this runs once per block a sequence fills.
+        # The rest of sync and _schedule_flush, inlined: this runs once per block a sequence fills.
         defer = self.defer_growth
-        schedule = self._schedule_flush
+        buckets = self._flushes
         synced = 0
         first = 0
         for state in states:
@@ -156,7 +156,14 @@ class DecodeClock:
             synced += pending * width
             room = rooms[first] if width == 1 else min(rooms[first : first + width])
             first += width
-            schedule(state, at_clock + (room if defer else 0) + 1)
+            due = at_clock + (room if defer else 0) + 1
+            bucket = buckets.get(due)
+            if bucket is None:
+                buckets[due] = [state]
+                heapq.heappush(self._flush_clocks, due)
+            else:
+                bucket.append(state)
+            state.flush_clock = due
         self._synced_sum += synced
 
     def took_token(self, state: RequestState) -> None:
@@ -227,7 +234,10 @@ class DecodeClock:
         while clocks and clocks[0] <= clock:
             bucket = buckets.pop(heapq.heappop(clocks), None)
             if bucket is not None:
-                due += bucket
+                if due:
+                    due += bucket
+                else:
+                    due = bucket
         for state in due:
             state.flush_clock = NEVER
         if len(due) > 1:

@@ -13,6 +13,8 @@ and iteration (:meth:`Recorder.add_token_area`), which no row could describe.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from itertools import repeat
+from operator import add, mul
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -137,9 +139,15 @@ class Recorder:
 
     def record(self, time_s: float, state: tuple) -> None:
         """``state`` (:data:`STATE_COLUMNS`) holds from ``time_s`` on; a row is written if it changed."""
-        if state == self._state:
+        previous = self._state
+        if state == previous:
             return
-        self.observe(time_s, state)
+        # observe(), inlined: this runs for every row.
+        elapsed = time_s - self._since
+        if previous is not None and elapsed > 0:
+            self._area = list(map(add, self._area, map(mul, previous, repeat(elapsed, AVERAGED))))
+        self._state = state
+        self._since = time_s
         if state == self._last_row:
             return
         self._last_row = state
@@ -156,8 +164,8 @@ class Recorder:
         previous = self._state
         elapsed = time_s - self._since
         if previous is not None and elapsed > 0:
-            # (zip stops at the averaged columns: a recorded state holds more.)
-            self._area = [area + value * elapsed for area, value in zip(self._area, previous, strict=False)]
+            # Each area plus value x elapsed, for the averaged columns only (a recorded state holds more).
+            self._area = list(map(add, self._area, map(mul, previous, repeat(elapsed, AVERAGED))))
         self._state = state
         self._since = time_s
 
