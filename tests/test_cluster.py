@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -19,7 +20,7 @@ from sim.cluster.routers import LeastKV, LeastRequests, PrefixAware, RoundRobin,
 from sim.config import ClusterConfig, ConfigError, validate_experiment
 from sim.engine.core import Engine, EngineKnobs
 from sim.outputs import columns
-from sim.outputs.metrics import BREAKDOWN_COLUMNS, summary_key
+from sim.outputs.metrics import BREAKDOWN_COLUMNS, cumulative_area_at, summary_key
 from sim.planning.steady import SteadyWindow
 from sim.planning.tasks import PointTask, run_point
 from sim.results import load_results
@@ -267,6 +268,14 @@ def test_an_unbalanced_cluster_reports_its_imbalance():
     assert summary["requests_cv"] == pytest.approx(statistics.pstdev(routed) / mean)
     usage = [1 - row["mean_free_frac"] - row["mean_cached_frac"] for row in result.replica_summaries]
     assert summary["kv_usage_cv"] == pytest.approx(statistics.pstdev(usage) / statistics.mean(usage))
+    # The total series' area columns, read at the end of the run, give the summary's exact time
+    # averages over the replicas' pools together (which the recorders' own areas give).
+    total = result.timeseries
+    end = np.array([summary["simulated_s"]])
+    pool = summary["kv_pool_tokens"] * 3
+    for category in ("used", "reserved", "free", "cached"):
+        area = cumulative_area_at(total, f"{category}_token_s", f"{category}_tokens", end)[0]
+        assert area / end[0] / pool == pytest.approx(summary[summary_key(category)], rel=1e-9)
 
 
 def test_cluster_run_writes_the_documented_files(tmp_path, capsys):

@@ -529,6 +529,49 @@ def test_time_averages_across_a_jump_that_takes_blocks_by_hand(step_mode, jump_k
     if step_mode == "skip":
         # The prefill, the first decode iteration (the first token was grown on its own), one jump.
         assert jump_kinds == {"single": 1, "decode": 1, "growth inside": 1}
+    # The series' last row (30.1, the engine idle) carries the same areas, though skipping wrote no
+    # row inside the jump; the row at 1.1 carries the prefill's: used 10 x 1.1, reserved 2 x 1.1.
+    frame = engine.recorder.frame()
+    last = frame.iloc[-1]
+    assert last["time_s"] == pytest.approx(30.1, rel=1e-12)
+    assert last["used_token_s"] == pytest.approx(765, rel=1e-12)
+    assert last["reserved_token_s"] == pytest.approx(44.2, rel=1e-12)
+    assert last["free_token_s"] == pytest.approx(3010 - 809.2, rel=1e-12)
+    at_1_1 = frame[np.isclose(frame["time_s"], 1.1)].iloc[0]
+    assert (at_1_1["used_token_s"], at_1_1["reserved_token_s"]) == pytest.approx((11.0, 2.2), rel=1e-12)
+
+
+@pytest.mark.parametrize("policy_name", ["paged", "prefix", "contiguous"])
+def test_area_columns_are_the_exact_integrals_of_single_stepping(policy_name):
+    """At every row of a skipping run, each ``<category>_token_s`` equals the integral from 0 of the
+    category's step function written by single stepping (which has a row at every iteration, so its
+    series is the exact state): the areas hold what skipping wrote no row for (the tokens decoded
+    inside jumps, the blocks taken there)."""
+    pool = PoolSpec(400, 4, 64)
+    requests = [
+        request(index, arrival, prompt, output)
+        for index, (arrival, prompt, output) in enumerate(
+            [(0.0, 10, 30), (0.5, 7, 25), (3.0, 20, 12), (9.0, 5, 40), (9.2, 13, 3), (30.0, 6, 9)]
+        )
+    ]
+    skip = run(policy_name, pool, requests).recorder.frame()
+    single = run(policy_name, pool, requests, step_mode="single").recorder.frame()
+    assert len(single) > len(skip)  # skipping wrote fewer rows
+    single_times = single["time_s"].to_numpy()
+    for category in (
+        "used",
+        "reserved",
+        "internal_fragmentation",
+        "external_fragmentation",
+        "cached",
+        "free",
+    ):
+        values = single[f"{category}_tokens"].to_numpy(dtype=float)
+        integral = np.concatenate([[0.0], np.cumsum(values[:-1] * np.diff(single_times))])
+        # The single run's integral at each skip row's time (rows at the same instant hold no time).
+        at = np.searchsorted(single_times, skip["time_s"].to_numpy(), side="right") - 1
+        expected = integral[at] + values[at] * (skip["time_s"].to_numpy() - single_times[at])
+        np.testing.assert_allclose(skip[f"{category}_token_s"], expected, rtol=1e-12, atol=1e-9)
 
 
 def test_chunked_prefill_jump_by_hand(jump_kinds):

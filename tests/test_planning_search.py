@@ -155,11 +155,9 @@ def test_sizing_a_simulated_cluster_does_not_divide_the_rate():
     assert [r["key"] for r in rank([cluster, single], target=50)] == ["single", "cluster"]
 
 
-def test_steady_window_by_hand():
-    """Ten requests arriving at t = 0..9 s, each 2 s in the system. The window keeps arrivals between
-    the 20 % and 90 % quantiles (1.8 s and 8.1 s), but not before the system has filled: one mean
-    residence time (2 s) after the first arrival. So [2.0, 8.1]: requests 2..8."""
-    requests = pd.DataFrame(
+def ten_requests() -> pd.DataFrame:
+    """Ten requests arriving at t = 0..9 s, each 2 s in the system (test_steady_window_by_hand)."""
+    return pd.DataFrame(
         {
             "arrival_s": [float(t) for t in range(10)],
             "finish_s": [t + 2.0 for t in range(10)],
@@ -175,6 +173,13 @@ def test_steady_window_by_hand():
             "beam_width": [1] * 10,
         }
     )
+
+
+def test_steady_window_by_hand():
+    """Ten requests arriving at t = 0..9 s, each 2 s in the system. The window keeps arrivals between
+    the 20 % and 90 % quantiles (1.8 s and 8.1 s), but not before the system has filled: one mean
+    residence time (2 s) after the first arrival. So [2.0, 8.1]: requests 2..8."""
+    requests = ten_requests()
     # The series: 100 slots, a constant split; blocked by KV memory on [2, 5), max_num_seqs on [5, 6).
     times = [0.0, 2.0, 5.0, 6.0, 12.0]
     series = pd.DataFrame(
@@ -215,6 +220,45 @@ def test_steady_window_by_hand():
     assert got["peak_running"] == 3 and got["window_preemptions"] == 2  # counter 1 at the start, 3 at the end
     # Waiting over the last tenth of the window (7.49-8.1 s: 0) minus over the first (2.0-2.61 s: 1).
     assert got["queue_growth_frac"] == pytest.approx((0.0 - 1.0) / 7)
+
+
+def test_steady_memory_shares_come_from_the_exact_areas():
+    """The window of test_steady_window_by_hand, [2.0, 8.1], over a series whose used tokens grow
+    inside a jump: 60 at t=2, then 70 and 80 at the next iterations (3 and 4 s, no rows), 90 at the
+    jump's end (5 s), 40 from 6 s. Used area from 0: 80 at 2 s, 80 + 60 + 70 + 80 = 290 at 5 s, 380
+    at 6 s, 620 at 12 s, and at 8.1 s 380 + 40 x 2.1 = 464: mean (464 - 80) / 6.1 slots. The
+    trapezoid rule between rows would count (60 + 90) / 2 x 3 = 225 for [2, 5) instead of 210."""
+    times = [0.0, 2.0, 5.0, 6.0, 12.0]
+    used = [40.0, 60.0, 90.0, 40.0, 0.0]
+    used_area = [0.0, 80.0, 290.0, 380.0, 620.0]
+    constant = {"reserved": 10.0, "internal_fragmentation": 5.0, "external_fragmentation": 0.0, "cached": 0.0}
+    series = pd.DataFrame(
+        {
+            "time_s": times,
+            "used_tokens": used,
+            "used_token_s": used_area,
+            **{f"{name}_tokens": [value] * 5 for name, value in constant.items()},
+            **{f"{name}_token_s": [value * t for t in times] for name, value in constant.items()},
+            "free_tokens": [100.0 - 15.0 - u for u in used],
+            "free_token_s": [85.0 * t - a for t, a in zip(times, used_area, strict=True)],
+            "num_requests_running": [2] * 5,
+            "num_sequences_running": [2] * 5,
+            "num_requests_waiting": [0] * 5,
+            "kv_cache_usage_perc": [0.5] * 5,
+            "preemptions": [0] * 5,
+            "admission_blocker": [0] * 5,
+        }
+    )
+    got = steady_metrics(ten_requests(), series, 100, SteadyWindow(0.2, 0.1))
+    assert (got["window_start_s"], got["window_end_s"]) == pytest.approx((2.0, 8.1))
+    assert got["mean_used_frac"] == pytest.approx((464 - 80) / 6.1 / 100, rel=1e-12)
+    assert got["mean_reserved_frac"] == pytest.approx(0.10, rel=1e-12)
+    assert got["mean_free_frac"] == pytest.approx(0.85 - (464 - 80) / 6.1 / 100, rel=1e-12)
+    # Without the area columns (a series written before them) the trapezoid rule is the fallback.
+    legacy = series.drop(columns=[c for c in series.columns if c.endswith("_token_s")])
+    trapezoid = steady_metrics(ten_requests(), legacy, 100, SteadyWindow(0.2, 0.1))["mean_used_frac"]
+    # [2, 5): (60 + 90) / 2 x 3; [5, 6): (90 + 40) / 2; [6, 8.1]: (40 + 0) / 2 x 2.1.
+    assert trapezoid == pytest.approx((225 + 65 + 20 * 2.1) / 6.1 / 100, rel=1e-12)
 
 
 def test_short_probe_keeps_half_its_window():

@@ -22,10 +22,13 @@ import pandas as pd
 from policies.base import PolicyStats
 from sim.outputs.metrics import (
     ADMISSION_BLOCKERS,
+    AREA_COLUMNS,
+    BREAKDOWN_COLUMNS,
     SERIES_COLUMNS,
     Counters,
     RequestRecord,
     averages_from_areas,
+    cumulative_area_at,
 )
 from sim.outputs.sinks import OutputSink, thin
 
@@ -65,7 +68,7 @@ def replica_series(sinks: list[ReplicaSink]) -> pd.DataFrame:
     return frame[["replica", *[name for name in frame.columns if name != "replica"]]]
 
 
-SUMMED = [name for name in SERIES_COLUMNS if name not in ("time_s", "admission_blocker")]
+SUMMED = [name for name in SERIES_COLUMNS if name not in ("time_s", "admission_blocker", *AREA_COLUMNS)]
 
 
 def total_series(per_replica: pd.DataFrame, pool_tokens: int) -> pd.DataFrame:
@@ -75,7 +78,8 @@ def total_series(per_replica: pd.DataFrame, pool_tokens: int) -> pd.DataFrame:
     cluster of one gives its replica's series unchanged."""
     codes = range(1, len(ADMISSION_BLOCKERS))
     times, deltas = [], []
-    for _, frame in per_replica.groupby("replica", sort=True):
+    replicas = [frame for _, frame in per_replica.groupby("replica", sort=True)]
+    for frame in replicas:
         blockers = frame["admission_blocker"].to_numpy()
         # Per blocker code, whether this replica is held back by it: summed, how many replicas are.
         held = np.stack([blockers == code for code in codes], axis=1).astype(np.int64)
@@ -95,6 +99,9 @@ def total_series(per_replica: pd.DataFrame, pool_tokens: int) -> pd.DataFrame:
     total = pd.DataFrame(sums[:, : len(SUMMED)], columns=SUMMED)
     total.insert(0, "time_s", all_times[order][complete])
     total["admission_blocker"] = _most_common_blocker(sums[:, len(SUMMED) : -1])
+    at = total["time_s"].to_numpy()
+    for area, value in zip(AREA_COLUMNS, BREAKDOWN_COLUMNS, strict=True):
+        total[area] = sum(cumulative_area_at(frame, area, value, at) for frame in replicas)
     total = total[list(SERIES_COLUMNS)]
     total["kv_cache_usage_perc"] = 1.0 - (total["free_tokens"] + total["cached_tokens"]) / pool_tokens
     return total

@@ -11,6 +11,8 @@ import argparse
 import sys
 from typing import Any
 
+from policies.base import MemoryBreakdown
+
 Columns = dict[str, tuple[str, str]]
 """column name -> (unit, meaning)."""
 
@@ -204,6 +206,15 @@ TIMESERIES: Columns = {
     "host_loaded_blocks": ("blocks", "Cumulative blocks loaded host -> GPU."),
     "host_offloaded_blocks": ("blocks", "Cumulative blocks written GPU -> host at eviction."),
     "host_evictions": ("blocks", "Cumulative host-tier entries dropped to make room."),
+    **{
+        f"{category}_token_s": (
+            "token-s (slot-seconds)",
+            f"Exact time integral of {category}_tokens from t=0 to this row, including the tokens "
+            "decoded inside event-skipping jumps, which no row shows: a window's mean is the "
+            "difference of two rows' values over the time between them.",
+        )
+        for category in MemoryBreakdown.CATEGORIES
+    },
     "kv_cache_usage_perc": (
         _FRAC,
         "vLLM's gauge `kv_cache_usage_perc`: despite the name a fraction from 0 to 1, not a percentage; "

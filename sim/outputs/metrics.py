@@ -34,6 +34,9 @@ ADMISSION_BLOCKERS = ("none", "kv_memory", "max_num_seqs", "token_budget")
 KV_MEMORY, MAX_NUM_SEQS, TOKEN_BUDGET = 1, 2, 3
 
 BREAKDOWN_COLUMNS = tuple(f"{name}_tokens" for name in MemoryBreakdown.CATEGORIES)
+# The exact time integral of each breakdown category from t=0 to the row, in slot-seconds: a window's
+# mean is the difference of two of them over its length, whatever rows the series holds.
+AREA_COLUMNS = tuple(f"{name}_token_s" for name in MemoryBreakdown.CATEGORIES)
 
 HOST_COLUMNS = (
     "host_cached_tokens",
@@ -69,6 +72,7 @@ STATE_COLUMNS = (
     *HOST_COLUMNS,
 )
 AVERAGED = len(BREAKDOWN_COLUMNS) + 3  # the leading state columns that have time averages
+_CATEGORIES = len(BREAKDOWN_COLUMNS)
 RUNNING = STATE_COLUMNS.index("num_requests_running")
 
 SERIES_COLUMNS = (
@@ -80,6 +84,7 @@ SERIES_COLUMNS = (
     "logical_tokens",
     "admission_blocker",  # index into ADMISSION_BLOCKERS
     *HOST_COLUMNS,
+    *AREA_COLUMNS,
 )
 
 
@@ -131,6 +136,7 @@ class Recorder:
         # writing it into a numpy row; the lists become columns in one conversion per chunk.
         self._times: list[float] = []
         self._states: list[tuple] = []
+        self._row_areas: list[list[float]] = []  # per row, the breakdown's areas up to its time
         self._last_row: tuple | None = None
         # The state in force since ``_since`` (the last observed one), and areas up to ``_since``.
         self._state: tuple | None = None
@@ -156,6 +162,8 @@ class Recorder:
             self.peak_running = running
         self._times.append(time_s)
         self._states.append(state)
+        # (The areas list is replaced, never changed in place, except by add_token_area: a copy.)
+        self._row_areas.append(self._area[:_CATEGORIES])
         if len(self._times) == CHUNK_ROWS:
             self.flush()
 
@@ -177,9 +185,10 @@ class Recorder:
 
     def flush(self) -> None:
         if self._times:
-            self.sink.write_timeseries(self.rows_frame(self._times, self._states))
+            self.sink.write_timeseries(self.rows_frame(self._times, self._states, self._row_areas))
             self._times = []
             self._states = []
+            self._row_areas = []
 
     def time_averages(self, end_s: float) -> dict[str, float]:
         """Time-weighted means over [0, end_s]: breakdown fractions of the pool and mean running."""
@@ -192,15 +201,13 @@ class Recorder:
         tail = max(0.0, end_s - self._since)
         return [value + self._state[index] * tail for index, value in enumerate(self._area)]
 
-    def rows_frame(self, times: list[float], states: list[tuple]) -> pd.DataFrame:
+    def rows_frame(self, times: list[float], states: list[tuple], areas: list[list[float]]) -> pd.DataFrame:
         block = np.array(states, dtype=np.int64).reshape(len(states), len(STATE_COLUMNS))
-        column = {name: index for index, name in enumerate(STATE_COLUMNS)}
-        frame = pd.DataFrame(
-            {
-                name: np.array(times, dtype=np.float64) if name == "time_s" else block[:, column[name]]
-                for name in SERIES_COLUMNS
-            }
-        )
+        area_block = np.array(areas, dtype=np.float64).reshape(len(areas), len(AREA_COLUMNS))
+        columns: dict[str, np.ndarray] = {name: block[:, index] for index, name in enumerate(STATE_COLUMNS)}
+        columns |= {name: area_block[:, index] for index, name in enumerate(AREA_COLUMNS)}
+        columns["time_s"] = np.array(times, dtype=np.float64)
+        frame = pd.DataFrame({name: columns[name] for name in SERIES_COLUMNS})
         idle = frame["free_tokens"] + frame["cached_tokens"]
         # vLLM's metric: evictable cache counts as free.
         frame["kv_cache_usage_perc"] = 1.0 - idle / self.kv_pool_tokens
@@ -227,6 +234,18 @@ def averages_from_areas(area: list[float] | None, end_s: float, kv_pool_tokens: 
     # 1 - physical / logical blocks held by live sequences, both time-averaged.
     result["memory_saved_by_sharing_frac"] = 1 - physical / logical if logical > 0 else 0.0
     return result
+
+
+def cumulative_area_at(series: pd.DataFrame, area: str, value: str, at: np.ndarray) -> np.ndarray:
+    """A series' cumulative ``area`` column at the instants ``at``: exact at its rows, linear in
+    between (exact when the state holds between two rows; inside an event-skipping jump the decoded
+    tokens grow by steps, so off by at most one segment's growth), and after its last row the last
+    state held on."""
+    times = series["time_s"].to_numpy(dtype=float)
+    areas = series[area].to_numpy(dtype=float)
+    inside = np.interp(at, times, areas)
+    after = areas[-1] + series[value].to_numpy(dtype=float)[-1] * (at - times[-1])
+    return np.where(at > times[-1], after, inside)
 
 
 RECORD_FIELDS = tuple(field.name for field in fields(RequestRecord))

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from policies.base import MemoryBreakdown
-from sim.outputs.metrics import ADMISSION_BLOCKERS, summary_key
+from sim.outputs.metrics import ADMISSION_BLOCKERS, cumulative_area_at, summary_key
 
 LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")  # queue: arrival to admission
 
@@ -110,8 +110,9 @@ def _rates(requests: pd.DataFrame, inside: pd.DataFrame, start: float, end: floa
 
 
 def _series_means(timeseries: pd.DataFrame, start: float, end: float, pool_tokens: int) -> dict[str, Any]:
-    """Time-weighted means over [start, end]: token counts grow linearly between samples (the
-    recorder's trapezoid rule); counts and the admission blocker hold their value over an interval."""
+    """Time-weighted means over [start, end]. Memory shares from the recorder's exact areas (the
+    tokens decoded inside event-skipping jumps included); counts and the admission blocker hold
+    their value from one row to the next."""
     times = timeseries["time_s"].to_numpy(dtype=float)
     if len(times) < 2 or end <= start:
         return {}
@@ -121,10 +122,7 @@ def _series_means(timeseries: pd.DataFrame, start: float, end: float, pool_token
     if total <= 0:
         return {}
     weights = weights / total
-    result: dict[str, Any] = {}
-    for category in MemoryBreakdown.CATEGORIES:
-        values = timeseries[f"{category}_tokens"].to_numpy(dtype=float)
-        result[summary_key(category)] = float(((values[:-1] + values[1:]) / 2 * weights).sum()) / pool_tokens
+    result = _memory_shares(timeseries, max(start, times[0]), min(end, times[-1]), weights, pool_tokens)
     for column, name in (
         ("num_requests_running", "mean_running"),
         ("num_sequences_running", "mean_sequences_running"),
@@ -142,6 +140,27 @@ def _series_means(timeseries: pd.DataFrame, start: float, end: float, pool_token
     for code, name in enumerate(ADMISSION_BLOCKERS):
         if code:
             result[f"blocked_by_{name}_frac"] = float(weights[blocker == code].sum())
+    return result
+
+
+def _memory_shares(
+    timeseries: pd.DataFrame, start: float, end: float, weights: np.ndarray, pool_tokens: int
+) -> dict[str, Any]:
+    """Each breakdown category's mean share of the pool over [start, end] (within the series). A
+    series without the area columns (written before they existed) falls back on the trapezoid rule
+    between rows, which misses the steps of single iterations and of the blocks taken inside jumps."""
+    result: dict[str, Any] = {}
+    exact = all(f"{category}_token_s" in timeseries for category in MemoryBreakdown.CATEGORIES)
+    bounds = np.array([start, end])
+    for category in MemoryBreakdown.CATEGORIES:
+        value = f"{category}_tokens"
+        if exact:
+            low, high = cumulative_area_at(timeseries, f"{category}_token_s", value, bounds)
+            mean = (high - low) / (end - start)
+        else:
+            values = timeseries[value].to_numpy(dtype=float)
+            mean = ((values[:-1] + values[1:]) / 2 * weights).sum()
+        result[summary_key(category)] = float(mean) / pool_tokens
     return result
 
 
