@@ -39,14 +39,20 @@ def run_config(
 def interval_frame(timeseries: pd.DataFrame) -> pd.DataFrame:
     """The time series as intervals between consecutive samples.
 
-    Token counts grow between the samples of an event-skipping jump (by the batch every iteration),
-    which the trapezoid rule follows closely (the summary's own time averages are exact); counts of
-    requests change only at events, so they hold their value over the interval."""
+    Token counts are each interval's exact mean, from the recorder's cumulative areas (tokens grow
+    inside an event-skipping jump, by the batch every iteration, and no row shows it); a series
+    without them falls back on the trapezoid rule. Counts of requests change only at events, so
+    they hold their value over the interval."""
     times = timeseries["time_s"].to_numpy(dtype=float)
-    frame = pd.DataFrame({"dt": np.diff(times)})
+    dt = np.diff(times)
+    frame = pd.DataFrame({"dt": dt})
     for column in timeseries.columns:
         values = timeseries[column].to_numpy(dtype=float)
-        if column.endswith("_tokens"):
+        area = column.removesuffix("s") + "_s"  # used_tokens -> used_token_s
+        if column.endswith("_tokens") and area in timeseries:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                frame[column] = np.diff(timeseries[area].to_numpy(dtype=float)) / dt
+        elif column.endswith("_tokens"):
             frame[column] = (values[:-1] + values[1:]) / 2
         else:
             frame[column] = values[:-1]
