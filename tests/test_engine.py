@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from policies import PoolSpec, make_policy
+from policies.base import MemoryBreakdown
 from sim.config import VariantConfig
 from sim.engine.core import Engine, EngineKnobs
 from sim.outputs.metrics import requests_frame
@@ -558,14 +559,7 @@ def test_area_columns_are_the_exact_integrals_of_single_stepping(policy_name):
     single = run(policy_name, pool, requests, step_mode="single").recorder.frame()
     assert len(single) > len(skip)  # skipping wrote fewer rows
     single_times = single["time_s"].to_numpy()
-    for category in (
-        "used",
-        "reserved",
-        "internal_fragmentation",
-        "external_fragmentation",
-        "cached",
-        "free",
-    ):
+    for category in MemoryBreakdown.CATEGORIES:
         values = single[f"{category}_tokens"].to_numpy(dtype=float)
         integral = np.concatenate([[0.0], np.cumsum(values[:-1] * np.diff(single_times))])
         # The single run's integral at each skip row's time (rows at the same instant hold no time).
