@@ -7,7 +7,9 @@ sink (``sim/outputs/sinks.py``) when it is full, so memory holds at most one chu
 Time averages are exact. The state holds its value from one recorded instant to the next; inside an
 event-skipping jump the engine also reports the instants at which the policy changed
 (:meth:`Recorder.observe`, no row written) and the area of the tokens that grow by one per sequence
-and iteration (:meth:`Recorder.add_token_area`), which no row could describe.
+and iteration (:meth:`Recorder.add_token_area`), which no row could describe. Each row also carries
+the breakdown's exact areas from t=0 (:data:`AREA_COLUMNS`), so that a window's mean needs no rule
+between rows (``sim/planning/steady.py``).
 """
 
 from __future__ import annotations
@@ -145,15 +147,9 @@ class Recorder:
 
     def record(self, time_s: float, state: tuple) -> None:
         """``state`` (:data:`STATE_COLUMNS`) holds from ``time_s`` on; a row is written if it changed."""
-        previous = self._state
-        if state == previous:
+        if state == self._state:
             return
-        # observe(), inlined: this runs for every row.
-        elapsed = time_s - self._since
-        if previous is not None and elapsed > 0:
-            self._area = list(map(add, self._area, map(mul, previous, repeat(elapsed, AVERAGED))))
-        self._state = state
-        self._since = time_s
+        self.observe(time_s, state)
         if state == self._last_row:
             return
         self._last_row = state
