@@ -142,9 +142,9 @@ class DecodeClock:
         seq_ids = [seq_id for state in states for seq_id in state.seq_ids]
         tokens = [at_clock - state.synced_clock for state in states for _ in state.seq_ids]
         rooms = self.policy.grow_each(seq_ids, tokens)
-        # The rest of sync and _schedule_flush, inlined: this runs once per block a sequence fills.
+        # The rest of sync, inlined: this runs once per block a sequence fills.
         defer = self.defer_growth
-        buckets = self._flushes
+        schedule = self._schedule_flush
         synced = 0
         first = 0
         for state in states:
@@ -156,14 +156,7 @@ class DecodeClock:
             synced += pending * width
             room = rooms[first] if width == 1 else min(rooms[first : first + width])
             first += width
-            due = at_clock + (room if defer else 0) + 1
-            bucket = buckets.get(due)
-            if bucket is None:
-                buckets[due] = [state]
-                heapq.heappush(self._flush_clocks, due)
-            else:
-                bucket.append(state)
-            state.flush_clock = due
+            schedule(state, at_clock + (room if defer else 0) + 1)
         self._synced_sum += synced
 
     def took_token(self, state: RequestState) -> None:
