@@ -38,7 +38,11 @@ def token_ids(ids: Iterable[int]) -> TokenContent:
 
 
 def content_length(content: Sequence[Segment]) -> int:
-    return sum(length for _, length in content)
+    # A loop, not sum() over a generator: this runs several times per request (a third of the cost).
+    total = 0
+    for _, length in content:
+        total += length
+    return total
 
 
 def validate_content(content: Sequence[Segment], what: str) -> None:

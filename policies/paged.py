@@ -29,6 +29,7 @@ from policies.base import (
     Segment,
     SequenceTable,
     TokenContent,
+    content_length,
     register,
 )
 
@@ -208,7 +209,7 @@ class PagedPolicy(SequenceTable[SequenceState], KVCachePolicy):
 
     def can_admit(self, prompt: TokenContent, final_len: int, namespace: int = 0) -> bool:
         free = len(self.free_queue)
-        if ceil_div(sum(length for _, length in prompt), self.block_size) <= free:
+        if ceil_div(content_length(prompt), self.block_size) <= free:
             return True  # a prefix hit never needs more blocks than the prompt fills: no lookup needed
         return self._blocks_needed_to_admit(prompt, namespace)[0] <= free
 
@@ -321,7 +322,7 @@ class PagedPolicy(SequenceTable[SequenceState], KVCachePolicy):
 
     def _grow(self, seq: SequenceState, num_tokens: int, content: TokenContent | None) -> None:
         self._check_growth(seq.seq_id, num_tokens, seq.num_tokens, seq.final_len)
-        if content is not None and sum(length for _, length in content) != num_tokens:
+        if content is not None and content_length(content) != num_tokens:
             raise PolicyInputError(
                 f"sequence {seq.seq_id}: content holds a different number of tokens than {num_tokens}"
             )
@@ -389,7 +390,7 @@ class PagedPolicy(SequenceTable[SequenceState], KVCachePolicy):
     # ------------------------------------------------------------------- hooks the prefix policy overrides
     def _blocks_needed_to_admit(self, prompt: TokenContent, namespace: int) -> tuple[int, list[int]]:
         """Free-queue blocks an admission consumes, and the cached blocks it would reuse."""
-        return ceil_div(sum(length for _, length in prompt), self.block_size), []
+        return ceil_div(content_length(prompt), self.block_size), []
 
     def _host_hits(
         self, prompt: TokenContent, prompt_len: int, hit_blocks: list[int], namespace: int

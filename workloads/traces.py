@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -197,6 +198,16 @@ class _BadRow(Exception):
 
 def _count(value: Any, name: str) -> int:
     """A token count from a CSV cell or JSON value: a positive integer (``12`` or ``12.0``)."""
+    if value.__class__ is str or value.__class__ is int:
+        # The common case, once per field of every row: int() accepts exactly what the general path
+        # would after its strip(); anything else ("12.0", "", "x") takes the general path.
+        try:
+            number = int(value)
+        except ValueError:
+            pass
+        else:
+            if number > 0:
+                return number
     if isinstance(value, bool) or value is None:
         raise _BadRow("non_numeric", f"{name} is {value!r}, not a number")
     if isinstance(value, int):
@@ -243,13 +254,6 @@ def _hash_list(value: Any, name: str) -> list[Hashable]:
         else:
             out.append(item)
     return out
-
-
-def _cell_getter(cells: list[str], position: dict[str, int]) -> Callable[[str], str]:
-    def get(name: str) -> str:
-        return cells[position[name]]
-
-    return get
 
 
 class _ArrivalParser:
@@ -323,18 +327,32 @@ class TraceReader:
                 stacklevel=3,
             )
 
-    def _row(self, line: int, get: Callable[[str], Any]) -> TraceRow:
+    def _picker(self, key: Callable[[str], Any]) -> Callable[[Any], tuple]:
+        """One C call that takes a row's raw fields (CSV cells or a JSON object) in the order
+        :meth:`_row` reads them: prompt, output, then arrival, hash ids and session where the file
+        has them. ``key``: a field name -> its index in the row (or the name itself)."""
         fields = self.fields
-        prompt_len = _count(get(fields.prompt_len), fields.prompt_len)
-        output_len = _count(get(fields.output_len), fields.output_len)
-        arrival_s = self.arrivals(get(fields.arrival)) if fields.arrival else math.nan
+        optional = (fields.arrival, fields.hash_ids, fields.session)
+        names = [fields.prompt_len, fields.output_len, *(name for name in optional if name)]
+        return itemgetter(*(key(name) for name in names))
+
+    def _row(self, line: int, values: tuple) -> TraceRow:
+        fields = self.fields
+        prompt_len = _count(values[0], fields.prompt_len)
+        output_len = _count(values[1], fields.output_len)
+        next_value = 2
+        arrival_s = math.nan
+        if fields.arrival:
+            arrival_s = self.arrivals(values[next_value])
+            next_value += 1
         hash_ids = None
         if fields.hash_ids:
-            hash_ids = _hash_list(get(fields.hash_ids), fields.hash_ids)
+            hash_ids = _hash_list(values[next_value], fields.hash_ids)
+            next_value += 1
             self._check_hashes(hash_ids, prompt_len, line)
         session = None
         if fields.session:
-            raw = get(fields.session)
+            raw = values[next_value]
             if isinstance(raw, str):
                 raw = raw.strip()
             if isinstance(raw, list | dict):
@@ -402,6 +420,7 @@ class TraceReader:
                 if any(name not in position for name in self.fields.names):
                     raise self._missing(header, "column")
                 width = len(header)
+                pick = self._picker(position.__getitem__)
                 data_rows = 0
                 for cells in reader:
                     line = reader.line_num
@@ -414,7 +433,7 @@ class TraceReader:
                     try:
                         if len(cells) != width:
                             raise _BadRow("field_count", f"expected {width} fields, found {len(cells)}")
-                        yield self._row(line, _cell_getter(cells, position))
+                        yield self._row(line, pick(cells))
                     except _BadRow as error:
                         self._bad(error, line)
             except csv.Error as error:
@@ -428,6 +447,7 @@ class TraceReader:
     def _jsonl_rows(self) -> Iterator[TraceRow]:
         checked = False
         data_rows = 0
+        pick = self._picker(lambda name: name)
         with open(self.path, "rb") as handle:
             for line, raw in enumerate(handle, start=1):
                 if not raw.strip():
@@ -452,7 +472,7 @@ class TraceReader:
                             raise self._missing(list(record), "field", line)
                         raise _BadRow("missing_field", f"missing field(s) {', '.join(map(repr, missing))}")
                     checked = True
-                    yield self._row(line, record.__getitem__)
+                    yield self._row(line, pick(record))
                 except _BadRow as error:
                     self._bad(error, line)
         if data_rows == 0:
@@ -763,8 +783,8 @@ class TraceWorkload(Workload):
         """Samples 1..n-1 spread around the traced length (``sample_length_sigma``), within
         ``max_model_len`` when one is set."""
         cfg = self.config
-        if cfg.sample_lengths == "identical":
-            return request
+        if request.n <= 1 or cfg.sample_lengths == "identical":
+            return request  # (one sample: nothing to spread, and no closure to build for every row)
         cap = (cfg.max_model_len or 1 << 62) - request.prompt_len
         traced = request.output_len
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from policies.base import ChildSpec, KVCachePolicy, OutOfKVMemory, TokenContent
+from policies.base import ChildSpec, KVCachePolicy, OutOfKVMemory, TokenContent, content_length
 from sim.costs.core import CostModel
 from sim.engine.arrivals import Arrivals
 from sim.engine.decoding import NEVER, DecodeClock, RequestState
@@ -703,7 +703,7 @@ class Engine:
             if (
                 not self.knobs.enable_chunked_prefill
                 and not state.swapped_tokens
-                and sum(length for _, length in content) > budget
+                and content_length(content) > budget
             ):
                 # vLLM: without chunked prefill a prompt waits until one iteration's budget holds it.
                 # Only a smaller decode batch or an unspent budget can change that.
@@ -734,7 +734,7 @@ class Engine:
             self._running_seqs += 1
             state.unforked = state.width - 1
             self._unforked_seqs += state.unforked
-            total = sum(length for _, length in content)
+            total = content_length(content)
             if state.swapped_tokens:
                 swap_in_blocks += -(-state.swapped_tokens // self.block_size)
                 self._host_tokens_used -= state.swapped_tokens
@@ -761,7 +761,7 @@ class Engine:
             return False
         if self.knobs.watermark <= 0:
             return True
-        prompt_slots = -(-sum(length for _, length in content) // self.block_size) * self.block_size
+        prompt_slots = -(-content_length(content) // self.block_size) * self.block_size
         return self.policy.available_slots() - prompt_slots >= self.knobs.watermark * self.policy.pool_slots
 
     def _handle_admission_failure(self, state: RequestState) -> bool:

@@ -15,8 +15,8 @@ between rows (``sim/planning/steady.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from itertools import repeat
-from operator import add, mul
+from itertools import chain, repeat
+from operator import add, attrgetter, mul
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -198,8 +198,13 @@ class Recorder:
         return [value + self._state[index] * tail for index, value in enumerate(self._area)]
 
     def rows_frame(self, times: list[float], states: list[tuple], areas: list[list[float]]) -> pd.DataFrame:
-        block = np.array(states, dtype=np.int64).reshape(len(states), len(STATE_COLUMNS))
-        area_block = np.array(areas, dtype=np.float64).reshape(len(areas), len(AREA_COLUMNS))
+        # fromiter over the flattened rows: half the time of np.array's nested-sequence discovery.
+        block = np.fromiter(
+            chain.from_iterable(states), dtype=np.int64, count=len(states) * len(STATE_COLUMNS)
+        ).reshape(len(states), len(STATE_COLUMNS))
+        area_block = np.fromiter(
+            chain.from_iterable(areas), dtype=np.float64, count=len(areas) * len(AREA_COLUMNS)
+        ).reshape(len(areas), len(AREA_COLUMNS))
         columns: dict[str, np.ndarray] = {name: block[:, index] for index, name in enumerate(STATE_COLUMNS)}
         columns |= {name: area_block[:, index] for index, name in enumerate(AREA_COLUMNS)}
         columns["time_s"] = np.array(times, dtype=np.float64)
@@ -245,11 +250,23 @@ def cumulative_area_at(series: pd.DataFrame, area: str, value: str, at: np.ndarr
 
 
 RECORD_FIELDS = tuple(field.name for field in fields(RequestRecord))
+# Numeric fields' dtypes (annotations are strings here): their columns are built without inference.
+_RECORD_DTYPES = {
+    field.name: {"int": np.int64, "float": np.float64}.get(str(field.type)) for field in fields(RequestRecord)
+}
 
 
 def requests_frame(records: list[RequestRecord]) -> pd.DataFrame:
-    # Column by column: building a dict per record costs more than the engine run itself.
-    frame = pd.DataFrame({name: [getattr(record, name) for record in records] for name in RECORD_FIELDS})
+    # Column by column (a dict per record costs more than the engine run itself), and numeric
+    # columns straight into typed arrays: pandas' inference over lists is most of the rest.
+    columns: dict[str, object] = {}
+    for name in RECORD_FIELDS:
+        dtype = _RECORD_DTYPES[name]
+        values = map(attrgetter(name), records)
+        columns[name] = (
+            list(values) if dtype is None else np.fromiter(values, dtype=dtype, count=len(records))
+        )
+    frame = pd.DataFrame(columns)
     frame["ttft_s"] = frame["first_token_s"] - frame["arrival_s"]
     frame["e2e_s"] = frame["finish_s"] - frame["arrival_s"]
     decode_tokens = (frame["output_tokens"] - 1).where(frame["output_tokens"] > 1)
