@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import sim.outputs.metrics
-from sim.outputs.metrics import SERIES_COLUMNS, STATE_COLUMNS, Recorder
+from sim.outputs.metrics import AREA_COLUMNS, SERIES_COLUMNS, STATE_COLUMNS, Recorder
 from sim.outputs.sinks import MemorySink
 
 
@@ -49,3 +51,83 @@ def test_full_chunks_go_to_the_sink(monkeypatch):
         recorder.record(float(step), state(step, 100 - step))
     assert len(sink._series) == 2  # two chunks of 3 rows handed over, one row still buffered
     assert recorder.frame()["used_tokens"].tolist() == list(range(7))
+
+
+class _OneAdditionPerEvent:
+    """The areas as the recorder defines them, one Python addition per event in event order: an
+    observation adds the state before it times the time since; a token area moves slot-seconds
+    from reserved to used. Rows take the areas at their observation."""
+
+    def __init__(self) -> None:
+        self.area = [0.0] * 6
+        self.state: tuple | None = None
+        self.since = 0.0
+        self.row_areas: list[list[float]] = []
+        self.last_row: tuple | None = None
+
+    def observe(self, time_s: float, state: tuple) -> None:
+        if self.state is not None and time_s > self.since:
+            self.area = [
+                value + self.state[index] * (time_s - self.since) for index, value in enumerate(self.area)
+            ]
+        self.state, self.since = state, time_s
+
+    def tokens(self, slot_seconds: float) -> None:
+        self.area[0] += slot_seconds
+        self.area[1] -= slot_seconds
+
+
+def _replay(events: list) -> tuple[Recorder, _OneAdditionPerEvent]:
+    recorder = Recorder(100, MemorySink())
+    reference = _OneAdditionPerEvent()
+    now = 0.0
+    for kind, step, used, slot_seconds in events:
+        now += step
+        if kind == "tokens":
+            recorder.add_token_area(slot_seconds)
+            reference.tokens(slot_seconds)
+            continue
+        current = state(used, 100 - used - 7, waiting=int(now))
+        if kind == "observe":
+            recorder.observe(now, current)
+            reference.observe(now, current)
+        elif current != reference.state:  # record(): an unchanged state is no event
+            recorder.record(now, current)
+            reference.observe(now, current)
+            if current != reference.last_row:
+                reference.last_row = current
+                reference.row_areas.append(list(reference.area))
+    return recorder, reference
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(
+            st.sampled_from(["record", "observe", "tokens"]),
+            st.floats(0.0, 3.0, allow_nan=False),  # time step (0: same instant)
+            st.integers(0, 100),  # used
+            st.floats(0.001, 50.0, allow_nan=False),  # token slot-seconds
+        ),
+        max_size=40,
+    ),
+    chunk=st.integers(1, 5),
+)
+def test_folded_areas_equal_one_addition_per_event_bit_for_bit(events, chunk):
+    """Whatever the chunk size (folds anywhere, between an observation and its row too), every
+    row's areas and the final areas equal the event-by-event sums exactly, not approximately."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sim.outputs.metrics, "CHUNK_ROWS", chunk)
+        recorder, reference = _replay(events)
+    frame = recorder.frame()
+    areas = frame[list(AREA_COLUMNS)].to_numpy().tolist() if len(frame) else []
+    assert areas == reference.row_areas
+    end = reference.since + 1.0
+    expected = None
+    if reference.state is not None:
+        expected = [
+            value + reference.state[index] * (end - reference.since)
+            for index, value in enumerate(reference.area)
+        ]
+    got = recorder.areas(end)
+    assert (got[:6] if got is not None else None) == expected
