@@ -1,15 +1,17 @@
 """Recording what the engine does: per-request records, a state time series, exact time averages.
 
 The engine hands the recorder the state after every event as one tuple (:data:`STATE_COLUMNS`). A
-row is written only when the state changed, into a preallocated numpy buffer that goes to the output
-sink (``sim/outputs/sinks.py``) when it is full, so memory holds at most one chunk of rows whatever the run.
+row is written only when the state changed, into a buffer that goes to the output sink
+(``sim/outputs/sinks.py``) one chunk at a time, so memory holds at most one chunk of rows whatever the
+run.
 
 Time averages are exact. The state holds its value from one recorded instant to the next; inside an
 event-skipping jump the engine also reports the instants at which the policy changed
 (:meth:`Recorder.observe`, no row written) and the area of the tokens that grow by one per sequence
 and iteration (:meth:`Recorder.add_token_area`), which no row could describe. Each row also carries
 the breakdown's exact areas from t=0 (:data:`AREA_COLUMNS`), so that a window's mean needs no rule
-between rows (``sim/planning/steady.py``).
+between rows (``sim/planning/steady.py``). The areas are summed one chunk of events at a time, in
+event order, with numpy (:meth:`Recorder._fold`): the same additions as one per event, bit for bit.
 """
 
 from __future__ import annotations
