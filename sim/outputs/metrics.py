@@ -300,9 +300,11 @@ def cumulative_area_at(series: pd.DataFrame, area: str, value: str, at: np.ndarr
 
 
 RECORD_FIELDS = tuple(field.name for field in fields(RequestRecord))
-# Numeric fields' dtypes (annotations are strings here): their columns are built without inference.
+# Numeric fields' dtypes: their columns are built without inference. (An annotation is a string
+# under postponed evaluation, a class without it: either names the type.)
 _RECORD_DTYPES = {
-    field.name: {"int": np.int64, "float": np.float64}.get(str(field.type)) for field in fields(RequestRecord)
+    field.name: {"int": np.int64, "float": np.float64}.get(getattr(field.type, "__name__", str(field.type)))
+    for field in fields(RequestRecord)
 }
 
 
