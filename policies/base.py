@@ -11,7 +11,7 @@ Vocabulary (see ``design.md``): a *slot* holds one token's K and V in every laye
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar, Generic, Protocol, TypeVar
 
@@ -428,9 +428,9 @@ class SequenceLengths(Protocol):
 SequenceT = TypeVar("SequenceT", bound=SequenceLengths)
 
 
-class SequenceTable(Generic[SequenceT]):
-    """The per-sequence queries of a policy that keeps its live sequences in ``self.sequences`` by id
-    (list it before :class:`KVCachePolicy` among the bases)."""
+class SequenceTable(KVCachePolicy, Generic[SequenceT]):
+    """A policy that keeps its live sequences in ``self.sequences`` by id: the per-sequence queries.
+    (A base class, not a mixin: a compiled build allows single inheritance only.)"""
 
     sequences: dict[int, SequenceT]
 
@@ -462,15 +462,13 @@ class SequenceTable(Generic[SequenceT]):
 _REGISTRY: dict[str, type[KVCachePolicy]] = {}
 
 
-def register(name: str) -> Callable[[type[KVCachePolicy]], type[KVCachePolicy]]:
-    def decorate(cls: type[KVCachePolicy]) -> type[KVCachePolicy]:
-        if name in _REGISTRY:
-            raise ValueError(f"policy name {name!r} registered twice")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return decorate
+def register(name: str, cls: type[KVCachePolicy]) -> None:
+    """Make ``cls`` the policy that configs name ``name``. (A call after the class, not a class
+    decorator: a decorated class could not be compiled into a native class.)"""
+    if name in _REGISTRY:
+        raise ValueError(f"policy name {name!r} registered twice")
+    cls.name = name
+    _REGISTRY[name] = cls
 
 
 def policy_names() -> list[str]:

@@ -76,7 +76,6 @@ class _Sequence:
     length: int
 
 
-@register("contiguous")
 class ContiguousPolicy(KVCachePolicy):
     """One contiguous region per sequence; see the module docstring."""
 
@@ -274,3 +273,6 @@ class ContiguousPolicy(KVCachePolicy):
 
     def live_sequences(self) -> Iterable[int]:
         return list(self._sequences)
+
+
+register("contiguous", ContiguousPolicy)

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from policies.base import (
     NO_HIT,
     ChildSpec,
-    KVCachePolicy,
     OutOfKVMemory,
     PolicyInputError,
     PoolSpec,
@@ -176,8 +175,7 @@ class SequenceState:
     lazy_cached_blocks: int = 0
 
 
-@register("paged")
-class PagedPolicy(SequenceTable[SequenceState], KVCachePolicy):
+class PagedPolicy(SequenceTable[SequenceState]):
     """PagedAttention block tables without sharing: O(1) allocation and free per block."""
 
     _SHARES_BLOCKS = False  # True: blocks are shared (prefix cache, forks): the sharing hooks run
@@ -539,3 +537,6 @@ class PagedPolicy(SequenceTable[SequenceState], KVCachePolicy):
     def _index_of(self, seq: SequenceState) -> int:
         """Index of the sequence's last block: the only one that can be partly filled."""
         return len(seq.block_table) - 1
+
+
+register("paged", PagedPolicy)

@@ -175,7 +175,6 @@ def block_contents(
             yield (block_pieces(segments, segment_ends, start, end),)
 
 
-@register("prefix")
 class PrefixCachingPolicy(PagedPolicy):
     """Paged blocks shared by prefix (cache key) and by fork, with LRU eviction of cached blocks."""
 
@@ -609,3 +608,6 @@ def _truncate(content: TokenContent, num_tokens: int) -> TokenContent:
         out.append((content_id, min(length, remaining)))
         remaining -= length
     return tuple(out)
+
+
+register("prefix", PrefixCachingPolicy)

@@ -54,7 +54,6 @@ from policies._radix_tree import Key, RadixNode, RadixTree
 from policies.base import (
     NO_HIT,
     ChildSpec,
-    KVCachePolicy,
     PolicyInputError,
     PoolSpec,
     PrefixHit,
@@ -109,8 +108,7 @@ class RadixSequence:
         return block_pieces(self.segments, self.segment_ends, 0, num_tokens)
 
 
-@register("radix")
-class RadixPolicy(SequenceTable[RadixSequence], KVCachePolicy):
+class RadixPolicy(SequenceTable[RadixSequence]):
     """SGLang's radix-tree prefix cache; see the module docstring."""
 
     @classmethod
@@ -327,3 +325,6 @@ class RadixPolicy(SequenceTable[RadixSequence], KVCachePolicy):
         self._own_slots += sign * own_slots
         self._own_target += sign * min(own_slots, seq.final_len - seq.tree_len)
         self._tree_tokens_held += sign * seq.tree_len
+
+
+register("radix", RadixPolicy)

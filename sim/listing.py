@@ -84,7 +84,7 @@ def policy_option_lines(name: str) -> list[str]:
     cls = policy_class(name)
     values = getattr(cls, "OPTION_VALUES", {})
     lines = []
-    for parameter in list(inspect.signature(cls.__init__).parameters.values())[2:]:
+    for parameter in list(inspect.signature(cls).parameters.values())[1:]:  # after the pool
         if callable(parameter.default):
             continue  # a Python-only hook (a callable) cannot come from YAML
         choice = f" ({' | '.join(values[parameter.name])})" if parameter.name in values else ""

@@ -344,8 +344,8 @@ def _cluster_key(config: ExperimentConfig, index: int, name: str) -> str:
 
 def policy_options(name: str) -> list[str]:
     """The options a policy takes (its constructor's keyword arguments after the pool)."""
-    parameters = list(inspect.signature(policy_class(name).__init__).parameters)
-    return [parameter for parameter in parameters if parameter not in ("self", "pool")]
+    # The class's signature, not its __init__'s: a compiled class's __init__ shows only *args, **kwargs.
+    return list(inspect.signature(policy_class(name)).parameters)[1:]
 
 
 def check_engine(

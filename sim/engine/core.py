@@ -46,6 +46,7 @@ from policies.base import ChildSpec, KVCachePolicy, OutOfKVMemory, TokenContent,
 from sim.costs.core import CostModel
 from sim.engine.arrivals import Arrivals
 from sim.engine.decoding import NEVER, DecodeClock, RequestState
+from sim.engine.errors import EngineStalled
 from sim.engine.event_skip import JumpTimeline, iterations_to_reach
 from sim.outputs.metrics import (
     CHUNK_ROWS,
@@ -90,10 +91,6 @@ def fewer_collections(first_generation: int = 10_000) -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(*thresholds)
-
-
-class EngineStalled(RuntimeError):
-    """The engine reached a state in which nothing can ever progress (a bug or an impossible config)."""
 
 
 # Why the admission loop of an iteration stopped: what the next iterations' admissions depend on.
