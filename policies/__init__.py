@@ -1,5 +1,6 @@
 """KV-cache allocation policies. Importing the package registers every policy by name."""
 
+import sim  # noqa: F401, I001  (first: it activates the compiled build of the policies, if any)
 from policies import contiguous as _contiguous  # noqa: F401  (registers "contiguous")
 from policies import paged as _paged  # noqa: F401  (registers "paged")
 from policies import prefix as _prefix  # noqa: F401  (registers "prefix")

@@ -10,10 +10,12 @@ Vocabulary (see ``design.md``): a *slot* holds one token's K and V in every laye
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar, Generic, Protocol, TypeVar
+
+from mypy_extensions import mypyc_attr
 
 from policies._host_tier import HostTier
 
@@ -134,6 +136,7 @@ class PoolSpec:
         return self.kv_pool_tokens // self.block_size
 
 
+@mypyc_attr(native_class=False)  # a plain class when compiled: mypyc would take CATEGORIES for a field
 @dataclass(frozen=True)
 class MemoryBreakdown:
     """Where every slot of the pool is, in slots. Sums to ``pool_slots`` exactly.
@@ -205,7 +208,10 @@ class ChildSpec:
     output_content_id: int
 
 
-class KVCachePolicy(ABC):
+# Not an ABC: compiled by mypyc, ABCs share one isinstance cache (a negative answer for one policy
+# class would then poison the others); register() checks the abstract methods instead.
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled, it still takes policies written in Python
+class KVCachePolicy:
     """A KV-cache allocator. Every method either succeeds or raises and leaves the state unchanged.
 
     Lengths are in tokens (= slots). ``final_len`` is the length the sequence will reach when it
@@ -428,6 +434,7 @@ class SequenceLengths(Protocol):
 SequenceT = TypeVar("SequenceT", bound=SequenceLengths)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SequenceTable(KVCachePolicy, Generic[SequenceT]):
     """A policy that keeps its live sequences in ``self.sequences`` by id: the per-sequence queries.
     (A base class, not a mixin: a compiled build allows single inheritance only.)"""
@@ -462,11 +469,35 @@ class SequenceTable(KVCachePolicy, Generic[SequenceT]):
 _REGISTRY: dict[str, type[KVCachePolicy]] = {}
 
 
+# The methods every policy implements (its @abstractmethod ones; tests/test_policy_api.py keeps the
+# list in step with the decorators).
+ABSTRACT_METHODS = (
+    "_has_sequence",
+    "admit",
+    "available_slots",
+    "breakdown_values",
+    "can_admit",
+    "final_len",
+    "fork",
+    "free",
+    "grow",
+    "growth_room",
+    "live_sequences",
+    "seq_len",
+    "slots_needed_to_grow",
+)
+
+
 def register(name: str, cls: type[KVCachePolicy]) -> None:
     """Make ``cls`` the policy that configs name ``name``. (A call after the class, not a class
     decorator: a decorated class could not be compiled into a native class.)"""
     if name in _REGISTRY:
         raise ValueError(f"policy name {name!r} registered twice")
+    missing = [
+        method for method in ABSTRACT_METHODS if getattr(cls, method) is getattr(KVCachePolicy, method)
+    ]
+    if missing:
+        raise TypeError(f"policy {cls.__name__} ({name!r}) does not implement {', '.join(missing)}")
     cls.name = name
     _REGISTRY[name] = cls
 

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from policies._free_space import BuddySpace, FreeSpace, HoleSpace, ceil_pow2
 from policies.base import (
@@ -79,7 +80,7 @@ class _Sequence:
 class ContiguousPolicy(KVCachePolicy):
     """One contiguous region per sequence; see the module docstring."""
 
-    OPTION_VALUES = {"reservation": RESERVATIONS, "placement": PLACEMENTS}  # for `kvsim policies`
+    OPTION_VALUES: ClassVar = {"reservation": RESERVATIONS, "placement": PLACEMENTS}  # for `kvsim policies`
 
     @classmethod
     def pool_slots_from_memory(cls, memory_slots: int, block_size: int, options: Mapping[str, object]) -> int:
@@ -87,18 +88,12 @@ class ContiguousPolicy(KVCachePolicy):
         must not shrink it (OPT-13B with 12 GiB: 15,728 slots at any block size)."""
         return memory_slots
 
-    def __init__(self, pool: PoolSpec, reservation: str = "max", placement: str = "first_fit"):
+    # The options are typed ``object``: they come from YAML, and a compiled build would refuse a
+    # value of another type with a bare TypeError before this could name the option.
+    def __init__(self, pool: PoolSpec, reservation: object = "max", placement: object = "first_fit"):
         super().__init__(pool)
-        if reservation not in RESERVATIONS:
-            raise PolicyInputError(
-                f"contiguous: unknown reservation {reservation!r}; valid values: {', '.join(RESERVATIONS)}"
-            )
-        if placement not in PLACEMENTS:
-            raise PolicyInputError(
-                f"contiguous: unknown placement {placement!r}; valid values: {', '.join(PLACEMENTS)}"
-            )
-        self.reservation = reservation
-        self.placement = placement
+        self.reservation = _choice("reservation", reservation, RESERVATIONS)
+        self.placement = _choice("placement", placement, PLACEMENTS)
         self._space: FreeSpace = (
             BuddySpace(pool.kv_pool_tokens)
             if placement == "buddy"
@@ -273,6 +268,12 @@ class ContiguousPolicy(KVCachePolicy):
 
     def live_sequences(self) -> Iterable[int]:
         return list(self._sequences)
+
+
+def _choice(option: str, value: object, valid: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in valid:
+        raise PolicyInputError(f"contiguous: unknown {option} {value!r}; valid values: {', '.join(valid)}")
+    return value
 
 
 register("contiguous", ContiguousPolicy)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from policies.base import (
     NO_HIT,
@@ -51,9 +52,10 @@ class FreeBlockQueue:
     entries are in the order it was freed, and all but its last are stale, so the head skips
     exactly as many of a block's entries as it has stale ones."""
 
-    COMPACT_AFTER = 1024  # stale entries (at least) before the deque is rebuilt without them
+    COMPACT_AFTER: ClassVar[int] = 1024  # stale entries (at least) before the deque is rebuilt without them
 
-    def __init__(self, block_ids: Iterable[int]):
+    def __init__(self, block_ids: Iterable[int], compact_after: int = COMPACT_AFTER):
+        self.compact_after = compact_after
         self._blank: list[int] = list(block_ids)[::-1]  # its end is the head of the queue
         self._cached: deque[int] = deque()
         self._cached_count = 0  # live entries of _cached
@@ -135,7 +137,7 @@ class FreeBlockQueue:
         self._stale[block_id] = self._stale.get(block_id, 0) + 1
         self._cached_count -= 1
         self._stale_entries += 1
-        if self._stale_entries > max(self.COMPACT_AFTER, self._cached_count):
+        if self._stale_entries > max(self.compact_after, self._cached_count):
             # Hits without evictions would grow the deque without bound: drop the stale entries
             # (linear, once per as many hits as live entries).
             self._cached = deque(self._live_cached())

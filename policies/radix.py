@@ -118,7 +118,7 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         page_size = page_size_option(options.get("page_size", 1))
         return memory_slots // page_size * page_size
 
-    def __init__(self, pool: PoolSpec, page_size: int = 1):
+    def __init__(self, pool: PoolSpec, page_size: object = 1):  # object: checked here (see contiguous)
         super().__init__(pool)
         self.page_size = page_size_option(page_size)
         if self.page_size > pool.kv_pool_tokens:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,7 +12,7 @@ import pytest
 from policies import PoolSpec, make_policy
 from policies.base import MemoryBreakdown
 from sim.config import VariantConfig
-from sim.engine.core import Engine, EngineKnobs
+from sim.engine.core import Engine, EngineKnobs, JumpCounts
 from sim.outputs.metrics import requests_frame
 from sim.runner import summarize
 from tests.engine_helpers import RoundCostModel, request
@@ -41,7 +40,15 @@ def rows(engine, *extra):
 
 
 def times(engine):
-    return {r.request_id: (r.admitted_s, r.first_token_s, r.finish_s, r.outcome) for r in engine.records}
+    """Each request's times and outcome; NaN (never admitted, never finished) as None: tuples compare
+    NaN by identity, which compiled code (sim.native) does not keep."""
+    return {
+        r.request_id: tuple(
+            None if value != value else value for value in (r.admitted_s, r.first_token_s, r.finish_s)
+        )
+        + (r.outcome,)
+        for r in engine.records
+    }
 
 
 @pytest.mark.parametrize("step_mode", ["single", "skip"])
@@ -147,7 +154,7 @@ def test_contiguous_max_reservation_oom_story(on_oom):
     assert got[0] == pytest.approx((0.0, 1.2, 2.2, "finished"))
     assert got[1] == pytest.approx((0.0, 1.2, 2.2, "finished"))
     if on_oom == "fail":
-        assert got[2][3] == "failed_oom" and math.isnan(got[2][0])
+        assert got[2][3] == "failed_oom" and got[2][0] is None  # never admitted
     else:
         # Waits for the two to finish at 2.2, prefills (1.0 + 0.1), decodes one more step.
         assert got[2] == pytest.approx((2.2, 3.3, 4.3, "finished"))
@@ -310,30 +317,10 @@ def assert_same_results(single, skip):
         assert averages_skip[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
 
 
-@pytest.fixture
-def jump_kinds(monkeypatch):
-    """Counts the wake-ups of skip-mode runs by what they jumped over."""
-    counts: Counter[str] = Counter()
-    plan = Engine._plan_jump
-
-    def counting(self, first_s):
-        jump = plan(self, first_s)
-        if jump is None:
-            counts["single"] += 1
-        else:
-            counts["prefill" if jump.chunks else "decode"] += 1
-            if jump.grows:
-                counts["growth inside"] += 1
-        return jump
-
-    monkeypatch.setattr(Engine, "_plan_jump", counting)
-    return counts
-
-
 @pytest.mark.parametrize(("policy", "options"), POLICIES)
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 @pytest.mark.parametrize("seed", [1, 2])
-def test_event_skipping_equals_single_stepping(policy, options, scenario, seed, jump_kinds):
+def test_event_skipping_equals_single_stepping(policy, options, scenario, seed):
     pool, knobs, shape = SCENARIOS[scenario]
     requests = random_requests(seed, 50, **shape)
     run_both = {
@@ -351,11 +338,12 @@ def test_event_skipping_equals_single_stepping(policy, options, scenario, seed, 
     }
     assert_same_results(run_both["single"], run_both["skip"])
     assert len(rows(run_both["skip"])) < len(rows(run_both["single"]))
-    assert jump_kinds["decode"] > 0
+    jumps = run_both["skip"].jumps
+    assert jumps.decode > 0
     if scenario == "chunked":
-        assert jump_kinds["prefill"] > 0
+        assert jumps.prefill > 0
     if scenario in ("chunked", "roomy") and policy != "contiguous":
-        assert jump_kinds["growth inside"] > 0
+        assert jumps.with_growth > 0
 
 
 @pytest.mark.parametrize(("policy", "options"), POLICIES[:3])
@@ -511,7 +499,7 @@ def test_streamed_outputs_equal_in_memory_outputs(tmp_path, monkeypatch, fmt):
 
 
 @pytest.mark.parametrize("step_mode", ["single", "skip"])
-def test_time_averages_across_a_jump_that_takes_blocks_by_hand(step_mode, jump_kinds):
+def test_time_averages_across_a_jump_that_takes_blocks_by_hand(step_mode):
     """Prompt 10, output 30 (final 40 = 10 blocks of 4), pool 100 slots; decode steps 1 s.
 
     [0, 1.1): prefill (1.0 + 0.1 s), 3 blocks: used 10, allocated 12. Then 29 decode iterations of
@@ -529,7 +517,7 @@ def test_time_averages_across_a_jump_that_takes_blocks_by_hand(step_mode, jump_k
     assert engine.counters.iterations == 30 and engine.counters.output_tokens == 30
     if step_mode == "skip":
         # The prefill, the first decode iteration (the first token was grown on its own), one jump.
-        assert jump_kinds == {"single": 1, "decode": 1, "growth inside": 1}
+        assert engine.jumps == JumpCounts(single=1, decode=1, with_growth=1)
     # The series' last row (30.1, the engine idle) carries the same areas, though skipping wrote no
     # row inside the jump; the row at 1.1 carries the prefill's: used 10 x 1.1, reserved 2 x 1.1.
     frame = engine.recorder.frame()
@@ -568,7 +556,7 @@ def test_area_columns_are_the_exact_integrals_of_single_stepping(policy_name):
         np.testing.assert_allclose(skip[f"{category}_token_s"], expected, rtol=1e-12, atol=1e-9)
 
 
-def test_chunked_prefill_jump_by_hand(jump_kinds):
+def test_chunked_prefill_jump_by_hand():
     """A 100-token prompt alone, 30 tokens per iteration: chunks 30, 30, 30, 10; no decode batch, so
     each iteration costs the decode intercept (1 s) plus 0.01 s per prefilled token. The first token
     comes at 1.3 + 1.3 + 1.3 + 1.1 = 5.0 s, after one wake-up that jumps over the last three."""
@@ -577,7 +565,7 @@ def test_chunked_prefill_jump_by_hand(jump_kinds):
     assert record.first_token_s == pytest.approx(5.0, rel=1e-12)
     assert record.finish_s == record.first_token_s  # a single output token
     assert engine.counters.iterations == 4
-    assert jump_kinds == {"prefill": 1}
+    assert engine.jumps == JumpCounts(prefill=1)
 
 
 def test_engine_wakeups_count_events_not_iterations():

@@ -38,8 +38,9 @@ class Reference:
 @settings(max_examples=150, deadline=None)
 @given(operations=st.lists(operation, max_size=80))
 def test_queue_matches_an_ordered_dict_reference(compact_after, operations):
-    queue = FreeBlockQueue(range(BLOCKS))
-    queue.COMPACT_AFTER = compact_after  # small: the rebuild without stale entries runs often
+    queue = FreeBlockQueue(
+        range(BLOCKS), compact_after
+    )  # small: the rebuild without stale entries runs often
     reference = Reference()
     held: list[int] = []  # taken blocks, not in the queue
     for kind, pick in operations:

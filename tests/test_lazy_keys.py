@@ -4,6 +4,7 @@ both with the same hits, block tables, free queue order, statistics and breakdow
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -57,6 +58,7 @@ def _observed(driver: Driver) -> tuple:
 operation = st.tuples(st.sampled_from(PinningDriver.KINDS), st.integers(0, 60), st.integers(0, 20))
 
 
+@pytest.mark.python_sources  # subclasses the prefix policy
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(operations=st.lists(operation, max_size=80))
 def test_lazy_keys_match_eager_keys(operations):

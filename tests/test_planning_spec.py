@@ -100,7 +100,10 @@ def test_base_file_relative_to_the_sweep(tmp_path):
         ),
         (
             {"axes": {"variants.0.options.reservaton": ["max"]}},
-            ["point 0 (variants.0.options.reservaton=max)", "unexpected keyword argument 'reservaton'"],
+            [
+                "point 0 (variants.0.options.reservaton=max)",
+                "unknown option(s) 'reservaton' for policy 'paged' (valid: none)",
+            ],
         ),
         (
             {"zip": [{"seed": [1, 2], "engine.block_size": [16]}]},

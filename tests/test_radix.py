@@ -349,6 +349,7 @@ operation = st.one_of(
 )
 
 
+@pytest.mark.python_sources  # its oracle deep-copies the policy
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     page_size=st.sampled_from([1, 3, 4]),

@@ -278,6 +278,7 @@ def test_every_pool_knob_reaches_the_sizing(engine, top, blocks, kv_bytes_per_to
     assert summary["kv_pool_bytes"] == blocks * 16 * kv_bytes_per_token
 
 
+@pytest.mark.python_sources  # subclasses Engine
 def test_every_engine_knob_reaches_the_engine(monkeypatch):
     import sim.runner
     from sim.engine.core import Engine, EngineKnobs

@@ -119,6 +119,7 @@ def beam_saving(q, width, seed=0, requests=20):
     return engine, engine.recorder.time_averages(engine.env.now)["memory_saved_by_sharing_frac"]
 
 
+@pytest.mark.python_sources  # builds an Engine without __init__
 def test_beam_replacement_count_follows_the_binomial_model():
     """Each beam is replaced with probability q per step: over many steps the mean number replaced
     per step is width x q (capped at width - 1 per step, negligible at q = 0.1: P(all 4) = 1e-4)."""

@@ -118,6 +118,16 @@ class Jump:
         return self.first_clock + self.timeline.extra
 
 
+@dataclass(slots=True)
+class JumpCounts:
+    """Skip-mode wake-ups by what they jumped over (diagnostics: single stepping has none)."""
+
+    single: int = 0  # no jump: one iteration
+    decode: int = 0  # decode iterations only
+    prefill: int = 0  # iterations that prefill chunks too
+    with_growth: int = 0  # jumps (either kind) inside which sequences take blocks
+
+
 class Engine:
     def __init__(
         self,
@@ -160,6 +170,7 @@ class Engine:
         # Loop wake-ups that ran iterations (one each, or a jump): what the run's wall time scales
         # with. Not a counter of the results: the step modes differ in it by design.
         self.wakeups = 0
+        self.jumps = JumpCounts()
         self.recorder = Recorder(policy.pool_slots, self.sink)
         self._wake = self.env.event()
         self._next_seq_id = 0
@@ -346,8 +357,18 @@ class Engine:
         first_s = self._first_iteration()
         if first_s <= 0 or self.knobs.step_mode != "skip":
             return first_s
-        self._jump = self._plan_jump(first_s)
-        return first_s if self._jump is None else self._jump.timeline.total_s
+        jump = self._jump = self._plan_jump(first_s)
+        jumps = self.jumps
+        if jump is None:
+            jumps.single += 1
+            return first_s
+        if jump.chunks:
+            jumps.prefill += 1
+        else:
+            jumps.decode += 1
+        if jump.grows:
+            jumps.with_growth += 1
+        return jump.timeline.total_s
 
     def _first_iteration(self) -> float:
         """One iteration as vLLM schedules it: decode growth, prompts in progress, then admissions."""

@@ -1,0 +1,173 @@
+"""The compiled build: the engine's hot modules compiled with mypyc, kept out of the source tree.
+
+``make native`` (``python -m sim.native.build``) compiles :data:`MODULES` into ``build/native/``
+with a manifest of what it was built from. Importing ``sim`` or ``policies`` calls
+:func:`activate`, which puts a finder in front of the normal import system that loads those modules
+from the build, but only when the build is *current*: built by this Python, and from exactly the
+sources in the tree now (a hash of every ``.py`` file of ``sim/``, ``policies/`` and
+``workloads/``). A stale build is never used: an edited module must not be shadowed by an old
+compiled copy of itself (which an in-place mypyc build would do, silently), and compiled modules
+bake in the types of what they import. All or nothing: the modules call each other natively, so a
+mix of compiled and edited source is not an option.
+
+``KVSIM_NATIVE`` chooses: unset, the build is used when it is current (a stale one is reported
+once and ignored); ``0``, never; ``1``, always (an error when there is no current build: CI and
+benchmarks use it so that they measure what they say). The results do not depend on it: the test
+suite runs in both modes, and ``summary.json``'s ``engine_build`` says which one ran.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+import sysconfig
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+# The engine's hot path: what a wake-up runs (engine, decode clock, jumps, policies, the recorder
+# and the cost model). Their classes become native classes; everything else stays Python.
+MODULES = (
+    "policies._free_space",
+    "policies._host_tier",
+    "policies._radix_tree",
+    "policies.base",
+    "policies.contiguous",
+    "policies.paged",
+    "policies.prefix",
+    "policies.radix",
+    "sim.costs.derated",
+    "sim.engine.core",
+    "sim.engine.decoding",
+    "sim.engine.event_skip",
+    "sim.outputs.metrics",
+)
+PACKAGES = ("sim", "policies", "workloads")  # every source file of these goes into the build's hash
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+BUILD_DIR = PROJECT_ROOT / "build" / "native"
+MANIFEST = "manifest.json"
+ENV_VAR = "KVSIM_NATIVE"
+
+
+class NativeBuildError(RuntimeError):
+    """``KVSIM_NATIVE=1`` asked for the compiled build and there is no current one."""
+
+
+class NativeBuildWarning(UserWarning):
+    """A compiled build exists but is stale: it is ignored and the sources run."""
+
+
+@dataclass(frozen=True)
+class NativeBuild:
+    """A build on disk, as its manifest describes it."""
+
+    folder: Path
+    python: str  # the extension suffix of the interpreter that built it (version and ABI)
+    sources: str  # hash of the sources it was built from
+    group: str  # mypyc's shared library, which every compiled module imports
+    modules: tuple[str, ...]
+
+    def file_of(self, module: str) -> Path:
+        return self.folder.joinpath(*module.split(".")).with_suffix(_EXT_SUFFIX)
+
+
+_EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+_active: NativeBuild | None = None
+_checked = False
+
+
+def sources_hash(root: Path = PROJECT_ROOT, packages: Sequence[str] = PACKAGES) -> str:
+    """SHA-256 over the path and content of every ``.py`` file of ``packages``, in path order."""
+    digest = hashlib.sha256()
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def read_build(folder: Path = BUILD_DIR) -> NativeBuild | None:
+    """The build in ``folder``, or None when there is none (or its manifest is unreadable)."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        return NativeBuild(
+            folder=folder,
+            python=manifest["python"],
+            sources=manifest["sources"],
+            group=manifest["group"],
+            modules=tuple(manifest["modules"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def why_not_current(build: NativeBuild | None) -> str | None:
+    """None when ``build`` can be used; else why not, in words."""
+    if build is None:
+        return f"no compiled build in {BUILD_DIR} (make native)"
+    if build.python != _EXT_SUFFIX:
+        return f"the compiled build is for another Python ({build.python}, this one is {_EXT_SUFFIX})"
+    if build.sources != sources_hash():
+        return "the sources changed since the compiled build was made (make native rebuilds it)"
+    missing = [module for module in (build.group, *build.modules) if not build.file_of(module).is_file()]
+    if missing:
+        return f"the compiled build lacks {', '.join(missing)}"
+    return None
+
+
+class _NativeFinder(importlib.abc.MetaPathFinder):
+    """Finds the compiled modules (and their shared library) in the build folder."""
+
+    def __init__(self, build: NativeBuild):
+        self._files = {module: build.file_of(module) for module in (build.group, *build.modules)}
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        file = self._files.get(fullname)
+        if file is None:
+            return None
+        return importlib.util.spec_from_file_location(fullname, file)
+
+
+def activate() -> None:
+    """Load the compiled modules from a current build from now on, as ``KVSIM_NATIVE`` allows.
+    Idempotent; must run before any of :data:`MODULES` is imported (``sim`` and ``policies`` call it
+    first thing)."""
+    global _active, _checked
+    if _checked:
+        return
+    _checked = True
+    choice = os.environ.get(ENV_VAR, "").strip()
+    if choice == "0":
+        return
+    if choice not in ("", "1"):
+        raise NativeBuildError(f"{ENV_VAR}={choice!r}: use 1 (compiled build), 0 (sources) or leave it unset")
+    build = read_build()
+    problem = why_not_current(build)
+    if problem is not None:
+        if choice == "1":
+            raise NativeBuildError(f"{ENV_VAR}=1, but {problem}")
+        if build is not None:  # no build at all is the normal case: say nothing
+            warnings.warn(f"running the Python sources: {problem}", NativeBuildWarning, stacklevel=2)
+        return
+    assert build is not None
+    already = [module for module in build.modules if module in sys.modules]
+    if already:
+        raise NativeBuildError(f"compiled modules imported before the build was activated: {already}")
+    sys.meta_path.insert(0, _NativeFinder(build))
+    _active = build
+
+
+def engine_build() -> str:
+    """Which code runs the engine, for summaries and benchmarks: ``python`` or ``native``."""
+    module = sys.modules.get("sim.engine.core")
+    compiled = module is not None and not str(getattr(module, "__file__", "")).endswith(".py")
+    return "native" if compiled else "python"
