@@ -10,7 +10,8 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from itertools import product
 from pathlib import Path
 
 import numpy as np
@@ -94,24 +95,25 @@ def run_once(count: int, policy_name: str) -> dict:
     }
 
 
-def run_engine_benchmarks(sizes: list[int], policies: list[str]) -> list[dict]:
+def run_engine_benchmarks(
+    sizes: list[int], policies: list[str], builds: Sequence[str] = ("python",)
+) -> list[dict]:
     print(
         f"engine benchmark: Poisson {RATE_PER_S} req/s, prompt~500, output~250, Llama-3.1-8B, A100-80GB; "
         "ratio = engine wall / 1M bare SimPy timeouts"
     )
     rows = []
-    for policy in policies:
-        for size in sizes:
-            row = run_fresh("benchmarks.bench_engine", str(size), policy)
-            rows.append(row)
-            print(
-                f"  {policy:<10} {size:>9,} requests: {row['requests_per_s']:>9,.0f} req/s "
-                f"({row['wall_s']:.1f} s wall for {row['simulated_s']:,.0f} s simulated, "
-                f"reference {row['reference_s']:.2f} s, ratio {row['ratio']:.0f}), "
-                f"{row['wakeups']:,} wake-ups for {row['iterations']:,} iterations "
-                f"({row['wall_s'] / row['wakeups'] * 1e6:.0f} µs each), "
-                f"peak RSS {row['peak_rss_mib']:,.0f} MiB, {row['timeseries_rows']:,} series rows"
-            )
+    for policy, size, build in product(policies, sizes, builds):
+        row = run_fresh("benchmarks.bench_engine", str(size), policy, build=build)
+        rows.append(row)
+        print(
+            f"  {policy:<10} {build:<6} {size:>9,} requests: {row['requests_per_s']:>9,.0f} req/s "
+            f"({row['wall_s']:.1f} s wall for {row['simulated_s']:,.0f} s simulated, "
+            f"reference {row['reference_s']:.2f} s, ratio {row['ratio']:.0f}), "
+            f"{row['wakeups']:,} wake-ups for {row['iterations']:,} iterations "
+            f"({row['wall_s'] / row['wakeups'] * 1e6:.0f} µs each), "
+            f"peak RSS {row['peak_rss_mib']:,.0f} MiB, {row['timeseries_rows']:,} series rows"
+        )
     return rows
 
 

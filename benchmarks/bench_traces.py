@@ -13,10 +13,12 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from itertools import product
 from pathlib import Path
 from typing import Any
 
-from benchmarks.fresh import ROOT, peak_rss_mib, run_fresh
+from benchmarks.fresh import ROOT, available_builds, peak_rss_mib, run_fresh
 
 REFERENCE_EVENTS = 1_000_000
 
@@ -102,17 +104,20 @@ def replay_once(trace: str, variant: str) -> dict[str, Any]:
     }
 
 
-def run_trace_benchmarks(jobs: list[tuple[str, str]] = JOBS) -> list[dict[str, Any]]:
+def run_trace_benchmarks(
+    jobs: list[tuple[str, str]] = JOBS, builds: Sequence[str] = ("python",)
+) -> list[dict[str, Any]]:
     print(
         "trace replay: Llama-2-7B, A100-80GB, block 16, max_model_len 4096, max_num_seqs 128, "
         "max_num_batched_tokens 512, outputs on; ratio = engine wall / 1M bare SimPy timeouts"
     )
     rows = []
-    for trace, variant in jobs:
-        row = run_fresh("benchmarks.bench_traces", trace, variant)
+    for (trace, variant), build in product(jobs, builds):
+        row = run_fresh("benchmarks.bench_traces", trace, variant, build=build)
         rows.append(row)
         print(
-            f"  {trace:<14} {variant:<17} {row['requests']:>6,} requests: {row['requests_per_s']:>8,.0f} req/s, "
+            f"  {trace:<14} {variant:<17} {build:<6} {row['requests']:>6,} requests: "
+            f"{row['requests_per_s']:>8,.0f} req/s, "
             f"engine {row['wall_s']:.2f} s, reference {row['reference_s']:.2f} s, ratio {row['ratio']:.2f}, "
             f"{row['wakeups']:,} wake-ups for {row['iterations']:,} iterations "
             f"({row['wall_s'] / row['wakeups'] * 1e6:.0f} µs each), peak RSS {row['peak_rss_mib']:,.0f} MiB"
@@ -124,4 +129,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 3:
         print(json.dumps(replay_once(sys.argv[1], sys.argv[2])))
     else:
-        run_trace_benchmarks()
+        run_trace_benchmarks(JOBS, available_builds())

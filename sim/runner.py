@@ -39,6 +39,7 @@ from sim.engine.core import Engine, EngineKnobs
 from sim.hardware.capacity import KVCapacity, size_kv_pool
 from sim.hardware.gpus import GpuSpec, resolve_gpu
 from sim.hardware.models import ModelSpec, resolve_model
+from sim.native import engine_build
 from sim.offload import OffloadConfig, host_load_seconds, host_tier_blocks, host_tier_summary
 from sim.outputs.sinks import FileSink, MemorySink, OutputSink
 from workloads import Workload, build_workload
@@ -688,6 +689,7 @@ def summarize(
         "engine_wakeups": engine.wakeups,
         "simulated_s": simulated_s,
         "wall_s": wall_s,
+        "engine_build": engine_build(),
     }
     summary.update(engine.recorder.time_averages(simulated_s))
     return summary

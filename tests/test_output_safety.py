@@ -148,6 +148,27 @@ def test_stale_staging_of_a_killed_run_is_cleaned_and_foreign_ones_kept(tmp_path
     assert "removed 1 unfinished output folder" in messages[0]
 
 
+def test_staging_killed_before_its_marker_was_written_is_cleaned_only_when_it_holds_nothing(tmp_path):
+    """A writer killed between creating its staging folder and finishing the marker leaves it empty,
+    or with an empty marker: nothing to lose, so it goes (a dead pid in its name). With anything else
+    inside, or a live pid, it stays."""
+    target = tmp_path / "out"
+    dead = _dead_pid()
+    empty = tmp_path / f".out.partial-{dead}-aaa"
+    empty.mkdir()
+    blank_marker = tmp_path / f".out.partial-{dead}-bbb"
+    blank_marker.mkdir()
+    (blank_marker / STAGING_MARKER).write_text("")
+    with_data = tmp_path / f".out.partial-{dead}-ccc"
+    with_data.mkdir()
+    (with_data / "notes.txt").write_text("mine")
+    running = tmp_path / f".out.partial-{os.getpid()}-ddd"
+    running.mkdir()
+    assert clean_stale_staging(target) == 2
+    assert not empty.exists() and not blank_marker.exists()
+    assert (with_data / "notes.txt").read_text() == "mine" and running.exists()
+
+
 def test_a_result_with_files_added_since_is_refused_naming_them(tmp_path):
     target = tmp_path / "out"
     with staged_output_dir(target, "run") as staging:

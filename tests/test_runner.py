@@ -14,6 +14,7 @@ import pytest
 from policies import PoolSpec, make_policy
 from policies.base import PolicyStats
 from sim.config import ConfigError, EngineConfig, VariantConfig, validate_experiment
+from sim.native import engine_build
 from sim.outputs.metrics import Counters
 from sim.runner import pin_prefixes, policy_name_for, run_variant, summarize
 
@@ -112,6 +113,7 @@ def test_summary_of_a_hand_made_table():
         "engine_wakeups": 2,
         "simulated_s": 8.0,
         "wall_s": 0.5,
+        "engine_build": engine_build(),  # python, or native under the compiled build
         # the recorder's time averages, merged in as they come
         "mean_used_frac": 0.5,
         "mean_running": 1.5,

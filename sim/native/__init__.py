@@ -12,8 +12,9 @@ mix of compiled and edited source is not an option.
 
 ``KVSIM_NATIVE`` chooses: unset, the build is used when it is current (a stale one is reported
 once and ignored); ``0``, never; ``1``, always (an error when there is no current build: CI and
-benchmarks use it so that they measure what they say). The results do not depend on it: the test
-suite runs in both modes, and ``summary.json``'s ``engine_build`` says which one ran.
+benchmarks use it so that they measure what they say). ``KVSIM_NATIVE_BUILD`` names another folder
+for the build. The results do not depend on it: the test suite runs in both modes, and
+``summary.json``'s ``engine_build`` says which one ran.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 BUILD_DIR = PROJECT_ROOT / "build" / "native"
 MANIFEST = "manifest.json"
 ENV_VAR = "KVSIM_NATIVE"
+DIR_ENV_VAR = "KVSIM_NATIVE_BUILD"  # another folder for the build (tests; several builds side by side)
 
 
 class NativeBuildError(RuntimeError):
@@ -93,8 +95,16 @@ def sources_hash(root: Path = PROJECT_ROOT, packages: Sequence[str] = PACKAGES) 
     return digest.hexdigest()
 
 
-def read_build(folder: Path = BUILD_DIR) -> NativeBuild | None:
-    """The build in ``folder``, or None when there is none (or its manifest is unreadable)."""
+def build_folder() -> Path:
+    """Where the build is: ``build/native`` of the project, or ``$KVSIM_NATIVE_BUILD``."""
+    override = os.environ.get(DIR_ENV_VAR, "").strip()
+    return Path(override) if override else BUILD_DIR
+
+
+def read_build(folder: Path | None = None) -> NativeBuild | None:
+    """The build in ``folder`` (default :func:`build_folder`), or None when there is none (or its
+    manifest is unreadable)."""
+    folder = build_folder() if folder is None else folder
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
         return NativeBuild(
@@ -111,7 +121,7 @@ def read_build(folder: Path = BUILD_DIR) -> NativeBuild | None:
 def why_not_current(build: NativeBuild | None) -> str | None:
     """None when ``build`` can be used; else why not, in words."""
     if build is None:
-        return f"no compiled build in {BUILD_DIR} (make native)"
+        return f"no compiled build in {build_folder()} (make native)"
     if build.python != _EXT_SUFFIX:
         return f"the compiled build is for another Python ({build.python}, this one is {_EXT_SUFFIX})"
     if build.sources != sources_hash():

@@ -19,7 +19,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sim.native import _EXT_SUFFIX, BUILD_DIR, MANIFEST, MODULES, PROJECT_ROOT, read_build, sources_hash
+from sim.native import (
+    _EXT_SUFFIX,
+    MANIFEST,
+    MODULES,
+    PROJECT_ROOT,
+    build_folder,
+    read_build,
+    sources_hash,
+    why_not_current,
+)
 
 
 def module_path(module: str) -> str:
@@ -68,8 +77,10 @@ def compile_into(staging: Path, jobs: int) -> str:
     return groups[0]
 
 
-def build(target: Path = BUILD_DIR, jobs: int = 2) -> Path:
-    """Build into ``target`` (replacing an earlier build there); returns ``target``."""
+def build(target: Path | None = None, jobs: int = 2) -> Path:
+    """Build into ``target`` (default :func:`sim.native.build_folder`), replacing an earlier build
+    there; returns ``target``."""
+    target = build_folder() if target is None else target
     if target.exists() and read_build(target) is None:
         raise SystemExit(
             f"{target} exists and is not a kvsim compiled build (no {MANIFEST}): not touching it"
@@ -98,7 +109,11 @@ def build(target: Path = BUILD_DIR, jobs: int = 2) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sim.native.build", description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2, help="C compilations in parallel (default 2)")
+    parser.add_argument("--force", action="store_true", help="rebuild even when the build is current")
     args = parser.parse_args(argv)
+    if not args.force and why_not_current(read_build()) is None:
+        print(f"the compiled build in {build_folder()} is current (--force rebuilds it)", file=sys.stderr)
+        return 0
     started = time.perf_counter()
     target = build(jobs=args.jobs)
     print(

@@ -85,6 +85,11 @@ SUMMARY: Columns = {
     ),
     "simulated_s": ("s", "Simulated time at the end of the run."),
     "wall_s": ("s", "Wall-clock time the simulation took (machine-dependent)."),
+    "engine_build": (
+        "-",
+        "Which code ran the engine: `python` (the sources) or `native` (the compiled build of "
+        "`make native`, used when it matches the sources). The results are identical; wall_s is not.",
+    ),
     "mean_used_frac": (_FRAC, "Time-averaged share of the pool holding live token states."),
     "mean_reserved_frac": (_FRAC, "Time-averaged share allocated to live sequences and filled later."),
     "mean_internal_frag_frac": (

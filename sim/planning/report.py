@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from sim.native import engine_build
 from sim.planning.analysis import AT_MAX_METRICS, LIMIT_LABELS, probe_metrics, ranking_rule
 from sim.planning.document import (
     Block,
@@ -75,6 +76,7 @@ def plan_document(
             "probes": len(probes),
             "wall_s": wall_s,
             "cpu_s": counts.cpu_s,
+            "engine_build": engine_build(),
         },
     }
 

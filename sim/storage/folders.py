@@ -239,9 +239,28 @@ def stale_staging_folders(out_dir: Path) -> list[Path]:
     ]
     for folder in candidates:
         writer = _writer(folder)
-        if writer is not None and writer[1] == here and not _pid_alive(writer[0]):
+        if writer is None:
+            gone = _unfinished_staging(folder)
+        else:
+            gone = writer[1] == here and not _pid_alive(writer[0])
+        if gone:
             stale.append(folder)
     return stale
+
+
+def _unfinished_staging(folder: Path) -> bool:
+    """A staging folder whose writer was killed between creating it and finishing its marker: empty,
+    or holding only an empty marker, with a pid in its name that runs nowhere here. (It holds no
+    data, so removing it can lose nothing.)"""
+    try:
+        pid = int(folder.name.split(".partial-")[1].split("-")[0])
+        contents = list(folder.iterdir())
+    except (IndexError, ValueError, OSError):
+        return False
+    only_an_empty_marker = [path.name for path in contents] == [STAGING_MARKER] and not (
+        folder / STAGING_MARKER
+    ).stat().st_size
+    return (not contents or only_an_empty_marker) and not _pid_alive(pid)
 
 
 def clean_stale_staging(out_dir: Path, log: Callable[[str], None] | None = None) -> int:
