@@ -4,6 +4,7 @@ The engine needs only :func:`build_workload`, :class:`Workload` and :class:`Requ
 section of an experiment config is a :data:`WorkloadConfig`.
 """
 
+import sim  # noqa: F401, I001  (first: it activates the compiled build of the request type, if any)
 from workloads.base import TraceError, TraceWarning, Workload, WorkloadError
 from workloads.config import (
     AnyWorkloadConfig,

@@ -1,7 +1,7 @@
 """The compiled build: the engine's hot modules compiled with mypyc, kept out of the source tree.
 
 ``make native`` (``python -m sim.native.build``) compiles :data:`MODULES` into ``build/native/``
-with a manifest of what it was built from. Importing ``sim`` or ``policies`` calls
+with a manifest of what it was built from. Importing ``sim``, ``policies`` or ``workloads`` calls
 :func:`activate`, which puts a finder in front of the normal import system that loads those modules
 from the build, but only when the build is *current*: built by this Python, and from exactly the
 sources in the tree now (a hash of every ``.py`` file of ``sim/``, ``policies/`` and
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-# The engine's hot path: what a wake-up runs (engine, decode clock, jumps, policies, the recorder
-# and the cost model). Their classes become native classes; everything else stays Python.
+# The engine's hot path: what a wake-up runs (engine, decode clock, jumps, arrivals, policies, the
+# recorder, the cost model, the request). Their classes become native classes; the rest stays Python.
 MODULES = (
     "policies._free_space",
     "policies._host_tier",
@@ -45,10 +45,12 @@ MODULES = (
     "policies.prefix",
     "policies.radix",
     "sim.costs.derated",
+    "sim.engine.arrivals",
     "sim.engine.core",
     "sim.engine.decoding",
     "sim.engine.event_skip",
     "sim.outputs.metrics",
+    "workloads.request",
 )
 PACKAGES = ("sim", "policies", "workloads")  # every source file of these goes into the build's hash
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -149,8 +151,8 @@ class _NativeFinder(importlib.abc.MetaPathFinder):
 
 def activate() -> None:
     """Load the compiled modules from a current build from now on, as ``KVSIM_NATIVE`` allows.
-    Idempotent; must run before any of :data:`MODULES` is imported (``sim`` and ``policies`` call it
-    first thing)."""
+    Idempotent; must run before any of :data:`MODULES` is imported (``sim``, ``policies`` and
+    ``workloads`` call it first thing)."""
     global _active, _checked
     if _checked:
         return
