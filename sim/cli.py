@@ -141,10 +141,13 @@ def format_summary_table(summaries: list[dict], columns: list[tuple[str, str, st
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from sim.native import engine_build
     from sim.storage.folders import kvsim_version
 
     parser = argparse.ArgumentParser(prog="kvsim", description="Simulate KV-cache allocation policies.")
-    parser.add_argument("--version", action="version", version=f"kvsim {kvsim_version()}")
+    parser.add_argument(
+        "--version", action="version", version=f"kvsim {kvsim_version()} ({engine_build()} engine build)"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run an experiment YAML and write curves to results/")
     run.add_argument("config", help="experiment YAML")

@@ -15,8 +15,6 @@ from sim.native import engine_build  # noqa: E402
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under the compiled build, skip the tests that need the Python sources (they subclass compiled
     classes, deep-copy them or build them without their constructor: test instruments, not uses)."""
-    import sim.engine.core  # noqa: F401  (loads the engine, compiled or not, so engine_build() can tell)
-
     if engine_build() != "native":
         return
     skip = pytest.mark.skip(reason="needs the Python sources (compiled build running)")

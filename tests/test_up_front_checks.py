@@ -309,4 +309,6 @@ def test_listings_and_version(capsys):
     assert "reservation = max (max | pow2 | oracle)" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
-    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("kvsim ")
+    version = capsys.readouterr().out
+    assert exit_.value.code == 0 and version.startswith("kvsim ")
+    assert version.rstrip().endswith(("(python engine build)", "(native engine build)"))

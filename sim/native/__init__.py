@@ -179,7 +179,7 @@ def activate() -> None:
 
 
 def engine_build() -> str:
-    """Which code runs the engine, for summaries and benchmarks: ``python`` or ``native``."""
-    module = sys.modules.get("sim.engine.core")
-    compiled = module is not None and not str(getattr(module, "__file__", "")).endswith(".py")
-    return "native" if compiled else "python"
+    """Which code runs the engine in this process, for summaries and benchmarks: ``native`` once
+    :func:`activate` took the compiled build (every compiled module then loads from it), else
+    ``python``."""
+    return "python" if _active is None else "native"
