@@ -37,7 +37,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import simpy
@@ -101,17 +101,30 @@ HEAD_OUT_OF_MEMORY = "memory"  # stuck: the head was tried and does not fit in K
 NOT_TRIED = "not tried"  # a preemption this iteration: no admission (vLLM), the batch changes anyway
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Jump:
     """The iterations of one wake-up after the first, planned when it starts and applied when it
     ends (nothing can observe them in between): the chunks each prefills, and whether sequences
-    take blocks inside it."""
+    take blocks inside it. (The constructor is written out: compiled, it runs natively.)"""
 
     start_s: float
     first_clock: int  # decode clock of iteration 1
     timeline: JumpTimeline
-    chunks: list[list[tuple[RequestState, int]]] = field(default_factory=list)
-    grows: bool = False
+    chunks: list[list[tuple[RequestState, int]]]
+    grows: bool
+
+    def __init__(
+        self,
+        start_s: float,
+        first_clock: int,
+        timeline: JumpTimeline,
+        chunks: list[list[tuple[RequestState, int]]] | None = None,
+    ) -> None:
+        self.start_s = start_s
+        self.first_clock = first_clock
+        self.timeline = timeline
+        self.chunks = [] if chunks is None else chunks
+        self.grows = False
 
     @property
     def last_clock(self) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import attrgetter
 
 from policies.base import KVCachePolicy
@@ -30,36 +30,45 @@ from workloads.request import Request
 NEVER = 1 << 62
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class RequestState:
-    """A request inside the engine."""
+    """A request inside the engine. (Its constructor is written out: the compiled build runs it
+    natively, once per request, where a dataclass's generated one would stay interpreted.)"""
 
     request: Request
     record: RequestRecord
-    seq_ids: list[int] = field(default_factory=list)
-    tokens_to_prefill: int = 0  # on the current admission (a recompute re-prefills generated tokens too)
-    prefilled: int = 0
-    swapped_tokens: int = 0  # > 0 while its KV sits in the host pool
-    waited_for_memory: bool = False  # its admission failed for lack of KV memory at least once
-    is_running: bool = False
-    admission: int = 0  # order of its latest admission: the running list is sorted by it
-    unforked: int = 0  # samples/beams admitted but not forked yet: they count against max_num_seqs
-    decoding: bool = False  # prompt done: every sequence gains a token per decode iteration
+    seq_ids: list[int]
+    tokens_to_prefill: int  # on the current admission (a recompute re-prefills generated tokens too)
+    prefilled: int
+    swapped_tokens: int  # > 0 while its KV sits in the host pool
+    waited_for_memory: bool  # its admission failed for lack of KV memory at least once
+    is_running: bool
+    admission: int  # order of its latest admission: the running list is sorted by it
+    unforked: int  # samples/beams admitted but not forked yet: they count against max_num_seqs
+    decoding: bool  # prompt done: every sequence gains a token per decode iteration
     # Token counts as of ``synced_clock`` (exact whenever the request is not decoding).
-    generated: int = 0
-    context: int = 0  # tokens each of its sequences holds (they fork together and grow in step)
-    synced_clock: int = 0
-    finish_due: int = NEVER  # clock at whose iteration end a sample (or the request) finishes
-    beam_due: int = NEVER  # clock at whose iteration end its beams diverge
-    flush_clock: int = NEVER  # the clock of the flush bucket it is in (NEVER: in none)
-    end_version: int = 0  # end heap entries carry it: a stale entry is skipped, never deleted
+    generated: int
+    context: int  # tokens each of its sequences holds (they fork together and grow in step)
+    synced_clock: int
+    finish_due: int  # clock at whose iteration end a sample (or the request) finishes
+    beam_due: int  # clock at whose iteration end its beams diverge
+    flush_clock: int  # the clock of the flush bucket it is in (NEVER: in none)
+    end_version: int  # end heap entries carry it: a stale entry is skipped, never deleted
     # Output lengths of its samples/beams still to finish, aligned with ``seq_ids`` once forked
     # (before the fork, entry 0 is the admitted sequence's). A sample that finishes leaves both.
-    sample_lens: list[int] = field(default_factory=list)
+    sample_lens: list[int]
 
-    def __post_init__(self) -> None:
-        if not self.sample_lens:
-            self.sample_lens = list(self.request.output_lens)
+    def __init__(self, request: Request, record: RequestRecord) -> None:
+        self.request = request
+        self.record = record
+        self.seq_ids = []
+        self.tokens_to_prefill = self.prefilled = self.swapped_tokens = 0
+        self.waited_for_memory = self.is_running = self.decoding = False
+        self.admission = self.unforked = 0
+        self.generated = self.context = self.synced_clock = 0
+        self.finish_due = self.beam_due = self.flush_clock = NEVER
+        self.end_version = 0
+        self.sample_lens = list(request.output_lens)
 
     @property
     def width(self) -> int:

@@ -16,6 +16,7 @@ event order, with numpy (:meth:`Recorder._fold`): the same additions as one per 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from itertools import chain
 from operator import attrgetter, itemgetter
@@ -97,8 +98,11 @@ def summary_key(category: str) -> str:
     return f"mean_{category.replace('_fragmentation', '_frag')}_frac"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class RequestRecord:
+    """One request's outcome: a row of the requests table. (Its constructor is written out: the
+    compiled build runs it natively, once per request.)"""
+
     request_id: int
     arrival_s: float
     prompt_tokens: int
@@ -106,14 +110,36 @@ class RequestRecord:
     n: int
     beam_width: int
     sample_output_tokens: int  # all its samples/beams together
-    admitted_s: float = float("nan")
-    first_token_s: float = float("nan")
-    finish_s: float = float("nan")
-    preemptions: int = 0
-    cached_prompt_tokens: int = 0
-    outcome: str = "unfinished"  # finished | rejected | failed_oom | unfinished
-    reason: str = ""
-    replica: int = 0  # the cluster replica that served it (0 for a single engine)
+    admitted_s: float  # NaN until admitted (and for a request never admitted)
+    first_token_s: float
+    finish_s: float
+    preemptions: int
+    cached_prompt_tokens: int
+    outcome: str  # finished | rejected | failed_oom | unfinished
+    reason: str
+    replica: int  # the cluster replica that served it (0 for a single engine)
+
+    def __init__(
+        self,
+        request_id: int,
+        arrival_s: float,
+        prompt_tokens: int,
+        output_tokens: int,
+        n: int,
+        beam_width: int,
+        sample_output_tokens: int,
+    ) -> None:
+        self.request_id = request_id
+        self.arrival_s = arrival_s
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.n = n
+        self.beam_width = beam_width
+        self.sample_output_tokens = sample_output_tokens
+        self.admitted_s = self.first_token_s = self.finish_s = math.nan
+        self.preemptions = self.cached_prompt_tokens = self.replica = 0
+        self.outcome = "unfinished"
+        self.reason = ""
 
 
 @dataclass
