@@ -183,3 +183,21 @@ output: {figures: false}
                 pd.read_parquet(python_dir / table), pd.read_parquet(native_dir / table), check_exact=True
             )
     assert PROJECT_ROOT == ROOT
+
+
+def test_the_request_stream_stays_lazy(tmp_path):
+    """A trace's requests are read as the engine pulls them, under either build (mypyc compiles a
+    returned generator expression into a list: a compiled workload would read the whole trace up
+    front, outside the engine's timed run and all in memory)."""
+    from workloads import build_workload
+    from workloads.config import parse_workload_config
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,10,2\n2023-11-16 18:15:50.0000000,20,3\nnot a time,1,1\n"
+    )
+    config = parse_workload_config({"source": {"kind": "azure", "path": str(trace)}})
+    stream = build_workload(config, seed=0, base_dir=tmp_path).requests()
+    first = next(stream)  # the bad third row has not been read yet: nothing raised
+    assert first.prompt_len == 10
