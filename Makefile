@@ -70,5 +70,7 @@ mutation: venv
 	TQDM_DISABLE=1 MPLBACKEND=Agg nice -n 19 $(BIN)/mutmut run --max-children 1 $(MUTANTS)
 	$(BIN)/python tools/mutation_scores.py --survivors
 
+# build/native only when it is kvsim's compiled build (it carries the build's manifest).
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache mutants build/native
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache mutants
+	if [ -f build/native/manifest.json ]; then rm -rf build/native; fi

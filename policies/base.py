@@ -469,7 +469,7 @@ class SequenceTable(KVCachePolicy, Generic[SequenceT]):
 _REGISTRY: dict[str, type[KVCachePolicy]] = {}
 
 
-# The methods every policy implements (its @abstractmethod ones; tests/test_policy_api.py keeps the
+# The methods every policy implements (its @abstractmethod ones; tests/test_policy_registry.py keeps the
 # list in step with the decorators).
 ABSTRACT_METHODS = (
     "_has_sequence",

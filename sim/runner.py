@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -246,13 +246,9 @@ def _prepare_variant(
     if pool_error:
         raise ConfigError(pool_error)
     policy_name = policy_name_for(variant, engine_config)
-    unknown = sorted(set(variant.options) - set(policy_options(policy_name)))
-    if unknown:
-        valid = ", ".join(policy_options(policy_name)) or "none"
-        raise ConfigError(
-            f"variants.{index}.options: unknown option(s) {', '.join(map(repr, unknown))} for policy "
-            f"{policy_name!r} (valid: {valid})"
-        )
+    option_error = unknown_options_error(policy_name, variant.options)
+    if option_error:
+        raise ConfigError(f"variants.{index}.options: {option_error}")
     cluster = config.cluster_for(variant)
     if (
         cluster is not None
@@ -341,6 +337,20 @@ def has_prefix_lookup(policy_name: str) -> bool:
 
 def _cluster_key(config: ExperimentConfig, index: int, name: str) -> str:
     return f"variants.{index}.cluster.{name}" if name in config.variants[index].cluster else f"cluster.{name}"
+
+
+def unknown_options_error(policy_name: str, options: Mapping[str, object]) -> str | None:
+    """The options the policy does not take, named with the valid ones; None when there are none.
+    (Checked by name up front, not from the constructor's TypeError, whose wording a compiled build
+    changes.)"""
+    valid = policy_options(policy_name)
+    unknown = sorted(set(options) - set(valid))
+    if not unknown:
+        return None
+    return (
+        f"unknown option(s) {', '.join(map(repr, unknown))} for policy {policy_name!r} "
+        f"(valid: {', '.join(valid) or 'none'})"
+    )
 
 
 def policy_options(name: str) -> list[str]:

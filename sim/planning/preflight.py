@@ -14,7 +14,7 @@ from policies.base import PolicyError, PoolSpec, make_policy
 from sim.config import ConfigError, ExperimentConfig
 from sim.costs.core import CostModelError
 from sim.hardware.capacity import KVCapacity
-from sim.runner import engine_cost_model, policy_name_for, policy_options, resolve_hardware, size_pool
+from sim.runner import engine_cost_model, policy_name_for, resolve_hardware, size_pool, unknown_options_error
 from workloads import WorkloadError, build_workload
 
 
@@ -40,14 +40,9 @@ def prepare_variant(config: ExperimentConfig, variant_name: str, base_dir: Path)
     max_model_len = engine.max_model_len or model.max_position_embeddings
     pool = PoolSpec(capacity.kv_pool_tokens, engine.block_size, max_model_len, capacity.kv_bytes_per_token)
     policy_name = policy_name_for(variant, engine)
-    # Named up front, not from the constructor's TypeError (whose wording a compiled build changes).
-    valid = policy_options(policy_name)
-    unknown = sorted(set(variant.options) - set(valid))
-    if unknown:
-        raise ConfigError(
-            f"variant {variant.name!r}: options: unknown option(s) {', '.join(map(repr, unknown))} for "
-            f"policy {policy_name!r} (valid: {', '.join(valid) or 'none'})"
-        )
+    option_error = unknown_options_error(policy_name, variant.options)
+    if option_error:
+        raise ConfigError(f"variant {variant.name!r}: options: {option_error}")
     make_policy(policy_name, pool, **variant.options)
     engine_cost_model(config, model, gpu, engine, base_dir)
     return capacity
