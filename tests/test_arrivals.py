@@ -1,0 +1,41 @@
+"""The engine's open-loop request stream: read in bounded batches, delivered one by one on time."""
+
+import pytest
+import simpy
+
+from sim.engine.arrivals import Arrivals
+from workloads.request import Request
+
+
+def _stream(pulled: list[int], count: int):
+    for request_id in range(count):
+        pulled.append(request_id)
+        yield Request(request_id, float(request_id // 2), ((request_id, 8),), 1, 10_000 + request_id)
+
+
+@pytest.mark.parametrize("read_ahead", [1, 3, 4, 100])
+def test_arrivals_deliver_on_time_whatever_they_read_ahead(read_ahead: int) -> None:
+    env = simpy.Environment()
+    pulled: list[int] = []
+    delivered: list[tuple[float, int]] = []
+    held_ahead: list[int] = []
+
+    def deliver(request: Request) -> None:
+        held_ahead.append(len(pulled) - len(delivered))
+        delivered.append((env.now, request.request_id))
+
+    arrivals = Arrivals(env, _stream(pulled, 10), deliver, read_ahead=read_ahead)
+    assert pulled == list(range(min(read_ahead, 10)))  # one batch read before the clock starts
+    assert arrivals.next_arrival_s() == 0.0
+    env.process(arrivals.process())
+    env.run()
+    # Two requests per second, each delivered at its own arrival time, in stream order.
+    assert delivered == [(float(request_id // 2), request_id) for request_id in range(10)]
+    # Read but not yet delivered, counting the one being delivered: at most a batch and that one.
+    assert max(held_ahead) == min(read_ahead + 1, 10)
+    assert arrivals.next_open is None and arrivals.next_arrival_s() == float("inf")
+
+
+def test_arrivals_refuse_a_read_ahead_below_one() -> None:
+    with pytest.raises(ValueError, match="read_ahead must be at least 1, not 0"):
+        Arrivals(simpy.Environment(), [], lambda request: None, read_ahead=0)
