@@ -275,26 +275,24 @@ class PagedPolicy(SequenceTable[SequenceState]):
     def grow_each(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> list[int]:
         # The engine's hottest path (once per block a decoding sequence fills): checked once for
         # all, then grown without looking anything up twice; the hooks only sharing policies need
-        # are skipped for plain paging.
+        # are skipped for plain paging. (Methods are called on self, not through local aliases, and
+        # zip() is not strict: compiled, both are several times faster; the lengths are checked.)
         try:
             sequences = [self.sequences[seq_id] for seq_id in seq_ids]
         except KeyError:
             sequences = [self._get(seq_id) for seq_id in seq_ids]  # names the unknown id
         self._check_grow_each_of(seq_ids, sequences, num_tokens)
-        shares = self._SHARES_BLOCKS
-        extend = self._extend
         rooms = []
-        if shares:
-            room = self._room
-            for seq, tokens in zip(sequences, num_tokens, strict=True):
+        if self._SHARES_BLOCKS:
+            for seq, tokens in zip(sequences, num_tokens):  # noqa: B905 (lengths checked)
                 self._copy_shared_tail_before_write(seq)
                 self._append_content(seq, tokens, None)
-                extend(seq, tokens)
-                rooms.append(room(seq))
+                self._extend(seq, tokens)
+                rooms.append(self._room(seq))
             return rooms
         block_size = self.block_size
-        for seq, tokens in zip(sequences, num_tokens, strict=True):
-            extend(seq, tokens)
+        for seq, tokens in zip(sequences, num_tokens):  # noqa: B905 (lengths checked)
+            self._extend(seq, tokens)
             held = len(seq.block_table) * block_size
             rooms.append((held if held < seq.final_len else seq.final_len) - seq.num_tokens)
         return rooms
@@ -306,7 +304,7 @@ class PagedPolicy(SequenceTable[SequenceState]):
         if count != len(num_tokens) or (count > 1 and len(set(seq_ids)) != count):
             raise PolicyInputError("grow_each needs distinct sequence ids, one token count each")
         total = 0
-        for seq, tokens in zip(sequences, num_tokens, strict=True):
+        for seq, tokens in zip(sequences, num_tokens):  # noqa: B905 (lengths checked above)
             if tokens <= 0 or seq.num_tokens + tokens > seq.final_len:
                 self._check_growth(seq.seq_id, tokens, seq.num_tokens, seq.final_len)
             total += tokens
@@ -315,8 +313,9 @@ class PagedPolicy(SequenceTable[SequenceState]):
         # of a shared tail: when the pool holds that many, the exact count is not needed.
         if total // self.block_size + 2 * count <= free:
             return
-        needed = self._blocks_needed_to_grow
-        blocks = sum(needed(seq, tokens) for seq, tokens in zip(sequences, num_tokens, strict=True))
+        blocks = 0
+        for seq, tokens in zip(sequences, num_tokens):  # noqa: B905 (lengths checked above)
+            blocks += self._blocks_needed_to_grow(seq, tokens)
         if blocks > free:
             self._ensure_free_blocks(blocks, "growing sequences", sequences[0].seq_id if count == 1 else None)
 

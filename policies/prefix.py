@@ -330,7 +330,7 @@ class PrefixCachingPolicy(PagedPolicy):
             self._mark_lazy(seq, block, last)
             return
         table, segments, ends, namespace = seq.block_table, seq.segments, seq.segment_ends, seq.namespace
-        keys, chain_of, cache_under = self._block_key, self._block_chain, self._cache_under
+        keys, chain_of = self._block_key, self._block_chain
         chains, cache = self._chains, self._cached_by_key
         known = chains._id_of
         # The previous block is full and this sequence holds it, so it is cached: its chain is the
@@ -347,7 +347,7 @@ class PrefixCachingPolicy(PagedPolicy):
                 if keys[block_id] is None:
                     key: ChainKey = (parent, content_id, offset, offset + block_size, namespace)
                     if key in known or key in cache:
-                        cache_under(block_id, key)
+                        self._cache_under(block_id, key)
                     elif self._key_new(seq, block_index, key, last):
                         return  # a lazy run starts here
                 parent = chain_of[block_id]
@@ -359,7 +359,7 @@ class PrefixCachingPolicy(PagedPolicy):
                 if keys[block_id] is None:
                     key = (parent, pieces, namespace)
                     if key in known or key in cache:
-                        cache_under(block_id, key)
+                        self._cache_under(block_id, key)
                     elif self._key_new(seq, block, key, last):
                         return
                 parent = chain_of[block_id]

@@ -153,7 +153,6 @@ class DecodeClock:
         rooms = self.policy.grow_each(seq_ids, tokens)
         # The rest of sync, inlined: this runs once per block a sequence fills.
         defer = self.defer_growth
-        schedule = self._schedule_flush
         synced = 0
         first = 0
         for state in states:
@@ -165,7 +164,7 @@ class DecodeClock:
             synced += pending * width
             room = rooms[first] if width == 1 else min(rooms[first : first + width])
             first += width
-            schedule(state, at_clock + (room if defer else 0) + 1)
+            self._schedule_flush(state, at_clock + (room if defer else 0) + 1)
         self._synced_sum += synced
 
     def took_token(self, state: RequestState) -> None:
