@@ -14,7 +14,6 @@ so only those blocks need tracking beyond "full".
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -43,21 +42,23 @@ class FreeBlockQueue:
 
     Blocks holding nothing reusable come first, the last one freed first; then blocks holding cached
     prefix content, least recently used first (only the prefix policy has those; a prefix hit takes
-    one out of the middle). The first part is a list used as a stack, the second a deque, so taking
-    many blocks, or giving back a sequence's blocks, is a slice or one C-level call: every block of
-    every prompt passes through the cached part when prefix caching is on (2.2 M blocks each way on
-    the Mooncake conversation trace).
+    one out of the middle). The first part is a list used as a stack, the second a list read from a
+    moving head, so taking many blocks, or giving back a sequence's blocks, is one slice: every
+    block of every prompt passes through the cached part when prefix caching is on (2.2 M blocks
+    each way on the Mooncake conversation trace).
 
-    A hit leaves its entry in the deque, counted as stale (O(1) rather than a scan): a block's
+    A hit leaves its entry in the cached part, counted as stale (O(1) rather than a scan): a block's
     entries are in the order it was freed, and all but its last are stale, so the head skips
-    exactly as many of a block's entries as it has stale ones."""
+    exactly as many of a block's entries as it has stale ones. Entries before the head (taken) and
+    stale ones are dropped once they outnumber the live ones, so memory stays bounded by the pool."""
 
-    COMPACT_AFTER: ClassVar[int] = 1024  # stale entries (at least) before the deque is rebuilt without them
+    COMPACT_AFTER: ClassVar[int] = 1024  # dead entries (at least) before the cached part is rebuilt
 
     def __init__(self, block_ids: Iterable[int], compact_after: int = COMPACT_AFTER):
         self.compact_after = compact_after
         self._blank: list[int] = list(block_ids)[::-1]  # its end is the head of the queue
-        self._cached: deque[int] = deque()
+        self._cached: list[int] = []  # from index _head on: the cached part, oldest first
+        self._head = 0
         self._cached_count = 0  # live entries of _cached
         self._stale: dict[int, int] = {}  # block -> entries of it in _cached left by hits
         self._stale_entries = 0
@@ -73,6 +74,10 @@ class FreeBlockQueue:
         """Blocks at the head that hold nothing reusable (taking them evicts nothing)."""
         return len(self._blank)
 
+    def entries(self) -> int:
+        """Entries the cached part keeps in memory: live, stale and already taken ones."""
+        return len(self._cached)
+
     def take(self, count: int) -> list[int]:
         """The ``count`` blocks at the head, in order (``count <= len(self)``)."""
         blank = self._blank
@@ -85,32 +90,37 @@ class FreeBlockQueue:
             del blank[-count:]
             blocks.reverse()
             return blocks
-        if count == 1 and not blank and not self._stale and self._cached_count:
-            # A decoding sequence's next block once no blank block is left: the oldest cached one.
-            self._cached_count -= 1
-            return [self._cached.popleft()]
+        oldest = count - len(blank)
+        if oldest > self._cached_count:
+            raise IndexError(f"take({count}) from a queue of {len(blank) + self._cached_count} blocks")
         blocks = blank[::-1]
         blank.clear()
-        oldest = count - len(blocks)
-        if oldest > self._cached_count:
-            raise IndexError(f"take({count}) from a queue of {len(blocks) + self._cached_count} blocks")
         self._cached_count -= oldest
-        popleft = self._cached.popleft
+        cached = self._cached
+        head = self._head
         if not self._stale:
-            return blocks + [popleft() for _ in range(oldest)]
-        stale = self._stale
-        while oldest:
-            block_id = popleft()
-            left = stale.get(block_id)
-            if left:  # an entry a hit left behind
-                self._stale_entries -= 1
-                if left == 1:
-                    del stale[block_id]
-                else:
-                    stale[block_id] = left - 1
-                continue
-            blocks.append(block_id)
-            oldest -= 1
+            end = head + oldest
+            blocks += cached[head:end]
+            self._head = end
+        else:
+            stale = self._stale
+            while oldest:
+                block_id = cached[head]
+                head += 1
+                left = stale.get(block_id)
+                if left:  # an entry a hit left behind
+                    self._stale_entries -= 1
+                    if left == 1:
+                        del stale[block_id]
+                    else:
+                        stale[block_id] = left - 1
+                    continue
+                blocks.append(block_id)
+                oldest -= 1
+            self._head = head
+        if self._head > self.compact_after and self._head > self._cached_count:
+            del cached[: self._head]  # (stale entries stay, with their counts)
+            self._head = 0
         return blocks
 
     def append(self, block_id: int) -> None:
@@ -138,9 +148,10 @@ class FreeBlockQueue:
         self._cached_count -= 1
         self._stale_entries += 1
         if self._stale_entries > max(self.compact_after, self._cached_count):
-            # Hits without evictions would grow the deque without bound: drop the stale entries
+            # Hits without evictions would grow the list without bound: drop the stale entries
             # (linear, once per as many hits as live entries).
-            self._cached = deque(self._live_cached())
+            self._cached = self._live_cached()
+            self._head = 0
             self._stale.clear()
             self._stale_entries = 0
 
@@ -150,7 +161,7 @@ class FreeBlockQueue:
     def _live_cached(self) -> list[int]:
         stale = dict(self._stale)
         live = []
-        for block_id in self._cached:
+        for block_id in self._cached[self._head :]:
             if stale.get(block_id):
                 stale[block_id] -= 1
             else:

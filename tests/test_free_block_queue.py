@@ -83,4 +83,4 @@ def test_hits_without_evictions_do_not_grow_the_queue():
         queue.remove_cached(2)
         queue.append(2)
     assert queue.order() == [0, 1, 3, 2]
-    assert len(queue._cached) <= 4 + max(FreeBlockQueue.COMPACT_AFTER, 4) + 1
+    assert queue.entries() <= 4 + max(FreeBlockQueue.COMPACT_AFTER, 4) + 1
