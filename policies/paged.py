@@ -15,7 +15,7 @@ so only those blocks need tracking beyond "full".
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 from policies.base import (
@@ -169,23 +169,51 @@ class FreeBlockQueue:
         return live
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class SequenceState:
+    """A sequence's block table and, for policies that share blocks, its token content and keys.
+    (Its constructor is written out: the compiled build runs it natively, once per sequence, where
+    a dataclass's generated one would stay interpreted.)"""
+
     seq_id: int
     num_tokens: int
     final_len: int
     output_content_id: int
-    block_table: list[int] = field(default_factory=list)
+    block_table: list[int]
     # Token content and cache keys are only kept by policies that share blocks.
-    segments: list[Segment] = field(default_factory=list)
-    segment_ends: list[int] = field(default_factory=list)
-    keyed_blocks: int = 0  # leading full blocks whose cache key is known
-    namespace: int = 0
+    segments: list[Segment]
+    segment_ends: list[int]
+    keyed_blocks: int  # leading full blocks whose cache key is known
+    namespace: int
     # Prefix caching keys a sequence's blocks lazily from its first block whose key nothing holds
     # (policies/prefix.py): that key, that block's index, and how many of them are still cached.
-    lazy_key: tuple | None = None
-    lazy_from: int = 0
-    lazy_cached_blocks: int = 0
+    lazy_key: tuple | None
+    lazy_from: int
+    lazy_cached_blocks: int
+
+    def __init__(
+        self,
+        seq_id: int,
+        num_tokens: int,
+        final_len: int,
+        output_content_id: int,
+        *,
+        segments: list[Segment] | None = None,
+        segment_ends: list[int] | None = None,
+        keyed_blocks: int = 0,
+        namespace: int = 0,
+    ) -> None:
+        self.seq_id = seq_id
+        self.num_tokens = num_tokens
+        self.final_len = final_len
+        self.output_content_id = output_content_id
+        self.block_table = []
+        self.segments = [] if segments is None else segments
+        self.segment_ends = [] if segment_ends is None else segment_ends
+        self.keyed_blocks = keyed_blocks
+        self.namespace = namespace
+        self.lazy_key = None
+        self.lazy_from = self.lazy_cached_blocks = 0
 
 
 class PagedPolicy(SequenceTable[SequenceState]):
