@@ -235,6 +235,8 @@ def _count(value: Any, name: str) -> int:
 
 def _hash_list(value: Any, name: str) -> list[Hashable]:
     if isinstance(value, list):
+        if set(map(type, value)) <= _INTS_ONLY:
+            return value  # a JSON list of integers (nearly every row), checked at C speed
         items = value
     elif isinstance(value, str):
         text = value.strip().strip("[]()").strip()
@@ -254,6 +256,9 @@ def _hash_list(value: Any, name: str) -> list[Hashable]:
         else:
             out.append(item)
     return out
+
+
+_INTS_ONLY = frozenset({int})  # (bool, a subclass of int, is not a hash id)
 
 
 class _ArrivalParser:
