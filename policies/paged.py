@@ -399,12 +399,18 @@ class PagedPolicy(SequenceTable[SequenceState]):
         # Reverse order: with prefix caching the tail (longest prefix, least reusable) is evicted first.
         ref_count = self.ref_count
         if self._SHARES_BLOCKS:
-            released = []
-            for block_id in reversed(full_blocks):
+            released_count = 0
+            for block_id in full_blocks:
                 references = ref_count[block_id] - 1
                 ref_count[block_id] = references
                 if not references:
-                    released.append(block_id)
+                    released_count += 1
+            # Usually the sequence held every block alone: the list is then one slice. (Compiled,
+            # appending block ids one by one would box each of them anew.)
+            if released_count == len(full_blocks):
+                released = full_blocks[::-1]
+            else:
+                released = [block_id for block_id in reversed(full_blocks) if not ref_count[block_id]]
         else:
             # Plain paging: the sequence alone holds each of its blocks.
             released = full_blocks[::-1]

@@ -504,11 +504,18 @@ class PrefixCachingPolicy(PagedPolicy):
                 self._return_free_block(block_id)
             return
         # Blocks with cached content go to the tail, the others to the head, each kind in turn.
-        keyed = [block_id for block_id in block_ids if keys[block_id] is not None]
+        # Usually they are all of one kind: then the list goes as it is, without a filtered copy.
+        keyed_count = 0
+        for block_id in block_ids:
+            if keys[block_id] is not None:
+                keyed_count += 1
+        if keyed_count == len(block_ids):
+            keyed = block_ids
+        else:
+            keyed = [block_id for block_id in block_ids if keys[block_id] is not None]
+            queue.extendleft([block_id for block_id in block_ids if keys[block_id] is None])
         queue.extend(keyed)
         self._cached_in_queue += len(keyed)
-        if len(keyed) < len(block_ids):
-            queue.extendleft([block_id for block_id in block_ids if keys[block_id] is None])
 
     def _return_free_block(self, block_id: int) -> None:
         if block_id in self._pinned:
