@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sim.storage import MARKER, OutputTargetError, check_output_target, read_marker, staged_output_dir
-from sim.storage.folders import STAGING_MARKER, clean_stale_staging
+from sim.storage.folders import STAGING_MARKER, clean_stale_staging, write_marker
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -194,6 +194,34 @@ def test_staging_of_another_host_and_a_killed_replacement(tmp_path):
     unmarked.mkdir()
     assert clean_stale_staging(target) == 1
     assert elsewhere.exists() and not retired.exists() and unmarked.exists()
+
+
+def test_staging_killed_between_its_marker_and_its_rename(tmp_path):
+    """A writer killed after it finished a staging folder (kvsim's marker written, the staging marker
+    removed) but before renaming it into place: the pid in its name says whether it still runs."""
+    target = tmp_path / "out"
+    finished = tmp_path / f".out.partial-{_dead_pid()}-eee"
+    finished.mkdir()
+    (finished / "summary.json").write_text("{}")
+    write_marker(finished, "run", list_files=True)
+    assert read_marker(finished)["files"] == ["summary.json"]
+    running = tmp_path / f".out.partial-{os.getpid()}-fff"
+    running.mkdir()
+    write_marker(running, "run", list_files=True)
+    unproven = tmp_path / f".out.partial-{_dead_pid()}-ggg"  # its marker unreadable: not provably kvsim's
+    unproven.mkdir()
+    (unproven / "summary.json").write_text("{}")
+    (unproven / MARKER).write_text('{"kind": "ru')
+    assert clean_stale_staging(target) == 1
+    assert not finished.exists() and running.exists() and unproven.exists()
+
+
+def test_a_finished_staging_folder_lists_its_files_without_the_staging_marker(tmp_path):
+    with staged_output_dir(tmp_path / "out", "run") as staging:
+        (staging / "summary.json").write_text("{}")
+        assert (staging / STAGING_MARKER).exists()
+    assert read_marker(tmp_path / "out")["files"] == ["summary.json"]
+    assert not (tmp_path / "out" / STAGING_MARKER).exists()
 
 
 def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:

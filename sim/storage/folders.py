@@ -72,11 +72,11 @@ def read_marker(folder: str | Path) -> dict[str, Any] | None:
 
 
 def _files_in(folder: Path) -> list[str]:
-    """Every file under ``folder`` (relative, '/'-separated), the marker left out."""
+    """Every file under ``folder`` (relative, '/'-separated), the markers left out."""
     return sorted(
         path.relative_to(folder).as_posix()
         for path in folder.rglob("*")
-        if not path.is_dir() and path.name != MARKER
+        if not path.is_dir() and path.name not in (MARKER, STAGING_MARKER)
     )
 
 
@@ -217,15 +217,19 @@ def _writer(folder: Path) -> tuple[int, str] | None:
         return int(pid_text), host[0] if host else socket.gethostname()
     except (OSError, ValueError, IndexError):
         pass
-    # A retired folder is a finished result renamed aside: its pid is in its name.
-    marker = read_marker(folder)
-    parts = folder.name.split(".replaced-")
-    if marker is None or len(parts) != 2:
+    # A retired folder is a finished result renamed aside, and a staging folder without its staging
+    # marker one whose writer was killed between finishing it and renaming it into place: both hold
+    # kvsim's marker, and their writer's pid is in their name.
+    if read_marker(folder) is None:
         return None
-    try:
-        return int(parts[1].split("-")[0]), socket.gethostname()
-    except ValueError:
-        return None
+    for infix in (".replaced-", ".partial-"):
+        parts = folder.name.split(infix)
+        if len(parts) == 2:
+            try:
+                return int(parts[1].split("-")[0]), socket.gethostname()
+            except ValueError:
+                return None
+    return None
 
 
 def stale_staging_folders(out_dir: Path) -> list[Path]:
@@ -334,8 +338,10 @@ def staged_output_dir(
     try:
         staging = _make_staging(target, trying)
         yield staging
-        (staging / STAGING_MARKER).unlink()
+        # The result's marker is written while the staging marker still names this process, so a
+        # kill at any moment leaves a folder that one of the two markers proves is kvsim's.
         write_marker(staging, kind, config_digest, list_files=True)
+        (staging / STAGING_MARKER).unlink()
         _replace(staging, target, kind)
         committed = True
     except BaseException:
