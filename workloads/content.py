@@ -93,17 +93,14 @@ def hash_prompt(
         raise ValueError(f"block_len must be positive, got {block_len}")
     if prompt_len <= 0:
         raise ValueError(f"prompt_len must be positive, got {prompt_len}")
-    hash_block = ids.hash_block
-    full_blocks = min(len(hash_ids), prompt_len // block_len)
-    # Non-negative integer ids (nearly all) map inline; hash_block gives the same for them.
-    segments: list[Segment] = [
-        (hash_id << 2 | _HASH if type(hash_id) is int and hash_id >= 0 else hash_block(hash_id), block_len)
-        for hash_id in hash_ids[:full_blocks]
-    ]
-    left = prompt_len - full_blocks * block_len
-    if left > 0 and full_blocks < len(hash_ids):
-        segments.append((hash_block(hash_ids[full_blocks]), left))  # the last block the prompt reaches
-        left = 0
+    segments: list[Segment] = []
+    left = prompt_len
+    for hash_id in hash_ids:
+        if left <= 0:
+            break
+        length = block_len if left >= block_len else left
+        segments.append((ids.hash_block(hash_id), length))
+        left -= length
     if left > 0:
         if tail_id is None:
             raise ValueError(

@@ -17,7 +17,7 @@ from workloads.request import Request
 
 # Open-loop requests read from the stream at a time. Reading them in batches rather than one per
 # arrival keeps a trace parser's allocations out of the engine's working set: the Azure trace
-# replays ~15 % faster, with at most this many requests held ahead.
+# replays ~18 % faster compiled (paged 1.90 -> 1.55 s), with at most this many requests held ahead.
 READ_AHEAD: Final = 1024
 
 
