@@ -232,7 +232,8 @@ class PagedPolicy(SequenceTable[SequenceState]):
         # owner will fill). The sums cover all live blocks.
         self._filled = [0] * self.num_blocks
         self._target = [0] * self.num_blocks
-        self._partial_owners: dict[int, list[SequenceState]] = {}
+        # Indexed by block id (a dict would box the id on every lookup of the compiled build).
+        self._partial_owners: list[list[SequenceState] | None] = [None] * self.num_blocks
         self._live_blocks = 0
         self._logical_blocks = 0  # Σ block-table lengths: what the live sequences would hold unshared
         self._filled_sum = 0
@@ -393,7 +394,7 @@ class PagedPolicy(SequenceTable[SequenceState]):
         seq = self._get(seq_id)
         table = seq.block_table
         full_blocks = table
-        if table and table[-1] in self._partial_owners:
+        if table and self._partial_owners[table[-1]] is not None:
             self._drop_reference(seq, table[-1])
             full_blocks = table[:-1]
         # Reverse order: with prefix caching the tail (longest prefix, least reusable) is evicted first.
@@ -514,7 +515,7 @@ class PagedPolicy(SequenceTable[SequenceState]):
         if before % block_size:
             tail = table[-1]
             if after >= held:
-                del self._partial_owners[tail]  # now full: filled = target = block_size
+                self._partial_owners[tail] = None  # now full: filled = target = block_size
             else:
                 self._filled[tail] += num_tokens
         if after > held:
@@ -554,7 +555,9 @@ class PagedPolicy(SequenceTable[SequenceState]):
         self._set_fill(block_id, filled, self._shared_target(block_id, len(seq.block_table) - 1))
 
     def _shared_target(self, block_id: int, block_index: int) -> int:
-        return max(self._owner_target(owner, block_index) for owner in self._partial_owners[block_id])
+        owners = self._partial_owners[block_id]
+        assert owners is not None, f"block {block_id} is no partly filled tail"
+        return max(self._owner_target(owner, block_index) for owner in owners)
 
     def _set_fill(self, block_id: int, filled: int, target: int) -> None:
         self._filled_sum += filled - self._filled[block_id]
@@ -565,7 +568,7 @@ class PagedPolicy(SequenceTable[SequenceState]):
     def _drop_reference(self, seq: SequenceState, block_id: int) -> None:
         """``seq`` stops referencing its partly filled tail ``block_id``; the block is freed when
         nobody else does."""
-        owners = self._partial_owners.get(block_id)
+        owners = self._partial_owners[block_id]
         if owners is not None:
             owners.remove(seq)
         self.ref_count[block_id] -= 1
@@ -575,7 +578,7 @@ class PagedPolicy(SequenceTable[SequenceState]):
                     block_id, self._filled[block_id], self._shared_target(block_id, self._index_of(seq))
                 )
             return
-        self._partial_owners.pop(block_id, None)
+        self._partial_owners[block_id] = None
         self._live_blocks -= 1
         self._set_fill(block_id, 0, 0)
         self._return_free_blocks([block_id])

@@ -539,7 +539,9 @@ class PrefixCachingPolicy(PagedPolicy):
             self.ref_count[block_id] += 1
         if parent.block_table and parent.num_tokens % self.block_size:
             tail = parent.block_table[-1]
-            self._partial_owners[tail].append(child)
+            owners = self._partial_owners[tail]
+            assert owners is not None, "a partly filled tail has its owners"
+            owners.append(child)
             self._retarget_tail(tail, child)
 
     def _blocks_needed_to_grow(self, seq: SequenceState, num_tokens: int) -> int:
