@@ -190,6 +190,9 @@ class SequenceState:
     lazy_key: tuple | None
     lazy_from: int
     lazy_cached_blocks: int
+    # Tokens of its own output stream appended since ``segments`` were last brought up to date: a
+    # decoding sequence grows at every flush, and only keying, forks and lazy runs read the segments.
+    output_pending: int
 
     def __init__(
         self,
@@ -213,7 +216,27 @@ class SequenceState:
         self.keyed_blocks = keyed_blocks
         self.namespace = namespace
         self.lazy_key = None
-        self.lazy_from = self.lazy_cached_blocks = 0
+        self.lazy_from = self.lazy_cached_blocks = self.output_pending = 0
+
+    def fold_output(self) -> None:
+        """Bring ``segments`` up to date with the output tokens appended since (``output_pending``)."""
+        pending = self.output_pending
+        if not pending:
+            return
+        self.output_pending = 0
+        segments = self.segments
+        if segments and segments[-1][0] == self.output_content_id:
+            segments[-1] = (self.output_content_id, segments[-1][1] + pending)
+            self.segment_ends[-1] += pending
+        else:
+            self.append_segment((self.output_content_id, pending))
+
+    def append_segment(self, segment: Segment) -> None:
+        """Its content continues with ``segment`` (an empty one adds nothing)."""
+        if segment[1] == 0:
+            return
+        self.segments.append(segment)
+        self.segment_ends.append((self.segment_ends[-1] if self.segment_ends else 0) + segment[1])
 
 
 class PagedPolicy(SequenceTable[SequenceState]):
@@ -376,6 +399,7 @@ class PagedPolicy(SequenceTable[SequenceState]):
         self._ensure_free_blocks(
             self._blocks_needed_to_fork(parent, len(children)), "forking sequence", parent_id
         )
+        parent.fold_output()
         for child in children:
             state = SequenceState(
                 child.seq_id,

@@ -296,26 +296,15 @@ class PrefixCachingPolicy(PagedPolicy):
     # ------------------------------------------------------------------------------- content and keys
     def _remember_content(self, seq: SequenceState, content: TokenContent) -> None:
         validate_content(content, f"content of sequence {seq.seq_id}")
+        seq.fold_output()
         for segment in content:
-            self._append_segment(seq, segment)
+            seq.append_segment(segment)
 
     def _append_content(self, seq: SequenceState, num_tokens: int, content: TokenContent | None) -> None:
         if content is not None:
             self._remember_content(seq, content)
-            return
-        segments = seq.segments
-        if segments and segments[-1][0] == seq.output_content_id:
-            segments[-1] = (seq.output_content_id, segments[-1][1] + num_tokens)
-            seq.segment_ends[-1] += num_tokens
         else:
-            self._append_segment(seq, (seq.output_content_id, num_tokens))
-
-    @staticmethod
-    def _append_segment(seq: SequenceState, segment: tuple[int, int]) -> None:
-        if segment[1] == 0:
-            return
-        seq.segments.append(segment)
-        seq.segment_ends.append((seq.segment_ends[-1] if seq.segment_ends else 0) + segment[1])
+            seq.output_pending += num_tokens  # its own output: folded into segments when they are read
 
     def _on_blocks_filled(self, seq: SequenceState) -> None:
         """Cache every block of ``seq`` that became full and has no key yet (a hit or a block shared
@@ -329,6 +318,7 @@ class PrefixCachingPolicy(PagedPolicy):
         if seq.lazy_key is not None:
             self._mark_lazy(seq, block, last)
             return
+        seq.fold_output()
         table, segments, ends, namespace = seq.block_table, seq.segments, seq.segment_ends, seq.namespace
         keys, chain_of = self._block_key, self._block_chain
         chains, cache = self._chains, self._cached_by_key
@@ -406,6 +396,7 @@ class PrefixCachingPolicy(PagedPolicy):
         run.lazy_key = None
         cached = run.block_table[run.lazy_from : run.lazy_from + run.lazy_cached_blocks]
         run.lazy_cached_blocks = 0
+        run.fold_output()
         assert all(self._block_key[block_id] is run for block_id in cached), "evicted out of order"
         contents = block_contents(
             run.segments, run.segment_ends, run.lazy_from, run.lazy_from + len(cached), self.block_size

@@ -112,6 +112,7 @@ def check_blocks_hold_the_content_of_their_owners(policy: PrefixCachingPolicy) -
     for seq_id in policy.live_sequences():
         state = policy.sequences[seq_id]
         full = state.num_tokens // policy.block_size
+        state.fold_output()
         contents = block_contents(state.segments, state.segment_ends, 0, full, policy.block_size)
         parent_chain = None
         for index, (block_id, content) in enumerate(zip(state.block_table[:full], contents, strict=True)):
