@@ -63,7 +63,6 @@ from sim.costs.core import (
     ProfileDevice,
     ProfileModel,
     StepCoefficients,
-    attention_pairs,
     attention_width,
     kv_elements_per_token_per_layer,
     layer_matmul_params,
@@ -74,6 +73,7 @@ from sim.costs.derated import (
     elementwise_elements_per_token,
     relative_line,
 )
+from sim.costs.terms import attention_pairs
 from sim.hardware.gpus import Efficiency, GpuSpec, resolve_gpu
 from sim.hardware.models import ModelSpec, resolve_model
 

@@ -90,6 +90,23 @@ class FreeBlockQueue:
             del blank[-count:]
             blocks.reverse()
             return blocks
+        cached = self._cached
+        head = self._head
+        if count == 1 and not blank and not self._stale and self._cached_count:
+            # A decoding sequence's next block once no blank block is left: the oldest cached one.
+            self._cached_count -= 1
+            self._head = head + 1
+            blocks = cached[head : head + 1]
+        else:
+            blocks = self._take_through_cached(count)
+        if self._head > self.compact_after and self._head > self._cached_count:
+            del cached[: self._head]  # (stale entries stay, with their counts)
+            self._head = 0
+        return blocks
+
+    def _take_through_cached(self, count: int) -> list[int]:
+        """``take`` of more blocks than the blank part holds: all of it, then the oldest cached."""
+        blank = self._blank
         oldest = count - len(blank)
         if oldest > self._cached_count:
             raise IndexError(f"take({count}) from a queue of {len(blank) + self._cached_count} blocks")
@@ -102,25 +119,22 @@ class FreeBlockQueue:
             end = head + oldest
             blocks += cached[head:end]
             self._head = end
-        else:
-            stale = self._stale
-            while oldest:
-                block_id = cached[head]
-                head += 1
-                left = stale.get(block_id)
-                if left:  # an entry a hit left behind
-                    self._stale_entries -= 1
-                    if left == 1:
-                        del stale[block_id]
-                    else:
-                        stale[block_id] = left - 1
-                    continue
-                blocks.append(block_id)
-                oldest -= 1
-            self._head = head
-        if self._head > self.compact_after and self._head > self._cached_count:
-            del cached[: self._head]  # (stale entries stay, with their counts)
-            self._head = 0
+            return blocks
+        stale = self._stale
+        while oldest:
+            block_id = cached[head]
+            head += 1
+            left = stale.get(block_id)
+            if left:  # an entry a hit left behind
+                self._stale_entries -= 1
+                if left == 1:
+                    del stale[block_id]
+                else:
+                    stale[block_id] = left - 1
+                continue
+            blocks.append(block_id)
+            oldest -= 1
+        self._head = head
         return blocks
 
     def append(self, block_id: int) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from sim.costs.core import CostModel, DecodeCost
+from sim.costs.core import CostModel
+from sim.costs.terms import DecodeCost
 from workloads.request import Request
 
 

@@ -20,7 +20,6 @@ from sim.costs.core import (
     CostModelConfig,
     CostModelError,
     CostProfile,
-    DeratedCostModel,
     LayerDecodeCoefficients,
     LayerPrefillCoefficients,
     ProfileCoefficients,
@@ -33,6 +32,7 @@ from sim.costs.core import (
     load_profile,
     make_cost_model,
 )
+from sim.costs.derated import DeratedCostModel
 from sim.hardware.gpus import GpuSpec, resolve_gpu
 from sim.hardware.models import ModelSpec, resolve_model
 

@@ -7,8 +7,13 @@ import math
 import numpy as np
 import pytest
 
-from sim.costs.core import AnalyticCostModel, DeratedCostModel, make_cost_model
-from sim.costs.derated import DECODE_LINEARIZATION_BATCHES, elementwise_elements_per_token, embedding_is_tied
+from sim.costs.core import AnalyticCostModel, make_cost_model
+from sim.costs.derated import (
+    DECODE_LINEARIZATION_BATCHES,
+    DeratedCostModel,
+    elementwise_elements_per_token,
+    embedding_is_tied,
+)
 from sim.hardware.gpus import EFFICIENCY_PRESETS, GPU_PRESETS, Efficiency, GpuSpec, resolve_gpu
 from sim.hardware.models import ModelSpec, resolve_model
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import pytest
 
 from policies import PoolSpec, make_policy
-from sim.costs.core import DecodeCost
+from sim.costs.terms import DecodeCost
 from sim.engine.core import Engine, EngineKnobs
 from tests.engine_helpers import ConstantCost, request
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.costs.core import DecodeCost
+from sim.costs.terms import DecodeCost
 from sim.engine.event_skip import JumpTimeline, decode_series_s, decode_token_weight_s, iterations_to_reach
 
 DECODE = DecodeCost(intercept_s=0.01, per_seq_s=0.0002, per_context_token_s=3e-7)

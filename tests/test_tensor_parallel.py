@@ -13,8 +13,6 @@ import pytest
 
 from sim.cli import main
 from sim.costs.core import (
-    ALL_REDUCE_LATENCY_S,
-    AllReduceCost,
     AnalyticCostModel,
     CostModelConfig,
     CostModelError,
@@ -23,6 +21,7 @@ from sim.costs.core import (
     make_cost_model,
 )
 from sim.costs.derated import DeratedCostModel
+from sim.costs.terms import ALL_REDUCE_LATENCY_S, AllReduceCost
 from sim.hardware.capacity import size_kv_pool
 from sim.hardware.gpus import GPU_PRESETS, resolve_gpu
 from sim.hardware.models import MODEL_PRESETS

@@ -40,6 +40,12 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sim.costs.terms import (  # the terms every iteration evaluates, compiled apart (make native)
+    AllReduceCost,
+    DecodeCost,
+    attention_pairs,
+)
+
 if TYPE_CHECKING:
     from sim.hardware.gpus import GpuSpec
     from sim.hardware.models import ModelSpec
@@ -51,16 +57,6 @@ DEFAULT_HOST_BANDWIDTH_BYTES_PER_S = 25e9
 PCIe 4.0 x16 link sustains with pinned memory (32 GB/s peak). PCIe 5.0 hosts reach about 50 GB/s."""
 
 PROFILE_SCHEMA_VERSION = 1
-
-
-@dataclass(frozen=True)
-class DecodeCost:
-    intercept_s: float
-    per_seq_s: float
-    per_context_token_s: float
-
-    def step_s(self, batch_size: int, sum_context: int) -> float:
-        return self.intercept_s + self.per_seq_s * batch_size + self.per_context_token_s * sum_context
 
 
 class CostModel(ABC):
@@ -160,15 +156,6 @@ class ModelShape(Protocol):
     def name(self) -> str: ...
 
 
-def attention_pairs(num_tokens: int, start_pos: int) -> float:
-    """(query, key) pairs of causal attention for a chunk of ``num_tokens`` at ``start_pos``.
-
-    Query ``i`` of the chunk sees ``start_pos + i + 1`` keys; the sum is
-    ``n * (start + (n + 1) / 2)``. The analytic model and the fitted profiles use ``n * (start + n / 2)``,
-    which differs by ``n / 2`` pairs, a rounding at the chunk sizes that matter."""
-    return num_tokens * (start_pos + num_tokens / 2)
-
-
 def attention_width(model: ModelShape) -> int:
     """Query width per layer, ``num_attention_heads * head_dim`` (= hidden size in Llama shapes)."""
     return model.num_attention_heads * model.head_dim
@@ -213,87 +200,6 @@ def checked_tensor_parallel(model: ModelShape | ModelSpec, tensor_parallel_size:
 def head_params(model: ModelShape) -> int:
     """The LM head (logits projection): ``vocab_size * hidden_size``."""
     return model.vocab_size * model.hidden_size
-
-
-# --------------------------------------------------------------------------------------------------
-# Tensor parallelism: the all-reduces
-# --------------------------------------------------------------------------------------------------
-
-ALL_REDUCES_PER_LAYER = 2
-"""Megatron-style tensor parallelism, as vLLM runs it: the attention output projection and the MLP
-down projection are split by rows, and each ends in an all-reduce of the layer's ``hidden``-wide
-output (``RowParallelLinear``)."""
-
-ALL_REDUCE_LATENCY_S = 10e-6
-"""Fixed time of one all-reduce call at TP 2, 10 us; at TP ``p`` it is ``10 us x log2(p)`` (20 us at
-TP 4, 30 us at TP 8), the growth of NCCL's tree and low-latency protocols with the number of GPUs.
-Source: Vidur's NCCL all-reduce timings on an H100 DGX under CUDA graphs (microsoft/vidur
-``data/profiling/network/h100_dgx/all_reduce.csv``, commit e26eb8f, medians of 3 runs): 7-10 us for
-messages up to 1 MiB on 2 GPUs; 31-34 us for 1-2 MiB on 8 GPUs, whose line through 1-5 MiB meets
-zero bytes at about 28 us. With the ring term over 450 GB/s the model is +10..+19 % against the 8-GPU
-medians at 1-5 MiB and 1.46-1.71x at 84-128 MiB (NVLS beats the ring there); README, "Tensor
-parallelism"."""
-
-
-def all_reduce_latency_s(tensor_parallel_size: int) -> float:
-    """One all-reduce call's fixed time at this TP (0 at TP 1): :data:`ALL_REDUCE_LATENCY_S` x log2(tp)."""
-    return ALL_REDUCE_LATENCY_S * math.log2(tensor_parallel_size)
-
-
-@dataclass(frozen=True)
-class AllReduceCost:
-    """Time tensor parallelism adds to an iteration of ``tokens`` tokens (decode rows plus prefill
-    tokens): ``2 x layers`` all-reduces of ``tokens x hidden x activation bytes`` each, by the ring
-    algorithm, which sends and receives ``2 (tp - 1) / tp`` times the message over each GPU's link:
-
-        seconds = calls x latency(tp) + calls x 2 (tp - 1) / tp x tokens x hidden x bytes / link
-
-    ``latency(tp)`` is :func:`all_reduce_latency_s`.
-    with ``link`` one direction of the GPU's NVLink (PCIe without it), :attr:`GpuSpec.tensor_parallel_link_bytes_per_s`.
-    All zero at ``tp = 1``. Communication is not overlapped with compute (vLLM does not overlap it)."""
-
-    tensor_parallel_size: int = 1
-    per_iteration_s: float = 0.0
-    """``calls x latency``: paid once by every iteration that runs the model."""
-    per_token_s: float = 0.0
-    """The bandwidth term per token of the iteration."""
-    link_bytes_per_s: float = 0.0
-    link: str = ""
-
-    @classmethod
-    def of(
-        cls,
-        model: ModelShape | ModelSpec,
-        gpu: GpuSpec,
-        tensor_parallel_size: int,
-    ) -> AllReduceCost:
-        from sim.hardware.models import activation_dtype_bytes
-
-        tp = tensor_parallel_size
-        if tp == 1:
-            return cls()
-        calls = ALL_REDUCES_PER_LAYER * model.num_layers
-        link = gpu.tensor_parallel_link_bytes_per_s
-        ring = 2 * (tp - 1) / tp
-        message_bytes_per_token = model.hidden_size * activation_dtype_bytes(model.weight_dtype_bytes)
-        return cls(
-            tensor_parallel_size=tp,
-            per_iteration_s=calls * all_reduce_latency_s(tp),
-            per_token_s=calls * ring * message_bytes_per_token / link,
-            link_bytes_per_s=link,
-            link=gpu.tensor_parallel_link_name,
-        )
-
-    def seconds(self, tokens: int) -> float:
-        """All-reduce time of one iteration over ``tokens`` tokens (0 at tp = 1 or without tokens)."""
-        return self.per_iteration_s + self.per_token_s * tokens if tokens > 0 else 0.0
-
-    def describe(self) -> str:
-        """A phrase for cost-model labels: the TP and the link its all-reduces use."""
-        return (
-            f"TP {self.tensor_parallel_size}: per-GPU shares + {ALL_REDUCES_PER_LAYER} all-reduces/layer over "
-            f"{self.link} {self.link_bytes_per_s / 1e9:g} GB/s per direction"
-        )
 
 
 def tensor_parallel_label(label: str, all_reduce: AllReduceCost) -> str:
@@ -1053,6 +959,9 @@ def make_cost_model(
             raise CostModelError(f"invalid cost_model {config!r}: {problems}") from None
     bandwidth = None if config.host_bandwidth_gb_per_s is None else config.host_bandwidth_gb_per_s * 1e9
     if config.kind in ("derated", "analytic"):
+        # (The derated model's module builds on this one: imported here, either can be imported first.)
+        from sim.costs.derated import DeratedCostModel
+
         roofline = DeratedCostModel if config.kind == "derated" else AnalyticCostModel
         return roofline(
             model,
@@ -1074,8 +983,3 @@ def make_cost_model(
         tensor_parallel_rescale=config.tensor_parallel_rescale,
         gpu=gpu,
     )
-
-
-# The derated model lives in its own module (it needs these definitions); re-exported here so that
-# ``from sim.costs.core import DeratedCostModel`` works like the other cost models.
-from sim.costs.derated import DeratedCostModel  # noqa: E402

@@ -27,7 +27,7 @@ Tensor parallelism (``tensor_parallel_size`` > 1): each GPU holds ``1 / tp`` of 
 vocabulary of the embedding and LM head too), ``1 / tp`` of the attention heads and MLP width, and
 ``max(1, kv_heads // tp)`` KV heads; the GPUs run at once, so the weight reads, FLOPs, split
 elementwise kernels (rotary, activation) and K/V reads divide, while the norms and residual adds
-(replicated on every GPU) and the fixed per-layer floors do not. :class:`sim.costs.core.AllReduceCost`
+(replicated on every GPU) and the fixed per-layer floors do not. :class:`sim.costs.terms.AllReduceCost`
 adds two all-reduces per layer. Decode attention's per-sequence cost is kept whole (it was fitted
 at TP 1 and is not known to scale with heads).
 
@@ -49,12 +49,11 @@ import numpy as np
 from sim.costs.core import (
     DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
     DatasheetCostModel,
-    DecodeCost,
-    attention_pairs,
     attention_width,
     layer_matmul_params,
     tensor_parallel_label,
 )
+from sim.costs.terms import DecodeCost, attention_pairs
 
 if TYPE_CHECKING:
     from sim.hardware.gpus import Efficiency, GpuSpec

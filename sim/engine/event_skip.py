@@ -1,7 +1,7 @@
 """Closed-form arithmetic behind event skipping.
 
 Between events every decoding sequence gains one token per iteration and a decode-only iteration
-costs ``intercept + per_seq * batch + per_context_token * sum_context`` (``sim.costs.core.DecodeCost``), so
+costs ``intercept + per_seq * batch + per_context_token * sum_context`` (``sim.costs.terms.DecodeCost``), so
 the summed context grows by ``batch`` each iteration and ``k`` iterations cost an arithmetic series.
 These pure functions let the engine find how far it can jump without stepping, when each iteration
 of a jump starts, and the exact area under the tokens that grow during it.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sim.costs.core import DecodeCost
+from sim.costs.terms import DecodeCost
 
 UNBOUNDED_STEPS = 1 << 62
 

@@ -34,7 +34,8 @@ from pathlib import Path
 from types import ModuleType
 
 # The engine's hot path: what a wake-up runs (engine, decode clock, jumps, arrivals, policies, the
-# recorder, the cost model, the request). Their classes become native classes; the rest stays Python.
+# recorder, the cost model and its per-iteration terms, the request). Their classes become native
+# classes; the rest stays Python.
 MODULES = (
     "policies._free_space",
     "policies._host_tier",
@@ -45,6 +46,7 @@ MODULES = (
     "policies.prefix",
     "policies.radix",
     "sim.costs.derated",
+    "sim.costs.terms",
     "sim.engine.arrivals",
     "sim.engine.core",
     "sim.engine.decoding",
