@@ -276,6 +276,9 @@ class PagedPolicy(SequenceTable[SequenceState]):
         self._filled_sum = 0
         self._target_sum = 0
         self.sequences: dict[int, SequenceState] = {}
+        # Set once a fork shares a partly filled tail (prefix caching): until then no write can need
+        # a copy-on-write, and the per-sequence check of the tail's references is skipped.
+        self._tails_shared = False
 
     # ---------------------------------------------------------------------------------------- queries
     def block_table(self, seq_id: int) -> list[int]:
@@ -360,7 +363,8 @@ class PagedPolicy(SequenceTable[SequenceState]):
             sequences = [self._get(seq_id) for seq_id in seq_ids]  # names the unknown id
         self._check_grow_each_of(seq_ids, sequences, num_tokens)
         rooms = []
-        if self._SHARES_BLOCKS:
+        if self._tails_shared:
+            # A fork shared a partly filled tail: a write may copy it first, and leaves it no room.
             for seq, tokens in zip(sequences, num_tokens):  # noqa: B905 (lengths checked)
                 self._copy_shared_tail_before_write(seq)
                 self._append_content(seq, tokens, None)
@@ -368,7 +372,10 @@ class PagedPolicy(SequenceTable[SequenceState]):
                 rooms.append(self._room(seq))
             return rooms
         block_size = self.block_size
+        shares = self._SHARES_BLOCKS
         for seq, tokens in zip(sequences, num_tokens):  # noqa: B905 (lengths checked)
+            if shares:
+                self._append_content(seq, tokens, None)
             self._extend(seq, tokens)
             held = len(seq.block_table) * block_size
             rooms.append((held if held < seq.final_len else seq.final_len) - seq.num_tokens)

@@ -379,9 +379,9 @@ class PrefixCachingPolicy(PagedPolicy):
 
     def _mark_lazy(self, seq: SequenceState, first: int, last: int) -> None:
         """Blocks ``first`` to ``last - 1`` of a lazy run are full: cached, keyed if ever reached."""
-        keys = self._block_key
-        for block_id in seq.block_table[first:last]:
-            keys[block_id] = seq
+        keys, table = self._block_key, seq.block_table
+        for index in range(first, last):  # (no slice: usually one block, at each decode flush)
+            keys[table[index]] = seq
         seq.lazy_cached_blocks += last - first
         seq.keyed_blocks = last
 
@@ -421,12 +421,13 @@ class PrefixCachingPolicy(PagedPolicy):
         cached = count - self.free_queue.blank
         blocks = self.free_queue.take(count)
         if cached > 0:
-            self._evict(blocks[-cached:])
+            self._evict(blocks, count - cached)
         return blocks
 
-    def _evict(self, block_ids: list[int]) -> None:
-        """Cached blocks taken from the queue forget their content (written to the host tier first,
-        when there is one)."""
+    def _evict(self, block_ids: list[int], start: int) -> None:
+        """Cached blocks taken from the queue, ``block_ids[start:]``, forget their content (written
+        to the host tier first, when there is one). (An index, not a slice: once the cache fills,
+        every block a decoding sequence takes is one eviction.)"""
         keys, chain_of, cache, later = (
             self._block_key,
             self._block_chain,
@@ -439,7 +440,8 @@ class PrefixCachingPolicy(PagedPolicy):
         # they are counted off their run as one group.
         run: SequenceState | None = None
         run_blocks = 0
-        for block_id in block_ids:
+        for index in range(start, len(block_ids)):
+            block_id = block_ids[index]
             key = keys[block_id]
             keys[block_id] = None
             if key is run:
@@ -463,8 +465,8 @@ class PrefixCachingPolicy(PagedPolicy):
             self._evict_lazy(run, run_blocks)
         if released:
             self._chains.release_each(released)
-        self._cached_in_queue -= len(block_ids)
-        self.stats.evictions += len(block_ids)
+        self._cached_in_queue -= len(block_ids) - start
+        self.stats.evictions += len(block_ids) - start
 
     def _evict_lazy(self, run: SequenceState, blocks: int) -> None:
         """``blocks`` cached blocks of the lazy run ``run`` were evicted; the run is forgotten with
@@ -534,6 +536,7 @@ class PrefixCachingPolicy(PagedPolicy):
             assert owners is not None, "a partly filled tail has its owners"
             owners.append(child)
             self._retarget_tail(tail, child)
+            self._tails_shared = True
 
     def _blocks_needed_to_grow(self, seq: SequenceState, num_tokens: int) -> int:
         # Runs once per block a sequence fills: the paged count and the tail check written out here.
