@@ -204,6 +204,34 @@ def test_analytic_iteration_is_the_roofline_sum():
     assert costs.iteration_s(0, 0, [(512, 1024)]) == approx(0.008030261248 + 0.008566584901632)
 
 
+@pytest.mark.parametrize("kind", ["analytic", "profile"])
+def test_compiled_linear_iteration_equals_the_formula_bit_for_bit(kind):
+    """The engine times iterations through ``linear_iteration`` (compiled terms): exactly the sum the
+    cost model's formula gives, fixed cost first, the chunks summed left to right."""
+    costs = AnalyticCostModel(LLAMA_8B, ROUND_GPU) if kind == "analytic" else ProfileCostModel(make_profile())
+    linear = costs.linear_iteration
+    assert linear is not None
+    decode = costs.decode
+    for batch, context, chunks in [
+        (8, 8000, [(512, 1024), (64, 0)]),
+        (0, 0, [(100, 50)]),
+        (3, 300, [(100, 50), (20, 0), (7, 3)]),
+        (5, 77, []),
+        (2, 10, [(0, 5), (9, 0)]),
+    ]:
+        fixed = max(decode.intercept_s if batch > 0 else 0.0, costs.prefill_fixed_s)
+        formula = (
+            decode.step_s(batch, context)
+            if not chunks
+            else fixed
+            + decode.per_seq_s * batch
+            + decode.per_context_token_s * context
+            + sum(costs.prefill_s(n, start) for n, start in chunks)
+        )
+        assert linear.iteration_s(batch, context, chunks) == formula
+        assert costs.iteration_s(batch, context, chunks) == formula
+
+
 def test_profile_block_size_from_sweep():
     profile = make_profile()
     at8 = ProfileCostModel(profile, block_size=8)

@@ -43,7 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from sim.costs.terms import (  # the terms every iteration evaluates, compiled apart (make native)
     AllReduceCost,
     DecodeCost,
-    attention_pairs,
+    LinearIterationCost,
+    PrefillCost,
 )
 
 if TYPE_CHECKING:
@@ -67,21 +68,32 @@ class CostModel(ABC):
     label: str = ""
     measured: bool = False
     error_band: str = "not validated"
+    # Set by models whose prefill chunks cost a linear form: their iterations are timed by it.
+    _linear: LinearIterationCost | None = None
+
+    @property
+    def linear_iteration(self) -> LinearIterationCost | None:
+        """This model's :meth:`iteration_s` as compiled linear terms, when it has them (the analytic
+        model and the fitted profiles): the engine calls those directly."""
+        return self._linear
 
     @property
     @abstractmethod
     def decode(self) -> DecodeCost: ...
 
-    @abstractmethod
     def prefill_s(self, num_tokens: int, start_pos: int) -> float:
         """Time a prefill chunk of ``num_tokens`` starting at ``start_pos`` adds to the iteration that
-        carries it, on top of the iteration's fixed cost (:attr:`prefill_fixed_s`)."""
+        carries it, on top of the iteration's fixed cost (:attr:`prefill_fixed_s`). A model with
+        linear terms is timed by them; any other model defines this."""
+        if self._linear is None:
+            raise NotImplementedError(f"{type(self).__name__} defines no prefill_s")
+        return self._linear.prefill.chunk_s(num_tokens, start_pos)
 
     @property
     def prefill_fixed_s(self) -> float:
         """Fixed cost of an iteration that runs prefill tokens (reading the weights once, launching
         every layer). By default the decode intercept, the same weight read."""
-        return self.decode.intercept_s
+        return self.decode.intercept_s if self._linear is None else self._linear.prefill.fixed_s
 
     def iteration_s(
         self, batch_size: int, sum_context: int, prefill_chunks: Sequence[tuple[int, int]] = ()
@@ -96,6 +108,8 @@ class CostModel(ABC):
         Without chunks this is exactly ``decode.step_s(batch_size, sum_context)``, which event
         skipping relies on. Block copies and swaps are not included (:meth:`copy_blocks_s`,
         :meth:`swap_blocks_s`)."""
+        if self._linear is not None:
+            return self._linear.iteration_s(batch_size, sum_context, prefill_chunks)
         decode = self.decode
         if not prefill_chunks:
             return decode.step_s(batch_size, sum_context)
@@ -316,15 +330,15 @@ class AnalyticCostModel(DatasheetCostModel):
         )
         self.prefill_per_token_s = 2.0 * active_params / flops / tp + self.all_reduce.per_token_s
         self.prefill_per_attention_pair_s = 4.0 * model.num_layers * attention_width(model) / flops / tp
+        prefill = PrefillCost(
+            fixed_s=self._decode.intercept_s,  # the same weight read as a decode step
+            per_chunk_s=0.0,
+            per_token_s=self.prefill_per_token_s,
+            per_pair_s=self.prefill_per_attention_pair_s,
+        )
+        self._linear = LinearIterationCost(self._decode, prefill)
         self.label = tensor_parallel_label(self.label, self.all_reduce)
         self._copy_per_block_s = 2.0 * self.block_bytes / bandwidth
-
-    def prefill_s(self, num_tokens: int, start_pos: int) -> float:
-        if num_tokens <= 0:
-            return 0.0
-        return self.prefill_per_token_s * num_tokens + self.prefill_per_attention_pair_s * attention_pairs(
-            num_tokens, start_pos
-        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -671,15 +685,19 @@ class ProfileCostModel(CostModel):
         p = c.prefill_per_layer
         # One fixed cost per iteration (the layers' prefill intercept and the LM head's): a chunk adds
         # only its marginal time, including the one row of logits it needs.
-        self._prefill_fixed = (
+        prefill_fixed_s = (
             layers * p.intercept_s * ratios.weights
             + c.decode_per_step.intercept_s * ratios.head
             + self.all_reduce.per_iteration_s
         )
-        self._prefill = (
-            c.decode_per_step.per_seq_s * ratios.head,
-            layers * p.per_token_s * ratios.weights + self.all_reduce.per_token_s,
-            layers * p.per_attention_pair_s * ratios.attention,
+        self._linear = LinearIterationCost(
+            self._decode,
+            PrefillCost(
+                fixed_s=prefill_fixed_s,
+                per_chunk_s=c.decode_per_step.per_seq_s * ratios.head,  # its one row of logits
+                per_token_s=layers * p.per_token_s * ratios.weights + self.all_reduce.per_token_s,
+                per_pair_s=layers * p.per_attention_pair_s * ratios.attention,
+            ),
         )
         self._copy = (copy.intercept_s, copy.per_block_s * ratios.block)
         self._swap = (swap.intercept_s, swap.per_block_s * ratios.block)
@@ -799,16 +817,6 @@ class ProfileCostModel(CostModel):
     @property
     def decode(self) -> DecodeCost:
         return self._decode
-
-    @property
-    def prefill_fixed_s(self) -> float:
-        return self._prefill_fixed
-
-    def prefill_s(self, num_tokens: int, start_pos: int) -> float:
-        if num_tokens <= 0:
-            return 0.0
-        head_row, per_token, per_pair = self._prefill
-        return head_row + per_token * num_tokens + per_pair * attention_pairs(num_tokens, start_pos)
 
     def copy_blocks_s(self, num_blocks: int) -> float:
         return 0.0 if num_blocks <= 0 else self._copy[0] + self._copy[1] * num_blocks

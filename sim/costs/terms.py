@@ -1,11 +1,12 @@
 """The cost terms the engine evaluates at every iteration, apart from the cost models' configuration
 (``sim/costs/core.py``, which re-exports each of them) so that the compiled build (``make native``)
-compiles them: the decode step's linear form, causal attention's (query, key) pairs and the
-tensor-parallel all-reduces."""
+compiles them: the decode step's linear form, the linear prefill chunk and iteration of the analytic
+and fitted models, causal attention's (query, key) pairs and the tensor-parallel all-reduces."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,50 @@ class DecodeCost:
 
     def step_s(self, batch_size: int, sum_context: int) -> float:
         return self.intercept_s + self.per_seq_s * batch_size + self.per_context_token_s * sum_context
+
+
+@dataclass(frozen=True)
+class PrefillCost:
+    """A prefill chunk's time, linear in its tokens and its causal (query, key) pairs, on top of the
+    fixed cost of an iteration that carries prefill (``fixed_s``, paid once however many chunks)."""
+
+    fixed_s: float
+    per_chunk_s: float
+    per_token_s: float
+    per_pair_s: float
+
+    def chunk_s(self, num_tokens: int, start_pos: int) -> float:
+        if num_tokens <= 0:
+            return 0.0
+        return (
+            self.per_chunk_s
+            + self.per_token_s * num_tokens
+            + self.per_pair_s * attention_pairs(num_tokens, start_pos)
+        )
+
+
+@dataclass(frozen=True)
+class LinearIterationCost:
+    """An iteration's time when both its decode step and its prefill chunks are linear (the analytic
+    model and the fitted profiles): :meth:`sim.costs.core.CostModel.iteration_s`, compiled, since the
+    engine evaluates it at every iteration that carries prefill."""
+
+    decode: DecodeCost
+    prefill: PrefillCost
+
+    def iteration_s(
+        self, batch_size: int, sum_context: int, prefill_chunks: Sequence[tuple[int, int]]
+    ) -> float:
+        decode = self.decode
+        if not prefill_chunks:
+            return decode.step_s(batch_size, sum_context)
+        prefill = self.prefill
+        intercept = decode.intercept_s if batch_size > 0 else 0.0
+        fixed = intercept if intercept > prefill.fixed_s else prefill.fixed_s
+        chunks_s = 0.0  # (summed first, left to right, as sum() did)
+        for num_tokens, start in prefill_chunks:
+            chunks_s += prefill.chunk_s(num_tokens, start)
+        return fixed + decode.per_seq_s * batch_size + decode.per_context_token_s * sum_context + chunks_s
 
 
 def attention_pairs(num_tokens: int, start_pos: int) -> float:

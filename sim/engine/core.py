@@ -44,6 +44,7 @@ import simpy
 
 from policies.base import ChildSpec, KVCachePolicy, OutOfKVMemory, TokenContent, content_length
 from sim.costs.core import CostModel
+from sim.costs.terms import LinearIterationCost
 from sim.engine.arrivals import Arrivals
 from sim.engine.decoding import NEVER, DecodeClock, RequestState
 from sim.engine.errors import EngineStalled
@@ -162,6 +163,8 @@ class Engine:
         when the next one may come (the engine plans its event-skipping jumps with it)."""
         self.policy = policy
         self.costs = costs
+        # The cost model's compiled iteration terms, when it has them: called without a Python call.
+        self._linear_costs: LinearIterationCost | None = costs.linear_iteration
         # Seconds to load blocks from the host tier (offload:); by default the swap link.
         self._host_load_s = host_load_s if host_load_s is not None else costs.swap_blocks_s
         self.knobs = knobs
@@ -448,6 +451,9 @@ class Engine:
         from here, except runs of decode-only ones (a closed-form series of the same ``step_s``)."""
         # One forward pass: its fixed cost (the weight read) is paid once, however many prompts
         # share it (``CostModel.iteration_s``); without chunks this is ``decode.step_s``.
+        linear = self._linear_costs
+        if linear is not None:
+            return linear.iteration_s(decode_batch, sum_context, chunks)
         return self.costs.iteration_s(decode_batch, sum_context, chunks)
 
     def _schedule_prefill(self, state: RequestState, budget: int, chunks: list[tuple[int, int]]) -> int:
