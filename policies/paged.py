@@ -9,7 +9,10 @@ Accounting is kept per physical block so that a block shared by several sequence
 a live block holds ``filled`` token states and will hold ``target`` (``filled <= target <= block_size``)
 by the time its owners finish. Summed over live blocks: used = Σ filled, reserved = Σ (target − filled),
 internal fragmentation = Σ (block_size − target). Only a sequence's last block can be partly filled,
-so only those blocks need tracking beyond "full".
+so only those blocks need tracking beyond "full", and even they need no record of their own: a
+sequence of ``t`` tokens holds ``ceil(t / block_size)`` blocks, so its tail holds ``t mod block_size``
+tokens and will hold what the sequence's final length leaves for it. Only a tail that forks share
+(prefix caching) lists its owners: its target is the most any of them will fill.
 """
 
 from __future__ import annotations
@@ -264,17 +267,13 @@ class PagedPolicy(SequenceTable[SequenceState]):
         self.num_blocks = pool.kv_pool_blocks
         self.free_queue = FreeBlockQueue(range(self.num_blocks))
         self.ref_count = [0] * self.num_blocks
-        # Every live block is full (filled = target = block_size) except partly filled tails: only
-        # those have their fill and target here, with their owners (the target is the most any
-        # owner will fill). The sums cover all live blocks.
-        self._filled = [0] * self.num_blocks
-        self._target = [0] * self.num_blocks
-        # Indexed by block id (a dict would box the id on every lookup of the compiled build).
-        self._partial_owners: list[list[SequenceState] | None] = [None] * self.num_blocks
+        # Partly filled tails shared by forks -> their owners. (No per-block fill or target: a block
+        # reused in LRU order is cold in memory, and each such list cost a cache miss per block.)
+        self._tail_sharers: dict[int, list[SequenceState]] = {}
         self._live_blocks = 0
         self._logical_blocks = 0  # Σ block-table lengths: what the live sequences would hold unshared
-        self._filled_sum = 0
-        self._target_sum = 0
+        self._filled_sum = 0  # Σ filled over live blocks
+        self._target_sum = 0  # Σ target over live blocks
         self.sequences: dict[int, SequenceState] = {}
         # Set once a fork shares a partly filled tail (prefix caching): until then no write can need
         # a copy-on-write, and the per-sequence check of the tail's references is skipped.
@@ -439,7 +438,7 @@ class PagedPolicy(SequenceTable[SequenceState]):
         seq = self._get(seq_id)
         table = seq.block_table
         full_blocks = table
-        if table and self._partial_owners[table[-1]] is not None:
+        if seq.num_tokens % self.block_size:  # its tail is partly filled
             self._drop_reference(seq, table[-1])
             full_blocks = table[:-1]
         # Reverse order: with prefix caching the tail (longest prefix, least reusable) is evicted first.
@@ -557,12 +556,6 @@ class PagedPolicy(SequenceTable[SequenceState]):
         seq.num_tokens = after
         self._filled_sum += num_tokens
         held = len(table) * block_size
-        if before % block_size:
-            tail = table[-1]
-            if after >= held:
-                self._partial_owners[tail] = None  # now full: filled = target = block_size
-            else:
-                self._filled[tail] += num_tokens
         if after > held:
             count = -(-after // block_size) - len(table)
             new_blocks = self._take_free_blocks(count)
@@ -577,60 +570,52 @@ class PagedPolicy(SequenceTable[SequenceState]):
             # (Conditional expressions, not min(): this runs for every block a sequence takes.)
             final_len = seq.final_len
             self._target_sum += (final_len if final_len < held else held) - held + count * block_size
-            if after % block_size:
-                tail = new_blocks[-1]
-                self._partial_owners[tail] = [seq]
-                self._filled[tail] = after % block_size
-                tail_target = final_len - held + block_size
-                self._target[tail] = tail_target if tail_target < block_size else block_size
         if self._SHARES_BLOCKS:
             self._on_blocks_filled(seq)
-
-    def _start_partial(self, block_id: int, owner: SequenceState) -> None:
-        """A fresh block becomes ``owner``'s partly filled tail (it holds nothing yet)."""
-        self._filled[block_id] = self._target[block_id] = 0
-        self._partial_owners[block_id] = [owner]
 
     def _owner_target(self, seq: SequenceState, block_index: int) -> int:
         return min(self.block_size, max(0, seq.final_len - block_index * self.block_size))
 
-    def _retarget_tail(self, block_id: int, seq: SequenceState) -> None:
-        """The tail block's owners changed (fork, copy-on-write): recompute its fill and target."""
-        filled = seq.num_tokens - (len(seq.block_table) - 1) * self.block_size
-        self._set_fill(block_id, filled, self._shared_target(block_id, len(seq.block_table) - 1))
+    def _tail_fill(self, seq: SequenceState) -> int:
+        """Tokens in ``seq``'s partly filled tail (its last block)."""
+        return seq.num_tokens - (len(seq.block_table) - 1) * self.block_size
 
-    def _shared_target(self, block_id: int, block_index: int) -> int:
-        owners = self._partial_owners[block_id]
-        assert owners is not None, f"block {block_id} is no partly filled tail"
+    def _tail_target(self, owners: list[SequenceState], block_index: int) -> int:
+        """What a partly filled tail at ``block_index`` will hold: the most any owner will fill."""
         return max(self._owner_target(owner, block_index) for owner in owners)
 
-    def _set_fill(self, block_id: int, filled: int, target: int) -> None:
-        self._filled_sum += filled - self._filled[block_id]
-        self._target_sum += target - self._target[block_id]
-        self._filled[block_id] = filled
-        self._target[block_id] = target
+    def _share_tail(self, seq: SequenceState, sharer: SequenceState) -> None:
+        """``sharer`` (a fork of ``seq``) shares ``seq``'s partly filled tail, which holds the same
+        tokens for both: only the tail's target can grow."""
+        tail, index = seq.block_table[-1], len(seq.block_table) - 1
+        owners = self._tail_sharers.setdefault(tail, [seq])
+        before = self._tail_target(owners, index)
+        owners.append(sharer)
+        self._target_sum += self._tail_target(owners, index) - before
+
+    def _add_own_tail(self, seq: SequenceState) -> None:
+        """``seq``'s partly filled tail is a fresh copy of its own (copy-on-write): it counts."""
+        self._filled_sum += self._tail_fill(seq)
+        self._target_sum += self._owner_target(seq, len(seq.block_table) - 1)
 
     def _drop_reference(self, seq: SequenceState, block_id: int) -> None:
         """``seq`` stops referencing its partly filled tail ``block_id``; the block is freed when
         nobody else does."""
-        owners = self._partial_owners[block_id]
-        if owners is not None:
-            owners.remove(seq)
+        index = len(seq.block_table) - 1
         self.ref_count[block_id] -= 1
         if self.ref_count[block_id] > 0:
-            if owners:
-                self._set_fill(
-                    block_id, self._filled[block_id], self._shared_target(block_id, self._index_of(seq))
-                )
+            owners = self._tail_sharers[block_id]
+            before = self._tail_target(owners, index)
+            owners.remove(seq)
+            self._target_sum += self._tail_target(owners, index) - before
+            if len(owners) == 1:
+                del self._tail_sharers[block_id]  # its one owner again: derived from that one
             return
-        self._partial_owners[block_id] = None
+        self._tail_sharers.pop(block_id, None)
         self._live_blocks -= 1
-        self._set_fill(block_id, 0, 0)
+        self._filled_sum -= self._tail_fill(seq)
+        self._target_sum -= self._owner_target(seq, index)
         self._return_free_blocks([block_id])
-
-    def _index_of(self, seq: SequenceState) -> int:
-        """Index of the sequence's last block: the only one that can be partly filled."""
-        return len(seq.block_table) - 1
 
 
 register("paged", PagedPolicy)

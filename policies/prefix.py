@@ -530,12 +530,8 @@ class PrefixCachingPolicy(PagedPolicy):
         self._logical_blocks += len(child.block_table)
         for block_id in child.block_table:
             self.ref_count[block_id] += 1
-        if parent.block_table and parent.num_tokens % self.block_size:
-            tail = parent.block_table[-1]
-            owners = self._partial_owners[tail]
-            assert owners is not None, "a partly filled tail has its owners"
-            owners.append(child)
-            self._retarget_tail(tail, child)
+        if parent.num_tokens % self.block_size:
+            self._share_tail(parent, child)
             self._tails_shared = True
 
     def _blocks_needed_to_grow(self, seq: SequenceState, num_tokens: int) -> int:
@@ -555,8 +551,7 @@ class PrefixCachingPolicy(PagedPolicy):
         self.ref_count[copy] = 1
         self._live_blocks += 1
         seq.block_table[-1] = copy
-        self._start_partial(copy, seq)
-        self._retarget_tail(copy, seq)
+        self._add_own_tail(seq)
         self.stats.cow_copies += 1
 
     # ------------------------------------------------------------------------------------- pinning
