@@ -466,7 +466,7 @@ class PagedPolicy(SequenceTable[SequenceState]):
             self._live_blocks -= len(released)
             self._filled_sum -= slots
             self._target_sum -= slots
-            self._return_free_blocks(released)
+            self._release_full_blocks(released)
         self._logical_blocks -= len(table)
         del self.sequences[seq_id]
 
@@ -524,10 +524,14 @@ class PagedPolicy(SequenceTable[SequenceState]):
     def _take_free_blocks(self, count: int) -> list[int]:
         return self.free_queue.take(count)
 
-    def _return_free_blocks(self, block_ids: list[int]) -> None:
-        """Back to the head of the queue in turn: reused first (vLLM puts hash-less freed blocks at
-        the head too)."""
+    def _release_full_blocks(self, block_ids: list[int]) -> None:
+        """Full blocks nobody holds any more (a sequence's, last block first) go back to the queue:
+        here to its head in turn, reused first (vLLM puts hash-less freed blocks at the head too)."""
         self.free_queue.extendleft(block_ids)
+
+    def _release_tail(self, block_id: int) -> None:
+        """A partly filled tail nobody holds any more: it holds nothing reusable, to the head."""
+        self.free_queue.appendleft(block_id)
 
     # ------------------------------------------------------------------------------ block accounting
     def _ensure_free_blocks(
@@ -615,7 +619,7 @@ class PagedPolicy(SequenceTable[SequenceState]):
         self._live_blocks -= 1
         self._filled_sum -= self._tail_fill(seq)
         self._target_sum -= self._owner_target(seq, index)
-        self._return_free_blocks([block_id])
+        self._release_tail(block_id)
 
 
 register("paged", PagedPolicy)

@@ -490,34 +490,20 @@ class PrefixCachingPolicy(PagedPolicy):
         if not holders:
             del self._later_holders[key]
 
-    def _return_free_blocks(self, block_ids: list[int]) -> None:
-        keys, queue = self._block_key, self.free_queue
+    def _release_full_blocks(self, block_ids: list[int]) -> None:
+        # Every full block a sequence holds has its key, or its lazy run's mark (_on_blocks_filled
+        # keys each block as it fills): all stay cached, at the tail, unless pinned. (Not looked up
+        # block by block: a freed sequence's blocks are cold in memory by now.)
         if self._pinned:
             for block_id in block_ids:
-                self._return_free_block(block_id)
+                if block_id in self._pinned:
+                    self._pinned_idle += 1
+                else:
+                    self.free_queue.append(block_id)
+                    self._cached_in_queue += 1
             return
-        # Blocks with cached content go to the tail, the others to the head, each kind in turn.
-        # Usually they are all of one kind: then the list goes as it is, without a filtered copy.
-        keyed_count = 0
-        for block_id in block_ids:
-            if keys[block_id] is not None:
-                keyed_count += 1
-        if keyed_count == len(block_ids):
-            keyed = block_ids
-        else:
-            keyed = [block_id for block_id in block_ids if keys[block_id] is not None]
-            queue.extendleft([block_id for block_id in block_ids if keys[block_id] is None])
-        queue.extend(keyed)
-        self._cached_in_queue += len(keyed)
-
-    def _return_free_block(self, block_id: int) -> None:
-        if block_id in self._pinned:
-            self._pinned_idle += 1
-        elif self._block_key[block_id] is not None:
-            self.free_queue.append(block_id)
-            self._cached_in_queue += 1
-        else:
-            self.free_queue.appendleft(block_id)
+        self.free_queue.extend(block_ids)
+        self._cached_in_queue += len(block_ids)
 
     # ------------------------------------------------------------------------------- fork and COW
     def _blocks_needed_to_fork(self, parent: SequenceState, num_children: int) -> int:

@@ -27,7 +27,7 @@ WEIGHTS = {"admit": 0.25, "grow": 0.3, "fork": 0.05, "free": 0.3, "evict": 0.1}
 DRAIN_EVERY = 20_000
 """Free everything now and then (and check the empty pool), so runs do not sit in one full state."""
 
-NAMES = ["paged", "prefix", "contiguous-max-first_fit", "contiguous-pow2-best_fit"]
+NAMES = ["paged", "prefix", "prefix-pinned", "contiguous-max-first_fit", "contiguous-pow2-best_fit"]
 NAMES += ["contiguous-oracle-buddy", "radix-page-1", "radix-page-3"]
 assert len(NAMES) == len(VARIANTS)
 NAMES += ["prefix-host-tier-8"]  # the prefix policy with an 8-block host tier (tests/test_host_tier.py)

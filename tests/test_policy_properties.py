@@ -35,6 +35,7 @@ PROMPTS = [
 VARIANTS = [
     ("paged", {}),
     ("prefix", {}),
+    ("prefix", {"pin": ((1, 9),)}),  # a warm-up prefix pinned first: hits on pinned blocks
     ("contiguous", {"reservation": "max", "placement": "first_fit"}),
     ("contiguous", {"reservation": "pow2", "placement": "best_fit"}),
     ("contiguous", {"reservation": "oracle", "placement": "buddy"}),
@@ -148,7 +149,11 @@ class Driver:
     KINDS = ("admit", "grow", "grow_each", "fork", "free", "evict")
 
     def __init__(self, name: str, options: dict, pool: PoolSpec = POOL, prompts: list = PROMPTS):
+        options = dict(options)
+        pinned = options.pop("pin", None)
         self.policy = make_policy(name, pool, **options)
+        if pinned is not None:
+            self.policy.pin_prefix(pinned)
         self.pool, self.prompts = pool, prompts
         self.live: list[int] = []
         self.model: dict[int, list[int]] = {}  # seq_id -> [prompt_len, final_len, length]
