@@ -249,6 +249,8 @@ class PrefixCachingPolicy(PagedPolicy):
     def _blocks_needed_to_admit(self, prompt: TokenContent, namespace: int) -> tuple[int, list[int]]:
         prompt_len = content_length(prompt)
         hits = self._find_cached_prefix(prompt, (prompt_len - 1) // self.block_size, namespace)
+        if not hits:
+            return ceil_div(prompt_len, self.block_size), hits
         hits_in_queue = sum(
             1 for block_id in hits if self.ref_count[block_id] == 0 and block_id not in self._pinned
         )
@@ -257,6 +259,12 @@ class PrefixCachingPolicy(PagedPolicy):
         return new_blocks + hits_in_queue, hits
 
     def _find_cached_prefix(self, prompt: TokenContent, max_blocks: int, namespace: int) -> list[int]:
+        if prompt and prompt[0][1] >= self.block_size:
+            # The first block lies inside the first segment: its key is known at once, and on streams
+            # with little reuse nothing holds it (no hit), which needs no walk over the segments.
+            first_key = (None, prompt[0][0], 0, self.block_size, namespace)
+            if first_key not in self._cached_by_key and first_key not in self._lazy_runs:
+                return []
         segments = [segment for segment in prompt if segment[1] > 0]
         ends = _cumulative_ends(segments)
         max_blocks = min(max_blocks, (ends[-1] if ends else 0) // self.block_size)
