@@ -583,19 +583,19 @@ def test_engine_wakeups_count_events_not_iterations():
 def test_fewer_collections_raises_the_youngest_threshold_and_restores_it():
     import gc
 
-    from sim.engine.core import fewer_collections
+    from sim.engine.core import YOUNG_COLLECTION_EVERY, fewer_collections
 
     saved = gc.get_threshold()
     try:
         gc.set_threshold(700, 10, 10)
         with fewer_collections():
-            assert gc.get_threshold() == (10_000, 10, 10)
+            assert gc.get_threshold() == (YOUNG_COLLECTION_EVERY, 10, 10) == (1_000_000, 10, 10)
         assert gc.get_threshold() == (700, 10, 10)
         with pytest.raises(ZeroDivisionError), fewer_collections():
             raise ZeroDivisionError
         assert gc.get_threshold() == (700, 10, 10)
         # A user's larger threshold, or a disabled collector (0), is left as it is.
-        for user in [(50_000, 5, 5), (0, 10, 10)]:
+        for user in [(2_000_000, 5, 5), (0, 10, 10)]:
             gc.set_threshold(*user)
             with fewer_collections():
                 assert gc.get_threshold() == user
