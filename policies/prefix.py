@@ -500,8 +500,8 @@ class PrefixCachingPolicy(PagedPolicy):
 
     def _release_full_blocks(self, block_ids: list[int]) -> None:
         # Every full block a sequence holds has its key, or its lazy run's mark (_on_blocks_filled
-        # keys each block as it fills): all stay cached, at the tail, unless pinned. (Not looked up
-        # block by block: a freed sequence's blocks are cold in memory by now.)
+        # keys each block as it fills): all stay cached, at the tail, unless pinned. No key needs
+        # reading (the property tests check that every full block of a live sequence holds one).
         if self._pinned:
             for block_id in block_ids:
                 if block_id in self._pinned:
