@@ -480,10 +480,20 @@ def run_prepared(
         if out_dir is not None
         else MemorySink()
     )
-    requests = _counted(workload.requests(), bar)
+    requests = workload.requests()
+    # The bar counts requests as they arrive in the simulation (the engine reads the stream ahead).
+    on_delivered = bar.update if progress else None
     if prepared.cluster is not None:
-        return _run_cluster(config, prepared, workload, requests, sink, bar)
-    engine = _make_engine(config, prepared, prepared.policy, requests, sink, follow_up=workload.follow_up)
+        return _run_cluster(config, prepared, workload, requests, sink, bar, on_delivered)
+    engine = _make_engine(
+        config,
+        prepared,
+        prepared.policy,
+        requests,
+        sink,
+        follow_up=workload.follow_up,
+        on_delivered=on_delivered,
+    )
     started = time.perf_counter()
     engine.run(until_s=config.until_s)
     wall_s = time.perf_counter() - started
@@ -569,6 +579,7 @@ def _run_cluster(
     requests,
     sink: OutputSink,
     bar,
+    on_delivered,
 ) -> VariantResult:
     """Run a variant's replicas behind its router; the cluster total is the variant's summary and
     time series, the replicas' own are kept beside it (``sim/cluster/results.py``)."""
@@ -590,7 +601,12 @@ def _run_cluster(
         )
 
     cluster = Cluster(
-        cluster_config.replicas, build_replica, make_router(cluster_config), requests, follow_up_of(workload)
+        cluster_config.replicas,
+        build_replica,
+        make_router(cluster_config),
+        requests,
+        follow_up_of(workload),
+        on_delivered=on_delivered,
     )
     started = time.perf_counter()
     cluster.run(until_s=config.until_s)
@@ -634,12 +650,6 @@ def pin_prefixes(policy: KVCachePolicy, prefixes: list[TokenContent]) -> int:
         return sum(policy.pin_prefix(prefix) for prefix in prefixes)
     except (PolicyInputError, OutOfKVMemory) as error:
         raise ConfigError(f"pin_shared_prefixes: {error}") from None
-
-
-def _counted(requests, bar):
-    for request in requests:
-        bar.update(1)
-        yield request
 
 
 def summarize(

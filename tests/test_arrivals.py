@@ -39,3 +39,22 @@ def test_arrivals_deliver_on_time_whatever_they_read_ahead(read_ahead: int) -> N
 def test_arrivals_refuse_a_read_ahead_below_one() -> None:
     with pytest.raises(ValueError, match="read_ahead must be at least 1, not 0"):
         Arrivals(simpy.Environment(), [], lambda request: None, read_ahead=0)
+
+
+def test_on_delivered_follows_arrivals_not_reads() -> None:
+    """A progress bar told by ``on_delivered`` advances as requests arrive on the clock: two per
+    second here, although the first four were read before the clock started."""
+    env = simpy.Environment()
+    pulled: list[int] = []
+    updates: list[tuple[float, int, int]] = []  # (time, count, requests read so far)
+    arrivals = Arrivals(
+        env,
+        _stream(pulled, 10),
+        lambda request: None,
+        read_ahead=4,
+        on_delivered=lambda count: updates.append((env.now, count, len(pulled))),
+    )
+    env.process(arrivals.process())
+    env.run()
+    assert [(time, count) for time, count, _ in updates] == [(float(second), 2) for second in range(5)]
+    assert updates[0][2] == 4  # a batch was read ahead when the first two arrived

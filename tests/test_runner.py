@@ -190,6 +190,62 @@ def test_pin_prefixes_returns_the_slots_pinned_and_turns_errors_into_config_erro
         pin_prefixes(make_policy("prefix", PoolSpec(8, 4, 32)), [((3, 40),)])
 
 
+@pytest.mark.parametrize("cluster", [None, {"replicas": 2, "router": "round_robin"}])
+def test_the_progress_bar_counts_requests_as_they_arrive(monkeypatch, cluster):
+    """The engine (or a cluster) reads its stream in batches of up to 1,024 requests; the bar still
+    advances with the simulated arrivals (1 request every 0.5 s here), not all at once when read."""
+    import sim.runner
+
+    bars: list[dict] = []
+
+    class FakeBar:
+        def __init__(self, **options):
+            self.options, self.updates = options, []
+            bars.append({"bar": self})
+
+        def update(self, count):
+            self.updates.append((count, self.engine.env.now if hasattr(self, "engine") else None))
+
+        def close(self):
+            pass
+
+        def __iter__(self):  # the variants' bar of run_experiment
+            return iter(self.options.get("iterable", ()))
+
+    monkeypatch.setattr(sim.runner, "tqdm", lambda *args, **options: FakeBar(**options))
+    make_engine = sim.runner._make_engine
+
+    def engine_seen_by_the_bar(*args, **options):
+        engine = make_engine(*args, **options)
+        bars[-1]["bar"].engine = engine  # each update records the simulated time it came at
+        return engine
+
+    monkeypatch.setattr(sim.runner, "_make_engine", engine_seen_by_the_bar)
+    data = {
+        "name": "bar",
+        "model": "Llama-3.1-8B",
+        "gpu": "A100-80GB",
+        "engine": {"max_model_len": 1024},
+        "workload": {
+            "num_requests": 5,
+            "arrival": {"kind": "constant", "rate_per_s": 2.0},
+            "prompt_len": 64,
+            "output_len": 4,
+        },
+        "variants": [{"name": "paged", "policy": "paged"}],
+    }
+    if cluster is not None:
+        data["cluster"] = cluster
+    config = validate_experiment(data)
+    run_variant(config, config.variants[0], Path("."), progress=True)
+    (bar,) = [entry["bar"] for entry in bars]
+    # Constant rate 2/s: arrivals at 0, 0.5, 1.0, 1.5 and 2.0 s, one update each, at that time.
+    assert bar.options["total"] == 5 and bar.updates == [(1, 0.5 * index) for index in range(5)]
+    bars.clear()
+    run_variant(config, config.variants[0], Path("."), progress=False)
+    assert bars[0]["bar"].updates == []  # no bar: the engine is given no progress hook
+
+
 def test_one_small_variant_end_to_end():
     """Llama-3.1-8B on an A100-80GB (458,096 KV tokens, test_capacity.py), 12 requests of a fixed
     128-token prompt and 16 output tokens arriving together, max_num_seqs 4 and a 256-token budget:

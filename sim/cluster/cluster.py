@@ -38,10 +38,11 @@ class Cluster:
         router: Router,
         requests: Iterator[Request],
         follow_up: Callable | None = None,
+        on_delivered: Callable[[int], None] | None = None,
     ):
         self.env = simpy.Environment()
         self.router = router
-        self._arrivals = Arrivals(self.env, requests, self._route)
+        self._arrivals = Arrivals(self.env, requests, self._route, on_delivered=on_delivered)
         self._follow_up = follow_up
         hook = self._on_request_done if follow_up is not None else None
         self.replicas: list[Engine] = [

@@ -28,13 +28,17 @@ class Arrivals:
         requests: Iterable[Request],
         deliver: Callable[[Request], None],
         read_ahead: int = READ_AHEAD,
+        on_delivered: Callable[[int], None] | None = None,
     ):
+        """``on_delivered(count)`` (a progress bar's update) is told how many of the stream's
+        requests each instant delivered: requests reach the engine then, not when they are read."""
         if read_ahead < 1:
             raise ValueError(f"read_ahead must be at least 1, not {read_ahead}")
         self.env = env
         self._deliver = deliver
         self._source = iter(requests)
         self._read_ahead = read_ahead
+        self._on_delivered = on_delivered
         self._read: list[Request] = []  # read ahead from the stream, the next one last
         self.next_open: Request | None = self._next_from_stream()  # the stream's next request
         self.pending_follow_ups: list[Request] = []
@@ -52,10 +56,14 @@ class Arrivals:
         while self.next_open is not None:
             yield self.env.timeout(max(0.0, self.next_open.arrival_s - self.env.now))
             # Everything that arrives at this instant is delivered together, so one iteration sees it all.
+            delivered = 0
             while self.next_open is not None and self.next_open.arrival_s <= self.env.now:
                 request = self.next_open
                 self.next_open = self._next_from_stream()
                 self._deliver(request)
+                delivered += 1
+            if self._on_delivered is not None:
+                self._on_delivered(delivered)
 
     def schedule_follow_up(self, request: Request) -> None:
         """Deliver ``request`` (a follow-up a finished request produced) at its arrival time."""

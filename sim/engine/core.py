@@ -165,10 +165,12 @@ class Engine:
         host_load_s: Callable[[int], float] | None = None,
         env: simpy.Environment | None = None,
         upstream: Callable[[], float] | None = None,
+        on_delivered: Callable[[int], None] | None = None,
     ):
         """``env`` and ``upstream`` make the engine a replica of a cluster (``sim/cluster/``): it shares
         the cluster's clock, receives its requests through :meth:`submit`, and ``upstream()`` bounds
-        when the next one may come (the engine plans its event-skipping jumps with it)."""
+        when the next one may come (the engine plans its event-skipping jumps with it).
+        ``on_delivered(count)`` follows the requests of ``requests`` as they arrive (a progress bar)."""
         self.policy = policy
         self.costs = costs
         # The cost model's compiled iteration terms, when it has them: called without a Python call.
@@ -182,7 +184,7 @@ class Engine:
         self.busy_until = float("inf")  # end of the wake-up in flight: no completion comes before it
         self.rng = np.random.default_rng(seed)
         self._follow_up = follow_up
-        self._arrivals = Arrivals(self.env, requests, self._arrive)
+        self._arrivals = Arrivals(self.env, requests, self._arrive, on_delivered=on_delivered)
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
         # The running requests whose prompt is in progress, in running order: every iteration
