@@ -615,7 +615,7 @@ class PagedPolicy(SequenceTable[SequenceState]):
             if len(owners) == 1:
                 del self._tail_sharers[block_id]  # its one owner again: derived from that one
             return
-        self._tail_sharers.pop(block_id, None)
+        assert block_id not in self._tail_sharers, "only a tail still owned by several is listed"
         self._live_blocks -= 1
         self._filled_sum -= self._tail_fill(seq)
         self._target_sum -= self._owner_target(seq, index)

@@ -195,6 +195,34 @@ def test_fork_shares_blocks_and_copies_only_partial_shared_tail():
     assert policy.breakdown().used == 0 and policy.breakdown().reserved == 0
 
 
+def test_a_shared_tails_target_is_the_most_its_remaining_owners_will_fill():
+    """Forks whose final lengths end inside the shared tail: its target follows its owners as they
+    join and leave (block size 4; each breakdown worked out by hand)."""
+    policy = prefix_pool(num_blocks=10, block_size=4)
+    policy.admit(0, ids(1, 6), 7, output_content_id=500)  # block 0 full, block 1 holds 2 of 3 to come
+    split = ("used", "reserved", "internal_fragmentation")
+
+    def breakdown() -> tuple[int, int, int]:
+        values = policy.breakdown().as_dict()
+        return tuple(values[name] for name in split)
+
+    assert breakdown() == (6, 1, 1)
+    # Children reaching 8 and 6 tokens: the tail will hold max(3, 4, 2) = 4.
+    policy.fork(0, [ChildSpec(1, 8, 501), ChildSpec(2, 6, 502)])
+    assert breakdown() == (6, 2, 0)
+    policy.free(1)  # the owner reaching 8 leaves: max(3, 2) = 3
+    assert breakdown() == (6, 1, 1)
+    # The parent writes its 7th token: it copies the tail (3 of 3); child 2 keeps the old one, 2 of 2.
+    policy.grow(0, 1)
+    assert policy.stats.cow_copies == 1 and policy.block_table(2) == [0, 1]
+    assert breakdown() == (4 + 3 + 2, 0, 3 * 4 - (4 + 3 + 2))
+    policy.free(2)  # block 1 freed (2 of 2)
+    assert breakdown() == (7, 0, 1)
+    policy.free(0)
+    assert breakdown() == (0, 0, 0)
+    assert_sums(policy)
+
+
 def test_fork_of_full_tail_never_copies():
     policy = prefix_pool()
     policy.admit(0, ids(1, 8), 16, output_content_id=500)
@@ -249,6 +277,18 @@ def test_seed_003_block_arithmetic():
     assert breakdown.used == 150
     assert breakdown.internal_fragmentation == 10
     assert breakdown.internal_fragmentation / (len(policy.block_table(1)) * 16) == pytest.approx(10 / 160)
+
+
+def test_paged_free_puts_a_sequences_blocks_back_first_block_first():
+    """Plain paging returns a freed sequence's blocks to the head of the queue, the partly filled tail
+    first and the first block last, so the next sequence takes them in their old order."""
+    policy = make_policy("paged", PoolSpec(4 * 8, 4, 64))
+    policy.admit(0, ((1, 10),), 10, output_content_id=500)  # blocks 0, 1 (full) and 2 (2 of 4)
+    policy.admit(1, ((2, 4),), 4, output_content_id=501)  # block 3
+    policy.free(0)
+    assert policy.free_queue.order()[:4] == [0, 1, 2, 4]
+    policy.admit(2, ((3, 9),), 9, output_content_id=502)
+    assert policy.block_table(2) == [0, 1, 2]
 
 
 def test_design_doc_accounting_example():
