@@ -104,6 +104,7 @@ def check_block_invariants(policy: PagedPolicy) -> None:
     assert policy.sharing_slots() == (len(references) * policy.block_size, logical * policy.block_size)
     if isinstance(policy, PrefixCachingPolicy):
         check_blocks_hold_the_content_of_their_owners(policy)
+        check_content_chains_are_exactly_those_held(policy)
 
 
 def check_blocks_hold_the_content_of_their_owners(policy: PrefixCachingPolicy) -> None:
@@ -128,6 +129,30 @@ def check_blocks_hold_the_content_of_their_owners(policy: PrefixCachingPolicy) -
             assert chain is not None and policy._block_chain[block_id] == chain
             assert policy._block_key[block_id] == key
             parent_chain = chain
+
+
+def check_content_chains_are_exactly_those_held(policy: PrefixCachingPolicy) -> None:
+    """A content-chain id lives exactly while something holds it: a keyed block (cached or live), the
+    host tier, or a lazy run (its first key's parent), and in turn the parent each key names. An id
+    kept after its last holder went (an eviction that released nothing) would leak, and make content
+    look held that no block holds."""
+    entries = policy._chains._entry_of
+    held: set[int] = set()
+
+    def hold(chain: int | None) -> None:
+        while chain is not None and chain not in held:
+            held.add(chain)
+            chain = entries[chain][0][0]  # the parent its key names
+
+    for block_id in range(policy.num_blocks):
+        if isinstance(policy._block_key[block_id], tuple):
+            hold(policy._block_chain[block_id])
+    for first_key in policy._lazy_runs:
+        hold(first_key[0])
+    if policy.host_tier is not None:
+        for key in policy.host_tier.keys_oldest_first():
+            hold(policy.host_tier.chain_of(key))
+    assert set(entries) == held
 
 
 class Driver:
