@@ -113,13 +113,8 @@ class CostModel(ABC):
         decode = self.decode
         if not prefill_chunks:
             return decode.step_s(batch_size, sum_context)
-        fixed = max(decode.intercept_s if batch_size > 0 else 0.0, self.prefill_fixed_s)
-        return (
-            fixed
-            + decode.per_seq_s * batch_size
-            + decode.per_context_token_s * sum_context
-            + sum(self.prefill_s(num_tokens, start) for num_tokens, start in prefill_chunks)
-        )
+        chunks_s = sum(self.prefill_s(num_tokens, start) for num_tokens, start in prefill_chunks)
+        return decode.with_prefill_s(batch_size, sum_context, self.prefill_fixed_s, chunks_s)
 
     @abstractmethod
     def copy_blocks_s(self, num_blocks: int) -> float:

@@ -25,6 +25,15 @@ class DecodeCost:
     def step_s(self, batch_size: int, sum_context: int) -> float:
         return self.intercept_s + self.per_seq_s * batch_size + self.per_context_token_s * sum_context
 
+    def with_prefill_s(
+        self, batch_size: int, sum_context: int, prefill_fixed_s: float, chunks_s: float
+    ) -> float:
+        """An iteration that also carries prefill chunks costing ``chunks_s`` in all: one fixed cost,
+        the larger of the decode intercept (when sequences decode) and ``prefill_fixed_s``."""
+        intercept = self.intercept_s if batch_size > 0 else 0.0
+        fixed = intercept if intercept > prefill_fixed_s else prefill_fixed_s
+        return fixed + self.per_seq_s * batch_size + self.per_context_token_s * sum_context + chunks_s
+
 
 @dataclass(frozen=True)
 class PrefillCost:
@@ -62,12 +71,10 @@ class LinearIterationCost:
         if not prefill_chunks:
             return decode.step_s(batch_size, sum_context)
         prefill = self.prefill
-        intercept = decode.intercept_s if batch_size > 0 else 0.0
-        fixed = intercept if intercept > prefill.fixed_s else prefill.fixed_s
-        chunks_s = 0.0  # (summed first, left to right, as sum() did)
+        chunks_s = 0.0  # (summed first, left to right, as sum() does)
         for num_tokens, start in prefill_chunks:
             chunks_s += prefill.chunk_s(num_tokens, start)
-        return fixed + decode.per_seq_s * batch_size + decode.per_context_token_s * sum_context + chunks_s
+        return decode.with_prefill_s(batch_size, sum_context, prefill.fixed_s, chunks_s)
 
 
 def attention_pairs(num_tokens: int, start_pos: int) -> float:
