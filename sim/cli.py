@@ -179,6 +179,9 @@ def _register_optional(commands) -> None:
     from sim.planning.cli import register as register_planning
 
     register_planning(commands)
+    from sim.replay.cli import register as register_replay
+
+    register_replay(commands)
     from sim.listing import register as register_listings
 
     register_listings(commands)
