@@ -35,6 +35,9 @@ from workloads.samples import with_sample_lengths
 # Seed tags: one Generator per quantity, each seeded with (seed, tag).
 _TAG_STRUCTURE, _TAG_ARRIVALS = 1, 2
 _TAG_USER = 1000  # closed loop: user u uses (seed, _TAG_USER, u)
+# closed loop: user u's client overheads, (seed, _TAG_OVERHEAD, u): a Generator of their own, so
+# that configuring an overhead leaves every other quantity of the stream as it was
+_TAG_OVERHEAD = 1001
 _QUANTITIES = (
     "prompt_len",
     "output_len",
@@ -96,6 +99,7 @@ class _Conversation:
 @dataclass
 class _User:
     draws: _Draws
+    overhead: Draws  # send_delay_s, one draw per request the user sends
     last_request_id: int
     conversations: int = 0
     conversation: _Conversation | None = None
@@ -171,6 +175,12 @@ class SyntheticWorkload(Workload):
             integer=False,
             base_dir=base_dir,
         )
+        self._overhead_sampler = Sampler(
+            closed.send_delay_s if closed else 0.0,
+            what="arrival.send_delay_s",
+            integer=False,
+            base_dir=base_dir,
+        )
         self._samplers = samplers
         self._closed = closed
         self._base_dir = base_dir
@@ -231,6 +241,9 @@ class SyntheticWorkload(Workload):
     def _user_draws(self, user: int) -> _Draws:
         rng = self._rng(_TAG_USER, user)
         return _Draws(self._samplers, dict.fromkeys(_QUANTITIES, rng), chunk=16)
+
+    def _user_overheads(self, user: int) -> Draws:
+        return Draws(self._overhead_sampler, self._rng(_TAG_OVERHEAD, user), chunk=16)
 
     # -- building requests ---------------------------------------------------------------------------
     def _first_prompt(self, draws: _Draws, request_id: int, prompt_len: int) -> TokenContent:
@@ -350,14 +363,20 @@ class SyntheticWorkload(Workload):
         closed = self._closed
         assert closed is not None and self.config.num_requests is not None
         users = min(closed.num_users, self.config.num_requests)
+        first: list[Request] = []
         for user in range(users):
-            arrival_s = closed.ramp_up_s * user / closed.num_users
+            overhead = self._user_overheads(user)
+            # vLLM's client launches its first requests together; each reaches the engine after
+            # its own overhead (so a later user may arrive first)
+            arrival_s = closed.ramp_up_s * user / closed.num_users + overhead.next()
             if self.config.duration_s is not None and arrival_s > self.config.duration_s:
-                return
-            state = _User(draws=self._user_draws(user), last_request_id=user)
+                continue
+            state = _User(draws=self._user_draws(user), overhead=overhead, last_request_id=user)
             self._users[user] = state
             self.counts["requests"] += 1
-            yield self._start_user_request(state, user, user, arrival_s)
+            first.append(self._start_user_request(state, user, user, arrival_s))
+        # the stream is in arrival order (ties: user order); sorted() is stable
+        yield from sorted(first, key=lambda request: request.arrival_s)
 
     def _start_user_request(self, state: _User, user: int, request_id: int, arrival_s: float) -> Request:
         """A user's request that starts something new: an independent request or a conversation."""
@@ -423,6 +442,7 @@ class SyntheticWorkload(Workload):
         if request_id >= self.config.num_requests:
             return None
         draws = state.draws
+        overhead_s = state.overhead.next()  # one draw per request the user sends
         conversation = state.conversation
         request: Request | None = None
         if conversation is not None and conversation.turns_left > 0:
@@ -436,13 +456,13 @@ class SyntheticWorkload(Workload):
             if limit is not None and content_length(prompt) + output_len > limit:
                 self.counts["conversations_cut_at_max_context"] += 1
             else:
-                arrival_s = finish_s + think_s
+                arrival_s = finish_s + think_s + overhead_s
                 request = self._request(
                     request_id, arrival_s, prompt, output_len, n, beam_width, conversation.session_id
                 )
                 state.last_request_id = request_id
         if request is None:
-            arrival_s = finish_s + draws.user_think_s.next()
+            arrival_s = finish_s + draws.user_think_s.next() + overhead_s
             if self.config.duration_s is not None and arrival_s > self.config.duration_s:
                 return None
             request = self._start_user_request(state, user, request_id, arrival_s)
