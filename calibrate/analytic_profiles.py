@@ -60,6 +60,12 @@ def analytic_profile(
     host_bandwidth_bytes_per_s: float = DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
 ) -> CostProfile:
     """The :class:`AnalyticCostModel` of ``model`` on ``gpu`` as a profile (``measured: false``)."""
+    if model.is_moe:
+        # the profile's decode is a line; the model's would lose the experts a batch leaves unread
+        raise ValueError(
+            f"{model.name} is a mixture of experts: its analytic decode step depends on the batch beyond "
+            "a line, which a profile cannot hold; use `cost_model: analytic` instead"
+        )
     analytic = AnalyticCostModel(
         model,
         gpu,

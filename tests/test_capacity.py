@@ -616,3 +616,97 @@ def test_argument_messages_in_full(kwargs: dict[str, int], message: str) -> None
 def test_zero_activation_reserve_is_allowed() -> None:
     # 0 is a valid reserve (a non-negative integer): see test_explicit_activation_reserve for the pool.
     assert size_kv_pool("Llama-3.1-8B", "A100-80GB", activation_reserve_bytes=0).activation_reserve_bytes == 0
+
+
+# ------------------------------------------------------------------------ newer GPU presets
+
+
+def test_newer_gpu_presets_datasheet_figures() -> None:
+    expected = {
+        # name: (memory GiB, bandwidth B/s, dense fp16 FLOP/s, NVLink-class link B/s, PCIe B/s)
+        "H100-PCIe-80GB": (80, 2.0e12, 756e12, 600e9, 128e9),
+        "H100-NVL-94GB": (94, 3.9e12, 835.5e12, 600e9, 128e9),  # 1,671 sparse / 2
+        "B200-180GB": (180, 8e12, 2250e12, 1800e9, 128e9),
+        "L40S-48GB": (48, 864e9, 362.05e12, None, 64e9),
+        "RTX-PRO-6000-96GB": (96, 1792e9, 503.8e12, None, 128e9),
+        "MI300X-192GB": (192, 5.3e12, 1307.4e12, 896e9, 128e9),
+    }
+    for name, (memory_gib, bandwidth, flops, peer, pcie) in expected.items():
+        gpu = GPU_PRESETS[name]
+        assert gpu.memory_bytes == memory_gib * GiB, name
+        assert gpu.hbm_bandwidth_bytes_per_s == pytest.approx(bandwidth), name
+        assert gpu.fp16_flops == pytest.approx(flops), name
+        assert gpu.nvlink_bandwidth_bytes_per_s == (None if peer is None else pytest.approx(peer)), name
+        assert gpu.pcie_bandwidth_bytes_per_s == pytest.approx(pcie), name
+        # not measured: a stated, wider band than the measured GPUs'
+        assert gpu.efficiency.error_band.startswith(
+            f"not validated on {name} (no measurements of it): expect ±"
+        )
+    # The CUDA totals logged on these cards lie between the decimal and binary readings of "GB".
+    assert 96 * 10**9 < 101_976_440_832 < GPU_PRESETS["RTX-PRO-6000-96GB"].memory_bytes
+    assert 192 * 10**9 < 205_822_885_888 < GPU_PRESETS["MI300X-192GB"].memory_bytes
+
+
+def test_peer_link_names() -> None:
+    assert GPU_PRESETS["MI300X-192GB"].tensor_parallel_link_name == "Infinity Fabric"
+    assert GPU_PRESETS["MI300X-192GB"].tensor_parallel_link_bytes_per_s == pytest.approx(448e9)
+    assert GPU_PRESETS["H100-PCIe-80GB"].tensor_parallel_link_name == "NVLink"
+    assert GPU_PRESETS["RTX-PRO-6000-96GB"].tensor_parallel_link_name == "PCIe"
+    assert GPU_PRESETS["RTX-PRO-6000-96GB"].tensor_parallel_link_bytes_per_s == pytest.approx(64e9)
+    # removing the base's peer link falls back to PCIe, whatever the link was called
+    no_fabric = resolve_gpu({"base": "MI300X-192GB", "nvlink_gb_per_s": None})
+    assert no_fabric.tensor_parallel_link_name == "PCIe"
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("NVIDIA H100 PCIe", "H100-PCIe-80GB"),
+        ("NVIDIA H100 NVL", "H100-NVL-94GB"),
+        ("NVIDIA B200", "B200-180GB"),
+        ("NVIDIA L40S", "L40S-48GB"),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX-PRO-6000-96GB"),
+        ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "RTX-PRO-6000-96GB"),
+        ("rtx-pro-6000", "RTX-PRO-6000-96GB"),
+        ("AMD Instinct MI300X", "MI300X-192GB"),
+        ("mi300x", "MI300X-192GB"),
+    ],
+)
+def test_resolve_newer_gpu_names(given: str, expected: str) -> None:
+    assert resolve_gpu(given) is GPU_PRESETS[expected]
+
+
+def test_qwen3_32b_on_two_rtx_pro_6000_against_a_vllm_log() -> None:
+    """vLLM 0.28 on 2 x RTX PRO 6000 Blackwell Server Edition, Qwen/Qwen3-32B bf16, TP 2,
+    gpu_memory_utilization 0.92, max_num_batched_tokens 2048, max_num_seqs 128, block 16: 28,884
+    blocks, 462,144 tokens, concurrency 11.28x at 40,960 tokens (casys-kaist/LLMServingSim
+    bench/examples/RTXPRO6000/Qwen3-32B/vllm/meta.json; CUDA total 101,976,440,832 B per GPU).
+
+    Per GPU, with the CUDA total as the memory and vLLM's profiling shape (2048 tokens, 128 seqs):
+      budget ceil(0.92 x 101,976,440,832) = 93,818,325,566 B
+      weights 32,762,123,264 x 2 B / 2 = 32,762,123,264 B
+      reserve: MLP 3 x 25600 / 2 = 38,400; qkv (64/2 + 2 x 8/2) x 128 = 5,120; 4 x 5120 = 20,480
+               -> 64,000 x 2 B x 2048 = 262,144,000 + logits 128 x 151,936 x 4 = 77,791,232
+               = 339,935,232 B
+      available 60,716,267,070 B; per token 2 x 64 x (8/2) x 128 x 2 = 131,072 B, block 2 MiB
+      -> 28,951 blocks = 463,216 tokens, 28,951 / 2,560 = 11.31x
+    67 blocks (0.23 %, 140 MiB) more than vLLM, whose non-torch memory and CUDA graphs the estimate
+    leaves out."""
+    gpu = {"base": "RTX-PRO-6000-96GB", "memory_bytes": 101_976_440_832}
+    reserve = estimate_activation_reserve("Qwen3-32B", num_tokens=2048, num_seqs=128, tensor_parallel_size=2)
+    assert reserve == 339_935_232
+    cap = size_kv_pool(
+        "Qwen3-32B",
+        gpu,
+        gpu_memory_utilization=0.92,
+        tensor_parallel_size=2,
+        activation_reserve_bytes=reserve,
+    )
+    assert cap.available_kv_bytes == 60_716_267_070
+    assert cap.num_gpu_blocks == 28_951
+    assert cap.capacity_lines(40960)[:2] == [
+        "GPU KV cache size: 463,216 tokens",
+        "Maximum concurrency for 40,960 tokens per request: 11.31x",
+    ]
+    vllm_blocks = 28_884
+    assert cap.num_gpu_blocks == pytest.approx(vllm_blocks, rel=0.003)

@@ -37,6 +37,12 @@ KV_BYTES_PER_TOKEN = {
     "OPT-175B": 2 * 96 * 96 * 128 * 2,  # 4,718,592 = 4.5 MiB
     "DeepSeek-V2-Lite": (512 + 64) * 27 * 2,  # 31,104
     "DeepSeek-V3": (512 + 64) * 61 * 2,  # 70,272 (naive MHA treatment would give 4,997,120)
+    "CodeLlama-34B": 2 * 48 * 8 * 128 * 2,  # 196,608 = 192 KiB
+    "Qwen3-14B": 2 * 40 * 8 * 128 * 2,  # 163,840 = 160 KiB
+    "Qwen3-32B": 2 * 64 * 8 * 128 * 2,  # 262,144 = 256 KiB (head_dim 128, not 5120 / 64 = 80)
+    "Mixtral-8x7B": 2 * 32 * 8 * 128 * 2,  # 131,072: experts do not touch the cache
+    "Qwen3-30B-A3B": 2 * 48 * 4 * 128 * 2,  # 98,304 = 96 KiB (head_dim 128, not 2048 / 32 = 64)
+    "Qwen3-30B-A3B-Instruct-2507": 2 * 48 * 4 * 128 * 2,  # 98,304
 }
 
 
@@ -48,6 +54,9 @@ def test_reference_table_literals() -> None:
     assert KV_BYTES_PER_TOKEN["OPT-13B"] == 819_200
     assert KV_BYTES_PER_TOKEN["DeepSeek-V2-Lite"] == 31_104
     assert KV_BYTES_PER_TOKEN["DeepSeek-V3"] == 70_272
+    assert KV_BYTES_PER_TOKEN["CodeLlama-34B"] == 196_608
+    assert KV_BYTES_PER_TOKEN["Qwen3-32B"] == 262_144
+    assert KV_BYTES_PER_TOKEN["Qwen3-30B-A3B"] == 98_304
 
 
 def test_every_preset_is_in_the_reference_table() -> None:
@@ -125,6 +134,12 @@ PUBLISHED_PARAMS = {
     "OPT-175B": 175e9,
     "DeepSeek-V2-Lite": 15.7e9,
     "DeepSeek-V3": 671e9,
+    "CodeLlama-34B": 33.7e9,  # safetensors total of the CodeLlama-34B shapes (Phind-CodeLlama-34B)
+    "Qwen3-14B": 14.8e9,
+    "Qwen3-32B": 32.8e9,
+    "Mixtral-8x7B": 46.7e9,
+    "Qwen3-30B-A3B": 30.5e9,
+    "Qwen3-30B-A3B-Instruct-2507": 30.5e9,
 }
 
 
@@ -195,6 +210,15 @@ def test_dense_preset_counts_equal_the_shape_formula(name: str, extra: dict[str,
         ("deepseek-ai/DeepSeek-V2-Lite", "DeepSeek-V2-Lite"),
         ("deepseek-ai/DeepSeek-V3", "DeepSeek-V3"),
         ("deepseek-ai/DeepSeek-V3-Base", "DeepSeek-V3"),
+        ("codellama/CodeLlama-34b-Instruct-hf", "CodeLlama-34B"),
+        ("codellama/CodeLlama-34b-hf", "CodeLlama-34B"),
+        ("Qwen/Qwen3-14B", "Qwen3-14B"),
+        ("Qwen/Qwen3-32B", "Qwen3-32B"),
+        ("mistralai/Mixtral-8x7B-v0.1", "Mixtral-8x7B"),
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", "Mixtral-8x7B"),
+        ("Qwen/Qwen3-30B-A3B", "Qwen3-30B-A3B"),
+        ("Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen3-30B-A3B-Instruct-2507"),
+        ("Qwen/Qwen3-30B-A3B-Thinking-2507", "Qwen3-30B-A3B-Instruct-2507"),
     ],
 )
 def test_resolve_model_names(given: str, expected: str) -> None:
@@ -403,3 +427,147 @@ def test_model_spec_validates() -> None:
         dataclasses.replace(base, attention="mla")
     with pytest.raises(ValueError, match="num_active_params"):
         dataclasses.replace(base, num_active_params=base.num_params + 1)
+
+
+# ------------------------------------------------------------------------ new dense presets
+
+
+@pytest.mark.parametrize(
+    ("name", "qk_norm", "expected"),
+    [
+        # embed + lm_head 2 x 32000 x 8192 = 524,288,000; per layer q, o 2 x 8192^2 = 134,217,728,
+        # k, v 2 x 8192 x 1024 = 16,777,216, MLP 3 x 8192 x 22016 = 541,065,216, norms 16,384
+        # -> 692,076,544 x 48 = 33,219,674,112; + final norm 8,192 = 33,743,970,304
+        ("CodeLlama-34B", False, 33_743_970_304),
+        # embed + lm_head 2 x 151936 x 5120 = 1,555,824,640; per layer q, o 2 x 5120^2 = 52,428,800,
+        # k, v 2 x 5120 x 1024 = 10,485,760, q/k norms 2 x 128, MLP 3 x 5120 x 17408 = 267,386,880,
+        # norms 10,240 -> 330,311,936 x 40 = 13,212,477,440; + 5,120 = 14,768,307,200
+        ("Qwen3-14B", True, 14_768_307_200),
+        # q, o 2 x 5120 x 8192 = 83,886,080 (64 heads of 128), k, v 10,485,760, q/k norms 256, MLP
+        # 3 x 5120 x 25600 = 393,216,000, norms 10,240 -> 487,598,336 x 64 = 31,206,293,504
+        # + 1,555,824,640 + 5,120 = 32,762,123,264
+        ("Qwen3-32B", True, 32_762_123_264),
+    ],
+)
+def test_new_dense_presets_equal_the_shape_formula(name: str, qk_norm: bool, expected: int) -> None:
+    spec = MODEL_PRESETS[name]
+    estimate = estimate_num_params(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        num_layers=spec.num_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        intermediate_size=spec.intermediate_size,
+        qk_norm=qk_norm,
+    )
+    assert estimate == spec.num_params == expected
+    assert not spec.is_moe and spec.active_params == spec.num_params
+
+
+# --------------------------------------------------------------------- mixture of experts
+
+
+def test_moe_shapes_of_the_presets() -> None:
+    mixtral = MODEL_PRESETS["Mixtral-8x7B"]
+    # one expert: 3 x 4096 x 14336 = 176,160,768; 32 layers x 8 = 45,097,156,608 routed weights
+    assert mixtral.expert_params == 176_160_768
+    assert mixtral.routed_expert_params == 45_097_156_608
+    # active: 46,702,792,704 - 32 x (8 - 2) x 176,160,768 = 12,879,925,248 (card: "12.9B")
+    assert mixtral.active_params == 12_879_925_248
+    assert mixtral.activated_mlp_width == 2 * 14336  # twice its intermediate_size
+    qwen = MODEL_PRESETS["Qwen3-30B-A3B"]
+    # one expert: 3 x 2048 x 768 = 4,718,592; unused per token: 48 x 120 experts = 27,179,089,920
+    assert qwen.expert_params == 4_718_592
+    assert qwen.inactive_expert_params == 27_179_089_920
+    assert qwen.active_params == 30_532_122_624 - 27_179_089_920 == 3_353_032_704  # card: "3.3B"
+    assert qwen.activated_mlp_width == 8 * 768
+    assert qwen.num_moe_layers == 48
+    assert MODEL_PRESETS["Qwen3-30B-A3B-Instruct-2507"].max_position_embeddings == 262144
+    # DeepSeek: the presets' active counts leave the input embedding out; the shape gives it back.
+    #   V2-Lite: 15,706,484,224 - 26 MoE layers x 58 x (3 x 2048 x 1408 = 8,650,752) = 2,661,150,208
+    #            = 2,451,435,008 + the 102400 x 2048 = 209,715,200 embedding
+    lite = MODEL_PRESETS["DeepSeek-V2-Lite"]
+    assert (lite.num_moe_layers, lite.shared_expert_intermediate_size) == (26, 2816)
+    assert lite.num_params - lite.inactive_expert_params == 2_451_435_008 + 102_400 * 2048
+    #   V3: 671,026,419,200 - 58 x 248 x (3 x 7168 x 2048 = 44,040,192) = 37,552,297,472
+    #       = 36,625,618,432 + the 129280 x 7168 = 926,679,040 embedding
+    v3 = MODEL_PRESETS["DeepSeek-V3"]
+    assert v3.num_params - v3.inactive_expert_params == 36_625_618_432 + 129_280 * 7168
+    assert not MODEL_PRESETS["Llama-3.1-8B"].is_moe
+    assert MODEL_PRESETS["Llama-3.1-8B"].routed_expert_params == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        # Mixtral: embed + lm_head 262,144,000; per layer attention 41,943,040, router 4096 x 8 =
+        # 32,768, experts 8 x 176,160,768 = 1,409,286,144, norms 8,192 -> 1,451,270,144 x 32
+        # = 46,440,644,608; + final norm 4,096 = 46,702,792,704
+        ("Mixtral-8x7B", 46_702_792_704),
+        # Qwen3-30B-A3B: embed + lm_head 2 x 151936 x 2048 = 622,329,856; per layer q, o 2 x 2048 x
+        # 4096 = 16,777,216, k, v 2 x 2048 x 512 = 2,097,152, q/k norms 256, router 2048 x 128 =
+        # 262,144, experts 128 x 4,718,592 = 603,979,776, norms 4,096 -> 623,120,640 x 48
+        # = 29,909,790,720; + 2,048 = 30,532,122,624 (the safetensors count of the checkpoint)
+        ("Qwen3-30B-A3B", 30_532_122_624),
+    ],
+)
+def test_moe_presets_equal_the_shape_formula(name: str, expected: int) -> None:
+    spec = MODEL_PRESETS[name]
+    assert spec.moe_intermediate_size is not None and spec.num_experts is not None
+    estimate = estimate_num_params(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        num_layers=spec.num_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_kv_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        intermediate_size=spec.intermediate_size,
+        qk_norm=name.startswith("Qwen3"),
+        num_experts=spec.num_experts,
+        moe_intermediate_size=spec.moe_intermediate_size,
+    )
+    assert estimate == spec.num_params == expected
+
+
+@pytest.mark.parametrize(
+    ("file", "preset"), [("qwen3-30b-a3b", "Qwen3-30B-A3B"), ("mixtral-8x7b-v0.1", "Mixtral-8x7B")]
+)
+def test_moe_configs_load_like_the_presets(file: str, preset: str) -> None:
+    # No count in the file: the estimate, experts included, must give the checkpoint's exact count.
+    spec = model_from_hf_config(HF_CONFIGS / f"{file}.json")
+    _same_shapes(spec, MODEL_PRESETS[preset])
+
+
+def test_moe_config_dense_layers(tmp_path: Path) -> None:
+    cfg = json.loads((HF_CONFIGS / "qwen3-30b-a3b.json").read_text())
+    # Qwen-MoE: layer i routes when i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
+    # Step 2: layers 1, 3, ..., 47 route (24); mlp_only_layers [1, 3] turns two of them dense.
+    cfg.update(decoder_sparse_step=2, mlp_only_layers=[1, 3], num_params=1_000_000_000_000)
+    spec = model_from_hf_config(_write(tmp_path, cfg))
+    assert (spec.num_moe_layers, spec.num_dense_layers) == (22, 26)
+    # DeepSeek: layer i routes when i >= first_k_dense_replace and i % moe_layer_freq == 0:
+    # 27 layers, first 3 dense, then every other one: 4, 6, ..., 26 -> 12 MoE layers.
+    deepseek = json.loads((HF_CONFIGS / "deepseek-v2-lite.json").read_text())
+    deepseek.update(first_k_dense_replace=3, moe_layer_freq=2)
+    spec = model_from_hf_config(_write(tmp_path, deepseek, "ds.json"), num_params=15_706_484_224)
+    assert (spec.num_moe_layers, spec.num_dense_layers) == (12, 15)
+    assert spec.shared_expert_intermediate_size == 2 * 1408  # n_shared_experts x the expert width
+    # Experts of a width but no count is a broken config.
+    del cfg["num_experts"]
+    with pytest.raises(ValueError, match="missing required field 'n_routed_experts'"):
+        model_from_hf_config(_write(tmp_path, cfg, "broken.json"))
+
+
+def test_moe_spec_validates() -> None:
+    mixtral = MODEL_PRESETS["Mixtral-8x7B"]
+    with pytest.raises(ValueError, match="experts_per_token \\(9\\) exceeds num_experts \\(8\\)"):
+        dataclasses.replace(mixtral, experts_per_token=9)
+    with pytest.raises(ValueError, match="needs a positive integer moe_intermediate_size"):
+        dataclasses.replace(mixtral, moe_intermediate_size=None)
+    with pytest.raises(ValueError, match="num_dense_layers must be an integer >= 0 and below num_layers"):
+        dataclasses.replace(mixtral, num_dense_layers=32)
+    with pytest.raises(ValueError, match="must exceed its routed experts' weights"):
+        dataclasses.replace(mixtral, num_params=45_097_156_608)
+    with pytest.raises(ValueError, match="set num_experts too"):
+        dataclasses.replace(MODEL_PRESETS["Llama-3.1-8B"], experts_per_token=2)

@@ -16,8 +16,10 @@ NVIDIA quotes for both directions together (A100 SXM "NVLink: 600 GB/s" = 12 lin
 way x 2; "PCIe Gen4: 64 GB/s" = 32 GB/s each way x 2). A transfer moves data one way, so kvsim
 uses half of each: :attr:`GpuSpec.tensor_parallel_link_bytes_per_s` (NVLink, or PCIe on cards
 without it) for tensor-parallel all-reduces and :attr:`GpuSpec.host_link_bytes_per_s` (PCIe) for
-swaps and host-memory transfers. Cards without NVLink (T4, A10G, L4, RTX 4090) have
-``nvlink_bandwidth_bytes_per_s = None``.
+swaps and host-memory transfers. Cards without NVLink (T4, A10G, L4, L40S, RTX 4090, RTX PRO 6000)
+have ``nvlink_bandwidth_bytes_per_s = None``; the H100 PCIe and NVL cards have their two-card
+bridge's 600 GB/s. The MI300X's Infinity Fabric stands in the NVLink field
+(:attr:`GpuSpec.peer_link_name` names it).
 ``fp16_flops`` is the *dense* FP16/BF16 tensor-core rate with FP32 accumulation, the rate that
 PyTorch/vLLM GEMMs see; NVIDIA's headline numbers "with sparsity" are twice this.
 
@@ -37,6 +39,12 @@ A100-40GB     40 GiB      40,960 MiB             40,536 MiB
 A100-80GB     80 GiB      81,920 MiB             vLLM logs show 79.15 GiB on 80 GB parts
 H100-80GB     80 GiB      81,559 MiB             81,082-81,090 MiB; vLLM logs 79.22 GiB
 H200-141GB    141 GiB     143,771 MiB            143,156 MiB; vLLM logs 139.81 GiB
+L40S-48GB     48 GiB      46,068 MiB (ECC on)    45,589 MiB (47,803,596,800 B)
+H100-PCIe     80 GiB      81,559 MiB             (not found)
+H100-NVL      94 GiB      95,830 MiB             (not found)
+B200-180GB    180 GiB     183,359 MiB            182,631-182,642 MiB
+RTX-PRO-6000  96 GiB      97,887 MiB             97,252 MiB (101,976,440,832 B)
+MI300X-192GB  192 GiB     196,288 MiB (rocm-smi) 196,288 MiB (205,822,885,888 B)
 ============  ==========  =====================  ==========================================
 
 The GDDR6 data-centre parts (T4, A10G, L4) lose 1/16 of their memory to ECC, which is on by
@@ -47,7 +55,12 @@ e.g. ``resolve_gpu({"base": "H100-80GB", "memory_gib": 79.19})``.
 Sources for the table: torch ``_CudaDeviceProperties`` printouts and vLLM start-up logs in public
 repositories and vLLM issues (#7553: RTX 4090 24564 MiB; #55169: H100 81559 MiB; PR #10511); the
 nvidia-smi totals of T4, A10G, L4, A100 and H200 are the values those cards commonly print, not
-re-checked against a stored log.
+re-checked against a stored log. L40S: nvidia-smi listings and a deviceQuery printout; H100 PCIe
+and NVL, B200: nvidia-smi listings in public repositories, torch ``total_memory`` printouts for the
+B200; RTX PRO 6000 Blackwell (Workstation and Server Edition alike): nvidia-smi listings and the
+``device_total_memory_bytes`` of casys-kaist/LLMServingSim's vLLM runs on the Server Edition;
+MI300X: ``rocm-smi`` "VRAM Total Memory (B)", which ``torch.cuda.mem_get_info`` reports too. Each of
+these is below its binary capacity and above its decimal one, so "GB" is GiB for them as well.
 """
 
 from __future__ import annotations
@@ -111,10 +124,15 @@ class Efficiency:
     """Prefill attention's floor per chunk and layer."""
     source: str = ""
     error_band: str = "not validated"
+    transferred: bool = False
+    """True when the factors were measured on another GPU and applied to this one (the serving
+    calibration then scales its bandwidths: ``sim/costs/serving.py``)."""
 
     def __post_init__(self) -> None:
         for item in fields(self):
             value = getattr(self, item.name)
+            if item.name == "transferred":
+                continue
             if item.name in ("source", "error_band"):
                 if not isinstance(value, str):
                     raise ValueError(f"efficiency {item.name} must be a string, got {value!r}")
@@ -166,12 +184,19 @@ _H100 = Efficiency(
 )
 
 
-def _applied(factors: Efficiency, gpu: str, why: str) -> Efficiency:
-    """``factors`` applied to a GPU they were not measured on, saying so in the source and the band."""
+def _applied(factors: Efficiency, gpu: str, why: str, expected_error: str | None = None) -> Efficiency:
+    """``factors`` applied to a GPU they were not measured on, saying so in the source and the band;
+    ``expected_error`` states how far from measurements the times may land there (a judgment: the
+    GPU differs from the measured one in more than its datasheet peaks)."""
+    expected = f": expect {expected_error} (a judgment, not a measurement)" if expected_error else ""
     return replace(
         factors,
         source=f"{factors.source}, applied to {gpu} ({why})",
-        error_band=f"not validated on {gpu} (no measurements of it); on the measured GPU: {factors.error_band}",
+        error_band=(
+            f"not validated on {gpu} (no measurements of it){expected}; on the measured GPU: "
+            f"{factors.error_band}"
+        ),
+        transferred=True,
     )
 
 
@@ -186,7 +211,8 @@ class GpuSpec:
     """One GPU. Memory in bytes; bandwidth in bytes/s; ``fp16_flops`` dense FP16/BF16 tensor FLOP/s;
     ``efficiency`` the derating factors of the derated cost model; ``nvlink_bandwidth_bytes_per_s``
     (``None`` without NVLink) and ``pcie_bandwidth_bytes_per_s`` the datasheet link rates, both
-    directions together (see the module docstring)."""
+    directions together (see the module docstring). ``nvlink_bandwidth_bytes_per_s`` is the GPU to
+    GPU link whatever the vendor calls it; ``peer_link_name`` says what (AMD's Infinity Fabric)."""
 
     name: str
     memory_bytes: int
@@ -195,6 +221,7 @@ class GpuSpec:
     efficiency: Efficiency = GENERIC_EFFICIENCY
     nvlink_bandwidth_bytes_per_s: float | None = None
     pcie_bandwidth_bytes_per_s: float = DEFAULT_PCIE_BANDWIDTH_BYTES_PER_S
+    peer_link_name: str = "NVLink"
 
     @property
     def tensor_parallel_link_bytes_per_s(self) -> float:
@@ -205,7 +232,7 @@ class GpuSpec:
 
     @property
     def tensor_parallel_link_name(self) -> str:
-        return "NVLink" if self.nvlink_bandwidth_bytes_per_s else "PCIe"
+        return self.peer_link_name if self.nvlink_bandwidth_bytes_per_s else "PCIe"
 
     @property
     def host_link_bytes_per_s(self) -> float:
@@ -300,8 +327,8 @@ GPU_PRESETS: dict[str, GpuSpec] = {
         pcie_bandwidth_bytes_per_s=_PCIE_GEN4,
     ),
     # NVIDIA H100 datasheet, SXM5: 80 GB HBM3, 3.35 TB/s; BF16/FP16 tensor 1,979 TFLOPS with
-    # sparsity = 989.4 dense; interconnect "NVIDIA NVLink: 900GB/s, PCIe Gen5: 128GB/s". (PCIe H100:
-    # 2.0 TB/s, 756 dense, NVLink bridge 600 GB/s; use a custom dict for it.)
+    # sparsity = 989.4 dense; interconnect "NVIDIA NVLink: 900GB/s, PCIe Gen5: 128GB/s". (The PCIe
+    # and NVL cards are H100-PCIe-80GB and H100-NVL-94GB below.)
     "H100-80GB": GpuSpec(
         "H100-80GB",
         80 * GiB,
@@ -322,6 +349,99 @@ GPU_PRESETS: dict[str, GpuSpec] = {
         nvlink_bandwidth_bytes_per_s=900 * GB,
         pcie_bandwidth_bytes_per_s=_PCIE_GEN5,
     ),
+    # NVIDIA H100 datasheet, PCIe card: 80 GB HBM2e, 2.0 TB/s (2,039 GB/s on the product brief);
+    # FP16/BF16 tensor 1,513 TFLOPS with sparsity; the H100 architecture whitepaper's dense figure
+    # with FP32 accumulate is 756; "NVLink: 600GB/s" (a bridge joining two cards), "PCIe Gen5: 128GB/s".
+    # 114 SMs at a 350 W limit, against the SXM's 132 at 700 W: the same Hopper SMs, throttled.
+    "H100-PCIe-80GB": GpuSpec(
+        "H100-PCIe-80GB",
+        80 * GiB,
+        2.0 * TB,
+        756 * TFLOPS,
+        _applied(_H100, "H100-PCIe-80GB", "same Hopper SMs as the H100 SXM, fewer and power-capped", "±30 %"),
+        nvlink_bandwidth_bytes_per_s=600 * GB,
+        pcie_bandwidth_bytes_per_s=_PCIE_GEN5,
+    ),
+    # NVIDIA H100 NVL product brief and H100 datasheet (NVL column): 94 GB HBM3, 3.9 TB/s (3,938 GB/s);
+    # BF16/FP16 tensor 1,671 TFLOPS with sparsity = 835.5 dense; "NVLink: 600GB/s" (bridge between a
+    # pair of cards), "PCIe Gen5: 128GB/s"; 350-400 W.
+    "H100-NVL-94GB": GpuSpec(
+        "H100-NVL-94GB",
+        94 * GiB,
+        3.9 * TB,
+        835.5 * TFLOPS,
+        _applied(_H100, "H100-NVL-94GB", "same Hopper SMs as the H100 SXM, at 400 W", "±30 %"),
+        nvlink_bandwidth_bytes_per_s=600 * GB,
+        pcie_bandwidth_bytes_per_s=_PCIE_GEN5,
+    ),
+    # NVIDIA HGX B200 (1,000 W, as in DGX B200): 180 GB HBM3e per GPU (of the 192 GB the stacks hold),
+    # 8 TB/s; FP16/BF16 tensor 2.25 PFLOPS dense (4.5 with sparsity); fifth-generation NVLink 1.8 TB/s.
+    # The GPU's PCIe is Gen6, but the Gen5 hosts of HGX/DGX B200 run it at Gen5 x16 (128 GB/s).
+    # Hopper's factors: the nearest measured data-centre part, but Blackwell's tensor cores
+    # (tcgen05, tensor memory) are new and their kernels younger, hence the wider band.
+    "B200-180GB": GpuSpec(
+        "B200-180GB",
+        180 * GiB,
+        8 * TB,
+        2250 * TFLOPS,
+        _applied(
+            _H100, "B200-180GB", "nearest measured data-centre GPU; a new tensor-core generation", "±40 %"
+        ),
+        nvlink_bandwidth_bytes_per_s=1800 * GB,
+        pcie_bandwidth_bytes_per_s=_PCIE_GEN5,
+    ),
+    # NVIDIA L40S datasheet: 48 GB GDDR6 with ECC, 864 GB/s; BF16/FP16 tensor 362.05 TFLOPS dense
+    # (733 with sparsity; a data-centre Ada part, not halved with FP32 accumulate like GeForce);
+    # PCIe Gen4 x16 (64 GB/s), no NVLink. The A100's factors, as for the other Ada and Ampere cards:
+    # the same warp-level (mma) tensor-core programming model, unlike Hopper's.
+    "L40S-48GB": GpuSpec(
+        "L40S-48GB",
+        48 * GiB,
+        864 * GB,
+        362.05 * TFLOPS,
+        _applied(_A100, "L40S-48GB", "no L40S data; Ada tensor cores are programmed like Ampere's", "±30 %"),
+        pcie_bandwidth_bytes_per_s=_PCIE_GEN4,
+    ),
+    # NVIDIA RTX PRO 6000 Blackwell Workstation Edition datasheet: 96 GB GDDR7 with ECC, 512-bit,
+    # 1,792 GB/s (28 Gbps); "4000 AI TOPS" (FP4 with sparsity); PCIe 5.0 x16, no NVLink. Dense FP16/BF16
+    # tensor with FP32 accumulate: 503.8 TFLOPS (1.01 PFLOPS sparse), which is 188 SMs x 1,024 FLOP per
+    # clock x 2.617 GHz and 4000 / 8: the professional card runs FP32 accumulate at full rate, unlike
+    # the RTX 5090 (a BF16 GEMM measured at 417 TFLOPS on the Server Edition could not be reached at
+    # half rate). The Server Edition's driver reports a 12,481 MHz memory clock, i.e. 1,597.6 GB/s
+    # (LLMServingSim's RTX PRO 6000 hardware file and configs use 1597): the datasheet's 1,792 is kept
+    # here, like every other preset's datasheet figure; for the Server Edition use
+    # {base: RTX-PRO-6000-96GB, hbm_bandwidth_gb_per_s: 1597.6}. GB202 (sm_120) has no tcgen05/TMEM:
+    # its tensor cores are programmed with warp-level mma like Ampere's and Ada's, so the A100's
+    # factors (as for the RTX 4090), with the widest band of the NVIDIA cards for the bandwidth question.
+    "RTX-PRO-6000-96GB": GpuSpec(
+        "RTX-PRO-6000-96GB",
+        96 * GiB,
+        1792 * GB,
+        503.8 * TFLOPS,
+        _applied(
+            _A100,
+            "RTX-PRO-6000-96GB",
+            "no Blackwell data; sm_120 tensor cores are programmed like Ampere's",
+            "±35 % (the Server Edition's memory runs at 1,597.6 GB/s, 11 % under the figure used)",
+        ),
+        pcie_bandwidth_bytes_per_s=_PCIE_GEN5,
+    ),
+    # AMD Instinct MI300X data sheet: 192 GB HBM3, 5.3 TB/s; peak FP16/BF16 matrix 1,307.4 TFLOPS dense
+    # (2,614.9 with sparsity); PCIe Gen5 x16 (128 GB/s); "peak aggregate Infinity Fabric bandwidth
+    # 896 GB/s": seven links of 64 GB/s each way to the other GPUs of an 8-GPU platform, taken here as
+    # the tensor-parallel link (right for TP 8, where every link carries the all-reduce; a TP-2 pair
+    # has one link, 64 GB/s each way, 7x less). No AMD measurements: Hopper's factors, the nearest
+    # HBM data-centre part, with the widest band (another vendor's kernels: ROCm, hipBLASLt).
+    "MI300X-192GB": GpuSpec(
+        "MI300X-192GB",
+        192 * GiB,
+        5.3 * TB,
+        1307.4 * TFLOPS,
+        _applied(_H100, "MI300X-192GB", "no AMD data; the nearest measured HBM data-centre GPU", "±50 %"),
+        nvlink_bandwidth_bytes_per_s=896 * GB,
+        pcie_bandwidth_bytes_per_s=_PCIE_GEN5,
+        peer_link_name="Infinity Fabric",
+    ),
 }
 
 # Short names that are unambiguous (compared after normalisation: lower case, alphanumerics only).
@@ -341,6 +461,17 @@ _GPU_ALIASES: dict[str, str] = {
     "h100sxm80gb": "H100-80GB",
     "h200": "H200-141GB",
     "h200sxm": "H200-141GB",
+    "h100pcie": "H100-PCIe-80GB",
+    "h100nvl": "H100-NVL-94GB",
+    "b200": "B200-180GB",
+    "l40s": "L40S-48GB",
+    "rtxpro6000": "RTX-PRO-6000-96GB",
+    "rtxpro6000blackwell": "RTX-PRO-6000-96GB",
+    "rtxpro6000blackwellworkstationedition": "RTX-PRO-6000-96GB",
+    "rtxpro6000blackwellserveredition": "RTX-PRO-6000-96GB",
+    "mi300x": "MI300X-192GB",
+    "instinctmi300x": "MI300X-192GB",
+    "amdinstinctmi300x": "MI300X-192GB",
 }
 
 
@@ -357,7 +488,9 @@ _BANDWIDTH_KEYS = {"hbm_bandwidth_bytes_per_s": 1, "hbm_bandwidth_gb_per_s": GB,
 _FLOPS_KEYS = {"fp16_flops": 1, "fp16_tflops": TFLOPS}
 _LINK_KEYS = ("nvlink_gb_per_s", "pcie_gb_per_s")
 _ALLOWED_KEYS = {"name", "base", "efficiency", *_MEMORY_KEYS, *_BANDWIDTH_KEYS, *_FLOPS_KEYS, *_LINK_KEYS}
-_EFFICIENCY_KEYS = [item.name for item in fields(Efficiency) if item.name not in ("source", "error_band")]
+_EFFICIENCY_KEYS = [
+    item.name for item in fields(Efficiency) if item.name not in ("source", "error_band", "transferred")
+]
 
 
 def _efficiency(spec: Mapping[str, object], base: Efficiency) -> Efficiency:

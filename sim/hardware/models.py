@@ -31,7 +31,7 @@ import os
 import re
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -82,6 +82,15 @@ class ModelSpec:
 
     ``gated_mlp`` is True for SwiGLU/GeGLU MLPs (three matrices: gate, up, down; Llama, Mistral,
     Qwen, Gemma, DeepSeek) and False for two-matrix MLPs (OPT, GPT-2).
+
+    Mixture of experts (``num_experts`` set): each of the ``num_layers - num_dense_layers`` MoE
+    layers has a router (``hidden x num_experts``), ``num_experts`` routed experts, each an MLP of
+    width ``moe_intermediate_size``, of which every token uses ``experts_per_token``, and, where the
+    architecture has them, shared experts every token uses, ``shared_expert_intermediate_size`` wide
+    in all (DeepSeek: ``n_shared_experts x moe_intermediate_size``). The ``num_dense_layers`` other
+    layers have a dense MLP of ``intermediate_size`` (DeepSeek's first ``first_k_dense_replace``).
+    Only the count of dense layers matters here, not where they sit. Every expert stays in memory
+    (``num_params`` counts them all); the cost models read only the experts a batch's tokens touch.
     """
 
     name: str
@@ -100,6 +109,11 @@ class ModelSpec:
     max_position_embeddings: int = 4096
     num_active_params: int | None = None
     gated_mlp: bool = True
+    num_experts: int | None = None
+    experts_per_token: int | None = None
+    moe_intermediate_size: int | None = None
+    shared_expert_intermediate_size: int = 0
+    num_dense_layers: int = 0
 
     def __post_init__(self) -> None:
         for field in (
@@ -135,11 +149,102 @@ class ModelSpec:
             raise ValueError(
                 f"model {self.name!r}: num_active_params must be in (0, num_params], got {self.num_active_params!r}"
             )
+        self._check_moe_shape()
+
+    def _check_moe_shape(self) -> None:
+        moe = ("num_experts", "experts_per_token", "moe_intermediate_size")
+        if self.num_experts is None:
+            given = [
+                field
+                for field in (*moe[1:], "shared_expert_intermediate_size", "num_dense_layers")
+                if getattr(self, field)
+            ]
+            if given:
+                raise ValueError(
+                    f"model {self.name!r}: {', '.join(given)} describe a mixture of experts; set num_experts too"
+                )
+            return
+        for field in moe:
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(
+                    f"model {self.name!r}: a mixture of experts needs a positive integer {field}, got {value!r}"
+                )
+        assert self.experts_per_token is not None
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(
+                f"model {self.name!r}: experts_per_token ({self.experts_per_token}) exceeds num_experts "
+                f"({self.num_experts})"
+            )
+        for field, upper in (
+            ("shared_expert_intermediate_size", None),
+            ("num_dense_layers", self.num_layers - 1),
+        ):
+            value = getattr(self, field)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or value < 0
+                or (upper is not None and value > upper)
+            ):
+                bound = f" and below num_layers ({self.num_layers})" if upper is not None else ""
+                raise ValueError(
+                    f"model {self.name!r}: {field} must be an integer >= 0{bound}, got {value!r}"
+                )
+        if self.routed_expert_params >= self.num_params:
+            raise ValueError(
+                f"model {self.name!r}: num_params ({self.num_params:,}) must exceed its routed experts' "
+                f"weights ({self.routed_expert_params:,})"
+            )
 
     @property
     def active_params(self) -> int:
-        """Parameters used per token (all of them for a dense model)."""
-        return self.num_active_params if self.num_active_params is not None else self.num_params
+        """Parameters used per token: ``num_active_params`` when given; else, for a mixture of
+        experts, all but the routed experts a token does not use; all of them for a dense model."""
+        if self.num_active_params is not None:
+            return self.num_active_params
+        return self.num_params - self.inactive_expert_params
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts is not None
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers whose MLP is routed experts (0 for a dense model)."""
+        return self.num_layers - self.num_dense_layers if self.is_moe else 0
+
+    @property
+    def expert_params(self) -> int:
+        """Weights of one routed expert of one layer (0 for a dense model)."""
+        if self.moe_intermediate_size is None:
+            return 0
+        return (3 if self.gated_mlp else 2) * self.hidden_size * self.moe_intermediate_size
+
+    @property
+    def routed_expert_params(self) -> int:
+        """Weights of every routed expert of every MoE layer: the part of ``num_params`` a batch reads
+        only as far as its tokens route to it."""
+        return self.num_moe_layers * (self.num_experts or 0) * self.expert_params
+
+    @property
+    def inactive_expert_params(self) -> int:
+        """Routed-expert weights one token does not use: ``(num_experts - experts_per_token)`` experts
+        in every MoE layer."""
+        unused = (self.num_experts or 0) - (self.experts_per_token or 0)
+        return self.num_moe_layers * unused * self.expert_params
+
+    @property
+    def activated_mlp_width(self) -> int:
+        """MLP width one token activates, averaged over the layers (rounded): ``intermediate_size`` for
+        a dense model; ``experts_per_token x moe_intermediate_size`` plus the shared experts in MoE
+        layers (Mixtral: 2 x 14336, twice its ``intermediate_size``)."""
+        if not self.is_moe:
+            return self.intermediate_size
+        assert self.experts_per_token is not None and self.moe_intermediate_size is not None
+        routed = self.experts_per_token * self.moe_intermediate_size + self.shared_expert_intermediate_size
+        total = self.num_dense_layers * self.intermediate_size + self.num_moe_layers * routed
+        return round(total / self.num_layers)
 
     def kv_dtype_bytes(self, kv_cache_dtype: str = "auto") -> int:
         """Bytes per cached element for ``kv_cache_dtype`` ("auto" = the weight dtype)."""
@@ -302,6 +407,25 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         num_params=68_976_648_192,
         max_position_embeddings=4096,
     ),
+    # codellama/CodeLlama-34b-Instruct-hf (and -34b-hf) config.json: 48 layers, hidden 8192, 64 heads,
+    # 8 KV heads (GQA), intermediate 22016, vocab 32000, max_position_embeddings 16384, rope_theta 1e6,
+    # untied embeddings. KV: 2 x 48 x 8 x 128 x 2 B = 196,608 B/token (192 KiB).
+    # 33,743,970,304 params ("34B"; the count listed for the same-shaped Phind-CodeLlama-34B).
+    # Checked: microsoft/vidur vidur/config/model_config.py CodeLlama34BModelConfig (48 layers, 64/8
+    # heads, 8192, 22016, 16384 positions, rope_theta 1e6); epfLLM/Megatron-LLM PR #51 ("the vocab
+    # size of the 34b model is still 32000": unlike the 7B/13B, no infilling tokens).
+    "CodeLlama-34B": _preset(
+        name="CodeLlama-34B",
+        num_layers=48,
+        hidden_size=8192,
+        num_attention_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=22016,
+        vocab_size=32000,
+        num_params=33_743_970_304,
+        max_position_embeddings=16384,
+    ),
     # meta-llama/Llama-3.1-8B config.json: 32 layers, hidden 4096, 32 heads, 8 KV heads, intermediate
     # 14336, vocab 128256, max_position_embeddings 131072, tie_word_embeddings false, bfloat16.
     # 8,030,261,248 params ("8B"; safetensors total). Same shapes as tests/data/hf_configs/llama-3.1-8b.json.
@@ -386,6 +510,45 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         num_params=72_706_203_648,
         max_position_embeddings=131072,
     ),
+    # Qwen/Qwen3-14B config.json: 40 layers, hidden 5120, 40 heads, 8 KV heads, head_dim 128 (given
+    # explicitly; hidden / heads is also 128 here), intermediate 17408, vocab 151936,
+    # max_position_embeddings 40960, no q/k/v biases (attention_bias false) but RMSNorms of head_dim on
+    # q and k, untied embeddings, bfloat16. KV: 2 x 40 x 8 x 128 x 2 B = 163,840 B/token (160 KiB).
+    # 14,768,307,200 params (card: "14.8B", 13.2B non-embedding).
+    # Checked: full config.json copy in citsjtu2020/LLM-Prof sglang/Model_Config.md; the count in
+    # several model inventories (llama.cpp n_params 14768307200).
+    "Qwen3-14B": _preset(
+        name="Qwen3-14B",
+        num_layers=40,
+        hidden_size=5120,
+        num_attention_heads=40,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=17408,
+        vocab_size=151936,
+        num_params=14_768_307_200,
+        max_position_embeddings=40960,
+    ),
+    # Qwen/Qwen3-32B config.json: 64 layers, hidden 5120, 64 heads (so q is 64 x 128 = 8192 wide, not
+    # hidden: head_dim 128 is explicit), 8 KV heads, intermediate 25600, vocab 151936,
+    # max_position_embeddings 40960, q/k norms, untied, bfloat16.
+    # KV: 2 x 64 x 8 x 128 x 2 B = 262,144 B/token (256 KiB). 32,762,123,264 params (card: "32.8B",
+    # 31.2B non-embedding). Checked: the same LLM-Prof config copy; a GGUF dump (block_count 64,
+    # embedding_length 5120, feed_forward_length 25600, head_count 64/8, key_length 128, context
+    # 40960, 32762123264 logical parameters); vLLM's max_model_len 40960 in LLMServingSim's RTX PRO
+    # 6000 run (casys-kaist/LLMServingSim bench/examples/RTXPRO6000/Qwen3-32B/vllm/meta.json).
+    "Qwen3-32B": _preset(
+        name="Qwen3-32B",
+        num_layers=64,
+        hidden_size=5120,
+        num_attention_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=25600,
+        vocab_size=151936,
+        num_params=32_762_123_264,
+        max_position_embeddings=40960,
+    ),
     # facebook/opt-13b config.json: 40 layers, hidden 5120, 40 heads (MHA), ffn_dim 20480, vocab 50272,
     # max_position_embeddings 2048, float16, tied embeddings, ReLU MLP with biases.
     # KV: 2 x 40 x 5120 x 2 B = 819,200 B = 800 KiB per token, the vLLM paper's (SOSP'23) figure.
@@ -439,6 +602,56 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         max_position_embeddings=2048,
         gated_mlp=False,
     ),
+    # mistralai/Mixtral-8x7B-v0.1 (and -Instruct-v0.1) config.json: MixtralForCausalLM, 32 layers,
+    # hidden 4096, 32 heads, 8 KV heads, intermediate 14336 (each expert's width: Mixtral has no
+    # moe_intermediate_size), num_local_experts 8, num_experts_per_tok 2, vocab 32000,
+    # max_position_embeddings 32768, sliding_window null, untied, bfloat16. Every layer is MoE.
+    # KV: 2 x 32 x 8 x 128 x 2 B = 131,072 B/token. 46,702,792,704 params (card "46.7B"; the
+    # safetensors total quoted for Mixtral-8x7B-Instruct-v0.1); active: 46,702,792,704 - 32 layers x
+    # 6 unused experts x 176,160,768 = 12,879,925,248 ("12.9B").
+    # Checked: MIXTRAL_8X7B_CONFIG in TensorRT-LLM's Mixtral test and a copy of the HF config.json
+    # (all the fields above); casys-kaist/LLMServingSim model_config/mistralai/Mixtral-8x7B-v0.1.json.
+    "Mixtral-8x7B": _preset(
+        name="Mixtral-8x7B",
+        num_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=32000,
+        num_params=46_702_792_704,
+        max_position_embeddings=32768,
+        num_experts=8,
+        experts_per_token=2,
+        moe_intermediate_size=14336,
+    ),
+    # Qwen/Qwen3-30B-A3B config.json: Qwen3MoeForCausalLM, 48 layers, hidden 2048, 32 heads, 4 KV
+    # heads, head_dim 128 (explicit: q is 32 x 128 = 4096 wide, twice hidden), q/k norms, num_experts
+    # 128, num_experts_per_tok 8, moe_intermediate_size 768, decoder_sparse_step 1, mlp_only_layers []
+    # (every layer MoE; the config's intermediate_size 6144 is unused), no shared expert, vocab 151936,
+    # max_position_embeddings 40960, untied, bfloat16. KV: 2 x 48 x 4 x 128 x 2 B = 98,304 B/token.
+    # 30,532,122,624 params (card: "30.5B in total", 29.9B non-embedding); active: 30,532,122,624 - 48
+    # x 120 x 4,718,592 = 3,353,032,704 ("3.3B activated").
+    # Checked: full config.json copy in citsjtu2020/LLM-Prof sglang/Model_Config.md; slime
+    # scripts/models/qwen3-30B-A3B.sh (48 layers, 2048, moe-ffn 768, kv-channels 128, 4 query groups,
+    # untied, 151936); the Qwen3-30B-A3B-Instruct-2507 model card (30.5B / 3.3B, 48 layers, 32/4
+    # heads, 128 experts, 8 activated).
+    "Qwen3-30B-A3B": _preset(
+        name="Qwen3-30B-A3B",
+        num_layers=48,
+        hidden_size=2048,
+        num_attention_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        intermediate_size=6144,
+        vocab_size=151936,
+        num_params=30_532_122_624,
+        max_position_embeddings=40960,
+        num_experts=128,
+        experts_per_token=8,
+        moe_intermediate_size=768,
+    ),
     # deepseek-ai/DeepSeek-V2-Lite config.json: 27 layers, hidden 2048, 16 heads, kv_lora_rank 512,
     # q_lora_rank null, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128, intermediate 10944
     # (the one dense layer), moe_intermediate_size 1408, 64 routed + 2 shared experts, 6 per token,
@@ -462,6 +675,11 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         qk_rope_head_dim=64,
         max_position_embeddings=163840,
         num_active_params=2_451_435_008,
+        num_experts=64,
+        experts_per_token=6,
+        moe_intermediate_size=1408,
+        shared_expert_intermediate_size=2 * 1408,
+        num_dense_layers=1,
     ),
     # deepseek-ai/DeepSeek-V3 config.json: 61 layers, hidden 7168, 128 heads, kv_lora_rank 512,
     # q_lora_rank 1536, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128, intermediate 18432
@@ -491,8 +709,22 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         qk_rope_head_dim=64,
         max_position_embeddings=163840,
         num_active_params=36_625_618_432,
+        num_experts=256,
+        experts_per_token=8,
+        moe_intermediate_size=2048,
+        shared_expert_intermediate_size=2048,
+        num_dense_layers=3,
     ),
 }
+# Qwen/Qwen3-30B-A3B-Instruct-2507 (and -Thinking-2507): the shapes of Qwen3-30B-A3B, trained for a
+# native 262,144-token context, which its config.json gives as max_position_embeddings (vLLM derives
+# max_model_len 262144 from it: casys-kaist/LLMServingSim
+# bench/examples/RTXPRO6000/Qwen3-30B-A3B-Instruct-2507/vllm/meta.json; model card: "Context Length:
+# 262,144 natively", 30.5B total, 3.3B activated). A preset of its own, so that a request the 2507
+# checkpoint serves is not refused at the base model's 40,960.
+MODEL_PRESETS["Qwen3-30B-A3B-Instruct-2507"] = replace(
+    MODEL_PRESETS["Qwen3-30B-A3B"], name="Qwen3-30B-A3B-Instruct-2507", max_position_embeddings=262144
+)
 
 # Extra names that resolve to a preset (compared after normalisation, see _normalise_name).
 _PRESET_ALIASES: dict[str, str] = {
@@ -503,6 +735,8 @@ _PRESET_ALIASES: dict[str, str] = {
     "llama3.1-70b": "Llama-3.1-70B",
     "deepseek-v3-base": "DeepSeek-V3",
     "deepseek-v2-lite-chat": "DeepSeek-V2-Lite",
+    "mixtral-8x7b-v0.1": "Mixtral-8x7B",
+    "qwen3-30b-a3b-thinking-2507": "Qwen3-30B-A3B-Instruct-2507",
 }
 
 _NAME_SUFFIXES = ("-instruct", "-chat-hf", "-chat", "-hf", "-base")
@@ -585,7 +819,9 @@ _DTYPE_BYTES: dict[str, int] = {
 _TIED_BY_DEFAULT = {"opt", "gpt2", "gemma", "gemma2", "gemma3", "gemma3_text", "bloom", "gpt_neox_japanese"}
 _UNGATED_MLP = {"opt", "gpt2", "gpt_bigcode", "bloom", "falcon", "gpt_neox", "gptj", "phi"}
 _QKV_BIAS = {"qwen2", "qwen2_moe"}
-_MOE_KEYS = ("n_routed_experts", "num_local_experts", "num_experts", "moe_intermediate_size")
+_QK_NORM = {"qwen3", "qwen3_moe"}  # an RMSNorm of head_dim on q and on k in every layer
+# Routed-expert counts as DeepSeek, Mixtral and Qwen-MoE configs spell them.
+_EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
 
 
 def _config_path(path: str | os.PathLike[str]) -> Path:
@@ -630,6 +866,45 @@ def _int_field(cfg: Mapping[str, Any], path: Path, *names: str, required: bool =
     return None
 
 
+def _is_moe_layer(cfg: Mapping[str, Any], layer: int) -> bool:
+    """Whether decoder layer ``layer`` (from 0) routes to experts, as the transformers model builds it:
+    DeepSeek's ``layer >= first_k_dense_replace and layer % moe_layer_freq == 0``, Qwen-MoE's
+    ``layer not in mlp_only_layers and (layer + 1) % decoder_sparse_step == 0``; else every layer."""
+    if "first_k_dense_replace" in cfg or "moe_layer_freq" in cfg:
+        first_dense = int(cfg.get("first_k_dense_replace") or 0)
+        return layer >= first_dense and layer % int(cfg.get("moe_layer_freq") or 1) == 0
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    return layer not in (cfg.get("mlp_only_layers") or []) and (layer + 1) % step == 0
+
+
+def _moe_shape(cfg: Mapping[str, Any], path: Path, num_layers: int, intermediate: int) -> dict[str, int]:
+    """The :class:`ModelSpec` mixture-of-experts fields a config describes (empty for a dense model)."""
+    count_keys = [key for key in _EXPERT_COUNT_KEYS if cfg.get(key)]
+    if not count_keys:
+        if cfg.get("moe_intermediate_size"):
+            _int_field(cfg, path, *_EXPERT_COUNT_KEYS)  # raises: experts of a size, but no count
+        return {}
+    moe_layers = sum(_is_moe_layer(cfg, layer) for layer in range(num_layers))
+    if moe_layers == 0:
+        return {}
+    num_experts = _int_field(cfg, path, *count_keys)
+    per_token = _int_field(cfg, path, "num_experts_per_tok")
+    # Mixtral's experts are intermediate_size wide; the others name the expert width apart.
+    expert_width = _int_field(cfg, path, "moe_intermediate_size", required=False) or intermediate
+    shared_experts = _int_field(cfg, path, "n_shared_experts", required=False) or 0
+    shared = shared_experts * expert_width or (
+        _int_field(cfg, path, "shared_expert_intermediate_size", required=False) or 0
+    )
+    assert num_experts is not None and per_token is not None
+    return {
+        "num_experts": num_experts,
+        "experts_per_token": per_token,
+        "moe_intermediate_size": expert_width,
+        "shared_expert_intermediate_size": shared,
+        "num_dense_layers": num_layers - moe_layers,
+    }
+
+
 def estimate_num_params(
     *,
     vocab_size: int,
@@ -644,22 +919,33 @@ def estimate_num_params(
     qkv_bias: bool = False,
     opt_style: bool = False,
     max_position_embeddings: int = 0,
+    qk_norm: bool = False,
+    num_experts: int = 0,
+    moe_intermediate_size: int = 0,
+    shared_expert_intermediate_size: int = 0,
+    num_dense_layers: int = 0,
 ) -> int:
-    """Parameter count of a dense decoder-only transformer, from its shapes.
+    """Parameter count of a decoder-only transformer, from its shapes.
 
     ``embedding (vocab x hidden)``
     ``+ layers x [attention + MLP + norms]``
     ``+ final norm + lm_head (vocab x hidden, unless tie_word_embeddings)``, where
 
     * attention = q ``hidden x heads x head_dim`` + k, v ``2 x hidden x kv_heads x head_dim``
-      + o ``heads x head_dim x hidden`` (+ q/k/v biases for Qwen2);
+      + o ``heads x head_dim x hidden`` (+ q/k/v biases for Qwen2; + an RMSNorm of ``head_dim`` on
+      q and on k with ``qk_norm``, Qwen3);
     * MLP = ``3 x hidden x intermediate`` when gated (SwiGLU: gate, up, down), else ``2 x``;
     * norms = two RMSNorm weight vectors of ``hidden`` per layer.
 
+    With ``num_experts`` (a mixture of experts), all but ``num_dense_layers`` layers have instead
+    of the MLP a router ``hidden x num_experts``, ``num_experts`` MLPs of ``moe_intermediate_size``
+    and a shared gated MLP of ``shared_expert_intermediate_size`` (none when 0): exact for Mixtral
+    and Qwen3-MoE; Qwen2-MoE's shared-expert gate (``hidden`` per layer) is not counted.
+
     ``opt_style`` adds what OPT has on top: biases on every linear layer, LayerNorms with bias
     (``4 x hidden`` per layer), and learned positions ``(max_position_embeddings + 2) x hidden``.
-    Exact for Llama, Mistral, Qwen2 and OPT checkpoints; under by 2 x hidden per layer for Gemma-2
-    (four norms per layer), i.e. < 0.01 %. Not valid for mixture-of-experts models.
+    Exact for Llama, Mistral, Qwen2, Qwen3 and OPT checkpoints; under by 2 x hidden per layer for
+    Gemma-2 (four norms per layer), i.e. < 0.01 %.
     """
     q = hidden_size * num_attention_heads * head_dim
     kv = 2 * hidden_size * num_kv_heads * head_dim
@@ -669,12 +955,24 @@ def estimate_num_params(
         attention += (num_attention_heads + 2 * num_kv_heads) * head_dim
     if opt_style:
         attention += hidden_size  # out_proj bias
-    mlp = (3 if gated_mlp else 2) * hidden_size * intermediate_size
+    if qk_norm:
+        attention += 2 * head_dim
+    matrices = 3 if gated_mlp else 2
+    mlp = matrices * hidden_size * intermediate_size
     if opt_style:
         mlp += intermediate_size + hidden_size  # fc1 and fc2 biases
     norms = (4 if opt_style else 2) * hidden_size
     total = vocab_size * hidden_size  # token embedding
-    total += num_layers * (attention + mlp + norms)
+    if num_experts:
+        moe_mlp = (
+            hidden_size * num_experts  # router
+            + num_experts * matrices * hidden_size * moe_intermediate_size
+            + 3 * hidden_size * shared_expert_intermediate_size
+        )
+        total += num_layers * (attention + norms) + num_dense_layers * mlp
+        total += (num_layers - num_dense_layers) * moe_mlp
+    else:
+        total += num_layers * (attention + mlp + norms)
     total += (2 if opt_style else 1) * hidden_size  # final norm
     if not tie_word_embeddings:
         total += vocab_size * hidden_size  # lm_head
@@ -698,10 +996,17 @@ def model_from_hf_config(
     float16), ``tie_word_embeddings``; MLA is detected by a non-null ``kv_lora_rank`` and then needs
     ``qk_rope_head_dim``.
 
+    Mixture of experts: the routed-expert count (``n_routed_experts``, DeepSeek; ``num_local_experts``,
+    Mixtral; ``num_experts``, Qwen-MoE), ``num_experts_per_tok``, the expert width
+    (``moe_intermediate_size``; Mixtral's experts are ``intermediate_size`` wide), shared experts
+    (DeepSeek ``n_shared_experts`` of the expert width; Qwen2-MoE ``shared_expert_intermediate_size``)
+    and which layers are dense (DeepSeek ``first_k_dense_replace``/``moe_layer_freq``, Qwen-MoE
+    ``mlp_only_layers``/``decoder_sparse_step``).
+
     Parameter count: ``num_params`` argument, else a ``num_params``/``num_parameters`` field in the
-    file, else :func:`estimate_num_params` from the shapes. A mixture-of-experts config (any of
-    ``n_routed_experts``, ``num_local_experts``, ``num_experts``, ``moe_intermediate_size``) has no
-    shape estimate here and raises unless a count is given; the DeepSeek presets carry theirs.
+    file, else :func:`estimate_num_params` from the shapes (experts included). An MLA model (the
+    DeepSeek family) has no shape estimate here and raises unless a count is given; the DeepSeek
+    presets carry theirs.
 
     Quantised checkpoints (a ``quantization_config``) are sized at ``torch_dtype`` with a warning;
     adjust ``weight_dtype_bytes`` with :func:`dataclasses.replace`.
@@ -759,16 +1064,16 @@ def model_from_hf_config(
             )
 
     gated = model_type not in _UNGATED_MLP
-    is_moe = any(cfg.get(key) for key in _MOE_KEYS)
+    moe = _moe_shape(cfg, cfg_path, num_layers, intermediate)
     if num_params is None:
         num_params = _int_field(cfg, cfg_path, "num_params", "num_parameters", required=False)
     if num_params is None:
-        if is_moe:
+        if moe and attention == "mla":
             raise ValueError(
-                f"model config {where!r} describes a mixture-of-experts model; its parameter count "
-                "cannot be estimated from the dense shapes. Pass num_params=... (total parameters, "
-                "all experts), add a 'num_params' field to the file, or use a preset "
-                f"({', '.join(k for k, v in MODEL_PRESETS.items() if v.num_active_params)})."
+                f"model config {where!r} describes a mixture-of-experts model with MLA attention; its "
+                "parameter count cannot be estimated from the shapes. Pass num_params=... (total "
+                "parameters, all experts), add a 'num_params' field to the file, or use a preset "
+                f"({', '.join(k for k, v in MODEL_PRESETS.items() if v.is_moe)})."
             )
         if attention == "mla":
             raise ValueError(
@@ -790,6 +1095,11 @@ def model_from_hf_config(
             qkv_bias=model_type in _QKV_BIAS or bool(cfg.get("attention_bias")),
             opt_style=model_type == "opt",
             max_position_embeddings=max_pos,
+            qk_norm=model_type in _QK_NORM,
+            num_experts=moe.get("num_experts", 0),
+            moe_intermediate_size=moe.get("moe_intermediate_size", 0),
+            shared_expert_intermediate_size=moe.get("shared_expert_intermediate_size", 0),
+            num_dense_layers=moe.get("num_dense_layers", 0),
         )
 
     if name is None:
@@ -812,6 +1122,7 @@ def model_from_hf_config(
             qk_rope_head_dim=qk_rope,
             max_position_embeddings=max_pos,
             gated_mlp=gated,
+            **moe,
         )
     except ValueError as exc:
         raise ValueError(f"model config {where!r}: {exc}") from exc
