@@ -22,7 +22,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "PROFILE.yaml plus the raw samples as PROFILE.csv. Needs: pip install 'kvsim[calibrate]'."
         ),
     )
-    parser.add_argument("--model", required=True, help="model preset name or path to an HF config.json")
+    parser.add_argument(
+        "--model", help="model preset name or path to an HF config.json (required unless --from-runs)"
+    )
+    parser.add_argument(
+        "--from-runs",
+        nargs="+",
+        metavar="REPLAY.yaml",
+        type=Path,
+        help="instead of timing a layer: fit the derated model's serving terms (per-iteration overhead, "
+        "client overhead, attention and bandwidth scales, all-reduce latency) to measured runs (replay "
+        "files, as kvsim replay-run reads), print in-sample and leave-one-run-out errors, and write the "
+        "calibration to -o (use it with cost_model: {kind: derated, calibration: FILE})",
+    )
+    parser.add_argument("--jobs", type=int, default=None, help="--from-runs: replays at once (default: CPUs)")
+    parser.add_argument(
+        "--max-evaluations", type=int, default=60, help="--from-runs: candidate sets the full fit may try"
+    )
+    parser.add_argument(
+        "--leave-one-out-evaluations",
+        type=int,
+        default=30,
+        help="--from-runs: candidates each leave-one-run-out refit may try (0: skip leave-one-run-out)",
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument(
         "--dtype",
@@ -74,6 +96,10 @@ def run(args: argparse.Namespace) -> int:
     # Everything that can be wrong with the command line is checked before torch builds anything.
     from sim.hardware.models import resolve_model
 
+    if args.from_runs:
+        return run_from_runs(args)
+    if not args.model:
+        return _fail("--model is required (or --from-runs to fit serving terms to measured runs)")
     if args.block_size <= 0:
         return _fail("--block-size must be positive")
     try:
@@ -122,6 +148,52 @@ def run(args: argparse.Namespace) -> int:
     timing = profile.fit_quality.get("timing", {})
     if timing.get("noisy"):
         print(f"  noisy run: median spread across rounds {timing['median_spread_across_rounds']:.1%}")
+    return 0
+
+
+def run_from_runs(args: argparse.Namespace) -> int:
+    """``--from-runs``: every replay file is read and checked before the first replay."""
+    from calibrate.from_runs import calibrate_from_runs, default_jobs, format_errors
+    from sim.config import ConfigError
+    from sim.costs.serving import CALIBRATION_KIND, write_calibration
+    from sim.replay.spec import load_replay_spec, read_run
+    from sim.storage import OutputTargetError, check_output_file
+
+    output: Path = args.output
+    if output.suffix not in (".yaml", ".yml"):
+        return _fail(f"-o {output}: the calibration is a YAML file; give a name ending in .yaml")
+    if args.max_evaluations < 1 or args.leave_one_out_evaluations < 0:
+        return _fail("--max-evaluations must be >= 1 and --leave-one-out-evaluations >= 0")
+
+    def is_calibration(path: Path) -> bool:
+        return CALIBRATION_KIND in path.read_text(encoding="utf-8", errors="replace")[:200]
+
+    try:
+        check_output_file(output, is_calibration, "kvsim serving calibration")
+        for path in args.from_runs:
+            read_run(load_replay_spec(path), path.parent)
+    except (ConfigError, OutputTargetError) as error:
+        return _fail(str(error))
+    calibration = calibrate_from_runs(
+        args.from_runs,
+        jobs=args.jobs or default_jobs(),
+        max_evaluations=args.max_evaluations,
+        leave_one_out=args.leave_one_out_evaluations > 0,
+        leave_one_out_evaluations=args.leave_one_out_evaluations,
+        log=lambda message: print(message, file=sys.stderr),
+    )
+    write_calibration(calibration, output)
+    print(
+        f"wrote {output}: "
+        + ", ".join(
+            f"{key}={value:.4g}" for key, value in calibration.parameters().items() if value is not None
+        )
+    )
+    print("in-sample errors (simulated / measured - 1):")
+    print("\n".join(format_errors(calibration.fit["in_sample"]["runs"])))
+    if "leave_one_out" in calibration.fit:
+        print("leave-one-run-out errors (each run replayed with terms fitted to the others):")
+        print("\n".join(format_errors(calibration.fit["leave_one_out"]["runs"])))
     return 0
 
 

@@ -109,6 +109,14 @@ class EngineConfig(_Strict):
     step_mode: Literal["skip", "single"] = Field(
         "skip", description="skip: jump over decode iterations between events; single: one at a time."
     )
+    client_overhead_s: float | None = Field(
+        None,
+        ge=0,
+        description="Seconds outside the engine in every request's TTFT and E2E (HTTP, the API server, "
+        "tokenization, streaming), as a benchmark client measures them; it delays nothing in the "
+        "simulation. Default: the cost model's fitted request_overhead_s (derated: from measured "
+        "client-side vLLM runs; other cost models: 0). 0: engine-side latencies.",
+    )
     allow_long_max_model_len: bool = Field(
         False,
         description="Accept a max_model_len beyond the model's context length (vLLM's "

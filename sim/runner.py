@@ -529,6 +529,11 @@ def _make_engine(
         on_oom=engine_config.on_oom,
         beam_reparent_prob=engine_config.beam_reparent_prob,
         step_mode=engine_config.step_mode,
+        client_overhead_s=(
+            prepared.costs.request_overhead_s
+            if engine_config.client_overhead_s is None
+            else engine_config.client_overhead_s
+        ),
     )
     return Engine(
         policy,

@@ -48,6 +48,7 @@ from sim.costs.terms import (  # the terms every iteration evaluates, compiled a
 )
 
 if TYPE_CHECKING:
+    from sim.costs.serving import ServingCalibration
     from sim.hardware.gpus import GpuSpec
     from sim.hardware.models import ModelSpec
 
@@ -68,6 +69,9 @@ class CostModel(ABC):
     label: str = ""
     measured: bool = False
     error_band: str = "not validated"
+    request_overhead_s: float = 0.0
+    """Time outside the engine in each request's client-side TTFT and E2E (HTTP, API server,
+    tokenization, streaming); a fitted serving term (``sim/costs/serving.py``), 0 unless calibrated."""
     # Set by models whose prefill chunks cost a linear form: their iterations are timed by it.
     _linear: LinearIterationCost | None = None
 
@@ -245,8 +249,10 @@ class DatasheetCostModel(CostModel):
         block_size: int,
         host_bandwidth_bytes_per_s: float,
         tensor_parallel_size: int,
+        all_reduce_latency_s: float | None = None,
     ) -> int:
-        """Check and store what both datasheet models need; returns the tensor-parallel size."""
+        """Check and store what both datasheet models need; returns the tensor-parallel size.
+        ``all_reduce_latency_s``: one all-reduce's fixed time at TP 2 (None: the NCCL figure)."""
         if block_size <= 0:
             raise CostModelError(f"block_size must be positive, got {block_size}")
         if host_bandwidth_bytes_per_s <= 0:
@@ -258,7 +264,7 @@ class DatasheetCostModel(CostModel):
         self.block_size = block_size
         self.tensor_parallel_size = tp
         self.host_bandwidth_bytes_per_s = float(host_bandwidth_bytes_per_s)
-        self.all_reduce = AllReduceCost.of(model, gpu, tp)
+        self.all_reduce = AllReduceCost.of(model, gpu, tp, latency_s=all_reduce_latency_s)
         self.kv_bytes_per_token = model.kv_bytes_per_token(kv_cache_dtype, tensor_parallel_size=tp)
         self.block_bytes = self.kv_bytes_per_token * block_size
         self._swap_per_block_s = self.block_bytes / self.host_bandwidth_bytes_per_s
@@ -282,7 +288,9 @@ class AnalyticCostModel(DatasheetCostModel):
       ``intercept = weight_bytes / BW`` and ``per_context_token = kv_bytes_per_token / BW``. The compute
       of a decode token, ``2 * num_params`` FLOPs (active parameters for mixture-of-experts models), is *added* as ``per_seq`` instead of taking the
       max of the memory and compute times: a simplification that keeps the step linear in the batch
-      (the engine needs that); it overestimates by at most the smaller of the two terms.
+      (the engine needs that); it overestimates by at most the smaller of the two terms. A mixture
+      of experts' decode batch reads only the routed experts it is expected to touch
+      (:class:`RoutedDecodeCost`); an iteration carrying prefill reads them all.
     * Prefill is compute bound: ``(2 * num_params * n + 4 * layers * heads * head_dim * n * (start + n/2))
       / FLOP/s`` (matmuls, then QK^T and PV over the causal prefix).
     * A copy-on-write block copy reads and writes the block in every layer:
@@ -323,6 +331,23 @@ class AnalyticCostModel(DatasheetCostModel):
             per_seq_s=2.0 * active_params / flops / tp + self.all_reduce.per_token_s,
             per_context_token_s=self.kv_bytes_per_token / bandwidth,
         )
+        if getattr(model, "is_moe", False):
+            from sim.costs.terms import ROUTING_SATURATED, RoutedDecodeCost, unread_experts_s
+
+            # a decode batch reads only the experts it routes to; prefill chunks (tens of tokens and
+            # more touch nearly every expert) keep the whole weight read as their fixed cost
+            decode = self._decode
+            self._decode = RoutedDecodeCost(
+                decode.intercept_s,
+                decode.per_seq_s,
+                decode.per_context_token_s,
+                batch_s=unread_experts_s(
+                    model.num_moe_layers * model.expert_params * model.weight_dtype_bytes / bandwidth / tp,
+                    model.num_experts or 0,
+                    model.experts_per_token or 0,
+                    ROUTING_SATURATED * decode.intercept_s,
+                ),
+            )
         self.prefill_per_token_s = 2.0 * active_params / flops / tp + self.all_reduce.per_token_s
         self.prefill_per_attention_pair_s = 4.0 * model.num_layers * attention_width(model) / flops / tp
         prefill = PrefillCost(
@@ -894,6 +919,10 @@ class CostModelConfig(BaseModel):
     host_bandwidth_gb_per_s: float | None = Field(default=None, gt=0)
     """Host link for swaps in 10^9 bytes/s, one direction (derated and analytic default: half the GPU
     preset's PCIe figure, e.g. 32 for PCIe Gen4 x16; also for profiles without measured swaps)."""
+    calibration: str = "default"
+    """derated only: the serving terms fitted to measured runs (``sim/costs/serving.py``): ``default``
+    (the shipped fit, ``sim/costs/serving_calibration.yaml``), ``none`` (kernel-level factors only), or
+    the path of a file written by ``kvsim calibrate --from-runs``."""
 
     @model_validator(mode="before")
     @classmethod
@@ -920,10 +949,28 @@ class CostModelConfig(BaseModel):
             raise ValueError(
                 f"cost_model kind {self.kind!r} takes no `profile`, `rescale` or `tensor_parallel_rescale`"
             )
+        if self.kind != "derated" and self.calibration != "default":
+            raise ValueError(f"cost_model kind {self.kind!r} takes no `calibration` (only derated does)")
         return self
 
 
-def resolve_profile_path(path: str | Path, base_dir: str | Path | None = None) -> Path:
+def serving_calibration(name: str, base_dir: str | Path | None = None) -> ServingCalibration:
+    """The calibration ``cost_model: {calibration: ...}`` names (see :class:`CostModelConfig`)."""
+    from sim.costs.serving import NEUTRAL, CalibrationError, default_calibration, load_calibration
+
+    if name == "default":
+        return default_calibration()
+    if name == "none":
+        return NEUTRAL
+    try:
+        return load_calibration(resolve_profile_path(name, base_dir, "serving calibration"))
+    except CalibrationError as error:
+        raise CostModelError(str(error)) from None
+
+
+def resolve_profile_path(
+    path: str | Path, base_dir: str | Path | None = None, what: str = "cost profile"
+) -> Path:
     """An absolute path as is; a relative one against ``base_dir``, then the repository root."""
     candidate = Path(path).expanduser()
     if candidate.is_absolute():
@@ -935,7 +982,7 @@ def resolve_profile_path(path: str | Path, base_dir: str | Path | None = None) -
         if option.is_file():
             return option
     raise CostModelError(
-        f"cost profile {str(path)!r} not found; tried: {', '.join(str(option) for option in tried)}"
+        f"{what} {str(path)!r} not found; tried: {', '.join(str(option) for option in tried)}"
     )
 
 
@@ -965,14 +1012,24 @@ def make_cost_model(
         # (The derated model's module builds on this one: imported here, either can be imported first.)
         from sim.costs.derated import DeratedCostModel
 
-        roofline = DeratedCostModel if config.kind == "derated" else AnalyticCostModel
-        return roofline(
+        host_link = bandwidth or gpu.host_link_bytes_per_s
+        if config.kind == "analytic":
+            return AnalyticCostModel(
+                model,
+                gpu,
+                kv_cache_dtype=kv_cache_dtype,
+                block_size=block_size,
+                host_bandwidth_bytes_per_s=host_link,
+                tensor_parallel_size=tensor_parallel_size,
+            )
+        return DeratedCostModel(
             model,
             gpu,
             kv_cache_dtype=kv_cache_dtype,
             block_size=block_size,
-            host_bandwidth_bytes_per_s=bandwidth or gpu.host_link_bytes_per_s,
+            host_bandwidth_bytes_per_s=host_link,
             tensor_parallel_size=tensor_parallel_size,
+            serving=serving_calibration(config.calibration, base_dir),
         )
     assert config.profile is not None
     path = resolve_profile_path(config.profile, base_dir)

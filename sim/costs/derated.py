@@ -11,6 +11,12 @@ iteration of ``T`` tokens (``B`` decoding sequences holding ``C`` tokens, plus p
   ``sqrt(read^2 + flops^2)``: never faster than either bound, and within 4 % (mean) of Vidur's GEMM
   timings from 1 to 4096 tokens, where a plain sum is up to 50 % slow around the ridge point and a
   max up to 50 % fast.
+  A mixture of experts keeps every expert in memory but reads only those the iteration's ``T`` tokens
+  route to: attention, dense layers, shared experts and routers are read whole, and each MoE layer's
+  routed experts as far as the expected number of distinct experts ``T`` tokens touch,
+  ``E (1 - ((E - k) / E) ** T)`` for ``k`` of ``E`` chosen uniformly
+  (:func:`sim.costs.terms.expected_distinct_experts`; a real router's skew makes this an upper
+  estimate); the FLOPs are those of the active parameters (shared and ``k`` routed experts).
 * **LM head**, the same quadrature sum, with FLOPs only for the rows that need logits: one per
   decoding sequence and one per prefill chunk (the chunk's last token; a prompt's other tokens need
   none).
@@ -28,14 +34,29 @@ vocabulary of the embedding and LM head too), ``1 / tp`` of the attention heads 
 ``max(1, kv_heads // tp)`` KV heads; the GPUs run at once, so the weight reads, FLOPs, split
 elementwise kernels (rotary, activation) and K/V reads divide, while the norms and residual adds
 (replicated on every GPU) and the fixed per-layer floors do not. :class:`sim.costs.terms.AllReduceCost`
-adds two all-reduces per layer. Decode attention's per-sequence cost is kept whole (it was fitted
-at TP 1 and is not known to scale with heads).
+adds two all-reduces per layer. Decode attention's per-sequence cost divides too: its kernels run
+one thread block per (sequence, head), and each GPU has ``1 / tp`` of the heads (replaying the measured
+TP 2 and TP 4 runs, keeping it whole made their decode steps 21-53 % too slow).
 
-Decode iterations must be linear in the batch (event skipping, :mod:`sim.engine.event_skip`): for them the
+The serving terms fitted to measured runs (:mod:`sim.costs.serving`: a per-iteration overhead, scales
+of the kernel factors, the all-reduce latency) are applied on top; ``serving=NEUTRAL`` leaves the
+kernel-level model alone.
+
+Decode iterations are kept linear in the batch (event skipping, :mod:`sim.engine.event_skip`): for them the
 quadrature sum is replaced by its least-squares line (relative error) over batches 1..256 taken at
 geometric spacing, i.e. equal weight per doubling of the batch; the line is within 6 % of the
 quadrature sum from 1 to 128 sequences and 12 % at 256 for Vidur's A100 factors. Iterations that
 carry prefill chunks use the quadrature sum itself.
+
+A mixture of experts' decode is not linear in the batch: its weight read grows about tenfold from 1
+to 64 sequences (Qwen3-30B-A3B: 8 to 126 experts of 128 per layer) and then saturates, which a line
+misses by -54..+134 % (Qwen3-30B-A3B on A100) and -29..+143 % (Mixtral-8x7B). Event skipping only
+needs the step to be linear in the context while the batch stays fixed, so the decode step carries
+the part no line captures as a table by batch size (``RoutedDecodeCost.batch_s``): the line stands in for
+the matrix products with every expert read, fitted relative to the real ones, and the table adds
+back, per batch, what that batch leaves unread, down to nothing once its tokens route to all the
+experts. The step is then within 0.7 % (Qwen3-30B-A3B, A100) and 3 % (Mixtral-8x7B, A100) of the
+quadrature sum from 1 to 256 sequences, the dense models' line error beyond.
 """
 
 from __future__ import annotations
@@ -53,7 +74,15 @@ from sim.costs.core import (
     layer_matmul_params,
     tensor_parallel_label,
 )
-from sim.costs.terms import DecodeCost, attention_pairs
+from sim.costs.serving import ServingCalibration, default_calibration
+from sim.costs.terms import (
+    MAX_ROUTING_BATCHES,
+    ROUTING_SATURATED,
+    DecodeCost,
+    RoutedDecodeCost,
+    attention_pairs,
+    expected_distinct_experts,
+)
 
 if TYPE_CHECKING:
     from sim.hardware.gpus import Efficiency, GpuSpec
@@ -64,14 +93,29 @@ DECODE_LINEARIZATION_BATCHES = tuple(sorted({round(2 ** (8 * i / 63)) for i in r
 rounding, the distinct ones); 256 is vLLM's default ``max_num_seqs``."""
 
 
+def decoder_layer_params(model: ModelSpec) -> int:
+    """Weights of all decoder layers: their matrices and two norms each. A mixture of experts has in
+    its MoE layers, instead of the dense MLP, the router, every routed expert and the shared experts."""
+    dense_layer = layer_matmul_params(model) + 2 * model.hidden_size
+    if not model.is_moe:
+        return model.num_layers * dense_layer
+    assert model.num_experts is not None
+    dense_mlp = (3 if model.gated_mlp else 2) * model.hidden_size * model.intermediate_size
+    moe_mlp = (
+        model.hidden_size * model.num_experts
+        + model.num_experts * model.expert_params
+        + 3 * model.hidden_size * model.shared_expert_intermediate_size
+    )
+    return model.num_layers * dense_layer + model.num_moe_layers * (moe_mlp - dense_mlp)
+
+
 def embedding_is_tied(model: ModelSpec) -> bool:
     """Whether the checkpoint shares one ``vocab x hidden`` table between embedding and LM head.
 
     ``ModelSpec`` has no such flag; the parameter count tells: what is left after the decoder layers
     is about one table when tied and two when untied (OPT's learned positions and biases add < 5 %
     of a table)."""
-    layers = model.num_layers * (layer_matmul_params(model) + 2 * model.hidden_size)
-    rest = model.num_params - layers
+    rest = model.num_params - decoder_layer_params(model)
     return rest < 1.5 * model.vocab_size * model.hidden_size
 
 
@@ -80,20 +124,31 @@ def elementwise_elements_per_token(model: ModelSpec, tensor_parallel_size: int =
     GPU, as Vidur profiles them: two RMSNorms (read and write ``hidden``), rotary embedding of q and k
     (read and write), the activation (gated: read gate and up, write one; else read and write one)
     and one residual add (read two, write one). Under tensor parallelism a GPU ropes its own heads
-    and activates its ``intermediate / tp`` slice; norms and the residual add are whole on every GPU."""
+    and activates its ``intermediate / tp`` slice; norms and the residual add are whole on every GPU.
+    A mixture of experts activates the MLP width of the experts a token uses
+    (:attr:`ModelSpec.activated_mlp_width`)."""
     tp = tensor_parallel_size
-    hidden, intermediate = model.hidden_size, -(-model.intermediate_size // tp)
+    hidden, intermediate = model.hidden_size, -(-model.activated_mlp_width // tp)
     rope = (model.num_attention_heads // tp + max(1, model.num_kv_heads // tp)) * model.head_dim
     activation = 3 * intermediate if model.gated_mlp else 2 * intermediate
     return 2 * 2 * hidden + 2 * rope + activation + 3 * hidden
 
 
-def relative_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """``(intercept, slope)`` minimising the squared relative error of ``intercept + slope * x``."""
+def relative_line(
+    xs: Sequence[float], ys: Sequence[float], relative_to: Sequence[float] | None = None
+) -> tuple[float, float]:
+    """``(intercept, slope)`` minimising the squared error of ``intercept + slope * x`` relative to
+    ``ys`` (or, given, to ``relative_to``: the error of a line standing in for part of a larger cost
+    counts relative to that cost)."""
     x = np.asarray(xs, dtype=float)
     y = np.asarray(ys, dtype=float)
-    design = np.column_stack([np.ones_like(x), x]) / y[:, None]
-    (intercept, slope), *_ = np.linalg.lstsq(design, np.ones_like(y), rcond=None)
+    if relative_to is None:
+        design = np.column_stack([np.ones_like(x), x]) / y[:, None]
+        (intercept, slope), *_ = np.linalg.lstsq(design, np.ones_like(y), rcond=None)
+    else:
+        scale = np.asarray(relative_to, dtype=float)
+        design = np.column_stack([np.ones_like(x), x]) / scale[:, None]
+        (intercept, slope), *_ = np.linalg.lstsq(design, y / scale, rcond=None)
     return float(intercept), float(slope)
 
 
@@ -111,12 +166,26 @@ class DeratedCostModel(DatasheetCostModel):
         host_bandwidth_bytes_per_s: float = DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
         efficiency: Efficiency | None = None,
         tensor_parallel_size: int = 1,
+        serving: ServingCalibration | None = None,
     ):
+        self.serving = serving if serving is not None else default_calibration()
         tp = self._set_geometry(
-            model, gpu, kv_cache_dtype, block_size, host_bandwidth_bytes_per_s, tensor_parallel_size
+            model,
+            gpu,
+            kv_cache_dtype,
+            block_size,
+            host_bandwidth_bytes_per_s,
+            tensor_parallel_size,
+            # vLLM's custom all-reduce needs NVLink; over PCIe the latency stays NCCL's
+            all_reduce_latency_s=self.serving.all_reduce_latency_s
+            if gpu.nvlink_bandwidth_bytes_per_s
+            else None,
         )
-        eff = efficiency if efficiency is not None else gpu.efficiency
+        self.all_reduce = self.serving.all_reduce(self.all_reduce, bool(gpu.nvlink_bandwidth_bytes_per_s))
+        eff = self.serving.derate(efficiency if efficiency is not None else gpu.efficiency)
         self.efficiency = eff
+        self.iteration_overhead_s = self.serving.iteration_overhead_s
+        self.request_overhead_s = self.serving.request_overhead_s
         bandwidth, flops = float(gpu.hbm_bandwidth_bytes_per_s), float(gpu.fp16_flops)
         weight_bytes = model.weight_dtype_bytes
         layers = model.num_layers
@@ -125,12 +194,22 @@ class DeratedCostModel(DatasheetCostModel):
         # LM head's matrix and is read there.
         table_params = 0 if embedding_is_tied(model) else head_params
         body_params = max(model.num_params - head_params - table_params, 0)
-        body_active = max(model.active_params - head_params - table_params, 0)
+        if model.is_moe:
+            # from the shape, whatever num_active_params counts (DeepSeek's leave the embedding out)
+            body_active = body_params - model.inactive_expert_params
+        else:
+            body_active = max(model.active_params - head_params - table_params, 0)
         weight_bw = bandwidth * eff.weight_bandwidth
         gemm_flops = flops * eff.gemm_flops
         # each GPU's share of the matrices (dividing by tp last keeps tp = 1 bit for bit what it was);
-        # a vocabulary-parallel embedding looks up 1 / tp of the rows on each GPU on average
-        self.body_read_s = body_params * weight_bytes / weight_bw / tp
+        # a vocabulary-parallel embedding looks up 1 / tp of the rows on each GPU on average.
+        # Routed experts are read only as far as the iteration's tokens route to them: body_read_s is
+        # the rest (attention, dense layers, shared experts, routers), expert_read_s one expert in
+        # every MoE layer, times the expected number of distinct experts the tokens touch.
+        self.body_read_s = (body_params - model.routed_expert_params) * weight_bytes / weight_bw / tp
+        self.expert_read_s = model.num_moe_layers * model.expert_params * weight_bytes / weight_bw / tp
+        self.num_experts = model.num_experts or 0
+        self.experts_per_token = model.experts_per_token or 0
         self.body_flops_per_token_s = 2.0 * body_active / gemm_flops / tp
         self.head_read_s = head_params * weight_bytes / weight_bw / tp
         self.head_flops_per_row_s = 2.0 * head_params / gemm_flops / tp
@@ -144,41 +223,84 @@ class DeratedCostModel(DatasheetCostModel):
         )
         self.kv_read_per_token_s = self.kv_bytes_per_token / (bandwidth * eff.kv_bandwidth)
         self.decode_attention_fixed_s = layers * eff.decode_attention_fixed_s
-        self.decode_attention_per_seq_s = layers * eff.decode_attention_per_seq_s
+        # The decode kernels' grid is (sequence, head): each GPU runs its own heads' share.
+        self.decode_attention_per_seq_s = layers * eff.decode_attention_per_seq_s / tp
         self.prefill_attention_fixed_s = layers * eff.prefill_attention_fixed_s
         self.prefill_attention_per_pair_s = (
             layers * 4.0 * attention_width(model) / (flops * eff.prefill_attention_flops) / tp
         )
         self._copy_per_block_s = 2.0 * self.block_bytes / (bandwidth * eff.kv_bandwidth)
         batches = DECODE_LINEARIZATION_BATCHES
-        gemm_intercept, gemm_per_seq = relative_line(batches, [self.gemm_s(b, b) for b in batches])
-        self._decode = DecodeCost(
-            intercept_s=gemm_intercept
+        if self.expert_read_s:
+            # The line stands in for the matrix products with every expert read, the part a batch
+            # of any size pays, and the decode step adds back what its batch leaves unread; the
+            # line's error counts relative to the products the batch really costs.
+            every_expert = [self.gemm_s(b, b, self.num_experts) for b in batches]
+            routed = [self.gemm_s(b, b) for b in batches]
+            gemm_intercept, gemm_per_seq = relative_line(batches, every_expert, relative_to=routed)
+        else:
+            gemm_intercept, gemm_per_seq = relative_line(batches, [self.gemm_s(b, b) for b in batches])
+        intercept_s = (
+            gemm_intercept
             + self.elementwise_fixed_s
             + self.decode_attention_fixed_s
-            + self.all_reduce.per_iteration_s,
-            per_seq_s=gemm_per_seq
+            + self.all_reduce.per_iteration_s
+            + self.iteration_overhead_s
+        )
+        per_seq_s = (
+            gemm_per_seq
             + self.elementwise_per_token_s
             + self.embedding_row_s
             + self.decode_attention_per_seq_s
-            + self.all_reduce.per_token_s,
-            per_context_token_s=self.kv_read_per_token_s,
+            + self.all_reduce.per_token_s
         )
-        self.label = tensor_parallel_label(f"derated-analytic ({eff.source})", self.all_reduce)
+        if self.expert_read_s:
+            self._decode = RoutedDecodeCost(
+                intercept_s, per_seq_s, self.kv_read_per_token_s, batch_s=self._unread_experts_s()
+            )
+        else:
+            self._decode = DecodeCost(intercept_s, per_seq_s, self.kv_read_per_token_s)
+        serving_label = "" if self.serving.is_neutral else f"; {self.serving.describe()}"
+        self.label = tensor_parallel_label(f"derated-analytic ({eff.source}{serving_label})", self.all_reduce)
         self.error_band = eff.error_band
 
-    def gemm_s(self, tokens: float, logit_rows: float) -> float:
+    def gemm_s(self, tokens: float, logit_rows: float, experts: float | None = None) -> float:
         """Matrix products of one iteration: decoder layers over ``tokens``, LM head over
-        ``logit_rows``, each the quadrature sum of its weight read and its FLOPs."""
-        return math.hypot(self.body_read_s, self.body_flops_per_token_s * tokens) + math.hypot(
+        ``logit_rows``, each the quadrature sum of its weight read and its FLOPs. A mixture of
+        experts reads ``experts`` routed experts per MoE layer, by default the number ``tokens``
+        are expected to route to (:func:`sim.costs.terms.expected_distinct_experts`)."""
+        read_s = self.body_read_s
+        if self.expert_read_s:
+            if experts is None:
+                experts = expected_distinct_experts(tokens, self.num_experts, self.experts_per_token)
+            read_s += self.expert_read_s * experts
+        return math.hypot(read_s, self.body_flops_per_token_s * tokens) + math.hypot(
             self.head_read_s, self.head_flops_per_row_s * logit_rows
         )
+
+    def _unread_experts_s(self) -> tuple[float, ...]:
+        """``RoutedDecodeCost.batch_s`` of a mixture of experts: per batch size, the decode step's matrix
+        products less the same with every expert read (negative), up to the batch where that is under
+        a :data:`sim.costs.terms.ROUTING_SATURATED` share of them."""
+        table: list[float] = []
+        for batch in range(MAX_ROUTING_BATCHES):
+            every_expert = self.gemm_s(batch, batch, self.num_experts)
+            difference = self.gemm_s(batch, batch) - every_expert
+            if batch > 0 and -difference <= ROUTING_SATURATED * every_expert:
+                break
+            table.append(difference)
+        return tuple(table)
 
     @property
     def prefill_fixed_s(self) -> float:
         """A prefill-carrying iteration's cost at zero tokens: the weight reads, the layers' floor and
         the all-reduces' latency."""
-        return self.gemm_s(0, 0) + self.elementwise_fixed_s + self.all_reduce.per_iteration_s
+        return (
+            self.gemm_s(0, 0)
+            + self.elementwise_fixed_s
+            + self.all_reduce.per_iteration_s
+            + self.iteration_overhead_s
+        )
 
     def iteration_s(
         self, batch_size: int, sum_context: int, prefill_chunks: Sequence[tuple[int, int]] = ()
@@ -192,6 +314,7 @@ class DeratedCostModel(DatasheetCostModel):
             + self.elementwise_fixed_s
             + (self.elementwise_per_token_s + self.embedding_row_s) * tokens
             + self.all_reduce.seconds(tokens)
+            + self.iteration_overhead_s
         )
         if batch_size > 0:
             seconds += (

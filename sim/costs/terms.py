@@ -1,7 +1,8 @@
 """The cost terms the engine evaluates at every iteration, apart from the cost models' configuration
 (``sim/costs/core.py``, which re-exports each of them) so that the compiled build (``make native``)
 compiles them: the decode step's linear form, the linear prefill chunk and iteration of the analytic
-and fitted models, causal attention's (query, key) pairs and the tensor-parallel all-reduces."""
+and fitted models, causal attention's (query, key) pairs, the experts a batch of tokens routes to
+and the tensor-parallel all-reduces."""
 
 from __future__ import annotations
 
@@ -33,6 +34,28 @@ class DecodeCost:
         intercept = self.intercept_s if batch_size > 0 else 0.0
         fixed = intercept if intercept > prefill_fixed_s else prefill_fixed_s
         return fixed + self.per_seq_s * batch_size + self.per_context_token_s * sum_context + chunks_s
+
+
+@dataclass(frozen=True)
+class RoutedDecodeCost(DecodeCost):
+    """The decode step of a mixture of experts: the line of :class:`DecodeCost` plus ``batch_s[batch]``,
+    the part of its weight read no line in the batch captures.
+
+    Event skipping needs a step linear in the summed context while the batch stays fixed (it changes
+    only at events), not linear in the batch. A mixture of experts reads the experts its batch
+    routes to, a number that grows steeply and then saturates (Qwen3-30B-A3B: 8 of 128 per layer at
+    one sequence, 126 at 64): the line covers the step with every expert read and ``batch_s``, by
+    batch size, takes off what that batch leaves unread. It decays to nothing by its end, beyond
+    which it counts as 0. :meth:`with_prefill_s` leaves it out: an iteration carrying prefill pays
+    ``prefill_fixed_s``, which reads the weights already."""
+
+    batch_s: tuple[float, ...] = ()
+
+    def step_s(self, batch_size: int, sum_context: int) -> float:
+        seconds = self.intercept_s + self.per_seq_s * batch_size + self.per_context_token_s * sum_context
+        if 0 <= batch_size < len(self.batch_s):
+            seconds += self.batch_s[batch_size]
+        return seconds
 
 
 @dataclass(frozen=True)
@@ -77,6 +100,45 @@ class LinearIterationCost:
         return decode.with_prefill_s(batch_size, sum_context, prefill.fixed_s, chunks_s)
 
 
+def expected_distinct_experts(tokens: float, num_experts: int, experts_per_token: int) -> float:
+    """Expected number of distinct experts ``tokens`` tokens route to in one MoE layer, each token
+    choosing ``experts_per_token`` distinct experts of ``num_experts`` uniformly at random,
+    independently of the others.
+
+    A token misses a given expert with probability ``C(E - 1, k) / C(E, k) = (E - k) / E``, so all
+    ``B`` tokens miss it with probability ``((E - k) / E) ** B`` and the expectation is
+    ``E * (1 - ((E - k) / E) ** B)``: ``k`` at one token, tending to ``E`` as the batch grows.
+    Real routers are not uniform (popular experts are shared more), so this is the most experts a
+    batch reads on average: an upper estimate of the weight traffic."""
+    if tokens <= 0:
+        return 0.0
+    missed = (num_experts - experts_per_token) / num_experts
+    return num_experts * (1.0 - missed**tokens)
+
+
+ROUTING_SATURATED = 1e-9
+"""A :class:`RoutedDecodeCost` table ends at the batch whose unread experts save less than this share
+of the step's weight read (Qwen3-30B-A3B: after about 320 sequences; Mixtral-8x7B: 72)."""
+MAX_ROUTING_BATCHES = 1 << 16
+"""Longest such table, for routings that saturate slowly (few experts per token of very many)."""
+
+
+def unread_experts_s(
+    expert_read_s: float, num_experts: int, experts_per_token: int, saturated_below_s: float
+) -> tuple[float, ...]:
+    """``RoutedDecodeCost.batch_s`` when a batch's expert read simply adds to the step (the analytic
+    roofline): per batch size, minus the time of reading the experts it is expected not to route to,
+    ``expert_read_s`` being one expert in every MoE layer; up to the batch where that is under
+    ``saturated_below_s``."""
+    table: list[float] = []
+    for batch in range(MAX_ROUTING_BATCHES):
+        unread = num_experts - expected_distinct_experts(batch, num_experts, experts_per_token)
+        if batch > 0 and unread * expert_read_s <= saturated_below_s:
+            break
+        table.append(-unread * expert_read_s)
+    return tuple(table)
+
+
 def attention_pairs(num_tokens: int, start_pos: int) -> float:
     """(query, key) pairs of causal attention for a chunk of ``num_tokens`` at ``start_pos``.
 
@@ -106,9 +168,10 @@ medians at 1-5 MiB and 1.46-1.71x at 84-128 MiB (NVLS beats the ring there); REA
 parallelism"."""
 
 
-def all_reduce_latency_s(tensor_parallel_size: int) -> float:
-    """One all-reduce call's fixed time at this TP (0 at TP 1): :data:`ALL_REDUCE_LATENCY_S` x log2(tp)."""
-    return ALL_REDUCE_LATENCY_S * math.log2(tensor_parallel_size)
+def all_reduce_latency_s(tensor_parallel_size: int, at_tp2_s: float = ALL_REDUCE_LATENCY_S) -> float:
+    """One all-reduce call's fixed time at this TP (0 at TP 1): ``at_tp2_s`` (by default
+    :data:`ALL_REDUCE_LATENCY_S`) x log2(tp)."""
+    return at_tp2_s * math.log2(tensor_parallel_size)
 
 
 @dataclass(frozen=True)
@@ -137,7 +200,9 @@ class AllReduceCost:
         model: ModelShape | ModelSpec,
         gpu: GpuSpec,
         tensor_parallel_size: int,
+        latency_s: float | None = None,
     ) -> AllReduceCost:
+        """``latency_s``: one call's fixed time at TP 2 (None: :data:`ALL_REDUCE_LATENCY_S`)."""
         from sim.hardware.models import activation_dtype_bytes
 
         tp = tensor_parallel_size
@@ -149,7 +214,8 @@ class AllReduceCost:
         message_bytes_per_token = model.hidden_size * activation_dtype_bytes(model.weight_dtype_bytes)
         return cls(
             tensor_parallel_size=tp,
-            per_iteration_s=calls * all_reduce_latency_s(tp),
+            per_iteration_s=calls
+            * all_reduce_latency_s(tp, ALL_REDUCE_LATENCY_S if latency_s is None else latency_s),
             per_token_s=calls * ring * message_bytes_per_token / link,
             link_bytes_per_s=link,
             link=gpu.tensor_parallel_link_name,

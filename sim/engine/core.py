@@ -76,6 +76,7 @@ class EngineKnobs:
     on_oom: str = "queue"  # queue: a failed admission waits; fail: the request fails (the seeds' OOM story)
     beam_reparent_prob: float = 0.15  # q: per beam and decode step, the beam is replaced by a survivor's fork
     step_mode: str = "skip"  # skip | single
+    client_overhead_s: float = 0.0  # outside the engine, added to every request's TTFT and E2E
 
 
 YOUNG_COLLECTION_EVERY = 1_000_000
@@ -279,6 +280,7 @@ class Engine:
             request.beam_width,
             sum(request.output_lens),
         )
+        record.client_overhead_s = self.knobs.client_overhead_s
         state = RequestState(request, record)
         reason = self._never_admissible(request)
         if reason:

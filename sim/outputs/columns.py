@@ -250,8 +250,17 @@ REQUESTS: Columns = {
     "outcome": ("-", "finished, rejected, failed_oom or unfinished."),
     "reason": ("-", "Why a request was rejected or failed (with its numbers); empty otherwise."),
     "replica": ("-", "The cluster replica its router sent it to (0 without a `cluster:` section)."),
-    "ttft_s": ("s", "first_token_s - arrival_s: time to first token, queueing included."),
-    "e2e_s": ("s", "finish_s - arrival_s: end-to-end latency."),
+    "client_overhead_s": (
+        "s",
+        "Time outside the engine counted in ttft_s and e2e_s (HTTP, API server, tokenization, "
+        "streaming): engine.client_overhead_s, by default the cost model's fitted request_overhead_s.",
+    ),
+    "ttft_s": (
+        "s",
+        "first_token_s - arrival_s + client_overhead_s: time to first token as a client measures it, "
+        "queueing included.",
+    ),
+    "e2e_s": ("s", "finish_s - arrival_s + client_overhead_s: end-to-end latency as a client measures it."),
     "tpot_s": (
         "s",
         "(finish_s - first_token_s) / (output_tokens - 1): time per decode step after the first token "

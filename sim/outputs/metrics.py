@@ -118,6 +118,7 @@ class RequestRecord:
     outcome: str  # finished | rejected | failed_oom | unfinished
     reason: str
     replica: int  # the cluster replica that served it (0 for a single engine)
+    client_overhead_s: float  # outside the engine, in its client-side TTFT and E2E
 
     def __init__(
         self,
@@ -138,6 +139,7 @@ class RequestRecord:
         self.sample_output_tokens = sample_output_tokens
         self.admitted_s = self.first_token_s = self.finish_s = math.nan
         self.preemptions = self.cached_prompt_tokens = self.replica = 0
+        self.client_overhead_s = 0.0
         self.outcome = "unfinished"
         self.reason = ""
 
@@ -345,8 +347,8 @@ def requests_frame(records: list[RequestRecord]) -> pd.DataFrame:
             list(values) if dtype is None else np.fromiter(values, dtype=dtype, count=len(records))
         )
     frame = pd.DataFrame(columns)
-    frame["ttft_s"] = frame["first_token_s"] - frame["arrival_s"]
-    frame["e2e_s"] = frame["finish_s"] - frame["arrival_s"]
+    frame["ttft_s"] = frame["first_token_s"] - frame["arrival_s"] + frame["client_overhead_s"]
+    frame["e2e_s"] = frame["finish_s"] - frame["arrival_s"] + frame["client_overhead_s"]
     decode_tokens = (frame["output_tokens"] - 1).where(frame["output_tokens"] > 1)
     frame["tpot_s"] = (frame["finish_s"] - frame["first_token_s"]) / decode_tokens
     frame["queue_s"] = frame["admitted_s"] - frame["arrival_s"]

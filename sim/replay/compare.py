@@ -92,10 +92,10 @@ class ScopeComparison:
         }
 
 
-def paired_frame(run: MeasuredRun, simulated: pd.DataFrame, client_overhead_s: float = 0.0) -> pd.DataFrame:
+def paired_frame(run: MeasuredRun, simulated: pd.DataFrame) -> pd.DataFrame:
     """One row per measured request: its measured and simulated latencies side by side (``*_measured``,
-    ``*_simulated``), its stage, lengths and outcome. ``client_overhead_s`` is added to the simulated
-    TTFT and E2E of a client-anchored run (the time outside the engine that the data includes)."""
+    ``*_simulated``), its stage, lengths and outcome. (The simulated TTFT and E2E already hold the
+    time outside the engine that client-side data includes: the requests' ``client_overhead_s``.)"""
     measured = run.requests.set_index("request_id")
     sim = simulated.set_index("request_id")
     missing = measured.index.difference(sim.index)
@@ -105,7 +105,6 @@ def paired_frame(run: MeasuredRun, simulated: pd.DataFrame, client_overhead_s: f
         )
     sim = sim.loc[measured.index]
     finished = sim["outcome"] == "finished"
-    shift = client_overhead_s if run.anchor == "client" else 0.0
     frame = pd.DataFrame(
         {
             "request_id": measured.index,
@@ -118,8 +117,8 @@ def paired_frame(run: MeasuredRun, simulated: pd.DataFrame, client_overhead_s: f
             "cached_prompt_tokens_simulated": sim["cached_prompt_tokens"].to_numpy(),
             "ttft_s_measured": measured["ttft_s"].to_numpy(),
             "e2e_s_measured": measured["e2e_s"].to_numpy(),
-            "ttft_s_simulated": (sim["ttft_s"].where(finished) + shift).to_numpy(),
-            "e2e_s_simulated": (sim["e2e_s"].where(finished) + shift).to_numpy(),
+            "ttft_s_simulated": sim["ttft_s"].where(finished).to_numpy(),
+            "e2e_s_simulated": sim["e2e_s"].where(finished).to_numpy(),
         }
     )
     for side in ("measured", "simulated"):

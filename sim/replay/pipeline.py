@@ -64,7 +64,6 @@ def replay_run(
     base_dir: Path,
     out_dir: Path,
     *,
-    client_overhead_s: float | None = None,
     log: Callable[[str], None] | None = None,
 ) -> ReplayOutcome:
     """Replay the run ``spec`` names and write the report into ``out_dir`` (staged: a failure leaves
@@ -73,9 +72,9 @@ def replay_run(
     run = read_run(spec, base_dir)
     with staged_output_dir(out_dir, "replay", config_hash(spec.model_dump(mode="json")), log=log) as staging:
         prepared = prepare_replay(run, spec, staging / SIMULATION_FOLDER)
-        overhead = client_overhead_s if client_overhead_s is not None else _request_overhead_s(prepared)
         simulated = simulate(prepared, staging / SIMULATION_FOLDER / RESULTS_FOLDER)
-        paired = paired_frame(run, simulated.requests, overhead)
+        overhead = float(simulated.requests["client_overhead_s"].max()) if len(simulated.requests) else 0.0
+        paired = paired_frame(run, simulated.requests)
         scopes = compare(run, paired)
         document = comparison_document(run, scopes, simulation_facts(simulated, out_dir, overhead))
         run.requests.to_csv(staging / MEASURED_FILE, index=False)
@@ -83,9 +82,3 @@ def replay_run(
         figures = write_figures(run, paired, simulated.timeseries, staging / "figures")
         write_report(staging, document, figures)
     return ReplayOutcome(run, simulated, scopes, document)
-
-
-def _request_overhead_s(prepared) -> float:
-    """The cost model's per-request time outside the engine (0 when it has none)."""
-    costs = prepared.variants[0].costs
-    return float(getattr(costs, "request_overhead_s", 0.0))

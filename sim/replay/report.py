@@ -125,7 +125,7 @@ def _sections(
     if sim.get("client_overhead_s"):
         definitions.append(
             f"The simulated TTFT and E2E include {sim['client_overhead_s'] * 1000:.1f} ms of client-side "
-            "overhead per request (the cost model's request_overhead_s), since the data is client-side."
+            "overhead per request (engine.client_overhead_s: the cost model's fitted request_overhead_s), since the data is client-side."
         )
     sections.append(("Definitions", definitions))
     for scope in document["scopes"]:

@@ -18,7 +18,7 @@ not reproducible. The modules, in the order a claim goes through them:
 from __future__ import annotations
 
 # Imported for their side effect: they register their checks in CHECKS.
-from sim.validation import checks_costs, checks_seeds, checks_vllm  # noqa: F401
+from sim.validation import checks_costs, checks_replays, checks_seeds, checks_vllm  # noqa: F401
 from sim.validation.checks_seeds import tail_waste
 from sim.validation.claims import Claim, Target, Tolerance, deep_merge, load_claim, load_claims
 from sim.validation.cli import register

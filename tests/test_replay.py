@@ -1,0 +1,367 @@
+"""kvsim replay-run: readers of measured runs, prompt identity, the comparison's arithmetic, and a
+replay of a run kvsim itself produced (which must come back with no error)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim.config import ConfigError
+from sim.replay.compare import compare, headline_tpot, in_system, paired_frame, per_request_tpot
+from sim.replay.measured import MeasuredRun, ServerSettings, Stage
+from sim.replay.prompts import ChainInterner, CyclingPrompts, chains_from_token_ids
+from sim.replay.readers import (
+    ReplayInputError,
+    read_blis_csv,
+    read_llmservingsim_bench,
+    read_vllm_bench_json,
+)
+from sim.replay.spec import validate_replay_spec
+
+DATA = Path(__file__).parent / "data" / "replays"
+LSS_RUN = DATA / "lss" / "bench" / "examples" / "GPU" / "Model"
+
+
+# --------------------------------------------------------------------------------------------------
+# Prompt identity
+# --------------------------------------------------------------------------------------------------
+
+
+def test_token_chains_share_exactly_the_common_leading_blocks() -> None:
+    a = list(range(40))
+    b = [*range(32), 9, 9, 9, 9]  # first two 16-token blocks equal to a's
+    c = [*range(16), 5, *range(17, 40)]  # differs inside block 2: only block 1 shared
+    chains = chains_from_token_ids([a, b, c, a], block_len=16)
+    assert chains[0] == [0, 1, 2]
+    assert chains[1] == [0, 1, 3]
+    assert chains[2] == [0, 4, 5]  # block 3's tokens equal a's, but its prefix differs: a new id
+    assert chains[3] == chains[0]
+
+
+def test_interner_numbers_pairs_in_first_seen_order() -> None:
+    interner = ChainInterner()
+    assert interner.chain(["x", "y"]) == [0, 1]
+    assert interner.chain(["y"]) == [2]  # "y" after nothing is not "y" after "x"
+    assert len(interner) == 3
+
+
+def test_cycling_prompts_share_system_blocks_in_a_group_and_repeat_prompts() -> None:
+    rule = CyclingPrompts(distinct=4, group_size=2, system_prompt_tokens=40)
+    # 6 requests of 70 tokens: prompts 0,1,2,3,0,1; groups {0,1}, {2,3}; 40 // 16 = 2 system blocks
+    chains = rule.chains([70] * 6, block_len=16)
+    assert [len(chain) for chain in chains] == [5] * 6  # ceil(70 / 16)
+    assert chains[0][:2] == chains[1][:2]  # same group: the system prompt's two full blocks
+    assert chains[0][2] != chains[1][2]  # block 3 holds system and question tokens: the prompt's own
+    assert chains[0][:2] != chains[2][:2]  # another group
+    assert chains[4] == chains[0] and chains[5] == chains[1]  # request 4 repeats prompt 0
+
+
+def test_cycling_prompts_reject_nonsense() -> None:
+    with pytest.raises(ValueError, match="distinct"):
+        CyclingPrompts(distinct=0, group_size=10, system_prompt_tokens=100)
+
+
+# --------------------------------------------------------------------------------------------------
+# Readers
+# --------------------------------------------------------------------------------------------------
+
+
+def test_blis_reader_takes_settings_stages_and_server_output_counts() -> None:
+    run = read_blis_csv(DATA / "blis" / "run-a.csv", run="run-a", gpu="H100-80GB")
+    settings = run.settings
+    assert (settings.model, settings.max_num_seqs, settings.num_gpu_blocks) == (
+        "meta-llama/Llama-2-7b-hf",
+        64,
+        4000,
+    )
+    assert run.stages == [Stage(0.0, 1.0, 4.0), Stage(1.0, 2.0, 8.0)]
+    requests = run.requests
+    assert requests["stage"].tolist() == [0, 0, 0, 1, 1, 1]
+    assert requests["output_tokens"].tolist() == [5, 5, 5, 5, 5, 6]  # the server's, not the client's
+    assert math.isnan(requests["ttft_s"].iloc[4])  # has_error: no latency
+    assert run.anchor == "client" and run.tpot_definition == "ratio_of_means"
+    # the runs.csv rule: prompt i mod 100, groups of 10, a 32-token system prompt (two 16-token blocks)
+    assert run.prompt_hashes is not None
+    assert run.prompt_hashes[0][:2] == run.prompt_hashes[1][:2]
+    assert run.prompt_hashes[0][2] != run.prompt_hashes[1][2]
+
+
+def test_blis_reader_names_the_file_and_line_of_a_bad_row(tmp_path: Path) -> None:
+    shutil.copy(DATA / "blis" / "runs.csv", tmp_path / "runs.csv")
+    text = (DATA / "blis" / "run-a.csv").read_text().replace("0.5,72,4,5", "0.5,seventy,4,5")
+    (tmp_path / "run-a.csv").write_text(text)
+    with pytest.raises(ReplayInputError, match=r"run-a\.csv:4: input_tokens must be a number, got 'seventy'"):
+        read_blis_csv(tmp_path / "run-a.csv")
+
+
+def test_blis_reader_refuses_arrivals_going_backwards(tmp_path: Path) -> None:
+    shutil.copy(DATA / "blis" / "runs.csv", tmp_path / "runs.csv")
+    text = (DATA / "blis" / "run-a.csv").read_text().replace("\n3,1.0,", "\n3,0.1,")
+    (tmp_path / "run-a.csv").write_text(text)
+    with pytest.raises(ReplayInputError, match=r"run-a\.csv:5: arrival_s 0.1 is before the previous row's"):
+        read_blis_csv(tmp_path / "run-a.csv")
+
+
+def test_blis_reader_names_an_unknown_run() -> None:
+    with pytest.raises(ReplayInputError, match=r"no run named 'run-b' \(runs: run-a\)"):
+        read_blis_csv(DATA / "blis" / "run-a.csv", run="run-b")
+
+
+def test_llmservingsim_reader_sorts_by_queue_time_and_anchors_there() -> None:
+    run = read_llmservingsim_bench(LSS_RUN)
+    requests = run.requests
+    # queued at 100.0, 100.2 (bench-1), 100.3 (bench-2): sorted, shifted to 0
+    assert requests["arrival_s"].round(9).tolist() == [0.0, 0.2, 0.3]
+    assert requests["prompt_tokens"].tolist() == [40, 36, 20]
+    assert requests["ttft_s"].round(9).tolist() == [0.05, 0.05, 0.02]
+    assert requests["e2e_s"].round(9).tolist() == [0.07, 0.11, 0.04]
+    assert run.anchor == "engine" and run.settings.num_gpu_blocks == 500
+    assert run.settings.gpu == "NVIDIA H100 80GB HBM3"
+    # bench-1 shares its first two 16-token blocks with bench-0 (token ids in tiny.jsonl)
+    assert run.prompt_hashes == [[0, 1, 2], [0, 1, 3], [4, 5]]
+    assert run.timeseries is not None and run.timeseries["kv_usage_frac"].tolist() == [0.125]
+
+
+def test_llmservingsim_reader_refuses_a_workload_that_does_not_match(tmp_path: Path) -> None:
+    lines = (DATA / "lss" / "workloads" / "tiny.jsonl").read_text().splitlines()
+    item = json.loads(lines[1])
+    item["input_tok_ids"] = item["input_tok_ids"][:-1]
+    lines[1] = json.dumps(item)
+    (tmp_path / "other.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ReplayInputError, match="line 2 has 35 token ids, but the run measured input_toks=36"):
+        read_llmservingsim_bench(LSS_RUN, workload=tmp_path / "other.jsonl")
+
+
+def test_llmservingsim_reader_names_a_broken_line(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    shutil.copytree(LSS_RUN, folder)
+    requests = folder / "vllm" / "requests.jsonl"
+    requests.write_text(requests.read_text() + '{"request_id": "bench-3", "input_toks": 5\n')
+    with pytest.raises(ReplayInputError, match=r"requests\.jsonl:4: not valid JSON"):
+        read_llmservingsim_bench(folder, workload=DATA / "lss" / "workloads" / "tiny.jsonl")
+
+
+def test_vllm_bench_reader_regenerates_arrivals_and_sums_inter_token_latencies() -> None:
+    run = read_vllm_bench_json(DATA / "vllm-bench.json", gpu="H100-80GB", arrival_seed=3)
+    gaps = np.random.default_rng(3).gamma(1.0, 1.0 / 2.0, 4)
+    gaps[0] = 0.0
+    assert run.requests["arrival_s"].tolist() == pytest.approx(np.cumsum(gaps).tolist())
+    assert run.requests["e2e_s"].iloc[0] == pytest.approx(0.05 + 9 * 0.01)
+    assert math.isnan(run.requests["ttft_s"].iloc[2])  # the failed request
+    assert any("regenerated" in note for note in run.notes)
+    assert run.prompt_hashes is None
+
+
+def test_vllm_bench_reader_refuses_closed_loop_without_send_times(tmp_path: Path) -> None:
+    data = json.loads((DATA / "vllm-bench.json").read_text())
+    data["max_concurrency"] = 8
+    (tmp_path / "bench.json").write_text(json.dumps(data))
+    with pytest.raises(ReplayInputError, match="max_concurrency=8 without start_times"):
+        read_vllm_bench_json(tmp_path / "bench.json")
+
+
+def test_replay_file_errors_name_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"run\.pth: unknown key"):
+        validate_replay_spec({"name": "x", "run": {"pth": "a.csv"}}, "replay.yaml")
+    with pytest.raises(ConfigError, match="unknown engine key"):
+        validate_replay_spec(
+            {"name": "x", "run": {"path": "a.csv"}, "engine": {"max_seqs": 4}}, "replay.yaml"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# The comparison's arithmetic, against a hand computation
+# --------------------------------------------------------------------------------------------------
+
+
+def _run(requests: pd.DataFrame, stages: list[Stage], definition: str = "per_request") -> MeasuredRun:
+    return MeasuredRun(
+        name="hand",
+        source_format="test",
+        path=Path("."),
+        requests=requests,
+        settings=ServerSettings(),
+        anchor="engine",
+        tpot_definition=definition,  # type: ignore[arg-type]
+        stages=stages,
+    )
+
+
+def test_comparison_numbers_equal_a_hand_computation() -> None:
+    measured = pd.DataFrame(
+        {
+            "request_id": [0, 1, 2, 3],
+            "arrival_s": [0.0, 1.0, 2.0, 3.0],
+            "prompt_tokens": [10, 10, 10, 10],
+            "output_tokens": [3, 5, 3, 2],
+            "ttft_s": [0.1, 0.2, 0.3, np.nan],  # request 3 failed in the measured run
+            "e2e_s": [0.5, 1.0, 0.7, np.nan],
+            "stage": [0, 0, 1, 1],
+        }
+    )
+    simulated = pd.DataFrame(
+        {
+            "request_id": [3, 2, 1, 0],  # any order: paired by id
+            "outcome": ["finished", "unfinished", "finished", "finished"],
+            "ttft_s": [0.05, 9.0, 0.3, 0.2],
+            "e2e_s": [0.2, 9.9, 1.1, 0.6],
+            "preemptions": [0, 0, 0, 0],
+            "cached_prompt_tokens": [0, 0, 0, 0],
+        }
+    )
+    run = _run(measured, [Stage(0, 2, 1.0), Stage(2, 4, 1.0)])
+    paired = paired_frame(run, simulated)
+    assert math.isnan(paired.loc[2, "ttft_s_simulated"])  # unfinished in the simulation
+    scopes = compare(run, paired)
+    whole = scopes[0]
+    assert (whole.requests, whole.compared) == (4, 2)  # requests 0 and 1 finished on both sides
+    ttft = whole.metrics["ttft_s"]
+    assert ttft["measured"]["mean"] == pytest.approx(0.15)
+    assert ttft["simulated"]["mean"] == pytest.approx(0.25)
+    assert ttft["signed_error"]["mean"] == pytest.approx(0.25 / 0.15 - 1)
+    # per-request TPOT: measured (0.5-0.1)/2 = 0.2, (1.0-0.2)/4 = 0.2; simulated 0.2, 0.2
+    assert whole.metrics["tpot_s"]["measured"]["headline"] == pytest.approx(0.2)
+    assert whole.metrics["tpot_s"]["simulated"]["headline"] == pytest.approx(0.2)
+    assert whole.metrics["e2e_s"]["abs_error"]["mean"] == pytest.approx(abs(0.85 / 0.75 - 1))
+    assert [scope.name for scope in scopes] == [
+        "whole run",
+        "stage 1 (0-2 s at 1 req/s)",
+        "stage 2 (2-4 s at 1 req/s)",
+    ]
+    assert scopes[2].compared == 0
+    # throughput: measured finishes 3 requests (11 tokens) by 2.7 s; simulated 3 by 3.2 s
+    flows = whole.throughput
+    assert flows["measured"]["output_tokens_per_s"] == pytest.approx(11 / 2.7)
+    assert flows["simulated"]["output_tokens_per_s"] == pytest.approx(10 / 3.2)
+
+
+def test_ratio_of_means_tpot_is_the_publishers_formula() -> None:
+    frame = pd.DataFrame({"ttft_s": [0.1, 0.3], "e2e_s": [1.1, 2.3], "output_tokens": [11, 21]})
+    assert headline_tpot(frame, "ratio_of_means") == pytest.approx((1.7 - 0.2) / 15)
+    assert headline_tpot(frame, "per_request") == pytest.approx((0.1 + 0.1) / 2)
+    assert per_request_tpot(frame).tolist() == pytest.approx([0.1, 0.1])
+
+
+def test_in_system_counts_arrived_and_unfinished_requests() -> None:
+    arrivals = np.array([0.0, 1.0, 2.0])
+    e2e = np.array([1.5, 0.5, np.nan])  # the third never finished: not counted
+    assert in_system(arrivals, e2e, np.array([0.5, 1.2, 1.6, 3.0])).tolist() == [1, 2, 0, 0]
+
+
+# --------------------------------------------------------------------------------------------------
+# End to end: kvsim's own output, replayed, comes back with no error
+# --------------------------------------------------------------------------------------------------
+
+
+def _self_measured_run(tmp_path: Path) -> Path:
+    """A 'measured' run that kvsim produced: a small experiment's per-request table written as a
+    vllm bench serve result with start_times."""
+    from sim.config import validate_experiment
+    from sim.runner import prepare_experiment, run_experiment
+
+    data = {
+        "name": "self",
+        "model": "Llama-2-7B",
+        "gpu": "H100-80GB",
+        "engine": {"max_num_seqs": 256, "max_num_batched_tokens": 8192},
+        "workload": {
+            "num_requests": 40,
+            "arrival": {"kind": "poisson", "rate_per_s": 20},
+            "prompt_len": {"kind": "uniform", "low": 50, "high": 400},
+            "output_len": {"kind": "uniform", "low": 5, "high": 60},
+        },
+        "variants": [{"name": "p", "policy": "paged"}],
+    }
+    config = validate_experiment(data, tmp_path / "self.yaml")
+    results = run_experiment(
+        config, tmp_path / "self.yaml", prepared=prepare_experiment(config, tmp_path / "self.yaml")
+    )
+    table = results[0].sink.requests().sort_values("request_id")
+    assert (table["outcome"] == "finished").all()
+    itls = [
+        [(e2e - ttft) / (out - 1)] * (out - 1)
+        for e2e, ttft, out in zip(table["e2e_s"], table["ttft_s"], table["output_tokens"], strict=True)
+    ]
+    bench = {
+        "model_id": "meta-llama/Llama-2-7b-hf",
+        "request_rate": 20.0,
+        "start_times": (table["arrival_s"] + 1000.0).tolist(),  # any origin
+        "input_lens": table["prompt_tokens"].tolist(),
+        "output_lens": table["output_tokens"].tolist(),
+        "ttfts": table["ttft_s"].tolist(),
+        "itls": itls,
+        "errors": [""] * len(table),
+    }
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench))
+    return path
+
+
+def test_replaying_kvsims_own_run_gives_no_error(tmp_path: Path) -> None:
+    from sim.replay.pipeline import replay_run
+
+    bench = _self_measured_run(tmp_path)
+    spec = validate_replay_spec(
+        {
+            "name": "self-replay",
+            "run": {"path": str(bench)},
+            "gpu": "H100-80GB",
+            "policy": "paged",
+            "engine": {"max_num_seqs": 256, "max_num_batched_tokens": 8192},
+        },
+        "test",
+    )
+    outcome = replay_run(spec, tmp_path, tmp_path / "out")
+    for error in outcome.document["headline"].values():
+        assert abs(error) < 1e-9
+    folder = tmp_path / "out"
+    for name in (
+        "report.md",
+        "report.html",
+        "comparison.json",
+        "paired_requests.csv",
+        "figures/latency_cdfs.png",
+    ):
+        assert (folder / name).is_file(), name
+    document = json.loads((folder / "comparison.json").read_text())
+    # the report's numbers are those of an independent recomputation from the paired table
+    paired = pd.read_csv(folder / "paired_requests.csv")
+    assert document["scopes"][0]["metrics"]["e2e_s"]["measured"]["mean"] == pytest.approx(
+        paired["e2e_s_measured"].mean()
+    )
+    assert document["scopes"][0]["metrics"]["ttft_s"]["simulated"]["p90"] == pytest.approx(
+        float(np.percentile(paired["ttft_s_simulated"], 90))
+    )
+    assert "data:image/png;base64," in (folder / "report.html").read_text()
+    # the simulation can be rerun as a plain experiment
+    assert (folder / "simulation" / "experiment.yaml").is_file()
+
+
+def test_replay_refuses_a_folder_it_did_not_write(tmp_path: Path) -> None:
+    from sim.replay.pipeline import replay_run
+    from sim.storage import OutputTargetError
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    spec = validate_replay_spec(
+        {"name": "x", "run": {"path": str(DATA / "vllm-bench.json")}, "gpu": "H100-80GB"}, "t"
+    )
+    with pytest.raises(OutputTargetError, match="not written by kvsim"):
+        replay_run(spec, tmp_path, out)
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_replay_without_a_gpu_says_which_key_to_set(tmp_path: Path) -> None:
+    from sim.replay.pipeline import replay_run
+
+    spec = validate_replay_spec({"name": "x", "run": {"path": str(DATA / "vllm-bench.json")}}, "t")
+    with pytest.raises(ConfigError, match="do not say which gpu"):
+        replay_run(spec, tmp_path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
