@@ -345,7 +345,21 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     data = yaml_mapping(path)
     for override in overrides or []:
         apply_override(data, override, path)
-    return validate_experiment(data, path)
+    try:
+        return validate_experiment(data, path)
+    except ConfigError as error:
+        raise ConfigError(with_override_notes(str(error), overrides or [])) from None
+
+
+def with_override_notes(message: str, overrides: list[str]) -> str:
+    """``message`` plus, for each key it names that came from the command line, where it came from
+    (the file does not hold that value)."""
+    notes = [
+        f"  ({override.partition('=')[0]} came from --set {override}, not from the file)"
+        for override in overrides
+        if f"  {override.partition('=')[0]}:" in message
+    ]
+    return "\n".join([message, *notes])
 
 
 def yaml_mapping(path: Path) -> dict[str, Any]:
@@ -483,6 +497,8 @@ def format_problems(
         value = problem.get("input")
         quiet = problem["type"] == "missing" or isinstance(value, quiet_values)
         shown = "" if quiet else f" (got {value!r})"
+        if problem["type"] == "string_type" and isinstance(value, bool):
+            shown += "; YAML reads off/on/no/yes/true/false as booleans: quote the value ('off')"
         lines.append(f"  {key_path}: {message}{shown}")
     return "\n".join(lines)
 

@@ -32,6 +32,18 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(header), *(line(row) for row in rows)])
 
 
+def attention_kind(spec) -> str:
+    """MHA, GQA or MQA by the heads (``spec.attention`` says only "mha" or "mla": the cache layout),
+    plus MoE for a mixture of experts."""
+    if spec.attention == "mla":
+        kind = "MLA"
+    elif spec.num_kv_heads == spec.num_attention_heads:
+        kind = "MHA"
+    else:
+        kind = "MQA" if spec.num_kv_heads == 1 else "GQA"
+    return f"{kind}, MoE" if getattr(spec, "num_experts", None) else kind
+
+
 def models_table() -> str:
     from sim.hardware.models import MODEL_PRESETS
 
@@ -43,7 +55,7 @@ def models_table() -> str:
                 name,
                 f"{spec.num_params / 1e9:.1f}B",
                 str(spec.num_layers),
-                spec.attention.upper(),
+                attention_kind(spec),
                 heads,
                 f"{spec.max_position_embeddings:,}",
                 f"{spec.kv_bytes_per_token():,}",
@@ -92,6 +104,19 @@ def policy_option_lines(name: str) -> list[str]:
     return lines
 
 
+def source_docstring(module) -> str:
+    """A module's docstring read from its source file: the compiled build (mypyc) drops
+    ``__doc__``, but the sources it was built from stay in the project."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    source = root.joinpath(*module.__name__.split(".")).with_suffix(".py")
+    if not source.is_file():
+        return ""
+    return ast.get_docstring(ast.parse(source.read_text(encoding="utf-8"))) or ""
+
+
 def policies_table() -> str:
     import policies  # noqa: F401  (registers every policy)
     from policies.base import policy_class, policy_names
@@ -99,7 +124,7 @@ def policies_table() -> str:
     blocks = []
     for name in policy_names():
         module = inspect.getmodule(policy_class(name))
-        module_doc = (module.__doc__ if module else "") or ""
+        module_doc = (module.__doc__ if module else "") or (source_docstring(module) if module else "")
         summary = module_doc.strip().split("\n\n")[0].replace("\n", " ")
         options = policy_option_lines(name)
         blocks.append(f"{name}\n  {summary}\n  options: " + ("; ".join(options) if options else "none"))

@@ -202,7 +202,6 @@ def test_without_overhead_users_run_in_lockstep() -> None:
 def test_jittered_overheads_break_the_lockstep() -> None:
     requests = _requests(closed(4, send_delay_s={"kind": "uniform", "low": 0.0, "high": 0.1}))
     assert set(requests.outcome) == {"finished"}
-    assert requests.ttft_s.nunique() == 16
     assert requests.head(4).admitted_s.nunique() == 4  # the first requests reach the engine apart
     assert requests.first_token_s.nunique() > 8  # lockstep: 4 (one per round)
 

@@ -214,3 +214,31 @@ def test_pinned_system_prompts_are_hit_from_the_first_request(tmp_path):
     small = ["run", str(QUICKSTART), "-q", "--set", "workload.num_requests=40"]
     assert main([*small, "-o", str(refused), "--set", "variants.1.pin_shared_prefixes=true"]) == 2
     assert not refused.exists()
+
+
+def test_a_yaml_boolean_where_a_string_belongs_gets_a_hint_to_quote_it(tmp_path):
+    from sim.config import ConfigError, load_experiment
+
+    path = tmp_path / "off.yaml"
+    path.write_text(
+        "name: off\nmodel: Llama-3.1-8B\ngpu: A100-80GB\n"
+        "workload: {num_requests: 5, arrival: {kind: poisson, rate_per_s: 1}, prompt_len: 10, output_len: 5}\n"
+        "variants: [{name: p, policy: paged}]\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"name: Input should be a valid string \(got False\); YAML reads off"
+    ):
+        load_experiment(path)
+
+
+def test_a_bad_value_from_set_says_it_came_from_the_command_line(tmp_path):
+    from sim.config import ConfigError, load_experiment
+
+    path = tmp_path / "x.yaml"
+    path.write_text(
+        "name: x\nmodel: Llama-3.1-8B\ngpu: A100-80GB\n"
+        "workload: {num_requests: 5, arrival: {kind: poisson, rate_per_s: 1}, prompt_len: 10, output_len: 5}\n"
+        "variants: [{name: p, policy: paged}]\n"
+    )
+    with pytest.raises(ConfigError, match=r"engine\.block_size came from --set engine\.block_size=abc"):
+        load_experiment(path, ["engine.block_size=abc"])

@@ -161,8 +161,17 @@ def test_presets_say_where_their_factors_come_from():
     assert "applied to H200-141GB" in h200.source and h200.error_band.startswith("not validated on H200")
     for name in ("L4-24GB", "T4-16GB", "A10G-24GB", "RTX-4090-24GB"):
         assert GPU_PRESETS[name].efficiency.error_band.startswith(f"not validated on {name}")
-    costs = make_cost_model("derated", resolve_model("Llama-2-7B"), resolve_gpu("A100-80GB"), block_size=16)
+    costs = make_cost_model(
+        {"kind": "derated", "calibration": "none"},
+        resolve_model("Llama-2-7B"),
+        resolve_gpu("A100-80GB"),
+        block_size=16,
+    )
     assert costs.label == f"derated-analytic ({EFFICIENCY_PRESETS['A100'].source})"
+    fitted = make_cost_model("derated", resolve_model("Llama-2-7B"), resolve_gpu("A100-80GB"), block_size=16)
+    assert fitted.label.startswith(
+        f"derated-analytic ({EFFICIENCY_PRESETS['A100'].source}; serving terms fitted to "
+    )
     assert "Vidur A100" in costs.error_band
 
 

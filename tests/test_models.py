@@ -571,3 +571,13 @@ def test_moe_spec_validates() -> None:
         dataclasses.replace(mixtral, num_params=45_097_156_608)
     with pytest.raises(ValueError, match="set num_experts too"):
         dataclasses.replace(MODEL_PRESETS["Llama-3.1-8B"], experts_per_token=2)
+
+
+def test_models_listing_names_the_attention_by_its_heads() -> None:
+    from sim.listing import models_table
+
+    rows = {line.split()[0]: line for line in models_table().splitlines()[1:] if line.strip()}
+    assert " MHA " in rows["Llama-2-7B"]  # 32 KV heads for 32 query heads
+    assert " GQA " in rows["Llama-3.1-8B"]  # 8 for 32
+    assert "GQA, MoE" in rows["Mixtral-8x7B"]
+    assert "MLA, MoE" in rows["DeepSeek-V3"]

@@ -56,3 +56,15 @@ def test_isinstance_answers_stay_per_class():
     assert not isinstance(prefix, ContiguousPolicy)
     assert isinstance(prefix, PagedPolicy) and isinstance(prefix, PrefixCachingPolicy)
     assert isinstance(prefix, KVCachePolicy)
+
+
+def test_policies_listing_describes_every_policy_under_either_build() -> None:
+    # (the compiled build drops module docstrings: the listing reads them from the sources)
+    from policies.base import policy_names
+    from sim.listing import policies_table
+
+    blocks = policies_table().split("\n\n")
+    for name in policy_names():
+        block = next(block for block in blocks if block.startswith(f"{name}\n"))
+        summary = block.split("\n")[1].strip()
+        assert len(summary) > 20, (name, summary)

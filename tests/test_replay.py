@@ -158,12 +158,14 @@ def test_vllm_bench_reader_regenerates_arrivals_and_sums_inter_token_latencies()
     assert run.prompt_hashes is None
 
 
-def test_vllm_bench_reader_refuses_closed_loop_without_send_times(tmp_path: Path) -> None:
+def test_vllm_bench_reader_replays_a_closed_loop_as_a_loop(tmp_path: Path) -> None:
     data = json.loads((DATA / "vllm-bench.json").read_text())
-    data["max_concurrency"] = 8
+    data |= {"max_concurrency": 2, "request_rate": "inf", "start_times": [5.0, 5.1, 9.0, 9.5]}
     (tmp_path / "bench.json").write_text(json.dumps(data))
-    with pytest.raises(ReplayInputError, match="max_concurrency=8 without start_times"):
-        read_vllm_bench_json(tmp_path / "bench.json")
+    run = read_vllm_bench_json(tmp_path / "bench.json")
+    assert run.max_concurrency == 2
+    assert run.requests["arrival_s"].tolist() == [0.0] * 4  # rate inf: each goes when a slot frees
+    assert any("closed loop (max_concurrency=2)" in note for note in run.notes)
 
 
 def test_replay_file_errors_name_the_key() -> None:

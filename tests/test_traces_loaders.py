@@ -498,3 +498,36 @@ def test_trace_samples_spread_lognormally_around_the_traced_length() -> None:
     assert all(r.sample_output_lens == () for r in replay(mooncake(n=3, sample_lengths="identical")))
     capped = replay(mooncake(n=3, max_model_len=8192))
     assert max(r.final_len for r in capped) <= 8192
+
+
+def test_a_trace_replayed_with_max_concurrency_is_a_closed_loop(tmp_path):
+    """vllm bench serve --max-concurrency 2: requests go in trace order, each when a slot frees, or
+    at its own time if that is later."""
+    from sim.config import validate_experiment
+    from sim.runner import prepare_experiment, run_experiment
+
+    rows = [(0.0, 300, 20), (0.0, 300, 40), (0.0, 200, 10), (100.0, 100, 5)]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"t": t, "p": p, "o": o}) + "\n" for t, p, o in rows))
+    data = {
+        "name": "loop",
+        "model": "Llama-3.1-8B",
+        "gpu": "H100-80GB",
+        "workload": {
+            "source": {"kind": "jsonl", "path": str(trace), "arrival_field": "t", "prompt_len_field": "p", "output_len_field": "o"},
+            "max_concurrency": 2,
+        },
+        "variants": [{"name": "p", "policy": "paged"}],
+    }
+    config = validate_experiment(data, tmp_path / "x.yaml")
+    results = run_experiment(config, tmp_path / "x.yaml", prepared=prepare_experiment(config, tmp_path / "x.yaml"))
+    table = results[0].sink.requests().set_index("request_id")
+    assert (table["outcome"] == "finished").all()
+    # request 0 (20 tokens) finishes first: request 2 takes its slot at that instant
+    assert table.at[2, "arrival_s"] == table.at[0, "finish_s"]
+    # request 3's trace time (100 s) is after request 1 frees its slot: it goes at 100 s
+    assert table.at[1, "finish_s"] < 100.0 and table.at[3, "arrival_s"] == 100.0
+    # never more than two in flight
+    starts, ends = table["arrival_s"].to_numpy(), table["finish_s"].to_numpy()
+    for instant in starts:
+        assert ((starts <= instant) & (ends > instant)).sum() <= 2

@@ -70,7 +70,25 @@ def test_every_validation_yaml_loads(claims):
 
 def test_claims_run_in_issue_order(claims):
     order = [claim.spec.number for claim in v.load_claims(CONFIGS)]
-    assert order == ["1", "2", "3", "4", "5", "6", "7", "8", "9a", "9b", "9c", "9d", "10", "c1", "c2", "cap", "r1"]
+    assert order == [
+        "1",
+        "2",
+        "3",
+        "4",
+        "5",
+        "6",
+        "7",
+        "8",
+        "9a",
+        "9b",
+        "9c",
+        "9d",
+        "10",
+        "c1",
+        "c2",
+        "cap",
+        "r1",
+    ]
 
 
 def test_select_by_name_and_number():

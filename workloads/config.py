@@ -531,6 +531,12 @@ class TraceWorkloadConfig(_Model):
         description="With a session column: label (only set session_id) or extend (a session's next "
         "request is its previous prompt + output + new tokens, when its length allows).",
     )
+    max_concurrency: PositiveInt | None = Field(
+        None,
+        description="Replay as `vllm bench serve --max-concurrency N` sends: at most N requests in "
+        "flight, in trace order; a request goes when its arrival time has come and a slot is free (the "
+        "previous holder finished or was rejected), at max(its arrival, that finish). None: open loop.",
+    )
     n: LengthSpec = Field(1, description="Parallel samples per request.")
     beam_width: LengthSpec = Field(1, description="Beam width per request.")
     sample_lengths: SampleLengths = Field(

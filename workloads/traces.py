@@ -13,6 +13,7 @@ tie spreading → rate scaling. Nothing is dropped without a count in :meth:`Tra
 from __future__ import annotations
 
 import csv
+import dataclasses
 import difflib
 import hashlib
 import itertools
@@ -804,7 +805,27 @@ class TraceWorkload(Workload):
         return ", ".join(f"{key}={value}" for key, value in shown.items()) or "no rows"
 
     def requests(self) -> Iterator[Request]:
-        return (request for request, _ in self.records())
+        stream = (request for request, _ in self.records())
+        limit = self.config.max_concurrency
+        if limit is None:
+            return stream
+        # A closed loop over the trace: the first ``limit`` requests open, each later one is handed
+        # out by follow_up when a slot frees, so it is read from the same stream, in trace order.
+        self._held_back = stream
+        return itertools.islice(stream, limit)
+
+    def follow_up(self, finished: Request, finish_s: float) -> Request | None:
+        """With ``max_concurrency``: the trace's next request, sent when the slot ``finished`` held
+        frees, or at its own arrival time if that is later."""
+        stream = getattr(self, "_held_back", None)
+        if stream is None:
+            return None
+        following = next(stream, None)
+        if following is None:
+            return None
+        if following.arrival_s >= finish_s:
+            return following
+        return dataclasses.replace(following, arrival_s=finish_s)
 
     # -- summary ---------------------------------------------------------------------------------------
     @property

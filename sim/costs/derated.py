@@ -74,7 +74,7 @@ from sim.costs.core import (
     layer_matmul_params,
     tensor_parallel_label,
 )
-from sim.costs.serving import ServingCalibration, default_calibration
+from sim.costs.serving import NEUTRAL, ServingCalibration
 from sim.costs.terms import (
     MAX_ROUTING_BATCHES,
     ROUTING_SATURATED,
@@ -168,7 +168,9 @@ class DeratedCostModel(DatasheetCostModel):
         tensor_parallel_size: int = 1,
         serving: ServingCalibration | None = None,
     ):
-        self.serving = serving if serving is not None else default_calibration()
+        # Built directly, the model is the kernel-level one (what Vidur's operations check);
+        # ``cost_model: derated`` passes the shipped serving calibration (sim.costs.core.make_cost_model).
+        self.serving = serving if serving is not None else NEUTRAL
         tp = self._set_geometry(
             model,
             gpu,

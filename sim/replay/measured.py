@@ -86,6 +86,9 @@ class MeasuredRun:
     prompt_hashes: list[list[int]] | None = None
     hash_block_len: int = 16
     timeseries: pd.DataFrame | None = None
+    max_concurrency: int | None = None
+    """The client's closed loop (``vllm bench serve --max-concurrency``): at most this many requests
+    in flight, each sent when a slot frees (its arrival is then only the earliest it may go)."""
     notes: list[str] = field(default_factory=list)
     """What a reader of the report must know about the source: how arrivals and prompts were
     reconstructed, what was assumed."""

@@ -486,6 +486,7 @@ def read_vllm_bench_json(
         server = settings(server)
     notes.append("prompt content is not saved by vllm bench serve: every prompt is replayed as unique")
     return MeasuredRun(
+        max_concurrency=_max_concurrency(data, path),
         name=path.stem,
         source_format="vllm_bench_json",
         path=path,
@@ -498,19 +499,29 @@ def read_vllm_bench_json(
     )
 
 
+def _max_concurrency(data: dict[str, Any], path: Path) -> int | None:
+    value = data.get("max_concurrency")
+    if value in (None, 0):
+        return None
+    return int(_number(value, "max_concurrency", path, None, integer=True))
+
+
 def _vllm_bench_arrivals(
     data: dict[str, Any], count: int, path: Path, seed: int, notes: list[str]
 ) -> np.ndarray:
     starts = data.get("start_times")
-    if isinstance(starts, list) and len(starts) == count:
+    concurrency = _max_concurrency(data, path)
+    if concurrency is not None:
+        # The send times of a closed loop follow the measured server's pace; the replay runs the loop.
+        notes.append(
+            f"closed loop (max_concurrency={concurrency}): each request is sent when one of the "
+            f"{concurrency} slots frees, as the client did; the recorded send times are not replayed "
+            "(the client's own delay between a finish and the next send is not modelled)"
+        )
+    elif isinstance(starts, list) and len(starts) == count:
         values = np.array([_number(value, "start_times", path, None) for value in starts], dtype=float)
         notes.append("arrivals are the client's recorded send times (start_times)")
         return values - values.min()
-    if data.get("max_concurrency") not in (None, 0):
-        raise ReplayInputError(
-            f"{path}: max_concurrency={data['max_concurrency']} without start_times: when each request was "
-            "sent depends on when the measured server freed a slot, which the file does not record"
-        )
     rate = data.get("request_rate")
     burstiness = data.get("burstiness") or 1.0
     if rate in (None, "inf") or (isinstance(rate, float) and math.isinf(rate)):

@@ -82,7 +82,8 @@ def experiment_data(run: MeasuredRun, spec: ReplaySpec) -> dict[str, Any]:
         "gpu": gpu,
         "engine": engine_section(run, spec),
         "cost_model": cost_model if isinstance(cost_model, str) else cost_model.model_dump(exclude_none=True),
-        "workload": {"source": source},
+        "workload": {"source": source}
+        | ({"max_concurrency": run.max_concurrency} if run.max_concurrency is not None else {}),
         "variants": [{"name": "replay", "policy": policy_for(run, spec)}],
         "output": {"figures": False},
     }
