@@ -1012,25 +1012,15 @@ def make_cost_model(
         # (The derated model's module builds on this one: imported here, either can be imported first.)
         from sim.costs.derated import DeratedCostModel
 
-        host_link = bandwidth or gpu.host_link_bytes_per_s
+        common: dict[str, Any] = {
+            "kv_cache_dtype": kv_cache_dtype,
+            "block_size": block_size,
+            "host_bandwidth_bytes_per_s": bandwidth or gpu.host_link_bytes_per_s,
+            "tensor_parallel_size": tensor_parallel_size,
+        }
         if config.kind == "analytic":
-            return AnalyticCostModel(
-                model,
-                gpu,
-                kv_cache_dtype=kv_cache_dtype,
-                block_size=block_size,
-                host_bandwidth_bytes_per_s=host_link,
-                tensor_parallel_size=tensor_parallel_size,
-            )
-        return DeratedCostModel(
-            model,
-            gpu,
-            kv_cache_dtype=kv_cache_dtype,
-            block_size=block_size,
-            host_bandwidth_bytes_per_s=host_link,
-            tensor_parallel_size=tensor_parallel_size,
-            serving=serving_calibration(config.calibration, base_dir),
-        )
+            return AnalyticCostModel(model, gpu, **common)
+        return DeratedCostModel(model, gpu, serving=serving_calibration(config.calibration, base_dir), **common)
     assert config.profile is not None
     path = resolve_profile_path(config.profile, base_dir)
     return ProfileCostModel.from_yaml(

@@ -16,7 +16,7 @@ import json
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 import pandas as pd
@@ -46,13 +46,17 @@ def _number(value: Any, name: str, path: Path, line: int | None, *, integer: boo
     return int(number) if integer else number
 
 
+def _open(path: Path, what: str = "") -> TextIO:
+    """``path`` opened for reading text, or an error that names it (and what it is)."""
+    try:
+        return path.open(encoding="utf-8", newline="")
+    except OSError as error:
+        raise ReplayInputError(f"{path}: cannot read{' ' + what if what else ''}: {error.strerror}") from None
+
+
 def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """``(line number, object)`` for each non-blank line of a JSON Lines file."""
-    try:
-        handle = path.open(encoding="utf-8")
-    except OSError as error:
-        raise ReplayInputError(f"{path}: cannot read: {error.strerror}") from None
-    with handle:
+    with _open(path) as handle:
         for number, text in enumerate(handle, start=1):
             if not text.strip():
                 continue
@@ -173,11 +177,7 @@ def read_blis_csv(
 
 
 def _blis_settings_row(runs_csv: Path, name: str) -> dict[str, Any]:
-    try:
-        handle = runs_csv.open(encoding="utf-8", newline="")
-    except OSError as error:
-        raise ReplayInputError(f"{runs_csv}: cannot read the runs table: {error.strerror}") from None
-    with handle:
+    with _open(runs_csv, "the runs table") as handle:
         reader = csv.DictReader(handle)
         missing = [column for column in BLIS_RUN_COLUMNS if column not in (reader.fieldnames or [])]
         if missing:
@@ -209,12 +209,8 @@ def _blis_stages(text: str, path: Path, line: int) -> list[Stage]:
 
 
 def _blis_requests(path: Path) -> pd.DataFrame:
-    try:
-        handle = path.open(encoding="utf-8", newline="")
-    except OSError as error:
-        raise ReplayInputError(f"{path}: cannot read: {error.strerror}") from None
     rows: list[tuple[float, int, int, float, float]] = []
-    with handle:
+    with _open(path) as handle:
         reader = csv.DictReader(handle)
         missing = [column for column in BLIS_COLUMNS if column not in (reader.fieldnames or [])]
         if missing:
