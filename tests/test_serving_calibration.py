@@ -227,3 +227,17 @@ def test_a_tiny_fit_records_in_sample_and_leave_one_out_errors(tmp_path: Path) -
     )
     write_calibration(calibration, tmp_path / "fit.yaml")
     assert load_calibration(tmp_path / "fit.yaml").parameters() == calibration.parameters()
+
+
+def test_the_error_band_quotes_the_leave_one_out_errors() -> None:
+    fit = {
+        "leave_one_out": {
+            "runs": {"a": {}, "b": {}},
+            "summary": {"ttft_mean_mean_abs": 0.12, "tpot_mean_abs": 0.05, "e2e_mean_mean_abs": 0.061},
+        }
+    }
+    model = DeratedCostModel(LLAMA, H100, serving=ServingCalibration(fit=fit))
+    assert model.error_band.endswith(
+        "end to end, leave-one-run-out over 2 measured vLLM runs: mean |error| TTFT 12%, TPOT 5%, E2E 6%"
+    )
+    assert DeratedCostModel(LLAMA, H100, serving=NEUTRAL).error_band == H100.efficiency.error_band

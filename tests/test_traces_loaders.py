@@ -514,13 +514,21 @@ def test_a_trace_replayed_with_max_concurrency_is_a_closed_loop(tmp_path):
         "model": "Llama-3.1-8B",
         "gpu": "H100-80GB",
         "workload": {
-            "source": {"kind": "jsonl", "path": str(trace), "arrival_field": "t", "prompt_len_field": "p", "output_len_field": "o"},
+            "source": {
+                "kind": "jsonl",
+                "path": str(trace),
+                "arrival_field": "t",
+                "prompt_len_field": "p",
+                "output_len_field": "o",
+            },
             "max_concurrency": 2,
         },
         "variants": [{"name": "p", "policy": "paged"}],
     }
     config = validate_experiment(data, tmp_path / "x.yaml")
-    results = run_experiment(config, tmp_path / "x.yaml", prepared=prepare_experiment(config, tmp_path / "x.yaml"))
+    results = run_experiment(
+        config, tmp_path / "x.yaml", prepared=prepare_experiment(config, tmp_path / "x.yaml")
+    )
     table = results[0].sink.requests().set_index("request_id")
     assert (table["outcome"] == "finished").all()
     # request 0 (20 tokens) finishes first: request 2 takes its slot at that instant

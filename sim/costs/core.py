@@ -1020,7 +1020,9 @@ def make_cost_model(
         }
         if config.kind == "analytic":
             return AnalyticCostModel(model, gpu, **common)
-        return DeratedCostModel(model, gpu, serving=serving_calibration(config.calibration, base_dir), **common)
+        return DeratedCostModel(
+            model, gpu, serving=serving_calibration(config.calibration, base_dir), **common
+        )
     assert config.profile is not None
     path = resolve_profile_path(config.profile, base_dir)
     return ProfileCostModel.from_yaml(

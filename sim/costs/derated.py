@@ -264,7 +264,8 @@ class DeratedCostModel(DatasheetCostModel):
             self._decode = DecodeCost(intercept_s, per_seq_s, self.kv_read_per_token_s)
         serving_label = "" if self.serving.is_neutral else f"; {self.serving.describe()}"
         self.label = tensor_parallel_label(f"derated-analytic ({eff.source}{serving_label})", self.all_reduce)
-        self.error_band = eff.error_band
+        end_to_end = self.serving.error_band()
+        self.error_band = f"{eff.error_band}; {end_to_end}" if end_to_end else eff.error_band
 
     def gemm_s(self, tokens: float, logit_rows: float, experts: float | None = None) -> float:
         """Matrix products of one iteration: decoder layers over ``tokens``, LM head over

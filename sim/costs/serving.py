@@ -101,6 +101,19 @@ class ServingCalibration:
             cost, per_iteration_s=cost.per_iteration_s * scale, per_token_s=cost.per_token_s * scale
         )
 
+    def error_band(self) -> str:
+        """What the fit says a new run should expect (its leave-one-run-out errors), or ""."""
+        summary = (self.fit.get("leave_one_out") or {}).get("summary") or {}
+        try:
+            ttft, tpot, e2e = (summary[f"{name}_mean_abs"] for name in ("ttft_mean", "tpot", "e2e_mean"))
+        except KeyError:
+            return ""
+        runs = len((self.fit.get("leave_one_out") or {}).get("runs") or {})
+        return (
+            f"end to end, leave-one-run-out over {runs} measured vLLM runs: mean |error| TTFT {ttft:.0%}, "
+            f"TPOT {tpot:.0%}, E2E {e2e:.0%}"
+        )
+
     def describe(self) -> str:
         """A short phrase for cost-model labels."""
         if self.is_neutral:
