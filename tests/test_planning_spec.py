@@ -235,3 +235,10 @@ def test_bad_plan_cluster_keys(tmp_path, cluster, expected):
         ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")
     ):
         load_plan_spec(write_yaml(tmp_path / "plan.yaml", data))
+
+
+def test_a_plan_without_a_cost_model_uses_the_runs_default(tmp_path):
+    data = plan_data()
+    data.pop("cost_model", None)
+    plan = load_plan_spec(write_yaml(tmp_path / "plan.yaml", data))
+    assert plan.spec.cost_model == "derated"  # what `kvsim run` uses (issue 27: it was analytic)

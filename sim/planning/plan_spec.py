@@ -213,7 +213,11 @@ class PlanSpec(Strict):
     description: str = ""
     models: list[str] = Field(min_length=1)
     gpus: list[str | GpuChoice] = Field(min_length=1)
-    cost_model: str | dict[str, Any] = "analytic"
+    cost_model: str | dict[str, Any] = Field(
+        "derated",
+        description="As an experiment's cost_model, with the same default as `kvsim run` (derated, "
+        "with the serving terms fitted to measured runs).",
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig)  # type: ignore[arg-type]
     workload: dict[str, Any] = Field(description="An experiment's workload; the search sets its rate.")
     slos: SLOs
