@@ -15,7 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``calibrate`` subcommand; it sets ``func`` to :func:`run`."""
     parser = subparsers.add_parser(
         "calibrate",
-        help="time a real torch paged-attention layer and write a cost profile",
+        help="time a real torch paged-attention layer and write a cost profile, or (--from-runs) fit "
+        "the derated model's serving terms to measured runs",
         description=(
             "Build one decoder layer of the model's shapes in torch (random weights, paged KV pool), time "
             "decode, prefill, block copy (and swap on CUDA) over a grid, fit per-phase cost models and write "
