@@ -46,3 +46,23 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
         if output.get("output_type") == "error"
     ]
     assert errors == []
+
+
+def test_drawing_modules_leave_the_backend_alone():
+    """A notebook kernel's inline backend must survive importing kvsim's figure modules and drawing
+    with them (they draw on Figure objects, never through pyplot's process-wide backend)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import matplotlib; matplotlib.use('svg')\n"
+        "import sim.outputs.plots, sim.planning.figures, sim.replay.figures, sim.validation\n"
+        "from sim.outputs.canvas import subplots\n"
+        "figure, axes = subplots(1, 2, figsize=(4, 2)); axes[0].plot([0, 1])\n"
+        "import io; figure.savefig(io.BytesIO(), format='png')\n"
+        "assert matplotlib.get_backend() == 'svg', matplotlib.get_backend()\n"
+        "import matplotlib.pyplot as plt; assert plt.get_fignums() == []  # pyplot tracks none of them\n"
+    )
+    env = {key: value for key, value in __import__("os").environ.items() if key != "MPLBACKEND"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr

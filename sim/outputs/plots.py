@@ -11,12 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.patches import Rectangle
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+from sim.outputs.canvas import subplots
 
 if TYPE_CHECKING:
     from sim.results import RunResults
@@ -161,9 +160,7 @@ def _waiting(frame: pd.DataFrame) -> pd.Series:
 def _breakdown_stacks(
     series: dict[str, pd.DataFrame], pools: dict[str, str], empty: dict[str, str], path: Path
 ) -> Path:
-    figure, axes = plt.subplots(
-        len(series), 1, figsize=(10, 2.6 * len(series) + 0.8), sharex=True, squeeze=False
-    )
+    figure, axes = subplots(len(series), 1, figsize=(10, 2.6 * len(series) + 0.8), sharex=True, squeeze=False)
     for axis, (variant, frame) in zip(axes[:, 0], series.items(), strict=True):
         axis.set_title(f"{variant}: where the KV pool ({pools[variant]}) goes", fontsize=10)
         axis.set_ylim(0, 1)
@@ -182,7 +179,7 @@ def _breakdown_stacks(
         if empty[variant]:
             _say(axis, empty[variant])
     axes[-1, 0].set_xlabel("simulated time (s)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colour) for colour in CATEGORY_COLOURS.values()]
+    handles = [Rectangle((0, 0), 1, 1, color=colour) for colour in CATEGORY_COLOURS.values()]
     # One legend for all panels, above them: it never covers the data.
     figure.legend(
         handles,
@@ -224,7 +221,7 @@ def _curves(
     metric,
     ylabel: str,
 ) -> Path:
-    figure, axis = plt.subplots(figsize=(10, 4.4))
+    figure, axis = subplots(figsize=(10, 4.4))
     curves = {
         variant: (frame["time_s"].to_numpy(), metric(frame).to_numpy())
         for variant, frame in series.items()
@@ -249,7 +246,7 @@ def _finish_axis(axis, empty: dict[str, str]) -> None:
 def _oom_preemptions(
     series: dict[str, pd.DataFrame], pools: dict[str, str], empty: dict[str, str], path: Path
 ) -> Path:
-    figure, axis = plt.subplots(figsize=(10, 4.4))
+    figure, axis = subplots(figsize=(10, 4.4))
     counters = {
         "admission_waits": "waited for KV memory",
         "preemptions": "preemptions",
@@ -280,7 +277,7 @@ def _latency_cdfs(
     requests: dict[str, pd.DataFrame], pools: dict[str, str], empty: dict[str, str], path: Path
 ) -> Path:
     # One x scale for both panels: TTFT is part of end-to-end latency, so they compare directly.
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharex=True, sharey=True)
+    figure, axes = subplots(1, 2, figsize=(11, 4.4), sharex=True, sharey=True)
     for axis, column, title in zip(
         axes, ("ttft_s", "e2e_s"), ("Time to first token", "End-to-end latency"), strict=True
     ):
@@ -305,7 +302,7 @@ def _latency_cdfs(
 def _replicas(results: RunResults, variants: list[str], path: Path) -> Path:
     """Cluster variants, one row each: every replica's KV usage over time (left); requests routed
     and prefix-cache hit rate per replica (right), the load imbalance the summary condenses."""
-    figure, axes = plt.subplots(
+    figure, axes = subplots(
         len(variants), 2, figsize=(12, 3.0 * len(variants) + 0.8), squeeze=False, width_ratios=[2, 1]
     )
     for (usage_axis, bar_axis), variant in zip(axes, variants, strict=True):
@@ -339,5 +336,4 @@ def _save(figure, path: Path, top: float | None = None) -> Path:
     if top is not None:
         figure.subplots_adjust(top=top)
     figure.savefig(path, dpi=110)
-    plt.close(figure)
     return path

@@ -11,13 +11,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from sim.planning.spec import is_numeric_axis  # noqa: E402
+from sim.outputs.canvas import subplots
+from sim.planning.spec import is_numeric_axis
 
 # Sweep metrics worth a line per policy: summary key -> axis label (with unit).
 SWEEP_METRICS = {
@@ -35,7 +32,6 @@ SWEEP_METRICS = {
 def png_bytes(figure: Any) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    plt.close(figure)
     return buffer.getvalue()
 
 
@@ -62,7 +58,7 @@ def sweep_axis_figure(table: pd.DataFrame, axis: str, other_axes: list[str]) -> 
     metrics = [metric for metric in SWEEP_METRICS if metric in table and table[metric].notna().any()]
     columns = 4
     rows = max(1, -(-len(metrics) // columns))
-    figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3 * rows), squeeze=False)
+    figure, axes = subplots(rows, columns, figsize=(4 * columns, 3 * rows), squeeze=False)
     varying = [key for key in other_axes if key in table and table[key].nunique() > 1]
     for ax, metric in zip(axes.flat, metrics, strict=False):
         means = table.groupby(["variant", axis])[metric].mean().reset_index()
@@ -128,7 +124,7 @@ def knee_figure(document: dict[str, Any], metric: str) -> Any:
     per model/GPU; the SLO as a dashed line; each candidate's maximum sustainable rate as a star."""
     candidates = [c for c in document["candidates"] if c["probes"]]
     groups = list(dict.fromkeys(_group_key(c) for c in candidates)) or ["(no probes)"]
-    figure, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 3.8), squeeze=False, sharey=True)
+    figure, axes = subplots(1, len(groups), figsize=(5.5 * len(groups), 3.8), squeeze=False, sharey=True)
     probes = {probe["number"]: probe for probe in document["probes"]}
     limit = next((slo["limit"] for slo in document["slos"].values() if slo["metric"] == metric), None)
     for ax, group in zip(axes[0], groups, strict=True):
@@ -175,7 +171,7 @@ def _knee_line(
 def memory_figure(document: dict[str, Any]) -> Any:
     """GPU memory at each candidate's maximum rate (steady-state time averages), recommended first."""
     rows = [c for c in document["candidates"] if c.get("at_max") and c.get("memory")]
-    figure, ax = plt.subplots(figsize=(9, 0.45 * max(len(rows), 1) + 1.4))
+    figure, ax = subplots(figsize=(9, 0.45 * max(len(rows), 1) + 1.4))
     for position, candidate in enumerate(rows):
         left = 0.0
         for key, label, color in MEMORY_PARTS:
@@ -222,7 +218,7 @@ def block_size_figure(document: dict[str, Any]) -> Any | None:
     rows = [c for c in document["candidates"] if c.get("max_rate_per_s") is not None]
     if len({c["block_size"] for c in rows}) < 2:
         return None
-    figure, (rate_ax, frag_ax) = plt.subplots(1, 2, figsize=(11, 3.8))
+    figure, (rate_ax, frag_ax) = subplots(1, 2, figsize=(11, 3.8))
     series: dict[str, list[dict[str, Any]]] = {}
     for candidate in rows:
         label = candidate["key"].replace(f" / block {candidate['block_size']}", "")

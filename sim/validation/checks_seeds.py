@@ -15,12 +15,12 @@ from sim.costs.core import make_cost_model
 from sim.hardware.capacity import size_kv_pool
 from sim.hardware.gpus import resolve_gpu
 from sim.hardware.models import resolve_model
+from sim.outputs.canvas import subplots
 from sim.validation.claims import Claim, _Strict
 from sim.validation.registry import CheckOutput, Measured, RunContext, register_check
 from sim.validation.runs import (
     GB,
     GiB,
-    _pyplot,
     block_waste,
     describe_lengths,
     run_config,
@@ -111,8 +111,7 @@ def check_tail_waste(claim: Claim, context: RunContext) -> CheckOutput:
     for block in sizes:
         table[f"waste_block_{block}"] = [tail_waste(int(n), block)[0] for n in lengths]
     output.tables["tail_waste"] = table
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = subplots(figsize=(7, 3.5))
     for block in sizes:
         ax.plot(lengths, table[f"waste_block_{block}"] * 100, label=f"block {block}", lw=1)
         waste = tail_waste(params.seq_len, block)[0]
@@ -404,8 +403,7 @@ def check_system_prompt(claim: Claim, context: RunContext) -> CheckOutput:
         f"cache hit rate {base.prefix_cache_hit_rate:.1%}, mean batch {base.mean_running:.1f}, mean prompt "
         f"{base.mean_prompt:.0f} tokens. By system prompt length: {sweep}.",
     )
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    fig, ax = subplots(figsize=(6.5, 3.6))
     ax.plot(table.prefix_len, table.memory_saved_by_sharing_frac * 100, "o-", label="memory saved by sharing")
     ax.axhspan(30, 50, color="#74b816", alpha=0.15, label="claim: 30-50 %")
     ax.set_xscale("log", base=2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import textwrap
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
@@ -13,13 +14,13 @@ from pydantic import Field, model_validator
 from sim.config import ConfigError
 from sim.hardware.capacity import size_kv_pool
 from sim.hardware.models import resolve_model
+from sim.outputs.canvas import subplots
 from sim.runner import VariantResult
 from sim.validation.claims import Claim, Target, _Strict
 from sim.validation.registry import CheckOutput, Measured, RunContext, register_check
 from sim.validation.runs import (
     GB,
     GiB,
-    _pyplot,
     block_waste,
     contiguous_internal_split,
     describe_lengths,
@@ -444,10 +445,9 @@ def _fig2_closed_form_notes(
 def _fig2_figures(
     claim: Claim, context: RunContext, table: pd.DataFrame, params: Fig2Params, targets: dict[str, Target]
 ) -> list[str]:
-    plt = _pyplot()
     figures = []
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, ax = subplots(figsize=(7.5, 4.2))
+    colours = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (variant, label) in enumerate(params.variants.items()):
         rows = table[table.variant == variant]
         colour = colours[i % len(colours)]
@@ -466,7 +466,7 @@ def _fig2_figures(
     columns = ("token_states", "reservation", "internal", "others")
     colours_by_column = ("#2b8a3e", "#74b816", "#f08c00", "#adb5bd")
     panels = sorted({params.reference_rate, max(table.rate_per_s)})
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.4), squeeze=False)
+    fig, axes = subplots(1, len(panels), figsize=(5.5 * len(panels), 4.4), squeeze=False)
     for ax, rate in zip(axes[0], panels, strict=True):
         at_rate = table[table.rate_per_s == rate]
         labels, stacks = [], []
@@ -577,8 +577,7 @@ def check_block_size(claim: Claim, context: RunContext) -> CheckOutput:
         output.values[f"{case}/waste_ratio_{params.large_block}"] = Measured(
             waste_ratio, f"{case}: {summary}."
         )
-    plt = _pyplot()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8))
+    fig, (left, right) = subplots(1, 2, figsize=(9, 3.8))
     for case, label in params.workloads.items():
         rows_case = table[table.case == case]
         base = value(case, params.base_block, "saturated_running")
@@ -698,8 +697,7 @@ def check_fig15(claim: Claim, context: RunContext) -> CheckOutput:
 
 
 def _fig15_figure(claim, context, params, table, best_q, paper) -> str:
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    fig, axes = subplots(1, 2, figsize=(9, 3.6))
     widths = np.array(params.widths)
     for ax, kind, mode, title in (
         (axes[0], "sampling", "sampling (independent lengths)", "parallel sampling (n)"),

@@ -44,15 +44,12 @@ class RunContext:
     log: Callable[[str], None] = lambda message: None
 
     def save_figure(self, fig: Any, name: str) -> str:
-        """Write a matplotlib figure under figures/, close it, and return its path in the report."""
+        """Write a matplotlib figure under figures/ and return its path in the report."""
         relative = f"figures/{name}"
         path = self.out_dir / relative
         path.parent.mkdir(parents=True, exist_ok=True)
-        import matplotlib.pyplot as plt  # only when a check draws: the package imports without it
-
         fig.tight_layout()
         fig.savefig(path, dpi=110)
-        plt.close(fig)
         return relative
 
 

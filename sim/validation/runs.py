@@ -1,5 +1,5 @@
 """Helpers shared by the checks: running an experiment's variants, reducing their time series and
-request tables, byte units, and matplotlib.
+request tables and byte units.
 """
 
 from __future__ import annotations
@@ -169,17 +169,3 @@ def block_waste(means: dict[str, float]) -> float:
     """Share of allocated slots holding no token state (tail blocks: reserved + internal)."""
     allocated = means["used"] + means["reserved"] + means["internal_fragmentation"]
     return (means["reserved"] + means["internal_fragmentation"]) / allocated if allocated else float("nan")
-
-
-# --------------------------------------------------------------------------------------------------
-# Plot helpers
-# --------------------------------------------------------------------------------------------------
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt

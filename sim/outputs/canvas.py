@@ -1,0 +1,21 @@
+"""Figures drawn on :class:`matplotlib.figure.Figure` objects, never through pyplot.
+
+pyplot keeps a global list of figures and a process-wide backend; a library module that chose one
+(``matplotlib.use("Agg")``) switched a notebook kernel off its inline figures. A ``Figure`` made
+here needs no backend to be saved, and a notebook displays it as any other figure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from matplotlib.figure import Figure
+
+
+def subplots(
+    nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float] | None = None, **kwargs: Any
+) -> tuple[Figure, Any]:
+    """``(figure, axes)`` as ``pyplot.subplots`` returns them (``kwargs``: ``sharex``, ``squeeze``,
+    ``width_ratios``...), on a figure pyplot does not track."""
+    figure = Figure(figsize=figsize)
+    return figure, figure.subplots(nrows, ncols, **kwargs)
