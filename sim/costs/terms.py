@@ -164,8 +164,9 @@ Source: Vidur's NCCL all-reduce timings on an H100 DGX under CUDA graphs (micros
 ``data/profiling/network/h100_dgx/all_reduce.csv``, commit e26eb8f, medians of 3 runs): 7-10 us for
 messages up to 1 MiB on 2 GPUs; 31-34 us for 1-2 MiB on 8 GPUs, whose line through 1-5 MiB meets
 zero bytes at about 28 us. With the ring term over 450 GB/s the model is +10..+19 % against the 8-GPU
-medians at 1-5 MiB and 1.46-1.71x at 84-128 MiB (NVLS beats the ring there); README, "Tensor
-parallelism"."""
+medians at 1-5 MiB and 1.46-1.71x at 84-128 MiB (NVLS beats the ring there); docs/modelling.md,
+"Tensor parallelism". The derated model's serving calibration replaces the latency over NVLink
+(vLLM's custom all-reduce; sim/costs/serving.py)."""
 
 
 def all_reduce_latency_s(tensor_parallel_size: int, at_tp2_s: float = ALL_REDUCE_LATENCY_S) -> float:
