@@ -98,7 +98,7 @@ _RUNS: dict[str, Any] = {}  # measured runs read once per worker process
 
 def replay_figures(spec_path: str, parameters: dict[str, float | None]) -> RunErrors:
     """Replay the run of ``spec_path`` with the serving terms ``parameters`` (client term 0)."""
-    from sim.replay.compare import compare, headline_tpot, paired_frame, side
+    from sim.replay.compare import compare, paired_frame
     from sim.replay.simulate import prepare_replay, simulate
     from sim.replay.spec import load_replay_spec, read_run
 
@@ -117,17 +117,15 @@ def replay_figures(spec_path: str, parameters: dict[str, float | None]) -> RunEr
         prepared = prepare_replay(run, spec, folder / "simulation")
         simulated = simulate(prepared, folder / "simulation" / "results")
         paired = paired_frame(run, simulated.requests)
-    scope = compare(run, paired)[0]
-    measured, sim = (
-        side(paired.dropna(subset=["e2e_s_measured"]), label) for label in ("measured", "simulated")
-    )
-    figures = {}
-    for label, table in (("measured", measured), ("simulated", sim)):
-        figures[label] = {
-            "ttft_mean": scope.metrics["ttft_s"][label]["mean"],
-            "tpot": headline_tpot(table.dropna(subset=["e2e_s"]), run.tpot_definition),
-            "e2e_mean": scope.metrics["e2e_s"][label]["mean"],
+    metrics = compare(run, paired)[0].metrics
+    figures = {
+        label: {
+            "ttft_mean": metrics["ttft_s"][label]["mean"],
+            "tpot": metrics["tpot_s"][label]["headline"],
+            "e2e_mean": metrics["e2e_s"][label]["mean"],
         }
+        for label in ("measured", "simulated")
+    }
     return RunErrors(spec.name, run.anchor, figures["measured"], figures["simulated"])
 
 
@@ -251,7 +249,9 @@ def calibration_of(evaluation: Evaluation, source: str, fit_record: dict[str, An
 
 
 def default_jobs() -> int:
-    return max(1, min(len(os.sched_getaffinity(0)), 8))
+    # (sched_getaffinity: the CPUs this process may use, where the platform has it; macOS has not)
+    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(available, 8))
 
 
 # --------------------------------------------------------------------------------------------------
