@@ -21,8 +21,8 @@ from sim.config import ClusterConfig, ConfigError, validate_experiment
 from sim.engine.core import Engine, EngineKnobs
 from sim.outputs import columns
 from sim.outputs.metrics import BREAKDOWN_COLUMNS, cumulative_area_at, summary_key
-from sim.planning.steady import SteadyWindow
-from sim.planning.tasks import PointTask, run_point
+from sim.planning.plans.steady import SteadyWindow
+from sim.planning.sweeps.tasks import PointTask, run_point
 from sim.results import load_results
 from sim.runner import prepare_experiment, run_experiment
 from tests.engine_helpers import RoundCostModel, request

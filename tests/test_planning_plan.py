@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from sim.cli import main
-from sim.planning.plan import run_plan
-from sim.planning.plan_spec import load_plan_spec
+from sim.planning.plans.run import run_plan
+from sim.planning.plans.spec import load_plan_spec
 from sim.results import load_plan
 from tests.planning_helpers import plan_data, write_yaml
 

@@ -6,11 +6,11 @@ import pandas as pd
 import pytest
 
 from sim.outputs.metrics import KV_MEMORY, MAX_NUM_SEQS, TOKEN_BUDGET
-from sim.planning.analysis import _sizing, binding_limit, rank
-from sim.planning.plan import Probe, SeedRun
-from sim.planning.plan_spec import SearchSpec, SLOs
-from sim.planning.search import RateSearch, describe, nice_rate, violations
-from sim.planning.steady import SteadyWindow, steady_metrics, window_and_fill_deficit, window_bounds
+from sim.planning.plans.analysis import _sizing, binding_limit, rank
+from sim.planning.plans.run import Probe, SeedRun
+from sim.planning.plans.search import RateSearch, describe, nice_rate, violations
+from sim.planning.plans.spec import SearchSpec, SLOs
+from sim.planning.plans.steady import SteadyWindow, steady_metrics, window_and_fill_deficit, window_bounds
 
 
 def search_against(capacity: float, **spec) -> RateSearch:

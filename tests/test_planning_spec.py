@@ -6,9 +6,9 @@ import pytest
 
 from sim.cli import main
 from sim.config import ConfigError
-from sim.planning.plan_spec import load_plan_spec
+from sim.planning.plans.spec import load_plan_spec
 from sim.planning.schema import set_key_path
-from sim.planning.spec import RangeAxis, load_sweep_spec
+from sim.planning.sweeps.spec import RangeAxis, load_sweep_spec
 from tests.planning_helpers import TINY_EXPERIMENT, plan_data, sweep_file, write_yaml
 
 

@@ -1,4 +1,4 @@
-"""The planning store's atomic writes (sim/planning/store.py): a replaced folder or file appears whole
+"""The planning store's atomic writes (sim/planning/sweeps/store.py): a replaced folder or file appears whole
 or not at all, an interrupted replacement puts the old one back, and no path kvsim did not create in
 that call is ever removed, even one named like kvsim's own staging."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.planning.store import replace_dir_atomic, write_atomic
+from sim.planning.sweeps.store import replace_dir_atomic, write_atomic
 
 
 def listing(root: Path) -> dict[str, str]:

@@ -15,11 +15,11 @@ import pytest
 
 from sim.cli import main
 from sim.config import validate_experiment
-from sim.planning.driver import progress_enabled
-from sim.planning.executors import DaskExecutor, ExecutorError, LocalExecutor
-from sim.planning.spec import load_sweep_spec
-from sim.planning.sweep import run_sweep
-from sim.planning.tasks import PointOutcome, run_point
+from sim.planning.sweeps.driver import progress_enabled
+from sim.planning.sweeps.executors import DaskExecutor, ExecutorError, LocalExecutor
+from sim.planning.sweeps.run import run_sweep
+from sim.planning.sweeps.spec import load_sweep_spec
+from sim.planning.sweeps.tasks import PointOutcome, run_point
 from sim.results import load_sweep
 from sim.runner import run_experiment
 from sim.storage import OutputTargetError
@@ -125,7 +125,7 @@ def test_unreachable_dask_scheduler_is_a_clear_error(tmp_path, capsys):
     assert "cannot reach the Dask scheduler at tcp://127.0.0.1:9 within 1 s" in err
     assert not out.exists()
     with pytest.raises(ExecutorError, match="not both"):
-        from sim.planning.executors import make_executor
+        from sim.planning.sweeps.executors import make_executor
 
         make_executor(dask="tcp://127.0.0.1:9", dask_local=2)
 
@@ -237,7 +237,7 @@ def test_cli_sweep_prints_counts(tmp_path, capsys):
 
 
 def test_interrupted_cli_sweep_says_what_it_kept(tmp_path, capsys, monkeypatch):
-    import sim.planning.sweep as sweep_module
+    import sim.planning.sweeps.run as sweep_module
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

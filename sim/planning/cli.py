@@ -9,15 +9,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sim.planning.executors import DEFAULT_DASK_TIMEOUT_S, Executor, ExecutorError, make_executor
+from sim.planning.sweeps.executors import DEFAULT_DASK_TIMEOUT_S, Executor, ExecutorError, make_executor
 
 Result = TypeVar("Result")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from sim.planning.driver import describe_counts, progress_enabled
-    from sim.planning.spec import load_sweep_spec
-    from sim.planning.sweep import SWEEP_KIND, run_sweep
+    from sim.planning.sweeps.driver import describe_counts, progress_enabled
+    from sim.planning.sweeps.run import SWEEP_KIND, run_sweep
+    from sim.planning.sweeps.spec import load_sweep_spec
     from sim.storage import check_output_target
 
     sweep = load_sweep_spec(args.sweep, args.set)  # every point validated before anything runs
@@ -52,9 +52,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from sim.planning.driver import describe_counts, progress_enabled
-    from sim.planning.plan import PLAN_KIND, run_plan
-    from sim.planning.plan_spec import load_plan_spec
+    from sim.planning.plans.run import PLAN_KIND, run_plan
+    from sim.planning.plans.spec import load_plan_spec
+    from sim.planning.sweeps.driver import describe_counts, progress_enabled
     from sim.storage import check_output_target
 
     plan = load_plan_spec(args.plan)  # every candidate's probe configs validated before anything runs
@@ -91,7 +91,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def summary_lines(document: dict[str, Any]) -> str:
     """The recommendation table, as text for the terminal."""
-    from sim.planning.units import rate
+    from sim.planning.report.units import rate
 
     target = document["target_rate_per_s"]
     width = max([len(c["key"]) for c in document["candidates"]] + [9])

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 
 from policies.base import MemoryBreakdown
 from sim.outputs.metrics import ADMISSION_BLOCKERS, summary_key
-from sim.planning.plan_spec import Candidate, Plan
-from sim.planning.search import describe
-from sim.planning.units import seconds
+from sim.planning.plans.search import describe
+from sim.planning.plans.spec import Candidate, Plan
+from sim.planning.report.units import seconds
 
 if TYPE_CHECKING:
-    from sim.planning.plan import Probe
-    from sim.planning.search import RateSearch
+    from sim.planning.plans.run import Probe
+    from sim.planning.plans.search import RateSearch
 
 # Steady-state metrics reported at a candidate's maximum rate (mean and spread over seeds).
 AT_MAX_METRICS = (
@@ -129,7 +129,7 @@ def candidate_results(
     checks: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Each candidate's answer; ``checks``: the cluster checks of single-engine candidates
-    (``sim/planning/cluster_check.py``), which replace the divided GPU count."""
+    (``sim/planning/plans/cluster_check.py``), which replace the divided GPU count."""
     checks = checks or {}
     results = [
         _result(plan, c, searches.get(c.key), [p for p in probes if p.candidate == c.key], checks.get(c.key))

@@ -210,7 +210,7 @@ class Sweep:
 def load_sweep_spec(path: str | Path, overrides: list[str] | None = None) -> Sweep:
     """Read a sweep file, expand its axes and validate every point (and preflight it: hardware, pool,
     policy options, cost model, workload files) before anything runs."""
-    from sim.planning.preflight import preflight
+    from sim.planning.sweeps.preflight import preflight
 
     path = Path(path)
     spec: SweepSpec = validate_file(SweepSpec, read_yaml_mapping(path, "sweep"), path, "sweep file")

@@ -8,7 +8,7 @@ least one mean residence time (mean end-to-end latency: by Little's law the syst
 long to fill), capped at half the window; when the cap cuts it short (``fill_deficit_s`` > 0) the probe
 is too short for its rate and the search does not count it as sustainable. The window
 is also cut in two halves; a queue that keeps growing shows up as a late half worse than the whole
-(see ``sim.planning.search``).
+(see ``sim.planning.plans.search``).
 """
 
 from __future__ import annotations

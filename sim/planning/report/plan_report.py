@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from sim.native import engine_build
-from sim.planning.analysis import AT_MAX_METRICS, LIMIT_LABELS, probe_metrics, ranking_rule
-from sim.planning.document import (
+from sim.planning.plans.analysis import AT_MAX_METRICS, LIMIT_LABELS, probe_metrics, ranking_rule
+from sim.planning.plans.search import describe
+from sim.planning.plans.spec import SLO_METRICS, Plan
+from sim.planning.report.document import (
     Block,
     Bullets,
     Code,
@@ -25,14 +27,12 @@ from sim.planning.document import (
     to_html,
     to_markdown,
 )
-from sim.planning.plan_spec import SLO_METRICS, Plan
-from sim.planning.search import describe
-from sim.planning.units import metric_label, metric_value, rate, seconds, share
+from sim.planning.report.units import metric_label, metric_value, rate, seconds, share
 from sim.storage.folders import kvsim_version
 
 if TYPE_CHECKING:
-    from sim.planning.driver import RunCounts
-    from sim.planning.plan import Probe
+    from sim.planning.plans.run import Probe
+    from sim.planning.sweeps.driver import RunCounts
 
 NOT_MODELLED = [
     "replicas of a candidate without `candidates.cluster` (and without `search.cluster_check`): the target rate "
@@ -167,7 +167,7 @@ def point_link(point_id: str, text: str | None = None) -> Link:
 # --------------------------------------------------------------------------------------- report
 def write_report(root: Path, document: dict[str, Any]) -> None:
     """``report.md`` (figures in ``figures/``) and ``report.html`` (figures embedded)."""
-    from sim.planning.store import replace_dir_atomic, write_atomic
+    from sim.planning.sweeps.store import replace_dir_atomic, write_atomic
 
     blocks = report_blocks(document)
     figures = [block for block in blocks if isinstance(block, Figure)]
@@ -312,7 +312,7 @@ def _cost_text(c: dict[str, Any]) -> str:
 
 
 def evidence_blocks(document: dict[str, Any]) -> list[Block]:
-    from sim.planning.figures import (
+    from sim.planning.report.figures import (
         block_size_figure,
         knee_figure,
         knee_metrics,

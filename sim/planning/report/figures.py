@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from sim.outputs.canvas import subplots
-from sim.planning.spec import is_numeric_axis
+from sim.planning.sweeps.spec import is_numeric_axis
 
 # Sweep metrics worth a line per policy: summary key -> axis label (with unit).
 SWEEP_METRICS = {

@@ -18,7 +18,7 @@ from typing import Any
 
 from sim.config import validate_experiment
 from sim.outputs.sinks import read_requests, read_thinned
-from sim.planning.steady import SteadyWindow, steady_metrics
+from sim.planning.plans.steady import SteadyWindow, steady_metrics
 
 STEADY_FILE = "steady.json"
 

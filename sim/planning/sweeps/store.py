@@ -27,7 +27,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.planning.tasks import PointOutcome, read_variant_summary
+from sim.planning.sweeps.tasks import PointOutcome, read_variant_summary
 from sim.results import SWEEP_TABLE
 from sim.storage.folders import (
     check_output_target,

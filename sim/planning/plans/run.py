@@ -16,15 +16,15 @@ from typing import Any
 
 import pandas as pd
 
-from sim.planning.analysis import candidate_results
-from sim.planning.cluster_check import run_cluster_checks
-from sim.planning.driver import PointRecord, RunCounts, make_bar, run_points
-from sim.planning.executors import Executor, InlineExecutor
-from sim.planning.plan_spec import Candidate, Plan
-from sim.planning.search import RateSearch, Violation, describe, violations
-from sim.planning.store import FAILED, PointStore, write_atomic
-from sim.planning.sweep import flatten_summary
-from sim.planning.tasks import PointOutcome, PointTask, run_point
+from sim.planning.plans.analysis import candidate_results
+from sim.planning.plans.cluster_check import run_cluster_checks
+from sim.planning.plans.search import RateSearch, Violation, describe, violations
+from sim.planning.plans.spec import Candidate, Plan
+from sim.planning.sweeps.driver import PointRecord, RunCounts, make_bar, run_points
+from sim.planning.sweeps.executors import Executor, InlineExecutor
+from sim.planning.sweeps.run import flatten_summary
+from sim.planning.sweeps.store import FAILED, PointStore, write_atomic
+from sim.planning.sweeps.tasks import PointOutcome, PointTask, run_point
 from sim.results import PLAN_FILE
 
 PLAN_KIND = "plan"
@@ -112,7 +112,7 @@ def run_plan(
     finally:
         bar.close()
     results = candidate_results(plan, searches, probes, checks)
-    from sim.planning.report import plan_document, write_report
+    from sim.planning.report.plan_report import plan_document, write_report
 
     document = plan_document(plan, results, probes, counts, wall_s() if wall_s else None)
     write_atomic(store.root / PLAN_FILE, lambda path: path.write_text(json.dumps(document, indent=2)))

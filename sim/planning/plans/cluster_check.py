@@ -14,12 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sim.planning.driver import RunCounts, run_points
-from sim.planning.executors import Executor
-from sim.planning.plan_spec import Candidate, Plan
-from sim.planning.search import describe, violations
-from sim.planning.store import FAILED, PointStore
-from sim.planning.tasks import PointOutcome, PointTask, run_point
+from sim.planning.plans.search import describe, violations
+from sim.planning.plans.spec import Candidate, Plan
+from sim.planning.sweeps.driver import RunCounts, run_points
+from sim.planning.sweeps.executors import Executor
+from sim.planning.sweeps.store import FAILED, PointStore
+from sim.planning.sweeps.tasks import PointOutcome, PointTask, run_point
 
 
 @dataclass

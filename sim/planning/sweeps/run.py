@@ -10,11 +10,11 @@ from typing import Any
 
 import pandas as pd
 
-from sim.planning.driver import PointRecord, RunCounts, make_bar, run_points
-from sim.planning.executors import Executor, InlineExecutor
-from sim.planning.spec import Point, Sweep, shown
-from sim.planning.store import PointStore, replace_dir_atomic
-from sim.planning.tasks import PointOutcome, PointTask, run_point
+from sim.planning.sweeps.driver import PointRecord, RunCounts, make_bar, run_points
+from sim.planning.sweeps.executors import Executor, InlineExecutor
+from sim.planning.sweeps.spec import Point, Sweep, shown
+from sim.planning.sweeps.store import PointStore, replace_dir_atomic
+from sim.planning.sweeps.tasks import PointOutcome, PointTask, run_point
 
 SWEEP_KIND = "sweep"
 
@@ -64,7 +64,7 @@ def run_sweep(
     store.write_table(table)
     _write_manifest(store.root, sweep, counts)
     if figures:
-        from sim.planning.figures import sweep_figures
+        from sim.planning.report.figures import sweep_figures
 
         replace_dir_atomic(
             store.root / "figures", lambda folder: sweep_figures(table, sweep.axis_keys, folder)
@@ -110,7 +110,7 @@ def _uniform_column(column: pd.Series) -> pd.Series:
 
 
 def _write_manifest(root: Path, sweep: Sweep, counts: RunCounts) -> None:
-    from sim.planning.store import write_atomic
+    from sim.planning.sweeps.store import write_atomic
     from sim.storage.folders import kvsim_version
 
     manifest = {

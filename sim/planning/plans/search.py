@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.planning.plan_spec import ALWAYS_CHECKED, SLO_METRICS, SearchSpec, SLOs
-from sim.planning.units import seconds, share
+from sim.planning.plans.spec import ALWAYS_CHECKED, SLO_METRICS, SearchSpec, SLOs
+from sim.planning.report.units import seconds, share
 
 LATE_PREFIX = "late_"  # steady-state metrics of the window's second half
 

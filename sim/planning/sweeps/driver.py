@@ -13,9 +13,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from sim.planning.executors import Executor
-from sim.planning.store import FAILED, OK, PointStore
-from sim.planning.tasks import PointOutcome, PointTask, run_point
+from sim.planning.sweeps.executors import Executor
+from sim.planning.sweeps.store import FAILED, OK, PointStore
+from sim.planning.sweeps.tasks import PointOutcome, PointTask, run_point
 
 
 @dataclass(frozen=True)
