@@ -219,6 +219,9 @@ class KVCachePolicy:
     be filled) from internal fragmentation (slots that never will)."""
 
     name: ClassVar[str] = ""
+    # False for a policy with no blocks (a linear address space): block_size changes nothing it does,
+    # so a plan does not cross it with block sizes.
+    uses_blocks: ClassVar[bool] = True
     host_tier: HostTier | None = None
     """The host-memory tier of evicted cached blocks, once :meth:`enable_host_tier` made one."""
 

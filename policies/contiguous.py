@@ -81,6 +81,7 @@ class ContiguousPolicy(KVCachePolicy):
     """One contiguous region per sequence; see the module docstring."""
 
     OPTION_VALUES: ClassVar = {"reservation": RESERVATIONS, "placement": PLACEMENTS}  # for `kvsim policies`
+    uses_blocks: ClassVar[bool] = False
 
     @classmethod
     def pool_slots_from_memory(cls, memory_slots: int, block_size: int, options: Mapping[str, object]) -> int:

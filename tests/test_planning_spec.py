@@ -139,6 +139,15 @@ def test_set_key_path_into_lists_and_errors():
         set_key_path(data, "variants.3.policy", "paged")
 
 
+def engine_pool_tokens(model: str, gpu: str, **engine: object) -> int:
+    from sim.config import EngineConfig
+    from sim.hardware.gpus import resolve_gpu
+    from sim.hardware.models import resolve_model
+    from sim.runner import engine_pool
+
+    return engine_pool(resolve_model(model), resolve_gpu(gpu), EngineConfig.model_validate(engine)).kv_pool_tokens
+
+
 def test_plan_expands_candidates_and_marks_models_that_do_not_fit(tmp_path):
     data = plan_data(
         gpus=[{"gpu": "A100-80GB", "price_per_hour": 2.0}, "T4-16GB"],
@@ -155,8 +164,18 @@ def test_plan_expands_candidates_and_marks_models_that_do_not_fit(tmp_path):
     assert plan.candidates[0].price_per_hour == 2.0 and not plan.candidates[0].infeasible
     assert "Llama-3.1-8B on T4-16GB does not fit" in plan.candidates[2].infeasible
     config = plan.probe_config(plan.candidates[1], 3.5, seed=2)
-    assert (config.engine.block_size, config.seed, config.workload.num_requests) == (32, 2, 120)
+    assert (config.engine.block_size, config.seed) == (32, 2)
     assert config.workload.arrival.rate_per_s == 3.5
+    # The first probe spans 3 KV-pool fills: 3 x pool tokens / KV tokens per request, where a request
+    # holds a uniform 64..256 prompt and 32..128 output, 240 tokens on average (drawn: within 2 %).
+    pool = plan.candidates[1].kv_pool_tokens
+    assert pool == engine_pool_tokens("Llama-3.1-8B", "A100-80GB", block_size=32, max_model_len=1024)
+    assert config.workload.num_requests == pytest.approx(3 * pool / 240, rel=0.02)
+    assert config.workload.num_requests > 120  # min_requests is only the floor
+    unsized = load_plan_spec(
+        write_yaml(tmp_path / "unsized.yaml", data | {"search": data["search"] | {"min_fill_multiple": 0}})
+    )
+    assert unsized.probe_config(unsized.candidates[1], 3.5, seed=2).workload.num_requests == 120
 
 
 @pytest.mark.parametrize(

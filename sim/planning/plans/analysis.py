@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from policies.base import MemoryBreakdown
 from sim.outputs.metrics import ADMISSION_BLOCKERS, summary_key
-from sim.planning.plans.search import describe
+from sim.planning.plans.search import STEADY_STATE, describe
 from sim.planning.plans.spec import Candidate, Plan
 from sim.planning.report.units import seconds
 
@@ -26,9 +26,14 @@ if TYPE_CHECKING:
 AT_MAX_METRICS = (
     "ttft_p50_s",
     "ttft_p99_s",
+    "ttft_mean_s",
     "tpot_p50_s",
     "tpot_p99_s",
+    "tpot_mean_s",
     "e2e_p99_s",
+    "e2e_mean_s",
+    "normalized_latency_mean_s",
+    "attainment_frac",
     "output_tokens_per_s",
     "output_tokens_per_request",
     "queue_growth_frac",
@@ -38,6 +43,10 @@ AT_MAX_METRICS = (
     "preemptions_per_request",
     "rejected_frac",
     "mean_kv_cache_usage_frac",
+    "fill_multiple",
+    "kv_usage_rise",
+    "running_rise_frac",
+    "tokens_per_request",
     *(summary_key(category) for category in MemoryBreakdown.CATEGORIES),  # mean_used_frac, ...
     *(f"blocked_by_{name}_frac" for name in ADMISSION_BLOCKERS[1:]),
 )
@@ -81,13 +90,12 @@ def binding_limit(failing: Probe | None) -> dict[str, Any]:
         return _limit(
             "compute", "per-token latency broke its SLO: the batch's decode iterations are too slow", evidence
         )
-    if broken == {"max_fill_deficit_s"}:
-        deficit = spread([run.steady.get("fill_deficit_s") for run in failing.runs])["max"] or 0.0
+    if broken == {STEADY_STATE}:
         return _limit(
             "probe_length",
-            f"the probe's requests all arrived within the time the system takes to fill (the window opened "
-            f"{seconds(deficit)} early): it measured the ramp-up, not this rate's steady state, so the "
-            "maximum rate is a lower bound; raise search.min_requests or search.min_duration_s",
+            "the probe reached no steady state within search.max_requests requests (the KV pool or the "
+            "batch still filling), so this rate was not shown sustainable and the maximum rate is a lower "
+            "bound; raise search.max_requests",
             evidence,
         )
     if broken == {"max_rejected_frac"}:
@@ -98,8 +106,9 @@ def binding_limit(failing: Probe | None) -> dict[str, Any]:
         return _limit(
             "kv_memory", "preemptions broke their SLO: running requests outgrow the KV cache", evidence
         )
-    queue = spread([run.steady.get("queue_p99_s") for run in failing.runs])["mean"] or 0.0
-    ttft = spread([run.steady.get("ttft_p99_s") for run in failing.runs])["mean"] or 0.0
+    # The seed that broke the SLOs is the evidence, not a mean with one that met them.
+    queue = spread([run.steady.get("queue_p99_s") for run in failing.runs])["max"] or 0.0
+    ttft = spread([run.steady.get("ttft_p99_s") for run in failing.runs])["max"] or 0.0
     evidence |= {"queue_p99_s": queue, "ttft_p99_s": ttft}
     top = max(blocked, key=lambda name: blocked[name])
     queued = "max_queue_growth_frac" in broken or (ttft > 0 and queue >= QUEUEING_SHARE * ttft)
@@ -146,6 +155,7 @@ def _identity(candidate: Candidate) -> dict[str, Any]:
         "gpu": candidate.gpu,
         "policy": candidate.policy,
         "block_size": candidate.block_size,
+        "uses_blocks": candidate.uses_blocks,
         "knobs": candidate.knobs,
         "price_per_hour": candidate.price_per_hour,
         "tensor_parallel_size": candidate.tensor_parallel_size,
@@ -168,15 +178,16 @@ def _result(
     errored = next((p for p in probes if p.error), None)
     if errored is not None:
         return result | {"status": "error", "reason": errored.error}
-    passing = next((p for p in probes if p.rate == search.lo), None)
-    failing = next((p for p in probes if p.rate == search.hi), None)
+    judged = [p for p in probes if not p.extended]  # a probe run again longer was not judged
+    passing = next((p for p in judged if p.rate == search.lo), None)
+    failing = next((p for p in judged if p.rate == search.hi), None)
     result |= {"binding": binding_limit(failing), "provenance": _provenance(passing or failing)}
     if failing is not None:
         result["fail_rate_per_s"] = failing.rate
         result["fail_probe"] = failing.number
         result["fail_reasons"] = describe([v for run in failing.runs for v in run.violations])
     if passing is None:
-        lowest = min(probes, key=lambda p: p.rate)
+        lowest = min(judged, key=lambda p: p.rate)
         reasons = "; ".join(describe([v for run in lowest.runs for v in run.violations]))
         why = f"no rate down to {lowest.rate:g} req/s meets the SLOs (there: {reasons})"
         return result | {"status": "infeasible", "reason": why}

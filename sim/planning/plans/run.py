@@ -2,8 +2,9 @@
 
 The searches run in lockstep rounds: each round takes the next rate of every unfinished search,
 runs all of them with every seed as one batch of points (so a local pool or a Dask cluster is kept
-busy), judges them, and moves each search on. Probes are points of a point store, so a plan resumes
-like a sweep; the driver keeps only summaries.
+busy), judges them, and moves each search on. A probe that met the SLOs without reaching a steady
+state is not judged: the next round runs the same rate with twice the requests. Probes are points of
+a point store, so a plan resumes like a sweep; the driver keeps only summaries.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ import pandas as pd
 
 from sim.planning.plans.analysis import candidate_results
 from sim.planning.plans.cluster_check import run_cluster_checks
-from sim.planning.plans.search import RateSearch, Violation, describe, violations
+from sim.planning.plans.search import (
+    STEADY_STATE,
+    RateSearch,
+    Violation,
+    describe,
+    unsteady_reasons,
+    violations,
+)
 from sim.planning.plans.spec import Candidate, Plan
 from sim.planning.sweeps.driver import PointRecord, RunCounts, make_bar, run_points
 from sim.planning.sweeps.executors import Executor, InlineExecutor
@@ -37,6 +45,7 @@ class SeedRun:
     summary: dict[str, Any]  # the run summary, without the steady-state metrics
     steady: dict[str, Any]
     violations: list[Violation]
+    unsteady: list[str] = field(default_factory=list)  # why it has not reached a steady state
 
 
 @dataclass
@@ -46,12 +55,20 @@ class Probe:
     number: int  # order in which the plan ran it (the report's anchor)
     candidate: str
     rate: float
+    requests: int = 0  # per seed
     runs: list[SeedRun] = field(default_factory=list)
     error: str = ""  # a seed's run failed: the candidate's search stops
+    extended: bool = False  # met the SLOs short of a steady state: run again longer, not judged
 
     @property
     def passed(self) -> bool:
-        return not self.error and all(not run.violations for run in self.runs)
+        return not self.error and all(not run.violations and not run.unsteady for run in self.runs)
+
+    @property
+    def needs_longer(self) -> bool:
+        """Every seed meets the SLOs, but some seed has not reached a steady state."""
+        runs = self.runs
+        return not self.error and all(not r.violations for r in runs) and any(r.unsteady for r in runs)
 
     @property
     def point_ids(self) -> list[str]:
@@ -80,22 +97,19 @@ def run_plan(
     store.clean_stale()
     executor = executor or InlineExecutor()
     searches = {c.key: RateSearch(plan.spec.search) for c in plan.candidates if not c.infeasible}
+    longer: dict[str, tuple[float, int]] = {}  # candidate -> the rate to run again, and its requests
     probes: list[Probe] = []
     counts = RunCounts()
     bar = make_bar(plan.spec.name, progress)
     rounds = 0
     try:
-        while wanted := _next_probes(plan.candidates, searches):
+        while wanted := _next_probes(plan, searches, longer):
             round_probes, round_counts = _run_round(
                 plan, store, executor, wanted, len(probes), retry_failed, bar, fn
             )
             counts.add(round_counts)
             for probe in round_probes:
-                search = searches[probe.candidate]
-                if probe.error:
-                    search.stop(f"a probe at {probe.rate:g} req/s failed to run: {probe.error}")
-                else:
-                    search.record(probe.rate, probe.passed)
+                _judge(probe, searches[probe.candidate], longer, plan.spec.search.max_requests)
             probes += round_probes
             rounds += 1
             log(
@@ -121,15 +135,35 @@ def run_plan(
     return PlanRun(store.root, document, counts)
 
 
+def _judge(probe: Probe, search: RateSearch, longer: dict[str, tuple[float, int]], max_requests: int) -> None:
+    """Move the candidate's search on with the probe's verdict, or ask for the same rate, longer."""
+    if probe.error:
+        search.stop(f"a probe at {probe.rate:g} req/s failed to run: {probe.error}")
+        return
+    if probe.needs_longer and probe.requests < max_requests:
+        probe.extended = True
+        longer[probe.candidate] = (probe.rate, min(max_requests, 2 * probe.requests))
+        return
+    if probe.needs_longer:  # at the longest probe allowed and still not steady: not sustainable
+        for run in probe.runs:
+            if run.unsteady:
+                why = f"no steady state after {probe.requests:,} requests: {'; '.join(run.unsteady)}"
+                run.violations.append(Violation(STEADY_STATE, why, None, float(max_requests), "window"))
+    search.record(probe.rate, probe.passed)
+
+
 def _next_probes(
-    candidates: list[Candidate], searches: dict[str, RateSearch]
-) -> list[tuple[Candidate, float]]:
+    plan: Plan, searches: dict[str, RateSearch], longer: dict[str, tuple[float, int]]
+) -> list[tuple[Candidate, float, int]]:
     wanted = []
-    for candidate in candidates:
+    for candidate in plan.candidates:
+        if candidate.key in longer:
+            wanted.append((candidate, *longer.pop(candidate.key)))
+            continue
         search = searches.get(candidate.key)
-        rate = search.next_rate() if search else None
-        if rate is not None:
-            wanted.append((candidate, rate))
+        next_rate = search.next_rate() if search else None
+        if next_rate is not None:
+            wanted.append((candidate, next_rate, plan.first_requests(candidate, next_rate)))
     return wanted
 
 
@@ -137,22 +171,26 @@ def _run_round(
     plan: Plan,
     store: PointStore,
     executor: Executor,
-    wanted: list[tuple[Candidate, float]],
+    wanted: list[tuple[Candidate, float, int]],
     first_number: int,
     retry_failed: bool,
     bar: Any,
     fn: Callable[[PointTask], PointOutcome],
 ) -> tuple[list[Probe], RunCounts]:
     seeds = plan.spec.search.seeds
-    tasks = {(c.key, rate, seed): plan.probe_task(c, rate, seed) for c, rate in wanted for seed in seeds}
+    tasks = {
+        (c.key, seed): plan.probe_task(c, rate, seed, requests)
+        for c, rate, requests in wanted
+        for seed in seeds
+    }
     records, counts = run_points(
         store, list(tasks.values()), executor, retry_failed=retry_failed, bar=bar, fn=fn
     )
     probes = []
-    for offset, (candidate, rate) in enumerate(wanted):
-        probe = Probe(first_number + offset, candidate.key, rate)
+    for offset, (candidate, rate, requests) in enumerate(wanted):
+        probe = Probe(first_number + offset, candidate.key, rate, requests)
         for seed in seeds:
-            record = records[tasks[(candidate.key, rate, seed)].point_id]
+            record = records[tasks[(candidate.key, seed)].point_id]
             _add_seed_run(probe, seed, record, plan)
         probes.append(probe)
     return probes, counts
@@ -164,7 +202,9 @@ def _add_seed_run(probe: Probe, seed: int, record: PointRecord, plan: Plan) -> N
         return
     summary = dict(record.summaries[0])
     steady = summary.pop("steady", {})
-    probe.runs.append(SeedRun(seed, record.point_id, summary, steady, violations(steady, plan.spec.slos)))
+    broken = violations(steady, plan.spec.slos)
+    unsteady = unsteady_reasons(steady, plan.spec.search)
+    probe.runs.append(SeedRun(seed, record.point_id, summary, steady, broken, unsteady))
 
 
 def probe_table(probes: list[Probe]) -> pd.DataFrame:
@@ -179,8 +219,11 @@ def probe_table(probes: list[Probe]) -> pd.DataFrame:
                 "seed": run.seed,
                 "point_id": run.point_id,
                 "status": "ok",
-                "passed": not run.violations,
+                "requests": probe.requests,
+                "passed": not run.violations and not run.unsteady,
                 "violations": "; ".join(describe(run.violations)),
+                "not_steady": "; ".join(run.unsteady),
+                "run_again_longer": probe.extended,
             }
             rows.append(head | flatten_summary(run.summary | {"steady": run.steady}))
     return pd.DataFrame(rows)

@@ -1,9 +1,17 @@
 """The search for a candidate's maximum sustainable rate, and the verdict of one probe.
 
-A rate is **sustainable** when every seed's run meets every SLO on its steady-state window, on the
-window's late half as well for latencies (a queue still building up would pass on the whole window
-and fail later), its waiting queue does not keep growing (``max_queue_growth_frac``), and the probe
-lasted long enough for the system to fill before its window opened (``max_fill_deficit_s``).
+A rate is **sustainable** when every seed's run reached a steady state and meets every SLO on its
+steady-state window, on the window's late half as well for latencies (a queue still building up
+would pass on the whole window and fail later), and its waiting queue does not keep growing
+(``max_queue_growth_frac``).
+
+A run has reached a steady state (:func:`unsteady_reasons` is empty) when its arrivals spanned
+``min_fill_multiple`` times the time they take to fill the KV pool, the window opened after the
+system filled, and KV usage, the running batch and the waiting queue did not rise from the window's
+first segment to its last.
+A probe that meets every SLO but has not reached one is run again with twice the requests (up to
+``max_requests``, where it fails); a probe that breaks an SLO fails at once (a longer run of an
+overloaded system only gets worse).
 
 The search brackets then bisects: from the start rate it multiplies by ``growth`` while probes pass
 (or divides while they fail) until one passes and one fails, then probes the midpoint until the
@@ -17,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.planning.plans.spec import ALWAYS_CHECKED, SLO_METRICS, SearchSpec, SLOs
-from sim.planning.report.units import seconds, share
+from sim.planning.plans.spec import SLO_METRICS, SearchSpec, SLOs
+from sim.planning.report.units import bound, seconds
 
 LATE_PREFIX = "late_"  # steady-state metrics of the window's second half
 
@@ -39,43 +47,79 @@ def describe(violations: list[Violation]) -> list[str]:
         groups.setdefault((violation.slo, violation.where), []).append(violation)
     lines = []
     for (slo, where), members in groups.items():
-        _, unit, label = SLO_METRICS[slo]
+        if slo == STEADY_STATE:
+            lines.append(members[0].metric)
+            continue
+        metric = SLO_METRICS[slo]
         values = sorted(v.value for v in members if v.value is not None)
-        shown = "none finished" if not values else _range(values, unit)
+        shown = "none finished" if not values else _range(values, metric.unit)
         late = " (late half of the window)" if where == "late half" else ""
-        lines.append(f"{label} {shown} > {_format(members[0].limit, unit)}{late}")
+        sign = "<" if metric.at_least else ">"
+        lines.append(f"{metric.label} {shown} {sign} {bound(members[0].limit, metric.unit)}{late}")
     return lines
 
 
 def _range(values: list[float], unit: str) -> str:
-    low, high = _format(values[0], unit), _format(values[-1], unit)
+    low, high = bound(values[0], unit), bound(values[-1], unit)
     return low if low == high else f"{low}–{high}"
-
-
-def _format(value: float, unit: str) -> str:
-    if unit == "s":
-        return seconds(value)
-    if unit == "share":
-        return share(value)
-    return f"{value:.3g} {unit}"
 
 
 def violations(steady: dict[str, Any], slos: SLOs) -> list[Violation]:
     """The SLOs one seed's steady-state metrics break (empty: it meets them all)."""
     found = []
     for name, limit in slos.limits().items():
-        metric = SLO_METRICS[name][0]
-        checks = [(metric, "window")]
-        if metric.endswith("_s") and name not in ALWAYS_CHECKED:  # latencies: the late half too
-            checks.append((LATE_PREFIX + metric, "late half"))
+        metric = SLO_METRICS[name]
+        checks = [(metric.metric, "window")]
+        if metric.late_half:
+            checks.append((LATE_PREFIX + metric.metric, "late half"))
         for key, where in checks:
             value = steady.get(key)
-            if value is None and name == "max_fill_deficit_s":
-                continue  # a point measured before kvsim checked it: unknown, not broken
-            if value is None or value > limit:
+            broken = value is None or (value < limit if metric.at_least else value > limit)
+            if broken:
                 found.append(Violation(name, key, value, limit, where))
                 break
     return found
+
+
+STEADY_STATE = "steady_state"
+MIN_WAITING_RISE = 2.0  # requests: a queue that grew by less is noise at any window length  # the pseudo-SLO of a probe that never reached a steady state
+
+
+def unsteady_reasons(steady: dict[str, Any], spec: SearchSpec) -> list[str]:
+    """Why one seed's run has not (yet) reached a steady state; empty when it has. A run measured
+    before kvsim checked a quantity (the metric is missing) is not held back by it."""
+    reasons = []
+    multiple = steady.get("fill_multiple")
+    if multiple is not None and multiple < spec.min_fill_multiple:
+        reasons.append(
+            f"arrivals spanned {multiple:.2f} KV-pool fill times (< {spec.min_fill_multiple:g}; one fill "
+            f"{seconds(steady['pool_fill_s'])})"
+        )
+    deficit = steady.get("fill_deficit_s")
+    if deficit is not None and deficit > spec.max_fill_deficit_s:
+        reasons.append(f"the window opened {seconds(deficit)} before the system filled")
+    kv_rise = steady.get("kv_usage_rise")
+    if kv_rise is not None and kv_rise > spec.max_kv_usage_rise:
+        reasons.append(
+            f"KV usage rose {kv_rise:.1%} of the pool across the window (> {spec.max_kv_usage_rise:.0%})"
+        )
+    running_rise = steady.get("running_rise_frac")
+    if running_rise is not None and running_rise > spec.max_running_rise_frac:
+        reasons.append(
+            f"the running batch grew {running_rise:.0%} across the window (> {spec.max_running_rise_frac:.0%})"
+        )
+    waiting_rise, waiting_frac = steady.get("waiting_rise"), steady.get("waiting_rise_frac")
+    if (
+        waiting_rise is not None
+        and waiting_frac is not None
+        and waiting_rise > MIN_WAITING_RISE
+        and waiting_frac > spec.max_waiting_rise_frac
+    ):
+        reasons.append(
+            f"the waiting queue grew by {waiting_rise:.1f} requests across the window ({waiting_frac:.1%} of its "
+            f"arrivals, > {spec.max_waiting_rise_frac:.0%})"
+        )
+    return reasons
 
 
 def nice_rate(value: float, low: float, high: float) -> float:

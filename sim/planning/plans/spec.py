@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -100,18 +100,42 @@ class CandidateGrid(Strict):
         return self
 
 
+class Goodput(Strict):
+    """DistServe's goodput SLO: the share of requests that meet both their own TTFT and TPOT targets
+    (SLO attainment) must be at least ``min_attainment``. A request that did not finish in the window
+    (rejected, failed, still running) misses."""
+
+    ttft_s: PositiveFloat | None = Field(None, description="Each request's TTFT target.")
+    tpot_s: PositiveFloat | None = Field(None, description="Each request's TPOT target.")
+    min_attainment: float = Field(0.9, gt=0, le=1, description="Share of requests meeting their targets.")
+
+    @model_validator(mode="after")
+    def _a_target(self) -> Goodput:
+        if self.ttft_s is None and self.tpot_s is None:
+            raise ValueError("goodput: give ttft_s, tpot_s or both")
+        return self
+
+
 class SLOs(Strict):
-    """Service-level objectives a rate must meet, on the steady-state window of every seed (upper
-    bounds). ``max_queue_growth_frac`` is always checked: without it a plan with only a TPOT SLO
-    would call any rate sustainable while the queue grows without end. So is ``max_fill_deficit_s``:
-    a probe whose requests all arrive before the system has filled measures the ramp-up, which meets
-    latency SLOs that the same rate breaks once the batch is full."""
+    """Service-level objectives a rate must meet, on the steady-state window of every seed.
+    ``max_queue_growth_frac`` is always checked: without it a plan with only a TPOT SLO would call
+    any rate sustainable while the queue grows without end. (Whether a probe reached a steady state
+    at all is the search's business, not an SLO: see ``search.min_fill_multiple``.)"""
 
     ttft_p99_s: PositiveFloat | None = None
     ttft_p50_s: PositiveFloat | None = None
+    ttft_mean_s: PositiveFloat | None = None
     tpot_p50_s: PositiveFloat | None = None
     tpot_p99_s: PositiveFloat | None = None
+    tpot_mean_s: PositiveFloat | None = None
     e2e_p99_s: PositiveFloat | None = None
+    e2e_mean_s: PositiveFloat | None = None
+    normalized_latency_mean_s: PositiveFloat | None = Field(
+        None,
+        description="Mean over requests of end-to-end latency / output tokens, in seconds per token "
+        "(the vLLM paper's Fig. 12 axis).",
+    )
+    goodput: Goodput | None = Field(None, description="Per-request TTFT/TPOT targets and the share to meet.")
     max_preemptions_per_request: NonNegativeFloat | None = None
     max_rejected_frac: float | None = Field(None, ge=0, le=1)
     max_queue_growth_frac: float = Field(
@@ -120,13 +144,6 @@ class SLOs(Strict):
         le=1,
         description="Waiting requests at the window's end minus at its start, over the window's arrivals: "
         "above it the queue is still growing (the rate is not sustainable).",
-    )
-    max_fill_deficit_s: float = Field(
-        0.0,
-        ge=0,
-        description="How long the steady window may open before the system has filled (first arrival + "
-        "mean end-to-end latency). Above it the probe is too short for its rate: it measured the ramp-up, "
-        "so the rate does not count as sustainable (raise `search.min_requests` or `min_duration_s`).",
     )
 
     @model_validator(mode="after")
@@ -137,27 +154,45 @@ class SLOs(Strict):
         return self
 
     def limits(self) -> dict[str, float]:
-        """Every SLO that is set (the queue-growth and fill checks always are): name -> upper bound."""
-        return {name: getattr(self, name) for name in SLO_METRICS if getattr(self, name) is not None}
+        """Every SLO that is set (the queue-growth check always is): name -> bound (an upper bound,
+        except where :data:`SLO_METRICS` says ``at_least``)."""
+        bounds = {
+            name: getattr(self, name)
+            for name in SLO_METRICS
+            if name != "goodput" and getattr(self, name) is not None
+        }
+        if self.goodput is not None:
+            bounds["goodput"] = self.goodput.min_attainment
+        return bounds
 
 
-# SLO name -> (steady-state metric, unit, label). Every SLO is an upper bound.
-SLO_METRICS: dict[str, tuple[str, str, str]] = {
-    "ttft_p99_s": ("ttft_p99_s", "s", "p99 TTFT"),
-    "ttft_p50_s": ("ttft_p50_s", "s", "p50 TTFT"),
-    "tpot_p50_s": ("tpot_p50_s", "s", "p50 TPOT"),
-    "tpot_p99_s": ("tpot_p99_s", "s", "p99 TPOT"),
-    "e2e_p99_s": ("e2e_p99_s", "s", "p99 end-to-end"),
-    "max_preemptions_per_request": ("preemptions_per_request", "per request", "preemptions"),
-    "max_rejected_frac": ("rejected_frac", "share", "rejected"),
-    "max_queue_growth_frac": ("queue_growth_frac", "share", "queue growth"),
-    "max_fill_deficit_s": (
-        "fill_deficit_s",
-        "s",
-        "probe too short: window opened before the system filled by",
+@dataclass(frozen=True)
+class SloMetric:
+    metric: str  # the steady-state metric compared
+    unit: str  # "s", "s/token", "share", or a word
+    label: str
+    at_least: bool = False  # a lower bound (goodput's attainment); every other SLO is an upper bound
+    late_half: bool = True  # also checked on the window's late half (a queue still building up)
+
+
+SLO_METRICS: dict[str, SloMetric] = {
+    "ttft_p99_s": SloMetric("ttft_p99_s", "s", "p99 TTFT"),
+    "ttft_p50_s": SloMetric("ttft_p50_s", "s", "p50 TTFT"),
+    "ttft_mean_s": SloMetric("ttft_mean_s", "s", "mean TTFT"),
+    "tpot_p50_s": SloMetric("tpot_p50_s", "s", "p50 TPOT"),
+    "tpot_p99_s": SloMetric("tpot_p99_s", "s", "p99 TPOT"),
+    "tpot_mean_s": SloMetric("tpot_mean_s", "s", "mean TPOT"),
+    "e2e_p99_s": SloMetric("e2e_p99_s", "s", "p99 end-to-end"),
+    "e2e_mean_s": SloMetric("e2e_mean_s", "s", "mean end-to-end"),
+    "normalized_latency_mean_s": SloMetric("normalized_latency_mean_s", "s/token", "mean normalized latency"),
+    "goodput": SloMetric("attainment_frac", "share", "goodput (SLO attainment)", at_least=True),
+    "max_preemptions_per_request": SloMetric(
+        "preemptions_per_request", "per request", "preemptions", late_half=False
     ),
+    "max_rejected_frac": SloMetric("rejected_frac", "share", "rejected", late_half=False),
+    "max_queue_growth_frac": SloMetric("queue_growth_frac", "share", "queue growth", late_half=False),
 }
-ALWAYS_CHECKED = ("max_queue_growth_frac", "max_fill_deficit_s")
+ALWAYS_CHECKED = ("max_queue_growth_frac",)
 USER_SLOS = [name for name in SLO_METRICS if name not in ALWAYS_CHECKED]
 
 
@@ -189,6 +224,49 @@ class SearchSpec(Strict):
     drain_frac: float = Field(0.1, ge=0, lt=0.5, description="Arrivals dropped at the end.")
     rate_key: str = Field("workload.arrival.rate_per_s", description="Key path the search sets.")
     count_key: str = Field("workload.num_requests", description="Key path of the request count.")
+    min_fill_multiple: float = Field(
+        3.0,
+        ge=0,
+        description="Each probe's arrivals span at least this many times the time they take to fill the KV "
+        "pool (pool tokens / (rate x KV tokens per request)): a pool that fills late must fill inside the "
+        "probe. Sizes the first probe of a rate (from the workload's tokens per request) and is checked on "
+        "every run; a short one is run again longer.",
+    )
+    max_requests: PositiveInt = Field(
+        20000,
+        description="The longest probe. A rate whose probe has not reached a steady state at this length "
+        "does not pass.",
+    )
+    trend_segments: int = Field(
+        4, ge=2, le=20, description="The steady window is cut in this many; its first and last are compared."
+    )
+    max_kv_usage_rise: float = Field(
+        0.03,
+        gt=0,
+        le=1,
+        description="KV usage (share of the pool) may rise at most this much from the window's first "
+        "segment to its last; above it the pool is still filling: the probe runs longer.",
+    )
+    max_running_rise_frac: float = Field(
+        0.1,
+        gt=0,
+        description="The running batch may grow at most this share (of the first segment's, at least one "
+        "request) from the window's first segment to its last; above it the probe runs longer.",
+    )
+    max_waiting_rise_frac: float = Field(
+        0.01,
+        gt=0,
+        le=1,
+        description="The waiting queue may grow at most this share of the window's arrivals (and by at most "
+        "2 requests) from the window's first segment to its last; above it the probe runs longer (a queue "
+        "still growing at max_requests fails; slo max_queue_growth_frac fails a probe at once).",
+    )
+    max_fill_deficit_s: float = Field(
+        0.0,
+        ge=0,
+        description="How long the steady window may open before the system has filled (first arrival + "
+        "mean end-to-end latency); above it the probe runs longer.",
+    )
     cluster_check: ClusterCheck | None = Field(
         None,
         description="Check single-engine candidates' GPU counts by simulating the cluster at the target "
@@ -199,13 +277,31 @@ class SearchSpec(Strict):
     def _ordered(self) -> SearchSpec:
         if not self.min_rate_per_s <= self.start_rate_per_s <= self.max_rate_per_s:
             raise ValueError("need min_rate_per_s <= start_rate_per_s <= max_rate_per_s")
+        if self.max_requests < self.min_requests:
+            raise ValueError(
+                f"max_requests ({self.max_requests}) is below min_requests ({self.min_requests})"
+            )
         return self
 
-    def window(self) -> SteadyWindow:
-        return SteadyWindow(self.warmup_frac, self.drain_frac)
+    def window(self, goodput: Goodput | None = None) -> SteadyWindow:
+        return SteadyWindow(
+            self.warmup_frac,
+            self.drain_frac,
+            self.trend_segments,
+            goodput.ttft_s if goodput else None,
+            goodput.tpot_s if goodput else None,
+        )
 
-    def requests_at(self, rate: float) -> int:
-        return max(self.min_requests, math.ceil(rate * self.min_duration_s))
+    def requests_at(self, rate: float, fill_requests: float = 0.0) -> int:
+        """Requests of a first probe at ``rate``; ``fill_requests``: how many requests' KV tokens fill
+        the pool (pool tokens / tokens per request), so that the arrivals span ``min_fill_multiple``
+        fills."""
+        wanted = max(
+            self.min_requests,
+            math.ceil(rate * self.min_duration_s),
+            math.ceil(self.min_fill_multiple * fill_requests),
+        )
+        return min(wanted, self.max_requests)
 
 
 class PlanSpec(Strict):
@@ -251,6 +347,9 @@ class Candidate:
     base_dir: Path
     infeasible: str = ""  # why it cannot run at all (the model does not fit)
     memory: dict[str, int] = field(default_factory=dict)  # GPU memory split, bytes
+    kv_pool_tokens: int = 0  # every replica's pool together
+    uses_blocks: bool = True  # False: block_size changes nothing (contiguous), the key names no block
+    fill_requests: float = 0.0  # requests whose KV tokens fill the pool (pool / tokens per request)
 
 
 @dataclass(frozen=True)
@@ -262,23 +361,32 @@ class Plan:
     def digest(self) -> str:
         return config_hash(self.spec.model_dump(mode="json", by_alias=True))
 
-    def probe_config(self, candidate: Candidate, rate: float, seed: int) -> ExperimentConfig:
+    def first_requests(self, candidate: Candidate, rate: float) -> int:
+        """Requests of the first probe at ``rate`` (a probe short of a steady state runs again longer)."""
+        return self.spec.search.requests_at(rate, candidate.fill_requests)
+
+    def probe_config(
+        self, candidate: Candidate, rate: float, seed: int, requests: int | None = None
+    ) -> ExperimentConfig:
         data = copy.deepcopy(candidate.template)
         search = self.spec.search
         set_key_path(data, search.rate_key, rate)
-        set_key_path(data, search.count_key, search.requests_at(rate))
+        count = requests if requests is not None else self.first_requests(candidate, rate)
+        set_key_path(data, search.count_key, count)
         data["seed"] = seed
         return validate_experiment(
             data, f"{self.path}: candidate {candidate.key}, rate {rate:g}/s, seed {seed}"
         )
 
-    def probe_task(self, candidate: Candidate, rate: float, seed: int) -> PointTask:
-        config = self.probe_config(candidate, rate, seed)
+    def probe_task(
+        self, candidate: Candidate, rate: float, seed: int, requests: int | None = None
+    ) -> PointTask:
+        config = self.probe_config(candidate, rate, seed, requests)
         return PointTask(
             point_id(config, candidate.base_dir),
             config.model_dump(mode="json", exclude_unset=True),
             str(candidate.base_dir),
-            self.spec.search.window(),
+            self.spec.search.window(self.spec.slos.goodput),
         )
 
 
@@ -290,6 +398,7 @@ def load_plan_spec(path: str | Path) -> Plan:
     spec: PlanSpec = validate_file(PlanSpec, read_yaml_mapping(path, "plan"), path, "plan file")
     candidates = [_candidate(spec, path, *combo) for combo in _grid(spec)]
     _check_unique(candidates, path)
+    candidates = _with_fill_sizes(candidates, spec, path)
     plan = Plan(spec, path, candidates)
     for candidate in candidates:
         if candidate.infeasible:
@@ -298,6 +407,41 @@ def load_plan_spec(path: str | Path) -> Plan:
             config = plan.probe_config(candidate, spec.search.start_rate_per_s, seed)
             preflight(config, candidate.base_dir, f"{path}: candidate {candidate.key}")
     return plan
+
+
+def _with_fill_sizes(candidates: list[Candidate], spec: PlanSpec, path: Path) -> list[Candidate]:
+    """Each candidate with the requests whose KV tokens fill its pool: the first probes' length."""
+    tokens = _tokens_per_request(spec, path)
+    return [
+        replace(candidate, fill_requests=candidate.kv_pool_tokens / tokens if tokens else 0.0)
+        for candidate in candidates
+    ]
+
+
+def _tokens_per_request(spec: PlanSpec, path: Path, sample: int = 2000) -> float:
+    """Mean KV tokens per request (prompt plus every sample's output) over the workload's first
+    requests at the start rate: the workload is drawn, not simulated (milliseconds)."""
+    from workloads.factory import build_workload
+
+    data = copy.deepcopy(spec.workload)
+    search = spec.search
+    holder = {"workload": data}
+    set_key_path(holder, search.rate_key, search.start_rate_per_s)
+    set_key_path(holder, search.count_key, sample)
+    try:
+        workload = build_workload(holder["workload"], seed=search.seeds[0], base_dir=path.parent)
+    except Exception:  # the probes' own validation names the problem; sizing falls back on min_requests
+        return 0.0
+    total = count = 0
+    for request in itertools.islice(workload.requests(), sample):
+        outputs = (
+            sum(request.sample_output_lens)
+            if request.sample_output_lens
+            else request.output_len * request.width
+        )
+        total += request.prompt_len + outputs
+        count += 1
+    return total / count if count else 0.0
 
 
 def _grid(
@@ -309,10 +453,20 @@ def _grid(
         for model in spec.models
         for gpu in spec.gpu_choices()
         for variant in spec.candidates.policies
-        for block in blocks
+        for block in (blocks if _uses_blocks(variant) else blocks[:1])
         for knobs in _crossed(spec.candidates.engine)
         for cluster in _crossed(spec.candidates.cluster)
     ]
+
+
+def _uses_blocks(variant: VariantConfig) -> bool:
+    """Whether block_size changes what the variant's policy does (contiguous has no blocks)."""
+    from policies.base import PolicyInputError, policy_class
+
+    try:
+        return policy_class(variant.policy).uses_blocks
+    except PolicyInputError:  # an unknown policy: the probe configs' validation names it
+        return True
 
 
 def _crossed(lists: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -349,7 +503,8 @@ def _candidate(
     where = " / ".join(parts)
     engine_config = _section_or_fail(EngineConfig, engine, "engine", path, where)
     cluster = _section_or_fail(ClusterConfig, cluster_keys, "cluster", path, where) if cluster_keys else None
-    parts.append(f"block {engine_config.block_size}")
+    if _uses_blocks(variant):
+        parts.append(f"block {engine_config.block_size}")
     parts += [f"{name}={shown(value)}" for name, value in knobs.items()]
     parts += [f"{name}={shown(value)}" for name, value in cluster_keys.items()]
     key = " / ".join(parts)
@@ -370,6 +525,8 @@ def _candidate(
         path.parent,
         infeasible,
         memory,
+        memory.get("kv_pool_tokens", 0) * (cluster.replicas if cluster is not None else 1),
+        _uses_blocks(variant),
     )
 
 
@@ -398,6 +555,7 @@ def _fit(template: dict[str, Any], engine: EngineConfig, path: Path, key: str) -
     except ValueError as error:
         raise ConfigError(f"{path}: candidate {key}: {error}") from None
     memory = {
+        "kv_pool_tokens": capacity.kv_pool_tokens,
         "gpu_memory_bytes": gpu.memory_bytes,
         "weight_bytes": capacity.weight_bytes,
         "activation_reserve_bytes": capacity.activation_reserve_bytes,

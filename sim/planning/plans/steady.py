@@ -6,9 +6,16 @@ shrinking batch). Capacity questions are about the regime in between, so a probe
 ``drain_frac`` of the arrivals, and the time series over the same interval. The warm-up also lasts at
 least one mean residence time (mean end-to-end latency: by Little's law the system takes about that
 long to fill), capped at half the window; when the cap cuts it short (``fill_deficit_s`` > 0) the probe
-is too short for its rate and the search does not count it as sustainable. The window
-is also cut in two halves; a queue that keeps growing shows up as a late half worse than the whole
-(see ``sim.planning.plans.search``).
+is too short for its rate. The window is also cut in two halves; a queue that keeps growing shows
+up as a late half worse than the whole (see ``sim.planning.plans.search``).
+
+Whether a probe reached a steady state at all is measured here too (:func:`stationarity`), and judged
+by the search: its arrivals must span a few times the time they take to fill the KV pool
+(``pool_fill_s``: pool tokens / (arrival rate x KV tokens per request)), and from the window's first
+segment to its last KV usage, the running batch and the waiting queue must not rise. A KV pool that
+fills late (the issue that made this check: a probe of ~60 s whose pool filled after 120-180 s, after
+which its queue grew without end) shows as such a rise. The fill time is a lower bound only
+(requests leave too, so a pool fills later than this): the rises decide.
 """
 
 from __future__ import annotations
@@ -29,6 +36,9 @@ LATENCY_METRICS = ("ttft_s", "tpot_s", "e2e_s", "queue_s")  # queue: arrival to 
 class SteadyWindow:
     warmup_frac: float = 0.2
     drain_frac: float = 0.1
+    trend_segments: int = 4  # the window is cut in this many; its first and last are compared
+    goodput_ttft_s: float | None = None  # per-request targets of the goodput SLO (None: not measured)
+    goodput_tpot_s: float | None = None
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -66,16 +76,81 @@ def steady_metrics(
     late = inside[inside["arrival_s"] >= middle]
     metrics: dict[str, Any] = {"window_start_s": start, "window_end_s": end, "window_requests": len(inside)}
     metrics["fill_deficit_s"] = fill_deficit
-    metrics |= _latencies(inside, "")
-    metrics |= _latencies(late, "late_")
+    metrics |= _latencies(inside, "", window)
+    metrics |= _latencies(late, "late_", window)
     metrics |= _rates(requests, inside, start, end)
     metrics |= _series_means(timeseries, start, end, pool_tokens)
     growth = metrics.pop("waiting_growth", None)
     metrics["queue_growth_frac"] = growth / len(inside) if growth is not None and len(inside) else None
+    metrics |= stationarity(requests, timeseries, start, end, pool_tokens, window.trend_segments)
     return metrics
 
 
-def _latencies(requests: pd.DataFrame, prefix: str) -> dict[str, float | None]:
+def kv_tokens_per_request(requests: pd.DataFrame) -> float | None:
+    """Mean KV tokens a request holds when it finishes: its prompt plus every sample's output."""
+    if not len(requests):
+        return None
+    return float((requests["prompt_tokens"] + requests["sample_output_tokens"]).mean())
+
+
+def stationarity(
+    requests: pd.DataFrame,
+    timeseries: pd.DataFrame,
+    start: float,
+    end: float,
+    pool_tokens: int,
+    segments: int,
+) -> dict[str, float | None]:
+    """How far the probe is from a steady state: its arrival span in units of the time the arrivals
+    take to fill the KV pool (``fill_multiple``), and how much KV usage (share of the pool), the
+    running batch (relative to it) and the waiting queue (requests, and share of the window's
+    arrivals) rose from the window's first segment to its last.
+
+    First against last, not neighbouring segments: a pool that fills slowly (each admitted request
+    makes the batch slower, so requests stay longer and hold more) rises a little per segment, less
+    than the noise between two neighbours, but plainly across the window."""
+    times = requests["arrival_s"].to_numpy(dtype=float)
+    result: dict[str, float | None] = dict.fromkeys(
+        (
+            "tokens_per_request",
+            "pool_fill_s",
+            "arrival_span_s",
+            "fill_multiple",
+            "kv_usage_rise",
+            "running_rise_frac",
+            "waiting_rise",
+            "waiting_rise_frac",
+        )
+    )
+    if len(times) < 2:
+        return result
+    span = float(times.max() - times.min())
+    tokens = kv_tokens_per_request(requests)
+    result["tokens_per_request"] = tokens
+    result["arrival_span_s"] = span
+    if tokens and span > 0:
+        fill = pool_tokens / (len(times) / span * tokens)
+        result["pool_fill_s"] = fill
+        result["fill_multiple"] = span / fill
+    if end > start and segments >= 2:
+        edges = np.linspace(start, end, segments + 1)
+        first, last = (float(edges[0]), float(edges[1])), (float(edges[-2]), float(edges[-1]))
+        kv = [_mean_of(timeseries, "kv_cache_usage_perc", *part) for part in (first, last)]
+        running = [_mean_of(timeseries, "num_requests_running", *part) for part in (first, last)]
+        waiting = [_mean_of(timeseries, "num_requests_waiting", *part) for part in (first, last)]
+        arrivals = int(((times >= start) & (times <= end)).sum())
+        result["kv_usage_rise"] = kv[1] - kv[0]
+        # Relative to the batch, with a floor of one request: a batch of 0.4 rising to 1.2 is noise.
+        result["running_rise_frac"] = (running[1] - running[0]) / max(running[0], 1.0)
+        result["waiting_rise"] = waiting[1] - waiting[0]
+        result["waiting_rise_frac"] = (waiting[1] - waiting[0]) / arrivals if arrivals else None
+    return result
+
+
+def _latencies(requests: pd.DataFrame, prefix: str, window: SteadyWindow) -> dict[str, float | None]:
+    """Percentiles and means of the finished requests' latencies; the mean normalized latency (each
+    request's E2E over its output tokens, the vLLM paper's metric); and the goodput SLO's attainment
+    over every request (one that did not finish misses its targets)."""
     finished = requests[requests["outcome"] == "finished"]
     result: dict[str, float | None] = {}
     for column in LATENCY_METRICS:
@@ -83,7 +158,29 @@ def _latencies(requests: pd.DataFrame, prefix: str) -> dict[str, float | None]:
         values = finished[column].dropna().to_numpy(dtype=float)
         for q in (50, 99):
             result[f"{prefix}{name}_p{q}_s"] = float(np.percentile(values, q)) if len(values) else None
+        result[f"{prefix}{name}_mean_s"] = float(values.mean()) if len(values) else None
+    outputs = finished["output_tokens"].to_numpy(dtype=float)
+    normalized = finished["e2e_s"].to_numpy(dtype=float)[outputs > 0] / outputs[outputs > 0]
+    result[f"{prefix}normalized_latency_mean_s"] = float(normalized.mean()) if len(normalized) else None
+    if window.goodput_ttft_s is not None or window.goodput_tpot_s is not None:
+        result[f"{prefix}attainment_frac"] = attainment(
+            requests, window.goodput_ttft_s, window.goodput_tpot_s
+        )
     return result
+
+
+def attainment(requests: pd.DataFrame, ttft_s: float | None, tpot_s: float | None) -> float | None:
+    """Share of ``requests`` that finished within both per-request targets (DistServe's SLO
+    attainment). A single-token output has no TPOT: it meets a TPOT target trivially."""
+    if not len(requests):
+        return None
+    met = (requests["outcome"] == "finished").to_numpy(copy=True)
+    if ttft_s is not None:
+        met &= requests["ttft_s"].to_numpy(dtype=float) <= ttft_s
+    if tpot_s is not None:
+        tpot = requests["tpot_s"].to_numpy(dtype=float)
+        met &= np.isnan(tpot) | (tpot <= tpot_s)
+    return float(met.mean())
 
 
 def _rates(requests: pd.DataFrame, inside: pd.DataFrame, start: float, end: float) -> dict[str, Any]:
@@ -173,8 +270,13 @@ def _waiting_growth(timeseries: pd.DataFrame, start: float, end: float, part: fl
 
 
 def _mean_waiting(timeseries: pd.DataFrame, start: float, end: float) -> float:
+    return _mean_of(timeseries, "num_requests_waiting", start, end)
+
+
+def _mean_of(timeseries: pd.DataFrame, column: str, start: float, end: float) -> float:
+    """Time-weighted mean of a step series (each row's value holds until the next row) over [start, end]."""
     times = timeseries["time_s"].to_numpy(dtype=float)
     weights = np.clip(np.minimum(times[1:], end) - np.maximum(times[:-1], start), 0.0, None)
     total = weights.sum()
-    waiting = timeseries["num_requests_waiting"].to_numpy(dtype=float)[:-1]
-    return float((waiting * weights).sum() / total) if total > 0 else 0.0
+    values = timeseries[column].to_numpy(dtype=float)[:-1]
+    return float((values * weights).sum() / total) if total > 0 else 0.0

@@ -87,6 +87,11 @@ KNEE_METRICS = {
     "tpot_p50_s": "p50 TPOT (s)",
     "tpot_p99_s": "p99 TPOT (s)",
     "e2e_p99_s": "p99 end-to-end (s)",
+    "ttft_mean_s": "mean TTFT (s)",
+    "tpot_mean_s": "mean TPOT (s)",
+    "e2e_mean_s": "mean end-to-end (s)",
+    "normalized_latency_mean_s": "mean normalized latency (s/token)",
+    "attainment_frac": "goodput SLO attainment (share)",
     "preemptions_per_request": "preemptions per request",
     "rejected_frac": "rejected share",
     "output_tokens_per_s": "output tokens/s",
@@ -101,7 +106,7 @@ MEMORY_PARTS = (
     ("external_frag", "KV external frag.", "#ff9896"),
     ("cached", "KV cached", "#2ca02c"),
     ("free", "KV free", "#dddddd"),
-    ("unused_bytes", "outside gpu_memory_utilization", "#ffffff"),
+    ("unused_bytes", "not used by the engine (GPU − weights − reserve − KV pool)", "#ffffff"),
 )
 
 
@@ -128,11 +133,14 @@ def knee_figure(document: dict[str, Any], metric: str) -> Any:
     probes = {probe["number"]: probe for probe in document["probes"]}
     limit = next((slo["limit"] for slo in document["slos"].values() if slo["metric"] == metric), None)
     for ax, group in zip(axes[0], groups, strict=True):
-        for candidate in [c for c in candidates if _group_key(c) == group]:
-            _knee_line(ax, candidate, [probes[n] for n in candidate["probes"]], metric, group)
+        members = [c for c in candidates if _group_key(c) == group]
+        for index, candidate in enumerate(members):
+            judged = [probes[n] for n in candidate["probes"] if not probes[n].get("run_again_longer")]
+            _knee_line(ax, candidate, judged, metric, group, LINE_STYLES[index % len(LINE_STYLES)])
         if limit is not None:
-            unit = " s" if metric.endswith("_s") else ""
-            ax.axhline(limit, color="black", linestyle="--", linewidth=1, label=f"SLO {limit:g}{unit}")
+            ax.axhline(
+                limit, color="black", linestyle=":", linewidth=1.2, label=f"SLO {_limit_text(metric, limit)}"
+            )
         ax.set_title(group, fontsize=10)
         ax.set_xlabel("request rate (req/s)")
         ax.grid(alpha=0.3)
@@ -145,21 +153,49 @@ def knee_figure(document: dict[str, Any], metric: str) -> Any:
     return figure
 
 
+# Candidates often coincide (block 16 and 32 of one policy): a line style and marker each keeps
+# every curve visible under the others.
+LINE_STYLES = (("-", "o"), ("--", "s"), ("-.", "^"), (":", "D"), ((0, (5, 1)), "v"), ((0, (3, 1, 1, 1)), "P"))
+
+
+def _limit_text(metric: str, limit: float) -> str:
+    if metric.endswith("_frac"):
+        return f"{limit:.0%}"
+    return f"{limit:g} s" if metric.endswith("_s") else f"{limit:g}"
+
+
 def _knee_line(
-    ax: Any, candidate: dict[str, Any], probes: list[dict[str, Any]], metric: str, group: str
+    ax: Any,
+    candidate: dict[str, Any],
+    probes: list[dict[str, Any]],
+    metric: str,
+    group: str,
+    style: tuple[Any, str] = ("-", "o"),
 ) -> None:
     rows = sorted(
-        (p["rate_per_s"], p["metrics"][metric])
-        for p in probes
-        if p["metrics"].get(metric, {}).get("mean") is not None
+        (
+            (p["rate_per_s"], p["metrics"][metric])
+            for p in probes
+            if p["metrics"].get(metric, {}).get("mean") is not None
+        ),
+        key=lambda row: row[0],
     )
     if not rows:
         return
     rates = [rate for rate, _ in rows]
     means = [m["mean"] for _, m in rows]
     errors = [[m["mean"] - m["min"] for _, m in rows], [m["max"] - m["mean"] for _, m in rows]]
+    linestyle, marker = style
     line = ax.errorbar(
-        rates, means, yerr=errors, marker="o", markersize=3, capsize=2, label=_line_label(candidate, group)
+        rates,
+        means,
+        yerr=errors,
+        linestyle=linestyle,
+        marker=marker,
+        markersize=4,
+        markerfacecolor="none",
+        capsize=2,
+        label=_line_label(candidate, group),
     )
     knee = candidate.get("max_rate_per_s")
     if knee is not None:
@@ -215,7 +251,11 @@ def memory_part_bytes(candidate: dict[str, Any], key: str) -> float:
 
 def block_size_figure(document: dict[str, Any]) -> Any | None:
     """Maximum sustainable rate and internal fragmentation against block size, per GPU and policy."""
-    rows = [c for c in document["candidates"] if c.get("max_rate_per_s") is not None]
+    rows = [
+        c
+        for c in document["candidates"]
+        if c.get("max_rate_per_s") is not None and c.get("uses_blocks", True)
+    ]
     if len({c["block_size"] for c in rows}) < 2:
         return None
     figure, (rate_ax, frag_ax) = subplots(1, 2, figsize=(11, 3.8))

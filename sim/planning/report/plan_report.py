@@ -27,7 +27,7 @@ from sim.planning.report.document import (
     to_html,
     to_markdown,
 )
-from sim.planning.report.units import metric_label, metric_value, rate, seconds, share
+from sim.planning.report.units import bound, metric_label, metric_value, rate, seconds, share
 from sim.storage.folders import kvsim_version
 
 if TYPE_CHECKING:
@@ -83,9 +83,18 @@ def plan_document(
 
 def _slos(plan: Plan) -> dict[str, dict[str, Any]]:
     slos = {}
+    goodput = plan.spec.slos.goodput
     for name, limit in plan.spec.slos.limits().items():
-        metric, unit, label = SLO_METRICS[name]
-        slos[name] = {"limit": limit, "metric": metric, "unit": unit, "label": label}
+        metric = SLO_METRICS[name]
+        slos[name] = {
+            "limit": limit,
+            "metric": metric.metric,
+            "unit": metric.unit,
+            "label": metric.label,
+            "at_least": metric.at_least,
+        }
+        if name == "goodput" and goodput is not None:
+            slos[name]["targets"] = {"ttft_s": goodput.ttft_s, "tpot_s": goodput.tpot_s}
     return slos
 
 
@@ -94,7 +103,9 @@ def _probe_entry(probe: Probe) -> dict[str, Any]:
         "number": probe.number,
         "candidate": probe.candidate,
         "rate_per_s": probe.rate,
+        "requests": probe.requests,
         "passed": probe.passed,
+        "run_again_longer": probe.extended,
         "error": probe.error,
         "metrics": probe_metrics(probe),
         "seeds": [
@@ -102,8 +113,7 @@ def _probe_entry(probe: Probe) -> dict[str, Any]:
                 "seed": run.seed,
                 "point_id": run.point_id,
                 "violations": describe(run.violations),
-                "cost_model": run.summary.get("cost_model"),
-                "cost_model_error_band": run.summary.get("cost_model_error_band", "not stated"),
+                "not_steady": run.unsteady,
                 "window_requests": run.steady.get("window_requests"),
                 "window_s": run.steady.get("window_s"),
             }
@@ -129,14 +139,17 @@ def _assumptions(plan: Plan, results: list[dict[str, Any]]) -> dict[str, Any]:
         "workload": spec.workload,
         "engine": spec.engine.model_dump(mode="json", exclude_unset=True),
         "probe": (
-            f"each probe: at least {search.min_requests} requests"
+            f"each probe: at least {search.min_requests:,} requests"
             + (f" and {search.min_duration_s:g} s of arrivals" if search.min_duration_s else "")
-            + f", seeds {search.seeds}; measured on the arrivals between the first {search.warmup_frac:.0%} "
+            + f", and arrivals spanning at least {search.min_fill_multiple:g} times the time they take to fill the "
+            f"KV pool; seeds {search.seeds}; measured on the arrivals between the first {search.warmup_frac:.0%} "
             "(warm-up, lasting at least one mean end-to-end latency and at most half the window) and the last "
-            f"{search.drain_frac:.0%} (drain); a rate passes when every seed meets every "
-            "SLO on that window (latencies on its late half too) and its waiting queue grows by at most "
-            f"{spec.slos.max_queue_growth_frac:.0%} of the window's arrivals; a probe too short to fill the "
-            "system before its window opens (the warm-up cut at half the window) does not pass"
+            f"{search.drain_frac:.0%} (drain). A probe must reach a steady state: over the last two of "
+            f"{search.trend_segments} segments of its window KV usage may rise at most {search.max_kv_usage_rise:.0%} "
+            f"of the pool and the running batch at most {search.max_running_rise_frac:.0%}; one that meets the SLOs "
+            f"short of it is run again with twice the requests (up to {search.max_requests:,}, where it fails). A rate "
+            "passes when every seed meets every SLO on the window (latencies on its late half too) and its waiting "
+            f"queue grows by at most {spec.slos.max_queue_growth_frac:.0%} of the window's arrivals"
         ),
         "search": (
             f"bracket from {search.start_rate_per_s:g} req/s by x{search.growth:g}, then bisect until the failing "
@@ -196,13 +209,16 @@ def report_blocks(document: dict[str, Any]) -> list[Block]:
 def _slo_text(document: dict[str, Any]) -> str:
     parts = []
     for slo in document["slos"].values():
-        if slo["unit"] == "s":
-            limit = seconds(slo["limit"])
-        elif slo["unit"] == "share":
-            limit = share(slo["limit"])
-        else:
-            limit = f"{slo['limit']:g} {slo['unit']}"
-        parts.append(f"{slo['label']} ≤ {limit}")
+        text = f"{slo['label']} {'≥' if slo.get('at_least') else '≤'} {bound(slo['limit'], slo['unit'])}"
+        targets = slo.get("targets")
+        if targets:
+            each = [
+                f"{name} ≤ {seconds(value)}"
+                for name, value in (("TTFT", targets["ttft_s"]), ("TPOT", targets["tpot_s"]))
+                if value is not None
+            ]
+            text += f" of requests with {' and '.join(each)}"
+        parts.append(text)
     return ", ".join(parts)
 
 
@@ -218,7 +234,8 @@ def recommendation_blocks(document: dict[str, Any]) -> list[Block]:
     else:
         provenance = best["provenance"]
         text: Text = [
-            f"Recommended: {best['key']}. {best['gpus_for_target']} × {best['gpu']} serve {target:g} req/s; "
+            f"Recommended: {best['key']}. {best['gpus_for_target']} × {best['gpu']} "
+            f"{'serves' if best['gpus_for_target'] == 1 else 'serve'} {target:g} req/s; "
             + ("the simulated cluster sustains " if best.get("router") else "each sustains "),
             probe_link(
                 ("at least " if best["status"] == "at_max_rate" else "") + rate(best["max_rate_per_s"]),
@@ -264,7 +281,6 @@ def recommendation_table(document: dict[str, Any]) -> Table:
         "headroom",
         "GPU cost for the target",
         "first failing rate: why",
-        "cost model (error band)",
     ]
     rows: list[list[Text]] = []
     for c in document["candidates"]:
@@ -273,8 +289,6 @@ def recommendation_table(document: dict[str, Any]) -> Table:
 
 
 def _recommendation_row(c: dict[str, Any]) -> list[Text]:
-    provenance = c.get("provenance") or {}
-    cost_model = f"{provenance['cost_model']} ({provenance['cost_model_error_band']})" if provenance else "—"
     if "gpus_for_target" not in c:
         return [
             ["—"],
@@ -285,7 +299,6 @@ def _recommendation_row(c: dict[str, Any]) -> list[Text]:
             ["—"],
             ["—"],
             [c.get("reason", "")],
-            [cost_model],
         ]
     probe = c["max_probe"]
     at_least = "≥ " if c["status"] == "at_max_rate" else ""
@@ -303,7 +316,6 @@ def _recommendation_row(c: dict[str, Any]) -> list[Text]:
         [probe_link(f"{c['headroom_frac']:+.0%}", probe)],
         [probe_link(_cost_text(c), probe) if cost is not None else "no price given"],
         why,
-        [cost_model],
     ]
 
 
@@ -479,22 +491,31 @@ def assumption_blocks(document: dict[str, Any]) -> list[Block]:
     ]
 
 
+def _verdict(probe: dict[str, Any]) -> str:
+    if probe["error"]:
+        return "error"
+    if probe.get("run_again_longer"):
+        return "met SLOs short of a steady state: run again longer"
+    return "meets SLOs" if probe["passed"] else "breaks SLOs"
+
+
 def probe_blocks(document: dict[str, Any]) -> list[Block]:
     slo_metrics = [slo["metric"] for slo in document["slos"].values()]
     header = [
         "probe",
         "candidate",
         "rate",
+        "requests",
         "verdict",
-        *slo_metrics,
+        *(metric_label(metric) for metric in slo_metrics),
+        "KV-pool fills spanned",
         "points (seeds)",
-        "violations",
-        "cost model (error band)",
+        "violations / not steady",
     ]
     rows: list[list[Text]] = []
     anchors = []
     for probe in sorted(document["probes"], key=lambda p: (p["candidate"], p["rate_per_s"])):
-        verdict = "error" if probe["error"] else ("meets SLOs" if probe["passed"] else "breaks SLOs")
+        verdict = _verdict(probe)
         seeds = probe["seeds"]
         links: Text = []
         for index, seed in enumerate(seeds):
@@ -502,7 +523,7 @@ def probe_blocks(document: dict[str, Any]) -> list[Block]:
         violations = sorted({v for seed in seeds for v in seed["violations"]}) or (
             [probe["error"]] if probe["error"] else []
         )
-        provenance = {f"{s['cost_model']} ({s['cost_model_error_band']})" for s in seeds}
+        unsteady = sorted({f"not steady: {r}" for seed in seeds for r in seed.get("not_steady", [])})
         slo_cells: list[Text] = [
             [with_spread(metric, probe["metrics"].get(metric, {}))] for metric in slo_metrics
         ]
@@ -511,11 +532,12 @@ def probe_blocks(document: dict[str, Any]) -> list[Block]:
                 [str(probe["number"])],
                 [probe["candidate"]],
                 [rate(probe["rate_per_s"])],
+                [f"{probe.get('requests', 0):,}"],
                 [verdict],
                 *slo_cells,
+                [with_spread("fill_multiple", probe["metrics"].get("fill_multiple", {}))],
                 links,
-                ["; ".join(violations)],
-                [", ".join(sorted(provenance))],
+                ["; ".join(violations + unsteady)],
             ]
         )
         anchors.append(f"probe-{probe['number']}")

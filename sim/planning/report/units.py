@@ -8,9 +8,26 @@ def rate(value: float | None) -> str:
 
 
 def seconds(value: float | None) -> str:
+    """``2.00 s``, ``480 ms``, ``4.8 ms``, ``100 µs``: three significant digits below a second (a
+    0.1 ms SLO must not print as 0 ms)."""
     if value is None:
         return "n/a"
-    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+    if abs(value) >= 1:
+        return f"{value:.2f} s"
+    if abs(value) >= 1e-3 or value == 0:
+        return f"{float(f'{value * 1e3:.3g}'):g} ms"
+    return f"{float(f'{value * 1e6:.3g}'):g} µs"
+
+
+def bound(value: float, unit: str) -> str:
+    """An SLO's bound or a measured value in the SLO's unit."""
+    if unit == "s":
+        return seconds(value)
+    if unit == "s/token":
+        return f"{seconds(value)}/token"
+    if unit == "share":
+        return share(value)
+    return f"{value:.3g} {unit}"
 
 
 def share(value: float | None) -> str:
@@ -30,7 +47,9 @@ def metric_value(name: str, value: float | None) -> str:
         return number(value, "tokens/s" if "tokens" in name else "req/s")
     if name.endswith("_s"):
         return seconds(value)
-    if name.endswith("_frac"):
+    if name == "normalized_latency_mean_s":
+        return "n/a" if value is None else f"{seconds(value)}/token"
+    if name.endswith("_frac") or name == "kv_usage_rise":
         return share(value)
     if name.endswith("_per_request"):
         return number(value, "tokens/request" if "tokens" in name else "per request")
@@ -50,7 +69,18 @@ METRIC_LABELS = {
     "peak_running": "peak running requests",
     "mean_waiting": "mean waiting requests",
     "queue_growth_frac": "queue growth (share of the window's arrivals)",
+    "ttft_mean_s": "mean time to first token",
+    "tpot_mean_s": "mean time per output token",
+    "e2e_mean_s": "mean end-to-end latency",
+    "e2e_p50_s": "p50 end-to-end latency",
+    "normalized_latency_mean_s": "mean normalized latency (E2E / output tokens)",
+    "attainment_frac": "goodput SLO attainment (share of requests meeting their targets)",
     "fill_deficit_s": "window opened before the system filled by (probe too short if > 0)",
+    "fill_multiple": "arrival span in KV-pool fill times",
+    "pool_fill_s": "time the arrivals take to fill the KV pool",
+    "kv_usage_rise": "KV usage rise over the window's last segment (share of the pool)",
+    "running_rise_frac": "running-batch growth over the window's last segment",
+    "tokens_per_request": "KV tokens per request (prompt + every sample's output)",
     "preemptions_per_request": "preemptions per request",
     "rejected_frac": "rejected requests",
     "mean_kv_cache_usage_frac": "KV cache usage (vLLM's kv_cache_usage_perc)",
