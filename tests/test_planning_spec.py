@@ -145,7 +145,9 @@ def engine_pool_tokens(model: str, gpu: str, **engine: object) -> int:
     from sim.hardware.models import resolve_model
     from sim.runner import engine_pool
 
-    return engine_pool(resolve_model(model), resolve_gpu(gpu), EngineConfig.model_validate(engine)).kv_pool_tokens
+    return engine_pool(
+        resolve_model(model), resolve_gpu(gpu), EngineConfig.model_validate(engine)
+    ).kv_pool_tokens
 
 
 def test_plan_expands_candidates_and_marks_models_that_do_not_fit(tmp_path):
