@@ -313,3 +313,38 @@ def test_ranking_by_hourly_cost_then_gpus_then_rate():
     assert [r["rank"] for r in priced] == [3, 2, 1, None]
     unpriced = [usable("slow", 2.0, 25), usable("fast", 5.0, 10), usable("fast too", 5.5, 10)]
     assert [r["key"] for r in rank(unpriced, 50)] == ["fast too", "fast", "slow"]
+
+
+def test_convergence_is_relative_below_one_request_per_second():
+    """At 0.37 req/s a 5 % tolerance is a gap of ~0.0185 req/s; an absolute `hi - lo <= 0.05` rule
+    would stop at a 10-15 % gap."""
+    search = search_against(0.37, start_rate_per_s=0.1, min_rate_per_s=0.01, rel_tolerance=0.05)
+    assert search.lo <= 0.37 < search.hi
+    assert search.hi / search.lo - 1 <= 0.05
+    assert search.hi - search.lo < 0.0185 + 1e-9
+
+
+def test_output_tokens_per_request_count_every_sample():
+    """n = 2 samples of 10 and 6 tokens: the request yields 16 output tokens (sample_output_tokens),
+    not the longest sample's 10 (output_tokens); $/M tokens stand on it."""
+    requests = ten_requests()
+    requests["n"] = 2
+    requests["sample_output_tokens"] = 16
+    series = pd.DataFrame(
+        {
+            "time_s": [0.0, 12.0],
+            **{f"{c}_tokens": [0.0, 0.0] for c in ("used", "reserved", "cached", "free")},
+            "internal_fragmentation_tokens": [0.0, 0.0],
+            "external_fragmentation_tokens": [0.0, 0.0],
+            "num_requests_running": [1, 0],
+            "num_sequences_running": [2, 0],
+            "num_requests_waiting": [0, 0],
+            "kv_cache_usage_perc": [0.1, 0.0],
+            "preemptions": [0, 0],
+            "admission_blocker": [0, 0],
+        }
+    )
+    got = steady_metrics(requests, series, 100, SteadyWindow(0.2, 0.1))
+    assert got["output_tokens_per_request"] == 16.0
+    assert got["output_tokens_per_s"] == pytest.approx(7 * 16 / (8.1 - 2.0))
+    assert got["tokens_per_request"] == 20 + 16  # KV held at the end: the prompt and both samples

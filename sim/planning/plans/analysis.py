@@ -179,8 +179,10 @@ def _result(
     if errored is not None:
         return result | {"status": "error", "reason": errored.error}
     judged = [p for p in probes if not p.extended]  # a probe run again longer was not judged
-    passing = next((p for p in judged if p.rate == search.lo), None)
-    failing = next((p for p in judged if p.rate == search.hi), None)
+    # A confirmation run is the better evidence at its rate (it is ten times longer): it goes first.
+    judged.sort(key=lambda p: not p.confirmation)
+    passing = next((p for p in judged if p.rate == search.lo and p.passed), None)
+    failing = next((p for p in judged if p.rate == search.hi and not p.passed), None)
     result |= {"binding": binding_limit(failing), "provenance": _provenance(passing or failing)}
     if failing is not None:
         result["fail_rate_per_s"] = failing.rate
@@ -198,11 +200,31 @@ def _result(
         "max_rate_per_s": passing.rate,
         "max_probe": passing.number,
         "max_points": passing.point_ids,
+        "confirmed": _confirmation(search, passing),
         "at_max": probe_metrics(passing),
     }
     if check is not None:
         result["cluster_check"] = check
     return result | _sizing(result, plan.spec.target_rate_per_s)
+
+
+def _confirmation(search: RateSearch, passing: Probe) -> dict[str, Any]:
+    """Whether a run ``confirm_factor`` times longer held at the maximum rate, and how long it was."""
+    spec = search.spec
+    if not spec.confirm_factor:
+        return {"held": None, "why": "search.confirm_factor is 0: the maximum rate rests on the short probes"}
+    if passing.confirmation or search.confirmed == passing.rate:
+        return {
+            "held": True,
+            "requests": passing.requests,
+            "why": f"a run of {passing.requests:,} requests per seed (at least {spec.confirm_factor:g}x its first "
+            "passing probe) met every SLO",
+        }
+    return {
+        "held": False,
+        "why": f"not confirmed: {search.confirmations} confirmation run(s) (max_confirmations="
+        f"{spec.max_confirmations}) broke the SLOs at higher rates, none was left for this one",
+    }
 
 
 def _provenance(probe: Probe | None) -> dict[str, str]:

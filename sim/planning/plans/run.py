@@ -59,9 +59,14 @@ class Probe:
     runs: list[SeedRun] = field(default_factory=list)
     error: str = ""  # a seed's run failed: the candidate's search stops
     extended: bool = False  # met the SLOs short of a steady state: run again longer, not judged
+    confirmation: bool = False  # the long run that confirms (or refutes) a candidate's maximum rate
 
     @property
     def passed(self) -> bool:
+        """Every seed met every SLO in a steady state. A confirmation run is judged by the SLOs alone:
+        it is the long run that the steady-state checks stand in for."""
+        if self.confirmation:
+            return not self.error and all(not run.violations for run in self.runs)
         return not self.error and all(not run.violations and not run.unsteady for run in self.runs)
 
     @property
@@ -138,7 +143,10 @@ def run_plan(
 def _judge(probe: Probe, search: RateSearch, longer: dict[str, tuple[float, int]], max_requests: int) -> None:
     """Move the candidate's search on with the probe's verdict, or ask for the same rate, longer."""
     if probe.error:
-        search.stop(f"a probe at {probe.rate:g} req/s failed to run: {probe.error}")
+        search.stop(f"a probe at {probe.rate:g} req/s failed to run: {probe.error}", broken=True)
+        return
+    if probe.confirmation:
+        search.record_confirmation(probe.rate, probe.passed, probe.requests)
         return
     if probe.needs_longer and probe.requests < max_requests:
         probe.extended = True
@@ -149,21 +157,29 @@ def _judge(probe: Probe, search: RateSearch, longer: dict[str, tuple[float, int]
             if run.unsteady:
                 why = f"no steady state after {probe.requests:,} requests: {'; '.join(run.unsteady)}"
                 run.violations.append(Violation(STEADY_STATE, why, None, float(max_requests), "window"))
-    search.record(probe.rate, probe.passed)
+    search.record(probe.rate, probe.passed, probe.requests)
+
+
+Wanted = tuple[Candidate, float, int, bool]  # candidate, rate, requests per seed, a confirmation?
 
 
 def _next_probes(
     plan: Plan, searches: dict[str, RateSearch], longer: dict[str, tuple[float, int]]
-) -> list[tuple[Candidate, float, int]]:
-    wanted = []
+) -> list[Wanted]:
+    wanted: list[Wanted] = []
     for candidate in plan.candidates:
         if candidate.key in longer:
-            wanted.append((candidate, *longer.pop(candidate.key)))
+            wanted.append((candidate, *longer.pop(candidate.key), False))
             continue
         search = searches.get(candidate.key)
-        next_rate = search.next_rate() if search else None
+        if search is None:
+            continue
+        next_rate = search.next_rate()
         if next_rate is not None:
-            wanted.append((candidate, next_rate, plan.first_requests(candidate, next_rate)))
+            requests = max(plan.first_requests(candidate, next_rate), search.long_probe_requests)
+            wanted.append((candidate, next_rate, requests, False))
+        elif (confirm := search.confirmation()) is not None:
+            wanted.append((candidate, *confirm, True))
     return wanted
 
 
@@ -171,7 +187,7 @@ def _run_round(
     plan: Plan,
     store: PointStore,
     executor: Executor,
-    wanted: list[tuple[Candidate, float, int]],
+    wanted: list[Wanted],
     first_number: int,
     retry_failed: bool,
     bar: Any,
@@ -180,15 +196,15 @@ def _run_round(
     seeds = plan.spec.search.seeds
     tasks = {
         (c.key, seed): plan.probe_task(c, rate, seed, requests)
-        for c, rate, requests in wanted
+        for c, rate, requests, _ in wanted
         for seed in seeds
     }
     records, counts = run_points(
         store, list(tasks.values()), executor, retry_failed=retry_failed, bar=bar, fn=fn
     )
     probes = []
-    for offset, (candidate, rate, requests) in enumerate(wanted):
-        probe = Probe(first_number + offset, candidate.key, rate, requests)
+    for offset, (candidate, rate, requests, confirmation) in enumerate(wanted):
+        probe = Probe(first_number + offset, candidate.key, rate, requests, confirmation=confirmation)
         for seed in seeds:
             record = records[tasks[(candidate.key, seed)].point_id]
             _add_seed_run(probe, seed, record, plan)
@@ -224,6 +240,7 @@ def probe_table(probes: list[Probe]) -> pd.DataFrame:
                 "violations": "; ".join(describe(run.violations)),
                 "not_steady": "; ".join(run.unsteady),
                 "run_again_longer": probe.extended,
+                "confirmation": probe.confirmation,
             }
             rows.append(head | flatten_summary(run.summary | {"steady": run.steady}))
     return pd.DataFrame(rows)

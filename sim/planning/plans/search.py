@@ -22,6 +22,7 @@ visible.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +140,13 @@ class RateSearch:
     passed: list[float] = field(default_factory=list)
     failed: list[float] = field(default_factory=list)
     stopped: str = ""  # why the search ended early ("" while running or after converging)
+    broken: bool = False  # a probe failed to run: nothing more is probed, not even a confirmation
+    confirmed: float | None = None  # the rate a confirmation run held at
+    confirmations: int = 0  # confirmation runs made
+    passed_requests: dict[float, int] = field(default_factory=dict)  # requests of each passing probe
+    # After a confirmation broke, the short probes near this candidate's knee proved lucky: every later
+    # probe runs as long as that confirmation, and one that passes so long needs no other.
+    long_probe_requests: int = 0
 
     @property
     def lo(self) -> float | None:
@@ -151,11 +159,41 @@ class RateSearch:
         above = [rate for rate in self.failed if self.lo is None or rate > self.lo]
         return min(above) if above else None
 
-    def record(self, rate: float, passed: bool) -> None:
+    def record(self, rate: float, passed: bool, requests: int = 0) -> None:
         (self.passed if passed else self.failed).append(rate)
+        if passed:
+            self.passed_requests[rate] = requests
+            if self.long_probe_requests and requests >= self.long_probe_requests:
+                self.confirmed = max(rate, self.confirmed or 0.0)
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: str, broken: bool = False) -> None:
         self.stopped = reason
+        self.broken = self.broken or broken
+
+    def confirmation(self) -> tuple[float, int] | None:
+        """The rate to confirm with a run ``confirm_factor`` times longer than its passing probe, and
+        that run's requests; None while the search goes on, once :attr:`lo` is confirmed, or when no
+        confirmation is wanted or left."""
+        spec = self.spec
+        lo = self.lo
+        if not spec.confirm_factor or self.broken or lo is None or self.confirmed == lo:
+            return None
+        if self.confirmations >= spec.max_confirmations:
+            return None
+        longer = math.ceil(spec.confirm_factor * self.passed_requests.get(lo, spec.min_requests))
+        return lo, max(longer, self.long_probe_requests)
+
+    def record_confirmation(self, rate: float, held: bool, requests: int) -> None:
+        """A long run at ``rate`` held (every SLO met): it is the answer. It broke: the rate fails
+        after all, and the search bisects again below it with probes as long as this run (the short
+        probe was lucky, and so may its neighbours be)."""
+        self.confirmations += 1
+        if held:
+            self.confirmed = rate
+            return
+        self.passed.remove(rate)
+        self.failed.append(rate)
+        self.long_probe_requests = max(self.long_probe_requests, requests)
 
     def next_rate(self) -> float | None:
         """The next rate to probe, or None when the search is over."""

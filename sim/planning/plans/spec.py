@@ -267,6 +267,17 @@ class SearchSpec(Strict):
         description="How long the steady window may open before the system has filled (first arrival + "
         "mean end-to-end latency); above it the probe runs longer.",
     )
+    confirm_factor: float = Field(
+        10.0,
+        ge=0,
+        description="Confirm each candidate's maximum rate with a run this many times longer than its passing "
+        "probe (every seed, every SLO): a rate that breaks there fails, and the search bisects again below "
+        "it. 0: no confirmation (the answer then rests on the short probes alone).",
+    )
+    max_confirmations: PositiveInt = Field(
+        3,
+        description="Confirmation runs per candidate at most; the last rate left unconfirmed is reported so.",
+    )
     cluster_check: ClusterCheck | None = Field(
         None,
         description="Check single-engine candidates' GPU counts by simulating the cluster at the target "

@@ -106,6 +106,7 @@ def _probe_entry(probe: Probe) -> dict[str, Any]:
         "requests": probe.requests,
         "passed": probe.passed,
         "run_again_longer": probe.extended,
+        "confirmation": probe.confirmation,
         "error": probe.error,
         "metrics": probe_metrics(probe),
         "seeds": [
@@ -241,7 +242,8 @@ def recommendation_blocks(document: dict[str, Any]) -> list[Block]:
                 ("at least " if best["status"] == "at_max_rate" else "") + rate(best["max_rate_per_s"]),
                 best["max_probe"],
             ),
-            f" under the SLOs ({_slo_text(document)}); binding limit: {best['binding']['label']}",
+            f" under the SLOs ({_slo_text(document)}; {_confirmed_text(best)}); binding limit: "
+            f"{best['binding']['label']}",
         ]
         if "cost_per_hour_for_target" in best:
             text += [f"; ${best['cost_per_hour_for_target']:,.2f} per hour"]
@@ -268,6 +270,13 @@ def recommendation_blocks(document: dict[str, Any]) -> list[Block]:
         )
     )
     return blocks
+
+
+def _confirmed_text(candidate: dict[str, Any]) -> str:
+    confirmed = candidate.get("confirmed") or {}
+    if confirmed.get("held"):
+        return f"confirmed by {confirmed['requests']:,} requests per seed"
+    return str(confirmed.get("why", "not confirmed"))
 
 
 def recommendation_table(document: dict[str, Any]) -> Table:
@@ -310,7 +319,10 @@ def _recommendation_row(c: dict[str, Any]) -> list[Text]:
     return [
         [str(c["rank"])],
         [c["key"]],
-        [probe_link(at_least + rate(c["max_rate_per_s"]), probe)],
+        [
+            probe_link(at_least + rate(c["max_rate_per_s"]), probe),
+            "" if (c.get("confirmed") or {}).get("held") is not False else " (not confirmed)",
+        ],
         [probe_link(str(c["gpus_for_target"]), probe)],
         [probe_link(c["binding"]["label"], c["binding"].get("evidence", {}).get("probe"))],
         [probe_link(f"{c['headroom_frac']:+.0%}", probe)],
@@ -494,6 +506,8 @@ def assumption_blocks(document: dict[str, Any]) -> list[Block]:
 def _verdict(probe: dict[str, Any]) -> str:
     if probe["error"]:
         return "error"
+    if probe.get("confirmation"):
+        return "confirmation run: holds" if probe["passed"] else "confirmation run: breaks SLOs"
     if probe.get("run_again_longer"):
         return "met SLOs short of a steady state: run again longer"
     return "meets SLOs" if probe["passed"] else "breaks SLOs"

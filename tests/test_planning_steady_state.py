@@ -1,0 +1,125 @@
+"""A plan's answer must hold: probes run until they reach a steady state, and each candidate's
+maximum rate is confirmed by a run ten times longer. The search logic is checked against a made-up
+server whose verdict depends on rate and probe length (worked by hand), then end to end."""
+
+from __future__ import annotations
+
+import json
+
+from sim.planning.plans.run import run_plan
+from sim.planning.plans.search import violations
+from sim.planning.plans.spec import load_plan_spec
+from sim.planning.sweeps.tasks import PointOutcome, PointTask, run_point
+from tests.planning_helpers import plan_data, write_yaml
+
+STEADY = {"kv_usage_rise": 0.0, "running_rise_frac": 0.0, "waiting_rise": 0.0, "waiting_rise_frac": 0.0}
+FILLING = STEADY | {"kv_usage_rise": 0.2}  # the KV pool still filling across the window
+
+
+def made_up_server(task: PointTask) -> PointOutcome:
+    """Up to 4 req/s it keeps up at any length. Above 6 req/s it breaks the TTFT SLO at once. In
+    between, a short probe (500 requests) meets the SLO with its pool still filling, a medium one
+    (1,000) meets it steady, and only a long one (10,000) shows the overload: the issue's late fill."""
+    workload = task.config["workload"]
+    rate, requests = workload["arrival"]["rate_per_s"], workload["num_requests"]
+    ttft, shape = 0.5, STEADY
+    if rate > 6:
+        ttft = 3.0
+    elif rate > 4:
+        ttft, shape = (
+            (0.5, FILLING) if requests < 1000 else (0.5, STEADY) if requests < 10000 else (5.0, STEADY)
+        )
+    steady = shape | {"ttft_p99_s": ttft, "late_ttft_p99_s": ttft, "queue_growth_frac": 0.0}
+    summary = {"variant": "paged", "cost_model": "made up"}
+    files = {
+        "summary.csv": b"variant\npaged\n",
+        "paged/summary.json": json.dumps(summary).encode(),
+        "paged/steady.json": json.dumps(steady).encode(),
+    }
+    return PointOutcome(task.point_id, True, [summary | {"steady": steady}], files=files)
+
+
+def made_up_plan(tmp_path, **search):
+    data = plan_data(candidates={"policies": [{"name": "paged", "policy": "paged"}], "block_sizes": [16]})
+    data["search"] = {
+        "start_rate_per_s": 2,
+        "seeds": [1],
+        "min_requests": 500,
+        "rel_tolerance": 0.2,
+        "min_fill_multiple": 0,
+    } | search
+    return load_plan_spec(write_yaml(tmp_path / "plan.yaml", data))
+
+
+def test_short_probes_run_longer_and_a_confirmation_refutes_a_lucky_rate(tmp_path):
+    """By hand: 2 and 4 pass; 8 fails; 6 is filling at 500 requests, runs again at 1,000 and passes;
+    7 fails (7/6 - 1 <= 20 %: converged). The confirmation at 6 (10 x 1,000 requests) breaks, so 6
+    fails after all, and the search goes on with probes of 10,000 requests: 5 fails, 4.5 fails
+    (4.5/4 - 1 <= 20 %); 4 is confirmed by a run as long (10 x its 500 would be shorter)."""
+    plan = made_up_plan(tmp_path)
+    document = run_plan(plan, tmp_path / "out", fn=made_up_server).document
+    probes = [(p["rate_per_s"], p["requests"], p["confirmation"], p["passed"]) for p in document["probes"]]
+    assert probes == [
+        (2.0, 500, False, True),
+        (4.0, 500, False, True),
+        (8.0, 500, False, False),
+        (6.0, 500, False, False),  # filling: run again longer, not judged
+        (6.0, 1000, False, True),
+        (7.0, 500, False, False),
+        (6.0, 10000, True, False),
+        (5.0, 10000, False, False),
+        (4.5, 10000, False, False),
+        (4.0, 10000, True, True),
+    ]
+    assert [p["run_again_longer"] for p in document["probes"]].count(True) == 1
+    (result,) = document["candidates"]
+    assert result["max_rate_per_s"] == 4.0 and result["fail_rate_per_s"] == 4.5
+    assert result["confirmed"]["held"] is True and result["confirmed"]["requests"] == 10000
+    assert result["max_probe"] == 9  # the confirmation run is the evidence at the max rate
+    assert result["gpus_for_target"] == 5  # 20 req/s over 4 per GPU
+
+
+def test_a_probe_that_never_settles_fails_at_max_requests(tmp_path):
+    """With max_requests 500 the filling probes above 4 req/s cannot run longer: they fail as not
+    steady, so the search converges on 4 (confirmed), and the first failure says why."""
+    plan = made_up_plan(tmp_path, max_requests=500)
+    document = run_plan(plan, tmp_path / "out", fn=made_up_server).document
+    (result,) = document["candidates"]
+    assert result["max_rate_per_s"] == 4.0 and result["confirmed"]["held"] is True
+    assert result["fail_rate_per_s"] == 4.5
+    assert any("no steady state after 500 requests" in reason for reason in result["fail_reasons"])
+    assert result["binding"]["limit"] == "probe_length"
+
+
+def test_without_confirmation_the_lucky_rate_stands_and_says_so(tmp_path):
+    plan = made_up_plan(tmp_path, confirm_factor=0)
+    document = run_plan(plan, tmp_path / "out", fn=made_up_server).document
+    (result,) = document["candidates"]
+    assert result["max_rate_per_s"] == 6.0 and result["confirmed"]["held"] is None
+    assert not any(p["confirmation"] for p in document["probes"])
+
+
+def test_every_max_rate_of_a_real_plan_holds_ten_times_longer(tmp_path):
+    """End to end on a small simulated plan: each candidate's maximum rate, run again ten times longer
+    than its passing probe with a seed the plan never used (7), meets every SLO."""
+    data = plan_data(
+        search={"start_rate_per_s": 2, "seeds": [1, 2], "min_requests": 150, "rel_tolerance": 0.15},
+    )
+    plan = load_plan_spec(write_yaml(tmp_path / "plan.yaml", data))
+    document = run_plan(plan, tmp_path / "out").document
+    probes = {p["number"]: p for p in document["probes"]}
+    checked = 0
+    for result in document["candidates"]:
+        candidate = next(c for c in plan.candidates if c.key == result["key"])
+        assert result["confirmed"]["held"] is True, result["key"]
+        passing_search_probe = min(
+            (p for p in probes.values() if p["rate_per_s"] == result["max_rate_per_s"] and p["passed"]),
+            key=lambda p: p["requests"],
+        )
+        requests = 10 * passing_search_probe["requests"]
+        outcome = run_point(plan.probe_task(candidate, result["max_rate_per_s"], 7, requests))
+        assert outcome.ok, outcome.error
+        steady = outcome.summaries[0]["steady"]
+        assert violations(steady, plan.spec.slos) == [], (result["key"], steady["ttft_p99_s"])
+        checked += 1
+    assert checked == 2  # max_num_seqs 2 and 64
