@@ -405,6 +405,7 @@ class Engine:
         loads_before = self._host_loads()
         # 1. every decoding sequence takes a token (the policy hears of those that need a block)
         self.clock.now += 1
+        self._prepare_decode_step()
         preempted, swap_blocks = self._decode_growth()
         swap_blocks += self._swap_out_pending
         self._swap_out_pending = 0
@@ -569,7 +570,7 @@ class Engine:
                 forked.extend(child.seq_id for child in children)
         except OutOfKVMemory:
             for seq_id in forked:
-                self.policy.free(seq_id)
+                self.policy.free(seq_id, finished=False)
             if len(self.running) == 1:
                 self._reject_alone(state, self.clock.now)
                 return
@@ -586,6 +587,7 @@ class Engine:
         replaced = self._draw_replaced_beams(width)
         survivors = [seq for index, seq in enumerate(state.seq_ids) if index not in replaced]
         parents = self.rng.choice(len(survivors), len(replaced)).tolist()
+        # A replaced beam's tokens are a decoded prefix like any finished sample's: freed as finished.
         for index in sorted(replaced, reverse=True):
             self.policy.free(state.seq_ids.pop(index))
         self._running_seqs -= len(replaced)
@@ -708,7 +710,7 @@ class Engine:
             self._host_tokens_used += held
             self.counters.swapped_out_blocks += swapped_blocks
         for seq_id in state.seq_ids:
-            self.policy.free(seq_id)
+            self.policy.free(seq_id, finished=False)
         state.seq_ids = []
         if not single:
             # Samples and beams restart from the prompt: their diverged tokens are not recoverable.
@@ -723,7 +725,7 @@ class Engine:
             self.clock.leave(state, at_clock)
         self._leave_running(state)
         for seq_id in state.seq_ids:
-            self.policy.free(seq_id)
+            self.policy.free(seq_id, finished=False)
         state.seq_ids = []
         self._reject(state, f"its {state.width} samples/beams do not fit in the KV pool even alone")
 
@@ -1016,6 +1018,7 @@ class Engine:
     def _apply_jump(self, jump: Jump, steps: int) -> None:
         """The first ``steps`` iterations of the jump after iteration 1 took place: their growth, their
         prefill chunks and the area of the tokens they decoded."""
+        self._prepare_second_iteration(jump, jump.first_clock + steps)
         if jump.grows:
             self._grow_inside_jump(jump, jump.first_clock + steps)
         for chunks in jump.chunks[:steps]:
@@ -1025,6 +1028,13 @@ class Engine:
         self.recorder.add_token_area(jump.timeline.batch * jump.timeline.token_weight_s(steps))
         self.clock.now += steps
 
+    def _prepare_second_iteration(self, jump: Jump, last_clock: int) -> None:
+        """Iteration 1 took free slots (its growth and admissions): the jump's next iteration, if it
+        has taken place by ``last_clock``, prepares its decode step first, as single steps would."""
+        second = jump.first_clock + 1
+        if second <= last_clock and self._prepare_decode_step():
+            self.recorder.observe(self._iteration_start_s(jump, second), self._averaged_state())
+
     def _grow_inside_jump(self, jump: Jump, last_clock: int) -> None:
         """Flushes due inside the jump, in the order single steps would take them (clock, then
         admission), each group observed at the start of its iteration. The jump was planned so that
@@ -1032,16 +1042,34 @@ class Engine:
         copies_before = self.policy.stats.cow_copies
         clock = self.clock
         while (due := clock.next_flush()) <= last_clock:
-            self._flush_group(jump, clock.due_flushes(due), due)
+            self._flush_group(jump, clock.due_flushes(due), due, last_clock)
         # Copy-on-write only follows a fork, which ends a wake-up: its write is the next iteration 1.
         assert self.policy.stats.cow_copies == copies_before, "a copy-on-write inside a jump"
 
-    def _flush_group(self, jump: Jump, states: list[RequestState], due_clock: int) -> None:
+    def _flush_group(self, jump: Jump, states: list[RequestState], due_clock: int, last_clock: int) -> None:
         """Flushes due at the start of the same iteration of the jump: one policy call, then the
-        state observed at that instant."""
+        state observed at that instant. The next iteration, if the jump has it, prepares its decode
+        step first (the flush took free slots a policy may want back), observed when it starts."""
         self.clock.flush(states, due_clock)
-        start = jump.start_s + jump.timeline.elapsed_s(due_clock - jump.first_clock)
-        self.recorder.observe(start, self._averaged_state())
+        self.recorder.observe(self._iteration_start_s(jump, due_clock), self._averaged_state())
+        if due_clock < last_clock and self._prepare_decode_step():
+            self.recorder.observe(self._iteration_start_s(jump, due_clock + 1), self._averaged_state())
+
+    @staticmethod
+    def _iteration_start_s(jump: Jump, clock: int) -> float:
+        return jump.start_s + jump.timeline.elapsed_s(clock - jump.first_clock)
+
+    def _prepare_decode_step(self) -> bool:
+        """The decode step at the clock's iteration is about to take its tokens: the policy may make
+        room first (``KVCachePolicy.prepare_decode_step``). Returns whether it evicted anything. Free
+        slots change only when sequences take blocks (flushes, at iteration 1 or inside a jump), so
+        that is when it runs; between flushes it would find nothing to do."""
+        sequences = self.clock.sequences
+        if not sequences:
+            return False
+        evictions = self.policy.stats.evictions
+        self.policy.prepare_decode_step(sequences)
+        return self.policy.stats.evictions != evictions
 
     def _stop_inside_jump(self) -> None:
         """The run ended (``until_s``) inside a jump: book what single steps would have by now."""
@@ -1052,6 +1080,7 @@ class Engine:
         ended = jump.timeline.iterations_ended_before(elapsed)
         # Iteration ``ended + 1`` is in progress: its growth and tokens are in, its completions not.
         started = min(ended + 1, 1 + jump.timeline.extra)
+        self._prepare_second_iteration(jump, jump.first_clock + started - 1)
         if jump.grows:
             self._grow_inside_jump(jump, jump.first_clock + started - 1)
         timeline = jump.timeline
