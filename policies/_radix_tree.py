@@ -128,6 +128,17 @@ class RadixTree:
             node, rest = child, split_key(rest, length)[1]
         return PrefixMatch(matched, unlocked)
 
+    def unlocked_tokens_above(self, node: RadixNode) -> int:
+        """Tokens of the unlocked nodes on the path from the root to ``node``: what locking ``node``
+        takes out of the evictable cache. (A lock locks every ancestor, so they are the path's lower
+        end.)"""
+        unlocked = 0
+        while node is not self.root and node.lock_ref == 0:
+            unlocked += node.length
+            assert node.parent is not None
+            node = node.parent
+        return unlocked
+
     def nodes(self) -> Iterator[RadixNode]:
         """Every node but the root."""
         stack = list(self.root.children.values())

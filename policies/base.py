@@ -212,7 +212,9 @@ class ChildSpec:
 # class would then poison the others); register() checks the abstract methods instead.
 @mypyc_attr(allow_interpreted_subclasses=True)  # compiled, it still takes policies written in Python
 class KVCachePolicy:
-    """A KV-cache allocator. Every method either succeeds or raises and leaves the state unchanged.
+    """A KV-cache allocator. Every method either succeeds or raises and leaves the state unchanged
+    (a failed admission may still have recorded its prefix match as a cache access, see :meth:`match`;
+    the breakdown never changes).
 
     Lengths are in tokens (= slots). ``final_len`` is the length the sequence will reach when it
     finishes: the simulator knows it, and the breakdown uses it to tell reservation (slots that will
@@ -301,8 +303,24 @@ class KVCachePolicy:
         """Create ``children`` holding the parent's tokens (parallel sampling, beam search)."""
 
     @abstractmethod
-    def free(self, seq_id: int) -> None:
-        """Release a sequence. Its blocks may stay cached (prefix policies)."""
+    def free(self, seq_id: int, finished: bool = True) -> None:
+        """Release a sequence. Its blocks may stay cached (prefix policies).
+
+        ``finished`` says why: True when it generated its last token, False when the engine preempts,
+        retracts or aborts it. A policy may cache only finished sequences' tokens (SGLang frees a
+        retracted request's KV without inserting it into its tree); the others ignore it."""
+
+    def match(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        """The scheduler's prefix match of a waiting request: the hit :meth:`lookup` returns, but a
+        policy may record the match as an access of its cache whether or not the request is then
+        admitted (SGLang's ``match_prefix`` at scheduling splits a node and refreshes access times).
+        It never changes the breakdown or the statistics. Default: :meth:`lookup`."""
+        return self.lookup(prompt, namespace)
+
+    def prepare_decode_step(self, num_sequences: int) -> None:
+        """A decode step of ``num_sequences`` sequences is about to take its tokens: a policy may
+        make room for them first (SGLang's paged decode allocation evicts from its tree until a page
+        per sequence is free). It changes neither used nor reserved slots. Default: nothing."""
 
     # -- capacity and accounting -------------------------------------------------------------------
     @abstractmethod

@@ -214,7 +214,8 @@ class ContiguousPolicy(KVCachePolicy):
         # Contiguous regions cannot share: every child gets a physical copy of the parent's tokens.
         self.stats.fork_copied_tokens += parent.length * len(placed)
 
-    def free(self, seq_id: int) -> None:
+    def free(self, seq_id: int, finished: bool = True) -> None:
+        # (No cache: why the sequence leaves plays no part.)
         sequence = self._get(seq_id)
         self._space.release(sequence.start, sequence.size)
         del self._sequences[seq_id]

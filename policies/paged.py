@@ -434,7 +434,8 @@ class PagedPolicy(SequenceTable[SequenceState]):
             self.sequences[child.seq_id] = state
             self._give_child_blocks(parent, state)
 
-    def free(self, seq_id: int) -> None:
+    def free(self, seq_id: int, finished: bool = True) -> None:
+        # ``finished`` plays no part: vLLM keeps a preempted request's full blocks cached too.
         seq = self._get(seq_id)
         table = seq.block_table
         full_blocks = table

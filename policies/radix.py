@@ -5,24 +5,33 @@ tree of cached token content (``python/sglang/srt/mem_cache/radix_cache.py``; th
 How a request's KV lives here, and which SGLang code each rule follows:
 
 - **Admission** matches the prompt in the tree (``match_prefix``, splitting a node where the match
-  ends inside it) and locks the matched node (``inc_lock_ref``). The match covers at most
-  ``len - 1`` tokens, floored to whole pages (``Req._compute_max_prefix_len`` /
-  ``adjust_max_prefix_ids`` in ``managers/schedule_batch.py``): the last prompt token is computed
-  for its logits. The rest of the prompt takes fresh slots.
+  ends inside it and refreshing the matched path's access time) and locks the matched node
+  (``inc_lock_ref``). The match covers at most ``len - 1`` tokens, floored to whole pages
+  (``Req._compute_max_prefix_len`` / ``adjust_max_prefix_ids`` in ``managers/schedule_batch.py``):
+  the last prompt token is computed for its logits. The rest of the prompt takes fresh slots. SGLang
+  matches a waiting request when it schedules it, before its budget decides (``get_new_batch_prefill``
+  calls ``Req.init_next_round_input``; ``lpm`` matches the whole queue to order it), so the split and
+  the refreshed path stay when the request is refused: a failed :meth:`admit` keeps them, and
+  :meth:`match` is that match alone. :meth:`lookup` (routers) changes nothing.
 - **Allocation** takes free slots; when too few are free it first evicts the shortfall from the
   tree (``mem_cache/common.py:evict_from_tree_cache``: ``evict(num_tokens - available)``),
   least recently used unlocked leaves first. With ``page_size`` > 1 a sequence's own tokens take
-  whole pages, so its last page can be partly empty (``alloc_extend``).
+  whole pages, so its last page can be partly empty, and the allocator over-asks by a page per
+  request: an admission evicts for its new tokens plus a page (``alloc_paged_token_slots_extend``),
+  and every decode step for a page per decoding request, whether or not their next tokens fit the
+  pages they hold (``alloc_paged_token_slots_decode``; :meth:`prepare_decode_step`).
 - **Insertion.** SGLang inserts a request's prompt into the tree when its prefill (or each chunk of
   it) is done (``cache_unfinished_req``, called by the scheduler after a prefill batch and for a
   chunked request), and its prompt plus output when it finishes (``cache_finished_req``). Only whole
   pages enter the tree; tokens already in the tree are deduplicated: the request's own copies are
-  freed and it adopts the tree's (SGLang does, vLLM does not). kvsim's engine allocates a prompt at
-  admission and gives the policy no hook when a prefill chunk completes, so the prompt is inserted
-  at admission (as the ``prefix`` policy caches full blocks at admission), and a sequence's tokens
-  when it is freed. The engine frees preempted sequences the same way, so their tokens are inserted
-  too, where SGLang's ``retract_decode`` frees a retracted request's KV without inserting it.
-- **Decoding** appends the sequence's own tokens; they enter the tree when it is freed.
+  freed and it adopts the tree's (SGLang does, vLLM does not). An insertion walks the whole path, so
+  it refreshes the access time of every node on it even when nothing is new. kvsim's engine
+  allocates a prompt at admission and gives the policy no hook when a prefill chunk completes, so
+  the prompt is inserted at admission (as the ``prefix`` policy caches full blocks at admission).
+  A sequence freed ``finished`` is inserted; one freed otherwise (preempted, retracted, aborted) is
+  not: its own slots are freed (``release_kv_cache(..., is_insert=False)``, as ``retract_decode``
+  releases a request), and only its prompt, inserted at admission, stays cached.
+- **Decoding** appends the sequence's own tokens; they enter the tree when it finishes.
 - **Forks** (``n > 1``, beams): the parent's whole pages are inserted into the tree and every child
   locks the same node, so all share the prompt (and any generated prefix) at token granularity with
   no copy-on-write. A partly filled last page (``page_size`` > 1) is copied into each child. (SGLang
@@ -32,11 +41,9 @@ How a request's KV lives here, and which SGLang code each rule follows:
   tokens as hits, as the ``prefix`` policy counts them; ``evictions`` counts evicted pages (tokens
   when ``page_size`` is 1).
 
-What this policy does not model: SGLang's scheduler. kvsim's engine admits and preempts the vLLM way
-(FCFS, newest request preempted), not with SGLang's ``PrefillAdder`` (which reserves estimated decode
-tokens, ``new_token_ratio``) and ``retract_decode`` (fewest decoded tokens first). SGLang also
-matches waiting requests' prompts on every scheduling round, refreshing their nodes' LRU position
-(and splitting nodes); here a failed admission changes nothing, as every failed policy call must.
+SGLang's scheduler (``PrefillAdder``'s ``new_token_ratio`` budget, ``lpm`` ordering,
+``retract_decode``) is the engine's ``scheduler: sglang`` (``sim/engine/sglang_scheduler.py``), not
+this policy's.
 
 Breakdown (slots, sums to the pool): **used** = tokens in locked tree nodes (each once, however many
 sequences hold them) + every sequence's own tokens; **reserved** / **internal fragmentation** = the
@@ -146,6 +153,18 @@ class RadixPolicy(SequenceTable[RadixSequence]):
             return NO_HIT
         return PrefixHit(self.tree.longest_match(self._prompt_key(prompt, prompt_len), namespace).length)
 
+    def match(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        """SGLang's ``match_prefix`` as the scheduler runs it on a waiting request
+        (``Req.init_next_round_input``, and ``SchedulePolicy._compute_prefix_matches`` for ``lpm``):
+        the node where the match ends inside it is split and the matched path's access time
+        refreshed, whether or not the request is then admitted."""
+        validate_content(prompt, "matched prompt")
+        prompt_len = content_length(prompt)
+        if prompt_len <= 0:
+            return NO_HIT
+        _node, matched = self.tree.match_prefix(self._prompt_key(prompt, prompt_len), namespace)
+        return PrefixHit(matched)
+
     def can_admit(self, prompt: TokenContent, final_len: int, namespace: int = 0) -> bool:
         prompt_len = content_length(prompt)
         match = self.tree.longest_match(self._prompt_key(prompt, prompt_len), namespace)
@@ -178,19 +197,19 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
     ) -> int:
         prompt_len = self._check_new_sequence(seq_id, prompt, final_len)
-        key = self._prompt_key(prompt, prompt_len)
-        match = self.tree.longest_match(key, namespace)
-        needed = self._pages(prompt_len - match.length)
+        # The scheduler matches the request before it checks the budget: the split and the refreshed
+        # path stay whether or not the request fits.
+        node, matched = self.tree.match_prefix(self._prompt_key(prompt, prompt_len), namespace)
+        needed = self._pages(prompt_len - matched)
         # Locking the match takes its unlocked nodes out of the evictable cache.
         self._ensure_available(
             needed,
-            self.available_slots() - match.unlocked_tokens,
+            self.available_slots() - self.tree.unlocked_tokens_above(node),
             f"admitting sequence {seq_id}",
-            match.length,
+            matched,
         )
-        node, matched = self.tree.match_prefix(key, namespace)
         self.tree.lock(node)
-        self._make_free(needed)
+        self._make_free(self._extend_eviction_target(prompt_len - matched))
         seq = RadixSequence(seq_id, final_len, output_content_id, namespace, node, tree_len=matched)
         for segment in prompt:
             seq.append(segment)
@@ -252,9 +271,19 @@ class RadixPolicy(SequenceTable[RadixSequence]):
             self._account(state, +1)
             self.stats.fork_copied_tokens += partial_page
 
-    def free(self, seq_id: int) -> None:
+    def prepare_decode_step(self, num_sequences: int) -> None:
+        """``alloc_paged_token_slots_decode`` (``mem_cache/allocation.py``; ``alloc_token_slots`` with
+        pages of 1) makes a page per decoding request free before every decode step, evicting the
+        shortfall from the tree, whether or not a request's token still fits in its last page."""
+        self._make_free(num_sequences * self.page_size)
+
+    def free(self, seq_id: int, finished: bool = True) -> None:
+        """A finished sequence's whole pages go into the tree (``cache_finished_req``); a preempted
+        or aborted one's own slots are freed and nothing is inserted (``release_kv_cache`` with
+        ``is_insert=False``, as ``retract_decode`` and aborts release a request)."""
         seq = self._get(seq_id)
-        self._insert_into_tree(seq)  # cache_finished_req
+        if finished:
+            self._insert_into_tree(seq)
         self._account(seq, -1)
         self.tree.unlock(seq.last_node)
         del self.sequences[seq_id]
@@ -297,6 +326,14 @@ class RadixPolicy(SequenceTable[RadixSequence]):
                 PrefixHit(hit_tokens) if hit_tokens else NO_HIT,
             )
 
+    def _extend_eviction_target(self, extend_tokens: int) -> int:
+        """Free slots an admission's allocation evicts for: ``alloc_paged_token_slots_extend`` asks
+        for one spare page per request beyond its new tokens (``extend_num_tokens + bs * page_size``);
+        with pages of 1, ``alloc_token_slots`` asks for the new tokens alone."""
+        if self.page_size == 1:
+            return extend_tokens
+        return extend_tokens + self.page_size
+
     def _make_free(self, needed: int) -> None:
         """Evict the shortfall from the tree when fewer than ``needed`` slots are free."""
         shortfall = needed - self._free_slots()
@@ -306,14 +343,15 @@ class RadixPolicy(SequenceTable[RadixSequence]):
     def _insert_into_tree(self, seq: RadixSequence) -> None:
         """Put the sequence's whole pages into the tree (SGLang's ``cache_unfinished_req`` /
         ``cache_finished_req``): new tokens become tree nodes, tokens the tree already holds are
-        deduplicated (the sequence's copies are freed), and the sequence locks the new path end."""
+        deduplicated (the sequence's copies are freed), and the sequence locks the new path end.
+        The insertion walks the whole path even when nothing is new (``_insert_helper``), so the
+        path's access time is refreshed."""
         whole_pages = self._page_floor(seq.num_tokens)
-        if whole_pages <= seq.tree_len:
-            return
         self._account(seq, -1)
         node, _already_cached = self.tree.insert(seq.key(whole_pages), seq.namespace)
-        self.tree.lock(node)
-        self.tree.unlock(seq.last_node)
+        if node is not seq.last_node:
+            self.tree.lock(node)
+            self.tree.unlock(seq.last_node)
         seq.last_node, seq.tree_len = node, whole_pages
         self._account(seq, +1)
 

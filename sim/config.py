@@ -117,11 +117,68 @@ class EngineConfig(_Strict):
         "simulation. Default: the cost model's fitted request_overhead_s (derated: from measured "
         "client-side vLLM runs; other cost models: 0). 0: engine-side latencies.",
     )
+    scheduler: Literal["vllm", "sglang"] = Field(
+        "vllm",
+        description="Whose scheduler runs the engine. vllm: FCFS, prompts admitted while the pool holds "
+        "them, the newest request preempted when a sequence cannot grow (max_num_batched_tokens, "
+        "enable_chunked_prefill, watermark). sglang: SGLang's (sim/engine/sglang_scheduler.py): the "
+        "queue ordered by schedule_policy, admission against PrefillAdder's token budget with its "
+        "new_token_ratio estimate of future decode tokens, chunked_prefill_size / max_prefill_tokens, "
+        "and retract_decode's order when decode runs out of memory; best with policy radix.",
+    )
+    schedule_policy: Literal["fcfs", "lpm"] = Field(
+        "fcfs",
+        description="scheduler sglang: the waiting queue's order. fcfs: arrival order; lpm: longest "
+        "prefix match first (every waiting prompt matched in the cache each round), FCFS while more "
+        "than 128 wait (SchedulePolicy._determine_active_policy). SGLang's default is fcfs "
+        "(server_args.py schedule_policy).",
+    )
+    schedule_conservativeness: float = Field(
+        1.0,
+        ge=0,
+        description="scheduler sglang: scales new_token_ratio, the fraction of their remaining output "
+        "tokens admission reserves for running requests: it starts at min(0.7 x this, 1), decays each "
+        "decode step to 0.14 x its start over 600 steps, and is reset after a retraction "
+        "(SGLANG_INIT_NEW_TOKEN_RATIO, SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR, "
+        "SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS in environ.py; Scheduler.init_new_token_ratio). SGLang's "
+        "default: 1.0 (server_args.py).",
+    )
+    chunked_prefill_size: int | None = Field(
+        None,
+        description="scheduler sglang: most prompt tokens one iteration prefills, decode tokens "
+        "included (its iterations mix prefill and decode, as SGLang's --enable-mixed-chunk); -1: no "
+        "chunking (a prompt goes in whole). Default: SGLang's by GPU memory (server_args.py, "
+        "ServerArgs._handle_gpu_memory_settings): 2048 below 35 GB, 8192 below 160 GB, else 16384.",
+    )
+    max_prefill_tokens: int = Field(
+        16384,
+        gt=0,
+        description="scheduler sglang: prompt tokens admitted in one iteration; the first admission "
+        "may exceed it (PrefillAdder.rem_input_tokens). SGLang's default: 16384 (server_args.py).",
+    )
     allow_long_max_model_len: bool = Field(
         False,
         description="Accept a max_model_len beyond the model's context length (vLLM's "
         "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1); refused otherwise, as vLLM does.",
     )
+
+    @field_validator("chunked_prefill_size")
+    @classmethod
+    def _chunk_or_off(cls, value: int | None) -> int | None:
+        if value is not None and value != -1 and value <= 0:
+            raise ValueError(
+                f"chunked_prefill_size must be a positive number of tokens, or -1 (no chunking), not {value}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _sglang_has_no_swap(self) -> EngineConfig:
+        if self.scheduler == "sglang" and self.preemption_mode == "swap":
+            raise ValueError(
+                "scheduler sglang retracts requests and recomputes them (retract_decode); "
+                "preemption_mode swap is vLLM V0's: use preemption_mode recompute"
+            )
+        return self
 
 
 ROUTERS = ("round_robin", "least_requests", "least_kv", "session_affinity", "prefix_aware")

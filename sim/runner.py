@@ -36,6 +36,7 @@ from sim.config import (
 )
 from sim.costs.core import CostModel, CostModelError, make_cost_model
 from sim.engine.core import Engine, EngineKnobs
+from sim.engine.sglang_scheduler import chunked_prefill_size_for
 from sim.hardware.capacity import KVCapacity, size_kv_pool
 from sim.hardware.gpus import GpuSpec, resolve_gpu
 from sim.hardware.models import ModelSpec, resolve_model
@@ -529,6 +530,15 @@ def _make_engine(
         on_oom=engine_config.on_oom,
         beam_reparent_prob=engine_config.beam_reparent_prob,
         step_mode=engine_config.step_mode,
+        scheduler=engine_config.scheduler,
+        schedule_policy=engine_config.schedule_policy,
+        schedule_conservativeness=engine_config.schedule_conservativeness,
+        chunked_prefill_size=(
+            chunked_prefill_size_for(resolve_gpu(config.gpu).memory_bytes)
+            if engine_config.chunked_prefill_size is None
+            else engine_config.chunked_prefill_size
+        ),
+        max_prefill_tokens=engine_config.max_prefill_tokens,
         client_overhead_s=(
             prepared.costs.request_overhead_s
             if engine_config.client_overhead_s is None

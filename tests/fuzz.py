@@ -23,7 +23,8 @@ from tests.test_host_tier import TierDriver
 from tests.test_policy_properties import VARIANTS, Driver
 
 # Operation mix: admissions and growth dominate, as in a server; forks and evictions are rarer.
-WEIGHTS = {"admit": 0.25, "grow": 0.3, "fork": 0.05, "free": 0.3, "evict": 0.1}
+WEIGHTS = {"admit": 0.25, "grow": 0.25, "fork": 0.05, "free": 0.2, "preempt": 0.05, "match": 0.05}
+WEIGHTS |= {"decode_step": 0.05, "evict": 0.1}
 DRAIN_EVERY = 20_000
 """Free everything now and then (and check the empty pool), so runs do not sit in one full state."""
 

@@ -171,7 +171,7 @@ class Driver:
     LRU eviction) and free it again; on policies without a cache, free the newest sequence, as a
     preemption does."""
 
-    KINDS = ("admit", "grow", "grow_each", "fork", "free", "evict")
+    KINDS = ("admit", "grow", "grow_each", "fork", "free", "preempt", "match", "decode_step", "evict")
 
     def __init__(self, name: str, options: dict, pool: PoolSpec = POOL, prompts: list = PROMPTS):
         options = dict(options)
@@ -286,6 +286,38 @@ class Driver:
         seq_id = self.live.pop(choice % len(self.live))
         self.policy.free(seq_id)
         del self.model[seq_id]
+        return True
+
+    def _preempt(self, choice: int, amount: int) -> bool:
+        """Free a sequence that did not finish (a preemption, a retraction, an abort)."""
+        if not self.live:
+            return False
+        seq_id = self.live.pop(choice % len(self.live))
+        self.policy.free(seq_id, finished=False)
+        del self.model[seq_id]
+        return True
+
+    def _match(self, choice: int, amount: int) -> bool:
+        """The scheduler's match of a waiting prompt: ``lookup``'s hit; no slot moves, nothing counted."""
+        policy = self.policy
+        prompt = self.prompts[choice % len(self.prompts)]
+        before, stats = policy.breakdown(), policy.stats.as_dict()
+        hit = policy.lookup(prompt)
+        assert policy.match(prompt) == hit
+        assert policy.breakdown() == before and policy.stats.as_dict() == stats
+        return True
+
+    def _decode_step(self, choice: int, amount: int) -> bool:
+        """A decode step of the live sequences prepares its room: only cached and free slots may move."""
+        policy = self.policy
+        before = policy.breakdown()
+        policy.prepare_decode_step(len(self.live))
+        after = policy.breakdown()
+        assert (after.used, after.reserved, after.internal_fragmentation) == (
+            before.used,
+            before.reserved,
+            before.internal_fragmentation,
+        )
         return True
 
     def _evict(self, choice: int, amount: int) -> bool:

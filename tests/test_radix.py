@@ -238,6 +238,130 @@ def test_locked_nodes_are_never_evicted_and_parents_follow_their_last_child():
 
 
 # --------------------------------------------------------------------------------------------------
+# Where SGLang's RadixCache and its allocator touch the tree (issue 25): each example below gives a
+# different cache on the code before these rules were followed
+# --------------------------------------------------------------------------------------------------
+
+
+def two_cached_leaves(slots: int = 16) -> RadixPolicy:
+    """Pool of ``slots``, page 1. X = 4 tokens of stream 10 cached first (older), Y = 4 tokens of
+    stream 11 cached second."""
+    policy = radix_pool(slots)
+    for seq_id, stream in ((0, 10), (1, 11)):
+        policy.admit(seq_id, ((stream, 4),), 4, output_content_id=500 + seq_id)
+        policy.free(seq_id)
+    assert breakdown(policy) == (0, 0, 0, 0, 8, 8)
+    return policy
+
+
+def evict_one_leaf_and_look(policy: RadixPolicy) -> tuple[int, int]:
+    """Admit 12 fresh tokens (8 free: the 4-token shortfall evicts the least recently used leaf),
+    then the hits left for X's and Y's prompts."""
+    policy.admit(9, ((13, 12),), 12, output_content_id=509)
+    assert policy.stats.evictions == 4
+    return policy.lookup(((10, 4), (60, 1))).cached_tokens, policy.lookup(((11, 4), (60, 1))).cached_tokens
+
+
+def test_a_preempted_sequence_is_freed_without_inserting_its_tokens():
+    """A 4-token prompt (inserted at admission) plus 3 decoded tokens, then preempted: SGLang's
+    ``release_kv_cache(..., is_insert=False)`` frees the 3 own slots and inserts nothing; finished,
+    the same sequence leaves all 7 tokens cached."""
+    for finished, cached in ((False, 4), (True, 7)):
+        policy = radix_pool(32)
+        policy.admit(0, ((100, 4),), 8, output_content_id=500)
+        policy.grow(0, 3)
+        policy.free(0, finished=finished)
+        assert breakdown(policy) == (0, 0, 0, 0, cached, 32 - cached)
+        assert policy.lookup(((100, 4), (500, 3), (101, 1))) == PrefixHit(cached)
+        check_against_recount(policy)
+
+
+def test_the_schedulers_match_refreshes_the_path_and_lookup_does_not():
+    """C = X's first 3 tokens + 10 new ones. ``lookup`` leaves X the least recently used leaf, so
+    the next eviction takes X; ``match`` (the scheduler's) splits X after 3 tokens and refreshes it,
+    so the eviction takes Y instead."""
+    prompt_c = ((10, 3), (12, 10))
+    policy = two_cached_leaves()
+    assert policy.lookup(prompt_c) == PrefixHit(3)
+    assert evict_one_leaf_and_look(policy) == (0, 4)
+
+    policy = two_cached_leaves()
+    nodes_before = len(list(policy.tree.nodes()))
+    assert policy.match(prompt_c) == PrefixHit(3)
+    assert len(list(policy.tree.nodes())) == nodes_before + 1  # X split into 3 + 1
+    assert breakdown(policy) == (0, 0, 0, 0, 8, 8)  # a match moves no slot
+    assert policy.stats.prefix_cache_queries == 8  # and counts no query
+    assert evict_one_leaf_and_look(policy) == (4, 0)  # Y's leaf went (4 tokens, the shortfall)
+    check_against_recount(policy)
+
+
+def test_an_admission_that_does_not_fit_keeps_its_match():
+    """C = X's first 3 tokens + 14 new ones needs 14 slots; 8 free + 8 cached - 3 it would lock = 13:
+    refused. The scheduler matched it first, so X was split and refreshed all the same, and the
+    next eviction takes Y."""
+    policy = two_cached_leaves()
+    with pytest.raises(OutOfKVMemory) as error:
+        policy.admit(2, ((10, 3), (12, 14)), 17, output_content_id=502)
+    failure = error.value
+    assert (failure.needed_slots, failure.free_slots, failure.prefix_hit) == (14, 13, PrefixHit(3))
+    assert breakdown(policy) == (0, 0, 0, 0, 8, 8)
+    assert evict_one_leaf_and_look(policy) == (4, 0)
+
+
+def test_a_paged_admission_evicts_for_a_spare_page():
+    """Pages of 4, pool of 24: three one-page leaves X, Y, Z cached in that order, 12 slots free.
+    A fresh 13-token prompt takes 4 pages (16 slots); ``alloc_paged_token_slots_extend`` evicts for
+    13 + one spare page = 17, a shortfall of 5: X, then Y. Only Z stays cached."""
+    policy = radix_pool(24, page_size=4)
+    for seq_id, stream in enumerate((20, 21, 22)):
+        policy.admit(seq_id, ((stream, 4),), 4, output_content_id=500 + seq_id)
+        policy.free(seq_id)
+    policy.admit(3, ((23, 13),), 13, output_content_id=503)
+    assert policy.stats.evictions == 2
+    # C: 12 tokens in the tree (locked) + 1 own token in a page of 4 it will never fill.
+    assert breakdown(policy) == (13, 0, 3, 0, 4, 4)
+    assert [policy.lookup(((stream, 4), (60, 1))).cached_tokens for stream in (20, 21, 22)] == [0, 0, 4]
+    check_against_recount(policy)
+
+
+def test_a_paged_decode_step_keeps_a_page_per_sequence_free():
+    """Pages of 4, pool of 12. A (5-token prompt: a page in the tree, 1 token in its own page) and X
+    (a cached page) fill the pool. A's next token fits its own page, but
+    ``alloc_paged_token_slots_decode`` first makes a page per decoding request free: X is evicted."""
+    policy = radix_pool(12, page_size=4)
+    policy.admit(0, ((31, 5),), 8, output_content_id=500)
+    policy.admit(1, ((30, 4),), 4, output_content_id=501)
+    policy.free(1)
+    assert breakdown(policy) == (5, 3, 0, 0, 4, 0)
+    policy.prepare_decode_step(1)
+    policy.grow(0, 1)
+    assert breakdown(policy) == (6, 2, 0, 0, 0, 4)
+    assert policy.lookup(((30, 4), (60, 1))) == NO_HIT
+    check_against_recount(policy)
+
+
+def test_finishing_refreshes_the_path_even_with_nothing_new_to_insert():
+    """Pages of 4, pool of 20. Cached in this order: X, then A's prompt page (A still running), then
+    Y. A decodes 2 tokens (no new whole page) and finishes: ``cache_finished_req`` walks its path all
+    the same, so A's page is now the most recently used. B then needs 12 slots with 4 free: the
+    8-token shortfall evicts X and Y; A's page survives."""
+    policy = radix_pool(20, page_size=4)
+    policy.admit(0, ((40, 4),), 4, output_content_id=500)
+    policy.free(0)  # X
+    policy.admit(1, ((41, 4),), 6, output_content_id=501)  # A
+    policy.admit(2, ((42, 4),), 4, output_content_id=502)
+    policy.free(2)  # Y
+    policy.admit(3, ((43, 4),), 16, output_content_id=503)  # B
+    policy.grow(1, 2)
+    policy.free(1)
+    assert breakdown(policy) == (4, 0, 0, 0, 12, 4)
+    policy.grow(3, 12)
+    assert policy.stats.evictions == 2
+    assert [policy.lookup(((stream, 4), (60, 1))).cached_tokens for stream in (40, 41, 42)] == [0, 4, 0]
+    check_against_recount(policy)
+
+
+# --------------------------------------------------------------------------------------------------
 # Independent recount
 # --------------------------------------------------------------------------------------------------
 

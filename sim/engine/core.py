@@ -49,6 +49,7 @@ from sim.engine.arrivals import Arrivals
 from sim.engine.decoding import NEVER, DecodeClock, RequestState
 from sim.engine.errors import EngineStalled
 from sim.engine.event_skip import JumpTimeline, iterations_to_reach
+from sim.engine.sglang_scheduler import SGLangScheduler
 from sim.outputs.metrics import (
     CHUNK_ROWS,
     KV_MEMORY,
@@ -77,6 +78,12 @@ class EngineKnobs:
     beam_reparent_prob: float = 0.15  # q: per beam and decode step, the beam is replaced by a survivor's fork
     step_mode: str = "skip"  # skip | single
     client_overhead_s: float = 0.0  # outside the engine, added to every request's TTFT and E2E
+    # scheduler sglang (sim/engine/sglang_scheduler.py; SGLang's server_args.py names and defaults):
+    scheduler: str = "vllm"  # vllm | sglang
+    schedule_policy: str = "fcfs"  # fcfs | lpm
+    schedule_conservativeness: float = 1.0
+    chunked_prefill_size: int = 8192  # -1: no chunking
+    max_prefill_tokens: int = 16384
 
 
 YOUNG_COLLECTION_EVERY = 1_000_000
@@ -108,6 +115,8 @@ QUEUE_EMPTY = "empty"  # an arrival could be admitted at the next iteration with
 OUT_OF_BUDGET = "budget"  # the head was not tried: any iteration with a free token budget tries it
 HEAD_STUCK = "stuck"  # the head cannot be admitted until something leaves (memory or max_num_seqs)
 HEAD_OUT_OF_MEMORY = "memory"  # stuck: the head was tried and does not fit in KV memory now
+# (scheduler sglang) the head is over the KV token budget, which new_token_ratio changes every step
+HEAD_OVER_BUDGET = "kv budget"
 NOT_TRIED = "not tried"  # a preemption this iteration: no admission (vLLM), the batch changes anyway
 
 
@@ -210,6 +219,10 @@ class Engine:
         self._copies_pending = 0
         self._admissions = 0
         self.clock = DecodeClock(policy, defer_growth=knobs.step_mode == "skip")
+        self._sglang = SGLangScheduler(knobs) if knobs.scheduler == "sglang" else None
+        self._chunks_prompts = (
+            knobs.enable_chunked_prefill if self._sglang is None else self._sglang.chunks_prompts
+        )
         self._jump: Jump | None = None  # the wake-up in flight, when it spans several iterations
         self._decoded_seqs = 0  # sequences that decoded in each iteration of the current wake-up
         self._iterations_this_step = 0
@@ -219,6 +232,9 @@ class Engine:
         self._preempted = False
         self._swapped_in = False
         self._admission_stop = QUEUE_EMPTY
+        # (scheduler sglang) this iteration's admissions matched waiting prompts in the cache and the
+        # queue still waits: the next iteration matches them again (a cache access), so no jump.
+        self._admission_rematches = False
 
     # ------------------------------------------------------------------------------------------ run
     def run(self, until_s: float | None = None) -> None:
@@ -314,7 +330,9 @@ class Engine:
                 f"{width} sequence(s) {shape} exceed the KV pool "
                 f"({self.policy.pool_slots:,} slots) even with nothing else running"
             )
-        if not knobs.enable_chunked_prefill and final_len > knobs.max_num_batched_tokens:
+        # (SGLang takes an unchunked prompt whole, however long: its first admission may exceed the budget.)
+        unchunked_vllm = self._sglang is None and not knobs.enable_chunked_prefill
+        if unchunked_vllm and final_len > knobs.max_num_batched_tokens:
             return (
                 f"{self._lengths(request)} cannot be prefilled in one iteration "
                 f"(max_num_batched_tokens={knobs.max_num_batched_tokens:,}, chunked prefill off)"
@@ -400,17 +418,19 @@ class Engine:
 
     def _first_iteration(self) -> float:
         """One iteration as vLLM schedules it: decode growth, prompts in progress, then admissions."""
-        budget = self.knobs.max_num_batched_tokens
         copies_before = self.policy.stats.cow_copies
         loads_before = self._host_loads()
         # 1. every decoding sequence takes a token (the policy hears of those that need a block)
         self.clock.now += 1
+        self._prepare_decode_step()
         preempted, swap_blocks = self._decode_growth()
+        if preempted and self._sglang is not None:
+            self._finish_retraction()
         swap_blocks += self._swap_out_pending
         self._swap_out_pending = 0
         decode_batch = self.clock.sequences
         decode_context = self.clock.sum_context()
-        budget -= decode_batch
+        budget = self._prefill_budget(decode_batch)
         # 2. prompts in progress, then 3. admissions (not after a preemption, as vLLM)
         chunks: list[tuple[int, int]] = []
         self._prefill_this_step = []
@@ -419,9 +439,13 @@ class Engine:
                 budget = self._schedule_prefill(state, budget, chunks)
         self._admission_stop = NOT_TRIED
         swap_in = 0
-        if not preempted:
+        if not preempted and self._sglang is not None:
+            self._sglang_admit_waiting(budget, chunks)
+        elif not preempted:
             budget, swap_in = self._admit_waiting(budget, chunks)
             swap_blocks += swap_in
+        if self._sglang is not None and not preempted and decode_batch and not self._prefill_this_step:
+            self._sglang.decode_steps(1)  # a decode batch (SGLang's update_running_batch)
         self._preempted = preempted
         self._swapped_in = swap_in > 0
         self._decoded_seqs = decode_batch
@@ -468,6 +492,12 @@ class Engine:
             return linear.iteration_s(decode_batch, sum_context, chunks)
         return self.costs.iteration_s(decode_batch, sum_context, chunks)
 
+    def _prefill_budget(self, decode_batch: int) -> int:
+        """Prompt tokens an iteration that decodes ``decode_batch`` sequences may prefill."""
+        if self._sglang is not None:
+            return self._sglang.prefill_budget(decode_batch)
+        return self.knobs.max_num_batched_tokens - decode_batch
+
     def _schedule_prefill(self, state: RequestState, budget: int, chunks: list[tuple[int, int]]) -> int:
         chunk = self._prefill_chunk(state, budget)
         if not chunk:
@@ -484,7 +514,7 @@ class Engine:
         if remaining <= budget:
             return remaining if remaining > 0 else 0
         # (Comparisons, not min/max: this runs for every prompt at every iteration that plans chunks.)
-        if not self.knobs.enable_chunked_prefill or budget <= 0:
+        if not self._chunks_prompts or budget <= 0:
             return 0
         return budget
 
@@ -569,7 +599,7 @@ class Engine:
                 forked.extend(child.seq_id for child in children)
         except OutOfKVMemory:
             for seq_id in forked:
-                self.policy.free(seq_id)
+                self.policy.free(seq_id, finished=False)
             if len(self.running) == 1:
                 self._reject_alone(state, self.clock.now)
                 return
@@ -586,6 +616,7 @@ class Engine:
         replaced = self._draw_replaced_beams(width)
         survivors = [seq for index, seq in enumerate(state.seq_ids) if index not in replaced]
         parents = self.rng.choice(len(survivors), len(replaced)).tolist()
+        # A replaced beam's tokens are a decoded prefix like any finished sample's: freed as finished.
         for index in sorted(replaced, reverse=True):
             self.policy.free(state.seq_ids.pop(index))
         self._running_seqs -= len(replaced)
@@ -682,7 +713,7 @@ class Engine:
                 self.policy.grow(seq_id, 1)
                 return outcome
             except OutOfKVMemory:
-                victim = self.running[-1]
+                victim = self.running[-1] if self._sglang is None else self._sglang.retraction_victim(self)
                 if victim is state and len(self.running) == 1:
                     # Its samples/beams outgrow the pool with nothing else in it (whole blocks each
                     # can exceed the tokens checked on arrival): a rejection, not a preemption.
@@ -708,14 +739,28 @@ class Engine:
             self._host_tokens_used += held
             self.counters.swapped_out_blocks += swapped_blocks
         for seq_id in state.seq_ids:
-            self.policy.free(seq_id)
+            self.policy.free(seq_id, finished=False)
         state.seq_ids = []
         if not single:
             # Samples and beams restart from the prompt: their diverged tokens are not recoverable.
             state.generated = 0
         state.prefilled = 0
-        self.waiting.appendleft(state)
+        if self._sglang is None:
+            self.waiting.appendleft(state)
+        else:
+            self.waiting.append(state)  # SGLang's _extend_requests_to_queue: retracted at the back
         return swapped_blocks
+
+    def _finish_retraction(self) -> None:
+        """Decode ran out of memory and requests were retracted until it fit: SGLang's
+        ``retract_decode`` goes on until the pool has room for 20 more tokens per request left, then
+        re-estimates ``new_token_ratio`` from them. (Found out while growing, so the requests retracted
+        here took this iteration's token; SGLang retracts before the step.)"""
+        scheduler = self._sglang
+        assert scheduler is not None
+        while scheduler.needs_more_room(self):
+            self._preempt(scheduler.retraction_victim(self), self.clock.now)
+        scheduler.reset_after_retraction(self)
 
     def _reject_alone(self, state: RequestState, at_clock: int) -> None:
         """Alone in the pool and still no room for its samples/beams: retrying could never succeed."""
@@ -723,7 +768,7 @@ class Engine:
             self.clock.leave(state, at_clock)
         self._leave_running(state)
         for seq_id in state.seq_ids:
-            self.policy.free(seq_id)
+            self.policy.free(seq_id, finished=False)
         state.seq_ids = []
         self._reject(state, f"its {state.width} samples/beams do not fit in the KV pool even alone")
 
@@ -747,7 +792,7 @@ class Engine:
             if self._running_seqs + self._unforked_seqs + state.width > self.knobs.max_num_seqs:
                 self._admission_stop = HEAD_STUCK
                 return budget, swap_in_blocks
-            content = self._content_on_admission(state)
+            content = self.content_on_admission(state)
             final_len = state.final_len_of(0)
             if (
                 not self.knobs.enable_chunked_prefill
@@ -771,34 +816,109 @@ class Engine:
                     self._admission_stop = HEAD_OUT_OF_MEMORY
                     return budget, swap_in_blocks
                 continue
-            self.waiting.popleft()
-            state.seq_ids = [seq_id]
-            if state.record.admitted_s != state.record.admitted_s:  # NaN: first admission
-                state.record.admitted_s = self.env.now
-                state.record.cached_prompt_tokens = cached
-            self.running.append(state)
-            self._admissions += 1
-            state.admission = self._admissions
-            state.is_running = True
-            self._running_seqs += 1
-            state.unforked = state.width - 1
-            self._unforked_seqs += state.unforked
-            total = content_length(content)
-            if state.swapped_tokens:
-                swap_in_blocks += -(-state.swapped_tokens // self.block_size)
-                self._host_tokens_used -= state.swapped_tokens
-                state.swapped_tokens = 0
-                state.tokens_to_prefill = state.prefilled = total
-                state.context = total
-                self.clock.enter(state)
+            swapped_in = self._start_running(state, seq_id, cached, content)
+            if swapped_in:
+                swap_in_blocks += swapped_in
                 continue
-            state.tokens_to_prefill = total
-            state.context = total
-            state.prefilled = cached
-            self._prefilling.append(state)
             budget = self._schedule_prefill(state, budget, chunks)
 
-    def _content_on_admission(self, state: RequestState) -> TokenContent:
+    def _start_running(self, state: RequestState, seq_id: int, cached: int, content: TokenContent) -> int:
+        """The queue's head was just admitted as ``seq_id`` with ``cached`` prompt tokens from cache:
+        it leaves the queue and runs, prefilling the rest (or, swapped in, decoding at once).
+        Returns blocks swapped in."""
+        self.waiting.popleft()
+        state.seq_ids = [seq_id]
+        if state.record.admitted_s != state.record.admitted_s:  # NaN: first admission
+            state.record.admitted_s = self.env.now
+            state.record.cached_prompt_tokens = cached
+        self.running.append(state)
+        self._admissions += 1
+        state.admission = self._admissions
+        state.is_running = True
+        self._running_seqs += 1
+        state.unforked = state.width - 1
+        self._unforked_seqs += state.unforked
+        total = content_length(content)
+        state.context = total
+        if state.swapped_tokens:
+            swapped_in = -(-state.swapped_tokens // self.block_size)
+            self._host_tokens_used -= state.swapped_tokens
+            state.swapped_tokens = 0
+            state.tokens_to_prefill = state.prefilled = total
+            self.clock.enter(state)
+            return swapped_in
+        state.tokens_to_prefill = total
+        state.prefilled = cached
+        self._prefilling.append(state)
+        return 0
+
+    def _sglang_admit_waiting(self, chunk_left: int, chunks: list[tuple[int, int]]) -> None:
+        """SGLang's admission round (``get_new_batch_prefill`` / ``PrefillAdder``, see
+        ``sim/engine/sglang_scheduler.py``); ``chunk_left``: the chunk budget the prompts in progress
+        left. Says why it stopped in ``_admission_stop`` (and ``_admission_rematches``)."""
+        scheduler = self._sglang
+        assert scheduler is not None
+        self._admission_rematches = False
+        if not self.waiting:
+            self._admission_stop = QUEUE_EMPTY
+            return
+        if scheduler.chunks_prompts and chunk_left <= 0:
+            self._admission_stop = OUT_OF_BUDGET  # the decode batch took the whole chunk
+            return
+        if self._running_seqs + self._unforked_seqs >= self.knobs.max_num_seqs:
+            self._admission_stop = HEAD_STUCK  # SGLang stops before ordering (batch_is_full)
+            return
+        hits = scheduler.order_queue(self)
+        self._admission_stop = self._sglang_admission_round(chunk_left, chunks, hits)
+        self._admission_rematches = bool(self.waiting) and self._admission_stop != QUEUE_EMPTY
+
+    def _sglang_admission_round(
+        self, chunk_left: int, chunks: list[tuple[int, int]], hits: dict[int, int]
+    ) -> str:
+        """``add_one_req`` for each waiting request in order, until one is refused; returns why."""
+        scheduler = self._sglang
+        assert scheduler is not None
+        input_left = scheduler.max_prefill_tokens - self.clock.sequences - sum(tokens for tokens, _ in chunks)
+        reserved = scheduler.running_reservation(self)
+        admitted = 0
+        while self.waiting:
+            state = self.waiting[0]
+            if self._running_seqs + self._unforked_seqs + state.width > self.knobs.max_num_seqs:
+                return HEAD_STUCK
+            content = self.content_on_admission(state)
+            new_tokens = scheduler.new_tokens(self, state, content, hits)
+            output = scheduler.budgeted_output(self, state)
+            if new_tokens + output >= self.policy.available_slots() - reserved:
+                if self._handle_admission_failure(state):
+                    continue  # rejected, or failed (on_oom: fail)
+                return HEAD_OVER_BUDGET
+            if admitted and new_tokens >= input_left:
+                return OUT_OF_BUDGET  # max_prefill_tokens
+            whole = not scheduler.chunks_prompts or new_tokens <= chunk_left
+            seq_id = self._new_seq_id()
+            try:
+                cached = self.policy.admit(
+                    seq_id, content, state.final_len_of(0), state.request.output_content_id
+                )
+            except OutOfKVMemory:
+                if self._handle_admission_failure(state):
+                    continue
+                return HEAD_OUT_OF_MEMORY
+            self._start_running(state, seq_id, cached, content)
+            before = state.prefilled
+            chunk_left = self._schedule_prefill(state, chunk_left, chunks)
+            input_left -= state.prefilled - before
+            reserved += (
+                output if whole else 0
+            )  # a chunked prompt is budgeted for its output at its last chunk
+            admitted += 1
+            if self.policy.available_slots() - reserved <= 0:
+                return HEAD_OVER_BUDGET
+            if input_left <= 0 or chunk_left <= 0:
+                return OUT_OF_BUDGET
+        return QUEUE_EMPTY
+
+    def content_on_admission(self, state: RequestState) -> TokenContent:
         request = state.request
         if state.generated and self.width_of(request) == 1:
             # Recompute (or swap-in) restores what the request had generated as part of its prompt.
@@ -877,13 +997,16 @@ class Engine:
         time series so that capacity planning reads the binding limit from the simulation."""
         if not self.waiting:
             return 0
-        if self.counters.preemptions > preemptions_before or self._admission_stop == HEAD_OUT_OF_MEMORY:
+        if self.counters.preemptions > preemptions_before or self._admission_stop in (
+            HEAD_OUT_OF_MEMORY,
+            HEAD_OVER_BUDGET,
+        ):
             # (Out of memory: the head's admission just failed, and nothing changed the pool since.)
             return KV_MEMORY
         state = self.waiting[0]
         if self._running_seqs + self._unforked_seqs + state.width > self.knobs.max_num_seqs:
             return MAX_NUM_SEQS
-        if not self._fits_watermark(self._content_on_admission(state), state.final_len_of(0)):
+        if not self._fits_watermark(self.content_on_admission(state), state.final_len_of(0)):
             return KV_MEMORY
         return TOKEN_BUDGET
 
@@ -923,7 +1046,7 @@ class Engine:
         limit = min(limit, max(safe, clock.next_flush() - clock.now - 1))
         if limit <= 0:
             return None
-        budget = self.knobs.max_num_batched_tokens - self._decoded_seqs
+        budget = self._prefill_budget(self._decoded_seqs)
         prompts = [state for state in self._prefilling if state.prefilled < state.tokens_to_prefill]
         if any(self._prefill_chunk(state, budget) for state in prompts):
             jump = self._plan_prefill_jump(first_s, prompts, budget, limit)
@@ -937,7 +1060,7 @@ class Engine:
         """Decode-only iterations: each has ``budget`` tokens left for admissions."""
         extra = limit
         if budget > 0:
-            if self._admission_stop == OUT_OF_BUDGET:
+            if self._admission_stop in (OUT_OF_BUDGET, HEAD_OVER_BUDGET) or self._admission_rematches:
                 return None  # the next iteration tries the head
             if self._admission_stop == QUEUE_EMPTY:
                 extra = min(extra, self._iterations_until_arrival(first_s))
@@ -1001,7 +1124,7 @@ class Engine:
     def _admission_may_change(self, start_s: float, arrival_s: float) -> bool:
         """Could an admission attempt at an iteration starting ``start_s`` after iteration 1 did
         change anything? (``arrival_s``: when the next request arrives, same origin.)"""
-        if self._admission_stop == OUT_OF_BUDGET:
+        if self._admission_stop in (OUT_OF_BUDGET, HEAD_OVER_BUDGET) or self._admission_rematches:
             return True
         return self._admission_stop == QUEUE_EMPTY and arrival_s <= start_s
 
@@ -1016,6 +1139,7 @@ class Engine:
     def _apply_jump(self, jump: Jump, steps: int) -> None:
         """The first ``steps`` iterations of the jump after iteration 1 took place: their growth, their
         prefill chunks and the area of the tokens they decoded."""
+        self._prepare_second_iteration(jump, jump.first_clock + steps)
         if jump.grows:
             self._grow_inside_jump(jump, jump.first_clock + steps)
         for chunks in jump.chunks[:steps]:
@@ -1024,6 +1148,16 @@ class Engine:
             self._prefill_this_step.extend(chunks)
         self.recorder.add_token_area(jump.timeline.batch * jump.timeline.token_weight_s(steps))
         self.clock.now += steps
+        if self._sglang is not None and jump.timeline.batch:
+            prefills = sum(1 for chunks in jump.chunks[:steps] if chunks)
+            self._sglang.decode_steps(steps - prefills)
+
+    def _prepare_second_iteration(self, jump: Jump, last_clock: int) -> None:
+        """Iteration 1 took free slots (its growth and admissions): the jump's next iteration, if it
+        has taken place by ``last_clock``, prepares its decode step first, as single steps would."""
+        second = jump.first_clock + 1
+        if second <= last_clock and self._prepare_decode_step():
+            self.recorder.observe(self._iteration_start_s(jump, second), self._averaged_state())
 
     def _grow_inside_jump(self, jump: Jump, last_clock: int) -> None:
         """Flushes due inside the jump, in the order single steps would take them (clock, then
@@ -1032,16 +1166,34 @@ class Engine:
         copies_before = self.policy.stats.cow_copies
         clock = self.clock
         while (due := clock.next_flush()) <= last_clock:
-            self._flush_group(jump, clock.due_flushes(due), due)
+            self._flush_group(jump, clock.due_flushes(due), due, last_clock)
         # Copy-on-write only follows a fork, which ends a wake-up: its write is the next iteration 1.
         assert self.policy.stats.cow_copies == copies_before, "a copy-on-write inside a jump"
 
-    def _flush_group(self, jump: Jump, states: list[RequestState], due_clock: int) -> None:
+    def _flush_group(self, jump: Jump, states: list[RequestState], due_clock: int, last_clock: int) -> None:
         """Flushes due at the start of the same iteration of the jump: one policy call, then the
-        state observed at that instant."""
+        state observed at that instant. The next iteration, if the jump has it, prepares its decode
+        step first (the flush took free slots a policy may want back), observed when it starts."""
         self.clock.flush(states, due_clock)
-        start = jump.start_s + jump.timeline.elapsed_s(due_clock - jump.first_clock)
-        self.recorder.observe(start, self._averaged_state())
+        self.recorder.observe(self._iteration_start_s(jump, due_clock), self._averaged_state())
+        if due_clock < last_clock and self._prepare_decode_step():
+            self.recorder.observe(self._iteration_start_s(jump, due_clock + 1), self._averaged_state())
+
+    @staticmethod
+    def _iteration_start_s(jump: Jump, clock: int) -> float:
+        return jump.start_s + jump.timeline.elapsed_s(clock - jump.first_clock)
+
+    def _prepare_decode_step(self) -> bool:
+        """The decode step at the clock's iteration is about to take its tokens: the policy may make
+        room first (``KVCachePolicy.prepare_decode_step``). Returns whether it evicted anything. Free
+        slots change only when sequences take blocks (flushes, at iteration 1 or inside a jump), so
+        that is when it runs; between flushes it would find nothing to do."""
+        sequences = self.clock.sequences
+        if not sequences:
+            return False
+        evictions = self.policy.stats.evictions
+        self.policy.prepare_decode_step(sequences)
+        return self.policy.stats.evictions != evictions
 
     def _stop_inside_jump(self) -> None:
         """The run ended (``until_s``) inside a jump: book what single steps would have by now."""
@@ -1052,6 +1204,7 @@ class Engine:
         ended = jump.timeline.iterations_ended_before(elapsed)
         # Iteration ``ended + 1`` is in progress: its growth and tokens are in, its completions not.
         started = min(ended + 1, 1 + jump.timeline.extra)
+        self._prepare_second_iteration(jump, jump.first_clock + started - 1)
         if jump.grows:
             self._grow_inside_jump(jump, jump.first_clock + started - 1)
         timeline = jump.timeline

@@ -51,6 +51,7 @@ MODULES = (
     "sim.engine.core",
     "sim.engine.decoding",
     "sim.engine.event_skip",
+    "sim.engine.sglang_scheduler",
     "sim.outputs.metrics",
     "workloads.request",
 )

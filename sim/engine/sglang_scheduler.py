@@ -1,0 +1,177 @@
+"""SGLang's scheduler (``engine.scheduler: sglang``): queue order, admission budget, retraction.
+
+Followed from sgl-project/sglang 0.5.x, ``python/sglang/srt/managers/`` (no code copied):
+
+- **Order** (``schedule_policy.py``, ``SchedulePolicy.calc_priority``): ``fcfs`` keeps arrival order;
+  ``lpm`` matches every waiting prompt in the cache (``_compute_prefix_matches``; a match splits and
+  refreshes the tree, :meth:`KVCachePolicy.match`) and sorts the queue by matched tokens, longest
+  first (a stable sort), unless more than :data:`LPM_QUEUE_LIMIT` wait
+  (``_determine_active_policy``). Under ``fcfs`` each request is matched when the admission loop
+  reaches it (``get_new_batch_prefill`` calls ``Req.init_next_round_input``).
+- **Admission** (``PrefillAdder.add_one_req``): a request is admitted while its new tokens plus
+  ``min(max_new_tokens - generated, 4096)`` stay below the *remaining total tokens*: free plus
+  evictable slots minus, for every running request, ``min(max_new_tokens - generated, 4096) x
+  new_token_ratio`` (``_get_running_request_total_token_offset``), minus what this round admitted;
+  and while this iteration's prompt tokens stay within ``max_prefill_tokens`` (``rem_input_tokens``;
+  the first admission may exceed it) and ``chunked_prefill_size`` (``rem_chunk_tokens``): a request
+  that does not fit the chunk left is truncated to it and becomes the one chunked request. The loop
+  stops at the first request refused (``NO_TOKEN`` / ``OTHER``).
+- **new_token_ratio** (``Scheduler.init_new_token_ratio``, ``update_running_batch``): starts at
+  ``min(0.7 x schedule_conservativeness, 1)``, decays by ``(start - 0.14 x start) / 600`` at every
+  decode step down to ``0.14 x start``; after a retraction it is reset to
+  ``min(1, (decoded + 20 x batch) / sum of max_new_tokens)`` over the requests left
+  (``ScheduleBatch.retract_decode``).
+- **Retraction** (``ScheduleBatch.retract_decode``): when decode runs out of memory, requests are
+  retracted fewest decoded tokens first, then longest prompt (ties: the newest), until the pool has
+  20 tokens (``SGLANG_RETRACT_DECODE_STEPS``) per request left, at least one, never the last. Their KV
+  is freed without entering the cache and they rejoin the queue at its back
+  (``_extend_requests_to_queue``), to be recomputed.
+
+Where kvsim's engine still differs from SGLang's (documented in docs/modelling.md): every iteration
+mixes decode and prefill, as SGLang's ``--enable-mixed-chunk`` (by default SGLang alternates prefill
+and decode batches), so the ratio decays on iterations that prefill nothing; a prompt's KV is
+allocated whole at admission, not chunk by chunk; budgets are in tokens, not rounded to pages; the
+lock re-check of ``add_one_req`` (the matched cache stops being evictable) and in-batch prefix
+deprioritisation are not modelled.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from policies.base import TokenContent, content_length
+
+if TYPE_CHECKING:
+    from sim.engine.core import Engine, EngineKnobs
+    from sim.engine.decoding import RequestState
+
+INIT_NEW_TOKEN_RATIO = 0.7
+"""``SGLANG_INIT_NEW_TOKEN_RATIO`` (``environ.py``): new_token_ratio before conservativeness."""
+MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+"""``SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR``: the floor, as a fraction of the initial ratio."""
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+"""``SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS``: decode steps from the initial ratio to the floor."""
+RETRACT_DECODE_STEPS = 20
+"""``SGLANG_RETRACT_DECODE_STEPS``: tokens per request retraction leaves room for."""
+CLIP_MAX_NEW_TOKENS = 4096
+"""``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``: the most output tokens a request is budgeted for."""
+LPM_QUEUE_LIMIT = 128
+"""``SchedulePolicy._determine_active_policy``: ``lpm`` falls back to FCFS above this many waiting."""
+UNLIMITED = 1 << 62
+
+
+def chunked_prefill_size_for(memory_bytes: int) -> int:
+    """SGLang's default ``chunked_prefill_size`` for a GPU of ``memory_bytes`` (``server_args.py``,
+    ``ServerArgs._handle_gpu_memory_settings``; it compares MiB)."""
+    mebibytes = memory_bytes / 2**20
+    if mebibytes < 35 * 1024:
+        return 2048
+    if mebibytes < 160 * 1024:
+        return 8192
+    return 16384
+
+
+class SGLangScheduler:
+    """The SGLang parts of one engine's scheduling; the engine calls it at the points named below
+    and keeps everything else (decode clock, prefill chunks, completions) to itself."""
+
+    def __init__(self, knobs: EngineKnobs):
+        self.lpm = knobs.schedule_policy == "lpm"
+        self.max_prefill_tokens = knobs.max_prefill_tokens
+        self.chunked_prefill_size = knobs.chunked_prefill_size if knobs.chunked_prefill_size > 0 else 0
+        self.init_new_token_ratio = min(INIT_NEW_TOKEN_RATIO * knobs.schedule_conservativeness, 1.0)
+        self.min_new_token_ratio = min(self.init_new_token_ratio * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
+        self.new_token_ratio_decay = (
+            self.init_new_token_ratio - self.min_new_token_ratio
+        ) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.new_token_ratio = self.init_new_token_ratio
+
+    @property
+    def chunks_prompts(self) -> bool:
+        """Whether a prompt may be prefilled over several iterations (``chunked_prefill_size`` > 0)."""
+        return self.chunked_prefill_size > 0
+
+    def prefill_budget(self, decode_batch: int) -> int:
+        """Prompt tokens this iteration may prefill: the chunk size less the decode tokens mixed into
+        the batch (``PrefillAdder``'s ``rem_chunk_tokens`` with ``mixed_with_decode_tokens``)."""
+        if not self.chunks_prompts:
+            return UNLIMITED
+        return self.chunked_prefill_size - decode_batch
+
+    # ------------------------------------------------------------------------- new_token_ratio
+    def decode_steps(self, steps: int) -> None:
+        """``steps`` decode steps ran without a retraction: the ratio decays by as many decrements."""
+        self.new_token_ratio = max(
+            self.new_token_ratio - steps * self.new_token_ratio_decay, self.min_new_token_ratio
+        )
+
+    def reset_after_retraction(self, engine: Engine) -> None:
+        """``retract_decode``'s new estimate from the decoding requests left."""
+        decoding = [state for state in engine.running if state.decoding]
+        decoded = sum(engine.clock.generated(state) for state in decoding)
+        max_new = sum(state.request.longest_output_len for state in decoding)
+        estimate = (decoded + RETRACT_DECODE_STEPS * len(decoding)) / max_new if max_new else 1.0
+        self.new_token_ratio = min(1.0, estimate)
+
+    # ------------------------------------------------------------------------------- retraction
+    @staticmethod
+    def retraction_victim(engine: Engine) -> RequestState:
+        """The running request ``retract_decode`` takes first: fewest decoded tokens, then longest
+        prompt; among equals the newest (its sort is stable and it pops from the end)."""
+        clock = engine.clock
+        victim = engine.running[-1]
+        for state in reversed(engine.running):
+            key = (clock.generated(state), -state.request.prompt_len)
+            if key < (clock.generated(victim), -victim.request.prompt_len):
+                victim = state
+        return victim
+
+    @staticmethod
+    def needs_more_room(engine: Engine) -> bool:
+        """After a retraction: does the pool still hold fewer than 20 tokens per running request?
+        ``retract_decode`` goes on retracting then, but never the last request."""
+        running = len(engine.running)
+        return running > 1 and engine.policy.available_slots() < RETRACT_DECODE_STEPS * running
+
+    # -------------------------------------------------------------------------------- admission
+    def order_queue(self, engine: Engine) -> dict[int, int]:
+        """``calc_priority``: under ``lpm`` (and at most 128 waiting) every waiting prompt is matched
+        and the queue sorted by hit, longest first. Returns the hits found, by request id."""
+        waiting = engine.waiting
+        if not self.lpm or len(waiting) > LPM_QUEUE_LIMIT:
+            return {}
+        policy = engine.policy
+        hits = {
+            state.request.request_id: policy.match(engine.content_on_admission(state)).cached_tokens
+            for state in waiting
+        }
+        ordered = sorted(waiting, key=lambda state: -hits[state.request.request_id])
+        waiting.clear()
+        waiting.extend(ordered)
+        return hits
+
+    def running_reservation(self, engine: Engine) -> float:
+        """Tokens the running requests are expected to still decode: ``min(max_new - generated,
+        4096) x new_token_ratio`` each (``_get_running_request_total_token_offset``)."""
+        clock = engine.clock
+        total = 0.0
+        for state in engine.running:
+            left = state.request.longest_output_len - clock.generated(state)
+            total += min(left, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio
+        return total
+
+    @staticmethod
+    def new_tokens(engine: Engine, state: RequestState, content: TokenContent, hits: dict[int, int]) -> int:
+        """Prompt tokens a waiting request must prefill as ``add_one_req`` sees them (its
+        ``extend_input_len``): matched now, unless ordering the queue just matched it
+        (``init_next_round_input(None)`` then)."""
+        hit = hits.get(state.request.request_id)
+        if hit is None:
+            hit = engine.policy.match(content).cached_tokens
+        return content_length(content) - hit
+
+    @staticmethod
+    def budgeted_output(engine: Engine, state: RequestState) -> int:
+        """Output tokens ``add_one_req`` budgets an admitted request for."""
+        left = state.request.longest_output_len - engine.clock.generated(state)
+        return min(max(left, 0), CLIP_MAX_NEW_TOKENS)

@@ -1,0 +1,170 @@
+"""``engine.scheduler: sglang`` (sim/engine/sglang_scheduler.py): hand-worked runs, step-mode
+equivalence, the config keys, and ``vllm`` (the default) unchanged.
+
+Costs are ``RoundCostModel``'s: a decode step 1 s, prefill 0.01 s per token."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from policies import PoolSpec
+from sim.config import EngineConfig
+from sim.engine.sglang_scheduler import chunked_prefill_size_for
+from tests.engine_helpers import request
+from tests.test_engine import EQUIVALENCE_COSTS, SCENARIOS, assert_same_results, random_requests, run, times
+
+SGLANG = {"scheduler": "sglang"}
+
+
+def admitted(engine) -> dict[int, float]:
+    return {record.request_id: record.admitted_s for record in engine.records}
+
+
+def test_lpm_admits_the_longest_cached_prefix_first():
+    """One request runs at a time (max_num_seqs 1). R0 (40 tokens of stream 1, 5 out) runs from 0 to
+    1.4 + 4 = 5.4 s; its prompt is cached from admission. R1 (40 fresh tokens) and R2 (R0's 40 + 10
+    new) wait. At 5.4 FCFS (SGLang's default) admits R1; lpm matches both and admits R2 (40 cached
+    tokens) first, whose 10 new tokens take 1.1 s, then R1 at 5.4 + 1.1 + 4 = 10.5."""
+    requests = [
+        request(0, 0.0, 40, 5, prompt=((1, 40),)),
+        request(1, 0.1, 40, 5, prompt=((2, 40),)),
+        request(2, 0.2, 50, 5, prompt=((1, 40), (3, 10))),
+    ]
+    pool = PoolSpec(400, 16, 128)
+    fcfs = run("radix", pool, requests, max_num_seqs=1, **SGLANG)
+    lpm = run("radix", pool, requests, max_num_seqs=1, schedule_policy="lpm", **SGLANG)
+    assert admitted(fcfs) == pytest.approx({0: 0.0, 1: 5.4, 2: 5.4 + 1.4 + 4})
+    assert admitted(lpm) == pytest.approx({0: 0.0, 2: 5.4, 1: 10.5})
+    assert {r.request_id: r.cached_prompt_tokens for r in lpm.records} == {0: 0, 2: 40, 1: 0}
+
+
+def test_the_new_token_ratio_budget_refuses_what_vllm_admits():
+    """Pool of 1,000 slots. R0 (100 + 800 out) and R1 (100 + 500 out) arrive together. vLLM admits
+    both (their prompts fit) and preempts later. SGLang admits R0, budgeting its 800 output tokens:
+    1,000 - 100 - 800 = 100 left, below R1's 100 + 500. While R0 runs, the budget is 900 - k minus
+    (800 - k) x new_token_ratio after k tokens, the ratio falling from 0.7 by 0.602 / 600 a step to
+    0.098: it stays below 600, so R1 waits until R0 finishes at 2.0 + 799 = 801 s."""
+    requests = [request(0, 0.0, 100, 800), request(1, 0.0, 100, 500)]
+    pool = PoolSpec(1000, 16, 1024)
+    vllm = run("radix", pool, requests)
+    sglang = run("radix", pool, requests, **SGLANG)
+    assert admitted(vllm) == {0: 0.0, 1: 0.0}
+    assert vllm.counters.preemptions > 0
+    assert times(sglang)[0] == pytest.approx((0.0, 2.0, 801.0, "finished"))
+    assert admitted(sglang)[1] == pytest.approx(801.0)
+    assert sglang.counters.preemptions == 0
+    assert sglang._sglang.new_token_ratio == pytest.approx(0.098)  # 799 decode steps: at the floor
+
+
+def test_a_retraction_takes_the_fewest_decoded_and_resets_the_ratio():
+    """Pool of 100, conservativeness 0 (new_token_ratio 0: running requests reserve nothing; a new
+    one still budgets its own output). R0 (10 + 60 out) is admitted at 0; R1 (20 + 60 out) is refused
+    (20 + 60 >= 100 - 10 - 60), then admitted at 1.1 (80 < 88 free), first token at 2.3. At iteration
+    36 R0 takes its 36th token and the pool is full: R1, with fewer decoded tokens (34), is retracted
+    (its decoded tokens freed, not cached) and requeued; the ratio becomes (36 + 20 x 1) / 60. R1
+    fits again when R0 finishes at 60.3: its prompt (20) is still cached, its 34 decoded tokens are
+    recomputed (1.34 s), then 25 more steps: it finishes at 86.64."""
+    requests = [request(0, 0.0, 10, 60), request(1, 0.0, 20, 60)]
+    for step_mode in ("single", "skip"):
+        engine = run(
+            "radix",
+            PoolSpec(100, 4, 160),
+            requests,
+            step_mode,
+            schedule_conservativeness=0.0,
+            **SGLANG,
+        )
+        got = times(engine)
+        assert got[0] == pytest.approx((0.0, 1.1, 60.3, "finished"))
+        assert got[1] == pytest.approx((1.1, 2.3, 86.64, "finished"))
+        assert [record.preemptions for record in engine.records] == [0, 1]
+        assert engine._sglang.new_token_ratio == pytest.approx(56 / 60)  # no decay at conservativeness 0
+        assert engine.policy.stats.prefix_cache_hits == 20  # R1's recompute hit its cached prompt
+
+
+def test_chunked_prefill_size_and_max_prefill_tokens_are_honoured():
+    """A 100-token prompt alone with chunked_prefill_size 30: chunks 30, 30, 30, 10, the first token
+    at 1.3 x 3 + 1.1 = 5.0 s (max_num_batched_tokens plays no part). With -1 it goes in whole: 2.0 s.
+    max_prefill_tokens 100: of two 60-token prompts only the first is admitted at 0 (60 >= 100 - 60);
+    the second at the next iteration, 1.6 s."""
+    alone = [request(0, 0.0, 100, 1)]
+    pool = PoolSpec(400, 16, 128)
+    chunked = run("radix", pool, alone, chunked_prefill_size=30, max_num_batched_tokens=8, **SGLANG)
+    assert chunked.records[0].first_token_s == pytest.approx(5.0)
+    assert chunked.counters.iterations == 4
+    whole = run("radix", pool, alone, chunked_prefill_size=-1, **SGLANG)
+    assert whole.records[0].first_token_s == pytest.approx(2.0)
+    two = [request(0, 0.0, 60, 5), request(1, 0.0, 60, 5)]
+    limited = run("radix", pool, two, max_prefill_tokens=100, **SGLANG)
+    assert admitted(limited) == pytest.approx({0: 0.0, 1: 1.6})
+
+
+@pytest.mark.parametrize("options", [{}, {"page_size": 16}])
+@pytest.mark.parametrize("schedule_policy", ["fcfs", "lpm"])
+@pytest.mark.parametrize("scenario", ["roomy", "chunked", "tight", "unchunked"])
+def test_event_skipping_equals_single_stepping(options, schedule_policy, scenario):
+    pool, knobs, shape = SCENARIOS[scenario]
+    knobs = dict(knobs)
+    if "max_num_batched_tokens" in knobs:
+        knobs["chunked_prefill_size"] = knobs.pop("max_num_batched_tokens")
+    if knobs.pop("enable_chunked_prefill", True) is False:
+        knobs["chunked_prefill_size"] = -1
+    requests = random_requests(1, 50, **shape)
+    both = [
+        run(
+            "radix",
+            pool,
+            requests,
+            mode,
+            costs=EQUIVALENCE_COSTS,
+            options=options,
+            beam_reparent_prob=0.2,
+            schedule_policy=schedule_policy,
+            **SGLANG,
+            **knobs,
+        )
+        for mode in ("single", "skip")
+    ]
+    assert_same_results(*both)
+    assert both[1].jumps.decode > 0
+
+
+def test_vllm_mode_ignores_the_sglang_keys():
+    """``scheduler: vllm`` (the default) runs as before: the SGLang keys change nothing."""
+    pool, knobs, shape = SCENARIOS["tight"]
+    requests = random_requests(2, 50, **shape)
+    for policy in ("prefix", "radix"):
+        plain = run(policy, pool, requests, **knobs)
+        keyed = run(
+            policy,
+            pool,
+            requests,
+            scheduler="vllm",
+            schedule_policy="lpm",
+            schedule_conservativeness=0.3,
+            chunked_prefill_size=5,
+            max_prefill_tokens=7,
+            **knobs,
+        )
+        assert_same_results(plain, keyed)
+        assert plain.counters.preemptions > 0
+
+
+def test_config_keys_and_defaults():
+    engine = EngineConfig()
+    assert (engine.scheduler, engine.schedule_policy, engine.schedule_conservativeness) == (
+        "vllm",
+        "fcfs",
+        1.0,
+    )
+    assert (engine.chunked_prefill_size, engine.max_prefill_tokens) == (None, 16384)
+    assert [chunked_prefill_size_for(gib * 2**30) for gib in (24, 80, 141, 192)] == [2048, 8192, 8192, 16384]
+    for bad, message in [
+        ({"scheduler": "tgi"}, "scheduler"),
+        ({"chunked_prefill_size": 0}, "chunked_prefill_size must be a positive"),
+        ({"schedule_conservativeness": -1}, "schedule_conservativeness"),
+        ({"scheduler": "sglang", "preemption_mode": "swap"}, "retracts requests"),
+    ]:
+        with pytest.raises(ValidationError, match=message):
+            EngineConfig(**bad)
