@@ -28,10 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import Field, field_validator, model_validator
 
-from sim.config import ConfigError, ExperimentConfig, validate_experiment
+from sim.config import (
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    validate_experiment,
+    with_override_notes,
+)
 from sim.planning.schema import Strict, read_yaml_mapping, set_key_path, validate_file
 from sim.storage.folders import config_hash, kvsim_version
 
@@ -217,18 +222,17 @@ def load_sweep_spec(path: str | Path, overrides: list[str] | None = None) -> Swe
     base, base_dir = _base_experiment(spec, path)
     for key, value in spec.overrides.items():
         _set_or_fail(base, key, value, f"{path}: set.{key}")
-    for override in overrides or []:
-        key, sep, raw = override.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {override!r}: expected KEY.PATH=VALUE")
-        _set_or_fail(base, key, yaml.safe_load(raw), f"--set {override!r}")
+    apply_overrides(base, overrides or [])  # kvsim run's --set, applied to the base experiment
     axes = axes_of(spec)
-    points = [
-        make_point(index, base, values, base_dir, str(path))
-        for index, values in enumerate(combinations(axes))
-    ]
-    for point in points:
-        preflight(point.config, point.base_dir, f"{path}: point {point.index} ({point.label()})")
+    try:
+        points = [
+            make_point(index, base, values, base_dir, str(path))
+            for index, values in enumerate(combinations(axes))
+        ]
+        for point in points:
+            preflight(point.config, point.base_dir, f"{path}: point {point.index} ({point.label()})")
+    except ConfigError as error:
+        raise ConfigError(with_override_notes(str(error), overrides or [])) from None
     return Sweep(spec, path, points, [key for axis in axes for key in axis.keys])
 
 
