@@ -42,14 +42,15 @@ from sim.storage.folders import config_hash, kvsim_version
 
 
 class RangeAxis(Strict):
-    """``{from: 1, to: 20, steps: 8}``: evenly spaced values, both ends included (``log: true``:
+    """An axis (of ``axes`` or of a ``zip`` group) as a range instead of a list of values:
+    ``{from: 1, to: 20, steps: 8}``, evenly spaced values, both ends included (``log: true``:
     geometric spacing; ``integer: true``: rounded to whole numbers)."""
 
-    start: float = Field(alias="from")
-    to: float
+    start: float = Field(alias="from", description="First value.")
+    to: float = Field(description="Last value.")
     steps: int = Field(ge=2, description="Number of values, both ends included.")
-    log: bool = False
-    integer: bool = False
+    log: bool = Field(False, description="Geometric spacing (a constant ratio) instead of even steps.")
+    integer: bool = Field(False, description="Round every value to a whole number.")
 
     @model_validator(mode="after")
     def _positive_for_log(self) -> RangeAxis:
@@ -80,12 +81,26 @@ AxisSpec = list[Any] | RangeAxis
 
 class SweepSpec(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Also the default output folder name.")
-    description: str = ""
+    description: str = Field("", description="Free text, for the reader of the sweep file.")
     base: str | None = Field(None, description="The base experiment YAML, relative to this file.")
     experiment: dict[str, Any] | None = Field(None, description="The base experiment, inline.")
-    overrides: dict[str, Any] = Field(default_factory=dict, alias="set")
-    axes: dict[str, AxisSpec] = Field(default_factory=dict)
-    zip_groups: list[dict[str, AxisSpec]] = Field(default_factory=list, alias="zip")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        alias="set",
+        description="Fixed overrides of the base experiment, key path -> value, e.g. "
+        "workload.num_requests: 300.",
+    )
+    axes: dict[str, AxisSpec] = Field(
+        default_factory=dict,
+        description="Key path -> the values it takes (a list, or a range): the points are every "
+        "combination of the axes (first axis slowest).",
+    )
+    zip_groups: list[dict[str, AxisSpec]] = Field(
+        default_factory=list,
+        alias="zip",
+        description="Groups of key paths whose values move together (the n-th value of each at once); "
+        "each group counts as one axis of the product.",
+    )
 
     @model_validator(mode="after")
     def _one_base(self) -> SweepSpec:
