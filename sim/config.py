@@ -20,7 +20,7 @@ from policies.base import policy_names
 from sim.costs.core import CostModelConfig
 from sim.offload import OffloadConfig
 from sim.storage import RUN_FOLDER_ENTRIES
-from workloads.config import WorkloadConfig
+from workloads.config import FILE_FIELD, WorkloadConfig
 
 
 class ConfigError(ValueError):
@@ -254,7 +254,8 @@ class ExperimentConfig(_Strict):
     description: str = Field("", description="Free text, kept in the results' config.yaml.")
     seed: int = Field(0, ge=0, description="Seed of every random draw (workload, beams).")
     model: str = Field(
-        description="A preset name (see `kvsim models`) or a path to a HuggingFace config.json."
+        description="A preset name (see `kvsim models`) or a path to a HuggingFace config.json.",
+        json_schema_extra={FILE_FIELD: [".json"]},
     )
     gpu: str | dict[str, Any] = Field(description="A GPU preset name or custom values.")
     engine: EngineConfig = Field(
@@ -265,6 +266,7 @@ class ExperimentConfig(_Strict):
         "derated",
         description="Iteration times: derated (roofline with GPU efficiency factors), analytic (plain "
         "roofline) or a calibrated profile.",
+        json_schema_extra={FILE_FIELD: [".yaml", ".yml"]},  # the shorthand for {profile: PATH}
     )
     workload: WorkloadConfig = Field(description="The request stream: synthetic, or replayed from a trace.")
     variants: list[VariantConfig] = Field(
