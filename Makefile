@@ -52,6 +52,7 @@ native: venv
 # The generated references (the tests fail when they are out of date).
 docs: $(BASE)
 	$(BIN)/kvsim config-reference > docs/config-reference.md
+	$(BIN)/kvsim config-reference --plan > docs/plan-reference.md
 	$(BIN)/kvsim output-columns > docs/outputs.md
 
 # Millions of random policy operations, every invariant checked after each (minutes; not in `test`).

@@ -20,7 +20,7 @@ from policies.base import policy_names
 from sim.costs.core import CostModelConfig
 from sim.offload import OffloadConfig
 from sim.storage import RUN_FOLDER_ENTRIES
-from workloads.config import WorkloadConfig
+from workloads.config import FILE_FIELD, WorkloadConfig
 
 
 class ConfigError(ValueError):
@@ -311,7 +311,8 @@ class ExperimentConfig(_Strict):
     description: str = Field("", description="Free text, kept in the results' config.yaml.")
     seed: int = Field(0, ge=0, description="Seed of every random draw (workload, beams).")
     model: str = Field(
-        description="A preset name (see `kvsim models`) or a path to a HuggingFace config.json."
+        description="A preset name (see `kvsim models`) or a path to a HuggingFace config.json.",
+        json_schema_extra={FILE_FIELD: [".json"]},
     )
     gpu: str | dict[str, Any] = Field(description="A GPU preset name or custom values.")
     engine: EngineConfig = Field(
@@ -322,6 +323,7 @@ class ExperimentConfig(_Strict):
         "derated",
         description="Iteration times: derated (roofline with GPU efficiency factors), analytic (plain "
         "roofline) or a calibrated profile.",
+        json_schema_extra={FILE_FIELD: [".yaml", ".yml"]},  # the shorthand for {profile: PATH}
     )
     workload: WorkloadConfig = Field(description="The request stream: synthetic, or replayed from a trace.")
     variants: list[VariantConfig] = Field(
@@ -400,23 +402,39 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
     data = yaml_mapping(path)
-    for override in overrides or []:
-        apply_override(data, override, path)
+    apply_overrides(data, overrides or [])
     try:
         return validate_experiment(data, path)
     except ConfigError as error:
         raise ConfigError(with_override_notes(str(error), overrides or [])) from None
 
 
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
+    """Every ``--set KEY.PATH=VALUE`` of the command line, in order (a later one wins): the one
+    place ``kvsim run``, ``kvsim sweep`` and ``kvsim plan`` parse and apply them, so that they
+    accept the same syntax and fail with the same words."""
+    for override in overrides:
+        apply_override(data, override)
+
+
 def with_override_notes(message: str, overrides: list[str]) -> str:
     """``message`` plus, for each key it names that came from the command line, where it came from
     (the file does not hold that value)."""
+    named = [line.strip().partition(": ")[0] for line in message.splitlines() if line.startswith("  ")]
     notes = [
         f"  ({override.partition('=')[0]} came from --set {override}, not from the file)"
         for override in overrides
-        if f"  {override.partition('=')[0]}:" in message
+        if any(_same_branch(override.partition("=")[0], key) for key in named)
     ]
     return "\n".join([message, *notes])
+
+
+def _same_branch(set_key: str, problem_key: str) -> bool:
+    """Whether a problem at ``problem_key`` can come from ``--set set_key=...``: the same key, a key
+    inside the value it set (``engine={block_size: 0}``), or the section around it (a union's error
+    names ``workload.arrival`` for ``workload.arrival.kind=bogus``)."""
+    shorter, longer = sorted((set_key, problem_key), key=len)
+    return longer == shorter or longer.startswith(shorter + ".")
 
 
 def yaml_mapping(path: Path) -> dict[str, Any]:
@@ -464,8 +482,9 @@ def validate_experiment(data: dict[str, Any], path: str | Path = "<config>") -> 
     return config
 
 
-def apply_override(data: dict[str, Any], override: str, path: str | Path) -> None:
-    """``engine.block_size=32`` or ``variants.0.policy=paged``; the value is parsed as YAML."""
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """``engine.block_size=32`` or ``variants.0.policy=paged``; the value is parsed as YAML. Errors
+    name the ``--set`` item, not the file: the key path may run through an earlier item's value."""
     key_path, sep, raw_value = override.partition("=")
     if not sep or not key_path or "" in key_path.split("."):
         raise ConfigError(f"--set {override!r}: expected KEY.PATH=VALUE (keys joined by '.')")
@@ -494,7 +513,7 @@ def apply_override(data: dict[str, Any], override: str, path: str | Path) -> Non
                 node = node.setdefault(key, {})
         else:
             raise ConfigError(
-                f"{path}: --set {override!r}: {where} is {node!r}, not a mapping or list, so it has no key {key!r}"
+                f"--set {override!r}: {where} is {node!r}, not a mapping or list, so it has no key {key!r}"
             )
 
 

@@ -12,7 +12,7 @@ import argparse
 import sys
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import annotated_types
@@ -221,42 +221,71 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def _nested_models(annotation: Any) -> list[type[BaseModel]]:
+def nested_models(annotation: Any) -> list[type[BaseModel]]:
+    """The models a field's value may hold: itself, as list items or as a mapping's values."""
     found = []
     for member in _members(annotation):
         if typing.get_origin(member) is list:
-            found += _nested_models(typing.get_args(member)[0])
+            found += nested_models(typing.get_args(member)[0])
+        elif typing.get_origin(member) is dict:
+            found += nested_models(typing.get_args(member)[1])
         elif isinstance(member, type) and issubclass(member, BaseModel):
             found.append(member)
     return found
 
 
-def sections() -> Iterator[tuple[str, str, type[BaseModel]]]:
-    """``(key path, form, model)`` for every section, parents before children, each model once; the
-    distributions last (they are shared by many keys). ``form`` tells apart the models a key may take."""
-    seen: set[type[BaseModel]] = set(DISTRIBUTIONS)
-    stack: list[tuple[str, str, type[BaseModel]]] = [("(top level)", "", ExperimentConfig)]
+def _container_suffix(annotation: Any) -> str:
+    """How a nested model's key path continues past its field: ``[]`` for list items, ``.<key>`` for
+    a mapping's values (``zip[].<key>`` for both)."""
+    base, _ = _strip_annotated(annotation)
+    if typing.get_origin(base) is list:
+        return "[]" + _container_suffix(typing.get_args(base)[0])
+    if typing.get_origin(base) is dict:
+        return ".<key>" + _container_suffix(typing.get_args(base)[1])
+    return ""
+
+
+def key_name(name: str, field: FieldInfo) -> str:
+    """The key a YAML file writes: the alias where the field has one (``set:`` for ``overrides``)."""
+    return field.alias or name
+
+
+def walk_sections(
+    root: type[BaseModel],
+    skip: set[type[BaseModel]],
+    forms: dict[type[BaseModel], str],
+) -> Iterator[tuple[str, str, type[BaseModel]]]:
+    """``(key path, form, model)`` for ``root`` and every model nested in it, parents before children,
+    each model once; models in ``skip`` are not visited (documented elsewhere). ``form`` tells apart
+    the models a key may take: their ``kind``, else ``forms``."""
+    seen = set(skip)
+    stack: list[tuple[str, str, type[BaseModel]]] = [("(top level)", "", root)]
     while stack:
         path, form, model = stack.pop(0)
-        if model in seen and model is not ExperimentConfig:
+        if model in seen and model is not root:
             continue
         seen.add(model)
         yield path, form, model
         prefix = "" if path == "(top level)" else f"{path}."
         children = []
         for name, field in model.model_fields.items():
-            nested = [m for m in _nested_models(field.annotation) if m not in seen]
-            list_item = typing.get_origin(_strip_annotated(field.annotation)[0]) is list
-            for child in nested:
+            suffix = _container_suffix(field.annotation)
+            for child in [m for m in nested_models(field.annotation) if m not in seen]:
                 kind = _kind(child)
-                form = f"kind: {kind}" if kind else FORMS.get(child, "")
-                children.append((f"{prefix}{name}" + ("[]" if list_item else ""), form, child))
+                form = f"kind: {kind}" if kind else forms.get(child, "")
+                children.append((f"{prefix}{key_name(name, field)}{suffix}", form, child))
         stack = children + stack
+
+
+def sections() -> Iterator[tuple[str, str, type[BaseModel]]]:
+    """``(key path, form, model)`` for every section of an experiment, parents before children, each
+    model once; the distributions last (they are shared by many keys)."""
+    yield from walk_sections(ExperimentConfig, set(DISTRIBUTIONS), FORMS)
     for model in DISTRIBUTIONS:
         yield "distribution", f"kind: {_kind(model)}", model
 
 
-def _doc(model: type[BaseModel]) -> str:
+def model_doc(model: type[BaseModel]) -> str:
     doc = model.__doc__ or ""
     if doc.startswith(BaseModel.__doc__ or "\0") or not doc.strip():
         return ""
@@ -277,17 +306,33 @@ def markdown() -> str:
         "names `model`, `gpu` and `policy` accept.",
     ]
     for path, form, model in sections():
-        lines += ["", f"## `{path}`" + (f" ({form})" if form else ""), ""]
-        doc = _doc(model)
-        if doc:
-            lines += [doc, ""]
-        lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
-        for name, field in model.model_fields.items():
-            meaning = _cell(field.description or ("Selects this form." if name == "kind" else ""))
-            kind = _cell(type_text(field.annotation, field.metadata))
-            lines.append(f"| `{name}` | {kind} | {default_text(field)} | {meaning} |")
-        lines += ["", "Example:", "", "```yaml", EXAMPLES[model].rstrip("\n"), "```"]
+        lines += section_lines("##", path, form, model, EXAMPLES[model])
     return "\n".join(lines) + "\n"
+
+
+def section_lines(
+    level: str,
+    path: str,
+    form: str,
+    model: type[BaseModel],
+    example: str,
+    meaning: Callable[[type[BaseModel], str, FieldInfo], str] | None = None,
+    type_of: Callable[[FieldInfo], str] | None = None,
+) -> list[str]:
+    """One section of a reference: heading, the model's docstring, a table of its keys (key, type,
+    default, meaning) and the example. ``meaning`` and ``type_of`` replace the field's description
+    and type words (a reference whose models lack some descriptions, or point elsewhere)."""
+    lines = ["", f"{level} `{path}`" + (f" ({form})" if form else ""), ""]
+    doc = model_doc(model)
+    if doc:
+        lines += [doc, ""]
+    lines += ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for name, field in model.model_fields.items():
+        text = meaning(model, name, field) if meaning else field.description
+        text = _cell(text or ("Selects this form." if name == "kind" else ""))
+        kind = _cell(type_of(field) if type_of else type_text(field.annotation, field.metadata))
+        lines.append(f"| `{key_name(name, field)}` | {kind} | {default_text(field)} | {text} |")
+    return [*lines, "", "Example:", "", "```yaml", example.rstrip("\n"), "```"]
 
 
 def register(subparsers: Any) -> None:
@@ -295,9 +340,19 @@ def register(subparsers: Any) -> None:
         "config-reference",
         help="print the configuration reference (Markdown; docs/config-reference.md is this output)",
     )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="the reference of plan and sweep files instead (docs/plan-reference.md is this output)",
+    )
     parser.set_defaults(func=cmd_config_reference)
 
 
 def cmd_config_reference(args: argparse.Namespace) -> int:
-    sys.stdout.write(markdown())
+    if args.plan:
+        from sim.planning import reference as plan_reference
+
+        sys.stdout.write(plan_reference.markdown())
+    else:
+        sys.stdout.write(markdown())
     return 0

@@ -45,7 +45,7 @@ def write_run_files(
     figures: bool = True,
 ) -> None:
     """Everything but the tables a file sink already streamed into ``folder/<variant>/``."""
-    (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (folder / CONFIG_FILE).write_text(config_text(config))
     pd.DataFrame([_flat(result.summary) for result in results]).to_csv(folder / "summary.csv", index=False)
     capacity = [
         f"[{', '.join(names)}]\n" + "\n".join(lines) for names, lines in group_capacity_lines(results)
@@ -65,6 +65,12 @@ def write_run_files(
 
 
 REPLICAS_FILE = "replicas.csv"  # a cluster variant's per-replica summaries
+CONFIG_FILE = "config.yaml"
+
+
+def config_text(config: dict[str, Any]) -> str:
+    """A run folder's config.yaml: the config's keys in the schema's order."""
+    return yaml.safe_dump(config, sort_keys=False)
 
 
 def group_capacity_lines(results: list[VariantResult]) -> list[tuple[list[str], list[str]]]:

@@ -33,6 +33,12 @@ from pydantic import (
     model_validator,
 )
 
+FILE_FIELD = "x-kvsim-file"
+"""Marks a config field that may name a file read relative to the config's folder (then the
+project root): ``Field(json_schema_extra={FILE_FIELD: []})``, or with the suffixes a value needs to
+be taken as a path (``[".json"]``: otherwise it is a name, e.g. a model preset). Whoever copies a
+config to another folder (a sweep's points) finds its paths by this mark."""
+
 # --------------------------------------------------------------------------------------------------
 # Distributions
 # --------------------------------------------------------------------------------------------------
@@ -113,7 +119,10 @@ class TableDist(_Model):
     ``num_decode_tokens`` column of a length table under ``traces/``."""
 
     kind: Literal["table"]
-    path: str = Field(description="CSV file (relative: to the YAML's folder, then the project root).")
+    path: str = Field(
+        description="CSV file (relative: to the YAML's folder, then the project root).",
+        json_schema_extra={FILE_FIELD: []},
+    )
     column: str = Field(description="Column to sample.")
 
 
@@ -315,7 +324,10 @@ class LengthPairsConfig(_Model):
     their correlation is kept (drawing ``prompt_len`` and ``output_len`` as two ``table``
     distributions pairs rows at random)."""
 
-    path: str = Field(description="CSV file (relative: to the YAML's folder, then the project root).")
+    path: str = Field(
+        description="CSV file (relative: to the YAML's folder, then the project root).",
+        json_schema_extra={FILE_FIELD: []},
+    )
     prompt_len_column: str = Field("num_prefill_tokens", description="Prompt tokens column.")
     output_len_column: str = Field("num_decode_tokens", description="Output tokens column.")
 
@@ -368,7 +380,10 @@ OnMismatch = Literal["error", "warn"]
 
 
 class _FileSource(_Model):
-    path: str = Field(description="The trace file (relative: to the YAML's folder, then the project root).")
+    path: str = Field(
+        description="The trace file (relative: to the YAML's folder, then the project root).",
+        json_schema_extra={FILE_FIELD: []},
+    )
 
 
 class AzureSource(_FileSource):

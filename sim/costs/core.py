@@ -46,6 +46,7 @@ from sim.costs.terms import (  # the terms every iteration evaluates, compiled a
     LinearIterationCost,
     PrefillCost,
 )
+from workloads.config import FILE_FIELD
 
 if TYPE_CHECKING:
     from sim.costs.serving import ServingCalibration
@@ -908,7 +909,7 @@ class CostModelConfig(BaseModel):
     kind: Literal["derated", "analytic", "profile"] = "derated"
     """derated: the roofline with the GPU's efficiency factors; analytic: the plain roofline; profile:
     coefficients measured by ``kvsim calibrate`` (or converted from Vidur)."""
-    profile: str | None = None
+    profile: str | None = Field(default=None, json_schema_extra={FILE_FIELD: []})
     """Path to a calibration profile; relative paths resolve against the experiment file's folder,
     then the repository root."""
     rescale: bool = False
@@ -919,7 +920,7 @@ class CostModelConfig(BaseModel):
     host_bandwidth_gb_per_s: float | None = Field(default=None, gt=0)
     """Host link for swaps in 10^9 bytes/s, one direction (derated and analytic default: half the GPU
     preset's PCIe figure, e.g. 32 for PCIe Gen4 x16; also for profiles without measured swaps)."""
-    calibration: str = "default"
+    calibration: str = Field(default="default", json_schema_extra={FILE_FIELD: []})  # a name or a file
     """derated only: the serving terms fitted to measured runs (``sim/costs/serving.py``): ``default``
     (the shipped fit, ``sim/costs/serving_calibration.yaml``), ``none`` (kernel-level factors only), or
     the path of a file written by ``kvsim calibrate --from-runs``."""

@@ -57,7 +57,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from sim.planning.sweeps.driver import describe_counts, progress_enabled
     from sim.storage import check_output_target
 
-    plan = load_plan_spec(args.plan)  # every candidate's probe configs validated before anything runs
+    # Every candidate's probe configs are validated before anything runs.
+    plan = load_plan_spec(args.plan, args.set)
     out_dir = Path(args.output) if args.output else Path("results") / plan.spec.name
     check_output_target(out_dir, PLAN_KIND)
     started = time.perf_counter()
@@ -209,6 +210,13 @@ def register(subparsers: Any) -> None:
     plan.add_argument("plan", help="plan YAML")
     plan.add_argument(
         "-o", "--output", help="plan folder (default: results/<plan name>); resumed if it exists"
+    )
+    plan.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a key of the plan file (e.g. slos.ttft_p99_s=1.5, search.min_requests=2000)",
     )
     _executor_arguments(plan)
     plan.set_defaults(func=cmd_plan)

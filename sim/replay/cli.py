@@ -24,7 +24,7 @@ def register(commands) -> None:
 
 
 def cmd_replay_run(args: argparse.Namespace) -> int:
-    from sim.config import apply_override
+    from sim.config import apply_overrides
     from sim.replay.compare import LATENCY_NAMES
     from sim.replay.pipeline import replay_run
     from sim.replay.spec import load_replay_spec, validate_replay_spec
@@ -35,8 +35,7 @@ def cmd_replay_run(args: argparse.Namespace) -> int:
         base_dir = given.parent
     else:
         data: dict = {"name": _name_of(given), "run": {"path": str(given.resolve())}}
-        for override in args.set:
-            apply_override(data, override, "--set")
+        apply_overrides(data, args.set)
         spec = validate_replay_spec(data, "command line")
         base_dir = Path.cwd()
     out_dir = Path(args.output) if args.output else Path("results") / "replays" / spec.name

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from sim.config import ConfigError, EngineConfig, apply_override, check_slug, format_problems, yaml_mapping
+from sim.config import ConfigError, EngineConfig, apply_overrides, check_slug, format_problems, yaml_mapping
 from sim.costs.core import CostModelConfig
 from sim.replay.measured import MeasuredRun
 from sim.replay.prompts import CyclingPrompts
@@ -112,8 +112,7 @@ def load_replay_spec(path: Path, overrides: list[str] | None = None) -> ReplaySp
     if not path.is_file():
         raise ConfigError(f"{path}: no such replay file")
     data = yaml_mapping(path)
-    for override in overrides or []:
-        apply_override(data, override, path)
+    apply_overrides(data, overrides or [])
     return validate_replay_spec(data, path)
 
 

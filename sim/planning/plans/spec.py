@@ -401,22 +401,30 @@ class Plan:
         )
 
 
-def load_plan_spec(path: str | Path) -> Plan:
-    """Read a plan file and expand its candidates; every candidate's probe config is validated (and
+def load_plan_spec(path: str | Path, overrides: list[str] | None = None) -> Plan:
+    """Read a plan file, apply ``overrides`` (``--set KEY.PATH=VALUE``, as ``kvsim run``'s, to the
+    plan file's keys) and expand its candidates; every candidate's probe config is validated (and
     preflighted) for every seed before anything runs. A model that does not fit a GPU makes that
-    candidate infeasible, not the plan invalid."""
+    candidate infeasible, not the plan invalid. The spec, so the plan's digest, holds the overrides."""
+    from sim.config import apply_overrides, with_override_notes
+
     path = Path(path)
-    spec: PlanSpec = validate_file(PlanSpec, read_yaml_mapping(path, "plan"), path, "plan file")
-    candidates = [_candidate(spec, path, *combo) for combo in _grid(spec)]
-    _check_unique(candidates, path)
-    candidates = _with_fill_sizes(candidates, spec, path)
-    plan = Plan(spec, path, candidates)
-    for candidate in candidates:
-        if candidate.infeasible:
-            continue
-        for seed in spec.search.seeds:
-            config = plan.probe_config(candidate, spec.search.start_rate_per_s, seed)
-            preflight(config, candidate.base_dir, f"{path}: candidate {candidate.key}")
+    data = read_yaml_mapping(path, "plan")
+    apply_overrides(data, overrides or [])
+    try:
+        spec: PlanSpec = validate_file(PlanSpec, data, path, "plan file")
+        candidates = [_candidate(spec, path, *combo) for combo in _grid(spec)]
+        _check_unique(candidates, path)
+        candidates = _with_fill_sizes(candidates, spec, path)
+        plan = Plan(spec, path, candidates)
+        for candidate in candidates:
+            if candidate.infeasible:
+                continue
+            for seed in spec.search.seeds:
+                config = plan.probe_config(candidate, spec.search.start_rate_per_s, seed)
+                preflight(config, candidate.base_dir, f"{path}: candidate {candidate.key}")
+    except ConfigError as error:
+        raise ConfigError(with_override_notes(str(error), overrides or [])) from None
     return plan
 
 

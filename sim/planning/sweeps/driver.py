@@ -80,8 +80,9 @@ def run_points(
     if bar is not None:
         bar.total = (bar.total or 0) + len(todo)
         bar.refresh()
+    by_id = {task.point_id: task for task in todo}
     for outcome in executor.run(fn, todo):
-        store.save(outcome)
+        store.save(outcome, by_id[outcome.point_id])
         records[outcome.point_id] = PointRecord(
             outcome.point_id, OK if outcome.ok else FAILED, outcome.summaries, outcome.error
         )

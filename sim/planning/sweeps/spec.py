@@ -28,23 +28,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import Field, field_validator, model_validator
 
-from sim.config import ConfigError, ExperimentConfig, validate_experiment
+from sim.config import (
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    validate_experiment,
+    with_override_notes,
+)
 from sim.planning.schema import Strict, read_yaml_mapping, set_key_path, validate_file
 from sim.storage.folders import config_hash, kvsim_version
 
 
 class RangeAxis(Strict):
-    """``{from: 1, to: 20, steps: 8}``: evenly spaced values, both ends included (``log: true``:
+    """An axis (of ``axes`` or of a ``zip`` group) as a range instead of a list of values:
+    ``{from: 1, to: 20, steps: 8}``, evenly spaced values, both ends included (``log: true``:
     geometric spacing; ``integer: true``: rounded to whole numbers)."""
 
-    start: float = Field(alias="from")
-    to: float
+    start: float = Field(alias="from", description="First value.")
+    to: float = Field(description="Last value.")
     steps: int = Field(ge=2, description="Number of values, both ends included.")
-    log: bool = False
-    integer: bool = False
+    log: bool = Field(False, description="Geometric spacing (a constant ratio) instead of even steps.")
+    integer: bool = Field(False, description="Round every value to a whole number.")
 
     @model_validator(mode="after")
     def _positive_for_log(self) -> RangeAxis:
@@ -75,12 +81,26 @@ AxisSpec = list[Any] | RangeAxis
 
 class SweepSpec(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Also the default output folder name.")
-    description: str = ""
+    description: str = Field("", description="Free text, for the reader of the sweep file.")
     base: str | None = Field(None, description="The base experiment YAML, relative to this file.")
     experiment: dict[str, Any] | None = Field(None, description="The base experiment, inline.")
-    overrides: dict[str, Any] = Field(default_factory=dict, alias="set")
-    axes: dict[str, AxisSpec] = Field(default_factory=dict)
-    zip_groups: list[dict[str, AxisSpec]] = Field(default_factory=list, alias="zip")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        alias="set",
+        description="Fixed overrides of the base experiment, key path -> value, e.g. "
+        "workload.num_requests: 300.",
+    )
+    axes: dict[str, AxisSpec] = Field(
+        default_factory=dict,
+        description="Key path -> the values it takes (a list, or a range): the points are every "
+        "combination of the axes (first axis slowest).",
+    )
+    zip_groups: list[dict[str, AxisSpec]] = Field(
+        default_factory=list,
+        alias="zip",
+        description="Groups of key paths whose values move together (the n-th value of each at once); "
+        "each group counts as one axis of the product.",
+    )
 
     @model_validator(mode="after")
     def _one_base(self) -> SweepSpec:
@@ -217,18 +237,17 @@ def load_sweep_spec(path: str | Path, overrides: list[str] | None = None) -> Swe
     base, base_dir = _base_experiment(spec, path)
     for key, value in spec.overrides.items():
         _set_or_fail(base, key, value, f"{path}: set.{key}")
-    for override in overrides or []:
-        key, sep, raw = override.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {override!r}: expected KEY.PATH=VALUE")
-        _set_or_fail(base, key, yaml.safe_load(raw), f"--set {override!r}")
+    apply_overrides(base, overrides or [])  # kvsim run's --set, applied to the base experiment
     axes = axes_of(spec)
-    points = [
-        make_point(index, base, values, base_dir, str(path))
-        for index, values in enumerate(combinations(axes))
-    ]
-    for point in points:
-        preflight(point.config, point.base_dir, f"{path}: point {point.index} ({point.label()})")
+    try:
+        points = [
+            make_point(index, base, values, base_dir, str(path))
+            for index, values in enumerate(combinations(axes))
+        ]
+        for point in points:
+            preflight(point.config, point.base_dir, f"{path}: point {point.index} ({point.label()})")
+    except ConfigError as error:
+        raise ConfigError(with_override_notes(str(error), overrides or [])) from None
     return Sweep(spec, path, points, [key for axis in axes for key in axis.keys])
 
 

@@ -6,7 +6,8 @@ Layout (``kind`` is "sweep" or "plan")::
     DIR/points/<point id>/             one per point, staged in a hidden sibling and renamed
         .kvsim-results                 marker of kind "point"
         status.json                    {"status": "ok" | "failed", "error": ...}
-        config.yaml, summary.csv, capacity.txt, <variant>/summary.json, tables, [steady.json]
+        config.yaml                    the resolved config, its relative paths read from here
+        summary.csv, capacity.txt, <variant>/summary.json, tables, [steady.json]
         error.txt                      (failed points) the traceback
     DIR/sweep.parquet, sweep.csv       one row per point x variant (written at the end)
 
@@ -27,8 +28,10 @@ from typing import Any
 
 import pandas as pd
 
-from sim.planning.sweeps.tasks import PointOutcome, read_variant_summary
-from sim.results import SWEEP_TABLE
+from sim.config import validate_experiment
+from sim.config_paths import relocated
+from sim.planning.sweeps.tasks import PointOutcome, PointTask, read_variant_summary
+from sim.results import CONFIG_FILE, SWEEP_TABLE, config_text
 from sim.storage.folders import (
     check_output_target,
     clean_stale_staging,
@@ -87,9 +90,12 @@ class PointStore:
         names = pd.read_csv(folder / "summary.csv")["variant"].astype(str)
         return [read_variant_summary(folder / name) for name in names]
 
-    def save(self, outcome: PointOutcome) -> None:
-        """Write a point folder atomically (replacing an earlier failed attempt, which is ours)."""
+    def save(self, outcome: PointOutcome, task: PointTask) -> None:
+        """Write a point folder atomically (replacing an earlier failed attempt, which is ours). Its
+        config.yaml reads the task's files from where the folder is, so ``kvsim run`` reruns it."""
         target = self.point_dir(outcome.point_id)
+        if CONFIG_FILE in outcome.files:
+            outcome.files[CONFIG_FILE] = _config_for(task, target).encode()
         status = {
             "status": OK if outcome.ok else FAILED,
             "point_id": outcome.point_id,
@@ -115,6 +121,14 @@ class PointStore:
         parquet = self.root / SWEEP_TABLE
         write_atomic(parquet, lambda path: table.to_parquet(path, index=False))
         write_atomic(parquet.with_suffix(".csv"), lambda path: table.to_csv(path, index=False))
+
+
+def _config_for(task: PointTask, folder: Path) -> str:
+    """The resolved config the worker ran (as it writes it), its relative file paths, which the task
+    reads from its ``base_dir``, rewritten to be read from ``folder``."""
+    config = validate_experiment(task.config, f"point {task.point_id}")
+    data = relocated(config.model_dump(mode="json"), config, Path(task.base_dir), folder)
+    return config_text(data)
 
 
 def _sibling(path: Path, kind: str) -> Path:
