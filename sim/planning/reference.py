@@ -34,32 +34,7 @@ EXPERIMENT_SECTIONS: dict[type[BaseModel], str] = {
 
 FORMS: dict[type[BaseModel], str] = {RangeAxis: "a range instead of a list of values"}
 
-MEANINGS: dict[tuple[type[BaseModel], str], str] = {
-    (PlanSpec, "description"): "Free text, kept in plan.json and shown in the report.",
-    (PlanSpec, "models"): "Model preset names (see `kvsim models`) or paths to a Hugging Face "
-    "config.json (relative to the plan file); each is crossed with every GPU and candidate.",
-    (PlanSpec, "gpus"): "GPU preset names (see `kvsim gpus`), or mappings with a custom GPU, a label, "
-    "a price per GPU-hour and a cost model (`gpus[]`).",
-    (PlanSpec, "engine"): "The engine section every candidate starts from (an experiment's); the "
-    "candidates' block sizes and engine knobs override it.",
-    (PlanSpec, "slos"): "What a rate must meet on the steady-state window of every seed.",
-    (PlanSpec, "target_rate_per_s"): "The request rate (requests per second) the GPUs are counted for.",
-    (PlanSpec, "candidates"): "What is compared, crossed with every model and GPU: policies x block "
-    "sizes x engine knobs x cluster keys.",
-    (PlanSpec, "search"): "How each candidate's maximum sustainable rate is searched and each probe run.",
-    (SearchSpec, "seeds"): "Every rate runs once per seed; it passes only when every seed meets every SLO.",
-    (SLOs, "ttft_p99_s"): "At most this p99 time to first token, in seconds.",
-    (SLOs, "ttft_p50_s"): "At most this median time to first token, in seconds.",
-    (SLOs, "ttft_mean_s"): "At most this mean time to first token, in seconds.",
-    (SLOs, "tpot_p50_s"): "At most this median time per output token, in seconds.",
-    (SLOs, "tpot_p99_s"): "At most this p99 time per output token, in seconds.",
-    (SLOs, "tpot_mean_s"): "At most this mean time per output token, in seconds.",
-    (SLOs, "e2e_p99_s"): "At most this p99 end-to-end latency, in seconds.",
-    (SLOs, "e2e_mean_s"): "At most this mean end-to-end latency, in seconds.",
-    (SLOs, "max_preemptions_per_request"): "At most this many preemptions per request of the window "
-    "(their total over the window's requests).",
-    (SLOs, "max_rejected_frac"): "At most this share of the window's requests rejected.",
-}
+MEANINGS: dict[tuple[type[BaseModel], str], str] = {}
 """Meanings of the plan keys whose fields carry no description of their own (a test fails when one
 here is no longer needed, or a key has neither)."""
 

@@ -122,22 +122,44 @@ class SLOs(Strict):
     any rate sustainable while the queue grows without end. (Whether a probe reached a steady state
     at all is the search's business, not an SLO: see ``search.min_fill_multiple``.)"""
 
-    ttft_p99_s: PositiveFloat | None = None
-    ttft_p50_s: PositiveFloat | None = None
-    ttft_mean_s: PositiveFloat | None = None
-    tpot_p50_s: PositiveFloat | None = None
-    tpot_p99_s: PositiveFloat | None = None
-    tpot_mean_s: PositiveFloat | None = None
-    e2e_p99_s: PositiveFloat | None = None
-    e2e_mean_s: PositiveFloat | None = None
+    ttft_p99_s: PositiveFloat | None = Field(
+        None, description="At most this p99 time to first token, in seconds."
+    )
+    ttft_p50_s: PositiveFloat | None = Field(
+        None, description="At most this median time to first token, in seconds."
+    )
+    ttft_mean_s: PositiveFloat | None = Field(
+        None, description="At most this mean time to first token, in seconds."
+    )
+    tpot_p50_s: PositiveFloat | None = Field(
+        None, description="At most this median time per output token, in seconds."
+    )
+    tpot_p99_s: PositiveFloat | None = Field(
+        None, description="At most this p99 time per output token, in seconds."
+    )
+    tpot_mean_s: PositiveFloat | None = Field(
+        None, description="At most this mean time per output token, in seconds."
+    )
+    e2e_p99_s: PositiveFloat | None = Field(
+        None, description="At most this p99 end-to-end latency, in seconds."
+    )
+    e2e_mean_s: PositiveFloat | None = Field(
+        None, description="At most this mean end-to-end latency, in seconds."
+    )
     normalized_latency_mean_s: PositiveFloat | None = Field(
         None,
         description="Mean over requests of end-to-end latency / output tokens, in seconds per token "
         "(the vLLM paper's Fig. 12 axis).",
     )
     goodput: Goodput | None = Field(None, description="Per-request TTFT/TPOT targets and the share to meet.")
-    max_preemptions_per_request: NonNegativeFloat | None = None
-    max_rejected_frac: float | None = Field(None, ge=0, le=1)
+    max_preemptions_per_request: NonNegativeFloat | None = Field(
+        None,
+        description="At most this many preemptions per request of the window (their total over the window's "
+        "requests).",
+    )
+    max_rejected_frac: float | None = Field(
+        None, ge=0, le=1, description="At most this share of the window's requests rejected."
+    )
     max_queue_growth_frac: float = Field(
         0.05,
         gt=0,
@@ -217,7 +239,11 @@ class SearchSpec(Strict):
     growth: float = Field(2.0, gt=1, description="Bracketing factor: rates grow or shrink by it.")
     rel_tolerance: float = Field(0.05, gt=0, lt=1, description="Stop when failing/passing rate - 1 <= this.")
     max_probes: PositiveInt = Field(16, description="Most rates probed per candidate.")
-    seeds: list[int] = Field(default_factory=lambda: [1, 2, 3], min_length=1)
+    seeds: list[int] = Field(
+        default_factory=lambda: [1, 2, 3],
+        min_length=1,
+        description="Every rate runs once per seed; it passes only when every seed meets every SLO.",
+    )
     min_requests: PositiveInt = Field(1000, description="Requests per probe (at least).")
     min_duration_s: NonNegativeFloat = Field(0.0, description="Arrival span per probe (at least).")
     warmup_frac: float = Field(0.2, ge=0, lt=0.5, description="Arrivals dropped at the start.")
@@ -317,20 +343,40 @@ class SearchSpec(Strict):
 
 class PlanSpec(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Also the default output folder name.")
-    description: str = ""
-    models: list[str] = Field(min_length=1)
-    gpus: list[str | GpuChoice] = Field(min_length=1)
+    description: str = Field("", description="Free text, kept in plan.json and shown in the report.")
+    models: list[str] = Field(
+        min_length=1,
+        description="Model preset names (see `kvsim models`) or paths to a Hugging Face config.json (relative "
+        "to the plan file); each is crossed with every GPU and candidate.",
+    )
+    gpus: list[str | GpuChoice] = Field(
+        min_length=1,
+        description="GPU preset names (see `kvsim gpus`), or mappings with a custom GPU, a label, a price per "
+        "GPU-hour and a cost model (`gpus[]`).",
+    )
     cost_model: str | dict[str, Any] = Field(
         "derated",
         description="As an experiment's cost_model, with the same default as `kvsim run` (derated, "
         "with the serving terms fitted to measured runs).",
     )
-    engine: EngineConfig = Field(default_factory=EngineConfig)  # type: ignore[arg-type]
+    engine: EngineConfig = Field(
+        default_factory=EngineConfig,  # type: ignore[arg-type]
+        description="The engine section every candidate starts from (an experiment's); the candidates' block "
+        "sizes and engine knobs override it.",
+    )
     workload: dict[str, Any] = Field(description="An experiment's workload; the search sets its rate.")
-    slos: SLOs
-    target_rate_per_s: PositiveFloat
-    candidates: CandidateGrid
-    search: SearchSpec = Field(default_factory=SearchSpec)  # type: ignore[arg-type]
+    slos: SLOs = Field(description="What a rate must meet on the steady-state window of every seed.")
+    target_rate_per_s: PositiveFloat = Field(
+        description="The request rate (requests per second) the GPUs are counted for."
+    )
+    candidates: CandidateGrid = Field(
+        description="What is compared, crossed with every model and GPU: policies x block sizes x engine knobs "
+        "x cluster keys."
+    )
+    search: SearchSpec = Field(
+        default_factory=SearchSpec,  # type: ignore[arg-type]
+        description="How each candidate's maximum sustainable rate is searched and each probe run.",
+    )
 
     def gpu_choices(self) -> list[GpuChoice]:
         return [
