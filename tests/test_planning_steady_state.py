@@ -47,6 +47,7 @@ def made_up_plan(tmp_path, **search):
         "min_requests": 500,
         "rel_tolerance": 0.2,
         "min_fill_multiple": 0,
+        "cost_band": "none",
     } | search
     return load_plan_spec(write_yaml(tmp_path / "plan.yaml", data))
 
@@ -123,3 +124,47 @@ def test_every_max_rate_of_a_real_plan_holds_ten_times_longer(tmp_path):
         assert violations(steady, plan.spec.slos) == [], (result["key"], steady["ttft_p99_s"])
         checked += 1
     assert checked == 2  # max_num_seqs 2 and 64
+
+
+def server_slowed_by_the_cost_model(task: PointTask) -> PointOutcome:
+    """Keeps up to 4 req/s at nominal GPU times, 4 / s when they are scaled by s; beyond, it breaks
+    the TTFT SLO at any length."""
+    cost_model = task.config.get("cost_model")
+    time_scale = cost_model.get("time_scale", 1.0) if isinstance(cost_model, dict) else 1.0
+    rate = task.config["workload"]["arrival"]["rate_per_s"]
+    ttft = 0.5 if rate <= 4.0 / time_scale + 1e-9 else 3.0
+    steady = STEADY | {"ttft_p99_s": ttft, "late_ttft_p99_s": ttft, "queue_growth_frac": 0.0}
+    summary = {"variant": "paged", "cost_model": "made up"}
+    files = {
+        "summary.csv": b"variant\npaged\n",
+        "paged/summary.json": json.dumps(summary).encode(),
+        "paged/steady.json": json.dumps(steady).encode(),
+    }
+    return PointOutcome(task.point_id, True, [summary | {"steady": steady}], files=files)
+
+
+def test_the_cost_band_is_searched_at_its_edges(tmp_path):
+    """Band [0.8, 1.6]: nominal 4 req/s (5 GPUs for 20 req/s). At x0.8 the search starts at 4 / 0.8 =
+    5 (passes), grows by 1.4 to 7 (fails), bisects to 6 (fails; 6/5 - 1 <= 20 %): 5 req/s, 4 GPUs. At
+    x1.6 it starts at 2.5 (passes), 3.5 fails, 3 fails: 2.5 req/s, 8 GPUs. The edges are short
+    probes only: no confirmation runs."""
+    plan = made_up_plan(tmp_path, cost_band=[0.8, 1.6])
+    document = run_plan(plan, tmp_path / "out", fn=server_slowed_by_the_cost_model).document
+    (result,) = document["candidates"]
+    assert result["max_rate_per_s"] == 4.0 and result["gpus_for_target"] == 5
+    edges = {edge["time_scale"]: edge for edge in result["band"]["edges"]}
+    assert edges[0.8]["max_rate_per_s"] == 5.0 and edges[0.8]["gpus_for_target"] == 4
+    assert edges[1.6]["max_rate_per_s"] == 2.5 and edges[1.6]["gpus_for_target"] == 8
+    band_probes = [p for p in document["probes"] if p["time_scale"] != 1.0]
+    assert [(p["time_scale"], p["rate_per_s"]) for p in band_probes] == [
+        (0.8, 5.0),
+        (0.8, 7.0),
+        (0.8, 6.0),
+        (1.6, 2.5),
+        (1.6, 3.5),
+        (1.6, 3.0),
+    ]
+    assert not any(p["confirmation"] for p in band_probes)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "4–8 GPUs over the cost model's error band (GPU times ×0.8 to ×1.6" in report
+    assert "it ranks first across the band" in report

@@ -920,6 +920,10 @@ class CostModelConfig(BaseModel):
     host_bandwidth_gb_per_s: float | None = Field(default=None, gt=0)
     """Host link for swaps in 10^9 bytes/s, one direction (derated and analytic default: half the GPU
     preset's PCIe figure, e.g. 32 for PCIe Gen4 x16; also for profiles without measured swaps)."""
+    time_scale: float = Field(default=1.0, gt=0)
+    """Multiply every GPU-side time (iterations, block copies; not host-link swaps or the client's
+    request overhead) by this: 1.1 asks what happens if the GPU is 10 % slower than modelled. Plans
+    search again at the edges of the cost model's error band this way (``sim/costs/scaled.py``)."""
     calibration: str = Field(default="default", json_schema_extra={FILE_FIELD: []})  # a name or a file
     """derated only: the serving terms fitted to measured runs (``sim/costs/serving.py``): ``default``
     (the shipped fit, ``sim/costs/serving_calibration.yaml``), ``none`` (kernel-level factors only), or
@@ -1008,6 +1012,25 @@ def make_cost_model(
         except ValidationError as error:
             problems = one_line_problems(error, top_level="cost_model")
             raise CostModelError(f"invalid cost_model {config!r}: {problems}") from None
+    built = _unscaled_cost_model(
+        config, model, gpu, block_size, kv_cache_dtype, base_dir, tensor_parallel_size
+    )
+    if config.time_scale == 1.0:
+        return built
+    from sim.costs.scaled import ScaledCostModel
+
+    return ScaledCostModel(built, config.time_scale)
+
+
+def _unscaled_cost_model(
+    config: CostModelConfig,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    block_size: int,
+    kv_cache_dtype: str,
+    base_dir: str | Path | None,
+    tensor_parallel_size: int,
+) -> CostModel:
     bandwidth = None if config.host_bandwidth_gb_per_s is None else config.host_bandwidth_gb_per_s * 1e9
     if config.kind in ("derated", "analytic"):
         # (The derated model's module builds on this one: imported here, either can be imported first.)

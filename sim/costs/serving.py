@@ -114,6 +114,17 @@ class ServingCalibration:
             f"TPOT {tpot:.0%}, E2E {e2e:.0%}"
         )
 
+    def time_scale_band(self) -> tuple[float, float] | None:
+        """The GPU-time scales (``cost_model: {time_scale: ...}``) that would have made kvsim's TPOT
+        match the measured runs it was not fitted to, fastest and slowest: with a leave-one-run-out
+        TPOT error ``e`` (simulated / measured - 1), the measured server's step took ``1 / (1 + e)``
+        times kvsim's. None without leave-one-out errors."""
+        runs = (self.fit.get("leave_one_out") or {}).get("runs") or {}
+        errors = [float(run["tpot"]) for run in runs.values() if "tpot" in run]
+        if not errors:
+            return None
+        return 1.0 / (1.0 + max(errors)), 1.0 / (1.0 + min(errors))
+
     def describe(self) -> str:
         """A short phrase for cost-model labels."""
         if self.is_neutral:

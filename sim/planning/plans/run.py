@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from sim.planning.plans.analysis import candidate_results
+from sim.planning.plans.band import search_band
 from sim.planning.plans.cluster_check import run_cluster_checks
 from sim.planning.plans.search import (
     STEADY_STATE,
@@ -60,6 +61,7 @@ class Probe:
     error: str = ""  # a seed's run failed: the candidate's search stops
     extended: bool = False  # met the SLOs short of a steady state: run again longer, not judged
     confirmation: bool = False  # the long run that confirms (or refutes) a candidate's maximum rate
+    time_scale: float = 1.0  # the cost model's GPU times were multiplied by this (an error-band edge)
 
     @property
     def passed(self) -> bool:
@@ -100,44 +102,75 @@ def run_plan(
 ) -> PlanRun:
     store = PointStore.open(out_dir, PLAN_KIND, plan.digest(), log)
     store.clean_stale()
-    executor = executor or InlineExecutor()
-    searches = {c.key: RateSearch(plan.spec.search) for c in plan.candidates if not c.infeasible}
-    longer: dict[str, tuple[float, int]] = {}  # candidate -> the rate to run again, and its requests
-    probes: list[Probe] = []
-    counts = RunCounts()
     bar = make_bar(plan.spec.name, progress)
-    rounds = 0
+    run = Rounds(store, executor or InlineExecutor(), retry_failed, bar, fn, log)
+    searches = {c.key: RateSearch(plan.spec.search) for c in plan.candidates if not c.infeasible}
     try:
-        while wanted := _next_probes(plan, searches, longer):
-            round_probes, round_counts = _run_round(
-                plan, store, executor, wanted, len(probes), retry_failed, bar, fn
-            )
-            counts.add(round_counts)
-            for probe in round_probes:
-                _judge(probe, searches[probe.candidate], longer, plan.spec.search.max_requests)
-            probes += round_probes
-            rounds += 1
-            log(
-                f"kvsim plan: round {rounds}: {len(round_probes)} candidate rate(s) x "
-                f"{len(plan.spec.search.seeds)} seed(s); {round_counts.ran} simulated"
-            )
+        probes = run.search(plan, searches, first_number=0)
         results = candidate_results(plan, searches, probes)
         checks, check_counts = run_cluster_checks(
-            plan, results, store, executor, retry_failed=retry_failed, bar=bar, fn=fn
+            plan, results, store, run.executor, retry_failed=retry_failed, bar=bar, fn=fn
         )
-        counts.add(check_counts)
+        run.counts.add(check_counts)
         if checks:
             log(f"kvsim plan: cluster checks of {len(checks)} candidate(s); {check_counts.ran} simulated")
+        results = candidate_results(plan, searches, probes, checks)
+        band, band_probes = search_band(plan, results, run, first_number=len(probes))
+        probes += band_probes
     finally:
         bar.close()
-    results = candidate_results(plan, searches, probes, checks)
     from sim.planning.report.plan_report import plan_document, write_report
 
-    document = plan_document(plan, results, probes, counts, wall_s() if wall_s else None)
+    document = plan_document(plan, results, probes, run.counts, wall_s() if wall_s else None, band)
     write_atomic(store.root / PLAN_FILE, lambda path: path.write_text(json.dumps(document, indent=2)))
     store.write_table(probe_table(probes))
     write_report(store.root, document)
-    return PlanRun(store.root, document, counts)
+    return PlanRun(store.root, document, run.counts)
+
+
+@dataclass
+class Rounds:
+    """Runs searches in lockstep rounds into one store, counting what it simulated."""
+
+    store: PointStore
+    executor: Executor
+    retry_failed: bool
+    bar: Any
+    fn: Callable[[PointTask], PointOutcome]
+    log: Callable[[str], None]
+    counts: RunCounts = field(default_factory=RunCounts)
+    rounds: int = 0
+
+    def search(
+        self, plan: Plan, searches: dict[str, RateSearch], first_number: int, time_scale: float = 1.0
+    ) -> list[Probe]:
+        """Every search to its end (confirmations included); the probes it ran, numbered on from
+        ``first_number``, each marked with the GPU-time scale its cost model ran at."""
+        longer: dict[str, tuple[float, int]] = {}  # candidate -> the rate to run again, and its requests
+        probes: list[Probe] = []
+        while wanted := _next_probes(plan, searches, longer):
+            round_probes, round_counts = _run_round(
+                plan,
+                self.store,
+                self.executor,
+                wanted,
+                first_number + len(probes),
+                self.retry_failed,
+                self.bar,
+                self.fn,
+            )
+            self.counts.add(round_counts)
+            for probe in round_probes:
+                probe.time_scale = time_scale
+                _judge(probe, searches[probe.candidate], longer, plan.spec.search.max_requests)
+            probes += round_probes
+            self.rounds += 1
+            edge = f" (GPU times x{time_scale:.3g})" if time_scale != 1.0 else ""
+            self.log(
+                f"kvsim plan: round {self.rounds}{edge}: {len(round_probes)} candidate rate(s) x "
+                f"{len(plan.spec.search.seeds)} seed(s); {round_counts.ran} simulated"
+            )
+        return probes
 
 
 def _judge(probe: Probe, search: RateSearch, longer: dict[str, tuple[float, int]], max_requests: int) -> None:
@@ -241,6 +274,7 @@ def probe_table(probes: list[Probe]) -> pd.DataFrame:
                 "not_steady": "; ".join(run.unsteady),
                 "run_again_longer": probe.extended,
                 "confirmation": probe.confirmation,
+                "time_scale": probe.time_scale,
             }
             rows.append(head | flatten_summary(run.summary | {"steady": run.steady}))
     return pd.DataFrame(rows)

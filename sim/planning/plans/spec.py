@@ -26,7 +26,7 @@ import itertools
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
@@ -304,6 +304,13 @@ class SearchSpec(Strict):
         3,
         description="Confirmation runs per candidate at most; the last rate left unconfirmed is reported so.",
     )
+    cost_band: Literal["fitted", "none"] | list[PositiveFloat] = Field(
+        "fitted",
+        description="The cost model's error band, searched again at its edges (each candidate's rate and GPUs "
+        "as a range): `fitted` takes GPU-time scales from the serving calibration's leave-one-run-out TPOT "
+        "errors (derated cost models only), `[fast, slow]` gives the scales (e.g. [0.9, 1.2]: GPU 10 % "
+        "faster, 20 % slower than modelled), `none` skips it.",
+    )
     cluster_check: ClusterCheck | None = Field(
         None,
         description="Check single-engine candidates' GPU counts by simulating the cluster at the target "
@@ -314,6 +321,12 @@ class SearchSpec(Strict):
     def _ordered(self) -> SearchSpec:
         if not self.min_rate_per_s <= self.start_rate_per_s <= self.max_rate_per_s:
             raise ValueError("need min_rate_per_s <= start_rate_per_s <= max_rate_per_s")
+        if isinstance(self.cost_band, list) and (
+            len(self.cost_band) != 2 or not self.cost_band[0] <= 1.0 <= self.cost_band[1]
+        ):
+            raise ValueError(
+                f"cost_band must be [fast, slow] GPU-time scales around 1, e.g. [0.9, 1.2]; got {self.cost_band}"
+            )
         if self.max_requests < self.min_requests:
             raise ValueError(
                 f"max_requests ({self.max_requests}) is below min_requests ({self.min_requests})"

@@ -52,9 +52,13 @@ def plan_document(
     probes: list[Probe],
     counts: RunCounts,
     wall_s: float | None,
+    band: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     spec = plan.spec
     usable = [r for r in results if r.get("rank")]
+    if band is not None:
+        for result in results:
+            result["band"] = _candidate_band(band, result["key"])
     return {
         "kind": "plan",
         "kvsim_version": kvsim_version(),
@@ -67,6 +71,7 @@ def plan_document(
         "ranking_rule": ranking_rule(results),
         "recommendation": usable[0]["key"] if usable else None,
         "candidates": results,
+        "cost_band": band,
         "probes": [_probe_entry(probe) for probe in probes],
         "assumptions": _assumptions(plan, results),
         "run": {
@@ -79,6 +84,16 @@ def plan_document(
             "engine_build": engine_build(),
         },
     }
+
+
+def _candidate_band(band: dict[str, Any], key: str) -> dict[str, Any]:
+    """One candidate's rate and GPUs at each edge of the cost model's band, and its rank there."""
+    edges = []
+    for edge in band["edges"]:
+        found = edge["candidates"].get(key, {})
+        rank = edge["ranking"].index(key) + 1 if key in edge["ranking"] else None
+        edges.append({"time_scale": edge["time_scale"], "rank": rank} | found)
+    return {"edges": edges}
 
 
 def _slos(plan: Plan) -> dict[str, dict[str, Any]]:
@@ -104,6 +119,7 @@ def _probe_entry(probe: Probe) -> dict[str, Any]:
         "candidate": probe.candidate,
         "rate_per_s": probe.rate,
         "requests": probe.requests,
+        "time_scale": probe.time_scale,
         "passed": probe.passed,
         "run_again_longer": probe.extended,
         "confirmation": probe.confirmation,
@@ -245,6 +261,9 @@ def recommendation_blocks(document: dict[str, Any]) -> list[Block]:
             f" under the SLOs ({_slo_text(document)}; {_confirmed_text(best)}); binding limit: "
             f"{best['binding']['label']}",
         ]
+        band_text = _band_sentence(document, best)
+        if band_text:
+            text += [f"; {band_text}"]
         if "cost_per_hour_for_target" in best:
             text += [f"; ${best['cost_per_hour_for_target']:,.2f} per hour"]
         if "cost_per_million_output_tokens" in best:
@@ -270,6 +289,35 @@ def recommendation_blocks(document: dict[str, Any]) -> list[Block]:
         )
     )
     return blocks
+
+
+def _gpu_range(candidate: dict[str, Any]) -> str:
+    """``7–10``: the GPUs for the target at the band's edges (empty without a band)."""
+    counts = [e.get("gpus_for_target") for e in (candidate.get("band") or {}).get("edges", [])]
+    if not counts:
+        return ""
+    if any(count is None for count in counts):
+        known = [count for count in counts if count is not None]
+        return f"{min(known)}–?" if known else "?"
+    return f"{min(counts)}–{max(counts)}" if min(counts) != max(counts) else str(counts[0])
+
+
+def _band_sentence(document: dict[str, Any], best: dict[str, Any]) -> str:
+    """Where the cost model's error band moves the answer, and whether the recommendation holds across it."""
+    band = document.get("cost_band")
+    if not band:
+        return ""
+    fast, slow = band["time_scales"]
+    text = (
+        f"{_gpu_range(best)} GPUs over the cost model's error band (GPU times ×{fast:.3g} to ×{slow:.3g}, "
+        "short probes, not confirmed)"
+    )
+    leaders = {edge["time_scale"]: (edge["ranking"] or [None])[0] for edge in band["edges"]}
+    others = {scale: key for scale, key in leaders.items() if key != best["key"]}
+    if not others:
+        return text + "; it ranks first across the band"
+    moved = ", ".join(f"at ×{scale:.3g} {key or 'nothing'} ranks first" for scale, key in others.items())
+    return text + f"; {moved}"
 
 
 def _confirmed_text(candidate: dict[str, Any]) -> str:
@@ -323,7 +371,10 @@ def _recommendation_row(c: dict[str, Any]) -> list[Text]:
             probe_link(at_least + rate(c["max_rate_per_s"]), probe),
             "" if (c.get("confirmed") or {}).get("held") is not False else " (not confirmed)",
         ],
-        [probe_link(str(c["gpus_for_target"]), probe)],
+        [
+            probe_link(str(c["gpus_for_target"]), probe),
+            f" ({_gpu_range(c)} over the band)" if _gpu_range(c) else "",
+        ],
         [probe_link(c["binding"]["label"], c["binding"].get("evidence", {}).get("probe"))],
         [probe_link(f"{c['headroom_frac']:+.0%}", probe)],
         [probe_link(_cost_text(c), probe) if cost is not None else "no price given"],
@@ -506,8 +557,11 @@ def assumption_blocks(document: dict[str, Any]) -> list[Block]:
 def _verdict(probe: dict[str, Any]) -> str:
     if probe["error"]:
         return "error"
+    edge = f"band edge, GPU times ×{probe['time_scale']:.3g}: " if probe.get("time_scale", 1.0) != 1.0 else ""
     if probe.get("confirmation"):
         return "confirmation run: holds" if probe["passed"] else "confirmation run: breaks SLOs"
+    if edge:
+        return edge + ("meets SLOs" if probe["passed"] else "breaks SLOs")
     if probe.get("run_again_longer"):
         return "met SLOs short of a steady state: run again longer"
     return "meets SLOs" if probe["passed"] else "breaks SLOs"

@@ -1,0 +1,125 @@
+"""The cost model's error band, carried into the answer: every candidate searched again with its GPU
+times scaled to the band's edges (``cost_model: {time_scale: ...}``, ``sim/costs/scaled.py``).
+
+The band is ``search.cost_band``: ``fitted`` (the default) takes it from the serving calibration's
+leave-one-run-out TPOT errors (``ServingCalibration.time_scale_band``: the GPU-time scales that would
+have matched the measured runs kvsim was not fitted to), an explicit ``[fast, slow]`` pair of scales
+applies to every candidate, and ``none`` skips it. The edge searches start from each candidate's
+nominal maximum rate scaled by the edge (a warm start: a few probes each) and are not confirmed by
+long runs, so an edge's rate is a short-probe estimate: the report says so.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from sim.planning.plans.analysis import candidate_results
+from sim.planning.plans.search import RateSearch
+from sim.planning.plans.spec import Plan, SearchSpec
+
+if TYPE_CHECKING:
+    from sim.planning.plans.run import Probe, Rounds
+
+
+def band_scales(plan: Plan) -> tuple[float, float] | None:
+    """The band's GPU-time scales, fastest first, or None (no band to search)."""
+    band = plan.spec.search.cost_band
+    if band == "none":
+        return None
+    if isinstance(band, list):
+        return float(band[0]), float(band[1])
+    scales = {_fitted_scales(candidate.template.get("cost_model")) for candidate in plan.candidates}
+    scales.discard(None)
+    if len(scales) != 1:  # no fit behind the cost models, or candidates with different fits
+        return None
+    return scales.pop()
+
+
+def _fitted_scales(cost_model: Any) -> tuple[float, float] | None:
+    from sim.costs.core import CostModelConfig, serving_calibration
+
+    try:
+        config = CostModelConfig.model_validate(cost_model)
+    except ValueError:
+        return None
+    if config.kind != "derated" or config.calibration == "none":
+        return None
+    try:
+        return serving_calibration(config.calibration).time_scale_band()
+    except ValueError:
+        return None
+
+
+def with_time_scale(cost_model: Any, time_scale: float) -> dict[str, Any]:
+    """An experiment's ``cost_model`` value in its mapping form, with ``time_scale`` set."""
+    from sim.costs.core import CostModelConfig
+
+    data = CostModelConfig.model_validate(cost_model).model_dump(mode="json", exclude_defaults=True)
+    return data | {"time_scale": time_scale}
+
+
+def edge_plan(plan: Plan, time_scale: float) -> Plan:
+    """``plan`` with every candidate's cost model at ``time_scale`` and no confirmation runs."""
+    candidates = []
+    for candidate in plan.candidates:
+        template = copy.deepcopy(candidate.template)
+        template["cost_model"] = with_time_scale(template.get("cost_model"), time_scale)
+        candidates.append(replace(candidate, template=template))
+    search = plan.spec.search.model_copy(update={"confirm_factor": 0.0, "cost_band": "none"})
+    return Plan(plan.spec.model_copy(update={"search": search}), plan.path, candidates)
+
+
+def search_band(
+    plan: Plan, results: list[dict[str, Any]], rounds: Rounds, first_number: int
+) -> tuple[dict[str, Any] | None, list[Probe]]:
+    """Every candidate with a nominal maximum rate, searched at both edges of the band: the band's
+    summary (scales, each edge's ranking and per-candidate rates and GPUs) and the probes it ran."""
+    scales = band_scales(plan)
+    nominal = {r["key"]: r for r in results if r.get("max_rate_per_s") is not None}
+    if scales is None or not nominal:
+        return None, []
+    edges: list[dict[str, Any]] = []
+    probes: list[Probe] = []
+    for scale in scales:
+        edge = edge_plan(plan, scale)
+        searched = [c for c in edge.candidates if c.key in nominal]
+        searches = {c.key: RateSearch(_warm_start(edge, nominal[c.key], scale)) for c in searched}
+        edge_probes = rounds.search(edge, searches, first_number + len(probes), time_scale=scale)
+        probes += edge_probes
+        ranked = candidate_results(replace(edge, candidates=searched), searches, edge_probes)
+        edges.append(
+            {
+                "time_scale": scale,
+                "ranking": [r["key"] for r in ranked if r.get("rank")],
+                "candidates": {
+                    r["key"]: {
+                        "max_rate_per_s": r.get("max_rate_per_s"),
+                        "gpus_for_target": r.get("gpus_for_target"),
+                        "probe": r.get("max_probe"),
+                    }
+                    for r in ranked
+                },
+            }
+        )
+    return {"time_scales": list(scales), "source": _band_source(plan), "edges": edges}, probes
+
+
+def _warm_start(plan: Plan, nominal: dict[str, Any], scale: float) -> SearchSpec:
+    """The search spec of one candidate's edge search: it starts where the nominal answer, scaled by
+    the edge (GPU times x s: rates / s), is expected, within the search's range."""
+    search = plan.spec.search
+    start = min(max(nominal["max_rate_per_s"] / scale, search.min_rate_per_s), search.max_rate_per_s)
+    growth = min(search.growth, 1.0 + 2 * search.rel_tolerance)  # a near start needs small steps
+    return search.model_copy(update={"start_rate_per_s": float(f"{start:.3g}"), "growth": growth})
+
+
+def _band_source(plan: Plan) -> str:
+    band = plan.spec.search.cost_band
+    if isinstance(band, list):
+        return "search.cost_band (given in the plan)"
+    return (
+        "the serving calibration's leave-one-run-out TPOT errors: the GPU-time scales that would have "
+        "matched each measured run kvsim was not fitted to, fastest and slowest"
+    )

@@ -1,0 +1,81 @@
+"""``cost_model: {time_scale: s}``: every GPU-side time multiplied by s, nothing else (the plan's
+error-band edges stand on it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sim.config import validate_experiment
+from sim.costs.core import make_cost_model
+from sim.costs.scaled import scaled_times
+from sim.costs.serving import default_calibration
+from sim.costs.terms import PrefillCost, RoutedDecodeCost
+from sim.hardware.gpus import resolve_gpu
+from sim.hardware.models import resolve_model
+from sim.runner import run_experiment
+
+
+@pytest.mark.parametrize("kind", ["derated", "analytic"])
+@pytest.mark.parametrize("model", ["Llama-3.1-8B", "Qwen3-30B-A3B"])
+def test_every_gpu_time_scales_and_host_swaps_do_not(kind, model):
+    spec, gpu = resolve_model(model), resolve_gpu("H100-80GB")
+    base = make_cost_model(kind, spec, gpu, block_size=16)
+    slow = make_cost_model({"kind": kind, "time_scale": 1.25}, spec, gpu, block_size=16)
+    for batch, context, chunks in [(0, 0, [(512, 0)]), (7, 9000, []), (64, 70_000, [(100, 300), (30, 0)])]:
+        assert slow.iteration_s(batch, context, chunks) == pytest.approx(
+            1.25 * base.iteration_s(batch, context, chunks), rel=1e-12
+        )
+    for batch in (1, 3, 40):  # the event-skipping decode line (and a mixture of experts' table)
+        assert slow.decode.step_s(batch, 1000 * batch) == pytest.approx(
+            1.25 * base.decode.step_s(batch, 1000 * batch), rel=1e-12
+        )
+    assert slow.prefill_fixed_s == pytest.approx(1.25 * base.prefill_fixed_s, rel=1e-12)
+    assert slow.copy_blocks_s(10) == pytest.approx(1.25 * base.copy_blocks_s(10), rel=1e-12)
+    assert slow.swap_blocks_s(10) == base.swap_blocks_s(10)  # the host link is not the GPU
+    assert slow.request_overhead_s == base.request_overhead_s  # nor is the client
+    assert slow.label == f"{base.label}; GPU times x1.25" and slow.error_band == base.error_band
+
+
+def test_scaled_times_reaches_every_time_term():
+    routed = RoutedDecodeCost(1.0, 2.0, 3.0, batch_s=(-0.5, -0.25))
+    assert scaled_times(routed, 2.0) == RoutedDecodeCost(2.0, 4.0, 6.0, batch_s=(-1.0, -0.5))
+    assert scaled_times(PrefillCost(1.0, 2.0, 3.0, 4.0), 0.5) == PrefillCost(0.5, 1.0, 1.5, 2.0)
+
+
+def test_a_lone_request_takes_twice_as_long_at_time_scale_two(tmp_path):
+    """One request alone: every iteration is GPU time, so its engine-side latency doubles exactly."""
+
+    def latency(cost_model: object) -> float:
+        config = validate_experiment(
+            {
+                "name": "lone",
+                "model": "Llama-3.1-8B",
+                "gpu": "H100-80GB",
+                "cost_model": cost_model,
+                "engine": {"client_overhead_s": 0},
+                "workload": {
+                    "num_requests": 1,
+                    "arrival": {"kind": "poisson", "rate_per_s": 1},
+                    "prompt_len": {"kind": "constant", "value": 700},
+                    "output_len": {"kind": "constant", "value": 50},
+                },
+                "variants": [{"name": "paged", "policy": "paged"}],
+            },
+            "test",
+        )
+        (result,) = run_experiment(config, Path(tmp_path) / "x.yaml")
+        return float(result.requests["e2e_s"].iloc[0])
+
+    assert latency({"kind": "derated", "time_scale": 2.0}) == pytest.approx(2 * latency("derated"), rel=1e-9)
+
+
+def test_the_fitted_band_comes_from_the_leave_one_out_tpot_errors():
+    """TPOT errors (simulated / measured - 1) of the shipped fit's held-out runs span -17.5 %..+10.4 %:
+    the measured steps took 1 / (1 + e) of kvsim's, x0.906..x1.212."""
+    runs = default_calibration().fit["leave_one_out"]["runs"]
+    errors = [run["tpot"] for run in runs.values()]
+    fast, slow = default_calibration().time_scale_band()
+    assert (fast, slow) == (1 / (1 + max(errors)), 1 / (1 + min(errors)))
+    assert fast == pytest.approx(0.906, abs=1e-3) and slow == pytest.approx(1.212, abs=1e-3)
