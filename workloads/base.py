@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from policies.base import TokenContent
+from token_content import TokenContent
 from workloads.request import Request
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

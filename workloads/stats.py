@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import TokenContent
+from token_content import TokenContent
 from workloads.base import TraceError, Workload
 from workloads.config import (
     AnyWorkloadConfig,

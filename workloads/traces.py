@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from policies.base import TokenContent, content_length
+from token_content import TokenContent, content_length
 from workloads.arrivals import arrival_times
 from workloads.base import TraceError, TraceWarning, Workload, resolve_path
 from workloads.config import (

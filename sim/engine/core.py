@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from policies.base import ChildSpec, KVCachePolicy, OutOfKVMemory, TokenContent, content_length
+from policies.base import ChildSpec, KVCachePolicy, OutOfKVMemory
 from sim.costs.core import CostModel
 from sim.costs.terms import LinearIterationCost
 from sim.engine.arrivals import Arrivals
@@ -59,6 +59,7 @@ from sim.outputs.metrics import (
     RequestRecord,
 )
 from sim.outputs.sinks import MemorySink, OutputSink
+from token_content import TokenContent, content_length
 from workloads.request import Request
 
 
