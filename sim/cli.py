@@ -94,7 +94,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"--strict: {unserved:,} request(s) were not served (see above); no results written to "
                 f"{out_dir}/. Rerun without --strict to inspect them in requests.parquet (outcome, reason)."
             )
-        write_run_files(staging, resolved, results, figures=config.output.figures)
+        write_run_files(staging, resolved, results)
+        if config.output.figures:
+            from sim.outputs.plots import write_figures
+            from sim.results import load_results
+
+            # Drawn from the folder just written, as any reader of the results would see it.
+            write_figures(load_results(staging), staging / "figures")
     first = results[0].summary
     print(
         f"kvsim run {config.name}: cost model = {first['cost_model']}; error band: {first['cost_model_error_band']}"

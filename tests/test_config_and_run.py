@@ -242,3 +242,12 @@ def test_a_bad_value_from_set_says_it_came_from_the_command_line(tmp_path):
     )
     with pytest.raises(ConfigError, match=r"engine\.block_size came from --set engine\.block_size=abc"):
         load_experiment(path, ["engine.block_size=abc"])
+
+
+def test_write_run_files_refuses_to_draw():
+    """Figures moved to ``kvsim run`` (sim.cli): asking the results API for them is an error, not a
+    silent folder without figures."""
+    from sim.results import write_run_files
+
+    with pytest.raises(TypeError, match="no longer draws figures"):
+        write_run_files(Path("unused"), {}, [], figures=True)

@@ -2,6 +2,7 @@
 
 * Workloads know nothing about memory: no module under ``workloads/`` imports ``policies``.
 * Token content is the vocabulary both sides share, so it imports neither of them (nor the engine).
+* The results API (``sim/results.py``) does not draw: figures are the CLI's (``sim.outputs.plots``).
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ def imported_modules(source: str, package: tuple[str, ...]) -> set[str]:
 
 
 def forbidden_imports(folder: str, forbidden: tuple[str, ...]) -> dict[str, list[str]]:
-    """``{file: [what it imports of forbidden]}`` over every ``.py`` file under ``folder``."""
+    """``{file: [what it imports of forbidden]}`` over every ``.py`` file under ``folder`` (or the
+    file ``folder``)."""
     offending = {}
-    for path in sorted((ROOT / folder).rglob("*.py")):
+    top = ROOT / folder
+    for path in [top] if top.is_file() else sorted(top.rglob("*.py")):
         relative = path.relative_to(ROOT)
         names = imported_modules(path.read_text(), relative.parent.parts)
         bad = sorted(name for name in names if any(name == f or name.startswith(f + ".") for f in forbidden))
@@ -64,3 +67,26 @@ def test_token_content_imports_neither_workloads_nor_policies_nor_the_engine():
 )
 def test_imports_are_found_wherever_they_are_and_resolved(source, expected):
     assert imported_modules(source, ("workloads",)) == expected
+
+
+DRAWING = ("matplotlib", "sim.outputs.plots", "sim.outputs.canvas")
+
+
+def test_the_results_api_does_not_draw():
+    """``sim.results`` reads and writes results folders; drawing them is the CLI's business."""
+    assert forbidden_imports("sim/results.py", DRAWING) == {}
+
+
+def test_importing_the_results_api_loads_no_drawing_code():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, sim.results\n"
+        f"drawing = sorted(m for m in sys.modules if m.split('.')[0] == 'matplotlib' or m in {DRAWING[1:]!r})\n"
+        "assert not drawing, drawing\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
