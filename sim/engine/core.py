@@ -74,7 +74,9 @@ class EngineKnobs:
     preemption_mode: str = "recompute"  # recompute | swap
     swap_space_blocks: int = 0  # host pool for preemption_mode=swap, in blocks
     watermark: float = 0.0  # fraction of the pool kept free at admission (vLLM V0 used 0.01)
-    on_oom: str = "queue"  # queue: a failed admission waits; fail: the request fails (the seeds' OOM story)
+    # queue: a failed admission waits; fail: a request whose first admission fails fails (the seeds' OOM
+    # story). A preempted request waits to come back either way.
+    on_oom: str = "queue"
     beam_reparent_prob: float = 0.15  # q: per beam and decode step, the beam is replaced by a survivor's fork
     step_mode: str = "skip"  # skip | single
     client_overhead_s: float = 0.0  # outside the engine, added to every request's TTFT and E2E
