@@ -26,6 +26,7 @@ def test_notebook_is_stored_without_outputs(path):
             assert cell["outputs"] == [] and cell["execution_count"] is None, cell["source"][:80]
 
 
+@pytest.mark.timeout(300)  # a kernel running its own small experiments: 10-25 s, more on loaded cores
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
 def test_notebook_executes(path, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
