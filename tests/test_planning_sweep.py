@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -270,9 +272,11 @@ def test_sigterm_stops_a_local_sweep_cleanly(tmp_path):
     report as leaked (tqdm's default lock in the workers was one)."""
     experiment = TINY_EXPERIMENT | {"workload": TINY_EXPERIMENT["workload"] | {"num_requests": 20_000}}
     path = sweep_file(tmp_path, experiment=experiment, axes={"seed": [1, 2, 3, 4]})
-    out, scratch = tmp_path / "out", tmp_path / "scratch"
-    scratch.mkdir()
-    env = os.environ | {"TQDM_DISABLE": "1", "TMPDIR": str(scratch)}  # the workers' point folders
+    out = tmp_path / "out"
+    # The workers' point folders go here, to be watched. A short path: the forkserver's socket is made
+    # in it too, and a Unix socket's path has a length limit that pytest's tmp_path can exceed.
+    scratch = Path(tempfile.mkdtemp(prefix="kvsim-sigterm-"))
+    env = os.environ | {"TQDM_DISABLE": "1", "TMPDIR": str(scratch)}
     process = subprocess.Popen(
         [sys.executable, "-m", "sim.cli", "sweep", str(path), "-o", str(out), "-j", "2"],
         env=env,
@@ -287,12 +291,16 @@ def test_sigterm_stops_a_local_sweep_cleanly(tmp_path):
             if len(list(scratch.glob("kvsim-point-*/paged"))) >= 2:
                 break
             time.sleep(0.05)
-        assert process.poll() is None, "the points finished before the signal: make them longer"
+        if process.poll() is not None:
+            pytest.fail(
+                f"the sweep ended before the signal (exit {process.returncode}): {process.stderr.read()}"
+            )
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=60)
     finally:
         process.kill()
         process.wait()
+        shutil.rmtree(scratch, ignore_errors=True)
     assert process.returncode == 130, stderr
     assert "kvsim sweep: interrupted;" in stderr
     assert "leaked" not in stderr and "Traceback" not in stderr, stderr
