@@ -31,11 +31,11 @@ demo: $(BASE)
 	$(BIN)/kvsim run configs/quickstart.yaml
 
 lint: venv
-	$(BIN)/ruff check sim policies workloads calibrate tests benchmarks tools
-	$(BIN)/ruff format --check sim policies workloads calibrate tests benchmarks tools
+	$(BIN)/ruff check sim policies token_content workloads calibrate tests benchmarks tools
+	$(BIN)/ruff format --check sim policies token_content workloads calibrate tests benchmarks tools
 
 typecheck: venv
-	$(BIN)/mypy policies sim workloads calibrate benchmarks
+	$(BIN)/mypy policies sim token_content workloads calibrate benchmarks
 
 # The suite runs twice: on the Python sources, then on the compiled build (the same tests; the few
 # that instrument the sources skip), so the compiled engine is held to every exact expectation.

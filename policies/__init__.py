@@ -1,4 +1,7 @@
-"""KV-cache allocation policies. Importing the package registers every policy by name."""
+"""KV-cache allocation policies. Importing the package registers every policy by name.
+
+The token content they store (prompts as segments) is :mod:`token_content`'s, not theirs.
+"""
 
 import sim  # noqa: F401, I001  (first: it activates the compiled build of the policies, if any)
 from policies import contiguous as _contiguous  # noqa: F401  (registers "contiguous")
@@ -14,10 +17,8 @@ from policies.base import (
     PolicyInputError,
     PolicyStats,
     PoolSpec,
-    TokenContent,
     make_policy,
     policy_names,
-    token_ids,
 )
 
 __all__ = [
@@ -29,8 +30,6 @@ __all__ = [
     "PolicyInputError",
     "PolicyStats",
     "PoolSpec",
-    "TokenContent",
     "make_policy",
     "policy_names",
-    "token_ids",
 ]

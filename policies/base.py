@@ -5,7 +5,8 @@ memory and reports it as a :class:`MemoryBreakdown` that sums exactly to the poo
 
 Vocabulary (see ``design.md``): a *slot* holds one token's K and V in every layer; a *block* is
 ``block_size`` slots; the *pool* is every slot of the KV cache. A *sequence* is one stream of tokens
-(a request has one, or several after a fork). Token content is carried compactly as *segments*.
+(a request has one, or several after a fork). Token content is carried compactly as *segments*
+(``token_content``, shared with the workloads that produce it).
 """
 
 from __future__ import annotations
@@ -18,42 +19,7 @@ from typing import ClassVar, Generic, Protocol, TypeVar
 from mypy_extensions import mypyc_attr
 
 from policies._host_tier import HostTier
-
-# --------------------------------------------------------------------------------------------------
-# Token content without tokens
-# --------------------------------------------------------------------------------------------------
-
-Segment = tuple[int, int]
-"""``(content_id, length)``: the first ``length`` tokens of the token stream named ``content_id``.
-
-Two sequences hold identical tokens exactly where their segments name the same stream at the same
-offsets. A system prompt, a Mooncake 512-token hash block, a conversation turn, a sequence's
-generated output: each is one stream. Explicit token ids are streams of length 1 (see
-:func:`token_ids`), so the vLLM worked examples can be replayed token by token."""
-
-TokenContent = tuple[Segment, ...]
-
-
-def token_ids(ids: Iterable[int]) -> TokenContent:
-    """Explicit token ids as content: each id is a one-token stream."""
-    return tuple((int(token), 1) for token in ids)
-
-
-def content_length(content: Sequence[Segment]) -> int:
-    # A loop, not sum() over a generator: this runs several times per request (a third of the cost).
-    total = 0
-    for _, length in content:
-        total += length
-    return total
-
-
-def validate_content(content: Sequence[Segment], what: str) -> None:
-    for position, segment in enumerate(content):
-        if len(segment) != 2 or segment[1] < 0:
-            raise PolicyInputError(
-                f"{what}: segment {position} is {segment!r}; expected (content_id, length >= 0)"
-            )
-
+from token_content import TokenContent, content_length, validate_content
 
 # --------------------------------------------------------------------------------------------------
 # Errors
@@ -251,7 +217,7 @@ class KVCachePolicy:
         which must be computed to produce logits (vLLM's and SGLang's ``len - 1`` cap).
 
         Policies without a prefix cache never hit."""
-        validate_content(prompt, "looked-up prompt")
+        validate_content(prompt, "looked-up prompt", PolicyInputError)
         return NO_HIT
 
     @abstractmethod
@@ -399,7 +365,7 @@ class KVCachePolicy:
     def _check_new_sequence(self, seq_id: int, prompt: TokenContent, final_len: int) -> int:
         if self._has_sequence(seq_id):
             raise PolicyInputError(f"sequence {seq_id} is already allocated")
-        validate_content(prompt, f"prompt of sequence {seq_id}")
+        validate_content(prompt, f"prompt of sequence {seq_id}", PolicyInputError)
         prompt_len = content_length(prompt)
         if prompt_len <= 0:
             raise PolicyInputError(f"sequence {seq_id}: prompt is empty")

@@ -58,11 +58,9 @@ from policies.base import (
     OutOfKVMemory,
     PolicyInputError,
     PoolSpec,
-    TokenContent,
-    content_length,
     register,
-    validate_content,
 )
+from token_content import TokenContent, content_length, validate_content
 
 RESERVATIONS = ("max", "pow2", "oracle")
 PLACEMENTS = ("first_fit", "best_fit", "buddy")
@@ -183,7 +181,7 @@ class ContiguousPolicy(KVCachePolicy):
         sequence = self._get(seq_id)
         self._check_growth(seq_id, num_tokens, sequence.length, sequence.final_len)
         if content is not None:
-            validate_content(content, f"growth of sequence {seq_id}")
+            validate_content(content, f"growth of sequence {seq_id}", PolicyInputError)
             if content_length(content) != num_tokens:
                 raise PolicyInputError(
                     f"sequence {seq_id}: growth content holds {content_length(content)} tokens, "

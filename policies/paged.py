@@ -28,12 +28,10 @@ from policies.base import (
     PolicyInputError,
     PoolSpec,
     PrefixHit,
-    Segment,
     SequenceTable,
-    TokenContent,
-    content_length,
     register,
 )
+from token_content import Segment, TokenContent, content_length
 
 
 def ceil_div(a: int, b: int) -> int:

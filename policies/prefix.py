@@ -55,17 +55,9 @@ from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 
 from policies._host_tier import HostTier
-from policies.base import (
-    NO_HIT,
-    PolicyInputError,
-    PoolSpec,
-    PrefixHit,
-    TokenContent,
-    content_length,
-    register,
-    validate_content,
-)
+from policies.base import NO_HIT, PolicyInputError, PoolSpec, PrefixHit, register
 from policies.paged import PagedPolicy, SequenceState, ceil_div
+from token_content import TokenContent, content_length, validate_content
 
 Piece = tuple[int, int, int]  # (content_id, first offset, end offset) within one token stream
 # A block's cache key: (parent's chain id or None, what it holds, namespace). What it holds is its
@@ -207,7 +199,7 @@ class PrefixCachingPolicy(PagedPolicy):
 
     # ---------------------------------------------------------------------------------- prefix lookup
     def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
-        validate_content(prompt, "looked-up prompt")
+        validate_content(prompt, "looked-up prompt", PolicyInputError)
         prompt_len = content_length(prompt)
         if prompt_len <= 0:
             return NO_HIT
@@ -303,7 +295,7 @@ class PrefixCachingPolicy(PagedPolicy):
 
     # ------------------------------------------------------------------------------- content and keys
     def _remember_content(self, seq: SequenceState, content: TokenContent) -> None:
-        validate_content(content, f"content of sequence {seq.seq_id}")
+        validate_content(content, f"content of sequence {seq.seq_id}", PolicyInputError)
         seq.fold_output()
         for segment in content:
             seq.append_segment(segment)
@@ -554,7 +546,7 @@ class PrefixCachingPolicy(PagedPolicy):
 
         Returns the slots newly pinned. Pinned blocks count as cached while no live sequence uses
         them, and are never evicted."""
-        validate_content(prompt, "pinned prompt")
+        validate_content(prompt, "pinned prompt", PolicyInputError)
         full_blocks = content_length(prompt) // self.block_size
         if full_blocks == 0:
             raise PolicyInputError(f"pinned prompt is shorter than one block ({self.block_size} tokens)")

@@ -64,14 +64,11 @@ from policies.base import (
     PolicyInputError,
     PoolSpec,
     PrefixHit,
-    Segment,
     SequenceTable,
-    TokenContent,
-    content_length,
     register,
-    validate_content,
 )
 from policies.prefix import block_pieces
+from token_content import Segment, TokenContent, content_length, validate_content
 
 
 def page_size_option(value: object) -> int:
@@ -147,7 +144,7 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         return self._free_slots() + self._cached_slots()
 
     def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
-        validate_content(prompt, "looked-up prompt")
+        validate_content(prompt, "looked-up prompt", PolicyInputError)
         prompt_len = content_length(prompt)
         if prompt_len <= 0:
             return NO_HIT
@@ -225,7 +222,7 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         seq = self._get(seq_id)
         self._check_growth(seq_id, num_tokens, seq.num_tokens, seq.final_len)
         segments: TokenContent = ((seq.output_content_id, num_tokens),) if content is None else content
-        validate_content(segments, f"content of sequence {seq_id}")
+        validate_content(segments, f"content of sequence {seq_id}", PolicyInputError)
         if content_length(segments) != num_tokens:
             raise PolicyInputError(
                 f"sequence {seq_id}: content holds a different number of tokens than {num_tokens}"

@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import sys
+import warnings
 from pathlib import Path
 
 SUMMARY_COLUMNS = [
@@ -94,7 +95,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"--strict: {unserved:,} request(s) were not served (see above); no results written to "
                 f"{out_dir}/. Rerun without --strict to inspect them in requests.parquet (outcome, reason)."
             )
-        write_run_files(staging, resolved, results, figures=config.output.figures)
+        write_run_files(staging, resolved, results)
+        if config.output.figures:
+            from sim.outputs.plots import write_figures
+            from sim.results import load_results
+
+            # Drawn from the folder just written, as any reader of the results would see it.
+            write_figures(load_results(staging), staging / "figures")
     first = results[0].summary
     print(
         f"kvsim run {config.name}: cost model = {first['cost_model']}; error band: {first['cost_model_error_band']}"
@@ -203,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # `timeout` and Slurm stop jobs with SIGTERM
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return int(args.func(args) or 0)
     except (
         ConfigError,
         WorkloadError,
@@ -224,6 +233,20 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A trace warning (a row skipped or repaired, as the config asked) is news about the user's file:
+    one line, as kvsim's other warnings, without the Python source line that raised it."""
+    from workloads.base import TraceWarning
+
+    if issubclass(category, TraceWarning):
+        _warn(str(message))
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
+_python_showwarning = warnings.showwarning
 
 
 def _fresh_line() -> str:

@@ -95,7 +95,9 @@ class EngineConfig(_Strict):
     )
     watermark: float = Field(0.0, ge=0, lt=1, description="Pool fraction kept free at admission (V0: 0.01).")
     on_oom: Literal["queue", "fail"] = Field(
-        "queue", description="A request that does not fit at admission waits (queue) or fails (fail)."
+        "queue",
+        description="A request that does not fit at its first admission waits (queue) or fails (fail). A "
+        "preempted request always waits to be readmitted: it was admitted once, and its output has begun.",
     )
     beam_reparent_prob: float = Field(
         0.15,

@@ -10,7 +10,7 @@ Layout::
     DIR/<variant>/requests.parquet     (or .csv)
     DIR/<variant>/replicas.csv                  cluster runs: one summary row per replica
     DIR/<variant>/replica_timeseries.parquet    cluster runs: every replica's rows (or .csv)
-    DIR/figures/*.png
+    DIR/figures/*.png             drawn by ``kvsim run`` (sim.outputs.plots), not by this module
 
 A cluster variant's summary.json and timeseries are the cluster total (``sim/cluster/results.py``).
 
@@ -41,10 +41,10 @@ def write_run_files(
     folder: Path,
     config: dict[str, Any],
     results: list[VariantResult],
-    *,
-    figures: bool = True,
 ) -> None:
-    """Everything but the tables a file sink already streamed into ``folder/<variant>/``."""
+    """Everything but the tables a file sink already streamed into ``folder/<variant>/``, and but the
+    figures: the results API reads and writes data and never draws (``kvsim run`` draws
+    ``figures/`` afterwards with :func:`sim.outputs.plots.write_figures`)."""
     (folder / CONFIG_FILE).write_text(config_text(config))
     pd.DataFrame([_flat(result.summary) for result in results]).to_csv(folder / "summary.csv", index=False)
     capacity = [
@@ -58,10 +58,6 @@ def write_run_files(
         if result.replica_summaries is not None:
             replicas = pd.DataFrame([_flat(summary) for summary in result.replica_summaries])
             replicas.to_csv(variant_dir / REPLICAS_FILE, index=False)
-    if figures:
-        from sim.outputs.plots import write_figures
-
-        write_figures(load_results(folder), folder / "figures")
 
 
 REPLICAS_FILE = "replicas.csv"  # a cluster variant's per-replica summaries

@@ -13,15 +13,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from policies.base import (
-    KVCachePolicy,
-    OutOfKVMemory,
-    PolicyInputError,
-    PoolSpec,
-    TokenContent,
-    make_policy,
-    policy_class,
-)
+from policies.base import KVCachePolicy, OutOfKVMemory, PolicyInputError, PoolSpec, make_policy, policy_class
 from policies.contiguous import ContiguousPolicy
 from sim.cluster.cluster import Cluster, follow_up_of
 from sim.cluster.results import ClusterTotals, ReplicaSink, balance_metrics, replica_series, total_series
@@ -43,6 +35,7 @@ from sim.hardware.models import ModelSpec, resolve_model
 from sim.native import engine_build
 from sim.offload import OffloadConfig, host_load_seconds, host_tier_blocks, host_tier_summary
 from sim.outputs.sinks import FileSink, MemorySink, OutputSink
+from token_content import TokenContent
 from workloads import Workload, build_workload
 
 GIB = 1024**3

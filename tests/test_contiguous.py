@@ -16,9 +16,9 @@ from policies.base import (
     PoolSpec,
     make_policy,
     policy_names,
-    token_ids,
 )
 from policies.contiguous import PLACEMENTS, RESERVATIONS, ContiguousPolicy
+from token_content import token_ids
 
 
 def tokens(n: int, stream: int = 1) -> tuple[tuple[int, int], ...]:

@@ -441,6 +441,27 @@ def test_on_oom_fail_fails_only_requests_never_preempted(step_mode):
     assert [r.request_id for r in engine.records if r.outcome == "failed_oom"] == [1]
 
 
+@pytest.mark.parametrize("step_mode", STEP_MODES)
+def test_on_oom_fail_lets_a_preempted_request_wait_to_come_back(step_mode):
+    """on_oom: fail means a request whose first admission does not fit fails; a preempted request
+    already holds its place (it was admitted, and has tokens out): it waits for memory to come back,
+    as with on_oom: queue. The squeeze: r1, preempted at 4.0, needs 3 blocks while r0 leaves it 2
+    until r0 finishes at 8.0; then it is recomputed and finishes at 10.0, exactly the queue run's
+    times (test_recompute_preemption_exact_times)."""
+    failing = run(SQUEEZE, SQUEEZE_POOL, step_mode, on_oom="fail")
+    queueing = run(SQUEEZE, SQUEEZE_POOL, step_mode, on_oom="queue")
+    assert (
+        outcomes(failing)
+        == outcomes(queueing)
+        == {
+            0: (0.0, 1.0, 8.0, 0, "finished"),
+            1: (0.0, 1.0, 10.0, 1, "finished"),
+        }
+    )
+    assert failing.counters.oom_failures == 0 and failing.counters.preemptions == 1
+    assert failing.counters.admission_waits == queueing.counters.admission_waits == 1
+
+
 class ContextCost(ConstantCost):
     """Iteration = 1 s + 1/16 s per token the decoding sequences hold (after this iteration's token);
     an iteration without decode costs 1 s."""

@@ -16,6 +16,7 @@ from sim.native import (
     _EXT_SUFFIX,
     MANIFEST,
     MODULES,
+    PACKAGES,
     PROJECT_ROOT,
     NativeBuild,
     read_build,
@@ -59,8 +60,22 @@ def python(code: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+def test_every_compiled_module_is_hashed_and_packaged():
+    """A compiled module outside :data:`PACKAGES` would be used after its source changed; one outside
+    pyproject's package list would be missing from an installed kvsim."""
+    import tomllib
+    from fnmatch import fnmatch
+
+    packaged = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    for module in MODULES:
+        package = module.split(".")[0]
+        assert package in PACKAGES, module
+        assert any(fnmatch(package, pattern) for pattern in packaged["include"]), module
+        assert (ROOT / package / "__init__.py").is_file(), f"{package} activates the build before {module}"
+
+
 def test_the_sources_hash_covers_every_file_path_and_content(tmp_path):
-    for package in ("sim", "policies", "workloads"):
+    for package in PACKAGES:
         (tmp_path / package / "sub").mkdir(parents=True)
         (tmp_path / package / "sub" / "a.py").write_text("x = 1\n")
     first = sources_hash(tmp_path)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from policies import ChildSpec, OutOfKVMemory, PolicyInputError, PoolSpec, make_policy, token_ids
+from policies import ChildSpec, OutOfKVMemory, PolicyInputError, PoolSpec, make_policy
 from policies.base import MemoryBreakdown
 from policies.paged import PagedPolicy
 from policies.prefix import PrefixCachingPolicy
+from token_content import token_ids
 
 
 def ids(first: int, last: int):
@@ -535,9 +536,14 @@ def test_explicit_growth_content_and_a_forked_sample_are_hit_later():
 
 
 def test_content_validation_and_registry_messages():
-    from policies.base import policy_class, validate_content
+    from policies.base import policy_class
+    from token_content import ContentError, validate_content
 
     validate_content(((1, 0), (2, 3)), "x")  # an empty segment is allowed
+    with pytest.raises(ContentError) as error:
+        validate_content(((1, 2), (3, -1)), "x")
+    assert str(error.value) == "x: segment 1 is (3, -1); expected (content_id, length >= 0)"
+    assert not isinstance(error.value, PolicyInputError)  # outside a policy, not a policy's error
     policy = make_policy("paged", PoolSpec(16, 4, 16))
     with pytest.raises(PolicyInputError) as error:
         policy.admit(5, ((1, 2), (3, -1)), 4, output_content_id=500)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from sim.planning.sweeps.tasks import PointOutcome, run_point
 from sim.results import load_sweep
 from sim.runner import run_experiment
 from sim.storage import OutputTargetError
-from tests.planning_helpers import sweep_file
+from tests.planning_helpers import TINY_EXPERIMENT, sweep_file
 
 NONDETERMINISTIC = ["wall_s"]  # the only column that depends on the machine
 
@@ -262,3 +264,43 @@ def test_trace_workload_points_run(tmp_path):
     result = run_sweep(load_sweep_spec(path), tmp_path / "out", figures=False)
     assert list(result.table["status"]) == ["ok", "ok"]
     assert list(result.table["requests_total"]) == [30, 30]
+
+
+def test_sigterm_stops_a_local_sweep_cleanly(tmp_path):
+    """SIGTERM (``timeout``, Slurm) while two worker processes are mid-point: the sweep exits 130 with its
+    one-line notice, and no semaphore of a terminated worker is left for the resource tracker to
+    report as leaked (tqdm's default lock in the workers was one)."""
+    experiment = TINY_EXPERIMENT | {"workload": TINY_EXPERIMENT["workload"] | {"num_requests": 20_000}}
+    path = sweep_file(tmp_path, experiment=experiment, axes={"seed": [1, 2, 3, 4]})
+    out = tmp_path / "out"
+    # The workers' point folders go here, to be watched. A short path: the forkserver's socket is made
+    # in it too, and a Unix socket's path has a length limit that pytest's tmp_path can exceed.
+    scratch = Path(tempfile.mkdtemp(prefix="kvsim-sigterm-"))
+    env = os.environ | {"TQDM_DISABLE": "1", "TMPDIR": str(scratch)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sim.cli", "sweep", str(path), "-o", str(out), "-j", "2"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        # A variant's folder in a point folder: that point's experiment (and its bars) has started.
+        while time.monotonic() < deadline and process.poll() is None:
+            if len(list(scratch.glob("kvsim-point-*/paged"))) >= 2:
+                break
+            time.sleep(0.05)
+        if process.poll() is not None:
+            pytest.fail(
+                f"the sweep ended before the signal (exit {process.returncode}): {process.stderr.read()}"
+            )
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+        process.wait()
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert process.returncode == 130, stderr
+    assert "kvsim sweep: interrupted;" in stderr
+    assert "leaked" not in stderr and "Traceback" not in stderr, stderr

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import pytest
 
-from policies import OutOfKVMemory, PoolSpec, make_policy, token_ids
+from policies import OutOfKVMemory, PoolSpec, make_policy
 from policies.base import NO_HIT, PrefixHit
 from policies.prefix import ContentChains, PrefixCachingPolicy
+from token_content import token_ids
 
 
 def ids(first: int, last: int):

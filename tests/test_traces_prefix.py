@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.base import TokenContent
+from token_content import TokenContent
 from workloads.content import ContentIds, common_prefix_len, hash_prompt
 from workloads.stats import PrefixTrie, trace_stats
 

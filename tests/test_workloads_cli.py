@@ -89,8 +89,7 @@ def test_errors_exit_with_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     )
     assert run(["trace-stats", str(bad)]) == 2
     assert "bad.csv:2: ContextTokens is 'x'" in capsys.readouterr().err
-    with pytest.warns(UserWarning):
-        assert run(["trace-stats", str(bad), "--skip-bad-rows"]) == 0
+    assert run(["trace-stats", str(bad), "--skip-bad-rows"]) == 0
     assert "rows_skipped=1" in capsys.readouterr().out
     unknown = tmp_path / "u.csv"
     unknown.write_text("a,b\n1,2\n")
@@ -100,3 +99,72 @@ def test_errors_exit_with_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     config.write_text("workload: {num_requests: 3, arrival: {kind: poisson}, prompt_len: 1, output_len: 1}\n")
     assert run(["trace-stats", str(config)]) == 2
     assert "rate_per_s" in capsys.readouterr().err
+
+
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+
+
+def test_a_relative_path_is_read_from_the_current_folder(tmp_path: Path, monkeypatch, capsys) -> None:
+    (tmp_path / "conv.csv").write_text(AZURE_HEADER + "2023-11-16 18:00:00,5,1\n2023-11-16 18:00:01,7,2\n")
+    monkeypatch.chdir(tmp_path)
+    for name in ("conv.csv", "./conv.csv"):
+        assert run(["trace-stats", name, "--json"]) == 0, capsys.readouterr().err
+        assert json.loads(capsys.readouterr().out)["requests"] == 2
+    assert run(["trace-stats", "other.csv"]) == 2
+    assert capsys.readouterr().err == "kvsim trace-stats: error: other.csv: file not found\n"
+
+
+def test_a_refused_raw_file_names_the_flag_that_accepts_it(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text(AZURE_HEADER + "2023-11-16 18:00:00,5,1\n2023-11-16 18:00:01,5\n")
+    assert run(["trace-stats", str(bad)]) == 2
+    assert capsys.readouterr().err == (
+        f"kvsim trace-stats: error: {bad}:3: expected 3 fields, found 2 (rerun with --skip-bad-rows to skip "
+        "such rows)\n"
+    )
+    unsorted = tmp_path / "unsorted.csv"
+    unsorted.write_text(AZURE_HEADER + "2023-11-16 18:00:05,5,1\n2023-11-16 18:00:01,5,1\n")
+    assert run(["trace-stats", str(unsorted)]) == 2
+    assert capsys.readouterr().err.endswith("at line 2 (rerun with --sort to sort the trace)\n")
+    # A config is read with its own settings: the message names the setting, as kvsim run's does.
+    config = tmp_path / "replay.yaml"
+    config.write_text(f"workload: {{source: {{kind: azure, path: {bad}}}}}\n")
+    assert run(["trace-stats", str(config)]) == 2
+    assert capsys.readouterr().err.endswith("(set on_bad_row: skip to skip such rows)\n")
+
+
+def test_skipped_rows_are_one_warning_line_with_the_count_and_the_first(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text(
+        AZURE_HEADER
+        + "2023-11-16 18:00:00,5,1\n"
+        + "2023-11-16 18:00:01,x,1\n"  # line 3: not a count
+        + "2023-11-16 18:00:02,5\n"  # line 4: a field short
+        + "2023-11-16 18:00:03,y,1\n"  # line 5: not a count again
+        + "2023-11-16 18:00:04,6,2\n"
+    )
+    assert run(["trace-stats", str(bad), "--skip-bad-rows"]) == 0
+    captured = capsys.readouterr()
+    assert "rows_skipped=3" in captured.out
+    assert captured.err == (
+        f"kvsim trace-stats: warning: {bad}: skipped 3 malformed rows; the first, line 3: ContextTokens is "
+        "'x', not a number\n"
+    )
+
+
+def test_kvsim_run_prints_a_skipped_row_as_one_warning_line(tmp_path: Path, capsys) -> None:
+    from sim.cli import main
+
+    (tmp_path / "conv.csv").write_text(AZURE_HEADER + "2023-11-16 18:00:00,5,1\n2023-11-16 18:00:01,5\n")
+    config = tmp_path / "replay.yaml"
+    config.write_text(
+        "name: replay\nmodel: Llama-3.1-8B\ngpu: A100-80GB\n"
+        "workload: {source: {kind: azure, path: conv.csv}, on_bad_row: skip}\n"
+        "variants: [{name: paged, policy: paged}]\noutput: {figures: false}\n"
+    )
+    assert main(["run", str(config), "-o", str(tmp_path / "out"), "-q"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line.lower()]
+    assert warnings == [
+        f"kvsim: warning: {tmp_path}/conv.csv:3: expected 3 fields, found 2; skipping such rows "
+        "(counted in describe())"
+    ]

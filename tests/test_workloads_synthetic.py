@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from policies.base import content_length
+from token_content import content_length
 from workloads import Request, Workload, WorkloadError, build_workload
 from workloads.content import common_prefix_len
 from workloads.distributions import zipf_probabilities

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from policies.base import TokenContent
+from token_content import TokenContent
 from workloads.request import Request
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -17,23 +18,58 @@ class WorkloadError(ValueError):
     """A workload cannot be built or replayed as configured."""
 
 
+@dataclass(frozen=True)
+class Remedy:
+    """The workload setting that accepts what a :class:`TraceError` refused, e.g. ``on_bad_row: skip``
+    ("to skip such rows"). Kept apart from the message so that a command line can name its own flag
+    for the same setting instead."""
+
+    setting: str
+    value: str
+    effect: str
+
+    def __str__(self) -> str:
+        return f"set {self.setting}: {self.value} to {self.effect}"
+
+
 class TraceError(WorkloadError):
     """A trace file is unusable: missing columns, bad values, truncated lines...
 
-    ``path`` and ``line`` (1-based, when the problem has one) say where."""
+    ``path`` and ``line`` (1-based, when the problem has one) say where; ``remedy``, when there is
+    one, is the setting that would accept the file (its message ends with it in parentheses)."""
 
-    def __init__(self, message: str, path: str | Path | None = None, line: int | None = None):
+    def __init__(
+        self,
+        message: str,
+        path: str | Path | None = None,
+        line: int | None = None,
+        remedy: Remedy | None = None,
+    ):
         where = ""
         if path is not None:
             where = f"{path}:{line}: " if line is not None else f"{path}: "
-        super().__init__(where + message)
+        super().__init__(where + message + (f" ({remedy})" if remedy is not None else ""))
         self.path = None if path is None else str(path)
         self.line = line
         self.reason = message
+        self.where = where
+        self.remedy = remedy
 
 
 class TraceWarning(UserWarning):
     """Something in a trace was repaired or skipped as the configuration asked (it is also counted)."""
+
+
+class SkippedRowsWarning(TraceWarning):
+    """``on_bad_row: skip`` skipped a malformed row: the first of its kind (one warning per kind of
+    problem; every skipped row is counted in ``describe()``). ``path``, ``line`` and ``problem`` say
+    which row and what is wrong with it."""
+
+    def __init__(self, path: str | Path, line: int, problem: str):
+        super().__init__(f"{path}:{line}: {problem}; skipping such rows (counted in describe())")
+        self.path = str(path)
+        self.line = line
+        self.problem = problem
 
 
 class Workload(ABC):

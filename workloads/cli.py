@@ -6,12 +6,18 @@ import argparse
 import json
 import math
 import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from workloads.base import WorkloadError
+from workloads.base import SkippedRowsWarning, TraceError, TraceWarning, WorkloadError
 from workloads.stats import DEFAULT_BLOCK_SIZES, trace_stats
+
+# The flags that set, for a raw trace file, what a config's workload settings set.
+FLAGS = {"on_bad_row": "--skip-bad-rows", "on_unsorted": "--sort"}
 
 
 def register(subparsers: Any) -> None:
@@ -25,7 +31,11 @@ def register(subparsers: Any) -> None:
             "config's transformations applied)."
         ),
     )
-    parser.add_argument("target", metavar="FILE|CONFIG", help="trace file, or YAML config (.yaml/.yml)")
+    parser.add_argument(
+        "target",
+        metavar="FILE|CONFIG",
+        help="trace file, or YAML config (.yaml/.yml); relative to the current folder",
+    )
     parser.add_argument(
         "--block-size",
         type=int,
@@ -50,23 +60,64 @@ def run_trace_stats(args: argparse.Namespace) -> int:
     if args.seed < 0:
         print(f"kvsim trace-stats: error: --seed must be non-negative (got {args.seed})", file=sys.stderr)
         return 2
-    try:
-        stats = trace_stats(
-            args.target,
-            seed=args.seed,
-            block_sizes=tuple(args.block_sizes or DEFAULT_BLOCK_SIZES),
-            on_bad_row="skip" if args.skip_bad_rows else "error",
-            on_unsorted="sort" if args.sort else "error",
-            max_requests=args.max_requests,
-        )
-    except (WorkloadError, ValidationError, OSError) as error:
-        print(f"kvsim trace-stats: error: {error}", file=sys.stderr)
+    raw_file = Path(args.target).suffix.lower() not in (".yaml", ".yml")  # else a config's settings apply
+    stats: dict[str, Any] | None = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TraceWarning)
+        try:
+            stats = trace_stats(
+                args.target,
+                seed=args.seed,
+                block_sizes=tuple(args.block_sizes or DEFAULT_BLOCK_SIZES),
+                on_bad_row="skip" if args.skip_bad_rows else "error",
+                on_unsorted="sort" if args.sort else "error",
+                max_requests=args.max_requests,
+            )
+        except TraceError as error:
+            failure = error_message(error, raw_file)
+        except (WorkloadError, ValidationError, OSError) as error:
+            failure = str(error)
+    trace_warnings = [item.message for item in caught if isinstance(item.message, TraceWarning)]
+    for item in caught:  # anything else is shown as Python would have shown it
+        if not isinstance(item.message, TraceWarning):
+            warnings.showwarning(item.message, item.category, item.filename, item.lineno)
+    for line in warning_lines(trace_warnings, stats):
+        print(f"kvsim trace-stats: warning: {line}", file=sys.stderr)
+    if stats is None:
+        print(f"kvsim trace-stats: error: {failure}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(stats, indent=2, default=str))
     else:
         print(format_stats(stats, args.target))
     return 0
+
+
+def error_message(error: TraceError, raw_file: bool) -> str:
+    """The error as the command line says it: for a raw file, the flag that accepts what was refused
+    (``--skip-bad-rows``), not the config setting (``on_bad_row: skip``) the file has none of."""
+    flag = FLAGS.get(error.remedy.setting) if error.remedy is not None and raw_file else None
+    if flag is None or error.remedy is None:
+        return str(error)
+    return f"{error.where}{error.reason} (rerun with {flag} to {error.remedy.effect})"
+
+
+def warning_lines(caught: Sequence[Warning], stats: dict[str, Any] | None) -> list[str]:
+    """One line per trace warning; the skipped rows of each file in one line: how many (when the
+    statistics are complete) and the first of them."""
+    lines = []
+    skipped: dict[str, list[SkippedRowsWarning]] = {}
+    for warning in caught:
+        if isinstance(warning, SkippedRowsWarning):
+            skipped.setdefault(warning.path, []).append(warning)
+        else:
+            lines.append(str(warning))
+    for path, found in skipped.items():
+        first = min(found, key=lambda warning: warning.line)
+        total = (stats or {}).get("counts", {}).get("rows_skipped") if len(skipped) == 1 else None
+        how_many = f"{total:,} malformed row{'s' if total != 1 else ''}" if total else "malformed rows"
+        lines.insert(0, f"{path}: skipped {how_many}; the first, line {first.line}: {first.problem}")
+    return lines
 
 
 def _num(value: float, digits: int = 1) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-from policies.base import Segment, TokenContent
+from token_content import Segment, TokenContent
 
 PROMPT_SLOT = 0
 OUTPUT_SLOT = 1

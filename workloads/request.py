@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from policies.base import TokenContent, content_length
+from token_content import TokenContent, content_length
 
 
 @dataclass(frozen=True, slots=True)
 class Request:
     """One user request.
 
-    ``prompt`` is token content as segments ``(content_id, length)`` (see ``policies.base``): two
+    ``prompt`` is token content as segments ``(content_id, length)`` (see ``token_content``): two
     requests share exactly the tokens whose segments name the same stream at the same offsets.
     ``output_content_id`` names the stream the request generates, so a later conversation turn can
     put that same stream in its prompt and hit the cached blocks of this turn's answer (sample 0's,

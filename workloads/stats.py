@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import TokenContent
+from token_content import TokenContent
 from workloads.base import TraceError, Workload
 from workloads.config import (
     AnyWorkloadConfig,
@@ -352,9 +352,11 @@ def trace_stats(
 
     source: dict[str, Any] | None = None
     if isinstance(target, str | Path):
-        path = Path(target)
+        # A file named on the command line: relative to the current folder, as any command's argument
+        # (not to the project root, as a path inside a config may be).
+        path = Path(target).expanduser().absolute()
         if not path.is_file():
-            raise TraceError("file not found", path)
+            raise TraceError("file not found", target)
         if path.suffix.lower() in (".yaml", ".yml"):
             import yaml
 

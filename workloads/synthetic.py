@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.base import Segment, TokenContent, content_length
+from token_content import Segment, TokenContent, content_length
 from workloads.arrivals import arrival_times, mean_rate_per_s
 from workloads.base import Workload, WorkloadError
 from workloads.config import (

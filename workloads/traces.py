@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from policies.base import TokenContent, content_length
+from token_content import TokenContent, content_length
 from workloads.arrivals import arrival_times
-from workloads.base import TraceError, TraceWarning, Workload, resolve_path
+from workloads.base import Remedy, SkippedRowsWarning, TraceError, TraceWarning, Workload, resolve_path
 from workloads.config import (
     AzureSource,
     CsvSource,
@@ -319,7 +319,7 @@ class TraceReader:
     # -- shared ------------------------------------------------------------------------------------
     def _bad(self, error: _BadRow, line: int) -> None:
         if self.on_bad_row == "error":
-            raise TraceError(f"{error.message} (set on_bad_row: skip to skip such rows)", self.path, line)
+            raise TraceError(error.message, self.path, line, Remedy("on_bad_row", "skip", "skip such rows"))
         counts = self.counts
         counts.add("rows_skipped")
         counts.skipped[error.reason] = counts.skipped.get(error.reason, 0) + 1
@@ -327,11 +327,7 @@ class TraceReader:
             counts.skipped_lines.append(line)
         if error.reason not in self._warned:
             self._warned.add(error.reason)
-            warnings.warn(
-                f"{self.path}:{line}: {error.message}; skipping such rows (counted in describe())",
-                TraceWarning,
-                stacklevel=3,
-            )
+            warnings.warn(SkippedRowsWarning(self.path, line, error.message), stacklevel=3)
 
     def _picker(self, key: Callable[[str], Any]) -> Callable[[Any], tuple]:
         """One C call that takes a row's raw fields (CSV cells or a JSON object) in the order
@@ -377,7 +373,7 @@ class TraceReader:
             f"(expected {block * (blocks - 1) + 1}..{block * blocks} tokens)"
         )
         if self.fields.on_hash_length_mismatch == "error":
-            raise TraceError(message + " (set on_hash_length_mismatch: warn to accept)", self.path, line)
+            raise TraceError(message, self.path, line, Remedy("on_hash_length_mismatch", "warn", "accept"))
         self.counts.add("hash_length_mismatches")
         if "hash_length" not in self._warned:
             self._warned.add("hash_length")
@@ -497,9 +493,10 @@ def _in_order(rows: Iterable[TraceRow], path: Path) -> Iterator[TraceRow]:
         if row.arrival_s < previous:
             raise TraceError(
                 f"arrival time goes backwards: {row.arrival_s:.6f} s after {previous:.6f} s at line "
-                f"{previous_line} (set on_unsorted: sort to sort the trace)",
+                f"{previous_line}",
                 path,
                 row.line,
+                Remedy("on_unsorted", "sort", "sort the trace"),
             )
         previous, previous_line = row.arrival_s, row.line
         yield row

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from policies.base import ChildSpec, KVCachePolicy, OutOfKVMemory, TokenContent, content_length
+from policies.base import ChildSpec, KVCachePolicy, OutOfKVMemory
 from sim.costs.core import CostModel
 from sim.costs.terms import LinearIterationCost
 from sim.engine.arrivals import Arrivals
@@ -60,6 +60,7 @@ from sim.outputs.metrics import (
     RequestRecord,
 )
 from sim.outputs.sinks import MemorySink, OutputSink
+from token_content import TokenContent, content_length
 from workloads.request import Request
 
 
@@ -74,7 +75,9 @@ class EngineKnobs:
     preemption_mode: str = "recompute"  # recompute | swap
     swap_space_blocks: int = 0  # host pool for preemption_mode=swap, in blocks
     watermark: float = 0.0  # fraction of the pool kept free at admission (vLLM V0 used 0.01)
-    on_oom: str = "queue"  # queue: a failed admission waits; fail: the request fails (the seeds' OOM story)
+    # queue: a failed admission waits; fail: a request whose first admission fails fails (the seeds' OOM
+    # story). A preempted request waits to come back either way.
+    on_oom: str = "queue"
     beam_reparent_prob: float = 0.15  # q: per beam and decode step, the beam is replaced by a survivor's fork
     step_mode: str = "skip"  # skip | single
     client_overhead_s: float = 0.0  # outside the engine, added to every request's TTFT and E2E

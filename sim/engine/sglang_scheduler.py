@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from policies.base import TokenContent, content_length
+from token_content import TokenContent, content_length
 
 if TYPE_CHECKING:
     from sim.engine.core import Engine, EngineKnobs

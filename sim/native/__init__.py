@@ -1,11 +1,10 @@
 """The compiled build: the engine's hot modules compiled with mypyc, kept out of the source tree.
 
 ``make native`` (``python -m sim.native.build``) compiles :data:`MODULES` into ``build/native/``
-with a manifest of what it was built from. Importing ``sim``, ``policies`` or ``workloads`` calls
-:func:`activate`, which puts a finder in front of the normal import system that loads those modules
-from the build, but only when the build is *current*: built by this Python, and from exactly the
-sources in the tree now (a hash of every ``.py`` file of ``sim/``, ``policies/`` and
-``workloads/``). A stale build is never used: an edited module must not be shadowed by an old
+with a manifest of what it was built from. Importing ``sim``, ``policies``, ``token_content`` or
+``workloads`` calls :func:`activate`, which puts a finder in front of the normal import system that
+loads those modules from the build, but only when the build is *current*: built by this Python, and
+from exactly the sources in the tree now (a hash of every ``.py`` file of :data:`PACKAGES`). A stale build is never used: an edited module must not be shadowed by an old
 compiled copy of itself (which an in-place mypyc build would do, silently), and compiled modules
 bake in the types of what they import. All or nothing: the modules call each other natively, so a
 mix of compiled and edited source is not an option.
@@ -34,7 +33,8 @@ from pathlib import Path
 from types import ModuleType
 
 # The engine's hot path: what a wake-up runs (engine, decode clock, jumps, arrivals, policies, the
-# recorder, the cost model and its per-iteration terms, the request). Their classes become native
+# recorder, the cost model and its per-iteration terms, the request and the length of its token
+# content). Their classes become native
 # classes; the rest stays Python.
 MODULES = (
     "policies._free_space",
@@ -53,9 +53,15 @@ MODULES = (
     "sim.engine.event_skip",
     "sim.engine.sglang_scheduler",
     "sim.outputs.metrics",
+    "token_content.segments",
     "workloads.request",
 )
-PACKAGES = ("sim", "policies", "workloads")  # every source file of these goes into the build's hash
+PACKAGES = (
+    "sim",
+    "policies",
+    "token_content",
+    "workloads",
+)  # every source file of these goes into the build's hash
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 BUILD_DIR = PROJECT_ROOT / "build" / "native"
 MANIFEST = "manifest.json"
@@ -154,8 +160,8 @@ class _NativeFinder(importlib.abc.MetaPathFinder):
 
 def activate() -> None:
     """Load the compiled modules from a current build from now on, as ``KVSIM_NATIVE`` allows.
-    Idempotent; must run before any of :data:`MODULES` is imported (``sim``, ``policies`` and
-    ``workloads`` call it first thing)."""
+    Idempotent; must run before any of :data:`MODULES` is imported (``sim``, ``policies``,
+    ``token_content`` and ``workloads`` call it first thing)."""
     global _active, _checked
     if _checked:
         return

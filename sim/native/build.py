@@ -3,7 +3,8 @@
 The build is made in a staging folder next to the target and moved into place only when complete,
 with a manifest naming the Python and the hash of the sources it was built from. A previous build is
 replaced only when it is one (it has a manifest): kvsim never removes a folder it did not write.
-Needs the ``dev`` extra (mypy, which ships mypyc) and a C compiler. About a minute on two cores.
+Needs the ``dev`` extra (mypy, which ships mypyc, and setuptools, which builds its extensions) and a C
+compiler. About a minute on two cores.
 """
 
 from __future__ import annotations

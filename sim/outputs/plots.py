@@ -1,15 +1,19 @@
 """Figures a person reads without code. Plotting reads results frames, never engine objects.
 
-Conventions every figure follows: the KV pool size is in the title (per variant when variants differ);
-legends sit outside the data; curves of several variants that coincide (all at zero, typically) stay
-visible, drawn with different dashes and widths and marked "(0 throughout)"; an empty panel says why
-instead of showing blank axes.
+Conventions every figure follows: the KV pool size is in the title (per variant when variants differ,
+and the reason when they differ only because a contiguous pool keeps the slots that do not fill a
+whole block); legends sit outside the data; curves of several variants that coincide (all at zero,
+typically) stay visible, drawn with different dashes and widths and marked "(0 throughout)", or
+"(≈0 throughout, at most ...)" when a curve is too close to zero to tell apart at the figure's
+scale; an empty panel says why instead of showing blank axes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -31,6 +35,10 @@ CATEGORY_COLOURS = {
 MAX_POINTS = 4000
 LINE_STYLES = ["-", "--", ":", "-."]
 GiB = 2**30
+# A curve whose largest value is below this share of the largest on its axes is drawn on the zero
+# line, to the eye: its label says so, and how far from zero it really gets.
+NEAR_ZERO_SHARE = 0.01
+Key = TypeVar("Key", bound=Hashable)  # what names a curve: a variant, or (counter, variant)
 
 
 def write_figures(results: RunResults, out_dir: Path) -> list[Path]:
@@ -38,7 +46,7 @@ def write_figures(results: RunResults, out_dir: Path) -> list[Path]:
     series = {variant: results.timeseries(variant, max_rows=MAX_POINTS) for variant in results.variants}
     latency_columns = ["outcome", "ttft_s", "e2e_s"]
     requests = {variant: results.requests(variant, columns=latency_columns) for variant in results.variants}
-    pools = pool_labels(results.summary)
+    pools = describe_pools(results.summary)
     empty = {variant: _nothing_ran_text(results.summary, variant) for variant in results.variants}
     paths = [
         _breakdown_stacks(series, pools, empty, out_dir / "memory_breakdown.png"),
@@ -50,6 +58,7 @@ def write_figures(results: RunResults, out_dir: Path) -> list[Path]:
             "KV pool holding token states",
             _used_frac,
             "fraction of KV pool",
+            _percent,
         ),
         _curves(
             series,
@@ -59,6 +68,7 @@ def write_figures(results: RunResults, out_dir: Path) -> list[Path]:
             "Internal + external fragmentation",
             _frag_frac,
             "fraction of KV pool",
+            _percent,
         ),
         _curves(series, pools, empty, out_dir / "running.png", "Requests running", _running, "requests"),
         _curves(
@@ -78,6 +88,7 @@ def write_figures(results: RunResults, out_dir: Path) -> list[Path]:
             "Memory saved by sharing (1 - physical / logical blocks of live sequences)",
             _saved_by_sharing,
             "fraction",
+            _percent,
         ),
         _oom_preemptions(series, pools, empty, out_dir / "oom_preemptions.png"),
         _latency_cdfs(requests, pools, empty, out_dir / "latency_cdf.png"),
@@ -100,14 +111,62 @@ def pool_labels(summary: pd.DataFrame) -> dict[str, str]:
     return labels
 
 
-def _title(title: str, pools: dict[str, str]) -> str:
-    distinct = set(pools.values())
-    return f"{title}\nKV pool {distinct.pop()}" if len(distinct) == 1 else title
+@dataclass(frozen=True)
+class Pools:
+    """How the figures name the variants' KV pools: one ``title`` when they are the same memory, else
+    each variant's own pool in its legend label."""
+
+    per_variant: dict[str, str]  # variant -> "458,096 tokens, 55.9 GiB" (pool_labels)
+    title: str | None  # the title's pool line(s), when one describes every variant
+
+    def legend_label(self, variant: str) -> str:
+        return variant if self.title is not None else f"{variant} (pool {self.per_variant[variant]})"
 
 
-def _legend_label(variant: str, pools: dict[str, str]) -> str:
-    # Pools that differ between variants go into the legend instead of the title.
-    return variant if len(set(pools.values())) <= 1 else f"{variant} (pool {pools[variant]})"
+def describe_pools(summary: pd.DataFrame) -> Pools:
+    """The pools of a run's variants, for figure titles and legends.
+
+    Block-based policies hold whole blocks of the KV memory, as vLLM sizes ``num_gpu_blocks``; the
+    contiguous policy has no blocks and keeps every slot, so on the same memory its pool can be up
+    to ``block_size - 1`` tokens larger (458,097 against 458,096 tokens for Llama-3.1-8B on an
+    A100-80GB). Such pools are one memory: the title names the block-based pool and says why the
+    other is larger."""
+    labels = pool_labels(summary)
+    if len(set(labels.values())) == 1:
+        return Pools(labels, f"KV pool {next(iter(labels.values()))}")
+    rows = list(summary.itertuples())
+    shared = {
+        (int(row.block_size), int(getattr(row, "replicas", 1)), int(row.kv_bytes_per_token)) for row in rows
+    }
+    if len(shared) == 1:
+        ((block, replicas, _),) = shared
+        whole = {int(row.kv_pool_tokens) // block * block for row in rows}
+        blocked = [row for row in rows if int(row.kv_pool_tokens) % block == 0]
+        slotted = {
+            str(row.variant): int(row.kv_pool_tokens) for row in rows if int(row.kv_pool_tokens) % block
+        }
+        if len(whole) == 1 and blocked and len(set(slotted.values())) == 1:
+            times = f"{replicas} x " if replicas > 1 else ""
+            return Pools(
+                labels,
+                f"KV pool {times}{int(blocked[0].kv_pool_tokens):,} tokens in whole {block}-token blocks, "
+                f"{blocked[0].kv_pool_bytes / GiB:.1f} GiB\n"
+                f"({', '.join(slotted)}: {next(iter(slotted.values())):,}, every slot: a contiguous pool has "
+                "no blocks)",
+            )
+    return Pools(labels, None)
+
+
+def _title(title: str, pools: Pools) -> str:
+    return f"{title}\n{pools.title}" if pools.title is not None else title
+
+
+def _percent(fraction: float) -> str:
+    return f"{100 * fraction:.2g} %"
+
+
+def _count(value: float) -> str:
+    return f"{value:,.0f}"
 
 
 def _nothing_ran_text(summary: pd.DataFrame, variant: str) -> str:
@@ -158,11 +217,11 @@ def _waiting(frame: pd.DataFrame) -> pd.Series:
 
 
 def _breakdown_stacks(
-    series: dict[str, pd.DataFrame], pools: dict[str, str], empty: dict[str, str], path: Path
+    series: dict[str, pd.DataFrame], pools: Pools, empty: dict[str, str], path: Path
 ) -> Path:
     figure, axes = subplots(len(series), 1, figsize=(10, 2.6 * len(series) + 0.8), sharex=True, squeeze=False)
     for axis, (variant, frame) in zip(axes[:, 0], series.items(), strict=True):
-        axis.set_title(f"{variant}: where the KV pool ({pools[variant]}) goes", fontsize=10)
+        axis.set_title(f"{variant}: where the KV pool ({pools.per_variant[variant]}) goes", fontsize=10)
         axis.set_ylim(0, 1)
         axis.set_ylabel("fraction of pool")
         if frame.empty:
@@ -193,14 +252,28 @@ def _breakdown_stacks(
 
 
 def _draw_variants(
-    axis, curves: dict[str, tuple[np.ndarray, np.ndarray]], pools: dict[str, str], **style
+    axis,
+    curves: Mapping[Key, tuple[np.ndarray, np.ndarray]],
+    labels: Mapping[Key, str],
+    value_text: Callable[[float], str] = _count,
+    scale: float | None = None,
+    **style,
 ) -> None:
-    """Step curves, one per variant; identical curves stay visible (dashes, decreasing widths)."""
+    """Step curves, one per entry of ``curves`` (labelled ``labels[name]``); identical curves stay
+    visible (dashes, decreasing widths), and one that is 0, or looks it at the axes' ``scale`` (by
+    default the largest value of ``curves``), says so (its largest value written by ``value_text``)."""
     count = len(curves)
-    for index, (variant, (times, values)) in enumerate(curves.items()):
-        label = _legend_label(variant, pools)
-        if len(values) and not np.any(values):
+    peaks = {
+        name: float(np.nanmax(np.abs(values))) if len(values) else 0.0 for name, (_, values) in curves.items()
+    }
+    if scale is None:
+        scale = max(peaks.values(), default=0.0)
+    for index, (name, (times, values)) in enumerate(curves.items()):
+        label = labels[name]
+        if len(values) and peaks[name] == 0:
             label += " (0 throughout)"
+        elif len(values) and peaks[name] < NEAR_ZERO_SHARE * scale:
+            label += f" (≈0 throughout, at most {value_text(peaks[name])})"
         axis.step(
             times,
             values,
@@ -214,12 +287,13 @@ def _draw_variants(
 
 def _curves(
     series: dict[str, pd.DataFrame],
-    pools: dict[str, str],
+    pools: Pools,
     empty: dict[str, str],
     path: Path,
     title: str,
     metric,
     ylabel: str,
+    value_text: Callable[[float], str] = _count,
 ) -> Path:
     figure, axis = subplots(figsize=(10, 4.4))
     curves = {
@@ -227,7 +301,7 @@ def _curves(
         for variant, frame in series.items()
         if not frame.empty
     }
-    _draw_variants(axis, curves, pools)
+    _draw_variants(axis, curves, {variant: pools.legend_label(variant) for variant in curves}, value_text)
     axis.set_title(_title(title, pools), fontsize=11)
     axis.set_xlabel("simulated time (s)")
     axis.set_ylabel(ylabel)
@@ -244,38 +318,51 @@ def _finish_axis(axis, empty: dict[str, str]) -> None:
 
 
 def _oom_preemptions(
-    series: dict[str, pd.DataFrame], pools: dict[str, str], empty: dict[str, str], path: Path
+    series: dict[str, pd.DataFrame], pools: Pools, empty: dict[str, str], path: Path
 ) -> Path:
-    figure, axis = subplots(figsize=(10, 4.4))
+    # Three counters per variant: too many entries for a legend beside the axes (it would squeeze
+    # them), so it goes below, one column per counter.
+    figure, axis = subplots(figsize=(10, 6.0))
     counters = {
         "admission_waits": "waited for KV memory",
         "preemptions": "preemptions",
         "oom_failures": "OOM failures",
     }
+    curves = {
+        (column, variant): (frame["time_s"].to_numpy(), frame[column].to_numpy())
+        for column in counters
+        for variant, frame in series.items()
+        if not frame.empty
+    }
+    scale = max((float(np.abs(values).max()) for _, values in curves.values() if len(values)), default=0.0)
     for column, what in counters.items():
-        curves = {
-            f"{variant}: {what}": (frame["time_s"].to_numpy(), frame[column].to_numpy())
-            for variant, frame in series.items()
-            if not frame.empty
-        }
-        labelled = {name: pools[name.split(": ")[0]] for name in curves}
-        _draw_variants(axis, curves, labelled)
+        # Drawn per counter (each cycles the dashes anew) against the scale of all nine.
+        group = {key: value for key, value in curves.items() if key[0] == column}
+        labels = {key: f"{pools.legend_label(key[1])}: {what}" for key in group}
+        _draw_variants(axis, group, labels, _count, scale=scale)
     axis.set_title(
         _title(
-            "Cumulative requests that waited for KV memory, preemptions, OOM failures (on_oom: fail)",
+            "Cumulative counts: requests that waited for KV memory,\npreemptions, OOM failures (on_oom: fail)",
             pools,
         ),
         fontsize=11,
     )
     axis.set_xlabel("simulated time (s)")
     axis.set_ylabel("count")
-    _finish_axis(axis, empty)
+    if all(empty.values()) or not axis.get_lines():
+        _finish_axis(axis, empty)
+    else:
+        axis.legend(
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.14),
+            ncol=len(counters),
+            fontsize=8,
+            frameon=False,
+        )
     return _save(figure, path)
 
 
-def _latency_cdfs(
-    requests: dict[str, pd.DataFrame], pools: dict[str, str], empty: dict[str, str], path: Path
-) -> Path:
+def _latency_cdfs(requests: dict[str, pd.DataFrame], pools: Pools, empty: dict[str, str], path: Path) -> Path:
     # One x scale for both panels: TTFT is part of end-to-end latency, so they compare directly.
     figure, axes = subplots(1, 2, figsize=(11, 4.4), sharex=True, sharey=True)
     for axis, column, title in zip(
@@ -286,7 +373,7 @@ def _latency_cdfs(
             values = np.sort(frame.loc[frame["outcome"] == "finished", column].dropna().to_numpy())
             if len(values):
                 curves[variant] = (values, np.arange(1, len(values) + 1) / len(values))
-        _draw_variants(axis, curves, pools)
+        _draw_variants(axis, curves, {variant: pools.legend_label(variant) for variant in curves}, _percent)
         axis.set_title(f"{title} (finished requests)", fontsize=10)
         axis.set_xlabel("seconds")
         axis.set_xscale("symlog", linthresh=0.1)

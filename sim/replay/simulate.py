@@ -137,7 +137,7 @@ def simulate(prepared: PreparedExperiment, results_dir: Path) -> SimulatedRun:
     results = run_experiment(
         config, prepared.base_dir / EXPERIMENT_FILE, out_dir=results_dir, prepared=prepared
     )
-    write_run_files(results_dir, config.model_dump(mode="json"), results, figures=False)
+    write_run_files(results_dir, config.model_dump(mode="json"), results)
     result = results[0]
     requests = result.sink.requests().sort_values("request_id").reset_index(drop=True)
     return SimulatedRun(config, result, requests, result.sink.timeseries())

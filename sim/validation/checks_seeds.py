@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 from pydantic import Field, model_validator
 
-from policies.base import MemoryBreakdown, PoolSpec, make_policy, token_ids
+from policies.base import MemoryBreakdown, PoolSpec, make_policy
 from sim.costs.core import make_cost_model
 from sim.hardware.capacity import size_kv_pool
 from sim.hardware.gpus import resolve_gpu
@@ -28,6 +28,7 @@ from sim.validation.runs import (
     steady_window,
     window_means,
 )
+from token_content import token_ids
 
 # -- claim 5: 7B KV product --------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any, Protocol
@@ -42,9 +43,16 @@ class InlineExecutor:
         """Nothing to release."""
 
 
-def _ignore_sigint() -> None:
+def _start_worker() -> None:
     # Ctrl-C goes to the whole process group: only the driver handles it (and stops the workers).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # tqdm's default lock holds a named multiprocessing semaphore (these workers start by forkserver),
+    # created by a point's first (disabled) bar. An interrupted sweep terminates the workers mid-point,
+    # before they can unlink it, and the resource tracker then reports it as leaked. A worker draws no
+    # bar: a thread lock is all it needs.
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
 
 
 class LocalExecutor:
@@ -59,7 +67,7 @@ class LocalExecutor:
         if self._pool is None:
             # forkserver: workers do not inherit the driver's threads (tqdm's monitor, Dask's loop).
             context = multiprocessing.get_context("forkserver")
-            self._pool = ProcessPoolExecutor(self.jobs, mp_context=context, initializer=_ignore_sigint)
+            self._pool = ProcessPoolExecutor(self.jobs, mp_context=context, initializer=_start_worker)
         return self._pool
 
     def run(self, fn: Callable[[Any], Any], tasks: list[Any]) -> Iterator[Any]:

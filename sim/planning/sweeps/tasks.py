@@ -67,7 +67,7 @@ def _simulate(task: PointTask) -> PointOutcome:
     with tempfile.TemporaryDirectory(prefix="kvsim-point-") as tmp:
         folder = Path(tmp)
         results = run_experiment(config, Path(task.base_dir) / "point.yaml", out_dir=folder)
-        write_run_files(folder, config.model_dump(mode="json"), results, figures=False)
+        write_run_files(folder, config.model_dump(mode="json"), results)
         for result in results:
             if task.window is not None:
                 _write_steady(

@@ -1,0 +1,86 @@
+"""What the test suite and the compiled build need is declared, pinned, in pyproject.toml's dev extra."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from importlib.metadata import packages_distributions
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def dev_pins() -> dict[str, str]:
+    """``{distribution name (normalised): version}`` of the dev extra's ``name==version`` entries."""
+    pins = {}
+    for requirement in PYPROJECT["project"]["optional-dependencies"]["dev"]:
+        match = re.fullmatch(r"([A-Za-z0-9_.-]+)(\[[^]]*\])?==([^;\s]+)", requirement.strip())
+        if match:
+            pins[re.sub(r"[-_.]+", "-", match.group(1)).lower()] = match.group(3)
+    return pins
+
+
+def test_what_the_native_build_imports_is_pinned_in_the_dev_extra():
+    """``make native`` runs sim/native/build.py: every third-party module it imports comes from a pinned
+    dev requirement (setuptools was there only because torch happened to install it)."""
+    tree = ast.parse((ROOT / "sim" / "native" / "build.py").read_text())
+    modules = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    modules |= {
+        node.module.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
+    third_party = sorted(modules - set(sys.stdlib_module_names) - {"sim", "__future__"})
+    assert third_party == ["mypyc", "setuptools"]
+    providers = packages_distributions()
+    pins = dev_pins()
+    for module in third_party:
+        names = {re.sub(r"[-_.]+", "-", name).lower() for name in providers[module]}
+        assert names & set(pins), f"{module} (from {sorted(names)}) is not pinned in the dev extra"
+
+
+def test_every_test_has_a_timeout(request):
+    assert "pytest-timeout" in dev_pins()
+    assert request.config.pluginmanager.hasplugin("timeout")
+    # Above the slowest test (35 s, the validation fixture), far below "blocking for minutes".
+    assert 60 <= float(request.config.getini("timeout")) <= 300
+
+
+def test_a_hanging_test_fails_at_its_timeout(tmp_path):
+    (tmp_path / "test_hang.py").write_text("import time\n\ndef test_hang():\n    time.sleep(600)\n")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "timeout=1",
+            str(tmp_path / "test_hang.py"),
+        ],
+        cwd=ROOT,
+        env=os.environ | {"PYTEST_ADDOPTS": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Failed: Timeout (>1.0s) from pytest-timeout" in result.stdout
+
+
+@pytest.mark.timeout(300)
+def test_a_marker_raises_a_tests_timeout(request):
+    assert request.node.get_closest_marker("timeout").args == (300,)
