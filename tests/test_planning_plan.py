@@ -151,7 +151,7 @@ def test_html_report_is_self_contained_and_holds_the_recommendation(planned):
     parser.feed(text)
     parser.close()
     figures = sorted(path.name for path in (result.out_dir / "figures").iterdir())
-    assert figures == ["knee_output_tokens_per_s.png", "knee_ttft_p99_s.png", "memory.png"]
+    assert figures == ["knee_output_tokens_per_s.png", "knee_ttft_p99_s.png", "memory.png", "over_time.png"]
     assert len(parser.images) == len(figures)
     for src in parser.images:
         assert src.startswith("data:image/png;base64,")

@@ -348,3 +348,36 @@ def test_output_tokens_per_request_count_every_sample():
     assert got["output_tokens_per_request"] == 16.0
     assert got["output_tokens_per_s"] == pytest.approx(7 * 16 / (8.1 - 2.0))
     assert got["tokens_per_request"] == 20 + 16  # KV held at the end: the prompt and both samples
+
+
+def test_seeds_as_replicates():
+    """Seed 1 passes 2 and 4, fails 6: 4. Seed 2 fails 4: 2. Seed 3 passes up to 6, fails 8: 6.
+    Mean 4, sample sd 2: 95 % interval 4 -/+ t(0.975, 2) x 2 / sqrt(3) = 4 -/+ 4.303 x 1.1547."""
+    from sim.planning.plans.analysis import seed_spread
+
+    def probe(rate, verdicts):
+        runs = [
+            SeedRun(
+                seed,
+                f"p{rate}-{seed}",
+                {},
+                {},
+                [] if ok else [Violation("ttft_p99_s", "x", 3.0, 2.0, "window")],
+            )
+            for seed, ok in verdicts.items()
+        ]
+        return Probe(0, "c", rate, 100, runs)
+
+    probes = [
+        probe(2.0, {1: True, 2: True, 3: True}),
+        probe(4.0, {1: True, 2: False, 3: True}),
+        probe(6.0, {1: False, 3: True}),
+        probe(8.0, {3: False}),
+    ]
+    got = seed_spread(probes)
+    assert got["max_rate_per_seed"] == {"1": 4.0, "2": 2.0, "3": 6.0}
+    assert (got["min"], got["max"]) == (2.0, 6.0)
+    half = 4.302652729911275 * 2 / 3**0.5
+    assert got["mean_ci95"] == pytest.approx([4 - half, 4 + half], rel=1e-9)
+    two = seed_spread([probe(2.0, {1: True, 2: True}), probe(4.0, {1: False, 2: True})])
+    assert two == {"max_rate_per_seed": {"1": 2.0, "2": 4.0}, "min": 2.0, "max": 4.0}  # no interval of 2

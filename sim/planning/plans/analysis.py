@@ -201,11 +201,38 @@ def _result(
         "max_probe": passing.number,
         "max_points": passing.point_ids,
         "confirmed": _confirmation(search, passing),
+        "seeds": seed_spread(judged),
         "at_max": probe_metrics(passing),
     }
     if check is not None:
         result["cluster_check"] = check
     return result | _sizing(result, plan.spec.target_rate_per_s)
+
+
+def seed_spread(probes: list[Probe]) -> dict[str, Any]:
+    """The seeds as replicates: the highest probed rate each seed alone passed below the lowest it
+    failed, their spread and, with three seeds or more, a 95 % Student-t interval of their mean. The
+    plan's own answer needs every seed to pass (their minimum, at the probed rates): a lower bound."""
+    verdicts: dict[int, list[tuple[float, bool]]] = {}
+    for probe in probes:
+        for run in probe.runs:
+            verdicts.setdefault(run.seed, []).append((probe.rate, not run.violations and not run.unsteady))
+    per_seed: dict[int, float | None] = {}
+    for seed, rates in sorted(verdicts.items()):
+        lowest_fail = min((rate for rate, ok in rates if not ok), default=math.inf)
+        passed = [rate for rate, ok in rates if ok and rate < lowest_fail]
+        per_seed[seed] = max(passed) if passed else None
+    known = [rate for rate in per_seed.values() if rate is not None]
+    spread_of: dict[str, Any] = {"max_rate_per_seed": {str(seed): rate for seed, rate in per_seed.items()}}
+    if known:
+        spread_of |= {"min": min(known), "max": max(known)}
+    if len(known) >= 3:
+        from scipy import stats
+
+        mean = sum(known) / len(known)
+        half = stats.t.ppf(0.975, len(known) - 1) * stats.tstd(known) / math.sqrt(len(known))
+        spread_of["mean_ci95"] = [float(mean - half), float(mean + half)]
+    return spread_of
 
 
 def _confirmation(search: RateSearch, passing: Probe) -> dict[str, Any]:

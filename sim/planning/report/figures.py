@@ -7,6 +7,7 @@ can draw the same ones.
 from __future__ import annotations
 
 import io
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -278,5 +279,71 @@ def block_size_figure(document: dict[str, Any]) -> Any | None:
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     rate_ax.legend(fontsize=7)
+    figure.tight_layout()
+    return figure
+
+
+def best_per_group(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each group's (GPU's) highest-ranked candidate with a maximum rate, in rank order."""
+    ranked = sorted(
+        (c for c in document["candidates"] if c.get("max_points")), key=lambda c: c.get("rank") or 10**9
+    )
+    best: dict[str, dict[str, Any]] = {}
+    for candidate in ranked:
+        best.setdefault(_group_key(candidate), candidate)
+    return list(best.values())
+
+
+def over_time_figure(document: dict[str, Any], root: Path) -> Any | None:
+    """Waiting and running requests (left axis) and KV usage (right axis) over time in the first
+    seed's run at each group's best maximum rate, the steady-state window shaded; None without data."""
+    from sim.outputs.sinks import read_thinned
+
+    panels = []
+    for candidate in best_per_group(document):
+        folder = root / "points" / candidate["max_points"][0] / str(candidate["policy"])
+        table = next(
+            (
+                folder / f"timeseries.{ext}"
+                for ext in ("parquet", "csv")
+                if (folder / f"timeseries.{ext}").exists()
+            ),
+            None,
+        )
+        steady = folder / "steady.json"
+        if table is None or not steady.exists():
+            continue
+        panels.append((candidate, read_thinned(table, 4000), json.loads(steady.read_text())))
+    if not panels:
+        return None
+    figure, axes = subplots(1, len(panels), figsize=(5.5 * len(panels), 3.6), squeeze=False)
+    for ax, (candidate, series, steady) in zip(axes[0], panels, strict=True):
+        times = series["time_s"]
+        ax.step(times, series["num_requests_waiting"], where="post", label="waiting", color="#d62728")
+        ax.step(times, series["num_requests_running"], where="post", label="running", color="#1f77b4")
+        ax.axvspan(
+            steady["window_start_s"],
+            steady["window_end_s"],
+            color="#999999",
+            alpha=0.15,
+            label="steady window",
+        )
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("requests")
+        kv = ax.twinx()
+        kv.step(
+            times,
+            100 * series["kv_cache_usage_perc"],
+            where="post",
+            color="#2ca02c",
+            linewidth=0.8,
+            label="KV usage",
+        )
+        kv.set_ylabel("KV usage (% of the pool)")
+        kv.set_ylim(0, 105)
+        ax.set_title(f"{candidate['key']}\nat {candidate['max_rate_per_s']:g} req/s", fontsize=9)
+        handles, labels = ax.get_legend_handles_labels()
+        kv_handles, kv_labels = kv.get_legend_handles_labels()
+        ax.legend(handles + kv_handles, labels + kv_labels, fontsize=7, loc="upper left")
     figure.tight_layout()
     return figure

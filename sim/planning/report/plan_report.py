@@ -199,7 +199,7 @@ def write_report(root: Path, document: dict[str, Any]) -> None:
     """``report.md`` (figures in ``figures/``) and ``report.html`` (figures embedded)."""
     from sim.planning.sweeps.store import replace_dir_atomic, write_atomic
 
-    blocks = report_blocks(document)
+    blocks = report_blocks(document, root)
     figures = [block for block in blocks if isinstance(block, Figure)]
 
     def fill(folder: Path) -> None:
@@ -212,12 +212,13 @@ def write_report(root: Path, document: dict[str, Any]) -> None:
     write_atomic(root / "report.html", lambda path: path.write_text(to_html(blocks, title)))
 
 
-def report_blocks(document: dict[str, Any]) -> list[Block]:
+def report_blocks(document: dict[str, Any], root: Path | None = None) -> list[Block]:
+    """The report's blocks; ``root`` (the plan folder) lets it draw from the points' time series."""
     blocks: list[Block] = [Heading(1, f"Capacity plan: {document['name']}")]
     if document["description"]:
         blocks.append(Paragraph([document["description"]]))
     blocks += recommendation_blocks(document)
-    blocks += evidence_blocks(document)
+    blocks += evidence_blocks(document, root)
     blocks += assumption_blocks(document)
     blocks += probe_blocks(document)
     return blocks
@@ -386,7 +387,7 @@ def _cost_text(c: dict[str, Any]) -> str:
     return f"${c['cost_per_hour_for_target']:,.2f}/h, ${c['cost_per_million_output_tokens']:.2f}/M tokens"
 
 
-def evidence_blocks(document: dict[str, Any]) -> list[Block]:
+def evidence_blocks(document: dict[str, Any], root: Path | None = None) -> list[Block]:
     from sim.planning.report.figures import (
         block_size_figure,
         knee_figure,
@@ -414,6 +415,8 @@ def evidence_blocks(document: dict[str, Any]) -> list[Block]:
             )
         )
     best = next((c for c in document["candidates"] if c["key"] == document["recommendation"]), None)
+    if root is not None:
+        blocks += _over_time_blocks(document, root)
     if best is not None:
         blocks += _recommended_point_blocks(best)
     blocks.append(Heading(3, "Memory at each candidate's maximum rate"))
@@ -446,6 +449,45 @@ def evidence_blocks(document: dict[str, Any]) -> list[Block]:
     return blocks
 
 
+def _seed_text(candidate: dict[str, Any]) -> str:
+    """The seeds as replicates, in words."""
+    seeds = candidate.get("seeds") or {}
+    per_seed = seeds.get("max_rate_per_seed") or {}
+    if not per_seed:
+        return ""
+    each = ", ".join(
+        f"seed {seed}: {rate(value) if value is not None else 'none'}" for seed, value in per_seed.items()
+    )
+    text = f"Seeds as replicates, the highest probed rate each alone passed: {each}"
+    interval = seeds.get("mean_ci95")
+    if interval:
+        text += f" (mean, 95 % interval: {rate(interval[0])}–{rate(interval[1])})"
+    return text + "; the plan's maximum needs every seed to pass (a lower bound)."
+
+
+def _over_time_blocks(document: dict[str, Any], root: Path) -> list[Block]:
+    from sim.planning.report.figures import over_time_figure, png_bytes
+
+    figure = over_time_figure(document, root)
+    if figure is None:
+        return []
+    return [
+        Heading(3, "Queue and KV usage over time at the maximum rates"),
+        Paragraph(
+            [
+                "For each GPU's best candidate, the run that stands behind its maximum rate (its confirmation "
+                "run when there is one; the first seed): waiting and running requests and KV usage over time, "
+                "the steady-state window shaded. A rate holds when none of them trends across the window."
+            ]
+        ),
+        Figure(
+            "over_time.png",
+            "queue, running batch and KV usage over time at each GPU's maximum rate",
+            png_bytes(figure),
+        ),
+    ]
+
+
 def _recommended_point_blocks(best: dict[str, Any]) -> list[Block]:
     probe = best["max_probe"]
     rows: list[list[Text]] = []
@@ -456,6 +498,7 @@ def _recommended_point_blocks(best: dict[str, Any]) -> list[Block]:
     memory = best["memory"]
     return [
         Heading(3, f"At the recommended point: {best['key']} at {rate(best['max_rate_per_s'])}"),
+        Paragraph([_seed_text(best)]),
         Paragraph(
             [
                 "Steady-state window, mean over seeds (min–max in brackets). GPU memory: ",
