@@ -216,7 +216,9 @@ def seed_spread(probes: list[Probe]) -> dict[str, Any]:
     verdicts: dict[int, list[tuple[float, bool]]] = {}
     for probe in probes:
         for run in probe.runs:
-            verdicts.setdefault(run.seed, []).append((probe.rate, not run.violations and not run.unsteady))
+            # As Probe.passed judges: a confirmation run by its SLOs alone.
+            ok = not run.violations and (probe.confirmation or not run.unsteady)
+            verdicts.setdefault(run.seed, []).append((probe.rate, ok))
     per_seed: dict[int, float | None] = {}
     for seed, rates in sorted(verdicts.items()):
         lowest_fail = min((rate for rate, ok in rates if not ok), default=math.inf)

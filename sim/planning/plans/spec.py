@@ -100,6 +100,9 @@ class CandidateGrid(Strict):
         return self
 
 
+FILL_MARGIN = 1.1
+
+
 class Goodput(Strict):
     """DistServe's goodput SLO: the share of requests that meet both their own TTFT and TPOT targets
     (SLO attainment) must be at least ``min_attainment``. A request that did not finish in the window
@@ -349,7 +352,8 @@ class SearchSpec(Strict):
         wanted = max(
             self.min_requests,
             math.ceil(rate * self.min_duration_s),
-            math.ceil(self.min_fill_multiple * fill_requests),
+            # 10 % over: the fill is estimated from drawn requests, the check uses the realised ones.
+            math.ceil(FILL_MARGIN * self.min_fill_multiple * fill_requests),
         )
         return min(wanted, self.max_requests)
 
