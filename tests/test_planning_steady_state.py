@@ -16,6 +16,17 @@ STEADY = {"kv_usage_rise": 0.0, "running_rise_frac": 0.0, "waiting_rise": 0.0, "
 FILLING = STEADY | {"kv_usage_rise": 0.2}  # the KV pool still filling across the window
 
 
+def made_up_outcome(task: PointTask, steady: dict) -> PointOutcome:
+    """A point's outcome as a worker returns it: one variant's summary and steady-state metrics."""
+    summary = {"variant": "paged", "cost_model": "made up"}
+    files = {
+        "summary.csv": b"variant\npaged\n",
+        "paged/summary.json": json.dumps(summary).encode(),
+        "paged/steady.json": json.dumps(steady).encode(),
+    }
+    return PointOutcome(task.point_id, True, [summary | {"steady": steady}], files=files)
+
+
 def made_up_server(task: PointTask) -> PointOutcome:
     """Up to 4 req/s it keeps up at any length. Above 6 req/s it breaks the TTFT SLO at once. In
     between, a short probe (500 requests) meets the SLO with its pool still filling, a medium one
@@ -30,13 +41,7 @@ def made_up_server(task: PointTask) -> PointOutcome:
             (0.5, FILLING) if requests < 1000 else (0.5, STEADY) if requests < 10000 else (5.0, STEADY)
         )
     steady = shape | {"ttft_p99_s": ttft, "late_ttft_p99_s": ttft, "queue_growth_frac": 0.0}
-    summary = {"variant": "paged", "cost_model": "made up"}
-    files = {
-        "summary.csv": b"variant\npaged\n",
-        "paged/summary.json": json.dumps(summary).encode(),
-        "paged/steady.json": json.dumps(steady).encode(),
-    }
-    return PointOutcome(task.point_id, True, [summary | {"steady": steady}], files=files)
+    return made_up_outcome(task, steady)
 
 
 def made_up_plan(tmp_path, **search):
@@ -134,13 +139,7 @@ def server_slowed_by_the_cost_model(task: PointTask) -> PointOutcome:
     rate = task.config["workload"]["arrival"]["rate_per_s"]
     ttft = 0.5 if rate <= 4.0 / time_scale + 1e-9 else 3.0
     steady = STEADY | {"ttft_p99_s": ttft, "late_ttft_p99_s": ttft, "queue_growth_frac": 0.0}
-    summary = {"variant": "paged", "cost_model": "made up"}
-    files = {
-        "summary.csv": b"variant\npaged\n",
-        "paged/summary.json": json.dumps(summary).encode(),
-        "paged/steady.json": json.dumps(steady).encode(),
-    }
-    return PointOutcome(task.point_id, True, [summary | {"steady": steady}], files=files)
+    return made_up_outcome(task, steady)
 
 
 def test_the_cost_band_is_searched_at_its_edges(tmp_path):
