@@ -232,6 +232,7 @@ ANALYTIC_ERROR_BAND = (
 )
 """How far the analytic roofline lands from Vidur's measured A100 Llama-2-7B iterations (decoder layers
 only); recomputed by ``python -m calibrate.vidur`` and checked by ``tests/test_vidur.py``."""
+ANALYTIC_BAND_GPU = "A100-80GB"  # the GPU those iterations were measured on
 
 
 class DatasheetCostModel(CostModel):
@@ -360,6 +361,15 @@ class AnalyticCostModel(DatasheetCostModel):
         self._linear = LinearIterationCost(self._decode, prefill)
         self.label = tensor_parallel_label(self.label, self.all_reduce)
         self._copy_per_block_s = 2.0 * self.block_bytes / bandwidth
+        self.error_band = analytic_error_band(gpu.name)
+
+
+def analytic_error_band(gpu_name: str) -> str:
+    """The analytic roofline's band on ``gpu_name``: measured on the A100-80GB only, so any other GPU
+    is told so rather than handed the A100's numbers as its own."""
+    if gpu_name == ANALYTIC_BAND_GPU:
+        return ANALYTIC_ERROR_BAND
+    return f"not validated on {gpu_name} (no held-out iterations of it); on the {ANALYTIC_BAND_GPU}: {ANALYTIC_ERROR_BAND}"
 
 
 # --------------------------------------------------------------------------------------------------
