@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from sim.planning.plans.run import run_plan
 from sim.planning.plans.search import violations
 from sim.planning.plans.spec import load_plan_spec
@@ -167,3 +169,26 @@ def test_the_cost_band_is_searched_at_its_edges(tmp_path):
     report = (tmp_path / "out" / "report.md").read_text()
     assert "4–8 GPUs over the cost model's error band (GPU times ×0.8 to ×1.6" in report
     assert "it ranks first across the band" in report
+
+
+def test_a_max_rate_study_needs_no_target(tmp_path):
+    """Without target_rate_per_s: the maximum rate per GPU and per output token, ranked by rate per GPU
+    (no price) and no GPU counts; a cluster check without a target is refused."""
+    from sim.config import ConfigError
+
+    data = plan_data(candidates={"policies": [{"name": "paged", "policy": "paged"}], "block_sizes": [16]})
+    del data["target_rate_per_s"]
+    data["gpus"] = ["A100-80GB"]
+    data["search"] = {"start_rate_per_s": 2, "seeds": [1], "min_requests": 500, "rel_tolerance": 0.2}
+    data["search"] |= {"min_fill_multiple": 0, "cost_band": "none"}
+    plan = load_plan_spec(write_yaml(tmp_path / "plan.yaml", data))
+    run = run_plan(plan, tmp_path / "out", fn=made_up_server)
+    (result,) = run.document["candidates"]
+    assert result["max_rate_per_s"] == 4.0 and result["rate_per_gpu_per_s"] == 4.0
+    assert result["rank"] == 1 and "gpus_for_target" not in result
+    assert run.document["recommendation"] == result["key"]
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "Recommended (a max-rate study, no target rate)" in report and "| rate per GPU |" in report
+    data["search"] |= {"cluster_check": {"router": "round_robin"}}
+    with pytest.raises(ConfigError, match="cluster_check simulates the cluster at target_rate_per_s"):
+        load_plan_spec(write_yaml(tmp_path / "checked.yaml", data))

@@ -96,14 +96,14 @@ def summary_lines(document: dict[str, Any]) -> str:
 
     target = document["target_rate_per_s"]
     width = max([len(c["key"]) for c in document["candidates"]] + [9])
-    lines = [
-        f"  {'candidate':<{width}} {'max rate':>14} {'GPUs@' + format(target, 'g'):>9}  binding limit / reason"
-    ]
+    count_header = "GPUs@" + format(target, "g") if target is not None else "per GPU"
+    lines = [f"  {'candidate':<{width}} {'max rate':>14} {count_header:>9}  binding limit / reason"]
     for c in document["candidates"]:
-        if "gpus_for_target" in c:
+        if c.get("rank"):
             prefix = "≥" if c["status"] == "at_max_rate" else ""
+            count = c["gpus_for_target"] if target is not None else f"{c['rate_per_gpu_per_s']:.3g}"
             lines.append(
-                f"  {c['key']:<{width}} {prefix + rate(c['max_rate_per_s']):>14} {c['gpus_for_target']:>9}  {c['binding']['label']}"
+                f"  {c['key']:<{width}} {prefix + rate(c['max_rate_per_s']):>14} {count:>9}  {c['binding']['label']}"
             )
         else:
             lines.append(f"  {c['key']:<{width}} {c['status']:>14} {'-':>9}  {c.get('reason', '')[:100]}")

@@ -206,7 +206,8 @@ def _result(
     }
     if check is not None:
         result["cluster_check"] = check
-    return result | _sizing(result, plan.spec.target_rate_per_s)
+    target = plan.spec.target_rate_per_s
+    return result | (_sizing(result, target) if target is not None else _per_gpu(result))
 
 
 def seed_spread(probes: list[Probe]) -> dict[str, Any]:
@@ -310,28 +311,52 @@ def _sizing(result: dict[str, Any], target: float) -> dict[str, Any]:
     return sizing
 
 
-def rank(results: list[dict[str, Any]], target: float) -> list[dict[str, Any]]:
-    """Candidates that can serve the target first: by the hourly price of their GPUs when every one
-    has a price, else by GPUs; then by rate per GPU. Infeasible ones last, in plan order.
+def _per_gpu(result: dict[str, Any]) -> dict[str, Any]:
+    """A max-rate study (no target rate): what one deployment of the candidate sustains, per GPU and,
+    with a price, per output token at its maximum rate."""
+    gpus = result["tensor_parallel_size"] * result.get("replicas", 1)
+    rate = result["max_rate_per_s"]
+    found: dict[str, Any] = {"gpus_per_deployment": gpus, "rate_per_gpu_per_s": rate / gpus}
+    tokens = result["at_max"]["output_tokens_per_request"]["mean"]
+    price = result["price_per_hour"]
+    if price is not None and tokens:
+        found["cost_per_million_output_tokens"] = gpus * price / (rate * tokens * 3600) * 1e6
+    return found
 
-    Not by cost per output token: its tokens per request vary a little with each probe's window
-    (sampling noise), which must not reorder candidates that need the same GPUs."""
-    usable = [r for r in results if "gpus_for_target" in r]
-    priced = bool(usable) and all("cost_per_hour_for_target" in r for r in usable)
+
+def _usable(result: dict[str, Any]) -> bool:
+    return "gpus_for_target" in result or "rate_per_gpu_per_s" in result
+
+
+def rank(results: list[dict[str, Any]], target: float | None) -> list[dict[str, Any]]:
+    """Candidates that can serve the target first: by the hourly price of their GPUs when every one
+    has a price, else by GPUs; then by rate per GPU. Infeasible ones last, in plan order. Without a
+    target (a max-rate study): by cost per output token at the maximum rate when every one has a
+    price, else by rate per GPU.
+
+    With a target, not by cost per output token: its tokens per request vary a little with each
+    probe's window (sampling noise), which must not reorder candidates that need the same GPUs."""
+    usable = [r for r in results if _usable(r)]
+    priced_key = "cost_per_hour_for_target" if target is not None else "cost_per_million_output_tokens"
+    priced = bool(usable) and all(priced_key in r for r in usable)
 
     def key(result: dict[str, Any]) -> tuple[float, float, float]:
-        cost = result["cost_per_hour_for_target"] if priced else 0.0
+        cost = result[priced_key] if priced else 0.0
         per_gpu = result["max_rate_per_s"] / (result["tensor_parallel_size"] * result.get("replicas", 1))
-        return (cost, result["gpus_for_target"], -per_gpu)
+        return (cost, result.get("gpus_for_target", 0), -per_gpu)
 
-    ordered = sorted(usable, key=key) + [r for r in results if "gpus_for_target" not in r]
+    ordered = sorted(usable, key=key) + [r for r in results if not _usable(r)]
     for position, result in enumerate(ordered, start=1):
-        result["rank"] = position if "gpus_for_target" in result else None
+        result["rank"] = position if _usable(result) else None
     return ordered
 
 
 def ranking_rule(results: list[dict[str, Any]]) -> str:
-    usable = [r for r in results if "gpus_for_target" in r]
+    usable = [r for r in results if _usable(r)]
+    if usable and all("rate_per_gpu_per_s" in r for r in usable):
+        if all("cost_per_million_output_tokens" in r for r in usable):
+            return "lowest GPU cost per million output tokens at the maximum rate, then highest rate per GPU"
+        return "highest rate per GPU (no target rate: a max-rate study)"
     if usable and all("cost_per_hour_for_target" in r for r in usable):
         return "lowest GPU cost per hour for the target rate, then fewest GPUs, then highest rate per GPU"
     return "fewest GPUs for the target rate, then highest rate per GPU"

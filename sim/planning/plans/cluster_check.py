@@ -63,7 +63,8 @@ def run_cluster_checks(
     :meth:`ClusterCheck.outcome`. Rounds run every pending check's next count together."""
     spec = plan.spec.search.cluster_check
     counts = RunCounts()
-    if spec is None:
+    target = plan.spec.target_rate_per_s
+    if spec is None or target is None:  # (a plan with a cluster check needs a target: spec.py)
         return {}, counts
     by_key = {candidate.key: candidate for candidate in plan.candidates}
     checks = [
@@ -79,7 +80,7 @@ def run_cluster_checks(
     while wanted := [(check, n) for check in checks if (n := check.next_replicas) is not None]:
         tasks = {
             (check.candidate, seed): plan.probe_task(
-                _as_cluster(by_key[check.candidate], n, check.router), plan.spec.target_rate_per_s, seed
+                _as_cluster(by_key[check.candidate], n, check.router), target, seed
             )
             for check, n in wanted
             for seed in plan.spec.search.seeds

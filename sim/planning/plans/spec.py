@@ -383,8 +383,11 @@ class PlanSpec(Strict):
     )
     workload: dict[str, Any] = Field(description="An experiment's workload; the search sets its rate.")
     slos: SLOs = Field(description="What a rate must meet on the steady-state window of every seed.")
-    target_rate_per_s: PositiveFloat = Field(
-        description="The request rate (requests per second) the GPUs are counted for."
+    target_rate_per_s: PositiveFloat | None = Field(
+        None,
+        description="The request rate (requests per second) the GPUs are counted for. Without it the plan "
+        "is a max-rate study: each candidate's maximum rate, per GPU and (with prices) per output token, "
+        "no GPU counts.",
     )
     candidates: CandidateGrid = Field(
         description="What is compared, crossed with every model and GPU: policies x block sizes x engine knobs "
@@ -394,6 +397,12 @@ class PlanSpec(Strict):
         default_factory=SearchSpec,  # type: ignore[arg-type]
         description="How each candidate's maximum sustainable rate is searched and each probe run.",
     )
+
+    @model_validator(mode="after")
+    def _target_for_cluster_check(self) -> PlanSpec:
+        if self.search.cluster_check is not None and self.target_rate_per_s is None:
+            raise ValueError("search.cluster_check simulates the cluster at target_rate_per_s: give one")
+        return self
 
     def gpu_choices(self) -> list[GpuChoice]:
         return [

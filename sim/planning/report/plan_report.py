@@ -251,10 +251,20 @@ def recommendation_blocks(document: dict[str, Any]) -> list[Block]:
         )
     else:
         provenance = best["provenance"]
+        if target is None:
+            opening = (
+                f"Recommended (a max-rate study, no target rate): {best['key']}, "
+                f"{best['rate_per_gpu_per_s']:.3g} req/s per GPU; "
+                + ("the simulated cluster sustains " if best.get("router") else "one deployment sustains ")
+            )
+        else:
+            opening = (
+                f"Recommended: {best['key']}. {best['gpus_for_target']} × {best['gpu']} "
+                f"{'serves' if best['gpus_for_target'] == 1 else 'serve'} {target:g} req/s; "
+                + ("the simulated cluster sustains " if best.get("router") else "each sustains ")
+            )
         text: Text = [
-            f"Recommended: {best['key']}. {best['gpus_for_target']} × {best['gpu']} "
-            f"{'serves' if best['gpus_for_target'] == 1 else 'serve'} {target:g} req/s; "
-            + ("the simulated cluster sustains " if best.get("router") else "each sustains "),
+            opening,
             probe_link(
                 ("at least " if best["status"] == "at_max_rate" else "") + rate(best["max_rate_per_s"]),
                 best["max_probe"],
@@ -290,6 +300,10 @@ def recommendation_blocks(document: dict[str, Any]) -> list[Block]:
         )
     )
     return blocks
+
+
+def _target_text(target: float | None) -> str:
+    return f"target {target:g} req/s" if target is not None else "no target rate (a max-rate study)"
 
 
 def _gpu_range(candidate: dict[str, Any]) -> str:
@@ -334,20 +348,20 @@ def recommendation_table(document: dict[str, Any]) -> Table:
         "#",
         "candidate",
         "max rate under SLO",
-        f"GPUs for {target:g} req/s",
+        f"GPUs for {target:g} req/s" if target is not None else "rate per GPU",
         "binding limit",
-        "headroom",
-        "GPU cost for the target",
+        "headroom" if target is not None else "GPUs per deployment",
+        "GPU cost for the target" if target is not None else "GPU cost per output token",
         "first failing rate: why",
     ]
     rows: list[list[Text]] = []
     for c in document["candidates"]:
-        rows.append(_recommendation_row(c))
+        rows.append(_recommendation_row(c, sized=target is not None))
     return Table(header, rows, css_class="recommendation")
 
 
-def _recommendation_row(c: dict[str, Any]) -> list[Text]:
-    if "gpus_for_target" not in c:
+def _recommendation_row(c: dict[str, Any], sized: bool = True) -> list[Text]:
+    if not c.get("rank"):
         return [
             ["—"],
             [c["key"]],
@@ -372,18 +386,26 @@ def _recommendation_row(c: dict[str, Any]) -> list[Text]:
             probe_link(at_least + rate(c["max_rate_per_s"]), probe),
             "" if (c.get("confirmed") or {}).get("held") is not False else " (not confirmed)",
         ],
-        [
-            probe_link(str(c["gpus_for_target"]), probe),
-            f" ({_gpu_range(c)} over the band)" if _gpu_range(c) else "",
-        ],
+        _count_cell(c, probe, sized),
         [probe_link(c["binding"]["label"], c["binding"].get("evidence", {}).get("probe"))],
-        [probe_link(f"{c['headroom_frac']:+.0%}", probe)],
+        [probe_link(f"{c['headroom_frac']:+.0%}" if sized else str(c["gpus_per_deployment"]), probe)],
         [probe_link(_cost_text(c), probe) if cost is not None else "no price given"],
         why,
     ]
 
 
+def _count_cell(c: dict[str, Any], probe: int, sized: bool) -> Text:
+    if not sized:
+        return [probe_link(f"{c['rate_per_gpu_per_s']:.3g} req/s", probe)]
+    return [
+        probe_link(str(c["gpus_for_target"]), probe),
+        f" ({_gpu_range(c)} over the band)" if _gpu_range(c) else "",
+    ]
+
+
 def _cost_text(c: dict[str, Any]) -> str:
+    if "cost_per_hour_for_target" not in c:
+        return f"${c['cost_per_million_output_tokens']:.2f}/M tokens at the maximum rate"
     return f"${c['cost_per_hour_for_target']:,.2f}/h, ${c['cost_per_million_output_tokens']:.2f}/M tokens"
 
 
@@ -583,7 +605,7 @@ def assumption_blocks(document: dict[str, Any]) -> list[Block]:
                 *cost_lines,
                 [assumptions["probe"]],
                 [assumptions["search"]],
-                [f"SLOs: {_slo_text(document)}; target {document['target_rate_per_s']:g} req/s"],
+                [f"SLOs: {_slo_text(document)}; " + _target_text(document["target_rate_per_s"])],
             ]
         ),
         Paragraph(["Workload (the search sets its rate and request count) and engine settings:"]),
