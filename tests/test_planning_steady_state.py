@@ -157,14 +157,15 @@ def test_the_cost_band_is_searched_at_its_edges(tmp_path):
     assert edges[0.8]["max_rate_per_s"] == 5.0 and edges[0.8]["gpus_for_target"] == 4
     assert edges[1.6]["max_rate_per_s"] == 2.5 and edges[1.6]["gpus_for_target"] == 8
     band_probes = [p for p in document["probes"] if p["time_scale"] != 1.0]
-    assert [(p["time_scale"], p["rate_per_s"]) for p in band_probes] == [
+    assert [(p["time_scale"], p["rate_per_s"]) for p in band_probes] == [  # both edges in each round
         (0.8, 5.0),
-        (0.8, 7.0),
-        (0.8, 6.0),
         (1.6, 2.5),
+        (0.8, 7.0),
         (1.6, 3.5),
+        (0.8, 6.0),
         (1.6, 3.0),
     ]
+    assert band_probes[0]["candidate"] == f"{result['key']} @ GPU times x0.8"
     assert not any(p["confirmation"] for p in band_probes)
     report = (tmp_path / "out" / "report.md").read_text()
     assert "4–8 GPUs over the cost model's error band (GPU times ×0.8 to ×1.6" in report

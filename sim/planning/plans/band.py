@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sim.planning.plans.analysis import candidate_results
 from sim.planning.plans.search import RateSearch
-from sim.planning.plans.spec import Plan, SearchSpec
+from sim.planning.plans.spec import Candidate, Plan, SearchSpec
 
 if TYPE_CHECKING:
     from sim.planning.plans.run import Probe, Rounds
@@ -60,41 +60,54 @@ def with_time_scale(cost_model: Any, time_scale: float) -> dict[str, Any]:
     return data | {"time_scale": time_scale}
 
 
-def edge_plan(plan: Plan, time_scale: float) -> Plan:
-    """``plan`` with every candidate's cost model at ``time_scale`` and no confirmation runs."""
-    candidates = []
-    for candidate in plan.candidates:
-        template = copy.deepcopy(candidate.template)
-        template["cost_model"] = with_time_scale(template.get("cost_model"), time_scale)
-        candidates.append(replace(candidate, template=template))
-    search = plan.spec.search.model_copy(update={"confirm_factor": 0.0, "cost_band": "none"})
-    return Plan(plan.spec.model_copy(update={"search": search}), plan.path, candidates)
+def edge_candidate(candidate: Candidate, time_scale: float) -> Candidate:
+    """``candidate`` with its cost model at ``time_scale``, keyed apart from the nominal one."""
+    template = copy.deepcopy(candidate.template)
+    template["cost_model"] = with_time_scale(template.get("cost_model"), time_scale)
+    return replace(candidate, key=edge_key(candidate.key, time_scale), template=template)
+
+
+def edge_key(key: str, time_scale: float) -> str:
+    return f"{key} @ GPU times x{time_scale:.3g}"
 
 
 def search_band(
     plan: Plan, results: list[dict[str, Any]], rounds: Rounds, first_number: int
 ) -> tuple[dict[str, Any] | None, list[Probe]]:
-    """Every candidate with a nominal maximum rate, searched at both edges of the band: the band's
-    summary (scales, each edge's ranking and per-candidate rates and GPUs) and the probes it ran."""
+    """Every candidate with a nominal maximum rate, searched at both edges of the band in the same
+    rounds (both edges' probes keep the cores busy together): the band's summary (scales, each edge's
+    ranking and per-candidate rates and GPUs) and the probes it ran."""
     scales = band_scales(plan)
     nominal = {r["key"]: r for r in results if r.get("max_rate_per_s") is not None}
     if scales is None or not nominal:
         return None, []
-    edges: list[dict[str, Any]] = []
-    probes: list[Probe] = []
+    search = plan.spec.search.model_copy(update={"confirm_factor": 0.0, "cost_band": "none"})
+    edges_plan = Plan(plan.spec.model_copy(update={"search": search}), plan.path, [])
+    at_edge: dict[float, list[Candidate]] = {scale: [] for scale in scales}
+    origin: dict[str, tuple[float, str]] = {}  # edge key -> (scale, nominal key)
+    searches: dict[str, RateSearch] = {}
     for scale in scales:
-        edge = edge_plan(plan, scale)
-        searched = [c for c in edge.candidates if c.key in nominal]
-        searches = {c.key: RateSearch(_warm_start(edge, nominal[c.key], scale)) for c in searched}
-        edge_probes = rounds.search(edge, searches, first_number + len(probes), time_scale=scale)
-        probes += edge_probes
-        ranked = candidate_results(replace(edge, candidates=searched), searches, edge_probes)
+        for candidate in plan.candidates:
+            if candidate.key not in nominal:
+                continue
+            edge = edge_candidate(candidate, scale)
+            at_edge[scale].append(edge)
+            origin[edge.key] = (scale, candidate.key)
+            searches[edge.key] = RateSearch(_warm_start(search, nominal[candidate.key], scale))
+    both = replace(edges_plan, candidates=[c for scale in scales for c in at_edge[scale]])
+    probes = rounds.search(both, searches, first_number, {key: scale for key, (scale, _) in origin.items()})
+    edges = []
+    for scale in scales:
+        keys = {c.key for c in at_edge[scale]}
+        ranked = candidate_results(
+            replace(both, candidates=at_edge[scale]), searches, [p for p in probes if p.candidate in keys]
+        )
         edges.append(
             {
                 "time_scale": scale,
-                "ranking": [r["key"] for r in ranked if r.get("rank")],
+                "ranking": [origin[r["key"]][1] for r in ranked if r.get("rank")],
                 "candidates": {
-                    r["key"]: {
+                    origin[r["key"]][1]: {
                         "max_rate_per_s": r.get("max_rate_per_s"),
                         "gpus_for_target": r.get("gpus_for_target"),
                         "probe": r.get("max_probe"),
@@ -106,10 +119,9 @@ def search_band(
     return {"time_scales": list(scales), "source": _band_source(plan), "edges": edges}, probes
 
 
-def _warm_start(plan: Plan, nominal: dict[str, Any], scale: float) -> SearchSpec:
+def _warm_start(search: SearchSpec, nominal: dict[str, Any], scale: float) -> SearchSpec:
     """The search spec of one candidate's edge search: it starts where the nominal answer, scaled by
     the edge (GPU times x s: rates / s), is expected, within the search's range."""
-    search = plan.spec.search
     start = min(max(nominal["max_rate_per_s"] / scale, search.min_rate_per_s), search.max_rate_per_s)
     growth = min(search.growth, 1.0 + 2 * search.rel_tolerance)  # a near start needs small steps
     return search.model_copy(update={"start_rate_per_s": float(f"{start:.3g}"), "growth": growth})

@@ -142,10 +142,16 @@ class Rounds:
     rounds: int = 0
 
     def search(
-        self, plan: Plan, searches: dict[str, RateSearch], first_number: int, time_scale: float = 1.0
+        self,
+        plan: Plan,
+        searches: dict[str, RateSearch],
+        first_number: int,
+        time_scales: dict[str, float] | None = None,
     ) -> list[Probe]:
         """Every search to its end (confirmations included); the probes it ran, numbered on from
-        ``first_number``, each marked with the GPU-time scale its cost model ran at."""
+        ``first_number``, each marked with the GPU-time scale its candidate's cost model ran at
+        (``time_scales``, by candidate key; 1 when not given)."""
+        time_scales = time_scales or {}
         longer: dict[str, tuple[float, int]] = {}  # candidate -> the rate to run again, and its requests
         probes: list[Probe] = []
         while wanted := _next_probes(plan, searches, longer):
@@ -161,11 +167,11 @@ class Rounds:
             )
             self.counts.add(round_counts)
             for probe in round_probes:
-                probe.time_scale = time_scale
+                probe.time_scale = time_scales.get(probe.candidate, 1.0)
                 _judge(probe, searches[probe.candidate], longer, plan.spec.search.max_requests)
             probes += round_probes
             self.rounds += 1
-            edge = f" (GPU times x{time_scale:.3g})" if time_scale != 1.0 else ""
+            edge = " (the cost model's error band)" if time_scales else ""
             self.log(
                 f"kvsim plan: round {self.rounds}{edge}: {len(round_probes)} candidate rate(s) x "
                 f"{len(plan.spec.search.seeds)} seed(s); {round_counts.ran} simulated"
