@@ -497,10 +497,7 @@ class RadixTree:
 
     @staticmethod
     def _has_device_child(node: RadixNode) -> bool:
-        for child in node.children.values():
-            if child.on_device:
-                return True
-        return False
+        return any(child.on_device for child in node.children.values())
 
     def _push(self, node: RadixNode) -> None:
         heapq.heappush(self._lru_heap, (node.last_access, node.node_id, node))
