@@ -37,10 +37,28 @@ class HostTierStats:
     host_cache_hits: int = 0  # prompt tokens served from the host tier (loaded back)
     host_loaded_blocks: int = 0  # blocks copied host -> GPU
     host_offloaded_blocks: int = 0  # blocks copied GPU -> host
-    host_evictions: int = 0  # host entries dropped to make room
+    host_evictions: int = 0  # host entries dropped to make room (radix: pages)
+    host_loaded_tokens: int = 0  # tokens copied host -> GPU: what the engine charges the transfer of
+    host_offloaded_tokens: int = 0  # tokens copied GPU -> host
 
 
-class HostTier:
+class HostPool:
+    """What the engine and the summary read off any host-memory tier: its size in engine blocks and
+    its counters. (:class:`HostTier` is the prefix policy's; the radix policy's HiCache pool is
+    :class:`policies._radix_tree.HiCachePool`.)"""
+
+    def __init__(self, capacity_blocks: int):
+        if isinstance(capacity_blocks, bool) or not isinstance(capacity_blocks, int) or capacity_blocks <= 0:
+            raise ValueError(f"a host tier needs at least one block, got {capacity_blocks!r}")
+        self.capacity_blocks = capacity_blocks
+        self.stats = HostTierStats()
+
+    def host_slots(self, block_size: int) -> tuple[int, int]:
+        """``(cached, free)`` token slots of the tier: they sum to its size."""
+        raise NotImplementedError
+
+
+class HostTier(HostPool):
     """An LRU pool of ``capacity_blocks`` block contents in host memory.
 
     ``acquire(key) -> chain id`` and ``release(chain id)`` are the content chains' reference counting:
@@ -51,18 +69,21 @@ class HostTier:
         capacity_blocks: int,
         acquire: Callable[[ChainKey], int],
         release: Callable[[int | None], None],
+        block_size: int = 1,
     ):
-        if not isinstance(capacity_blocks, int) or capacity_blocks <= 0:
-            raise ValueError(f"a host tier needs at least one block, got {capacity_blocks!r}")
-        self.capacity_blocks = capacity_blocks
+        super().__init__(capacity_blocks)
+        self._block_size = block_size
         self._acquire, self._release = acquire, release
         self._entries: OrderedDict[ChainKey, int] = OrderedDict()  # key -> chain id, oldest first
-        self.stats = HostTierStats()
 
     @property
     def cached_blocks(self) -> int:
         """Blocks the tier holds now."""
         return len(self._entries)
+
+    def host_slots(self, block_size: int) -> tuple[int, int]:
+        cached = len(self._entries)
+        return cached * block_size, (self.capacity_blocks - cached) * block_size
 
     def __contains__(self, key: ChainKey) -> bool:
         return key in self._entries
@@ -86,6 +107,7 @@ class HostTier:
             self.stats.host_evictions += 1
         self._entries[key] = self._acquire(key)
         self.stats.host_offloaded_blocks += 1
+        self.stats.host_offloaded_tokens += self._block_size
         return True
 
     def load(self, keys: Sequence[ChainKey], block_size: int) -> None:
@@ -96,6 +118,7 @@ class HostTier:
             self._entries.move_to_end(key)
         self.stats.host_loaded_blocks += len(keys)
         self.stats.host_cache_hits += len(keys) * block_size
+        self.stats.host_loaded_tokens += len(keys) * block_size
 
     def continue_prefix(
         self, parent: int | None, contents: Iterable[tuple], namespace: int

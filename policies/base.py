@@ -18,7 +18,7 @@ from typing import ClassVar, Generic, Protocol, TypeVar
 
 from mypy_extensions import mypyc_attr
 
-from policies._host_tier import HostTier
+from policies._host_tier import HostPool
 from token_content import TokenContent, content_length, validate_content
 
 # --------------------------------------------------------------------------------------------------
@@ -190,7 +190,7 @@ class KVCachePolicy:
     # False for a policy with no blocks (a linear address space): block_size changes nothing it does,
     # so a plan does not cross it with block sizes.
     uses_blocks: ClassVar[bool] = True
-    host_tier: HostTier | None = None
+    host_tier: HostPool | None = None
     """The host-memory tier of evicted cached blocks, once :meth:`enable_host_tier` made one."""
 
     @classmethod
@@ -343,13 +343,15 @@ class KVCachePolicy:
         policy without a cache fails loudly instead of silently doing nothing."""
         raise PolicyInputError(f"policy {self.name!r} has no prefix cache: it cannot pin prefixes")
 
-    def enable_host_tier(self, capacity_blocks: int) -> None:
-        """Keep cached blocks the GPU evicts in a host-memory LRU tier of ``capacity_blocks`` blocks,
-        from which later prefix hits are loaded back (``offload:``). Only the prefix-caching policy
-        has one; the others raise, so a config asking for it fails before anything runs."""
+    def enable_host_tier(self, capacity_blocks: int, write_policy: str | None = None) -> None:
+        """Keep cached blocks the GPU evicts in a host-memory LRU tier of ``capacity_blocks`` blocks
+        (of the engine's ``block_size``), from which later prefix hits are loaded back (``offload:``).
+        ``write_policy`` says when GPU content is copied to host (``offload.write_policy``; None: the
+        policy's default). Only the prefix-caching policies have one; the others raise, so a config
+        asking for it fails before anything runs."""
         raise PolicyInputError(
             f"policy {self.name!r} cannot keep evicted blocks in host memory (offload:): only the "
-            "'prefix' policy has a host tier"
+            "'prefix' and 'radix' policies have a host tier"
         )
 
     def host_breakdown_values(self) -> tuple[int, int]:
@@ -357,9 +359,7 @@ class KVCachePolicy:
         tier = self.host_tier
         if tier is None:
             return 0, 0
-        block_size = self.pool.block_size
-        cached = tier.cached_blocks
-        return cached * block_size, (tier.capacity_blocks - cached) * block_size
+        return tier.host_slots(self.pool.block_size)
 
     # -- shared argument checks --------------------------------------------------------------------
     def _check_new_sequence(self, seq_id: int, prompt: TokenContent, final_len: int) -> int:

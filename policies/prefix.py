@@ -186,6 +186,7 @@ class PrefixCachingPolicy(PagedPolicy):
         self._pinned_idle = 0
         # The first key of each lazy run (nothing else holds it) -> the run's sequence.
         self._lazy_runs: dict[ChainKey, SequenceState] = {}
+        self._tier: HostTier | None = None  # the host tier, as its own type (``host_tier`` too)
 
     # ------------------------------------------------------------------------------------ accounting
     def _cached_blocks(self) -> int:
@@ -207,11 +208,20 @@ class PrefixCachingPolicy(PagedPolicy):
         return self._prefix_hit(hits, len(self._host_hits(prompt, prompt_len, hits, namespace)))
 
     # ------------------------------------------------------------------------------------- host tier
-    def enable_host_tier(self, capacity_blocks: int) -> None:
+    def enable_host_tier(self, capacity_blocks: int, write_policy: str | None = None) -> None:
         if self.host_tier is not None:
             raise PolicyInputError("this policy already has a host tier")
+        if write_policy not in (None, "write_back"):
+            raise PolicyInputError(
+                f"write_policy {write_policy!r}: the 'prefix' policy's host tier writes a block back "
+                "when the GPU evicts it (write_back) only; write_through policies are the 'radix' "
+                "policy's (SGLang HiCache)"
+            )
         try:
-            self.host_tier = HostTier(capacity_blocks, self._chains.acquire, self._chains.release)
+            self._tier = HostTier(
+                capacity_blocks, self._chains.acquire, self._chains.release, self.block_size
+            )
+            self.host_tier = self._tier
         except ValueError as error:
             raise PolicyInputError(str(error)) from None
         # Evictions store their keys to the tier: every key is made eagerly from now on.
@@ -221,7 +231,7 @@ class PrefixCachingPolicy(PagedPolicy):
     def _host_hits(
         self, prompt: TokenContent, prompt_len: int, hit_blocks: list[int], namespace: int
     ) -> list[tuple]:
-        tier = self.host_tier
+        tier = self._tier
         max_blocks = (prompt_len - 1) // self.block_size
         if tier is None or not tier.cached_blocks or len(hit_blocks) >= max_blocks:
             return []
@@ -234,8 +244,8 @@ class PrefixCachingPolicy(PagedPolicy):
     def _load_from_host(self, host_hits: list[tuple]) -> int:
         if not host_hits:
             return 0
-        assert self.host_tier is not None
-        self.host_tier.load(host_hits, self.block_size)
+        assert self._tier is not None
+        self._tier.load(host_hits, self.block_size)
         return len(host_hits) * self.block_size
 
     def _blocks_needed_to_admit(self, prompt: TokenContent, namespace: int) -> tuple[int, list[int]]:
@@ -434,7 +444,7 @@ class PrefixCachingPolicy(PagedPolicy):
             self._cached_by_key,
             self._later_holders,
         )
-        tier = self.host_tier
+        tier = self._tier
         released = []
         # Blocks of one lazy run come off the queue together (a run is freed tail first, in one go):
         # they are counted off their run as one group.

@@ -41,6 +41,18 @@ How a request's KV lives here, and which SGLang code each rule follows:
   tokens as hits, as the ``prefix`` policy counts them; ``evictions`` counts evicted pages (tokens
   when ``page_size`` is 1).
 
+- **HiCache** (``offload:``, :meth:`RadixPolicy.enable_host_tier`): SGLang's hierarchical cache
+  (``--enable-hierarchical-cache``; ``mem_cache/hiradix_cache.py`` ``HiRadixCache``). Tree nodes are
+  backed up to a host pool of ``offload.host_memory_gib`` (``--hicache-size``) per
+  ``offload.write_policy`` (``--hicache-write-policy``, default ``write_through``); see
+  :mod:`policies._radix_tree` for the tree's rules. The host pool must be larger than the device pool
+  (``memory_pool_host.py`` asserts it). Admission's match continues into host-only nodes; when they
+  hold at least ``load_back_threshold`` (10) tokens they are loaded back (``init_load_back`` /
+  ``load_back``): they take device slots (evicting as needed) before the rest of the prompt, and
+  count as host hits (``host_cache_hits``; ``prefix_cache_hits`` stays the device hit). Fewer are
+  recomputed. ``lookup`` reports them as ``PrefixHit.host_tokens``. Writes cost no time (a side
+  stream); loads are charged by the engine over the host link.
+
 SGLang's scheduler (``PrefillAdder``'s ``new_token_ratio`` budget, ``lpm`` ordering,
 ``retract_decode``) is the engine's ``scheduler: sglang`` (``sim/engine/sglang_scheduler.py``), not
 this policy's.
@@ -57,7 +69,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from policies._radix_tree import Key, RadixNode, RadixTree
+from policies._radix_tree import HiCachePool, Key, PrefixMatch, RadixNode, RadixTree
 from policies.base import (
     NO_HIT,
     ChildSpec,
@@ -77,6 +89,10 @@ def page_size_option(value: object) -> int:
             f"radix: page_size must be a positive integer (tokens per page), got {value!r}"
         )
     return value
+
+
+# HiRadixCache.load_back_threshold: a shorter host hit is recomputed rather than loaded.
+LOAD_BACK_THRESHOLD = 10
 
 
 @dataclass(slots=True, eq=False)
@@ -138,6 +154,7 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         self._own_slots = 0
         self._own_target = 0
         self._tree_tokens_held = 0
+        self._hicache: HiCachePool | None = None
 
     # ---------------------------------------------------------------------------------------- queries
     def available_slots(self) -> int:
@@ -148,7 +165,9 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         prompt_len = content_length(prompt)
         if prompt_len <= 0:
             return NO_HIT
-        return PrefixHit(self.tree.longest_match(self._prompt_key(prompt, prompt_len), namespace).length)
+        match = self.tree.longest_match(self._prompt_key(prompt, prompt_len), namespace)
+        host = self._loaded(match.host_tokens)
+        return PrefixHit(match.length - match.host_tokens, (), host)
 
     def match(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
         """SGLang's ``match_prefix`` as the scheduler runs it on a waiting request
@@ -159,13 +178,16 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         prompt_len = content_length(prompt)
         if prompt_len <= 0:
             return NO_HIT
-        _node, matched = self.tree.match_prefix(self._prompt_key(prompt, prompt_len), namespace)
-        return PrefixHit(matched)
+        node, matched = self.tree.match_prefix(self._prompt_key(prompt, prompt_len), namespace)
+        if self._hicache is None:
+            return PrefixHit(matched)
+        _device_node, host = self.tree.device_end(node)
+        return PrefixHit(matched - host, (), self._loaded(host))
 
     def can_admit(self, prompt: TokenContent, final_len: int, namespace: int = 0) -> bool:
         prompt_len = content_length(prompt)
         match = self.tree.longest_match(self._prompt_key(prompt, prompt_len), namespace)
-        return self._pages(prompt_len - match.length) <= self.available_slots() - match.unlocked_tokens
+        return self._admission_slots(prompt_len, match) <= self.available_slots() - match.unlocked_tokens
 
     def slots_needed_to_grow(self, seq_id: int, num_tokens: int) -> int:
         seq = self._get(seq_id)
@@ -197,14 +219,24 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         # The scheduler matches the request before it checks the budget: the split and the refreshed
         # path stay whether or not the request fits.
         node, matched = self.tree.match_prefix(self._prompt_key(prompt, prompt_len), namespace)
-        needed = self._pages(prompt_len - matched)
+        device_node, host = node, 0
+        if self._hicache is not None:
+            device_node, host = self.tree.device_end(node)
+            if host < LOAD_BACK_THRESHOLD:  # recomputed: the match ends on the device
+                node, matched, host = device_node, matched - host, 0
+        needed = self._pages(prompt_len - matched) + host
         # Locking the match takes its unlocked nodes out of the evictable cache.
         self._ensure_available(
             needed,
-            self.available_slots() - self.tree.unlocked_tokens_above(node),
+            self.available_slots() - self.tree.unlocked_tokens_above(device_node),
             f"admitting sequence {seq_id}",
-            matched,
+            matched - host,
+            host,
         )
+        if host:
+            # Loaded back first (``init_load_back`` at scheduling): the nodes count as device tokens
+            # at once, locked below, and the evictions below make their room too.
+            self.tree.load_back(node)
         self.tree.lock(node)
         self._make_free(self._extend_eviction_target(prompt_len - matched))
         seq = RadixSequence(seq_id, final_len, output_content_id, namespace, node, tree_len=matched)
@@ -215,7 +247,7 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         self._account(seq, +1)
         self._insert_into_tree(seq)  # the prompt's prefill is done (see the module docstring)
         self.stats.prefix_cache_queries += prompt_len
-        self.stats.prefix_cache_hits += matched
+        self.stats.prefix_cache_hits += matched - host
         return matched
 
     def grow(self, seq_id: int, num_tokens: int, content: TokenContent | None = None) -> None:
@@ -246,7 +278,7 @@ class RadixPolicy(SequenceTable[RadixSequence]):
             # Inserting the parent's whole pages frees its copies of tokens the tree already holds
             # and locks those tree nodes: count both before deciding.
             match = self.tree.longest_match(parent.key(whole_pages), parent.namespace)
-            deduplicated = match.length - parent.tree_len
+            deduplicated = match.length - match.host_tokens - parent.tree_len
             available = self.available_slots() + deduplicated - match.unlocked_tokens
             self._ensure_available(needed, available, f"forking sequence {parent_id}")
         self._insert_into_tree(parent)
@@ -285,6 +317,29 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         self.tree.unlock(seq.last_node)
         del self.sequences[seq_id]
 
+    def enable_host_tier(self, capacity_blocks: int, write_policy: str | None = None) -> None:
+        """SGLang's HiCache (see the module docstring): a host pool of ``capacity_blocks`` engine
+        blocks, written per ``write_policy`` (default ``write_through``, SGLang's)."""
+        if self._hicache is not None:
+            raise PolicyInputError("this policy already has a host tier")
+        if self.tree.total_tokens or self.sequences:
+            raise PolicyInputError("radix: a host tier must be enabled before anything is cached")
+        try:
+            pool = HiCachePool(
+                capacity_blocks, self.pool.block_size, self.page_size, write_policy or "write_through"
+            )
+        except ValueError as error:
+            raise PolicyInputError(f"radix: {error}") from None
+        if pool.capacity_tokens <= self._page_slots:
+            raise PolicyInputError(
+                f"radix: the host pool ({pool.capacity_tokens} tokens) must be larger than the device "
+                f"pool ({self._page_slots} tokens): SGLang's HiCache host pool asserts it "
+                "(memory_pool_host.py; --hicache-ratio > 1)"
+            )
+        self._hicache = pool
+        self.host_tier = pool
+        self.tree.enable_hicache(pool)
+
     def pin_prefix(self, prompt: TokenContent) -> int:
         raise PolicyInputError(
             "policy 'radix' cannot pin prefixes: SGLang's radix cache has no pinning (only eviction priorities)"
@@ -314,14 +369,28 @@ class RadixPolicy(SequenceTable[RadixSequence]):
     def _cached_slots(self) -> int:
         return self.tree.total_tokens - self.tree.locked_tokens
 
-    def _ensure_available(self, needed: int, available: int, action: str, hit_tokens: int = 0) -> None:
+    def _ensure_available(
+        self, needed: int, available: int, action: str, hit_tokens: int = 0, host_tokens: int = 0
+    ) -> None:
         if needed > available:
             raise self._allocation_failure(
                 f"{action} needs {needed} slots, {available} available (free + evictable)",
                 needed,
                 available,
-                PrefixHit(hit_tokens) if hit_tokens else NO_HIT,
+                PrefixHit(hit_tokens, (), host_tokens) if hit_tokens or host_tokens else NO_HIT,
             )
+
+    def _loaded(self, host_tokens: int) -> int:
+        """The host hit admission loads back: none below ``load_back_threshold``."""
+        return host_tokens if host_tokens >= LOAD_BACK_THRESHOLD else 0
+
+    def _admission_slots(self, prompt_len: int, match: PrefixMatch) -> int:
+        """Device slots admitting a prompt with this match takes: its new tokens in whole pages, plus
+        a host hit loaded back (a shorter one is recomputed with the new tokens)."""
+        host = match.host_tokens
+        if host and host < LOAD_BACK_THRESHOLD:
+            return self._pages(prompt_len - match.length + host)
+        return self._pages(prompt_len - match.length) + host
 
     def _extend_eviction_target(self, extend_tokens: int) -> int:
         """Free slots an admission's allocation evicts for: ``alloc_paged_token_slots_extend`` asks

@@ -319,7 +319,7 @@ def attach_host_tier(
             f"({block_bytes:,} bytes each)"
         )
     try:
-        policy.enable_host_tier(blocks)
+        policy.enable_host_tier(blocks, offload.write_policy)
     except PolicyInputError as error:
         raise ConfigError(f"{where}: {error}") from None
 

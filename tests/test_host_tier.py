@@ -186,12 +186,14 @@ def test_host_hits_are_only_identical_content_after_the_same_prefix():
     assert namespaced.lookup(prompt, namespace=7) == PrefixHit(0, (), 8)
 
 
-def test_only_the_prefix_policy_has_a_host_tier_and_it_needs_a_block():
-    for name in ("paged", "radix"):
-        with pytest.raises(PolicyInputError, match="only the 'prefix' policy has a host tier"):
+def test_only_the_prefix_and_radix_policies_have_a_host_tier_and_it_needs_a_block():
+    for name in ("paged", "contiguous"):
+        with pytest.raises(PolicyInputError, match="only the 'prefix' and 'radix' policies have a host tier"):
             make_policy(name, PoolSpec(16, 4, 16)).enable_host_tier(4)
     with pytest.raises(PolicyInputError, match="at least one block, got 0"):
         make_policy("prefix", PoolSpec(16, 4, 16)).enable_host_tier(0)
+    with pytest.raises(PolicyInputError, match="writes a block back when the GPU evicts it"):
+        make_policy("prefix", PoolSpec(16, 4, 16)).enable_host_tier(4, "write_through")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -313,8 +315,13 @@ def test_bad_offload_values_are_named(tmp_path, extra, message):
             r"variants\.0 \(p\): offload: policy 'paged' cannot keep evicted blocks in host memory",
         ),
         (
-            "variants: [{name: r, policy: radix, offload: {host_memory_gib: 8}}]\n",
-            r"variants\.0 \(r\): variants\.0\.offload: policy 'radix' cannot keep",
+            "variants: [{name: r, policy: radix, offload: {host_memory_gib: 0.01}}]\n",
+            r"variants\.0 \(r\): variants\.0\.offload: radix: the host pool \(\d+ tokens\) must be "
+            r"larger than the device pool",
+        ),
+        (
+            "variants: [{name: p, policy: prefix, offload: {host_memory_gib: 8, write_policy: write_through}}]\n",
+            r"variants\.0\.offload: write_policy 'write_through': the 'prefix' policy's host tier",
         ),
         (
             "variants: [{name: p, policy: prefix, offload: {host_memory_gib: 0.001}}]\n",

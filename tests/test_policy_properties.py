@@ -41,6 +41,10 @@ VARIANTS = [
     ("contiguous", {"reservation": "oracle", "placement": "buddy"}),
     ("radix", {}),  # its tree is recounted independently in test_radix.py
     ("radix", {"page_size": 3}),
+    # HiCache (a host pool of that many blocks, just over the device pool or more, and a write policy)
+    ("radix", {"hicache": (31, "write_through")}),
+    ("radix", {"page_size": 3, "hicache": (32, "write_back")}),
+    ("radix", {"hicache": (40, "write_through_selective")}),
 ]
 
 
@@ -176,7 +180,10 @@ class Driver:
     def __init__(self, name: str, options: dict, pool: PoolSpec = POOL, prompts: list = PROMPTS):
         options = dict(options)
         pinned = options.pop("pin", None)
+        hicache = options.pop("hicache", None)
         self.policy = make_policy(name, pool, **options)
+        if hicache is not None:
+            self.policy.enable_host_tier(*hicache)
         if pinned is not None:
             self.policy.pin_prefix(pinned)
         self.pool, self.prompts = pool, prompts

@@ -412,10 +412,30 @@ def check_against_recount(policy: RadixPolicy) -> None:
         )
         if node.lock_ref == 0:
             assert all(child.lock_ref == 0 for child in node.children.values())
-    total = sum(node.length for node in nodes)
-    locked = sum(node.length for node in nodes if node.lock_ref)
+    # With HiCache some nodes are held in host memory only: the device counts leave them out.
+    device = [node for node in nodes if node.on_device]
+    total = sum(node.length for node in device)
+    locked = sum(node.length for node in device if node.lock_ref)
+    assert all(node.on_device for node in nodes if node.lock_ref)
     assert (tree.total_tokens, tree.locked_tokens) == (total, locked)
-    assert tree.evictable_leaves() == {node for node in nodes if node.lock_ref == 0 and not node.children}
+    assert tree.evictable_leaves() == {
+        node
+        for node in device
+        if node.lock_ref == 0 and not any(child.on_device for child in node.children.values())
+    }
+    host = tree.host
+    if host is None:
+        assert len(device) == len(nodes)
+    else:
+        for node in nodes:
+            assert node.on_device or node.backed_up  # a node is held somewhere
+            if node.on_device:
+                assert node.parent is tree.root or node.parent.on_device  # device nodes: a rooted subtree
+        backed = sum(node.length for node in nodes if node.backed_up)
+        assert host.used_tokens == backed <= host.capacity_tokens
+        assert host.leaves == {node for node in nodes if not node.on_device and not node.children}
+        cached, free = policy.host_breakdown_values()
+        assert (cached, cached + free) == (backed, host.capacity_blocks * policy.pool.block_size)
     page_slots = policy.pool.kv_pool_tokens // page * page
     assert policy.breakdown().as_dict() == {
         "used": locked + own_tokens,

@@ -126,7 +126,7 @@ class CostModel(ABC):
         """Device-side copy of ``num_blocks`` KV blocks across all layers (copy-on-write)."""
 
     @abstractmethod
-    def swap_blocks_s(self, num_blocks: int) -> float:
+    def swap_blocks_s(self, num_blocks: float) -> float:
         """Moving ``num_blocks`` KV blocks between host and device memory, one direction."""
 
 
@@ -279,7 +279,7 @@ class DatasheetCostModel(CostModel):
     def copy_blocks_s(self, num_blocks: int) -> float:
         return self._copy_per_block_s * max(num_blocks, 0)
 
-    def swap_blocks_s(self, num_blocks: int) -> float:
+    def swap_blocks_s(self, num_blocks: float) -> float:
         return self._swap_per_block_s * max(num_blocks, 0)
 
 
@@ -852,7 +852,7 @@ class ProfileCostModel(CostModel):
     def copy_blocks_s(self, num_blocks: int) -> float:
         return 0.0 if num_blocks <= 0 else self._copy[0] + self._copy[1] * num_blocks
 
-    def swap_blocks_s(self, num_blocks: int) -> float:
+    def swap_blocks_s(self, num_blocks: float) -> float:
         return 0.0 if num_blocks <= 0 else self._swap[0] + self._swap[1] * num_blocks
 
 

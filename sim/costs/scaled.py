@@ -78,7 +78,7 @@ class ScaledCostModel(CostModel):
     def copy_blocks_s(self, num_blocks: int) -> float:
         return self.time_scale * self.inner.copy_blocks_s(num_blocks)
 
-    def swap_blocks_s(self, num_blocks: int) -> float:
+    def swap_blocks_s(self, num_blocks: float) -> float:
         return self.inner.swap_blocks_s(num_blocks)
 
     def __getattr__(self, name: str) -> object:

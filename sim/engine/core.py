@@ -175,7 +175,7 @@ class Engine:
         follow_up=None,
         block_size: int = 16,
         sink: OutputSink | None = None,
-        host_load_s: Callable[[int], float] | None = None,
+        host_load_s: Callable[[float], float] | None = None,
         env: simpy.Environment | None = None,
         upstream: Callable[[], float] | None = None,
         on_delivered: Callable[[int], None] | None = None,
@@ -471,14 +471,16 @@ class Engine:
         return duration + load_s
 
     def _host_loads(self) -> int:
+        """Tokens loaded from the host tier so far (the radix policy's HiCache loads whole nodes, not
+        always whole engine blocks: the transfer is charged per token, as blocks of ``block_size``)."""
         tier = self.policy.host_tier
-        return tier.stats.host_loaded_blocks if tier is not None else 0
+        return tier.stats.host_loaded_tokens if tier is not None else 0
 
     def _charge_host_loads(self, loads_before: int) -> float:
         loaded = self._host_loads() - loads_before
         if not loaded:
             return 0.0
-        seconds = self._host_load_s(loaded)
+        seconds = self._host_load_s(loaded / self.block_size)
         self.counters.host_load_s += seconds
         return seconds
 

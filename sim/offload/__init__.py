@@ -31,7 +31,8 @@ GIB = 1024**3
 
 
 class OffloadConfig(BaseModel):
-    """``offload:``: keep cached blocks the GPU evicts in host memory (prefix policy only)."""
+    """``offload:``: keep cached KV the GPU evicts in host memory (the prefix policy's host tier, the
+    radix policy's HiCache)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
@@ -43,7 +44,13 @@ class OffloadConfig(BaseModel):
     host link: `cost_model.host_bandwidth_gb_per_s`, else one direction of the GPU preset's PCIe link,
     e.g. 32 GB/s on an A100; or a profile's measured swap times)."""
     policy: Literal["lru"] = "lru"
-    """Which host entry makes room: the least recently stored or hit (vLLM's `LRUOffloadingManager`)."""
+    """Which host entry makes room: the least recently stored or hit (vLLM's `LRUOffloadingManager`;
+    SGLang HiCache's `evict_host`)."""
+    write_policy: Literal["write_through", "write_through_selective", "write_back"] | None = None
+    """When GPU content is copied to host memory (SGLang's `--hicache-write-policy`): `write_through`
+    when a radix node is inserted, `write_through_selective` at its second hit, `write_back` when the
+    GPU evicts it. Default: the policy's own (`write_through` for radix, SGLang's; the prefix policy
+    writes back on eviction only, and takes no other)."""
 
 
 def host_tier_blocks(config: OffloadConfig, block_bytes: int) -> int:
@@ -51,7 +58,7 @@ def host_tier_blocks(config: OffloadConfig, block_bytes: int) -> int:
     return int(config.host_memory_gib * GIB // block_bytes)
 
 
-def host_load_seconds(config: OffloadConfig, costs: CostModel, block_bytes: int) -> Callable[[int], float]:
+def host_load_seconds(config: OffloadConfig, costs: CostModel, block_bytes: int) -> Callable[[float], float]:
     """Seconds to load ``n`` blocks from the host tier: over ``bandwidth_gb_per_s`` when set, else as
     the cost model times a swap of ``n`` blocks (the same host link)."""
     if config.bandwidth_gb_per_s is None:
