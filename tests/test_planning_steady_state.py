@@ -193,3 +193,18 @@ def test_a_max_rate_study_needs_no_target(tmp_path):
     data["search"] |= {"cluster_check": {"router": "round_robin"}}
     with pytest.raises(ConfigError, match="cluster_check simulates the cluster at target_rate_per_s"):
         load_plan_spec(write_yaml(tmp_path / "checked.yaml", data))
+
+
+def test_knee_curves_show_the_best_evidence_at_each_rate():
+    """At a rate with a short probe, a longer one and a confirmation run, the curve shows the
+    confirmation; a probe run again longer is never shown."""
+    from sim.planning.report.figures import best_evidence
+
+    probes = [
+        {"number": 0, "rate_per_s": 6.0, "requests": 500, "run_again_longer": True},
+        {"number": 1, "rate_per_s": 6.0, "requests": 1000},
+        {"number": 2, "rate_per_s": 7.0, "requests": 500},
+        {"number": 3, "rate_per_s": 6.0, "requests": 10000, "confirmation": True},
+        {"number": 4, "rate_per_s": 5.0, "requests": 10000},
+    ]
+    assert [p["number"] for p in best_evidence(probes)] == [4, 3, 2]

@@ -136,7 +136,7 @@ def knee_figure(document: dict[str, Any], metric: str) -> Any:
     for ax, group in zip(axes[0], groups, strict=True):
         members = [c for c in candidates if _group_key(c) == group]
         for index, candidate in enumerate(members):
-            judged = [probes[n] for n in candidate["probes"] if not probes[n].get("run_again_longer")]
+            judged = best_evidence([probes[n] for n in candidate["probes"]])
             _knee_line(ax, candidate, judged, metric, group, LINE_STYLES[index % len(LINE_STYLES)])
         if limit is not None:
             ax.axhline(
@@ -152,6 +152,20 @@ def knee_figure(document: dict[str, Any], metric: str) -> Any:
         axes[0][0].set_yscale("log")
     figure.tight_layout()
     return figure
+
+
+def best_evidence(probes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One probe per rate, the one a knee curve should show: a confirmation run there if any (ten
+    times longer), else the longest judged probe (one run again longer was not judged)."""
+    best: dict[float, dict[str, Any]] = {}
+    for probe in probes:
+        if probe.get("run_again_longer"):
+            continue
+        rank = (bool(probe.get("confirmation")), probe.get("requests", 0))
+        held = best.get(probe["rate_per_s"])
+        if held is None or rank > (bool(held.get("confirmation")), held.get("requests", 0)):
+            best[probe["rate_per_s"]] = probe
+    return [best[rate] for rate in sorted(best)]
 
 
 # Candidates often coincide (block 16 and 32 of one policy): a line style and marker each keeps
