@@ -242,3 +242,19 @@ def test_a_bad_value_from_set_says_it_came_from_the_command_line(tmp_path):
     )
     with pytest.raises(ConfigError, match=r"engine\.block_size came from --set engine\.block_size=abc"):
         load_experiment(path, ["engine.block_size=abc"])
+
+
+def test_a_trace_runs_config_yaml_runs_again_as_written(tmp_path):
+    """A run folder's config.yaml holds every resolved value, the trace's default `on_too_long: cap`
+    among them; without a trace `max_model_len` it must still validate and give the same summary."""
+    from sim.cli import main
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    base = [
+        "--set", "workload.max_model_len=null", "--set", "workload.window.end_s=60",
+        "--set", 'variants=[{"name": "paged", "policy": "paged"}]', "--set", "output.figures=false",
+    ]  # fmt: skip
+    assert main(["run", "configs/traces/azure-conv.yaml", "-o", str(first), *base]) == 0
+    assert main(["run", str(first / "config.yaml"), "-o", str(second)]) == 0
+    summaries = [pd.read_csv(folder / "summary.csv").drop(columns=["wall_s"]) for folder in (first, second)]
+    pd.testing.assert_frame_equal(*summaries)

@@ -570,11 +570,9 @@ class TraceWorkloadConfig(_Model):
     def _check(self) -> TraceWorkloadConfig:
         if self.time_scale is not None and self.target_rate_per_s is not None:
             raise ValueError("give `time_scale` or `target_rate_per_s`, not both")
-        if (
-            self.on_too_long != "keep"
-            and self.max_model_len is None
-            and "on_too_long" in self.model_fields_set
-        ):
+        # `drop` without a length would silently drop nothing. The default `cap` given explicitly is
+        # accepted: a run folder's config.yaml writes every resolved value, and must run again as is.
+        if self.on_too_long == "drop" and self.max_model_len is None and "on_too_long" in self.model_fields_set:
             raise ValueError("`on_too_long` needs `max_model_len`")
         has_times = _source_has_times(self.source)
         if not has_times and self.arrival is None:
