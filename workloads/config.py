@@ -572,7 +572,11 @@ class TraceWorkloadConfig(_Model):
             raise ValueError("give `time_scale` or `target_rate_per_s`, not both")
         # `drop` without a length would silently drop nothing. The default `cap` given explicitly is
         # accepted: a run folder's config.yaml writes every resolved value, and must run again as is.
-        if self.on_too_long == "drop" and self.max_model_len is None and "on_too_long" in self.model_fields_set:
+        if (
+            self.on_too_long == "drop"
+            and self.max_model_len is None
+            and "on_too_long" in self.model_fields_set
+        ):
             raise ValueError("`on_too_long` needs `max_model_len`")
         has_times = _source_has_times(self.source)
         if not has_times and self.arrival is None:
