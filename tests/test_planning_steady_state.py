@@ -84,6 +84,8 @@ def test_short_probes_run_longer_and_a_confirmation_refutes_a_lucky_rate(tmp_pat
     assert result["max_rate_per_s"] == 4.0 and result["fail_rate_per_s"] == 4.5
     assert result["confirmed"]["held"] is True and result["confirmed"]["requests"] == 10000
     assert result["max_probe"] == 9  # the confirmation run is the evidence at the max rate
+    confirmation = document["probes"][9]
+    assert [seed["seed"] for seed in confirmation["seeds"]] == [2]  # fresh: the search's seed is 1
     assert result["gpus_for_target"] == 5  # 20 req/s over 4 per GPU
 
 

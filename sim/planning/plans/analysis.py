@@ -201,7 +201,7 @@ def _result(
         "max_probe": passing.number,
         "max_points": passing.point_ids,
         "confirmed": _confirmation(search, passing),
-        "seeds": seed_spread(judged),
+        "seeds": seed_spread([p for p in judged if not p.confirmation]),
         "at_max": probe_metrics(passing),
     }
     if check is not None:
@@ -211,14 +211,14 @@ def _result(
 
 
 def seed_spread(probes: list[Probe]) -> dict[str, Any]:
-    """The seeds as replicates: the highest probed rate each seed alone passed below the lowest it
+    """The search's seeds as replicates (confirmation runs, on fresh seeds, are not among ``probes``):
+    the highest probed rate each seed alone passed below the lowest it
     failed, their spread and, with three seeds or more, a 95 % Student-t interval of their mean. The
     plan's own answer needs every seed to pass (their minimum, at the probed rates): a lower bound."""
     verdicts: dict[int, list[tuple[float, bool]]] = {}
     for probe in probes:
         for run in probe.runs:
-            # As Probe.passed judges: a confirmation run by its SLOs alone.
-            ok = not run.violations and (probe.confirmation or not run.unsteady)
+            ok = not run.violations and not run.unsteady
             verdicts.setdefault(run.seed, []).append((probe.rate, ok))
     per_seed: dict[int, float | None] = {}
     for seed, rates in sorted(verdicts.items()):

@@ -232,11 +232,11 @@ def _run_round(
     bar: Any,
     fn: Callable[[PointTask], PointOutcome],
 ) -> tuple[list[Probe], RunCounts]:
-    seeds = plan.spec.search.seeds
+    search = plan.spec.search
     tasks = {
         (c.key, seed): plan.probe_task(c, rate, seed, requests)
-        for c, rate, requests, _ in wanted
-        for seed in seeds
+        for c, rate, requests, confirmation in wanted
+        for seed in search.seeds_for(confirmation)
     }
     records, counts = run_points(
         store, list(tasks.values()), executor, retry_failed=retry_failed, bar=bar, fn=fn
@@ -244,7 +244,7 @@ def _run_round(
     probes = []
     for offset, (candidate, rate, requests, confirmation) in enumerate(wanted):
         probe = Probe(first_number + offset, candidate.key, rate, requests, confirmation=confirmation)
-        for seed in seeds:
+        for seed in search.seeds_for(confirmation):
             record = records[tasks[(candidate.key, seed)].point_id]
             _add_seed_run(probe, seed, record, plan)
         probes.append(probe)

@@ -300,8 +300,9 @@ class SearchSpec(Strict):
         10.0,
         ge=0,
         description="Confirm each candidate's maximum rate with a run this many times longer than its passing "
-        "probe (every seed, every SLO): a rate that breaks there fails, and the search bisects again below "
-        "it. 0: no confirmation (the answer then rests on the short probes alone).",
+        "probe, with as many fresh seeds as `seeds` (the next integers after them), every SLO: a rate that "
+        "breaks there fails, and the search bisects again below it. 0: no confirmation (the answer then "
+        "rests on the short probes alone).",
     )
     max_confirmations: PositiveInt = Field(
         3,
@@ -344,6 +345,14 @@ class SearchSpec(Strict):
             goodput.ttft_s if goodput else None,
             goodput.tpot_s if goodput else None,
         )
+
+    def seeds_for(self, confirmation: bool) -> list[int]:
+        """A search probe's seeds, or a confirmation run's: as many fresh ones, after the search's, so
+        that a maximum rate is confirmed out of sample (the same seed's longer run would replay the
+        short probe's own requests first)."""
+        if not confirmation:
+            return list(self.seeds)
+        return [max(self.seeds) + 1 + index for index in range(len(self.seeds))]
 
     def requests_at(self, rate: float, fill_requests: float = 0.0) -> int:
         """Requests of a first probe at ``rate``; ``fill_requests``: how many requests' KV tokens fill
