@@ -12,9 +12,9 @@ import yaml
 
 from sim.cli import main
 from sim.config import ExperimentConfig, validate_experiment
-from sim.config_paths import file_references, relocated
 from sim.planning.plans.run import run_plan
 from sim.planning.plans.spec import load_plan_spec
+from sim.planning.sweeps.config_paths import file_references, relocated
 from sim.planning.sweeps.run import run_sweep
 from sim.planning.sweeps.spec import load_sweep_spec
 from sim.reference import sections

@@ -1,7 +1,7 @@
 """Figures drawn on :class:`matplotlib.figure.Figure` objects, never through pyplot.
 
-pyplot keeps a global list of figures and a process-wide backend; a library module that chose one
-(``matplotlib.use("Agg")``) switched a notebook kernel off its inline figures. A ``Figure`` made
+pyplot keeps a global list of figures and a process-wide backend; a library module that forced the
+Agg backend switched a notebook kernel off its inline figures. A ``Figure`` made
 here needs no backend to be saved, and a notebook displays it as any other figure.
 """
 

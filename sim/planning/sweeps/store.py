@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 
 from sim.config import validate_experiment
-from sim.config_paths import relocated
+from sim.planning.sweeps.config_paths import relocated
 from sim.planning.sweeps.tasks import PointOutcome, PointTask, read_variant_summary
 from sim.results import CONFIG_FILE, SWEEP_TABLE, config_text
 from sim.storage.folders import (
