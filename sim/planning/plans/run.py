@@ -278,6 +278,8 @@ def probe_table(probes: list[Probe]) -> pd.DataFrame:
                 "passed": not run.violations and not run.unsteady,
                 "violations": "; ".join(describe(run.violations)),
                 "not_steady": "; ".join(run.unsteady),
+                # When the run was stopped, an SLO certainly broken (simulated seconds; NaN: ran to its end).
+                "stopped_early_s": (run.steady.get("stopped_early") or {}).get("at_s"),
                 "run_again_longer": probe.extended,
                 "confirmation": probe.confirmation,
                 "time_scale": probe.time_scale,

@@ -39,6 +39,8 @@ class Violation:
     value: float | None
     limit: float
     where: str  # "window" or "late half"
+    # The run was stopped once this was certain (sim.planning.plans.early_stop): when, in simulated time.
+    stopped_at_s: float | None = None
 
 
 def describe(violations: list[Violation]) -> list[str]:
@@ -52,11 +54,20 @@ def describe(violations: list[Violation]) -> list[str]:
             lines.append(members[0].metric)
             continue
         metric = SLO_METRICS[slo]
-        values = sorted(v.value for v in members if v.value is not None)
-        shown = "none finished" if not values else _range(values, metric.unit)
         late = " (late half of the window)" if where == "late half" else ""
         sign = "<" if metric.at_least else ">"
-        lines.append(f"{metric.label} {shown} {sign} {bound(members[0].limit, metric.unit)}{late}")
+        limit = bound(members[0].limit, metric.unit)
+        measured = [v for v in members if v.stopped_at_s is None]
+        if measured:
+            values = sorted(v.value for v in measured if v.value is not None)
+            shown = "none finished" if not values else _range(values, metric.unit)
+            lines.append(f"{metric.label} {shown} {sign} {limit}{late}")
+        stops = sorted(v.stopped_at_s for v in members if v.stopped_at_s is not None)
+        if stops:
+            when = _range(stops, "s")
+            lines.append(
+                f"{metric.label} {sign} {limit}{late}: certain after {when} of simulated time (stopped early)"
+            )
     return lines
 
 
@@ -66,7 +77,11 @@ def _range(values: list[float], unit: str) -> str:
 
 
 def violations(steady: dict[str, Any], slos: SLOs) -> list[Violation]:
-    """The SLOs one seed's steady-state metrics break (empty: it meets them all)."""
+    """The SLOs one seed's steady-state metrics break (empty: it meets them all); for a run stopped
+    early, those that were certainly broken when it stopped."""
+    stopped = steady.get("stopped_early")
+    if stopped:
+        return [_certain(item, stopped, steady) for item in stopped["broken"]]
     found = []
     for name, limit in slos.limits().items():
         metric = SLO_METRICS[name]
@@ -82,13 +97,24 @@ def violations(steady: dict[str, Any], slos: SLOs) -> list[Violation]:
     return found
 
 
+def _certain(broken: dict[str, Any], stopped: dict[str, Any], steady: dict[str, Any]) -> Violation:
+    """A violation a stopped run was certain of; its value is the bound measured at the stop."""
+    metric = SLO_METRICS[broken["slo"]].metric
+    key = (LATE_PREFIX if broken["where"] == "late half" else "") + metric
+    limit = float(broken["limit"])
+    return Violation(broken["slo"], key, steady.get(key), limit, broken["where"], float(stopped["at_s"]))
+
+
 STEADY_STATE = "steady_state"
 MIN_WAITING_RISE = 2.0  # requests: a queue that grew by less is noise at any window length  # the pseudo-SLO of a probe that never reached a steady state
 
 
 def unsteady_reasons(steady: dict[str, Any], spec: SearchSpec) -> list[str]:
     """Why one seed's run has not (yet) reached a steady state; empty when it has. A run measured
-    before kvsim checked a quantity (the metric is missing) is not held back by it."""
+    before kvsim checked a quantity (the metric is missing) is not held back by it, nor is one stopped
+    early (it fails whatever its trends: the stop measured none)."""
+    if steady.get("stopped_early"):
+        return []
     reasons = []
     multiple = steady.get("fill_multiple")
     if multiple is not None and multiple < spec.min_fill_multiple:

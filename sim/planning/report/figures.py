@@ -98,6 +98,10 @@ KNEE_METRICS = {
     "output_tokens_per_s": "output tokens/s",
 }
 
+# Knee metrics an early-stopped run bounds from above (the full run's value is lower); it bounds
+# the others from below.
+BOUNDED_ABOVE_WHEN_STOPPED = frozenset({"attainment_frac"})
+
 MEMORY_PARTS = (
     ("weight_bytes", "weights", "#7f7f7f"),
     ("activation_reserve_bytes", "activation reserve", "#bcbd22"),
@@ -156,14 +160,18 @@ def knee_figure(document: dict[str, Any], metric: str) -> Any:
 
 def best_evidence(probes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One probe per rate, the one a knee curve should show: a confirmation run there if any (ten
-    times longer), else the longest judged probe (one run again longer was not judged)."""
+    times longer), else the longest judged probe (one run again longer was not judged); a probe
+    stopped early (its latencies lower bounds) only where no probe ran to its end."""
+
+    def rank(probe: dict[str, Any]) -> tuple[bool, bool, int]:
+        return (not probe.get("stopped_early"), bool(probe.get("confirmation")), probe.get("requests", 0))
+
     best: dict[float, dict[str, Any]] = {}
     for probe in probes:
         if probe.get("run_again_longer"):
             continue
-        rank = (bool(probe.get("confirmation")), probe.get("requests", 0))
         held = best.get(probe["rate_per_s"])
-        if held is None or rank > (bool(held.get("confirmation")), held.get("requests", 0)):
+        if held is None or rank(probe) > rank(held):
             best[probe["rate_per_s"]] = probe
     return [best[rate] for rate in sorted(best)]
 
@@ -189,7 +197,7 @@ def _knee_line(
 ) -> None:
     rows = sorted(
         (
-            (p["rate_per_s"], p["metrics"][metric])
+            (p["rate_per_s"], p["metrics"][metric], bool(p.get("stopped_early")))
             for p in probes
             if p["metrics"].get(metric, {}).get("mean") is not None
         ),
@@ -197,9 +205,9 @@ def _knee_line(
     )
     if not rows:
         return
-    rates = [rate for rate, _ in rows]
-    means = [m["mean"] for _, m in rows]
-    errors = [[m["mean"] - m["min"] for _, m in rows], [m["max"] - m["mean"] for _, m in rows]]
+    rates = [rate for rate, _, _ in rows]
+    means = [m["mean"] for _, m, _ in rows]
+    errors = [[m["mean"] - m["min"] for _, m, _ in rows], [m["max"] - m["mean"] for _, m, _ in rows]]
     linestyle, marker = style
     line = ax.errorbar(
         rates,
@@ -212,6 +220,13 @@ def _knee_line(
         capsize=2,
         label=_line_label(candidate, group),
     )
+    bounds = [(rate, m["mean"]) for rate, m, stopped in rows if stopped]
+    if bounds:  # a run stopped once its failure was certain: the value is a bound, the truth beyond it
+        caret = 7 if metric in BOUNDED_ABOVE_WHEN_STOPPED else 6  # matplotlib's caret down / up
+        rates_bounded, values = zip(*bounds, strict=True)
+        ax.plot(
+            rates_bounded, values, linestyle="none", marker=caret, markersize=9, color=line[0].get_color()
+        )
     knee = candidate.get("max_rate_per_s")
     if knee is not None:
         value = candidate["at_max"].get(metric, {}).get("mean")

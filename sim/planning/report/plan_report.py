@@ -123,6 +123,7 @@ def _probe_entry(probe: Probe) -> dict[str, Any]:
         "passed": probe.passed,
         "run_again_longer": probe.extended,
         "confirmation": probe.confirmation,
+        "stopped_early": any(run.steady.get("stopped_early") for run in probe.runs),
         "error": probe.error,
         "metrics": probe_metrics(probe),
         "seeds": [
@@ -133,6 +134,7 @@ def _probe_entry(probe: Probe) -> dict[str, Any]:
                 "not_steady": run.unsteady,
                 "window_requests": run.steady.get("window_requests"),
                 "window_s": run.steady.get("window_s"),
+                "stopped_early_s": (run.steady.get("stopped_early") or {}).get("at_s"),
             }
             for run in probe.runs
         ],
@@ -425,7 +427,9 @@ def evidence_blocks(document: dict[str, Any], root: Path | None = None) -> list[
         Paragraph(
             [
                 "Each curve is one candidate: the metric on the steady-state window against the offered rate "
-                "(mean over seeds; bars: min–max). Dashed: the SLO. Star: the maximum rate under every SLO."
+                "(mean over seeds; bars: min–max). Dashed: the SLO. Star: the maximum rate under every SLO. "
+                "Caret: a probe stopped once its failure was certain, where no probe ran to its end; its value "
+                "is a bound (the full run's lies beyond it, in the caret's direction)."
             ]
         )
     )
@@ -623,13 +627,15 @@ def _verdict(probe: dict[str, Any]) -> str:
     if probe["error"]:
         return "error"
     edge = f"band edge, GPU times ×{probe['time_scale']:.3g}: " if probe.get("time_scale", 1.0) != 1.0 else ""
+    stopped = sum(seed.get("stopped_early_s") is not None for seed in probe["seeds"])
+    breaks = "breaks SLOs" + (f" ({stopped} seed(s) stopped early: failure certain)" if stopped else "")
     if probe.get("confirmation"):
-        return "confirmation run: holds" if probe["passed"] else "confirmation run: breaks SLOs"
+        return "confirmation run: holds" if probe["passed"] else f"confirmation run: {breaks}"
     if edge:
-        return edge + ("meets SLOs" if probe["passed"] else "breaks SLOs")
+        return edge + ("meets SLOs" if probe["passed"] else breaks)
     if probe.get("run_again_longer"):
         return "met SLOs short of a steady state: run again longer"
-    return "meets SLOs" if probe["passed"] else "breaks SLOs"
+    return "meets SLOs" if probe["passed"] else breaks
 
 
 def probe_blocks(document: dict[str, Any]) -> list[Block]:
@@ -657,9 +663,13 @@ def probe_blocks(document: dict[str, Any]) -> list[Block]:
             [probe["error"]] if probe["error"] else []
         )
         unsteady = sorted({f"not steady: {r}" for seed in seeds for r in seed.get("not_steady", [])})
-        slo_cells: list[Text] = [
-            [with_spread(metric, probe["metrics"].get(metric, {}))] for metric in slo_metrics
-        ]
+        # A run stopped early bounds each SLO metric on the side of its failure.
+        signs = {slo["metric"]: "≤ " if slo["at_least"] else "≥ " for slo in document["slos"].values()}
+        slo_cells: list[Text] = []
+        for metric in slo_metrics:
+            stats = probe["metrics"].get(metric, {})
+            bounded = probe.get("stopped_early") and stats.get("mean") is not None
+            slo_cells.append([(signs[metric] if bounded else "") + with_spread(metric, stats)])
         rows.append(
             [
                 [str(probe["number"])],
