@@ -137,8 +137,12 @@ class Ranges:
 
     def sums(self, values: np.ndarray) -> np.ndarray:
         """Sum of ``values`` over each range."""
-        cumulative = np.concatenate(([0.0], np.cumsum(values, dtype=float)))
-        return cumulative[self.end] - cumulative[self.starts]
+        if not len(self.starts):
+            return np.zeros(0)
+        first = int(self.starts[0])
+        # From the ranges' common end back: each sum is a suffix of their span (an empty one, 0).
+        suffix = np.cumsum(values[first : self.end][::-1], dtype=float)[::-1]
+        return np.append(suffix, 0.0)[self.starts - first]
 
 
 class CertainFailureWatch:
@@ -258,68 +262,78 @@ class CertainFailureWatch:
         if self._given_up:
             return []
         broken = []
-        for name, late_half, check in self._checks:
-            parts = [(WINDOW, self._window)]
-            if late_half:
-                parts.append((LATE_HALF, self._late))
-            for where, ranges in parts:
-                evidence = check(ranges)
+        for name, parts in self._checks:
+            for where, check in parts:
+                evidence = check()
                 if evidence:
                     broken.append((name, where, evidence))
                     break
         return broken
 
-    def _make_checks(self) -> list[tuple[str, bool, Callable[[Ranges], str]]]:
+    def _make_checks(self) -> list[tuple[str, list[tuple[str, Callable[[], str]]]]]:
+        """Per SLO, its check on each window part it applies to (what does not change, computed once)."""
         checks = []
         for name, limit, late_half in self.rules.limits:
-            if name in QUANTILES:
-                latency, percentile = QUANTILES[name]
-                check = self._quantile_check(latency, percentile, limit)
-            elif name in MEANS:
-                check = self._mean_check(MEANS[name], limit)
-            elif name in SHARES:
-                check = self._share_check(SHARES[name], limit)
-            else:
-                check = self._attainment_check(limit)
-            checks.append((name, late_half, check))
+            parts = [(WINDOW, self._window)] + ([(LATE_HALF, self._late)] if late_half else [])
+            made = []
+            for where, ranges in parts:
+                if not len(ranges.starts) or np.any(ranges.end - ranges.starts < 1):
+                    continue  # an empty window: nothing to bound
+                if name in QUANTILES:
+                    latency, percentile = QUANTILES[name]
+                    check = self._quantile_check(ranges, latency, percentile, limit)
+                elif name in MEANS:
+                    check = self._mean_check(ranges, MEANS[name], limit)
+                elif name in SHARES:
+                    check = self._share_check(ranges, SHARES[name], limit)
+                else:
+                    check = self._attainment_check(ranges, limit)
+                made.append((where, check))
+            checks.append((name, made))
         return checks
 
     def _valid(self, latency: str) -> np.ndarray:
         """The requests whose ``latency`` the window's statistics will include (TPOT needs 2 tokens)."""
         return self._admissible & (self._outputs > 1) if latency == "tpot" else self._admissible
 
-    def _quantile_check(self, latency: str, percentile: float, limit: float) -> Callable[[Ranges], str]:
+    def _quantile_check(
+        self, ranges: Ranges, latency: str, percentile: float, limit: float
+    ) -> Callable[[], str]:
         valid = self._valid(latency)
+        values = ranges.sums(valid.astype(float)).astype(np.int64)
+        needed = certain_count(values, percentile)
+        bounds = self._bounds[latency]
+        if np.any(values < 1):
+            return lambda: ""
 
-        def check(ranges: Ranges) -> str:
-            values = ranges.sums(valid.astype(float)).astype(np.int64)
-            over = ranges.sums((valid & (self._bounds[latency] > limit)).astype(float)).astype(np.int64)
-            if not len(values) or np.any(values < 1) or np.any(over < certain_count(values, percentile)):
+        def check() -> str:
+            over = ranges.sums(valid & (bounds > limit)).astype(np.int64)
+            if np.any(over < needed):
                 return ""
             return f"{over[0]:,} of at most {values[0]:,} requests already over the limit"
 
         return check
 
-    def _mean_check(self, latency: str, limit: float) -> Callable[[Ranges], str]:
+    def _mean_check(self, ranges: Ranges, latency: str, limit: float) -> Callable[[], str]:
         valid = self._valid(latency)
+        counts = ranges.sums(valid.astype(float))
+        bounds = self._bounds[latency]
+        if np.any(counts < 1):
+            return lambda: ""
 
-        def check(ranges: Ranges) -> str:
-            counts = ranges.sums(valid.astype(float))
-            if not len(counts) or np.any(counts < 1):
-                return ""
-            means = ranges.sums(np.where(valid, self._bounds[latency], 0.0)) / counts
+        def check() -> str:
+            means = ranges.sums(np.where(valid, bounds, 0.0)) / counts
             if np.any(means <= limit):
                 return ""
             return f"the mean is at least {means.min():.4g} s"
 
         return check
 
-    def _share_check(self, quantity: str, limit: float) -> Callable[[Ranges], str]:
-        def check(ranges: Ranges) -> str:
-            counts = (ranges.end - ranges.starts).astype(float)
-            if not len(counts) or np.any(counts < 1):
-                return ""
-            amount = (~self._admissible).astype(float) if quantity == "rejected" else self._bounds[quantity]
+    def _share_check(self, ranges: Ranges, quantity: str, limit: float) -> Callable[[], str]:
+        counts = (ranges.end - ranges.starts).astype(float)
+        amount = (~self._admissible).astype(float) if quantity == "rejected" else self._bounds[quantity]
+
+        def check() -> str:
             shares = ranges.sums(amount) / counts
             if np.any(shares <= limit):
                 return ""
@@ -327,19 +341,18 @@ class CertainFailureWatch:
 
         return check
 
-    def _attainment_check(self, minimum: float) -> Callable[[Ranges], str]:
+    def _attainment_check(self, ranges: Ranges, minimum: float) -> Callable[[], str]:
         window = self.rules.window
+        counts = (ranges.end - ranges.starts).astype(float)
+        bounds = self._bounds
 
-        def check(ranges: Ranges) -> str:
-            counts = (ranges.end - ranges.starts).astype(float)
-            if not len(counts) or np.any(counts < 1):
-                return ""
+        def check() -> str:
             missed = ~self._admissible
             if window.goodput_ttft_s is not None:
-                missed = missed | (self._bounds["ttft"] > window.goodput_ttft_s)
+                missed = missed | (bounds["ttft"] > window.goodput_ttft_s)
             if window.goodput_tpot_s is not None:
-                missed = missed | ((self._outputs > 1) & (self._bounds["tpot"] > window.goodput_tpot_s))
-            attainable = 1.0 - ranges.sums(missed.astype(float)) / counts
+                missed = missed | ((self._outputs > 1) & (bounds["tpot"] > window.goodput_tpot_s))
+            attainable = 1.0 - ranges.sums(missed) / counts
             if np.any(attainable >= minimum):
                 return ""
             return f"at most {attainable.max():.1%} can still meet their targets"

@@ -170,9 +170,12 @@ class RateSearch:
     confirmed: float | None = None  # the rate a confirmation run held at
     confirmations: int = 0  # confirmation runs made
     passed_requests: dict[float, int] = field(default_factory=dict)  # requests of each passing probe
+    failed_requests: dict[float, int] = field(default_factory=dict)  # ... and of each failing one
     # After a confirmation broke, the short probes near this candidate's knee proved lucky: every later
     # probe runs as long as that confirmation, and one that passes so long needs no other.
     long_probe_requests: int = 0
+    # Rates to probe first, all in one round, each at least this long (a warm start: :meth:`following`).
+    queued: list[tuple[float, int]] = field(default_factory=list)
 
     @property
     def lo(self) -> float | None:
@@ -191,6 +194,35 @@ class RateSearch:
             self.passed_requests[rate] = requests
             if self.long_probe_requests and requests >= self.long_probe_requests:
                 self.confirmed = max(rate, self.confirmed or 0.0)
+        else:
+            self.failed_requests[rate] = requests
+
+    def following(self, spec: SearchSpec) -> RateSearch:
+        """A search of a neighbouring candidate (another block size of the same configuration) that
+        starts from this finished one: it probes this answer and the failing rate above it first, in
+        one round, each as long as the probe that decided it here, and keeps this search's long-probe
+        length (short probes near this knee proved lucky: so may the neighbour's). If both verdicts
+        hold, the bracket is this one's and the search is over (but for its own confirmation); if
+        not, it goes on from there in steps of 2 ``rel_tolerance``. Without an answer here, the
+        neighbour searches from scratch."""
+        lo, hi = self.lo, self.hi
+        if lo is None or self.broken:
+            return RateSearch(spec)
+        near = spec.model_copy(update={"growth": min(spec.growth, 1.0 + 2 * spec.rel_tolerance)})
+        search = RateSearch(near, long_probe_requests=self.long_probe_requests)
+        search.queued.append((lo, self.passed_requests.get(lo, 0)))
+        if hi is not None:
+            search.queued.append((hi, self.failed_requests.get(hi, 0)))
+        return search
+
+    def next_rates(self) -> list[tuple[float, int]]:
+        """The rates to probe next, with the fewest requests each must have (0: no floor beyond the
+        plan's own); empty when the search is over (but for its confirmation)."""
+        if self.queued:
+            queued, self.queued = self.queued, []
+            return [(rate, max(requests, self.long_probe_requests)) for rate, requests in queued]
+        rate = self.next_rate()
+        return [] if rate is None else [(rate, self.long_probe_requests)]
 
     def stop(self, reason: str, broken: bool = False) -> None:
         self.stopped = reason
