@@ -61,7 +61,7 @@ def made_up_plan(tmp_path, **search):
 
 def test_short_probes_run_longer_and_a_confirmation_refutes_a_lucky_rate(tmp_path):
     """By hand: 2 and 4 pass; 8 fails; 6 is filling at 500 requests, runs again at 1,000 and passes;
-    7 fails (7/6 - 1 <= 20 %: converged). The confirmation at 6 (10 x 1,000 requests) breaks, so 6
+    7 fails (its first probe as long as 6 needed, 1,000; 7/6 - 1 <= 20 %: converged). The confirmation at 6 (10 x 1,000 requests) breaks, so 6
     fails after all, and the search goes on with probes of 10,000 requests: 5 fails, 4.5 fails
     (4.5/4 - 1 <= 20 %); 4 is confirmed by a run as long (10 x its 500 would be shorter)."""
     plan = made_up_plan(tmp_path)
@@ -73,7 +73,7 @@ def test_short_probes_run_longer_and_a_confirmation_refutes_a_lucky_rate(tmp_pat
         (8.0, 500, False, False),
         (6.0, 500, False, False),  # filling: run again longer, not judged
         (6.0, 1000, False, True),
-        (7.0, 500, False, False),
+        (7.0, 1000, False, False),
         (6.0, 10000, True, False),
         (5.0, 10000, False, False),
         (4.5, 10000, False, False),

@@ -88,13 +88,22 @@ class Band:
         self.searches: dict[str, RateSearch] = {}
 
     def edge(
-        self, candidate: Candidate, scale: float, answer: float, neighbour: RateSearch | None = None
+        self,
+        candidate: Candidate,
+        scale: float,
+        nominal: RateSearch,
+        answer: float,
+        neighbour: RateSearch | None = None,
     ) -> tuple[Candidate, RateSearch]:
-        """``candidate``'s search at the edge ``scale``: from its nominal ``answer`` scaled by the edge,
-        or from a block-size ``neighbour``'s finished search at the same edge."""
+        """``candidate``'s search at the edge ``scale``: from its ``nominal`` search's ``answer`` scaled
+        by the edge (first probes as long as a rate needed there to pass), or from a block-size
+        ``neighbour``'s finished search at the same edge."""
         edge = edge_candidate(candidate, scale)
         spec = self.plan.spec.search
-        search = neighbour.following(spec) if neighbour else RateSearch(_warm_start(spec, answer, scale))
+        if neighbour is not None:
+            search = neighbour.following(spec)
+        else:
+            search = RateSearch(_warm_start(spec, answer, scale), steady_requests=nominal.steady_requests)
         self.origin[edge.key] = (scale, candidate.key)
         self.edges[edge.key] = edge
         self.searches[edge.key] = search

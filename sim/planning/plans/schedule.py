@@ -144,6 +144,7 @@ class Schedule:
             if leading is None or id(leading) not in self._done:
                 return None  # started when the leader's edge search ends
             neighbour = leading.search
-        edge, search = self.band.edge(candidate, scale, self._answers[candidate.key], neighbour)
+        nominal = self.nominal[candidate.key].search
+        edge, search = self.band.edge(candidate, scale, nominal, self._answers[candidate.key], neighbour)
         job = self.edge_jobs[(candidate.key, scale)] = Job(edge, search, self.band.plan, scale)
         return job

@@ -174,6 +174,10 @@ class RateSearch:
     # After a confirmation broke, the short probes near this candidate's knee proved lucky: every later
     # probe runs as long as that confirmation, and one that passes so long needs no other.
     long_probe_requests: int = 0
+    # The longest probe a rate needed to pass short of that length: any other rate's first probe runs
+    # at least this long. Near the knee a higher rate settles no sooner, so a shorter first probe
+    # would mostly run again longer (a band edge's search starts with its nominal search's).
+    steady_requests: int = 0
     # Rates to probe first, all in one round, each at least this long (a warm start: :meth:`following`).
     queued: list[tuple[float, int]] = field(default_factory=list)
 
@@ -194,6 +198,8 @@ class RateSearch:
             self.passed_requests[rate] = requests
             if self.long_probe_requests and requests >= self.long_probe_requests:
                 self.confirmed = max(rate, self.confirmed or 0.0)
+            else:
+                self.steady_requests = max(self.steady_requests, requests)
         else:
             self.failed_requests[rate] = requests
 
@@ -209,7 +215,9 @@ class RateSearch:
         if lo is None or self.broken:
             return RateSearch(spec)
         near = spec.model_copy(update={"growth": min(spec.growth, 1.0 + 2 * spec.rel_tolerance)})
-        search = RateSearch(near, long_probe_requests=self.long_probe_requests)
+        search = RateSearch(
+            near, long_probe_requests=self.long_probe_requests, steady_requests=self.steady_requests
+        )
         search.queued.append((lo, self.passed_requests.get(lo, 0)))
         if hi is not None:
             search.queued.append((hi, self.failed_requests.get(hi, 0)))
@@ -218,11 +226,11 @@ class RateSearch:
     def next_rates(self) -> list[tuple[float, int]]:
         """The rates to probe next, with the fewest requests each must have (0: no floor beyond the
         plan's own); empty when the search is over (but for its confirmation)."""
-        if self.queued:
+        if self.queued:  # as long as what decided them in the neighbour's search: the same evidence
             queued, self.queued = self.queued, []
             return [(rate, max(requests, self.long_probe_requests)) for rate, requests in queued]
         rate = self.next_rate()
-        return [] if rate is None else [(rate, self.long_probe_requests)]
+        return [] if rate is None else [(rate, max(self.long_probe_requests, self.steady_requests))]
 
     def stop(self, reason: str, broken: bool = False) -> None:
         self.stopped = reason
