@@ -314,3 +314,25 @@ def test_a_siblings_band_edges_start_from_its_neighbours(tmp_path):
         by_scale = {edge["time_scale"]: edge for edge in result["band"]["edges"]}
         assert (by_scale[0.8]["max_rate_per_s"], by_scale[0.8]["gpus_for_target"]) == (5.0, 4)
         assert (by_scale[1.6]["max_rate_per_s"], by_scale[1.6]["gpus_for_target"]) == (2.5, 8)
+
+
+def test_worker_processes_draw_the_same_report(tmp_path):
+    """The report's figures are drawn by the plan's executor: two local processes give the same report
+    and the same images as drawing them one by one here."""
+    from sim.planning.sweeps.executors import LocalExecutor
+
+    plan = made_up_plan(tmp_path, cost_band=[0.8, 1.6])
+    here = run_plan(plan, tmp_path / "here", fn=server_slowed_by_the_cost_model)
+    executor = LocalExecutor(2)
+    try:
+        there = run_plan(plan, tmp_path / "there", executor, fn=server_slowed_by_the_cost_model)
+    finally:
+        executor.close()
+    for name in ("report.md", "report.html"):
+        assert (here.out_dir / name).read_text() == (there.out_dir / name).read_text()
+    figures = sorted(path.name for path in (here.out_dir / "figures").iterdir())
+    assert figures and figures == sorted(path.name for path in (there.out_dir / "figures").iterdir())
+    for name in figures:
+        assert (here.out_dir / "figures" / name).read_bytes() == (
+            there.out_dir / "figures" / name
+        ).read_bytes()

@@ -118,7 +118,7 @@ def run_plan(
     document = plan_document(plan, results, probes, run.counts, wall_s() if wall_s else None, band)
     write_atomic(store.root / PLAN_FILE, lambda path: path.write_text(json.dumps(document, indent=2)))
     store.write_table(probe_table(probes))
-    write_report(store.root, document)
+    write_report(store.root, document, run.executor.run)
     return PlanRun(store.root, document, run.counts)
 
 

@@ -36,6 +36,35 @@ def png_bytes(figure: Any) -> bytes:
     return buffer.getvalue()
 
 
+FigureJob = tuple[str, dict[str, Any], Any]  # file name, plan.json's document, what else it draws from
+
+
+def plan_figure_jobs(document: dict[str, Any], root: Path | None) -> list[FigureJob]:
+    """The plan report's figures, as jobs for :func:`draw_plan_figure` (each carries what it draws
+    from, the points' series read here: a worker elsewhere need not see the plan folder)."""
+    jobs: list[FigureJob] = [
+        (f"knee_{safe_name(metric)}.png", document, metric) for metric in knee_metrics(document)
+    ]
+    if root is not None:
+        jobs.append(("over_time.png", document, over_time_panels(document, root)))
+    jobs += [("memory.png", document, None), ("block_size.png", document, None)]
+    return jobs
+
+
+def draw_plan_figure(job: FigureJob) -> tuple[str, bytes | None]:
+    """One report figure as PNG (None: nothing to draw), by its file name."""
+    name, document, extra = job
+    if name.startswith("knee_"):
+        figure = knee_figure(document, extra)
+    elif name == "over_time.png":
+        figure = over_time_figure_of(extra)
+    elif name == "memory.png":
+        figure = memory_figure(document)
+    else:
+        figure = block_size_figure(document)
+    return name, None if figure is None else png_bytes(figure)
+
+
 def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "figure"
 
@@ -326,6 +355,14 @@ def best_per_group(document: dict[str, Any]) -> list[dict[str, Any]]:
 def over_time_figure(document: dict[str, Any], root: Path) -> Any | None:
     """Waiting and running requests (left axis) and KV usage (right axis) over time in the first
     seed's run at each group's best maximum rate, the steady-state window shaded; None without data."""
+    return over_time_figure_of(over_time_panels(document, root))
+
+
+OverTimePanel = tuple[dict[str, Any], pd.DataFrame, dict[str, Any]]  # candidate, its series, steady.json
+
+
+def over_time_panels(document: dict[str, Any], root: Path) -> list[OverTimePanel]:
+    """What :func:`over_time_figure` draws, read from the plan folder ``root``."""
     from sim.outputs.sinks import read_thinned
 
     panels = []
@@ -343,6 +380,10 @@ def over_time_figure(document: dict[str, Any], root: Path) -> Any | None:
         if table is None or not steady.exists():
             continue
         panels.append((candidate, read_thinned(table, 4000), json.loads(steady.read_text())))
+    return panels
+
+
+def over_time_figure_of(panels: list[OverTimePanel]) -> Any | None:
     if not panels:
         return None
     figure, axes = subplots(1, len(panels), figsize=(5.5 * len(panels), 3.6), squeeze=False)
