@@ -172,7 +172,8 @@ class RateSearch:
     passed_requests: dict[float, int] = field(default_factory=dict)  # requests of each passing probe
     failed_requests: dict[float, int] = field(default_factory=dict)  # ... and of each failing one
     # After a confirmation broke, the short probes near this candidate's knee proved lucky: every later
-    # probe runs as long as that confirmation, and one that passes so long needs no other.
+    # probe runs as long as that confirmation (or the longest that passed since), and one that passes
+    # so long needs no other.
     long_probe_requests: int = 0
     # The longest probe a rate needed to pass short of that length: any other rate's first probe runs
     # at least this long. Near the knee a higher rate settles no sooner, so a shorter first probe
@@ -198,6 +199,8 @@ class RateSearch:
             self.passed_requests[rate] = requests
             if self.long_probe_requests and requests >= self.long_probe_requests:
                 self.confirmed = max(rate, self.confirmed or 0.0)
+                # It had to run longer still to settle: so will the next long probes.
+                self.long_probe_requests = requests
             else:
                 self.steady_requests = max(self.steady_requests, requests)
         else:
