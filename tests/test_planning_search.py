@@ -414,3 +414,16 @@ def test_after_a_refuted_confirmation_probes_run_as_long_as_the_longest_that_pas
     assert (rate, requests) == (0.75, 11560)
     search.record(0.75, True, 11560)
     assert search.confirmed == 0.75 and search.confirmation() is None
+
+
+def test_a_sibling_probes_a_refuted_rate_as_long_as_the_confirmation_that_refuted_it():
+    """7 passed short, its 12,000-request confirmation broke; 6.5 then passed at 20,000: a sibling
+    starts from 6.5 at 20,000 and 7 at 12,000 (the evidence that failed it), in one round."""
+    spec = SearchSpec(start_rate_per_s=2, min_requests=600, rel_tolerance=0.1)
+    search = RateSearch(spec)
+    search.record(6.0, True, 1200)
+    search.record(7.0, True, 1200)
+    search.record(7.5, False, 2400)
+    search.record_confirmation(7.0, False, 12000)
+    search.record(6.5, True, 20000)
+    assert search.following(spec).next_rates() == [(6.5, 20000), (7.0, 12000)]

@@ -264,6 +264,7 @@ class RateSearch:
             return
         self.passed.remove(rate)
         self.failed.append(rate)
+        self.failed_requests[rate] = requests
         self.long_probe_requests = max(self.long_probe_requests, requests)
 
     def next_rate(self) -> float | None:
