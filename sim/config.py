@@ -186,6 +186,116 @@ class EngineConfig(_Strict):
 ROUTERS = ("round_robin", "least_requests", "least_kv", "session_affinity", "prefix_aware")
 
 
+class PoolConfig(_Strict):
+    """One pool of a disaggregated cluster: its replicas, their GPU, engine knobs, policy and router."""
+
+    replicas: int = Field(
+        1, gt=0, description="Replicas in this pool, each with its own GPU(s) (tensor_parallel_size each)."
+    )
+    gpu: str | dict[str, Any] | None = Field(
+        None, description="This pool's GPU (a preset name or custom values). Default: the experiment's `gpu`."
+    )
+    engine: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Overrides of the engine section for this pool's replicas (after the variant's), "
+        "e.g. tensor_parallel_size, max_num_batched_tokens.",
+    )
+    policy: str | None = Field(None, description="This pool's policy. Default: the variant's.")
+    options: dict[str, Any] | None = Field(
+        None, description="This pool's policy options. Default: the variant's."
+    )
+    router: str = Field(
+        "least_requests", description="Which replica of this pool a request goes to (as cluster.router)."
+    )
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _known_keys(value, EngineConfig, "engine")
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str | None) -> str | None:
+        if value is not None and value not in policy_names():
+            raise ValueError(f"unknown policy {value!r}{did_you_mean(value, policy_names())}")
+        return value
+
+    @field_validator("router")
+    @classmethod
+    def _known_router(cls, value: str) -> str:
+        if value not in ROUTERS:
+            raise ValueError(
+                f"unknown router {value!r}{did_you_mean(value, list(ROUTERS))} (valid: {', '.join(ROUTERS)})"
+            )
+        return value
+
+
+LINK_KINDS = ("nvlink", "rdma", "pcie", "custom")
+
+
+class LinkConfig(_Strict):
+    """The link prefill replicas send KV over (``sim/cluster/link.py``)."""
+
+    kind: Literal["nvlink", "rdma", "pcie", "custom"] = Field(
+        "rdma",
+        description="nvlink: the prefill GPU's NVLink, one direction (half its datasheet figure); pcie: its "
+        "PCIe link, one direction; rdma: a 400 Gb/s NIC per GPU (50 GB/s, as a DGX H100's ConnectX-7); "
+        "custom: bandwidth_gb_per_s and latency_s given.",
+    )
+    bandwidth_gb_per_s: float | None = Field(
+        None,
+        gt=0,
+        description="Per GPU, one direction, in 10**9 B/s (replaces the kind's). Required for custom.",
+    )
+    latency_s: float | None = Field(
+        None,
+        ge=0,
+        description="Fixed time per transfer before its bytes flow (setup, notification). Default: 10 us for "
+        "nvlink and pcie, 20 us for rdma (assumed, not measured). Required for custom.",
+    )
+    shared_by: Literal["pair", "prefill", "decode", "fabric"] = Field(
+        "prefill",
+        description="Which transfers share one pipe's bandwidth (fairly, processor sharing): pair (each prefill "
+        "replica to each decode replica its own), prefill (each prefill replica's NICs: all it sends), decode "
+        "(all a decode replica receives), fabric (every transfer of the cluster).",
+    )
+
+    @model_validator(mode="after")
+    def _custom_has_numbers(self) -> LinkConfig:
+        if self.kind == "custom" and (self.bandwidth_gb_per_s is None or self.latency_s is None):
+            missing = [name for name in ("bandwidth_gb_per_s", "latency_s") if getattr(self, name) is None]
+            raise ValueError(f"a custom link needs {' and '.join(missing)}")
+        return self
+
+
+class DeciderConfig(_Strict):
+    """Which requests are disaggregated (llm-d's and BLIS's prefill deciders)."""
+
+    mode: Literal["always", "prefix_threshold"] = Field(
+        "always",
+        description="always: every request is prefilled in the prefill pool; prefix_threshold: only when "
+        "the prompt tokens its decode replica does not hold cached exceed threshold_tokens (else the "
+        "decode replica prefills it itself), as llm-d's pd-profile-handler.",
+    )
+    threshold_tokens: int = Field(
+        0,
+        ge=0,
+        description="prefix_threshold: uncached prompt tokens above which a request is disaggregated.",
+    )
+
+
+class DisaggregationConfig(_Strict):
+    """Prefill and decode on separate replicas, each request's KV sent between them."""
+
+    prefill: PoolConfig = Field(description="The prefill pool: computes prompts and sends their KV.")
+    decode: PoolConfig = Field(description="The decode pool: receives the KV and generates the output.")
+    link: LinkConfig = Field(default_factory=LinkConfig, description="The KV transfer link.")  # type: ignore[arg-type]
+    decider: DeciderConfig = Field(
+        default_factory=DeciderConfig,  # type: ignore[arg-type]
+        description="Which requests go through the prefill pool.",
+    )
+
+
 class ClusterConfig(_Strict):
     """Replicas of the engine behind a router, all simulated on one clock (``sim/cluster/``)."""
 
@@ -221,6 +331,23 @@ class ClusterConfig(_Strict):
         "counts in the prefix score, against 1 for a token in its GPU cache (loading it back costs a "
         "transfer); llm-d's KV-block index weighs its CPU tier 0.8.",
     )
+
+    disaggregation: DisaggregationConfig | None = Field(
+        None,
+        description="Disaggregated prefill and decode: two pools and a KV link (``sim/cluster/disaggregated.py``); "
+        "replicas and router are then each pool's.",
+    )
+
+    @model_validator(mode="after")
+    def _pools_or_replicas(self) -> ClusterConfig:
+        if self.disaggregation is not None:
+            given = sorted({"replicas", "router"} & self.model_fields_set)
+            if given:
+                raise ValueError(
+                    f"{' and '.join(given)} do not apply with disaggregation: each pool has its own "
+                    "(disaggregation.prefill / disaggregation.decode)"
+                )
+        return self
 
     @model_validator(mode="after")
     def _some_weight(self) -> ClusterConfig:

@@ -11,19 +11,30 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from pydantic import ValidationError
 from tqdm.auto import tqdm
 
 from policies.base import KVCachePolicy, OutOfKVMemory, PolicyInputError, PoolSpec, make_policy, policy_class
 from policies.contiguous import ContiguousPolicy
 from sim.cluster.cluster import Cluster, follow_up_of
+from sim.cluster.disaggregated import Decider, DisaggregatedCluster, PoolShape
+from sim.cluster.disaggregated_results import (
+    TRANSFER_REQUEST_COLUMNS,
+    TRANSFER_TIMESERIES,
+    disaggregation_summary,
+    transfer_series,
+)
+from sim.cluster.link import LinkSpec, resolve_link
 from sim.cluster.results import ClusterTotals, ReplicaSink, balance_metrics, replica_series, total_series
-from sim.cluster.routers import make_router
+from sim.cluster.routers import ROUTER_CLASSES, make_router, make_router_named
 from sim.config import (
     VLLM_BLOCK_SIZES,
     ClusterConfig,
     ConfigError,
+    DisaggregationConfig,
     EngineConfig,
     ExperimentConfig,
+    PoolConfig,
     VariantConfig,
 )
 from sim.costs.core import CostModel, CostModelError, make_cost_model
@@ -165,6 +176,12 @@ class PreparedVariant:
     ran: bool = False
     """A policy holds the state of its run: a prepared variant runs once."""
     offload: OffloadConfig | None = None
+    # A disaggregated variant is its decode pool, with these beside it (None otherwise).
+    prefill_pool: PreparedVariant | None = None
+    link: LinkSpec | None = None
+    gpu: GpuSpec | None = None  # a pool's own GPU
+    role: str = ""
+    replica_count: int = 1
 
 
 @dataclass
@@ -223,11 +240,34 @@ def _prepare_variant(
 ) -> tuple[PreparedVariant, list[str]]:
     """One variant, built; ``prefixes`` are pinned when the variant asks for it. Returns warnings too."""
     variant = config.variants[index]
+    cluster = config.cluster_for(variant)
+    if cluster is not None and cluster.disaggregation is not None:
+        return _prepare_disaggregated(config, index, cluster, model, gpu, base_dir, prefixes)
     engine_config = config.engine_for(variant)
 
     def key(name: str) -> str:
         return f"variants.{index}.engine.{name}" if name in variant.engine else f"engine.{name}"
 
+    replicas = cluster.replicas if cluster is not None else 1
+    return _prepare_instance(
+        config, index, variant, engine_config, model, gpu, base_dir, prefixes, key, cluster, replicas
+    )
+
+
+def _prepare_instance(
+    config: ExperimentConfig,
+    index: int,
+    variant: VariantConfig,
+    engine_config: EngineConfig,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    base_dir: Path,
+    prefixes: list[TokenContent] | None,
+    key: Callable[[str], str],
+    cluster: ClusterConfig | None,
+    replicas: int,
+) -> tuple[PreparedVariant, list[str]]:
+    """``replicas`` instances of one engine configuration (a variant's, or a disaggregated pool's)."""
     errors, warnings = check_engine(engine_config, model.name, model.max_position_embeddings, key)
     try:
         capacity = size_pool(model, gpu, engine_config)
@@ -243,9 +283,9 @@ def _prepare_variant(
     option_error = unknown_options_error(policy_name, variant.options)
     if option_error:
         raise ConfigError(f"variants.{index}.options: {option_error}")
-    cluster = config.cluster_for(variant)
     if (
         cluster is not None
+        and cluster.disaggregation is None
         and make_router(cluster).needs_prefix_lookup
         and not has_prefix_lookup(policy_name)
     ):
@@ -262,7 +302,6 @@ def _prepare_variant(
         max_model_len,
         capacity.kv_bytes_per_token,
     )
-    replicas = cluster.replicas if cluster is not None else 1
     try:
         replica_policies = [make_policy(policy_name, pool, **variant.options) for _ in range(replicas)]
     except (TypeError, PolicyInputError) as error:
@@ -305,6 +344,148 @@ def _prepare_variant(
     )
     prepared.offload = offload
     return prepared, warnings
+
+
+def _prepare_disaggregated(
+    config: ExperimentConfig,
+    index: int,
+    cluster: ClusterConfig,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    base_dir: Path,
+    prefixes: list[TokenContent] | None,
+) -> tuple[PreparedVariant, list[str]]:
+    """Both pools of a disaggregated variant, each prepared as an instance of its own (its GPU, engine
+    overrides, policy); the variant is its decode pool, with the prefill pool beside it."""
+    variant = config.variants[index]
+    spec = cluster.disaggregation
+    assert spec is not None
+    where = _cluster_key(config, index, "disaggregation")
+    problems: list[str] = []
+    pools: dict[str, PreparedVariant] = {}
+    warnings: list[str] = []
+    for role, pool in (("prefill", spec.prefill), ("decode", spec.decode)):
+        prefix = f"{where}.{role}"
+        try:
+            pools[role], notes = _prepare_pool(
+                config, index, variant, role, pool, prefix, model, gpu, base_dir, prefixes, cluster
+            )
+            warnings += notes
+        except ConfigError as error:
+            problems += str(error).split("\n")
+    if not problems:
+        problems += _disaggregation_problems(pools["prefill"], pools["decode"], spec, where)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    prepared = pools["decode"]
+    prepared.prefill_pool = pools["prefill"]
+    prepared.cluster = cluster
+    try:
+        prepared.link = resolve_link(spec.link, pools["prefill"].gpu or gpu, f"{where}.link")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return prepared, warnings
+
+
+def _prepare_pool(
+    config: ExperimentConfig,
+    index: int,
+    variant: VariantConfig,
+    role: str,
+    pool: PoolConfig,
+    prefix: str,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    base_dir: Path,
+    prefixes: list[TokenContent] | None,
+    cluster: ClusterConfig,
+) -> tuple[PreparedVariant, list[str]]:
+    """One pool: the variant with the pool's policy and options, the engine section with the variant's
+    then the pool's overrides, on the pool's GPU."""
+    try:
+        pool_gpu = resolve_gpu(pool.gpu) if pool.gpu is not None else gpu
+    except (ValueError, KeyError) as error:
+        raise ConfigError(f"{prefix}.gpu: {_text(error)}") from None
+    engine_config = config.engine_for(variant)
+    try:
+        engine_config = EngineConfig.model_validate(engine_config.model_dump() | pool.engine)
+    except ValidationError as error:
+        raise ConfigError(f"{prefix}.engine: {error.errors()[0]['msg']}") from None
+    update: dict[str, Any] = {"name": f"{variant.name}-{role}"} if role == "prefill" else {}
+    if pool.policy is not None:
+        update["policy"] = pool.policy
+    if pool.options is not None:
+        update["options"] = pool.options
+    pool_variant = variant.model_copy(update=update)
+
+    def key(name: str) -> str:
+        if name in pool.engine:
+            return f"{prefix}.engine.{name}"
+        return f"variants.{index}.engine.{name}" if name in variant.engine else f"engine.{name}"
+
+    prepared, warnings = _prepare_instance(
+        config,
+        index,
+        pool_variant,
+        engine_config,
+        model,
+        pool_gpu,
+        base_dir,
+        prefixes,
+        key,
+        None,
+        pool.replicas,
+    )
+    prepared.gpu = pool_gpu
+    prepared.role = role
+    prepared.replica_count = pool.replicas
+    if prepared.replica_policies is None:
+        prepared.replica_policies = _more_policies(prepared, pool.replicas)
+    return prepared, [f"{prefix}: {note}" for note in warnings]
+
+
+def _more_policies(prepared: PreparedVariant, replicas: int) -> list[KVCachePolicy]:
+    """A pool's policy instances, one per replica (the first is ``prepared.policy``)."""
+    options = prepared.variant.options
+    return [prepared.policy] + [
+        make_policy(prepared.policy_name, prepared.pool, **options) for _ in range(replicas - 1)
+    ]
+
+
+def _disaggregation_problems(
+    prefill: PreparedVariant, decode: PreparedVariant, spec: DisaggregationConfig, where: str
+) -> list[str]:
+    """What a disaggregated cluster cannot do, each naming its key."""
+    problems = []
+    for role, pool in (("prefill", prefill), ("decode", decode)):
+        if not policy_class(pool.policy_name).uses_blocks:
+            problems.append(
+                f"{where}.{role}.policy: {pool.policy_name} has no blocks: KV is sent and received block by "
+                "block (vLLM's NIXL connector, Mooncake); use paged, prefix or radix"
+            )
+        if pool.engine.scheduler != "vllm":
+            problems.append(
+                f"{where}.{role}.engine.scheduler: {pool.engine.scheduler} is not modelled in disaggregated "
+                "pools (only vllm's scheduler)"
+            )
+    if prefill.engine.block_size != decode.engine.block_size:
+        problems.append(
+            f"{where}: the pools' block sizes differ ({prefill.engine.block_size} and "
+            f"{decode.engine.block_size}): blocks are sent as they are; give both the same engine.block_size"
+        )
+    if spec.decider.mode == "prefix_threshold" and not has_prefix_lookup(decode.policy_name):
+        problems.append(
+            f"{where}.decider.mode: prefix_threshold reads the decode replica's prefix cache, but policy "
+            f"{decode.policy_name!r} has none; use prefix or radix in the decode pool, or mode: always"
+        )
+    for role, pool_config in (("prefill", spec.prefill), ("decode", spec.decode)):
+        pool = prefill if role == "prefill" else decode
+        if ROUTER_CLASSES[pool_config.router].needs_prefix_lookup and not has_prefix_lookup(pool.policy_name):
+            problems.append(
+                f"{where}.{role}.router: {pool_config.router} routes by prefix, but policy {pool.policy_name!r} "
+                "has no prefix cache"
+            )
+    return problems
 
 
 def attach_host_tier(
@@ -477,6 +658,8 @@ def run_prepared(
     requests = workload.requests()
     # The bar counts requests as they arrive in the simulation (the engine reads the stream ahead).
     on_delivered = bar.update if progress else None
+    if prepared.prefill_pool is not None:
+        return _run_disaggregated(config, prepared, workload, requests, sink, bar, on_delivered)
     if prepared.cluster is not None:
         return _run_cluster(config, prepared, workload, requests, sink, bar, on_delivered)
     engine = _make_engine(
@@ -631,7 +814,7 @@ def _run_cluster(
         _summary(
             engine, requests_table[requests_table["replica"] == index], prepared, wall_s, [engine.policy]
         )
-        | {"replica": index, "requests_routed": cluster.routed[index]}
+        | {"replica": index, "role": "both", "requests_routed": cluster.routed[index]}
         for index, engine in enumerate(cluster.replicas)
     ]
     summary = _summary(ClusterTotals(cluster.replicas, total), requests_table, prepared, wall_s, policies)
@@ -643,6 +826,98 @@ def _run_cluster(
         sink,
         replica_summaries,
         per_replica,
+    )
+
+
+def _run_disaggregated(
+    config: ExperimentConfig,
+    prepared: PreparedVariant,
+    workload: Workload,
+    requests,
+    sink: OutputSink,
+    bar,
+    on_delivered,
+) -> VariantResult:
+    """Run a disaggregated variant: its prefill and decode pools on one clock, KV sent over its link
+    (``sim/cluster/disaggregated.py``). Replicas are numbered across the cluster, prefill pool first."""
+    prefill, decode = prepared.prefill_pool, prepared
+    assert prefill is not None and prepared.cluster is not None and prepared.link is not None
+    spec = prepared.cluster.disaggregation
+    assert spec is not None and prefill.replica_policies is not None and decode.replica_policies is not None
+    pools = [prefill] * prefill.replica_count + [decode] * decode.replica_count
+    policies = [*prefill.replica_policies, *decode.replica_policies]
+    sinks = [ReplicaSink(sink, index) for index in range(len(pools))]
+
+    def build_replica(index, role, env, upstream, follow_up, transfer) -> Engine:
+        return _make_engine(
+            config,
+            pools[index],
+            policies[index],
+            (),
+            sinks[index],
+            env=env,
+            upstream=upstream,
+            follow_up=follow_up,
+            transfer=transfer,
+            prefill_only=role == "prefill",
+        )
+
+    routers = (
+        make_router_named(spec.prefill.router, prepared.cluster),
+        make_router_named(spec.decode.router, prepared.cluster),
+    )
+    cluster = DisaggregatedCluster(
+        _pool_shape(prefill),
+        _pool_shape(decode),
+        build_replica,
+        routers,
+        Decider(spec.decider),
+        prepared.link,
+        requests,
+        follow_up_of(workload),
+        on_delivered=on_delivered,
+    )
+    started = time.perf_counter()
+    cluster.run(until_s=config.until_s)
+    wall_s = time.perf_counter() - started
+    bar.close()
+    per_replica = replica_series(sinks)
+    per_replica.insert(1, "role", [cluster.role_of(index) for index in per_replica["replica"]])
+    pool_tokens = sum(pool.pool.kv_pool_tokens for pool in pools)
+    total = total_series(per_replica.drop(columns="role"), pool_tokens)
+    sink.write_timeseries(total)
+    link_series = transfer_series(cluster.rows)
+    if isinstance(sink, FileSink):
+        sink.write_table(REPLICA_TIMESERIES, per_replica)
+        sink.write_table(TRANSFER_TIMESERIES, link_series)
+    sink.close()
+    requests_table = sink.requests(columns=[*SUMMARY_REQUEST_COLUMNS, *TRANSFER_REQUEST_COLUMNS, "replica"])
+    replica_summaries = []
+    for index, engine in enumerate(cluster.replicas):
+        role = cluster.role_of(index)
+        served = requests_table["prefill_replica" if role == "prefill" else "replica"] == index
+        row = _summary(engine, requests_table[served], pools[index], wall_s, [engine.policy])
+        replica_summaries.append(
+            row | {"replica": index, "role": role, "requests_routed": cluster.routed[index]}
+        )
+    summary = _summary(ClusterTotals(cluster.replicas, total), requests_table, decode, wall_s, policies)
+    router_label = f"prefill {spec.prefill.router}, decode {spec.decode.router}"
+    summary |= balance_metrics(router_label, cluster.routed, replica_summaries)
+    summary |= disaggregation_summary(cluster, requests_table, replica_summaries, prefill, decode)
+    capacity_lines = [
+        *(f"prefill pool: {line}" for line in prefill.capacity.capacity_lines(prefill.max_model_len)),
+        *(f"decode pool: {line}" for line in decode.capacity.capacity_lines(decode.max_model_len)),
+        f"link: {prepared.link.label}",
+    ]
+    return VariantResult(prepared.variant.name, summary, capacity_lines, sink, replica_summaries, per_replica)
+
+
+def _pool_shape(pool: PreparedVariant) -> PoolShape:
+    return PoolShape(
+        pool.replica_count,
+        pool.engine.block_size,
+        pool.capacity.kv_bytes_per_token,
+        pool.capacity.tensor_parallel_size,
     )
 
 

@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 
 
 def load_of(engine: Engine) -> int:
-    """Requests a replica holds: running + waiting."""
-    return len(engine.running) + len(engine.waiting)
+    """Requests a replica holds: running + waiting (+ receiving their KV, in a disaggregated decode pool)."""
+    return len(engine.running) + len(engine.waiting) + len(engine.receiving)
 
 
 def least_loaded(replicas: Sequence[Engine]) -> int:
@@ -144,6 +144,12 @@ ROUTER_CLASSES: dict[str, type[Router]] = {
 
 
 def make_router(config: ClusterConfig) -> Router:
-    if config.router == PrefixAware.name:
-        return PrefixAware(config.prefix_weight, config.load_weight, config.host_weight)
-    return ROUTER_CLASSES[config.router]()
+    return make_router_named(config.router, config)
+
+
+def make_router_named(name: str, weights: ClusterConfig) -> Router:
+    """Router ``name``; a prefix_aware one with the weights of ``weights`` (a disaggregated pool's
+    router takes its cluster's)."""
+    if name == PrefixAware.name:
+        return PrefixAware(weights.prefix_weight, weights.load_weight, weights.host_weight)
+    return ROUTER_CLASSES[name]()

@@ -57,6 +57,11 @@ class RequestState:
     # Output lengths of its samples/beams still to finish, aligned with ``seq_ids`` once forked
     # (before the fork, entry 0 is the admitted sequence's). A sample that finishes leaves both.
     sample_lens: list[int]
+    # Disaggregated serving (``sim/cluster/disaggregated.py``), on a decode replica: its prompt's KV is
+    # computed by a prefill replica and comes over the link. ``remote_kv`` until it has landed;
+    # ``kv_landed`` from then until it is scheduled (it holds its blocks meanwhile).
+    remote_kv: bool
+    kv_landed: bool
 
     def __init__(self, request: Request, record: RequestRecord) -> None:
         self.request = request
@@ -69,6 +74,7 @@ class RequestState:
         self.finish_due = self.beam_due = self.flush_clock = NEVER
         self.end_version = 0
         self.sample_lens = list(request.output_lens)
+        self.remote_kv = self.kv_landed = False
 
     @property
     def width(self) -> int:

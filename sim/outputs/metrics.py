@@ -119,6 +119,14 @@ class RequestRecord:
     reason: str
     replica: int  # the cluster replica that served it (0 for a single engine)
     client_overhead_s: float  # outside the engine, in its client-side TTFT and E2E
+    # Disaggregated serving (NaN / -1 / 0 otherwise): the prefill replica, when its prompt was done
+    # there, when its KV started and ended crossing the link, and what crossed.
+    prefill_replica: int
+    prefill_done_s: float
+    transfer_start_s: float
+    transfer_end_s: float
+    transfer_bytes: int
+    decode_cached_tokens: int
 
     def __init__(
         self,
@@ -140,6 +148,9 @@ class RequestRecord:
         self.admitted_s = self.first_token_s = self.finish_s = math.nan
         self.preemptions = self.cached_prompt_tokens = self.replica = 0
         self.client_overhead_s = 0.0
+        self.prefill_replica = -1
+        self.prefill_done_s = self.transfer_start_s = self.transfer_end_s = math.nan
+        self.transfer_bytes = self.decode_cached_tokens = 0
         self.outcome = "unfinished"
         self.reason = ""
 
@@ -352,4 +363,9 @@ def requests_frame(records: list[RequestRecord]) -> pd.DataFrame:
     decode_tokens = (frame["output_tokens"] - 1).where(frame["output_tokens"] > 1)
     frame["tpot_s"] = (frame["finish_s"] - frame["first_token_s"]) / decode_tokens
     frame["queue_s"] = frame["admitted_s"] - frame["arrival_s"]
+    # TTFT split of a disaggregated request (NaN otherwise): queue_s, then these, then the decode
+    # replica's first step (first_token_s - transfer_end_s).
+    frame["prefill_s"] = frame["prefill_done_s"] - frame["admitted_s"]
+    frame["transfer_wait_s"] = frame["transfer_start_s"] - frame["prefill_done_s"]
+    frame["transfer_s"] = frame["transfer_end_s"] - frame["transfer_start_s"]
     return frame
