@@ -503,7 +503,8 @@ class ExperimentConfig(_Strict):
         """The experiment's cluster section with the variant's overrides; None: a single engine."""
         if self.cluster is None and not variant.cluster:
             return None
-        base = self.cluster.model_dump() if self.cluster is not None else {}
+        # (Only the keys given: the disaggregation check tells given keys from defaults.)
+        base = self.cluster.model_dump(exclude_unset=True) if self.cluster is not None else {}
         return self._section_for(variant, ClusterConfig, base, "cluster")
 
     def _section_for(
@@ -596,7 +597,7 @@ def validate_experiment(data: dict[str, Any], path: str | Path = "<config>") -> 
     except ValidationError as error:
         raise ConfigError(format_validation_error(error, path, data)) from None
     problems = []
-    cluster = config.cluster.model_dump() if config.cluster is not None else {}
+    cluster = config.cluster.model_dump(exclude_unset=True) if config.cluster is not None else {}
     for index, variant in enumerate(config.variants):
         for key, model, base in (
             ("engine", EngineConfig, config.engine.model_dump()),

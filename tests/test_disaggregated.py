@@ -134,8 +134,8 @@ def test_an_instantaneous_link_leaves_only_the_recomputed_token():
 
 def test_a_full_decode_pool_pushes_back_on_the_prefill_pool():
     """An instantaneous link; the prefill pool has 7 blocks, the decode pool 4. Requests 0 (prompt 48,
-    10 out) and 1 (prompt 32, 2 out) prefill together (1 + 0.8 s), each taking a token's slot for the
-    sampled token: 4 + 3 blocks, the prefill pool is full, and request 2 (arrived at 1.0) waits. At 1.8
+    10 out) and 1 (prompt 32, 2 out) prefill together (1 + 0.8 s) in 3 + 2 blocks (the token a prefill
+    replica samples takes no slot), and request 2 (arrived at 1.0; 3 blocks) does not fit. At 1.8
     the decode replica allocates request 0 (3 blocks); request 1's 2 do not fit beside them, so it
     waits there, its 3 blocks held in the prefill pool. Request 0's KV lands at once: its prefill
     blocks free and request 2 is admitted at 1.8 (done 1 + 0.48 s later). Request 0 computes its last

@@ -649,7 +649,8 @@ class Engine:
             self._fork(state, [(state.seq_ids[0], final_lens)])
             if not state.is_running:
                 return  # the fork did not fit: the request was preempted
-        for seq_id in list(state.seq_ids):
+        # (A prefill replica samples its one token and stops: vLLM allocates it no slot.)
+        for seq_id in list(state.seq_ids) if not self._prefill_only else ():
             outcome = self._grow_or_preempt(state, seq_id, victims_at=self.clock.now)
             self._swap_out_pending += max(0, outcome - 1)
             if not state.is_running:

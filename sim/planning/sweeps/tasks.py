@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from sim.config import validate_experiment
 from sim.outputs.sinks import read_requests, read_thinned
+from sim.planning.plans.pools import pool_metrics, total_pool_tokens
 from sim.planning.plans.steady import SteadyWindow, steady_metrics
 
 STEADY_FILE = "steady.json"
@@ -73,7 +76,7 @@ def _simulate(task: PointTask) -> PointOutcome:
                 _write_steady(
                     # A cluster's series is its total: over every replica's pool.
                     folder / result.name,
-                    result.summary["kv_pool_tokens"] * result.summary["replicas"],
+                    total_pool_tokens(result.summary),
                     task.window,
                 )
         summaries = [read_variant_summary(folder / result.name) for result in results]
@@ -89,6 +92,13 @@ def _write_steady(variant_dir: Path, pool_tokens: int, window: SteadyWindow) -> 
     requests = read_requests(_table(variant_dir, "requests"))
     timeseries = read_thinned(_table(variant_dir, "timeseries"), None)
     metrics = steady_metrics(requests, timeseries, pool_tokens, window) | {"window": window.as_dict()}
+    if (variant_dir / "transfer_timeseries.parquet").exists() or (
+        variant_dir / "transfer_timeseries.csv"
+    ).exists():
+        replica_series = read_thinned(_table(variant_dir, "replica_timeseries"), None)
+        replicas = pd.read_csv(variant_dir / "replicas.csv")
+        start, end = metrics["window_start_s"], metrics["window_end_s"]
+        metrics |= pool_metrics(requests, replica_series, replicas, start, end)
     (variant_dir / STEADY_FILE).write_text(json.dumps(metrics, indent=2))
 
 
