@@ -12,6 +12,8 @@ import pandas as pd
 import pytest
 import simpy
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies.base import PoolSpec, make_policy
 from sim.cli import main
@@ -425,3 +427,46 @@ def test_impossible_disaggregations_fail_before_any_simulation(change, message):
     config = validate_experiment(disaggregated_data(**change), ROOT / "configs" / "x.yaml")
     with pytest.raises(ConfigError, match=message):
         prepare_experiment(config, ROOT / "configs" / "x.yaml")
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    lengths=st.lists(
+        st.tuples(st.integers(1, 300), st.integers(1, 40), st.floats(0.0, 2.0), st.booleans()),
+        min_size=1,
+        max_size=25,
+    ),
+    prefill_blocks=st.integers(20, 40),
+    decode_blocks=st.integers(20, 40),
+    shared_by=st.sampled_from(["pair", "prefill", "decode", "fabric"]),
+)
+def test_any_stream_ends_with_every_block_back_and_one_outcome_each(
+    lengths, prefill_blocks, decode_blocks, shared_by
+):
+    """Random prompts (some sharing a prefix), outputs, gaps and pool sizes: every series row of every
+    replica sums to its pool, every request ends with exactly one record, and nothing stays held,
+    received or on the link."""
+    requests, clock = [], 0.0
+    for index, (prompt_len, output_len, gap, shares) in enumerate(lengths):
+        clock += gap
+        prompt = ((77, 32), (6_000 + index, prompt_len)) if shares else ((6_000 + index, prompt_len),)
+        requests.append(request(index, clock, sum(n for _, n in prompt), output_len, prompt=prompt))
+    link = LinkSpec("c", 500_000.0, 0.002, shared_by)
+    cluster = build_cluster(
+        requests,
+        prefill_blocks=prefill_blocks,
+        decode_blocks=decode_blocks,
+        policy="prefix",
+        link=link,
+        replicas=(2, 2),
+    )
+    cluster.run()
+    for engine in cluster.replicas:
+        series = engine.sink.timeseries()
+        assert (series[list(BREAKDOWN_COLUMNS)].sum(axis=1) == engine.policy.pool_slots).all()
+        assert engine.policy.breakdown().used == 0
+        assert not engine.held and not engine.receiving and not engine.running and not engine.waiting
+    rows = [record for engine in cluster.replicas for record in engine.records]
+    assert sorted(record.request_id for record in rows) == list(range(len(requests)))
+    assert {record.outcome for record in rows} <= {"finished", "rejected"}
+    assert cluster.link.in_flight == 0 and not cluster.flights
