@@ -186,6 +186,14 @@ class EngineConfig(_Strict):
 ROUTERS = ("round_robin", "least_requests", "least_kv", "session_affinity", "prefix_aware")
 
 
+def known_router(value: str) -> str:
+    if value not in ROUTERS:
+        raise ValueError(
+            f"unknown router {value!r}{did_you_mean(value, list(ROUTERS))} (valid: {', '.join(ROUTERS)})"
+        )
+    return value
+
+
 class PoolConfig(_Strict):
     """One pool of a disaggregated cluster: its replicas, their GPU, engine knobs, policy and router."""
 
@@ -223,11 +231,7 @@ class PoolConfig(_Strict):
     @field_validator("router")
     @classmethod
     def _known_router(cls, value: str) -> str:
-        if value not in ROUTERS:
-            raise ValueError(
-                f"unknown router {value!r}{did_you_mean(value, list(ROUTERS))} (valid: {', '.join(ROUTERS)})"
-            )
-        return value
+        return known_router(value)
 
 
 LINK_KINDS = ("nvlink", "rdma", "pcie", "custom")
@@ -361,11 +365,7 @@ class ClusterConfig(_Strict):
     @field_validator("router")
     @classmethod
     def _known_router(cls, value: str) -> str:
-        if value not in ROUTERS:
-            raise ValueError(
-                f"unknown router {value!r}{did_you_mean(value, list(ROUTERS))} (valid: {', '.join(ROUTERS)})"
-            )
-        return value
+        return known_router(value)
 
 
 class VariantConfig(_Strict):

@@ -799,10 +799,7 @@ def _run_cluster(
         follow_up_of(workload),
         on_delivered=on_delivered,
     )
-    started = time.perf_counter()
-    cluster.run(until_s=config.until_s)
-    wall_s = time.perf_counter() - started
-    bar.close()
+    wall_s = _timed_run(cluster, config, bar)
     per_replica = replica_series(sinks)
     total = total_series(per_replica, prepared.pool.kv_pool_tokens * cluster_config.replicas)
     sink.write_timeseries(total)
@@ -877,10 +874,7 @@ def _run_disaggregated(
         follow_up_of(workload),
         on_delivered=on_delivered,
     )
-    started = time.perf_counter()
-    cluster.run(until_s=config.until_s)
-    wall_s = time.perf_counter() - started
-    bar.close()
+    wall_s = _timed_run(cluster, config, bar)
     per_replica = replica_series(sinks)
     per_replica.insert(1, "role", [cluster.role_of(index) for index in per_replica["replica"]])
     pool_tokens = sum(pool.pool.kv_pool_tokens for pool in pools)
@@ -910,6 +904,15 @@ def _run_disaggregated(
         f"link: {prepared.link.label}",
     ]
     return VariantResult(prepared.variant.name, summary, capacity_lines, sink, replica_summaries, per_replica)
+
+
+def _timed_run(cluster: Cluster | DisaggregatedCluster, config: ExperimentConfig, bar) -> float:
+    """Run a cluster to the end (or ``until_s``); returns the wall seconds it took."""
+    started = time.perf_counter()
+    cluster.run(until_s=config.until_s)
+    wall_s = time.perf_counter() - started
+    bar.close()
+    return wall_s
 
 
 def _pool_shape(pool: PreparedVariant) -> PoolShape:

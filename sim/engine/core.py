@@ -932,13 +932,7 @@ class Engine:
         if state.record.admitted_s != state.record.admitted_s:  # NaN: first admission
             state.record.admitted_s = self.env.now
             state.record.cached_prompt_tokens = cached
-        self.running.append(state)
-        self._admissions += 1
-        state.admission = self._admissions
-        state.is_running = True
-        self._running_seqs += 1
-        state.unforked = state.width - 1
-        self._unforked_seqs += state.unforked
+        self._join_running(state)
         total = content_length(content)
         state.context = total
         if state.swapped_tokens:
@@ -952,6 +946,16 @@ class Engine:
         state.prefilled = cached
         self._prefilling.append(state)
         return 0
+
+    def _join_running(self, state: RequestState) -> None:
+        """The queue's head (its blocks allocated) joins the batch, newest in the preemption order."""
+        self.running.append(state)
+        self._admissions += 1
+        state.admission = self._admissions
+        state.is_running = True
+        self._running_seqs += 1
+        state.unforked = state.width - 1
+        self._unforked_seqs += state.unforked
 
     def _await_kv(self, state: RequestState, seq_id: int, cached: int) -> None:
         """A remote prompt's blocks are allocated: it leaves the queue to wait for its KV."""
@@ -968,13 +972,7 @@ class Engine:
         it to sample the first token on this side)."""
         state.kv_landed = False
         self.waiting.popleft()
-        self.running.append(state)
-        self._admissions += 1
-        state.admission = self._admissions
-        state.is_running = True
-        self._running_seqs += 1
-        state.unforked = state.width - 1
-        self._unforked_seqs += state.unforked
+        self._join_running(state)
         state.context = state.tokens_to_prefill = state.request.prompt_len
         state.prefilled = state.tokens_to_prefill - 1
         self._prefilling.append(state)
