@@ -277,9 +277,10 @@ class DeratedCostModel(DatasheetCostModel):
         else:
             self._decode = DecodeCost(intercept_s, per_seq_s, self.kv_read_per_token_s)
         serving_label = "" if self.serving.is_neutral else f"; {self.serving.describe()}"
-        self.label = tensor_parallel_label(f"derated-analytic ({eff.source}{serving_label})", self.all_reduce)
+        label = tensor_parallel_label(f"derated-analytic ({eff.source}{serving_label})", self.all_reduce)
         if self.expert_parallel is not None:
-            self.label += f"; {expert_parallel_label(self.expert_parallel, expert_parallel_size)}"
+            label = f"{label}; {expert_parallel_label(self.expert_parallel, expert_parallel_size)}"
+        self.label = label
         end_to_end = self.serving.error_band()
         self.error_band = f"{eff.error_band}; {end_to_end}" if end_to_end else eff.error_band
 
