@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from calibrate.moe_layers import fit_routed_expert_bandwidth
 from policies.base import PoolSpec, make_policy
 from sim.cluster.cluster import Cluster
 from sim.cluster.routers import RoundRobin, VllmDataParallel
@@ -21,7 +22,7 @@ from sim.costs.terms import AllToAllCost, ExpertParallelCost, expected_distinct_
 from sim.engine.core import Engine, EngineKnobs
 from sim.engine.lockstep import LockstepGroup
 from sim.hardware.capacity import size_kv_pool
-from sim.hardware.gpus import GPU_PRESETS, GpuSpec, resolve_gpu
+from sim.hardware.gpus import GPU_PRESETS, RTX_PRO_6000_ROUTED_EXPERT_BANDWIDTH, GpuSpec, resolve_gpu
 from sim.hardware.models import MODEL_PRESETS, expert_parallel_problems
 from sim.replay.readers import read_llmservingsim_bench
 from sim.replay.simulate import experiment_data
@@ -198,6 +199,31 @@ def test_shared_part_and_all_to_all_by_hand() -> None:
     replica = make_cost_model({"kind": "derated", "calibration": "none"}, TINY_MOE, gpu, block_size=16)
     assert replica.expert_parallel is None
     assert rank.iteration_s(1, 16) < replica.iteration_s(1, 16)
+
+
+def test_the_rtx_pro_6000s_routed_expert_share_is_the_fit_to_the_measured_layers() -> None:
+    share, shapes = fit_routed_expert_bandwidth()
+    assert round(share, 3) == RTX_PRO_6000_ROUTED_EXPERT_BANDWIDTH == 0.840
+    assert len(shapes) == 24  # 12 token counts x EP 1 and 2
+    assert shapes["error"].min() > -0.23 and shapes["error"].max() < 0.18
+    # the derated rank reads its experts at that share: at EP 2 over 256 tokens, per MoE layer,
+    # 64 x (1 - (120/128)^256) experts x 9,437,184 B at 1,597.6 GB/s x 0.840 in quadrature with
+    # 1,024 (token, expert) pairs x 2 x 4,718,592 FLOPs at 503.8 TFLOP/s x 0.694 (about 450.9 us
+    # against the 445.3 us measured), times 48 layers, plus the all-to-all
+    rank = make_cost_model(
+        "derated",
+        QWEN_MOE,
+        resolve_gpu(RTX_PRO_SERVER),
+        block_size=16,
+        data_parallel_size=2,
+        expert_parallel_size=2,
+    )
+    shared = rank.expert_parallel
+    assert shared is not None
+    touched = 64 * (1 - (120 / 128) ** 256)
+    layer_s = math.hypot(touched * 9_437_184 / (1597.6e9 * 0.840), 1024 * 2 * 4_718_592 / (503.8e12 * 0.694))
+    assert layer_s == pytest.approx(450.9e-6, rel=1e-3)
+    assert shared.step_s(256) - shared.all_to_all.seconds(256) == pytest.approx(48 * layer_s, rel=1e-12)
 
 
 def test_expert_parallelism_needs_the_derated_model() -> None:

@@ -208,13 +208,17 @@ class DeratedCostModel(DatasheetCostModel):
             body_active = max(model.active_params - head_params - table_params, 0)
         weight_bw = bandwidth * eff.weight_bandwidth
         gemm_flops = flops * eff.gemm_flops
+        # vLLM's fused MoE kernels read the routed experts at their own share where it was measured
+        expert_bw = (
+            weight_bw if eff.routed_expert_bandwidth is None else bandwidth * eff.routed_expert_bandwidth
+        )
         # each GPU's share of the matrices (dividing by tp last keeps tp = 1 bit for bit what it was);
         # a vocabulary-parallel embedding looks up 1 / tp of the rows on each GPU on average.
         # Routed experts are read only as far as the iteration's tokens route to them: body_read_s is
         # the rest (attention, dense layers, shared experts, routers), expert_read_s one expert in
         # every MoE layer, times the expected number of distinct experts the tokens touch.
         self.body_read_s = (body_params - model.routed_expert_params) * weight_bytes / weight_bw / tp
-        self.expert_read_s = model.num_moe_layers * model.expert_params * weight_bytes / weight_bw / tp
+        self.expert_read_s = model.num_moe_layers * model.expert_params * weight_bytes / expert_bw / tp
         self.num_experts = model.num_experts or 0
         self.experts_per_token = model.experts_per_token or 0
         if expert_parallel_size > 1:
@@ -222,7 +226,7 @@ class DeratedCostModel(DatasheetCostModel):
             # that is the group's shared part of a step (self.expert_parallel); its own iteration
             # (this model's) has none of their reads or FLOPs.
             self.expert_parallel = self._expert_parallel_cost(
-                model, gpu, data_parallel_size, expert_parallel_size, weight_bw, gemm_flops
+                model, gpu, data_parallel_size, expert_parallel_size, expert_bw, gemm_flops
             )
             self.expert_read_s = 0.0
             body_active = body_params - model.routed_expert_params
@@ -290,11 +294,11 @@ class DeratedCostModel(DatasheetCostModel):
         gpu: GpuSpec,
         data_parallel_size: int,
         expert_parallel_size: int,
-        weight_bw: float,
+        expert_bw: float,
         gemm_flops: float,
     ) -> ExpertParallelCost:
-        """One rank's share of the routed experts (whole experts, read at the rank's weight
-        bandwidth, not split over its TP group) and the all-to-all over the DP group, NCCL's over
+        """One rank's share of the routed experts (whole experts, read at the experts' bandwidth,
+        not split over its TP group) and the all-to-all over the DP group, NCCL's over
         PCIe scaled as the fitted all-reduces are (``serving.pcie_all_reduce_scale``)."""
         local = model.local_experts(expert_parallel_size)
         per_token_pairs = self.experts_per_token * local / self.num_experts
@@ -302,7 +306,7 @@ class DeratedCostModel(DatasheetCostModel):
             num_experts=self.num_experts,
             experts_per_token=self.experts_per_token,
             local_experts=local,
-            expert_read_s=model.num_moe_layers * model.expert_params * model.weight_dtype_bytes / weight_bw,
+            expert_read_s=model.num_moe_layers * model.expert_params * model.weight_dtype_bytes / expert_bw,
             routed_flops_per_token_s=2.0
             * per_token_pairs
             * model.num_moe_layers
