@@ -380,6 +380,24 @@ def test_an_expert_parallel_run_writes_its_ranks_and_pool(tmp_path) -> None:
     assert result.capacity_lines[0] == "GPU KV cache size: 600,480 tokens"
 
 
+def test_expert_parallelism_over_one_servers_tp_group(tmp_path) -> None:
+    # TP 2 with and without EP hold the same bytes per GPU (half of every expert, or half of the
+    # experts whole: 30,532,122,624 B either way), so the same pool; with EP the server is a
+    # lockstep group of one rank, stepped one iteration at a time (a wake-up per iteration).
+    split = run_summary(
+        experiment("Qwen3-30B-A3B", "A100-80GB", {"tensor_parallel_size": 2}), tmp_path / "tp"
+    )
+    dealt = run_summary(
+        experiment("Qwen3-30B-A3B", "A100-80GB", {"tensor_parallel_size": 2, "enable_expert_parallel": True}),
+        tmp_path / "ep",
+    )
+    assert QWEN_MOE.weight_bytes_per_gpu(2) == QWEN_MOE.weight_bytes_per_gpu(2, expert_parallel_size=2)
+    assert dealt["kv_pool_tokens"] == split["kv_pool_tokens"]
+    assert (dealt["data_parallel_size"], dealt["expert_parallel_size"]) == (1, 2)
+    assert dealt["iterations"] == dealt["engine_wakeups"] > split["engine_wakeups"]
+    assert "EP 2: 64 of 128 routed experts per GPU" in dealt["cost_model"]
+
+
 @pytest.mark.parametrize(
     ("engine", "extra", "words"),
     [
