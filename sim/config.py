@@ -88,6 +88,23 @@ class EngineConfig(_Strict):
     tensor_parallel_size: int = Field(
         1, gt=0, description="GPUs per instance; each holds its share of the KV heads and weights."
     )
+    data_parallel_size: int = Field(
+        1,
+        gt=0,
+        description="Data-parallel ranks of the server (vLLM --data-parallel-size), each with "
+        "tensor_parallel_size GPUs, its own scheduler and KV pool, and requests spread over them by "
+        "vLLM's balancer (router vllm_dp). A dense model's ranks run independently; a mixture of "
+        "experts needs enable_expert_parallel, and its ranks step in lockstep (sim/engine/lockstep.py). "
+        "Not with a cluster: section.",
+    )
+    enable_expert_parallel: bool = Field(
+        False,
+        description="Mixture of experts: deal the routed experts out whole over the data_parallel_size x "
+        "tensor_parallel_size GPUs (vLLM --enable-expert-parallel; the product must divide the experts) "
+        "instead of splitting each over the TP group; every MoE layer exchanges tokens between the "
+        "ranks (all-gather + reduce-scatter, vLLM's default all2all backend), the ranks step together "
+        "one iteration at a time, each step as long as the slowest rank's. Derated cost model only.",
+    )
     swap_space: float = Field(4.0, ge=0, description="Host swap space per GPU in GiB (vLLM V0 default 4).")
     preemption_mode: Literal["recompute", "swap"] = Field(
         "recompute",
@@ -183,7 +200,9 @@ class EngineConfig(_Strict):
         return self
 
 
-ROUTERS = ("round_robin", "least_requests", "least_kv", "session_affinity", "prefix_aware")
+ROUTERS = ("round_robin", "least_requests", "vllm_dp", "least_kv", "session_affinity", "prefix_aware")
+DATA_PARALLEL_ROUTER = "vllm_dp"
+"""How a data-parallel server spreads requests over its ranks (``engine.data_parallel_size``)."""
 
 
 def known_router(value: str) -> str:
@@ -309,7 +328,7 @@ class ClusterConfig(_Strict):
     router: str = Field(
         "round_robin",
         description="Which replica each arriving request goes to: round_robin, least_requests (fewest "
-        "running + waiting), least_kv (most free KV slots), session_affinity (a conversation stays on "
+        "running + waiting), vllm_dp (lowest 4 x waiting + running: vLLM's data-parallel balancer), least_kv (most free KV slots), session_affinity (a conversation stays on "
         "the replica its first request went to; new sessions go to least_requests' choice), "
         "prefix_aware (score = prefix_weight x cached fraction of the prompt, host-tier tokens "
         "weighted host_weight, + load_weight x "

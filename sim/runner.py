@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import simpy
 from pydantic import ValidationError
 from tqdm.auto import tqdm
 
@@ -28,6 +29,7 @@ from sim.cluster.link import LinkSpec, resolve_link
 from sim.cluster.results import ClusterTotals, ReplicaSink, balance_metrics, replica_series, total_series
 from sim.cluster.routers import ROUTER_CLASSES, make_router, make_router_named
 from sim.config import (
+    DATA_PARALLEL_ROUTER,
     VLLM_BLOCK_SIZES,
     ClusterConfig,
     ConfigError,
@@ -39,10 +41,11 @@ from sim.config import (
 )
 from sim.costs.core import CostModel, CostModelError, make_cost_model
 from sim.engine.core import Engine, EngineKnobs
+from sim.engine.lockstep import LockstepGroup
 from sim.engine.sglang_scheduler import chunked_prefill_size_for
 from sim.hardware.capacity import KVCapacity, size_kv_pool
 from sim.hardware.gpus import GpuSpec, resolve_gpu
-from sim.hardware.models import ModelSpec, resolve_model
+from sim.hardware.models import ModelSpec, expert_parallel_problems, expert_parallel_size, resolve_model
 from sim.native import engine_build
 from sim.offload import OffloadConfig, host_load_seconds, host_tier_blocks, host_tier_summary
 from sim.outputs.sinks import FileSink, MemorySink, OutputSink
@@ -113,9 +116,17 @@ def policy_name_for(variant: VariantConfig, engine: EngineConfig) -> str:
     return variant.policy
 
 
+def engine_expert_parallel_size(model: ModelSpec, engine: EngineConfig) -> int:
+    """The GPUs the engine section deals the routed experts over (1 without expert parallelism);
+    raises ``ValueError`` for data or expert parallelism kvsim does not run."""
+    return expert_parallel_size(
+        model, engine.data_parallel_size, engine.tensor_parallel_size, engine.enable_expert_parallel
+    )
+
+
 def engine_pool(model: ModelSpec, gpu: GpuSpec, engine: EngineConfig) -> KVCapacity:
-    """The KV pool the engine section's sizing keys give; raises what :func:`size_kv_pool` raises
-    (:class:`ModelDoesNotFitError` when the weights leave no room)."""
+    """The KV pool the engine section's sizing keys give (one data-parallel rank's); raises what
+    :func:`size_kv_pool` raises (:class:`ModelDoesNotFitError` when the weights leave no room)."""
     return size_kv_pool(
         model,
         gpu,
@@ -126,6 +137,8 @@ def engine_pool(model: ModelSpec, gpu: GpuSpec, engine: EngineConfig) -> KVCapac
         kv_cache_memory_bytes=engine.kv_cache_memory_bytes,
         num_gpu_blocks_override=engine.num_gpu_blocks_override,
         tensor_parallel_size=engine.tensor_parallel_size,
+        expert_parallel_size=engine_expert_parallel_size(model, engine),
+        data_parallel_size=engine.data_parallel_size,
     )
 
 
@@ -140,7 +153,7 @@ def engine_cost_model(
     config: ExperimentConfig, model: ModelSpec, gpu: GpuSpec, engine: EngineConfig, base_dir: Path
 ) -> CostModel:
     """The experiment's cost model for one instance of the engine section (block size, cache dtype,
-    tensor parallelism)."""
+    tensor parallelism; with expert parallelism, one data-parallel rank's)."""
     return make_cost_model(
         config.cost_model,
         model,
@@ -149,6 +162,8 @@ def engine_cost_model(
         kv_cache_dtype=engine.kv_cache_dtype,
         base_dir=base_dir,
         tensor_parallel_size=engine.tensor_parallel_size,
+        data_parallel_size=engine.data_parallel_size,
+        expert_parallel_size=engine_expert_parallel_size(model, engine),
     )
 
 
@@ -182,6 +197,8 @@ class PreparedVariant:
     gpu: GpuSpec | None = None  # a pool's own GPU
     role: str = ""
     replica_count: int = 1
+    lockstep: bool = False
+    """Expert parallelism: the engine (or each data-parallel rank) steps on a shared step clock."""
 
 
 @dataclass
@@ -269,10 +286,14 @@ def _prepare_instance(
 ) -> tuple[PreparedVariant, list[str]]:
     """``replicas`` instances of one engine configuration (a variant's, or a disaggregated pool's)."""
     errors, warnings = check_engine(engine_config, model.name, model.max_position_embeddings, key)
-    try:
-        capacity = size_pool(model, gpu, engine_config)
-    except ConfigError as error:
-        errors.insert(0, f"model, gpu: {error}")
+    parallel_errors, parallel_warnings = check_parallelism(config, index, engine_config, model, key)
+    errors += parallel_errors
+    warnings += parallel_warnings
+    if not parallel_errors:
+        try:
+            capacity = size_pool(model, gpu, engine_config)
+        except ConfigError as error:
+            errors.insert(0, f"model, gpu: {error}")
     if errors:
         raise ConfigError("\n".join(errors))  # one problem per line
     max_model_len = engine_config.max_model_len or model.max_position_embeddings
@@ -283,6 +304,12 @@ def _prepare_instance(
     option_error = unknown_options_error(policy_name, variant.options)
     if option_error:
         raise ConfigError(f"variants.{index}.options: {option_error}")
+    if engine_config.data_parallel_size > 1:
+        # A data-parallel server's ranks are a cluster behind vLLM's own balancer.
+        cluster = ClusterConfig.model_validate(
+            {"replicas": engine_config.data_parallel_size, "router": DATA_PARALLEL_ROUTER}
+        )
+        replicas = engine_config.data_parallel_size
     if (
         cluster is not None
         and cluster.disaggregation is None
@@ -343,6 +370,7 @@ def _prepare_instance(
         replica_policies if cluster is not None else None,
     )
     prepared.offload = offload
+    prepared.lockstep = costs.expert_parallel is not None
     return prepared, warnings
 
 
@@ -463,6 +491,11 @@ def _disaggregation_problems(
                 f"{where}.{role}.policy: {pool.policy_name} has no blocks: KV is sent and received block by "
                 "block (vLLM's NIXL connector, Mooncake); use paged, prefix or radix"
             )
+        if pool.engine.data_parallel_size > 1 or pool.engine.enable_expert_parallel:
+            problems.append(
+                f"{where}.{role}.engine: data or expert parallelism inside a disaggregated pool is not modelled "
+                "(give the pool more replicas instead)"
+            )
         if pool.engine.scheduler != "vllm":
             problems.append(
                 f"{where}.{role}.engine.scheduler: {pool.engine.scheduler} is not modelled in disaggregated "
@@ -574,6 +607,38 @@ def check_engine(
     return errors, warnings
 
 
+def check_parallelism(
+    config: ExperimentConfig, index: int, engine: EngineConfig, model: ModelSpec, key: Callable[[str], str]
+) -> tuple[list[str], list[str]]:
+    """Data and expert parallelism kvsim runs (:func:`expert_parallel_problems`), and data
+    parallelism's own limits: ``(errors, warnings)``, each naming the key."""
+    errors = [
+        f"{key(knob)}: {text}"
+        for knob, text in expert_parallel_problems(
+            model, engine.data_parallel_size, engine.tensor_parallel_size, engine.enable_expert_parallel
+        )
+    ]
+    warnings: list[str] = []
+    variant = config.variants[index]
+    if engine.data_parallel_size > 1 and (config.cluster is not None or variant.cluster):
+        where = f"variants.{index}.cluster" if variant.cluster else "cluster"
+        errors.append(
+            f"{key('data_parallel_size')}: {engine.data_parallel_size} makes the server a group of ranks "
+            f"behind vLLM's own balancer; a {where}: section of such servers is not modelled. Use one or "
+            "the other"
+        )
+    if (
+        engine.enable_expert_parallel
+        and not errors
+        and engine.data_parallel_size * engine.tensor_parallel_size == 1
+    ):
+        warnings.append(
+            f"{key('enable_expert_parallel')}: one GPU (data_parallel_size x tensor_parallel_size = 1) "
+            "has every expert; nothing is dealt out, as in vLLM"
+        )
+    return errors, warnings
+
+
 def check_pool_holds_a_request(
     capacity: KVCapacity, block_size: int, max_model_len: int, key: Callable[[str], str]
 ) -> str:
@@ -662,6 +727,12 @@ def run_prepared(
         return _run_disaggregated(config, prepared, workload, requests, sink, bar, on_delivered)
     if prepared.cluster is not None:
         return _run_cluster(config, prepared, workload, requests, sink, bar, on_delivered)
+    lockstep: dict[str, Any] = {}
+    if prepared.lockstep:
+        # Expert parallelism within one server's TP group: a group of one rank, which pays the
+        # shared part of each step (its experts over its own tokens) alone.
+        env = simpy.Environment()
+        lockstep = {"env": env, "lockstep": _lockstep_group(env, 1, prepared.costs)}
     engine = _make_engine(
         config,
         prepared,
@@ -670,6 +741,7 @@ def run_prepared(
         sink,
         follow_up=workload.follow_up,
         on_delivered=on_delivered,
+        **lockstep,
     )
     started = time.perf_counter()
     engine.run(until_s=config.until_s)
@@ -705,7 +777,6 @@ def _make_engine(
         watermark=engine_config.watermark,
         on_oom=engine_config.on_oom,
         beam_reparent_prob=engine_config.beam_reparent_prob,
-        step_mode=engine_config.step_mode,
         scheduler=engine_config.scheduler,
         schedule_policy=engine_config.schedule_policy,
         schedule_conservativeness=engine_config.schedule_conservativeness,
@@ -715,6 +786,8 @@ def _make_engine(
             else engine_config.chunked_prefill_size
         ),
         max_prefill_tokens=engine_config.max_prefill_tokens,
+        # a lockstep group's ranks step together, one iteration at a time (sim/engine/lockstep.py)
+        step_mode="single" if prepared.lockstep else engine_config.step_mode,
         client_overhead_s=(
             prepared.costs.request_overhead_s
             if engine_config.client_overhead_s is None
@@ -778,8 +851,14 @@ def _run_cluster(
     policies = prepared.replica_policies
     assert cluster_config is not None and policies is not None
     sinks = [ReplicaSink(sink, index) for index in range(cluster_config.replicas)]
+    groups: list[LockstepGroup] = []  # the data-parallel ranks' step clock, with expert parallelism
 
     def build_replica(index, env, upstream, follow_up) -> Engine:
+        lockstep: dict[str, Any] = {}
+        if prepared.lockstep:
+            if not groups:
+                groups.append(_lockstep_group(env, cluster_config.replicas, prepared.costs))
+            lockstep = {"lockstep": groups[0]}
         return _make_engine(
             config,
             prepared,
@@ -789,6 +868,7 @@ def _run_cluster(
             env=env,
             upstream=upstream,
             follow_up=follow_up,
+            **lockstep,
         )
 
     cluster = Cluster(
@@ -924,6 +1004,12 @@ def _pool_shape(pool: PreparedVariant) -> PoolShape:
     )
 
 
+def _lockstep_group(env: simpy.Environment, ranks: int, costs: CostModel) -> LockstepGroup:
+    expert_parallel = costs.expert_parallel
+    assert expert_parallel is not None
+    return LockstepGroup(env, ranks, expert_parallel.step_s)
+
+
 REPLICA_TIMESERIES = "replica_timeseries"  # a cluster variant's per-replica series, beside timeseries
 
 # The per-request columns a summary needs (read back alone from a streamed file).
@@ -960,6 +1046,8 @@ def summarize(
         "policy_options": dict(variant.options),
         "block_size": pool.block_size,
         "tensor_parallel_size": capacity.tensor_parallel_size,
+        "data_parallel_size": capacity.data_parallel_size,
+        "expert_parallel_size": capacity.expert_parallel_size,
         "max_model_len": max_model_len,
         "kv_pool_tokens": pool.kv_pool_tokens,
         "kv_pool_bytes": pool.kv_pool_tokens * pool.kv_bytes_per_token,

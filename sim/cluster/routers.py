@@ -78,6 +78,24 @@ class LeastRequests(Router):
         return least_loaded(replicas)
 
 
+class VllmDataParallel(Router):
+    """vLLM's own balancer of a data-parallel server's ranks (``DPLBAsyncMPClient``,
+    ``get_core_engine_for_request``): the rank with the lowest ``4 x waiting + running`` (a waiting
+    request weighs four running ones), ties to the lowest index. vLLM reads the counts its DP
+    coordinator publishes every 100 ms, adding locally the requests it has sent since; here they are
+    exact at the arrival instant."""
+
+    name = "vllm_dp"
+
+    def choose(self, request: Request, replicas: Sequence[Engine]) -> int:
+        scores = [WAITING_WEIGHT * len(engine.waiting) + len(engine.running) for engine in replicas]
+        return scores.index(min(scores))
+
+
+WAITING_WEIGHT = 4
+"""vLLM's data-parallel balancer: ``score = waiting * 4 + running`` (``vllm/v1/engine/core_client.py``)."""
+
+
 class LeastKV(Router):
     """The replica with the most free KV slots (evictable cached blocks count as free, as in vLLM's
     ``kv_cache_usage_perc``), as the policy reports them at the arrival instant. With
@@ -139,7 +157,8 @@ class PrefixAware(Router):
 
 
 ROUTER_CLASSES: dict[str, type[Router]] = {
-    cls.name: cls for cls in (RoundRobin, LeastRequests, LeastKV, SessionAffinity, PrefixAware)
+    cls.name: cls
+    for cls in (RoundRobin, LeastRequests, VllmDataParallel, LeastKV, SessionAffinity, PrefixAware)
 }
 
 

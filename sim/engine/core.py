@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
@@ -63,6 +64,9 @@ from sim.outputs.metrics import (
 from sim.outputs.sinks import MemorySink, OutputSink
 from token_content import TokenContent, content_length
 from workloads.request import Request
+
+if TYPE_CHECKING:
+    from sim.engine.lockstep import LockstepGroup
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,7 @@ class Engine:
         on_delivered: Callable[[int], None] | None = None,
         transfer: KVTransferHooks | None = None,
         prefill_only: bool = False,
+        lockstep: LockstepGroup | None = None,
     ):
         """``env`` and ``upstream`` make the engine a replica of a cluster (``sim/cluster/``): it shares
         the cluster's clock, receives its requests through :meth:`submit`, and ``upstream()`` bounds
@@ -190,7 +195,12 @@ class Engine:
         ``transfer``: the replica of a disaggregated cluster (``sim/engine/transfer.py``); with
         ``prefill_only`` a prefill replica (every request hands its blocks off), else one that can
         receive prompts computed elsewhere (a decode replica). ``upstream()`` then also bounds when a
-        transfer may land or release blocks."""
+        transfer may land or release blocks.
+
+        ``lockstep`` makes it a rank of an expert-parallel group (``sim/engine/lockstep.py``): its
+        iterations last as long as the group's steps, one at a time (``step_mode: single``)."""
+        if lockstep is not None and knobs.step_mode != "single":
+            raise ValueError("a rank of a lockstep group steps one iteration at a time (step_mode single)")
         self.policy = policy
         self.costs = costs
         # The cost model's compiled iteration terms, when it has them: called without a Python call.
@@ -201,6 +211,7 @@ class Engine:
         self.block_size = block_size
         self.env = env if env is not None else simpy.Environment()
         self._upstream = upstream
+        self._lockstep = lockstep
         self.busy_until = float("inf")  # end of the wake-up in flight: no completion comes before it
         self.rng = np.random.default_rng(seed)
         self._follow_up = follow_up
@@ -427,6 +438,10 @@ class Engine:
                 self._wake = self.env.event()
                 yield self._wake
                 continue
+            if self._lockstep is not None and self._lockstep.in_flight():
+                # A rank that was idle joins the group's steps at the next boundary.
+                yield self._lockstep.boundary()
+                continue
             preemptions_before = self.counters.preemptions
             duration = self._advance()
             self.admission_blocker = self._admission_blocker(preemptions_before)
@@ -440,7 +455,7 @@ class Engine:
                 # between samples.)
                 self._record()
                 self.busy_until = self.env.now + duration
-                yield self.env.timeout(duration)
+                yield self._run_for(duration)
                 self.busy_until = float("inf")
                 if self._jump is not None:
                     self._end_jump()
@@ -469,6 +484,16 @@ class Engine:
             self._record()
 
     # ------------------------------------------------------------------------------------ iteration
+    def _run_for(self, duration: float) -> simpy.Event:
+        """The event that ends the wake-up just planned: ``duration`` from now, or, for a rank of a
+        lockstep group, the end of the group's step (this iteration's own time is one rank's part)."""
+        if self._lockstep is None:
+            return self.env.timeout(duration)
+        tokens = self._decoded_seqs
+        for _state, chunk in self._prefill_this_step:
+            tokens += chunk
+        return self._lockstep.join(self, duration, tokens)
+
     def _advance(self) -> float:
         """Start the next iteration and plan the deterministic ones after it; return their time."""
         first_s = self._first_iteration()

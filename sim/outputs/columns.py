@@ -30,6 +30,16 @@ SUMMARY: Columns = {
         "GPUs",
         "GPUs per instance (`engine.tensor_parallel_size`); the `kv_*` bytes and blocks are per GPU.",
     ),
+    "data_parallel_size": (
+        "ranks",
+        "Data-parallel ranks of the server (`engine.data_parallel_size`), each a replica in "
+        "`replicas.csv`; the `kv_*` columns are per rank.",
+    ),
+    "expert_parallel_size": (
+        "GPUs",
+        "GPUs the routed experts are dealt over (data_parallel_size x tensor_parallel_size with "
+        "`engine.enable_expert_parallel`, else 1).",
+    ),
     "max_model_len": ("tokens", "Longest request (prompt + output) the engine accepts."),
     "kv_pool_tokens": ("tokens (slots)", "Size of the KV pool: vLLM's `GPU KV cache size`."),
     "kv_pool_bytes": ("bytes", "Size of the KV pool in bytes (per GPU)."),

@@ -623,6 +623,12 @@ def _candidate(
     parts = [group, variant.name]
     where = " / ".join(parts)
     engine_config = _section_or_fail(EngineConfig, engine, "engine", path, where)
+    if engine_config.data_parallel_size > 1:
+        # (a plan counts a candidate's GPUs as replicas x tensor_parallel_size)
+        raise ConfigError(
+            f"{path}: candidate {where}: engine.data_parallel_size {engine_config.data_parallel_size}: "
+            "plans do not size data-parallel servers yet; cross cluster replicas instead"
+        )
     if _uses_blocks(variant):
         parts.append(f"block {engine_config.block_size}")
     parts += [f"{name}={shown(value)}" for name, value in knobs.items()]
