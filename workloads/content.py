@@ -32,6 +32,7 @@ PROMPT_SLOT = 0
 OUTPUT_SLOT = 1
 
 _SHARED, _REQUEST, _HASH, _INTERNED = 0, 1, 2, 3
+_INTS_ONLY = frozenset({int})  # (bool, a subclass of int, is not a hash id)
 
 
 class ContentIds:
@@ -93,14 +94,19 @@ def hash_prompt(
         raise ValueError(f"block_len must be positive, got {block_len}")
     if prompt_len <= 0:
         raise ValueError(f"prompt_len must be positive, got {prompt_len}")
-    segments: list[Segment] = []
-    left = prompt_len
-    for hash_id in hash_ids:
-        if left <= 0:
-            break
-        length = block_len if left >= block_len else left
-        segments.append((ids.hash_block(hash_id), length))
-        left -= length
+    full = min(prompt_len // block_len, len(hash_ids))  # hash blocks the prompt fills
+    head = hash_ids[:full]
+    segments: list[Segment]
+    if set(map(type, head)) <= _INTS_ONLY and (not head or min(head) >= 0):
+        # Non-negative int ids (nearly every trace): their streams computed in one pass, not one
+        # method call per block (337,000 of them for a 9,000-request replay).
+        segments = [(hash_id << 2 | _HASH, block_len) for hash_id in head]
+    else:
+        segments = [(ids.hash_block(hash_id), block_len) for hash_id in head]
+    left = prompt_len - full * block_len
+    if left > 0 and full < len(hash_ids):  # the last block the prompt reaches, cut
+        segments.append((ids.hash_block(hash_ids[full]), left))
+        left = 0
     if left > 0:
         if tail_id is None:
             raise ValueError(
