@@ -229,9 +229,15 @@ class Recorder:
         # Observation k adds the state before it times the time since: the state folded last for
         # the first (none before the very first observation: it adds nothing).
         previous = [self._folded_state or _NO_STATE, *states[:-1]]
-        values = np.fromiter(
-            chain.from_iterable(map(_AVERAGED_PART, previous)), dtype=np.float64, count=count * AVERAGED
-        ).reshape(count, AVERAGED)
+        # The states are slot and request counts (exact in float64): read as integers, then
+        # converted in one pass (read as floats, every value would make a float object).
+        values = (
+            np.fromiter(
+                chain.from_iterable(map(_AVERAGED_PART, previous)), dtype=np.int64, count=count * AVERAGED
+            )
+            .reshape(count, AVERAGED)
+            .astype(np.float64)
+        )
         elapsed = np.diff(np.array([self._folded_since, *times], dtype=np.float64))
         steps = values * elapsed[:, None]
         token_at = np.array([position for position, _ in tokens], dtype=np.int64)
