@@ -95,11 +95,19 @@ class FreeBlockQueue:
             return blocks
         cached = self._cached
         head = self._head
-        if count == 1 and not blank and not self._stale_entries and self._cached_count:
-            # A decoding sequence's next block once no blank block is left: the oldest cached one.
+        if count == 1 and self._cached_count:
+            # A decoding sequence's next block once no blank block is left: the oldest cached one,
+            # past the entries hits left behind.
+            stale = self._stale
+            block_id = cached[head]
+            while stale[block_id]:
+                stale[block_id] -= 1
+                self._stale_entries -= 1
+                head += 1
+                block_id = cached[head]
             self._cached_count -= 1
             self._head = head + 1
-            blocks = cached[head : head + 1]
+            blocks = [block_id]
         else:
             blocks = self._take_through_cached(count)
         if self._head > self.compact_after and self._head > self._cached_count:

@@ -341,8 +341,13 @@ class PrefixCachingPolicy(PagedPolicy):
             seq.append_segment(segment)
 
     def _lay_out_prompt(self, seq: SequenceState, prompt: TokenContent) -> None:
-        seq.segments = [segment for segment in prompt if segment[1] > 0]  # as append_segment keeps them
-        seq.segment_ends = _cumulative_ends(seq.segments)
+        # Its non-empty segments, as append_segment keeps them. (Copied whole when none is empty:
+        # compiled, a filtered segment is unpacked and packed again, a new tuple each.)
+        segments = list(prompt)
+        if not all(segment[1] for segment in prompt):
+            segments = [segment for segment in prompt if segment[1] > 0]
+        seq.segments = segments
+        seq.segment_ends = _cumulative_ends(segments)
 
     def _append_content(self, seq: SequenceState, num_tokens: int, content: TokenContent | None) -> None:
         if content is not None:

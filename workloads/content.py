@@ -25,6 +25,7 @@ Negative ids are never used by workloads: the engine may use them for streams it
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import cast
 
 from token_content import Segment, TokenContent
 
@@ -97,10 +98,11 @@ def hash_prompt(
     full = min(prompt_len // block_len, len(hash_ids))  # hash blocks the prompt fills
     head = hash_ids[:full]
     segments: list[Segment]
-    if set(map(type, head)) <= _INTS_ONLY and (not head or min(head) >= 0):
+    int_ids = cast("Sequence[int]", head)
+    if set(map(type, head)) <= _INTS_ONLY and (not head or min(int_ids) >= 0):
         # Non-negative int ids (nearly every trace): their streams computed in one pass, not one
         # method call per block (337,000 of them for a 9,000-request replay).
-        segments = [(hash_id << 2 | _HASH, block_len) for hash_id in head]
+        segments = [(hash_id << 2 | _HASH, block_len) for hash_id in int_ids]
     else:
         segments = [(ids.hash_block(hash_id), block_len) for hash_id in head]
     left = prompt_len - full * block_len
