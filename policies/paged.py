@@ -343,8 +343,7 @@ class PagedPolicy(SequenceTable[SequenceState]):
             self._ensure_free_blocks(
                 blocks_needed, "admitting sequence", seq_id, self._prefix_hit(hit_blocks, len(host_hits))
             )
-        for block_id in hit_blocks:
-            self._share_block(block_id)
+        self._share_blocks(hit_blocks)
         seq.block_table = hit_blocks
         self._logical_blocks += len(hit_blocks)
         cached_tokens = len(hit_blocks) * self.block_size
@@ -520,6 +519,11 @@ class PagedPolicy(SequenceTable[SequenceState]):
 
     def _share_block(self, block_id: int) -> None:
         raise AssertionError("plain paging never shares blocks")
+
+    def _share_blocks(self, block_ids: list[int]) -> None:
+        """:meth:`_share_block` of each block (a prefix hit's); plain paging never has one."""
+        for block_id in block_ids:
+            self._share_block(block_id)
 
     def _copy_shared_tail_before_write(self, seq: SequenceState) -> None:
         """Plain paging owns every block alone: nothing to copy."""

@@ -266,7 +266,7 @@ class PrefixCachingPolicy(PagedPolicy):
         # Touching an idle cached hit takes it out of the free queue, so it counts against the queue too.
         ref_count, pinned = self.ref_count, self._pinned
         for block_id in hits:
-            if ref_count[block_id] == 0 and block_id not in pinned:
+            if ref_count[block_id] == 0 and not (pinned and block_id in pinned):
                 new_blocks += 1
         return new_blocks
 
@@ -332,6 +332,24 @@ class PrefixCachingPolicy(PagedPolicy):
             self._filled_sum += self.block_size
             self._target_sum += self.block_size
         self.ref_count[block_id] += 1
+
+    def _share_blocks(self, block_ids: list[int]) -> None:
+        if self._pinned:
+            for block_id in block_ids:
+                self._share_block(block_id)
+            return
+        # Nothing pinned: the idle blocks leave the queue in turn and are counted once for all.
+        ref_count, queue = self.ref_count, self.free_queue
+        idle = 0
+        for block_id in block_ids:
+            if not ref_count[block_id]:
+                queue.remove_cached(block_id)
+                idle += 1
+            ref_count[block_id] += 1
+        self._cached_in_queue -= idle
+        self._live_blocks += idle
+        self._filled_sum += idle * self.block_size
+        self._target_sum += idle * self.block_size
 
     # ------------------------------------------------------------------------------- content and keys
     def _remember_content(self, seq: SequenceState, content: TokenContent) -> None:
