@@ -360,7 +360,7 @@ class DeratedCostModel(DatasheetCostModel):
     ) -> float:
         if not prefill_chunks:
             return self._decode.step_s(batch_size, sum_context)
-        chunk_tokens = sum(num_tokens for num_tokens, _ in prefill_chunks)
+        chunk_tokens = sum(chunk[0] for chunk in prefill_chunks)  # (indexed: see content_length)
         tokens = batch_size + chunk_tokens
         seconds = (
             self.gemm_s(tokens, batch_size + len(prefill_chunks))

@@ -644,7 +644,8 @@ class Engine:
         self.counters.iterations += steps
         self.counters.output_tokens += steps * self._decoded_seqs
         changed = False
-        for state, _chunk in self._prefill_this_step:
+        for prefilled in self._prefill_this_step:
+            state = prefilled[0]  # (indexed: see content_length)
             if state.is_running and state.prefilled >= state.tokens_to_prefill and not state.decoding:
                 self._start_decoding(state)
                 changed = True
