@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -48,9 +48,11 @@ from sim.hardware.gpus import GpuSpec, resolve_gpu
 from sim.hardware.models import ModelSpec, expert_parallel_problems, expert_parallel_size, resolve_model
 from sim.native import engine_build
 from sim.offload import OffloadConfig, host_load_seconds, host_tier_blocks, host_tier_summary
+from sim.outputs.metrics import RequestRecord
 from sim.outputs.sinks import FileSink, MemorySink, OutputSink
 from token_content import TokenContent
 from workloads import Workload, build_workload
+from workloads.request import Request
 
 GIB = 1024**3
 
@@ -67,6 +69,8 @@ class VariantResult:
     """A cluster's per-replica summaries (None for a single engine)."""
     replica_timeseries: pd.DataFrame | None = None
     """A cluster's per-replica time series, a ``replica`` column first (None for a single engine)."""
+    stopped_early: dict[str, Any] | None = None
+    """Why a watch ended the run before its end (:class:`RunWatch`); None when it ran to the end."""
 
     @property
     def timeseries(self) -> pd.DataFrame:
@@ -681,6 +685,24 @@ def check_reservation_fits(policy: KVCachePolicy, max_model_len: int, key: Calla
 # --------------------------------------------------------------------------------------------------
 
 
+class RunWatch(Protocol):
+    """Watches one engine's run and may end it early (``kvsim plan``: a probe whose failure is
+    already certain, ``sim/planning/plans/early_stop.py``). It is shown only runs whose every arrival
+    is known up front (the workload's whole stream, no follow-ups) and that nothing cuts short (no
+    ``until_s``, no cluster, no pinned prefixes): what happens to a request after it arrives is then
+    the engine's doing alone."""
+
+    def arrived(self, record: RequestRecord) -> None:
+        """A request arrived; its record shows its progress from now on (first token, finish)."""
+
+    def begin(self, engine: Engine, requests: list[Request]) -> simpy.Event | None:
+        """The run is about to start on ``requests``: register any process on ``engine.env`` and
+        return the event that stops the run, or None to leave this run alone."""
+
+    def outcome(self) -> dict[str, Any] | None:
+        """After the run: why it was stopped (JSON-able), or None if it was not."""
+
+
 def run_variant(
     config: ExperimentConfig,
     variant: VariantConfig,
@@ -707,8 +729,12 @@ def run_prepared(
     *,
     progress: bool = False,
     out_dir: Path | None = None,
+    watch: RunWatch | None = None,
+    keep_tables: bool = False,
 ) -> VariantResult:
-    """Run one prepared variant on ``workload``'s request stream (replayed afresh)."""
+    """Run one prepared variant on ``workload``'s request stream (replayed afresh); ``watch`` may end
+    it early (only where :class:`RunWatch` says a watch is shown the run). With ``out_dir`` and
+    ``keep_tables`` the tables stream to files and stay in memory too (read right after the run)."""
     if prepared.ran:
         raise RuntimeError(f"variant {prepared.variant.name!r} already ran: prepare it again")
     prepared.ran = True
@@ -716,7 +742,7 @@ def run_prepared(
     total = workload.describe().get("num_requests")
     bar = tqdm(total=total, desc=variant.name, unit="req", disable=not progress, leave=False)
     sink: OutputSink = (
-        FileSink(out_dir / variant.name, config.output.timeseries_format)
+        FileSink(out_dir / variant.name, config.output.timeseries_format, keep=keep_tables)
         if out_dir is not None
         else MemorySink()
     )
@@ -733,27 +759,41 @@ def run_prepared(
         # shared part of each step (its experts over its own tokens) alone.
         env = simpy.Environment()
         lockstep = {"env": env, "lockstep": _lockstep_group(env, 1, prepared.costs)}
+    watching = watch if watch is not None and _watchable(config, prepared, workload) else None
+    known = list(requests) if watching is not None else None  # the watch reads every arrival up front
     engine = _make_engine(
         config,
         prepared,
         prepared.policy,
-        requests,
+        iter(known) if known is not None else requests,
         sink,
         follow_up=workload.follow_up,
         on_delivered=on_delivered,
         **lockstep,
+        on_arrival=watching.arrived if watching is not None else None,
     )
+    stop = watching.begin(engine, known) if watching is not None and known is not None else None
     started = time.perf_counter()
-    engine.run(until_s=config.until_s)
+    engine.run(until_s=config.until_s, stop=stop)
     wall_s = time.perf_counter() - started
     bar.close()
     sink.close()
     requests_table = sink.requests(columns=SUMMARY_REQUEST_COLUMNS)
     summary = _summary(engine, requests_table, prepared, wall_s, [prepared.policy])
     summary |= balance_metrics("none", [len(requests_table)], [summary])
+    stopped = watching.outcome() if stop is not None and watching is not None else None
     return VariantResult(
-        variant.name, summary, prepared.capacity.capacity_lines(prepared.max_model_len), sink
+        variant.name,
+        summary,
+        prepared.capacity.capacity_lines(prepared.max_model_len),
+        sink,
+        stopped_early=stopped,
     )
+
+
+def _watchable(config: ExperimentConfig, prepared: PreparedVariant, workload: Workload) -> bool:
+    """Whether a :class:`RunWatch` may see this run: every arrival known up front, nothing cut short."""
+    return config.until_s is None and prepared.pinned_tokens == 0 and workload.arrivals_known_up_front
 
 
 def _make_engine(
@@ -1101,10 +1141,23 @@ def run_experiment(
     progress: bool = False,
     out_dir: Path | None = None,
     prepared: PreparedExperiment | None = None,
+    watch: Callable[[], RunWatch] | None = None,
+    keep_tables: bool = False,
 ) -> list[VariantResult]:
-    """Run every variant on the identical request stream; all are prepared (checked) before the first."""
+    """Run every variant on the identical request stream; all are prepared (checked) before the first.
+    ``watch`` makes a fresh :class:`RunWatch` for each variant's run; ``keep_tables``: as
+    :func:`run_prepared`'s."""
     prepared = prepared or prepare_experiment(config, config_path)
     variants = tqdm(prepared.variants, desc=config.name, unit="variant", disable=not progress)
     return [
-        run_prepared(config, item, prepared.workload, progress=progress, out_dir=out_dir) for item in variants
+        run_prepared(
+            config,
+            item,
+            prepared.workload,
+            progress=progress,
+            out_dir=out_dir,
+            watch=watch() if watch is not None else None,
+            keep_tables=keep_tables,
+        )
+        for item in variants
     ]

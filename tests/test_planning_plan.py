@@ -8,6 +8,7 @@ import math
 from html.parser import HTMLParser
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from sim.cli import main
@@ -61,10 +62,35 @@ def test_max_rate_and_its_failing_neighbour_straddle_the_slo(planned, knob):
     ]
     assert broken
     assert any(
-        s["ttft_p99_s"] > SLO_TTFT or s["late_ttft_p99_s"] > SLO_TTFT or s["queue_growth_frac"] > 0.05
+        s["ttft_p99_s"] > SLO_TTFT
+        or s["late_ttft_p99_s"] > SLO_TTFT
+        or s["queue_growth_frac"] > 0.05
+        # A run stopped early was certain its p99 TTFT would break it: that is its evidence.
+        or [b["slo"] for b in s.get("stopped_early", {}).get("broken", [])] == ["ttft_p99_s"]
         for s in broken
     )
     assert below["passed"] and not above["passed"]
+
+
+def test_probes_certain_to_fail_stop_early_and_say_so(planned):
+    """The tiny plan's overloaded probes stop once their p99 TTFT is certainly over 1 s: they fail,
+    each stopped seed names the SLO, its steady.json records the stop, the tables and report say so."""
+    _, result = planned
+    stopped = [p for p in result.document["probes"] if p["stopped_early"]]
+    assert stopped
+    table = pd.read_parquet(result.out_dir / "sweep.parquet")
+    for entry in stopped:
+        assert not entry["passed"]
+        seeds = [seed for seed in entry["seeds"] if seed["stopped_early_s"] is not None]
+        assert seeds
+        for seed in seeds:
+            assert any(v.startswith("p99 TTFT > 1.00 s") and "certain after" in v for v in seed["violations"])
+            steady = steady_on_disk(result.out_dir, seed["point_id"])
+            assert steady["stopped_early"]["at_s"] == seed["stopped_early_s"]
+            assert steady["latencies_are_lower_bounds"] is True
+            row = table[(table["probe"] == entry["number"]) & (table["seed"] == seed["seed"])]
+            assert row["stopped_early_s"].tolist() == [seed["stopped_early_s"]]
+    assert "failure certain" in (result.out_dir / "report.md").read_text()
 
 
 def test_binding_limit_comes_from_what_held_admissions_back(planned):

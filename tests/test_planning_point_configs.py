@@ -87,7 +87,15 @@ def test_a_plan_probe_config_runs_where_it_is(tmp_path, monkeypatch):
             "max_model_len": 1024,
         },
         candidates={"policies": [{"name": "paged", "policy": "paged"}], "block_sizes": [16]},
-        search={"start_rate_per_s": 2, "seeds": [1], "min_requests": 60, "max_probes": 2},
+        # Both probes here break the SLO early on: a probe stopped there reruns to its end (its config
+        # is the whole run's), so they run to their end here, to compare.
+        search={
+            "start_rate_per_s": 2,
+            "seeds": [1],
+            "min_requests": 60,
+            "max_probes": 2,
+            "early_stop": False,
+        },
     )
     plan = load_plan_spec(write_yaml(plan_dir / "plan.yaml", data))
     run = run_plan(plan, plan_dir / "out")

@@ -385,3 +385,32 @@ def test_seeds_as_replicates():
     assert seed_spread([short])["max_rate_per_seed"] == {"1": 2.0, "2": None}
     two = seed_spread([probe(2.0, {1: True, 2: True}), probe(4.0, {1: False, 2: True})])
     assert two == {"max_rate_per_seed": {"1": 2.0, "2": 4.0}, "min": 2.0, "max": 4.0}  # no interval of 2
+
+
+def test_a_rate_starts_as_long_as_another_needed_to_pass_short_of_the_long_probes():
+    """6 passed only at 1,000 requests: the next rate's first probe runs 1,000, not the plan's 500. A
+    pass at the long-probe length (after a refuted confirmation) is no such floor: long_probe is."""
+    search = RateSearch(SearchSpec(start_rate_per_s=2, min_requests=500, rel_tolerance=0.2))
+    search.record(2.0, True, 500)
+    search.record(6.0, True, 1000)
+    search.record(8.0, False, 500)
+    assert search.next_rates() == [(7.0, 1000)]
+    search.long_probe_requests = 10000
+    search.record(6.5, True, 10000)
+    assert search.steady_requests == 1000 and search.next_rates() == [(7.2, 10000)]
+
+
+def test_after_a_refuted_confirmation_probes_run_as_long_as_the_longest_that_passed():
+    """Confirmation at 1 req/s broke at 5,780 requests; 0.5 then needed 11,560 to settle and passed:
+    the next rate starts at 11,560, and a pass there needs no other confirmation."""
+    search = RateSearch(SearchSpec(start_rate_per_s=1, min_requests=500, rel_tolerance=0.1))
+    search.record(1.0, True, 578)
+    search.record(2.0, False, 578)
+    search.record(1.1, False, 578)
+    search.record_confirmation(1.0, False, 5780)
+    search.record(0.5, True, 11560)
+    assert search.long_probe_requests == 11560
+    ((rate, requests),) = search.next_rates()
+    assert (rate, requests) == (0.75, 11560)
+    search.record(0.75, True, 11560)
+    assert search.confirmed == 0.75 and search.confirmation() is None

@@ -61,7 +61,7 @@ def made_up_plan(tmp_path, **search):
 
 def test_short_probes_run_longer_and_a_confirmation_refutes_a_lucky_rate(tmp_path):
     """By hand: 2 and 4 pass; 8 fails; 6 is filling at 500 requests, runs again at 1,000 and passes;
-    7 fails (7/6 - 1 <= 20 %: converged). The confirmation at 6 (10 x 1,000 requests) breaks, so 6
+    7 fails (its first probe as long as 6 needed, 1,000; 7/6 - 1 <= 20 %: converged). The confirmation at 6 (10 x 1,000 requests) breaks, so 6
     fails after all, and the search goes on with probes of 10,000 requests: 5 fails, 4.5 fails
     (4.5/4 - 1 <= 20 %); 4 is confirmed by a run as long (10 x its 500 would be shorter)."""
     plan = made_up_plan(tmp_path)
@@ -73,7 +73,7 @@ def test_short_probes_run_longer_and_a_confirmation_refutes_a_lucky_rate(tmp_pat
         (8.0, 500, False, False),
         (6.0, 500, False, False),  # filling: run again longer, not judged
         (6.0, 1000, False, True),
-        (7.0, 500, False, False),
+        (7.0, 1000, False, False),
         (6.0, 10000, True, False),
         (5.0, 10000, False, False),
         (4.5, 10000, False, False),
@@ -210,3 +210,129 @@ def test_knee_curves_show_the_best_evidence_at_each_rate():
         {"number": 4, "rate_per_s": 5.0, "requests": 10000},
     ]
     assert [p["number"] for p in best_evidence(probes)] == [4, 3, 2]
+
+
+def test_a_probe_stopped_early_is_shown_only_where_nothing_ran_to_its_end():
+    from sim.planning.report.figures import best_evidence
+
+    probes = [
+        {"number": 0, "rate_per_s": 7.0, "requests": 500},
+        {"number": 1, "rate_per_s": 7.0, "requests": 10000, "confirmation": True, "stopped_early": True},
+        {"number": 2, "rate_per_s": 8.0, "requests": 10000, "stopped_early": True},
+    ]
+    assert [p["number"] for p in best_evidence(probes)] == [0, 2]
+
+
+def test_a_block_size_sibling_starts_from_its_neighbours_answer(tmp_path):
+    """Block sizes 16 and 32 of one policy, on the made-up server (blind to block size). Block 32 (the
+    larger: fewer blocks to simulate) searches as in the test above: 4 req/s, confirmed by 10,000
+    requests, 4.5 failing at 10,000. Block 16 then starts from that: 4 and 4.5 in one round, at 10,000
+    requests each (the length that decided 4.5, and the long-probe length for 4, which 4 inherits: the
+    short probes near this knee proved lucky). 4 passes at that length (no other confirmation needed)
+    and 4.5 fails: 4.5/4 - 1 <= 20 %, done in one round."""
+    data = plan_data(candidates={"policies": [{"name": "paged", "policy": "paged"}], "block_sizes": [16, 32]})
+    data["search"] = {
+        "start_rate_per_s": 2,
+        "seeds": [1],
+        "min_requests": 500,
+        "rel_tolerance": 0.2,
+        "min_fill_multiple": 0,
+        "cost_band": "none",
+    }
+    plan = load_plan_spec(write_yaml(tmp_path / "plan.yaml", data))
+    document = run_plan(plan, tmp_path / "out", fn=made_up_server).document
+    leader, follower = "A100-80GB / paged / block 32", "A100-80GB / paged / block 16"
+    mine = [
+        (p["rate_per_s"], p["requests"], p["passed"])
+        for p in document["probes"]
+        if p["candidate"] == follower
+    ]
+    assert mine == [(4.0, 10000, True), (4.5, 10000, False)]
+    first = min(p["number"] for p in document["probes"] if p["candidate"] == follower)
+    assert first > max(p["number"] for p in document["probes"] if p["candidate"] == leader)
+    results = {r["key"]: r for r in document["candidates"]}
+    assert len([p for p in document["probes"] if p["candidate"] == leader]) == 10
+    for key in (leader, follower):
+        assert results[key]["max_rate_per_s"] == 4.0 and results[key]["fail_rate_per_s"] == 4.5
+        assert results[key]["confirmed"]["held"] is True and results[key]["confirmed"]["requests"] == 10000
+
+
+def test_a_sibling_whose_answer_differs_searches_on_from_its_neighbours(tmp_path):
+    """A server where block 16 keeps up only to 3 req/s: starting from block 32's 4 (fails) and 4.5
+    (fails), it steps down by 1 + 2 x 20 % = 1.4: 4 / 1.4 = 2.9 passes; the midpoints 3.5 and 3.2
+    fail (3.2/2.9 - 1 <= 20 %). Every probe is as long as block 32's confirmation (10,000 requests,
+    the long-probe length it inherits), so 2.9 needs no other confirmation."""
+
+    def block_aware(task: PointTask) -> PointOutcome:
+        if (
+            task.config["engine"].get("block_size") == 16
+            and task.config["workload"]["arrival"]["rate_per_s"] > 3
+        ):
+            steady = STEADY | {"ttft_p99_s": 3.0, "late_ttft_p99_s": 3.0, "queue_growth_frac": 0.0}
+            return made_up_outcome(task, steady)
+        return made_up_server(task)
+
+    data = plan_data(candidates={"policies": [{"name": "paged", "policy": "paged"}], "block_sizes": [16, 32]})
+    data["search"] = {"start_rate_per_s": 2, "seeds": [1], "min_requests": 500, "rel_tolerance": 0.2}
+    data["search"] |= {"min_fill_multiple": 0, "cost_band": "none"}
+    plan = load_plan_spec(write_yaml(tmp_path / "plan.yaml", data))
+    document = run_plan(plan, tmp_path / "out", fn=block_aware).document
+    mine = [
+        (p["rate_per_s"], p["requests"], p["confirmation"], p["passed"])
+        for p in document["probes"]
+        if p["candidate"] == "A100-80GB / paged / block 16"
+    ]
+    assert mine == [
+        (4.0, 10000, False, False),
+        (4.5, 10000, False, False),
+        (2.9, 10000, False, True),
+        (3.5, 10000, False, False),
+        (3.2, 10000, False, False),
+    ]
+    result = next(r for r in document["candidates"] if r["key"] == "A100-80GB / paged / block 16")
+    assert result["max_rate_per_s"] == 2.9 and result["fail_rate_per_s"] == 3.2
+    assert result["confirmed"]["held"] is True
+
+
+def test_a_siblings_band_edges_start_from_its_neighbours(tmp_path):
+    """The band test above with block sizes 16 and 32: block 32's edges search as there (x0.8: 5
+    passes, 7 and 6 fail; x1.6: 2.5 passes, 3.5 and 3 fail); block 16's then probe those brackets
+    alone, both ends in one round: 5 and 6 at x0.8, 2.5 and 3 at x1.6: the same rates and GPUs."""
+    data = plan_data(candidates={"policies": [{"name": "paged", "policy": "paged"}], "block_sizes": [16, 32]})
+    data["search"] = {"start_rate_per_s": 2, "seeds": [1], "min_requests": 500, "rel_tolerance": 0.2}
+    data["search"] |= {"min_fill_multiple": 0, "cost_band": [0.8, 1.6]}
+    plan = load_plan_spec(write_yaml(tmp_path / "plan.yaml", data))
+    document = run_plan(plan, tmp_path / "out", fn=server_slowed_by_the_cost_model).document
+    follower = "A100-80GB / paged / block 16"
+    edges = [
+        (p["time_scale"], p["rate_per_s"], p["passed"])
+        for p in document["probes"]
+        if p["candidate"].startswith(follower + " @")
+    ]
+    assert edges == [(0.8, 5.0, True), (0.8, 6.0, False), (1.6, 2.5, True), (1.6, 3.0, False)]
+    for result in document["candidates"]:
+        by_scale = {edge["time_scale"]: edge for edge in result["band"]["edges"]}
+        assert (by_scale[0.8]["max_rate_per_s"], by_scale[0.8]["gpus_for_target"]) == (5.0, 4)
+        assert (by_scale[1.6]["max_rate_per_s"], by_scale[1.6]["gpus_for_target"]) == (2.5, 8)
+
+
+def test_worker_processes_draw_the_same_report(tmp_path):
+    """The report's figures are drawn by the plan's executor: two local processes give the same report
+    and the same images as drawing them one by one here."""
+    from sim.planning.sweeps.executors import LocalExecutor
+
+    plan = made_up_plan(tmp_path, cost_band=[0.8, 1.6])
+    here = run_plan(plan, tmp_path / "here", fn=server_slowed_by_the_cost_model)
+    executor = LocalExecutor(2)
+    try:
+        there = run_plan(plan, tmp_path / "there", executor, fn=server_slowed_by_the_cost_model)
+    finally:
+        executor.close()
+    for name in ("report.md", "report.html"):
+        assert (here.out_dir / name).read_text() == (there.out_dir / name).read_text()
+    figures = sorted(path.name for path in (here.out_dir / "figures").iterdir())
+    assert figures and figures == sorted(path.name for path in (there.out_dir / "figures").iterdir())
+    for name in figures:
+        assert (here.out_dir / "figures" / name).read_bytes() == (
+            there.out_dir / "figures" / name
+        ).read_bytes()

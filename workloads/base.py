@@ -91,6 +91,13 @@ class Workload(ABC):
         """The next request of ``finished``'s user or conversation, or None (the default)."""
         return None
 
+    @property
+    def arrivals_known_up_front(self) -> bool:
+        """Every request is in :meth:`requests`' stream, at the time it says (:meth:`follow_up` never
+        adds or delays one), so every arrival is known before the run. A workload that overrides
+        :meth:`follow_up` says when this holds."""
+        return type(self).follow_up is Workload.follow_up
+
     @abstractmethod
     def describe(self) -> dict[str, Any]: ...
 

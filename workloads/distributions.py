@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 from pathlib import Path
 
@@ -161,11 +160,12 @@ def load_column(path: str | Path, column: str, base_dir: Path | None, what: str)
 
     Parsed once per process for each content of the file: a capacity plan builds the same workload
     for every probe, and parsing the file each time took about a fifth of a plan's time. (Keyed by
-    a hash of the bytes, not the modification time, which can miss a rewrite within one clock
-    tick.) The array is shared, so it is read-only."""
+    the bytes themselves, not the modification time, which can miss a rewrite within one clock
+    tick; Python's hash of them and a comparison cost a third of a cryptographic digest, which a
+    plan paid three times a probe.) The array is shared, so it is read-only."""
     full = resolve_path(path, base_dir)
     try:
-        content = hashlib.blake2b(full.read_bytes(), digest_size=16).digest()
+        content = full.read_bytes()
     except OSError:
         return _read_column(full, column, what)  # pandas names the problem
     return _cached_column(full, content, column, what)

@@ -394,6 +394,10 @@ class SyntheticWorkload(Workload):
         return self._new_request(state.draws, request_id, arrival_s, session)
 
     # -- closed loop -----------------------------------------------------------------------------------
+    @property
+    def arrivals_known_up_front(self) -> bool:
+        return self._closed is None and self.config.multi_turn is None
+
     def follow_up(self, finished: Request, finish_s: float) -> Request | None:
         if self._closed is not None:
             return self._user_follow_up(finished, finish_s)

@@ -814,6 +814,10 @@ class TraceWorkload(Workload):
         for request, _ in self.records():
             yield request
 
+    @property
+    def arrivals_known_up_front(self) -> bool:
+        return self.config.max_concurrency is None
+
     def follow_up(self, finished: Request, finish_s: float) -> Request | None:
         """With ``max_concurrency``: the trace's next request, sent when the slot ``finished`` held
         frees, or at its own arrival time if that is later."""

@@ -187,11 +187,14 @@ class Engine:
         transfer: KVTransferHooks | None = None,
         prefill_only: bool = False,
         lockstep: LockstepGroup | None = None,
+        on_arrival: Callable[[RequestRecord], None] | None = None,
     ):
         """``env`` and ``upstream`` make the engine a replica of a cluster (``sim/cluster/``): it shares
         the cluster's clock, receives its requests through :meth:`submit`, and ``upstream()`` bounds
         when the next one may come (the engine plans its event-skipping jumps with it).
-        ``on_delivered(count)`` follows the requests of ``requests`` as they arrive (a progress bar).
+        ``on_delivered(count)`` follows the requests of ``requests`` as they arrive (a progress bar);
+        ``on_arrival(record)`` receives each request's record as it arrives, to read its progress
+        later (a watch that may stop the run: :meth:`run`'s ``stop``).
         ``transfer``: the replica of a disaggregated cluster (``sim/engine/transfer.py``); with
         ``prefill_only`` a prefill replica (every request hands its blocks off), else one that can
         receive prompts computed elsewhere (a decode replica). ``upstream()`` then also bounds when a
@@ -216,6 +219,8 @@ class Engine:
         self.rng = np.random.default_rng(seed)
         self._follow_up = follow_up
         self._arrivals = Arrivals(self.env, requests, self._arrive, on_delivered=on_delivered)
+        self._on_arrival = on_arrival
+        self._loop_process: simpy.Process | None = None
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
         # The running requests whose prompt is in progress, in running order: every iteration
@@ -268,17 +273,27 @@ class Engine:
         self._released: list[RequestState] = []
 
     # ------------------------------------------------------------------------------------------ run
-    def run(self, until_s: float | None = None) -> None:
+    def run(self, until_s: float | None = None, stop: simpy.Event | None = None) -> None:
+        """Run to the end (every request done) or to ``until_s``; or, given ``stop`` (not with
+        ``until_s``), until that event fires. What is in flight at a stop is booked unfinished. If
+        ``stop`` never fires, the run ends exactly as without it: at the last request's end, not at
+        a later event of whatever would have fired it."""
+        if stop is not None and until_s is not None:
+            raise ValueError("an engine run takes until_s or a stop event, not both")
         self.start()
         with fewer_collections():
-            self.env.run(until=until_s)
+            if stop is None:
+                self.env.run(until=until_s)
+            else:
+                assert self._loop_process is not None
+                self.env.run(until=self.env.any_of([stop, self._loop_process]))
         self.finish()
 
     def start(self) -> None:
         """Register the engine's processes (a cluster starts every replica, then runs the clock)."""
         if self._upstream is None:
             self.env.process(self._arrivals.process())
-        self.env.process(self._loop())
+        self._loop_process = self.env.process(self._loop())
         self._record()
 
     def submit(self, request: Request, record: RequestRecord | None = None) -> None:
@@ -354,6 +369,8 @@ class Engine:
     def _arrive(self, request: Request, record: RequestRecord | None = None) -> None:
         if record is None:
             record = self.new_record(request)
+        if self._on_arrival is not None:
+            self._on_arrival(record)
         state = RequestState(request, record)
         reason = self._never_admissible(request)
         if reason:
@@ -375,6 +392,10 @@ class Engine:
         )
         record.client_overhead_s = self.knobs.client_overhead_s
         return record
+
+    def rejects_on_arrival(self, request: Request) -> bool:
+        """Whether ``request`` would be rejected as it arrives (nothing could ever admit it)."""
+        return bool(self._never_admissible(request))
 
     def _never_admissible(self, request: Request) -> str:
         knobs = self.knobs

@@ -5,7 +5,8 @@ time series every few thousand samples), so memory holds only the rows not yet h
 
 - :class:`MemorySink` keeps them (tests, notebooks, validation runs that read them right away);
 - :class:`FileSink` appends them to ``requests.parquet`` / ``timeseries.parquet`` (or ``.csv``) in a
-  folder as row groups, so a run of a million requests never holds its outputs in memory.
+  folder as row groups, so a run of a million requests never holds its outputs in memory (unless
+  asked to keep them too: a plan's probe, bounded in length, is measured right after it ran).
 """
 
 from __future__ import annotations
@@ -56,13 +57,18 @@ class MemorySink:
 
 
 class FileSink:
-    """Appends to ``folder/requests.<fmt>`` and ``folder/timeseries.<fmt>`` (fmt: parquet or csv)."""
+    """Appends to ``folder/requests.<fmt>`` and ``folder/timeseries.<fmt>`` (fmt: parquet or csv).
+    With ``keep``, the rows written stay in memory as well, and :meth:`requests` and
+    :meth:`timeseries` return them without reading the files back."""
 
-    def __init__(self, folder: Path, fmt: str = "parquet"):
+    def __init__(self, folder: Path, fmt: str = "parquet", keep: bool = False):
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.fmt = fmt
         self._writers: dict[str, Any] = {}
+        self._kept: dict[str, list[pd.DataFrame]] | None = (
+            {"requests": [], "timeseries": []} if keep else None
+        )
 
     def path(self, stem: str) -> Path:
         return self.folder / f"{stem}.{self.fmt}"
@@ -74,6 +80,8 @@ class FileSink:
         self._append("timeseries", frame)
 
     def _append(self, stem: str, frame: pd.DataFrame) -> None:
+        if self._kept is not None and stem in self._kept:
+            self._kept[stem].append(frame)
         if self.fmt == "csv":
             first = stem not in self._writers
             frame.to_csv(self.path(stem), mode="w" if first else "a", header=first, index=False)
@@ -101,10 +109,23 @@ class FileSink:
         self._writers[stem] = True
 
     def requests(self, columns: list[str] | None = None) -> pd.DataFrame:
-        return read_requests(self.path("requests"), columns)
+        if self._kept is None:
+            return read_requests(self.path("requests"), columns)
+        frame = self._kept_frame("requests")
+        return frame[columns] if columns else frame
 
     def timeseries(self, max_rows: int | None = None) -> pd.DataFrame:
-        return read_thinned(self.path("timeseries"), max_rows)
+        if self._kept is None:
+            return read_thinned(self.path("timeseries"), max_rows)
+        return thin(self._kept_frame("timeseries"), max_rows)
+
+    def _kept_frame(self, stem: str) -> pd.DataFrame:
+        """The rows kept of ``stem``, as one frame (concatenated once)."""
+        assert self._kept is not None
+        frames = self._kept[stem]
+        if len(frames) != 1:
+            frames[:] = [pd.concat(frames, ignore_index=True)] if frames else [pd.DataFrame()]
+        return frames[0]
 
     def close(self) -> None:
         for stem, empty in (("requests", requests_frame([])), ("timeseries", None)):

@@ -77,9 +77,24 @@ def probe_metrics(probe: Probe) -> dict[str, dict[str, float | None]]:
 
 
 def binding_limit(failing: Probe | None) -> dict[str, Any]:
-    """Which limit broke the SLOs at the first failing rate, with the evidence."""
+    """Which limit broke the SLOs at the first failing rate, with the evidence (of a run stopped
+    early, once an SLO was certainly broken: what it measured up to the stop, and the SLOs broken by
+    then)."""
     if failing is None:
         return {"limit": None, "label": "none reached", "why": "no probed rate broke an SLO"}
+    limit = _binding_limit(failing)
+    stops = [run.steady["stopped_early"]["at_s"] for run in failing.runs if run.steady.get("stopped_early")]
+    if stops:
+        limit["why"] += (
+            f" (read from {len(stops)} run(s) stopped early, at {seconds(min(stops))}"
+            + (f"–{seconds(max(stops))}" if max(stops) != min(stops) else "")
+            + " of simulated time, once an SLO was certainly broken: the window up to the stop)"
+        )
+        limit["evidence"]["stopped_early_s"] = stops
+    return limit
+
+
+def _binding_limit(failing: Probe) -> dict[str, Any]:
     broken = {violation.slo for run in failing.runs for violation in run.violations}
     blocked = {
         name: spread([run.steady.get(f"blocked_by_{name}_frac") for run in failing.runs])["mean"] or 0.0

@@ -6,7 +6,9 @@ leave-one-run-out TPOT errors (``ServingCalibration.time_scale_band``: the GPU-t
 have matched the measured runs kvsim was not fitted to), an explicit ``[fast, slow]`` pair of scales
 applies to every candidate, and ``none`` skips it. The edge searches start from each candidate's
 nominal maximum rate scaled by the edge (a warm start: a few probes each) and are not confirmed by
-long runs, so an edge's rate is a short-probe estimate: the report says so.
+long runs, so an edge's rate is a short-probe estimate: the report says so. A candidate's edges are
+searched as soon as it has its nominal answer, alongside the other candidates' searches; a
+block-size sibling's edge starts from its neighbour's at the same edge (``RateSearch.following``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from sim.planning.plans.search import RateSearch
 from sim.planning.plans.spec import Candidate, Plan, SearchSpec
 
 if TYPE_CHECKING:
-    from sim.planning.plans.run import Probe, Rounds
+    from sim.planning.plans.run import Probe
 
 
 def band_scales(plan: Plan) -> tuple[float, float] | None:
@@ -71,58 +73,79 @@ def edge_key(key: str, time_scale: float) -> str:
     return f"{key} @ GPU times x{time_scale:.3g}"
 
 
-def search_band(
-    plan: Plan, results: list[dict[str, Any]], rounds: Rounds, first_number: int
-) -> tuple[dict[str, Any] | None, list[Probe]]:
-    """Every candidate with a nominal maximum rate, searched at both edges of the band in the same
-    rounds (both edges' probes keep the cores busy together): the band's summary (scales, each edge's
-    ranking and per-candidate rates and GPUs) and the probes it ran."""
-    scales = band_scales(plan)
-    nominal = {r["key"]: r for r in results if r.get("max_rate_per_s") is not None}
-    if scales is None or not nominal:
-        return None, []
-    search = plan.spec.search.model_copy(update={"confirm_factor": 0.0, "cost_band": "none"})
-    edges_plan = Plan(plan.spec.model_copy(update={"search": search}), plan.path, [])
-    at_edge: dict[float, list[Candidate]] = {scale: [] for scale in scales}
-    origin: dict[str, tuple[float, str]] = {}  # edge key -> (scale, nominal key)
-    searches: dict[str, RateSearch] = {}
-    for scale in scales:
-        for candidate in plan.candidates:
-            if candidate.key not in nominal:
-                continue
-            edge = edge_candidate(candidate, scale)
-            at_edge[scale].append(edge)
-            origin[edge.key] = (scale, candidate.key)
-            searches[edge.key] = RateSearch(_warm_start(search, nominal[candidate.key], scale))
-    both = replace(edges_plan, candidates=[c for scale in scales for c in at_edge[scale]])
-    probes = rounds.search(both, searches, first_number, {key: scale for key, (scale, _) in origin.items()})
-    edges = []
-    for scale in scales:
-        keys = {c.key for c in at_edge[scale]}
-        ranked = candidate_results(
-            replace(both, candidates=at_edge[scale]), searches, [p for p in probes if p.candidate in keys]
-        )
-        edges.append(
-            {
-                "time_scale": scale,
-                "ranking": [origin[r["key"]][1] for r in ranked if r.get("rank")],
-                "candidates": {
-                    origin[r["key"]][1]: {
-                        "max_rate_per_s": r.get("max_rate_per_s"),
-                        "gpus_for_target": r.get("gpus_for_target"),
-                        "probe": r.get("max_probe"),
-                    }
-                    for r in ranked
-                },
-            }
-        )
-    return {"time_scales": list(scales), "source": _band_source(plan), "edges": edges}, probes
+class Band:
+    """The band's edge searches of one plan, added as candidates get their nominal answers
+    (``sim.planning.plans.schedule``), and their summary once all have run."""
+
+    def __init__(self, plan: Plan):
+        self.scales = band_scales(plan) or ()
+        search = plan.spec.search.model_copy(update={"confirm_factor": 0.0, "cost_band": "none"})
+        # The edges' probes: the plan's, at an edge's cost model, short and unconfirmed.
+        self.plan = Plan(plan.spec.model_copy(update={"search": search}), plan.path, [])
+        self._order = {candidate.key: index for index, candidate in enumerate(plan.candidates)}
+        self.origin: dict[str, tuple[float, str]] = {}  # edge key -> (scale, nominal key)
+        self.edges: dict[str, Candidate] = {}
+        self.searches: dict[str, RateSearch] = {}
+
+    def edge(
+        self,
+        candidate: Candidate,
+        scale: float,
+        nominal: RateSearch,
+        answer: float,
+        neighbour: RateSearch | None = None,
+    ) -> tuple[Candidate, RateSearch]:
+        """``candidate``'s search at the edge ``scale``: from its ``nominal`` search's ``answer`` scaled
+        by the edge (first probes as long as a rate needed there to pass), or from a block-size
+        ``neighbour``'s finished search at the same edge."""
+        edge = edge_candidate(candidate, scale)
+        spec = self.plan.spec.search
+        if neighbour is not None:
+            search = neighbour.following(spec)
+        else:
+            search = RateSearch(_warm_start(spec, answer, scale), steady_requests=nominal.steady_requests)
+        self.origin[edge.key] = (scale, candidate.key)
+        self.edges[edge.key] = edge
+        self.searches[edge.key] = search
+        return edge, search
+
+    def summary(self, plan: Plan, probes: list[Probe]) -> dict[str, Any] | None:
+        """The band: its scales and, at each edge, the ranking and each candidate's rate and GPUs."""
+        if not self.edges:
+            return None
+        edges = []
+        for scale in self.scales:
+            members = sorted(
+                (edge for key, edge in self.edges.items() if self.origin[key][0] == scale),
+                key=lambda edge: self._order[self.origin[edge.key][1]],
+            )
+            keys = {edge.key for edge in members}
+            ranked = candidate_results(
+                replace(self.plan, candidates=members),
+                self.searches,
+                [p for p in probes if p.candidate in keys],
+            )
+            edges.append(
+                {
+                    "time_scale": scale,
+                    "ranking": [self.origin[r["key"]][1] for r in ranked if r.get("rank")],
+                    "candidates": {
+                        self.origin[r["key"]][1]: {
+                            "max_rate_per_s": r.get("max_rate_per_s"),
+                            "gpus_for_target": r.get("gpus_for_target"),
+                            "probe": r.get("max_probe"),
+                        }
+                        for r in ranked
+                    },
+                }
+            )
+        return {"time_scales": list(self.scales), "source": _band_source(plan), "edges": edges}
 
 
-def _warm_start(search: SearchSpec, nominal: dict[str, Any], scale: float) -> SearchSpec:
+def _warm_start(search: SearchSpec, answer: float, scale: float) -> SearchSpec:
     """The search spec of one candidate's edge search: it starts where the nominal answer, scaled by
     the edge (GPU times x s: rates / s), is expected, within the search's range."""
-    start = min(max(nominal["max_rate_per_s"] / scale, search.min_rate_per_s), search.max_rate_per_s)
+    start = min(max(answer / scale, search.min_rate_per_s), search.max_rate_per_s)
     growth = min(search.growth, 1.0 + 2 * search.rel_tolerance)  # a near start needs small steps
     return search.model_copy(update={"start_rate_per_s": float(f"{start:.3g}"), "growth": growth})
 

@@ -1,8 +1,9 @@
 """``kvsim plan`` from Python: search every candidate's maximum sustainable rate, then report.
 
-The searches run in lockstep rounds: each round takes the next rate of every unfinished search,
-runs all of them with every seed as one batch of points (so a local pool or a Dask cluster is kept
-busy), judges them, and moves each search on. A probe that met the SLOs without reaching a steady
+The searches (which ones, and when each starts: ``sim.planning.plans.schedule``) run in lockstep
+rounds: each round takes the next rate of every search under way, the band edges' included, runs
+all of them with every seed as one batch of points, longest first (so a local pool or a Dask cluster
+is kept busy), judges them, and moves each search on. A probe that met the SLOs without reaching a steady
 state is not judged: the next round runs the same rate with twice the requests. Probes are points of
 a point store, so a plan resumes like a sweep; the driver keeps only summaries.
 """
@@ -18,17 +19,10 @@ from typing import Any
 import pandas as pd
 
 from sim.planning.plans.analysis import candidate_results
-from sim.planning.plans.band import search_band
 from sim.planning.plans.cluster_check import run_cluster_checks
-from sim.planning.plans.search import (
-    STEADY_STATE,
-    RateSearch,
-    Violation,
-    describe,
-    unsteady_reasons,
-    violations,
-)
-from sim.planning.plans.spec import Candidate, Plan
+from sim.planning.plans.schedule import Job, Schedule, Wanted
+from sim.planning.plans.search import STEADY_STATE, Violation, describe, unsteady_reasons, violations
+from sim.planning.plans.spec import Plan
 from sim.planning.sweeps.driver import PointRecord, RunCounts, make_bar, run_points
 from sim.planning.sweeps.executors import Executor, InlineExecutor
 from sim.planning.sweeps.run import flatten_summary
@@ -104,9 +98,10 @@ def run_plan(
     store.clean_stale()
     bar = make_bar(plan.spec.name, progress)
     run = Rounds(store, executor or InlineExecutor(), retry_failed, bar, fn, log)
-    searches = {c.key: RateSearch(plan.spec.search) for c in plan.candidates if not c.infeasible}
+    schedule = Schedule(plan)
     try:
-        probes = run.search(plan, searches, first_number=0)
+        probes = run.search(schedule)
+        searches = schedule.searches
         results = candidate_results(plan, searches, probes)
         checks, check_counts = run_cluster_checks(
             plan, results, store, run.executor, retry_failed=retry_failed, bar=bar, fn=fn
@@ -115,8 +110,7 @@ def run_plan(
         if checks:
             log(f"kvsim plan: cluster checks of {len(checks)} candidate(s); {check_counts.ran} simulated")
         results = candidate_results(plan, searches, probes, checks)
-        band, band_probes = search_band(plan, results, run, first_number=len(probes))
-        probes += band_probes
+        band = schedule.band.summary(plan, probes)
     finally:
         bar.close()
     from sim.planning.report.plan_report import plan_document, write_report
@@ -124,7 +118,7 @@ def run_plan(
     document = plan_document(plan, results, probes, run.counts, wall_s() if wall_s else None, band)
     write_atomic(store.root / PLAN_FILE, lambda path: path.write_text(json.dumps(document, indent=2)))
     store.write_table(probe_table(probes))
-    write_report(store.root, document)
+    write_report(store.root, document, run.executor.run)
     return PlanRun(store.root, document, run.counts)
 
 
@@ -141,46 +135,45 @@ class Rounds:
     counts: RunCounts = field(default_factory=RunCounts)
     rounds: int = 0
 
-    def search(
-        self,
-        plan: Plan,
-        searches: dict[str, RateSearch],
-        first_number: int,
-        time_scales: dict[str, float] | None = None,
-    ) -> list[Probe]:
-        """Every search to its end (confirmations included); the probes it ran, numbered on from
-        ``first_number``, each marked with the GPU-time scale its candidate's cost model ran at
-        (``time_scales``, by candidate key; 1 when not given)."""
-        time_scales = time_scales or {}
-        longer: dict[str, tuple[float, int]] = {}  # candidate -> the rate to run again, and its requests
+    def search(self, schedule: Schedule) -> list[Probe]:
+        """Every search of ``schedule`` to its end (confirmations included, and the searches each
+        one's end starts); the probes run, numbered in the order they ran, each marked with the
+        GPU-time scale its cost model ran at."""
         probes: list[Probe] = []
-        while wanted := _next_probes(plan, searches, longer):
+        active = schedule.first()
+        while True:
+            wanted: list[tuple[Job, Wanted]] = []
+            pending, active = active, []
+            while pending:  # a search that ends now may start others in this very round
+                job = pending.pop(0)
+                if job_wants := job.wanted():
+                    wanted += [(job, item) for item in job_wants]
+                    active.append(job)
+                else:
+                    pending += schedule.after(job, probes)
+            if not wanted:
+                return probes
             round_probes, round_counts = _run_round(
-                plan,
-                self.store,
-                self.executor,
-                wanted,
-                first_number + len(probes),
-                self.retry_failed,
-                self.bar,
-                self.fn,
+                self.store, self.executor, wanted, len(probes), self.retry_failed, self.bar, self.fn
             )
             self.counts.add(round_counts)
-            for probe in round_probes:
-                probe.time_scale = time_scales.get(probe.candidate, 1.0)
-                _judge(probe, searches[probe.candidate], longer, plan.spec.search.max_requests)
-            probes += round_probes
+            for job, probe in round_probes:
+                probe.time_scale = job.time_scale
+                _judge(probe, job)
+                probes.append(probe)
             self.rounds += 1
-            edge = " (the cost model's error band)" if time_scales else ""
+            edges = sum(job.time_scale != 1.0 for job, _ in round_probes)
+            seeds = len(schedule.plan.spec.search.seeds)
             self.log(
-                f"kvsim plan: round {self.rounds}{edge}: {len(round_probes)} candidate rate(s) x "
-                f"{len(plan.spec.search.seeds)} seed(s); {round_counts.ran} simulated"
+                f"kvsim plan: round {self.rounds}: {len(round_probes)} candidate rate(s) x {seeds} seed(s)"
+                + (f" ({edges} at the cost model's band edges)" if edges else "")
+                + f"; {round_counts.ran} simulated"
             )
-        return probes
 
 
-def _judge(probe: Probe, search: RateSearch, longer: dict[str, tuple[float, int]], max_requests: int) -> None:
-    """Move the candidate's search on with the probe's verdict, or ask for the same rate, longer."""
+def _judge(probe: Probe, job: Job) -> None:
+    """Move the job's search on with the probe's verdict, or have it run the same rate, longer."""
+    search, max_requests = job.search, job.plan.spec.search.max_requests
     if probe.error:
         search.stop(f"a probe at {probe.rate:g} req/s failed to run: {probe.error}", broken=True)
         return
@@ -189,7 +182,7 @@ def _judge(probe: Probe, search: RateSearch, longer: dict[str, tuple[float, int]
         return
     if probe.needs_longer and probe.requests < max_requests:
         probe.extended = True
-        longer[probe.candidate] = (probe.rate, min(max_requests, 2 * probe.requests))
+        job.longer.append((probe.rate, min(max_requests, 2 * probe.requests)))
         return
     if probe.needs_longer:  # at the longest probe allowed and still not steady: not sustainable
         for run in probe.runs:
@@ -199,55 +192,32 @@ def _judge(probe: Probe, search: RateSearch, longer: dict[str, tuple[float, int]
     search.record(probe.rate, probe.passed, probe.requests)
 
 
-Wanted = tuple[Candidate, float, int, bool]  # candidate, rate, requests per seed, a confirmation?
-
-
-def _next_probes(
-    plan: Plan, searches: dict[str, RateSearch], longer: dict[str, tuple[float, int]]
-) -> list[Wanted]:
-    wanted: list[Wanted] = []
-    for candidate in plan.candidates:
-        if candidate.key in longer:
-            wanted.append((candidate, *longer.pop(candidate.key), False))
-            continue
-        search = searches.get(candidate.key)
-        if search is None:
-            continue
-        next_rate = search.next_rate()
-        if next_rate is not None:
-            requests = max(plan.first_requests(candidate, next_rate), search.long_probe_requests)
-            wanted.append((candidate, next_rate, requests, False))
-        elif (confirm := search.confirmation()) is not None:
-            wanted.append((candidate, *confirm, True))
-    return wanted
-
-
 def _run_round(
-    plan: Plan,
     store: PointStore,
     executor: Executor,
-    wanted: list[Wanted],
+    wanted: list[tuple[Job, Wanted]],
     first_number: int,
     retry_failed: bool,
     bar: Any,
     fn: Callable[[PointTask], PointOutcome],
-) -> tuple[list[Probe], RunCounts]:
-    search = plan.spec.search
+) -> tuple[list[tuple[Job, Probe]], RunCounts]:
     tasks = {
-        (c.key, seed): plan.probe_task(c, rate, seed, requests)
-        for c, rate, requests, confirmation in wanted
-        for seed in search.seeds_for(confirmation)
+        (c.key, rate, seed): job.plan.probe_task(c, rate, seed, requests)
+        for job, (c, rate, requests, confirmation) in wanted
+        for seed in job.plan.spec.search.seeds_for(confirmation)
     }
-    records, counts = run_points(
-        store, list(tasks.values()), executor, retry_failed=retry_failed, bar=bar, fn=fn
-    )
+    # The longest first: the short ones fill the cores while the long ones run, and no round ends on
+    # a long probe that started last.
+    length = {(c.key, rate): requests for _, (c, rate, requests, _) in wanted}
+    ordered = [tasks[key] for key in sorted(tasks, key=lambda key: -length[key[:2]])]
+    records, counts = run_points(store, ordered, executor, retry_failed=retry_failed, bar=bar, fn=fn)
     probes = []
-    for offset, (candidate, rate, requests, confirmation) in enumerate(wanted):
+    for offset, (job, (candidate, rate, requests, confirmation)) in enumerate(wanted):
         probe = Probe(first_number + offset, candidate.key, rate, requests, confirmation=confirmation)
-        for seed in search.seeds_for(confirmation):
-            record = records[tasks[(candidate.key, seed)].point_id]
-            _add_seed_run(probe, seed, record, plan)
-        probes.append(probe)
+        for seed in job.plan.spec.search.seeds_for(confirmation):
+            record = records[tasks[(candidate.key, rate, seed)].point_id]
+            _add_seed_run(probe, seed, record, job.plan)
+        probes.append((job, probe))
     return probes, counts
 
 
@@ -278,6 +248,8 @@ def probe_table(probes: list[Probe]) -> pd.DataFrame:
                 "passed": not run.violations and not run.unsteady,
                 "violations": "; ".join(describe(run.violations)),
                 "not_steady": "; ".join(run.unsteady),
+                # When the run was stopped, an SLO certainly broken (simulated seconds; NaN: ran to its end).
+                "stopped_early_s": (run.steady.get("stopped_early") or {}).get("at_s"),
                 "run_again_longer": probe.extended,
                 "confirmation": probe.confirmation,
                 "time_scale": probe.time_scale,

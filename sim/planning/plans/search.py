@@ -39,6 +39,8 @@ class Violation:
     value: float | None
     limit: float
     where: str  # "window" or "late half"
+    # The run was stopped once this was certain (sim.planning.plans.early_stop): when, in simulated time.
+    stopped_at_s: float | None = None
 
 
 def describe(violations: list[Violation]) -> list[str]:
@@ -52,11 +54,20 @@ def describe(violations: list[Violation]) -> list[str]:
             lines.append(members[0].metric)
             continue
         metric = SLO_METRICS[slo]
-        values = sorted(v.value for v in members if v.value is not None)
-        shown = "none finished" if not values else _range(values, metric.unit)
         late = " (late half of the window)" if where == "late half" else ""
         sign = "<" if metric.at_least else ">"
-        lines.append(f"{metric.label} {shown} {sign} {bound(members[0].limit, metric.unit)}{late}")
+        limit = bound(members[0].limit, metric.unit)
+        measured = [v for v in members if v.stopped_at_s is None]
+        if measured:
+            values = sorted(v.value for v in measured if v.value is not None)
+            shown = "none finished" if not values else _range(values, metric.unit)
+            lines.append(f"{metric.label} {shown} {sign} {limit}{late}")
+        stops = sorted(v.stopped_at_s for v in members if v.stopped_at_s is not None)
+        if stops:
+            when = _range(stops, "s")
+            lines.append(
+                f"{metric.label} {sign} {limit}{late}: certain after {when} of simulated time (stopped early)"
+            )
     return lines
 
 
@@ -66,7 +77,11 @@ def _range(values: list[float], unit: str) -> str:
 
 
 def violations(steady: dict[str, Any], slos: SLOs) -> list[Violation]:
-    """The SLOs one seed's steady-state metrics break (empty: it meets them all)."""
+    """The SLOs one seed's steady-state metrics break (empty: it meets them all); for a run stopped
+    early, those that were certainly broken when it stopped."""
+    stopped = steady.get("stopped_early")
+    if stopped:
+        return [_certain(item, stopped, steady) for item in stopped["broken"]]
     found = []
     for name, limit in slos.limits().items():
         metric = SLO_METRICS[name]
@@ -82,13 +97,24 @@ def violations(steady: dict[str, Any], slos: SLOs) -> list[Violation]:
     return found
 
 
+def _certain(broken: dict[str, Any], stopped: dict[str, Any], steady: dict[str, Any]) -> Violation:
+    """A violation a stopped run was certain of; its value is the bound measured at the stop."""
+    metric = SLO_METRICS[broken["slo"]].metric
+    key = (LATE_PREFIX if broken["where"] == "late half" else "") + metric
+    limit = float(broken["limit"])
+    return Violation(broken["slo"], key, steady.get(key), limit, broken["where"], float(stopped["at_s"]))
+
+
 STEADY_STATE = "steady_state"
 MIN_WAITING_RISE = 2.0  # requests: a queue that grew by less is noise at any window length  # the pseudo-SLO of a probe that never reached a steady state
 
 
 def unsteady_reasons(steady: dict[str, Any], spec: SearchSpec) -> list[str]:
     """Why one seed's run has not (yet) reached a steady state; empty when it has. A run measured
-    before kvsim checked a quantity (the metric is missing) is not held back by it."""
+    before kvsim checked a quantity (the metric is missing) is not held back by it, nor is one stopped
+    early (it fails whatever its trends: the stop measured none)."""
+    if steady.get("stopped_early"):
+        return []
     reasons = []
     multiple = steady.get("fill_multiple")
     if multiple is not None and multiple < spec.min_fill_multiple:
@@ -144,9 +170,17 @@ class RateSearch:
     confirmed: float | None = None  # the rate a confirmation run held at
     confirmations: int = 0  # confirmation runs made
     passed_requests: dict[float, int] = field(default_factory=dict)  # requests of each passing probe
+    failed_requests: dict[float, int] = field(default_factory=dict)  # ... and of each failing one
     # After a confirmation broke, the short probes near this candidate's knee proved lucky: every later
-    # probe runs as long as that confirmation, and one that passes so long needs no other.
+    # probe runs as long as that confirmation (or the longest that passed since), and one that passes
+    # so long needs no other.
     long_probe_requests: int = 0
+    # The longest probe a rate needed to pass short of that length: any other rate's first probe runs
+    # at least this long. Near the knee a higher rate settles no sooner, so a shorter first probe
+    # would mostly run again longer (a band edge's search starts with its nominal search's).
+    steady_requests: int = 0
+    # Rates to probe first, all in one round, each at least this long (a warm start: :meth:`following`).
+    queued: list[tuple[float, int]] = field(default_factory=list)
 
     @property
     def lo(self) -> float | None:
@@ -165,6 +199,41 @@ class RateSearch:
             self.passed_requests[rate] = requests
             if self.long_probe_requests and requests >= self.long_probe_requests:
                 self.confirmed = max(rate, self.confirmed or 0.0)
+                # It had to run longer still to settle: so will the next long probes.
+                self.long_probe_requests = requests
+            else:
+                self.steady_requests = max(self.steady_requests, requests)
+        else:
+            self.failed_requests[rate] = requests
+
+    def following(self, spec: SearchSpec) -> RateSearch:
+        """A search of a neighbouring candidate (another block size of the same configuration) that
+        starts from this finished one: it probes this answer and the failing rate above it first, in
+        one round, each as long as the probe that decided it here, and keeps this search's long-probe
+        length (short probes near this knee proved lucky: so may the neighbour's). If both verdicts
+        hold, the bracket is this one's and the search is over (but for its own confirmation); if
+        not, it goes on from there in steps of 2 ``rel_tolerance``. Without an answer here, the
+        neighbour searches from scratch."""
+        lo, hi = self.lo, self.hi
+        if lo is None or self.broken:
+            return RateSearch(spec)
+        near = spec.model_copy(update={"growth": min(spec.growth, 1.0 + 2 * spec.rel_tolerance)})
+        search = RateSearch(
+            near, long_probe_requests=self.long_probe_requests, steady_requests=self.steady_requests
+        )
+        search.queued.append((lo, self.passed_requests.get(lo, 0)))
+        if hi is not None:
+            search.queued.append((hi, self.failed_requests.get(hi, 0)))
+        return search
+
+    def next_rates(self) -> list[tuple[float, int]]:
+        """The rates to probe next, with the fewest requests each must have (0: no floor beyond the
+        plan's own); empty when the search is over (but for its confirmation)."""
+        if self.queued:  # as long as what decided them in the neighbour's search: the same evidence
+            queued, self.queued = self.queued, []
+            return [(rate, max(requests, self.long_probe_requests)) for rate, requests in queued]
+        rate = self.next_rate()
+        return [] if rate is None else [(rate, max(self.long_probe_requests, self.steady_requests))]
 
     def stop(self, reason: str, broken: bool = False) -> None:
         self.stopped = reason

@@ -44,6 +44,7 @@ from sim.costs.core import one_line_problems
 from sim.hardware.capacity import KVCapacity, ModelDoesNotFitError
 from sim.hardware.gpus import resolve_gpu
 from sim.hardware.models import resolve_model
+from sim.planning.plans.early_stop import StopRules
 from sim.planning.plans.steady import SteadyWindow
 from sim.planning.schema import Strict, read_yaml_mapping, set_key_path, validate_file
 from sim.planning.sweeps.preflight import preflight
@@ -327,6 +328,13 @@ class SearchSpec(Strict):
         3,
         description="Confirmation runs per candidate at most; the last rate left unconfirmed is reported so.",
     )
+    early_stop: bool = Field(
+        True,
+        description="Stop a probe's run once an SLO is certainly broken on every window it could have (e.g. "
+        "more of the window's requests have waited longer than the p99 TTFT limit than a p99 allows): the "
+        "verdict the full run would reach, sooner. Its latencies are then lower bounds. false: every probe "
+        "runs to its end.",
+    )
     cost_band: Literal["fitted", "none"] | list[PositiveFloat] = Field(
         "fitted",
         description="The cost model's error band, searched again at its edges (each candidate's rate and GPUs "
@@ -495,12 +503,23 @@ class Plan:
         self, candidate: Candidate, rate: float, seed: int, requests: int | None = None
     ) -> PointTask:
         config = self.probe_config(candidate, rate, seed, requests)
+        window = self.spec.search.window(self.spec.slos.goodput)
+        stop = self.stop_rules(window)
         return PointTask(
             point_id(config, candidate.base_dir),
             config.model_dump(mode="json", exclude_unset=True),
             str(candidate.base_dir),
-            self.spec.search.window(self.spec.slos.goodput),
+            window,
+            stop,
         )
+
+    def stop_rules(self, window: SteadyWindow) -> StopRules | None:
+        """What may stop a probe early (None: every probe runs to its end)."""
+        if not self.spec.search.early_stop:
+            return None
+        limits = self.spec.slos.limits()
+        late_half = {name: SLO_METRICS[name].late_half for name in limits}
+        return StopRules.of(limits, late_half, window)
 
 
 def load_plan_spec(path: str | Path, overrides: list[str] | None = None) -> Plan:

@@ -71,18 +71,71 @@ def steady_metrics(
 ) -> dict[str, Any]:
     """Latencies, rates, memory shares and admission stops over the steady-state window."""
     start, end, fill_deficit = window_and_fill_deficit(requests, window)
+    metrics = _window_metrics(requests, requests, timeseries, pool_tokens, window, start, end)
+    head = ("window_start_s", "window_end_s", "window_requests")
+    metrics = {key: metrics[key] for key in head} | {"fill_deficit_s": fill_deficit} | metrics
+    metrics |= stationarity(requests, timeseries, start, end, pool_tokens, window.trend_segments)
+    return metrics
+
+
+def stopped_metrics(
+    requests: pd.DataFrame,
+    timeseries: pd.DataFrame,
+    pool_tokens: int,
+    window: SteadyWindow,
+    stopped: dict[str, Any],
+) -> dict[str, Any]:
+    """The metrics of a run stopped early because an SLO was certainly broken
+    (``sim.planning.plans.early_stop``; ``stopped`` says when and why): over the part of the window
+    that ran, from its earliest possible start to the stop, each latency of a request still in
+    flight taken as it stood at the stop. Every latency is then a lower bound of the full run's; the
+    rest describes the run up to the stop. No fill or trend measures: the verdict needs none."""
+    at = float(stopped["at_s"])
+    start, end = float(stopped["window_first_s"]), min(float(stopped["window_end_s"]), at)
+    censored = censored_at(requests, at)
+    metrics = _window_metrics(censored, requests, timeseries, pool_tokens, window, start, end)
+    return metrics | {"stopped_early": stopped, "latencies_are_lower_bounds": True}
+
+
+def censored_at(requests: pd.DataFrame, at: float) -> pd.DataFrame:
+    """``requests`` with every unfinished one's latencies taken as they stood at ``at``: a first
+    token, admission and finish not reached by then count as reached at ``at`` (lower bounds)."""
+    frame = requests.copy()
+    open_ = frame["outcome"] == "unfinished"
+    for column in ("admitted_s", "first_token_s", "finish_s"):
+        frame.loc[open_, column] = frame.loc[open_, column].fillna(at)
+    frame.loc[open_, "finish_s"] = at
+    frame.loc[open_, "outcome"] = "finished"
+    decode_tokens = (frame["output_tokens"] - 1).where(frame["output_tokens"] > 1)
+    frame["ttft_s"] = frame["first_token_s"] - frame["arrival_s"] + frame["client_overhead_s"]
+    frame["e2e_s"] = frame["finish_s"] - frame["arrival_s"] + frame["client_overhead_s"]
+    frame["tpot_s"] = (frame["finish_s"] - frame["first_token_s"]) / decode_tokens
+    frame["queue_s"] = frame["admitted_s"] - frame["arrival_s"]
+    return frame
+
+
+def _window_metrics(
+    latencies: pd.DataFrame,
+    requests: pd.DataFrame,
+    timeseries: pd.DataFrame,
+    pool_tokens: int,
+    window: SteadyWindow,
+    start: float,
+    end: float,
+) -> dict[str, Any]:
+    """Everything measured over the window [start, end]: latencies from ``latencies`` (the requests
+    table, or a stopped run's censored one), rates and counts from ``requests``, means from the
+    series."""
     inside = requests[(requests["arrival_s"] >= start) & (requests["arrival_s"] <= end)]
+    timed = latencies[(latencies["arrival_s"] >= start) & (latencies["arrival_s"] <= end)]
     middle = (start + end) / 2
-    late = inside[inside["arrival_s"] >= middle]
     metrics: dict[str, Any] = {"window_start_s": start, "window_end_s": end, "window_requests": len(inside)}
-    metrics["fill_deficit_s"] = fill_deficit
-    metrics |= _latencies(inside, "", window)
-    metrics |= _latencies(late, "late_", window)
+    metrics |= _latencies(timed, "", window)
+    metrics |= _latencies(timed[timed["arrival_s"] >= middle], "late_", window)
     metrics |= _rates(requests, inside, start, end)
     metrics |= _series_means(timeseries, start, end, pool_tokens)
     growth = metrics.pop("waiting_growth", None)
     metrics["queue_growth_frac"] = growth / len(inside) if growth is not None and len(inside) else None
-    metrics |= stationarity(requests, timeseries, start, end, pool_tokens, window.trend_segments)
     return metrics
 
 

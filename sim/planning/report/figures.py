@@ -36,6 +36,35 @@ def png_bytes(figure: Any) -> bytes:
     return buffer.getvalue()
 
 
+FigureJob = tuple[str, dict[str, Any], Any]  # file name, plan.json's document, what else it draws from
+
+
+def plan_figure_jobs(document: dict[str, Any], root: Path | None) -> list[FigureJob]:
+    """The plan report's figures, as jobs for :func:`draw_plan_figure` (each carries what it draws
+    from, the points' series read here: a worker elsewhere need not see the plan folder)."""
+    jobs: list[FigureJob] = [
+        (f"knee_{safe_name(metric)}.png", document, metric) for metric in knee_metrics(document)
+    ]
+    if root is not None:
+        jobs.append(("over_time.png", document, over_time_panels(document, root)))
+    jobs += [("memory.png", document, None), ("block_size.png", document, None)]
+    return jobs
+
+
+def draw_plan_figure(job: FigureJob) -> tuple[str, bytes | None]:
+    """One report figure as PNG (None: nothing to draw), by its file name."""
+    name, document, extra = job
+    if name.startswith("knee_"):
+        figure = knee_figure(document, extra)
+    elif name == "over_time.png":
+        figure = over_time_figure_of(extra)
+    elif name == "memory.png":
+        figure = memory_figure(document)
+    else:
+        figure = block_size_figure(document)
+    return name, None if figure is None else png_bytes(figure)
+
+
 def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "figure"
 
@@ -98,6 +127,10 @@ KNEE_METRICS = {
     "output_tokens_per_s": "output tokens/s",
 }
 
+# Knee metrics an early-stopped run bounds from above (the full run's value is lower); it bounds
+# the others from below.
+BOUNDED_ABOVE_WHEN_STOPPED = frozenset({"attainment_frac"})
+
 MEMORY_PARTS = (
     ("weight_bytes", "weights", "#7f7f7f"),
     ("activation_reserve_bytes", "activation reserve", "#bcbd22"),
@@ -156,14 +189,18 @@ def knee_figure(document: dict[str, Any], metric: str) -> Any:
 
 def best_evidence(probes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One probe per rate, the one a knee curve should show: a confirmation run there if any (ten
-    times longer), else the longest judged probe (one run again longer was not judged)."""
+    times longer), else the longest judged probe (one run again longer was not judged); a probe
+    stopped early (its latencies lower bounds) only where no probe ran to its end."""
+
+    def rank(probe: dict[str, Any]) -> tuple[bool, bool, int]:
+        return (not probe.get("stopped_early"), bool(probe.get("confirmation")), probe.get("requests", 0))
+
     best: dict[float, dict[str, Any]] = {}
     for probe in probes:
         if probe.get("run_again_longer"):
             continue
-        rank = (bool(probe.get("confirmation")), probe.get("requests", 0))
         held = best.get(probe["rate_per_s"])
-        if held is None or rank > (bool(held.get("confirmation")), held.get("requests", 0)):
+        if held is None or rank(probe) > rank(held):
             best[probe["rate_per_s"]] = probe
     return [best[rate] for rate in sorted(best)]
 
@@ -189,7 +226,7 @@ def _knee_line(
 ) -> None:
     rows = sorted(
         (
-            (p["rate_per_s"], p["metrics"][metric])
+            (p["rate_per_s"], p["metrics"][metric], bool(p.get("stopped_early")))
             for p in probes
             if p["metrics"].get(metric, {}).get("mean") is not None
         ),
@@ -197,9 +234,9 @@ def _knee_line(
     )
     if not rows:
         return
-    rates = [rate for rate, _ in rows]
-    means = [m["mean"] for _, m in rows]
-    errors = [[m["mean"] - m["min"] for _, m in rows], [m["max"] - m["mean"] for _, m in rows]]
+    rates = [rate for rate, _, _ in rows]
+    means = [m["mean"] for _, m, _ in rows]
+    errors = [[m["mean"] - m["min"] for _, m, _ in rows], [m["max"] - m["mean"] for _, m, _ in rows]]
     linestyle, marker = style
     line = ax.errorbar(
         rates,
@@ -212,6 +249,13 @@ def _knee_line(
         capsize=2,
         label=_line_label(candidate, group),
     )
+    bounds = [(rate, m["mean"]) for rate, m, stopped in rows if stopped]
+    if bounds:  # a run stopped once its failure was certain: the value is a bound, the truth beyond it
+        caret = 7 if metric in BOUNDED_ABOVE_WHEN_STOPPED else 6  # matplotlib's caret down / up
+        rates_bounded, values = zip(*bounds, strict=True)
+        ax.plot(
+            rates_bounded, values, linestyle="none", marker=caret, markersize=9, color=line[0].get_color()
+        )
     knee = candidate.get("max_rate_per_s")
     if knee is not None:
         value = candidate["at_max"].get(metric, {}).get("mean")
@@ -311,6 +355,14 @@ def best_per_group(document: dict[str, Any]) -> list[dict[str, Any]]:
 def over_time_figure(document: dict[str, Any], root: Path) -> Any | None:
     """Waiting and running requests (left axis) and KV usage (right axis) over time in the first
     seed's run at each group's best maximum rate, the steady-state window shaded; None without data."""
+    return over_time_figure_of(over_time_panels(document, root))
+
+
+OverTimePanel = tuple[dict[str, Any], pd.DataFrame, dict[str, Any]]  # candidate, its series, steady.json
+
+
+def over_time_panels(document: dict[str, Any], root: Path) -> list[OverTimePanel]:
+    """What :func:`over_time_figure` draws, read from the plan folder ``root``."""
     from sim.outputs.sinks import read_thinned
 
     panels = []
@@ -328,6 +380,10 @@ def over_time_figure(document: dict[str, Any], root: Path) -> Any | None:
         if table is None or not steady.exists():
             continue
         panels.append((candidate, read_thinned(table, 4000), json.loads(steady.read_text())))
+    return panels
+
+
+def over_time_figure_of(panels: list[OverTimePanel]) -> Any | None:
     if not panels:
         return None
     figure, axes = subplots(1, len(panels), figsize=(5.5 * len(panels), 3.6), squeeze=False)

@@ -5,6 +5,7 @@ assumptions; every number links to the probe (and through it the points) it came
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -123,6 +124,7 @@ def _probe_entry(probe: Probe) -> dict[str, Any]:
         "passed": probe.passed,
         "run_again_longer": probe.extended,
         "confirmation": probe.confirmation,
+        "stopped_early": any(run.steady.get("stopped_early") for run in probe.runs),
         "error": probe.error,
         "metrics": probe_metrics(probe),
         "seeds": [
@@ -133,6 +135,7 @@ def _probe_entry(probe: Probe) -> dict[str, Any]:
                 "not_steady": run.unsteady,
                 "window_requests": run.steady.get("window_requests"),
                 "window_s": run.steady.get("window_s"),
+                "stopped_early_s": (run.steady.get("stopped_early") or {}).get("at_s"),
             }
             for run in probe.runs
         ],
@@ -195,11 +198,12 @@ def point_link(point_id: str, text: str | None = None) -> Link:
 
 
 # --------------------------------------------------------------------------------------- report
-def write_report(root: Path, document: dict[str, Any]) -> None:
-    """``report.md`` (figures in ``figures/``) and ``report.html`` (figures embedded)."""
+def write_report(root: Path, document: dict[str, Any], run: Draw | None = None) -> None:
+    """``report.md`` (figures in ``figures/``) and ``report.html`` (figures embedded). ``run`` draws
+    the figures (an executor's ``run``: the plan's worker processes draw them side by side)."""
     from sim.planning.sweeps.store import replace_dir_atomic, write_atomic
 
-    blocks = report_blocks(document, root)
+    blocks = report_blocks(document, root, run)
     figures = [block for block in blocks if isinstance(block, Figure)]
 
     def fill(folder: Path) -> None:
@@ -212,16 +216,28 @@ def write_report(root: Path, document: dict[str, Any]) -> None:
     write_atomic(root / "report.html", lambda path: path.write_text(to_html(blocks, title)))
 
 
-def report_blocks(document: dict[str, Any], root: Path | None = None) -> list[Block]:
+Draw = Callable[[Callable[[Any], Any], list[Any]], Iterable[Any]]  # like Executor.run: fn, tasks -> results
+
+
+def report_blocks(document: dict[str, Any], root: Path | None = None, run: Draw | None = None) -> list[Block]:
     """The report's blocks; ``root`` (the plan folder) lets it draw from the points' time series."""
+    from sim.planning.report.figures import draw_plan_figure, plan_figure_jobs
+
+    jobs = plan_figure_jobs(document, root)
+    drawn = (run or _one_by_one)(draw_plan_figure, jobs)
+    pngs = {name: png for name, png in drawn if png is not None}
     blocks: list[Block] = [Heading(1, f"Capacity plan: {document['name']}")]
     if document["description"]:
         blocks.append(Paragraph([document["description"]]))
     blocks += recommendation_blocks(document)
-    blocks += evidence_blocks(document, root)
+    blocks += evidence_blocks(document, pngs)
     blocks += assumption_blocks(document)
     blocks += probe_blocks(document)
     return blocks
+
+
+def _one_by_one(fn: Callable[[Any], Any], tasks: list[Any]) -> Iterable[Any]:
+    return map(fn, tasks)
 
 
 def _slo_text(document: dict[str, Any]) -> str:
@@ -440,15 +456,10 @@ def _cost_text(c: dict[str, Any]) -> str:
     return f"${c['cost_per_hour_for_target']:,.2f}/h, ${c['cost_per_million_output_tokens']:.2f}/M tokens"
 
 
-def evidence_blocks(document: dict[str, Any], root: Path | None = None) -> list[Block]:
-    from sim.planning.report.figures import (
-        block_size_figure,
-        knee_figure,
-        knee_metrics,
-        memory_figure,
-        png_bytes,
-        safe_name,
-    )
+def evidence_blocks(document: dict[str, Any], pngs: dict[str, bytes]) -> list[Block]:
+    """The evidence: knee curves, series over time, memory, block sizes, binding limits (``pngs``:
+    the figures drawn, by file name)."""
+    from sim.planning.report.figures import knee_metrics, safe_name
 
     blocks: list[Block] = [Heading(2, "Evidence")]
     blocks.append(Heading(3, "Knee curves"))
@@ -456,20 +467,18 @@ def evidence_blocks(document: dict[str, Any], root: Path | None = None) -> list[
         Paragraph(
             [
                 "Each curve is one candidate: the metric on the steady-state window against the offered rate "
-                "(mean over seeds; bars: min–max). Dashed: the SLO. Star: the maximum rate under every SLO."
+                "(mean over seeds; bars: min–max). Dashed: the SLO. Star: the maximum rate under every SLO. "
+                "Caret: a probe stopped once its failure was certain, where no probe ran to its end; its value "
+                "is a bound (the full run's lies beyond it, in the caret's direction)."
             ]
         )
     )
     for metric in knee_metrics(document):
         name = f"knee_{safe_name(metric)}.png"
-        blocks.append(
-            Figure(
-                name, f"{metric_label(metric)} against request rate", png_bytes(knee_figure(document, metric))
-            )
-        )
+        blocks.append(Figure(name, f"{metric_label(metric)} against request rate", pngs[name]))
     best = next((c for c in document["candidates"] if c["key"] == document["recommendation"]), None)
-    if root is not None:
-        blocks += _over_time_blocks(document, root)
+    if "over_time.png" in pngs:
+        blocks += _over_time_blocks(pngs["over_time.png"])
     if best is not None:
         blocks += _recommended_point_blocks(best)
     blocks.append(Heading(3, "Memory at each candidate's maximum rate"))
@@ -477,11 +486,10 @@ def evidence_blocks(document: dict[str, Any], root: Path | None = None) -> list[
         Figure(
             "memory.png",
             "GPU memory split at the maximum rate (steady-state time averages; ★ = recommended)",
-            png_bytes(memory_figure(document)),
+            pngs["memory.png"],
         )
     )
-    block_figure = block_size_figure(document)
-    if block_figure is not None:
+    if "block_size.png" in pngs:
         blocks.append(Heading(3, "Block-size trade-off"))
         blocks.append(
             Paragraph(
@@ -495,7 +503,7 @@ def evidence_blocks(document: dict[str, Any], root: Path | None = None) -> list[
             Figure(
                 "block_size.png",
                 "maximum rate and internal fragmentation against block size",
-                png_bytes(block_figure),
+                pngs["block_size.png"],
             )
         )
     blocks += _binding_blocks(document)
@@ -518,12 +526,7 @@ def _seed_text(candidate: dict[str, Any]) -> str:
     return text + "; the plan's maximum needs every seed to pass (a lower bound)."
 
 
-def _over_time_blocks(document: dict[str, Any], root: Path) -> list[Block]:
-    from sim.planning.report.figures import over_time_figure, png_bytes
-
-    figure = over_time_figure(document, root)
-    if figure is None:
-        return []
+def _over_time_blocks(png: bytes) -> list[Block]:
     return [
         Heading(3, "Queue and KV usage over time at the maximum rates"),
         Paragraph(
@@ -536,7 +539,7 @@ def _over_time_blocks(document: dict[str, Any], root: Path) -> list[Block]:
         Figure(
             "over_time.png",
             "queue, running batch and KV usage over time at each GPU's maximum rate",
-            png_bytes(figure),
+            png,
         ),
     ]
 
@@ -654,13 +657,15 @@ def _verdict(probe: dict[str, Any]) -> str:
     if probe["error"]:
         return "error"
     edge = f"band edge, GPU times ×{probe['time_scale']:.3g}: " if probe.get("time_scale", 1.0) != 1.0 else ""
+    stopped = sum(seed.get("stopped_early_s") is not None for seed in probe["seeds"])
+    breaks = "breaks SLOs" + (f" ({stopped} seed(s) stopped early: failure certain)" if stopped else "")
     if probe.get("confirmation"):
-        return "confirmation run: holds" if probe["passed"] else "confirmation run: breaks SLOs"
+        return "confirmation run: holds" if probe["passed"] else f"confirmation run: {breaks}"
     if edge:
-        return edge + ("meets SLOs" if probe["passed"] else "breaks SLOs")
+        return edge + ("meets SLOs" if probe["passed"] else breaks)
     if probe.get("run_again_longer"):
         return "met SLOs short of a steady state: run again longer"
-    return "meets SLOs" if probe["passed"] else "breaks SLOs"
+    return "meets SLOs" if probe["passed"] else breaks
 
 
 def probe_blocks(document: dict[str, Any]) -> list[Block]:
@@ -688,9 +693,13 @@ def probe_blocks(document: dict[str, Any]) -> list[Block]:
             [probe["error"]] if probe["error"] else []
         )
         unsteady = sorted({f"not steady: {r}" for seed in seeds for r in seed.get("not_steady", [])})
-        slo_cells: list[Text] = [
-            [with_spread(metric, probe["metrics"].get(metric, {}))] for metric in slo_metrics
-        ]
+        # A run stopped early bounds each SLO metric on the side of its failure.
+        signs = {slo["metric"]: "≤ " if slo["at_least"] else "≥ " for slo in document["slos"].values()}
+        slo_cells: list[Text] = []
+        for metric in slo_metrics:
+            stats = probe["metrics"].get(metric, {})
+            bounded = probe.get("stopped_early") and stats.get("mean") is not None
+            slo_cells.append([(signs[metric] if bounded else "") + with_spread(metric, stats)])
         rows.append(
             [
                 [str(probe["number"])],

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from sim.planning.sweeps.executors import Executor
 from sim.planning.sweeps.store import FAILED, OK, PointStore
-from sim.planning.sweeps.tasks import PointOutcome, PointTask, run_point
+from sim.planning.sweeps.tasks import PointOutcome, PointTask, answers, run_point
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,9 @@ def run_points(
     todo: list[PointTask] = []
     for task in _unique(tasks):
         status = store.status(task.point_id)
-        if status == OK:
-            records[task.point_id] = PointRecord(task.point_id, OK, store.summaries(task.point_id))
+        summaries = store.summaries(task.point_id) if status == OK else []
+        if status == OK and answers(task, summaries):
+            records[task.point_id] = PointRecord(task.point_id, OK, summaries)
             counts.skipped_done += 1
         elif status == FAILED and not retry_failed:
             records[task.point_id] = PointRecord(task.point_id, FAILED, error=store.error(task.point_id))
