@@ -30,6 +30,7 @@ DRAIN_EVERY = 20_000
 
 NAMES = ["paged", "prefix", "prefix-pinned", "contiguous-max-first_fit", "contiguous-pow2-best_fit"]
 NAMES += ["contiguous-oracle-buddy", "radix-page-1", "radix-page-3"]
+NAMES += ["radix-hicache-through", "radix-page-3-hicache-back", "radix-hicache-selective"]
 assert len(NAMES) == len(VARIANTS)
 NAMES += ["prefix-host-tier-8"]  # the prefix policy with an 8-block host tier (tests/test_host_tier.py)
 
