@@ -221,7 +221,9 @@ class RateSearch:
         search = RateSearch(
             near, long_probe_requests=self.long_probe_requests, steady_requests=self.steady_requests
         )
-        search.queued.append((lo, self.passed_requests.get(lo, 0)))
+        # The answer at least as long as a pass had to be here to count as confirmed; the failure as
+        # long as it was (a longer one is no more needed to break an SLO).
+        search.queued.append((lo, max(self.passed_requests.get(lo, 0), self.long_probe_requests)))
         if hi is not None:
             search.queued.append((hi, self.failed_requests.get(hi, 0)))
         return search
@@ -231,7 +233,7 @@ class RateSearch:
         plan's own); empty when the search is over (but for its confirmation)."""
         if self.queued:  # as long as what decided them in the neighbour's search: the same evidence
             queued, self.queued = self.queued, []
-            return [(rate, max(requests, self.long_probe_requests)) for rate, requests in queued]
+            return queued
         rate = self.next_rate()
         return [] if rate is None else [(rate, max(self.long_probe_requests, self.steady_requests))]
 
