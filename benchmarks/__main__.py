@@ -15,6 +15,7 @@ import argparse
 from benchmarks.bench_allocators import run_allocator_benchmarks
 from benchmarks.bench_cluster import run_cluster_benchmarks
 from benchmarks.bench_engine import run_engine_benchmarks
+from benchmarks.bench_replay import run_replay_benchmarks
 from benchmarks.bench_traces import JOBS, run_trace_benchmarks
 from benchmarks.fresh import available_builds
 
@@ -28,6 +29,7 @@ def main() -> None:
     builds = available_builds()  # the sources, and the compiled build when it is current
     run_allocator_benchmarks(cycles=2_000 if args.quick else 20_000)
     run_trace_benchmarks(JOBS[-1:] if args.quick else JOBS, builds)
+    run_replay_benchmarks(builds, runs=1 if args.quick else 3)
     sizes = args.engine_sizes or ("2000" if args.quick else "10000,100000,1000000")
     run_engine_benchmarks([int(size) for size in sizes.split(",")], args.policies.split(","), builds)
     run_cluster_benchmarks(500 if args.quick else 2_000)

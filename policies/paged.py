@@ -50,7 +50,8 @@ class FreeBlockQueue:
 
     A hit leaves its entry in the cached part, counted as stale (O(1) rather than a scan): a block's
     entries are in the order it was freed, and all but its last are stale, so the head skips
-    exactly as many of a block's entries as it has stale ones. Entries before the head (taken) and
+    exactly as many of a block's entries as it has stale ones. (The counts are a list indexed by
+    block id, not a dict: a hit or a take then boxes no block id.) Entries before the head (taken) and
     stale ones are dropped once they outnumber the live ones, so memory stays bounded by the pool."""
 
     COMPACT_AFTER: ClassVar[int] = 1024  # dead entries (at least) before the cached part is rebuilt
@@ -58,10 +59,11 @@ class FreeBlockQueue:
     def __init__(self, block_ids: Iterable[int], compact_after: int = COMPACT_AFTER):
         self.compact_after = compact_after
         self._blank: list[int] = list(block_ids)[::-1]  # its end is the head of the queue
+        self._ids = max(self._blank) + 1 if self._blank else 0
         self._cached: list[int] = []  # from index _head on: the cached part, oldest first
         self._head = 0
         self._cached_count = 0  # live entries of _cached
-        self._stale: dict[int, int] = {}  # block -> entries of it in _cached left by hits
+        self._stale: list[int] = [0] * self._ids  # per block id: its entries in _cached left by hits
         self._stale_entries = 0
 
     def __len__(self) -> int:
@@ -93,11 +95,19 @@ class FreeBlockQueue:
             return blocks
         cached = self._cached
         head = self._head
-        if count == 1 and not blank and not self._stale and self._cached_count:
-            # A decoding sequence's next block once no blank block is left: the oldest cached one.
+        if count == 1 and self._cached_count:
+            # A decoding sequence's next block once no blank block is left: the oldest cached one,
+            # past the entries hits left behind.
+            stale = self._stale
+            block_id = cached[head]
+            while stale[block_id]:
+                stale[block_id] -= 1
+                self._stale_entries -= 1
+                head += 1
+                block_id = cached[head]
             self._cached_count -= 1
             self._head = head + 1
-            blocks = cached[head : head + 1]
+            blocks = [block_id]
         else:
             blocks = self._take_through_cached(count)
         if self._head > self.compact_after and self._head > self._cached_count:
@@ -116,7 +126,7 @@ class FreeBlockQueue:
         self._cached_count -= oldest
         cached = self._cached
         head = self._head
-        if not self._stale:
+        if not self._stale_entries:
             end = head + oldest
             blocks += cached[head:end]
             self._head = end
@@ -125,13 +135,10 @@ class FreeBlockQueue:
         while oldest:
             block_id = cached[head]
             head += 1
-            left = stale.get(block_id)
+            left = stale[block_id]
             if left:  # an entry a hit left behind
                 self._stale_entries -= 1
-                if left == 1:
-                    del stale[block_id]
-                else:
-                    stale[block_id] = left - 1
+                stale[block_id] = left - 1
                 continue
             blocks.append(block_id)
             oldest -= 1
@@ -159,7 +166,7 @@ class FreeBlockQueue:
     def remove_cached(self, block_id: int) -> None:
         """``block_id``, a free block holding cached content (appended, not taken since), leaves
         the queue: a prefix hit."""
-        self._stale[block_id] = self._stale.get(block_id, 0) + 1
+        self._stale[block_id] += 1
         self._cached_count -= 1
         self._stale_entries += 1
         if self._stale_entries > max(self.compact_after, self._cached_count):
@@ -167,17 +174,17 @@ class FreeBlockQueue:
             # (linear, once per as many hits as live entries).
             self._cached = self._live_cached()
             self._head = 0
-            self._stale.clear()
+            self._stale = [0] * self._ids
             self._stale_entries = 0
 
     def order(self) -> list[int]:
         return self._blank[::-1] + self._live_cached()
 
     def _live_cached(self) -> list[int]:
-        stale = dict(self._stale)
+        stale = list(self._stale)
         live = []
         for block_id in self._cached[self._head :]:
-            if stale.get(block_id):
+            if stale[block_id]:
                 stale[block_id] -= 1
             else:
                 live.append(block_id)
@@ -326,19 +333,22 @@ class PagedPolicy(SequenceTable[SequenceState]):
         self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
     ) -> int:
         prompt_len = self._check_new_sequence(seq_id, prompt, final_len)
-        blocks_needed, hit_blocks = self._blocks_needed_to_admit(prompt, namespace)
-        host_hits = self._host_hits(prompt, prompt_len, hit_blocks, namespace)
-        self._ensure_free_blocks(
-            blocks_needed, "admitting sequence", seq_id, self._prefix_hit(hit_blocks, len(host_hits))
-        )
+        # Registered only once its blocks are allocated (a failed admission changes nothing); its
+        # content is laid out first, and the prefix lookup walks that layout.
         seq = SequenceState(seq_id, 0, final_len, output_content_id, namespace=namespace)
-        self._remember_content(seq, prompt)
-        for block_id in hit_blocks:
-            self._share_block(block_id)
-            seq.block_table.append(block_id)
+        self._lay_out_prompt(seq, prompt)
+        blocks_needed, hit_blocks = self._blocks_needed_by(seq, prompt_len)
+        host_hits = self._host_hits(prompt, prompt_len, hit_blocks, namespace)
+        if blocks_needed > len(self.free_queue):  # (the hit is described only for the error)
+            self._ensure_free_blocks(
+                blocks_needed, "admitting sequence", seq_id, self._prefix_hit(hit_blocks, len(host_hits))
+            )
+        self._share_blocks(hit_blocks)
+        seq.block_table = hit_blocks
         self._logical_blocks += len(hit_blocks)
         cached_tokens = len(hit_blocks) * self.block_size
         seq.num_tokens = cached_tokens
+        seq.keyed_blocks = len(hit_blocks)  # every block a hit reuses holds its key
         self.sequences[seq_id] = seq
         self._record_prefix_query(prompt_len, cached_tokens)
         # Host hits are loaded into fresh blocks, taken as if computed (they get their keys as they fill).
@@ -480,6 +490,11 @@ class PagedPolicy(SequenceTable[SequenceState]):
         """Free-queue blocks an admission consumes, and the cached blocks it would reuse."""
         return ceil_div(content_length(prompt), self.block_size), []
 
+    def _blocks_needed_by(self, seq: SequenceState, prompt_len: int) -> tuple[int, list[int]]:
+        """:meth:`_blocks_needed_to_admit` for a sequence being admitted, its prompt laid out
+        (:meth:`_lay_out_prompt`); the list of cached blocks becomes its block table."""
+        return ceil_div(prompt_len, self.block_size), []
+
     def _host_hits(
         self, prompt: TokenContent, prompt_len: int, hit_blocks: list[int], namespace: int
     ) -> list[tuple]:
@@ -505,11 +520,19 @@ class PagedPolicy(SequenceTable[SequenceState]):
     def _share_block(self, block_id: int) -> None:
         raise AssertionError("plain paging never shares blocks")
 
+    def _share_blocks(self, block_ids: list[int]) -> None:
+        """:meth:`_share_block` of each block (a prefix hit's); plain paging never has one."""
+        for block_id in block_ids:
+            self._share_block(block_id)
+
     def _copy_shared_tail_before_write(self, seq: SequenceState) -> None:
         """Plain paging owns every block alone: nothing to copy."""
 
     def _remember_content(self, seq: SequenceState, content: TokenContent) -> None:
         """Plain paging does not need token content."""
+
+    def _lay_out_prompt(self, seq: SequenceState, prompt: TokenContent) -> None:
+        """A new sequence's content is its (validated) prompt; plain paging does not need it."""
 
     def _append_content(self, seq: SequenceState, num_tokens: int, content: TokenContent | None) -> None:
         """Plain paging does not need token content."""

@@ -251,14 +251,24 @@ class PrefixCachingPolicy(PagedPolicy):
     def _blocks_needed_to_admit(self, prompt: TokenContent, namespace: int) -> tuple[int, list[int]]:
         prompt_len = content_length(prompt)
         hits = self._find_cached_prefix(prompt, (prompt_len - 1) // self.block_size, namespace)
-        if not hits:
-            return ceil_div(prompt_len, self.block_size), hits
-        hits_in_queue = sum(
-            1 for block_id in hits if self.ref_count[block_id] == 0 and block_id not in self._pinned
-        )
-        # Touching an idle cached hit takes it out of the free queue, so it counts against the queue too.
+        return self._blocks_needed_with(hits, prompt_len), hits
+
+    def _blocks_needed_by(self, seq: SequenceState, prompt_len: int) -> tuple[int, list[int]]:
+        max_blocks = (prompt_len - 1) // self.block_size
+        hits = self._walk_cached_prefix(seq.segments, seq.segment_ends, max_blocks, seq.namespace)
+        return self._blocks_needed_with(hits, prompt_len), hits
+
+    def _blocks_needed_with(self, hits: list[int], prompt_len: int) -> int:
+        """Free-queue blocks admitting a prompt of ``prompt_len`` tokens takes, with ``hits`` reused."""
         new_blocks = ceil_div(prompt_len, self.block_size) - len(hits)
-        return new_blocks + hits_in_queue, hits
+        if not hits:
+            return new_blocks
+        # Touching an idle cached hit takes it out of the free queue, so it counts against the queue too.
+        ref_count, pinned = self.ref_count, self._pinned
+        for block_id in hits:
+            if ref_count[block_id] == 0 and not (pinned and block_id in pinned):
+                new_blocks += 1
+        return new_blocks
 
     def _find_cached_prefix(self, prompt: TokenContent, max_blocks: int, namespace: int) -> list[int]:
         if prompt and prompt[0][1] >= self.block_size:
@@ -268,16 +278,36 @@ class PrefixCachingPolicy(PagedPolicy):
             if first_key not in self._cached_by_key and first_key not in self._lazy_runs:
                 return []
         segments = [segment for segment in prompt if segment[1] > 0]
-        ends = _cumulative_ends(segments)
-        max_blocks = min(max_blocks, (ends[-1] if ends else 0) // self.block_size)
+        return self._walk_cached_prefix(segments, _cumulative_ends(segments), max_blocks, namespace)
+
+    def _walk_cached_prefix(
+        self, segments: list[tuple[int, int]], ends: list[int], max_blocks: int, namespace: int
+    ) -> list[int]:
+        """The cached blocks holding the first blocks (at most ``max_blocks``) of the content laid
+        out as ``segments`` ending at ``ends``: each key is looked up after its parent's hit. (The
+        keys of :func:`block_contents`, made inline: this runs for every block of every prompt.)"""
+        block_size = self.block_size
+        whole_blocks = (ends[-1] if ends else 0) // block_size
+        if whole_blocks < max_blocks:
+            max_blocks = whole_blocks
         hits: list[int] = []
         parent: int | None = None
-        cache, chain_of = self._cached_by_key, self._block_chain
-        for content in block_contents(segments, ends, 0, max_blocks, self.block_size):
-            key = (parent, *content, namespace)
+        cache, chain_of, lazy_runs = self._cached_by_key, self._block_chain, self._lazy_runs
+        index = 0
+        for block in range(max_blocks):
+            start = block * block_size
+            while ends[index] <= start:
+                index += 1
+            segment_end = ends[index]
+            if start + block_size <= segment_end:
+                content_id, length = segments[index]
+                offset = start - segment_end + length
+                key: ChainKey = (parent, content_id, offset, offset + block_size, namespace)
+            else:
+                key = (parent, block_pieces(segments, ends, start, start + block_size), namespace)
             block_id = cache.get(key)
             if block_id is None:
-                lazy_run = self._lazy_runs.get(key)
+                lazy_run = lazy_runs.get(key)
                 if lazy_run is None:
                     break  # no cached block holds this content after this prefix
                 self._key_lazy_run(lazy_run)  # this lookup reaches it: its keys are made now
@@ -303,12 +333,39 @@ class PrefixCachingPolicy(PagedPolicy):
             self._target_sum += self.block_size
         self.ref_count[block_id] += 1
 
+    def _share_blocks(self, block_ids: list[int]) -> None:
+        if self._pinned:
+            for block_id in block_ids:
+                self._share_block(block_id)
+            return
+        # Nothing pinned: the idle blocks leave the queue in turn and are counted once for all.
+        ref_count, queue = self.ref_count, self.free_queue
+        idle = 0
+        for block_id in block_ids:
+            if not ref_count[block_id]:
+                queue.remove_cached(block_id)
+                idle += 1
+            ref_count[block_id] += 1
+        self._cached_in_queue -= idle
+        self._live_blocks += idle
+        self._filled_sum += idle * self.block_size
+        self._target_sum += idle * self.block_size
+
     # ------------------------------------------------------------------------------- content and keys
     def _remember_content(self, seq: SequenceState, content: TokenContent) -> None:
         validate_content(content, f"content of sequence {seq.seq_id}", PolicyInputError)
         seq.fold_output()
         for segment in content:
             seq.append_segment(segment)
+
+    def _lay_out_prompt(self, seq: SequenceState, prompt: TokenContent) -> None:
+        # Its non-empty segments, as append_segment keeps them. (Copied whole when none is empty:
+        # compiled, a filtered segment is unpacked and packed again, a new tuple each.)
+        segments = list(prompt)
+        if not all(segment[1] for segment in prompt):
+            segments = [segment for segment in prompt if segment[1] > 0]
+        seq.segments = segments
+        seq.segment_ends = _cumulative_ends(segments)
 
     def _append_content(self, seq: SequenceState, num_tokens: int, content: TokenContent | None) -> None:
         if content is not None:
@@ -587,8 +644,8 @@ _PIN_HOLDER_ID = -(2**62)  # a private sequence id, held only inside pin_prefix
 def _cumulative_ends(segments: list[tuple[int, int]]) -> list[int]:
     ends: list[int] = []
     total = 0
-    for _, length in segments:
-        total += length
+    for segment in segments:  # (indexed: see content_length)
+        total += segment[1]
         ends.append(total)
     return ends
 

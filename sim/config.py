@@ -88,6 +88,23 @@ class EngineConfig(_Strict):
     tensor_parallel_size: int = Field(
         1, gt=0, description="GPUs per instance; each holds its share of the KV heads and weights."
     )
+    data_parallel_size: int = Field(
+        1,
+        gt=0,
+        description="Data-parallel ranks of the server (vLLM --data-parallel-size), each with "
+        "tensor_parallel_size GPUs, its own scheduler and KV pool, and requests spread over them by "
+        "vLLM's balancer (router vllm_dp). A dense model's ranks run independently; a mixture of "
+        "experts needs enable_expert_parallel, and its ranks step in lockstep (sim/engine/lockstep.py). "
+        "Not with a cluster: section.",
+    )
+    enable_expert_parallel: bool = Field(
+        False,
+        description="Mixture of experts: deal the routed experts out whole over the data_parallel_size x "
+        "tensor_parallel_size GPUs (vLLM --enable-expert-parallel; the product must divide the experts) "
+        "instead of splitting each over the TP group; every MoE layer exchanges tokens between the "
+        "ranks (all-gather + reduce-scatter, vLLM's default all2all backend), the ranks step together "
+        "one iteration at a time, each step as long as the slowest rank's. Derated cost model only.",
+    )
     swap_space: float = Field(4.0, ge=0, description="Host swap space per GPU in GiB (vLLM V0 default 4).")
     preemption_mode: Literal["recompute", "swap"] = Field(
         "recompute",
@@ -183,7 +200,123 @@ class EngineConfig(_Strict):
         return self
 
 
-ROUTERS = ("round_robin", "least_requests", "least_kv", "session_affinity", "prefix_aware")
+ROUTERS = ("round_robin", "least_requests", "vllm_dp", "least_kv", "session_affinity", "prefix_aware")
+DATA_PARALLEL_ROUTER = "vllm_dp"
+"""How a data-parallel server spreads requests over its ranks (``engine.data_parallel_size``)."""
+
+
+def known_router(value: str) -> str:
+    if value not in ROUTERS:
+        raise ValueError(
+            f"unknown router {value!r}{did_you_mean(value, list(ROUTERS))} (valid: {', '.join(ROUTERS)})"
+        )
+    return value
+
+
+class PoolConfig(_Strict):
+    """One pool of a disaggregated cluster: its replicas, their GPU, engine knobs, policy and router."""
+
+    replicas: int = Field(
+        1, gt=0, description="Replicas in this pool, each with its own GPU(s) (tensor_parallel_size each)."
+    )
+    gpu: str | dict[str, Any] | None = Field(
+        None, description="This pool's GPU (a preset name or custom values). Default: the experiment's `gpu`."
+    )
+    engine: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Overrides of the engine section for this pool's replicas (after the variant's), "
+        "e.g. tensor_parallel_size, max_num_batched_tokens.",
+    )
+    policy: str | None = Field(None, description="This pool's policy. Default: the variant's.")
+    options: dict[str, Any] | None = Field(
+        None, description="This pool's policy options. Default: the variant's."
+    )
+    router: str = Field(
+        "least_requests", description="Which replica of this pool a request goes to (as cluster.router)."
+    )
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _known_keys(value, EngineConfig, "engine")
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str | None) -> str | None:
+        if value is not None and value not in policy_names():
+            raise ValueError(f"unknown policy {value!r}{did_you_mean(value, policy_names())}")
+        return value
+
+    @field_validator("router")
+    @classmethod
+    def _known_router(cls, value: str) -> str:
+        return known_router(value)
+
+
+LINK_KINDS = ("nvlink", "rdma", "pcie", "custom")
+
+
+class LinkConfig(_Strict):
+    """The link prefill replicas send KV over (``sim/cluster/link.py``)."""
+
+    kind: Literal["nvlink", "rdma", "pcie", "custom"] = Field(
+        "rdma",
+        description="nvlink: the prefill GPU's NVLink, one direction (half its datasheet figure); pcie: its "
+        "PCIe link, one direction; rdma: a 400 Gb/s NIC per GPU (50 GB/s, as a DGX H100's ConnectX-7); "
+        "custom: bandwidth_gb_per_s and latency_s given.",
+    )
+    bandwidth_gb_per_s: float | None = Field(
+        None,
+        gt=0,
+        description="Per GPU, one direction, in 10**9 B/s (replaces the kind's). Required for custom.",
+    )
+    latency_s: float | None = Field(
+        None,
+        ge=0,
+        description="Fixed time per transfer before its bytes flow (setup, notification). Default: 10 us for "
+        "nvlink and pcie, 20 us for rdma (assumed, not measured). Required for custom.",
+    )
+    shared_by: Literal["pair", "prefill", "decode", "fabric"] = Field(
+        "prefill",
+        description="Which transfers share one pipe's bandwidth (fairly, processor sharing): pair (each prefill "
+        "replica to each decode replica its own), prefill (each prefill replica's NICs: all it sends), decode "
+        "(all a decode replica receives), fabric (every transfer of the cluster).",
+    )
+
+    @model_validator(mode="after")
+    def _custom_has_numbers(self) -> LinkConfig:
+        if self.kind == "custom" and (self.bandwidth_gb_per_s is None or self.latency_s is None):
+            missing = [name for name in ("bandwidth_gb_per_s", "latency_s") if getattr(self, name) is None]
+            raise ValueError(f"a custom link needs {' and '.join(missing)}")
+        return self
+
+
+class DeciderConfig(_Strict):
+    """Which requests are disaggregated (llm-d's and BLIS's prefill deciders)."""
+
+    mode: Literal["always", "prefix_threshold"] = Field(
+        "always",
+        description="always: every request is prefilled in the prefill pool; prefix_threshold: only when "
+        "the prompt tokens its decode replica does not hold cached exceed threshold_tokens (else the "
+        "decode replica prefills it itself), as llm-d's pd-profile-handler.",
+    )
+    threshold_tokens: int = Field(
+        0,
+        ge=0,
+        description="prefix_threshold: uncached prompt tokens above which a request is disaggregated.",
+    )
+
+
+class DisaggregationConfig(_Strict):
+    """Prefill and decode on separate replicas, each request's KV sent between them."""
+
+    prefill: PoolConfig = Field(description="The prefill pool: computes prompts and sends their KV.")
+    decode: PoolConfig = Field(description="The decode pool: receives the KV and generates the output.")
+    link: LinkConfig = Field(default_factory=LinkConfig, description="The KV transfer link.")  # type: ignore[arg-type]
+    decider: DeciderConfig = Field(
+        default_factory=DeciderConfig,  # type: ignore[arg-type]
+        description="Which requests go through the prefill pool.",
+    )
 
 
 class ClusterConfig(_Strict):
@@ -195,7 +328,7 @@ class ClusterConfig(_Strict):
     router: str = Field(
         "round_robin",
         description="Which replica each arriving request goes to: round_robin, least_requests (fewest "
-        "running + waiting), least_kv (most free KV slots), session_affinity (a conversation stays on "
+        "running + waiting), vllm_dp (lowest 4 x waiting + running: vLLM's data-parallel balancer), least_kv (most free KV slots), session_affinity (a conversation stays on "
         "the replica its first request went to; new sessions go to least_requests' choice), "
         "prefix_aware (score = prefix_weight x cached fraction of the prompt, host-tier tokens "
         "weighted host_weight, + load_weight x "
@@ -222,6 +355,23 @@ class ClusterConfig(_Strict):
         "transfer); llm-d's KV-block index weighs its CPU tier 0.8.",
     )
 
+    disaggregation: DisaggregationConfig | None = Field(
+        None,
+        description="Disaggregated prefill and decode: two pools and a KV link (``sim/cluster/disaggregated.py``); "
+        "replicas and router are then each pool's.",
+    )
+
+    @model_validator(mode="after")
+    def _pools_or_replicas(self) -> ClusterConfig:
+        if self.disaggregation is not None:
+            given = sorted({"replicas", "router"} & self.model_fields_set)
+            if given:
+                raise ValueError(
+                    f"{' and '.join(given)} do not apply with disaggregation: each pool has its own "
+                    "(disaggregation.prefill / disaggregation.decode)"
+                )
+        return self
+
     @model_validator(mode="after")
     def _some_weight(self) -> ClusterConfig:
         if self.prefix_weight == 0 and self.load_weight == 0:
@@ -234,11 +384,7 @@ class ClusterConfig(_Strict):
     @field_validator("router")
     @classmethod
     def _known_router(cls, value: str) -> str:
-        if value not in ROUTERS:
-            raise ValueError(
-                f"unknown router {value!r}{did_you_mean(value, list(ROUTERS))} (valid: {', '.join(ROUTERS)})"
-            )
-        return value
+        return known_router(value)
 
 
 class VariantConfig(_Strict):
@@ -376,7 +522,8 @@ class ExperimentConfig(_Strict):
         """The experiment's cluster section with the variant's overrides; None: a single engine."""
         if self.cluster is None and not variant.cluster:
             return None
-        base = self.cluster.model_dump() if self.cluster is not None else {}
+        # (Only the keys given: the disaggregation check tells given keys from defaults.)
+        base = self.cluster.model_dump(exclude_unset=True) if self.cluster is not None else {}
         return self._section_for(variant, ClusterConfig, base, "cluster")
 
     def _section_for(
@@ -469,7 +616,7 @@ def validate_experiment(data: dict[str, Any], path: str | Path = "<config>") -> 
     except ValidationError as error:
         raise ConfigError(format_validation_error(error, path, data)) from None
     problems = []
-    cluster = config.cluster.model_dump() if config.cluster is not None else {}
+    cluster = config.cluster.model_dump(exclude_unset=True) if config.cluster is not None else {}
     for index, variant in enumerate(config.variants):
         for key, model, base in (
             ("engine", EngineConfig, config.engine.model_dump()),

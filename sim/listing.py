@@ -60,13 +60,26 @@ def models_table() -> str:
                 f"{spec.max_position_embeddings:,}",
                 f"{spec.kv_bytes_per_token():,}",
                 f"{spec.weight_bytes() / GiB:.1f}",
+                f"{spec.routed_expert_params * spec.weight_dtype_bytes / GiB:.1f}" if spec.is_moe else "-",
             ]
         )
-    header = ["model", "params", "layers", "attention", "kv/q heads", "context", "KV B/token", "weights GiB"]
+    header = [
+        "model",
+        "params",
+        "layers",
+        "attention",
+        "kv/q heads",
+        "context",
+        "KV B/token",
+        "weights GiB",
+        "experts GiB",
+    ]
     return (
         table(header, rows)
         + "\n\nKV bytes per token at the model's dtype (kv_cache_dtype: auto), all layers, one GPU. "
-        "A HuggingFace config.json path works too (model: path/to/config.json)."
+        "experts GiB: the routed experts' share of the weights, which expert parallelism deals out over "
+        "the GPUs (engine.enable_expert_parallel; each holds 1 / (data_parallel_size x "
+        "tensor_parallel_size) of it). A HuggingFace config.json path works too (model: path/to/config.json)."
     )
 
 

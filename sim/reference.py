@@ -20,7 +20,17 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from sim.config import ClusterConfig, EngineConfig, ExperimentConfig, OutputConfig, VariantConfig
+from sim.config import (
+    ClusterConfig,
+    DeciderConfig,
+    DisaggregationConfig,
+    EngineConfig,
+    ExperimentConfig,
+    LinkConfig,
+    OutputConfig,
+    PoolConfig,
+    VariantConfig,
+)
 from sim.costs.core import CostModelConfig
 from sim.offload import OffloadConfig
 from workloads import config as wl
@@ -60,6 +70,15 @@ engine: {block_size: 32}
 pin_shared_prefixes: true
 """,
     ClusterConfig: "{replicas: 4, router: prefix_aware, prefix_weight: 3, load_weight: 2}\n",
+    DisaggregationConfig: """\
+prefill: {replicas: 2, engine: {max_num_batched_tokens: 8192}}
+decode: {replicas: 6, router: least_kv}
+link: {kind: rdma, shared_by: prefill}
+decider: {mode: prefix_threshold, threshold_tokens: 256}
+""",
+    PoolConfig: "{replicas: 2, gpu: H100-80GB, engine: {tensor_parallel_size: 2}, policy: prefix}\n",
+    LinkConfig: "{kind: custom, bandwidth_gb_per_s: 25, latency_s: 0.0005, shared_by: fabric}\n",
+    DeciderConfig: "{mode: prefix_threshold, threshold_tokens: 512}\n",
     CostModelConfig: "{profile: configs/profiles/analytic-llama-3.1-8b-a100-80gb.yaml}\n",
     OutputConfig: "{timeseries_format: csv, figures: false}\n",
     OffloadConfig: "{host_memory_gib: 256, bandwidth_gb_per_s: 25}\n",

@@ -10,6 +10,7 @@ Layout::
     DIR/<variant>/requests.parquet     (or .csv)
     DIR/<variant>/replicas.csv                  cluster runs: one summary row per replica
     DIR/<variant>/replica_timeseries.parquet    cluster runs: every replica's rows (or .csv)
+    DIR/<variant>/transfer_timeseries.parquet   disaggregated runs: handoffs and the KV link over time
     DIR/figures/*.png             drawn by ``kvsim run`` (sim.outputs.plots), not by this module
 
 A cluster variant's summary.json and timeseries are the cluster total (``sim/cluster/results.py``).
@@ -117,6 +118,16 @@ class RunResults:
         stem = self.path / variant / "replica_timeseries"
         parquet = stem.with_suffix(".parquet")
         return read_thinned(parquet if parquet.exists() else stem.with_suffix(".csv"), max_rows)
+
+    def is_disaggregated(self, variant: str) -> bool:
+        stem = self.path / variant / "transfer_timeseries"
+        return stem.with_suffix(".parquet").is_file() or stem.with_suffix(".csv").is_file()
+
+    def transfer_timeseries(self, variant: str) -> pd.DataFrame:
+        """A disaggregated variant's handoffs and link over time (``sim/cluster/disaggregated_results.py``)."""
+        stem = self.path / variant / "transfer_timeseries"
+        parquet = stem.with_suffix(".parquet")
+        return read_thinned(parquet if parquet.exists() else stem.with_suffix(".csv"), None)
 
     def requests(self, variant: str, columns: list[str] | None = None) -> pd.DataFrame:
         stem = self.path / variant / "requests"

@@ -12,27 +12,40 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 import simpy
+from pydantic import ValidationError
 from tqdm.auto import tqdm
 
 from policies.base import KVCachePolicy, OutOfKVMemory, PolicyInputError, PoolSpec, make_policy, policy_class
 from policies.contiguous import ContiguousPolicy
 from sim.cluster.cluster import Cluster, follow_up_of
+from sim.cluster.disaggregated import Decider, DisaggregatedCluster, PoolShape
+from sim.cluster.disaggregated_results import (
+    TRANSFER_REQUEST_COLUMNS,
+    TRANSFER_TIMESERIES,
+    disaggregation_summary,
+    transfer_series,
+)
+from sim.cluster.link import LinkSpec, resolve_link
 from sim.cluster.results import ClusterTotals, ReplicaSink, balance_metrics, replica_series, total_series
-from sim.cluster.routers import make_router
+from sim.cluster.routers import ROUTER_CLASSES, make_router, make_router_named
 from sim.config import (
+    DATA_PARALLEL_ROUTER,
     VLLM_BLOCK_SIZES,
     ClusterConfig,
     ConfigError,
+    DisaggregationConfig,
     EngineConfig,
     ExperimentConfig,
+    PoolConfig,
     VariantConfig,
 )
 from sim.costs.core import CostModel, CostModelError, make_cost_model
 from sim.engine.core import Engine, EngineKnobs
+from sim.engine.lockstep import LockstepGroup
 from sim.engine.sglang_scheduler import chunked_prefill_size_for
 from sim.hardware.capacity import KVCapacity, size_kv_pool
 from sim.hardware.gpus import GpuSpec, resolve_gpu
-from sim.hardware.models import ModelSpec, resolve_model
+from sim.hardware.models import ModelSpec, expert_parallel_problems, expert_parallel_size, resolve_model
 from sim.native import engine_build
 from sim.offload import OffloadConfig, host_load_seconds, host_tier_blocks, host_tier_summary
 from sim.outputs.metrics import RequestRecord
@@ -107,9 +120,17 @@ def policy_name_for(variant: VariantConfig, engine: EngineConfig) -> str:
     return variant.policy
 
 
+def engine_expert_parallel_size(model: ModelSpec, engine: EngineConfig) -> int:
+    """The GPUs the engine section deals the routed experts over (1 without expert parallelism);
+    raises ``ValueError`` for data or expert parallelism kvsim does not run."""
+    return expert_parallel_size(
+        model, engine.data_parallel_size, engine.tensor_parallel_size, engine.enable_expert_parallel
+    )
+
+
 def engine_pool(model: ModelSpec, gpu: GpuSpec, engine: EngineConfig) -> KVCapacity:
-    """The KV pool the engine section's sizing keys give; raises what :func:`size_kv_pool` raises
-    (:class:`ModelDoesNotFitError` when the weights leave no room)."""
+    """The KV pool the engine section's sizing keys give (one data-parallel rank's); raises what
+    :func:`size_kv_pool` raises (:class:`ModelDoesNotFitError` when the weights leave no room)."""
     return size_kv_pool(
         model,
         gpu,
@@ -120,6 +141,8 @@ def engine_pool(model: ModelSpec, gpu: GpuSpec, engine: EngineConfig) -> KVCapac
         kv_cache_memory_bytes=engine.kv_cache_memory_bytes,
         num_gpu_blocks_override=engine.num_gpu_blocks_override,
         tensor_parallel_size=engine.tensor_parallel_size,
+        expert_parallel_size=engine_expert_parallel_size(model, engine),
+        data_parallel_size=engine.data_parallel_size,
     )
 
 
@@ -134,7 +157,7 @@ def engine_cost_model(
     config: ExperimentConfig, model: ModelSpec, gpu: GpuSpec, engine: EngineConfig, base_dir: Path
 ) -> CostModel:
     """The experiment's cost model for one instance of the engine section (block size, cache dtype,
-    tensor parallelism)."""
+    tensor parallelism; with expert parallelism, one data-parallel rank's)."""
     return make_cost_model(
         config.cost_model,
         model,
@@ -143,6 +166,8 @@ def engine_cost_model(
         kv_cache_dtype=engine.kv_cache_dtype,
         base_dir=base_dir,
         tensor_parallel_size=engine.tensor_parallel_size,
+        data_parallel_size=engine.data_parallel_size,
+        expert_parallel_size=engine_expert_parallel_size(model, engine),
     )
 
 
@@ -170,6 +195,14 @@ class PreparedVariant:
     ran: bool = False
     """A policy holds the state of its run: a prepared variant runs once."""
     offload: OffloadConfig | None = None
+    # A disaggregated variant is its decode pool, with these beside it (None otherwise).
+    prefill_pool: PreparedVariant | None = None
+    link: LinkSpec | None = None
+    gpu: GpuSpec | None = None  # a pool's own GPU
+    role: str = ""
+    replica_count: int = 1
+    lockstep: bool = False
+    """Expert parallelism: the engine (or each data-parallel rank) steps on a shared step clock."""
 
 
 @dataclass
@@ -228,16 +261,43 @@ def _prepare_variant(
 ) -> tuple[PreparedVariant, list[str]]:
     """One variant, built; ``prefixes`` are pinned when the variant asks for it. Returns warnings too."""
     variant = config.variants[index]
+    cluster = config.cluster_for(variant)
+    if cluster is not None and cluster.disaggregation is not None:
+        return _prepare_disaggregated(config, index, cluster, model, gpu, base_dir, prefixes)
     engine_config = config.engine_for(variant)
 
     def key(name: str) -> str:
         return f"variants.{index}.engine.{name}" if name in variant.engine else f"engine.{name}"
 
+    replicas = cluster.replicas if cluster is not None else 1
+    return _prepare_instance(
+        config, index, variant, engine_config, model, gpu, base_dir, prefixes, key, cluster, replicas
+    )
+
+
+def _prepare_instance(
+    config: ExperimentConfig,
+    index: int,
+    variant: VariantConfig,
+    engine_config: EngineConfig,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    base_dir: Path,
+    prefixes: list[TokenContent] | None,
+    key: Callable[[str], str],
+    cluster: ClusterConfig | None,
+    replicas: int,
+) -> tuple[PreparedVariant, list[str]]:
+    """``replicas`` instances of one engine configuration (a variant's, or a disaggregated pool's)."""
     errors, warnings = check_engine(engine_config, model.name, model.max_position_embeddings, key)
-    try:
-        capacity = size_pool(model, gpu, engine_config)
-    except ConfigError as error:
-        errors.insert(0, f"model, gpu: {error}")
+    parallel_errors, parallel_warnings = check_parallelism(config, index, engine_config, model, key)
+    errors += parallel_errors
+    warnings += parallel_warnings
+    if not parallel_errors:
+        try:
+            capacity = size_pool(model, gpu, engine_config)
+        except ConfigError as error:
+            errors.insert(0, f"model, gpu: {error}")
     if errors:
         raise ConfigError("\n".join(errors))  # one problem per line
     max_model_len = engine_config.max_model_len or model.max_position_embeddings
@@ -248,9 +308,15 @@ def _prepare_variant(
     option_error = unknown_options_error(policy_name, variant.options)
     if option_error:
         raise ConfigError(f"variants.{index}.options: {option_error}")
-    cluster = config.cluster_for(variant)
+    if engine_config.data_parallel_size > 1:
+        # A data-parallel server's ranks are a cluster behind vLLM's own balancer.
+        cluster = ClusterConfig.model_validate(
+            {"replicas": engine_config.data_parallel_size, "router": DATA_PARALLEL_ROUTER}
+        )
+        replicas = engine_config.data_parallel_size
     if (
         cluster is not None
+        and cluster.disaggregation is None
         and make_router(cluster).needs_prefix_lookup
         and not has_prefix_lookup(policy_name)
     ):
@@ -267,7 +333,6 @@ def _prepare_variant(
         max_model_len,
         capacity.kv_bytes_per_token,
     )
-    replicas = cluster.replicas if cluster is not None else 1
     try:
         replica_policies = [make_policy(policy_name, pool, **variant.options) for _ in range(replicas)]
     except (TypeError, PolicyInputError) as error:
@@ -309,7 +374,155 @@ def _prepare_variant(
         replica_policies if cluster is not None else None,
     )
     prepared.offload = offload
+    prepared.lockstep = costs.expert_parallel is not None
     return prepared, warnings
+
+
+def _prepare_disaggregated(
+    config: ExperimentConfig,
+    index: int,
+    cluster: ClusterConfig,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    base_dir: Path,
+    prefixes: list[TokenContent] | None,
+) -> tuple[PreparedVariant, list[str]]:
+    """Both pools of a disaggregated variant, each prepared as an instance of its own (its GPU, engine
+    overrides, policy); the variant is its decode pool, with the prefill pool beside it."""
+    variant = config.variants[index]
+    spec = cluster.disaggregation
+    assert spec is not None
+    where = _cluster_key(config, index, "disaggregation")
+    problems: list[str] = []
+    pools: dict[str, PreparedVariant] = {}
+    warnings: list[str] = []
+    for role, pool in (("prefill", spec.prefill), ("decode", spec.decode)):
+        prefix = f"{where}.{role}"
+        try:
+            pools[role], notes = _prepare_pool(
+                config, index, variant, role, pool, prefix, model, gpu, base_dir, prefixes, cluster
+            )
+            warnings += notes
+        except ConfigError as error:
+            problems += str(error).split("\n")
+    if not problems:
+        problems += _disaggregation_problems(pools["prefill"], pools["decode"], spec, where)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    prepared = pools["decode"]
+    prepared.prefill_pool = pools["prefill"]
+    prepared.cluster = cluster
+    try:
+        prepared.link = resolve_link(spec.link, pools["prefill"].gpu or gpu, f"{where}.link")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return prepared, warnings
+
+
+def _prepare_pool(
+    config: ExperimentConfig,
+    index: int,
+    variant: VariantConfig,
+    role: str,
+    pool: PoolConfig,
+    prefix: str,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    base_dir: Path,
+    prefixes: list[TokenContent] | None,
+    cluster: ClusterConfig,
+) -> tuple[PreparedVariant, list[str]]:
+    """One pool: the variant with the pool's policy and options, the engine section with the variant's
+    then the pool's overrides, on the pool's GPU."""
+    try:
+        pool_gpu = resolve_gpu(pool.gpu) if pool.gpu is not None else gpu
+    except (ValueError, KeyError) as error:
+        raise ConfigError(f"{prefix}.gpu: {_text(error)}") from None
+    engine_config = config.engine_for(variant)
+    try:
+        engine_config = EngineConfig.model_validate(engine_config.model_dump() | pool.engine)
+    except ValidationError as error:
+        raise ConfigError(f"{prefix}.engine: {error.errors()[0]['msg']}") from None
+    update: dict[str, Any] = {"name": f"{variant.name}-{role}"} if role == "prefill" else {}
+    if pool.policy is not None:
+        update["policy"] = pool.policy
+    if pool.options is not None:
+        update["options"] = pool.options
+    pool_variant = variant.model_copy(update=update)
+
+    def key(name: str) -> str:
+        if name in pool.engine:
+            return f"{prefix}.engine.{name}"
+        return f"variants.{index}.engine.{name}" if name in variant.engine else f"engine.{name}"
+
+    prepared, warnings = _prepare_instance(
+        config,
+        index,
+        pool_variant,
+        engine_config,
+        model,
+        pool_gpu,
+        base_dir,
+        prefixes,
+        key,
+        None,
+        pool.replicas,
+    )
+    prepared.gpu = pool_gpu
+    prepared.role = role
+    prepared.replica_count = pool.replicas
+    if prepared.replica_policies is None:
+        prepared.replica_policies = _more_policies(prepared, pool.replicas)
+    return prepared, [f"{prefix}: {note}" for note in warnings]
+
+
+def _more_policies(prepared: PreparedVariant, replicas: int) -> list[KVCachePolicy]:
+    """A pool's policy instances, one per replica (the first is ``prepared.policy``)."""
+    options = prepared.variant.options
+    return [prepared.policy] + [
+        make_policy(prepared.policy_name, prepared.pool, **options) for _ in range(replicas - 1)
+    ]
+
+
+def _disaggregation_problems(
+    prefill: PreparedVariant, decode: PreparedVariant, spec: DisaggregationConfig, where: str
+) -> list[str]:
+    """What a disaggregated cluster cannot do, each naming its key."""
+    problems = []
+    for role, pool in (("prefill", prefill), ("decode", decode)):
+        if not policy_class(pool.policy_name).uses_blocks:
+            problems.append(
+                f"{where}.{role}.policy: {pool.policy_name} has no blocks: KV is sent and received block by "
+                "block (vLLM's NIXL connector, Mooncake); use paged, prefix or radix"
+            )
+        if pool.engine.data_parallel_size > 1 or pool.engine.enable_expert_parallel:
+            problems.append(
+                f"{where}.{role}.engine: data or expert parallelism inside a disaggregated pool is not modelled "
+                "(give the pool more replicas instead)"
+            )
+        if pool.engine.scheduler != "vllm":
+            problems.append(
+                f"{where}.{role}.engine.scheduler: {pool.engine.scheduler} is not modelled in disaggregated "
+                "pools (only vllm's scheduler)"
+            )
+    if prefill.engine.block_size != decode.engine.block_size:
+        problems.append(
+            f"{where}: the pools' block sizes differ ({prefill.engine.block_size} and "
+            f"{decode.engine.block_size}): blocks are sent as they are; give both the same engine.block_size"
+        )
+    if spec.decider.mode == "prefix_threshold" and not has_prefix_lookup(decode.policy_name):
+        problems.append(
+            f"{where}.decider.mode: prefix_threshold reads the decode replica's prefix cache, but policy "
+            f"{decode.policy_name!r} has none; use prefix or radix in the decode pool, or mode: always"
+        )
+    for role, pool_config in (("prefill", spec.prefill), ("decode", spec.decode)):
+        pool = prefill if role == "prefill" else decode
+        if ROUTER_CLASSES[pool_config.router].needs_prefix_lookup and not has_prefix_lookup(pool.policy_name):
+            problems.append(
+                f"{where}.{role}.router: {pool_config.router} routes by prefix, but policy {pool.policy_name!r} "
+                "has no prefix cache"
+            )
+    return problems
 
 
 def attach_host_tier(
@@ -394,6 +607,38 @@ def check_engine(
             f"max_model_len ({max_model_len:,}) with enable_chunked_prefill: false, which vLLM refuses "
             "(longer prompts could never be prefilled). Raise max_num_batched_tokens, lower "
             "max_model_len, or enable chunked prefill"
+        )
+    return errors, warnings
+
+
+def check_parallelism(
+    config: ExperimentConfig, index: int, engine: EngineConfig, model: ModelSpec, key: Callable[[str], str]
+) -> tuple[list[str], list[str]]:
+    """Data and expert parallelism kvsim runs (:func:`expert_parallel_problems`), and data
+    parallelism's own limits: ``(errors, warnings)``, each naming the key."""
+    errors = [
+        f"{key(knob)}: {text}"
+        for knob, text in expert_parallel_problems(
+            model, engine.data_parallel_size, engine.tensor_parallel_size, engine.enable_expert_parallel
+        )
+    ]
+    warnings: list[str] = []
+    variant = config.variants[index]
+    if engine.data_parallel_size > 1 and (config.cluster is not None or variant.cluster):
+        where = f"variants.{index}.cluster" if variant.cluster else "cluster"
+        errors.append(
+            f"{key('data_parallel_size')}: {engine.data_parallel_size} makes the server a group of ranks "
+            f"behind vLLM's own balancer; a {where}: section of such servers is not modelled. Use one or "
+            "the other"
+        )
+    if (
+        engine.enable_expert_parallel
+        and not errors
+        and engine.data_parallel_size * engine.tensor_parallel_size == 1
+    ):
+        warnings.append(
+            f"{key('enable_expert_parallel')}: one GPU (data_parallel_size x tensor_parallel_size = 1) "
+            "has every expert; nothing is dealt out, as in vLLM"
         )
     return errors, warnings
 
@@ -504,8 +749,16 @@ def run_prepared(
     requests = workload.requests()
     # The bar counts requests as they arrive in the simulation (the engine reads the stream ahead).
     on_delivered = bar.update if progress else None
+    if prepared.prefill_pool is not None:
+        return _run_disaggregated(config, prepared, workload, requests, sink, bar, on_delivered)
     if prepared.cluster is not None:
         return _run_cluster(config, prepared, workload, requests, sink, bar, on_delivered)
+    lockstep: dict[str, Any] = {}
+    if prepared.lockstep:
+        # Expert parallelism within one server's TP group: a group of one rank, which pays the
+        # shared part of each step (its experts over its own tokens) alone.
+        env = simpy.Environment()
+        lockstep = {"env": env, "lockstep": _lockstep_group(env, 1, prepared.costs)}
     watching = watch if watch is not None and _watchable(config, prepared, workload) else None
     known = list(requests) if watching is not None else None  # the watch reads every arrival up front
     engine = _make_engine(
@@ -516,6 +769,7 @@ def run_prepared(
         sink,
         follow_up=workload.follow_up,
         on_delivered=on_delivered,
+        **lockstep,
         on_arrival=watching.arrived if watching is not None else None,
     )
     stop = watching.begin(engine, known) if watching is not None and known is not None else None
@@ -563,7 +817,6 @@ def _make_engine(
         watermark=engine_config.watermark,
         on_oom=engine_config.on_oom,
         beam_reparent_prob=engine_config.beam_reparent_prob,
-        step_mode=engine_config.step_mode,
         scheduler=engine_config.scheduler,
         schedule_policy=engine_config.schedule_policy,
         schedule_conservativeness=engine_config.schedule_conservativeness,
@@ -573,6 +826,8 @@ def _make_engine(
             else engine_config.chunked_prefill_size
         ),
         max_prefill_tokens=engine_config.max_prefill_tokens,
+        # a lockstep group's ranks step together, one iteration at a time (sim/engine/lockstep.py)
+        step_mode="single" if prepared.lockstep else engine_config.step_mode,
         client_overhead_s=(
             prepared.costs.request_overhead_s
             if engine_config.client_overhead_s is None
@@ -636,8 +891,14 @@ def _run_cluster(
     policies = prepared.replica_policies
     assert cluster_config is not None and policies is not None
     sinks = [ReplicaSink(sink, index) for index in range(cluster_config.replicas)]
+    groups: list[LockstepGroup] = []  # the data-parallel ranks' step clock, with expert parallelism
 
     def build_replica(index, env, upstream, follow_up) -> Engine:
+        lockstep: dict[str, Any] = {}
+        if prepared.lockstep:
+            if not groups:
+                groups.append(_lockstep_group(env, cluster_config.replicas, prepared.costs))
+            lockstep = {"lockstep": groups[0]}
         return _make_engine(
             config,
             prepared,
@@ -647,6 +908,7 @@ def _run_cluster(
             env=env,
             upstream=upstream,
             follow_up=follow_up,
+            **lockstep,
         )
 
     cluster = Cluster(
@@ -657,10 +919,7 @@ def _run_cluster(
         follow_up_of(workload),
         on_delivered=on_delivered,
     )
-    started = time.perf_counter()
-    cluster.run(until_s=config.until_s)
-    wall_s = time.perf_counter() - started
-    bar.close()
+    wall_s = _timed_run(cluster, config, bar)
     per_replica = replica_series(sinks)
     total = total_series(per_replica, prepared.pool.kv_pool_tokens * cluster_config.replicas)
     sink.write_timeseries(total)
@@ -672,7 +931,7 @@ def _run_cluster(
         _summary(
             engine, requests_table[requests_table["replica"] == index], prepared, wall_s, [engine.policy]
         )
-        | {"replica": index, "requests_routed": cluster.routed[index]}
+        | {"replica": index, "role": "both", "requests_routed": cluster.routed[index]}
         for index, engine in enumerate(cluster.replicas)
     ]
     summary = _summary(ClusterTotals(cluster.replicas, total), requests_table, prepared, wall_s, policies)
@@ -685,6 +944,110 @@ def _run_cluster(
         replica_summaries,
         per_replica,
     )
+
+
+def _run_disaggregated(
+    config: ExperimentConfig,
+    prepared: PreparedVariant,
+    workload: Workload,
+    requests,
+    sink: OutputSink,
+    bar,
+    on_delivered,
+) -> VariantResult:
+    """Run a disaggregated variant: its prefill and decode pools on one clock, KV sent over its link
+    (``sim/cluster/disaggregated.py``). Replicas are numbered across the cluster, prefill pool first."""
+    prefill, decode = prepared.prefill_pool, prepared
+    assert prefill is not None and prepared.cluster is not None and prepared.link is not None
+    spec = prepared.cluster.disaggregation
+    assert spec is not None and prefill.replica_policies is not None and decode.replica_policies is not None
+    pools = [prefill] * prefill.replica_count + [decode] * decode.replica_count
+    policies = [*prefill.replica_policies, *decode.replica_policies]
+    sinks = [ReplicaSink(sink, index) for index in range(len(pools))]
+
+    def build_replica(index, role, env, upstream, follow_up, transfer) -> Engine:
+        return _make_engine(
+            config,
+            pools[index],
+            policies[index],
+            (),
+            sinks[index],
+            env=env,
+            upstream=upstream,
+            follow_up=follow_up,
+            transfer=transfer,
+            prefill_only=role == "prefill",
+        )
+
+    routers = (
+        make_router_named(spec.prefill.router, prepared.cluster),
+        make_router_named(spec.decode.router, prepared.cluster),
+    )
+    cluster = DisaggregatedCluster(
+        _pool_shape(prefill),
+        _pool_shape(decode),
+        build_replica,
+        routers,
+        Decider(spec.decider),
+        prepared.link,
+        requests,
+        follow_up_of(workload),
+        on_delivered=on_delivered,
+    )
+    wall_s = _timed_run(cluster, config, bar)
+    per_replica = replica_series(sinks)
+    per_replica.insert(1, "role", [cluster.role_of(index) for index in per_replica["replica"]])
+    pool_tokens = sum(pool.pool.kv_pool_tokens for pool in pools)
+    total = total_series(per_replica.drop(columns="role"), pool_tokens)
+    sink.write_timeseries(total)
+    link_series = transfer_series(cluster.rows)
+    if isinstance(sink, FileSink):
+        sink.write_table(REPLICA_TIMESERIES, per_replica)
+        sink.write_table(TRANSFER_TIMESERIES, link_series)
+    sink.close()
+    requests_table = sink.requests(columns=[*SUMMARY_REQUEST_COLUMNS, *TRANSFER_REQUEST_COLUMNS, "replica"])
+    replica_summaries = []
+    for index, engine in enumerate(cluster.replicas):
+        role = cluster.role_of(index)
+        served = requests_table["prefill_replica" if role == "prefill" else "replica"] == index
+        row = _summary(engine, requests_table[served], pools[index], wall_s, [engine.policy])
+        replica_summaries.append(
+            row | {"replica": index, "role": role, "requests_routed": cluster.routed[index]}
+        )
+    summary = _summary(ClusterTotals(cluster.replicas, total), requests_table, decode, wall_s, policies)
+    router_label = f"prefill {spec.prefill.router}, decode {spec.decode.router}"
+    summary |= balance_metrics(router_label, cluster.routed, replica_summaries)
+    summary |= disaggregation_summary(cluster, requests_table, replica_summaries, prefill, decode)
+    capacity_lines = [
+        *(f"prefill pool: {line}" for line in prefill.capacity.capacity_lines(prefill.max_model_len)),
+        *(f"decode pool: {line}" for line in decode.capacity.capacity_lines(decode.max_model_len)),
+        f"link: {prepared.link.label}",
+    ]
+    return VariantResult(prepared.variant.name, summary, capacity_lines, sink, replica_summaries, per_replica)
+
+
+def _timed_run(cluster: Cluster | DisaggregatedCluster, config: ExperimentConfig, bar) -> float:
+    """Run a cluster to the end (or ``until_s``); returns the wall seconds it took."""
+    started = time.perf_counter()
+    cluster.run(until_s=config.until_s)
+    wall_s = time.perf_counter() - started
+    bar.close()
+    return wall_s
+
+
+def _pool_shape(pool: PreparedVariant) -> PoolShape:
+    return PoolShape(
+        pool.replica_count,
+        pool.engine.block_size,
+        pool.capacity.kv_bytes_per_token,
+        pool.capacity.tensor_parallel_size,
+    )
+
+
+def _lockstep_group(env: simpy.Environment, ranks: int, costs: CostModel) -> LockstepGroup:
+    expert_parallel = costs.expert_parallel
+    assert expert_parallel is not None
+    return LockstepGroup(env, ranks, expert_parallel.step_s)
 
 
 REPLICA_TIMESERIES = "replica_timeseries"  # a cluster variant's per-replica series, beside timeseries
@@ -723,6 +1086,8 @@ def summarize(
         "policy_options": dict(variant.options),
         "block_size": pool.block_size,
         "tensor_parallel_size": capacity.tensor_parallel_size,
+        "data_parallel_size": capacity.data_parallel_size,
+        "expert_parallel_size": capacity.expert_parallel_size,
         "max_model_len": max_model_len,
         "kv_pool_tokens": pool.kv_pool_tokens,
         "kv_pool_bytes": pool.kv_pool_tokens * pool.kv_bytes_per_token,

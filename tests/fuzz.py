@@ -30,6 +30,8 @@ DRAIN_EVERY = 20_000
 
 NAMES = ["paged", "prefix", "prefix-pinned", "contiguous-max-first_fit", "contiguous-pow2-best_fit"]
 NAMES += ["contiguous-oracle-buddy", "radix-page-1", "radix-page-3"]
+NAMES += ["radix-hicache-31-write_through", "radix-page-3-hicache-32-write_back"]
+NAMES += ["radix-hicache-40-write_through_selective"]
 assert len(NAMES) == len(VARIANTS)
 NAMES += ["prefix-host-tier-8"]  # the prefix policy with an 8-block host tier (tests/test_host_tier.py)
 

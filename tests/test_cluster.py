@@ -34,7 +34,7 @@ CHAT = ROOT / "configs" / "chat-radix-vs-prefix.yaml"
 def replica(load: int = 0, policy=None, free_slots: int = 0):
     """What a router reads of a replica: its queue, its batch and its policy."""
     policy = policy or SimpleNamespace(available_slots=lambda: free_slots)
-    return SimpleNamespace(running=[None] * load, waiting=[], policy=policy)
+    return SimpleNamespace(running=[None] * load, waiting=[], receiving={}, policy=policy)
 
 
 # ------------------------------------------------------------------------------------------ routers

@@ -459,7 +459,9 @@ def test_time_averages_and_summary_by_hand(step_mode):
         VariantConfig(name="v", policy="paged"),
         "paged",
         PoolSpec(100, 4, 40),
-        SimpleNamespace(num_gpu_blocks=25, tensor_parallel_size=1),
+        SimpleNamespace(
+            num_gpu_blocks=25, tensor_parallel_size=1, data_parallel_size=1, expert_parallel_size=1
+        ),
         "test",
         0.0,
         40,

@@ -581,3 +581,7 @@ def test_models_listing_names_the_attention_by_its_heads() -> None:
     assert " GQA " in rows["Llama-3.1-8B"]  # 8 for 32
     assert "GQA, MoE" in rows["Mixtral-8x7B"]
     assert "MLA, MoE" in rows["DeepSeek-V3"]
+    # the routed experts' bytes: Qwen3-30B-A3B 28,991,029,248 params x 2 B = 54.0 GiB of its 56.9;
+    # a dense model has none
+    assert rows["Qwen3-30B-A3B"].split()[-2:] == ["56.9", "54.0"]
+    assert rows["Llama-3.1-8B"].split()[-1] == "-"

@@ -206,6 +206,10 @@ def test_plan_expands_candidates_and_marks_models_that_do_not_fit(tmp_path):
             {"search": {"start_rate_per_s": 0.01, "min_rate_per_s": 0.1}},
             "need min_rate_per_s <= start_rate_per_s",
         ),
+        (
+            {"engine": {"data_parallel_size": 2}},
+            "engine.data_parallel_size 2: plans do not size data-parallel servers yet",
+        ),
     ],
 )
 def test_bad_plans_name_file_key_and_value(tmp_path, changes, expected):

@@ -49,7 +49,9 @@ def summary_for(table: pd.DataFrame, now: float = 8.0, queries: int = 100) -> di
         VariantConfig(name="v", policy="prefix", options={"k": 1}),
         "prefix",
         PoolSpec(160, 16, 64, kv_bytes_per_token=3),
-        SimpleNamespace(num_gpu_blocks=10, tensor_parallel_size=1),
+        SimpleNamespace(
+            num_gpu_blocks=10, tensor_parallel_size=1, data_parallel_size=1, expert_parallel_size=1
+        ),
         "hand",
         0.5,
         64,
@@ -83,6 +85,8 @@ def test_summary_of_a_hand_made_table():
         "policy_options": {"k": 1},
         "block_size": 16,
         "tensor_parallel_size": 1,
+        "data_parallel_size": 1,
+        "expert_parallel_size": 1,
         "max_model_len": 64,
         "kv_pool_tokens": 160,
         "kv_pool_bytes": 480,

@@ -66,7 +66,12 @@ def summary_of(engine):
         VariantConfig(name="v", policy="paged"),
         "paged",
         POOL,
-        SimpleNamespace(num_gpu_blocks=POOL.kv_pool_blocks, tensor_parallel_size=1),
+        SimpleNamespace(
+            num_gpu_blocks=POOL.kv_pool_blocks,
+            tensor_parallel_size=1,
+            data_parallel_size=1,
+            expert_parallel_size=1,
+        ),
         "test",
         0.0,
         POOL.max_model_len,

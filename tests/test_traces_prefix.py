@@ -74,6 +74,45 @@ def test_segments_of_a_hash_chain() -> None:
     assert IDS.hash_block("abc") == IDS.hash_block("abc") != IDS.hash_block("abd")
 
 
+def _chain_tokens(hash_ids: list, prompt_len: int, block_len: int, tail_id: int | None) -> list:
+    """The prompt's token identities spelled out one by one: token j is offset j % block_len of
+    hash block j // block_len, and past the chain offset j - chain of the tail's stream."""
+    ids = ContentIds()
+    chain = len(hash_ids) * block_len
+    if prompt_len > chain and tail_id is None:
+        return ["error"]
+    return [
+        (ids.hash_block(hash_ids[j // block_len]), j % block_len) if j < chain else (tail_id, j - chain)
+        for j in range(prompt_len)
+    ]
+
+
+hash_id = st.one_of(st.integers(0, 40), st.integers(-3, -1), st.sampled_from(["a", "b", True]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    hash_ids=st.lists(hash_id, max_size=6),
+    block_len=st.sampled_from([1, 3, 16]),
+    extra=st.integers(-20, 20),
+    tail_id=st.sampled_from([None, 99]),
+    again=st.booleans(),
+)
+def test_hash_prompts_hold_their_chains_tokens(hash_ids, block_len, extra, tail_id, again) -> None:
+    """Any chain (int, negative, string, bool ids), any length around its end, built alone or after
+    the same chain one token shorter and at its own length (prompts already built are reused):
+    token for token the identities spelled out independently."""
+    prompt_len = max(1, len(hash_ids) * block_len + extra)
+    ids = ContentIds()
+    try:
+        for earlier in [prompt_len - 1, prompt_len] if again and prompt_len > 1 else []:
+            hash_prompt(hash_ids, earlier, block_len, ids, tail_id=tail_id)
+        built = tokens(hash_prompt(hash_ids, prompt_len, block_len, ids, tail_id=tail_id))
+    except ValueError:
+        built = ["error"]
+    assert built == _chain_tokens(hash_ids, prompt_len, block_len, tail_id)
+
+
 # Which tokens two requests share, and how many full simulator blocks hold only shared tokens.
 EXPECTED = {
     # pair: (shared tokens, {block size: shared full blocks})

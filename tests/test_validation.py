@@ -10,6 +10,7 @@ import argparse
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -90,6 +91,7 @@ def test_claims_run_in_issue_order(claims):
         "c1",
         "c2",
         "cap",
+        "d1",
         "r1",
     ]
 
@@ -505,6 +507,118 @@ def test_cost_claim_c2_batch_follows_the_iteration_time(fast_results):
     assert table.loc["derated", "implied_step_s"] == pytest.approx(30.42 / 2 / 337.99, rel=1e-12)
     assert table.loc["derated", "label"].startswith("derated-analytic (A100 factors")
     assert "not validated on A100-40GB" in table.loc["derated", "error_band"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Claim d1: DistServe's goodput per GPU, colocated against 2 prefill + 1 decode GPUs
+# --------------------------------------------------------------------------------------------------
+
+
+def test_d1_latencies_with_either_first_token_by_hand():
+    from sim.validation.checks_disaggregation import request_latencies
+
+    # r0 prefilled where it decodes: first token 0.1 s after arrival, 63 steps to 0.73 s.
+    # r1 disaggregated: prompt done on the prefill replica at 1.07 s, first token from the decode
+    # replica at 1.12 s, done at 1.75 s. r2 rejected: misses both.
+    requests = pd.DataFrame(
+        {
+            "outcome": ["finished", "finished", "rejected"],
+            "arrival_s": [0.0, 1.0, 2.0],
+            "prefill_done_s": [float("nan"), 1.07, float("nan")],
+            "first_token_s": [0.1, 1.12, float("nan")],
+            "finish_s": [0.73, 1.75, float("nan")],
+            "output_tokens": [64, 64, 0],
+            "ttft_s": [0.1, 0.12, float("nan")],
+            "tpot_s": [0.63 / 63, 0.63 / 63, float("nan")],
+        }
+    )
+    ttft, tpot = request_latencies(requests, "client")
+    assert list(ttft) == pytest.approx([0.1, 0.12, float("inf")])
+    assert list(tpot) == pytest.approx([0.01, 0.01, float("inf")])
+    ttft, tpot = request_latencies(requests, "prefill")
+    # r1: TTFT 1.07 - 1.0 = 0.07 s; TPOT (1.75 - 1.07) / 63 = 0.68 / 63: TTFT + 63 TPOT is still 0.75 s.
+    assert list(ttft) == pytest.approx([0.1, 0.07, float("inf")])
+    assert list(tpot) == pytest.approx([0.01, 0.68 / 63, float("inf")])
+
+
+def test_d1_attainment_and_slo_reading_by_hand():
+    from sim.validation.checks_disaggregation import local_slope, share_within, slo_at
+
+    values = np.array([0.1 * i for i in range(1, 11)])  # 0.1 .. 1.0 s
+    # 9 of 10 are within 0.9 s: the inverted CDF's 90th percentile is 0.9 itself, not 0.91.
+    assert slo_at(values, 0.9) == pytest.approx(0.9)
+    assert share_within(values, 0.9) == 0.9
+    assert share_within(values, 0.85) == 0.8
+    # a request that did not finish (inf) misses; one without a TPOT (NaN: one output token) meets
+    assert share_within(np.array([0.1, np.inf, np.nan, 2.0]), 1.0) == 0.5
+    # y = 2x + 8 near x = 2; the point at x = 5 is outside the +-1 window
+    assert local_slope([(1, 10), (2, 12), (3, 14), (5, 100)], 2, 1) == pytest.approx(2.0)
+    assert local_slope([(2, 12), (5, 100)], 2, 1) is None
+
+
+def test_d1_bisection_by_hand():
+    from sim.validation.checks_disaggregation import bisect_goodput
+
+    probed = []
+
+    def meets(rate):
+        probed.append(rate)
+        return rate <= 2.07
+
+    # [0.25, 8]: 4.125 misses, 2.1875 misses, 1.21875, 1.703125, 1.9453125, 2.06640625 meet,
+    # 2.126953125, 2.0966796875, 2.08154296875 miss; the bracket is then 0.0151 <= 0.02 wide.
+    low, high, why = bisect_goodput(meets, 0.25, 8.0, 0.02)
+    assert (low, high, why) == (2.06640625, 2.08154296875, "")
+    assert probed[:3] == [0.25, 8.0, 4.125] and len(probed) == 11
+    assert bisect_goodput(lambda rate: True, 0.25, 8.0, 0.02) == (
+        None,
+        None,
+        "meets its SLOs still at 8 req/s per GPU (the search's high end)",
+    )
+    assert bisect_goodput(lambda rate: False, 0.25, 8.0, 0.02)[:2] == (None, None)
+
+
+def test_d1_params_errors_name_the_key(tmp_path):
+    data = yaml.safe_load((CONFIGS / "distserve-fig1-goodput.yaml").read_text())
+    data["claim"]["params"]["ratios"]["ratio"] = ["2p1d", "nope"]
+    with pytest.raises(ConfigError, match=r"ratios\.ratio: unknown setup\(s\) nope"):
+        v.load_claim(write_claim(tmp_path, data, "distserve-fig1-goodput"))
+    data = yaml.safe_load((CONFIGS / "distserve-fig1-goodput.yaml").read_text())
+    data["claim"]["params"]["search"]["low_per_gpu"] = 9
+    with pytest.raises(ConfigError, match="low_per_gpu must be below high_per_gpu"):
+        v.load_claim(write_claim(tmp_path, data, "distserve-fig1-goodput"))
+    # a variant the experiment lacks: refused before anything runs
+    data = yaml.safe_load((CONFIGS / "distserve-fig1-goodput.yaml").read_text())
+    data["claim"]["params"]["setups"]["colocated"]["variant"] = "nope"
+    claim = v.load_claim(write_claim(tmp_path, data, "distserve-fig1-goodput"))
+    with pytest.raises(ConfigError, match=r"claim\.params\.setups\.colocated\.variant: no variant 'nope'"):
+        v.run_claim(claim, v.RunContext(tmp_path, fast=True))
+
+
+def test_d1_goodputs_follow_their_probes(fast_results):
+    """Each goodput is the highest probe that met both SLOs, below every probe that missed one; the
+    ratio is the quotient; the same cluster judged with DistServe's first token (prefill replica)
+    never has a later TTFT than with the client's (decode replica)."""
+    result = fast_results["distserve-fig1-goodput"]
+    probes = result.output.tables["probes"]
+    for setup in ("colocated", "2p1d", "2p1d-client"):
+        rows = probes[probes.setup == setup]
+        goodput = value(result, f"goodput_per_gpu@{setup}")
+        assert goodput == rows[rows.meets].rate_per_gpu.max()
+        assert goodput < rows[~rows.meets].rate_per_gpu.min()
+        # under --fast the bisection stops at 0.1 req/s
+        assert rows[~rows.meets].rate_per_gpu.min() - goodput <= 0.1
+    assert value(result, "ratio") == value(result, "goodput_per_gpu@2p1d") / value(
+        result, "goodput_per_gpu@colocated"
+    )
+    both = probes[probes.setup == "2p1d"].merge(
+        probes[probes.setup == "2p1d-client"], on="rate_per_gpu", suffixes=("_prefill", "_client")
+    )
+    assert len(both) >= 2  # the setups share their runs where they probe the same rate
+    assert (both.ttft_p_s_prefill < both.ttft_p_s_client).all()
+    # the SLOs are the single-phase runs' P90s: a 64-token request's TPOT is below its TTFT
+    ttft_slo, tpot_slo = (result.output.values[f"{key}_slo_s"].value for key in ("ttft", "tpot"))
+    assert ttft_slo is not None and tpot_slo is not None and 0 < tpot_slo < ttft_slo
 
 
 # --------------------------------------------------------------------------------------------------

@@ -236,8 +236,8 @@ def _count(value: Any, name: str) -> int:
 
 def _hash_list(value: Any, name: str) -> list[Hashable]:
     if isinstance(value, list):
-        if set(map(type, value)) <= _INTS_ONLY:
-            return value  # a JSON list of integers (nearly every row), checked at C speed
+        if all(type(item) is int for item in value):
+            return value  # a JSON list of integers (nearly every row)
         items = value
     elif isinstance(value, str):
         text = value.strip().strip("[]()").strip()
@@ -257,9 +257,6 @@ def _hash_list(value: Any, name: str) -> list[Hashable]:
         else:
             out.append(item)
     return out
-
-
-_INTS_ONLY = frozenset({int})  # (bool, a subclass of int, is not a hash id)
 
 
 class _ArrivalParser:
@@ -802,7 +799,7 @@ class TraceWorkload(Workload):
         return ", ".join(f"{key}={value}" for key, value in shown.items()) or "no rows"
 
     def requests(self) -> Iterator[Request]:
-        stream = (request for request, _ in self.records())
+        stream = self._requests()
         limit = self.config.max_concurrency
         if limit is None:
             return stream
@@ -810,6 +807,12 @@ class TraceWorkload(Workload):
         # out by follow_up when a slot frees, so it is read from the same stream, in trace order.
         self._held_back = stream
         return itertools.islice(stream, limit)
+
+    def _requests(self) -> Iterator[Request]:
+        # A generator function, not a generator expression: compiled, a returned generator
+        # expression becomes a list (the whole trace read up front, outside the engine's run).
+        for request, _ in self.records():
+            yield request
 
     @property
     def arrivals_known_up_front(self) -> bool:

@@ -41,8 +41,8 @@ if TYPE_CHECKING:
 
 
 def load_of(engine: Engine) -> int:
-    """Requests a replica holds: running + waiting."""
-    return len(engine.running) + len(engine.waiting)
+    """Requests a replica holds: running + waiting (+ receiving their KV, in a disaggregated decode pool)."""
+    return len(engine.running) + len(engine.waiting) + len(engine.receiving)
 
 
 def least_loaded(replicas: Sequence[Engine]) -> int:
@@ -76,6 +76,24 @@ class LeastRequests(Router):
 
     def choose(self, request: Request, replicas: Sequence[Engine]) -> int:
         return least_loaded(replicas)
+
+
+class VllmDataParallel(Router):
+    """vLLM's own balancer of a data-parallel server's ranks (``DPLBAsyncMPClient``,
+    ``get_core_engine_for_request``): the rank with the lowest ``4 x waiting + running`` (a waiting
+    request weighs four running ones), ties to the lowest index. vLLM reads the counts its DP
+    coordinator publishes every 100 ms, adding locally the requests it has sent since; here they are
+    exact at the arrival instant."""
+
+    name = "vllm_dp"
+
+    def choose(self, request: Request, replicas: Sequence[Engine]) -> int:
+        scores = [WAITING_WEIGHT * len(engine.waiting) + len(engine.running) for engine in replicas]
+        return scores.index(min(scores))
+
+
+WAITING_WEIGHT = 4
+"""vLLM's data-parallel balancer: ``score = waiting * 4 + running`` (``vllm/v1/engine/core_client.py``)."""
 
 
 class LeastKV(Router):
@@ -139,11 +157,18 @@ class PrefixAware(Router):
 
 
 ROUTER_CLASSES: dict[str, type[Router]] = {
-    cls.name: cls for cls in (RoundRobin, LeastRequests, LeastKV, SessionAffinity, PrefixAware)
+    cls.name: cls
+    for cls in (RoundRobin, LeastRequests, VllmDataParallel, LeastKV, SessionAffinity, PrefixAware)
 }
 
 
 def make_router(config: ClusterConfig) -> Router:
-    if config.router == PrefixAware.name:
-        return PrefixAware(config.prefix_weight, config.load_weight, config.host_weight)
-    return ROUTER_CLASSES[config.router]()
+    return make_router_named(config.router, config)
+
+
+def make_router_named(name: str, weights: ClusterConfig) -> Router:
+    """Router ``name``; a prefix_aware one with the weights of ``weights`` (a disaggregated pool's
+    router takes its cluster's)."""
+    if name == PrefixAware.name:
+        return PrefixAware(weights.prefix_weight, weights.load_weight, weights.host_weight)
+    return ROUTER_CLASSES[name]()

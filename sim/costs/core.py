@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from sim.costs.terms import (  # the terms every iteration evaluates, compiled apart (make native)
     AllReduceCost,
     DecodeCost,
+    ExpertParallelCost,
     LinearIterationCost,
     PrefillCost,
 )
@@ -73,6 +74,9 @@ class CostModel(ABC):
     request_overhead_s: float = 0.0
     """Time outside the engine in each request's client-side TTFT and E2E (HTTP, API server,
     tokenization, streaming); a fitted serving term (``sim/costs/serving.py``), 0 unless calibrated."""
+    expert_parallel: ExpertParallelCost | None = None
+    """Expert parallelism: the part of a lockstep step every rank pays for all ranks' tokens (its
+    routed experts, the all-to-all); this model's own iterations leave it out. None without."""
     # Set by models whose prefill chunks cost a linear form: their iterations are timed by it.
     _linear: LinearIterationCost | None = None
 
@@ -214,6 +218,19 @@ def checked_tensor_parallel(model: ModelShape | ModelSpec, tensor_parallel_size:
 def head_params(model: ModelShape) -> int:
     """The LM head (logits projection): ``vocab_size * hidden_size``."""
     return model.vocab_size * model.hidden_size
+
+
+def expert_parallel_label(cost: ExpertParallelCost, expert_parallel_size: int) -> str:
+    """A phrase for cost-model labels: how the experts are dealt out and what carries their tokens."""
+    a2a = cost.all_to_all
+    over = (
+        f"; all-gather + reduce-scatter over {a2a.link} {a2a.link_bytes_per_s / 1e9:g} GB/s per direction"
+        if a2a.data_parallel_size > 1
+        else ""
+    )
+    return (
+        f"EP {expert_parallel_size}: {cost.local_experts} of {cost.num_experts} routed experts per GPU{over}"
+    )
 
 
 def tensor_parallel_label(label: str, all_reduce: AllReduceCost) -> str:
@@ -1010,9 +1027,13 @@ def make_cost_model(
     kv_cache_dtype: str = "auto",
     base_dir: str | Path | None = None,
     tensor_parallel_size: int = 1,
+    data_parallel_size: int = 1,
+    expert_parallel_size: int = 1,
 ) -> CostModel:
     """Build the cost model an experiment asked for (``None`` means the default, derated), for one
-    instance of ``tensor_parallel_size`` GPUs.
+    instance of ``tensor_parallel_size`` GPUs; with ``expert_parallel_size`` > 1, for one rank of a
+    data-parallel group of ``data_parallel_size`` whose routed experts are dealt over
+    ``expert_parallel_size`` GPUs (the derated model only: :attr:`CostModel.expert_parallel`).
 
     ``kv_cache_dtype`` sizes the analytic model's K/V traffic. A profile's times are those of the dtype
     it was measured in (``profile.dtype``); they are not rescaled for another cache dtype."""
@@ -1022,8 +1043,22 @@ def make_cost_model(
         except ValidationError as error:
             problems = one_line_problems(error, top_level="cost_model")
             raise CostModelError(f"invalid cost_model {config!r}: {problems}") from None
+    if expert_parallel_size > 1 and config.kind != "derated":
+        raise CostModelError(
+            f"cost_model {config.kind}: expert parallelism (engine.enable_expert_parallel) is modelled by "
+            "the derated cost model only (each rank's routed experts and the all-to-all between ranks); "
+            "use cost_model: derated"
+        )
     built = _unscaled_cost_model(
-        config, model, gpu, block_size, kv_cache_dtype, base_dir, tensor_parallel_size
+        config,
+        model,
+        gpu,
+        block_size,
+        kv_cache_dtype,
+        base_dir,
+        tensor_parallel_size,
+        data_parallel_size,
+        expert_parallel_size,
     )
     if config.time_scale == 1.0:
         return built
@@ -1040,6 +1075,8 @@ def _unscaled_cost_model(
     kv_cache_dtype: str,
     base_dir: str | Path | None,
     tensor_parallel_size: int,
+    data_parallel_size: int = 1,
+    expert_parallel_size: int = 1,
 ) -> CostModel:
     bandwidth = None if config.host_bandwidth_gb_per_s is None else config.host_bandwidth_gb_per_s * 1e9
     if config.kind in ("derated", "analytic"):
@@ -1055,7 +1092,12 @@ def _unscaled_cost_model(
         if config.kind == "analytic":
             return AnalyticCostModel(model, gpu, **common)
         return DeratedCostModel(
-            model, gpu, serving=serving_calibration(config.calibration, base_dir), **common
+            model,
+            gpu,
+            serving=serving_calibration(config.calibration, base_dir),
+            data_parallel_size=data_parallel_size,
+            expert_parallel_size=expert_parallel_size,
+            **common,
         )
     assert config.profile is not None
     path = resolve_profile_path(config.profile, base_dir)

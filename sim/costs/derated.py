@@ -71,6 +71,7 @@ from sim.costs.core import (
     DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
     DatasheetCostModel,
     attention_width,
+    expert_parallel_label,
     layer_matmul_params,
     tensor_parallel_label,
 )
@@ -78,7 +79,9 @@ from sim.costs.serving import NEUTRAL, ServingCalibration
 from sim.costs.terms import (
     MAX_ROUTING_BATCHES,
     ROUTING_SATURATED,
+    AllToAllCost,
     DecodeCost,
+    ExpertParallelCost,
     RoutedDecodeCost,
     attention_pairs,
     expected_distinct_experts,
@@ -167,6 +170,8 @@ class DeratedCostModel(DatasheetCostModel):
         efficiency: Efficiency | None = None,
         tensor_parallel_size: int = 1,
         serving: ServingCalibration | None = None,
+        data_parallel_size: int = 1,
+        expert_parallel_size: int = 1,
     ):
         # Built directly, the model is the kernel-level one (what Vidur's operations check);
         # ``cost_model: derated`` passes the shipped serving calibration (sim.costs.core.make_cost_model).
@@ -203,15 +208,28 @@ class DeratedCostModel(DatasheetCostModel):
             body_active = max(model.active_params - head_params - table_params, 0)
         weight_bw = bandwidth * eff.weight_bandwidth
         gemm_flops = flops * eff.gemm_flops
+        # vLLM's fused MoE kernels read the routed experts at their own share where it was measured
+        expert_bw = (
+            weight_bw if eff.routed_expert_bandwidth is None else bandwidth * eff.routed_expert_bandwidth
+        )
         # each GPU's share of the matrices (dividing by tp last keeps tp = 1 bit for bit what it was);
         # a vocabulary-parallel embedding looks up 1 / tp of the rows on each GPU on average.
         # Routed experts are read only as far as the iteration's tokens route to them: body_read_s is
         # the rest (attention, dense layers, shared experts, routers), expert_read_s one expert in
         # every MoE layer, times the expected number of distinct experts the tokens touch.
         self.body_read_s = (body_params - model.routed_expert_params) * weight_bytes / weight_bw / tp
-        self.expert_read_s = model.num_moe_layers * model.expert_params * weight_bytes / weight_bw / tp
+        self.expert_read_s = model.num_moe_layers * model.expert_params * weight_bytes / expert_bw / tp
         self.num_experts = model.num_experts or 0
         self.experts_per_token = model.experts_per_token or 0
+        if expert_parallel_size > 1:
+            # A rank of an expert-parallel group runs its routed experts on every rank's tokens:
+            # that is the group's shared part of a step (self.expert_parallel); its own iteration
+            # (this model's) has none of their reads or FLOPs.
+            self.expert_parallel = self._expert_parallel_cost(
+                model, gpu, data_parallel_size, expert_parallel_size, expert_bw, gemm_flops
+            )
+            self.expert_read_s = 0.0
+            body_active = body_params - model.routed_expert_params
         self.body_flops_per_token_s = 2.0 * body_active / gemm_flops / tp
         self.head_read_s = head_params * weight_bytes / weight_bw / tp
         self.head_flops_per_row_s = 2.0 * head_params / gemm_flops / tp
@@ -263,9 +281,41 @@ class DeratedCostModel(DatasheetCostModel):
         else:
             self._decode = DecodeCost(intercept_s, per_seq_s, self.kv_read_per_token_s)
         serving_label = "" if self.serving.is_neutral else f"; {self.serving.describe()}"
-        self.label = tensor_parallel_label(f"derated-analytic ({eff.source}{serving_label})", self.all_reduce)
+        label = tensor_parallel_label(f"derated-analytic ({eff.source}{serving_label})", self.all_reduce)
+        if self.expert_parallel is not None:
+            label = f"{label}; {expert_parallel_label(self.expert_parallel, expert_parallel_size)}"
+        self.label = label
         end_to_end = self.serving.error_band()
         self.error_band = f"{eff.error_band}; {end_to_end}" if end_to_end else eff.error_band
+
+    def _expert_parallel_cost(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        data_parallel_size: int,
+        expert_parallel_size: int,
+        expert_bw: float,
+        gemm_flops: float,
+    ) -> ExpertParallelCost:
+        """One rank's share of the routed experts (whole experts, read at the experts' bandwidth,
+        not split over its TP group) and the all-to-all over the DP group, NCCL's over
+        PCIe scaled as the fitted all-reduces are (``serving.pcie_all_reduce_scale``)."""
+        local = model.local_experts(expert_parallel_size)
+        per_token_pairs = self.experts_per_token * local / self.num_experts
+        return ExpertParallelCost(
+            num_experts=self.num_experts,
+            experts_per_token=self.experts_per_token,
+            local_experts=local,
+            expert_read_s=model.num_moe_layers * model.expert_params * model.weight_dtype_bytes / expert_bw,
+            routed_flops_per_token_s=2.0
+            * per_token_pairs
+            * model.num_moe_layers
+            * model.expert_params
+            / gemm_flops,
+            all_to_all=self.serving.all_reduce(
+                AllToAllCost.of(model, gpu, data_parallel_size), bool(gpu.nvlink_bandwidth_bytes_per_s)
+            ),
+        )
 
     def gemm_s(self, tokens: float, logit_rows: float, experts: float | None = None) -> float:
         """Matrix products of one iteration: decoder layers over ``tokens``, LM head over
@@ -310,7 +360,7 @@ class DeratedCostModel(DatasheetCostModel):
     ) -> float:
         if not prefill_chunks:
             return self._decode.step_s(batch_size, sum_context)
-        chunk_tokens = sum(num_tokens for num_tokens, _ in prefill_chunks)
+        chunk_tokens = sum(chunk[0] for chunk in prefill_chunks)  # (indexed: see content_length)
         tokens = batch_size + chunk_tokens
         seconds = (
             self.gemm_s(tokens, batch_size + len(prefill_chunks))

@@ -3,7 +3,8 @@
 ``cost_model: {time_scale: 1.13}`` asks "what if every iteration took 13 % longer than the model
 says?", which is how a plan propagates the cost model's error band into its answer (it searches
 again at the band's edges). Every term of an iteration scales: decode intercept, per-sequence and
-per-context-token costs, prefill chunks, the all-reduces inside them, and device-side block copies.
+per-context-token costs, prefill chunks, the all-reduces inside them, an expert-parallel group's
+shared part (its experts and all-to-all), and device-side block copies.
 What does not run on the GPU keeps its time: swaps over the host link (a PCIe transfer, not a
 kernel) and the client-side request overhead.
 """
@@ -22,12 +23,14 @@ Cost = TypeVar("Cost")
 
 def scaled_times(cost: Cost, factor: float) -> Cost:
     """``cost`` (a frozen dataclass of time terms) with every time (``*_s`` floats, tuples of them,
-    and the same inside nested cost terms) multiplied by ``factor``."""
+    and the same inside nested cost terms; not the rates, ``*_per_s``) multiplied by ``factor``."""
     changes: dict[str, object] = {}
     for item in fields(cost):  # type: ignore[arg-type]
         value = getattr(cost, item.name)
         if is_dataclass(value) and not isinstance(value, type):
             changes[item.name] = scaled_times(value, factor)
+        elif item.name.endswith("_per_s"):
+            continue  # a rate (a link's bytes per second), not a time
         elif item.name.endswith("_s") and isinstance(value, float):
             changes[item.name] = value * factor
         elif item.name.endswith("_s") and isinstance(value, tuple):
@@ -50,6 +53,8 @@ class ScaledCostModel(CostModel):
         linear = inner.linear_iteration
         self._linear = scaled_times(linear, time_scale) if linear is not None else None
         self._scaled_decode: DecodeCost = scaled_times(inner.decode, time_scale)
+        if inner.expert_parallel is not None:
+            self.expert_parallel = scaled_times(inner.expert_parallel, time_scale)
 
     @property
     def decode(self) -> DecodeCost:

@@ -24,13 +24,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
 if TYPE_CHECKING:
-    from sim.costs.terms import AllReduceCost
+    from sim.costs.terms import AllReduceCost, AllToAllCost
     from sim.hardware.gpus import Efficiency
+
+Collective = TypeVar("Collective", "AllReduceCost", "AllToAllCost")
 
 DEFAULT_CALIBRATION_PATH = Path(__file__).with_name("serving_calibration.yaml")
 CALIBRATION_KIND = "kvsim-serving-calibration"
@@ -92,8 +94,10 @@ class ServingCalibration:
             * self.decode_attention_per_seq_scale,
         )
 
-    def all_reduce(self, cost: AllReduceCost, nvlink: bool) -> AllReduceCost:
-        """The all-reduce terms of a GPU with or without NVLink, with this calibration applied."""
+    def all_reduce(self, cost: Collective, nvlink: bool) -> Collective:
+        """The all-reduce terms of a GPU with or without NVLink, with this calibration applied; also
+        the all-gathers and reduce-scatters of expert parallelism (:class:`AllToAllCost`), NCCL
+        collectives over the same PCIe link."""
         if nvlink or self.pcie_all_reduce_scale == 1.0:
             return cost
         scale = self.pcie_all_reduce_scale

@@ -232,3 +232,103 @@ class AllReduceCost:
             f"TP {self.tensor_parallel_size}: per-GPU shares + {ALL_REDUCES_PER_LAYER} all-reduces/layer over "
             f"{self.link} {self.link_bytes_per_s / 1e9:g} GB/s per direction"
         )
+
+
+# --------------------------------------------------------------------------------------------------
+# Expert parallelism: the routed experts a rank holds, and the all-to-all that feeds them
+# --------------------------------------------------------------------------------------------------
+
+ALL_TO_ALL_CALLS_PER_LAYER = 2
+"""vLLM's default all2all backend (``allgather_reducescatter``, ``AgRsAll2AllManager``) runs each
+expert-parallel MoE layer between two collectives over the data-parallel group: dispatch, an
+``all_gatherv`` of every rank's hidden states and router logits (each rank then runs its own experts
+on the tokens that chose them), and combine, a ``reduce_scatterv`` of the experts' outputs back to
+the ranks the tokens came from."""
+
+
+@dataclass(frozen=True)
+class AllToAllCost:
+    """Time the dispatch and combine of every MoE layer add to a lockstep step of ``tokens`` tokens
+    over all ``data_parallel_size`` ranks (:data:`ALL_TO_ALL_CALLS_PER_LAYER`). A ring all-gather
+    (and reduce-scatter) of ``tokens`` rows moves ``(dp - 1) / dp`` of them over each GPU's link; a
+    dispatched row is the hidden state and the router logits, a combined row the hidden state:
+
+        seconds = 2 x moe_layers x latency(dp)
+                + moe_layers x (dp - 1) / dp x tokens x (2 x hidden + num_experts) x bytes / link
+
+    ``latency(dp)`` is NCCL's fixed time per call as for the all-reduces
+    (:func:`all_reduce_latency_s`: vLLM's custom all-reduce does not serve these collectives). All
+    zero at ``dp = 1``: the tokens are already where the experts are (a TP group combines them by
+    its own all-reduces). Not overlapped with compute."""
+
+    data_parallel_size: int = 1
+    per_iteration_s: float = 0.0
+    """``calls x latency``: paid by every step that runs the model."""
+    per_token_s: float = 0.0
+    """The bandwidth term per token of the step (all ranks' tokens)."""
+    link_bytes_per_s: float = 0.0
+    link: str = ""
+
+    @classmethod
+    def of(cls, model: ModelSpec, gpu: GpuSpec, data_parallel_size: int) -> AllToAllCost:
+        from sim.hardware.models import activation_dtype_bytes
+
+        dp = data_parallel_size
+        if dp == 1:
+            return cls()
+        layers = model.num_moe_layers
+        link = gpu.tensor_parallel_link_bytes_per_s
+        row_bytes = (2 * model.hidden_size + (model.num_experts or 0)) * activation_dtype_bytes(
+            model.weight_dtype_bytes
+        )
+        return cls(
+            data_parallel_size=dp,
+            per_iteration_s=ALL_TO_ALL_CALLS_PER_LAYER * layers * all_reduce_latency_s(dp),
+            per_token_s=layers * (dp - 1) / dp * row_bytes / link,
+            link_bytes_per_s=link,
+            link=gpu.tensor_parallel_link_name,
+        )
+
+    def seconds(self, tokens: int) -> float:
+        return self.per_iteration_s + self.per_token_s * tokens if tokens > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class ExpertParallelCost:
+    """The part of a lockstep step (:mod:`sim.engine.lockstep`) that each rank of an expert-parallel
+    group pays for the tokens of all ranks together: its own routed experts' matrix products and the
+    all-to-all that brings it their tokens. What a rank does with its own tokens alone (attention,
+    dense layers, routers, shared experts, LM head) is its cost model's iteration.
+
+    ``tokens`` tokens each choose ``experts_per_token`` of the ``num_experts`` experts uniformly
+    (as :func:`expected_distinct_experts`); a rank holds ``local_experts`` of them, so it reads
+    ``local_experts x (1 - ((E - k) / E) ** tokens)`` of its experts per layer on average (the
+    distinct-experts formula's share of them) and multiplies ``tokens x k x local / E`` (token,
+    expert) pairs. Read and FLOPs combine as the derated model's matrix products do, in quadrature:
+
+        seconds = hypot(expert_read_s x expected local experts, routed_flops_per_token_s x tokens)
+                + all_to_all.seconds(tokens)
+
+    ``expert_read_s``: one expert in every MoE layer; ``routed_flops_per_token_s``: one token's share
+    of the rank's expert FLOPs (``2 x k x expert_params x moe_layers x local / E`` over the rank's
+    FLOP/s). The uniform router makes the read an upper estimate, as for one GPU; every rank is
+    charged the expected share (a rank whose experts draw more tokens than the average is slower)."""
+
+    num_experts: int
+    experts_per_token: int
+    local_experts: int
+    expert_read_s: float
+    routed_flops_per_token_s: float
+    all_to_all: AllToAllCost
+
+    def step_s(self, tokens: int) -> float:
+        """The shared part of a step over ``tokens`` tokens of all ranks (0 without tokens)."""
+        if tokens <= 0:
+            return 0.0
+        touched = (
+            expected_distinct_experts(tokens, self.num_experts, self.experts_per_token)
+            * self.local_experts
+            / self.num_experts
+        )
+        matmuls = math.hypot(self.expert_read_s * touched, self.routed_flops_per_token_s * tokens)
+        return matmuls + self.all_to_all.seconds(tokens)

@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
@@ -50,6 +51,7 @@ from sim.engine.decoding import NEVER, DecodeClock, RequestState
 from sim.engine.errors import EngineStalled
 from sim.engine.event_skip import JumpTimeline, iterations_to_reach
 from sim.engine.sglang_scheduler import SGLangScheduler
+from sim.engine.transfer import KVTransferHooks
 from sim.outputs.metrics import (
     CHUNK_ROWS,
     KV_MEMORY,
@@ -62,6 +64,9 @@ from sim.outputs.metrics import (
 from sim.outputs.sinks import MemorySink, OutputSink
 from token_content import TokenContent, content_length
 from workloads.request import Request
+
+if TYPE_CHECKING:
+    from sim.engine.lockstep import LockstepGroup
 
 
 @dataclass(frozen=True)
@@ -179,6 +184,9 @@ class Engine:
         env: simpy.Environment | None = None,
         upstream: Callable[[], float] | None = None,
         on_delivered: Callable[[int], None] | None = None,
+        transfer: KVTransferHooks | None = None,
+        prefill_only: bool = False,
+        lockstep: LockstepGroup | None = None,
         on_arrival: Callable[[RequestRecord], None] | None = None,
     ):
         """``env`` and ``upstream`` make the engine a replica of a cluster (``sim/cluster/``): it shares
@@ -186,7 +194,16 @@ class Engine:
         when the next one may come (the engine plans its event-skipping jumps with it).
         ``on_delivered(count)`` follows the requests of ``requests`` as they arrive (a progress bar);
         ``on_arrival(record)`` receives each request's record as it arrives, to read its progress
-        later (a watch that may stop the run: :meth:`run`'s ``stop``)."""
+        later (a watch that may stop the run: :meth:`run`'s ``stop``).
+        ``transfer``: the replica of a disaggregated cluster (``sim/engine/transfer.py``); with
+        ``prefill_only`` a prefill replica (every request hands its blocks off), else one that can
+        receive prompts computed elsewhere (a decode replica). ``upstream()`` then also bounds when a
+        transfer may land or release blocks.
+
+        ``lockstep`` makes it a rank of an expert-parallel group (``sim/engine/lockstep.py``): its
+        iterations last as long as the group's steps, one at a time (``step_mode: single``)."""
+        if lockstep is not None and knobs.step_mode != "single":
+            raise ValueError("a rank of a lockstep group steps one iteration at a time (step_mode single)")
         self.policy = policy
         self.costs = costs
         # The cost model's compiled iteration terms, when it has them: called without a Python call.
@@ -197,6 +214,7 @@ class Engine:
         self.block_size = block_size
         self.env = env if env is not None else simpy.Environment()
         self._upstream = upstream
+        self._lockstep = lockstep
         self.busy_until = float("inf")  # end of the wake-up in flight: no completion comes before it
         self.rng = np.random.default_rng(seed)
         self._follow_up = follow_up
@@ -243,6 +261,16 @@ class Engine:
         # (scheduler sglang) this iteration's admissions matched waiting prompts in the cache and the
         # queue still waits: the next iteration matches them again (a cache access), so no jump.
         self._admission_rematches = False
+        self._transfer = transfer
+        self._prefill_only = prefill_only
+        # Disaggregated serving (see sim/engine/transfer.py). A prefill replica's requests whose prompt
+        # is done and whose blocks wait to be sent; a decode replica's requests whose blocks are
+        # allocated and whose KV is on its way (``receiving``: a router counts them as load). Landed
+        # and released notices wait for the next iteration start.
+        self.held: dict[int, RequestState] = {}
+        self.receiving: dict[int, RequestState] = {}
+        self._landed: list[RequestState] = []
+        self._released: list[RequestState] = []
 
     # ------------------------------------------------------------------------------------------ run
     def run(self, until_s: float | None = None, stop: simpy.Event | None = None) -> None:
@@ -268,16 +296,51 @@ class Engine:
         self._loop_process = self.env.process(self._loop())
         self._record()
 
-    def submit(self, request: Request) -> None:
-        """A request a cluster's router sends to this replica arrives now."""
-        self._arrive(request)
+    def submit(self, request: Request, record: RequestRecord | None = None) -> None:
+        """A request a cluster's router sends to this replica arrives now (``record``: the one a
+        disaggregated cluster keeps for it across its replicas)."""
+        self._arrive(request, record)
+
+    def submit_remote(self, request: Request, record: RequestRecord) -> bool:
+        """(Decode replica) ``request``'s prompt was computed on a prefill replica: it waits for its
+        blocks here, then for its KV. Returns False when it can never run here (rejected now)."""
+        state = RequestState(request, record)
+        state.remote_kv = True
+        reason = self._never_admissible(request)
+        if reason:
+            self._reject(state, reason)  # (the cluster hears of it: remote_dropped)
+            return False
+        self.waiting.append(state)
+        self._wake_up()
+        return True
+
+    def kv_received(self, state: RequestState) -> None:
+        """(Decode replica) ``state``'s KV has landed: it runs from the next iteration."""
+        self._landed.append(state)
+        self._wake_up()
+
+    def release_held(self, state: RequestState) -> None:
+        """(Prefill replica) ``state``'s KV has been sent: its blocks go at the next iteration start."""
+        self._released.append(state)
+        self._wake_up()
+
+    def _wake_up(self) -> None:
+        if not self._wake.triggered:
+            self._wake.succeed()
+
+    @property
+    def transfers_pending(self) -> bool:
+        """Blocks held for a transfer (sent or received): memory will change without a completion here."""
+        return bool(self.held or self.receiving or self._landed or self._released)
 
     def finish(self) -> None:
         """The clock stopped: book what was in flight and hand every row to the sink."""
         if self._jump is not None:
             self._stop_inside_jump()
-        # Requests still in the system at the end are reported as unfinished.
-        self._done_records.extend(state.record for state in [*self.running, *self.waiting])
+        # Requests still in the system at the end are reported as unfinished (a disaggregated request
+        # once, by the decode replica that has it: a prefill replica's held ones are there too).
+        in_system = [*self.running, *self.waiting, *self.receiving.values()]
+        self._done_records.extend(state.record for state in in_system)
         self._flush_records()
         self.recorder.flush()
 
@@ -303,18 +366,9 @@ class Engine:
             return self._upstream()
         return self._arrivals.next_arrival_s()
 
-    def _arrive(self, request: Request) -> None:
-        prompt_len = request.prompt_len
-        record = RequestRecord(
-            request.request_id,
-            request.arrival_s,
-            prompt_len,
-            request.longest_output_len,
-            request.n,
-            request.beam_width,
-            sum(request.output_lens),
-        )
-        record.client_overhead_s = self.knobs.client_overhead_s
+    def _arrive(self, request: Request, record: RequestRecord | None = None) -> None:
+        if record is None:
+            record = self.new_record(request)
         if self._on_arrival is not None:
             self._on_arrival(record)
         state = RequestState(request, record)
@@ -325,6 +379,19 @@ class Engine:
             self.waiting.append(state)
         if not self._wake.triggered:
             self._wake.succeed()
+
+    def new_record(self, request: Request) -> RequestRecord:
+        record = RequestRecord(
+            request.request_id,
+            request.arrival_s,
+            request.prompt_len,
+            request.longest_output_len,
+            request.n,
+            request.beam_width,
+            sum(request.output_lens),
+        )
+        record.client_overhead_s = self.knobs.client_overhead_s
+        return record
 
     def rejects_on_arrival(self, request: Request) -> bool:
         """Whether ``request`` would be rejected as it arrives (nothing could ever admit it)."""
@@ -379,6 +446,9 @@ class Engine:
     def _loop(self):
         idle_steps = 0
         while True:
+            if (self._landed or self._released) and not self.running and not self.waiting:
+                self._take_transfer_notices()  # idle: a send finished, or a prompt landed
+                self._record()
             if not self.running and not self.waiting:
                 # A replica stays until the clock stops: another replica's request may have a follow-up.
                 done = self._next_arrival_s() == float("inf") and not self._arrivals.pending_follow_ups
@@ -388,6 +458,10 @@ class Engine:
                 self.admission_blocker = 0
                 self._wake = self.env.event()
                 yield self._wake
+                continue
+            if self._lockstep is not None and self._lockstep.in_flight():
+                # A rank that was idle joins the group's steps at the next boundary.
+                yield self._lockstep.boundary()
                 continue
             preemptions_before = self.counters.preemptions
             duration = self._advance()
@@ -402,7 +476,7 @@ class Engine:
                 # between samples.)
                 self._record()
                 self.busy_until = self.env.now + duration
-                yield self.env.timeout(duration)
+                yield self._run_for(duration)
                 self.busy_until = float("inf")
                 if self._jump is not None:
                     self._end_jump()
@@ -411,6 +485,15 @@ class Engine:
                     # Only when the engine goes idle: otherwise the next iteration starts at this
                     # instant and records its state, which would replace this one after no time.
                     self._record()
+                continue
+            elif self._landed or self._released:
+                idle_steps = 0  # a transfer's notice came in meanwhile: the next iteration sees it
+                continue
+            elif self.transfers_pending:
+                # Nothing can run until a transfer lands or releases blocks (the cluster wakes us).
+                idle_steps = 0
+                self._wake = self.env.event()
+                yield self._wake
                 continue
             else:
                 idle_steps += 1
@@ -422,6 +505,16 @@ class Engine:
             self._record()
 
     # ------------------------------------------------------------------------------------ iteration
+    def _run_for(self, duration: float) -> simpy.Event:
+        """The event that ends the wake-up just planned: ``duration`` from now, or, for a rank of a
+        lockstep group, the end of the group's step (this iteration's own time is one rank's part)."""
+        if self._lockstep is None:
+            return self.env.timeout(duration)
+        tokens = self._decoded_seqs
+        for _state, chunk in self._prefill_this_step:
+            tokens += chunk
+        return self._lockstep.join(self, duration, tokens)
+
     def _advance(self) -> float:
         """Start the next iteration and plan the deterministic ones after it; return their time."""
         first_s = self._first_iteration()
@@ -444,6 +537,8 @@ class Engine:
         """One iteration as vLLM schedules it: decode growth, prompts in progress, then admissions."""
         copies_before = self.policy.stats.cow_copies
         loads_before = self._host_loads()
+        if self._landed or self._released:
+            self._take_transfer_notices()
         # 1. every decoding sequence takes a token (the policy hears of those that need a block)
         self.clock.now += 1
         self._prepare_decode_step()
@@ -490,6 +585,23 @@ class Engine:
         duration += self.costs.copy_blocks_s(copies) if copies else 0.0
         duration += self.costs.swap_blocks_s(swap_blocks) if swap_blocks else 0.0
         return duration + load_s
+
+    def _take_transfer_notices(self) -> None:
+        """Finished sends free their blocks (cached, as any finished request's); landed prompts go to
+        the queue's front in the order they landed, ready to run (vLLM's ``_update_from_kv_xfer_finished``
+        and ``_update_waiting_for_remote_kv``, at the scheduler's next step)."""
+        for state in self._released:
+            del self.held[state.request.request_id]
+            for seq_id in state.seq_ids:
+                self.policy.free(seq_id)
+            state.seq_ids = []
+        self._released = []
+        for state in reversed(self._landed):
+            del self.receiving[state.request.request_id]
+            state.remote_kv = False
+            state.kv_landed = True
+            self.waiting.appendleft(state)
+        self._landed = []
 
     def _host_loads(self) -> int:
         """Tokens loaded from the host tier so far (the radix policy's HiCache loads whole nodes, not
@@ -553,7 +665,8 @@ class Engine:
         self.counters.iterations += steps
         self.counters.output_tokens += steps * self._decoded_seqs
         changed = False
-        for state, _chunk in self._prefill_this_step:
+        for prefilled in self._prefill_this_step:
+            state = prefilled[0]  # (indexed: see content_length)
             if state.is_running and state.prefilled >= state.tokens_to_prefill and not state.decoding:
                 self._start_decoding(state)
                 changed = True
@@ -583,7 +696,8 @@ class Engine:
             self._fork(state, [(state.seq_ids[0], final_lens)])
             if not state.is_running:
                 return  # the fork did not fit: the request was preempted
-        for seq_id in list(state.seq_ids):
+        # (A prefill replica samples its one token and stops: vLLM allocates it no slot.)
+        for seq_id in list(state.seq_ids) if not self._prefill_only else ():
             outcome = self._grow_or_preempt(state, seq_id, victims_at=self.clock.now)
             self._swap_out_pending += max(0, outcome - 1)
             if not state.is_running:
@@ -740,9 +854,10 @@ class Engine:
                 return outcome
             except OutOfKVMemory:
                 victim = self.running[-1] if self._sglang is None else self._sglang.retraction_victim(self)
-                if victim is state and len(self.running) == 1:
+                if victim is state and len(self.running) == 1 and not self.transfers_pending:
                     # Its samples/beams outgrow the pool with nothing else in it (whole blocks each
                     # can exceed the tokens checked on arrival): a rejection, not a preemption.
+                    # (Blocks held for transfers will free: then it is preempted, to wait for them.)
                     self._reject_alone(state, victims_at)
                     return outcome
                 outcome = max(outcome, 1) + self._preempt(victim, victims_at)
@@ -818,6 +933,10 @@ class Engine:
             if self._running_seqs + self._unforked_seqs + state.width > self.knobs.max_num_seqs:
                 self._admission_stop = HEAD_STUCK
                 return budget, swap_in_blocks
+            if state.kv_landed:
+                self._start_landed(state)
+                budget = self._schedule_prefill(state, budget, chunks)
+                continue
             content = self.content_on_admission(state)
             final_len = state.final_len_of(0)
             if (
@@ -842,6 +961,9 @@ class Engine:
                     self._admission_stop = HEAD_OUT_OF_MEMORY
                     return budget, swap_in_blocks
                 continue
+            if state.remote_kv:
+                self._await_kv(state, seq_id, cached)
+                continue  # its blocks, but no compute and no place in the batch yet (vLLM)
             swapped_in = self._start_running(state, seq_id, cached, content)
             if swapped_in:
                 swap_in_blocks += swapped_in
@@ -857,13 +979,7 @@ class Engine:
         if state.record.admitted_s != state.record.admitted_s:  # NaN: first admission
             state.record.admitted_s = self.env.now
             state.record.cached_prompt_tokens = cached
-        self.running.append(state)
-        self._admissions += 1
-        state.admission = self._admissions
-        state.is_running = True
-        self._running_seqs += 1
-        state.unforked = state.width - 1
-        self._unforked_seqs += state.unforked
+        self._join_running(state)
         total = content_length(content)
         state.context = total
         if state.swapped_tokens:
@@ -877,6 +993,36 @@ class Engine:
         state.prefilled = cached
         self._prefilling.append(state)
         return 0
+
+    def _join_running(self, state: RequestState) -> None:
+        """The queue's head (its blocks allocated) joins the batch, newest in the preemption order."""
+        self.running.append(state)
+        self._admissions += 1
+        state.admission = self._admissions
+        state.is_running = True
+        self._running_seqs += 1
+        state.unforked = state.width - 1
+        self._unforked_seqs += state.unforked
+
+    def _await_kv(self, state: RequestState, seq_id: int, cached: int) -> None:
+        """A remote prompt's blocks are allocated: it leaves the queue to wait for its KV."""
+        self.waiting.popleft()
+        state.seq_ids = [seq_id]
+        state.record.transfer_start_s = self.env.now
+        state.record.decode_cached_tokens = cached
+        self.receiving[state.request.request_id] = state
+        assert self._transfer is not None
+        self._transfer.kv_allocated(self, state, cached)
+
+    def _start_landed(self, state: RequestState) -> None:
+        """A landed prompt runs, holding its blocks: only its last token is computed (vLLM recomputes
+        it to sample the first token on this side)."""
+        state.kv_landed = False
+        self.waiting.popleft()
+        self._join_running(state)
+        state.context = state.tokens_to_prefill = state.request.prompt_len
+        state.prefilled = state.tokens_to_prefill - 1
+        self._prefilling.append(state)
 
     def _sglang_admit_waiting(self, chunk_left: int, chunks: list[tuple[int, int]]) -> None:
         """SGLang's admission round (``get_new_batch_prefill`` / ``PrefillAdder``, see
@@ -961,7 +1107,7 @@ class Engine:
 
     def _handle_admission_failure(self, state: RequestState) -> bool:
         """The queue head does not fit now. Returns True when it was removed (admission may go on)."""
-        if not self.running:
+        if not self.running and not self.transfers_pending:
             self.waiting.popleft()
             self._reject(state, "does not fit in the KV pool even with nothing else running")
             return True
@@ -988,6 +1134,9 @@ class Engine:
     def _finish(self, state: RequestState, now: float) -> None:
         self.clock.leave(state, self.clock.now)
         self._leave_running(state)
+        if self._prefill_only:
+            self._hand_off(state, now)
+            return
         for seq_id in state.seq_ids:
             self.policy.free(seq_id)
         state.seq_ids = []
@@ -995,8 +1144,21 @@ class Engine:
         state.record.outcome = "finished"
         self._request_done(state)
 
+    def _hand_off(self, state: RequestState, now: float) -> None:
+        """(Prefill replica) The prompt is done and its first token sampled (the client gets the decode
+        replica's): the blocks stay until the cluster has sent them."""
+        record = state.record
+        record.prefill_done_s = now
+        record.first_token_s = math.nan
+        self.held[state.request.request_id] = state
+        assert self._transfer is not None
+        self._transfer.prefilled(self, state)
+
     def _request_done(self, state: RequestState) -> None:
         """A request reached its outcome; a closed-loop user (or a conversation) may send the next one."""
+        if state.remote_kv:
+            assert self._transfer is not None
+            self._transfer.remote_dropped(self, state)
         self._record_done(state.record)
         if self._follow_up is not None:
             follow = self._follow_up(state.request, self.env.now)
@@ -1032,12 +1194,14 @@ class Engine:
         state = self.waiting[0]
         if self._running_seqs + self._unforked_seqs + state.width > self.knobs.max_num_seqs:
             return MAX_NUM_SEQS
+        if state.kv_landed:
+            return TOKEN_BUDGET  # it holds its blocks already
         if not self._fits_watermark(self.content_on_admission(state), state.final_len_of(0)):
             return KV_MEMORY
         return TOKEN_BUDGET
 
     def _check_progress(self) -> None:
-        if self.running or not self.waiting:
+        if self.running or not self.waiting or self.transfers_pending:
             return
         if self.env.now >= self._next_arrival_s():
             return
@@ -1088,7 +1252,9 @@ class Engine:
         if budget > 0:
             if self._admission_stop in (OUT_OF_BUDGET, HEAD_OVER_BUDGET) or self._admission_rematches:
                 return None  # the next iteration tries the head
-            if self._admission_stop == QUEUE_EMPTY:
+            if self._admission_stop == QUEUE_EMPTY or self._transfer is not None:
+                # (A transfer's notice can unblock any head: landed prompts hold their blocks, and
+                # released blocks are room.)
                 extra = min(extra, self._iterations_until_arrival(first_s))
         if extra <= 0:
             return None
@@ -1152,7 +1318,7 @@ class Engine:
         change anything? (``arrival_s``: when the next request arrives, same origin.)"""
         if self._admission_stop in (OUT_OF_BUDGET, HEAD_OVER_BUDGET) or self._admission_rematches:
             return True
-        return self._admission_stop == QUEUE_EMPTY and arrival_s <= start_s
+        return (self._admission_stop == QUEUE_EMPTY or self._transfer is not None) and arrival_s <= start_s
 
     def _end_jump(self) -> None:
         """The jump's iterations after the first have run: apply what they did, in order."""

@@ -57,6 +57,11 @@ class RequestState:
     # Output lengths of its samples/beams still to finish, aligned with ``seq_ids`` once forked
     # (before the fork, entry 0 is the admitted sequence's). A sample that finishes leaves both.
     sample_lens: list[int]
+    # Disaggregated serving (``sim/cluster/disaggregated.py``), on a decode replica: its prompt's KV is
+    # computed by a prefill replica and comes over the link. ``remote_kv`` until it has landed;
+    # ``kv_landed`` from then until it is scheduled (it holds its blocks meanwhile).
+    remote_kv: bool
+    kv_landed: bool
 
     def __init__(self, request: Request, record: RequestRecord) -> None:
         self.request = request
@@ -69,6 +74,7 @@ class RequestState:
         self.finish_due = self.beam_due = self.flush_clock = NEVER
         self.end_version = 0
         self.sample_lens = list(request.output_lens)
+        self.remote_kv = self.kv_landed = False
 
     @property
     def width(self) -> int:
@@ -242,7 +248,7 @@ class DecodeClock:
         for state in due:
             state.flush_clock = NEVER
         if len(due) > 1:
-            due.sort(key=_ADMISSION)
+            _sort_by_admission(due)
         return due
 
     def due_ends(self) -> list[RequestState]:
@@ -276,6 +282,23 @@ def _in_admission_order(due: list[_Entry]) -> list[RequestState]:
 
 _Entry = tuple[int, int, int, RequestState]  # (clock due, admission order, version, request)
 _ADMISSION = attrgetter("admission")
+_INSERTION_SORT_MAX = 16
+
+
+def _sort_by_admission(states: list[RequestState]) -> None:
+    """``states`` in place, oldest admission first. A short list (a flush group: one or a few
+    sequences, nearly always) by insertion: compiled, that compares native ints, where a sort with a
+    key function calls it once per element."""
+    if len(states) > _INSERTION_SORT_MAX:
+        states.sort(key=_ADMISSION)
+        return
+    for index in range(1, len(states)):
+        state = states[index]
+        position = index
+        while position and states[position - 1].admission > state.admission:
+            states[position] = states[position - 1]
+            position -= 1
+        states[position] = state
 
 
 def _admission_order(entry: _Entry) -> int:

@@ -24,7 +24,7 @@ from decimal import Decimal
 from typing import Literal
 
 from sim.hardware.gpus import GpuSpec, resolve_gpu
-from sim.hardware.models import ModelSpec, resolve_model
+from sim.hardware.models import ModelSpec, check_expert_parallel, resolve_model
 
 __all__ = [
     "DEFAULT_PROFILE_NUM_SEQS",
@@ -91,6 +91,11 @@ class KVCapacity:
     source: Source
     tensor_parallel_size: int = 1
     """GPUs of the instance; every number above is per GPU (each holds the same pool)."""
+    expert_parallel_size: int = 1
+    """GPUs a mixture of experts' routed experts are dealt over (``weight_bytes`` holds this GPU's share)."""
+    data_parallel_size: int = 1
+    """Data-parallel ranks of the server, each with ``tensor_parallel_size`` GPUs and a pool of its own
+    like this one."""
 
     @property
     def block_bytes(self) -> int:
@@ -121,15 +126,22 @@ class KVCapacity:
 
     def capacity_lines(self, max_model_len: int) -> list[str]:
         """vLLM's two start-up lines, character for character (with TP vLLM prints them once for the
-        instance: each GPU holds ``num_gpu_blocks`` blocks of its share of every token). At TP > 1 a
-        third line gives the per-GPU memory."""
+        instance: each GPU holds ``num_gpu_blocks`` blocks of its share of every token; with DP each
+        rank prints its own, the same). With several GPUs a third line gives the per-GPU memory."""
         lines = [
             f"GPU KV cache size: {self.kv_pool_tokens:,} tokens",
             f"Maximum concurrency for {max_model_len:,} tokens per request: {self.max_concurrency(max_model_len):.2f}x",
         ]
-        if self.tensor_parallel_size > 1:
+        parallel = (
+            [f"tensor_parallel_size {self.tensor_parallel_size}"] if self.tensor_parallel_size > 1 else []
+        )
+        if self.data_parallel_size > 1:
+            parallel.insert(0, f"data_parallel_size {self.data_parallel_size} (a pool per rank)")
+        if self.expert_parallel_size > 1:
+            parallel.append(f"routed experts dealt over {self.expert_parallel_size} GPUs")
+        if parallel:
             lines.append(
-                f"tensor_parallel_size {self.tensor_parallel_size}, per GPU: weights {_gib(self.weight_bytes)}, "
+                f"{', '.join(parallel)}, per GPU: weights {_gib(self.weight_bytes)}, "
                 f"activation reserve {_gib(self.activation_reserve_bytes)}, KV cache {_gib(self.kv_pool_bytes)} "
                 f"({self.kv_bytes_per_token:,} B per token)"
             )
@@ -194,6 +206,8 @@ def size_kv_pool(
     kv_cache_memory_bytes: int | None = None,
     num_gpu_blocks_override: int | None = None,
     tensor_parallel_size: int = 1,
+    expert_parallel_size: int = 1,
+    data_parallel_size: int = 1,
 ) -> KVCapacity:
     """Size the KV pool of one GPU like vLLM.
 
@@ -218,6 +232,12 @@ def size_kv_pool(
 
     Tensor parallelism: each GPU holds ``weights / tp`` and ``max(1, kv_heads // tp)`` KV heads per
     layer (an MLA latent is replicated on every GPU).
+
+    Data and expert parallelism (vLLM ``--data-parallel-size``, ``--enable-expert-parallel``): each of
+    the ``data_parallel_size`` ranks sizes its own pool from its own GPUs, as here; with
+    ``expert_parallel_size`` > 1 a GPU holds ``num_experts / ep`` whole routed experts per MoE layer
+    and its TP share of the rest (:meth:`ModelSpec.weight_bytes_per_gpu`), so the pool grows by the
+    experts it does not hold. Its KV heads are those of its TP group, as without.
 
     Raises ``ModelDoesNotFitError`` (a ``ValueError``) with the numbers when not even one block
     fits, and ``ValueError`` for invalid arguments.
@@ -259,10 +279,18 @@ def size_kv_pool(
         raise ValueError("set at most one of kv_cache_memory_bytes and num_gpu_blocks_override")
     spec.check_tensor_parallel(tensor_parallel_size)
     tp = tensor_parallel_size
+    ep = expert_parallel_size
+    for label, value in (("expert_parallel_size", ep), ("data_parallel_size", data_parallel_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{label} must be an integer >= 1, got {value!r}")
+    if ep > 1:
+        if ep % tp:
+            raise ValueError(f"expert_parallel_size ({ep}) must be a multiple of tensor_parallel_size ({tp})")
+        check_expert_parallel(spec, ep // tp, tp, enable_expert_parallel=True)
 
     kv_bpt = spec.kv_bytes_per_token(kv_cache_dtype, tensor_parallel_size=tp)
     block_bytes = block_size * kv_bpt
-    weights = spec.weight_bytes_per_gpu(tp)
+    weights = spec.weight_bytes_per_gpu(tp, ep)
     reserve = (
         activation_reserve_bytes
         if activation_reserve_bytes is not None
@@ -270,7 +298,10 @@ def size_kv_pool(
     )
     # Exact decimal product: 0.9 x 80 GiB is 77,309,411,328 bytes, not one more from float rounding.
     budget = math.ceil(Decimal(card.memory_bytes) * Decimal(repr(float(gpu_memory_utilization))))
-    where = f"{spec.name} on {card.name}" + (f" (tensor_parallel_size={tp}, per GPU)" if tp > 1 else "")
+    shares = [f"tensor_parallel_size={tp}"] if tp > 1 else []
+    shares += [f"experts dealt over {ep} GPUs"] if ep > 1 else []
+    where = f"{spec.name} on {card.name}" + (f" ({', '.join(shares)}, per GPU)" if shares else "")
+    split = f"/ tp {tp}" if ep == 1 else f"/ tp {tp}, routed experts / ep {ep}"
 
     def no_fit(total_label: str, total: int, left: int, kv_label: str) -> ModelDoesNotFitError:
         reason = (
@@ -280,7 +311,7 @@ def size_kv_pool(
         )
         return ModelDoesNotFitError(
             f"{where} does not fit: {total_label} = {_gib(total)}; weights {_gib(weights)} "
-            f"({spec.num_params:,} params x {spec.weight_dtype_bytes} B / tp {tp}); activation reserve "
+            f"({spec.num_params:,} params x {spec.weight_dtype_bytes} B {split}); activation reserve "
             f"{_gib(reserve)}; {kv_label} {_gib(left)} ({left:,} bytes): {reason}. "
             "Use a bigger GPU, a larger tensor_parallel_size, a higher gpu_memory_utilization or "
             "smaller weights (weight_dtype_bytes).",
@@ -333,4 +364,6 @@ def size_kv_pool(
         activation_reserve_bytes=reserve,
         source=source,
         tensor_parallel_size=tp,
+        expert_parallel_size=ep,
+        data_parallel_size=data_parallel_size,
     )

@@ -122,6 +122,11 @@ class Efficiency:
     """Causal attention of a prefill chunk: ``4 x heads x head_dim`` FLOPs per (query, key) pair."""
     prefill_attention_fixed_s: float
     """Prefill attention's floor per chunk and layer."""
+    routed_expert_bandwidth: float | None = None
+    """A mixture of experts' routed experts, read by vLLM's fused MoE kernels (a GEMM per expert over
+    its few tokens): the share of peak they read their weights at; None (no measurement): as
+    ``weight_bandwidth``. Measured on the GPU itself where set, so the serving calibration's scales
+    of the transferred bandwidths leave it alone."""
     source: str = ""
     error_band: str = "not validated"
     transferred: bool = False
@@ -132,6 +137,8 @@ class Efficiency:
         for item in fields(self):
             value = getattr(self, item.name)
             if item.name == "transferred":
+                continue
+            if value is None and item.name == "routed_expert_bandwidth":
                 continue
             if item.name in ("source", "error_band"):
                 if not isinstance(value, str):
@@ -199,6 +206,14 @@ def _applied(factors: Efficiency, gpu: str, why: str, expected_error: str | None
         transferred=True,
     )
 
+
+RTX_PRO_6000_ROUTED_EXPERT_BANDWIDTH = 0.840
+"""The share of peak at which vLLM's fused MoE kernels read Qwen3-30B-A3B's routed experts on the RTX
+PRO 6000 (Server Edition, 1,597.6 GB/s): fitted by ``python -m calibrate.moe_layers`` to the MoE
+layer times casys-kaist/LLMServingSim measured there with vLLM 0.19 (calibrate/llmservingsim_data),
+at 1 and 2 expert-parallel GPUs, with its FLOPs at ``gemm_flops``: within -22..+18 % of the
+24 layer shapes a serving batch has (mean |error| 7.7 %). Dense matrix products there read at 0.98
+after the serving calibration: the per-expert GEMMs of a few tokens each run 1.17x slower."""
 
 GENERIC_EFFICIENCY = _applied(_A100, "a GPU without measurements", "no data for it")
 """The factors a GPU gets when nothing better is known: the A100's, marked as not validated."""
@@ -418,11 +433,17 @@ GPU_PRESETS: dict[str, GpuSpec] = {
         96 * GiB,
         1792 * GB,
         503.8 * TFLOPS,
-        _applied(
-            _A100,
-            "RTX-PRO-6000-96GB",
-            "no Blackwell data; sm_120 tensor cores are programmed like Ampere's",
-            "±35 % (the Server Edition's memory runs at 1,597.6 GB/s, 11 % under the figure used)",
+        replace(
+            _applied(
+                _A100,
+                "RTX-PRO-6000-96GB",
+                "no Blackwell data; sm_120 tensor cores are programmed like Ampere's",
+                "±35 % (the Server Edition's memory runs at 1,597.6 GB/s, 11 % under the figure used)",
+            ),
+            routed_expert_bandwidth=RTX_PRO_6000_ROUTED_EXPERT_BANDWIDTH,
+            source="A100 factors fitted to Vidur's A100-80GB Llama-2-7B operations, applied to "
+            "RTX-PRO-6000-96GB (no Blackwell data; sm_120 tensor cores are programmed like Ampere's); "
+            "routed experts: fitted to LLMServingSim's measured MoE layers (calibrate/moe_layers.py)",
         ),
         pcie_bandwidth_bytes_per_s=_PCIE_GEN5,
     ),

@@ -40,7 +40,10 @@ __all__ = [
     "MODEL_PRESETS",
     "ModelSpec",
     "activation_dtype_bytes",
+    "check_expert_parallel",
     "check_tensor_parallel",
+    "expert_parallel_problems",
+    "expert_parallel_size",
     "estimate_num_params",
     "model_from_hf_config",
     "resolve_model",
@@ -293,12 +296,23 @@ class ModelSpec:
         """Bytes of all weights at ``weight_dtype_bytes`` per parameter (whole model, tp = 1)."""
         return self.num_params * self.weight_dtype_bytes
 
-    def weight_bytes_per_gpu(self, tensor_parallel_size: int = 1) -> int:
+    def weight_bytes_per_gpu(self, tensor_parallel_size: int = 1, expert_parallel_size: int = 1) -> int:
         """Weight bytes one GPU holds: ``ceil(weight_bytes / tp)``. vLLM splits every matrix (QKV and
         MLP by columns, O and down projections by rows, embedding and LM head by vocabulary); the
         replicated norms, ``(2 x layers + 1) x hidden`` parameters (2.6 MB for Llama-3.1-70B), are
-        counted split too, an error under 0.01 %."""
-        return math.ceil(self.weight_bytes() / tensor_parallel_size)
+        counted split too, an error under 0.01 %.
+
+        With expert parallelism (``expert_parallel_size`` > 1, a mixture of experts) the routed
+        experts are not split but dealt out whole: each GPU holds ``num_experts / ep`` of them in
+        every MoE layer, and the rest of the model (attention, dense layers, routers, shared experts,
+        embedding, LM head) is split over the TP group as without:
+        ``ceil(rest / tp) + routed / ep`` (:func:`check_expert_parallel` makes ``ep`` divide the
+        experts)."""
+        if expert_parallel_size == 1:
+            return math.ceil(self.weight_bytes() / tensor_parallel_size)
+        routed = self.routed_expert_params * self.weight_dtype_bytes
+        rest = self.weight_bytes() - routed
+        return math.ceil(rest / tensor_parallel_size) + routed // expert_parallel_size
 
     @property
     def activation_dtype_bytes(self) -> int:
@@ -308,6 +322,10 @@ class ModelSpec:
     def check_tensor_parallel(self, tensor_parallel_size: int) -> None:
         """Raise ``ValueError`` for a TP size vLLM would refuse (:func:`check_tensor_parallel`)."""
         check_tensor_parallel(self, tensor_parallel_size)
+
+    def local_experts(self, expert_parallel_size: int) -> int:
+        """Routed experts one GPU holds per MoE layer under expert parallelism (all of them at 1)."""
+        return (self.num_experts or 0) // expert_parallel_size
 
 
 def activation_dtype_bytes(weight_dtype_bytes: int) -> int:
@@ -340,6 +358,80 @@ def check_tensor_parallel(model: Any, tensor_parallel_size: int) -> None:
                 f"{model.name}: num_kv_heads ({kv}) and tensor_parallel_size ({tp}) must divide one another "
                 "(vLLM splits KV heads over TP, or replicates them when there are fewer)"
             )
+
+
+def expert_parallel_size(
+    model: Any, data_parallel_size: int, tensor_parallel_size: int, enable_expert_parallel: bool
+) -> int:
+    """The GPUs a mixture of experts' routed experts are dealt over: ``dp x tp`` with
+    ``enable_expert_parallel`` (vLLM's ``EP_SIZE = TP_SIZE x DP_SIZE``), else 1. Raises ``ValueError``
+    for what kvsim cannot run (:func:`expert_parallel_problems`)."""
+    check_expert_parallel(model, data_parallel_size, tensor_parallel_size, enable_expert_parallel)
+    return data_parallel_size * tensor_parallel_size if enable_expert_parallel else 1
+
+
+def check_expert_parallel(
+    model: Any, data_parallel_size: int, tensor_parallel_size: int, enable_expert_parallel: bool
+) -> None:
+    """Raise ``ValueError`` (``knob: problem``) for the first of :func:`expert_parallel_problems`."""
+    problems = expert_parallel_problems(
+        model, data_parallel_size, tensor_parallel_size, enable_expert_parallel
+    )
+    if problems:
+        knob, text = problems[0]
+        raise ValueError(f"{knob}: {text}")
+
+
+def expert_parallel_problems(
+    model: Any, data_parallel_size: int, tensor_parallel_size: int, enable_expert_parallel: bool
+) -> list[tuple[str, str]]:
+    """``(knob, problem)`` for data and expert parallelism kvsim does not run. ``model``: anything
+    with ``name`` and ``num_experts`` (None for a dense model).
+
+    * ``enable_expert_parallel`` on a dense model: there are no routed experts to deal out.
+    * An expert-parallel size (``dp x tp``) that does not divide the routed experts: vLLM would give
+      the first ``E mod ep`` GPUs one expert more (``determine_expert_map``), ranks of unequal
+      memory and speed, which kvsim does not model.
+    * A mixture of experts at ``data_parallel_size`` > 1 without expert parallelism: vLLM then
+      splits every expert tensor-parallel over all ``dp x tp`` GPUs, which kvsim does not model.
+    """
+    for label, value in (
+        ("data_parallel_size", data_parallel_size),
+        ("tensor_parallel_size", tensor_parallel_size),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return [(label, f"must be an integer >= 1, got {value!r}")]
+    experts: int = getattr(model, "num_experts", None) or 0
+    size = data_parallel_size * tensor_parallel_size
+    if enable_expert_parallel and not experts:
+        return [
+            (
+                "enable_expert_parallel",
+                f"{model.name} is a dense model (no routed experts to deal out over the GPUs); remove "
+                "it, or pick a mixture of experts",
+            )
+        ]
+    if enable_expert_parallel and experts % size:
+        return [
+            (
+                "enable_expert_parallel",
+                f"the expert-parallel size, data_parallel_size x tensor_parallel_size = "
+                f"{data_parallel_size} x {tensor_parallel_size} = {size}, does not divide {model.name}'s "
+                f"{experts} routed experts; vLLM would give {experts % size} GPU(s) one expert more, "
+                f"which kvsim does not model. Choose sizes whose product divides {experts}",
+            )
+        ]
+    if experts and data_parallel_size > 1 and not enable_expert_parallel:
+        return [
+            (
+                "data_parallel_size",
+                f"{data_parallel_size} on {model.name}, a mixture of experts, without "
+                "enable_expert_parallel: vLLM then splits every expert tensor-parallel over all "
+                f"{size} GPUs, which kvsim does not model. Set enable_expert_parallel: true, or use "
+                "cluster: {replicas: N} for independent copies",
+            )
+        ]
+    return []
 
 
 # ---------------------------------------------------------------------------------------------

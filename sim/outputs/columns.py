@@ -30,6 +30,16 @@ SUMMARY: Columns = {
         "GPUs",
         "GPUs per instance (`engine.tensor_parallel_size`); the `kv_*` bytes and blocks are per GPU.",
     ),
+    "data_parallel_size": (
+        "ranks",
+        "Data-parallel ranks of the server (`engine.data_parallel_size`), each a replica in "
+        "`replicas.csv`; the `kv_*` columns are per rank.",
+    ),
+    "expert_parallel_size": (
+        "GPUs",
+        "GPUs the routed experts are dealt over (data_parallel_size x tensor_parallel_size with "
+        "`engine.enable_expert_parallel`, else 1).",
+    ),
     "max_model_len": ("tokens", "Longest request (prompt + output) the engine accepts."),
     "kv_pool_tokens": ("tokens (slots)", "Size of the KV pool: vLLM's `GPU KV cache size`."),
     "kv_pool_bytes": ("bytes", "Size of the KV pool in bytes (per GPU)."),
@@ -158,8 +168,80 @@ SUMMARY |= BALANCE
 percentiles and time-averaged shares are over the whole cluster (its pools together)."""
 
 REPLICA_SUMMARY: Columns = {
-    "replica": ("-", "The replica (0 to replicas - 1)."),
-    "requests_routed": ("requests", "Requests the router sent to this replica."),
+    "replica": (
+        "-",
+        "The replica (0 to replicas - 1; a disaggregated cluster numbers its prefill pool first).",
+    ),
+    "role": ("-", "both (it prefills and decodes), or prefill / decode in a disaggregated cluster."),
+    "requests_routed": (
+        "requests",
+        "Requests the router sent to this replica (in a disaggregated cluster: prompts to a prefill replica, "
+        "requests to a decode replica).",
+    ),
+}
+
+DISAGGREGATION: Columns = {
+    "prefill_replicas": (
+        "replicas",
+        "Replicas of the prefill pool (`cluster.disaggregation.prefill.replicas`).",
+    ),
+    "decode_replicas": (
+        "replicas",
+        "Replicas of the decode pool; the pool columns above are one decode replica's.",
+    ),
+    "prefill_policy": ("-", "The prefill pool's policy."),
+    "prefill_gpu": ("-", "The prefill pool's GPU (empty: the experiment's)."),
+    "decode_gpu": ("-", "The decode pool's GPU (empty: the experiment's)."),
+    "prefill_tensor_parallel_size": ("GPUs", "GPUs per prefill replica."),
+    "prefill_kv_pool_tokens": ("tokens", "One prefill replica's KV pool."),
+    "link": ("-", "The KV link: kind, bandwidth per GPU one way, latency, what shares a pipe."),
+    "requests_disaggregated": ("requests", "Requests the decider sent through the prefill pool."),
+    "kv_transfers": (
+        "transfers",
+        "KV transfers started (one per disaggregated request whose decode blocks were allocated).",
+    ),
+    "transfer_bytes_total": ("bytes", "KV bytes delivered over the link."),
+    "link_utilization_frac": (
+        _FRAC,
+        "Time with bytes flowing, summed over the link's pipes, / (pipes x simulated_s); pipes that never "
+        "carried a transfer are not counted.",
+    ),
+    "queue_mean_s": ("s", "Mean queue_s of the finished disaggregated requests (the prefill queue)."),
+    "prefill_mean_s": ("s", "Mean prefill_s (admission to prompt done on the prefill replica)."),
+    "transfer_wait_mean_s": (
+        "s",
+        "Mean transfer_wait_s: back-pressure, waiting for the decode replica's blocks.",
+    ),
+    "transfer_wait_p99_s": ("s", "99th percentile of transfer_wait_s."),
+    "transfer_mean_s": ("s", "Mean transfer_s: the KV on the link."),
+    "transfer_p99_s": ("s", "99th percentile of transfer_s."),
+    "decode_first_step_mean_s": (
+        "s",
+        "Mean first_token_s - transfer_end_s: the decode replica's wait for its next iteration and the "
+        "iteration that computes the prompt's last token.",
+    ),
+    "prefill_kv_usage_mean_frac": (
+        _FRAC,
+        "Time-averaged KV usage (not free, not cached) of the prefill replicas.",
+    ),
+    "decode_kv_usage_mean_frac": (_FRAC, "Time-averaged KV usage of the decode replicas."),
+    "prefill_preemptions": ("count", "Preemptions in the prefill pool."),
+    "decode_preemptions": ("count", "Preemptions in the decode pool."),
+}
+"""A disaggregated variant's summary has these after the columns above (its cluster total)."""
+
+TRANSFER_TIMESERIES: Columns = {
+    "time_s": ("s", "Simulated time; a row holds until the next one."),
+    "requests_awaiting_decode": (
+        "requests",
+        "Prompts done on a prefill replica whose decode replica has not allocated their blocks yet (their "
+        "prefill blocks are held).",
+    ),
+    "transfers_in_flight": (
+        "transfers",
+        "KV transfers started and not ended (in their latency, or flowing).",
+    ),
+    "transfer_bytes_in_flight": ("bytes", "Bytes of those transfers not delivered yet."),
 }
 """``<variant>/replicas.csv`` (cluster runs): the SUMMARY columns but BALANCE, for the replica alone,
 then these."""
@@ -255,6 +337,25 @@ REQUESTS: Columns = {
         "Time outside the engine counted in ttft_s and e2e_s (HTTP, API server, tokenization, "
         "streaming): engine.client_overhead_s, by default the cost model's fitted request_overhead_s.",
     ),
+    "prefill_replica": (
+        "-",
+        "Disaggregated serving: the prefill replica that computed its prompt (-1: it was prefilled where it "
+        "decoded). Replicas are numbered across the cluster, prefill pool first; `replica` is the decode one.",
+    ),
+    "prefill_done_s": ("s", "Disaggregated: its prompt finished on the prefill replica (empty otherwise)."),
+    "transfer_start_s": (
+        "s",
+        "Disaggregated: the decode replica allocated its blocks and the KV transfer began (empty otherwise).",
+    ),
+    "transfer_end_s": ("s", "Disaggregated: the last byte of its KV reached the decode replica."),
+    "transfer_bytes": (
+        "bytes",
+        "Disaggregated: KV bytes sent over the link: the prompt's blocks the decode replica did not have cached.",
+    ),
+    "decode_cached_tokens": (
+        "tokens",
+        "Disaggregated: prompt tokens the decode replica already held in its prefix cache (not sent).",
+    ),
     "ttft_s": (
         "s",
         "first_token_s - arrival_s + client_overhead_s: time to first token as a client measures it, "
@@ -267,6 +368,16 @@ REQUESTS: Columns = {
         "(with n > 1 or beams: per token of the longest sample, which every step extends).",
     ),
     "queue_s": ("s", "admitted_s - arrival_s: time waiting before the first admission."),
+    "prefill_s": (
+        "s",
+        "Disaggregated: prefill_done_s - admitted_s, the prompt's time on the prefill replica.",
+    ),
+    "transfer_wait_s": (
+        "s",
+        "Disaggregated: transfer_start_s - prefill_done_s, waiting for the decode replica to allocate the "
+        "blocks (back-pressure: the prefill replica holds them meanwhile).",
+    ),
+    "transfer_s": ("s", "Disaggregated: transfer_end_s - transfer_start_s, the KV on the link."),
 }
 
 TABLES: dict[str, tuple[str, Columns]] = {
@@ -276,6 +387,14 @@ TABLES: dict[str, tuple[str, Columns]] = {
         TIMESERIES,
     ),
     "requests": ("`<variant>/requests.parquet` (or `.csv`): one row per request", REQUESTS),
+    "disaggregation": (
+        "A disaggregated variant's `summary.json` / `summary.csv` row: after the summary columns",
+        DISAGGREGATION,
+    ),
+    "transfer_timeseries": (
+        "`<variant>/transfer_timeseries.parquet` (disaggregated runs): one row per change of the handoffs or the link",
+        TRANSFER_TIMESERIES,
+    ),
     "replicas": (
         "`<variant>/replicas.csv` (cluster runs): one row per replica, with the summary columns up to "
         "`pinned_tokens` for that replica alone, then these",

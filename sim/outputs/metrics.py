@@ -10,8 +10,8 @@ event-skipping jump the engine also reports the instants at which the policy cha
 (:meth:`Recorder.observe`, no row written) and the area of the tokens that grow by one per sequence
 and iteration (:meth:`Recorder.add_token_area`), which no row could describe. Each row also carries
 the breakdown's exact areas from t=0 (:data:`AREA_COLUMNS`), so that a window's mean needs no rule
-between rows (``sim/planning/plans/steady.py``). The areas are summed one chunk of events at a time, in
-event order, with numpy (:meth:`Recorder._fold`): the same additions as one per event, bit for bit.
+between rows (``sim/planning/plans/steady.py``). The areas are summed one addition per event, in event
+order (:meth:`Recorder.observe`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 from itertools import chain
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -119,6 +119,14 @@ class RequestRecord:
     reason: str
     replica: int  # the cluster replica that served it (0 for a single engine)
     client_overhead_s: float  # outside the engine, in its client-side TTFT and E2E
+    # Disaggregated serving (NaN / -1 / 0 otherwise): the prefill replica, when its prompt was done
+    # there, when its KV started and ended crossing the link, and what crossed.
+    prefill_replica: int
+    prefill_done_s: float
+    transfer_start_s: float
+    transfer_end_s: float
+    transfer_bytes: int
+    decode_cached_tokens: int
 
     def __init__(
         self,
@@ -140,6 +148,9 @@ class RequestRecord:
         self.admitted_s = self.first_token_s = self.finish_s = math.nan
         self.preemptions = self.cached_prompt_tokens = self.replica = 0
         self.client_overhead_s = 0.0
+        self.prefill_replica = -1
+        self.prefill_done_s = self.transfer_start_s = self.transfer_end_s = math.nan
+        self.transfer_bytes = self.decode_cached_tokens = 0
         self.outcome = "unfinished"
         self.reason = ""
 
@@ -160,10 +171,11 @@ class Counters:
 class Recorder:
     """The state time series (rows written on change) and its exact time-weighted areas.
 
-    Observations are logged (an instant and the state in force from it) and folded into cumulative
-    areas one chunk at a time, in one vectorised pass: the running sums are added in the order
-    the states came, exactly as one addition per observation would (``np.cumsum`` accumulates
-    sequentially), at a fraction of the cost per event."""
+    Each observation (an instant and the state in force from it) adds the state before it times the
+    time since to the running areas, one addition per averaged column, in event order; a row keeps
+    the areas at its observation. (Compiled, these are native float operations: an earlier design
+    logged the observations and summed them with numpy one chunk at a time, the same additions,
+    but converting every state value to a numpy element cost several times more.)"""
 
     def __init__(self, kv_pool_tokens: int, sink: OutputSink):
         self.kv_pool_tokens = kv_pool_tokens
@@ -173,19 +185,10 @@ class Recorder:
         # writing it into a numpy row; the lists become columns in one conversion per chunk.
         self._times: list[float] = []
         self._states: list[tuple] = []
-        self._row_area_blocks: list[np.ndarray] = []  # the folded rows' areas, chunk by chunk
-        self._row_entries: list[int] = []  # per row not folded yet, its observation in the log
+        self._row_areas: list[float] = []  # per row not handed over, its AREA_COLUMNS, flat
         self._last_row: tuple | None = None
-        # The observation log since the last fold, and the token areas added in between
-        # (``(observations before it, slot-seconds)``).
-        self._log_times: list[float] = []
-        self._log_states: list[tuple] = []
-        self._log_tokens: list[tuple[int, float]] = []
-        # Folded: the areas up to ``_folded_since``, when ``_folded_state`` came into force.
+        # The areas from t=0 up to ``_since``, when ``_state`` (the state in force now) came into force.
         self._area = [0.0] * AVERAGED
-        self._folded_state: tuple | None = None
-        self._folded_since = 0.0
-        # The state in force now, and since when (the last observation, folded or not).
         self._state: tuple | None = None
         self._since = 0.0
 
@@ -202,64 +205,37 @@ class Recorder:
             self.peak_running = running
         self._times.append(time_s)
         self._states.append(state)
-        self._row_entries.append(len(self._log_times) - 1)
+        self._row_areas.extend(self._area[:_CATEGORIES])
         if len(self._times) == CHUNK_ROWS:
             self.flush()
 
     def observe(self, time_s: float, state: tuple) -> None:
         """``state`` holds from ``time_s`` on, without a row (a change inside an event-skipping jump)."""
-        if len(self._log_times) == CHUNK_ROWS:
-            self._fold()  # (before the append: a row refers to its observation until the next one)
-        self._log_times.append(time_s)
-        self._log_states.append(state)
+        previous = self._state
+        if previous is not None:
+            elapsed = time_s - self._since
+            area = self._area
+            for index in range(len(area)):
+                count: int = previous[index]  # (a slot or request count: exact as a float)
+                # (Written out, not +=: compiled, this is then a native float addition.)
+                area[index] = area[index] + count * elapsed
         self._state = state
         self._since = time_s
 
     def add_token_area(self, slot_seconds: float) -> None:
         """Decoded tokens that filled reserved slots during a jump, in slot-seconds beyond the
         observed states (they grow every iteration, so no state can hold them)."""
-        self._log_tokens.append((len(self._log_times), slot_seconds))
-
-    def _fold(self) -> None:
-        """The logged observations into the cumulative areas (and the logged rows' areas)."""
-        times, states, tokens = self._log_times, self._log_states, self._log_tokens
-        if not times and not tokens:
-            return
-        count = len(times)
-        # Observation k adds the state before it times the time since: the state folded last for
-        # the first (none before the very first observation: it adds nothing).
-        previous = [self._folded_state or _NO_STATE, *states[:-1]]
-        values = np.fromiter(
-            chain.from_iterable(map(_AVERAGED_PART, previous)), dtype=np.float64, count=count * AVERAGED
-        ).reshape(count, AVERAGED)
-        elapsed = np.diff(np.array([self._folded_since, *times], dtype=np.float64))
-        steps = values * elapsed[:, None]
-        token_at = np.array([position for position, _ in tokens], dtype=np.int64)
-        if tokens:
-            token_steps = np.zeros((len(tokens), AVERAGED))
-            token_steps[:, 0] = [area for _, area in tokens]
-            token_steps[:, 1] = -token_steps[:, 0]
-            steps = np.insert(steps, token_at, token_steps, axis=0)
-        cumulative = np.cumsum(np.vstack([np.array([self._area]), steps]), axis=0)
-        if self._row_entries:
-            entries = np.array(self._row_entries, dtype=np.int64)
-            # An observation's step comes after the token areas logged before it.
-            rows = entries + np.searchsorted(token_at, entries, side="right") + 1
-            self._row_area_blocks.append(cumulative[rows, :_CATEGORIES])
-            self._row_entries = []
-        self._area = cumulative[-1].tolist()
-        if count:
-            self._folded_state, self._folded_since = states[-1], times[-1]
-        self._log_times, self._log_states, self._log_tokens = [], [], []
+        area = self._area
+        area[0] = area[0] + slot_seconds
+        area[1] = area[1] - slot_seconds
 
     def flush(self) -> None:
         if self._times:
-            self._fold()
-            areas = np.concatenate(self._row_area_blocks)
+            areas = np.array(self._row_areas, dtype=np.float64).reshape(len(self._times), _CATEGORIES)
             self.sink.write_timeseries(self.rows_frame(self._times, self._states, areas))
             self._times = []
             self._states = []
-            self._row_area_blocks = []
+            self._row_areas = []
 
     def time_averages(self, end_s: float) -> dict[str, float]:
         """Time-weighted means over [0, end_s]: breakdown fractions of the pool and mean running."""
@@ -269,7 +245,6 @@ class Recorder:
         """The time integrals over [0, end_s] of the averaged state columns; None before any state."""
         if end_s <= 0 or self._state is None:
             return None
-        self._fold()
         tail = max(0.0, end_s - self._since)
         return [value + self._state[index] * tail for index, value in enumerate(self._area)]
 
@@ -292,10 +267,6 @@ class Recorder:
         """The whole series: what the sink holds plus the rows not handed over yet."""
         self.flush()
         return self.sink.timeseries()
-
-
-_AVERAGED_PART = itemgetter(slice(0, AVERAGED))
-_NO_STATE = (0,) * AVERAGED
 
 
 def averages_from_areas(area: list[float] | None, end_s: float, kv_pool_tokens: int) -> dict[str, float]:
@@ -352,4 +323,9 @@ def requests_frame(records: list[RequestRecord]) -> pd.DataFrame:
     decode_tokens = (frame["output_tokens"] - 1).where(frame["output_tokens"] > 1)
     frame["tpot_s"] = (frame["finish_s"] - frame["first_token_s"]) / decode_tokens
     frame["queue_s"] = frame["admitted_s"] - frame["arrival_s"]
+    # TTFT split of a disaggregated request (NaN otherwise): queue_s, then these, then the decode
+    # replica's first step (first_token_s - transfer_end_s).
+    frame["prefill_s"] = frame["prefill_done_s"] - frame["admitted_s"]
+    frame["transfer_wait_s"] = frame["transfer_start_s"] - frame["prefill_done_s"]
+    frame["transfer_s"] = frame["transfer_end_s"] - frame["transfer_start_s"]
     return frame

@@ -13,16 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
 from matplotlib.patches import Rectangle
 
+from sim.cluster.results import total_series
 from sim.outputs.canvas import subplots
-
-if TYPE_CHECKING:
-    from sim.results import RunResults
+from sim.results import RunResults
 
 CATEGORY_COLOURS = {
     "used": "#2b8a3e",
@@ -96,6 +95,9 @@ def write_figures(results: RunResults, out_dir: Path) -> list[Path]:
     clusters = [variant for variant in results.variants if results.is_cluster(variant)]
     if clusters:
         paths.append(_replicas(results, clusters, out_dir / "replicas.png"))
+    split = [variant for variant in results.variants if results.is_disaggregated(variant)]
+    if split:
+        paths.append(_disaggregation(results, split, out_dir / "disaggregation.png"))
     return paths
 
 
@@ -415,6 +417,58 @@ def _replicas(results: RunResults, variants: list[str], path: Path) -> Path:
         hit_axis.set_ylim(0, 1)
         hit_axis.set_ylabel("prefix-cache hit rate (dots)", color="#1c7ed6")
         bar_axis.set_title(f"{variant}: requests (bars) and hit rate (dots)", fontsize=10)
+    return _save(figure, path)
+
+
+TTFT_PARTS = (  # (label, start column, end column) of a disaggregated request's time to first token
+    ("prefill queue", "arrival_s", "admitted_s"),
+    ("prefill", "admitted_s", "prefill_done_s"),
+    ("wait for decode blocks", "prefill_done_s", "transfer_start_s"),
+    ("transfer", "transfer_start_s", "transfer_end_s"),
+    ("decode's first step", "transfer_end_s", "first_token_s"),
+)
+
+
+def _disaggregation(results: RunResults, variants: list[str], path: Path) -> Path:
+    """Disaggregated variants, one row each: each pool's KV usage over time (its replicas together),
+    the handoffs and the link over time, and the mean TTFT split of the finished requests."""
+    figure, axes = subplots(len(variants), 3, figsize=(15, 3.2 * len(variants) + 0.8), squeeze=False)
+    for (usage_axis, link_axis, split_axis), variant in zip(axes, variants, strict=True):
+        frame = results.replica_timeseries(variant, max_rows=MAX_POINTS)
+        replicas = results.replica_summaries(variant)
+        for role, rows in frame.groupby("role", sort=False):
+            pool_tokens = int(replicas.loc[replicas["role"] == role, "kv_pool_tokens"].sum())
+            total = total_series(rows.drop(columns="role"), pool_tokens)
+            usage_axis.step(total["time_s"], total["kv_cache_usage_perc"], where="post", label=f"{role} pool")
+        usage_axis.set_title(f"{variant}: KV usage per pool (1 - (free + cached) / pools)", fontsize=10)
+        usage_axis.set_xlabel("simulated time (s)")
+        usage_axis.set_ylabel("fraction of the pool's KV")
+        usage_axis.legend(fontsize=8, frameon=False)
+        transfers = results.transfer_timeseries(variant)
+        link_axis.step(
+            transfers["time_s"], transfers["transfers_in_flight"], where="post", label="transfers in flight"
+        )
+        link_axis.step(
+            transfers["time_s"],
+            transfers["requests_awaiting_decode"],
+            where="post",
+            label="prompts waiting for decode blocks",
+        )
+        link_axis.set_title(f"{variant}: handoffs and the KV link", fontsize=10)
+        link_axis.set_xlabel("simulated time (s)")
+        link_axis.set_ylabel("requests")
+        link_axis.legend(fontsize=8, frameon=False)
+        requests = results.requests(variant)
+        done = requests[(requests["outcome"] == "finished") & (requests["prefill_replica"] >= 0)]
+        left = 0.0
+        for label, start, end in TTFT_PARTS:
+            mean_s = float((done[end] - done[start]).mean()) if len(done) else 0.0
+            split_axis.barh([0], [mean_s], left=left, label=f"{label} ({mean_s * 1e3:,.1f} ms)")
+            left += mean_s
+        split_axis.set_yticks([])
+        split_axis.set_xlabel("mean seconds from arrival")
+        split_axis.set_title(f"{variant}: mean TTFT split ({len(done):,} requests)", fontsize=10)
+        split_axis.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(0, -0.25), ncol=2)
     return _save(figure, path)
 
 

@@ -43,6 +43,8 @@ def simulation_facts(simulated: SimulatedRun, out_dir: Path, client_overhead_s: 
         "cost_model_error_band": summary["cost_model_error_band"],
         "client_overhead_s": client_overhead_s,
         "kv_pool_tokens": summary["kv_pool_tokens"],
+        "data_parallel_size": summary["data_parallel_size"],
+        "expert_parallel_size": summary["expert_parallel_size"],
         "kv_pool_source": f"the run's {blocks:,} recorded GPU blocks"
         if blocks
         else "sized from the GPU and model",

@@ -137,8 +137,9 @@ def _sections(
             "Replayed with",
             [
                 f"model {sim['model']}, GPU {sim['gpu']}, TP {settings['tensor_parallel_size']}, DP "
-                f"{settings['data_parallel_size']}, policy {sim['policy']}",
-                f"KV pool {sim['kv_pool_tokens']:,} tokens ({sim['kv_pool_source']})",
+                f"{settings['data_parallel_size']}{_expert_parallel(sim)}, policy {sim['policy']}",
+                f"KV pool {sim['kv_pool_tokens']:,} tokens{' per DP rank' if sim['data_parallel_size'] > 1 else ''} "
+                f"({sim['kv_pool_source']})",
                 f"max_num_seqs {sim['max_num_seqs']}, max_num_batched_tokens {sim['max_num_batched_tokens']}, "
                 f"block size {sim['block_size']}, chunked prefill {sim['enable_chunked_prefill']}",
                 f"cost model: {sim['cost_model']}; its error band: {sim['cost_model_error_band']}",
@@ -150,6 +151,11 @@ def _sections(
     )
     sections.append(("About the data", run["notes"]))
     return sections
+
+
+def _expert_parallel(sim: dict[str, Any]) -> str:
+    size = sim["expert_parallel_size"]
+    return f", expert parallel (the routed experts dealt over {size} GPUs)" if size > 1 else ""
 
 
 def _percent_plain(value: float | None) -> str:

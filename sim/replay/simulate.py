@@ -33,6 +33,8 @@ def engine_section(run: MeasuredRun, spec: ReplaySpec) -> dict[str, Any]:
         "enable_chunked_prefill": settings.enable_chunked_prefill,
         "gpu_memory_utilization": settings.gpu_memory_utilization,
         "tensor_parallel_size": settings.tensor_parallel_size,
+        "data_parallel_size": settings.data_parallel_size,
+        "enable_expert_parallel": settings.enable_expert_parallel,
         "kv_cache_dtype": settings.kv_cache_dtype,
         "preemption_mode": "recompute",  # vLLM V1
     }
@@ -87,8 +89,6 @@ def experiment_data(run: MeasuredRun, spec: ReplaySpec) -> dict[str, Any]:
         "variants": [{"name": "replay", "policy": policy_for(run, spec)}],
         "output": {"figures": False},
     }
-    if run.settings.data_parallel_size > 1:
-        data["cluster"] = {"replicas": run.settings.data_parallel_size, "router": spec.router}
     return data
 
 

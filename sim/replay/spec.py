@@ -87,11 +87,6 @@ class ReplaySpec(_Strict):
     policy: str | None = Field(
         None, description="Allocator (default: prefix when the run had prefix caching, else paged)."
     )
-    router: str = Field(
-        "least_requests",
-        description="Data-parallel runs: how requests are spread over the engines (vLLM's DP "
-        "coordinator sends each to the least loaded).",
-    )
 
     @field_validator("name")
     @classmethod

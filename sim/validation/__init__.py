@@ -7,8 +7,9 @@ not reproducible. The modules, in the order a claim goes through them:
 
 * :mod:`.claims`: the claim-file schema, and loading and validating the files;
 * :mod:`.registry`: the check interface and the registry ``CHECKS`` that claims name checks from;
-* :mod:`.checks_vllm`, :mod:`.checks_seeds`, :mod:`.checks_costs`: the checks of the vLLM paper, of
-  the seed articles and of the cost models (importing this package registers them), on top of
+* :mod:`.checks_vllm`, :mod:`.checks_seeds`, :mod:`.checks_costs`, :mod:`.checks_disaggregation`: the
+  checks of the vLLM paper, of the seed articles, of the cost models and of published disaggregation
+  results (importing this package registers them), on top of
   :mod:`.runs`, the helpers they share;
 * :mod:`.judging`: running one claim's check and judging each target;
 * :mod:`.report`: running the claims and writing validation.csv, validation.md and figures;
@@ -18,7 +19,13 @@ not reproducible. The modules, in the order a claim goes through them:
 from __future__ import annotations
 
 # Imported for their side effect: they register their checks in CHECKS.
-from sim.validation import checks_costs, checks_replays, checks_seeds, checks_vllm  # noqa: F401
+from sim.validation import (  # noqa: F401
+    checks_costs,
+    checks_disaggregation,
+    checks_replays,
+    checks_seeds,
+    checks_vllm,
+)
 from sim.validation.checks_seeds import tail_waste
 from sim.validation.claims import Claim, Target, Tolerance, deep_merge, load_claim, load_claims
 from sim.validation.cli import register

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from policies.base import MemoryBreakdown
 from sim.outputs.metrics import ADMISSION_BLOCKERS, summary_key
+from sim.planning.plans.pools import binding_pool
 from sim.planning.plans.search import STEADY_STATE, describe
 from sim.planning.plans.spec import Candidate, Plan
 from sim.planning.report.units import seconds
@@ -125,6 +126,9 @@ def _binding_limit(failing: Probe) -> dict[str, Any]:
     queue = spread([run.steady.get("queue_p99_s") for run in failing.runs])["max"] or 0.0
     ttft = spread([run.steady.get("ttft_p99_s") for run in failing.runs])["max"] or 0.0
     evidence |= {"queue_p99_s": queue, "ttft_p99_s": ttft}
+    pool = binding_pool([run.steady for run in failing.runs], ttft)
+    if pool is not None:
+        return _pool_limit(pool, evidence)
     top = max(blocked, key=lambda name: blocked[name])
     queued = "max_queue_growth_frac" in broken or (ttft > 0 and queue >= QUEUEING_SHARE * ttft)
     if queued and blocked[top] > 0:
@@ -140,6 +144,32 @@ def _binding_limit(failing: Probe) -> dict[str, Any]:
         "decode iterations are too slow for the offered work"
     )
     return _limit("compute", why, evidence)
+
+
+def _pool_limit(pool: dict[str, Any], evidence: dict[str, Any]) -> dict[str, Any]:
+    """A disaggregated deployment's binding limit: the pool its requests waited for."""
+    evidence = evidence | {"pool": pool}
+    blocked = pool["admission_blocked_frac"]
+    if pool["pool"] == "decode":
+        why = (
+            f"prompts done on the prefill pool waited for the decode pool to allocate their blocks (p99 "
+            f"{seconds(pool['wait_p99_s'])} of p99 TTFT {seconds(evidence['ttft_p99_s'])}; decode KV usage "
+            f"{pool['kv_usage_frac']:.0%}), holding their prefill blocks: add decode replicas"
+        )
+        return {"limit": "kv_memory", "label": "decode pool: KV memory", "why": why, "evidence": evidence}
+    top = max(blocked, key=lambda name: blocked[name])
+    name = top.removeprefix("blocked_by_").removesuffix("_frac")
+    held = (
+        f"; its queue's head held back by {LIMIT_LABELS[name]} {blocked[top]:.1%} of the window"
+        if blocked[top]
+        else ""
+    )
+    why = (
+        f"requests waited for a prefill replica (p99 {seconds(pool['wait_p99_s'])} of p99 TTFT "
+        f"{seconds(evidence['ttft_p99_s'])}{held}): add prefill replicas"
+    )
+    limit = name if blocked[top] else "compute"
+    return {"limit": limit, "label": f"prefill pool: {LIMIT_LABELS[limit]}", "why": why, "evidence": evidence}
 
 
 def _limit(name: str, why: str, evidence: dict[str, Any]) -> dict[str, Any]:
@@ -177,6 +207,8 @@ def _identity(candidate: Candidate) -> dict[str, Any]:
         "replicas": candidate.replicas,
         "router": candidate.router,
         "memory": candidate.memory,
+        "gpus_per_deployment": candidate.gpus_per_deployment,
+        "deployment_price_per_hour": candidate.deployment_price_per_hour,
     }
 
 
@@ -312,30 +344,44 @@ def _sizing(result: dict[str, Any], target: float) -> dict[str, Any]:
                 f"checked: {replicas} replicas behind {check['router']} simulated at the target rate"
             )
         headroom = replicas * rate / target - 1
-    gpus = replicas * result["tensor_parallel_size"]
+    # A simulated cluster is one deployment; a single engine is one per replica.
+    deployments = 1 if result.get("router") is not None else replicas
+    gpus = deployments * _gpus_per_deployment(result)
     sizing: dict[str, Any] = {"replicas_for_target": replicas, "gpus_for_target": gpus}
     sizing["sizing_method"] = sizing_method
     sizing["headroom_frac"] = headroom
     tokens = result["at_max"]["output_tokens_per_request"]["mean"]
-    price = result["price_per_hour"]
+    price = _deployment_price(result)
     if price is not None:
-        sizing["cost_per_hour_for_target"] = gpus * price
+        sizing["cost_per_hour_for_target"] = deployments * price
         if tokens:
             tokens_per_hour = target * tokens * 3600
-            sizing["cost_per_million_output_tokens"] = gpus * price / tokens_per_hour * 1e6
+            sizing["cost_per_million_output_tokens"] = deployments * price / tokens_per_hour * 1e6
     return sizing
+
+
+def _gpus_per_deployment(result: dict[str, Any]) -> int:
+    """GPUs of what one probe simulated (results written before the field: TP x replicas)."""
+    return result.get("gpus_per_deployment") or result["tensor_parallel_size"] * result.get("replicas", 1)
+
+
+def _deployment_price(result: dict[str, Any]) -> float | None:
+    if result.get("deployment_price_per_hour") is not None:
+        return result["deployment_price_per_hour"]
+    price = result["price_per_hour"]
+    return _gpus_per_deployment(result) * price if price is not None else None
 
 
 def _per_gpu(result: dict[str, Any]) -> dict[str, Any]:
     """A max-rate study (no target rate): what one deployment of the candidate sustains, per GPU and,
     with a price, per output token at its maximum rate."""
-    gpus = result["tensor_parallel_size"] * result.get("replicas", 1)
+    gpus = _gpus_per_deployment(result)
     rate = result["max_rate_per_s"]
     found: dict[str, Any] = {"gpus_per_deployment": gpus, "rate_per_gpu_per_s": rate / gpus}
     tokens = result["at_max"]["output_tokens_per_request"]["mean"]
-    price = result["price_per_hour"]
+    price = _deployment_price(result)
     if price is not None and tokens:
-        found["cost_per_million_output_tokens"] = gpus * price / (rate * tokens * 3600) * 1e6
+        found["cost_per_million_output_tokens"] = price / (rate * tokens * 3600) * 1e6
     return found
 
 
@@ -357,7 +403,7 @@ def rank(results: list[dict[str, Any]], target: float | None) -> list[dict[str, 
 
     def key(result: dict[str, Any]) -> tuple[float, float, float]:
         cost = result[priced_key] if priced else 0.0
-        per_gpu = result["max_rate_per_s"] / (result["tensor_parallel_size"] * result.get("replicas", 1))
+        per_gpu = result["max_rate_per_s"] / _gpus_per_deployment(result)
         return (cost, result.get("gpus_for_target", 0), -per_gpu)
 
     ordered = sorted(usable, key=key) + [r for r in results if not _usable(r)]

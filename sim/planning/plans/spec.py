@@ -28,11 +28,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, ValidationError, model_validator
 
 from sim.config import (
     ClusterConfig,
     ConfigError,
+    DisaggregationConfig,
     EngineConfig,
     ExperimentConfig,
     VariantConfig,
@@ -83,6 +84,14 @@ class CandidateGrid(Strict):
         description="Cluster keys to cross, e.g. replicas: [1, 2, 4], router: [round_robin, prefix_aware]: "
         "each candidate is then the whole cluster, simulated at the full rate.",
     )
+    disaggregation: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Disaggregated deployments to compare beside the others, each a `cluster.disaggregation` "
+        "section (prefill and decode pools, link, decider), e.g. {prefill: {replicas: 2}, decode: {replicas: 1}}: "
+        "one candidate per entry (per GPU, policy, block size and engine knob), simulated whole at the full "
+        "rate; its GPUs are prefill replicas x TP + decode replicas x TP. A pool's `gpu` names one of `gpus` "
+        "(by its name): that GPU and its price; default: the candidate's GPU.",
+    )
 
     @model_validator(mode="after")
     def _known_knobs(self) -> CandidateGrid:
@@ -98,6 +107,16 @@ class CandidateGrid(Strict):
                     )
                 if not values:
                     raise ValueError(f"candidates.{section}.{key}: empty list of values")
+        if "disaggregation" in self.cluster:
+            raise ValueError(
+                "candidates.cluster.disaggregation: list disaggregated deployments in candidates.disaggregation"
+            )
+        for index, entry in enumerate(self.disaggregation):
+            try:
+                DisaggregationConfig.model_validate(entry)
+            except ValidationError as error:
+                problems = one_line_problems(error, top_level="", key_prefix="", show_input=True)
+                raise ValueError(f"candidates.disaggregation.{index}: {problems}") from None
         return self
 
 
@@ -450,6 +469,8 @@ class Candidate:
     kv_pool_tokens: int = 0  # every replica's pool together
     uses_blocks: bool = True  # False: block_size changes nothing (contiguous), the key names no block
     fill_requests: float = 0.0  # requests whose KV tokens fill the pool (pool / tokens per request)
+    gpus_per_deployment: int = 1  # GPUs of what was simulated: TP x replicas, or both pools' together
+    deployment_price_per_hour: float | None = None  # those GPUs' price (None: a GPU without a price)
 
 
 @dataclass(frozen=True)
@@ -567,6 +588,8 @@ def _grid(
     spec: PlanSpec,
 ) -> list[tuple[str, GpuChoice, VariantConfig, int | None, dict[str, Any], dict[str, Any]]]:
     blocks: list[int | None] = list(spec.candidates.block_sizes) or [None]
+    clusters = _crossed(spec.candidates.cluster)
+    clusters += [{"disaggregation": entry} for entry in spec.candidates.disaggregation]
     return [
         (model, gpu, variant, block, knobs, cluster)
         for model in spec.models
@@ -574,7 +597,7 @@ def _grid(
         for variant in spec.candidates.policies
         for block in (blocks if _uses_blocks(variant) else blocks[:1])
         for knobs in _crossed(spec.candidates.engine)
-        for cluster in _crossed(spec.candidates.cluster)
+        for cluster in clusters
     ]
 
 
@@ -615,19 +638,31 @@ def _candidate(
         "variants": [variant.model_dump(mode="json", exclude_defaults=True) | {"name": variant.name}],
         "output": {"figures": False},
     }
-    if cluster_keys:
-        template["cluster"] = cluster_keys
     group = " / ".join(([model] if len(spec.models) > 1 else []) + [gpu.label()])
     parts = [group, variant.name]
     where = " / ".join(parts)
     engine_config = _section_or_fail(EngineConfig, engine, "engine", path, where)
-    cluster = _section_or_fail(ClusterConfig, cluster_keys, "cluster", path, where) if cluster_keys else None
+    if engine_config.data_parallel_size > 1:
+        # (a plan counts a candidate's GPUs as replicas x tensor_parallel_size)
+        raise ConfigError(
+            f"{path}: candidate {where}: engine.data_parallel_size {engine_config.data_parallel_size}: "
+            "plans do not size data-parallel servers yet; cross cluster replicas instead"
+        )
     if _uses_blocks(variant):
         parts.append(f"block {engine_config.block_size}")
     parts += [f"{name}={shown(value)}" for name, value in knobs.items()]
+    if "disaggregation" in cluster_keys:
+        return _disaggregated_candidate(
+            spec, path, model, gpu, variant, template, engine, cluster_keys["disaggregation"], group, parts
+        )
+    if cluster_keys:
+        template["cluster"] = cluster_keys
+    cluster = _section_or_fail(ClusterConfig, cluster_keys, "cluster", path, where) if cluster_keys else None
     parts += [f"{name}={shown(value)}" for name, value in cluster_keys.items()]
     key = " / ".join(parts)
     infeasible, memory = _fit(template, engine_config, path, key)
+    replicas = cluster.replicas if cluster is not None else 1
+    gpus = replicas * engine_config.tensor_parallel_size
     return Candidate(
         key,
         group,
@@ -644,8 +679,91 @@ def _candidate(
         path.parent,
         infeasible,
         memory,
-        memory.get("kv_pool_tokens", 0) * (cluster.replicas if cluster is not None else 1),
+        memory.get("kv_pool_tokens", 0) * replicas,
         _uses_blocks(variant),
+        gpus_per_deployment=gpus,
+        deployment_price_per_hour=gpus * gpu.price_per_hour if gpu.price_per_hour is not None else None,
+    )
+
+
+def _disaggregated_candidate(
+    spec: PlanSpec,
+    path: Path,
+    model: str,
+    gpu: GpuChoice,
+    variant: VariantConfig,
+    template: dict[str, Any],
+    engine: dict[str, Any],
+    entry: dict[str, Any],
+    group: str,
+    parts: list[str],
+) -> Candidate:
+    """A disaggregated deployment: each pool on its GPU (a plan GPU by name, else the candidate's), its
+    engine the candidate's with the pool's overrides; GPUs and price are both pools' together."""
+    choices = {choice.label(): choice for choice in spec.gpu_choices()}
+    resolved = copy.deepcopy(entry)
+    pools: dict[str, tuple[GpuChoice, EngineConfig, int]] = {}
+    for role in ("prefill", "decode"):
+        pool = resolved[role]
+        choice = gpu
+        if pool.get("gpu") is not None:
+            if pool["gpu"] not in choices:
+                raise ConfigError(
+                    f"{path}: candidates.disaggregation: {role}.gpu {pool['gpu']!r} is not one of the plan's gpus "
+                    f"({', '.join(choices)}): a pool's GPU needs the plan's name for it, for its price"
+                )
+            choice = choices[pool["gpu"]]
+            pool["gpu"] = choice.gpu
+        pool_engine = _section_or_fail(
+            EngineConfig, engine | pool.get("engine", {}), "engine", path, " / ".join(parts)
+        )
+        pools[role] = (choice, pool_engine, int(pool.get("replicas", 1)))
+    template["cluster"] = {"disaggregation": resolved}
+    label = " + ".join(
+        f"{count}{role[0].upper()}"
+        + (f" {choice.label()}" if choice is not gpu else "")
+        + (f" TP{pool_engine.tensor_parallel_size}" if pool_engine.tensor_parallel_size > 1 else "")
+        for role, (choice, pool_engine, count) in pools.items()
+    )
+    link = resolved.get("link", {}).get("kind", "rdma")
+    key = " / ".join([*parts, f"disaggregated {label} over {link}"])
+    infeasible, memory, kv_tokens = "", {}, 0
+    for role, (choice, pool_engine, count) in pools.items():
+        pool_template = template | {"gpu": choice.gpu}
+        why, pool_memory = _fit(pool_template, pool_engine, path, key)
+        infeasible = infeasible or (f"{role} pool: {why}" if why else "")
+        kv_tokens += pool_memory.get("kv_pool_tokens", 0) * count
+        if role == "decode":
+            memory = pool_memory
+    gpus = sum(count * pool_engine.tensor_parallel_size for _, pool_engine, count in pools.values())
+    price: float | None = 0.0
+    for choice, pool_engine, count in pools.values():
+        if choice.price_per_hour is None or price is None:
+            price = None
+        else:
+            price += count * pool_engine.tensor_parallel_size * choice.price_per_hour
+    decode_engine = pools["decode"][1]
+    routers = f"prefill {entry['prefill'].get('router', 'least_requests')}, decode {entry['decode'].get('router', 'least_requests')}"
+    return Candidate(
+        key,
+        group,
+        model,
+        gpu.label(),
+        variant.name,
+        decode_engine.block_size,
+        {},
+        gpu.price_per_hour,
+        decode_engine.tensor_parallel_size,
+        pools["prefill"][2] + pools["decode"][2],
+        routers,
+        template,
+        path.parent,
+        infeasible,
+        memory,
+        kv_tokens,
+        _uses_blocks(variant),
+        gpus_per_deployment=gpus,
+        deployment_price_per_hour=price,
     )
 
 

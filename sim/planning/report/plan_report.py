@@ -256,6 +256,34 @@ def _slo_text(document: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _is_disaggregated(candidate: dict[str, Any]) -> bool:
+    return " disaggregated " in f" {candidate['key']} "
+
+
+def _disaggregation_sentence(candidates: list[dict[str, Any]], best: dict[str, Any]) -> str:
+    """With disaggregated and colocated candidates both in the plan: the best of the other kind, so
+    the recommendation reads against it."""
+    ranked = [c for c in candidates if c.get("rank") is not None]
+    if not any(map(_is_disaggregated, candidates)) or all(map(_is_disaggregated, candidates)):
+        return ""
+    other = next((c for c in ranked if _is_disaggregated(c) != _is_disaggregated(best)), None)
+    kind = "colocated" if _is_disaggregated(best) else "disaggregated"
+    if other is None:
+        return f"No {kind} candidate meets the SLOs at the target."
+    gpus = (
+        f"{other['gpus_for_target']} GPUs"
+        if "gpus_for_target" in other
+        else f"{other['rate_per_gpu_per_s']:.3g} req/s per GPU"
+    )
+    cost = (
+        f", ${other['cost_per_hour_for_target']:,.2f} per hour" if "cost_per_hour_for_target" in other else ""
+    )
+    return (
+        f"Best {kind} candidate: {other['key']} (#{other['rank']}): {gpus}{cost}, maximum rate "
+        f"{rate(other['max_rate_per_s'])}, binding limit {other['binding']['label']}."
+    )
+
+
 def recommendation_blocks(document: dict[str, Any]) -> list[Block]:
     target = document["target_rate_per_s"]
     candidates = document["candidates"]
@@ -300,6 +328,9 @@ def recommendation_blocks(document: dict[str, Any]) -> list[Block]:
             f"“{provenance['cost_model']}” (error band: {provenance['cost_model_error_band']}).",
         ]
         blocks.append(Paragraph(text))
+        beside = _disaggregation_sentence(candidates, best)
+        if beside:
+            blocks.append(Paragraph([beside]))
     blocks.append(recommendation_table(document))
     blocks.append(
         Paragraph(

@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pandas as pd
+
 from sim.config import validate_experiment
 from sim.planning.plans.early_stop import StopRules, watch_factory
+from sim.planning.plans.pools import pool_metrics, total_pool_tokens
 from sim.planning.plans.steady import SteadyWindow, steady_metrics, stopped_metrics
 
 if TYPE_CHECKING:
@@ -95,7 +98,7 @@ def _simulate(task: PointTask) -> PointOutcome:
         for result in results:
             if task.window is not None:
                 # A cluster's series is its total: over every replica's pool.
-                pool_tokens = result.summary["kv_pool_tokens"] * result.summary["replicas"]
+                pool_tokens = total_pool_tokens(result.summary)
                 metrics = probe_metrics(result, pool_tokens, task.window)
                 (folder / result.name / STEADY_FILE).write_text(json.dumps(metrics, indent=2))
         summaries = [read_variant_summary(folder / result.name) for result in results]
@@ -114,6 +117,11 @@ def probe_metrics(result: VariantResult, pool_tokens: int, window: SteadyWindow)
         metrics = steady_metrics(requests, timeseries, pool_tokens, window)
     else:
         metrics = stopped_metrics(requests, timeseries, pool_tokens, window, result.stopped_early)
+    if result.replica_timeseries is not None and "role" in result.replica_timeseries:
+        # A disaggregated deployment: each pool's own evidence (which pool binds).
+        replicas = pd.DataFrame(result.replica_summaries)
+        start, end = metrics["window_start_s"], metrics["window_end_s"]
+        metrics |= pool_metrics(requests, result.replica_timeseries, replicas, start, end)
     return metrics | {"window": window.as_dict()}
 
 

@@ -1,0 +1,472 @@
+"""Disaggregated prefill and decode (sim/cluster/disaggregated.py, sim/cluster/link.py): hand-worked
+transfers and link sharing, back-pressure into the prefill pool, the decider, an instantaneous link,
+block conservation in both pools and on the link, both step modes, and bad input."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import simpy
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.base import PoolSpec, make_policy
+from sim.cli import main
+from sim.cluster.disaggregated import Decider, DisaggregatedCluster, PoolShape
+from sim.cluster.link import LinkSpec, TransferLink
+from sim.cluster.routers import LeastRequests
+from sim.config import ConfigError, DeciderConfig, validate_experiment
+from sim.engine.core import Engine, EngineKnobs
+from sim.outputs import columns
+from sim.outputs.metrics import BREAKDOWN_COLUMNS
+from sim.results import load_results
+from sim.runner import prepare_experiment
+from tests.engine_helpers import RoundCostModel, request
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = 16
+KV_BYTES = 1000  # per token, per GPU: round transfer sizes
+
+
+def build_cluster(
+    requests,
+    *,
+    prefill_blocks=100,
+    decode_blocks=100,
+    link=None,
+    decider=None,
+    policy="paged",
+    step_mode="skip",
+    replicas=(1, 1),
+    costs=None,
+):
+    """A cluster of ``replicas`` (prefill, decode) engines with round-number costs (decode step 1 s,
+    prefill 0.01 s per token, no fixed cost for prefill alone)."""
+    knobs = EngineKnobs(max_model_len=4096, max_num_seqs=16, max_num_batched_tokens=2048, step_mode=step_mode)
+    costs = costs or RoundCostModel(intercept_s=1.0, prefill_per_token_s=0.01)
+    link = link or LinkSpec("custom", 32_000.0, 0.1, "fabric")
+
+    def build(index, role, env, upstream, follow_up, transfer):
+        blocks = prefill_blocks if role == "prefill" else decode_blocks
+        pool = PoolSpec(blocks * BLOCK, BLOCK, 4096, KV_BYTES)
+        return Engine(
+            make_policy(policy, pool),
+            costs,
+            knobs,
+            (),
+            block_size=BLOCK,
+            env=env,
+            upstream=upstream,
+            follow_up=follow_up,
+            transfer=transfer,
+            prefill_only=role == "prefill",
+        )
+
+    return DisaggregatedCluster(
+        PoolShape(replicas[0], BLOCK, KV_BYTES, 1),
+        PoolShape(replicas[1], BLOCK, KV_BYTES, 1),
+        build,
+        (LeastRequests(), LeastRequests()),
+        Decider(decider or DeciderConfig()),
+        link,
+        iter(requests),
+    )
+
+
+def records(cluster):
+    rows = [record for engine in cluster.replicas for record in engine.records]
+    return {record.request_id: record for record in rows}
+
+
+# ------------------------------------------------------------------------------------ hand-worked
+def test_two_transfers_share_the_link_then_decode_by_hand():
+    """Prompts of 16 and 48 tokens arrive at 0 and prefill together: 1 s fixed + 64 x 0.01 = 1.64 s.
+    The decode replica allocates both at 1.64; their 1 and 3 blocks (16,000 and 48,000 bytes) wait
+    the 0.1 s latency, then share 32,000 B/s: 16,000 B/s each, so the first ends at 1.74 + 1.0 = 2.74
+    and the second, alone from then at 32,000 B/s with 32,000 bytes left, at 3.74. The first computes
+    its last prompt token at 2.74 (1.01 s: first token at 3.75); the second, landed at 3.74, joins the
+    next iteration (1 s decode + 0.01 s for its token): 3.75-4.76, its first token; 4.76-5.76 the
+    first's third token (it finishes), 5.76-6.76 the second's."""
+    cluster = build_cluster([request(0, 0.0, 16, 3), request(1, 0.0, 48, 3)])
+    cluster.run()
+    first, second = records(cluster)[0], records(cluster)[1]
+    for record in (first, second):
+        assert record.outcome == "finished"
+        assert record.admitted_s == 0.0
+        assert record.prefill_done_s == pytest.approx(1.64)
+        assert record.transfer_start_s == pytest.approx(1.64)
+        assert (record.prefill_replica, record.replica) == (0, 0)  # (the sink's stamp is the engine's)
+    assert (first.transfer_bytes, second.transfer_bytes) == (16_000, 48_000)
+    assert first.transfer_end_s == pytest.approx(2.74)
+    assert second.transfer_end_s == pytest.approx(3.74)
+    assert first.first_token_s == pytest.approx(3.75)
+    assert first.finish_s == pytest.approx(5.76)
+    assert second.first_token_s == pytest.approx(4.76)
+    assert second.finish_s == pytest.approx(6.76)
+    link = cluster.link
+    assert (link.transfers, link.bytes_sent) == (2, 64_000)
+    assert link.busy_s() == pytest.approx(2.0)  # bytes flowed from 1.74 to 3.74
+    assert not cluster.flights
+    # Both pools end empty: every block came back (the prefill blocks at the transfers' ends).
+    for engine in cluster.replicas:
+        assert engine.policy.breakdown().used == 0
+        assert not engine.held and not engine.receiving
+
+
+def test_an_instantaneous_link_leaves_only_the_recomputed_token():
+    """Infinite bandwidth, no latency, the same costs on both sides: TTFT = the prefill (1 s + 32 x
+    0.01) + the decode replica's iteration for the prompt's last token (1 s + 0.01); the transfer and
+    the wait for it take no time."""
+    link = LinkSpec("custom", math.inf, 0.0, "fabric")
+    cluster = build_cluster([request(0, 0.5, 32, 2)], link=link)
+    cluster.run()
+    record = records(cluster)[0]
+    assert record.admitted_s == 0.5
+    assert record.prefill_done_s == pytest.approx(1.82)
+    assert record.transfer_start_s == record.transfer_end_s == record.prefill_done_s
+    assert record.first_token_s == pytest.approx(2.83)
+    assert record.finish_s == pytest.approx(3.83)  # one decode step
+    assert record.transfer_bytes == 2 * BLOCK * KV_BYTES
+
+
+def test_a_full_decode_pool_pushes_back_on_the_prefill_pool():
+    """An instantaneous link; the prefill pool has 7 blocks, the decode pool 4. Requests 0 (prompt 48,
+    10 out) and 1 (prompt 32, 2 out) prefill together (1 + 0.8 s) in 3 + 2 blocks (the token a prefill
+    replica samples takes no slot), and request 2 (arrived at 1.0; 3 blocks) does not fit. At 1.8
+    the decode replica allocates request 0 (3 blocks); request 1's 2 do not fit beside them, so it
+    waits there, its 3 blocks held in the prefill pool. Request 0's KV lands at once: its prefill
+    blocks free and request 2 is admitted at 1.8 (done 1 + 0.48 s later). Request 0 computes its last
+    prompt token (1.8-2.81) and decodes 9 steps, growing to 58 tokens (4 blocks: the decode pool is
+    full) until 11.81. Only then is request 1 allocated (11.81: 10.01 s of back-pressure), runs
+    11.81-12.82-13.82; request 2 (3 blocks) must wait for it: 13.82-14.83-15.83."""
+    requests = [request(0, 0.0, 48, 10), request(1, 0.0, 32, 2), request(2, 1.0, 48, 2)]
+    link = LinkSpec("c", math.inf, 0.0, "pair")
+    cluster = build_cluster(requests, prefill_blocks=7, decode_blocks=4, link=link)
+    cluster.run()
+    rows = records(cluster)
+    expected = {  # admitted, prefill done, transfer start (= end), first token, finish
+        0: (0.0, 1.8, 1.8, 2.81, 11.81),
+        1: (0.0, 1.8, 11.81, 12.82, 13.82),
+        2: (1.8, 3.28, 13.82, 14.83, 15.83),
+    }
+    for index, times in expected.items():
+        record = rows[index]
+        got = (
+            record.admitted_s,
+            record.prefill_done_s,
+            record.transfer_start_s,
+            record.first_token_s,
+            record.finish_s,
+        )
+        assert got == pytest.approx(times), index
+        assert record.transfer_end_s == record.transfer_start_s
+        assert (record.outcome, record.preemptions) == ("finished", 0)
+
+
+def test_the_prefix_threshold_decider_prefills_short_uncached_prompts_on_the_decode_replica():
+    decider = DeciderConfig(mode="prefix_threshold", threshold_tokens=40)
+    shared = ((7, 64),)
+    requests = [
+        request(0, 0.0, 30, 2),  # 30 uncached tokens: not above 40, prefilled where it decodes
+        request(1, 0.0, 100, 2),  # 100: disaggregated
+        request(2, 0.0, 64 + 20, 2, prompt=(*shared, (500, 20))),  # 84 uncached: disaggregated
+        # After request 2 ran on the decode replica, 64 of its tokens are cached there: 20 + 1 left.
+        request(3, 50.0, 64 + 20, 2, prompt=(*shared, (501, 20))),
+    ]
+    cluster = build_cluster(requests, decider=decider, policy="prefix")
+    cluster.run()
+    rows = records(cluster)
+    assert [rows[index].prefill_replica for index in range(4)] == [-1, 0, 0, -1]
+    assert math.isnan(rows[0].transfer_start_s) and rows[0].transfer_bytes == 0
+    assert rows[3].cached_prompt_tokens == 64
+    assert cluster.disaggregated == 2
+
+
+def test_a_decode_side_hit_shrinks_the_transfer():
+    shared = ((7, 64),)
+    requests = [
+        request(0, 0.0, 80, 2, prompt=(*shared, (500, 16))),
+        request(1, 30.0, 80, 2, prompt=(*shared, (501, 16))),
+    ]
+    cluster = build_cluster(requests, policy="prefix")
+    cluster.run()
+    rows = records(cluster)
+    assert rows[0].transfer_bytes == 5 * BLOCK * KV_BYTES
+    assert rows[1].decode_cached_tokens == 64
+    assert rows[1].transfer_bytes == 1 * BLOCK * KV_BYTES  # only the block past the shared prefix
+
+
+# ------------------------------------------------------------------------------------------- link
+def test_processor_sharing_by_hand():
+    """Three transfers in one pipe of 300 B/s, no latency: 300 B at 0, 300 B at 0.5, 150 B at 1.0.
+    0-0.5: one at 300 B/s (150 B left); 0.5-1.0: two at 150 B/s (75 and 225 left); then three at
+    100 B/s: the first ends at 1.75 (150 and 75 left); then two at 150 B/s: the third ends at 2.25
+    (75 left of the second), which alone at 300 B/s ends at 2.5."""
+    env = simpy.Environment()
+    link = TransferLink(env, LinkSpec("c", 300.0, 0.0, "fabric"))
+    ends: dict[str, float] = {}
+
+    def start(name, nbytes, at):
+        yield env.timeout(at)
+        link.send(nbytes, 0, 1, 1, lambda: ends.setdefault(name, env.now))
+
+    env.process(start("a", 300, 0.0))
+    env.process(start("b", 300, 0.5))
+    env.process(start("c", 150, 1.0))
+    env.run()
+    assert ends["a"] == pytest.approx(1.75)
+    assert ends["c"] == pytest.approx(2.25)
+    assert ends["b"] == pytest.approx(2.5)
+    assert link.busy_s() == pytest.approx(2.5)
+
+
+@pytest.mark.parametrize(
+    ("shared_by", "expected"), [("pair", 1.0), ("fabric", 2.0), ("prefill", 2.0), ("decode", 1.0)]
+)
+def test_transfers_of_different_pairs_share_only_what_the_link_shares(shared_by, expected):
+    """Two 100-byte transfers at 100 B/s from replica 0 to replicas 2 and 3: alone, 1 s each; sharing
+    a pipe, 2 s both."""
+    env = simpy.Environment()
+    link = TransferLink(env, LinkSpec("c", 100.0, 0.0, shared_by))
+    ends: list[float] = []
+    link.send(100, 0, 2, 1, lambda: ends.append(env.now))
+    link.send(100, 0, 3, 1, lambda: ends.append(env.now))
+    env.run()
+    assert ends == [pytest.approx(expected)] * 2
+
+
+# --------------------------------------------------------------------- invariants, step modes
+def random_requests(seed, count=120):
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(0.3, count))
+    shared = ((900 + int(rng.integers(3)), 48),)
+    out = []
+    for index in range(count):
+        tail = int(rng.integers(1, 200))
+        prompt = (*shared, (5_000 + index, tail)) if rng.random() < 0.6 else ((5_000 + index, tail + 20),)
+        out.append(
+            request(
+                index,
+                float(arrivals[index]),
+                sum(n for _, n in prompt),
+                int(rng.integers(1, 60)),
+                prompt=prompt,
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_blocks_are_conserved_in_both_pools_and_the_link(seed):
+    """Small pools (heavy back-pressure and preemption): every replica's breakdown sums to its pool in
+    every row of its series; at the end nothing is held, received or in flight, and every request has
+    one outcome."""
+    link = LinkSpec("c", 200_000.0, 0.01, "prefill")
+    cluster = build_cluster(
+        random_requests(seed),
+        prefill_blocks=40,
+        decode_blocks=30,
+        policy="prefix",
+        link=link,
+        replicas=(2, 2),
+    )
+    cluster.run()
+    for engine in cluster.replicas:
+        series = engine.sink.timeseries()
+        assert (series[list(BREAKDOWN_COLUMNS)].sum(axis=1) == engine.policy.pool_slots).all()
+        assert engine.policy.breakdown().used == 0
+        assert not engine.held and not engine.receiving
+    rows = records(cluster)
+    assert sorted(rows) == list(range(120))
+    assert all(record.outcome == "finished" for record in rows.values())
+    assert cluster.link.in_flight == 0 and not cluster.flights
+    assert sum(engine.counters.preemptions for engine in cluster.replicas) > 0  # the pools were short
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_both_step_modes_agree(seed):
+    link = LinkSpec("c", 200_000.0, 0.01, "fabric")
+    outcomes = []
+    for mode in ("skip", "single"):
+        cluster = build_cluster(
+            random_requests(seed),
+            prefill_blocks=60,
+            decode_blocks=40,
+            policy="prefix",
+            link=link,
+            replicas=(2, 2),
+            step_mode=mode,
+        )
+        cluster.run()
+        rows = records(cluster)
+        frame = pd.DataFrame(
+            [
+                (
+                    r.request_id,
+                    r.replica,
+                    r.prefill_replica,
+                    r.first_token_s,
+                    r.finish_s,
+                    r.transfer_start_s,
+                    r.preemptions,
+                )
+                for r in rows.values()
+            ],
+            columns=["id", "replica", "prefill", "first", "finish", "transfer", "preemptions"],
+        ).sort_values("id", ignore_index=True)
+        outcomes.append((frame, sum(engine.counters.iterations for engine in cluster.replicas)))
+    (skip, skip_iterations), (single, single_iterations) = outcomes
+    assert skip[["replica", "prefill", "preemptions"]].equals(single[["replica", "prefill", "preemptions"]])
+    for column in ("first", "finish", "transfer"):
+        np.testing.assert_allclose(skip[column], single[column], rtol=0, atol=1e-9)
+    assert skip_iterations == single_iterations
+
+
+# ---------------------------------------------------------------------------- configs, bad input
+def disaggregated_data(**disaggregation):
+    pools = {"prefill": {"replicas": 1}, "decode": {"replicas": 2}} | disaggregation
+    return {
+        "name": "pd",
+        "seed": 1,
+        "model": "Llama-3.1-8B",
+        "gpu": "H100-80GB",
+        "engine": {"max_model_len": 4096, "max_num_batched_tokens": 2048, "num_gpu_blocks_override": 2000},
+        "workload": {
+            "num_requests": 60,
+            "arrival": {"kind": "poisson", "rate_per_s": 8},
+            "prompt_len": {"kind": "uniform", "low": 100, "high": 1500},
+            "output_len": {"kind": "uniform", "low": 10, "high": 200},
+        },
+        "variants": [
+            {"name": "colocated", "policy": "prefix", "cluster": {"replicas": 3, "router": "least_requests"}},
+            {"name": "pd", "policy": "prefix", "cluster": {"disaggregation": pools}},
+        ],
+    }
+
+
+def test_a_disaggregated_run_writes_its_tables_and_summary(tmp_path):
+    config_file = tmp_path / "pd.yaml"
+    config_file.write_text(yaml.safe_dump(disaggregated_data()))
+    assert main(["run", str(config_file), "-o", str(tmp_path / "out")]) == 0
+    results = load_results(tmp_path / "out")
+    summary = results.variant_summary("pd")
+    assert summary["requests_finished"] == results.variant_summary("colocated")["requests_finished"] == 60
+    assert (summary["prefill_replicas"], summary["decode_replicas"]) == (1, 2)
+    assert summary["requests_disaggregated"] == summary["kv_transfers"] == 60
+    requests = results.requests("pd")
+    assert summary["transfer_bytes_total"] == requests["transfer_bytes"].sum()
+    # The TTFT split adds up, request by request.
+    split = requests["queue_s"] + requests["prefill_s"] + requests["transfer_wait_s"] + requests["transfer_s"]
+    rest = requests["first_token_s"] - requests["transfer_end_s"]
+    np.testing.assert_allclose(split + rest, requests["first_token_s"] - requests["arrival_s"], atol=1e-9)
+    assert (rest > 0).all()
+    assert set(requests["replica"]) <= {1, 2} and set(requests["prefill_replica"]) == {0}
+    replicas = results.replica_summaries("pd")
+    assert list(replicas["role"]) == ["prefill", "decode", "decode"]
+    assert list(replicas["requests_routed"]) == [60, *replicas["requests_routed"][1:]]
+    assert replicas["requests_routed"][1:].sum() == 60
+    series = results.transfer_timeseries("pd")
+    assert series["transfers_in_flight"].iloc[-1] == 0 and series["transfers_in_flight"].max() >= 1
+    capacity = (tmp_path / "out" / "capacity.txt").read_text()
+    assert "link: rdma: 50 GB/s per GPU one way" in capacity
+    # Exactly the documented columns (docs/outputs.md).
+    assert list(summary) == [*columns.SUMMARY, *columns.DISAGGREGATION]
+    assert list(series.columns) == list(columns.TRANSFER_TIMESERIES)
+    assert list(requests.columns) == list(columns.REQUESTS)
+    own = [name for name in columns.SUMMARY if name not in columns.BALANCE]
+    assert list(replicas.columns) == [*own, *columns.REPLICA_SUMMARY]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"prefill": {"replicas": 0}}, r"disaggregation\.prefill\.replicas: Input should be greater than 0"),
+        ({"link": {"kind": "custom", "latency_s": 0.001}}, r"a custom link needs bandwidth_gb_per_s"),
+        ({"link": {"kind": "carrier-pigeon"}}, r"disaggregation\.link\.kind"),
+    ],
+)
+def test_bad_disaggregation_sections_are_refused_when_loading(change, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_experiment(disaggregated_data(**change), ROOT / "configs" / "x.yaml")
+
+
+def test_replicas_beside_pools_are_refused():
+    data = disaggregated_data()
+    data["variants"][1]["cluster"]["replicas"] = 4
+    with pytest.raises(ConfigError, match=r"replicas do not apply with disaggregation"):
+        validate_experiment(data, ROOT / "configs" / "x.yaml")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"decode": {"replicas": 1, "policy": "contiguous"}},
+            r"variants\.1\.cluster\.disaggregation\.decode\.policy: contiguous has no blocks",
+        ),
+        (
+            {"prefill": {"replicas": 1, "gpu": "T4", "engine": {"num_gpu_blocks_override": None}}},
+            r"disaggregation\.prefill.*Llama-3\.1-8B.*T4|T4.*does not fit|weights",
+        ),
+        (
+            {"decode": {"replicas": 1, "engine": {"block_size": 32}}},
+            r"the pools' block sizes differ \(16 and 32\)",
+        ),
+        (
+            {"link": {"kind": "nvlink"}, "prefill": {"replicas": 1, "gpu": "L4"}},
+            r"link\.kind: nvlink, but the prefill pool's GPU L4-24GB has no NVLink",
+        ),
+    ],
+)
+def test_impossible_disaggregations_fail_before_any_simulation(change, message):
+    config = validate_experiment(disaggregated_data(**change), ROOT / "configs" / "x.yaml")
+    with pytest.raises(ConfigError, match=message):
+        prepare_experiment(config, ROOT / "configs" / "x.yaml")
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    lengths=st.lists(
+        st.tuples(st.integers(1, 300), st.integers(1, 40), st.floats(0.0, 2.0), st.booleans()),
+        min_size=1,
+        max_size=25,
+    ),
+    prefill_blocks=st.integers(20, 40),
+    decode_blocks=st.integers(20, 40),
+    shared_by=st.sampled_from(["pair", "prefill", "decode", "fabric"]),
+)
+def test_any_stream_ends_with_every_block_back_and_one_outcome_each(
+    lengths, prefill_blocks, decode_blocks, shared_by
+):
+    """Random prompts (some sharing a prefix), outputs, gaps and pool sizes: every series row of every
+    replica sums to its pool, every request ends with exactly one record, and nothing stays held,
+    received or on the link."""
+    requests, clock = [], 0.0
+    for index, (prompt_len, output_len, gap, shares) in enumerate(lengths):
+        clock += gap
+        prompt = ((77, 32), (6_000 + index, prompt_len)) if shares else ((6_000 + index, prompt_len),)
+        requests.append(request(index, clock, sum(n for _, n in prompt), output_len, prompt=prompt))
+    link = LinkSpec("c", 500_000.0, 0.002, shared_by)
+    cluster = build_cluster(
+        requests,
+        prefill_blocks=prefill_blocks,
+        decode_blocks=decode_blocks,
+        policy="prefix",
+        link=link,
+        replicas=(2, 2),
+    )
+    cluster.run()
+    for engine in cluster.replicas:
+        series = engine.sink.timeseries()
+        assert (series[list(BREAKDOWN_COLUMNS)].sum(axis=1) == engine.policy.pool_slots).all()
+        assert engine.policy.breakdown().used == 0
+        assert not engine.held and not engine.receiving and not engine.running and not engine.waiting
+    rows = [record for engine in cluster.replicas for record in engine.records]
+    assert sorted(record.request_id for record in rows) == list(range(len(requests)))
+    assert {record.outcome for record in rows} <= {"finished", "rejected"}
+    assert cluster.link.in_flight == 0 and not cluster.flights
