@@ -360,6 +360,25 @@ def test_a_disaggregated_run_writes_its_tables_and_summary(tmp_path):
     assert summary["requests_disaggregated"] == summary["kv_transfers"] == 60
     requests = results.requests("pd")
     assert summary["transfer_bytes_total"] == requests["transfer_bytes"].sum()
+    # The summary's split is the requests' own, recomputed from their timestamps.
+    done = requests[requests["outcome"] == "finished"]
+    assert summary["transfer_mean_s"] == pytest.approx(
+        (done["transfer_end_s"] - done["transfer_start_s"]).mean()
+    )
+    assert summary["transfer_wait_mean_s"] == pytest.approx(
+        (done["transfer_start_s"] - done["prefill_done_s"]).mean()
+    )
+    assert summary["prefill_mean_s"] == pytest.approx((done["prefill_done_s"] - done["admitted_s"]).mean())
+    assert summary["decode_first_step_mean_s"] == pytest.approx(
+        (done["first_token_s"] - done["transfer_end_s"]).mean()
+    )
+    # One pipe (one prefill replica's NICs), busy at most while a transfer was in flight.
+    series_in_flight = results.transfer_timeseries("pd")
+    times = series_in_flight["time_s"].to_numpy()
+    busy = float(
+        ((series_in_flight["transfers_in_flight"].to_numpy()[:-1] > 0) * (times[1:] - times[:-1])).sum()
+    )
+    assert 0 < summary["link_utilization_frac"] * summary["simulated_s"] <= busy + 1e-9
     # The TTFT split adds up, request by request.
     split = requests["queue_s"] + requests["prefill_s"] + requests["transfer_wait_s"] + requests["transfer_s"]
     rest = requests["first_token_s"] - requests["transfer_end_s"]

@@ -653,7 +653,17 @@ def _candidate(
     parts += [f"{name}={shown(value)}" for name, value in knobs.items()]
     if "disaggregation" in cluster_keys:
         return _disaggregated_candidate(
-            spec, path, model, gpu, variant, template, engine, cluster_keys["disaggregation"], group, parts
+            spec,
+            path,
+            model,
+            gpu,
+            variant,
+            template,
+            engine,
+            cluster_keys["disaggregation"],
+            group,
+            parts,
+            knobs,
         )
     if cluster_keys:
         template["cluster"] = cluster_keys
@@ -697,6 +707,7 @@ def _disaggregated_candidate(
     entry: dict[str, Any],
     group: str,
     parts: list[str],
+    knobs: dict[str, Any],
 ) -> Candidate:
     """A disaggregated deployment: each pool on its GPU (a plan GPU by name, else the candidate's), its
     engine the candidate's with the pool's overrides; GPUs and price are both pools' together."""
@@ -743,7 +754,8 @@ def _disaggregated_candidate(
         else:
             price += count * pool_engine.tensor_parallel_size * choice.price_per_hour
     decode_engine = pools["decode"][1]
-    routers = f"prefill {entry['prefill'].get('router', 'least_requests')}, decode {entry['decode'].get('router', 'least_requests')}"
+    spec_entry = DisaggregationConfig.model_validate(entry)  # (its defaults: the schema's, not repeated here)
+    routers = f"prefill {spec_entry.prefill.router}, decode {spec_entry.decode.router}"
     return Candidate(
         key,
         group,
@@ -751,7 +763,7 @@ def _disaggregated_candidate(
         gpu.label(),
         variant.name,
         decode_engine.block_size,
-        {},
+        knobs,
         gpu.price_per_hour,
         decode_engine.tensor_parallel_size,
         pools["prefill"][2] + pools["decode"][2],
