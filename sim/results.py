@@ -67,7 +67,8 @@ CONFIG_FILE = "config.yaml"
 
 def config_text(config: dict[str, Any]) -> str:
     """A run folder's config.yaml: the config's keys in the schema's order."""
-    return yaml.safe_dump(config, sort_keys=False)
+    # libyaml's emitter where PyYAML has it: 4x faster, which a plan writing hundreds of points feels
+    return yaml.dump(config, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False)
 
 
 def group_capacity_lines(results: list[VariantResult]) -> list[tuple[list[str], list[str]]]:

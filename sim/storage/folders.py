@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import hashlib
 import json
 import os
@@ -46,7 +47,9 @@ class OutputTargetError(ValueError):
     """An output path kvsim refuses to write to (raised before any work)."""
 
 
+@functools.cache
 def kvsim_version() -> str:
+    # (cached: reading the installed metadata parses files, and a plan stamps hundreds of folders)
     from importlib import metadata
 
     try:
