@@ -180,7 +180,7 @@ def _register_optional(commands) -> None:
     from calibrate.cli import register as register_calibrate
 
     register_calibrate(commands)
-    from sim.validation import register as register_validate
+    from sim.validation.cli import register as register_validate
 
     register_validate(commands)
     from sim.planning.cli import register as register_planning

@@ -7,9 +7,10 @@ not reproducible. The modules, in the order a claim goes through them:
 
 * :mod:`.claims`: the claim-file schema, and loading and validating the files;
 * :mod:`.registry`: the check interface and the registry ``CHECKS`` that claims name checks from;
-* :mod:`.checks_vllm`, :mod:`.checks_seeds`, :mod:`.checks_costs`, :mod:`.checks_disaggregation`: the
-  checks of the vLLM paper, of the seed articles, of the cost models and of published disaggregation
-  results (importing this package registers them), on top of
+* :mod:`.checks_vllm`, :mod:`.checks_seeds`, :mod:`.checks_costs`, :mod:`.checks_disaggregation`,
+  :mod:`.checks_replays`: the checks of the vLLM paper, of the seed articles, of the cost models, of
+  published disaggregation results and of measured runs (:func:`.registry.checks` imports them), on
+  top of
   :mod:`.runs`, the helpers they share;
 * :mod:`.judging`: running one claim's check and judging each target;
 * :mod:`.report`: running the claims and writing validation.csv, validation.md and figures;
@@ -18,66 +19,51 @@ not reproducible. The modules, in the order a claim goes through them:
 
 from __future__ import annotations
 
-# Imported for their side effect: they register their checks in CHECKS.
-from sim.validation import (  # noqa: F401
-    checks_costs,
-    checks_disaggregation,
-    checks_replays,
-    checks_seeds,
-    checks_vllm,
-)
-from sim.validation.checks_seeds import tail_waste
-from sim.validation.claims import Claim, Target, Tolerance, deep_merge, load_claim, load_claims
-from sim.validation.cli import register
-from sim.validation.judging import (
-    DOES_NOT_HOLD,
-    HOLDS,
-    NOT_REPRODUCIBLE,
-    VERDICTS,
-    ClaimResult,
-    TargetResult,
-    judge,
-    run_claim,
-)
-from sim.validation.registry import CHECKS, Check, CheckOutput, Measured, RunContext, register_check
-from sim.validation.report import run_validation
-from sim.validation.runs import (
-    contiguous_internal_split,
-    interval_frame,
-    run_config,
-    saturated_means,
-    steady_window,
-    window_means,
-)
+import importlib
+from typing import Any
 
-__all__ = [
-    "CHECKS",
-    "DOES_NOT_HOLD",
-    "HOLDS",
-    "NOT_REPRODUCIBLE",
-    "VERDICTS",
-    "Check",
-    "CheckOutput",
-    "Claim",
-    "ClaimResult",
-    "Measured",
-    "RunContext",
-    "Target",
-    "TargetResult",
-    "Tolerance",
-    "contiguous_internal_split",
-    "deep_merge",
-    "interval_frame",
-    "judge",
-    "load_claim",
-    "load_claims",
-    "register",
-    "register_check",
-    "run_claim",
-    "run_config",
-    "run_validation",
-    "saturated_means",
-    "steady_window",
-    "tail_waste",
-    "window_means",
-]
+# The names below are imported on first use (PEP 562): every ``kvsim`` command registers
+# ``kvsim validate`` at start-up, and the checks' imports would add about half a second to each.
+_EXPORTS = {
+    "tail_waste": "checks_seeds",
+    "Claim": "claims",
+    "Target": "claims",
+    "Tolerance": "claims",
+    "deep_merge": "claims",
+    "load_claim": "claims",
+    "load_claims": "claims",
+    "register": "cli",
+    "DOES_NOT_HOLD": "judging",
+    "HOLDS": "judging",
+    "NOT_REPRODUCIBLE": "judging",
+    "VERDICTS": "judging",
+    "ClaimResult": "judging",
+    "TargetResult": "judging",
+    "judge": "judging",
+    "run_claim": "judging",
+    "CHECKS": "registry",
+    "Check": "registry",
+    "CheckOutput": "registry",
+    "Measured": "registry",
+    "RunContext": "registry",
+    "register_check": "registry",
+    "run_validation": "report",
+    "contiguous_internal_split": "runs",
+    "interval_frame": "runs",
+    "run_config": "runs",
+    "saturated_means": "runs",
+    "steady_window": "runs",
+    "window_means": "runs",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sim.validation' has no attribute {name!r}")
+    importlib.import_module("sim.validation.registry").checks()  # CHECKS complete, as before
+    value = getattr(importlib.import_module(f"sim.validation.{module}"), name)
+    globals()[name] = value
+    return value

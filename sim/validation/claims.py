@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sim.config import ConfigError, ExperimentConfig, format_problems, validate_experiment, yaml_mapping
-from sim.validation.registry import CHECKS
+from sim.validation.registry import checks
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG_DIR = REPO_ROOT / "configs" / "validation"
@@ -133,8 +133,8 @@ class ClaimSpec(_Strict):
     @field_validator("check")
     @classmethod
     def _known_check(cls, value: str) -> str:
-        if value not in CHECKS:
-            raise ValueError(f"unknown check {value!r}; known checks: {', '.join(sorted(CHECKS))}")
+        if value not in checks():
+            raise ValueError(f"unknown check {value!r}; known checks: {', '.join(sorted(checks()))}")
         return value
 
     @model_validator(mode="after")
@@ -246,7 +246,7 @@ def load_claim(path: str | Path) -> Claim:
     spec = parsed.claim
     if spec.name != path.stem:
         raise ConfigError(f"{path}: claim.name {spec.name!r} must equal the file name {path.stem!r}")
-    check = CHECKS[spec.check]
+    check = checks()[spec.check]
     try:
         params = check.params.model_validate(spec.params)
     except ValidationError as error:

@@ -8,14 +8,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sim.validation.claims import DEFAULT_CONFIG_DIR, load_claims
-from sim.validation.judging import VERDICTS, shown_value
-from sim.validation.report import run_validation, verdict_counts
-
 DEFAULT_OUTPUT_DIR = Path("results") / "validation"
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from sim.validation.claims import DEFAULT_CONFIG_DIR, load_claims
+    from sim.validation.judging import VERDICTS, shown_value
+    from sim.validation.report import run_validation, verdict_counts
+
     config_dir = Path(args.configs) if args.configs else DEFAULT_CONFIG_DIR
     claims = load_claims(config_dir, args.names)
     if args.list:
@@ -61,7 +61,9 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("-o", "--output", help=f"results folder (default: {DEFAULT_OUTPUT_DIR}/)")
     parser.add_argument("--fast", action="store_true", help="smaller request counts and sweeps (smoke run)")
-    parser.add_argument("--configs", help=f"folder of claim YAMLs (default: {DEFAULT_CONFIG_DIR})")
+    parser.add_argument(
+        "--configs", help="folder of claim YAMLs (default: the project's configs/validation/)"
+    )
     parser.add_argument("--list", action="store_true", help="list the claims and exit")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     parser.set_defaults(func=cmd_validate)

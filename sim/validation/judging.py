@@ -15,7 +15,7 @@ from typing import Any
 
 from sim.config import ConfigError
 from sim.validation.claims import Claim, Target
-from sim.validation.registry import CHECKS, CheckOutput, Measured, RunContext
+from sim.validation.registry import CheckOutput, Measured, RunContext, checks
 
 HOLDS, DOES_NOT_HOLD, NOT_REPRODUCIBLE = "holds", "does not hold", "not reproducible"
 VERDICTS = (HOLDS, DOES_NOT_HOLD, NOT_REPRODUCIBLE)
@@ -95,7 +95,7 @@ def _join(*parts: str) -> str:
 
 def run_claim(claim: Claim, context: RunContext) -> ClaimResult:
     started = time.perf_counter()
-    output = CHECKS[claim.spec.check].func(claim, context)
+    output = checks()[claim.spec.check].func(claim, context)
     results = []
     for target in claim.spec.targets:
         if target.id not in output.values:

@@ -3,11 +3,12 @@
 A check is a function ``(claim, context) -> CheckOutput`` that reports one :class:`Measured` per
 target id; :func:`register_check` files it in :data:`CHECKS` under the name claim files give in
 ``claim.check``, with the pydantic model of its ``claim.params``. The check modules register on
-import (``sim.validation`` imports them).
+import (:func:`checks` imports them).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +66,16 @@ class Check:
 
 
 CHECKS: dict[str, Check] = {}
+
+CHECK_MODULES = ("checks_costs", "checks_disaggregation", "checks_replays", "checks_seeds", "checks_vllm")
+"""The modules whose import registers their checks in :data:`CHECKS`."""
+
+
+def checks() -> dict[str, Check]:
+    """:data:`CHECKS`, once every check module has been imported (the first call imports them)."""
+    for module in CHECK_MODULES:
+        importlib.import_module(f"sim.validation.{module}")
+    return CHECKS
 
 
 def register_check(
