@@ -679,3 +679,18 @@ def test_custom_config_dir(tmp_path):
     shutil.copy(CONFIGS / "seed003-tail-waste.yaml", tmp_path)
     assert kvsim(["validate", "--configs", str(tmp_path), "-o", str(tmp_path / "out"), "-q"]) == 0
     assert len(pd.read_csv(tmp_path / "out" / "validation.csv")) == 2
+
+
+def test_the_cli_registers_validate_without_importing_the_checks() -> None:
+    """Every kvsim command builds the whole parser: the checks (and what they import) load only when a
+    claim needs them, and then all of them are registered."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from sim.cli import build_parser; build_parser(); "
+        "print(any(name.startswith('sim.validation.checks_') for name in sys.modules)); "
+        "import sim.validation as v; print(sorted(v.CHECKS) == sorted(v.registry.checks()) and len(v.CHECKS) > 5)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "True"]
