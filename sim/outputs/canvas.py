@@ -7,9 +7,10 @@ here needs no backend to be saved, and a notebook displays it as any other figur
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from matplotlib.figure import Figure
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def subplots(
@@ -17,5 +18,9 @@ def subplots(
 ) -> tuple[Figure, Any]:
     """``(figure, axes)`` as ``pyplot.subplots`` returns them (``kwargs``: ``sharex``, ``squeeze``,
     ``width_ratios``...), on a figure pyplot does not track."""
+    # matplotlib is imported on first draw (~0.6 s): a plan's driver reads figure jobs from this
+    # package but leaves the drawing to its workers.
+    from matplotlib.figure import Figure
+
     figure = Figure(figsize=figsize)
     return figure, figure.subplots(nrows, ncols, **kwargs)

@@ -9,7 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sim.planning.sweeps.executors import DEFAULT_DASK_TIMEOUT_S, Executor, ExecutorError, make_executor
+from sim.planning.sweeps.executors import (
+    DEFAULT_DASK_TIMEOUT_S,
+    Executor,
+    ExecutorError,
+    local_jobs,
+    make_executor,
+    start_fork_server,
+)
 
 Result = TypeVar("Result")
 
@@ -20,6 +27,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from sim.planning.sweeps.spec import load_sweep_spec
     from sim.storage import check_output_target
 
+    _start_local_workers(args)
     sweep = load_sweep_spec(args.sweep, args.set)  # every point validated before anything runs
     out_dir = Path(args.output) if args.output else Path("results") / sweep.spec.name
     check_output_target(out_dir, SWEEP_KIND)
@@ -57,6 +65,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from sim.planning.sweeps.driver import describe_counts, progress_enabled
     from sim.storage import check_output_target
 
+    _start_local_workers(args)
     # Every candidate's probe configs are validated before anything runs.
     plan = load_plan_spec(args.plan, args.set)
     out_dir = Path(args.output) if args.output else Path("results") / plan.spec.name
@@ -133,6 +142,14 @@ def _on_executor(
         return _interrupted(command, out_dir)
     finally:
         executor.close()
+
+
+def _start_local_workers(args: argparse.Namespace) -> None:
+    """Local workers' fork server starts while the spec is read; a Dask cluster is reached only
+    after the spec has been read (an error in it is never held up by a cluster)."""
+    jobs = local_jobs(args.jobs, args.dask, args.dask_local)
+    if jobs is not None and jobs > 1:
+        start_fork_server()
 
 
 def _executor(args: argparse.Namespace) -> Executor | None:

@@ -325,14 +325,19 @@ def staged_output_dir(
     kind: str,
     config_digest: str = "",
     log: Callable[[str], None] | None = None,
+    *,
+    clean_stale: bool = True,
 ) -> Iterator[Path]:
     """A staging folder that replaces ``out_dir`` (with kvsim's marker) only when the block succeeds.
 
     Call :func:`check_output_target` before any expensive work; this checks again, cleans stale staging
-    folders of the same output, and never removes anything but its own staging folder on failure."""
+    folders of the same output (unless the caller did already, ``clean_stale=False``: a plan's store
+    cleans its points folder once, where a scan per point grows with the folder), and never removes
+    anything but its own staging folder on failure."""
     target = check_output_target(out_dir, kind)
     target.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_staging(target, log)
+    if clean_stale:
+        clean_stale_staging(target, log)
     # Created inside ``try``: Ctrl-C or SIGTERM (raised as KeyboardInterrupt) may land between any two
     # bytecodes, also right after the folder exists, and the staging folder must not outlive the run.
     # (Signal masks would not do: a signal sent to the process may be taken by another thread.)

@@ -8,6 +8,7 @@ deterministic function of its config (tests check local == one-by-one == Dask).
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import threading
@@ -16,6 +17,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from typing import Any, Protocol
 
 DEFAULT_DASK_TIMEOUT_S = 10.0
+# Not matplotlib: the fork server's imports delay the first points, and a plan's workers draw its
+# figures only at the end, importing it side by side.
 WORKER_MODULES = ["sim.planning.sweeps.tasks", "sim.runner", "sim.results"]
 """What a point runs on (the engine, its outputs), for local workers to start with."""
 
@@ -57,6 +60,32 @@ def _start_worker() -> None:
     tqdm.set_lock(threading.RLock())
 
 
+def _fork_server() -> Any:
+    # forkserver: workers do not inherit the driver's threads (tqdm's monitor, Dask's loop).
+    context = multiprocessing.get_context("forkserver")
+    # Imported once, by the fork server, rather than by every worker it forks (about a second of CPU
+    # each, on the cores the first points need).
+    context.set_forkserver_preload(WORKER_MODULES)
+    return context
+
+
+def start_fork_server() -> None:
+    """Start the fork server local workers come from, in the background: its imports (about a
+    second) then overlap the driver reading and validating its spec instead of delaying the first
+    points. A spec that fails leaves only an idle server, which exits with the driver."""
+    _fork_server()
+    threading.Thread(
+        target=multiprocessing.forkserver.ensure_running, name="kvsim-fork-server", daemon=True
+    ).start()
+
+
+def local_jobs(jobs: int | None, dask: str | None, dask_local: int | None) -> int | None:
+    """How many local worker processes ``make_executor`` starts for these flags (None: none, Dask)."""
+    if dask or dask_local:
+        return None
+    return jobs or os.cpu_count() or 1
+
+
 class LocalExecutor:
     """``jobs`` worker processes on this machine (started on first use, reused across plan rounds)."""
 
@@ -67,12 +96,7 @@ class LocalExecutor:
 
     def _get_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
-            # forkserver: workers do not inherit the driver's threads (tqdm's monitor, Dask's loop).
-            context = multiprocessing.get_context("forkserver")
-            # Imported once, by the fork server, rather than by every worker it forks (about a second
-            # of CPU each, on the cores the first points need).
-            context.set_forkserver_preload(WORKER_MODULES)
-            self._pool = ProcessPoolExecutor(self.jobs, mp_context=context, initializer=_start_worker)
+            self._pool = ProcessPoolExecutor(self.jobs, mp_context=_fork_server(), initializer=_start_worker)
         return self._pool
 
     def run(self, fn: Callable[[Any], Any], tasks: list[Any]) -> Iterator[Any]:
@@ -174,5 +198,5 @@ def make_executor(
         return DaskExecutor(workers=dask_local, timeout_s=dask_timeout_s)
     if jobs is not None and jobs < 1:
         raise ExecutorError(f"--jobs must be at least 1, got {jobs}")
-    jobs = jobs or os.cpu_count() or 1
+    jobs = local_jobs(jobs, dask, dask_local) or 1
     return InlineExecutor() if jobs == 1 else LocalExecutor(jobs)

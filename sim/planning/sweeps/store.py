@@ -102,7 +102,9 @@ class PointStore:
             "error": outcome.error,
             "cpu_s": outcome.cpu_s,
         }
-        with staged_output_dir(target, POINT_KIND, outcome.point_id) as staging:
+        # Stale staging folders were cleaned when the store opened (clean_stale): the driver is the
+        # points folder's only writer since.
+        with staged_output_dir(target, POINT_KIND, outcome.point_id, clean_stale=False) as staging:
             for relative, content in outcome.files.items():
                 path = staging / relative
                 path.parent.mkdir(parents=True, exist_ok=True)
