@@ -43,8 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--leave-one-out-evaluations",
         type=int,
-        default=30,
-        help="--from-runs: candidates each leave-one-run-out refit may try (0: skip leave-one-run-out)",
+        default=None,
+        help="--from-runs: candidates each leave-one-run-out refit may try (default: as many as the full "
+        "fit, so that a fold's error is not that of a search stopped short; 0: skip leave-one-run-out)",
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument(
@@ -163,6 +164,8 @@ def run_from_runs(args: argparse.Namespace) -> int:
     output: Path = args.output
     if output.suffix not in (".yaml", ".yml"):
         return _fail(f"-o {output}: the calibration is a YAML file; give a name ending in .yaml")
+    if args.leave_one_out_evaluations is None:
+        args.leave_one_out_evaluations = args.max_evaluations
     if args.max_evaluations < 1 or args.leave_one_out_evaluations < 0:
         return _fail("--max-evaluations must be >= 1 and --leave-one-out-evaluations >= 0")
 

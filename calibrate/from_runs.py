@@ -279,14 +279,16 @@ def calibrate_from_runs(
     jobs: int = 1,
     max_evaluations: int = 60,
     leave_one_out: bool = True,
-    leave_one_out_evaluations: int = 25,
+    leave_one_out_evaluations: int | None = None,
     start: ServingCalibration = START,
     names: Sequence[str] = FITTED,
     log: Callable[[str], None] | None = None,
 ) -> ServingCalibration:
     """Fit the serving terms to every run of ``spec_paths`` (replay files), then, for each run, refit
     on the others from the same ``start`` (not from the full fit, which has seen the run) and replay
-    it with those terms. Both sets of per-run errors go into the calibration's ``fit`` record."""
+    it with those terms. Both sets of per-run errors go into the calibration's ``fit`` record. Each
+    refit may try ``leave_one_out_evaluations`` candidates (None: as many as the full fit; with fewer,
+    Nelder-Mead stops short and a fold's error is partly the search's, not the model's)."""
     say = log or (lambda message: None)
     evaluator = Evaluator(spec_paths, jobs, log=say)
     try:
@@ -307,7 +309,11 @@ def calibrate_from_runs(
                 others = [other for position, other in enumerate(evaluator.spec_paths) if position != index]
                 say(f"leaving out {Path(path).stem}")
                 trained = fit(
-                    evaluator, start, others, max_evaluations=leave_one_out_evaluations, names=names
+                    evaluator,
+                    start,
+                    others,
+                    max_evaluations=leave_one_out_evaluations or max_evaluations,
+                    names=names,
                 )
                 result = evaluator.results(trained.parameters, [path])[0]
                 held_out[result.name] = result.with_overhead(trained.overhead_s)
