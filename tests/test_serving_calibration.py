@@ -229,6 +229,14 @@ def test_a_tiny_fit_records_in_sample_and_leave_one_out_errors(tmp_path: Path) -
     assert load_calibration(tmp_path / "fit.yaml").parameters() == calibration.parameters()
 
 
+def test_a_leave_one_out_refit_gets_the_full_fits_budget_unless_told(tmp_path: Path) -> None:
+    # A fold stopped short of the full fit's search would report the search's error as the model's.
+    paths = [_replay_file(tmp_path, "one", 20.0), _replay_file(tmp_path, "two", 20.0)]
+    start = replace(NEUTRAL, iteration_overhead_s=1e-4, all_reduce_latency_s=6e-6)
+    calibration = calibrate_from_runs(paths, max_evaluations=3, start=start, names=["iteration_overhead_s"])
+    assert calibration.fit["evaluations"] == 3 + 2 * 3
+
+
 def test_the_error_band_quotes_the_leave_one_out_errors() -> None:
     fit = {
         "leave_one_out": {
