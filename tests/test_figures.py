@@ -130,3 +130,18 @@ def test_pools_that_are_not_one_memory_go_into_the_legend():
         different = plots.describe_pools(summary(("contiguous", 4100, 16), other))
         assert different.title is None
         assert different.legend_label("contiguous") == "contiguous (pool 4,100 tokens, 0.5 GiB)"
+
+
+def test_a_plan_driver_lists_its_figures_without_importing_matplotlib() -> None:
+    """A plan's workers draw its report's figures; the driver only lists them (and matplotlib's
+    ~0.6 s of imports would sit between the last round and the report)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from sim.planning.report.figures import plan_figure_jobs; "
+        "from sim.planning.report.plan_report import report_blocks; "
+        "print('matplotlib' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False"]

@@ -304,3 +304,15 @@ def test_sigterm_stops_a_local_sweep_cleanly(tmp_path):
     assert process.returncode == 130, stderr
     assert "kvsim sweep: interrupted;" in stderr
     assert "leaked" not in stderr and "Traceback" not in stderr, stderr
+
+
+def test_the_fork_server_starts_early_only_for_local_workers():
+    from sim.planning.sweeps.executors import LocalExecutor, local_jobs, make_executor
+
+    assert local_jobs(None, "tcp://127.0.0.1:9", None) is None  # Dask: reached after the spec is read
+    assert local_jobs(3, None, 2) is None
+    assert local_jobs(3, None, None) == 3
+    assert local_jobs(None, None, None) == (os.cpu_count() or 1)
+    executor = make_executor(jobs=3)
+    assert isinstance(executor, LocalExecutor) and executor.jobs == 3
+    executor.close()
