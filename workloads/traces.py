@@ -12,6 +12,7 @@ tie spreading → rate scaling. Nothing is dropped without a count in :meth:`Tra
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import difflib
@@ -21,7 +22,7 @@ import json
 import math
 import re
 import warnings
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Generator, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from operator import itemgetter
@@ -393,11 +394,11 @@ class TraceReader:
         shown = ", ".join(repr(name) for name in found[:30]) + (" ..." if len(found) > 30 else "")
         return TraceError(f"missing {what}(s) {', '.join(hints)}; {what}s found: {shown}", self.path, line)
 
-    def rows(self) -> Iterator[TraceRow]:
+    def rows(self) -> Generator[TraceRow, None, None]:
         return self._csv_rows() if self.fields.fmt == "csv" else self._jsonl_rows()
 
     # -- CSV -----------------------------------------------------------------------------------------
-    def _csv_rows(self) -> Iterator[TraceRow]:
+    def _csv_rows(self) -> Generator[TraceRow, None, None]:
         try:
             yield from self._csv_rows_utf8()
         except UnicodeDecodeError as error:
@@ -443,7 +444,7 @@ class TraceReader:
             raise TraceError("no data rows (only a header)", self.path)
 
     # -- JSON Lines ----------------------------------------------------------------------------------
-    def _jsonl_rows(self) -> Iterator[TraceRow]:
+    def _jsonl_rows(self) -> Generator[TraceRow, None, None]:
         checked = False
         data_rows = 0
         pick = self._picker(lambda name: name)
@@ -581,8 +582,11 @@ class TraceWorkload(Workload):
         reader = TraceReader(self.path, self.fields, RowCounts(), on_bad_row="skip")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", TraceWarning)
+            # Closed here, not left to the collector: a compiled generator that is collected
+            # suspended does not always close its file (a ResourceWarning in the compiled suite).
             try:
-                next(reader.rows(), None)
+                with contextlib.closing(reader.rows()) as first:
+                    next(first, None)
             except TraceError as error:
                 structural = error.line is None or error.reason.startswith("missing ")
                 if structural:
