@@ -305,6 +305,9 @@ def calibrate_from_runs(
         if leave_one_out and len(spec_paths) > 1:
             held_out: dict[str, dict[str, float]] = {}
             held_parameters: dict[str, dict[str, float | None]] = {}
+            refit_evaluations = (
+                max_evaluations if leave_one_out_evaluations is None else leave_one_out_evaluations
+            )
             for index, path in enumerate(evaluator.spec_paths):
                 others = [other for position, other in enumerate(evaluator.spec_paths) if position != index]
                 say(f"leaving out {Path(path).stem}")
@@ -312,7 +315,7 @@ def calibrate_from_runs(
                     evaluator,
                     start,
                     others,
-                    max_evaluations=leave_one_out_evaluations or max_evaluations,
+                    max_evaluations=refit_evaluations,
                     names=names,
                 )
                 result = evaluator.results(trained.parameters, [path])[0]
