@@ -136,6 +136,13 @@ class EngineConfig(_Strict):
         "simulation. Default: the cost model's fitted request_overhead_s (derated: from measured "
         "client-side vLLM runs; other cost models: 0). 0: engine-side latencies.",
     )
+    async_scheduling: bool = Field(
+        False,
+        description="scheduler vllm: vLLM's --async-scheduling (on by default since vLLM 0.14, where "
+        "the engine core schedules one step ahead of the GPU, step_with_batch_queue): iteration k+1 is "
+        "scheduled while iteration k runs, so a request that arrives during iteration k is first "
+        "scheduled in iteration k+2, one iteration later than without it, unless nothing was running.",
+    )
     scheduler: Literal["vllm", "sglang"] = Field(
         "vllm",
         description="Whose scheduler runs the engine. vllm: FCFS, prompts admitted while the pool holds "

@@ -828,6 +828,7 @@ def _make_engine(
         max_prefill_tokens=engine_config.max_prefill_tokens,
         # a lockstep group's ranks step together, one iteration at a time (sim/engine/lockstep.py)
         step_mode="single" if prepared.lockstep else engine_config.step_mode,
+        async_scheduling=engine_config.async_scheduling,
         client_overhead_s=(
             prepared.costs.request_overhead_s
             if engine_config.client_overhead_s is None

@@ -72,6 +72,43 @@ def test_two_requests_exact_times(step_mode):
     assert final[1:7] == (0, 0, 0, 0, 0, 160)
 
 
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_async_scheduling_sees_an_arrival_one_iteration_later(step_mode):
+    """The scenario above with vLLM's async scheduling: iteration 2 was scheduled when iteration 1
+    started (t = 0), before r1 arrived at 0.5, so r1 waits for iteration 3, scheduled at 1.2.
+
+    it 1 [0, 1.2):   r0 prefills 20 tokens -> 1.0 + 0.2; first token at 1.2
+    it 2 [1.2, 2.2): r0 decodes alone (its 2nd token)
+    it 3 [2.2, 3.3): r0 decodes its 3rd token and finishes; r1 prefills 10 -> 1.0 + 0.1
+    it 4 [3.3, 4.3): r1 decodes its 2nd token and finishes
+    """
+    engine = run(
+        "paged",
+        PoolSpec(160, 16, 128),
+        [request(0, 0.0, 20, 3), request(1, 0.5, 10, 2)],
+        step_mode=step_mode,
+        async_scheduling=True,
+    )
+    got = times(engine)
+    assert got[0] == pytest.approx((0.0, 1.2, 3.3, "finished"))
+    assert got[1] == pytest.approx((2.2, 3.3, 4.3, "finished"))
+    assert engine.counters.iterations == 4
+
+
+def test_async_scheduling_schedules_at_once_when_nothing_runs():
+    """An idle engine has no step in flight to schedule ahead of: r1, arriving after r0 finished,
+    is scheduled as it arrives, as without async scheduling (r0: 1.2 prefill + 1 decode -> 2.2)."""
+    engine = run(
+        "paged",
+        PoolSpec(160, 16, 128),
+        [request(0, 0.0, 20, 2), request(1, 3.0, 10, 2)],
+        async_scheduling=True,
+    )
+    got = times(engine)
+    assert got[0] == pytest.approx((0.0, 1.2, 2.2, "finished"))
+    assert got[1] == pytest.approx((3.0, 4.1, 5.1, "finished"))
+
+
 def _two_layer_profile():
     from sim.costs.core import (
         BlockCoefficients,
@@ -344,6 +381,29 @@ def test_event_skipping_equals_single_stepping(policy, options, scenario, seed):
         assert jumps.prefill > 0
     if scenario in ("chunked", "roomy") and policy != "contiguous":
         assert jumps.with_growth > 0
+
+
+@pytest.mark.parametrize(("policy", "options"), POLICIES[:3])
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_event_skipping_equals_single_stepping_with_async_scheduling(policy, options, scenario):
+    """A jump may run one iteration past an arrival (that iteration was scheduled before it came)
+    and must stop before the one that sees it."""
+    pool, knobs, shape = SCENARIOS[scenario]
+    requests = random_requests(4, 50, **shape)
+    single, skip = (
+        run(policy, pool, requests, mode, costs=EQUIVALENCE_COSTS, options=options, async_scheduling=True, **knobs)
+        for mode in ("single", "skip")
+    )
+    assert_same_results(single, skip)
+    assert skip.jumps.decode > 0
+    synchronous = run(policy, pool, requests, "skip", costs=EQUIVALENCE_COSTS, options=options, **knobs)
+    # Requests that came while the engine ran wait an iteration longer (later ones follow them).
+    later = [
+        a.admitted_s - b.admitted_s
+        for a, b in zip(skip.records, synchronous.records, strict=True)
+        if a.outcome == b.outcome == "finished" and not (a.preemptions or b.preemptions)
+    ]
+    assert max(later) > 0
 
 
 @pytest.mark.parametrize(("policy", "options"), POLICIES[:3])

@@ -86,6 +86,9 @@ class EngineKnobs:
     beam_reparent_prob: float = 0.15  # q: per beam and decode step, the beam is replaced by a survivor's fork
     step_mode: str = "skip"  # skip | single
     client_overhead_s: float = 0.0  # outside the engine, added to every request's TTFT and E2E
+    # vLLM's --async-scheduling (scheduler vllm): iteration k+1 is scheduled while iteration k runs,
+    # so a request queued during iteration k is first scheduled in iteration k+2.
+    async_scheduling: bool = False
     # scheduler sglang (sim/engine/sglang_scheduler.py; SGLang's server_args.py names and defaults):
     scheduler: str = "vllm"  # vllm | sglang
     schedule_policy: str = "fcfs"  # fcfs | lpm
@@ -125,7 +128,10 @@ HEAD_STUCK = "stuck"  # the head cannot be admitted until something leaves (memo
 HEAD_OUT_OF_MEMORY = "memory"  # stuck: the head was tried and does not fit in KV memory now
 # (scheduler sglang) the head is over the KV token budget, which new_token_ratio changes every step
 HEAD_OVER_BUDGET = "kv budget"
+# async scheduling: the head was queued after this iteration was scheduled; the next one sees it
+HEAD_NOT_SEEN = "not seen"
 NOT_TRIED = "not tried"  # a preemption this iteration: no admission (vLLM), the batch changes anyway
+NEXT_TRIES_HEAD = (OUT_OF_BUDGET, HEAD_OVER_BUDGET, HEAD_NOT_SEEN)  # so no jump past the next iteration
 
 
 @dataclass(slots=True, init=False)
@@ -258,6 +264,10 @@ class Engine:
         self._preempted = False
         self._swapped_in = False
         self._admission_stop = QUEUE_EMPTY
+        # Async scheduling: when the last iteration started and ended, and the queue time up to which
+        # the iteration now being scheduled sees requests (see _scheduled_at).
+        self._last_started_s = self._last_ended_s = float("-inf")
+        self._seen_until_s = float("inf")
         # (scheduler sglang) this iteration's admissions matched waiting prompts in the cache and the
         # queue still waits: the next iteration matches them again (a cache access), so no jump.
         self._admission_rematches = False
@@ -305,6 +315,7 @@ class Engine:
         """(Decode replica) ``request``'s prompt was computed on a prefill replica: it waits for its
         blocks here, then for its KV. Returns False when it can never run here (rejected now)."""
         state = RequestState(request, record)
+        state.queued_s = self.env.now
         state.remote_kv = True
         reason = self._never_admissible(request)
         if reason:
@@ -372,6 +383,7 @@ class Engine:
         if self._on_arrival is not None:
             self._on_arrival(record)
         state = RequestState(request, record)
+        state.queued_s = self.env.now
         reason = self._never_admissible(request)
         if reason:
             self._reject(state, reason)
@@ -475,9 +487,15 @@ class Engine:
                 # it samples the tokens that grew during the jump: readers of the series interpolate
                 # between samples.)
                 self._record()
-                self.busy_until = self.env.now + duration
+                started_s = self.env.now
+                self.busy_until = started_s + duration
                 yield self._run_for(duration)
                 self.busy_until = float("inf")
+                self._last_ended_s = self.env.now
+                jump = self._jump
+                self._last_started_s = started_s + (
+                    0.0 if jump is None else jump.timeline.elapsed_s(jump.timeline.extra)
+                )
                 if self._jump is not None:
                     self._end_jump()
                     self._record()
@@ -561,6 +579,7 @@ class Engine:
         if not preempted and self._sglang is not None:
             self._sglang_admit_waiting(budget, chunks)
         elif not preempted:
+            self._seen_until_s = self._scheduled_at()
             budget, swap_in = self._admit_waiting(budget, chunks)
             swap_blocks += swap_in
         if self._sglang is not None and not preempted and decode_batch and not self._prefill_this_step:
@@ -585,6 +604,16 @@ class Engine:
         duration += self.costs.copy_blocks_s(copies) if copies else 0.0
         duration += self.costs.swap_blocks_s(swap_blocks) if swap_blocks else 0.0
         return duration + load_s
+
+    def _scheduled_at(self) -> float:
+        """When vLLM scheduled the iteration starting now: with async scheduling, at the start of the
+        iteration before it, which ran up to now (vLLM's engine core schedules one step ahead of the
+        GPU: ``step_with_batch_queue``), so requests queued since wait one more iteration; else now.
+        An engine with nothing running schedules at once: the step ahead had nothing to overlap."""
+        now = self.env.now
+        if self.knobs.async_scheduling and self.running and self._last_ended_s == now:
+            return self._last_started_s
+        return now
 
     def _take_transfer_notices(self) -> None:
         """Finished sends free their blocks (cached, as any finished request's); landed prompts go to
@@ -930,6 +959,9 @@ class Engine:
                 self._admission_stop = OUT_OF_BUDGET
                 return budget, swap_in_blocks
             state = self.waiting[0]
+            if state.queued_s > self._seen_until_s:
+                self._admission_stop = HEAD_NOT_SEEN
+                return budget, swap_in_blocks
             if self._running_seqs + self._unforked_seqs + state.width > self.knobs.max_num_seqs:
                 self._admission_stop = HEAD_STUCK
                 return budget, swap_in_blocks
@@ -1183,8 +1215,8 @@ class Engine:
         stopped admissions, as in vLLM); ``max_num_seqs`` (the batch is full); ``token_budget`` (it
         would fit, but this iteration's ``max_num_batched_tokens`` went to other work). Recorded in the
         time series so that capacity planning reads the binding limit from the simulation."""
-        if not self.waiting:
-            return 0
+        if not self.waiting or self._admission_stop == HEAD_NOT_SEEN:
+            return 0  # (not seen: no limit holds it back; the next iteration schedules it)
         if self.counters.preemptions > preemptions_before or self._admission_stop in (
             HEAD_OUT_OF_MEMORY,
             HEAD_OVER_BUDGET,
@@ -1250,12 +1282,14 @@ class Engine:
         """Decode-only iterations: each has ``budget`` tokens left for admissions."""
         extra = limit
         if budget > 0:
-            if self._admission_stop in (OUT_OF_BUDGET, HEAD_OVER_BUDGET) or self._admission_rematches:
+            if self._admission_stop in NEXT_TRIES_HEAD or self._admission_rematches:
                 return None  # the next iteration tries the head
             if self._admission_stop == QUEUE_EMPTY or self._transfer is not None:
                 # (A transfer's notice can unblock any head: landed prompts hold their blocks, and
-                # released blocks are room.)
-                extra = min(extra, self._iterations_until_arrival(first_s))
+                # released blocks are room.) With async scheduling the iteration after the arrival's
+                # was scheduled before it came, so it can run too.
+                unseen = 1 if self.knobs.async_scheduling and self._transfer is None else 0
+                extra = min(extra, self._iterations_until_arrival(first_s) + unseen)
         if extra <= 0:
             return None
         timeline = JumpTimeline(
@@ -1283,6 +1317,7 @@ class Engine:
         positions = [state.prefilled for state in prompts]
         arrival_s = self._next_arrival_s() - self.env.now
         elapsed_s = first_s
+        started_s = 0.0  # when the iteration before the next one started
         durations: list[float] = []
         all_chunks: list[list[tuple[RequestState, int]]] = []
         for step in range(1, limit + 1):
@@ -1301,10 +1336,14 @@ class Engine:
                 positions[index] += chunk
                 completes |= positions[index] == state.tokens_to_prefill
                 left -= chunk
-            if left > 0 and self._admission_may_change(elapsed_s, arrival_s):
+            # (Async scheduling: an iteration's admissions see the queue as it was when the iteration
+            # before it started.)
+            seen_s = started_s if self.knobs.async_scheduling else elapsed_s
+            if left > 0 and self._admission_may_change(seen_s, arrival_s):
                 break
             durations.append(self._iteration_duration(batch, context + step * batch, sized))
             all_chunks.append(chunks)
+            started_s = elapsed_s
             elapsed_s += durations[-1]
             if completes:
                 break
@@ -1313,12 +1352,12 @@ class Engine:
         timeline = JumpTimeline(first_s, len(durations), self.costs.decode, batch, context, tuple(durations))
         return Jump(self.env.now, self.clock.now, timeline, all_chunks)
 
-    def _admission_may_change(self, start_s: float, arrival_s: float) -> bool:
-        """Could an admission attempt at an iteration starting ``start_s`` after iteration 1 did
-        change anything? (``arrival_s``: when the next request arrives, same origin.)"""
-        if self._admission_stop in (OUT_OF_BUDGET, HEAD_OVER_BUDGET) or self._admission_rematches:
+    def _admission_may_change(self, seen_s: float, arrival_s: float) -> bool:
+        """Could an admission attempt that sees the requests queued up to ``seen_s`` after iteration 1
+        started change anything? (``arrival_s``: when the next request arrives, same origin.)"""
+        if self._admission_stop in NEXT_TRIES_HEAD or self._admission_rematches:
             return True
-        return (self._admission_stop == QUEUE_EMPTY or self._transfer is not None) and arrival_s <= start_s
+        return (self._admission_stop == QUEUE_EMPTY or self._transfer is not None) and arrival_s <= seen_s
 
     def _end_jump(self) -> None:
         """The jump's iterations after the first have run: apply what they did, in order."""

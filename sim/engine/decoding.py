@@ -62,6 +62,7 @@ class RequestState:
     # ``kv_landed`` from then until it is scheduled (it holds its blocks meanwhile).
     remote_kv: bool
     kv_landed: bool
+    queued_s: float  # when it came to this engine's queue (async scheduling: when it is first seen)
 
     def __init__(self, request: Request, record: RequestRecord) -> None:
         self.request = request
@@ -75,6 +76,7 @@ class RequestState:
         self.end_version = 0
         self.sample_lens = list(request.output_lens)
         self.remote_kv = self.kv_landed = False
+        self.queued_s = float("-inf")
 
     @property
     def width(self) -> int:

@@ -67,6 +67,7 @@ class ServerSettings:
     enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"
     engine_version: str | None = None
+    async_scheduling: bool | None = None
 
 
 @dataclass

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -137,6 +138,7 @@ def read_blis_csv(
             _number(settings_row["gpu_kv_blocks"], "gpu_kv_blocks", runs_csv, line, integer=True)
         ),
         engine_version="vLLM v0.15.1",
+        async_scheduling=async_scheduling_by_default("0.15.1"),
     )
     requests = _blis_requests(path)
     requests["stage"] = _stage_of(requests["arrival_s"].to_numpy(), stages)
@@ -260,6 +262,29 @@ LSS_REQUEST_FIELDS = (
 )
 
 
+ASYNC_SCHEDULING_SINCE = (0, 14)
+"""vLLM turned async scheduling on by default in 0.14 (PR #27614, the last step of its async
+scheduling plan, issue #27679): ``SchedulerConfig.async_scheduling`` None means on unless a feature
+in use rules it out."""
+
+
+def async_scheduling_by_default(version: str) -> bool | None:
+    """Whether vLLM ``version`` ("0.15.1", "v0.19.0") schedules asynchronously by default (None: not a
+    version number)."""
+    match = re.match(r"v?(\d+)\.(\d+)", version.strip())
+    if match is None:
+        return None
+    return (int(match[1]), int(match[2])) >= ASYNC_SCHEDULING_SINCE
+
+
+def _lss_async_scheduling(meta: dict[str, Any]) -> bool | None:
+    """The resolved config's switch where the folder recorded it, else the version's default."""
+    resolved = (meta.get("resolved_config") or {}).get("scheduler_config") or {}
+    if isinstance(resolved.get("async_scheduling"), bool):
+        return resolved["async_scheduling"]
+    return async_scheduling_by_default(str(meta.get("vllm_version", "")))
+
+
 def read_llmservingsim_bench(
     folder: Path, *, workload: Path | None = None, gpu: str | None = None, use_token_ids: bool = True
 ) -> MeasuredRun:
@@ -288,6 +313,7 @@ def read_llmservingsim_bench(
         enable_prefix_caching=bool(kv.get("enable_prefix_caching", True)),
         kv_cache_dtype=str(kwargs.get("kv_cache_dtype") or "auto"),
         engine_version=f"vLLM {meta.get('vllm_version', '?')}",
+        async_scheduling=_lss_async_scheduling(meta),
     )
     requests, order = _lss_requests(folder / "vllm" / "requests.jsonl")
     notes = [

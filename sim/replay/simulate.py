@@ -44,6 +44,8 @@ def engine_section(run: MeasuredRun, spec: ReplaySpec) -> dict[str, Any]:
             engine[key] = value
     if settings.num_gpu_blocks is not None:
         engine["num_gpu_blocks_override"] = settings.num_gpu_blocks
+    if settings.async_scheduling is not None:
+        engine["async_scheduling"] = settings.async_scheduling
     if run.anchor == "engine":
         engine["client_overhead_s"] = 0.0  # the data's clock is the engine's own
     return engine | spec.engine
