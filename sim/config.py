@@ -137,7 +137,7 @@ class EngineConfig(_Strict):
         "client-side vLLM runs; other cost models: 0). 0: engine-side latencies.",
     )
     async_scheduling: bool = Field(
-        False,
+        True,
         description="scheduler vllm: vLLM's --async-scheduling (on by default since vLLM 0.14, where "
         "the engine core schedules one step ahead of the GPU, step_with_batch_queue): iteration k+1 is "
         "scheduled while iteration k runs, so a request that arrives during iteration k is first "

@@ -391,7 +391,16 @@ def test_event_skipping_equals_single_stepping_with_async_scheduling(policy, opt
     pool, knobs, shape = SCENARIOS[scenario]
     requests = random_requests(4, 50, **shape)
     single, skip = (
-        run(policy, pool, requests, mode, costs=EQUIVALENCE_COSTS, options=options, async_scheduling=True, **knobs)
+        run(
+            policy,
+            pool,
+            requests,
+            mode,
+            costs=EQUIVALENCE_COSTS,
+            options=options,
+            async_scheduling=True,
+            **knobs,
+        )
         for mode in ("single", "skip")
     )
     assert_same_results(single, skip)

@@ -366,6 +366,7 @@ def test_every_engine_knob_reaches_the_engine(monkeypatch):
         "step_mode": "single",
         "kv_cache_dtype": "fp8",
         "client_overhead_s": 0.25,
+        "async_scheduling": False,  # (on by default)
     }
     run_tiny(tiny_experiment(engine, seed=11))
     # fp8 KV: 65,536 B per token; a block of 32 is 2 MiB: 60,043,812,864 // 2 MiB = 28,631 blocks.
@@ -382,6 +383,7 @@ def test_every_engine_knob_reaches_the_engine(monkeypatch):
         beam_reparent_prob=0.3,
         step_mode="single",
         client_overhead_s=0.25,
+        async_scheduling=False,
     )
     assert (built["seed"], built["block_size"]) == (11, 32)
     assert built["policy"].pool == PoolSpec(28_631 * 32, 32, 1024, 65_536)

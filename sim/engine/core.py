@@ -1288,7 +1288,7 @@ class Engine:
                 # (A transfer's notice can unblock any head: landed prompts hold their blocks, and
                 # released blocks are room.) With async scheduling the iteration after the arrival's
                 # was scheduled before it came, so it can run too.
-                unseen = 1 if self.knobs.async_scheduling and self._transfer is None else 0
+                unseen = 1 if self._may_jump_past_arrival() and self._transfer is None else 0
                 extra = min(extra, self._iterations_until_arrival(first_s) + unseen)
         if extra <= 0:
             return None
@@ -1296,6 +1296,12 @@ class Engine:
             first_s, extra, self.costs.decode, self._decoded_seqs, self.clock.sum_context()
         )
         return Jump(self.env.now, self.clock.now, timeline)
+
+    def _may_jump_past_arrival(self) -> bool:
+        """Async scheduling lets a jump run the iteration after an arrival's (scheduled before it
+        came), except under a cluster: its router reads this replica's state when the request
+        arrives, so the replica must stand at that iteration as single stepping would."""
+        return self.knobs.async_scheduling and self._upstream is None
 
     def _iterations_until_arrival(self, first_s: float) -> int:
         """Iterations after the first up to and including the one during which the next request
@@ -1338,7 +1344,7 @@ class Engine:
                 left -= chunk
             # (Async scheduling: an iteration's admissions see the queue as it was when the iteration
             # before it started.)
-            seen_s = started_s if self.knobs.async_scheduling else elapsed_s
+            seen_s = started_s if self._may_jump_past_arrival() else elapsed_s
             if left > 0 and self._admission_may_change(seen_s, arrival_s):
                 break
             durations.append(self._iteration_duration(batch, context + step * batch, sized))

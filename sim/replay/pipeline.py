@@ -52,6 +52,7 @@ def simulation_facts(simulated: SimulatedRun, out_dir: Path, client_overhead_s: 
         "max_num_batched_tokens": engine.max_num_batched_tokens,
         "block_size": engine.block_size,
         "enable_chunked_prefill": engine.enable_chunked_prefill,
+        "async_scheduling": engine.async_scheduling,
         "preemptions": summary["preemptions"],
         "prefix_cache_hit_rate": summary["prefix_cache_hit_rate"],
         "unfinished": summary["requests_total"] - summary["requests_finished"],

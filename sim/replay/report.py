@@ -141,7 +141,8 @@ def _sections(
                 f"KV pool {sim['kv_pool_tokens']:,} tokens{' per DP rank' if sim['data_parallel_size'] > 1 else ''} "
                 f"({sim['kv_pool_source']})",
                 f"max_num_seqs {sim['max_num_seqs']}, max_num_batched_tokens {sim['max_num_batched_tokens']}, "
-                f"block size {sim['block_size']}, chunked prefill {sim['enable_chunked_prefill']}",
+                f"block size {sim['block_size']}, chunked prefill {sim['enable_chunked_prefill']}, "
+                f"async scheduling {sim['async_scheduling']}{_async_source(settings)}",
                 f"cost model: {sim['cost_model']}; its error band: {sim['cost_model_error_band']}",
                 f"simulated: {sim['preemptions']:,} preemptions, prefix cache hit rate "
                 f"{_percent_plain(sim['prefix_cache_hit_rate'])}, {sim['unfinished']:,} requests unfinished",
@@ -151,6 +152,14 @@ def _sections(
     )
     sections.append(("About the data", run["notes"]))
     return sections
+
+
+def _async_source(settings: dict[str, Any]) -> str:
+    """Where the async-scheduling switch came from: the run's files, or kvsim's default."""
+    recorded = settings.get("async_scheduling")
+    if recorded is None:
+        return " (not recorded: kvsim's default)"
+    return f" ({settings.get('engine_version') or 'the run'}'s setting)"
 
 
 def _expert_parallel(sim: dict[str, Any]) -> str:
