@@ -354,25 +354,21 @@ def assert_same_results(single, skip):
         assert averages_skip[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
 
 
+def run_both_modes(policy, pool, requests, options, **knobs):
+    """The same requests single-stepped and with event skipping, on the equivalence costs."""
+    return {
+        mode: run(policy, pool, requests, mode, costs=EQUIVALENCE_COSTS, options=options, **knobs)
+        for mode in ("single", "skip")
+    }
+
+
 @pytest.mark.parametrize(("policy", "options"), POLICIES)
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 @pytest.mark.parametrize("seed", [1, 2])
 def test_event_skipping_equals_single_stepping(policy, options, scenario, seed):
     pool, knobs, shape = SCENARIOS[scenario]
     requests = random_requests(seed, 50, **shape)
-    run_both = {
-        mode: run(
-            policy,
-            pool,
-            requests,
-            mode,
-            costs=EQUIVALENCE_COSTS,
-            options=options,
-            beam_reparent_prob=0.2,
-            **knobs,
-        )
-        for mode in ("single", "skip")
-    }
+    run_both = run_both_modes(policy, pool, requests, options, beam_reparent_prob=0.2, **knobs)
     assert_same_results(run_both["single"], run_both["skip"])
     assert len(rows(run_both["skip"])) < len(rows(run_both["single"]))
     jumps = run_both["skip"].jumps
@@ -390,19 +386,8 @@ def test_event_skipping_equals_single_stepping_with_async_scheduling(policy, opt
     and must stop before the one that sees it."""
     pool, knobs, shape = SCENARIOS[scenario]
     requests = random_requests(4, 50, **shape)
-    single, skip = (
-        run(
-            policy,
-            pool,
-            requests,
-            mode,
-            costs=EQUIVALENCE_COSTS,
-            options=options,
-            async_scheduling=True,
-            **knobs,
-        )
-        for mode in ("single", "skip")
-    )
+    both = run_both_modes(policy, pool, requests, options, async_scheduling=True, **knobs)
+    single, skip = both["single"], both["skip"]
     assert_same_results(single, skip)
     assert skip.jumps.decode > 0
     synchronous = run(policy, pool, requests, "skip", costs=EQUIVALENCE_COSTS, options=options, **knobs)
