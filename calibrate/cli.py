@@ -33,8 +33,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=Path,
         help="instead of timing a layer: fit the derated model's serving terms (per-iteration overhead, "
         "client overhead, attention and bandwidth scales, all-reduce latency) to measured runs (replay "
-        "files, as kvsim replay-run reads), print in-sample and leave-one-run-out errors, and write the "
+        "files, as kvsim replay-run reads), print in-sample and held-out errors (--folds), and write the "
         "calibration to -o (use it with cost_model: {kind: derated, calibration: FILE})",
+    )
+    parser.add_argument(
+        "--folds",
+        default="run,gpu",
+        help="--from-runs: held-out refits, comma-separated: run (leave one run out), gpu (leave one GPU "
+        "out), model (one model family), tp (one tensor-parallel size); default run,gpu",
     )
     parser.add_argument("--jobs", type=int, default=None, help="--from-runs: replays at once (default: CPUs)")
     parser.add_argument(
@@ -44,8 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--leave-one-out-evaluations",
         type=int,
         default=None,
-        help="--from-runs: candidates each leave-one-run-out refit may try (default: as many as the full "
-        "fit, so that a fold's error is not that of a search stopped short; 0: skip leave-one-run-out)",
+        help="--from-runs: candidates each held-out refit may try (default: as many as the full "
+        "fit, so that a fold's error is not that of a search stopped short; 0: skip the folds)",
     )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument(
@@ -168,6 +174,14 @@ def run_from_runs(args: argparse.Namespace) -> int:
         args.leave_one_out_evaluations = args.max_evaluations
     if args.max_evaluations < 1 or args.leave_one_out_evaluations < 0:
         return _fail("--max-evaluations must be >= 1 and --leave-one-out-evaluations >= 0")
+    from calibrate.from_runs import FOLDS
+
+    folds = [fold.strip() for fold in args.folds.split(",") if fold.strip()]
+    unknown = [fold for fold in folds if fold not in FOLDS]
+    if unknown:
+        return _fail(
+            f"--folds {args.folds}: unknown fold kind(s) {', '.join(unknown)}; known: {', '.join(FOLDS)}"
+        )
 
     def is_calibration(path: Path) -> bool:
         return CALIBRATION_KIND in path.read_text(encoding="utf-8", errors="replace")[:200]
@@ -182,9 +196,11 @@ def run_from_runs(args: argparse.Namespace) -> int:
         args.from_runs,
         jobs=args.jobs or default_jobs(),
         max_evaluations=args.max_evaluations,
-        leave_one_out=args.leave_one_out_evaluations > 0,
-        leave_one_out_evaluations=args.leave_one_out_evaluations,
+        folds=folds,
+        fold_evaluations=args.leave_one_out_evaluations,
         log=lambda message: print(message, file=sys.stderr),
+        # the full fit and each fold kind as they end: a fit of hours cut short keeps what it found
+        checkpoint=lambda partial: write_calibration(partial, output),
     )
     write_calibration(calibration, output)
     print(
@@ -195,9 +211,12 @@ def run_from_runs(args: argparse.Namespace) -> int:
     )
     print("in-sample errors (simulated / measured - 1):")
     print("\n".join(format_errors(calibration.fit["in_sample"]["runs"])))
-    if "leave_one_out" in calibration.fit:
-        print("leave-one-run-out errors (each run replayed with terms fitted to the others):")
-        print("\n".join(format_errors(calibration.fit["leave_one_out"]["runs"])))
+    for fold, key in FOLDS.items():
+        if key in calibration.fit:
+            print(
+                f"leave-one-{fold}-out errors (each run replayed with terms fitted to the other {fold}s' runs):"
+            )
+            print("\n".join(format_errors(calibration.fit[key]["runs"])))
     return 0
 
 

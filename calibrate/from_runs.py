@@ -9,14 +9,21 @@ bounded where a run saturates (a queue that explodes costs a few units, not thou
 it needs no simulation of its own: replays run with it at 0 and it is chosen, for each candidate,
 as the value that minimises the client-side runs' loss (a one-dimensional search).
 
-A fit is judged by its **leave-one-run-out** errors: each run replayed with the terms fitted to the
-others, which is what a user with a new run should expect.
+A fit is judged by its held-out errors, in folds (``FOLDS``): **leave one run out** (each run
+replayed with the terms fitted to the others: what a user with a new run on a fitted GPU should
+expect) and **leave one GPU out** (every run of a GPU replayed with the terms fitted to the other
+GPUs' runs: what a GPU no fitted run measured should expect), and on request by model family and by
+tensor-parallel size. A fold whose training runs cannot inform a term (no client-side run for the
+client term, no NVLink collective for its latency, no PCIe collective for its scale) keeps that term
+at the full fit's value and records it as ``borrowed``: such a term is a property of the server or of
+a link, not of the GPU the fold leaves out.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -33,9 +40,9 @@ FITTED = (
     "iteration_overhead_s",
     "decode_attention_per_seq_scale",
     "kv_bandwidth_scale",
+    "weight_bandwidth_scale",
     "all_reduce_latency_s",
     "pcie_all_reduce_scale",
-    "transferred_bandwidth_scale",
 )
 """The terms the simulation depends on, fitted by Nelder-Mead in log space (all are positive)."""
 
@@ -45,18 +52,67 @@ START = ServingCalibration(
     kv_bandwidth_scale=1.0,
     all_reduce_latency_s=6e-6,
     pcie_all_reduce_scale=1.5,
-    transferred_bandwidth_scale=1.0,
 )
 BOUNDS = {
     "iteration_overhead_s": (1e-6, 5e-3),
     "decode_attention_per_seq_scale": (1e-3, 3.0),
-    "kv_bandwidth_scale": (0.5, 1.1),  # (shares are capped at the datasheet: 1.07 x 0.938 already is)
+    # (shares are capped at each GPU's achievable bandwidth, which bounds these scales further)
+    "kv_bandwidth_scale": (0.5, 1.6),
+    "weight_bandwidth_scale": (0.5, 1.6),
     "all_reduce_latency_s": (1e-7, 3e-5),
     "pcie_all_reduce_scale": (0.2, 20.0),
-    "transferred_bandwidth_scale": (0.5, 1.6),
     "request_overhead_s": (0.0, 0.2),
 }
 METRICS = ("ttft_mean", "tpot", "e2e_mean")
+INITIAL_STEP = {"kv_bandwidth_scale": 0.15, "weight_bandwidth_scale": 0.15}
+"""Nelder-Mead's first step in a term (log units) where the default doubling is too far."""
+
+
+FOLDS = {
+    "run": "leave_one_out",
+    "gpu": "leave_one_gpu_out",
+    "model": "leave_one_model_out",
+    "tp": "leave_one_tp_out",
+}
+"""Fold kinds and the key of their record in a calibration's ``fit``."""
+
+
+@dataclass(frozen=True)
+class RunTraits:
+    """What a run was measured on, for folds and for knowing which terms it informs."""
+
+    gpu: str
+    """The GPU's name (what a GPU fold groups by)."""
+    model_family: str
+    tensor_parallel_size: int
+    collectives: str
+    """``nvlink``, ``pcie`` (tensor- or expert-parallel collectives over that link) or ``none``."""
+    gpu_preset: str | None = None
+    """The preset the GPU is or was built from (what makes a preset ``measured``)."""
+
+    def group(self, fold: str, run_name: str) -> str:
+        return {
+            "run": run_name,
+            "gpu": self.gpu,
+            "model": self.model_family,
+            "tp": f"TP {self.tensor_parallel_size}",
+        }[fold]
+
+
+def model_family(name: str) -> str:
+    """A model's family from its name: the part before its size (``Llama-2-70B`` -> ``llama-2``,
+    ``Qwen3-30B-A3B`` -> ``qwen3``, ``Mixtral-8x7B`` -> ``mixtral``)."""
+    stem = Path(name).stem if name.endswith(".json") else name
+    family = re.split(r"[-_](?:\d+x)?\d+(?:\.\d+)?[bBmM](?![a-zA-Z])", stem, maxsplit=1)[0]
+    return (family or stem).lower()
+
+
+INFORMED_BY = {
+    "request_overhead_s": lambda run: run.anchor == "client",
+    "all_reduce_latency_s": lambda run: run.traits.collectives == "nvlink",
+    "pcie_all_reduce_scale": lambda run: run.traits.collectives == "pcie",
+}
+"""Terms only some runs inform: a fold without such a run among its training runs borrows the term."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +123,7 @@ class RunErrors:
     anchor: str
     measured: dict[str, float]
     simulated: dict[str, float]
+    traits: RunTraits
 
     def with_overhead(self, overhead_s: float) -> dict[str, float]:
         """Signed errors once the client term is added (client-side runs only)."""
@@ -118,6 +175,7 @@ def replay_figures(spec_path: str, parameters: dict[str, float | None]) -> RunEr
         simulated = simulate(prepared, folder / "simulation" / "results")
         paired = paired_frame(run, simulated.requests)
     metrics = compare(run, paired)[0].metrics
+    traits = run_traits(prepared)
     figures = {
         label: {
             "ttft_mean": metrics["ttft_s"][label]["mean"],
@@ -126,7 +184,26 @@ def replay_figures(spec_path: str, parameters: dict[str, float | None]) -> RunEr
         }
         for label in ("measured", "simulated")
     }
-    return RunErrors(spec.name, run.anchor, figures["measured"], figures["simulated"])
+    return RunErrors(spec.name, run.anchor, figures["measured"], figures["simulated"], traits)
+
+
+def run_traits(prepared: Any) -> RunTraits:
+    """A prepared replay's GPU, model family, TP and collectives."""
+    from sim.hardware.gpus import resolve_gpu
+
+    config = prepared.config
+    gpu = resolve_gpu(config.gpu)
+    engine = config.engine
+    tp = engine.tensor_parallel_size
+    parallel = tp > 1 or (engine.enable_expert_parallel and engine.data_parallel_size > 1)
+    link = "nvlink" if gpu.nvlink_bandwidth_bytes_per_s else "pcie"
+    return RunTraits(
+        gpu=gpu.name,
+        gpu_preset=gpu.preset,
+        model_family=model_family(str(config.model)),
+        tensor_parallel_size=tp,
+        collectives=link if parallel else "none",
+    )
 
 
 def _replay_task(task: tuple[str, dict[str, float | None]]) -> RunErrors:
@@ -185,9 +262,15 @@ class Evaluator:
             return [_replay_task(task) for task in tasks]
         return list(self._pool.map(_replay_task, tasks))
 
-    def evaluate(self, parameters: dict[str, float | None], paths: Sequence[str] | None = None) -> Evaluation:
+    def evaluate(
+        self,
+        parameters: dict[str, float | None],
+        paths: Sequence[str] | None = None,
+        overhead_s: float | None = None,
+    ) -> Evaluation:
+        """One candidate's loss; the client term is the best one for it unless ``overhead_s`` fixes it."""
         results = self.results(parameters, paths)
-        overhead = best_overhead(results)
+        overhead = best_overhead(results) if overhead_s is None else overhead_s
         loss = float(np.mean([log_loss(result.with_overhead(overhead)) for result in results]))
         evaluation = Evaluation(parameters, overhead, results, loss)
         self.seen.append(evaluation)
@@ -218,22 +301,27 @@ def fit(
     paths: Sequence[str] | None = None,
     max_evaluations: int = 60,
     names: Sequence[str] = FITTED,
+    overhead_s: float | None = None,
 ) -> Evaluation:
     """Nelder-Mead over the terms ``names`` (default :data:`FITTED`; log space, clipped to
-    :data:`BOUNDS`) from ``start``; the other terms stay as ``start`` has them."""
+    :data:`BOUNDS`) from ``start``; the other terms stay as ``start`` has them, and the client term
+    is chosen per candidate unless ``overhead_s`` fixes it."""
     from scipy.optimize import minimize
 
     best: list[Evaluation] = []
 
     def objective(vector: np.ndarray) -> float:
-        evaluation = evaluator.evaluate(_from_vector(vector, names, start), paths)
+        evaluation = evaluator.evaluate(_from_vector(vector, names, start), paths, overhead_s)
         if not best or evaluation.loss < best[0].loss:
             best[:] = [evaluation]
         return evaluation.loss
 
     x0 = _to_vector(start, names)
-    # First steps of about a third in each term (the default 5 % of a log is too timid here).
-    simplex = np.vstack([x0] + [x0 + np.eye(len(x0))[i] * 0.7 for i in range(len(x0))])
+    # First steps of a doubling in each term (the default 5 % of a log is too timid here), but of
+    # 16 % in the bandwidth scales: a share stops at the GPU's achievable bandwidth, and a first
+    # step past it lands on a plateau the search cannot leave.
+    steps = [INITIAL_STEP.get(name, 0.7) for name in names]
+    simplex = np.vstack([x0] + [x0 + np.eye(len(x0))[i] * steps[i] for i in range(len(x0))])
     minimize(
         objective,
         x0,
@@ -278,17 +366,23 @@ def calibrate_from_runs(
     *,
     jobs: int = 1,
     max_evaluations: int = 60,
-    leave_one_out: bool = True,
-    leave_one_out_evaluations: int | None = None,
+    folds: Sequence[str] = ("run", "gpu"),
+    fold_evaluations: int | None = None,
     start: ServingCalibration = START,
     names: Sequence[str] = FITTED,
     log: Callable[[str], None] | None = None,
+    checkpoint: Callable[[ServingCalibration], None] | None = None,
 ) -> ServingCalibration:
-    """Fit the serving terms to every run of ``spec_paths`` (replay files), then, for each run, refit
-    on the others from the same ``start`` (not from the full fit, which has seen the run) and replay
-    it with those terms. Both sets of per-run errors go into the calibration's ``fit`` record. Each
-    refit may try ``leave_one_out_evaluations`` candidates (None: as many as the full fit; with fewer,
-    Nelder-Mead stops short and a fold's error is partly the search's, not the model's)."""
+    """Fit the serving terms to every run of ``spec_paths`` (replay files), then, for each fold kind
+    of ``folds`` (:data:`FOLDS`) and each group of it, refit on the other groups' runs from the same
+    ``start`` (not from the full fit, which has seen them) and replay the group's runs with those
+    terms. The per-run errors of each go into the calibration's ``fit`` record. Each refit may try
+    ``fold_evaluations`` candidates (None: as many as the full fit; with fewer, Nelder-Mead stops
+    short and a fold's error is partly the search's, not the model's). ``checkpoint`` receives the
+    calibration after the full fit and after each fold kind (a long fit cut short keeps those)."""
+    unknown = [fold for fold in folds if fold not in FOLDS]
+    if unknown:
+        raise ValueError(f"unknown fold kind(s) {', '.join(unknown)}; known: {', '.join(FOLDS)}")
     say = log or (lambda message: None)
     evaluator = Evaluator(spec_paths, jobs, log=say)
     try:
@@ -297,42 +391,93 @@ def calibrate_from_runs(
         in_sample = _errors_record(full.results, full.overhead_s)
         record: dict[str, Any] = {
             "runs": [str(path) for path in spec_paths],
+            "gpus": {result.name: result.traits.gpu_preset or result.traits.gpu for result in full.results},
             "loss": full.loss,
             "evaluations": len(evaluator.seen),
             "in_sample": {"runs": in_sample, "summary": summarize_errors(in_sample)},
         }
         fitted = calibration_of(full, f"{len(spec_paths)} measured vLLM runs", record)
-        if leave_one_out and len(spec_paths) > 1:
-            held_out: dict[str, dict[str, float]] = {}
-            held_parameters: dict[str, dict[str, float | None]] = {}
-            refit_evaluations = (
-                max_evaluations if leave_one_out_evaluations is None else leave_one_out_evaluations
-            )
-            for index, path in enumerate(evaluator.spec_paths):
-                others = [other for position, other in enumerate(evaluator.spec_paths) if position != index]
-                say(f"leaving out {Path(path).stem}")
-                trained = fit(
-                    evaluator,
-                    start,
-                    others,
-                    max_evaluations=refit_evaluations,
-                    names=names,
-                )
-                result = evaluator.results(trained.parameters, [path])[0]
-                held_out[result.name] = result.with_overhead(trained.overhead_s)
-                held_parameters[result.name] = {
-                    **trained.parameters,
-                    "request_overhead_s": trained.overhead_s,
-                }
-            record["leave_one_out"] = {
-                "runs": held_out,
-                "summary": summarize_errors(held_out),
-                "parameters": held_parameters,
-            }
+        save = checkpoint or (lambda calibration: None)
+        save(fitted)
+        budget = max_evaluations if fold_evaluations is None else fold_evaluations
+        for fold in folds:
+            groups = fold_groups(full.results, evaluator.spec_paths, fold)
+            if len(groups) > 1 and budget > 0:
+                record[FOLDS[fold]] = held_out_record(evaluator, full, groups, fold, start, names, budget)
+                record["evaluations"] = len(evaluator.seen)
+                save(fitted)
         record["evaluations"] = len(evaluator.seen)
         return fitted
     finally:
         evaluator.close()
+
+
+def fold_groups(results: Sequence[RunErrors], paths: Sequence[str], fold: str) -> dict[str, list[int]]:
+    """The groups of a fold kind: group name -> positions of its runs (in the runs' order)."""
+    groups: dict[str, list[int]] = {}
+    for index, result in enumerate(results):
+        groups.setdefault(result.traits.group(fold, result.name), []).append(index)
+    return groups
+
+
+def held_out_record(
+    evaluator: Evaluator,
+    full: Evaluation,
+    groups: dict[str, list[int]],
+    fold: str,
+    start: ServingCalibration,
+    names: Sequence[str],
+    budget: int,
+) -> dict[str, Any]:
+    """Every group of one fold kind replayed with the terms fitted to the other groups' runs."""
+    held_out: dict[str, dict[str, float]] = {}
+    parameters: dict[str, dict[str, float | None]] = {}
+    borrowed: dict[str, list[str]] = {}
+    for group, members in groups.items():
+        training = [index for index in range(len(full.results)) if index not in members]
+        lent = [
+            term
+            for term, informs in INFORMED_BY.items()
+            if any(informs(full.results[index]) for index in members)
+            and not any(informs(full.results[index]) for index in training)
+        ]
+        borrowed_terms: dict[str, Any] = {
+            term: full.parameters[term] for term in lent if term in full.parameters
+        }
+        fold_start = replace(start, **borrowed_terms)
+        overhead = full.overhead_s if "request_overhead_s" in lent else None
+        evaluator.log(f"leaving out {fold} {group}" + (f" (borrowing {', '.join(lent)})" if lent else ""))
+        trained = fit(
+            evaluator,
+            fold_start,
+            [evaluator.spec_paths[index] for index in training],
+            max_evaluations=budget,
+            names=[name for name in names if name not in lent],
+            overhead_s=overhead,
+        )
+        for result in evaluator.results(trained.parameters, [evaluator.spec_paths[i] for i in members]):
+            held_out[result.name] = result.with_overhead(trained.overhead_s)
+        parameters[group] = {**trained.parameters, "request_overhead_s": trained.overhead_s}
+        if lent:
+            borrowed[group] = lent
+    record: dict[str, Any] = {
+        "runs": held_out,
+        "summary": summarize_errors(held_out),
+        "parameters": parameters,
+    }
+    if fold != "run":
+        record["groups"] = {
+            group: {
+                "runs": [full.results[index].name for index in members],
+                "summary": summarize_errors(
+                    {full.results[i].name: held_out[full.results[i].name] for i in members}
+                ),
+            }
+            for group, members in groups.items()
+        }
+    if borrowed:
+        record["borrowed"] = borrowed
+    return record
 
 
 def format_errors(errors: dict[str, dict[str, float]]) -> list[str]:

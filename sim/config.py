@@ -38,6 +38,15 @@ VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 """The block sizes vLLM's ``CacheConfig`` accepts (``BlockSize`` literal); others are simulated, with a warning."""
 
 
+def name_from_file(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """``data`` with ``name:`` defaulted to its file's stem (letters, digits, '-', '_' and '.' kept,
+    anything else a '-'): experiment, sweep and plan files without one worked in earlier versions."""
+    if "name" not in data:
+        stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", path.stem).lstrip("-_.")[:100]
+        data["name"] = stem or "unnamed"
+    return data
+
+
 def check_slug(value: str, what: str) -> str:
     if not SLUG.fullmatch(value):
         raise ValueError(
@@ -557,7 +566,7 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such config file")
-    data = yaml_mapping(path)
+    data = name_from_file(yaml_mapping(path), path)
     apply_overrides(data, overrides or [])
     try:
         return validate_experiment(data, path)

@@ -155,9 +155,11 @@ def test_the_cost_band_is_searched_at_its_edges(tmp_path):
     document = run_plan(plan, tmp_path / "out", fn=server_slowed_by_the_cost_model).document
     (result,) = document["candidates"]
     assert result["max_rate_per_s"] == 4.0 and result["gpus_for_target"] == 5
-    edges = {edge["time_scale"]: edge for edge in result["band"]["edges"]}
-    assert edges[0.8]["max_rate_per_s"] == 5.0 and edges[0.8]["gpus_for_target"] == 4
-    assert edges[1.6]["max_rate_per_s"] == 2.5 and edges[1.6]["gpus_for_target"] == 8
+    edges = {edge["side"]: edge for edge in result["band"]["edges"]}
+    assert edges["fast"]["time_scale"] == 0.8 and edges["slow"]["time_scale"] == 1.6
+    assert edges["fast"]["max_rate_per_s"] == 5.0 and edges["fast"]["gpus_for_target"] == 4
+    assert edges["slow"]["max_rate_per_s"] == 2.5 and edges["slow"]["gpus_for_target"] == 8
+    assert result["band"]["overtaken_by"] == []
     band_probes = [p for p in document["probes"] if p["time_scale"] != 1.0]
     assert [(p["time_scale"], p["rate_per_s"]) for p in band_probes] == [  # both edges in each round
         (0.8, 5.0),
@@ -170,8 +172,8 @@ def test_the_cost_band_is_searched_at_its_edges(tmp_path):
     assert band_probes[0]["candidate"] == f"{result['key']} @ GPU times x0.8"
     assert not any(p["confirmation"] for p in band_probes)
     report = (tmp_path / "out" / "report.md").read_text()
-    assert "4–8 GPUs over the cost model's error band (GPU times ×0.8 to ×1.6" in report
-    assert "it ranks first across the band" in report
+    assert "4–8 GPUs over its cost band (GPU times ×0.8 to ×1.6; short probes" in report
+    assert "it ranks first across the bands" in report
 
 
 def test_a_max_rate_study_needs_no_target(tmp_path):
@@ -311,9 +313,9 @@ def test_a_siblings_band_edges_start_from_its_neighbours(tmp_path):
     ]
     assert edges == [(0.8, 5.0, True), (0.8, 6.0, False), (1.6, 2.5, True), (1.6, 3.0, False)]
     for result in document["candidates"]:
-        by_scale = {edge["time_scale"]: edge for edge in result["band"]["edges"]}
-        assert (by_scale[0.8]["max_rate_per_s"], by_scale[0.8]["gpus_for_target"]) == (5.0, 4)
-        assert (by_scale[1.6]["max_rate_per_s"], by_scale[1.6]["gpus_for_target"]) == (2.5, 8)
+        by_side = {edge["side"]: edge for edge in result["band"]["edges"]}
+        assert (by_side["fast"]["max_rate_per_s"], by_side["fast"]["gpus_for_target"]) == (5.0, 4)
+        assert (by_side["slow"]["max_rate_per_s"], by_side["slow"]["gpus_for_target"]) == (2.5, 8)
 
 
 def test_worker_processes_draw_the_same_report(tmp_path):

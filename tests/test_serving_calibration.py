@@ -11,12 +11,23 @@ from pathlib import Path
 import pytest
 import yaml
 
-from calibrate.from_runs import RunErrors, best_overhead, calibrate_from_runs, log_loss, summarize_errors
+from calibrate.from_runs import (
+    INFORMED_BY,
+    RunErrors,
+    RunTraits,
+    best_overhead,
+    calibrate_from_runs,
+    fold_groups,
+    log_loss,
+    model_family,
+    summarize_errors,
+)
 from sim.costs.core import CostModelError, make_cost_model
 from sim.costs.derated import DeratedCostModel
 from sim.costs.serving import (
     NEUTRAL,
     CalibrationError,
+    CalibrationWarning,
     ServingCalibration,
     load_calibration,
     write_calibration,
@@ -39,12 +50,19 @@ def test_iteration_overhead_is_added_once_to_every_iteration() -> None:
     assert slow.iteration_s(8, 4000, chunks) - plain.iteration_s(8, 4000, chunks) == pytest.approx(1e-3)
 
 
-def test_bandwidth_scales_are_capped_at_the_datasheet() -> None:
-    # H100 kv_bandwidth 0.938: x 2 would exceed the datasheet, so the share is 1.0 exactly
+def test_bandwidth_scales_are_capped_at_the_gpus_achievable_bandwidth() -> None:
+    # H100 kv_bandwidth 0.938 x 2 would exceed what its memory delivers: the share is its achievable
+    # share exactly (never the datasheet's 1.0)
     model = DeratedCostModel(LLAMA, H100, serving=ServingCalibration(kv_bandwidth_scale=2.0))
+    ceiling = H100.memory_ceiling.share
+    assert ceiling < 1.0
     kv_bytes = LLAMA.kv_bytes_per_token()
-    assert model.decode.per_context_token_s == pytest.approx(kv_bytes / H100.hbm_bandwidth_bytes_per_s)
-    assert model.efficiency.kv_bandwidth == 1.0
+    assert model.decode.per_context_token_s == pytest.approx(
+        kv_bytes / (H100.hbm_bandwidth_bytes_per_s * ceiling)
+    )
+    assert model.efficiency.kv_bandwidth == ceiling
+    weights = DeratedCostModel(LLAMA, H100, serving=ServingCalibration(weight_bandwidth_scale=1.05))
+    assert weights.efficiency.weight_bandwidth == pytest.approx(min(0.791 * 1.05, ceiling))
 
 
 def test_attention_scale_multiplies_the_per_sequence_cost() -> None:
@@ -59,14 +77,36 @@ def test_per_sequence_attention_divides_with_tensor_parallelism() -> None:
     assert four.decode_attention_per_seq_s == pytest.approx(single.decode_attention_per_seq_s / 4)
 
 
-def test_transferred_scale_touches_only_gpus_without_their_own_factors() -> None:
-    calibration = ServingCalibration(transferred_bandwidth_scale=1.25)
-    rtx = resolve_gpu("RTX-4090-24GB")
+def test_factors_measured_on_another_gpu_follow_its_memory() -> None:
+    # The RTX 4090 has the A100's kernel factors: a GEMV that read at 0.761 of an A100 whose copies
+    # reach a0 reads at 0.761 x a1 / a0 of a 4090 whose copies reach a1; a scale fitted on any GPU
+    # then moves it only up to a1.
+    rtx, a100 = resolve_gpu("RTX-4090-24GB"), resolve_gpu("A100-80GB")
+    a0, a1 = a100.memory_ceiling.share, rtx.memory_ceiling.share
     assert rtx.efficiency.transferred and not H100.efficiency.transferred
-    assert calibration.derate(rtx.efficiency).weight_bandwidth == pytest.approx(
-        rtx.efficiency.weight_bandwidth * 1.25
+    plain = DeratedCostModel(LLAMA, rtx, serving=NEUTRAL)
+    assert plain.efficiency.weight_bandwidth == pytest.approx(0.761 * a1 / a0)
+    scaled = DeratedCostModel(LLAMA, rtx, serving=ServingCalibration(weight_bandwidth_scale=1.6))
+    assert scaled.efficiency.weight_bandwidth == a1
+    own = DeratedCostModel(LLAMA, a100, serving=NEUTRAL)
+    assert own.efficiency.weight_bandwidth == 0.761  # its own factors, as measured
+
+
+def test_a_retired_parameter_loads_with_a_warning_naming_what_replaced_it(tmp_path: Path) -> None:
+    path = tmp_path / "old.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "kind": "kvsim-serving-calibration",
+                "parameters": {"iteration_overhead_s": 3e-4, "transferred_bandwidth_scale": 1.53},
+            }
+        )
     )
-    assert calibration.derate(H100.efficiency).weight_bandwidth == H100.efficiency.weight_bandwidth
+    with pytest.warns(
+        CalibrationWarning, match="transferred_bandwidth_scale is ignored.*weight_bandwidth_scale"
+    ):
+        calibration = load_calibration(path)
+    assert calibration.iteration_overhead_s == 3e-4 and calibration.weight_bandwidth_scale == 1.0
 
 
 def test_all_reduce_terms_follow_the_link() -> None:
@@ -153,12 +193,16 @@ def test_client_overhead_relabels_latencies_and_delays_nothing(tmp_path: Path) -
 # --------------------------------------------------------------------------------------------------
 
 
+TRAITS = RunTraits(gpu="H100-80GB", model_family="llama-2", tensor_parallel_size=1, collectives="none")
+
+
 def _errors(name: str, anchor: str, measured_ttft: float, simulated_ttft: float) -> RunErrors:
     return RunErrors(
         name,
         anchor,
         {"ttft_mean": measured_ttft, "tpot": 0.01, "e2e_mean": 2.0 + measured_ttft},
         {"ttft_mean": simulated_ttft, "tpot": 0.01, "e2e_mean": 2.0 + simulated_ttft},
+        TRAITS,
     )
 
 
@@ -214,7 +258,7 @@ def test_a_tiny_fit_records_in_sample_and_leave_one_out_errors(tmp_path: Path) -
     paths = [_replay_file(tmp_path, "one", 20.0), _replay_file(tmp_path, "two", 20.0)]
     start = replace(NEUTRAL, iteration_overhead_s=1e-4, all_reduce_latency_s=6e-6)
     calibration = calibrate_from_runs(
-        paths, max_evaluations=3, leave_one_out_evaluations=2, start=start, names=["iteration_overhead_s"]
+        paths, max_evaluations=3, fold_evaluations=2, start=start, names=["iteration_overhead_s"]
     )
     fit = calibration.fit
     assert set(fit["in_sample"]["runs"]) == {"one", "two"}
@@ -249,3 +293,146 @@ def test_the_error_band_quotes_the_leave_one_out_errors() -> None:
         "end to end, leave-one-run-out over 2 measured vLLM runs: mean |error| TTFT 12%, TPOT 5%, E2E 6%"
     )
     assert DeratedCostModel(LLAMA, H100, serving=NEUTRAL).error_band == H100.efficiency.error_band
+
+
+# --------------------------------------------------------------------------------------------------
+# Leave one GPU out
+# --------------------------------------------------------------------------------------------------
+
+PLANTED_WEIGHT_SCALE = 1.08
+
+
+def _fake_gpu(name: str, bandwidth_gb_per_s: float, achievable: float) -> dict[str, object]:
+    return {
+        "base": "H100-80GB",
+        "name": name,
+        "hbm_bandwidth_gb_per_s": bandwidth_gb_per_s,
+        "achievable_bandwidth": achievable,
+    }
+
+
+def _planted_run(tmp_path: Path, name: str, gpu: dict[str, object]) -> Path:
+    """A replay file of a run kvsim 'measured' on ``gpu`` with the serving terms planted: a light,
+    decode-bound load (TPOT is the weight read), as a vllm bench JSON."""
+    from sim.config import validate_experiment
+    from sim.runner import prepare_experiment, run_experiment
+
+    folder = tmp_path / name
+    folder.mkdir()
+    planted = ServingCalibration(weight_bandwidth_scale=PLANTED_WEIGHT_SCALE, source="planted")
+    write_calibration(planted, folder / "planted.yaml")
+    data = {
+        "name": "planted",
+        "model": "Llama-2-7B",
+        "gpu": gpu,
+        "cost_model": {"kind": "derated", "calibration": str(folder / "planted.yaml")},
+        "engine": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "async_scheduling": False},
+        "workload": {
+            "num_requests": 12,
+            "arrival": {"kind": "poisson", "rate_per_s": 1},
+            "prompt_len": {"kind": "uniform", "low": 50, "high": 200},
+            "output_len": {"kind": "uniform", "low": 40, "high": 80},
+        },
+        "variants": [{"name": "p", "policy": "paged"}],
+    }
+    config = validate_experiment(data, folder / "planted-run.yaml")
+    results = run_experiment(
+        config, folder / "planted-run.yaml", prepared=prepare_experiment(config, folder / "planted-run.yaml")
+    )
+    table = results[0].sink.requests().sort_values("request_id")
+    bench = {
+        "model_id": "meta-llama/Llama-2-7b-hf",
+        "request_rate": 1.0,
+        "start_times": table["arrival_s"].tolist(),
+        "input_lens": table["prompt_tokens"].tolist(),
+        "output_lens": table["output_tokens"].tolist(),
+        "ttfts": table["ttft_s"].tolist(),
+        "itls": [
+            [(e2e - ttft) / (out - 1)] * (out - 1)
+            for e2e, ttft, out in zip(table["e2e_s"], table["ttft_s"], table["output_tokens"], strict=True)
+        ],
+        "errors": [""] * len(table),
+    }
+    (folder / "bench.json").write_text(json.dumps(bench))
+    spec = {
+        "name": name,
+        "run": {"path": str(folder / "bench.json")},
+        "gpu": gpu,
+        "policy": "paged",
+        "engine": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "async_scheduling": False},
+    }
+    (folder / "replay.yaml").write_text(yaml.safe_dump(spec))
+    return folder / "replay.yaml"
+
+
+def test_a_gpu_fold_carries_a_server_term_to_a_gpu_it_never_saw(tmp_path: Path) -> None:
+    # Two fake GPUs whose memories reach different shares of their datasheets (the per-GPU factor,
+    # 0.92 and 0.60), 'measured' with one planted server term (weights read at 1.08x the kernel
+    # factor). Leaving either GPU out, the refit on the other recovers the term, and the held-out
+    # GPU, known by its own achievable bandwidth, is predicted as measured: the term transfers.
+    fast = _fake_gpu("fake-fast", 3000.0, 0.92)
+    slow = _fake_gpu("fake-slow", 1200.0, 0.60)
+    paths = [_planted_run(tmp_path, "on-fast", fast), _planted_run(tmp_path, "on-slow", slow)]
+    calibration = calibrate_from_runs(
+        paths, max_evaluations=12, folds=("gpu",), start=NEUTRAL, names=["weight_bandwidth_scale"]
+    )
+    fit = calibration.fit
+    assert fit["gpus"] == {"on-fast": "H100-80GB", "on-slow": "H100-80GB"}  # the preset they derive from
+    assert calibration.weight_bandwidth_scale == pytest.approx(PLANTED_WEIGHT_SCALE, rel=0.01)
+    folds = fit["leave_one_gpu_out"]
+    assert set(folds["groups"]) == {"fake-fast", "fake-slow"}
+    for gpu in ("fake-fast", "fake-slow"):
+        assert folds["parameters"][gpu]["weight_bandwidth_scale"] == pytest.approx(
+            PLANTED_WEIGHT_SCALE, rel=0.01
+        )
+    for run in folds["runs"].values():
+        assert abs(run["tpot"]) < 0.005 and abs(run["e2e_mean"]) < 0.005
+    # Had the slow GPU's memory been taken for the fast one's (the per-GPU factor unknown), its
+    # held-out TPOT would be off by about the ratio of the two shares.
+    wrong = calibrate_from_runs(
+        [paths[0], _planted_run(tmp_path, "unknown", _fake_gpu("fake-slow", 1200.0, 0.60))],
+        max_evaluations=1,
+        folds=(),
+        start=replace(NEUTRAL, weight_bandwidth_scale=PLANTED_WEIGHT_SCALE),
+        names=["weight_bandwidth_scale"],
+    )
+    assert abs(wrong.fit["in_sample"]["runs"]["unknown"]["tpot"]) < 0.005
+
+
+def test_gpu_folds_group_runs_by_their_gpu_and_borrow_what_no_training_run_informs() -> None:
+    def run(name: str, gpu: str, anchor: str, collectives: str) -> RunErrors:
+        traits = RunTraits(gpu=gpu, model_family="llama-2", tensor_parallel_size=2, collectives=collectives)
+        figures = {"ttft_mean": 0.1, "tpot": 0.01, "e2e_mean": 1.0}
+        return RunErrors(name, anchor, figures, figures, traits)
+
+    results = [
+        run("h1", "H100-80GB", "client", "nvlink"),
+        run("r1", "RTX-4090-24GB", "engine", "none"),
+        run("h2", "H100-80GB", "client", "none"),
+        run("p1", "RTX-PRO-6000-96GB", "engine", "pcie"),
+    ]
+    groups = fold_groups(results, ["a", "b", "c", "d"], "gpu")
+    assert groups == {"H100-80GB": [0, 2], "RTX-4090-24GB": [1], "RTX-PRO-6000-96GB": [3]}
+    assert fold_groups(results, [], "run") == {"h1": [0], "r1": [1], "h2": [2], "p1": [3]}
+    assert list(fold_groups(results, [], "tp")) == ["TP 2"]
+    informs = {term: [r.name for r in results if rule(r)] for term, rule in INFORMED_BY.items()}
+    assert informs == {
+        "request_overhead_s": ["h1", "h2"],
+        "all_reduce_latency_s": ["h1"],
+        "pcie_all_reduce_scale": ["p1"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "family"),
+    [
+        ("Llama-2-70B", "llama-2"),
+        ("Llama-3.1-8B", "llama-3.1"),
+        ("CodeLlama-34B", "codellama"),
+        ("Qwen3-30B-A3B-Instruct-2507", "qwen3"),
+        ("Qwen3-32B", "qwen3"),
+        ("Mixtral-8x7B", "mixtral"),
+    ],
+)
+def test_model_family_is_the_name_before_its_size(name: str, family: str) -> None:
+    assert model_family(name) == family

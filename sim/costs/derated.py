@@ -86,6 +86,7 @@ from sim.costs.terms import (
     attention_pairs,
     expected_distinct_experts,
 )
+from sim.hardware.gpus import effective_efficiency
 
 if TYPE_CHECKING:
     from sim.hardware.gpus import Efficiency, GpuSpec
@@ -189,7 +190,10 @@ class DeratedCostModel(DatasheetCostModel):
             else None,
         )
         self.all_reduce = self.serving.all_reduce(self.all_reduce, bool(gpu.nvlink_bandwidth_bytes_per_s))
-        eff = self.serving.derate(efficiency if efficiency is not None else gpu.efficiency)
+        # Factors measured on another GPU follow this one's memory; no read outruns what it delivers.
+        ceiling = gpu.memory_ceiling.share
+        kernels = effective_efficiency(efficiency if efficiency is not None else gpu.efficiency, ceiling)
+        eff = self.serving.derate(kernels, ceiling)
         self.efficiency = eff
         self.iteration_overhead_s = self.serving.iteration_overhead_s
         self.request_overhead_s = self.serving.request_overhead_s
@@ -285,7 +289,7 @@ class DeratedCostModel(DatasheetCostModel):
         if self.expert_parallel is not None:
             label = f"{label}; {expert_parallel_label(self.expert_parallel, expert_parallel_size)}"
         self.label = label
-        end_to_end = self.serving.error_band()
+        end_to_end = self.serving.error_band(gpu)
         self.error_band = f"{eff.error_band}; {end_to_end}" if end_to_end else eff.error_band
 
     def _expert_parallel_cost(

@@ -10,7 +10,10 @@ A server adds what those timings leave out, and replays of measured vLLM runs sh
   the API server, tokenization, the first streamed chunk); it relabels latencies, it delays nothing;
 * ``decode_attention_per_seq_scale``, ``kv_bandwidth_scale``, ``weight_bandwidth_scale``: how the
   fused, CUDA-graphed kernels of a server differ from the eagerly timed ones (scales of the GPU's
-  factors; bandwidths stay at most the datasheet's);
+  factors). A bandwidth share never exceeds what the GPU's memory really delivers
+  (:class:`sim.hardware.gpus.AchievableBandwidth`): the scales are properties of the server's
+  kernels, the ceiling a property of the GPU, so a scale fitted on one GPU moves another only as
+  far as that GPU's own memory allows;
 * ``all_reduce_latency_s``: one tensor-parallel all-reduce's fixed time at TP 2 over NVLink (x log2(tp)
   beyond), which vLLM's custom all-reduce makes smaller than NCCL's; ``pcie_all_reduce_scale``: how
   much slower NCCL's all-reduce runs over PCIe than its ring model says.
@@ -18,10 +21,15 @@ A server adds what those timings leave out, and replays of measured vLLM runs sh
 A calibration is a YAML file (:func:`load_calibration`) written by ``kvsim calibrate --from-runs``,
 which also records the runs it was fitted to and its leave-one-run-out errors; the derated model
 uses :data:`DEFAULT_CALIBRATION_PATH` unless told otherwise (``cost_model: {calibration: ...}``).
+
+The fit record also says which GPU each run was measured on, and the errors of refits that left out
+one GPU at a time (``leave_one_gpu_out``): what a GPU without runs of its own should expect
+(:meth:`ServingCalibration.evidence`, :meth:`ServingCalibration.error_band`).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -30,7 +38,7 @@ import yaml
 
 if TYPE_CHECKING:
     from sim.costs.terms import AllReduceCost, AllToAllCost
-    from sim.hardware.gpus import Efficiency
+    from sim.hardware.gpus import Efficiency, GpuSpec
 
 Collective = TypeVar("Collective", "AllReduceCost", "AllToAllCost")
 
@@ -53,9 +61,6 @@ class ServingCalibration:
     pcie_all_reduce_scale: float = 1.0
     """A scale of the all-reduce time on GPUs without NVLink (NCCL over PCIe, where vLLM's custom
     all-reduce does not apply and the latency stays NCCL's)."""
-    transferred_bandwidth_scale: float = 1.0
-    """GPUs whose factors were measured on another GPU (``Efficiency.transferred``): a scale of their
-    weight and KV bandwidth shares, fitted to the runs on such GPUs."""
     source: str = "none (kernel-level factors only)"
     fit: dict[str, Any] = field(default_factory=dict, compare=False)
     """What the fit recorded: runs, in-sample and leave-one-run-out errors (for reports)."""
@@ -79,17 +84,15 @@ class ServingCalibration:
     def parameters(self) -> dict[str, float | None]:
         return {name: getattr(self, name) for name in PARAMETERS}
 
-    def derate(self, efficiency: Efficiency) -> Efficiency:
-        """``efficiency`` with this calibration's scales applied (bandwidth shares capped at 1)."""
+    def derate(self, efficiency: Efficiency, achievable_share: float = 1.0) -> Efficiency:
+        """``efficiency`` with this calibration's scales applied, every bandwidth share capped at
+        ``achievable_share`` (the GPU's :class:`sim.hardware.gpus.AchievableBandwidth`)."""
         if self.is_neutral:
             return efficiency
-        transferred = self.transferred_bandwidth_scale if efficiency.transferred else 1.0
         return replace(
             efficiency,
-            kv_bandwidth=min(1.0, efficiency.kv_bandwidth * self.kv_bandwidth_scale * transferred),
-            weight_bandwidth=min(
-                1.0, efficiency.weight_bandwidth * self.weight_bandwidth_scale * transferred
-            ),
+            kv_bandwidth=min(achievable_share, efficiency.kv_bandwidth * self.kv_bandwidth_scale),
+            weight_bandwidth=min(achievable_share, efficiency.weight_bandwidth * self.weight_bandwidth_scale),
             decode_attention_per_seq_s=efficiency.decode_attention_per_seq_s
             * self.decode_attention_per_seq_scale,
         )
@@ -105,29 +108,77 @@ class ServingCalibration:
             cost, per_iteration_s=cost.per_iteration_s * scale, per_token_s=cost.per_token_s * scale
         )
 
-    def error_band(self) -> str:
-        """What the fit says a new run should expect (its leave-one-run-out errors), or ""."""
-        summary = (self.fit.get("leave_one_out") or {}).get("summary") or {}
+    def fitted_gpus(self) -> dict[str, int]:
+        """The GPU presets the fit's runs were measured on, with their number of runs."""
+        counts: dict[str, int] = {}
+        for preset in (self.fit.get("gpus") or {}).values():
+            counts[str(preset)] = counts.get(str(preset), 0) + 1
+        return counts
+
+    def evidence(self, gpu: GpuSpec) -> str:
+        """How much of ``gpu`` was measured: ``measured`` (runs on it are in the fit), ``transferred``
+        (no runs, but its kernels or its memory bandwidth were measured: the fit is carried over by
+        physics) or ``datasheet-only`` (nothing but its datasheet and its memory technology)."""
+        if gpu.preset is not None and gpu.preset in self.fitted_gpus():
+            return "measured"
+        return "transferred" if gpu.has_own_measurements else "datasheet-only"
+
+    def _held_out(self, gpu: GpuSpec | None) -> tuple[str, dict[str, Any]]:
+        """The folds whose errors ``gpu`` should expect: leave-one-run-out for a measured GPU (or
+        none named), leave-one-GPU-out for any other (when the fit has them)."""
+        by_gpu = self.fit.get("leave_one_gpu_out") or {}
+        by_run = self.fit.get("leave_one_out") or {}
+        if by_gpu.get("runs") and (
+            (gpu is not None and self.evidence(gpu) != "measured") or not by_run.get("runs")
+        ):
+            return "gpu", by_gpu  # (a fit without run folds: the wider GPU folds for every GPU)
+        return "run", by_run
+
+    def error_band(self, gpu: GpuSpec | None = None) -> str:
+        """What the fit says a new run on ``gpu`` should expect (its held-out errors), or ""."""
+        fold, held_out = self._held_out(gpu)
+        summary = held_out.get("summary") or {}
         try:
             ttft, tpot, e2e = (summary[f"{name}_mean_abs"] for name in ("ttft_mean", "tpot", "e2e_mean"))
         except KeyError:
             return ""
-        runs = len((self.fit.get("leave_one_out") or {}).get("runs") or {})
-        return (
-            f"end to end, leave-one-run-out over {runs} measured vLLM runs: mean |error| TTFT {ttft:.0%}, "
-            f"TPOT {tpot:.0%}, E2E {e2e:.0%}"
-        )
+        runs = len(held_out.get("runs") or {})
+        if fold == "gpu":
+            groups = len(held_out.get("groups") or {})
+            how = f"leave-one-GPU-out over {groups} GPUs ({runs} measured vLLM runs)"
+        else:
+            how = f"leave-one-run-out over {runs} measured vLLM runs"
+        text = f"end to end, {how}: mean |error| TTFT {ttft:.0%}, TPOT {tpot:.0%}, E2E {e2e:.0%}"
+        if gpu is None:
+            return text
+        evidence = self.evidence(gpu)
+        if evidence == "datasheet-only":
+            low, high = gpu.memory_ceiling.band
+            text += (
+                f"; {gpu.name} has no measurements of its own: achievable bandwidth "
+                f"{gpu.memory_ceiling.share:.0%} of the datasheet assumed ({low:.0%}..{high:.0%} "
+                "measured on parts of its memory type), which widens its band"
+            )
+        return f"{gpu.name} is {evidence}: {text}"
 
-    def time_scale_band(self) -> tuple[float, float] | None:
+    def time_scale_band(self, gpu: GpuSpec | None = None) -> tuple[float, float] | None:
         """The GPU-time scales (``cost_model: {time_scale: ...}``) that would have made kvsim's TPOT
-        match the measured runs it was not fitted to, fastest and slowest: with a leave-one-run-out
-        TPOT error ``e`` (simulated / measured - 1), the measured server's step took ``1 / (1 + e)``
-        times kvsim's. None without leave-one-out errors."""
-        runs = (self.fit.get("leave_one_out") or {}).get("runs") or {}
+        match the measured runs it was not fitted to, fastest and slowest: with a held-out TPOT
+        error ``e`` (simulated / measured - 1), the measured server's step took ``1 / (1 + e)``
+        times kvsim's. The folds are those of :meth:`error_band`; a datasheet-only GPU's band
+        widens by its achievable bandwidth's range (a step read at ``share`` could run at any share
+        in ``low..high``). None without held-out errors."""
+        _, held_out = self._held_out(gpu)
+        runs = held_out.get("runs") or {}
         errors = [float(run["tpot"]) for run in runs.values() if "tpot" in run]
         if not errors:
             return None
-        return 1.0 / (1.0 + max(errors)), 1.0 / (1.0 + min(errors))
+        fast, slow = 1.0 / (1.0 + max(errors)), 1.0 / (1.0 + min(errors))
+        if gpu is not None and self.evidence(gpu) == "datasheet-only":
+            share = gpu.memory_ceiling.share
+            low, high = gpu.memory_ceiling.band
+            fast, slow = fast * share / high, slow * share / low
+        return fast, slow
 
     def describe(self) -> str:
         """A short phrase for cost-model labels."""
@@ -144,8 +195,21 @@ PARAMETERS = (
     "weight_bandwidth_scale",
     "all_reduce_latency_s",
     "pcie_all_reduce_scale",
-    "transferred_bandwidth_scale",
 )
+RETIRED_PARAMETERS = {
+    "transferred_bandwidth_scale": (
+        "kvsim 0.2 no longer uses it: a GPU whose kernel factors were measured on another GPU now reads "
+        "at its own achievable bandwidth (sim/hardware/gpus.py, AchievableBandwidth), and "
+        "weight_bandwidth_scale is fitted for every GPU; refit with `kvsim calibrate --from-runs`"
+    )
+}
+"""Parameters earlier calibration files carry that are read with a warning and ignored."""
+
+
+class CalibrationWarning(UserWarning):
+    """A calibration file loads, but something in it is no longer used."""
+
+
 NEUTRAL = ServingCalibration()
 
 
@@ -167,6 +231,13 @@ def load_calibration(path: str | Path) -> ServingCalibration:
     parameters = data.get("parameters")
     if not isinstance(parameters, dict):
         raise CalibrationError(f"{path}: `parameters` must be a mapping of {', '.join(PARAMETERS)}")
+    for name in sorted(set(parameters) & set(RETIRED_PARAMETERS)):
+        warnings.warn(
+            f"{path}: parameters.{name} is ignored: {RETIRED_PARAMETERS[name]}",
+            CalibrationWarning,
+            stacklevel=2,
+        )
+        parameters = {key: value for key, value in parameters.items() if key != name}
     unknown = sorted(set(parameters) - set(PARAMETERS))
     if unknown:
         raise CalibrationError(
@@ -191,7 +262,10 @@ def calibration_document(calibration: ServingCalibration) -> dict[str, Any]:
 
 
 def write_calibration(calibration: ServingCalibration, path: Path) -> None:
-    path.write_text(yaml.safe_dump(calibration_document(calibration), sort_keys=False))
+    """Write the file whole or not at all (a fit rewrites it as it goes, and may be stopped)."""
+    staging = path.with_name(f".{path.name}.partial")
+    staging.write_text(yaml.safe_dump(calibration_document(calibration), sort_keys=False))
+    staging.replace(path)
 
 
 _DEFAULT: ServingCalibration | None = None

@@ -70,12 +70,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
 __all__ = [
+    "ACHIEVABLE_BANDWIDTH_DEFAULTS",
     "DEFAULT_PCIE_BANDWIDTH_BYTES_PER_S",
+    "AchievableBandwidth",
     "EFFICIENCY_PRESETS",
     "GENERIC_EFFICIENCY",
     "GPU_PRESETS",
     "Efficiency",
     "GpuSpec",
+    "effective_efficiency",
     "resolve_gpu",
 ]
 
@@ -130,15 +133,19 @@ class Efficiency:
     source: str = ""
     error_band: str = "not validated"
     transferred: bool = False
-    """True when the factors were measured on another GPU and applied to this one (the serving
-    calibration then scales its bandwidths: ``sim/costs/serving.py``)."""
+    """True when the factors were measured on another GPU and applied to this one: its bandwidth
+    shares then follow this GPU's achievable bandwidth (:func:`effective_efficiency`)."""
+    measured_achievable_bandwidth: float | None = None
+    """The achievable-bandwidth share (:class:`AchievableBandwidth`) of the GPU the bandwidth shares
+    were measured on: a kernel that reached ``weight_bandwidth`` there is taken to reach the same
+    fraction of what another GPU's memory can deliver. None: used as they are."""
 
     def __post_init__(self) -> None:
         for item in fields(self):
             value = getattr(self, item.name)
             if item.name == "transferred":
                 continue
-            if value is None and item.name == "routed_expert_bandwidth":
+            if value is None and item.name in ("routed_expert_bandwidth", "measured_achievable_bandwidth"):
                 continue
             if item.name in ("source", "error_band"):
                 if not isinstance(value, str):
@@ -150,6 +157,157 @@ class Efficiency:
                 raise ValueError(
                     f"efficiency {item.name} is a share of the datasheet peak, in (0, 1.5]; got {value!r}"
                 )
+
+
+@dataclass(frozen=True)
+class AchievableBandwidth:
+    """The share of a GPU's datasheet memory bandwidth that a streaming kernel really reaches (a
+    STREAM / BabelStream copy or triad, a device-to-device copy): the ceiling of every read the
+    derated model charges on that GPU. No GPU reaches its datasheet figure (DRAM refresh, bank and
+    read/write turnaround, the controllers' queues), and how far short it falls is a property of
+    the memory technology and the part, not of the kernel: HBM parts measure 80-92 %, GDDR parts
+    70-94 % in the sources below.
+
+    ``measured``: the share was measured on this GPU (``source`` cites where); else it is the
+    default of the GPU's memory technology (:data:`ACHIEVABLE_BANDWIDTH_DEFAULTS`) and ``low`` ..
+    ``high`` the range of that technology's measured parts, which the GPU's cost band widens by."""
+
+    share: float
+    source: str
+    measured: bool = True
+    low: float | None = None
+    high: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("share", "low", "high"):
+            value = getattr(self, name)
+            if value is None and name != "share":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+                raise ValueError(
+                    f"achievable bandwidth {name} is a share of the datasheet, in (0, 1]; got {value!r}"
+                )
+        if self.low is not None and self.high is not None and not self.low <= self.share <= self.high:
+            raise ValueError(
+                f"achievable bandwidth {self.share} lies outside its own range {self.low}..{self.high}"
+            )
+
+    @property
+    def band(self) -> tuple[float, float]:
+        """The shares the GPU may really reach: its measurement, or its technology's measured range."""
+        return (self.low or self.share, self.high or self.share)
+
+
+def _default_for(
+    technology: str, shares: dict[str, float], used_for: str | None = None
+) -> AchievableBandwidth:
+    """A memory technology's default: the median of its measured parts' shares, their range as the
+    band (at least +-5 points: two parts do not pin a technology down)."""
+    values = sorted(shares.values())
+    middle = len(values) // 2
+    median = values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+    low, high = min(values[0], median - 0.05), min(max(values[-1], median + 0.05), 1.0)
+    parts = ", ".join(f"{name} {share:.1%}" for name, share in shares.items())
+    borrowed = f" (no {used_for} part measured)" if used_for and used_for != technology else ""
+    return AchievableBandwidth(
+        round(median, 3),
+        f"no measurement of this GPU: the median of measured {technology} parts{borrowed}: {parts}",
+        measured=False,
+        low=round(low, 3),
+        high=round(high, 3),
+    )
+
+
+_MEMORY_TYPES = {
+    "T4-16GB": "GDDR6",
+    "A10G-24GB": "GDDR6",
+    "L4-24GB": "GDDR6",
+    "RTX-4090-24GB": "GDDR6X",
+    "A100-40GB": "HBM2",
+    "A100-80GB": "HBM2e",
+    "H100-80GB": "HBM3",
+    "H200-141GB": "HBM3e",
+    "H100-PCIe-80GB": "HBM2e",
+    "H100-NVL-94GB": "HBM3",
+    "B200-180GB": "HBM3e",
+    "L40S-48GB": "GDDR6",
+    "RTX-PRO-6000-96GB": "GDDR7",
+    "MI300X-192GB": "HBM3",
+}
+
+# What streaming kernels reach on each GPU, measured: the best DRAM-bound kernel rate found, over
+# the datasheet figure kvsim uses. Sources:
+# [RRZE] RRZE-HPC/gpu-benches @ 1038c5d (NHR@FAU), gpu-stream/*.txt: read, scale and triad streams
+#        over all occupancies (the maximum of the three is taken); gpu-roofline/h200.txt.
+# [yencal] yencal/gpu-bandwidth-benchmark @ fc38883, figures/: a device copy (read and write bytes
+#        counted) with 16-byte loads, at 1 GB arrays.
+# [cuda-demo] router-gao/cuda-demo, cuda-samples/02-cuda-bandwidth.md: CUDA's bandwidthTest
+#        (device to device, read and write counted, 32 MB quick mode).
+# [Vidur] microsoft/vidur's A100-80GB profiles: decode attention reads K/V at 0.938 of 2,039 GB/s
+#        (kvsim's fitted kv_bandwidth; calibrate/vidur_data), above that GPU's streaming benchmarks.
+# Parts that are not presets but inform their memory type's default (ACHIEVABLE_BANDWIDTH_DEFAULTS):
+# V100 (HBM2, 900 GB/s) read 867 GB/s = 0.963 and A40 (GDDR6, 696 GB/s) 680 GB/s = 0.977 [RRZE].
+MEASURED_ACHIEVABLE_BANDWIDTH: dict[str, AchievableBandwidth] = {
+    "T4-16GB": AchievableBandwidth(
+        0.749, "239.6 of 320 GB/s, CUDA bandwidthTest device to device [cuda-demo]"
+    ),
+    "A100-40GB": AchievableBandwidth(0.965, "read stream 1,500 of 1,555 GB/s [RRZE gpu-stream/a100_40.txt]"),
+    "A100-80GB": AchievableBandwidth(
+        0.938,
+        "decode attention's K/V reads at 0.938 of 2,039 GB/s in Vidur's measured kernels [Vidur]; "
+        "streaming: triad 1,794 GB/s = 0.880 [RRZE gpu-stream/a100_80.txt]",
+    ),
+    "H100-80GB": AchievableBandwidth(0.910, "device copy 3,050 of 3,350 GB/s [yencal figures/..._h100.png]"),
+    "H200-141GB": AchievableBandwidth(
+        0.856,
+        "device copy 4,110 of 4,800 GB/s [yencal figures/..._h200.png]; a streaming roofline kernel: "
+        "3,780 GB/s = 0.788 [RRZE gpu-roofline/h200.txt]",
+    ),
+    "H100-PCIe-80GB": AchievableBandwidth(
+        0.971, "read stream 1,942 of 2,000 GB/s [RRZE gpu-stream/h100_pcie.txt]"
+    ),
+    "L40S-48GB": AchievableBandwidth(
+        0.978,
+        "read stream 845 of 864 GB/s on the L40, whose memory (48 GB GDDR6, 384-bit, 864 GB/s) the L40S "
+        "shares [RRZE gpu-stream/l40.txt]",
+    ),
+    "MI300X-192GB": AchievableBandwidth(
+        0.792, "read stream 4,199 of 5,300 GB/s [RRZE gpu-stream/mi300x.txt]"
+    ),
+}
+"""The GPUs whose achievable bandwidth was measured, by preset name (sources above)."""
+
+_OTHER_MEASURED_PARTS: dict[str, tuple[str, float]] = {"V100": ("HBM2", 0.963), "A40": ("GDDR6", 0.977)}
+"""Measured parts that are not presets, by name: (memory type, share) (sources above)."""
+
+
+def _technology_defaults() -> dict[str, AchievableBandwidth]:
+    by_type: dict[str, dict[str, float]] = {}
+    for name, measured in MEASURED_ACHIEVABLE_BANDWIDTH.items():
+        by_type.setdefault(_MEMORY_TYPES[name], {})[name] = measured.share
+    for name, (technology, share) in _OTHER_MEASURED_PARTS.items():
+        by_type.setdefault(technology, {})[name] = share
+    # a technology without a measured part of its own takes its nearest measured predecessor's
+    predecessor = {"HBM2e": "HBM2", "HBM3": "HBM2e", "HBM3e": "HBM3", "GDDR6X": "GDDR6", "GDDR7": "GDDR6X"}
+    defaults = {}
+    for technology in ("HBM2", "HBM2e", "HBM3", "HBM3e", "GDDR6", "GDDR6X", "GDDR7"):
+        measured_as = technology
+        while measured_as not in by_type and measured_as in predecessor:
+            measured_as = predecessor[measured_as]
+        if measured_as in by_type:
+            defaults[technology] = _default_for(measured_as, by_type[measured_as], technology)
+    return defaults
+
+
+ACHIEVABLE_BANDWIDTH_DEFAULTS: dict[str, AchievableBandwidth] = _technology_defaults()
+"""By memory type: the median share of its measured parts, with their range (at least +-5 points)."""
+
+UNKNOWN_MEMORY_ACHIEVABLE_BANDWIDTH = _default_for(
+    "GPU",
+    {name: measured.share for name, measured in MEASURED_ACHIEVABLE_BANDWIDTH.items()}
+    | {name: share for name, (_, share) in _OTHER_MEASURED_PARTS.items()},
+)
+"""A GPU of unknown memory type: the median of every measured GPU, their whole range as its band."""
 
 
 # Fitted by `python -m calibrate.vidur --efficiency` (calibrate/vidur.py) from Vidur's per-operation
@@ -166,6 +324,7 @@ _A100 = Efficiency(
     prefill_attention_flops=0.255,
     prefill_attention_fixed_s=18.1e-6,
     source="A100 factors fitted to Vidur's A100-80GB Llama-2-7B operations",
+    measured_achievable_bandwidth=MEASURED_ACHIEVABLE_BANDWIDTH["A100-80GB"].share,
     error_band=(
         "decode -12..+13 %, prefill -9..+15 % vs held-out Vidur A100 Llama-2-7B iterations; Llama-3-8B "
         "(FlashInfer, not fitted): decode -10..+21 %, prefill -17..+42 %; LM head not measured"
@@ -183,6 +342,7 @@ _H100 = Efficiency(
     prefill_attention_flops=_A100.prefill_attention_flops,
     prefill_attention_fixed_s=_A100.prefill_attention_fixed_s,
     source="H100 factors fitted to Vidur's H100 Llama-2-7B operations; attention: A100 factors",
+    measured_achievable_bandwidth=MEASURED_ACHIEVABLE_BANDWIDTH["H100-80GB"].share,
     error_band=(
         "decode -13..+0 %, prefill -16..+6 % vs held-out Vidur H100 Llama-2-7B iterations whose attention "
         "is itself modelled (no H100 attention data): only the matrix products and elementwise kernels "
@@ -204,6 +364,28 @@ def _applied(factors: Efficiency, gpu: str, why: str, expected_error: str | None
             f"{factors.error_band}"
         ),
         transferred=True,
+    )
+
+
+def effective_efficiency(efficiency: Efficiency, achievable_share: float) -> Efficiency:
+    """``efficiency`` on a GPU whose memory reaches ``achievable_share`` of its datasheet: bandwidth
+    shares measured on another GPU keep their fraction of what the memory delivers (a kernel that
+    read at 0.761 of an A100 whose copies reach 0.9 reads at 0.761 / 0.9 of what any GPU's copies
+    reach), and no share exceeds ``achievable_share``. The routed experts' share was measured on the
+    GPU that carries it: only capped."""
+    reference = efficiency.measured_achievable_bandwidth
+    ratio = 1.0 if reference is None else achievable_share / reference
+
+    def follow(share: float) -> float:
+        return min(share * ratio, achievable_share)
+
+    routed = efficiency.routed_expert_bandwidth
+    return replace(
+        efficiency,
+        weight_bandwidth=follow(efficiency.weight_bandwidth),
+        kv_bandwidth=follow(efficiency.kv_bandwidth),
+        elementwise_bandwidth=follow(efficiency.elementwise_bandwidth),
+        routed_expert_bandwidth=None if routed is None else min(routed, achievable_share),
     )
 
 
@@ -237,6 +419,26 @@ class GpuSpec:
     nvlink_bandwidth_bytes_per_s: float | None = None
     pcie_bandwidth_bytes_per_s: float = DEFAULT_PCIE_BANDWIDTH_BYTES_PER_S
     peer_link_name: str = "NVLink"
+    memory_type: str = "unknown"
+    """HBM2, HBM2e, HBM3, HBM3e, GDDR6, GDDR6X, GDDR7 (or unknown): picks the achievable-bandwidth
+    default where the GPU itself was not measured."""
+    achievable_bandwidth: AchievableBandwidth | None = None
+    """The share of ``hbm_bandwidth_bytes_per_s`` real kernels can reach; None: its memory type's
+    default (:data:`ACHIEVABLE_BANDWIDTH_DEFAULTS`)."""
+    preset: str | None = None
+    """The preset this GPU is or was built from (``base:``); None for a custom GPU without one."""
+
+    @property
+    def memory_ceiling(self) -> AchievableBandwidth:
+        """The achievable bandwidth in effect: the GPU's own, else its memory type's default."""
+        if self.achievable_bandwidth is not None:
+            return self.achievable_bandwidth
+        return ACHIEVABLE_BANDWIDTH_DEFAULTS.get(self.memory_type, UNKNOWN_MEMORY_ACHIEVABLE_BANDWIDTH)
+
+    @property
+    def has_own_measurements(self) -> bool:
+        """Whether anything of this GPU itself was measured: its kernels or its memory bandwidth."""
+        return not self.efficiency.transferred or self.memory_ceiling.measured
 
     @property
     def tensor_parallel_link_bytes_per_s(self) -> float:
@@ -465,6 +667,16 @@ GPU_PRESETS: dict[str, GpuSpec] = {
     ),
 }
 
+GPU_PRESETS = {
+    name: replace(
+        spec,
+        preset=name,
+        memory_type=_MEMORY_TYPES[name],
+        achievable_bandwidth=MEASURED_ACHIEVABLE_BANDWIDTH.get(name),
+    )
+    for name, spec in GPU_PRESETS.items()
+}
+
 # Short names that are unambiguous (compared after normalisation: lower case, alphanumerics only).
 _GPU_ALIASES: dict[str, str] = {
     "t4": "T4-16GB",
@@ -508,7 +720,17 @@ _MEMORY_KEYS = {"memory_bytes": 1, "memory_gib": GiB, "memory_gb": GB}
 _BANDWIDTH_KEYS = {"hbm_bandwidth_bytes_per_s": 1, "hbm_bandwidth_gb_per_s": GB, "hbm_bandwidth_tb_per_s": TB}
 _FLOPS_KEYS = {"fp16_flops": 1, "fp16_tflops": TFLOPS}
 _LINK_KEYS = ("nvlink_gb_per_s", "pcie_gb_per_s")
-_ALLOWED_KEYS = {"name", "base", "efficiency", *_MEMORY_KEYS, *_BANDWIDTH_KEYS, *_FLOPS_KEYS, *_LINK_KEYS}
+_MEMORY_TYPE_KEYS = ("memory_type", "achievable_bandwidth")
+_ALLOWED_KEYS = {
+    "name",
+    "base",
+    "efficiency",
+    *_MEMORY_KEYS,
+    *_BANDWIDTH_KEYS,
+    *_FLOPS_KEYS,
+    *_LINK_KEYS,
+    *_MEMORY_TYPE_KEYS,
+}
 _EFFICIENCY_KEYS = [
     item.name for item in fields(Efficiency) if item.name not in ("source", "error_band", "transferred")
 ]
@@ -535,6 +757,41 @@ def _efficiency(spec: Mapping[str, object], base: Efficiency) -> Efficiency:
         source=f"{base.source}; overridden by the user: {changed}",
         error_band=f"not validated (user-set factors: {changed})",
     )
+
+
+def _memory(spec: Mapping[str, object], base: GpuSpec | None) -> dict[str, object]:
+    """The memory type and achievable bandwidth a custom GPU gives (``memory_type: HBM3e``,
+    ``achievable_bandwidth: 0.88`` a measured share of its datasheet bandwidth), else its base's."""
+    memory_type = spec.get("memory_type", base.memory_type if base else "unknown")
+    if memory_type not in (*ACHIEVABLE_BANDWIDTH_DEFAULTS, "unknown"):
+        raise ValueError(
+            f"custom GPU: memory_type must be one of {', '.join(ACHIEVABLE_BANDWIDTH_DEFAULTS)}, got {memory_type!r}"
+        )
+    achievable = base.achievable_bandwidth if base and "memory_type" not in spec else None
+    share = spec.get("achievable_bandwidth")
+    if share is not None:
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+            raise ValueError(
+                f"custom GPU: achievable_bandwidth is the measured share of the datasheet bandwidth, in (0, 1]; got {share!r}"
+            )
+        achievable = AchievableBandwidth(float(share), "given by the user (custom GPU)")
+    elif base and (
+        "hbm_bandwidth_bytes_per_s" in spec
+        or "hbm_bandwidth_gb_per_s" in spec
+        or "hbm_bandwidth_tb_per_s" in spec
+    ):
+        # another bandwidth on the same memory: the base's measured share of its own figure no longer
+        # applies as measured, only as its memory type's evidence
+        achievable = (
+            None
+            if achievable is None
+            else replace(
+                achievable,
+                measured=False,
+                source=f"{base.name}'s measured share, applied to a changed datasheet bandwidth: {achievable.source}",
+            )
+        )
+    return {"memory_type": memory_type, "achievable_bandwidth": achievable}
 
 
 def _preset(name: str) -> GpuSpec:
@@ -637,6 +894,7 @@ def resolve_gpu(spec: str | Mapping[str, object] | GpuSpec) -> GpuSpec:
             efficiency,
             nvlink_bandwidth_bytes_per_s=nvlink,
             pcie_bandwidth_bytes_per_s=pcie,
+            **_memory(spec, None),  # type: ignore[arg-type]
         )
     nvlink, pcie = _links(spec, base.nvlink_bandwidth_bytes_per_s, base.pcie_bandwidth_bytes_per_s)
     return replace(
@@ -650,4 +908,5 @@ def resolve_gpu(spec: str | Mapping[str, object] | GpuSpec) -> GpuSpec:
         if bandwidth is not None
         else base.hbm_bandwidth_bytes_per_s,
         fp16_flops=float(flops) if flops is not None else base.fp16_flops,
+        **_memory(spec, base),  # type: ignore[arg-type]
     )

@@ -2,19 +2,24 @@
 times scaled to the band's edges (``cost_model: {time_scale: ...}``, ``sim/costs/scaled.py``).
 
 The band is ``search.cost_band``: ``fitted`` (the default) takes it from the serving calibration's
-leave-one-run-out TPOT errors (``ServingCalibration.time_scale_band``: the GPU-time scales that would
-have matched the measured runs kvsim was not fitted to), an explicit ``[fast, slow]`` pair of scales
-applies to every candidate, and ``none`` skips it. The edge searches start from each candidate's
-nominal maximum rate scaled by the edge (a warm start: a few probes each) and are not confirmed by
-long runs, so an edge's rate is a short-probe estimate: the report says so. A candidate's edges are
-searched as soon as it has its nominal answer, alongside the other candidates' searches; a
-block-size sibling's edge starts from its neighbour's at the same edge (``RateSearch.following``).
+held-out TPOT errors for **each candidate's GPU** (``ServingCalibration.time_scale_band``: a GPU with
+measured runs in the fit gets the leave-one-run-out errors, any other the leave-one-GPU-out ones,
+and a datasheet-only GPU those widened by its assumed achievable bandwidth's range), so that a
+plan comparing a measured H100 with a datasheet-only B200 shows how much less certain the B200's
+row is. An explicit ``[fast, slow]`` pair of scales applies to every candidate, and ``none`` skips
+it. Each candidate has two edges, ``fast`` and ``slow``, each at its own GPU's scale; the ranking
+can flip within the band where another candidate's fast edge beats the recommendation's slow one.
+The edge searches start from each candidate's nominal maximum rate scaled by the edge (a warm
+start: a few probes each) and are not confirmed by long runs, so an edge's rate is a short-probe
+estimate: the report says so. A candidate's edges are searched as soon as it has its nominal
+answer, alongside the other candidates' searches; a block-size sibling's edge starts from its
+neighbour's at the same edge (``RateSearch.following``).
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from sim.planning.plans.analysis import candidate_results
@@ -25,33 +30,60 @@ if TYPE_CHECKING:
     from sim.planning.plans.run import Probe
 
 
-def band_scales(plan: Plan) -> tuple[float, float] | None:
-    """The band's GPU-time scales, fastest first, or None (no band to search)."""
+SIDES = ("fast", "slow")
+
+
+@dataclass(frozen=True)
+class CandidateBand:
+    """One candidate's band: its two GPU-time scales and what they rest on."""
+
+    fast: float
+    slow: float
+    gpu: str = ""
+    evidence: str = ""
+    """``measured``, ``transferred`` or ``datasheet-only`` (``ServingCalibration.evidence``); "" when
+    the plan gives the band."""
+
+    def scale(self, side: str) -> float:
+        return self.fast if side == "fast" else self.slow
+
+
+def band_scales(plan: Plan) -> dict[str, CandidateBand]:
+    """Each candidate's band, by key (none for a candidate without a fitted band: no edges)."""
     band = plan.spec.search.cost_band
     if band == "none":
-        return None
+        return {}
     if isinstance(band, list):
-        return float(band[0]), float(band[1])
-    scales = {_fitted_scales(candidate.template.get("cost_model")) for candidate in plan.candidates}
-    scales.discard(None)
-    if len(scales) != 1:  # no fit behind the cost models, or candidates with different fits
-        return None
-    return scales.pop()
+        given = CandidateBand(float(band[0]), float(band[1]))
+        return {candidate.key: given for candidate in plan.candidates}
+    fitted = {}
+    for candidate in plan.candidates:
+        found = _fitted_band(candidate.template.get("cost_model"), candidate.template.get("gpu"))
+        if found is not None:
+            fitted[candidate.key] = found
+    return fitted
 
 
-def _fitted_scales(cost_model: Any) -> tuple[float, float] | None:
+def _fitted_band(cost_model: Any, gpu_spec: Any) -> CandidateBand | None:
     from sim.costs.core import CostModelConfig, serving_calibration
+    from sim.hardware.gpus import resolve_gpu
 
     try:
         config = CostModelConfig.model_validate(cost_model)
+        gpu = resolve_gpu(gpu_spec) if gpu_spec is not None else None
     except ValueError:
         return None
     if config.kind != "derated" or config.calibration == "none":
         return None
     try:
-        return serving_calibration(config.calibration).time_scale_band()
+        calibration = serving_calibration(config.calibration)
     except ValueError:
         return None
+    scales = calibration.time_scale_band(gpu)
+    if scales is None:
+        return None
+    evidence = calibration.evidence(gpu) if gpu is not None else ""
+    return CandidateBand(scales[0], scales[1], gpu.name if gpu is not None else "", evidence)
 
 
 def with_time_scale(cost_model: Any, time_scale: float) -> dict[str, Any]:
@@ -78,45 +110,54 @@ class Band:
     (``sim.planning.plans.schedule``), and their summary once all have run."""
 
     def __init__(self, plan: Plan):
-        self.scales = band_scales(plan) or ()
+        self.bands = band_scales(plan)
         search = plan.spec.search.model_copy(update={"confirm_factor": 0.0, "cost_band": "none"})
         # The edges' probes: the plan's, at an edge's cost model, short and unconfirmed.
         self.plan = Plan(plan.spec.model_copy(update={"search": search}), plan.path, [])
         self._order = {candidate.key: index for index, candidate in enumerate(plan.candidates)}
-        self.origin: dict[str, tuple[float, str]] = {}  # edge key -> (scale, nominal key)
+        self.origin: dict[str, tuple[str, str]] = {}  # edge key -> (side, nominal key)
         self.edges: dict[str, Candidate] = {}
         self.searches: dict[str, RateSearch] = {}
+
+    def sides(self, candidate: Candidate) -> tuple[str, ...]:
+        """The edges ``candidate`` is searched at (none without a band)."""
+        return SIDES if candidate.key in self.bands else ()
+
+    def scale(self, candidate_key: str, side: str) -> float:
+        return self.bands[candidate_key].scale(side)
 
     def edge(
         self,
         candidate: Candidate,
-        scale: float,
+        side: str,
         nominal: RateSearch,
         answer: float,
         neighbour: RateSearch | None = None,
     ) -> tuple[Candidate, RateSearch]:
-        """``candidate``'s search at the edge ``scale``: from its ``nominal`` search's ``answer`` scaled
-        by the edge (first probes as long as a rate needed there to pass), or from a block-size
-        ``neighbour``'s finished search at the same edge."""
+        """``candidate``'s search at its band's ``side`` edge: from its ``nominal`` search's ``answer``
+        scaled by the edge (first probes as long as a rate needed there to pass), or from a
+        block-size ``neighbour``'s finished search at the same edge."""
+        scale = self.scale(candidate.key, side)
         edge = edge_candidate(candidate, scale)
         spec = self.plan.spec.search
         if neighbour is not None:
             search = neighbour.following(spec)
         else:
             search = RateSearch(_warm_start(spec, answer, scale), steady_requests=nominal.steady_requests)
-        self.origin[edge.key] = (scale, candidate.key)
+        self.origin[edge.key] = (side, candidate.key)
         self.edges[edge.key] = edge
         self.searches[edge.key] = search
         return edge, search
 
     def summary(self, plan: Plan, probes: list[Probe]) -> dict[str, Any] | None:
-        """The band: its scales and, at each edge, the ranking and each candidate's rate and GPUs."""
+        """The band: each candidate's scales and evidence and, at each side, the ranking and each
+        candidate's rate and GPUs there."""
         if not self.edges:
             return None
         edges = []
-        for scale in self.scales:
+        for side in SIDES:
             members = sorted(
-                (edge for key, edge in self.edges.items() if self.origin[key][0] == scale),
+                (edge for key, edge in self.edges.items() if self.origin[key][0] == side),
                 key=lambda edge: self._order[self.origin[edge.key][1]],
             )
             keys = {edge.key for edge in members}
@@ -127,10 +168,11 @@ class Band:
             )
             edges.append(
                 {
-                    "time_scale": scale,
+                    "side": side,
                     "ranking": [self.origin[r["key"]][1] for r in ranked if r.get("rank")],
                     "candidates": {
                         self.origin[r["key"]][1]: {
+                            "time_scale": self.scale(self.origin[r["key"]][1], side),
                             "max_rate_per_s": r.get("max_rate_per_s"),
                             "gpus_for_target": r.get("gpus_for_target"),
                             "probe": r.get("max_probe"),
@@ -139,7 +181,38 @@ class Band:
                     },
                 }
             )
-        return {"time_scales": list(self.scales), "source": _band_source(plan), "edges": edges}
+        searched = {nominal for _, nominal in self.origin.values()}
+        overtaken = {
+            key: self._overtaken(key, probes) for key in sorted(searched, key=self._order.__getitem__)
+        }
+        bands = {key: band for key, band in self.bands.items() if key in searched}
+        return {
+            "time_scales": [min(b.fast for b in bands.values()), max(b.slow for b in bands.values())],
+            "candidates": {
+                key: {"fast": band.fast, "slow": band.slow, "gpu": band.gpu, "evidence": band.evidence}
+                for key, band in bands.items()
+            },
+            "source": _band_source(plan),
+            "edges": edges,
+            "overtaken_within_band": {key: above for key, above in overtaken.items() if above},
+        }
+
+    def _overtaken(self, key: str, probes: list[Probe]) -> list[str]:
+        """The candidates that rank above ``key`` when it is at its slow edge and they are at their
+        fast ones: those its lead may not survive, each GPU's band taken at its worst for ``key``."""
+        by_side = {(side, nominal): edge for edge, (side, nominal) in self.origin.items()}
+        if ("slow", key) not in by_side:
+            return []
+        members = [self.edges[by_side[("slow", key)]]] + [
+            self.edges[edge] for (side, nominal), edge in by_side.items() if side == "fast" and nominal != key
+        ]
+        members.sort(key=lambda edge: self._order[self.origin[edge.key][1]])
+        names = {edge.key for edge in members}
+        ranked = candidate_results(
+            replace(self.plan, candidates=members), self.searches, [p for p in probes if p.candidate in names]
+        )
+        order = [self.origin[r["key"]][1] for r in ranked if r.get("rank")]
+        return order[: order.index(key)] if key in order else order
 
 
 def _warm_start(search: SearchSpec, answer: float, scale: float) -> SearchSpec:
@@ -155,6 +228,8 @@ def _band_source(plan: Plan) -> str:
     if isinstance(band, list):
         return "search.cost_band (given in the plan)"
     return (
-        "the serving calibration's leave-one-run-out TPOT errors: the GPU-time scales that would have "
+        "the serving calibration's held-out TPOT errors for each candidate's GPU (leave one run out on a "
+        "GPU with measured runs in the fit, leave one GPU out on any other, widened by the assumed "
+        "achievable bandwidth's range on a datasheet-only GPU): the GPU-time scales that would have "
         "matched each measured run kvsim was not fitted to, fastest and slowest"
     )

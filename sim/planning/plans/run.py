@@ -162,7 +162,7 @@ class Rounds:
                 _judge(probe, job)
                 probes.append(probe)
             self.rounds += 1
-            edges = sum(job.time_scale != 1.0 for job, _ in round_probes)
+            edges = sum(job.side is not None for job, _ in round_probes)
             seeds = len(schedule.plan.spec.search.seeds)
             self.log(
                 f"kvsim plan: round {self.rounds}: {len(round_probes)} candidate rate(s) x {seeds} seed(s)"

@@ -39,6 +39,7 @@ class Job:
     search: RateSearch
     plan: Plan  # whose probe configs its probes run (a band edge's: short probes, no confirmation)
     time_scale: float = 1.0  # the cost model's GPU times were multiplied by this (1: nominal)
+    side: str | None = None  # the band edge it searches ("fast" or "slow"); None: the nominal search
     longer: list[tuple[float, int]] = field(default_factory=list)  # rates to run again, and how long
 
     def wanted(self) -> list[Wanted]:
@@ -70,7 +71,7 @@ class Schedule:
         self.plan = plan
         self.band = Band(plan)
         self.nominal: dict[str, Job] = {}
-        self.edge_jobs: dict[tuple[str, float], Job] = {}  # (nominal key, scale) -> its edge's job
+        self.edge_jobs: dict[tuple[str, str], Job] = {}  # (nominal key, side) -> its edge's job
         self._leader: dict[str, Candidate] = {}  # a sibling's key -> the candidate that searches first
         self._followers: dict[str, list[Candidate]] = {}
         self._answers: dict[str, float] = {}  # nominal key -> its maximum rate (searches that have one)
@@ -104,12 +105,12 @@ class Schedule:
         if id(job) in self._done:
             return []
         self._done.add(id(job))
-        if job.time_scale != 1.0:
+        if job.side is not None:
             nominal_key = self.band.origin[job.candidate.key][1]
             return [
                 edge
                 for follower in self._followers.get(nominal_key, [])
-                if (edge := self._edge(follower, job.time_scale)) is not None
+                if (edge := self._edge(follower, job.side)) is not None
             ]
         started = [
             self._nominal(follower, job.search.following(self.plan.spec.search))
@@ -118,7 +119,9 @@ class Schedule:
         answer = self._answer(job, probes)
         if answer is not None:
             self._answers[job.candidate.key] = answer
-            started += [edge for scale in self.band.scales if (edge := self._edge(job.candidate, scale))]
+            started += [
+                edge for side in self.band.sides(job.candidate) if (edge := self._edge(job.candidate, side))
+            ]
         return started
 
     def _nominal(self, candidate: Candidate, search: RateSearch) -> Job:
@@ -132,19 +135,20 @@ class Schedule:
         )[0]
         return result.get("max_rate_per_s")
 
-    def _edge(self, candidate: Candidate, scale: float) -> Job | None:
-        """``candidate``'s search at the band edge ``scale``, if it can start: its own search has an
+    def _edge(self, candidate: Candidate, side: str) -> Job | None:
+        """``candidate``'s search at its band's ``side`` edge, if it can start: its own search has an
         answer, and a sibling's waits for its leader's at the same edge (unless the leader has none)."""
-        if candidate.key not in self._answers or (candidate.key, scale) in self.edge_jobs:
+        if candidate.key not in self._answers or (candidate.key, side) in self.edge_jobs:
             return None
         neighbour = None
         leader = self._leader.get(candidate.key)
         if leader is not None and leader.key in self._answers:
-            leading = self.edge_jobs.get((leader.key, scale))
+            leading = self.edge_jobs.get((leader.key, side))
             if leading is None or id(leading) not in self._done:
                 return None  # started when the leader's edge search ends
             neighbour = leading.search
         nominal = self.nominal[candidate.key].search
-        edge, search = self.band.edge(candidate, scale, nominal, self._answers[candidate.key], neighbour)
-        job = self.edge_jobs[(candidate.key, scale)] = Job(edge, search, self.band.plan, scale)
+        edge, search = self.band.edge(candidate, side, nominal, self._answers[candidate.key], neighbour)
+        scale = self.band.scale(candidate.key, side)
+        job = self.edge_jobs[(candidate.key, side)] = Job(edge, search, self.band.plan, scale, side)
         return job

@@ -527,10 +527,10 @@ def load_plan_spec(path: str | Path, overrides: list[str] | None = None) -> Plan
     plan file's keys) and expand its candidates; every candidate's probe config is validated (and
     preflighted) for every seed before anything runs. A model that does not fit a GPU makes that
     candidate infeasible, not the plan invalid. The spec, so the plan's digest, holds the overrides."""
-    from sim.config import apply_overrides, with_override_notes
+    from sim.config import apply_overrides, name_from_file, with_override_notes
 
     path = Path(path)
-    data = read_yaml_mapping(path, "plan")
+    data = name_from_file(read_yaml_mapping(path, "plan"), path)
     apply_overrides(data, overrides or [])
     try:
         spec: PlanSpec = validate_file(PlanSpec, data, path, "plan file")

@@ -88,13 +88,16 @@ def plan_document(
 
 
 def _candidate_band(band: dict[str, Any], key: str) -> dict[str, Any]:
-    """One candidate's rate and GPUs at each edge of the cost model's band, and its rank there."""
+    """One candidate's band (its GPU's scales and what they rest on), its rate and GPUs at each edge
+    and its rank there, and who may overtake it within the bands."""
     edges = []
     for edge in band["edges"]:
         found = edge["candidates"].get(key, {})
         rank = edge["ranking"].index(key) + 1 if key in edge["ranking"] else None
-        edges.append({"time_scale": edge["time_scale"], "rank": rank} | found)
-    return {"edges": edges}
+        edges.append({"side": edge["side"], "rank": rank} | found)
+    own = (band.get("candidates") or {}).get(key, {})
+    overtaken = (band.get("overtaken_within_band") or {}).get(key, [])
+    return own | {"edges": edges, "overtaken_by": overtaken}
 
 
 def _slos(plan: Plan) -> dict[str, dict[str, Any]]:
@@ -365,21 +368,38 @@ def _gpu_range(candidate: dict[str, Any]) -> str:
 
 
 def _band_sentence(document: dict[str, Any], best: dict[str, Any]) -> str:
-    """Where the cost model's error band moves the answer, and whether the recommendation holds across it."""
+    """Where the cost model's error band moves the answer, what the best candidate's band rests on,
+    whether the recommendation holds across the bands, and which rows rest on datasheet-only GPUs."""
     band = document.get("cost_band")
-    if not band:
+    own = best.get("band") or {}
+    if not band or "fast" not in own:
         return ""
-    fast, slow = band["time_scales"]
+    evidence = f"; {own['gpu']} is {own['evidence']}" if own.get("evidence") else ""
     text = (
-        f"{_gpu_range(best)} GPUs over the cost model's error band (GPU times ×{fast:.3g} to ×{slow:.3g}, "
-        "short probes, not confirmed)"
+        f"{_gpu_range(best)} GPUs over its cost band (GPU times ×{own['fast']:.3g} to ×{own['slow']:.3g}"
+        f"{evidence}; short probes, not confirmed)"
     )
-    leaders = {edge["time_scale"]: (edge["ranking"] or [None])[0] for edge in band["edges"]}
-    others = {scale: key for scale, key in leaders.items() if key != best["key"]}
-    if not others:
-        return text + "; it ranks first across the band"
-    moved = ", ".join(f"at ×{scale:.3g} {key or 'nothing'} ranks first" for scale, key in others.items())
-    return text + f"; {moved}"
+    overtaken = own.get("overtaken_by") or []
+    if overtaken:
+        text += (
+            f"; the ranking can flip within the bands: at its slow edge {', '.join(overtaken)} at "
+            "their fast edges rank above it"
+        )
+    else:
+        text += "; it ranks first across the bands"
+    datasheet_only = sorted(
+        {
+            str(c["band"]["gpu"])
+            for c in document["candidates"]
+            if (c.get("band") or {}).get("evidence") == "datasheet-only"
+        }
+    )
+    if datasheet_only:
+        text += (
+            f"; rows on {', '.join(datasheet_only)} rest on the datasheet alone (no measurement of that GPU: "
+            "their band is the widest)"
+        )
+    return text
 
 
 def _confirmed_text(candidate: dict[str, Any]) -> str:
@@ -446,8 +466,14 @@ def _count_cell(c: dict[str, Any], probe: int, sized: bool) -> Text:
         return [probe_link(f"{c['rate_per_gpu_per_s']:.3g} req/s", probe)]
     return [
         probe_link(str(c["gpus_for_target"]), probe),
-        f" ({_gpu_range(c)} over the band)" if _gpu_range(c) else "",
+        f" ({_gpu_range(c)} over {_band_label(c)})" if _gpu_range(c) else "",
     ]
+
+
+def _band_label(c: dict[str, Any]) -> str:
+    """ "its band" and what the band rests on: ``its band, datasheet-only``."""
+    evidence = (c.get("band") or {}).get("evidence")
+    return f"its band, {evidence}" if evidence else "the band"
 
 
 def _cost_text(c: dict[str, Any]) -> str:

@@ -34,6 +34,7 @@ from sim.config import (
     ConfigError,
     ExperimentConfig,
     apply_overrides,
+    name_from_file,
     validate_experiment,
     with_override_notes,
 )
@@ -233,7 +234,8 @@ def load_sweep_spec(path: str | Path, overrides: list[str] | None = None) -> Swe
     from sim.planning.sweeps.preflight import preflight
 
     path = Path(path)
-    spec: SweepSpec = validate_file(SweepSpec, read_yaml_mapping(path, "sweep"), path, "sweep file")
+    data = name_from_file(read_yaml_mapping(path, "sweep"), path)
+    spec: SweepSpec = validate_file(SweepSpec, data, path, "sweep file")
     base, base_dir = _base_experiment(spec, path)
     for key, value in spec.overrides.items():
         _set_or_fail(base, key, value, f"{path}: set.{key}")
