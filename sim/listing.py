@@ -84,22 +84,40 @@ def models_table() -> str:
 
 
 def gpus_table() -> str:
+    from sim.costs.serving import default_calibration
     from sim.hardware.gpus import GPU_PRESETS
 
+    calibration = default_calibration()
     rows = [
         [
             name,
             f"{spec.memory_bytes / GiB:g}",
             f"{spec.hbm_bandwidth_bytes_per_s / 1e9:,.0f}",
             f"{spec.fp16_flops / 1e12:,.1f}",
+            spec.memory_type,
+            _achievable_text(spec),
+            calibration.evidence(spec),
         ]
         for name, spec in GPU_PRESETS.items()
     ]
+    header = ["gpu", "memory GiB", "bandwidth GB/s", "fp16 dense TFLOP/s", "memory", "achievable", "evidence"]
     return (
-        table(["gpu", "memory GiB", "bandwidth GB/s", "fp16 dense TFLOP/s"], rows)
-        + "\n\nCustom GPUs: gpu: {base: H100-80GB, memory_gib: 79.19} or {name, memory_gib, "
-        "hbm_bandwidth_gb_per_s, fp16_tflops}."
+        table(header, rows)
+        + "\n\nachievable: the share of the datasheet bandwidth DRAM-bound kernels reach, measured on that GPU "
+        "or (~) its memory type's default with the measured parts' range; no modelled read is faster. "
+        "evidence: measured (runs in the serving fit), transferred (its kernels or memory measured) or "
+        "datasheet-only; it picks the GPU's error band (docs/gpu-transfer.md)."
+        "\nCustom GPUs: gpu: {base: H100-80GB, memory_gib: 79.19} or {name, memory_gib, "
+        "hbm_bandwidth_gb_per_s, fp16_tflops, memory_type, achievable_bandwidth}."
     )
+
+
+def _achievable_text(spec: Any) -> str:
+    ceiling = spec.memory_ceiling
+    if ceiling.measured:
+        return f"{ceiling.share:.1%}"
+    low, high = ceiling.band
+    return f"~{ceiling.share:.1%} ({low:.0%}..{high:.0%})"
 
 
 def policy_option_lines(name: str) -> list[str]:

@@ -367,3 +367,11 @@ def test_replay_without_a_gpu_says_which_key_to_set(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="do not say which gpu"):
         replay_run(spec, tmp_path, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_vllm_bench_json_without_requests_is_refused_before_anything_reduces(tmp_path: Path) -> None:
+    # An empty run used to crash in numpy (zero-size array to reduction operation minimum).
+    empty = {key: [] for key in ("input_lens", "output_lens", "ttfts", "itls")} | {"request_rate": 1.0}
+    (tmp_path / "empty.json").write_text(json.dumps(empty))
+    with pytest.raises(ReplayInputError, match=r"empty.json: no requests \(input_lens is empty\)"):
+        read_vllm_bench_json(tmp_path / "empty.json", gpu="H100-80GB")

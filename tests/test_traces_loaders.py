@@ -542,3 +542,22 @@ def test_a_trace_replayed_with_max_concurrency_is_a_closed_loop(tmp_path):
     starts, ends = table["arrival_s"].to_numpy(), table["finish_s"].to_numpy()
     for instant in starts:
         assert ((starts <= instant) & (ends > instant)).sum() <= 2
+
+
+def test_an_arrival_before_zero_kept_in_place_is_refused_with_its_line(tmp_path: Path) -> None:
+    # shift_to_zero: false keeps each row's own time; a request before t = 0 would count its wait from
+    # before the simulation started, so it is refused (issue 41), naming the line and the remedy.
+    from workloads.base import TraceError
+
+    (tmp_path / "early.csv").write_text("t,in,out\n-0.5,100,10\n1.0,100,10\n")
+    source = {
+        "kind": "csv",
+        "path": "early.csv",
+        "arrival_column": "t",
+        "prompt_len_column": "in",
+        "output_len_column": "out",
+    }
+    with pytest.raises(TraceError, match=r"arrival time -0.5 s is before the simulation starts") as raised:
+        replay(trace(source, base_dir=tmp_path, shift_to_zero=False))
+    assert raised.value.line == 2 and "shift_to_zero: true" in str(raised.value)
+    assert [r.arrival_s for r in replay(trace(source, base_dir=tmp_path))] == [0.0, 1.5]

@@ -484,6 +484,21 @@ class TraceReader:
 # --------------------------------------------------------------------------------------------------
 
 
+def _not_before_zero(rows: Iterable[TraceRow], path: Path) -> Iterator[TraceRow]:
+    """Rows kept at their own times must not arrive before the simulation starts (t = 0): a request
+    would count its wait from before it (the first row is the earliest: the rows are in order)."""
+    for row in rows:
+        if row.arrival_s < 0:
+            raise TraceError(
+                f"arrival time {row.arrival_s:g} s is before the simulation starts (t = 0) and "
+                "shift_to_zero is false",
+                path,
+                row.line,
+                Remedy("shift_to_zero", "true", "move the first request to t = 0"),
+            )
+        yield row
+
+
 def _in_order(rows: Iterable[TraceRow], path: Path) -> Iterator[TraceRow]:
     previous = -math.inf
     previous_line = 0
@@ -689,6 +704,8 @@ class TraceWorkload(Workload):
             return
         if cfg.shift_to_zero:
             rows = self._shift(rows)
+        else:
+            rows = _not_before_zero(rows, self.path)
         if cfg.spread_ties is not None:
             rows = _spread_ties(rows, cfg.spread_ties.mode, cfg.spread_ties.width_s, self._rng(_TAG_SPREAD))
         if scale is None or scale == 1.0:

@@ -475,7 +475,11 @@ def read_vllm_bench_json(
     the same draws, which the report says. E2E is TTFT plus the inter-token latencies."""
     data = _json_file(path)
     _require(data, VLLM_BENCH_FIELDS, path, None)
+    if not isinstance(data["input_lens"], list):
+        raise ReplayInputError(f"{path}: input_lens must be a list (one entry per request)")
     count = len(data["input_lens"])
+    if count == 0:
+        raise ReplayInputError(f"{path}: no requests (input_lens is empty): nothing to replay or compare")
     for key in VLLM_BENCH_FIELDS:
         if not isinstance(data[key], list) or len(data[key]) != count:
             raise ReplayInputError(f"{path}: {key} must be a list of {count} entries (one per request)")
