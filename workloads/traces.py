@@ -702,10 +702,7 @@ class TraceWorkload(Workload):
                 row.arrival_s = arrival_s
                 yield row
             return
-        if cfg.shift_to_zero:
-            rows = self._shift(rows)
-        else:
-            rows = _not_before_zero(rows, self.path)
+        rows = self._shift(rows) if cfg.shift_to_zero else _not_before_zero(rows, self.path)
         if cfg.spread_ties is not None:
             rows = _spread_ties(rows, cfg.spread_ties.mode, cfg.spread_ties.width_s, self._rng(_TAG_SPREAD))
         if scale is None or scale == 1.0:
