@@ -78,7 +78,8 @@ def test_memory_type_defaults_are_medians_of_measured_parts_with_their_range() -
     for technology, default in ACHIEVABLE_BANDWIDTH_DEFAULTS.items():
         low, high = default.band
         assert not default.measured and low <= default.share <= high, technology
-        assert high - low >= 0.1 - 1e-9  # at least +-5 points
+        assert low <= default.share - 0.05 + 1e-9  # at least 5 points below...
+        assert high >= min(default.share + 0.05, 1.0) - 1e-9  # ...and above (up to the datasheet)
     custom = resolve_gpu(
         {"memory_gib": 32, "hbm_bandwidth_gb_per_s": 1000, "fp16_tflops": 200, "memory_type": "HBM3e"}
     )

@@ -7,6 +7,7 @@ import json
 import math
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -264,9 +265,6 @@ def test_in_system_counts_arrived_and_unfinished_requests() -> None:
 def _self_measured_run(tmp_path: Path) -> Path:
     """A 'measured' run that kvsim produced: a small experiment's per-request table written as a
     vllm bench serve result with start_times."""
-    from sim.config import validate_experiment
-    from sim.runner import prepare_experiment, run_experiment
-
     data = {
         "name": "self",
         "model": "Llama-2-7B",
@@ -280,10 +278,18 @@ def _self_measured_run(tmp_path: Path) -> Path:
         },
         "variants": [{"name": "p", "policy": "paged"}],
     }
-    config = validate_experiment(data, tmp_path / "self.yaml")
-    results = run_experiment(
-        config, tmp_path / "self.yaml", prepared=prepare_experiment(config, tmp_path / "self.yaml")
-    )
+    return measured_by_kvsim(data, tmp_path, rate_per_s=20.0)
+
+
+def measured_by_kvsim(experiment: dict[str, Any], folder: Path, rate_per_s: float) -> Path:
+    """``experiment`` run by kvsim, its per-request table written as a ``vllm bench serve`` result
+    with start_times (``folder/bench.json``): a 'measured' run whose truth is known."""
+    from sim.config import validate_experiment
+    from sim.runner import prepare_experiment, run_experiment
+
+    config_path = folder / "measured-by-kvsim.yaml"
+    config = validate_experiment(experiment, config_path)
+    results = run_experiment(config, config_path, prepared=prepare_experiment(config, config_path))
     table = results[0].sink.requests().sort_values("request_id")
     assert (table["outcome"] == "finished").all()
     itls = [
@@ -292,7 +298,7 @@ def _self_measured_run(tmp_path: Path) -> Path:
     ]
     bench = {
         "model_id": "meta-llama/Llama-2-7b-hf",
-        "request_rate": 20.0,
+        "request_rate": rate_per_s,
         "start_times": (table["arrival_s"] + 1000.0).tolist(),  # any origin
         "input_lens": table["prompt_tokens"].tolist(),
         "output_lens": table["output_tokens"].tolist(),
@@ -300,7 +306,7 @@ def _self_measured_run(tmp_path: Path) -> Path:
         "itls": itls,
         "errors": [""] * len(table),
     }
-    path = tmp_path / "bench.json"
+    path = folder / "bench.json"
     path.write_text(json.dumps(bench))
     return path
 

@@ -311,22 +311,25 @@ def _fake_gpu(name: str, bandwidth_gb_per_s: float, achievable: float) -> dict[s
     }
 
 
-def _planted_run(tmp_path: Path, name: str, gpu: dict[str, object]) -> Path:
+def _planted_run(
+    tmp_path: Path, name: str, gpu: dict[str, object], replayed_on: dict[str, object] | None = None
+) -> Path:
     """A replay file of a run kvsim 'measured' on ``gpu`` with the serving terms planted: a light,
-    decode-bound load (TPOT is the weight read), as a vllm bench JSON."""
-    from sim.config import validate_experiment
-    from sim.runner import prepare_experiment, run_experiment
+    decode-bound load (TPOT is the weight read), as a vllm bench JSON; replayed on ``replayed_on``
+    (default: the same GPU)."""
+    from tests.test_replay import measured_by_kvsim
 
     folder = tmp_path / name
     folder.mkdir()
     planted = ServingCalibration(weight_bandwidth_scale=PLANTED_WEIGHT_SCALE, source="planted")
     write_calibration(planted, folder / "planted.yaml")
-    data = {
+    engine = {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "async_scheduling": False}
+    experiment = {
         "name": "planted",
         "model": "Llama-2-7B",
         "gpu": gpu,
         "cost_model": {"kind": "derated", "calibration": str(folder / "planted.yaml")},
-        "engine": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "async_scheduling": False},
+        "engine": engine,
         "workload": {
             "num_requests": 12,
             "arrival": {"kind": "poisson", "rate_per_s": 1},
@@ -335,31 +338,13 @@ def _planted_run(tmp_path: Path, name: str, gpu: dict[str, object]) -> Path:
         },
         "variants": [{"name": "p", "policy": "paged"}],
     }
-    config = validate_experiment(data, folder / "planted-run.yaml")
-    results = run_experiment(
-        config, folder / "planted-run.yaml", prepared=prepare_experiment(config, folder / "planted-run.yaml")
-    )
-    table = results[0].sink.requests().sort_values("request_id")
-    bench = {
-        "model_id": "meta-llama/Llama-2-7b-hf",
-        "request_rate": 1.0,
-        "start_times": table["arrival_s"].tolist(),
-        "input_lens": table["prompt_tokens"].tolist(),
-        "output_lens": table["output_tokens"].tolist(),
-        "ttfts": table["ttft_s"].tolist(),
-        "itls": [
-            [(e2e - ttft) / (out - 1)] * (out - 1)
-            for e2e, ttft, out in zip(table["e2e_s"], table["ttft_s"], table["output_tokens"], strict=True)
-        ],
-        "errors": [""] * len(table),
-    }
-    (folder / "bench.json").write_text(json.dumps(bench))
+    bench = measured_by_kvsim(experiment, folder, rate_per_s=1.0)
     spec = {
         "name": name,
-        "run": {"path": str(folder / "bench.json")},
-        "gpu": gpu,
+        "run": {"path": str(bench)},
+        "gpu": replayed_on or gpu,
         "policy": "paged",
-        "engine": {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "async_scheduling": False},
+        "engine": engine,
     }
     (folder / "replay.yaml").write_text(yaml.safe_dump(spec))
     return folder / "replay.yaml"
@@ -374,29 +359,31 @@ def test_a_gpu_fold_carries_a_server_term_to_a_gpu_it_never_saw(tmp_path: Path) 
     slow = _fake_gpu("fake-slow", 1200.0, 0.60)
     paths = [_planted_run(tmp_path, "on-fast", fast), _planted_run(tmp_path, "on-slow", slow)]
     calibration = calibrate_from_runs(
-        paths, max_evaluations=12, folds=("gpu",), start=NEUTRAL, names=["weight_bandwidth_scale"]
+        paths, max_evaluations=20, folds=("gpu",), start=NEUTRAL, names=["weight_bandwidth_scale"]
     )
     fit = calibration.fit
     assert fit["gpus"] == {"on-fast": "H100-80GB", "on-slow": "H100-80GB"}  # the preset they derive from
-    assert calibration.weight_bandwidth_scale == pytest.approx(PLANTED_WEIGHT_SCALE, rel=0.01)
+    # (Nelder-Mead stops within xatol = 0.02 of the optimum, in log space)
+    assert calibration.weight_bandwidth_scale == pytest.approx(PLANTED_WEIGHT_SCALE, rel=0.025)
     folds = fit["leave_one_gpu_out"]
     assert set(folds["groups"]) == {"fake-fast", "fake-slow"}
     for gpu in ("fake-fast", "fake-slow"):
         assert folds["parameters"][gpu]["weight_bandwidth_scale"] == pytest.approx(
-            PLANTED_WEIGHT_SCALE, rel=0.01
+            PLANTED_WEIGHT_SCALE, rel=0.025
         )
     for run in folds["runs"].values():
-        assert abs(run["tpot"]) < 0.005 and abs(run["e2e_mean"]) < 0.005
-    # Had the slow GPU's memory been taken for the fast one's (the per-GPU factor unknown), its
-    # held-out TPOT would be off by about the ratio of the two shares.
+        assert abs(run["tpot"]) < 0.03 and abs(run["e2e_mean"]) < 0.03
+    # The same run replayed on a GPU that does not know its memory's share (the H100's, 0.961, for
+    # a memory that delivers 0.60) is off by about their ratio: the per-GPU factor is what transfers.
+    unknown = _planted_run(tmp_path, "unknown", slow, replayed_on=_fake_gpu("fake-slow", 1200.0, 0.961))
     wrong = calibrate_from_runs(
-        [paths[0], _planted_run(tmp_path, "unknown", _fake_gpu("fake-slow", 1200.0, 0.60))],
+        [unknown],
         max_evaluations=1,
         folds=(),
         start=replace(NEUTRAL, weight_bandwidth_scale=PLANTED_WEIGHT_SCALE),
         names=["weight_bandwidth_scale"],
     )
-    assert abs(wrong.fit["in_sample"]["runs"]["unknown"]["tpot"]) < 0.005
+    assert wrong.fit["in_sample"]["runs"]["unknown"]["tpot"] < -0.25
 
 
 def test_gpu_folds_group_runs_by_their_gpu_and_borrow_what_no_training_run_informs() -> None:
