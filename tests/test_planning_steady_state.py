@@ -316,6 +316,9 @@ def test_a_siblings_band_edges_start_from_its_neighbours(tmp_path):
         by_side = {edge["side"]: edge for edge in result["band"]["edges"]}
         assert (by_side["fast"]["max_rate_per_s"], by_side["fast"]["gpus_for_target"]) == (5.0, 4)
         assert (by_side["slow"]["max_rate_per_s"], by_side["slow"]["gpus_for_target"]) == (2.5, 8)
+    # one GPU, one error: the siblings are compared at the same edge, where neither overtakes the best
+    best = document["recommendation"]
+    assert next(r for r in document["candidates"] if r["key"] == best)["band"]["overtaken_by"] == []
 
 
 def test_worker_processes_draw_the_same_report(tmp_path):

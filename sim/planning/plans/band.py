@@ -198,14 +198,20 @@ class Band:
         }
 
     def _overtaken(self, key: str, probes: list[Probe]) -> list[str]:
-        """The candidates that rank above ``key`` when it is at its slow edge and they are at their
-        fast ones: those its lead may not survive, each GPU's band taken at its worst for ``key``."""
+        """The candidates that rank above ``key`` when it is at its slow edge and each candidate on
+        another GPU at its fast one: those its lead may not survive. Two GPUs' errors are independent,
+        so each may sit at either end of its band; candidates on ``key``'s own GPU share its error and
+        stay at the same edge as ``key``."""
         by_side = {(side, nominal): edge for edge, (side, nominal) in self.origin.items()}
         if ("slow", key) not in by_side:
             return []
-        members = [self.edges[by_side[("slow", key)]]] + [
-            self.edges[edge] for (side, nominal), edge in by_side.items() if side == "fast" and nominal != key
-        ]
+        own_gpu = self.bands[key].gpu
+        rivals = {nominal for _, nominal in by_side if nominal != key}
+        members = [self.edges[by_side[("slow", key)]]]
+        for nominal in rivals:
+            side = "slow" if self.bands[nominal].gpu == own_gpu else "fast"
+            if (side, nominal) in by_side:
+                members.append(self.edges[by_side[(side, nominal)]])
         members.sort(key=lambda edge: self._order[self.origin[edge.key][1]])
         names = {edge.key for edge in members}
         ranked = candidate_results(

@@ -382,8 +382,8 @@ def _band_sentence(document: dict[str, Any], best: dict[str, Any]) -> str:
     overtaken = own.get("overtaken_by") or []
     if overtaken:
         text += (
-            f"; the ranking can flip within the bands: at its slow edge {', '.join(overtaken)} at "
-            "their fast edges rank above it"
+            f"; the ranking can flip within the bands: at its slow edge {', '.join(overtaken)} "
+            "(at their own fast edges, or at the slow edge on the same GPU) rank above it"
         )
     else:
         text += "; it ranks first across the bands"
