@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -207,6 +208,21 @@ class EngineConfig(_Strict):
         return value
 
     @model_validator(mode="after")
+    def _sglang_keys_need_sglang(self) -> EngineConfig:
+        # vLLM's scheduler has no use for them: left set, they would change nothing, silently
+        changed = [
+            f"{name}: {getattr(self, name)!r}"
+            for name, default in SGLANG_ONLY_DEFAULTS.items()
+            if getattr(self, name) != default
+        ]
+        if self.scheduler == "vllm" and changed:
+            raise ValueError(
+                f"{', '.join(changed)}: SGLang's scheduler settings, which engine.scheduler vllm ignores; "
+                "set engine.scheduler: sglang, or leave them out"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _sglang_has_no_swap(self) -> EngineConfig:
         if self.scheduler == "sglang" and self.preemption_mode == "swap":
             raise ValueError(
@@ -215,6 +231,15 @@ class EngineConfig(_Strict):
             )
         return self
 
+
+SGLANG_ONLY_DEFAULTS: dict[str, Any] = {
+    "schedule_policy": "fcfs",
+    "schedule_conservativeness": 1.0,
+    "chunked_prefill_size": None,
+    "max_prefill_tokens": 16384,
+}
+"""The engine keys only SGLang's scheduler reads, with their defaults (anything else is refused under
+engine.scheduler vllm)."""
 
 ROUTERS = ("round_robin", "least_requests", "vllm_dp", "least_kv", "session_affinity", "prefix_aware")
 DATA_PARALLEL_ROUTER = "vllm_dp"
@@ -644,7 +669,32 @@ def validate_experiment(data: dict[str, Any], path: str | Path = "<config>") -> 
                 problems += [_prefixed(problem, ("variants", index, key)) for problem in error.errors()]
     if problems:
         raise ConfigError(_format_problems(problems, path, data))
+    _warn_of_foreign_policies(config, path)
     return config
+
+
+class ConfigWarning(UserWarning):
+    """A config runs, but not as the user may think."""
+
+
+SGLANG_FOREIGN_POLICIES = {
+    "contiguous": "SGLang has no contiguous preallocation",
+    "paged": "SGLang without a prefix cache (--disable-radix-cache) is the nearest",
+}
+
+
+def _warn_of_foreign_policies(config: ExperimentConfig, path: str | Path) -> None:
+    """SGLang's scheduler (admission by new_token_ratio, retraction) was built around its radix cache."""
+    for variant in config.variants:
+        scheduler = variant.engine.get("scheduler", config.engine.scheduler)
+        why = SGLANG_FOREIGN_POLICIES.get(variant.policy)
+        if scheduler == "sglang" and why is not None:
+            warnings.warn(
+                f"{path}: variant {variant.name}: engine.scheduler sglang runs policy {variant.policy}, "
+                f"which SGLang's scheduler was not built for ({why}); policy radix is SGLang's own",
+                ConfigWarning,
+                stacklevel=2,
+            )
 
 
 def apply_override(data: dict[str, Any], override: str) -> None:

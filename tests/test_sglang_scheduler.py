@@ -168,3 +168,36 @@ def test_config_keys_and_defaults():
     ]:
         with pytest.raises(ValidationError, match=message):
             EngineConfig(**bad)
+
+
+def test_sglang_keys_under_the_vllm_scheduler_are_refused_naming_the_scheduler():
+    # They used to be ignored silently (results identical to leaving them out, issue 41).
+    for bad in ({"schedule_policy": "lpm"}, {"max_prefill_tokens": 4096, "chunked_prefill_size": 512}):
+        with pytest.raises(ValidationError, match="engine.scheduler vllm ignores"):
+            EngineConfig(**bad)
+        assert EngineConfig(scheduler="sglang", **bad).scheduler == "sglang"
+    # their defaults, written out, change nothing under either scheduler and stay accepted
+    assert EngineConfig(schedule_policy="fcfs", max_prefill_tokens=16384).scheduler == "vllm"
+
+
+def test_the_sglang_scheduler_on_a_policy_it_was_not_built_for_warns(tmp_path):
+    from sim.config import ConfigWarning, validate_experiment
+
+    data = {
+        "name": "x",
+        "model": "Llama-3.1-8B",
+        "gpu": "A100-80GB",
+        "engine": {"scheduler": "sglang"},
+        "workload": {
+            "num_requests": 5,
+            "arrival": {"kind": "poisson", "rate_per_s": 1},
+            "prompt_len": {"kind": "constant", "value": 100},
+            "output_len": {"kind": "constant", "value": 10},
+        },
+        "variants": [{"name": "r", "policy": "radix"}, {"name": "c", "policy": "contiguous"}],
+    }
+    with pytest.warns(
+        ConfigWarning, match="variant c: engine.scheduler sglang runs policy contiguous"
+    ) as seen:
+        validate_experiment(data, tmp_path / "x.yaml")
+    assert len(seen) == 1  # radix is SGLang's own: no warning
