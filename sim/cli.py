@@ -198,29 +198,31 @@ def _register_optional(commands) -> None:
     from sim.outputs.columns import register as register_columns
 
     register_columns(commands)
+    from sim.check import register as register_check
+
+    register_check(commands)
 
 
-def main(argv: list[str] | None = None) -> int:
+def input_errors() -> tuple[type[Exception], ...]:
+    """The errors that mean bad input (a config, a file, an output folder), which every command
+    reports in one message with exit code 2 (imported when needed: building the CLI imports none)."""
     from policies.base import PolicyError
     from sim.config import ConfigError
     from sim.costs.core import CostModelError
     from sim.storage import OutputTargetError
     from workloads.base import WorkloadError
 
+    return (ConfigError, WorkloadError, PolicyError, CostModelError, FileNotFoundError, OutputTargetError)
+
+
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # `timeout` and Slurm stop jobs with SIGTERM
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
             return int(args.func(args) or 0)
-    except (
-        ConfigError,
-        WorkloadError,
-        PolicyError,
-        CostModelError,
-        FileNotFoundError,
-        OutputTargetError,
-    ) as error:
+    except input_errors() as error:
         print(f"{_fresh_line()}kvsim: error: {error}", file=sys.stderr)
         return 2
     except StrictRunFailed as error:
