@@ -1,8 +1,10 @@
 """Regenerate ``tests/compat/``: every experiment, plan, sweep and replay file kvsim has shipped.
 
-The corpus is what kvsim promised would run: every version, in the git history of every branch, of
-the YAML files of ``configs/`` (each distinct content once, named after the commit that first
-shipped it) and of the README's YAML examples. ``tests/test_compat.py`` checks each file with
+The corpus is what kvsim promised would run: every version, in the git history of HEAD (``--all``:
+of every branch; the two agree while every branch descends from main), of the YAML files of
+``configs/`` and of the README's YAML examples, each distinct content once, named after the commit
+that first shipped it. HEAD's history by default, so that what the corpus should hold depends on
+the commit checked out, not on which other branches a clone has. ``tests/test_compat.py`` checks each file with
 ``kvsim check`` (and runs a few end to end), so a change that breaks a file users were given fails
 a test instead of a user.
 
@@ -90,9 +92,9 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout
 
 
-def commits_touching(path: str) -> list[Commit]:
-    """Every commit of every branch that changed ``path``, oldest first."""
-    lines = git("log", "--all", "--reverse", "--format=%H %h %cs", "--", path).splitlines()
+def commits_touching(path: str, history: str) -> list[Commit]:
+    """Every commit of ``history`` (``HEAD``, or ``--all`` branches) that changed ``path``, oldest first."""
+    lines = git("log", history, "--reverse", "--format=%H %h %cs", "--", path).splitlines()
     return [Commit(*line.split()) for line in lines]
 
 
@@ -104,8 +106,8 @@ def file_at(commit: Commit, path: str) -> str | None:
         return None
 
 
-def shipped_config_paths() -> list[str]:
-    names = git("log", "--all", "--format=", "--name-only", "--", "configs/").split()
+def shipped_config_paths(history: str) -> list[str]:
+    names = git("log", history, "--format=", "--name-only", "--", "configs/").split()
     return sorted(
         {name for name in names if name.endswith((".yaml", ".yml")) and not name.startswith(tuple(LEFT_OUT))}
     )
@@ -125,7 +127,8 @@ def corpus_name(source: str, commit: Commit) -> str:
 class Corpus:
     """The files being gathered, each distinct text once (the first commit that shipped it names it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, history: str) -> None:
+        self.history = history  # HEAD: the commits this version descends from; --all: every branch's
         self.texts: dict[str, str] = {}  # file name -> text (header included)
         self.entries: list[Entry] = []
         self._seen: dict[str, str] = {}  # sha256 of the shipped text -> file name
@@ -146,9 +149,9 @@ class Corpus:
 
     def gather_configs(self) -> None:
         """Every version of every shipped config file; sweeps last, so that their bases are in."""
-        paths = sorted(shipped_config_paths(), key=lambda path: kind_of(path) == "sweep")
+        paths = sorted(shipped_config_paths(self.history), key=lambda path: kind_of(path) == "sweep")
         for path in paths:
-            for commit in commits_touching(path):
+            for commit in commits_touching(path, self.history):
                 text = file_at(commit, path)
                 if text is None:
                     continue
@@ -183,7 +186,7 @@ class Corpus:
     def gather_readme(self) -> None:
         """The README's YAML examples, each distinct text once, completed into whole files."""
         examples: dict[str, Commit] = {}
-        for commit in commits_touching("README.md"):
+        for commit in commits_touching("README.md", self.history):
             for block in YAML_BLOCK.findall(file_at(commit, "README.md") or ""):
                 examples.setdefault(block, commit)
         for block, commit in examples.items():
@@ -243,7 +246,7 @@ def readme(entries: list[Entry]) -> str:
         "# Compatibility corpus",
         "",
         "Every experiment, plan, sweep and replay file kvsim has shipped: each version of the YAML files",
-        "of `configs/` on every branch, and of the README's YAML examples, each distinct text once,",
+        "of `configs/` in the history of HEAD, and of the README's YAML examples, each distinct text once,",
         f"named after the first commit that shipped it. {len(entries)} files: {counts}, from "
         f"{len(commits)} commits.",
         "`tests/test_compat.py` checks each with `kvsim check` (no simulation) and runs a few end to",
@@ -279,9 +282,10 @@ def readme(entries: list[Entry]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def generate() -> dict[str, str]:
-    """File name -> text of every file tests/compat/ should hold (YAML files, manifest, README)."""
-    corpus = Corpus()
+def generate(history: str = "HEAD") -> dict[str, str]:
+    """File name -> text of every file tests/compat/ should hold (YAML files, manifest, README),
+    from the commits of ``history``."""
+    corpus = Corpus(history)
     corpus.gather_configs()
     corpus.gather_readme()
     entries = sorted(corpus.entries, key=lambda entry: (entry.kind, entry.file))
@@ -306,8 +310,13 @@ def differences(files: dict[str, str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="compare with tests/compat/; write nothing")
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="every branch's history (default: HEAD's, the commits this version descends from)",
+    )
     args = parser.parse_args(argv)
-    files = generate()
+    files = generate("--all" if args.all else "HEAD")
     if args.check:
         problems = differences(files)
         for problem in problems:
