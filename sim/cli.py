@@ -147,13 +147,31 @@ def format_summary_table(summaries: list[dict], columns: list[tuple[str, str, st
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from sim.native import engine_build
+class _Version(argparse.Action):
+    """``--version``: the installed version and which engine build runs, worked out only when asked
+    (telling a stale compiled build from a current one hashes every source file)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    """``kvsim 0.1.0, engine_build python (the compiled build is not in use: ...)``: the package's
+    version (its installed metadata) and ``engine_build`` as summary.json records it."""
+    from sim.native import build_status, engine_build
     from sim.storage.folders import kvsim_version
 
+    return f"kvsim {kvsim_version()}, engine_build {engine_build()} ({build_status()})"
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvsim", description="Simulate KV-cache allocation policies.")
     parser.add_argument(
-        "--version", action="version", version=f"kvsim {kvsim_version()} ({engine_build()} engine build)"
+        "--version", action=_Version, help="print the version and whether the compiled build is in use"
     )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run an experiment YAML and write curves to results/")
