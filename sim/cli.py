@@ -219,6 +219,9 @@ def _register_optional(commands) -> None:
     from sim.check import register as register_check
 
     register_check(commands)
+    from sim.json_schema import register as register_schema
+
+    register_schema(commands)
 
 
 def input_errors() -> tuple[type[Exception], ...]:
