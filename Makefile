@@ -54,6 +54,7 @@ docs: $(BASE)
 	$(BIN)/kvsim config-reference > docs/config-reference.md
 	$(BIN)/kvsim config-reference --plan > docs/plan-reference.md
 	$(BIN)/kvsim output-columns > docs/outputs.md
+	for kind in experiment plan sweep; do $(BIN)/kvsim schema $$kind -o docs/schema/$$kind.schema.json; done
 
 # Millions of random policy operations, every invariant checked after each (minutes; not in `test`).
 fuzz: venv

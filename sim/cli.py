@@ -147,13 +147,31 @@ def format_summary_table(summaries: list[dict], columns: list[tuple[str, str, st
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from sim.native import engine_build
+class _Version(argparse.Action):
+    """``--version``: the installed version and which engine build runs, worked out only when asked
+    (telling a stale compiled build from a current one hashes every source file)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(version_line())
+        parser.exit()
+
+
+def version_line() -> str:
+    """``kvsim 0.1.0, engine_build python (the compiled build is not in use: ...)``: the package's
+    version (its installed metadata) and ``engine_build`` as summary.json records it."""
+    from sim.native import build_status, engine_build
     from sim.storage.folders import kvsim_version
 
+    return f"kvsim {kvsim_version()}, engine_build {engine_build()} ({build_status()})"
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvsim", description="Simulate KV-cache allocation policies.")
     parser.add_argument(
-        "--version", action="version", version=f"kvsim {kvsim_version()} ({engine_build()} engine build)"
+        "--version", action=_Version, help="print the version and whether the compiled build is in use"
     )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run an experiment YAML and write curves to results/")
@@ -198,29 +216,34 @@ def _register_optional(commands) -> None:
     from sim.outputs.columns import register as register_columns
 
     register_columns(commands)
+    from sim.check import register as register_check
+
+    register_check(commands)
+    from sim.json_schema import register as register_schema
+
+    register_schema(commands)
 
 
-def main(argv: list[str] | None = None) -> int:
+def input_errors() -> tuple[type[Exception], ...]:
+    """The errors that mean bad input (a config, a file, an output folder), which every command
+    reports in one message with exit code 2 (imported when needed: building the CLI imports none)."""
     from policies.base import PolicyError
     from sim.config import ConfigError
     from sim.costs.core import CostModelError
     from sim.storage import OutputTargetError
     from workloads.base import WorkloadError
 
+    return (ConfigError, WorkloadError, PolicyError, CostModelError, FileNotFoundError, OutputTargetError)
+
+
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _interrupt)  # `timeout` and Slurm stop jobs with SIGTERM
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
             return int(args.func(args) or 0)
-    except (
-        ConfigError,
-        WorkloadError,
-        PolicyError,
-        CostModelError,
-        FileNotFoundError,
-        OutputTargetError,
-    ) as error:
+    except input_errors() as error:
         print(f"{_fresh_line()}kvsim: error: {error}", file=sys.stderr)
         return 2
     except StrictRunFailed as error:

@@ -78,6 +78,33 @@ def test_base_file_relative_to_the_sweep(tmp_path):
     assert sweep.points[0].base_dir == (tmp_path / "exp").resolve()
 
 
+def test_a_sweep_without_a_name_is_named_after_its_file(tmp_path):
+    # Sweep files without `name:` were refused ("name: required key is missing"); `kvsim sweep`
+    # names them after the file, as the results folder would be named.
+    data = {"experiment": TINY_EXPERIMENT, "axes": {"seed": [1, 2]}}
+    sweep = load_sweep_spec(write_yaml(tmp_path / "block-sizes.v2.yaml", data))
+    assert sweep.spec.name == sweep.name == "block-sizes.v2"
+    assert len(sweep.points) == 2
+
+
+def test_a_sweep_named_by_a_file_name_that_cannot_be_a_folder_is_refused(tmp_path):
+    data = {"experiment": TINY_EXPERIMENT, "axes": {"seed": [1]}}
+    with pytest.raises(ConfigError) as caught:
+        load_sweep_spec(write_yaml(tmp_path / "my sweep.yaml", data))
+    message = str(caught.value)
+    assert "my sweep.yaml: name: required key is missing" in message
+    assert "the file's name 'my sweep' cannot stand in for it" in message
+
+
+def test_cli_sweep_without_a_name_writes_to_a_folder_named_after_the_file(tmp_path, capsys, monkeypatch):
+    data = {"experiment": TINY_EXPERIMENT | {"workload": TINY_EXPERIMENT["workload"] | {"num_requests": 5}}}
+    path = write_yaml(tmp_path / "nameless.yaml", data)
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", str(path), "-j", "1", "-q"]) == 0
+    assert "kvsim sweep nameless: 1 points" in capsys.readouterr().out
+    assert (tmp_path / "results" / "nameless" / "sweep.json").is_file()
+
+
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [

@@ -310,5 +310,19 @@ def test_listings_and_version(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--version"])
     version = capsys.readouterr().out
-    assert exit_.value.code == 0 and version.startswith("kvsim ")
-    assert version.rstrip().endswith(("(python engine build)", "(native engine build)"))
+    assert exit_.value.code == 0
+    from sim.native import engine_build
+    from sim.storage.folders import kvsim_version
+
+    assert version.startswith(f"kvsim {kvsim_version()}, engine_build {engine_build()} (the compiled build ")
+    in_use = "is in use" in version
+    assert in_use == (engine_build() == "native"), version
+
+
+def test_version_says_when_the_compiled_build_is_in_use(monkeypatch, tmp_path):
+    import sim.native
+    from sim.cli import version_line
+
+    build = sim.native.NativeBuild(tmp_path, "x", "y", "group", ())
+    monkeypatch.setattr(sim.native, "_active", build)
+    assert version_line().endswith(f", engine_build native (the compiled build in {tmp_path} is in use)")

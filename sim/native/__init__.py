@@ -195,3 +195,13 @@ def engine_build() -> str:
     :func:`activate` took the compiled build (every compiled module then loads from it), else
     ``python``."""
     return "python" if _active is None else "native"
+
+
+def build_status() -> str:
+    """Whether the compiled build is in use in this process, and if not why, in words (``kvsim
+    --version``)."""
+    if _active is not None:
+        return f"the compiled build in {_active.folder} is in use"
+    if os.environ.get(ENV_VAR, "").strip() == "0":
+        return f"the compiled build is not in use: {ENV_VAR}=0"
+    return f"the compiled build is not in use: {why_not_current(read_build())}"

@@ -29,14 +29,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     _start_local_workers(args)
     sweep = load_sweep_spec(args.sweep, args.set)  # every point validated before anything runs
-    out_dir = Path(args.output) if args.output else Path("results") / sweep.spec.name
+    out_dir = Path(args.output) if args.output else Path("results") / sweep.name
     check_output_target(out_dir, SWEEP_KIND)
     started = time.perf_counter()
     result = _on_executor(
         args,
         "sweep",
         out_dir,
-        f"kvsim sweep {sweep.spec.name}: {len(sweep.points)} points",
+        f"kvsim sweep {sweep.name}: {len(sweep.points)} points",
         lambda executor, log: run_sweep(
             sweep,
             out_dir,
@@ -50,7 +50,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return result
     wall = time.perf_counter() - started
     print(
-        f"kvsim sweep {sweep.spec.name}: {len(sweep.points)} points: {describe_counts(result.counts)}; {wall:.1f} s"
+        f"kvsim sweep {sweep.name}: {len(sweep.points)} points: {describe_counts(result.counts)}; {wall:.1f} s"
     )
     failed = result.table[result.table["status"] == "failed"]
     for _, row in failed.drop_duplicates("point_id").iterrows():

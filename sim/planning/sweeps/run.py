@@ -48,7 +48,7 @@ def run_sweep(
     store = PointStore.open(out_dir, SWEEP_KIND, sweep.digest(), log)
     store.clean_stale()
     executor = executor or InlineExecutor()
-    bar = make_bar(sweep.spec.name, progress)
+    bar = make_bar(sweep.name, progress)
     try:
         records, counts = run_points(
             store,
@@ -115,7 +115,7 @@ def _write_manifest(root: Path, sweep: Sweep, counts: RunCounts) -> None:
 
     manifest = {
         "kind": SWEEP_KIND,
-        "name": sweep.spec.name,
+        "name": sweep.name,
         "sweep_file": str(sweep.path),
         "kvsim_version": kvsim_version(),
         "axes": sweep.axis_keys,

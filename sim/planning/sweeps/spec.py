@@ -24,6 +24,7 @@ import copy
 import itertools
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,6 @@ from sim.config import (
     ConfigError,
     ExperimentConfig,
     apply_overrides,
-    name_from_file,
     validate_experiment,
     with_override_notes,
 )
@@ -79,9 +79,16 @@ def _tidy(value: float) -> float:
 
 AxisSpec = list[Any] | RangeAxis
 
+NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
+
 
 class SweepSpec(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Also the default output folder name.")
+    name: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        description="Also the default output folder name. Default: the sweep file's name without its "
+        "extension (`block-size-rate` for block-size-rate.yaml).",
+    )
     description: str = Field("", description="Free text, for the reader of the sweep file.")
     base: str | None = Field(None, description="The base experiment YAML, relative to this file.")
     experiment: dict[str, Any] | None = Field(None, description="The base experiment, inline.")
@@ -221,6 +228,12 @@ class Sweep:
     points: list[Point]
     axis_keys: list[str]
 
+    @property
+    def name(self) -> str:
+        """The sweep's name: its ``name:``, which loading fills in from the file name when omitted."""
+        assert self.spec.name is not None, "load_sweep_spec names every sweep"
+        return self.spec.name
+
     def digest(self) -> str:
         return config_hash({"spec": self.spec.model_dump(mode="json", by_alias=True), "points": self.ids()})
 
@@ -234,7 +247,8 @@ def load_sweep_spec(path: str | Path, overrides: list[str] | None = None) -> Swe
     from sim.planning.sweeps.preflight import preflight
 
     path = Path(path)
-    data = name_from_file(read_yaml_mapping(path, "sweep"), path)
+    data = read_yaml_mapping(path, "sweep")
+    _name_after_the_file(data, path)
     spec: SweepSpec = validate_file(SweepSpec, data, path, "sweep file")
     base, base_dir = _base_experiment(spec, path)
     for key, value in spec.overrides.items():
@@ -251,6 +265,19 @@ def load_sweep_spec(path: str | Path, overrides: list[str] | None = None) -> Swe
     except ConfigError as error:
         raise ConfigError(with_override_notes(str(error), overrides or [])) from None
     return Sweep(spec, path, points, [key for axis in axes for key in axis.keys])
+
+
+def _name_after_the_file(data: dict[str, Any], path: Path) -> None:
+    """A sweep without ``name:`` is named after its file, as earlier versions' sweep files without
+    one expect (the name is the default results folder, so the file's name must be usable as one)."""
+    if "name" in data:
+        return
+    if not re.fullmatch(NAME_PATTERN, path.stem):
+        raise ConfigError(
+            f"{path}: name: required key is missing, and the file's name {path.stem!r} cannot stand in "
+            "for it (a folder name: letters, digits, '-', '_' and '.'); add `name:`"
+        )
+    data["name"] = path.stem
 
 
 def _set_or_fail(data: dict[str, Any], key: str, value: Any, where: str) -> None:
