@@ -295,6 +295,15 @@ def generate(history: str = "HEAD") -> dict[str, str]:
     return files
 
 
+def written_before() -> set[str]:
+    """The files an earlier run of this tool wrote (its manifest's, the manifest and README): the only
+    ones it may delete; anything else in tests/compat/ is somebody's and stays."""
+    manifest = CORPUS / MANIFEST
+    if not manifest.is_file():
+        return set()
+    return {entry["file"] for entry in json.loads(manifest.read_text(encoding="utf-8"))} | {MANIFEST, README}
+
+
 def differences(files: dict[str, str]) -> list[str]:
     present = {path.name for path in CORPUS.glob("*") if path.is_file()}
     problems = [f"missing: {name}" for name in sorted(set(files) - present)]
@@ -323,8 +332,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tests/compat/: {problem}", file=sys.stderr)
         return 1 if problems else 0
     CORPUS.mkdir(parents=True, exist_ok=True)
-    for stale in set(path.name for path in CORPUS.glob("*") if path.is_file()) - set(files):
-        (CORPUS / stale).unlink()
+    for stale in written_before() - set(files):
+        (CORPUS / stale).unlink(missing_ok=True)
     for name, text in files.items():
         (CORPUS / name).write_text(text, encoding="utf-8")
     print(f"tests/compat/: {len(files) - 2} corpus files, {MANIFEST}, {README}")
