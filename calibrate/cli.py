@@ -42,6 +42,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="--from-runs: held-out refits, comma-separated: run (leave one run out), gpu (leave one GPU "
         "out), model (one model family), tp (one tensor-parallel size); default run,gpu",
     )
+    parser.add_argument(
+        "--folds-of",
+        metavar="CALIBRATION.yaml",
+        type=Path,
+        default=None,
+        help="--from-runs: do not fit again; take the terms of this calibration (fitted to the same "
+        "replay files) as the full fit and run only the --folds, adding them to its record",
+    )
     parser.add_argument("--jobs", type=int, default=None, help="--from-runs: replays at once (default: CPUs)")
     parser.add_argument(
         "--max-evaluations", type=int, default=60, help="--from-runs: candidate sets the full fit may try"
@@ -163,7 +171,7 @@ def run_from_runs(args: argparse.Namespace) -> int:
     """``--from-runs``: every replay file is read and checked before the first replay."""
     from calibrate.from_runs import calibrate_from_runs, default_jobs, format_errors
     from sim.config import ConfigError
-    from sim.costs.serving import CALIBRATION_KIND, write_calibration
+    from sim.costs.serving import CALIBRATION_KIND, CalibrationError, write_calibration
     from sim.replay.spec import load_replay_spec, read_run
     from sim.storage import OutputTargetError, check_output_file
 
@@ -190,7 +198,8 @@ def run_from_runs(args: argparse.Namespace) -> int:
         check_output_file(output, is_calibration, "kvsim serving calibration")
         for path in args.from_runs:
             read_run(load_replay_spec(path), path.parent)
-    except (ConfigError, OutputTargetError) as error:
+        fitted_before = _fitted_before(args.folds_of, args.from_runs)
+    except (ConfigError, OutputTargetError, CalibrationError) as error:
         return _fail(str(error))
     calibration = calibrate_from_runs(
         args.from_runs,
@@ -201,6 +210,7 @@ def run_from_runs(args: argparse.Namespace) -> int:
         log=lambda message: print(message, file=sys.stderr),
         # the full fit and each fold kind as they end: a fit of hours cut short keeps what it found
         checkpoint=lambda partial: write_calibration(partial, output),
+        fitted_before=fitted_before,
     )
     write_calibration(calibration, output)
     print(
@@ -218,6 +228,19 @@ def run_from_runs(args: argparse.Namespace) -> int:
             )
             print("\n".join(format_errors(calibration.fit[key]["runs"])))
     return 0
+
+
+def _fitted_before(path: Path | None, spec_paths: list[Path]) -> Any:
+    """``--folds-of``: the earlier fit, refused here (before any replay) unless it was fitted to
+    the same replay files."""
+    from calibrate.from_runs import check_same_runs
+    from sim.costs.serving import load_calibration
+
+    if path is None:
+        return None
+    calibration = load_calibration(path)
+    check_same_runs(calibration, spec_paths, f"--folds-of {path}")
+    return calibration
 
 
 class PointReporter:

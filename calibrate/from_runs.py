@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from sim.costs.core import CostModelConfig
-from sim.costs.serving import ServingCalibration, write_calibration
+from sim.costs.serving import CalibrationError, ServingCalibration, write_calibration
 
 FITTED = (
     "iteration_overhead_s",
@@ -372,6 +372,7 @@ def calibrate_from_runs(
     names: Sequence[str] = FITTED,
     log: Callable[[str], None] | None = None,
     checkpoint: Callable[[ServingCalibration], None] | None = None,
+    fitted_before: ServingCalibration | None = None,
 ) -> ServingCalibration:
     """Fit the serving terms to every run of ``spec_paths`` (replay files), then, for each fold kind
     of ``folds`` (:data:`FOLDS`) and each group of it, refit on the other groups' runs from the same
@@ -379,24 +380,27 @@ def calibrate_from_runs(
     terms. The per-run errors of each go into the calibration's ``fit`` record. Each refit may try
     ``fold_evaluations`` candidates (None: as many as the full fit; with fewer, Nelder-Mead stops
     short and a fold's error is partly the search's, not the model's). ``checkpoint`` receives the
-    calibration after the full fit and after each fold kind (a long fit cut short keeps those)."""
+    calibration after the full fit and after each fold kind (a long fit cut short keeps those).
+
+    ``fitted_before``: a calibration already fitted to these same runs; its terms stand for the
+    full fit (replayed once, not searched again) and only the folds run, added to its record (the
+    folds of a fit that took hours can follow in another sitting)."""
     unknown = [fold for fold in folds if fold not in FOLDS]
     if unknown:
         raise ValueError(f"unknown fold kind(s) {', '.join(unknown)}; known: {', '.join(FOLDS)}")
     say = log or (lambda message: None)
     evaluator = Evaluator(spec_paths, jobs, log=say)
     try:
-        say(f"fitting {', '.join(names)} (and request_overhead_s) to {len(spec_paths)} runs")
-        full = fit(evaluator, start, max_evaluations=max_evaluations, names=names)
-        in_sample = _errors_record(full.results, full.overhead_s)
-        record: dict[str, Any] = {
-            "runs": [str(path) for path in spec_paths],
-            "gpus": {result.name: result.traits.gpu_preset or result.traits.gpu for result in full.results},
-            "loss": full.loss,
-            "evaluations": len(evaluator.seen),
-            "in_sample": {"runs": in_sample, "summary": summarize_errors(in_sample)},
-        }
-        fitted = calibration_of(full, f"{len(spec_paths)} measured vLLM runs", record)
+        if fitted_before is None:
+            say(f"fitting {', '.join(names)} (and request_overhead_s) to {len(spec_paths)} runs")
+            full = fit(evaluator, start, max_evaluations=max_evaluations, names=names)
+            record = _full_fit_record(full, spec_paths, len(evaluator.seen))
+            fitted = calibration_of(full, f"{len(spec_paths)} measured vLLM runs", record)
+            earlier_evaluations = 0
+        else:
+            full, fitted = _replay_fitted(evaluator, fitted_before, spec_paths)
+            record = fitted.fit
+            earlier_evaluations = record["evaluations"]
         save = checkpoint or (lambda calibration: None)
         save(fitted)
         budget = max_evaluations if fold_evaluations is None else fold_evaluations
@@ -404,12 +408,54 @@ def calibrate_from_runs(
             groups = fold_groups(full.results, evaluator.spec_paths, fold)
             if len(groups) > 1 and budget > 0:
                 record[FOLDS[fold]] = held_out_record(evaluator, full, groups, fold, start, names, budget)
-                record["evaluations"] = len(evaluator.seen)
+                record["evaluations"] = earlier_evaluations + len(evaluator.seen)
                 save(fitted)
-        record["evaluations"] = len(evaluator.seen)
+        record["evaluations"] = earlier_evaluations + len(evaluator.seen)
         return fitted
     finally:
         evaluator.close()
+
+
+def _full_fit_record(full: Evaluation, spec_paths: Sequence[Path], evaluations: int) -> dict[str, Any]:
+    in_sample = _errors_record(full.results, full.overhead_s)
+    return {
+        "runs": [str(path) for path in spec_paths],
+        "gpus": {result.name: result.traits.gpu_preset or result.traits.gpu for result in full.results},
+        "loss": full.loss,
+        "evaluations": evaluations,
+        "in_sample": {"runs": in_sample, "summary": summarize_errors(in_sample)},
+    }
+
+
+def _replay_fitted(
+    evaluator: Evaluator, fitted: ServingCalibration, spec_paths: Sequence[Path]
+) -> tuple[Evaluation, ServingCalibration]:
+    """An earlier fit's terms as the full fit: checked to be a fit to the same runs, replayed once
+    (the folds need each run's traits and the in-sample errors are refreshed with today's code)."""
+    check_same_runs(fitted, spec_paths, "the calibration to add folds to")
+    terms = {name: getattr(fitted, name) for name in FITTED}
+    evaluator.log(f"replaying the fitted terms on {len(spec_paths)} runs (the full fit is not repeated)")
+    full = evaluator.evaluate(terms, overhead_s=fitted.request_overhead_s)
+    record = {**fitted.fit, **_full_fit_record(full, spec_paths, len(evaluator.seen))}
+    record["evaluations"] = fitted.fit.get("evaluations", 0)
+    record["loss"] = full.loss
+    return full, replace(fitted, fit=record)
+
+
+def check_same_runs(fitted: ServingCalibration, spec_paths: Sequence[Path], label: str) -> None:
+    """Refuse an earlier fit whose record names other runs than ``spec_paths``."""
+    fitted_runs = sorted((fitted.fit or {}).get("runs", []))
+    given = sorted(str(path) for path in spec_paths)
+    if fitted_runs == given:
+        return
+    missing = sorted(set(given) - set(fitted_runs))
+    extra = sorted(set(fitted_runs) - set(given))
+    raise CalibrationError(
+        f"{label} was fitted to other runs than those given"
+        + (f"; not in its fit: {', '.join(missing)}" if missing else "")
+        + (f"; in its fit but not given: {', '.join(extra)}" if extra else "")
+        + ("" if fitted_runs else " (it records no runs)")
+    )
 
 
 def fold_groups(results: Sequence[RunErrors], paths: Sequence[str], fold: str) -> dict[str, list[int]]:
