@@ -22,6 +22,7 @@ from sim.costs.core import CostModelConfig
 from sim.offload import OffloadConfig
 from sim.storage import RUN_FOLDER_ENTRIES
 from workloads.config import FILE_FIELD, WorkloadConfig
+from workloads.config_base import ConfigModel
 
 
 class ConfigError(ValueError):
@@ -41,7 +42,8 @@ VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 
 def name_from_file(data: dict[str, Any], path: Path) -> dict[str, Any]:
     """``data`` with ``name:`` defaulted to its file's stem (letters, digits, '-', '_' and '.' kept,
-    anything else a '-'): experiment, sweep and plan files without one worked in earlier versions."""
+    anything else a '-'): experiment, sweep and plan files without one worked in earlier versions
+    (and replay files need none either)."""
     if "name" not in data:
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", path.stem).lstrip("-_.")[:100]
         data["name"] = stem or "unnamed"
@@ -57,7 +59,7 @@ def check_slug(value: str, what: str) -> str:
     return value
 
 
-class _Strict(BaseModel):
+class _Strict(ConfigModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

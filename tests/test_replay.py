@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import yaml
 import pytest
 
 from sim.config import ConfigError
@@ -224,6 +225,7 @@ def test_comparison_numbers_equal_a_hand_computation() -> None:
     scopes = compare(run, paired)
     whole = scopes[0]
     assert (whole.requests, whole.compared) == (4, 2)  # requests 0 and 1 finished on both sides
+    assert whole.not_compared == {"measured_failed": 1, "unfinished": 1}
     ttft = whole.metrics["ttft_s"]
     assert ttft["measured"]["mean"] == pytest.approx(0.15)
     assert ttft["simulated"]["mean"] == pytest.approx(0.25)
@@ -381,3 +383,36 @@ def test_a_vllm_bench_json_without_requests_is_refused_before_anything_reduces(t
     (tmp_path / "empty.json").write_text(json.dumps(empty))
     with pytest.raises(ReplayInputError, match=r"empty.json: no requests \(input_lens is empty\)"):
         read_vllm_bench_json(tmp_path / "empty.json", gpu="H100-80GB")
+
+
+def test_requests_kvsim_cannot_serve_are_counted_with_kvsims_reason(tmp_path: Path, capsys) -> None:
+    """A measured request whose prompt is beyond the replay's max_model_len is left out of the
+    statistics: the console and the report say how many and why (it used to vanish silently)."""
+    from sim.cli import main
+
+    bench = _self_measured_run(tmp_path)
+    measured = json.loads(bench.read_text())
+    prompts = measured["input_lens"]
+    limit = 300  # vLLM's rule: prompt + output must fit in max_model_len
+    too_long = sum(p + o > limit for p, o in zip(prompts, measured["output_lens"], strict=True))
+    assert 0 < too_long < len(prompts)
+    replay = tmp_path / "short-context.yaml"
+    replay.write_text(
+        yaml.safe_dump(
+            {
+                "run": {"path": str(bench)},
+                "gpu": "H100-80GB",
+                "model": "Llama-2-7B",
+                "engine": {"max_model_len": limit, "max_num_batched_tokens": 8192},
+            }
+        )
+    )
+    assert main(["replay-run", str(replay), "-o", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert f"{too_long} of {len(prompts)} measured requests not compared: {too_long} rejected by kvsim" in printed
+    assert "max_model_len" in printed  # kvsim's own reason, with its numbers
+    document = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    assert document["scopes"][0]["not_compared"] == {"rejected": too_long}
+    assert document["scopes"][0]["compared"] == len(prompts) - too_long
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "## Requests not compared" in report and f"{too_long} rejected by kvsim before it ran" in report

@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Discriminator,
     Field,
@@ -32,6 +31,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from workloads.config_base import ConfigModel
 
 FILE_FIELD = "x-kvsim-file"
 """Marks a config field that may name a file read relative to the config's folder (then the
@@ -47,7 +48,7 @@ config to another folder (a sweep's points) finds its paths by this mark."""
 SampleLengths = Literal["independent", "identical"]
 
 
-class _Model(BaseModel):
+class _Model(ConfigModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

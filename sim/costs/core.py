@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from sim.costs.terms import (  # the terms every iteration evaluates, compiled apart (make native)
     AllReduceCost,
@@ -48,6 +48,7 @@ from sim.costs.terms import (  # the terms every iteration evaluates, compiled a
     PrefillCost,
 )
 from workloads.config import FILE_FIELD
+from workloads.config_base import ConfigModel
 
 if TYPE_CHECKING:
     from sim.costs.serving import ServingCalibration
@@ -394,7 +395,7 @@ def analytic_error_band(gpu_name: str) -> str:
 # --------------------------------------------------------------------------------------------------
 
 
-class _Strict(BaseModel):
+class _Strict(ConfigModel):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -915,7 +916,7 @@ def profile_block_bytes(profile: CostProfile, block_size: int | None = None) -> 
 # --------------------------------------------------------------------------------------------------
 
 
-class CostModelConfig(BaseModel):
+class CostModelConfig(ConfigModel):
     """``cost_model:`` in an experiment YAML. Accepted forms::
 
         cost_model: derated                                   # the default

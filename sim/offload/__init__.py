@@ -21,16 +21,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from policies._host_tier import HostTierStats
 from policies.base import KVCachePolicy
 from sim.costs.core import CostModel
+from workloads.config_base import ConfigModel
 
 GIB = 1024**3
 
 
-class OffloadConfig(BaseModel):
+class OffloadConfig(ConfigModel):
     """``offload:``: keep cached KV the GPU evicts in host memory (the prefix policy's host tier, the
     radix policy's HiCache)."""
 

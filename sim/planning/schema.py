@@ -14,9 +14,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sim.config import ConfigError, format_problems, models_in, yaml_mapping
+from workloads.config_base import ConfigModel
 
 
-class Strict(BaseModel):
+class Strict(ConfigModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 

@@ -27,6 +27,7 @@ def cmd_replay_run(args: argparse.Namespace) -> int:
     from sim.config import apply_overrides
     from sim.replay.compare import LATENCY_NAMES
     from sim.replay.pipeline import replay_run
+    from sim.replay.report import not_compared_lines
     from sim.replay.spec import load_replay_spec, validate_replay_spec
 
     given = Path(args.run)
@@ -54,6 +55,12 @@ def cmd_replay_run(args: argparse.Namespace) -> int:
             error = scope.metrics[latency]["signed_error"][statistic]
             parts.append(f"{name} {_time(measured)} / {_time(simulated)} ({error:+.1%})")
         print(f"  {scope.name}: measured / kvsim: " + "; ".join(parts))
+    whole = outcome.scopes[0]
+    if whole.not_compared:
+        print(
+            f"  {whole.requests - whole.compared:,} of {whole.requests:,} measured requests not compared: "
+            + "; ".join(not_compared_lines(whole.as_dict(), document["simulation"]))
+        )
     print(f"report written to {out_dir}/ (report.md, report.html, comparison.json, figures/)")
     return 0
 

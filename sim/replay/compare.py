@@ -74,6 +74,8 @@ class ScopeComparison:
     name: str
     requests: int
     compared: int
+    not_compared: dict[str, int]
+    """Requests left out of the statistics, by why (:data:`NOT_COMPARED`; only reasons that occur)."""
     metrics: dict[str, dict[str, dict[str, float]]]
     """``metrics[latency][side][statistic]``, side one of measured, simulated, signed_error, abs_error;
     ``tpot_s`` also has ``headline`` (the publisher's definition) as a statistic."""
@@ -87,6 +89,7 @@ class ScopeComparison:
             "name": self.name,
             "requests": self.requests,
             "compared": self.compared,
+            "not_compared": self.not_compared,
             "metrics": self.metrics,
             "throughput": self.throughput,
         }
@@ -113,6 +116,7 @@ def paired_frame(run: MeasuredRun, simulated: pd.DataFrame) -> pd.DataFrame:
             "prompt_tokens": measured["prompt_tokens"].to_numpy(),
             "output_tokens": measured["output_tokens"].to_numpy(),
             "outcome_simulated": sim["outcome"].to_numpy(),
+            "reason_simulated": sim["reason"].to_numpy() if "reason" in sim else "",
             "preemptions_simulated": sim["preemptions"].to_numpy(),
             "cached_prompt_tokens_simulated": sim["cached_prompt_tokens"].to_numpy(),
             "ttft_s_measured": measured["ttft_s"].to_numpy(),
@@ -132,6 +136,35 @@ def side(frame: pd.DataFrame, name: str) -> pd.DataFrame:
     """``frame``'s ``name`` side (measured or simulated) with plain column names."""
     columns = {f"{latency}_{name}": latency for latency in LATENCIES}
     return frame.rename(columns=columns)[["arrival_s", "output_tokens", *LATENCIES]]
+
+
+NOT_COMPARED = {
+    "measured_failed": "failed in the measured run (no latency recorded)",
+    "rejected": "rejected by kvsim before it ran",
+    "failed_oom": "failed in kvsim (its KV could never fit)",
+    "unfinished": "not finished by kvsim when the simulation ended",
+}
+"""Why a measured request is not compared, in the order the reasons are checked."""
+
+
+def not_compared(frame: pd.DataFrame) -> dict[str, int]:
+    """How many requests of ``frame`` (a paired frame) each reason of :data:`NOT_COMPARED` leaves
+    out; a request the measured run lost counts there whatever kvsim did with it."""
+    measured_failed = frame["ttft_s_measured"].isna() | frame["e2e_s_measured"].isna()
+    outcome = frame["outcome_simulated"].where(~measured_failed, "measured_failed")
+    outcome = outcome.where(
+        outcome.isin(list(NOT_COMPARED)) | frame[["ttft_s_simulated", "e2e_s_simulated"]].notna().all(axis=1),
+        "unfinished",
+    )
+    counts = outcome.value_counts()
+    return {reason: int(counts[reason]) for reason in NOT_COMPARED if counts.get(reason, 0)}
+
+
+def rejection_examples(frame: pd.DataFrame, limit: int = 3) -> list[str]:
+    """The first few distinct reasons kvsim gave for requests it rejected or failed."""
+    unserved = frame[frame["outcome_simulated"].isin(("rejected", "failed_oom"))]
+    reasons = [str(reason) for reason in unserved.get("reason_simulated", pd.Series(dtype=str)) if reason]
+    return list(dict.fromkeys(reasons))[:limit]
 
 
 def compare_scope(name: str, frame: pd.DataFrame, tpot_definition: str) -> ScopeComparison:
@@ -158,7 +191,7 @@ def compare_scope(name: str, frame: pd.DataFrame, tpot_definition: str) -> Scope
     flows["signed_error"] = {
         key: relative_error(flows["simulated"][key], flows["measured"][key]) for key in flows["measured"]
     }
-    return ScopeComparison(name, len(frame), len(both), metrics, flows)
+    return ScopeComparison(name, len(frame), len(both), not_compared(frame), metrics, flows)
 
 
 def compare(run: MeasuredRun, paired: pd.DataFrame) -> list[ScopeComparison]:

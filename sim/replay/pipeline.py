@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.replay.compare import ScopeComparison, compare, paired_frame
+from sim.replay.compare import ScopeComparison, compare, paired_frame, rejection_examples
 from sim.replay.figures import write_figures
 from sim.replay.measured import MeasuredRun
 from sim.replay.report import comparison_document, write_report
@@ -79,7 +79,9 @@ def replay_run(
         overhead = float(simulated.requests["client_overhead_s"].max()) if len(simulated.requests) else 0.0
         paired = paired_frame(run, simulated.requests)
         scopes = compare(run, paired)
-        document = comparison_document(run, scopes, simulation_facts(simulated, out_dir, overhead))
+        facts = simulation_facts(simulated, out_dir, overhead)
+        facts["rejection_examples"] = rejection_examples(paired)
+        document = comparison_document(run, scopes, facts)
         run.requests.to_csv(staging / MEASURED_FILE, index=False)
         paired.to_csv(staging / PAIRED_FILE, index=False)
         figures = write_figures(run, paired, simulated.timeseries, staging / "figures")

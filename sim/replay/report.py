@@ -10,7 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from sim.replay.compare import LATENCY_NAMES, ScopeComparison, headline_errors
+from sim.replay.compare import LATENCY_NAMES, NOT_COMPARED, ScopeComparison, headline_errors
 from sim.replay.measured import MeasuredRun
 
 ANCHOR_TEXT = {
@@ -131,6 +131,8 @@ def _sections(
     for scope in document["scopes"]:
         heading = f"{scope['name']}: {scope['compared']:,} of {scope['requests']:,} requests compared"
         sections.append((heading, (["metric", "measured", "kvsim", "error"], _scope_rows(scope))))
+        if scope is document["scopes"][0] and scope["not_compared"]:
+            sections.append(("Requests not compared", not_compared_lines(scope, sim)))
     settings = run["settings"]
     sections.append(
         (
@@ -152,6 +154,16 @@ def _sections(
     )
     sections.append(("About the data", run["notes"]))
     return sections
+
+
+def not_compared_lines(scope: dict[str, Any], simulation: dict[str, Any]) -> list[str]:
+    """One line per reason a measured request was left out of the statistics, with kvsim's own
+    words for the first rejections."""
+    lines = [f"{count:,} {NOT_COMPARED[reason]}" for reason, count in scope["not_compared"].items()]
+    examples = simulation.get("rejection_examples") or []
+    if examples:
+        lines.append("kvsim's reasons, e.g.: " + "; ".join(examples))
+    return lines
 
 
 def _async_source(settings: dict[str, Any]) -> str:

@@ -20,9 +20,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
-from sim.config import ConfigError, EngineConfig, apply_overrides, check_slug, format_problems, yaml_mapping
+from sim.config import (
+    ConfigError,
+    EngineConfig,
+    apply_overrides,
+    check_slug,
+    format_problems,
+    name_from_file,
+    yaml_mapping,
+)
 from sim.costs.core import CostModelConfig
 from sim.replay.measured import MeasuredRun
 from sim.replay.prompts import CyclingPrompts
@@ -32,11 +40,12 @@ from sim.replay.readers import (
     read_llmservingsim_bench,
     read_vllm_bench_json,
 )
+from workloads.config_base import ConfigModel
 
 FORMATS = ("blis_csv", "llmservingsim_bench", "vllm_bench_json")
 
 
-class _Strict(BaseModel):
+class _Strict(ConfigModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -68,7 +77,9 @@ class PromptRule(_Strict):
 
 
 class ReplaySpec(_Strict):
-    name: str = Field(description="The replay's name (a folder name: letters, digits, -, _, .).")
+    name: str = Field(
+        description="The replay's name (a folder name: letters, digits, -, _, .; default: the file's stem)."
+    )
     description: str = Field("", description="Free text, kept in the report.")
     run: RunSource = Field(description="The measured run.")
     gpu: str | dict[str, Any] | None = Field(
@@ -106,7 +117,7 @@ def load_replay_spec(path: Path, overrides: list[str] | None = None) -> ReplaySp
     """Read and validate a replay file (``--set key.path=value`` applied first)."""
     if not path.is_file():
         raise ConfigError(f"{path}: no such replay file")
-    data = yaml_mapping(path)
+    data = name_from_file(yaml_mapping(path), path)
     apply_overrides(data, overrides or [])
     return validate_replay_spec(data, path)
 

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sim.config import ConfigError, ExperimentConfig, format_problems, validate_experiment, yaml_mapping
 from sim.validation.registry import checks
+from workloads.config_base import ConfigModel
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG_DIR = REPO_ROOT / "configs" / "validation"
@@ -36,7 +37,7 @@ DEFAULT_CONFIG_DIR = REPO_ROOT / "configs" / "validation"
 # --------------------------------------------------------------------------------------------------
 
 
-class _Strict(BaseModel):
+class _Strict(ConfigModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
