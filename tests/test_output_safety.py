@@ -330,3 +330,66 @@ def test_an_interrupt_between_the_two_renames_puts_the_old_results_back(tmp_path
     monkeypatch.undo()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     assert (target / "summary.csv").read_text() == "old\n" and read_marker(target) is not None
+
+
+# ------------------------------------------------------------------------------------------------
+# Folders that cannot be made: one message from one place, exit 2, for every command
+# ------------------------------------------------------------------------------------------------
+
+
+def test_an_output_under_a_file_is_refused_naming_the_file(tmp_path):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    with pytest.raises(OutputTargetError, match=f"{a_file} is a file, so no folder can be made under it"):
+        check_output_target(a_file / "sub" / "deeper", "run")
+    assert a_file.read_text() == "mine"
+
+
+def test_an_output_in_a_folder_without_write_permission_is_refused(tmp_path, monkeypatch):
+    # (the tests may run as root, whom chmod does not stop: os.access is what kvsim asks)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != locked and real_access(path, mode))
+    with pytest.raises(OutputTargetError, match=f"no permission to create folders in {locked}"):
+        check_output_target(locked / "out", "run")
+    # an existing result inside it cannot be replaced either: its staging folder goes beside it
+    (locked / "old").mkdir()
+    write_marker(locked / "old", "run")
+    with pytest.raises(OutputTargetError, match="no permission"):
+        check_output_target(locked / "old", "run")
+
+
+def test_a_write_failure_during_the_run_becomes_the_output_message(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(OutputTargetError, match=r"output folder '.*out': cannot write \(.*summary.csv\): No space"):
+        with staged_output_dir(out, "run") as staging:
+            raise OSError(28, "No space left on device", str(staging / "summary.csv"))
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_an_os_error_about_another_file_keeps_its_own_message(tmp_path):
+    with pytest.raises(FileNotFoundError, match="trace.csv"):
+        with staged_output_dir(tmp_path / "out", "run"):
+            raise FileNotFoundError(2, "No such file or directory", str(tmp_path / "trace.csv"))
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "configs/quickstart.yaml", "-q"],
+        ["sweep", "configs/sweep/block-size-rate.yaml"],
+        ["plan", "configs/plan/small-chat-l4.yaml"],
+        ["replay-run", "configs/replays/h100-llama-2-7b-tp1-codegen.yaml"],
+    ],
+)
+def test_every_command_refuses_an_output_under_a_file_before_running(tmp_path, capsys, command):
+    from sim.cli import main
+
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    root = Path(__file__).resolve().parents[1]
+    argv = [command[0], str(root / command[1]), *command[2:], "-o", str(a_file / "sub")]
+    assert main(argv) == 2
+    assert f"{a_file} is a file, so no folder can be made under it" in capsys.readouterr().err
+    assert a_file.read_text() == "mine"

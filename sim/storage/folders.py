@@ -130,6 +130,7 @@ def check_output_target(out_dir: str | Path, kind: str) -> Path:
         raise OutputTargetError(f"output folder {str(out_dir)!r} ({target}): refused, {reason}")
     if target.exists() and not target.is_dir():
         raise OutputTargetError(f"output folder {str(out_dir)!r} exists and is not a folder")
+    _check_can_create(target, out_dir)
     if target.is_dir() and any(target.iterdir()):
         marker = read_marker(target)
         if marker is None:
@@ -151,6 +152,34 @@ def check_output_target(out_dir: str | Path, kind: str) -> Path:
                 f"({shown}): replacing it would delete them. Move them away, or choose another folder with -o."
             )
     return target
+
+
+def _check_can_create(target: Path, out_dir: str | Path) -> None:
+    """Refuse an output folder that cannot be made: a file where a parent folder would go, or a
+    parent kvsim may not write in (the staging folder goes beside the output, so its parent counts
+    even when the output folder exists)."""
+    ancestor = target.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputTargetError(
+            f"output folder {str(out_dir)!r}: {ancestor} is a file, so no folder can be made under it"
+        )
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputTargetError(
+            f"output folder {str(out_dir)!r}: no permission to create folders in {ancestor}; choose "
+            "another folder with -o"
+        )
+
+
+def output_os_error(error: OSError, out_dir: str | Path) -> OutputTargetError:
+    """An operating-system failure while writing results, as the one message every command prints
+    (the checks above catch most of these before any work; a disk that fills up, or permissions that
+    change during a run, land here)."""
+    where = f" ({error.filename})" if error.filename else ""
+    return OutputTargetError(
+        f"output folder {str(out_dir)!r}: cannot write{where}: {error.strerror or error}"
+    )
 
 
 def _foreign_files(folder: Path, marker: dict[str, Any]) -> list[str]:
@@ -319,6 +348,15 @@ def _replace(staging: Path, out_dir: Path, kind: str) -> None:
     shutil.rmtree(retired, ignore_errors=True)
 
 
+def _is_about(error: OSError, target: Path, staging: list[Path]) -> bool:
+    """Whether an OS error names the output folder, its staging folder or a file in either (an
+    OSError from elsewhere, e.g. a trace that cannot be read, keeps its own message)."""
+    if not error.filename:
+        return False
+    named = Path(str(error.filename))
+    return any(named == folder or folder in named.parents for folder in [target, *staging])
+
+
 @contextmanager
 def staged_output_dir(
     out_dir: str | Path,
@@ -335,7 +373,10 @@ def staged_output_dir(
     cleans its points folder once, where a scan per point grows with the folder), and never removes
     anything but its own staging folder on failure."""
     target = check_output_target(out_dir, kind)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise output_os_error(error, out_dir) from None
     if clean_stale:
         clean_stale_staging(target, log)
     # Created inside ``try``: Ctrl-C or SIGTERM (raised as KeyboardInterrupt) may land between any two
@@ -352,9 +393,11 @@ def staged_output_dir(
         (staging / STAGING_MARKER).unlink()
         _replace(staging, target, kind)
         committed = True
-    except BaseException:
+    except BaseException as error:
         if not committed:
             for folder in trying:
                 with contextlib.suppress(OSError):
                     shutil.rmtree(folder)
+        if isinstance(error, OSError) and _is_about(error, target, trying):
+            raise output_os_error(error, out_dir) from None
         raise
