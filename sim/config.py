@@ -776,9 +776,9 @@ def format_problems(
     """kvsim's report of pydantic problems, one line each: the key path (``location`` turns pydantic's
     location into the user's keys), what is wrong and the value given (not for ``quiet_values``);
     an unknown key gets the nearest of ``known_keys_at(where it stands)``."""
-    lines = [f"{heading} ({len(problems)} problem(s))"]
-    for problem in problems:
-        keys = location(problem)
+    located = _without_mismatched_union_members([(problem, location(problem)) for problem in problems])
+    lines = [f"{heading} ({len(located)} problem(s))"]
+    for problem, keys in located:
         key_path = key_prefix + ".".join(str(part) for part in keys) or "(top level)"
         # pydantic prefixes the messages of our own validators with "Value error, ".
         message = problem["msg"].removeprefix("Value error, ")
@@ -794,6 +794,35 @@ def format_problems(
             shown += "; YAML reads off/on/no/yes/true/false as booleans: quote the value ('off')"
         lines.append(f"  {key_path}: {message}{shown}")
     return "\n".join(lines)
+
+
+_CONTAINER_TYPES = ("dict_type", "list_type", "model_type", "model_attributes_type", "tuple_type")
+
+
+def _without_mismatched_union_members(
+    located: list[tuple[Mapping[str, Any], list[Any]]],
+) -> list[tuple[Mapping[str, Any], list[Any]]]:
+    """Drop what a union's scalar members say about a mapping or list (``Input should be a valid
+    integer`` beside ``low=500 is above high=100`` for ``prompt_len: {kind: uniform, ...}``): the
+    user wrote the mapping for the member whose own problem is also listed at that key or below."""
+
+    def mismatched(problem: Mapping[str, Any]) -> bool:
+        kind = str(problem["type"])
+        scalar = kind.endswith(("_type", "_parsing")) or kind in ("literal_error", "none_required")
+        return scalar and kind not in _CONTAINER_TYPES and isinstance(problem.get("input"), dict | list)
+
+    def explained(index: int, keys: list[Any]) -> bool:
+        return any(
+            other_keys[: len(keys)] == keys and not mismatched(other)
+            for other_index, (other, other_keys) in enumerate(located)
+            if other_index != index
+        )
+
+    return [
+        (problem, keys)
+        for index, (problem, keys) in enumerate(located)
+        if not (mismatched(problem) and explained(index, keys))
+    ]
 
 
 def _data_path(loc: tuple[Any, ...], data: Any, *, keep_last: bool) -> list[Any]:

@@ -98,3 +98,49 @@ class _Example(ConfigModel):
 )
 def test_the_rule_by_field_type(field, value, refused):
     assert boolean_as_number(value, _Example.model_fields[field].annotation) is refused
+
+
+# ------------------------------------------------------------------------------------------------
+# One line per problem: a union's other members say nothing about a mapping meant for one of them
+# ------------------------------------------------------------------------------------------------
+
+
+def _problem_lines(error: ConfigError) -> list[str]:
+    return [line.strip() for line in str(error).splitlines()[1:] if not line.strip().startswith("(")]
+
+
+@pytest.mark.parametrize(
+    ("changes", "line"),
+    [
+        (
+            {"workload.prompt_len": {"kind": "uniform", "low": 500, "high": 100}},
+            "workload.prompt_len: low=500.0 is above high=100.0",
+        ),
+        (
+            {"workload.prompt_len": {"kind": "lognormal", "median": float("nan"), "sigma": 1}},
+            "workload.prompt_len.median: Input should be greater than 0 (got nan)",
+        ),
+        (
+            {"variants.1.offload": {"host_memory_gib": 0}},
+            "variants.1.offload.host_memory_gib: Input should be greater than 0 (got 0)",
+        ),
+        (
+            {"variants.1.offload": {"host_memory_gib": 8, "write_policy": "sometimes"}},
+            "variants.1.offload.write_policy: Input should be 'write_through', 'write_through_selective' or "
+            "'write_back' (got 'sometimes')",
+        ),
+    ],
+)
+def test_a_problem_is_one_line_without_the_unions_other_members(tmp_path, changes, line):
+    with pytest.raises(ConfigError) as caught:
+        load_experiment(config_file(tmp_path, changes))
+    assert _problem_lines(caught.value) == [line]
+    assert "(1 problem(s))" in str(caught.value)
+
+
+def test_a_scalar_given_for_a_distribution_keeps_its_line(tmp_path):
+    """Only a mapping or list is judged by the member it was meant for: `prompt_len: abc` still says
+    what a number would have needed."""
+    with pytest.raises(ConfigError) as caught:
+        load_experiment(config_file(tmp_path, {"workload.prompt_len": "abc"}))
+    assert any("valid integer" in line or "valid number" in line for line in _problem_lines(caught.value))
