@@ -269,7 +269,9 @@ def test_trace_workload_points_run(tmp_path):
 def test_sigterm_stops_a_local_sweep_cleanly(tmp_path):
     """SIGTERM (``timeout``, Slurm) while two worker processes are mid-point: the sweep exits 130 with its
     one-line notice, and no semaphore of a terminated worker is left for the resource tracker to
-    report as leaked (tqdm's default lock in the workers was one)."""
+    report as leaked (tqdm's default lock in the workers was one). The workers simulate in the
+    sweep's own points folder, not the system temp folder: what a killed worker leaves there, the next
+    run removes."""
     experiment = TINY_EXPERIMENT | {"workload": TINY_EXPERIMENT["workload"] | {"num_requests": 20_000}}
     path = sweep_file(tmp_path, experiment=experiment, axes={"seed": [1, 2, 3, 4]})
     out = tmp_path / "out"
@@ -288,7 +290,7 @@ def test_sigterm_stops_a_local_sweep_cleanly(tmp_path):
         deadline = time.monotonic() + 120
         # A variant's folder in a point folder: that point's experiment (and its bars) has started.
         while time.monotonic() < deadline and process.poll() is None:
-            if len(list(scratch.glob("kvsim-point-*/paged"))) >= 2:
+            if len(list((out / "points").glob(".*.partial-*/paged"))) >= 2:
                 break
             time.sleep(0.05)
         if process.poll() is not None:
@@ -300,10 +302,17 @@ def test_sigterm_stops_a_local_sweep_cleanly(tmp_path):
     finally:
         process.kill()
         process.wait()
+        left_in_temp = list(scratch.glob("kvsim-point-*"))
         shutil.rmtree(scratch, ignore_errors=True)
     assert process.returncode == 130, stderr
     assert "kvsim sweep: interrupted;" in stderr
     assert "leaked" not in stderr and "Traceback" not in stderr, stderr
+    assert left_in_temp == []
+    # the next run (here: one that finds every point to do again) cleans the killed workers' folders
+    from sim.planning.sweeps.store import PointStore
+
+    PointStore(out).clean_stale()
+    assert list((out / "points").glob(".*.partial-*")) == []
 
 
 def test_the_fork_server_starts_early_only_for_local_workers():

@@ -331,6 +331,19 @@ def _make_staging(out_dir: Path, trying: list[Path]) -> Path:
     raise OutputTargetError(f"could not create a staging folder beside {out_dir}")
 
 
+@contextmanager
+def scratch_folder(beside: Path) -> Iterator[Path]:
+    """A private working folder named and marked as a staging folder of ``beside``: removed when
+    the block ends, however it ends; one left by a process killed meanwhile is removed by the next
+    :func:`clean_stale_staging` of ``beside``."""
+    trying: list[Path] = []
+    try:
+        yield _make_staging(beside, trying)
+    finally:
+        for folder in trying:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def _replace(staging: Path, out_dir: Path, kind: str) -> None:
     """Rename ``staging`` over ``out_dir``; an existing ``out_dir`` is checked once more (it may have
     changed during the run) and removed only if it is kvsim's or empty."""

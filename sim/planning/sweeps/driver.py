@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from sim.planning.sweeps.executors import Executor
-from sim.planning.sweeps.store import FAILED, OK, PointStore
+from sim.planning.sweeps.store import FAILED, OK, POINTS, PointStore
 from sim.planning.sweeps.tasks import PointOutcome, PointTask, answers, run_point
 
 
@@ -81,6 +81,9 @@ def run_points(
     if bar is not None:
         bar.total = (bar.total or 0) + len(todo)
         bar.refresh()
+    if executor.shares_files:
+        scratch = str(store.root / POINTS)
+        todo = [replace(task, scratch_dir=scratch) for task in todo]
     by_id = {task.point_id: task for task in todo}
     for outcome in executor.run(fn, todo):
         store.save(outcome, by_id[outcome.point_id])

@@ -29,6 +29,9 @@ class ExecutorError(RuntimeError):
 
 class Executor(Protocol):
     description: str
+    shares_files: bool
+    """Whether the workers see this machine's files (then a point works in the sweep's own folder,
+    where the next run cleans what a killed worker left; otherwise in the worker's temp folder)."""
 
     def run(self, fn: Callable[[Any], Any], tasks: list[Any]) -> Iterator[Any]: ...
 
@@ -39,6 +42,7 @@ class InlineExecutor:
     """One point after the other in this process (``--jobs 1``)."""
 
     description = "this process"
+    shares_files = True
 
     def run(self, fn: Callable[[Any], Any], tasks: list[Any]) -> Iterator[Any]:
         for task in tasks:
@@ -92,6 +96,7 @@ class LocalExecutor:
     def __init__(self, jobs: int):
         self.jobs = jobs
         self.description = f"{jobs} local processes"
+        self.shares_files = True
         self._pool: ProcessPoolExecutor | None = None
 
     def _get_pool(self) -> ProcessPoolExecutor:
@@ -141,6 +146,7 @@ class DaskExecutor:
                 "the Dask executors need the optional extra: pip install 'kvsim[dask]'"
             ) from None
         self._cluster = None
+        self.shares_files = not address  # a remote scheduler's workers may be on other machines
         if address:
             try:
                 self._client = Client(address, timeout=f"{timeout_s}s")

@@ -1,8 +1,10 @@
 """What runs on a worker: one point (one experiment), returned as summaries plus its files.
 
-The worker simulates into a private temporary folder and sends the folder's files back; only the
-driver writes into the sweep folder (one writer, atomic renames), so a remote Dask worker needs no
-shared file system for outputs. Its inputs (traces, profiles) must exist at the same paths there.
+The worker simulates into a private scratch folder and sends the folder's files back; only the
+driver writes results into the sweep folder (one writer, atomic renames), so a remote Dask worker
+needs no shared file system for outputs. A local worker's scratch folder is a staging folder inside
+the sweep's points folder: a worker killed mid-point leaves it there for the next run to clean (not
+in the system temp folder, where nothing would). Its inputs (traces, profiles) must exist at the same paths there.
 A failing point is an outcome with its error, never an exception: the other points go on.
 """
 
@@ -12,6 +14,8 @@ import json
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +26,7 @@ from sim.config import validate_experiment
 from sim.planning.plans.early_stop import StopRules, watch_factory
 from sim.planning.plans.pools import pool_metrics, total_pool_tokens
 from sim.planning.plans.steady import SteadyWindow, steady_metrics, stopped_metrics
+from sim.storage.folders import STAGING_MARKER, scratch_folder
 
 if TYPE_CHECKING:
     from sim.runner import VariantResult
@@ -38,6 +43,9 @@ class PointTask:
     base_dir: str  # where the config's relative paths are read from
     window: SteadyWindow | None = None  # plan probes also measure the steady state
     stop: StopRules | None = None  # ... and stop once an SLO is certainly broken
+    # Where the worker simulates: the sweep's points folder when the worker shares this machine's
+    # files (a killed worker's folder is then cleaned by the next run), else its temp folder.
+    scratch_dir: str | None = None
 
 
 @dataclass
@@ -84,8 +92,7 @@ def _simulate(task: PointTask) -> PointOutcome:
     from sim.runner import run_experiment
 
     config = validate_experiment(task.config, f"point {task.point_id}")
-    with tempfile.TemporaryDirectory(prefix="kvsim-point-") as tmp:
-        folder = Path(tmp)
+    with _scratch(task) as folder:
         results = run_experiment(
             config,
             Path(task.base_dir) / "point.yaml",
@@ -105,9 +112,19 @@ def _simulate(task: PointTask) -> PointOutcome:
         files = {
             str(path.relative_to(folder)): path.read_bytes()
             for path in sorted(folder.rglob("*"))
-            if path.is_file()
+            if path.is_file() and path.name != STAGING_MARKER
         }
     return PointOutcome(task.point_id, True, summaries, files=files)
+
+
+@contextmanager
+def _scratch(task: PointTask) -> Iterator[Path]:
+    if task.scratch_dir is None:
+        with tempfile.TemporaryDirectory(prefix="kvsim-point-") as tmp:
+            yield Path(tmp)
+    else:
+        with scratch_folder(Path(task.scratch_dir) / task.point_id) as folder:
+            yield folder
 
 
 def probe_metrics(result: VariantResult, pool_tokens: int, window: SteadyWindow) -> dict[str, Any]:
