@@ -57,6 +57,14 @@ def progress_enabled(quiet: bool = False) -> bool:
     return sys.stderr.isatty()
 
 
+def run_progress(quiet: bool = False) -> str | None:
+    """``kvsim run``'s progress: the bar on a terminal, plain lines at an interval in a log (a long
+    run is not silent there), nothing with ``-q``."""
+    if quiet:
+        return None
+    return "bar" if progress_enabled() else "log"
+
+
 def _warn(message: str) -> None:
     print(f"kvsim: warning: {message}", file=sys.stderr)
 
@@ -79,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with staged_output_dir(out_dir, "run", config_hash(resolved), log=_log) as staging:
         # Tables stream into the staging folder while each variant runs; the rest is written after.
         results = run_experiment(
-            config, config_path, progress=progress_enabled(args.quiet), out_dir=staging, prepared=prepared
+            config, config_path, progress=run_progress(args.quiet), out_dir=staging, prepared=prepared
         )
         outcomes = {
             result.name: summarize_outcomes(result.sink.requests(columns=["outcome", "reason"]))

@@ -49,6 +49,7 @@ from sim.hardware.models import ModelSpec, expert_parallel_problems, expert_para
 from sim.native import engine_build
 from sim.offload import OffloadConfig, host_load_seconds, host_tier_blocks, host_tier_summary
 from sim.outputs.metrics import RequestRecord
+from sim.outputs.progress import ProgressMode, request_progress
 from sim.outputs.sinks import FileSink, MemorySink, OutputSink
 from token_content import TokenContent
 from workloads import Workload, build_workload
@@ -708,7 +709,7 @@ def run_variant(
     variant: VariantConfig,
     base_dir: Path,
     *,
-    progress: bool = False,
+    progress: ProgressMode = False,
     out_dir: Path | None = None,
 ) -> VariantResult:
     """Prepare and run one variant (the validation checks use it). With ``out_dir`` its tables stream to
@@ -727,7 +728,7 @@ def run_prepared(
     prepared: PreparedVariant,
     workload: Workload,
     *,
-    progress: bool = False,
+    progress: ProgressMode = False,
     out_dir: Path | None = None,
     watch: RunWatch | None = None,
     keep_tables: bool = False,
@@ -740,7 +741,9 @@ def run_prepared(
     prepared.ran = True
     variant = prepared.variant
     total = workload.describe().get("num_requests")
-    bar = tqdm(total=total, desc=variant.name, unit="req", disable=not progress, leave=False)
+    label = variant.name if progress != "log" else f"kvsim run {config.name}: {variant.name}"
+    counter = request_progress(progress, label, total)
+    bar = counter if counter is not None else tqdm(total=total, disable=True)
     sink: OutputSink = (
         FileSink(out_dir / variant.name, config.output.timeseries_format, keep=keep_tables)
         if out_dir is not None
@@ -748,7 +751,7 @@ def run_prepared(
     )
     requests = workload.requests()
     # The bar counts requests as they arrive in the simulation (the engine reads the stream ahead).
-    on_delivered = bar.update if progress else None
+    on_delivered = counter.update if counter is not None else None
     if prepared.prefill_pool is not None:
         return _run_disaggregated(config, prepared, workload, requests, sink, bar, on_delivered)
     if prepared.cluster is not None:
@@ -1139,7 +1142,7 @@ def run_experiment(
     config: ExperimentConfig,
     config_path: Path,
     *,
-    progress: bool = False,
+    progress: ProgressMode = False,
     out_dir: Path | None = None,
     prepared: PreparedExperiment | None = None,
     watch: Callable[[], RunWatch] | None = None,
@@ -1149,7 +1152,9 @@ def run_experiment(
     ``watch`` makes a fresh :class:`RunWatch` for each variant's run; ``keep_tables``: as
     :func:`run_prepared`'s."""
     prepared = prepared or prepare_experiment(config, config_path)
-    variants = tqdm(prepared.variants, desc=config.name, unit="variant", disable=not progress)
+    variants = tqdm(
+        prepared.variants, desc=config.name, unit="variant", disable=progress in (None, False, "log")
+    )
     return [
         run_prepared(
             config,

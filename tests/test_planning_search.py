@@ -49,6 +49,30 @@ def test_max_probes_stops_the_search():
     assert len(search.passed + search.failed) == 5 and "max_probes=5" in search.stopped
 
 
+def test_rounds_left_counts_bracketing_halvings_and_confirmation():
+    """By hand, growth 2 and rel_tolerance 0.05: a bracket of relative width 1 needs
+    ceil(log2(1 / 0.05)) = 5 halvings; an unbracketed search one more growth step first (two before
+    its first verdict); a confirmation adds one."""
+    search = RateSearch(SearchSpec.model_validate({"start_rate_per_s": 2}))
+    assert search.rounds_left() == 2 + 5 + 1
+    search.record(2.0, True)
+    assert search.rounds_left() == 1 + 5 + 1
+    search.record(4.0, False)  # bracket [2, 4]: width 1
+    assert search.rounds_left() == 5 + 1
+    search.record(3.0, True)  # [3, 4]: width 1/3, ceil(log2(6.67)) = 3 halvings
+    assert search.rounds_left() == 3 + 1
+    search.record(3.9, True)  # [3.9, 4]: width 0.026 <= 0.05, only the confirmation is left
+    assert search.rounds_left() == 1
+    search.record_confirmation(3.9, True, 10_000)
+    assert search.rounds_left() == 0
+    no_confirmation = RateSearch(SearchSpec.model_validate({"confirm_factor": 0, "max_probes": 3}))
+    no_confirmation.record(1.0, True)
+    no_confirmation.record(2.0, True)
+    assert no_confirmation.rounds_left() == 1  # max_probes caps the 1 + 5 probes at the one left
+    at_ceiling = search_against(1e9, start_rate_per_s=10, max_rate_per_s=50, confirm_factor=0)
+    assert at_ceiling.rounds_left() == 0
+
+
 def test_nice_rates_stay_strictly_inside_the_bracket():
     assert nice_rate(5.123456, 4.0, 6.0) == 5.1
     assert nice_rate(4.0001, 4.0, 4.001) == 4.0001

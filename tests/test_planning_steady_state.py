@@ -4,6 +4,7 @@ server whose verdict depends on rate and probe length (worked by hand), then end
 
 from __future__ import annotations
 
+import re
 import json
 
 import pytest
@@ -341,3 +342,29 @@ def test_worker_processes_draw_the_same_report(tmp_path):
         assert (here.out_dir / "figures" / name).read_bytes() == (
             there.out_dir / "figures" / name
         ).read_bytes()
+
+
+def test_round_lines_give_the_rounds_left_and_the_time(tmp_path):
+    """The same search as above, its progress lines worked out by hand from
+    :meth:`RateSearch.rounds_left` (rel_tolerance 0.2: a bracket of width 1 needs 3 halvings, of
+    1/3 one, of 1/2 two, of 1/4 one; a confirmation adds one while one is due)."""
+    plan = made_up_plan(tmp_path)
+    lines: list[str] = []
+    run_plan(plan, tmp_path / "out", fn=made_up_server, log=lines.append)
+    rounds = [line for line in lines if line.startswith("kvsim plan: round")]
+    totals = [re.match(r"kvsim plan: round (\d+)( of about (\d+)|)", line).groups() for line in rounds]
+    assert [(int(n), int(m) if m else None) for n, _, m in totals] == [
+        (1, 1 + 1 + 3 + 1),  # 2 passed: one more growth step, 3 halvings, the confirmation
+        (2, 2 + 5),  # 4 passed
+        (3, 3 + 3 + 1),  # 8 failed: [4, 8]
+        (4, 4 + 3 + 1),  # 6 runs again longer: still [4, 8]
+        (5, 5 + 1 + 1),  # 6 passed: [6, 8]
+        (6, 6 + 0 + 1),  # 7 failed: [6, 7] is within 20 %: only the confirmation
+        (7, 7 + 2 + 1),  # the confirmation at 6 broke: [4, 6] again, and a new confirmation
+        (8, 8 + 1 + 1),  # 5 failed: [4, 5]
+        (9, 9 + 0 + 1),  # 4.5 failed
+        (10, None),  # 4 confirmed: the last
+    ]
+    assert "(the last, unless a search must run again)" in rounds[-1]
+    assert all(re.search(r"; \d+ s so far", line) for line in rounds)
+    assert all("left" in line for line in rounds[:-1]) and "left" not in rounds[-1]

@@ -294,6 +294,43 @@ def test_progress_bars_only_on_a_terminal(monkeypatch):
     assert not progress_enabled()
 
 
+def test_a_run_without_a_terminal_logs_progress_lines_and_quiet_none(tmp_path, monkeypatch, capsys):
+    """Where stderr is no terminal (CI, nohup, a pipe) a long run is not silent: plain lines at an
+    interval (here 0 s, so every request arrival may print one), no bar escape sequences."""
+    from sim.cli import run_progress
+
+    monkeypatch.setenv("CI", "true")
+    assert run_progress() == "log" and run_progress(quiet=True) is None
+    monkeypatch.setattr("sim.outputs.progress.LOG_INTERVAL_S", 0.0)
+    path = config_file(tmp_path)
+    assert main(["run", str(path), "-o", str(tmp_path / "out")]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("kvsim run small:")]
+    assert lines[0].startswith("kvsim run small: contiguous-max: 1 of 12 requests (8.3%), ")
+    assert any(line.startswith("kvsim run small: paged: 12 of 12 requests (100.0%)") for line in lines)
+    assert all("\r" not in line and "\x1b" not in line for line in lines)
+    main(["run", str(path), "-q", "-o", str(tmp_path / "out")])
+    assert "requests (" not in capsys.readouterr().err
+
+
+def test_progress_lines_by_hand():
+    import io
+
+    from sim.outputs.progress import LoggedProgress
+
+    clock = [100.0]
+    stream = io.StringIO()
+    progress = LoggedProgress("kvsim run x: paged", 1000, interval_s=30, stream=stream, clock=lambda: clock[0])
+    for _ in range(1000):
+        clock[0] += 0.125  # 8 requests a second: a line every 240 requests
+        progress.update()
+    assert stream.getvalue().splitlines() == [
+        "kvsim run x: paged: 240 of 1,000 requests (24.0%), 30 s, about 1.6 min left",  # 760 / 8 = 95 s
+        "kvsim run x: paged: 480 of 1,000 requests (48.0%), 60 s, about 65 s left",
+        "kvsim run x: paged: 720 of 1,000 requests (72.0%), 1.5 min, about 35 s left",
+        "kvsim run x: paged: 960 of 1,000 requests (96.0%), 2.0 min, about 5 s left",
+    ]
+
+
 # ------------------------------------------------------------------------------------------------
 # Listings
 # ------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ a point store, so a plan resumes like a sweep; the driver keeps only summaries.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from sim.outputs.progress import duration
 from sim.planning.plans.analysis import candidate_results
 from sim.planning.plans.cluster_check import run_cluster_checks
 from sim.planning.plans.schedule import Job, Schedule, Wanted
@@ -134,6 +136,7 @@ class Rounds:
     log: Callable[[str], None]
     counts: RunCounts = field(default_factory=RunCounts)
     rounds: int = 0
+    started_s: float = field(default_factory=time.monotonic)
 
     def search(self, schedule: Schedule) -> list[Probe]:
         """Every search of ``schedule`` to its end (confirmations included, and the searches each
@@ -162,13 +165,26 @@ class Rounds:
                 _judge(probe, job)
                 probes.append(probe)
             self.rounds += 1
-            edges = sum(job.side is not None for job, _ in round_probes)
-            seeds = len(schedule.plan.spec.search.seeds)
-            self.log(
-                f"kvsim plan: round {self.rounds}: {len(round_probes)} candidate rate(s) x {seeds} seed(s)"
-                + (f" ({edges} at the cost model's band edges)" if edges else "")
-                + f"; {round_counts.ran} simulated"
-            )
+            self.log(self._round_line(schedule, active, round_probes, round_counts))
+
+    def _round_line(
+        self, schedule: Schedule, active: list[Job], round_probes: list[tuple[Job, Probe]], counts: RunCounts
+    ) -> str:
+        """``round 3 of about 8: ...; 12 simulated; 40 s so far, about 1.5 min left`` (the estimate
+        from the searches' brackets, the time from the rounds so far)."""
+        edges = sum(job.side is not None for job, _ in round_probes)
+        seeds = len(schedule.plan.spec.search.seeds)
+        left = schedule.rounds_left(active)
+        elapsed_s = time.monotonic() - self.started_s
+        timing = f"; {duration(elapsed_s)} so far"
+        if left:
+            timing += f", about {duration(elapsed_s / self.rounds * left)} left"
+        total = f" of about {self.rounds + left}" if left else " (the last, unless a search must run again)"
+        return (
+            f"kvsim plan: round {self.rounds}{total}: {len(round_probes)} candidate rate(s) x {seeds} seed(s)"
+            + (f" ({edges} at the cost model's band edges)" if edges else "")
+            + f"; {counts.ran} simulated{timing}"
+        )
 
 
 def _judge(probe: Probe, job: Job) -> None:

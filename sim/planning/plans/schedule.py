@@ -124,6 +124,23 @@ class Schedule:
             ]
         return started
 
+    def rounds_left(self, active: list[Job]) -> int:
+        """About how many rounds the plan still needs: the longest chain of an active search's own
+        rounds and of what starts after it (a sibling's warm-started search, the band edges' ones).
+        An estimate, for the progress lines: probes run again longer are not foreseen."""
+        return max((job.search.rounds_left() + self._rounds_after(job) for job in active), default=0)
+
+    def _rounds_after(self, job: Job) -> int:
+        # A warm start probes the neighbour's answer and failing rate in one round, then bisects a
+        # bracket of 2 rel_tolerance once; a nominal search also confirms.
+        warm = 2
+        if job.side is not None:  # the followers' searches at the same edge wait for this one
+            nominal_key = self.band.origin[job.candidate.key][1]
+            return warm if self._followers.get(nominal_key) else 0
+        edges = warm if self.band.sides(job.candidate) else 0
+        followers = (warm + 1 + edges) if self._followers.get(job.candidate.key) else 0
+        return max(edges, followers)
+
     def _nominal(self, candidate: Candidate, search: RateSearch) -> Job:
         job = self.nominal[candidate.key] = Job(candidate, search, self.plan)
         return job

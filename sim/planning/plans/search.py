@@ -291,6 +291,28 @@ class RateSearch:
             return None
         return nice_rate((lo + hi) / 2, lo, hi)
 
+    def rounds_left(self) -> int:
+        """About how many more rounds this search needs, from what it knows now: one more growth
+        step to a bracket where it has none (the knee is as likely near as far: the estimate grows
+        while the rates keep passing), the halvings of the bracket down to ``rel_tolerance``, and
+        its confirmation. Probes run again longer are not foreseen."""
+        spec = self.spec
+        if self.stopped:
+            return 0
+        lo, hi = self.lo, self.hi
+        if lo is not None and hi is not None:
+            bracket, width = 0, hi / lo - 1
+        else:
+            at_limit = (lo is not None and lo >= spec.max_rate_per_s) or (
+                hi is not None and hi <= spec.min_rate_per_s
+            )
+            bracket = 0 if at_limit else (1 if self.passed or self.failed else 2)
+            width = 0.0 if at_limit else spec.growth - 1
+        halvings = math.ceil(math.log2(width / spec.rel_tolerance)) if width > spec.rel_tolerance else 0
+        probes = min(bracket + halvings, spec.max_probes - len(self.passed) - len(self.failed))
+        confirming = bool(spec.confirm_factor) and self.confirmations < spec.max_confirmations
+        return (1 if self.queued else 0) + max(0, probes) + int(confirming and self.confirmed is None)
+
     def status(self) -> str:
         """feasible | at_max_rate (never failed up to max_rate_per_s) | infeasible."""
         if self.lo is None:
