@@ -99,8 +99,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             # (and an earlier result in the same place is kept as it was).
             print(report, file=sys.stderr)
             unserved = sum(item.unserved for item in outcomes.values())
+            variants = sum(1 for item in outcomes.values() if item.unserved)
+            where = f"over {variants} variants together" if variants > 1 else "in one variant"
             raise StrictRunFailed(
-                f"--strict: {unserved:,} request(s) were not served (see above); no results written to "
+                f"--strict: {unserved:,} request(s) were not served {where} (each variant's count above; "
+                f"every variant replays the same requests); no results written to "
                 f"{out_dir}/. Rerun without --strict to inspect them in requests.parquet (outcome, reason)."
             )
         write_run_files(staging, resolved, results)
@@ -138,6 +141,11 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+def _no_negative_zero(cell: str) -> str:
+    """``-0.0%`` (a tiny negative rounded away) printed as ``0.0%``."""
+    return cell[1:] if cell.startswith("-") and not any(digit in cell for digit in "123456789") else cell
+
+
 def format_summary_table(summaries: list[dict], columns: list[tuple[str, str, str]] = SUMMARY_COLUMNS) -> str:
     header = [label for _, label, _ in columns]
     rows = []
@@ -145,7 +153,7 @@ def format_summary_table(summaries: list[dict], columns: list[tuple[str, str, st
         row = []
         for key, _, fmt in columns:
             value = summary.get(key)
-            row.append("n/a" if value is None else fmt.format(value))
+            row.append("n/a" if value is None else _no_negative_zero(fmt.format(value)))
         rows.append(row)
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
     lines = [

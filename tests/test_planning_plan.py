@@ -252,3 +252,24 @@ def test_cluster_check_counts_gpus_by_simulating_the_divided_cluster(tmp_path):
             assert steady["ttft_p99_s"] <= SLO_TTFT and steady["queue_growth_frac"] <= 0.05
         else:
             assert entry["violations"]
+
+
+def test_the_console_table_wraps_a_long_reason_instead_of_cutting_it():
+    from sim.planning.cli import REASON_WIDTH, summary_lines
+
+    reason = (
+        "the model's weights (15.0 GiB) and activations leave no KV pool on this GPU at "
+        "gpu_memory_utilization 0.9: 21.6 GiB usable, 23.9 GiB needed for max_model_len 8,192"
+    )
+    document = {
+        "target_rate_per_s": 10.0,
+        "recommendation": None,
+        "candidates": [{"key": "T4-16GB / paged", "status": "infeasible", "reason": reason}],
+    }
+    lines = summary_lines(document).splitlines()
+    reason_lines = lines[1:-1]
+    assert len(reason_lines) == 3  # 166 characters in lines of at most 80, broken between words
+    column = reason_lines[0].index("the model's")
+    assert reason_lines[1][:column].strip() == ""  # continued under its own column
+    shown = " ".join(line[column:].strip() for line in reason_lines)
+    assert shown == reason and all(len(line[column:]) <= REASON_WIDTH for line in reason_lines)

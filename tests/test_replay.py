@@ -24,7 +24,7 @@ from sim.replay.readers import (
     read_llmservingsim_bench,
     read_vllm_bench_json,
 )
-from sim.replay.spec import validate_replay_spec
+from sim.replay.spec import load_replay_spec, read_run, validate_replay_spec
 
 DATA = Path(__file__).parent / "data" / "replays"
 LSS_RUN = DATA / "lss" / "bench" / "examples" / "GPU" / "Model"
@@ -372,9 +372,29 @@ def test_replay_without_a_gpu_says_which_key_to_set(tmp_path: Path) -> None:
     from sim.replay.pipeline import replay_run
 
     spec = validate_replay_spec({"name": "x", "run": {"path": str(DATA / "vllm-bench.json")}}, "t")
-    with pytest.raises(ConfigError, match="do not say which gpu"):
+    with pytest.raises(ConfigError, match="do not say which gpu") as caught:
         replay_run(spec, tmp_path, tmp_path / "out")
+    assert "--set gpu=" in str(caught.value)  # a JSON file given directly has no replay file to edit
     assert not (tmp_path / "out").exists()
+
+
+def test_a_shipped_replay_whose_data_is_missing_points_to_the_readme_on_fetching_it(tmp_path: Path) -> None:
+    runs = tmp_path / "reference_runs" / "some-runs"
+    runs.mkdir(parents=True)
+    (runs / "README.md").write_text("fetch them from ...")
+    replays = tmp_path / "configs" / "replays"
+    replays.mkdir(parents=True)
+    spec_path = replays / "r.yaml"
+    spec_path.write_text(yaml.safe_dump({"run": {"path": "../../reference_runs/some-runs/run.csv"}}))
+    with pytest.raises(ConfigError) as caught:
+        read_run(load_replay_spec(spec_path), replays)
+    message = str(caught.value)
+    assert f"(looked at {runs / 'run.csv'})" in message
+    assert f"{runs / 'README.md'} says where this data comes from and how to fetch it" in message
+    (runs / "README.md").unlink()
+    with pytest.raises(ConfigError) as caught:
+        read_run(load_replay_spec(spec_path), replays)
+    assert "README" not in str(caught.value)
 
 
 def test_a_vllm_bench_json_without_requests_is_refused_before_anything_reduces(tmp_path: Path) -> None:

@@ -278,7 +278,9 @@ def test_strict_run_with_rejections_fails_and_keeps_the_previous_result(tmp_path
     code, out = run(tmp_path, rejecting, "--strict")
     assert code == 1
     error = capsys.readouterr().err
-    assert "--strict: 24 request(s) were not served" in error and "no results written" in error
+    # 12 requests, every one too long, in each of the two variants
+    assert "--strict: 24 request(s) were not served over 2 variants together" in error
+    assert "no results written" in error
     assert (out / "summary.csv").read_text() == before, "the earlier result stays as it was"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["experiment.yaml", "out"], "no staging left"
 
@@ -363,3 +365,16 @@ def test_version_says_when_the_compiled_build_is_in_use(monkeypatch, tmp_path):
     build = sim.native.NativeBuild(tmp_path, "x", "y", "group", ())
     monkeypatch.setattr(sim.native, "_active", build)
     assert version_line().endswith(f", engine_build native (the compiled build in {tmp_path} is in use)")
+
+
+def test_a_tiny_negative_share_prints_as_zero():
+    from sim.cli import format_summary_table
+    from sim.outputs.metrics import averages_from_areas
+
+    table = format_summary_table(
+        [{"variant": "v", "mean_reserved_frac": -1e-17, "mean_used_frac": -0.0004}],
+        [("variant", "variant", "{}"), ("mean_reserved_frac", "reserv. %", "{:.1%}"), ("mean_used_frac", "u", "{:.2%}")],
+    )
+    assert table.splitlines()[1].split() == ["v", "0.0%", "-0.04%"]  # a real negative keeps its sign
+    areas = averages_from_areas([-3e-15, 500.0, *([0.0] * 7)], end_s=10.0, kv_pool_tokens=100)
+    assert areas["mean_used_frac"] == 0.0 and areas["mean_reserved_frac"] == 0.5

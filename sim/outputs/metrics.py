@@ -276,7 +276,7 @@ def averages_from_areas(area: list[float] | None, end_s: float, kv_pool_tokens: 
         return empty | {"mean_running": 0.0, "memory_saved_by_sharing_frac": 0.0}
     categories = len(MemoryBreakdown.CATEGORIES)
     result = {
-        summary_key(name): area[index] / end_s / kv_pool_tokens
+        summary_key(name): _without_residue(area[index] / end_s / kv_pool_tokens)
         for index, name in enumerate(MemoryBreakdown.CATEGORIES)
     }
     result["mean_running"] = area[categories] / end_s
@@ -284,6 +284,12 @@ def averages_from_areas(area: list[float] | None, end_s: float, kv_pool_tokens: 
     # 1 - physical / logical blocks held by live sequences, both time-averaged.
     result["memory_saved_by_sharing_frac"] = 1 - physical / logical if logical > 0 else 0.0
     return result
+
+
+def _without_residue(share: float) -> float:
+    """A share of the pool with the float residue of summing areas removed (a category that was
+    never held sums to about -1e-17, which a summary would print as -0.0 %)."""
+    return 0.0 if abs(share) < 1e-12 else share
 
 
 def cumulative_area_at(series: pd.DataFrame, area: str, value: str, at: np.ndarray) -> np.ndarray:

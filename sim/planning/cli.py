@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -99,6 +100,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+REASON_WIDTH = 80
+
+
 def summary_lines(document: dict[str, Any]) -> str:
     """The recommendation table, as text for the terminal."""
     from sim.planning.report.units import rate
@@ -115,7 +119,11 @@ def summary_lines(document: dict[str, Any]) -> str:
                 f"  {c['key']:<{width}} {prefix + rate(c['max_rate_per_s']):>14} {count:>9}  {c['binding']['label']}"
             )
         else:
-            lines.append(f"  {c['key']:<{width}} {c['status']:>14} {'-':>9}  {c.get('reason', '')[:100]}")
+            # The whole reason, wrapped under its column (a cut one can stop mid-word, mid-number).
+            reason = textwrap.wrap(c.get("reason", ""), REASON_WIDTH) or [""]
+            lines.append(f"  {c['key']:<{width}} {c['status']:>14} {'-':>9}  {reason[0]}")
+            indent = " " * (2 + width + 1 + 14 + 1 + 9 + 2)
+            lines += [indent + more for more in reason[1:]]
     best = document["recommendation"]
     lines.append(f"  recommended: {best}" if best else "  no candidate meets the SLOs")
     return "\n".join(lines)

@@ -67,7 +67,9 @@ def experiment_data(run: MeasuredRun, spec: ReplaySpec) -> dict[str, Any]:
 
         raise ConfigError(
             f"replay {spec.name!r}: the run's files do not say which {' and '.join(missing)} it ran on; "
-            f"set {', '.join(f'`{name}:`' for name in missing)} in the replay file"
+            f"set {', '.join(f'`{name}:`' for name in missing)} in the replay file, or pass "
+            + " ".join(f"--set {name}=..." for name in missing)
+            + (" (e.g. --set gpu=H100-80GB; kvsim gpus lists them)" if "gpu" in missing else "")
         )
     source: dict[str, Any] = {
         "kind": "jsonl",

@@ -17,6 +17,7 @@ experiment's ``engine:`` section). Errors name the file, the key and the value, 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -180,5 +181,18 @@ def _resolve(value: str, base_dir: Path, key: str) -> Path:
     candidate = Path(value).expanduser()
     full = candidate if candidate.is_absolute() else base_dir / candidate
     if not full.exists():
-        raise ConfigError(f"{key}: {value!r} not found (looked at {full})")
+        shown = os.path.normpath(full)
+        raise ConfigError(f"{key}: {value!r} not found (looked at {shown}){_how_to_fetch(full)}")
     return full
+
+
+def _how_to_fetch(missing: Path) -> str:
+    """Where a shipped replay's data is not shipped (no licence to copy it), the README beside
+    where it belongs says how to fetch it: point there."""
+    folder = missing.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    readme = folder / "README.md"
+    if folder.is_dir() and readme.is_file():
+        return f"; {os.path.normpath(readme)} says where this data comes from and how to fetch it"
+    return ""
