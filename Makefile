@@ -15,12 +15,16 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# setuptools prints a boxed warning on every editable install (folders named like the package may
+# shadow it: ours are the package); PIP_EDITABLE silences that one warning and nothing else.
+PIP_EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -e
+
 $(BASE): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e .
+	$(PIP_EDITABLE) .
 	@touch $@
 
 $(FULL): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev,calibrate]'
+	$(PIP_EDITABLE) '.[dev,calibrate]'
 	@touch $@ $(BASE)
 
 base: $(BASE)
@@ -55,6 +59,7 @@ docs: $(BASE)
 	$(BIN)/kvsim config-reference --plan > docs/plan-reference.md
 	$(BIN)/kvsim output-columns > docs/outputs.md
 	for kind in experiment plan sweep; do $(BIN)/kvsim schema $$kind -o docs/schema/$$kind.schema.json; done
+	$(BIN)/python -m tools.readme_tables
 
 # Millions of random policy operations, every invariant checked after each (minutes; not in `test`).
 fuzz: venv
@@ -68,7 +73,7 @@ bench: native
 # A subset: make mutation MUTANTS='sim.hardware.capacity* sim.outputs.metrics*'
 MUTANTS ?=
 mutation: venv
-	$(BIN)/pip install -q -e '.[mutation]'
+	$(PIP_EDITABLE) '.[mutation]'
 	TQDM_DISABLE=1 MPLBACKEND=Agg nice -n 19 $(BIN)/mutmut run --max-children 1 $(MUTANTS)
 	$(BIN)/python tools/mutation_scores.py --survivors
 

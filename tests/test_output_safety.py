@@ -362,7 +362,9 @@ def test_an_output_in_a_folder_without_write_permission_is_refused(tmp_path, mon
 
 def test_a_write_failure_during_the_run_becomes_the_output_message(tmp_path):
     out = tmp_path / "out"
-    with pytest.raises(OutputTargetError, match=r"output folder '.*out': cannot write \(.*summary.csv\): No space"):
+    with pytest.raises(
+        OutputTargetError, match=r"output folder '.*out': cannot write \(.*summary.csv\): No space"
+    ):
         with staged_output_dir(out, "run") as staging:
             raise OSError(28, "No space left on device", str(staging / "summary.csv"))
     assert not out.exists() and list(tmp_path.iterdir()) == []

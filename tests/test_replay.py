@@ -429,7 +429,10 @@ def test_requests_kvsim_cannot_serve_are_counted_with_kvsims_reason(tmp_path: Pa
     )
     assert main(["replay-run", str(replay), "-o", str(tmp_path / "out")]) == 0
     printed = capsys.readouterr().out
-    assert f"{too_long} of {len(prompts)} measured requests not compared: {too_long} rejected by kvsim" in printed
+    assert (
+        f"{too_long} of {len(prompts)} measured requests not compared: {too_long} rejected by kvsim"
+        in printed
+    )
     assert "max_model_len" in printed  # kvsim's own reason, with its numbers
     document = json.loads((tmp_path / "out" / "comparison.json").read_text())
     assert document["scopes"][0]["not_compared"] == {"rejected": too_long}

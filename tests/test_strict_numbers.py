@@ -20,7 +20,10 @@ from workloads.config_base import ConfigModel, boolean_as_number
         ({"engine.max_num_seqs": True}, "engine: max_num_seqs: true: a boolean where a number is expected"),
         ({"workload.output_len": False}, "workload: output_len: false: a boolean"),
         ({"workload.arrival.rate_per_s": True}, "rate_per_s: true: a boolean"),
-        ({"variants.1.engine": {"max_num_batched_tokens": False}}, "max_num_batched_tokens: false: a boolean"),
+        (
+            {"variants.1.engine": {"max_num_batched_tokens": False}},
+            "max_num_batched_tokens: false: a boolean",
+        ),
         ({"engine.gpu_memory_utilization": True}, "gpu_memory_utilization: true: a boolean"),
     ],
 )

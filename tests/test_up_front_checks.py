@@ -321,7 +321,9 @@ def test_progress_lines_by_hand():
 
     clock = [100.0]
     stream = io.StringIO()
-    progress = LoggedProgress("kvsim run x: paged", 1000, interval_s=30, stream=stream, clock=lambda: clock[0])
+    progress = LoggedProgress(
+        "kvsim run x: paged", 1000, interval_s=30, stream=stream, clock=lambda: clock[0]
+    )
     for _ in range(1000):
         clock[0] += 0.125  # 8 requests a second: a line every 240 requests
         progress.update()
@@ -373,7 +375,11 @@ def test_a_tiny_negative_share_prints_as_zero():
 
     table = format_summary_table(
         [{"variant": "v", "mean_reserved_frac": -1e-17, "mean_used_frac": -0.0004}],
-        [("variant", "variant", "{}"), ("mean_reserved_frac", "reserv. %", "{:.1%}"), ("mean_used_frac", "u", "{:.2%}")],
+        [
+            ("variant", "variant", "{}"),
+            ("mean_reserved_frac", "reserv. %", "{:.1%}"),
+            ("mean_used_frac", "u", "{:.2%}"),
+        ],
     )
     assert table.splitlines()[1].split() == ["v", "0.0%", "-0.04%"]  # a real negative keeps its sign
     areas = averages_from_areas([-3e-15, 500.0, *([0.0] * 7)], end_s=10.0, kv_pool_tokens=100)
