@@ -362,18 +362,19 @@ def test_an_output_in_a_folder_without_write_permission_is_refused(tmp_path, mon
 
 def test_a_write_failure_during_the_run_becomes_the_output_message(tmp_path):
     out = tmp_path / "out"
-    with pytest.raises(
-        OutputTargetError, match=r"output folder '.*out': cannot write \(.*summary.csv\): No space"
+    with (
+        pytest.raises(
+            OutputTargetError, match=r"output folder '.*out': cannot write \(.*summary.csv\): No space"
+        ),
+        staged_output_dir(out, "run") as staging,
     ):
-        with staged_output_dir(out, "run") as staging:
-            raise OSError(28, "No space left on device", str(staging / "summary.csv"))
+        raise OSError(28, "No space left on device", str(staging / "summary.csv"))
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
 def test_an_os_error_about_another_file_keeps_its_own_message(tmp_path):
-    with pytest.raises(FileNotFoundError, match="trace.csv"):
-        with staged_output_dir(tmp_path / "out", "run"):
-            raise FileNotFoundError(2, "No such file or directory", str(tmp_path / "trace.csv"))
+    with pytest.raises(FileNotFoundError, match="trace.csv"), staged_output_dir(tmp_path / "out", "run"):
+        raise FileNotFoundError(2, "No such file or directory", str(tmp_path / "trace.csv"))
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,8 @@ server whose verdict depends on rate and probe length (worked by hand), then end
 
 from __future__ import annotations
 
-import re
 import json
+import re
 
 import pytest
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 import pytest
+import yaml
 
 from sim.config import ConfigError
 from sim.replay.compare import compare, headline_tpot, in_system, paired_frame, per_request_tpot
