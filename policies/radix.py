@@ -54,7 +54,7 @@ How a request's KV lives here, and which SGLang code each rule follows:
   stream); loads are charged by the engine over the host link.
 
 SGLang's scheduler (``PrefillAdder``'s ``new_token_ratio`` budget, ``lpm`` ordering,
-``retract_decode``) is the engine's ``scheduler: sglang`` (``sim/engine/sglang_scheduler.py``), not
+``retract_decode``) is the engine's ``scheduler: sglang`` (``sim/engine/schedulers/sglang.py``), not
 this policy's.
 
 Breakdown (slots, sums to the pool): **used** = tokens in locked tree nodes (each once, however many

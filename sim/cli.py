@@ -8,6 +8,7 @@ import signal
 import sys
 import warnings
 from pathlib import Path
+from typing import Literal
 
 SUMMARY_COLUMNS = [
     ("variant", "variant", "{}"),
@@ -57,7 +58,7 @@ def progress_enabled(quiet: bool = False) -> bool:
     return sys.stderr.isatty()
 
 
-def run_progress(quiet: bool = False) -> str | None:
+def run_progress(quiet: bool = False) -> Literal["bar", "log"] | None:
     """``kvsim run``'s progress: the bar on a terminal, plain lines at an interval in a log (a long
     run is not silent there), nothing with ``-q``."""
     if quiet:

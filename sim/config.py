@@ -159,7 +159,7 @@ class EngineConfig(_Strict):
         "vllm",
         description="Whose scheduler runs the engine. vllm: FCFS, prompts admitted while the pool holds "
         "them, the newest request preempted when a sequence cannot grow (max_num_batched_tokens, "
-        "enable_chunked_prefill, watermark). sglang: SGLang's (sim/engine/sglang_scheduler.py): the "
+        "enable_chunked_prefill, watermark). sglang: SGLang's (sim/engine/schedulers/sglang.py): the "
         "queue ordered by schedule_policy, admission against PrefillAdder's token budget with its "
         "new_token_ratio estimate of future decode tokens, chunked_prefill_size / max_prefill_tokens, "
         "and retract_decode's order when decode runs out of memory; best with policy radix.",

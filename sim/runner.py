@@ -42,7 +42,7 @@ from sim.config import (
 from sim.costs.core import CostModel, CostModelError, make_cost_model
 from sim.engine.core import Engine, EngineKnobs
 from sim.engine.lockstep import LockstepGroup
-from sim.engine.sglang_scheduler import chunked_prefill_size_for
+from sim.engine.schedulers.sglang import chunked_prefill_size_for
 from sim.hardware.capacity import KVCapacity, size_kv_pool
 from sim.hardware.gpus import GpuSpec, resolve_gpu
 from sim.hardware.models import ModelSpec, expert_parallel_problems, expert_parallel_size, resolve_model

@@ -1,4 +1,4 @@
-"""``engine.scheduler: sglang`` (sim/engine/sglang_scheduler.py): hand-worked runs, step-mode
+"""``engine.scheduler: sglang`` (sim/engine/schedulers/sglang.py): hand-worked runs, step-mode
 equivalence, the config keys, and ``vllm`` (the default) unchanged.
 
 Costs are ``RoundCostModel``'s: a decode step 1 s, prefill 0.01 s per token."""
@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from policies import PoolSpec
 from sim.config import EngineConfig
-from sim.engine.sglang_scheduler import chunked_prefill_size_for
+from sim.engine.schedulers.sglang import chunked_prefill_size_for
 from tests.engine_helpers import request
 from tests.test_engine import EQUIVALENCE_COSTS, SCENARIOS, assert_same_results, random_requests, run, times
 
@@ -54,7 +54,7 @@ def test_the_new_token_ratio_budget_refuses_what_vllm_admits():
     assert times(sglang)[0] == pytest.approx((0.0, 2.0, 801.0, "finished"))
     assert admitted(sglang)[1] == pytest.approx(801.0)
     assert sglang.counters.preemptions == 0
-    assert sglang._sglang.new_token_ratio == pytest.approx(0.098)  # 799 decode steps: at the floor
+    assert sglang.scheduler.new_token_ratio == pytest.approx(0.098)  # 799 decode steps: at the floor
 
 
 def test_a_retraction_takes_the_fewest_decoded_and_resets_the_ratio():
@@ -79,7 +79,7 @@ def test_a_retraction_takes_the_fewest_decoded_and_resets_the_ratio():
         assert got[0] == pytest.approx((0.0, 1.1, 60.3, "finished"))
         assert got[1] == pytest.approx((1.1, 2.3, 86.64, "finished"))
         assert [record.preemptions for record in engine.records] == [0, 1]
-        assert engine._sglang.new_token_ratio == pytest.approx(56 / 60)  # no decay at conservativeness 0
+        assert engine.scheduler.new_token_ratio == pytest.approx(56 / 60)  # no decay at conservativeness 0
         assert engine.policy.stats.prefix_cache_hits == 20  # R1's recompute hit its cached prompt
 
 

@@ -50,7 +50,16 @@ from sim.engine.arrivals import Arrivals
 from sim.engine.decoding import NEVER, DecodeClock, RequestState
 from sim.engine.errors import EngineStalled
 from sim.engine.event_skip import JumpTimeline, iterations_to_reach
-from sim.engine.sglang_scheduler import SGLangScheduler
+from sim.engine.knobs import EngineKnobs
+from sim.engine.schedulers import make_scheduler
+from sim.engine.schedulers.base import (
+    HEAD_NOT_SEEN,
+    HEAD_OUT_OF_MEMORY,
+    HEAD_OVER_BUDGET,
+    NEXT_TRIES_HEAD,
+    NOT_TRIED,
+    QUEUE_EMPTY,
+)
 from sim.engine.transfer import KVTransferHooks
 from sim.outputs.metrics import (
     CHUNK_ROWS,
@@ -67,34 +76,6 @@ from workloads.request import Request
 
 if TYPE_CHECKING:
     from sim.engine.lockstep import LockstepGroup
-
-
-@dataclass(frozen=True)
-class EngineKnobs:
-    """Scheduler knobs, named and defaulted as vLLM's engine arguments where vLLM has them."""
-
-    max_model_len: int
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    enable_chunked_prefill: bool = True
-    preemption_mode: str = "recompute"  # recompute | swap
-    swap_space_blocks: int = 0  # host pool for preemption_mode=swap, in blocks
-    watermark: float = 0.0  # fraction of the pool kept free at admission (vLLM V0 used 0.01)
-    # queue: a failed admission waits; fail: a request whose first admission fails fails (the seeds' OOM
-    # story). A preempted request waits to come back either way.
-    on_oom: str = "queue"
-    beam_reparent_prob: float = 0.15  # q: per beam and decode step, the beam is replaced by a survivor's fork
-    step_mode: str = "skip"  # skip | single
-    client_overhead_s: float = 0.0  # outside the engine, added to every request's TTFT and E2E
-    # vLLM's --async-scheduling (scheduler vllm): iteration k+1 is scheduled while iteration k runs,
-    # so a request queued during iteration k is first scheduled in iteration k+2.
-    async_scheduling: bool = False
-    # scheduler sglang (sim/engine/sglang_scheduler.py; SGLang's server_args.py names and defaults):
-    scheduler: str = "vllm"  # vllm | sglang
-    schedule_policy: str = "fcfs"  # fcfs | lpm
-    schedule_conservativeness: float = 1.0
-    chunked_prefill_size: int = 8192  # -1: no chunking
-    max_prefill_tokens: int = 16384
 
 
 YOUNG_COLLECTION_EVERY = 1_000_000
@@ -119,19 +100,6 @@ def fewer_collections(first_generation: int = YOUNG_COLLECTION_EVERY) -> Iterato
         yield
     finally:
         gc.set_threshold(*thresholds)
-
-
-# Why the admission loop of an iteration stopped: what the next iterations' admissions depend on.
-QUEUE_EMPTY = "empty"  # an arrival could be admitted at the next iteration with a free token budget
-OUT_OF_BUDGET = "budget"  # the head was not tried: any iteration with a free token budget tries it
-HEAD_STUCK = "stuck"  # the head cannot be admitted until something leaves (memory or max_num_seqs)
-HEAD_OUT_OF_MEMORY = "memory"  # stuck: the head was tried and does not fit in KV memory now
-# (scheduler sglang) the head is over the KV token budget, which new_token_ratio changes every step
-HEAD_OVER_BUDGET = "kv budget"
-# async scheduling: the head was queued after this iteration was scheduled; the next one sees it
-HEAD_NOT_SEEN = "not seen"
-NOT_TRIED = "not tried"  # a preemption this iteration: no admission (vLLM), the batch changes anyway
-NEXT_TRIES_HEAD = (OUT_OF_BUDGET, HEAD_OVER_BUDGET, HEAD_NOT_SEEN)  # so no jump past the next iteration
 
 
 @dataclass(slots=True, init=False)
@@ -251,10 +219,9 @@ class Engine:
         self._copies_pending = 0
         self._admissions = 0
         self.clock = DecodeClock(policy, defer_growth=knobs.step_mode == "skip")
-        self._sglang = SGLangScheduler(knobs) if knobs.scheduler == "sglang" else None
-        self._chunks_prompts = (
-            knobs.enable_chunked_prefill if self._sglang is None else self._sglang.chunks_prompts
-        )
+        # What differs between the servers (admission, budgets, preemption victims): sim/engine/schedulers/.
+        self.scheduler = make_scheduler(knobs)
+        self._chunks_prompts = self.scheduler.chunks_prompts
         self._jump: Jump | None = None  # the wake-up in flight, when it spans several iterations
         self._decoded_seqs = 0  # sequences that decoded in each iteration of the current wake-up
         self._iterations_this_step = 0
@@ -264,13 +231,8 @@ class Engine:
         self._preempted = False
         self._swapped_in = False
         self._admission_stop = QUEUE_EMPTY
-        # Async scheduling: when the last iteration started and ended, and the queue time up to which
-        # the iteration now being scheduled sees requests (see _scheduled_at).
+        # Async scheduling: when the last iteration started and ended (see scheduled_at).
         self._last_started_s = self._last_ended_s = float("-inf")
-        self._seen_until_s = float("inf")
-        # (scheduler sglang) this iteration's admissions matched waiting prompts in the cache and the
-        # queue still waits: the next iteration matches them again (a cache access), so no jump.
-        self._admission_rematches = False
         self._transfer = transfer
         self._prefill_only = prefill_only
         # Disaggregated serving (see sim/engine/transfer.py). A prefill replica's requests whose prompt
@@ -433,14 +395,8 @@ class Engine:
                 f"{width} sequence(s) {shape} exceed the KV pool "
                 f"({self.policy.pool_slots:,} slots) even with nothing else running"
             )
-        # (SGLang takes an unchunked prompt whole, however long: its first admission may exceed the budget.)
-        unchunked_vllm = self._sglang is None and not knobs.enable_chunked_prefill
-        if unchunked_vllm and final_len > knobs.max_num_batched_tokens:
-            return (
-                f"{self._lengths(request)} cannot be prefilled in one iteration "
-                f"(max_num_batched_tokens={knobs.max_num_batched_tokens:,}, chunked prefill off)"
-            )
-        return ""
+        why = self.scheduler.never_admissible(final_len)
+        return f"{self._lengths(request)} {why}" if why else ""
 
     @staticmethod
     def _lengths(request: Request) -> str:
@@ -561,8 +517,8 @@ class Engine:
         self.clock.now += 1
         self._prepare_decode_step()
         preempted, swap_blocks = self._decode_growth()
-        if preempted and self._sglang is not None:
-            self._finish_retraction()
+        if preempted:
+            self.scheduler.after_preemption(self)
         swap_blocks += self._swap_out_pending
         self._swap_out_pending = 0
         decode_batch = self.clock.sequences
@@ -573,17 +529,14 @@ class Engine:
         self._prefill_this_step = []
         for state in self._prefilling:
             if state.prefilled < state.tokens_to_prefill and budget > 0:
-                budget = self._schedule_prefill(state, budget, chunks)
+                budget = self.schedule_prefill(state, budget, chunks)
         self._admission_stop = NOT_TRIED
         swap_in = 0
-        if not preempted and self._sglang is not None:
-            self._sglang_admit_waiting(budget, chunks)
-        elif not preempted:
-            self._seen_until_s = self._scheduled_at()
-            budget, swap_in = self._admit_waiting(budget, chunks)
+        if not preempted:  # (not after a preemption, as vLLM; SGLang's retraction step admits nothing)
+            budget, swap_in, self._admission_stop = self.scheduler.admit(self, budget, chunks)
             swap_blocks += swap_in
-        if self._sglang is not None and not preempted and decode_batch and not self._prefill_this_step:
-            self._sglang.decode_steps(1)  # a decode batch (SGLang's update_running_batch)
+            if decode_batch and not self._prefill_this_step:
+                self.scheduler.decode_steps(1)  # a decode batch (SGLang's update_running_batch)
         self._preempted = preempted
         self._swapped_in = swap_in > 0
         self._decoded_seqs = decode_batch
@@ -605,7 +558,7 @@ class Engine:
         duration += self.costs.swap_blocks_s(swap_blocks) if swap_blocks else 0.0
         return duration + load_s
 
-    def _scheduled_at(self) -> float:
+    def scheduled_at(self) -> float:
         """When vLLM scheduled the iteration starting now: with async scheduling, at the start of the
         iteration before it, which ran up to now (vLLM's engine core schedules one step ahead of the
         GPU: ``step_with_batch_queue``), so requests queued since wait one more iteration; else now.
@@ -661,11 +614,9 @@ class Engine:
 
     def _prefill_budget(self, decode_batch: int) -> int:
         """Prompt tokens an iteration that decodes ``decode_batch`` sequences may prefill."""
-        if self._sglang is not None:
-            return self._sglang.prefill_budget(decode_batch)
-        return self.knobs.max_num_batched_tokens - decode_batch
+        return self.scheduler.prefill_budget(decode_batch)
 
-    def _schedule_prefill(self, state: RequestState, budget: int, chunks: list[tuple[int, int]]) -> int:
+    def schedule_prefill(self, state: RequestState, budget: int, chunks: list[tuple[int, int]]) -> int:
         chunk = self._prefill_chunk(state, budget)
         if not chunk:
             return budget
@@ -758,7 +709,7 @@ class Engine:
         for parent, final_lens in forks:
             children = []
             for final_len in final_lens:
-                children.append(ChildSpec(self._new_seq_id(), final_len, self._next_child_stream))
+                children.append(ChildSpec(self.new_seq_id(), final_len, self._next_child_stream))
                 self._next_child_stream -= 1
             planned.append((parent, children))
         forked: list[int] = []
@@ -772,7 +723,7 @@ class Engine:
             if len(self.running) == 1:
                 self._reject_alone(state, self.clock.now)
                 return
-            self._preempt(state, self.clock.now)
+            self.preempt(state, self.clock.now)
             return
         state.seq_ids.extend(forked)
         self._running_seqs += len(forked)
@@ -882,18 +833,18 @@ class Engine:
                 self.policy.grow(seq_id, 1)
                 return outcome
             except OutOfKVMemory:
-                victim = self.running[-1] if self._sglang is None else self._sglang.retraction_victim(self)
+                victim = self.scheduler.preemption_victim(self)
                 if victim is state and len(self.running) == 1 and not self.transfers_pending:
                     # Its samples/beams outgrow the pool with nothing else in it (whole blocks each
                     # can exceed the tokens checked on arrival): a rejection, not a preemption.
                     # (Blocks held for transfers will free: then it is preempted, to wait for them.)
                     self._reject_alone(state, victims_at)
                     return outcome
-                outcome = max(outcome, 1) + self._preempt(victim, victims_at)
+                outcome = max(outcome, 1) + self.preempt(victim, victims_at)
                 if victim is state:
                     return outcome
 
-    def _preempt(self, state: RequestState, at_clock: int) -> int:
+    def preempt(self, state: RequestState, at_clock: int) -> int:
         """Take ``state`` off the GPU (its tokens as of ``at_clock``); returns blocks swapped out."""
         self.counters.preemptions += 1
         state.record.preemptions += 1
@@ -915,22 +866,8 @@ class Engine:
             # Samples and beams restart from the prompt: their diverged tokens are not recoverable.
             state.generated = 0
         state.prefilled = 0
-        if self._sglang is None:
-            self.waiting.appendleft(state)
-        else:
-            self.waiting.append(state)  # SGLang's _extend_requests_to_queue: retracted at the back
+        self.scheduler.requeue(self, state)
         return swapped_blocks
-
-    def _finish_retraction(self) -> None:
-        """Decode ran out of memory and requests were retracted until it fit: SGLang's
-        ``retract_decode`` goes on until the pool has room for 20 more tokens per request left, then
-        re-estimates ``new_token_ratio`` from them. (Found out while growing, so the requests retracted
-        here took this iteration's token; SGLang retracts before the step.)"""
-        scheduler = self._sglang
-        assert scheduler is not None
-        while scheduler.needs_more_room(self):
-            self._preempt(scheduler.retraction_victim(self), self.clock.now)
-        scheduler.reset_after_retraction(self)
 
     def _reject_alone(self, state: RequestState, at_clock: int) -> None:
         """Alone in the pool and still no room for its samples/beams: retrying could never succeed."""
@@ -946,63 +883,12 @@ class Engine:
         return self.knobs.swap_space_blocks * self.block_size - self._host_tokens_used
 
     # ------------------------------------------------------------------------------------ admission
-    def _admit_waiting(self, budget: int, chunks: list[tuple[int, int]]) -> tuple[int, int]:
-        """Admit from the head of the queue while the budget, ``max_num_seqs`` and the policy allow.
-        Returns the budget left and blocks swapped in; says why it stopped in ``_admission_stop``."""
-        swap_in_blocks = 0
-        budget_at_start = budget
-        while True:
-            if not self.waiting:
-                self._admission_stop = QUEUE_EMPTY
-                return budget, swap_in_blocks
-            if budget <= 0:
-                self._admission_stop = OUT_OF_BUDGET
-                return budget, swap_in_blocks
-            state = self.waiting[0]
-            if state.queued_s > self._seen_until_s:
-                self._admission_stop = HEAD_NOT_SEEN
-                return budget, swap_in_blocks
-            if self._running_seqs + self._unforked_seqs + state.width > self.knobs.max_num_seqs:
-                self._admission_stop = HEAD_STUCK
-                return budget, swap_in_blocks
-            if state.kv_landed:
-                self._start_landed(state)
-                budget = self._schedule_prefill(state, budget, chunks)
-                continue
-            content = self.content_on_admission(state)
-            final_len = state.final_len_of(0)
-            if (
-                not self.knobs.enable_chunked_prefill
-                and not state.swapped_tokens
-                and content_length(content) > budget
-            ):
-                # vLLM: without chunked prefill a prompt waits until one iteration's budget holds it.
-                # Only a smaller decode batch or an unspent budget can change that.
-                self._admission_stop = OUT_OF_BUDGET if budget < budget_at_start else HEAD_STUCK
-                return budget, swap_in_blocks
-            if not self._fits_watermark(content, final_len):
-                if not self._handle_admission_failure(state):
-                    self._admission_stop = HEAD_OUT_OF_MEMORY
-                    return budget, swap_in_blocks
-                continue
-            seq_id = self._new_seq_id()
-            try:
-                cached = self.policy.admit(seq_id, content, final_len, state.request.output_content_id)
-            except OutOfKVMemory:
-                if not self._handle_admission_failure(state):
-                    self._admission_stop = HEAD_OUT_OF_MEMORY
-                    return budget, swap_in_blocks
-                continue
-            if state.remote_kv:
-                self._await_kv(state, seq_id, cached)
-                continue  # its blocks, but no compute and no place in the batch yet (vLLM)
-            swapped_in = self._start_running(state, seq_id, cached, content)
-            if swapped_in:
-                swap_in_blocks += swapped_in
-                continue
-            budget = self._schedule_prefill(state, budget, chunks)
+    # The services a scheduler admits and preempts through (sim/engine/schedulers/base.py,
+    # SchedulingEngine); they keep the core's books.
+    def batch_has_room(self, width: int) -> bool:
+        return self._running_seqs + self._unforked_seqs + width <= self.knobs.max_num_seqs
 
-    def _start_running(self, state: RequestState, seq_id: int, cached: int, content: TokenContent) -> int:
+    def start_running(self, state: RequestState, seq_id: int, cached: int, content: TokenContent) -> int:
         """The queue's head was just admitted as ``seq_id`` with ``cached`` prompt tokens from cache:
         it leaves the queue and runs, prefilling the rest (or, swapped in, decoding at once).
         Returns blocks swapped in."""
@@ -1036,7 +922,7 @@ class Engine:
         state.unforked = state.width - 1
         self._unforked_seqs += state.unforked
 
-    def _await_kv(self, state: RequestState, seq_id: int, cached: int) -> None:
+    def await_kv(self, state: RequestState, seq_id: int, cached: int) -> None:
         """A remote prompt's blocks are allocated: it leaves the queue to wait for its KV."""
         self.waiting.popleft()
         state.seq_ids = [seq_id]
@@ -1046,7 +932,7 @@ class Engine:
         assert self._transfer is not None
         self._transfer.kv_allocated(self, state, cached)
 
-    def _start_landed(self, state: RequestState) -> None:
+    def start_landed(self, state: RequestState) -> None:
         """A landed prompt runs, holding its blocks: only its last token is computed (vLLM recomputes
         it to sample the first token on this side)."""
         state.kv_landed = False
@@ -1056,72 +942,6 @@ class Engine:
         state.prefilled = state.tokens_to_prefill - 1
         self._prefilling.append(state)
 
-    def _sglang_admit_waiting(self, chunk_left: int, chunks: list[tuple[int, int]]) -> None:
-        """SGLang's admission round (``get_new_batch_prefill`` / ``PrefillAdder``, see
-        ``sim/engine/sglang_scheduler.py``); ``chunk_left``: the chunk budget the prompts in progress
-        left. Says why it stopped in ``_admission_stop`` (and ``_admission_rematches``)."""
-        scheduler = self._sglang
-        assert scheduler is not None
-        self._admission_rematches = False
-        if not self.waiting:
-            self._admission_stop = QUEUE_EMPTY
-            return
-        if scheduler.chunks_prompts and chunk_left <= 0:
-            self._admission_stop = OUT_OF_BUDGET  # the decode batch took the whole chunk
-            return
-        if self._running_seqs + self._unforked_seqs >= self.knobs.max_num_seqs:
-            self._admission_stop = HEAD_STUCK  # SGLang stops before ordering (batch_is_full)
-            return
-        hits = scheduler.order_queue(self)
-        self._admission_stop = self._sglang_admission_round(chunk_left, chunks, hits)
-        self._admission_rematches = bool(self.waiting) and self._admission_stop != QUEUE_EMPTY
-
-    def _sglang_admission_round(
-        self, chunk_left: int, chunks: list[tuple[int, int]], hits: dict[int, int]
-    ) -> str:
-        """``add_one_req`` for each waiting request in order, until one is refused; returns why."""
-        scheduler = self._sglang
-        assert scheduler is not None
-        input_left = scheduler.max_prefill_tokens - self.clock.sequences - sum(tokens for tokens, _ in chunks)
-        reserved = scheduler.running_reservation(self)
-        admitted = 0
-        while self.waiting:
-            state = self.waiting[0]
-            if self._running_seqs + self._unforked_seqs + state.width > self.knobs.max_num_seqs:
-                return HEAD_STUCK
-            content = self.content_on_admission(state)
-            new_tokens = scheduler.new_tokens(self, state, content, hits)
-            output = scheduler.budgeted_output(self, state)
-            if new_tokens + output >= self.policy.available_slots() - reserved:
-                if self._handle_admission_failure(state):
-                    continue  # rejected, or failed (on_oom: fail)
-                return HEAD_OVER_BUDGET
-            if admitted and new_tokens >= input_left:
-                return OUT_OF_BUDGET  # max_prefill_tokens
-            whole = not scheduler.chunks_prompts or new_tokens <= chunk_left
-            seq_id = self._new_seq_id()
-            try:
-                cached = self.policy.admit(
-                    seq_id, content, state.final_len_of(0), state.request.output_content_id
-                )
-            except OutOfKVMemory:
-                if self._handle_admission_failure(state):
-                    continue
-                return HEAD_OUT_OF_MEMORY
-            self._start_running(state, seq_id, cached, content)
-            before = state.prefilled
-            chunk_left = self._schedule_prefill(state, chunk_left, chunks)
-            input_left -= state.prefilled - before
-            reserved += (
-                output if whole else 0
-            )  # a chunked prompt is budgeted for its output at its last chunk
-            admitted += 1
-            if self.policy.available_slots() - reserved <= 0:
-                return HEAD_OVER_BUDGET
-            if input_left <= 0 or chunk_left <= 0:
-                return OUT_OF_BUDGET
-        return QUEUE_EMPTY
-
     def content_on_admission(self, state: RequestState) -> TokenContent:
         request = state.request
         if state.generated and self.width_of(request) == 1:
@@ -1129,7 +949,7 @@ class Engine:
             return request.prompt + ((request.output_content_id, state.generated),)
         return request.prompt
 
-    def _fits_watermark(self, content: TokenContent, final_len: int) -> bool:
+    def fits_watermark(self, content: TokenContent, final_len: int) -> bool:
         if not self.policy.can_admit(content, final_len):
             return False
         if self.knobs.watermark <= 0:
@@ -1137,7 +957,7 @@ class Engine:
         prompt_slots = -(-content_length(content) // self.block_size) * self.block_size
         return self.policy.available_slots() - prompt_slots >= self.knobs.watermark * self.policy.pool_slots
 
-    def _handle_admission_failure(self, state: RequestState) -> bool:
+    def admission_failed(self, state: RequestState) -> bool:
         """The queue head does not fit now. Returns True when it was removed (admission may go on)."""
         if not self.running and not self.transfers_pending:
             self.waiting.popleft()
@@ -1224,11 +1044,11 @@ class Engine:
             # (Out of memory: the head's admission just failed, and nothing changed the pool since.)
             return KV_MEMORY
         state = self.waiting[0]
-        if self._running_seqs + self._unforked_seqs + state.width > self.knobs.max_num_seqs:
+        if not self.batch_has_room(state.width):
             return MAX_NUM_SEQS
         if state.kv_landed:
             return TOKEN_BUDGET  # it holds its blocks already
-        if not self._fits_watermark(self.content_on_admission(state), state.final_len_of(0)):
+        if not self.fits_watermark(self.content_on_admission(state), state.final_len_of(0)):
             return KV_MEMORY
         return TOKEN_BUDGET
 
@@ -1241,7 +1061,7 @@ class Engine:
             f"at t={self.env.now:.6f}s nothing can run: {len(self.waiting)} waiting, none admissible"
         )
 
-    def _new_seq_id(self) -> int:
+    def new_seq_id(self) -> int:
         self._next_seq_id += 1
         return self._next_seq_id
 
@@ -1282,7 +1102,7 @@ class Engine:
         """Decode-only iterations: each has ``budget`` tokens left for admissions."""
         extra = limit
         if budget > 0:
-            if self._admission_stop in NEXT_TRIES_HEAD or self._admission_rematches:
+            if self._admission_stop in NEXT_TRIES_HEAD or self.scheduler.rematches:
                 return None  # the next iteration tries the head
             if self._admission_stop == QUEUE_EMPTY or self._transfer is not None:
                 # (A transfer's notice can unblock any head: landed prompts hold their blocks, and
@@ -1361,7 +1181,7 @@ class Engine:
     def _admission_may_change(self, seen_s: float, arrival_s: float) -> bool:
         """Could an admission attempt that sees the requests queued up to ``seen_s`` after iteration 1
         started change anything? (``arrival_s``: when the next request arrives, same origin.)"""
-        if self._admission_stop in NEXT_TRIES_HEAD or self._admission_rematches:
+        if self._admission_stop in NEXT_TRIES_HEAD or self.scheduler.rematches:
             return True
         return (self._admission_stop == QUEUE_EMPTY or self._transfer is not None) and arrival_s <= seen_s
 
@@ -1385,9 +1205,9 @@ class Engine:
             self._prefill_this_step.extend(chunks)
         self.recorder.add_token_area(jump.timeline.batch * jump.timeline.token_weight_s(steps))
         self.clock.now += steps
-        if self._sglang is not None and jump.timeline.batch:
+        if jump.timeline.batch:
             prefills = sum(1 for chunks in jump.chunks[:steps] if chunks)
-            self._sglang.decode_steps(steps - prefills)
+            self.scheduler.decode_steps(steps - prefills)
 
     def _prepare_second_iteration(self, jump: Jump, last_clock: int) -> None:
         """Iteration 1 took free slots (its growth and admissions): the jump's next iteration, if it

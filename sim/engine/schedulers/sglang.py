@@ -39,11 +39,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from policies.base import OutOfKVMemory
+from sim.engine.schedulers.base import (
+    HEAD_OUT_OF_MEMORY,
+    HEAD_OVER_BUDGET,
+    HEAD_STUCK,
+    OUT_OF_BUDGET,
+    QUEUE_EMPTY,
+    Scheduler,
+    SchedulingEngine,
+)
 from token_content import TokenContent, content_length
 
 if TYPE_CHECKING:
-    from sim.engine.core import Engine, EngineKnobs
     from sim.engine.decoding import RequestState
+    from sim.engine.knobs import EngineKnobs
 
 INIT_NEW_TOKEN_RATIO = 0.7
 """``SGLANG_INIT_NEW_TOKEN_RATIO`` (``environ.py``): new_token_ratio before conservativeness."""
@@ -71,11 +81,12 @@ def chunked_prefill_size_for(memory_bytes: int) -> int:
     return 16384
 
 
-class SGLangScheduler:
-    """The SGLang parts of one engine's scheduling; the engine calls it at the points named below
-    and keeps everything else (decode clock, prefill chunks, completions) to itself."""
+class SGLangScheduler(Scheduler):
+    """SGLang's admission, order, budget and retraction; the engine core keeps everything else
+    (decode clock, prefill chunks, completions) to itself."""
 
     def __init__(self, knobs: EngineKnobs):
+        super().__init__(knobs)
         self.lpm = knobs.schedule_policy == "lpm"
         self.max_prefill_tokens = knobs.max_prefill_tokens
         self.chunked_prefill_size = knobs.chunked_prefill_size if knobs.chunked_prefill_size > 0 else 0
@@ -85,11 +96,8 @@ class SGLangScheduler:
             self.init_new_token_ratio - self.min_new_token_ratio
         ) / NEW_TOKEN_RATIO_DECAY_STEPS
         self.new_token_ratio = self.init_new_token_ratio
-
-    @property
-    def chunks_prompts(self) -> bool:
-        """Whether a prompt may be prefilled over several iterations (``chunked_prefill_size`` > 0)."""
-        return self.chunked_prefill_size > 0
+        # A prompt may be prefilled over several iterations when chunked_prefill_size > 0.
+        self.chunks_prompts = self.chunked_prefill_size > 0
 
     def prefill_budget(self, decode_batch: int) -> int:
         """Prompt tokens this iteration may prefill: the chunk size less the decode tokens mixed into
@@ -105,7 +113,7 @@ class SGLangScheduler:
             self.new_token_ratio - steps * self.new_token_ratio_decay, self.min_new_token_ratio
         )
 
-    def reset_after_retraction(self, engine: Engine) -> None:
+    def reset_after_retraction(self, engine: SchedulingEngine) -> None:
         """``retract_decode``'s new estimate from the decoding requests left."""
         decoding = [state for state in engine.running if state.decoding]
         decoded = sum(engine.clock.generated(state) for state in decoding)
@@ -114,8 +122,7 @@ class SGLangScheduler:
         self.new_token_ratio = min(1.0, estimate)
 
     # ------------------------------------------------------------------------------- retraction
-    @staticmethod
-    def retraction_victim(engine: Engine) -> RequestState:
+    def preemption_victim(self, engine: SchedulingEngine) -> RequestState:
         """The running request ``retract_decode`` takes first: fewest decoded tokens, then longest
         prompt; among equals the newest (its sort is stable and it pops from the end)."""
         clock = engine.clock
@@ -127,14 +134,27 @@ class SGLangScheduler:
         return victim
 
     @staticmethod
-    def needs_more_room(engine: Engine) -> bool:
+    def needs_more_room(engine: SchedulingEngine) -> bool:
         """After a retraction: does the pool still hold fewer than 20 tokens per running request?
         ``retract_decode`` goes on retracting then, but never the last request."""
         running = len(engine.running)
         return running > 1 and engine.policy.available_slots() < RETRACT_DECODE_STEPS * running
 
+    def requeue(self, engine: SchedulingEngine, state: RequestState) -> None:
+        """A retracted request rejoins the queue at its back (``_extend_requests_to_queue``)."""
+        engine.waiting.append(state)
+
+    def after_preemption(self, engine: SchedulingEngine) -> None:
+        """Decode ran out of memory and requests were retracted until it fit: ``retract_decode``
+        goes on until the pool has room for 20 more tokens per request left, then re-estimates
+        ``new_token_ratio`` from them. (Found out while growing, so the requests retracted here
+        took this iteration's token; SGLang retracts before the step.)"""
+        while self.needs_more_room(engine):
+            engine.preempt(self.preemption_victim(engine), engine.clock.now)
+        self.reset_after_retraction(engine)
+
     # -------------------------------------------------------------------------------- admission
-    def order_queue(self, engine: Engine) -> dict[int, int]:
+    def order_queue(self, engine: SchedulingEngine) -> dict[int, int]:
         """``calc_priority``: under ``lpm`` (and at most 128 waiting) every waiting prompt is matched
         and the queue sorted by hit, longest first. Returns the hits found, by request id."""
         waiting = engine.waiting
@@ -150,7 +170,7 @@ class SGLangScheduler:
         waiting.extend(ordered)
         return hits
 
-    def running_reservation(self, engine: Engine) -> float:
+    def running_reservation(self, engine: SchedulingEngine) -> float:
         """Tokens the running requests are expected to still decode: ``min(max_new - generated,
         4096) x new_token_ratio`` each (``_get_running_request_total_token_offset``)."""
         clock = engine.clock
@@ -161,7 +181,9 @@ class SGLangScheduler:
         return total
 
     @staticmethod
-    def new_tokens(engine: Engine, state: RequestState, content: TokenContent, hits: dict[int, int]) -> int:
+    def new_tokens(
+        engine: SchedulingEngine, state: RequestState, content: TokenContent, hits: dict[int, int]
+    ) -> int:
         """Prompt tokens a waiting request must prefill as ``add_one_req`` sees them (its
         ``extend_input_len``): matched now, unless ordering the queue just matched it
         (``init_next_round_input(None)`` then)."""
@@ -171,7 +193,67 @@ class SGLangScheduler:
         return content_length(content) - hit
 
     @staticmethod
-    def budgeted_output(engine: Engine, state: RequestState) -> int:
+    def budgeted_output(engine: SchedulingEngine, state: RequestState) -> int:
         """Output tokens ``add_one_req`` budgets an admitted request for."""
         left = state.request.longest_output_len - engine.clock.generated(state)
         return min(max(left, 0), CLIP_MAX_NEW_TOKENS)
+
+    def admit(
+        self, engine: SchedulingEngine, budget: int, chunks: list[tuple[int, int]]
+    ) -> tuple[int, int, str]:
+        """SGLang's admission round (``get_new_batch_prefill`` / ``PrefillAdder``); ``budget``: the
+        chunk budget the prompts in progress left. (No swap: nothing is swapped in.)"""
+        self.rematches = False
+        if not engine.waiting:
+            return budget, 0, QUEUE_EMPTY
+        if self.chunks_prompts and budget <= 0:
+            return budget, 0, OUT_OF_BUDGET  # the decode batch took the whole chunk
+        if not engine.batch_has_room(1):
+            return budget, 0, HEAD_STUCK  # SGLang stops before ordering (batch_is_full)
+        hits = self.order_queue(engine)
+        budget, stop = self._admission_round(engine, budget, chunks, hits)
+        self.rematches = bool(engine.waiting) and stop != QUEUE_EMPTY
+        return budget, 0, stop
+
+    def _admission_round(
+        self, engine: SchedulingEngine, chunk_left: int, chunks: list[tuple[int, int]], hits: dict[int, int]
+    ) -> tuple[int, str]:
+        """``add_one_req`` for each waiting request in order, until one is refused; returns the
+        chunk budget left and why it stopped."""
+        input_left = self.max_prefill_tokens - engine.clock.sequences - sum(tokens for tokens, _ in chunks)
+        reserved = self.running_reservation(engine)
+        policy = engine.policy
+        admitted = 0
+        while engine.waiting:
+            state = engine.waiting[0]
+            if not engine.batch_has_room(state.width):
+                return chunk_left, HEAD_STUCK
+            content = engine.content_on_admission(state)
+            new_tokens = self.new_tokens(engine, state, content, hits)
+            output = self.budgeted_output(engine, state)
+            if new_tokens + output >= policy.available_slots() - reserved:
+                if engine.admission_failed(state):
+                    continue  # rejected, or failed (on_oom: fail)
+                return chunk_left, HEAD_OVER_BUDGET
+            if admitted and new_tokens >= input_left:
+                return chunk_left, OUT_OF_BUDGET  # max_prefill_tokens
+            whole = not self.chunks_prompts or new_tokens <= chunk_left
+            seq_id = engine.new_seq_id()
+            try:
+                cached = policy.admit(seq_id, content, state.final_len_of(0), state.request.output_content_id)
+            except OutOfKVMemory:
+                if engine.admission_failed(state):
+                    continue
+                return chunk_left, HEAD_OUT_OF_MEMORY
+            engine.start_running(state, seq_id, cached, content)
+            before = state.prefilled
+            chunk_left = engine.schedule_prefill(state, chunk_left, chunks)
+            input_left -= state.prefilled - before
+            # a chunked prompt is budgeted for its output at its last chunk
+            reserved += output if whole else 0
+            admitted += 1
+            if policy.available_slots() - reserved <= 0:
+                return chunk_left, HEAD_OVER_BUDGET
+            if input_left <= 0 or chunk_left <= 0:
+                return chunk_left, OUT_OF_BUDGET
+        return chunk_left, QUEUE_EMPTY

@@ -1,0 +1,130 @@
+"""What differs between the servers' schedulers, behind one interface the engine core holds.
+
+The engine core (``sim/engine/core.py``) runs the iteration loop: decode growth, the chunks of the
+prompts in progress, completions, event skipping. At a few points it asks its scheduler:
+
+- :meth:`Scheduler.prefill_budget`: prompt tokens an iteration beside a decode batch may prefill;
+- :meth:`Scheduler.admit`: one admission round over the waiting queue (its order, the token and
+  sequence budgets, what the policy can hold), returning why it stopped (:data:`QUEUE_EMPTY` ...);
+- :meth:`Scheduler.preemption_victim`, :meth:`Scheduler.requeue`, :meth:`Scheduler.after_preemption`:
+  who leaves when decode runs out of memory, where they wait, what else follows (SGLang's retraction);
+- :meth:`Scheduler.decode_steps`: per-step bookkeeping (SGLang's ``new_token_ratio``).
+
+A scheduler works on the engine only through :class:`SchedulingEngine`, the services the core
+offers (admit the queue's head, schedule its prefill, preempt, ...): this module imports nothing of
+the core, so the imports run one way. A new scheduler is one module with a subclass of
+:class:`Scheduler` and its name in :data:`sim.engine.schedulers.SCHEDULERS`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Protocol
+
+from token_content import TokenContent
+
+if TYPE_CHECKING:
+    from policies.base import KVCachePolicy
+    from sim.engine.decoding import DecodeClock, RequestState
+    from sim.engine.knobs import EngineKnobs
+
+
+# Why the admission round of an iteration stopped: what the next iterations' admissions depend on.
+QUEUE_EMPTY = "empty"  # an arrival could be admitted at the next iteration with a free token budget
+OUT_OF_BUDGET = "budget"  # the head was not tried: any iteration with a free token budget tries it
+HEAD_STUCK = "stuck"  # the head cannot be admitted until something leaves (memory or max_num_seqs)
+HEAD_OUT_OF_MEMORY = "memory"  # stuck: the head was tried and does not fit in KV memory now
+# (scheduler sglang) the head is over the KV token budget, which new_token_ratio changes every step
+HEAD_OVER_BUDGET = "kv budget"
+# async scheduling: the head was queued after this iteration was scheduled; the next one sees it
+HEAD_NOT_SEEN = "not seen"
+NOT_TRIED = "not tried"  # a preemption this iteration: no admission (vLLM), the batch changes anyway
+NEXT_TRIES_HEAD = (OUT_OF_BUDGET, HEAD_OVER_BUDGET, HEAD_NOT_SEEN)  # so no jump past the next iteration
+
+
+class SchedulingEngine(Protocol):
+    """The engine core as a scheduler sees it: its queues and pool, and the steps of admitting and
+    preempting a request, which keep the core's own books (batch counts, records, prefill chunks)."""
+
+    waiting: deque[RequestState]
+    running: list[RequestState]
+    policy: KVCachePolicy
+    clock: DecodeClock
+
+    def batch_has_room(self, width: int) -> bool:
+        """Whether ``width`` more sequences stay within ``max_num_seqs``."""
+        ...
+
+    def content_on_admission(self, state: RequestState) -> TokenContent: ...
+
+    def fits_watermark(self, content: TokenContent, final_len: int) -> bool: ...
+
+    def admission_failed(self, state: RequestState) -> bool:
+        """The queue's head does not fit now: True when it was removed (rejected or failed)."""
+        ...
+
+    def new_seq_id(self) -> int: ...
+
+    def start_running(self, state: RequestState, seq_id: int, cached: int, content: TokenContent) -> int:
+        """The head, admitted as ``seq_id``, leaves the queue and runs; returns blocks swapped in."""
+        ...
+
+    def schedule_prefill(self, state: RequestState, budget: int, chunks: list[tuple[int, int]]) -> int:
+        """Schedule ``state``'s next prompt chunk in this iteration; returns the budget left."""
+        ...
+
+    def await_kv(self, state: RequestState, seq_id: int, cached: int) -> None: ...
+
+    def start_landed(self, state: RequestState) -> None: ...
+
+    def scheduled_at(self) -> float:
+        """When the iteration starting now was scheduled (earlier under async scheduling)."""
+        ...
+
+    def preempt(self, state: RequestState, at_clock: int) -> int:
+        """Take ``state`` off the GPU; returns blocks swapped out."""
+        ...
+
+
+class Scheduler:
+    """The base. Subclasses implement :meth:`prefill_budget` and :meth:`admit`; the rest defaults to
+    what vLLM does (preempt the newest request, requeue it at the front) and is overridden where a
+    server differs."""
+
+    def __init__(self, knobs: EngineKnobs):
+        self.chunks_prompts = knobs.enable_chunked_prefill
+        """Whether a prompt may be prefilled over several iterations."""
+        self.rematches = False
+        """The last admission round matched waiting prompts in the cache and the queue still waits:
+        the next iteration matches them again (a cache access), so the engine may not jump past it."""
+
+    def prefill_budget(self, decode_batch: int) -> int:
+        """Prompt tokens an iteration that decodes ``decode_batch`` sequences may prefill."""
+        raise NotImplementedError
+
+    def admit(
+        self, engine: SchedulingEngine, budget: int, chunks: list[tuple[int, int]]
+    ) -> tuple[int, int, str]:
+        """One admission round with ``budget`` prompt tokens left: admits from the waiting queue,
+        appending the prefill chunks it schedules to ``chunks``. Returns the budget left, blocks
+        swapped in, and why it stopped."""
+        raise NotImplementedError
+
+    def never_admissible(self, final_len: int) -> str:
+        """Why a request of ``final_len`` tokens (prompt and output) could never be scheduled, beyond
+        what any scheduler refuses (the model's length, the pool): "" when it can be."""
+        return ""
+
+    def preemption_victim(self, engine: SchedulingEngine) -> RequestState:
+        """The running request that leaves when decode runs out of memory: the newest admitted."""
+        return engine.running[-1]
+
+    def requeue(self, engine: SchedulingEngine, state: RequestState) -> None:
+        """Where a preempted request waits: at the queue's front (it was admitted before the rest)."""
+        engine.waiting.appendleft(state)
+
+    def after_preemption(self, engine: SchedulingEngine) -> None:
+        """Decode ran out of memory and requests were preempted until it fit: nothing more."""
+
+    def decode_steps(self, steps: int) -> None:
+        """``steps`` decode steps ran without a preemption: nothing to book."""
