@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,50 @@ def test_importing_the_results_api_loads_no_drawing_code():
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
+
+
+def import_cycles(folder: str) -> list[list[str]]:
+    """Groups of modules under ``folder`` that import each other, directly or round a loop (any
+    import counts, ``if TYPE_CHECKING:`` ones too: a cycle of types is a cycle of design)."""
+    modules: dict[str, Path] = {}
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        package = tuple(name.split(".")) if path.name == "__init__.py" else tuple(name.split(".")[:-1])
+        graph[name] = {other for other in imported_modules(path.read_text(), package) if other in modules}
+        graph[name].discard(name)
+    reach = {name: _reachable(graph, name) for name in graph}
+    cycles = {frozenset(o for o in reach[name] if name in reach[o]) | {name} for name in graph}
+    return sorted(sorted(cycle) for cycle in cycles if len(cycle) > 1)
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    stack = list(graph[start])
+    while stack:
+        name = stack.pop()
+        if name not in seen:
+            seen.add(name)
+            stack.extend(graph[name])
+    return seen
+
+
+def test_the_engine_imports_one_way():
+    """The core imports its schedulers, the transfer hooks and the lockstep group; none of them
+    imports the core (each sees it through a protocol of its own)."""
+    assert import_cycles("sim/engine") == []
+
+
+def test_the_cycle_finder_finds_a_cycle(tmp_path, monkeypatch):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg import b\n")
+    (package / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import x\n"
+    )
+    (package / "c.py").write_text("import pkg.a\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert import_cycles("pkg") == [["pkg.a", "pkg.b"]]

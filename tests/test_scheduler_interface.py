@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 class ShortestPromptFirst(VLLMScheduler):
     """vLLM's admission over a queue sorted by prompt length (a stable sort: ties keep arrival order)."""
 
-    def admit(self, engine: SchedulingEngine, budget: int, chunks: list[tuple[int, int]]) -> tuple[int, int, str]:
+    def admit(
+        self, engine: SchedulingEngine, budget: int, chunks: list[tuple[int, int]]
+    ) -> tuple[int, int, str]:
         ordered = sorted(engine.waiting, key=lambda state: state.request.prompt_len)
         engine.waiting.clear()
         engine.waiting.extend(ordered)
@@ -47,7 +49,9 @@ def test_a_third_scheduler_is_one_class_and_one_name(monkeypatch, step_mode):
         )
         engine.run()
         assert isinstance(engine.scheduler, schedulers.SCHEDULERS[name])
-        finishes[name] = {record.request_id: (record.admitted_s, record.finish_s) for record in engine.records}
+        finishes[name] = {
+            record.request_id: (record.admitted_s, record.finish_s) for record in engine.records
+        }
     assert finishes["spf"] == {1: (0.0, 2.0), 2: (2.0, 4.0), 0: (4.0, 6.0)}
     assert finishes["vllm"] == {0: (0.0, 2.0), 1: (2.0, 4.0), 2: (4.0, 6.0)}
 

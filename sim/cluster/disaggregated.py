@@ -167,14 +167,14 @@ class DisaggregatedCluster:
                 self._arrivals.schedule_follow_up(follow)
 
     # ----------------------------------------------------------------------- KV transfer (hooks)
-    def prefilled(self, engine: Engine, state: RequestState) -> None:
+    def prefilled(self, state: RequestState) -> None:
         flight = self.flights[state.request.request_id]
         flight.prefill_state = state
         self._unsent[flight.prefill] += 1
         self._log()
         self.replicas[flight.decode].submit_remote(flight.request, flight.record)
 
-    def kv_allocated(self, engine: Engine, state: RequestState, cached_tokens: int) -> None:
+    def kv_allocated(self, state: RequestState, cached_tokens: int) -> None:
         flight = self.flights[state.request.request_id]
         flight.decode_state = state
         flight.sending = True
@@ -192,7 +192,7 @@ class DisaggregatedCluster:
         lanes = min(self.prefill_shape.tensor_parallel_size, self.decode_shape.tensor_parallel_size)
         self.link.send(nbytes, flight.prefill, flight.decode, lanes, lambda: self._landed(flight))
 
-    def remote_dropped(self, engine: Engine, state: RequestState) -> None:
+    def remote_dropped(self, state: RequestState) -> None:
         flight = self.flights.pop(state.request.request_id)
         self._unsent[flight.prefill] -= 1
         self._log()

@@ -930,7 +930,7 @@ class Engine:
         state.record.decode_cached_tokens = cached
         self.receiving[state.request.request_id] = state
         assert self._transfer is not None
-        self._transfer.kv_allocated(self, state, cached)
+        self._transfer.kv_allocated(state, cached)
 
     def start_landed(self, state: RequestState) -> None:
         """A landed prompt runs, holding its blocks: only its last token is computed (vLLM recomputes
@@ -1004,13 +1004,13 @@ class Engine:
         record.first_token_s = math.nan
         self.held[state.request.request_id] = state
         assert self._transfer is not None
-        self._transfer.prefilled(self, state)
+        self._transfer.prefilled(state)
 
     def _request_done(self, state: RequestState) -> None:
         """A request reached its outcome; a closed-loop user (or a conversation) may send the next one."""
         if state.remote_kv:
             assert self._transfer is not None
-            self._transfer.remote_dropped(self, state)
+            self._transfer.remote_dropped(state)
         self._record_done(state.record)
         if self._follow_up is not None:
             follow = self._follow_up(state.request, self.env.now)

@@ -26,12 +26,16 @@ a group of one rank (expert parallelism over one server's TP group) pays its sha
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import simpy
 
-if TYPE_CHECKING:
-    from sim.engine.core import Engine
+
+class LockstepRank(Protocol):
+    """A rank as the group sees it: it is busy until the group's step ends."""
+
+    busy_until: float
+
 
 DUMMY_BATCH_TOKENS = 1
 """Tokens of the dummy forward pass an idle rank runs so that the others' collectives complete
@@ -48,7 +52,7 @@ class LockstepGroup:
         self.env = env
         self.ranks = ranks
         self._shared_s = shared_s
-        self._joined: list[tuple[Engine, float, int]] = []  # ranks stepping at this instant
+        self._joined: list[tuple[LockstepRank, float, int]] = []  # ranks stepping at this instant
         self._step_done: simpy.Event = env.event()
         self._end_s = -1.0  # end of the step in flight (none before the first)
         self.steps = 0
@@ -62,7 +66,7 @@ class LockstepGroup:
         """The end of the step in flight (or of the one being formed)."""
         return self._step_done
 
-    def join(self, engine: Engine, own_s: float, tokens: int) -> simpy.Event:
+    def join(self, engine: LockstepRank, own_s: float, tokens: int) -> simpy.Event:
         """``engine`` runs an iteration of ``own_s`` seconds over ``tokens`` tokens in the step that
         starts now; the event fires when that step ends."""
         if not self._joined:

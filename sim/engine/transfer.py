@@ -15,18 +15,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from sim.engine.core import Engine
     from sim.engine.decoding import RequestState
 
 
 class KVTransferHooks(Protocol):
-    def prefilled(self, engine: Engine, state: RequestState) -> None:
+    def prefilled(self, state: RequestState) -> None:
         """(Prefill replica) ``state``'s prompt is done: its blocks stay held until released."""
 
-    def kv_allocated(self, engine: Engine, state: RequestState, cached_tokens: int) -> None:
+    def kv_allocated(self, state: RequestState, cached_tokens: int) -> None:
         """(Decode replica) ``state``'s blocks are allocated, ``cached_tokens`` of its prompt from the
         local prefix cache: the rest can be sent."""
 
-    def remote_dropped(self, engine: Engine, state: RequestState) -> None:
+    def remote_dropped(self, state: RequestState) -> None:
         """(Decode replica) ``state`` reached an outcome (rejected, failed) before its KV was allocated:
         the prefill replica's blocks can go."""
