@@ -44,6 +44,7 @@ def build_cluster(
     step_mode="skip",
     replicas=(1, 1),
     costs=None,
+    tensor_parallel=(1, 1),
 ):
     """A cluster of ``replicas`` (prefill, decode) engines with round-number costs (decode step 1 s,
     prefill 0.01 s per token, no fixed cost for prefill alone)."""
@@ -68,8 +69,8 @@ def build_cluster(
         )
 
     return DisaggregatedCluster(
-        PoolShape(replicas[0], BLOCK, KV_BYTES, 1),
-        PoolShape(replicas[1], BLOCK, KV_BYTES, 1),
+        PoolShape(replicas[0], BLOCK, KV_BYTES, tensor_parallel[0]),
+        PoolShape(replicas[1], BLOCK, KV_BYTES, tensor_parallel[1]),
         build,
         (LeastRequests(), LeastRequests()),
         Decider(decider or DeciderConfig()),
@@ -116,6 +117,25 @@ def test_two_transfers_share_the_link_then_decode_by_hand():
     for engine in cluster.replicas:
         assert engine.policy.breakdown().used == 0
         assert not engine.held and not engine.receiving
+
+
+@pytest.mark.parametrize(
+    ("tensor_parallel", "transfer_s"),
+    [((1, 1), 1.0), ((2, 1), 2.0), ((2, 2), 1.0), ((1, 2), 1.0)],
+)
+def test_pools_of_different_tp_send_the_whole_models_kv_over_the_lanes_they_share(tensor_parallel, transfer_s):
+    """A prompt of 20 tokens (two blocks, the second partly filled): prefill 1 s + 20 x 0.01 = 1.2 s.
+    Each prefill rank holds 1/TP of the KV and sends its share: 2 blocks x 16 tokens x 1,000 bytes per
+    token per GPU x prefill TP; the lanes are the smaller TP, each at 32,000 B/s, after 0.1 s of
+    latency. TP 1 -> 1: 32,000 B in 1.0 s; 2 -> 1: 64,000 B over one lane, 2.0 s; 2 -> 2: 64,000 B
+    over two, 1.0 s; 1 -> 2: 32,000 B over one lane (one prefill GPU sends), 1.0 s."""
+    prefill_tp = tensor_parallel[0]
+    cluster = build_cluster([request(0, 0.0, 20, 2)], tensor_parallel=tensor_parallel)
+    cluster.run()
+    record = records(cluster)[0]
+    assert record.transfer_start_s == pytest.approx(1.2)
+    assert record.transfer_bytes == 2 * BLOCK * KV_BYTES * prefill_tp
+    assert record.transfer_end_s == pytest.approx(1.2 + 0.1 + transfer_s)
 
 
 def test_an_instantaneous_link_leaves_only_the_recomputed_token():
