@@ -123,7 +123,9 @@ def test_two_transfers_share_the_link_then_decode_by_hand():
     ("tensor_parallel", "transfer_s"),
     [((1, 1), 1.0), ((2, 1), 2.0), ((2, 2), 1.0), ((1, 2), 1.0)],
 )
-def test_pools_of_different_tp_send_the_whole_models_kv_over_the_lanes_they_share(tensor_parallel, transfer_s):
+def test_pools_of_different_tp_send_the_whole_models_kv_over_the_lanes_they_share(
+    tensor_parallel, transfer_s
+):
     """A prompt of 20 tokens (two blocks, the second partly filled): prefill 1 s + 20 x 0.01 = 1.2 s.
     Each prefill rank holds 1/TP of the KV and sends its share: 2 blocks x 16 tokens x 1,000 bytes per
     token per GPU x prefill TP; the lanes are the smaller TP, each at 32,000 B/s, after 0.1 s of

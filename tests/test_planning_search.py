@@ -8,7 +8,15 @@ import pytest
 from sim.outputs.metrics import KV_MEMORY, MAX_NUM_SEQS, TOKEN_BUDGET
 from sim.planning.plans.analysis import _sizing, binding_limit, rank
 from sim.planning.plans.run import Probe, SeedRun
-from sim.planning.plans.search import STEADY_STATE, RateSearch, Violation, describe, nice_rate, violations
+from sim.planning.plans.search import (
+    STEADY_STATE,
+    RateSearch,
+    Violation,
+    describe,
+    nice_rate,
+    unsteady_reasons,
+    violations,
+)
 from sim.planning.plans.spec import SearchSpec, SLOs
 from sim.planning.plans.steady import SteadyWindow, steady_metrics, window_and_fill_deficit, window_bounds
 
@@ -451,3 +459,47 @@ def test_a_sibling_probes_a_refuted_rate_as_long_as_the_confirmation_that_refute
     search.record_confirmation(7.0, False, 12000)
     search.record(6.5, True, 20000)
     assert search.following(spec).next_rates() == [(6.5, 20000), (7.0, 12000)]
+
+
+@pytest.mark.parametrize(
+    ("metrics", "broken"),
+    [
+        ({"ttft_p99_s": 2.0, "late_ttft_p99_s": 2.0}, []),  # exactly at an upper bound: met
+        ({"ttft_p99_s": 2.0000001, "late_ttft_p99_s": 2.0}, ["ttft_p99_s"]),
+        ({"ttft_p99_s": 2.0, "late_ttft_p99_s": 2.0000001}, ["ttft_p99_s"]),
+        ({"attainment_frac": 0.9, "late_attainment_frac": 0.9}, []),  # exactly at a lower bound: met
+        ({"attainment_frac": 0.8999999, "late_attainment_frac": 0.9}, ["goodput"]),
+        ({"queue_growth_frac": 0.05}, []),  # the always-checked queue growth, exactly at its 5 %
+        ({"queue_growth_frac": 0.0500001}, ["max_queue_growth_frac"]),
+    ],
+)
+def test_slo_thresholds_hit_exactly_are_met(metrics, broken):
+    slos = SLOs.model_validate({"ttft_p99_s": 2.0, "goodput": {"ttft_s": 1.0, "min_attainment": 0.9}})
+    steady = {
+        "ttft_p99_s": 1.0,
+        "late_ttft_p99_s": 1.0,
+        "attainment_frac": 1.0,
+        "late_attainment_frac": 1.0,
+        "queue_growth_frac": 0.0,
+    } | metrics
+    assert [violation.slo for violation in violations(steady, slos)] == broken
+
+
+@pytest.mark.parametrize(
+    ("steady", "reasons"),
+    [
+        ({"fill_multiple": 2.0, "pool_fill_s": 10.0}, 0),  # exactly min_fill_multiple: filled enough
+        ({"fill_multiple": 1.9999, "pool_fill_s": 10.0}, 1),
+        ({"kv_usage_rise": 0.05}, 0),
+        ({"kv_usage_rise": 0.0500001}, 1),
+        ({"waiting_rise": 2.0, "waiting_rise_frac": 0.9}, 0),  # a rise of 2 requests is noise
+        ({"waiting_rise": 2.01, "waiting_rise_frac": 0.9}, 1),
+        ({"waiting_rise": 50.0, "waiting_rise_frac": 0.02}, 0),  # exactly max_waiting_rise_frac
+        ({"waiting_rise": 50.0, "waiting_rise_frac": 0.0200001}, 1),
+    ],
+)
+def test_steady_state_thresholds_hit_exactly_are_steady(steady, reasons):
+    spec = SearchSpec.model_validate(
+        {"min_fill_multiple": 2.0, "max_kv_usage_rise": 0.05, "max_waiting_rise_frac": 0.02}
+    )
+    assert len(unsteady_reasons(steady, spec)) == reasons
