@@ -37,6 +37,7 @@ demo: $(BASE)
 lint: venv
 	$(BIN)/ruff check sim policies token_content workloads calibrate tests benchmarks tools
 	$(BIN)/ruff format --check sim policies token_content workloads calibrate tests benchmarks tools
+	$(BIN)/lint-imports
 
 typecheck: venv
 	$(BIN)/mypy policies sim token_content workloads calibrate benchmarks
