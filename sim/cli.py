@@ -8,7 +8,9 @@ import signal
 import sys
 import warnings
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+
+from sim.bad_input import input_errors
 
 SUMMARY_COLUMNS = [
     ("variant", "variant", "{}"),
@@ -227,9 +229,7 @@ def _register_optional(commands) -> None:
     from sim.listing import register as register_listings
 
     register_listings(commands)
-    from sim.reference import register as register_reference
-
-    register_reference(commands)
+    _register_config_reference(commands)
     from sim.outputs.columns import register as register_columns
 
     register_columns(commands)
@@ -239,18 +239,6 @@ def _register_optional(commands) -> None:
     from sim.json_schema import register as register_schema
 
     register_schema(commands)
-
-
-def input_errors() -> tuple[type[Exception], ...]:
-    """The errors that mean bad input (a config, a file, an output folder), which every command
-    reports in one message with exit code 2 (imported when needed: building the CLI imports none)."""
-    from policies.base import PolicyError
-    from sim.config import ConfigError
-    from sim.costs.core import CostModelError
-    from sim.storage import OutputTargetError
-    from workloads.base import WorkloadError
-
-    return (ConfigError, WorkloadError, PolicyError, CostModelError, FileNotFoundError, OutputTargetError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -301,3 +289,30 @@ def _interrupt(signum: int, frame: object) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _register_config_reference(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "config-reference",
+        help="print the configuration reference (Markdown; docs/config-reference.md is this output)",
+    )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="the reference of plan and sweep files instead (docs/plan-reference.md is this output)",
+    )
+    parser.set_defaults(func=cmd_config_reference)
+
+
+def cmd_config_reference(args: argparse.Namespace) -> int:
+    """(Here, not in sim/reference.py: the plan reference reuses that module's tables, so the command
+    that prints either stands above both.)"""
+    if args.plan:
+        from sim.planning import reference as plan_reference
+
+        sys.stdout.write(plan_reference.markdown())
+    else:
+        from sim.reference import markdown
+
+        sys.stdout.write(markdown())
+    return 0

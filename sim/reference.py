@@ -8,8 +8,6 @@ the examples can drift from the code: ``kvsim config-reference`` prints the file
 
 from __future__ import annotations
 
-import argparse
-import sys
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -352,26 +350,3 @@ def section_lines(
         kind = _cell(type_of(field) if type_of else type_text(field.annotation, field.metadata))
         lines.append(f"| `{key_name(name, field)}` | {kind} | {default_text(field)} | {text} |")
     return [*lines, "", "Example:", "", "```yaml", example.rstrip("\n"), "```"]
-
-
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "config-reference",
-        help="print the configuration reference (Markdown; docs/config-reference.md is this output)",
-    )
-    parser.add_argument(
-        "--plan",
-        action="store_true",
-        help="the reference of plan and sweep files instead (docs/plan-reference.md is this output)",
-    )
-    parser.set_defaults(func=cmd_config_reference)
-
-
-def cmd_config_reference(args: argparse.Namespace) -> int:
-    if args.plan:
-        from sim.planning import reference as plan_reference
-
-        sys.stdout.write(plan_reference.markdown())
-    else:
-        sys.stdout.write(markdown())
-    return 0

@@ -20,15 +20,22 @@ import math
 from dataclasses import dataclass, fields
 from itertools import chain
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
 
 from policies.base import MemoryBreakdown
 
-if TYPE_CHECKING:
-    from sim.outputs.sinks import OutputSink
+
+class SeriesSink(Protocol):
+    """Where the recorder's time series goes (``sim/outputs/sinks.py``; declared here so that the
+    sinks import the metrics and not the other way round)."""
+
+    def write_timeseries(self, frame: pd.DataFrame) -> None: ...
+
+    def timeseries(self) -> pd.DataFrame: ...
+
 
 CHUNK_ROWS = 50_000  # rows buffered before they go to the sink
 
@@ -177,7 +184,7 @@ class Recorder:
     logged the observations and summed them with numpy one chunk at a time, the same additions,
     but converting every state value to a numpy element cost several times more.)"""
 
-    def __init__(self, kv_pool_tokens: int, sink: OutputSink):
+    def __init__(self, kv_pool_tokens: int, sink: SeriesSink):
         self.kv_pool_tokens = kv_pool_tokens
         self.sink = sink
         self.peak_running = 0
