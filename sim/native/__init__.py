@@ -53,7 +53,6 @@ MODULES = (
     "sim.engine.decoding",
     "sim.engine.event_skip",
     "sim.engine.knobs",
-    "sim.engine.schedulers",
     "sim.engine.schedulers.base",
     "sim.engine.schedulers.sglang",
     "sim.engine.schedulers.vllm",

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
+from mypy_extensions import mypyc_attr
+
 from token_content import TokenContent
 
 if TYPE_CHECKING:
@@ -86,6 +88,7 @@ class SchedulingEngine(Protocol):
         ...
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled, it still takes schedulers written in Python
 class Scheduler:
     """The base. Subclasses implement :meth:`prefill_budget` and :meth:`admit`; the rest defaults to
     what vLLM does (preempt the newest request, requeue it at the front) and is overridden where a

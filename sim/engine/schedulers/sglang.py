@@ -39,6 +39,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mypy_extensions import mypyc_attr
+
 from policies.base import OutOfKVMemory
 from sim.engine.schedulers.base import (
     HEAD_OUT_OF_MEMORY,
@@ -81,6 +83,7 @@ def chunked_prefill_size_for(memory_bytes: int) -> int:
     return 16384
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SGLangScheduler(Scheduler):
     """SGLang's admission, order, budget and retraction; the engine core keeps everything else
     (decode clock, prefill chunks, completions) to itself."""

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mypy_extensions import mypyc_attr
+
 from policies.base import OutOfKVMemory
 from sim.engine.schedulers.base import (
     HEAD_NOT_SEEN,
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from sim.engine.knobs import EngineKnobs
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class VLLMScheduler(Scheduler):
     def __init__(self, knobs: EngineKnobs):
         super().__init__(knobs)
