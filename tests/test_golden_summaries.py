@@ -1,4 +1,5 @@
-"""Every shipped experiment config, shortened (and five of them in a tight pool), gives exactly the
+"""Every shipped experiment config, shortened (and five of them in a tight pool), and the four shipped
+replays give exactly the
 summaries, per-request tables and time series recorded in tests/golden/summaries.json: recorded
 before the engine was split into parts (issue "The engine as parts"), and identical since, with the
 Python sources and with the compiled build. A change meant to move results regenerates the file
@@ -14,7 +15,7 @@ from tools import golden_summaries
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # 19 runs of 150 requests: about 16 s on one idle core
+@pytest.mark.timeout(600)  # 19 runs of 150 requests and 4 replays of 300: about 25 s on one idle core
 def test_every_shipped_config_gives_its_golden_summary():
     golden = json.loads(golden_summaries.GOLDEN.read_text())
     current = golden_summaries.generate()

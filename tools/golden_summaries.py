@@ -1,4 +1,5 @@
-"""Golden summaries: every shipped experiment config, shortened, and what it gives, to the last bit.
+"""Golden summaries: every shipped experiment config, shortened, and what it gives, to the last bit
+(and the simulations of the replays whose measured runs ship).
 
 ``python -m tools.golden_summaries`` runs each config of :data:`CONFIGS` (with :data:`SHORTER`
 applied) and writes ``tests/golden/summaries.json``: per variant its summary (less wall time and
@@ -49,6 +50,13 @@ PRESSED_RUNS = (
 )
 """The same configs in a pool of 1,100 blocks (17,600 tokens: one request at 16,384) at 20 requests/s: preemptions (SGLang's retractions),
 evictions and host-tier traffic, which the shipped settings rarely reach in 150 requests."""
+REPLAYS = (
+    "configs/replays/rtx4090-llama-3.1-8b.yaml",
+    "configs/replays/rtxpro6000-llama-3.1-8b.yaml",
+    "configs/replays/rtxpro6000-qwen3-30b-a3b-dp2.yaml",
+    "configs/replays/rtxpro6000-qwen3-32b-tp2.yaml",
+)
+"""The replays whose measured runs ship with kvsim (the BLIS H100 runs are fetched by hand)."""
 LEFT_OUT = ("wall_s", "engine_build")  # what a run measures of the machine, not of the simulation
 
 
@@ -81,6 +89,28 @@ def run(config: str, overrides: tuple[str, ...]) -> dict[str, Any]:
     return variants
 
 
+def replay(spec_path: str) -> dict[str, Any]:
+    """The simulated side of a shipped replay (what ``kvsim replay-run`` compares)."""
+    import tempfile
+
+    from sim.replay.simulate import prepare_replay, simulate
+    from sim.replay.spec import load_replay_spec, read_run
+
+    path = ROOT / spec_path
+    spec = load_replay_spec(path)
+    with tempfile.TemporaryDirectory(prefix="kvsim-golden-") as folder:
+        prepared = prepare_replay(read_run(spec, path.parent), spec, Path(folder) / "simulation")
+        simulated = simulate(prepared, Path(folder) / "simulation" / "results")
+        summary = {key: value for key, value in simulated.result.summary.items() if key not in LEFT_OUT}
+        return {
+            simulated.result.name: {
+                "summary": json.loads(json.dumps(summary, default=str)),
+                "requests": table_checksum(simulated.requests.sort_values("request_id", kind="stable")),
+                "timeseries": table_checksum(simulated.timeseries),
+            }
+        }
+
+
 def runs() -> list[tuple[str, tuple[str, ...]]]:
     return [(config, ()) for config in CONFIGS] + list(PRESSED_RUNS)
 
@@ -90,7 +120,8 @@ def key_of(config: str, overrides: tuple[str, ...]) -> str:
 
 
 def generate() -> dict[str, Any]:
-    return {key_of(config, overrides): run(config, overrides) for config, overrides in runs()}
+    golden = {key_of(config, overrides): run(config, overrides) for config, overrides in runs()}
+    return golden | {spec_path: replay(spec_path) for spec_path in REPLAYS}
 
 
 def main(argv: list[str] | None = None) -> int:
