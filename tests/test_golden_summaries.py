@@ -1,8 +1,7 @@
-"""Every shipped experiment config, shortened (and five of them in a tight pool), and the four shipped
-replays give exactly the
-summaries, per-request tables and time series recorded in tests/golden/summaries.json: recorded
-before the engine was split into parts (issue "The engine as parts"), and identical since, with the
-Python sources and with the compiled build. A change meant to move results regenerates the file
+"""Every shipped experiment config, shortened (and five of them in a tight pool), and the four
+shipped replays give exactly the summaries, per-request tables and time series recorded in
+tests/golden/summaries.json: recorded before the engine was split into parts (issue "The engine as
+parts"), and identical since, with the Python sources and with the compiled build. A change meant to move results regenerates the file
 (``python -m tools.golden_summaries``) and its diff shows what moved."""
 
 from __future__ import annotations
