@@ -223,9 +223,8 @@ def run_from_runs(args: argparse.Namespace) -> int:
     print("\n".join(format_errors(calibration.fit["in_sample"]["runs"])))
     for fold, key in FOLDS.items():
         if key in calibration.fit:
-            print(
-                f"leave-one-{fold}-out errors (each run replayed with terms fitted to the other {fold}s' runs):"
-            )
+            others = "the other runs" if fold == "run" else f"the other {fold}s' runs"
+            print(f"leave-one-{fold}-out errors (each run replayed with terms fitted to {others}):")
             print("\n".join(format_errors(calibration.fit[key]["runs"])))
     return 0
 
