@@ -278,16 +278,25 @@ def test_folds_of_an_earlier_fit_replay_its_terms_once_and_run_only_the_folds(tm
     search); the folds are added to its record and its evaluations counted on from its own."""
     paths = [_replay_file(tmp_path, "one", 20.0), _replay_file(tmp_path, "two", 20.0)]
     start = replace(NEUTRAL, iteration_overhead_s=1e-4, all_reduce_latency_s=6e-6)
-    earlier = calibrate_from_runs(paths, max_evaluations=3, folds=(), start=start, names=["iteration_overhead_s"])
+    earlier = calibrate_from_runs(
+        paths, max_evaluations=3, folds=(), start=start, names=["iteration_overhead_s"]
+    )
     assert "leave_one_out" not in earlier.fit and earlier.fit["evaluations"] == 3
     added = calibrate_from_runs(
-        paths, folds=("run",), fold_evaluations=2, start=start, names=["iteration_overhead_s"], fitted_before=earlier
+        paths,
+        folds=("run",),
+        fold_evaluations=2,
+        start=start,
+        names=["iteration_overhead_s"],
+        fitted_before=earlier,
     )
     assert added.parameters() == earlier.parameters()
     assert added.fit["in_sample"] == earlier.fit["in_sample"]  # the same code replays the same terms
     assert set(added.fit["leave_one_out"]["runs"]) == {"one", "two"}
     assert added.fit["evaluations"] == 3 + 1 + 2 * 2  # its own 3, one replay, two refits of 2
-    with pytest.raises(CalibrationError, match="fitted to other runs than those given; in its fit but not given: "):
+    with pytest.raises(
+        CalibrationError, match="fitted to other runs than those given; in its fit but not given: "
+    ):
         calibrate_from_runs(paths[:1], folds=("run",), fitted_before=earlier)
 
 
