@@ -287,10 +287,6 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _register_config_reference(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "config-reference",
@@ -316,3 +312,7 @@ def cmd_config_reference(args: argparse.Namespace) -> int:
 
         sys.stdout.write(markdown())
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

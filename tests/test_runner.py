@@ -198,6 +198,7 @@ def test_pin_prefixes_returns_the_slots_pinned_and_turns_errors_into_config_erro
 def test_the_progress_bar_counts_requests_as_they_arrive(monkeypatch, cluster):
     """The engine (or a cluster) reads its stream in batches of up to 1,024 requests; the bar still
     advances with the simulated arrivals (1 request every 0.5 s here), not all at once when read."""
+    import sim.outputs.progress
     import sim.runner
 
     bars: list[dict] = []
@@ -217,6 +218,7 @@ def test_the_progress_bar_counts_requests_as_they_arrive(monkeypatch, cluster):
             return iter(self.options.get("iterable", ()))
 
     monkeypatch.setattr(sim.runner, "tqdm", lambda *args, **options: FakeBar(**options))
+    monkeypatch.setattr(sim.outputs.progress, "tqdm", lambda *args, **options: FakeBar(**options))
     make_engine = sim.runner._make_engine
 
     def engine_seen_by_the_bar(*args, **options):

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal, TextIO
 
+from tqdm.auto import tqdm
+
 ProgressMode = Literal["bar", "log"] | bool | None
 """``"bar"`` (or True): tqdm's bar; ``"log"``: :class:`LoggedProgress`; None or False: nothing."""
 
@@ -74,7 +76,5 @@ def request_progress(mode: ProgressMode, label: str, total: int | None) -> Any:
     if mode == "log":
         return LoggedProgress(label, total)
     if mode:
-        from tqdm import tqdm
-
         return tqdm(total=total, desc=label, unit="req", leave=False)
     return None
