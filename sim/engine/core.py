@@ -50,6 +50,7 @@ from sim.engine.arrivals import Arrivals
 from sim.engine.decoding import NEVER, DecodeClock, RequestState
 from sim.engine.errors import EngineStalled
 from sim.engine.event_skip import JumpTimeline, iterations_to_reach
+from sim.engine.handoff import KVHandOff
 from sim.engine.knobs import EngineKnobs
 from sim.engine.schedulers import make_scheduler
 from sim.engine.schedulers.base import (
@@ -233,16 +234,9 @@ class Engine:
         self._admission_stop = QUEUE_EMPTY
         # Async scheduling: when the last iteration started and ended (see scheduled_at).
         self._last_started_s = self._last_ended_s = float("-inf")
-        self._transfer = transfer
-        self._prefill_only = prefill_only
-        # Disaggregated serving (see sim/engine/transfer.py). A prefill replica's requests whose prompt
-        # is done and whose blocks wait to be sent; a decode replica's requests whose blocks are
-        # allocated and whose KV is on its way (``receiving``: a router counts them as load). Landed
-        # and released notices wait for the next iteration start.
-        self.held: dict[int, RequestState] = {}
-        self.receiving: dict[int, RequestState] = {}
-        self._landed: list[RequestState] = []
-        self._released: list[RequestState] = []
+        # Disaggregated serving's KV hand-off (sim/engine/handoff.py): what this replica holds for a
+        # send, or waits for to land.
+        self.handoff = KVHandOff(transfer, prefill_only)
 
     # ------------------------------------------------------------------------------------------ run
     def run(self, until_s: float | None = None, stop: simpy.Event | None = None) -> None:
@@ -289,13 +283,23 @@ class Engine:
 
     def kv_received(self, state: RequestState) -> None:
         """(Decode replica) ``state``'s KV has landed: it runs from the next iteration."""
-        self._landed.append(state)
+        self.handoff.landed(state)
         self._wake_up()
 
     def release_held(self, state: RequestState) -> None:
         """(Prefill replica) ``state``'s KV has been sent: its blocks go at the next iteration start."""
-        self._released.append(state)
+        self.handoff.released(state)
         self._wake_up()
+
+    @property
+    def held(self) -> dict[int, RequestState]:
+        """(Prefill replica) requests whose blocks wait to be sent, by id."""
+        return self.handoff.held
+
+    @property
+    def receiving(self) -> dict[int, RequestState]:
+        """(Decode replica) requests whose blocks are allocated and whose KV is on its way, by id."""
+        return self.handoff.receiving
 
     def _wake_up(self) -> None:
         if not self._wake.triggered:
@@ -304,7 +308,7 @@ class Engine:
     @property
     def transfers_pending(self) -> bool:
         """Blocks held for a transfer (sent or received): memory will change without a completion here."""
-        return bool(self.held or self.receiving or self._landed or self._released)
+        return self.handoff.pending
 
     def finish(self) -> None:
         """The clock stopped: book what was in flight and hand every row to the sink."""
@@ -414,7 +418,7 @@ class Engine:
     def _loop(self):
         idle_steps = 0
         while True:
-            if (self._landed or self._released) and not self.running and not self.waiting:
+            if self.handoff.notices_waiting and not self.running and not self.waiting:
                 self._take_transfer_notices()  # idle: a send finished, or a prompt landed
                 self._record()
             if not self.running and not self.waiting:
@@ -460,7 +464,7 @@ class Engine:
                     # instant and records its state, which would replace this one after no time.
                     self._record()
                 continue
-            elif self._landed or self._released:
+            elif self.handoff.notices_waiting:
                 idle_steps = 0  # a transfer's notice came in meanwhile: the next iteration sees it
                 continue
             elif self.transfers_pending:
@@ -511,7 +515,7 @@ class Engine:
         """One iteration as vLLM schedules it: decode growth, prompts in progress, then admissions."""
         copies_before = self.policy.stats.cow_copies
         loads_before = self._host_loads()
-        if self._landed or self._released:
+        if self.handoff.notices_waiting:
             self._take_transfer_notices()
         # 1. every decoding sequence takes a token (the policy hears of those that need a block)
         self.clock.now += 1
@@ -569,21 +573,7 @@ class Engine:
         return now
 
     def _take_transfer_notices(self) -> None:
-        """Finished sends free their blocks (cached, as any finished request's); landed prompts go to
-        the queue's front in the order they landed, ready to run (vLLM's ``_update_from_kv_xfer_finished``
-        and ``_update_waiting_for_remote_kv``, at the scheduler's next step)."""
-        for state in self._released:
-            del self.held[state.request.request_id]
-            for seq_id in state.seq_ids:
-                self.policy.free(seq_id)
-            state.seq_ids = []
-        self._released = []
-        for state in reversed(self._landed):
-            del self.receiving[state.request.request_id]
-            state.remote_kv = False
-            state.kv_landed = True
-            self.waiting.appendleft(state)
-        self._landed = []
+        self.handoff.take_notices(self.policy, self.waiting)
 
     def _host_loads(self) -> int:
         """Tokens loaded from the host tier so far (the radix policy's HiCache loads whole nodes, not
@@ -677,7 +667,7 @@ class Engine:
             if not state.is_running:
                 return  # the fork did not fit: the request was preempted
         # (A prefill replica samples its one token and stops: vLLM allocates it no slot.)
-        for seq_id in list(state.seq_ids) if not self._prefill_only else ():
+        for seq_id in list(state.seq_ids) if not self.handoff.prefill_only else ():
             outcome = self._grow_or_preempt(state, seq_id, victims_at=self.clock.now)
             self._swap_out_pending += max(0, outcome - 1)
             if not state.is_running:
@@ -928,9 +918,7 @@ class Engine:
         state.seq_ids = [seq_id]
         state.record.transfer_start_s = self.env.now
         state.record.decode_cached_tokens = cached
-        self.receiving[state.request.request_id] = state
-        assert self._transfer is not None
-        self._transfer.kv_allocated(state, cached)
+        self.handoff.receive(state, cached)
 
     def start_landed(self, state: RequestState) -> None:
         """A landed prompt runs, holding its blocks: only its last token is computed (vLLM recomputes
@@ -986,7 +974,7 @@ class Engine:
     def _finish(self, state: RequestState, now: float) -> None:
         self.clock.leave(state, self.clock.now)
         self._leave_running(state)
-        if self._prefill_only:
+        if self.handoff.prefill_only:
             self._hand_off(state, now)
             return
         for seq_id in state.seq_ids:
@@ -1002,15 +990,11 @@ class Engine:
         record = state.record
         record.prefill_done_s = now
         record.first_token_s = math.nan
-        self.held[state.request.request_id] = state
-        assert self._transfer is not None
-        self._transfer.prefilled(state)
+        self.handoff.hold(state)
 
     def _request_done(self, state: RequestState) -> None:
         """A request reached its outcome; a closed-loop user (or a conversation) may send the next one."""
-        if state.remote_kv:
-            assert self._transfer is not None
-            self._transfer.remote_dropped(state)
+        self.handoff.dropped(state)
         self._record_done(state.record)
         if self._follow_up is not None:
             follow = self._follow_up(state.request, self.env.now)
@@ -1104,11 +1088,11 @@ class Engine:
         if budget > 0:
             if self._admission_stop in NEXT_TRIES_HEAD or self.scheduler.rematches:
                 return None  # the next iteration tries the head
-            if self._admission_stop == QUEUE_EMPTY or self._transfer is not None:
+            if self._admission_stop == QUEUE_EMPTY or self.handoff.disaggregated:
                 # (A transfer's notice can unblock any head: landed prompts hold their blocks, and
                 # released blocks are room.) With async scheduling the iteration after the arrival's
                 # was scheduled before it came, so it can run too.
-                unseen = 1 if self._may_jump_past_arrival() and self._transfer is None else 0
+                unseen = 1 if self._may_jump_past_arrival() and not self.handoff.disaggregated else 0
                 extra = min(extra, self._iterations_until_arrival(first_s) + unseen)
         if extra <= 0:
             return None
@@ -1183,7 +1167,7 @@ class Engine:
         started change anything? (``arrival_s``: when the next request arrives, same origin.)"""
         if self._admission_stop in NEXT_TRIES_HEAD or self.scheduler.rematches:
             return True
-        return (self._admission_stop == QUEUE_EMPTY or self._transfer is not None) and arrival_s <= seen_s
+        return (self._admission_stop == QUEUE_EMPTY or self.handoff.disaggregated) and arrival_s <= seen_s
 
     def _end_jump(self) -> None:
         """The jump's iterations after the first have run: apply what they did, in order."""

@@ -52,6 +52,7 @@ MODULES = (
     "sim.engine.core",
     "sim.engine.decoding",
     "sim.engine.event_skip",
+    "sim.engine.handoff",
     "sim.engine.knobs",
     "sim.engine.schedulers.base",
     "sim.engine.schedulers.sglang",
