@@ -119,23 +119,22 @@ def beam_saving(q, width, seed=0, requests=20):
     return engine, engine.recorder.time_averages(engine.env.now)["memory_saved_by_sharing_frac"]
 
 
-@pytest.mark.python_sources  # builds an Engine without __init__
 def test_beam_replacement_count_follows_the_binomial_model():
     """Each beam is replaced with probability q per step: over many steps the mean number replaced
     per step is width x q (capped at width - 1 per step, negligible at q = 0.1: P(all 4) = 1e-4)."""
-    engine = Engine.__new__(Engine)
-    engine.rng = np.random.default_rng(5)
-    engine.knobs = type("K", (), {"beam_reparent_prob": 0.1})()
+    from sim.engine.beams import BeamDraws
+
+    draws = BeamDraws(np.random.default_rng(5), 0.1)
     steps = 20_000  # standard errors: 0.25 % of the mean count, 0.6 % of the mean interval
     width = 4
     rate = 1 - (1 - 0.1) ** width  # steps with at least one replacement
     total = 0
     for _ in range(steps):
-        total += len(engine._draw_replaced_beams(width))
+        total += len(draws.replaced(width))
     # Given a replacement step, the expected count is width q / (1 - (1 - q)^width) = 0.4 / 0.3439.
     expected = width * 0.1 / rate
     assert total / steps == pytest.approx(expected, rel=0.01)
-    intervals = [engine._draw_beam_interval(width) for _ in range(steps)]
+    intervals = [draws.interval(width) for _ in range(steps)]
     assert np.mean(intervals) == pytest.approx(1 / rate, rel=0.02)
 
 

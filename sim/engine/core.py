@@ -47,6 +47,7 @@ from policies.base import ChildSpec, KVCachePolicy, OutOfKVMemory
 from sim.costs.core import CostModel
 from sim.costs.terms import LinearIterationCost
 from sim.engine.arrivals import Arrivals
+from sim.engine.beams import BeamDraws
 from sim.engine.decoding import NEVER, DecodeClock, RequestState
 from sim.engine.errors import EngineStalled
 from sim.engine.event_skip import JumpTimeline, iterations_to_reach
@@ -192,6 +193,7 @@ class Engine:
         self._lockstep = lockstep
         self.busy_until = float("inf")  # end of the wake-up in flight: no completion comes before it
         self.rng = np.random.default_rng(seed)
+        self.beams = BeamDraws(self.rng, knobs.beam_reparent_prob)
         self._follow_up = follow_up
         self._arrivals = Arrivals(self.env, requests, self._arrive, on_delivered=on_delivered)
         self._on_arrival = on_arrival
@@ -680,16 +682,7 @@ class Engine:
     def _next_beam_due(self, state: RequestState) -> int:
         if state.request.beam_width <= 1:
             return NEVER
-        return self.clock.now + self._draw_beam_interval(len(state.seq_ids))
-
-    def _draw_beam_interval(self, width: int) -> int:
-        """Decode steps to the next step at which some beam is replaced: each of ``width`` beams is,
-        independently, with probability q per step, so a step replaces one or more with probability
-        ``1 - (1 - q)^width``."""
-        q = self.knobs.beam_reparent_prob
-        if q <= 0:
-            return NEVER
-        return int(self.rng.geometric(1.0 - (1.0 - q) ** width))
+        return self.clock.now + self.beams.interval(len(state.seq_ids))
 
     def _fork(self, state: RequestState, forks: list[tuple[int, list[int]]]) -> None:
         """Add children to the request: for each ``(parent, final lengths)``, one child of ``parent``
@@ -723,9 +716,9 @@ class Engine:
         surviving beam (its blocks shared, its partly filled tail copied on the next write)."""
         self.clock.leave(state, self.clock.now)
         width = len(state.seq_ids)
-        replaced = self._draw_replaced_beams(width)
+        replaced = self.beams.replaced(width)
         survivors = [seq for index, seq in enumerate(state.seq_ids) if index not in replaced]
-        parents = self.rng.choice(len(survivors), len(replaced)).tolist()
+        parents = self.beams.parents(len(survivors), len(replaced))
         # A replaced beam's tokens are a decoded prefix like any finished sample's: freed as finished.
         for index in sorted(replaced, reverse=True):
             self.policy.free(state.seq_ids.pop(index))
@@ -737,16 +730,6 @@ class Engine:
         self._fork(state, list(children_of.items()))
         if state.is_running:
             self.clock.enter(state, beam_due=self._next_beam_due(state))
-
-    def _draw_replaced_beams(self, width: int) -> set[int]:
-        """Which beams a beam step replaces: each independently with probability q, given that at
-        least one is; at most ``width - 1``, since the best candidates all continuing one beam leave
-        that beam in place."""
-        q = self.knobs.beam_reparent_prob
-        counts = np.arange(1, width + 1)
-        weights = np.array([math.comb(width, k) for k in counts]) * q**counts * (1 - q) ** (width - counts)
-        count = min(int(self.rng.choice(counts, p=weights / weights.sum())), width - 1)
-        return set(self.rng.choice(width, count, replace=False).tolist())
 
     def _end_samples(self, state: RequestState, now: float) -> None:
         """Samples that generated their last token stop and free their blocks (blocks they share stay

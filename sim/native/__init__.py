@@ -49,6 +49,7 @@ MODULES = (
     "sim.costs.derated",
     "sim.costs.terms",
     "sim.engine.arrivals",
+    "sim.engine.beams",
     "sim.engine.core",
     "sim.engine.decoding",
     "sim.engine.event_skip",
