@@ -37,7 +37,6 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -45,20 +44,18 @@ import simpy
 
 from policies.base import ChildSpec, KVCachePolicy, OutOfKVMemory
 from sim.costs.core import CostModel
-from sim.costs.terms import LinearIterationCost
 from sim.engine.arrivals import Arrivals
 from sim.engine.beams import BeamDraws
 from sim.engine.decoding import NEVER, DecodeClock, RequestState
 from sim.engine.errors import EngineStalled
-from sim.engine.event_skip import JumpTimeline, iterations_to_reach
 from sim.engine.handoff import KVHandOff
+from sim.engine.jumps import IterationCost, IterationOne, Jump, JumpCounts, JumpPlanner, prefill_chunk
 from sim.engine.knobs import EngineKnobs
 from sim.engine.schedulers import make_scheduler
 from sim.engine.schedulers.base import (
     HEAD_NOT_SEEN,
     HEAD_OUT_OF_MEMORY,
     HEAD_OVER_BUDGET,
-    NEXT_TRIES_HEAD,
     NOT_TRIED,
     QUEUE_EMPTY,
 )
@@ -104,46 +101,6 @@ def fewer_collections(first_generation: int = YOUNG_COLLECTION_EVERY) -> Iterato
         gc.set_threshold(*thresholds)
 
 
-@dataclass(slots=True, init=False)
-class Jump:
-    """The iterations of one wake-up after the first, planned when it starts and applied when it
-    ends (nothing can observe them in between): the chunks each prefills, and whether sequences
-    take blocks inside it. (The constructor is written out: compiled, it runs natively.)"""
-
-    start_s: float
-    first_clock: int  # decode clock of iteration 1
-    timeline: JumpTimeline
-    chunks: list[list[tuple[RequestState, int]]]
-    grows: bool
-
-    def __init__(
-        self,
-        start_s: float,
-        first_clock: int,
-        timeline: JumpTimeline,
-        chunks: list[list[tuple[RequestState, int]]] | None = None,
-    ) -> None:
-        self.start_s = start_s
-        self.first_clock = first_clock
-        self.timeline = timeline
-        self.chunks = [] if chunks is None else chunks
-        self.grows = False
-
-    @property
-    def last_clock(self) -> int:
-        return self.first_clock + self.timeline.extra
-
-
-@dataclass(slots=True)
-class JumpCounts:
-    """Skip-mode wake-ups by what they jumped over (diagnostics: single stepping has none)."""
-
-    single: int = 0  # no jump: one iteration
-    decode: int = 0  # decode iterations only
-    prefill: int = 0  # iterations that prefill chunks too
-    with_growth: int = 0  # jumps (either kind) inside which sequences take blocks
-
-
 class Engine:
     def __init__(
         self,
@@ -182,8 +139,7 @@ class Engine:
             raise ValueError("a rank of a lockstep group steps one iteration at a time (step_mode single)")
         self.policy = policy
         self.costs = costs
-        # The cost model's compiled iteration terms, when it has them: called without a Python call.
-        self._linear_costs: LinearIterationCost | None = costs.linear_iteration
+        self._iteration_cost = IterationCost(costs)
         # Seconds to load blocks from the host tier (offload:); by default the swap link.
         self._host_load_s = host_load_s if host_load_s is not None else costs.swap_blocks_s
         self.knobs = knobs
@@ -226,6 +182,17 @@ class Engine:
         self.scheduler = make_scheduler(knobs)
         self._chunks_prompts = self.scheduler.chunks_prompts
         self._jump: Jump | None = None  # the wake-up in flight, when it spans several iterations
+        self._planner = JumpPlanner(
+            self.clock,
+            policy,
+            costs,
+            self._iteration_cost,
+            self.scheduler,
+            block_size,
+            self._next_arrival_s,
+            async_jumps=knobs.async_scheduling and upstream is None,
+            disaggregated=transfer is not None,
+        )
         self._decoded_seqs = 0  # sequences that decoded in each iteration of the current wake-up
         self._iterations_this_step = 0
         self._prefill_this_step: list[tuple[RequestState, int]] = []
@@ -500,7 +467,16 @@ class Engine:
         first_s = self._first_iteration()
         if first_s <= 0 or self.knobs.step_mode != "skip":
             return first_s
-        jump = self._jump = self._plan_jump(first_s)
+        iteration = IterationOne(
+            self._preempted,
+            self._swapped_in,
+            self._swap_out_pending,
+            self._prefill_this_step,
+            self._prefilling,
+            self._decoded_seqs,
+            self._admission_stop,
+        )
+        jump = self._jump = self._planner.plan(self.env.now, first_s, iteration)
         jumps = self.jumps
         if jump is None:
             jumps.single += 1
@@ -557,7 +533,7 @@ class Engine:
                 )  # a swap-in alone: the transfer, no forward pass
             self._check_progress()
             return 0.0
-        duration = self._iteration_duration(decode_batch, decode_context, chunks)
+        duration = self._iteration_cost.duration(decode_batch, decode_context, chunks)
         copies = self.policy.stats.cow_copies - copies_before + self._copies_pending
         self._copies_pending = 0
         duration += self.costs.copy_blocks_s(copies) if copies else 0.0
@@ -591,42 +567,18 @@ class Engine:
         self.counters.host_load_s += seconds
         return seconds
 
-    def _iteration_duration(
-        self, decode_batch: int, sum_context: int, chunks: list[tuple[int, int]]
-    ) -> float:
-        """Compute time of one iteration: ``decode_batch`` sequences decoding over ``sum_context``
-        tokens, plus prefill ``chunks`` of ``(tokens, start position)``. Every iteration's time comes
-        from here, except runs of decode-only ones (a closed-form series of the same ``step_s``)."""
-        # One forward pass: its fixed cost (the weight read) is paid once, however many prompts
-        # share it (``CostModel.iteration_s``); without chunks this is ``decode.step_s``.
-        linear = self._linear_costs
-        if linear is not None:
-            return linear.iteration_s(decode_batch, sum_context, chunks)
-        return self.costs.iteration_s(decode_batch, sum_context, chunks)
-
     def _prefill_budget(self, decode_batch: int) -> int:
         """Prompt tokens an iteration that decodes ``decode_batch`` sequences may prefill."""
         return self.scheduler.prefill_budget(decode_batch)
 
     def schedule_prefill(self, state: RequestState, budget: int, chunks: list[tuple[int, int]]) -> int:
-        chunk = self._prefill_chunk(state, budget)
+        chunk = prefill_chunk(state, budget, self._chunks_prompts)
         if not chunk:
             return budget
         chunks.append((chunk, state.prefilled))
         state.prefilled += chunk
         self._prefill_this_step.append((state, chunk))
         return budget - chunk
-
-    def _prefill_chunk(self, state: RequestState, budget: int, prefilled: int | None = None) -> int:
-        """Prompt tokens ``state`` prefills with ``budget`` tokens left (0: none; without chunked
-        prefill a prompt goes in whole or waits). ``prefilled``: as planned, instead of now."""
-        remaining = state.tokens_to_prefill - (state.prefilled if prefilled is None else prefilled)
-        if remaining <= budget:
-            return remaining if remaining > 0 else 0
-        # (Comparisons, not min/max: this runs for every prompt at every iteration that plans chunks.)
-        if not self._chunks_prompts or budget <= 0:
-            return 0
-        return budget
 
     def _finish_iterations(self) -> bool:
         """Book what the iteration(s) that just ended produced: first tokens, completions, beams.
@@ -1033,125 +985,6 @@ class Engine:
         return self._next_seq_id
 
     # ----------------------------------------------------------------------------------- event skip
-    def _plan_jump(self, first_s: float) -> Jump | None:
-        """The iterations after iteration 1 that nothing can interrupt, or None to take one step.
-
-        The jump ends with the iteration at whose end something completes; before any iteration
-        whose start could admit a request; and, unless the pool has blocks for every sequence's
-        growth over the whole jump, before the first iteration that needs one."""
-        if self._preempted or self._swapped_in or self._swap_out_pending:
-            return None  # the batch (or the swap traffic) of the next iteration differs from this one's
-        if any(state.prefilled >= state.tokens_to_prefill for state, _ in self._prefill_this_step):
-            return None  # a prompt completes at the end of iteration 1
-        clock = self.clock
-        limit = clock.next_end() - clock.now  # iterations after the first, up to the next completion
-        if limit <= 0:
-            return None
-        sequences = clock.sequences
-        room = self.policy.available_slots()
-        # Every sequence takes at most ceil(k / block_size) blocks in k iterations; when the pool has
-        # them all, no growth inside the jump can fail and the jump need not stop at flushes.
-        safe = UNLIMITED if sequences == 0 else room // (sequences * self.block_size) * self.block_size
-        limit = min(limit, max(safe, clock.next_flush() - clock.now - 1))
-        if limit <= 0:
-            return None
-        budget = self._prefill_budget(self._decoded_seqs)
-        prompts = [state for state in self._prefilling if state.prefilled < state.tokens_to_prefill]
-        if any(self._prefill_chunk(state, budget) for state in prompts):
-            jump = self._plan_prefill_jump(first_s, prompts, budget, limit)
-        else:
-            jump = self._plan_decode_jump(first_s, budget, limit)
-        if jump is not None:
-            jump.grows = jump.last_clock >= clock.next_flush()
-        return jump
-
-    def _plan_decode_jump(self, first_s: float, budget: int, limit: int) -> Jump | None:
-        """Decode-only iterations: each has ``budget`` tokens left for admissions."""
-        extra = limit
-        if budget > 0:
-            if self._admission_stop in NEXT_TRIES_HEAD or self.scheduler.rematches:
-                return None  # the next iteration tries the head
-            if self._admission_stop == QUEUE_EMPTY or self.handoff.disaggregated:
-                # (A transfer's notice can unblock any head: landed prompts hold their blocks, and
-                # released blocks are room.) With async scheduling the iteration after the arrival's
-                # was scheduled before it came, so it can run too.
-                unseen = 1 if self._may_jump_past_arrival() and not self.handoff.disaggregated else 0
-                extra = min(extra, self._iterations_until_arrival(first_s) + unseen)
-        if extra <= 0:
-            return None
-        timeline = JumpTimeline(
-            first_s, extra, self.costs.decode, self._decoded_seqs, self.clock.sum_context()
-        )
-        return Jump(self.env.now, self.clock.now, timeline)
-
-    def _may_jump_past_arrival(self) -> bool:
-        """Async scheduling lets a jump run the iteration after an arrival's (scheduled before it
-        came), except under a cluster: its router reads this replica's state when the request
-        arrives, so the replica must stand at that iteration as single stepping would."""
-        return self.knobs.async_scheduling and self._upstream is None
-
-    def _iterations_until_arrival(self, first_s: float) -> int:
-        """Iterations after the first up to and including the one during which the next request
-        arrives (the one after it sees the arrival); 0 when it arrives during iteration 1."""
-        budget_s = self._next_arrival_s() - self.env.now - first_s
-        if budget_s <= 0:
-            return 0
-        context = self.clock.sum_context()
-        return iterations_to_reach(self.costs.decode, self._decoded_seqs, context, budget_s)
-
-    def _plan_prefill_jump(
-        self, first_s: float, prompts: list[RequestState], budget: int, limit: int
-    ) -> Jump | None:
-        """Iterations that prefill ``prompts`` in running order with ``budget`` tokens each, up to the
-        one that completes a prompt; an iteration that leaves budget for admissions must not start
-        after an arrival (or at all, when the queue head is untried)."""
-        batch = self._decoded_seqs
-        context = self.clock.sum_context()
-        positions = [state.prefilled for state in prompts]
-        arrival_s = self._next_arrival_s() - self.env.now
-        elapsed_s = first_s
-        started_s = 0.0  # when the iteration before the next one started
-        durations: list[float] = []
-        all_chunks: list[list[tuple[RequestState, int]]] = []
-        for step in range(1, limit + 1):
-            left = budget
-            chunks: list[tuple[RequestState, int]] = []
-            sized: list[tuple[int, int]] = []
-            completes = False
-            for index, state in enumerate(prompts):
-                if left <= 0:
-                    break
-                chunk = self._prefill_chunk(state, left, positions[index])
-                if not chunk:
-                    continue
-                chunks.append((state, chunk))
-                sized.append((chunk, positions[index]))
-                positions[index] += chunk
-                completes |= positions[index] == state.tokens_to_prefill
-                left -= chunk
-            # (Async scheduling: an iteration's admissions see the queue as it was when the iteration
-            # before it started.)
-            seen_s = started_s if self._may_jump_past_arrival() else elapsed_s
-            if left > 0 and self._admission_may_change(seen_s, arrival_s):
-                break
-            durations.append(self._iteration_duration(batch, context + step * batch, sized))
-            all_chunks.append(chunks)
-            started_s = elapsed_s
-            elapsed_s += durations[-1]
-            if completes:
-                break
-        if not durations:
-            return None
-        timeline = JumpTimeline(first_s, len(durations), self.costs.decode, batch, context, tuple(durations))
-        return Jump(self.env.now, self.clock.now, timeline, all_chunks)
-
-    def _admission_may_change(self, seen_s: float, arrival_s: float) -> bool:
-        """Could an admission attempt that sees the requests queued up to ``seen_s`` after iteration 1
-        started change anything? (``arrival_s``: when the next request arrives, same origin.)"""
-        if self._admission_stop in NEXT_TRIES_HEAD or self.scheduler.rematches:
-            return True
-        return (self._admission_stop == QUEUE_EMPTY or self.handoff.disaggregated) and arrival_s <= seen_s
-
     def _end_jump(self) -> None:
         """The jump's iterations after the first have run: apply what they did, in order."""
         jump = self._jump
@@ -1296,5 +1129,4 @@ class Engine:
         self.recorder.record(self.env.now, self._state())
 
 
-UNLIMITED = 1 << 62
 _NO_HOST_TIER = (0, 0, 0, 0, 0, 0)

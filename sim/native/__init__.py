@@ -54,6 +54,7 @@ MODULES = (
     "sim.engine.decoding",
     "sim.engine.event_skip",
     "sim.engine.handoff",
+    "sim.engine.jumps",
     "sim.engine.knobs",
     "sim.engine.schedulers.base",
     "sim.engine.schedulers.sglang",

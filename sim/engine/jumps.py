@@ -1,0 +1,264 @@
+"""Event skipping's plan: which iterations after a wake-up's first nothing can interrupt.
+
+After iteration 1 of a wake-up has started, the ones that follow are deterministic until an event:
+a completion (a prompt done, a request finished, a beam decision), an iteration start at which an
+admission could change something (a free token budget and a waiting head that might fit, or an
+arrival), or a sequence needing a block when the pool might not have it. :class:`JumpPlanner` finds
+how many, and what each prefills; the engine core applies them when the wake-up ends (``Jump``).
+The arithmetic of a run of decode iterations is ``sim/engine/event_skip.py``'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sim.engine.decoding import DecodeClock, RequestState
+from sim.engine.event_skip import JumpTimeline, iterations_to_reach
+from sim.engine.schedulers.base import NEXT_TRIES_HEAD, QUEUE_EMPTY, Scheduler
+
+if TYPE_CHECKING:
+    from policies.base import KVCachePolicy
+    from sim.costs.core import CostModel
+    from sim.costs.terms import LinearIterationCost
+
+UNLIMITED = 1 << 62
+
+
+@dataclass(slots=True, init=False)
+class Jump:
+    """The iterations of one wake-up after the first, planned when it starts and applied when it
+    ends (nothing can observe them in between): the chunks each prefills, and whether sequences
+    take blocks inside it. (The constructor is written out: compiled, it runs natively.)"""
+
+    start_s: float
+    first_clock: int  # decode clock of iteration 1
+    timeline: JumpTimeline
+    chunks: list[list[tuple[RequestState, int]]]
+    grows: bool
+
+    def __init__(
+        self,
+        start_s: float,
+        first_clock: int,
+        timeline: JumpTimeline,
+        chunks: list[list[tuple[RequestState, int]]] | None = None,
+    ) -> None:
+        self.start_s = start_s
+        self.first_clock = first_clock
+        self.timeline = timeline
+        self.chunks = [] if chunks is None else chunks
+        self.grows = False
+
+    @property
+    def last_clock(self) -> int:
+        return self.first_clock + self.timeline.extra
+
+
+@dataclass(slots=True)
+class JumpCounts:
+    """Skip-mode wake-ups by what they jumped over (diagnostics: single stepping has none)."""
+
+    single: int = 0  # no jump: one iteration
+    decode: int = 0  # decode iterations only
+    prefill: int = 0  # iterations that prefill chunks too
+    with_growth: int = 0  # jumps (either kind) inside which sequences take blocks
+
+
+class IterationCost:
+    """What one iteration costs: the cost model's compiled terms when it has them (called without a
+    Python call), else the model itself."""
+
+    def __init__(self, costs: CostModel):
+        self.costs = costs
+        self.linear: LinearIterationCost | None = costs.linear_iteration
+
+    def duration(self, decode_batch: int, sum_context: int, chunks: list[tuple[int, int]]) -> float:
+        """Compute time of one iteration: ``decode_batch`` sequences decoding over ``sum_context``
+        tokens, plus prefill ``chunks`` of ``(tokens, start position)``. Every iteration's time comes
+        from here, except runs of decode-only ones (a closed-form series of the same ``step_s``)."""
+        # One forward pass: its fixed cost (the weight read) is paid once, however many prompts
+        # share it (``CostModel.iteration_s``); without chunks this is ``decode.step_s``.
+        linear = self.linear
+        if linear is not None:
+            return linear.iteration_s(decode_batch, sum_context, chunks)
+        return self.costs.iteration_s(decode_batch, sum_context, chunks)
+
+
+def prefill_chunk(
+    state: RequestState, budget: int, chunks_prompts: bool, prefilled: int | None = None
+) -> int:
+    """Prompt tokens ``state`` prefills with ``budget`` tokens left (0: none; without chunked
+    prefill a prompt goes in whole or waits). ``prefilled``: as planned, instead of now."""
+    remaining = state.tokens_to_prefill - (state.prefilled if prefilled is None else prefilled)
+    if remaining <= budget:
+        return remaining if remaining > 0 else 0
+    # (Comparisons, not min/max: this runs for every prompt at every iteration that plans chunks.)
+    if not chunks_prompts or budget <= 0:
+        return 0
+    return budget
+
+
+@dataclass(slots=True)
+class IterationOne:
+    """What iteration 1 of the wake-up did that its successors depend on."""
+
+    preempted: bool
+    swapped_in: bool
+    swap_out_pending: int
+    prefill_this_step: list[tuple[RequestState, int]]
+    prefilling: list[RequestState]
+    decoded_seqs: int
+    admission_stop: str
+
+
+class JumpPlanner:
+    """Plans one engine's jumps; it reads the engine's clock, pool, costs and scheduler and changes
+    nothing."""
+
+    def __init__(
+        self,
+        clock: DecodeClock,
+        policy: KVCachePolicy,
+        costs: CostModel,
+        iteration_cost: IterationCost,
+        scheduler: Scheduler,
+        block_size: int,
+        next_arrival_s: Callable[[], float],
+        *,
+        async_jumps: bool,
+        disaggregated: bool,
+    ):
+        self.clock = clock
+        self.policy = policy
+        self.costs = costs
+        self.iteration_cost = iteration_cost
+        self.scheduler = scheduler
+        self.chunks_prompts = scheduler.chunks_prompts
+        self.block_size = block_size
+        # Async scheduling lets a jump run the iteration after an arrival's (scheduled before it
+        # came), except under a cluster: its router reads the replica's state when the request
+        # arrives, so the replica must stand at that iteration as single stepping would.
+        self.async_jumps = async_jumps
+        # A transfer's notice can come at any time (a disaggregated cluster's replica).
+        self.disaggregated = disaggregated
+        # When the next request arrives (asked only when a plan depends on it: under a cluster it is
+        # the cluster's answer).
+        self.next_arrival_s = next_arrival_s
+        self._now_s = 0.0
+        self._iteration = IterationOne(False, False, 0, [], [], 0, QUEUE_EMPTY)  # the current plan's
+
+    def plan(self, now_s: float, first_s: float, iteration: IterationOne) -> Jump | None:
+        """The iterations after iteration 1 that nothing can interrupt, or None to take one step.
+
+        The jump ends with the iteration at whose end something completes; before any iteration
+        whose start could admit a request; and, unless the pool has blocks for every sequence's
+        growth over the whole jump, before the first iteration that needs one."""
+        self._now_s, self._iteration = now_s, iteration
+        if iteration.preempted or iteration.swapped_in or iteration.swap_out_pending:
+            return None  # the batch (or the swap traffic) of the next iteration differs from this one's
+        if any(state.prefilled >= state.tokens_to_prefill for state, _ in iteration.prefill_this_step):
+            return None  # a prompt completes at the end of iteration 1
+        clock = self.clock
+        limit = clock.next_end() - clock.now  # iterations after the first, up to the next completion
+        if limit <= 0:
+            return None
+        sequences = clock.sequences
+        room = self.policy.available_slots()
+        # Every sequence takes at most ceil(k / block_size) blocks in k iterations; when the pool has
+        # them all, no growth inside the jump can fail and the jump need not stop at flushes.
+        safe = UNLIMITED if sequences == 0 else room // (sequences * self.block_size) * self.block_size
+        limit = min(limit, max(safe, clock.next_flush() - clock.now - 1))
+        if limit <= 0:
+            return None
+        budget = self.scheduler.prefill_budget(iteration.decoded_seqs)
+        prompts = [state for state in iteration.prefilling if state.prefilled < state.tokens_to_prefill]
+        if any(prefill_chunk(state, budget, self.chunks_prompts) for state in prompts):
+            jump = self._prefill_jump(first_s, prompts, budget, limit)
+        else:
+            jump = self._decode_jump(first_s, budget, limit)
+        if jump is not None:
+            jump.grows = jump.last_clock >= clock.next_flush()
+        return jump
+
+    def _decode_jump(self, first_s: float, budget: int, limit: int) -> Jump | None:
+        """Decode-only iterations: each has ``budget`` tokens left for admissions."""
+        extra = limit
+        if budget > 0:
+            if self._iteration.admission_stop in NEXT_TRIES_HEAD or self.scheduler.rematches:
+                return None  # the next iteration tries the head
+            if self._iteration.admission_stop == QUEUE_EMPTY or self.disaggregated:
+                # (A transfer's notice can unblock any head: landed prompts hold their blocks, and
+                # released blocks are room.) With async scheduling the iteration after the arrival's
+                # was scheduled before it came, so it can run too.
+                unseen = 1 if self.async_jumps and not self.disaggregated else 0
+                extra = min(extra, self._iterations_until_arrival(first_s) + unseen)
+        if extra <= 0:
+            return None
+        timeline = JumpTimeline(
+            first_s, extra, self.costs.decode, self._iteration.decoded_seqs, self.clock.sum_context()
+        )
+        return Jump(self._now_s, self.clock.now, timeline)
+
+    def _iterations_until_arrival(self, first_s: float) -> int:
+        """Iterations after the first up to and including the one during which the next request
+        arrives (the one after it sees the arrival); 0 when it arrives during iteration 1."""
+        budget_s = self.next_arrival_s() - self._now_s - first_s
+        if budget_s <= 0:
+            return 0
+        context = self.clock.sum_context()
+        return iterations_to_reach(self.costs.decode, self._iteration.decoded_seqs, context, budget_s)
+
+    def _prefill_jump(
+        self, first_s: float, prompts: list[RequestState], budget: int, limit: int
+    ) -> Jump | None:
+        """Iterations that prefill ``prompts`` in running order with ``budget`` tokens each, up to the
+        one that completes a prompt; an iteration that leaves budget for admissions must not start
+        after an arrival (or at all, when the queue head is untried)."""
+        batch = self._iteration.decoded_seqs
+        context = self.clock.sum_context()
+        positions = [state.prefilled for state in prompts]
+        arrival_s = self.next_arrival_s() - self._now_s
+        elapsed_s = first_s
+        started_s = 0.0  # when the iteration before the next one started
+        durations: list[float] = []
+        all_chunks: list[list[tuple[RequestState, int]]] = []
+        for step in range(1, limit + 1):
+            left = budget
+            chunks: list[tuple[RequestState, int]] = []
+            sized: list[tuple[int, int]] = []
+            completes = False
+            for index, state in enumerate(prompts):
+                if left <= 0:
+                    break
+                chunk = prefill_chunk(state, left, self.chunks_prompts, positions[index])
+                if not chunk:
+                    continue
+                chunks.append((state, chunk))
+                sized.append((chunk, positions[index]))
+                positions[index] += chunk
+                completes |= positions[index] == state.tokens_to_prefill
+                left -= chunk
+            # (Async scheduling: an iteration's admissions see the queue as it was when the iteration
+            # before it started.)
+            seen_s = started_s if self.async_jumps else elapsed_s
+            if left > 0 and self._admission_may_change(seen_s, arrival_s):
+                break
+            durations.append(self.iteration_cost.duration(batch, context + step * batch, sized))
+            all_chunks.append(chunks)
+            started_s = elapsed_s
+            elapsed_s += durations[-1]
+            if completes:
+                break
+        if not durations:
+            return None
+        timeline = JumpTimeline(first_s, len(durations), self.costs.decode, batch, context, tuple(durations))
+        return Jump(self._now_s, self.clock.now, timeline, all_chunks)
+
+    def _admission_may_change(self, seen_s: float, arrival_s: float) -> bool:
+        """Could an admission attempt that sees the requests queued up to ``seen_s`` after iteration 1
+        started change anything? (``arrival_s``: when the next request arrives, same origin.)"""
+        if self._iteration.admission_stop in NEXT_TRIES_HEAD or self.scheduler.rematches:
+            return True
+        return (self._iteration.admission_stop == QUEUE_EMPTY or self.disaggregated) and arrival_s <= seen_s
