@@ -12,7 +12,8 @@ import pytest
 from policies import PoolSpec, make_policy
 from policies.base import MemoryBreakdown
 from sim.config import VariantConfig
-from sim.engine.core import Engine, EngineKnobs, JumpCounts
+from sim.engine.core import Engine, EngineKnobs
+from sim.engine.jumps import JumpCounts
 from sim.outputs.metrics import requests_frame
 from sim.runner import summarize
 from tests.engine_helpers import RoundCostModel, request
