@@ -51,6 +51,7 @@ from sim.engine.errors import EngineStalled
 from sim.engine.handoff import KVHandOff
 from sim.engine.jumps import IterationCost, IterationOne, Jump, JumpCounts, JumpPlanner, prefill_chunk
 from sim.engine.knobs import EngineKnobs
+from sim.engine.observe import StateObserver
 from sim.engine.schedulers import make_scheduler
 from sim.engine.schedulers.base import (
     HEAD_NOT_SEEN,
@@ -178,6 +179,7 @@ class Engine:
         self._copies_pending = 0
         self._admissions = 0
         self.clock = DecodeClock(policy, defer_growth=knobs.step_mode == "skip")
+        self._observer = StateObserver(policy, self.clock, self.counters)
         # What differs between the servers (admission, budgets, preemption victims): sim/engine/schedulers/.
         self.scheduler = make_scheduler(knobs)
         self._chunks_prompts = self.scheduler.chunks_prompts
@@ -1073,60 +1075,12 @@ class Engine:
 
     # -------------------------------------------------------------------------------------- record
     def _averaged_state(self) -> tuple:
-        """The leading part of the state, whose time averages the summary reports."""
-        used, reserved, internal, external, cached, free = self.policy.breakdown_values()
-        # Decoded tokens the policy has not been told of fill slots it still counts as reserved.
-        pending = self.clock.pending_tokens()
-        physical, logical = self.policy.sharing_slots()
-        return (
-            used + pending,
-            reserved - pending,
-            internal,
-            external,
-            cached,
-            free,
-            len(self.running),
-            physical,
-            logical,
-        )
+        return self._observer.averaged(len(self.running))
 
     def _state(self) -> tuple:
-        """The state the recorder keeps (``sim.outputs.metrics.STATE_COLUMNS``)."""
-        stats = self.policy.stats
-        counters = self.counters
-        return (
-            self._averaged_state()
-            + (
-                len(self.waiting),
-                self._running_seqs,
-                counters.admission_waits,
-                counters.preemptions,
-                counters.oom_failures,
-                stats.cow_copies,
-                stats.prefix_cache_queries,
-                stats.prefix_cache_hits,
-                stats.evictions,
-                self.admission_blocker,
-            )
-            + self._host_state()
-        )
-
-    def _host_state(self) -> tuple[int, ...]:
-        """The host tier's part of the state (``sim.outputs.metrics.HOST_COLUMNS``); zeros without one."""
-        tier = self.policy.host_tier
-        if tier is None:
-            return _NO_HOST_TIER
-        stats = tier.stats
-        return (
-            *self.policy.host_breakdown_values(),
-            stats.host_cache_hits,
-            stats.host_loaded_blocks,
-            stats.host_offloaded_blocks,
-            stats.host_evictions,
+        return self._observer.state(
+            len(self.running), len(self.waiting), self._running_seqs, self.admission_blocker
         )
 
     def _record(self) -> None:
         self.recorder.record(self.env.now, self._state())
-
-
-_NO_HOST_TIER = (0, 0, 0, 0, 0, 0)

@@ -55,6 +55,7 @@ MODULES = (
     "sim.engine.event_skip",
     "sim.engine.handoff",
     "sim.engine.jumps",
+    "sim.engine.observe",
     "sim.engine.knobs",
     "sim.engine.schedulers.base",
     "sim.engine.schedulers.sglang",

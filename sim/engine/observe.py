@@ -1,0 +1,74 @@
+"""What the recorder keeps of one engine at an instant (``sim.outputs.metrics.STATE_COLUMNS``): the
+pool's breakdown as the engine sees it, the batch and the queue, the counters, the host tier."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sim.engine.decoding import DecodeClock
+
+if TYPE_CHECKING:
+    from policies.base import KVCachePolicy
+    from sim.outputs.metrics import Counters
+
+_NO_HOST_TIER = (0, 0, 0, 0, 0, 0)
+
+
+class StateObserver:
+    def __init__(self, policy: KVCachePolicy, clock: DecodeClock, counters: Counters):
+        self.policy = policy
+        self.clock = clock
+        self.counters = counters
+
+    def averaged(self, running: int) -> tuple:
+        """The leading part of the state, whose time averages the summary reports."""
+        used, reserved, internal, external, cached, free = self.policy.breakdown_values()
+        # Decoded tokens the policy has not been told of fill slots it still counts as reserved.
+        pending = self.clock.pending_tokens()
+        physical, logical = self.policy.sharing_slots()
+        return (
+            used + pending,
+            reserved - pending,
+            internal,
+            external,
+            cached,
+            free,
+            running,
+            physical,
+            logical,
+        )
+
+    def state(self, running: int, waiting: int, running_seqs: int, admission_blocker: int) -> tuple:
+        """The whole state: the averaged part, the queue, the counters and the host tier's part."""
+        stats = self.policy.stats
+        counters = self.counters
+        return (
+            self.averaged(running)
+            + (
+                waiting,
+                running_seqs,
+                counters.admission_waits,
+                counters.preemptions,
+                counters.oom_failures,
+                stats.cow_copies,
+                stats.prefix_cache_queries,
+                stats.prefix_cache_hits,
+                stats.evictions,
+                admission_blocker,
+            )
+            + self._host_state()
+        )
+
+    def _host_state(self) -> tuple[int, ...]:
+        """The host tier's part of the state (``sim.outputs.metrics.HOST_COLUMNS``); zeros without one."""
+        tier = self.policy.host_tier
+        if tier is None:
+            return _NO_HOST_TIER
+        stats = tier.stats
+        return (
+            *self.policy.host_breakdown_values(),
+            stats.host_cache_hits,
+            stats.host_loaded_blocks,
+            stats.host_offloaded_blocks,
+            stats.host_evictions,
+        )
