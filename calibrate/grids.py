@@ -15,6 +15,41 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+
+@dataclass(frozen=True)
+class Point:
+    """One operating point. ``phase`` is decode, head, prefill, copy, swap_out, swap_in, sweep_attn,
+    sweep_copy, sweep_swap_out or sweep_swap_in."""
+
+    phase: str
+    block_size: int
+    contexts: tuple[int, ...] = ()
+    num_tokens: int = 0
+    start: int = 0
+    num_blocks: int = 0
+    holdout: bool = False
+
+    @property
+    def batch(self) -> int:
+        return len(self.contexts) if self.contexts else self.num_tokens
+
+    @property
+    def ctx_sum(self) -> int:
+        return sum(self.contexts)
+
+    @property
+    def ctx_max(self) -> int:
+        return max(self.contexts, default=0)
+
+    @property
+    def ctx_padded(self) -> int:
+        return len(self.contexts) * self.ctx_max
+
+    @property
+    def ragged(self) -> bool:
+        return len(set(self.contexts)) > 1
+
+
 GRID_NAMES = ("smoke", "quick", "full")
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from calibrate.runner import Point
+    from calibrate.grids import Point
 
 GiB = 2**30
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from calibrate import CalibrationError
 from calibrate.fit import LinearFit, fit_relative, quality
-from calibrate.grids import Grid, make_grid
+from calibrate.grids import Grid, Point, make_grid
 from calibrate.memory import available_bytes, estimate, resident_bytes
 from sim.costs.core import (
     DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
@@ -115,40 +115,6 @@ PointProgress = Callable[[int, int, "Point", float], None]
 
 NOISY_SPREAD = 0.05
 """A run whose median spread across rounds exceeds 5 % is flagged as noisy in the profile."""
-
-
-@dataclass(frozen=True)
-class Point:
-    """One operating point. ``phase`` is decode, head, prefill, copy, swap_out, swap_in, sweep_attn,
-    sweep_copy, sweep_swap_out or sweep_swap_in."""
-
-    phase: str
-    block_size: int
-    contexts: tuple[int, ...] = ()
-    num_tokens: int = 0
-    start: int = 0
-    num_blocks: int = 0
-    holdout: bool = False
-
-    @property
-    def batch(self) -> int:
-        return len(self.contexts) if self.contexts else self.num_tokens
-
-    @property
-    def ctx_sum(self) -> int:
-        return sum(self.contexts)
-
-    @property
-    def ctx_max(self) -> int:
-        return max(self.contexts, default=0)
-
-    @property
-    def ctx_padded(self) -> int:
-        return len(self.contexts) * self.ctx_max
-
-    @property
-    def ragged(self) -> bool:
-        return len(set(self.contexts)) > 1
 
 
 def grid_points(grid: Grid, block_size: int, swaps: bool) -> list[Point]:
