@@ -20,7 +20,7 @@ from sim.planning.plans.spec import Candidate, Plan
 from sim.planning.report.units import seconds
 
 if TYPE_CHECKING:
-    from sim.planning.plans.run import Probe
+    from sim.planning.plans.probes import Probe
     from sim.planning.plans.search import RateSearch
 
 # Steady-state metrics reported at a candidate's maximum rate (mean and spread over seeds).

@@ -27,7 +27,7 @@ from sim.planning.plans.search import RateSearch
 from sim.planning.plans.spec import Candidate, Plan, SearchSpec
 
 if TYPE_CHECKING:
-    from sim.planning.plans.run import Probe
+    from sim.planning.plans.probes import Probe
 
 
 SIDES = ("fast", "slow")

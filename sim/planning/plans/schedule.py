@@ -26,7 +26,7 @@ from sim.planning.plans.search import RateSearch
 from sim.planning.plans.spec import Candidate, Plan
 
 if TYPE_CHECKING:
-    from sim.planning.plans.run import Probe
+    from sim.planning.plans.probes import Probe
 
 Wanted = tuple[Candidate, float, int, bool]  # candidate, rate, requests per seed, a confirmation?
 

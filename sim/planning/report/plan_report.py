@@ -32,7 +32,7 @@ from sim.planning.report.units import bound, metric_label, metric_value, rate, s
 from sim.storage.folders import kvsim_version
 
 if TYPE_CHECKING:
-    from sim.planning.plans.run import Probe
+    from sim.planning.plans.probes import Probe
     from sim.planning.sweeps.driver import RunCounts
 
 NOT_MODELLED = [
