@@ -12,13 +12,14 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 from pydantic import BaseModel
 
-if TYPE_CHECKING:
-    from sim.validation.claims import Claim
+# A check function takes the claim (sim.validation.claims.Claim, which reads this registry to know
+# the checks: named Any here so that the imports run one way) and the run context.
+CheckFunction = Callable[[Any, "RunContext"], "CheckOutput"]
 
 
 @dataclass
@@ -56,7 +57,7 @@ class RunContext:
 
 @dataclass(frozen=True)
 class Check:
-    func: Callable[[Claim, RunContext], CheckOutput]
+    func: CheckFunction
     params: type[BaseModel]
     needs_experiment: bool = False
     cases: Callable[[Any], list[str]] | None = None
@@ -84,10 +85,10 @@ def register_check(
     *,
     needs_experiment: bool = False,
     cases: Callable[[Any], list[str]] | None = None,
-) -> Callable[[Callable[[Claim, RunContext], CheckOutput]], Callable[[Claim, RunContext], CheckOutput]]:
+) -> Callable[[CheckFunction], CheckFunction]:
     def decorate(
-        func: Callable[[Claim, RunContext], CheckOutput],
-    ) -> Callable[[Claim, RunContext], CheckOutput]:
+        func: CheckFunction,
+    ) -> CheckFunction:
         CHECKS[name] = Check(func, params, needs_experiment, cases)
         return func
 
