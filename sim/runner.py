@@ -39,7 +39,8 @@ from sim.config import (
     PoolConfig,
     VariantConfig,
 )
-from sim.costs.core import CostModel, CostModelError, make_cost_model
+from sim.costs.core import CostModel, CostModelError
+from sim.costs.factory import make_cost_model
 from sim.engine.core import Engine, EngineKnobs
 from sim.engine.lockstep import LockstepGroup
 from sim.engine.schedulers.sglang import chunked_prefill_size_for

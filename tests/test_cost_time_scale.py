@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sim.config import validate_experiment
-from sim.costs.core import make_cost_model
+from sim.costs.factory import make_cost_model
 from sim.costs.scaled import scaled_times
 from sim.costs.serving import default_calibration
 from sim.costs.terms import PrefillCost, RoutedDecodeCost

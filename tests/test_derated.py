@@ -7,13 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from sim.costs.core import AnalyticCostModel, make_cost_model
+from sim.costs.core import AnalyticCostModel
 from sim.costs.derated import (
     DECODE_LINEARIZATION_BATCHES,
     DeratedCostModel,
     elementwise_elements_per_token,
     embedding_is_tied,
 )
+from sim.costs.factory import make_cost_model
 from sim.hardware.gpus import EFFICIENCY_PRESETS, GPU_PRESETS, Efficiency, GpuSpec, resolve_gpu
 from sim.hardware.models import ModelSpec, resolve_model
 

@@ -17,7 +17,8 @@ from policies.base import PoolSpec, make_policy
 from sim.cluster.cluster import Cluster
 from sim.cluster.routers import RoundRobin, VllmDataParallel
 from sim.config import ConfigError, validate_experiment
-from sim.costs.core import CostModelError, make_cost_model
+from sim.costs.core import CostModelError
+from sim.costs.factory import make_cost_model
 from sim.costs.terms import AllToAllCost, ExpertParallelCost, expected_distinct_experts
 from sim.engine.core import Engine, EngineKnobs
 from sim.engine.lockstep import LockstepGroup

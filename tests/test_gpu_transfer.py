@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.costs.core import make_cost_model
 from sim.costs.derated import DeratedCostModel
+from sim.costs.factory import make_cost_model
 from sim.costs.serving import NEUTRAL, ServingCalibration, default_calibration
 from sim.hardware.gpus import (
     ACHIEVABLE_BANDWIDTH_DEFAULTS,

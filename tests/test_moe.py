@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from sim.costs.core import AnalyticCostModel, make_cost_model
+from sim.costs.core import AnalyticCostModel
 from sim.costs.derated import (
     DECODE_LINEARIZATION_BATCHES,
     DeratedCostModel,
@@ -18,6 +18,7 @@ from sim.costs.derated import (
     elementwise_elements_per_token,
     embedding_is_tied,
 )
+from sim.costs.factory import make_cost_model
 from sim.costs.terms import (
     ROUTING_SATURATED,
     DecodeCost,

@@ -22,8 +22,9 @@ from calibrate.from_runs import (
     model_family,
     summarize_errors,
 )
-from sim.costs.core import CostModelError, make_cost_model
+from sim.costs.core import CostModelError
 from sim.costs.derated import DeratedCostModel
+from sim.costs.factory import make_cost_model
 from sim.costs.serving import (
     NEUTRAL,
     CalibrationError,

@@ -35,11 +35,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
+from sim.costs.shape import ModelShape
 from sim.costs.terms import (  # the terms every iteration evaluates, compiled apart (make native)
     AllReduceCost,
     DecodeCost,
@@ -51,7 +52,6 @@ from workloads.config import FILE_FIELD
 from workloads.config_base import ConfigModel
 
 if TYPE_CHECKING:
-    from sim.costs.serving import ServingCalibration
     from sim.hardware.gpus import GpuSpec
     from sim.hardware.models import ModelSpec
 
@@ -142,37 +142,6 @@ class CostModelError(ValueError):
 # --------------------------------------------------------------------------------------------------
 # Shape arithmetic shared by the analytic model, the rescaling and the calibration
 # --------------------------------------------------------------------------------------------------
-
-
-class ModelShape(Protocol):
-    """The shape fields of ``sim.hardware.models.ModelSpec`` (and of a profile's :class:`ProfileModel`)."""
-
-    @property
-    def num_layers(self) -> int: ...
-    @property
-    def hidden_size(self) -> int: ...
-    @property
-    def num_attention_heads(self) -> int: ...
-    @property
-    def num_kv_heads(self) -> int: ...
-    @property
-    def head_dim(self) -> int: ...
-    @property
-    def intermediate_size(self) -> int: ...
-    @property
-    def vocab_size(self) -> int: ...
-    @property
-    def attention(self) -> str: ...
-    @property
-    def kv_lora_rank(self) -> int | None: ...
-    @property
-    def qk_rope_head_dim(self) -> int | None: ...
-    @property
-    def gated_mlp(self) -> bool: ...
-    @property
-    def weight_dtype_bytes(self) -> int: ...
-    @property
-    def name(self) -> str: ...
 
 
 def attention_width(model: ModelShape) -> int:
@@ -987,20 +956,6 @@ class CostModelConfig(ConfigModel):
         return self
 
 
-def serving_calibration(name: str, base_dir: str | Path | None = None) -> ServingCalibration:
-    """The calibration ``cost_model: {calibration: ...}`` names (see :class:`CostModelConfig`)."""
-    from sim.costs.serving import NEUTRAL, CalibrationError, default_calibration, load_calibration
-
-    if name == "default":
-        return default_calibration()
-    if name == "none":
-        return NEUTRAL
-    try:
-        return load_calibration(resolve_profile_path(name, base_dir, "serving calibration"))
-    except CalibrationError as error:
-        raise CostModelError(str(error)) from None
-
-
 def resolve_profile_path(
     path: str | Path, base_dir: str | Path | None = None, what: str = "cost profile"
 ) -> Path:
@@ -1016,99 +971,4 @@ def resolve_profile_path(
             return option
     raise CostModelError(
         f"{what} {str(path)!r} not found; tried: {', '.join(str(option) for option in tried)}"
-    )
-
-
-def make_cost_model(
-    config: CostModelConfig | str | dict[str, Any] | None,
-    model: ModelSpec,
-    gpu: GpuSpec,
-    *,
-    block_size: int,
-    kv_cache_dtype: str = "auto",
-    base_dir: str | Path | None = None,
-    tensor_parallel_size: int = 1,
-    data_parallel_size: int = 1,
-    expert_parallel_size: int = 1,
-) -> CostModel:
-    """Build the cost model an experiment asked for (``None`` means the default, derated), for one
-    instance of ``tensor_parallel_size`` GPUs; with ``expert_parallel_size`` > 1, for one rank of a
-    data-parallel group of ``data_parallel_size`` whose routed experts are dealt over
-    ``expert_parallel_size`` GPUs (the derated model only: :attr:`CostModel.expert_parallel`).
-
-    ``kv_cache_dtype`` sizes the analytic model's K/V traffic. A profile's times are those of the dtype
-    it was measured in (``profile.dtype``); they are not rescaled for another cache dtype."""
-    if not isinstance(config, CostModelConfig):
-        try:
-            config = CostModelConfig.model_validate(config)
-        except ValidationError as error:
-            problems = one_line_problems(error, top_level="cost_model")
-            raise CostModelError(f"invalid cost_model {config!r}: {problems}") from None
-    if expert_parallel_size > 1 and config.kind != "derated":
-        raise CostModelError(
-            f"cost_model {config.kind}: expert parallelism (engine.enable_expert_parallel) is modelled by "
-            "the derated cost model only (each rank's routed experts and the all-to-all between ranks); "
-            "use cost_model: derated"
-        )
-    built = _unscaled_cost_model(
-        config,
-        model,
-        gpu,
-        block_size,
-        kv_cache_dtype,
-        base_dir,
-        tensor_parallel_size,
-        data_parallel_size,
-        expert_parallel_size,
-    )
-    if config.time_scale == 1.0:
-        return built
-    from sim.costs.scaled import ScaledCostModel
-
-    return ScaledCostModel(built, config.time_scale)
-
-
-def _unscaled_cost_model(
-    config: CostModelConfig,
-    model: ModelSpec,
-    gpu: GpuSpec,
-    block_size: int,
-    kv_cache_dtype: str,
-    base_dir: str | Path | None,
-    tensor_parallel_size: int,
-    data_parallel_size: int = 1,
-    expert_parallel_size: int = 1,
-) -> CostModel:
-    bandwidth = None if config.host_bandwidth_gb_per_s is None else config.host_bandwidth_gb_per_s * 1e9
-    if config.kind in ("derated", "analytic"):
-        # (The derated model's module builds on this one: imported here, either can be imported first.)
-        from sim.costs.derated import DeratedCostModel
-
-        common: dict[str, Any] = {
-            "kv_cache_dtype": kv_cache_dtype,
-            "block_size": block_size,
-            "host_bandwidth_bytes_per_s": bandwidth or gpu.host_link_bytes_per_s,
-            "tensor_parallel_size": tensor_parallel_size,
-        }
-        if config.kind == "analytic":
-            return AnalyticCostModel(model, gpu, **common)
-        return DeratedCostModel(
-            model,
-            gpu,
-            serving=serving_calibration(config.calibration, base_dir),
-            data_parallel_size=data_parallel_size,
-            expert_parallel_size=expert_parallel_size,
-            **common,
-        )
-    assert config.profile is not None
-    path = resolve_profile_path(config.profile, base_dir)
-    return ProfileCostModel.from_yaml(
-        path,
-        model,
-        config.rescale,
-        block_size=block_size,
-        host_bandwidth_bytes_per_s=bandwidth,
-        tensor_parallel_size=tensor_parallel_size,
-        tensor_parallel_rescale=config.tensor_parallel_rescale,
-        gpu=gpu,
     )

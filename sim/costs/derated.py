@@ -175,7 +175,7 @@ class DeratedCostModel(DatasheetCostModel):
         expert_parallel_size: int = 1,
     ):
         # Built directly, the model is the kernel-level one (what Vidur's operations check);
-        # ``cost_model: derated`` passes the shipped serving calibration (sim.costs.core.make_cost_model).
+        # ``cost_model: derated`` passes the shipped serving calibration (sim.costs.factory.make_cost_model).
         self.serving = serving if serving is not None else NEUTRAL
         tp = self._set_geometry(
             model,

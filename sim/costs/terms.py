@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sim.costs.core import ModelShape
+    from sim.costs.shape import ModelShape
     from sim.hardware.gpus import GpuSpec
     from sim.hardware.models import ModelSpec
 

@@ -11,7 +11,7 @@ import pandas as pd
 from pydantic import Field, model_validator
 
 from policies.base import MemoryBreakdown, PoolSpec, make_policy
-from sim.costs.core import make_cost_model
+from sim.costs.factory import make_cost_model
 from sim.hardware.capacity import size_kv_pool
 from sim.hardware.gpus import resolve_gpu
 from sim.hardware.models import resolve_model

@@ -65,7 +65,8 @@ def band_scales(plan: Plan) -> dict[str, CandidateBand]:
 
 
 def _fitted_band(cost_model: Any, gpu_spec: Any) -> CandidateBand | None:
-    from sim.costs.core import CostModelConfig, serving_calibration
+    from sim.costs.core import CostModelConfig
+    from sim.costs.factory import serving_calibration
     from sim.hardware.gpus import resolve_gpu
 
     try:
