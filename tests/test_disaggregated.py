@@ -511,3 +511,48 @@ def test_any_stream_ends_with_every_block_back_and_one_outcome_each(
     assert sorted(record.request_id for record in rows) == list(range(len(requests)))
     assert {record.outcome for record in rows} <= {"finished", "rejected"}
     assert cluster.link.in_flight == 0 and not cluster.flights
+
+
+# ------------------------------------------------------------------------------------ the link's spec
+@pytest.mark.parametrize(
+    ("section", "gpu", "expected"),
+    [
+        # rdma: one 400 Gb/s NIC per GPU (50 GB/s), 20 us assumed
+        ({}, "H100-80GB", ("rdma", 50e9, 20e-6, "prefill")),
+        # nvlink: the prefill GPU's NVLink one way, 900 / 2 GB/s on the H100, 10 us
+        ({"kind": "nvlink", "shared_by": "pair"}, "H100-80GB", ("nvlink", 450e9, 10e-6, "pair")),
+        # pcie: the prefill GPU's host link one way (the H100's Gen5 x16: 64 GB/s; the L4's Gen4: 32)
+        ({"kind": "pcie"}, "H100-80GB", ("pcie", 64e9, 10e-6, "prefill")),
+        ({"kind": "pcie", "shared_by": "fabric"}, "L4-24GB", ("pcie", 32e9, 10e-6, "fabric")),
+        # given figures replace the kind's
+        (
+            {"kind": "nvlink", "bandwidth_gb_per_s": 100, "latency_s": 0.0},
+            "L4-24GB",
+            ("nvlink", 100e9, 0.0, "prefill"),
+        ),
+        (
+            {"kind": "custom", "bandwidth_gb_per_s": 12.5, "latency_s": 0.003, "shared_by": "decode"},
+            "L4-24GB",
+            ("custom", 12.5e9, 0.003, "decode"),
+        ),
+    ],
+)
+def test_a_links_bandwidth_and_latency_come_from_its_kind_and_the_prefill_gpu(section, gpu, expected):
+    from sim.cluster.link import resolve_link
+    from sim.config import LinkConfig
+    from sim.hardware.gpus import resolve_gpu
+
+    link = resolve_link(LinkConfig.model_validate(section), resolve_gpu(gpu))
+    assert (link.name, link.bandwidth_bytes_per_s, link.latency_s, link.shared_by) == expected
+
+
+def test_nvlink_on_a_gpu_without_it_is_refused_naming_the_key():
+    from sim.cluster.link import resolve_link
+    from sim.config import LinkConfig
+    from sim.hardware.gpus import resolve_gpu
+
+    with pytest.raises(
+        ValueError,
+        match=r"^disaggregation\.link\.kind: nvlink, but the prefill pool's GPU L4-24GB has no NVLink",
+    ):
+        resolve_link(LinkConfig(kind="nvlink"), resolve_gpu("L4-24GB"), "disaggregation.link")
