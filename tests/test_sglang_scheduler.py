@@ -10,7 +10,8 @@ from pydantic import ValidationError
 
 from policies import PoolSpec
 from sim.config import EngineConfig
-from sim.engine.schedulers.sglang import chunked_prefill_size_for
+from sim.engine.knobs import EngineKnobs
+from sim.engine.schedulers.sglang import SGLangScheduler, chunked_prefill_size_for
 from tests.engine_helpers import request
 from tests.test_engine import EQUIVALENCE_COSTS, SCENARIOS, assert_same_results, random_requests, run, times
 
@@ -201,3 +202,91 @@ def test_the_sglang_scheduler_on_a_policy_it_was_not_built_for_warns(tmp_path):
     ) as seen:
         validate_experiment(data, tmp_path / "x.yaml")
     assert len(seen) == 1  # radix is SGLang's own: no warning
+
+
+# ------------------------------------------------------------------------------------------------
+# The retraction rules alone, on a stand-in engine (the scheduler sees the engine through a protocol)
+# ------------------------------------------------------------------------------------------------
+
+
+class _Request:
+    def __init__(self, prompt_len: int, longest_output_len: int = 100):
+        self.prompt_len = prompt_len
+        self.longest_output_len = longest_output_len
+
+
+class _State:
+    def __init__(self, name: str, generated: int, prompt_len: int, longest_output_len: int = 100):
+        self.name, self.generated, self.decoding = name, generated, True
+        self.request = _Request(prompt_len, longest_output_len)
+
+
+class _Clock:
+    @staticmethod
+    def generated(state: _State) -> int:
+        return state.generated
+
+
+class _Pool:
+    def __init__(self, free_slots: int):
+        self.free_slots = free_slots
+
+    def available_slots(self) -> int:
+        return self.free_slots
+
+
+class _Engine:
+    def __init__(self, running: list[_State], free_slots: int = 0):
+        self.running, self.clock, self.policy = running, _Clock(), _Pool(free_slots)
+
+
+def _sglang() -> SGLangScheduler:
+    return SGLangScheduler(EngineKnobs(max_model_len=4096, scheduler="sglang"))
+
+
+@pytest.mark.parametrize(
+    ("running", "victim"),
+    [
+        # fewest decoded tokens first, whatever their prompts or order
+        ([("a", 5, 10), ("b", 3, 10), ("c", 9, 10)], "b"),
+        # among the fewest decoded, the longest prompt
+        ([("a", 3, 10), ("b", 3, 30), ("c", 3, 20)], "b"),
+        # among equals, the newest (retract_decode sorts stably and pops from the end)
+        ([("a", 5, 10), ("b", 3, 20), ("c", 3, 20)], "c"),
+        ([("a", 3, 20), ("b", 3, 20), ("c", 5, 10)], "b"),
+    ],
+)
+def test_the_retraction_victim_is_fewest_decoded_then_longest_prompt_then_newest(running, victim):
+    engine = _Engine([_State(*entry) for entry in running])
+    assert _sglang().preemption_victim(engine).name == victim  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("running", "free_slots", "more"),
+    [
+        (1, 0, False),  # never the last request
+        (2, 39, True),  # 20 tokens per request left: 40 for two
+        (2, 40, False),
+        (3, 59, True),
+        (3, 60, False),
+    ],
+)
+def test_retraction_goes_on_until_twenty_free_tokens_per_request_but_never_the_last(
+    running, free_slots, more
+):
+    engine = _Engine([_State(str(index), 0, 10) for index in range(running)], free_slots)
+    assert _sglang().needs_more_room(engine) is more  # type: ignore[arg-type]
+
+
+def test_new_token_ratio_after_a_retraction_by_hand():
+    """``retract_decode``: (decoded + 20 x requests left) / their max_new_tokens, at most 1."""
+    scheduler = _sglang()
+    two = _Engine([_State("a", 10, 5, 100), _State("b", 30, 5, 300)])
+    scheduler.reset_after_retraction(two)  # type: ignore[arg-type]
+    assert scheduler.new_token_ratio == pytest.approx((10 + 30 + 20 * 2) / 400)
+    nearly_done = _Engine([_State("a", 90, 5, 100)])
+    scheduler.reset_after_retraction(nearly_done)  # type: ignore[arg-type]
+    assert scheduler.new_token_ratio == 1.0  # (90 + 20) / 100 = 1.1, capped
+    none_decoding = _Engine([])
+    scheduler.reset_after_retraction(none_decoding)  # type: ignore[arg-type]
+    assert scheduler.new_token_ratio == 1.0  # nothing left to estimate from
