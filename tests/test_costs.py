@@ -30,9 +30,9 @@ from sim.costs.core import (
     StepCoefficients,
     layer_matmul_params,
     load_profile,
-    make_cost_model,
 )
 from sim.costs.derated import DeratedCostModel
+from sim.costs.factory import make_cost_model
 from sim.hardware.gpus import GpuSpec, resolve_gpu
 from sim.hardware.models import ModelSpec, resolve_model
 

@@ -18,9 +18,9 @@ from sim.costs.core import (
     CostModelError,
     ProfileCostModel,
     load_profile,
-    make_cost_model,
 )
 from sim.costs.derated import DeratedCostModel
+from sim.costs.factory import make_cost_model
 from sim.costs.terms import ALL_REDUCE_LATENCY_S, AllReduceCost
 from sim.hardware.capacity import size_kv_pool
 from sim.hardware.gpus import GPU_PRESETS, resolve_gpu
