@@ -556,3 +556,42 @@ def test_nvlink_on_a_gpu_without_it_is_refused_naming_the_key():
         match=r"^disaggregation\.link\.kind: nvlink, but the prefill pool's GPU L4-24GB has no NVLink",
     ):
         resolve_link(LinkConfig(kind="nvlink"), resolve_gpu("L4-24GB"), "disaggregation.link")
+
+
+def test_the_links_bound_on_the_next_end_and_its_bytes_in_flight_by_hand():
+    """32,000 B/s per lane, 0.1 s latency. At 0, 16,000 bytes over 2 lanes (from replica 0) and
+    32,000 over 1 (from replica 1), shared by prefill replica: separate pipes. In their latency the
+    bound is the earliest flowing end, 0.1 + 16,000 / 64,000 = 0.35; at 0.2 both flow, the first has
+    16,000 - 0.1 x 64,000 = 9,600 left, the second 32,000 - 3,200 = 28,800."""
+    env = simpy.Environment()
+    link = TransferLink(env, LinkSpec("custom", 32_000.0, 0.1, "prefill"))
+    ended: list[tuple[int, float]] = []
+    link.send(16_000, 0, 0, 2, lambda: ended.append((0, env.now)))
+    link.send(32_000, 1, 0, 1, lambda: ended.append((1, env.now)))
+    assert link.earliest_end_s() == pytest.approx(0.35)
+    assert link.bytes_in_flight() == 48_000
+    env.run(until=0.2)
+    for pipe in link.pipes.values():
+        pipe.progress()
+    assert link.bytes_in_flight() == pytest.approx(9_600 + 28_800)
+    assert link.earliest_end_s() == pytest.approx(0.35)
+    env.run()
+    assert ended == [(0, pytest.approx(0.35)), (1, pytest.approx(1.1))]
+
+
+@pytest.mark.parametrize(
+    ("shared_by", "second_end"), [("prefill", 1.1), ("fabric", 1.6), ("decode", 1.6), ("pair", 1.1)]
+)
+def test_two_prefill_replicas_share_a_pipe_only_when_the_link_says_so(shared_by, second_end):
+    """Prefill replicas 0 and 1 send 16,000 and 32,000 bytes to decode replica 0 at 0 (32,000 B/s,
+    0.1 s latency, one lane each). Apart: 0.6 and 1.1. In one pipe (fabric; decode, the same
+    receiver): 16,000 B/s each until the first ends at 0.1 + 1.0 = 1.1, then the second's 16,000
+    bytes left alone: 1.1 + 0.5 = 1.6."""
+    env = simpy.Environment()
+    link = TransferLink(env, LinkSpec("custom", 32_000.0, 0.1, shared_by))
+    ends: dict[int, float] = {}
+    link.send(16_000, 0, 0, 1, lambda: ends.__setitem__(0, env.now))
+    link.send(32_000, 1, 0, 1, lambda: ends.__setitem__(1, env.now))
+    env.run()
+    first_end = 0.6 if second_end == 1.1 else 1.1
+    assert ends == {0: pytest.approx(first_end), 1: pytest.approx(second_end)}

@@ -73,14 +73,13 @@ def resolve_link(config: LinkConfig, prefill_gpu: GpuSpec, where: str = "link") 
 class Transfer:
     """One request's KV on its way."""
 
-    __slots__ = ("nbytes", "remaining", "lanes", "on_done", "started_s", "flowing_s")
+    __slots__ = ("nbytes", "remaining", "lanes", "on_done", "flowing_s")
 
-    def __init__(self, nbytes: float, lanes: int, on_done: Callable[[], None], started_s: float):
+    def __init__(self, nbytes: float, lanes: int, on_done: Callable[[], None]):
         self.nbytes = nbytes
         self.remaining = float(nbytes)
         self.lanes = lanes
         self.on_done = on_done
-        self.started_s = started_s
         self.flowing_s = math.inf  # when its latency is over and its bytes start to flow
 
 
@@ -173,7 +172,7 @@ class TransferLink:
             self._on_change()
             on_done()
 
-        transfer = Transfer(nbytes, lanes, finished, self.env.now)
+        transfer = Transfer(nbytes, lanes, finished)
         latency = self.spec.latency_s
         if math.isinf(self.spec.bandwidth_bytes_per_s) or nbytes <= 0:
             self._after_latency(transfer, finished)  # no bandwidth to share: only the latency
