@@ -295,3 +295,36 @@ def test_new_token_ratio_after_a_retraction_by_hand():
     none_decoding = _Engine([])
     scheduler.reset_after_retraction(none_decoding)  # type: ignore[arg-type]
     assert scheduler.new_token_ratio == 1.0  # nothing left to estimate from
+
+
+def test_sglang_settings_by_hand():
+    """SGLang's server_args and constants: chunked_prefill_size <= 0 is no chunking (any prompt whole),
+    1 is chunks of one token; new_token_ratio starts at min(0.7 x conservativeness, 1), floors at 0.14
+    of that, and decays to it in 600 steps; the prefill budget is the chunk less the decode tokens."""
+
+    def scheduler(**knobs) -> SGLangScheduler:
+        return SGLangScheduler(EngineKnobs(max_model_len=4096, scheduler="sglang", **knobs))
+
+    unchunked = scheduler(chunked_prefill_size=-1)
+    assert not unchunked.chunks_prompts and unchunked.prefill_budget(100) > 10**15
+    one = scheduler(chunked_prefill_size=1)
+    assert one.chunks_prompts and one.prefill_budget(0) == 1
+    assert scheduler(chunked_prefill_size=8192).prefill_budget(100) == 8092
+    default = scheduler()
+    assert default.new_token_ratio == pytest.approx(0.7) and default.min_new_token_ratio == pytest.approx(
+        0.098
+    )
+    assert default.new_token_ratio_decay == pytest.approx((0.7 - 0.098) / 600)
+    default.decode_steps(300)
+    assert default.new_token_ratio == pytest.approx(0.7 - 300 * (0.7 - 0.098) / 600)
+    cautious = scheduler(schedule_conservativeness=2.0)
+    assert cautious.new_token_ratio == 1.0 and cautious.min_new_token_ratio == pytest.approx(0.14)
+
+
+@pytest.mark.python_sources
+def test_budgets_of_a_request_past_its_output_and_of_an_empty_batch():
+    """A request that has generated its longest output is budgeted 0 more tokens (not 1), and a
+    batch with nothing running reserves nothing."""
+    done = _State("a", 120, 10, longest_output_len=100)
+    assert SGLangScheduler.budgeted_output(_Engine([done]), done) == 0  # type: ignore[arg-type]
+    assert _sglang().running_reservation(_Engine([])) == 0.0  # type: ignore[arg-type]
