@@ -115,6 +115,26 @@ def test_chunked_prefill_off_waits_for_a_budget_that_holds_the_whole_prompt(step
 
 
 @pytest.mark.parametrize("step_mode", STEP_MODES)
+def test_chunked_prefill_off_admits_a_prompt_exactly_the_budget_left(step_mode):
+    """Budget 22, chunked prefill off. r0: prompt 8, n = 4, output 6; r1: prompt 18, output 2,
+    arrives at 0.5 s. At it 2 [1, 2) r0's 4 samples take 4 tokens: 18 left, exactly r1's prompt, which
+    fits (vLLM refuses only a prompt larger than the budget): r1 is admitted at 1.0, first token 2.0,
+    second at 3.0."""
+    pool = PoolSpec(256, 4, 32)
+    engine = run(
+        [request(0, 0.0, 8, 6, n=4), request(1, 0.5, 18, 2)],
+        pool,
+        step_mode,
+        max_num_batched_tokens=22,
+        enable_chunked_prefill=False,
+    )
+    assert outcomes(engine) == {
+        0: (0.0, 1.0, 6.0, 0, "finished"),
+        1: (1.0, 2.0, 3.0, 0, "finished"),
+    }
+
+
+@pytest.mark.parametrize("step_mode", STEP_MODES)
 def test_prompts_in_progress_take_the_budget_before_new_admissions(step_mode):
     """Budget 8, chunked prefill on. r0: prompt 12, output 2; r1: prompt 6, output 2; both at 0.
 
