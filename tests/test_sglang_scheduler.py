@@ -40,6 +40,18 @@ def test_lpm_admits_the_longest_cached_prefix_first():
     assert {r.request_id: r.cached_prompt_tokens for r in lpm.records} == {0: 0, 2: 40, 1: 0}
 
 
+@pytest.mark.parametrize(("second_prompt", "second_admitted"), [(40, 1.6), (39, 0.0)])
+def test_max_prefill_tokens_holds_the_second_prompt_to_the_next_iteration(second_prompt, second_admitted):
+    """max_prefill_tokens 100 (``rem_input_tokens``): R0's 60 tokens are admitted (the first admission
+    may take any), leaving 40; a second prompt of 40 is refused (SGLang stops at new tokens >= what is
+    left) and waits for the next iteration, which starts when R0's prefill ends, 1 + 60 x 0.01 = 1.6 s;
+    one of 39 joins R0 at 0."""
+    requests = [request(0, 0.0, 60, 5), request(1, 0.0, second_prompt, 5)]
+    pool = PoolSpec(4000, 16, 1024)
+    engine = run("radix", pool, requests, max_prefill_tokens=100, **SGLANG)
+    assert admitted(engine) == pytest.approx({0: 0.0, 1: second_admitted})
+
+
 def test_the_new_token_ratio_budget_refuses_what_vllm_admits():
     """Pool of 1,000 slots. R0 (100 + 800 out) and R1 (100 + 500 out) arrive together. vLLM admits
     both (their prompts fit) and preempts later. SGLang admits R0, budgeting its 800 output tokens:
