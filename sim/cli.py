@@ -10,7 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal
 
-from sim.bad_input import input_errors
+from sim.commands.bad_input import input_errors
 
 SUMMARY_COLUMNS = [
     ("variant", "variant", "{}"),
@@ -233,10 +233,10 @@ def _register_optional(commands) -> None:
     from sim.outputs.columns import register as register_columns
 
     register_columns(commands)
-    from sim.check import register as register_check
+    from sim.commands.check import register as register_check
 
     register_check(commands)
-    from sim.json_schema import register as register_schema
+    from sim.commands.schema import register as register_schema
 
     register_schema(commands)
 

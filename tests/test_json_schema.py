@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from sim.cli import main
-from sim.json_schema import KINDS, schema, schema_text
+from sim.commands.schema import KINDS, schema, schema_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMAS = ROOT / "docs" / "schema"

@@ -128,7 +128,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _report(path: Path, kind: str | None) -> bool:
     """Check one file and print its line (``ok: PATH (KIND)``, or the command's error); True when it passed."""
-    from sim.bad_input import input_errors
+    from sim.commands.bad_input import input_errors
 
     try:
         checked = check_file(path, kind, warn=_warn)
