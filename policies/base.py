@@ -229,6 +229,37 @@ class KVCachePolicy:
         ``namespace`` separates caches that must not share (a LoRA adapter, a cache salt); policies
         without a cache ignore it. Raises :class:`OutOfKVMemory` when it does not fit now."""
 
+    def admit_capped(
+        self,
+        seq_id: int,
+        prompt: TokenContent,
+        final_len: int,
+        output_content_id: int,
+        namespace: int,
+        max_cached_tokens: int,
+    ) -> int:
+        """:meth:`admit`, serving at most ``max_cached_tokens`` prompt tokens from cache: the KV
+        coordinator's common hit when this policy manages one KV group beside others whose caches
+        hold a shorter prefix (every group must hold the tokens the request skips).
+
+        Default: :meth:`admit` when the policy's own hit is within the cap; a policy that cannot
+        shorten its hit refuses, changing nothing."""
+        own_hit = self.lookup(prompt, namespace).total_tokens
+        if own_hit > max_cached_tokens:
+            raise PolicyInputError(
+                f"policy {self.name!r} cannot serve a prefix hit shorter than its own ({own_hit} tokens) "
+                f"to match the other KV groups' {max_cached_tokens}"
+            )
+        return self.admit(seq_id, prompt, final_len, output_content_id, namespace)
+
+    def can_admit_capped(
+        self, prompt: TokenContent, final_len: int, namespace: int, max_cached_tokens: int
+    ) -> bool:
+        """Would :meth:`admit_capped` with the same cap succeed right now? Changes nothing."""
+        return self.lookup(prompt, namespace).total_tokens <= max_cached_tokens and self.can_admit(
+            prompt, final_len, namespace
+        )
+
     @abstractmethod
     def grow(self, seq_id: int, num_tokens: int, content: TokenContent | None = None) -> None:
         """Append ``num_tokens`` tokens (the sequence's own output stream unless ``content`` is

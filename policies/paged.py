@@ -292,10 +292,32 @@ class PagedPolicy(SequenceTable[SequenceState]):
         return len(self.free_queue) * self.block_size
 
     def can_admit(self, prompt: TokenContent, final_len: int, namespace: int = 0) -> bool:
+        return self._prompt_fits(prompt, namespace, None)
+
+    def can_admit_capped(
+        self, prompt: TokenContent, final_len: int, namespace: int, max_cached_tokens: int
+    ) -> bool:
+        return self._prompt_fits(prompt, namespace, max_cached_tokens)
+
+    def _prompt_fits(self, prompt: TokenContent, namespace: int, max_cached_tokens: int | None) -> bool:
         free = len(self.free_queue)
-        if ceil_div(content_length(prompt), self.block_size) <= free:
+        prompt_len = content_length(prompt)
+        if ceil_div(prompt_len, self.block_size) <= free:
             return True  # a prefix hit never needs more blocks than the prompt fills: no lookup needed
-        return self._blocks_needed_to_admit(prompt, namespace)[0] <= free
+        return (
+            self._blocks_needed_to_admit(
+                prompt, namespace, self._max_hit_blocks(prompt_len, max_cached_tokens)
+            )[0]
+            <= free
+        )
+
+    def _max_hit_blocks(self, prompt_len: int, max_cached_tokens: int | None) -> int:
+        """Cached blocks an admission may reuse: never the prompt's last token (it must be computed to
+        produce logits), and within ``max_cached_tokens`` when a KV coordinator caps the hit."""
+        max_hit_blocks = (prompt_len - 1) // self.block_size
+        if max_cached_tokens is not None and max_cached_tokens // self.block_size < max_hit_blocks:
+            return max(0, max_cached_tokens // self.block_size)
+        return max_hit_blocks
 
     def slots_needed_to_grow(self, seq_id: int, num_tokens: int) -> int:
         return self._blocks_needed_to_grow(self._get(seq_id), num_tokens) * self.block_size
@@ -332,13 +354,36 @@ class PagedPolicy(SequenceTable[SequenceState]):
     def admit(
         self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
     ) -> int:
+        return self._admit(seq_id, prompt, final_len, output_content_id, namespace, None)
+
+    def admit_capped(
+        self,
+        seq_id: int,
+        prompt: TokenContent,
+        final_len: int,
+        output_content_id: int,
+        namespace: int,
+        max_cached_tokens: int,
+    ) -> int:
+        return self._admit(seq_id, prompt, final_len, output_content_id, namespace, max_cached_tokens)
+
+    def _admit(
+        self,
+        seq_id: int,
+        prompt: TokenContent,
+        final_len: int,
+        output_content_id: int,
+        namespace: int,
+        max_cached_tokens: int | None,
+    ) -> int:
         prompt_len = self._check_new_sequence(seq_id, prompt, final_len)
+        max_hit_blocks = self._max_hit_blocks(prompt_len, max_cached_tokens)
         # Registered only once its blocks are allocated (a failed admission changes nothing); its
         # content is laid out first, and the prefix lookup walks that layout.
         seq = SequenceState(seq_id, 0, final_len, output_content_id, namespace=namespace)
         self._lay_out_prompt(seq, prompt)
-        blocks_needed, hit_blocks = self._blocks_needed_by(seq, prompt_len)
-        host_hits = self._host_hits(prompt, prompt_len, hit_blocks, namespace)
+        blocks_needed, hit_blocks = self._blocks_needed_by(seq, prompt_len, max_hit_blocks)
+        host_hits = self._host_hits(prompt, prompt_len, hit_blocks, namespace, max_hit_blocks)
         if blocks_needed > len(self.free_queue):  # (the hit is described only for the error)
             self._ensure_free_blocks(
                 blocks_needed, "admitting sequence", seq_id, self._prefix_hit(hit_blocks, len(host_hits))
@@ -486,19 +531,31 @@ class PagedPolicy(SequenceTable[SequenceState]):
         return PrefixHit(len(hit_blocks) * block_size, tuple(hit_blocks), host_blocks * block_size)
 
     # ------------------------------------------------------------------- hooks the prefix policy overrides
-    def _blocks_needed_to_admit(self, prompt: TokenContent, namespace: int) -> tuple[int, list[int]]:
-        """Free-queue blocks an admission consumes, and the cached blocks it would reuse."""
+    def _blocks_needed_to_admit(
+        self, prompt: TokenContent, namespace: int, max_hit_blocks: int
+    ) -> tuple[int, list[int]]:
+        """Free-queue blocks an admission consumes, and the cached blocks (at most ``max_hit_blocks``)
+        it would reuse."""
         return ceil_div(content_length(prompt), self.block_size), []
 
-    def _blocks_needed_by(self, seq: SequenceState, prompt_len: int) -> tuple[int, list[int]]:
+    def _blocks_needed_by(
+        self, seq: SequenceState, prompt_len: int, max_hit_blocks: int
+    ) -> tuple[int, list[int]]:
         """:meth:`_blocks_needed_to_admit` for a sequence being admitted, its prompt laid out
-        (:meth:`_lay_out_prompt`); the list of cached blocks becomes its block table."""
+        (:meth:`_lay_out_prompt`), reusing at most ``max_hit_blocks`` cached blocks; the list of
+        cached blocks becomes its block table."""
         return ceil_div(prompt_len, self.block_size), []
 
     def _host_hits(
-        self, prompt: TokenContent, prompt_len: int, hit_blocks: list[int], namespace: int
+        self,
+        prompt: TokenContent,
+        prompt_len: int,
+        hit_blocks: list[int],
+        namespace: int,
+        max_hit_blocks: int,
     ) -> list[tuple]:
-        """The host-tier blocks that continue the GPU hit (their keys); plain paging has no tier."""
+        """The host-tier blocks that continue the GPU hit (their keys) up to ``max_hit_blocks`` blocks
+        in all; plain paging has no tier."""
         return []
 
     def _load_from_host(self, host_hits: list[tuple]) -> int:

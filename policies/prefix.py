@@ -204,8 +204,9 @@ class PrefixCachingPolicy(PagedPolicy):
         prompt_len = content_length(prompt)
         if prompt_len <= 0:
             return NO_HIT
-        hits = self._find_cached_prefix(prompt, (prompt_len - 1) // self.block_size, namespace)
-        return self._prefix_hit(hits, len(self._host_hits(prompt, prompt_len, hits, namespace)))
+        max_blocks = (prompt_len - 1) // self.block_size
+        hits = self._find_cached_prefix(prompt, max_blocks, namespace)
+        return self._prefix_hit(hits, len(self._host_hits(prompt, prompt_len, hits, namespace, max_blocks)))
 
     # ------------------------------------------------------------------------------------- host tier
     def enable_host_tier(self, capacity_blocks: int, write_policy: str | None = None) -> None:
@@ -229,10 +230,15 @@ class PrefixCachingPolicy(PagedPolicy):
             self._key_lazy_run(run)
 
     def _host_hits(
-        self, prompt: TokenContent, prompt_len: int, hit_blocks: list[int], namespace: int
+        self,
+        prompt: TokenContent,
+        prompt_len: int,
+        hit_blocks: list[int],
+        namespace: int,
+        max_hit_blocks: int,
     ) -> list[tuple]:
         tier = self._tier
-        max_blocks = (prompt_len - 1) // self.block_size
+        max_blocks = max_hit_blocks
         if tier is None or not tier.cached_blocks or len(hit_blocks) >= max_blocks:
             return []
         segments = [segment for segment in prompt if segment[1] > 0]
@@ -248,14 +254,16 @@ class PrefixCachingPolicy(PagedPolicy):
         self._tier.load(host_hits, self.block_size)
         return len(host_hits) * self.block_size
 
-    def _blocks_needed_to_admit(self, prompt: TokenContent, namespace: int) -> tuple[int, list[int]]:
-        prompt_len = content_length(prompt)
-        hits = self._find_cached_prefix(prompt, (prompt_len - 1) // self.block_size, namespace)
-        return self._blocks_needed_with(hits, prompt_len), hits
+    def _blocks_needed_to_admit(
+        self, prompt: TokenContent, namespace: int, max_hit_blocks: int
+    ) -> tuple[int, list[int]]:
+        hits = self._find_cached_prefix(prompt, max_hit_blocks, namespace)
+        return self._blocks_needed_with(hits, content_length(prompt)), hits
 
-    def _blocks_needed_by(self, seq: SequenceState, prompt_len: int) -> tuple[int, list[int]]:
-        max_blocks = (prompt_len - 1) // self.block_size
-        hits = self._walk_cached_prefix(seq.segments, seq.segment_ends, max_blocks, seq.namespace)
+    def _blocks_needed_by(
+        self, seq: SequenceState, prompt_len: int, max_hit_blocks: int
+    ) -> tuple[int, list[int]]:
+        hits = self._walk_cached_prefix(seq.segments, seq.segment_ends, max_hit_blocks, seq.namespace)
         return self._blocks_needed_with(hits, prompt_len), hits
 
     def _blocks_needed_with(self, hits: list[int], prompt_len: int) -> int:

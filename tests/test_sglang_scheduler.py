@@ -251,7 +251,7 @@ class _Pool:
 
 class _Engine:
     def __init__(self, running: list[_State], free_slots: int = 0):
-        self.running, self.clock, self.policy = running, _Clock(), _Pool(free_slots)
+        self.running, self.clock, self.kv = running, _Clock(), _Pool(free_slots)
 
 
 def _sglang() -> SGLangScheduler:

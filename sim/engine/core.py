@@ -61,6 +61,7 @@ from sim.engine.schedulers.base import (
     QUEUE_EMPTY,
 )
 from sim.engine.transfer import KVTransferHooks
+from sim.kv.coordinator import KVCoordinator, SingleGroupCoordinator, make_coordinator
 from sim.outputs.metrics import (
     CHUNK_ROWS,
     KV_MEMORY,
@@ -105,7 +106,7 @@ def fewer_collections(first_generation: int = YOUNG_COLLECTION_EVERY) -> Iterato
 class Engine:
     def __init__(
         self,
-        policy: KVCachePolicy,
+        policy: KVCachePolicy | KVCoordinator,
         costs: CostModel,
         knobs: EngineKnobs,
         requests: Iterator[Request],
@@ -138,7 +139,8 @@ class Engine:
         iterations last as long as the group's steps, one at a time (``step_mode: single``)."""
         if lockstep is not None and knobs.step_mode != "single":
             raise ValueError("a rank of a lockstep group steps one iteration at a time (step_mode single)")
-        self.policy = policy
+        # Every KV operation goes through the coordinator of the model's KV groups (sim/kv/).
+        self.kv = policy if isinstance(policy, KVCoordinator) else make_coordinator(policy)
         self.costs = costs
         self._iteration_cost = IterationCost(costs)
         # Seconds to load blocks from the host tier (offload:); by default the swap link.
@@ -167,7 +169,7 @@ class Engine:
         # with. Not a counter of the results: the step modes differ in it by design.
         self.wakeups = 0
         self.jumps = JumpCounts()
-        self.recorder = Recorder(policy.pool_slots, self.sink)
+        self.recorder = Recorder(self.kv.pool_slots, self.sink)
         self._wake = self.env.event()
         self._next_seq_id = 0
         self._next_child_stream = -1  # children's output streams: negative ids never clash with workloads
@@ -178,15 +180,15 @@ class Engine:
         # Blocks copied on write at an iteration's end (a fork's first token): the next iteration copies them.
         self._copies_pending = 0
         self._admissions = 0
-        self.clock = DecodeClock(policy, defer_growth=knobs.step_mode == "skip")
-        self._observer = StateObserver(policy, self.clock, self.counters)
+        self.clock = DecodeClock(self.kv, defer_growth=knobs.step_mode == "skip")
+        self._observer = StateObserver(self.kv, self.clock, self.counters)
         # What differs between the servers (admission, budgets, preemption victims): sim/engine/schedulers/.
         self.scheduler = make_scheduler(knobs)
         self._chunks_prompts = self.scheduler.chunks_prompts
         self._jump: Jump | None = None  # the wake-up in flight, when it spans several iterations
         self._planner = JumpPlanner(
             self.clock,
-            policy,
+            self.kv,
             costs,
             self._iteration_cost,
             self.scheduler,
@@ -208,6 +210,14 @@ class Engine:
         # Disaggregated serving's KV hand-off (sim/engine/handoff.py): what this replica holds for a
         # send, or waits for to land.
         self.handoff = KVHandOff(transfer, prefill_only)
+
+    @property
+    def policy(self) -> KVCachePolicy:
+        """The policy of a model with one KV group (every layer full attention): the one the engine
+        was given. A hybrid model's groups each have their own (``self.kv.groups``)."""
+        if not isinstance(self.kv, SingleGroupCoordinator):
+            raise AttributeError(f"this engine has {len(self.kv.groups)} KV groups: read engine.kv.groups")
+        return self.kv.policy
 
     # ------------------------------------------------------------------------------------------ run
     def run(self, until_s: float | None = None, stop: simpy.Event | None = None) -> None:
@@ -360,7 +370,7 @@ class Engine:
             return f"n/beam_width={width} exceeds max_num_seqs={knobs.max_num_seqs}"
         output_lens = request.output_lens
         all_sequences = prompt_len * len(output_lens) + sum(output_lens)
-        if all_sequences > self.policy.pool_slots:
+        if all_sequences > self.kv.pool_slots:
             shape = (
                 f"x ({self._lengths(request)})"
                 if not request.sample_output_lens
@@ -368,7 +378,7 @@ class Engine:
             )
             return (
                 f"{width} sequence(s) {shape} exceed the KV pool "
-                f"({self.policy.pool_slots:,} slots) even with nothing else running"
+                f"({self.kv.pool_slots:,} slots) even with nothing else running"
             )
         why = self.scheduler.never_admissible(final_len)
         return f"{self._lengths(request)} {why}" if why else ""
@@ -493,7 +503,7 @@ class Engine:
 
     def _first_iteration(self) -> float:
         """One iteration as vLLM schedules it: decode growth, prompts in progress, then admissions."""
-        copies_before = self.policy.stats.cow_copies
+        copies_before = self.kv.stats.cow_copies
         loads_before = self._host_loads()
         if self.handoff.notices_waiting:
             self._take_transfer_notices()
@@ -536,7 +546,7 @@ class Engine:
             self._check_progress()
             return 0.0
         duration = self._iteration_cost.duration(decode_batch, decode_context, chunks)
-        copies = self.policy.stats.cow_copies - copies_before + self._copies_pending
+        copies = self.kv.stats.cow_copies - copies_before + self._copies_pending
         self._copies_pending = 0
         duration += self.costs.copy_blocks_s(copies) if copies else 0.0
         duration += self.costs.swap_blocks_s(swap_blocks) if swap_blocks else 0.0
@@ -553,12 +563,12 @@ class Engine:
         return now
 
     def _take_transfer_notices(self) -> None:
-        self.handoff.take_notices(self.policy, self.waiting)
+        self.handoff.take_notices(self.kv, self.waiting)
 
     def _host_loads(self) -> int:
         """Tokens loaded from the host tier so far (the radix policy's HiCache loads whole nodes, not
         always whole engine blocks: the transfer is charged per token, as blocks of ``block_size``)."""
-        tier = self.policy.host_tier
+        tier = self.kv.host_tier
         return tier.stats.host_loaded_tokens if tier is not None else 0
 
     def _charge_host_loads(self, loads_before: int) -> float:
@@ -587,7 +597,7 @@ class Engine:
         Returns whether any of those happened (the state changed)."""
         now = self.env.now
         steps = self._iterations_this_step
-        copies_before = self.policy.stats.cow_copies
+        copies_before = self.kv.stats.cow_copies
         self.counters.iterations += steps
         self.counters.output_tokens += steps * self._decoded_seqs
         changed = False
@@ -606,7 +616,7 @@ class Engine:
                 self._beam_step(state)
         self._prefill_this_step = []
         self._decoded_seqs = 0
-        self._copies_pending += self.policy.stats.cow_copies - copies_before
+        self._copies_pending += self.kv.stats.cow_copies - copies_before
         return changed
 
     def _start_decoding(self, state: RequestState) -> None:
@@ -652,11 +662,11 @@ class Engine:
         forked: list[int] = []
         try:
             for parent, children in planned:
-                self.policy.fork(parent, children)
+                self.kv.fork(parent, children)
                 forked.extend(child.seq_id for child in children)
         except OutOfKVMemory:
             for seq_id in forked:
-                self.policy.free(seq_id, finished=False)
+                self.kv.free(seq_id, finished=False)
             if len(self.running) == 1:
                 self._reject_alone(state, self.clock.now)
                 return
@@ -675,7 +685,7 @@ class Engine:
         parents = self.beams.parents(len(survivors), len(replaced))
         # A replaced beam's tokens are a decoded prefix like any finished sample's: freed as finished.
         for index in sorted(replaced, reverse=True):
-            self.policy.free(state.seq_ids.pop(index))
+            self.kv.free(state.seq_ids.pop(index))
         self._running_seqs -= len(replaced)
         final_len = state.final_len_of(0)  # beams all run to the request's length
         children_of: dict[int, list[int]] = {}
@@ -695,7 +705,7 @@ class Engine:
         self.clock.leave(state, self.clock.now)
         ending = [index for index, length in enumerate(state.sample_lens) if length <= generated]
         for index in reversed(ending):
-            self.policy.free(state.seq_ids.pop(index))
+            self.kv.free(state.seq_ids.pop(index))
             state.sample_lens.pop(index)
         self._running_seqs -= len(ending)
         self.clock.enter(state, beam_due=state.beam_due)
@@ -737,16 +747,14 @@ class Engine:
         blocks = 0
         for state in states:  # (a loop, not sum() of a generator: this runs at every flush)
             blocks += len(state.seq_ids) * ((at_clock - state.synced_clock) // block_size + 2)
-        return blocks * block_size <= self.policy.available_slots()
+        return blocks * block_size <= self.kv.available_slots()
 
     def _grow_all_pending(self, state: RequestState) -> bool:
         """A flush when the pool is short: every sequence takes all its pending tokens in one call if
         the pool has the blocks for all of them (then nothing could have failed token by token)."""
-        if not self._pool_holds([state], self.clock.now):
-            pending = self.clock.now - state.synced_clock
-            needed = sum(self.policy.slots_needed_to_grow(seq_id, pending) for seq_id in state.seq_ids)
-            if needed > self.policy.available_slots():
-                return False
+        pending = self.clock.now - state.synced_clock
+        if not self._pool_holds([state], self.clock.now) and not self.kv.fits_growth(state.seq_ids, pending):
+            return False
         self.clock.flush([state], self.clock.now)
         return True
 
@@ -757,7 +765,7 @@ class Engine:
         outcome = 0
         while True:
             try:
-                self.policy.grow(seq_id, 1)
+                self.kv.grow(seq_id, 1)
                 return outcome
             except OutOfKVMemory:
                 victim = self.scheduler.preemption_victim(self)
@@ -779,7 +787,7 @@ class Engine:
             self.clock.leave(state, at_clock)
         self._leave_running(state)
         swapped_blocks = 0
-        held = sum(self.policy.seq_len(s) for s in state.seq_ids)
+        held = sum(self.kv.seq_len(s) for s in state.seq_ids)
         single = self.width_of(state.request) == 1
         if self.knobs.preemption_mode == "swap" and single and self._host_room() >= held:
             swapped_blocks = -(-held // self.block_size)
@@ -787,7 +795,7 @@ class Engine:
             self._host_tokens_used += held
             self.counters.swapped_out_blocks += swapped_blocks
         for seq_id in state.seq_ids:
-            self.policy.free(seq_id, finished=False)
+            self.kv.free(seq_id, finished=False)
         state.seq_ids = []
         if not single:
             # Samples and beams restart from the prompt: their diverged tokens are not recoverable.
@@ -802,7 +810,7 @@ class Engine:
             self.clock.leave(state, at_clock)
         self._leave_running(state)
         for seq_id in state.seq_ids:
-            self.policy.free(seq_id, finished=False)
+            self.kv.free(seq_id, finished=False)
         state.seq_ids = []
         self._reject(state, f"its {state.width} samples/beams do not fit in the KV pool even alone")
 
@@ -875,12 +883,12 @@ class Engine:
         return request.prompt
 
     def fits_watermark(self, content: TokenContent, final_len: int) -> bool:
-        if not self.policy.can_admit(content, final_len):
+        if not self.kv.can_admit(content, final_len):
             return False
         if self.knobs.watermark <= 0:
             return True
         prompt_slots = -(-content_length(content) // self.block_size) * self.block_size
-        return self.policy.available_slots() - prompt_slots >= self.knobs.watermark * self.policy.pool_slots
+        return self.kv.available_slots() - prompt_slots >= self.knobs.watermark * self.kv.pool_slots
 
     def admission_failed(self, state: RequestState) -> bool:
         """The queue head does not fit now. Returns True when it was removed (admission may go on)."""
@@ -915,7 +923,7 @@ class Engine:
             self._hand_off(state, now)
             return
         for seq_id in state.seq_ids:
-            self.policy.free(seq_id)
+            self.kv.free(seq_id)
         state.seq_ids = []
         state.record.finish_s = now
         state.record.outcome = "finished"
@@ -1022,12 +1030,12 @@ class Engine:
         """Flushes due inside the jump, in the order single steps would take them (clock, then
         admission), each group observed at the start of its iteration. The jump was planned so that
         the pool has every block they take."""
-        copies_before = self.policy.stats.cow_copies
+        copies_before = self.kv.stats.cow_copies
         clock = self.clock
         while (due := clock.next_flush()) <= last_clock:
             self._flush_group(jump, clock.due_flushes(due), due, last_clock)
         # Copy-on-write only follows a fork, which ends a wake-up: its write is the next iteration 1.
-        assert self.policy.stats.cow_copies == copies_before, "a copy-on-write inside a jump"
+        assert self.kv.stats.cow_copies == copies_before, "a copy-on-write inside a jump"
 
     def _flush_group(self, jump: Jump, states: list[RequestState], due_clock: int, last_clock: int) -> None:
         """Flushes due at the start of the same iteration of the jump: one policy call, then the
@@ -1050,9 +1058,9 @@ class Engine:
         sequences = self.clock.sequences
         if not sequences:
             return False
-        evictions = self.policy.stats.evictions
-        self.policy.prepare_decode_step(sequences)
-        return self.policy.stats.evictions != evictions
+        evictions = self.kv.stats.evictions
+        self.kv.prepare_decode_step(sequences)
+        return self.kv.stats.evictions != evictions
 
     def _stop_inside_jump(self) -> None:
         """The run ended (``until_s``) inside a jump: book what single steps would have by now."""

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
 
-from policies.base import KVCachePolicy
+from sim.kv.coordinator import KVCoordinator
 from sim.outputs.metrics import RequestRecord
 from workloads.request import Request
 
@@ -96,8 +96,8 @@ class RequestState:
 class DecodeClock:
     """The decode clock, the aggregates of the decoding batch, and what falls due when."""
 
-    def __init__(self, policy: KVCachePolicy, *, defer_growth: bool):
-        self.policy = policy
+    def __init__(self, kv: KVCoordinator, *, defer_growth: bool):
+        self.kv = kv
         self.defer_growth = defer_growth  # False: every token goes to the policy at once (the reference)
         self.now = 0  # decode iterations so far
         self.requests = 0
@@ -146,7 +146,7 @@ class DecodeClock:
         if pending <= 0:
             return
         for seq_id in state.seq_ids:
-            self.policy.grow(seq_id, pending)
+            self.kv.grow(seq_id, pending)
         state.generated += pending
         state.context += pending
         state.synced_clock = at_clock
@@ -158,7 +158,7 @@ class DecodeClock:
         and each request's next flush is scheduled."""
         seq_ids = [seq_id for state in states for seq_id in state.seq_ids]
         tokens = [at_clock - state.synced_clock for state in states for _ in state.seq_ids]
-        rooms = self.policy.grow_each(seq_ids, tokens)
+        rooms = self.kv.grow_each(seq_ids, tokens)
         # The rest of sync, inlined: this runs once per block a sequence fills.
         defer = self.defer_growth
         synced = 0
@@ -199,7 +199,7 @@ class DecodeClock:
     # --------------------------------------------------------------------------------------- events
     def reschedule_flush(self, state: RequestState) -> None:
         """After a sync: the iteration at which its sequences' held slots run out."""
-        room = min(self.policy.growth_room(seq_id) for seq_id in state.seq_ids) if self.defer_growth else 0
+        room = min(self.kv.growth_room(seq_id) for seq_id in state.seq_ids) if self.defer_growth else 0
         self._cancel_flush(state)
         self._schedule_flush(state, state.synced_clock + room + 1)
 

@@ -17,9 +17,9 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from policies.base import KVCachePolicy
     from sim.engine.decoding import RequestState
     from sim.engine.transfer import KVTransferHooks
+    from sim.kv.coordinator import KVCoordinator
 
 
 class KVHandOff:
@@ -55,13 +55,13 @@ class KVHandOff:
     def released(self, state: RequestState) -> None:
         self._released.append(state)
 
-    def take_notices(self, policy: KVCachePolicy, waiting: deque[RequestState]) -> None:
+    def take_notices(self, kv: KVCoordinator, waiting: deque[RequestState]) -> None:
         """Finished sends free their blocks (cached, as any finished request's); landed prompts go to
         the queue's front in the order they landed, ready to run."""
         for state in self._released:
             del self.held[state.request.request_id]
             for seq_id in state.seq_ids:
-                policy.free(seq_id)
+                kv.free(seq_id)
             state.seq_ids = []
         self._released = []
         for state in reversed(self._landed):

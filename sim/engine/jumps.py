@@ -19,9 +19,9 @@ from sim.engine.event_skip import JumpTimeline, iterations_to_reach
 from sim.engine.schedulers.base import NEXT_TRIES_HEAD, QUEUE_EMPTY, Scheduler
 
 if TYPE_CHECKING:
-    from policies.base import KVCachePolicy
     from sim.costs.core import CostModel
     from sim.costs.terms import LinearIterationCost
+    from sim.kv.coordinator import KVCoordinator
 
 UNLIMITED = 1 << 62
 
@@ -120,7 +120,7 @@ class JumpPlanner:
     def __init__(
         self,
         clock: DecodeClock,
-        policy: KVCachePolicy,
+        kv: KVCoordinator,
         costs: CostModel,
         iteration_cost: IterationCost,
         scheduler: Scheduler,
@@ -131,7 +131,7 @@ class JumpPlanner:
         disaggregated: bool,
     ):
         self.clock = clock
-        self.policy = policy
+        self.kv = kv
         self.costs = costs
         self.iteration_cost = iteration_cost
         self.scheduler = scheduler
@@ -165,7 +165,7 @@ class JumpPlanner:
         if limit <= 0:
             return None
         sequences = clock.sequences
-        room = self.policy.available_slots()
+        room = self.kv.available_slots()
         # Every sequence takes at most ceil(k / block_size) blocks in k iterations; when the pool has
         # them all, no growth inside the jump can fail and the jump need not stop at flushes.
         safe = UNLIMITED if sequences == 0 else room // (sequences * self.block_size) * self.block_size

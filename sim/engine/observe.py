@@ -8,24 +8,26 @@ from typing import TYPE_CHECKING
 from sim.engine.decoding import DecodeClock
 
 if TYPE_CHECKING:
-    from policies.base import KVCachePolicy
+    from sim.kv.coordinator import KVCoordinator
     from sim.outputs.metrics import Counters
 
 _NO_HOST_TIER = (0, 0, 0, 0, 0, 0)
 
 
 class StateObserver:
-    def __init__(self, policy: KVCachePolicy, clock: DecodeClock, counters: Counters):
-        self.policy = policy
+    def __init__(self, kv: KVCoordinator, clock: DecodeClock, counters: Counters):
+        self.kv = kv
+        # A decoded token the policies have not been told of fills a slot in every group.
+        self._groups = len(kv.groups)
         self.clock = clock
         self.counters = counters
 
     def averaged(self, running: int) -> tuple:
         """The leading part of the state, whose time averages the summary reports."""
-        used, reserved, internal, external, cached, free = self.policy.breakdown_values()
+        used, reserved, internal, external, cached, free = self.kv.breakdown_values()
         # Decoded tokens the policy has not been told of fill slots it still counts as reserved.
-        pending = self.clock.pending_tokens()
-        physical, logical = self.policy.sharing_slots()
+        pending = self.clock.pending_tokens() * self._groups
+        physical, logical = self.kv.sharing_slots()
         return (
             used + pending,
             reserved - pending,
@@ -40,7 +42,7 @@ class StateObserver:
 
     def state(self, running: int, waiting: int, running_seqs: int, admission_blocker: int) -> tuple:
         """The whole state: the averaged part, the queue, the counters and the host tier's part."""
-        stats = self.policy.stats
+        stats = self.kv.stats
         counters = self.counters
         return (
             self.averaged(running)
@@ -61,12 +63,12 @@ class StateObserver:
 
     def _host_state(self) -> tuple[int, ...]:
         """The host tier's part of the state (``sim.outputs.metrics.HOST_COLUMNS``); zeros without one."""
-        tier = self.policy.host_tier
+        tier = self.kv.host_tier
         if tier is None:
             return _NO_HOST_TIER
         stats = tier.stats
         return (
-            *self.policy.host_breakdown_values(),
+            *self.kv.host_breakdown_values(),
             stats.host_cache_hits,
             stats.host_loaded_blocks,
             stats.host_offloaded_blocks,

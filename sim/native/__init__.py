@@ -60,6 +60,7 @@ MODULES = (
     "sim.engine.schedulers.base",
     "sim.engine.schedulers.sglang",
     "sim.engine.schedulers.vllm",
+    "sim.kv.coordinator",
     "sim.outputs.metrics",
     "token_content.segments",
     "workloads.content",

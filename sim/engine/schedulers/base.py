@@ -26,9 +26,9 @@ from mypy_extensions import mypyc_attr
 from token_content import TokenContent
 
 if TYPE_CHECKING:
-    from policies.base import KVCachePolicy
     from sim.engine.decoding import DecodeClock, RequestState
     from sim.engine.knobs import EngineKnobs
+    from sim.kv.coordinator import KVCoordinator
 
 
 # Why the admission round of an iteration stopped: what the next iterations' admissions depend on.
@@ -50,7 +50,7 @@ class SchedulingEngine(Protocol):
 
     waiting: deque[RequestState]
     running: list[RequestState]
-    policy: KVCachePolicy
+    kv: KVCoordinator
     clock: DecodeClock
 
     def batch_has_room(self, width: int) -> bool:

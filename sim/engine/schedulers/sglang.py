@@ -141,7 +141,7 @@ class SGLangScheduler(Scheduler):
         """After a retraction: does the pool still hold fewer than 20 tokens per running request?
         ``retract_decode`` goes on retracting then, but never the last request."""
         running = len(engine.running)
-        return running > 1 and engine.policy.available_slots() < RETRACT_DECODE_STEPS * running
+        return running > 1 and engine.kv.available_slots() < RETRACT_DECODE_STEPS * running
 
     def requeue(self, engine: SchedulingEngine, state: RequestState) -> None:
         """A retracted request rejoins the queue at its back (``_extend_requests_to_queue``)."""
@@ -163,9 +163,9 @@ class SGLangScheduler(Scheduler):
         waiting = engine.waiting
         if not self.lpm or len(waiting) > LPM_QUEUE_LIMIT:
             return {}
-        policy = engine.policy
+        kv = engine.kv
         hits = {
-            state.request.request_id: policy.match(engine.content_on_admission(state)).cached_tokens
+            state.request.request_id: kv.match(engine.content_on_admission(state)).cached_tokens
             for state in waiting
         }
         ordered = sorted(waiting, key=lambda state: -hits[state.request.request_id])
@@ -192,7 +192,7 @@ class SGLangScheduler(Scheduler):
         (``init_next_round_input(None)`` then)."""
         hit = hits.get(state.request.request_id)
         if hit is None:
-            hit = engine.policy.match(content).cached_tokens
+            hit = engine.kv.match(content).cached_tokens
         return content_length(content) - hit
 
     @staticmethod
@@ -225,7 +225,7 @@ class SGLangScheduler(Scheduler):
         chunk budget left and why it stopped."""
         input_left = self.max_prefill_tokens - engine.clock.sequences - sum(tokens for tokens, _ in chunks)
         reserved = self.running_reservation(engine)
-        policy = engine.policy
+        kv = engine.kv
         admitted = 0
         while engine.waiting:
             state = engine.waiting[0]
@@ -234,7 +234,7 @@ class SGLangScheduler(Scheduler):
             content = engine.content_on_admission(state)
             new_tokens = self.new_tokens(engine, state, content, hits)
             output = self.budgeted_output(engine, state)
-            if new_tokens + output >= policy.available_slots() - reserved:
+            if new_tokens + output >= kv.available_slots() - reserved:
                 if engine.admission_failed(state):
                     continue  # rejected, or failed (on_oom: fail)
                 return chunk_left, HEAD_OVER_BUDGET
@@ -243,7 +243,7 @@ class SGLangScheduler(Scheduler):
             whole = not self.chunks_prompts or new_tokens <= chunk_left
             seq_id = engine.new_seq_id()
             try:
-                cached = policy.admit(seq_id, content, state.final_len_of(0), state.request.output_content_id)
+                cached = kv.admit(seq_id, content, state.final_len_of(0), state.request.output_content_id)
             except OutOfKVMemory:
                 if engine.admission_failed(state):
                     continue
@@ -255,7 +255,7 @@ class SGLangScheduler(Scheduler):
             # a chunked prompt is budgeted for its output at its last chunk
             reserved += output if whole else 0
             admitted += 1
-            if policy.available_slots() - reserved <= 0:
+            if kv.available_slots() - reserved <= 0:
                 return chunk_left, HEAD_OVER_BUDGET
             if input_left <= 0 or chunk_left <= 0:
                 return chunk_left, OUT_OF_BUDGET

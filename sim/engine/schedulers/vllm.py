@@ -83,7 +83,7 @@ class VLLMScheduler(Scheduler):
                 continue
             seq_id = engine.new_seq_id()
             try:
-                cached = engine.policy.admit(seq_id, content, final_len, state.request.output_content_id)
+                cached = engine.kv.admit(seq_id, content, final_len, state.request.output_content_id)
             except OutOfKVMemory:
                 if not engine.admission_failed(state):
                     return budget, swap_in_blocks, HEAD_OUT_OF_MEMORY

@@ -1,0 +1,400 @@
+"""One object between the engine and KV memory, over the model's KV groups.
+
+A *KV group* is a set of layers whose cache one allocation policy manages (vLLM's KV-cache groups:
+``KVCacheCoordinator`` over one ``SingleTypeKVCacheManager`` per group). A model whose layers are all
+full attention has one group; a hybrid model (sliding-window, chunked-local, Mamba layers) has one
+per layer kind. Every sequence lives in every group, with the same tokens.
+
+What the coordinator decides, so that the engine never has to know how many groups there are:
+
+* **A prefix hit is the longest prefix every group can serve** (vLLM ``find_longest_cache_hit``
+  over the groups): a request skips only tokens that every group holds, so each group is admitted
+  with its hit capped at the shortest one (:meth:`~policies.base.KVCachePolicy.admit_capped`).
+* **All or nothing.** An admission, a growth or a fork either happens in every group or in none: each
+  group's need is checked against its own pool before any group changes, and a fork that fails in a
+  later group is undone in the earlier ones.
+* **Accounting per group.** Each group's breakdown sums to its own pool; the totals are their sums
+  (in slots: one token of one group's layers each), so the identity holds per group and in total.
+* **Room is the scarcest group's.** A token needs a slot in every group, so the slots available to
+  growth are the minimum over the groups, and a sequence's growth room likewise.
+
+:class:`SingleGroupCoordinator` is the one-group case (every model kvsim could express before
+hybrid layers): it hands each call straight to its one policy, so the seam costs one call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+from mypy_extensions import mypyc_attr
+
+from policies._host_tier import HostPool
+from policies.base import (
+    NO_HIT,
+    ChildSpec,
+    KVCachePolicy,
+    MemoryBreakdown,
+    OutOfKVMemory,
+    PolicyInputError,
+    PolicyStats,
+    PrefixHit,
+)
+from token_content import TokenContent
+
+__all__ = [
+    "KVCoordinator",
+    "KVGroup",
+    "MultiGroupCoordinator",
+    "SingleGroupCoordinator",
+    "make_coordinator",
+]
+
+Breakdown = tuple[int, int, int, int, int, int]
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    """Layers of one kind and the policy that manages their cache. ``slot_bytes`` is what one token's
+    slot holds in this group (its layers' K and V), so a group's slots convert to bytes."""
+
+    name: str
+    policy: KVCachePolicy
+    slot_bytes: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.slot_bytes, bool) or not isinstance(self.slot_bytes, int) or self.slot_bytes <= 0:
+            raise ValueError(
+                f"KV group {self.name!r}: slot_bytes must be a positive integer, got {self.slot_bytes!r}"
+            )
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class KVCoordinator:
+    """What the engine asks of KV memory (the methods of :class:`~policies.base.KVCachePolicy` it
+    needs, with the same meaning, applied to every group). Build one with :func:`make_coordinator`."""
+
+    groups: tuple[KVGroup, ...]
+    pool_slots: int
+
+    def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        raise NotImplementedError
+
+    def match(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        raise NotImplementedError
+
+    def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
+        raise NotImplementedError
+
+    def admit(
+        self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
+    ) -> int:
+        raise NotImplementedError
+
+    def grow(self, seq_id: int, num_tokens: int) -> None:
+        raise NotImplementedError
+
+    def grow_each(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
+        raise NotImplementedError
+
+    def fits_growth(self, seq_ids: list[int], num_tokens: int) -> bool:
+        """Could every sequence of ``seq_ids`` take ``num_tokens`` more tokens now?"""
+        raise NotImplementedError
+
+    def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
+        raise NotImplementedError
+
+    def free(self, seq_id: int, finished: bool = True) -> None:
+        raise NotImplementedError
+
+    def growth_room(self, seq_id: int) -> int:
+        raise NotImplementedError
+
+    def available_slots(self) -> int:
+        raise NotImplementedError
+
+    def seq_len(self, seq_id: int) -> int:
+        raise NotImplementedError
+
+    def prepare_decode_step(self, num_sequences: int) -> None:
+        raise NotImplementedError
+
+    def breakdown_values(self) -> Breakdown:
+        raise NotImplementedError
+
+    def sharing_slots(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def host_breakdown_values(self) -> tuple[int, int]:
+        raise NotImplementedError
+
+    @property
+    def stats(self) -> PolicyStats:
+        raise NotImplementedError
+
+    @property
+    def host_tier(self) -> HostPool | None:
+        raise NotImplementedError
+
+    def group_breakdowns(self) -> dict[str, MemoryBreakdown]:
+        """Each group's breakdown by its name: each sums to that group's pool."""
+        return {group.name: group.policy.breakdown() for group in self.groups}
+
+    def breakdown_bytes(self) -> dict[str, int]:
+        """The breakdown in bytes over every group (each group's slots at its own ``slot_bytes``)."""
+        totals = dict.fromkeys(MemoryBreakdown.CATEGORIES, 0)
+        for group in self.groups:
+            for name, slots in group.policy.breakdown().as_dict().items():
+                totals[name] += slots * group.slot_bytes
+        return totals
+
+
+class SingleGroupCoordinator(KVCoordinator):
+    """Every layer in one group: each call goes straight to its policy."""
+
+    def __init__(self, group: KVGroup):
+        self.groups = (group,)
+        self.policy = group.policy
+        self.pool_slots = group.policy.pool_slots
+
+    def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        return self.policy.lookup(prompt, namespace)
+
+    def match(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        return self.policy.match(prompt, namespace)
+
+    def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
+        return self.policy.can_admit(prompt, final_len)
+
+    def admit(
+        self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
+    ) -> int:
+        return self.policy.admit(seq_id, prompt, final_len, output_content_id, namespace)
+
+    def grow(self, seq_id: int, num_tokens: int) -> None:
+        self.policy.grow(seq_id, num_tokens)
+
+    def grow_each(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
+        return self.policy.grow_each(seq_ids, num_tokens)
+
+    def fits_growth(self, seq_ids: list[int], num_tokens: int) -> bool:
+        policy = self.policy
+        needed = 0
+        for seq_id in seq_ids:
+            needed += policy.slots_needed_to_grow(seq_id, num_tokens)
+        return needed <= policy.available_slots()
+
+    def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
+        self.policy.fork(parent_id, children)
+
+    def free(self, seq_id: int, finished: bool = True) -> None:
+        self.policy.free(seq_id, finished)
+
+    def growth_room(self, seq_id: int) -> int:
+        return self.policy.growth_room(seq_id)
+
+    def available_slots(self) -> int:
+        return self.policy.available_slots()
+
+    def seq_len(self, seq_id: int) -> int:
+        return self.policy.seq_len(seq_id)
+
+    def prepare_decode_step(self, num_sequences: int) -> None:
+        self.policy.prepare_decode_step(num_sequences)
+
+    def breakdown_values(self) -> Breakdown:
+        return self.policy.breakdown_values()
+
+    def sharing_slots(self) -> tuple[int, int]:
+        return self.policy.sharing_slots()
+
+    def host_breakdown_values(self) -> tuple[int, int]:
+        return self.policy.host_breakdown_values()
+
+    @property
+    def stats(self) -> PolicyStats:
+        return self.policy.stats
+
+    @property
+    def host_tier(self) -> HostPool | None:
+        return self.policy.host_tier
+
+
+class MultiGroupCoordinator(KVCoordinator):
+    """Several groups, each with its own pool (a hybrid model's layer kinds)."""
+
+    def __init__(self, groups: Sequence[KVGroup]):
+        names = [group.name for group in groups]
+        if len(set(names)) != len(names):
+            raise ValueError(f"KV groups need distinct names, got {names}")
+        policies = [group.policy for group in groups]
+        if len({id(policy) for policy in policies}) != len(policies):
+            raise ValueError(f"KV groups {names} share a policy object: each group needs its own")
+        tiered = [group.name for group in groups if group.policy.host_tier is not None]
+        if tiered:
+            raise ValueError(f"KV groups {tiered} have a host tier: offload is for one KV group only")
+        # A hit capped at another group's length must end on a block boundary of every group, or a
+        # group would serve less than the tokens the request skips.
+        block_sizes = {group.name: group.policy.pool.block_size for group in groups}
+        if len(set(block_sizes.values())) > 1:
+            raise ValueError(f"KV groups need one block size (tokens per block), got {block_sizes}")
+        self.groups = tuple(groups)
+        self.policies = policies
+        self.pool_slots = sum(policy.pool_slots for policy in policies)
+
+    # -- prefix hits ------------------------------------------------------------------------------
+    def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        return self._shortest([policy.lookup(prompt, namespace) for policy in self.policies])
+
+    def match(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        return self._shortest([policy.match(prompt, namespace) for policy in self.policies])
+
+    @staticmethod
+    def _shortest(hits: list[PrefixHit]) -> PrefixHit:
+        """The hit every group can serve (no group has a host tier). Block ids belong to one group's
+        pool, so none are named."""
+        cached = min(hit.cached_tokens for hit in hits)
+        return PrefixHit(cached) if cached else NO_HIT
+
+    # -- sequences --------------------------------------------------------------------------------
+    def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
+        return all(policy.can_admit(prompt, final_len) for policy in self.policies)
+
+    def admit(
+        self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
+    ) -> int:
+        cached = self.lookup(prompt, namespace).cached_tokens
+        for policy in self.policies:
+            if not policy.can_admit_capped(prompt, final_len, namespace, cached):
+                # Its own admission raises the OutOfKVMemory that says by how much, changing nothing.
+                policy.admit_capped(seq_id, prompt, final_len, output_content_id, namespace, cached)
+                raise AssertionError(f"policy {policy.name!r} admitted a sequence its can_admit refused")
+        for policy in self.policies:
+            policy.admit_capped(seq_id, prompt, final_len, output_content_id, namespace, cached)
+        return cached
+
+    def grow(self, seq_id: int, num_tokens: int) -> None:
+        self._check_room([seq_id], [num_tokens])
+        for policy in self.policies:
+            policy.grow(seq_id, num_tokens)
+
+    def grow_each(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
+        self._check_room(seq_ids, num_tokens)
+        rooms = self.policies[0].grow_each(seq_ids, num_tokens)
+        for policy in self.policies[1:]:
+            rooms = [
+                min(room, other)
+                for room, other in zip(rooms, policy.grow_each(seq_ids, num_tokens), strict=True)
+            ]
+        return rooms
+
+    def fits_growth(self, seq_ids: list[int], num_tokens: int) -> bool:
+        return self._shortfall(seq_ids, [num_tokens] * len(seq_ids)) is None
+
+    def _check_room(self, seq_ids: list[int], num_tokens: list[int]) -> None:
+        shortfall = self._shortfall(seq_ids, num_tokens)
+        if shortfall is not None:
+            group, needed, available = shortfall
+            group.policy.stats.allocation_failures += 1
+            raise OutOfKVMemory(
+                f"growing sequences {seq_ids} needs {needed} slots of KV group {group.name!r}, {available} available",
+                needed_slots=needed,
+                free_slots=available,
+            )
+
+    def _shortfall(self, seq_ids: list[int], num_tokens: list[int]) -> tuple[KVGroup, int, int] | None:
+        """The first group that cannot supply the slots of this growth: (group, needed, available)."""
+        for group in self.groups:
+            policy = group.policy
+            needed = sum(
+                policy.slots_needed_to_grow(seq_id, tokens)
+                for seq_id, tokens in zip(seq_ids, num_tokens, strict=True)
+            )
+            available = policy.available_slots()
+            if needed > available:
+                return group, needed, available
+        return None
+
+    def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
+        done: list[KVCachePolicy] = []
+        try:
+            for policy in self.policies:
+                policy.fork(parent_id, children)
+                done.append(policy)
+        except OutOfKVMemory:
+            for policy in done:
+                for child in children:
+                    policy.free(child.seq_id, finished=False)
+            raise
+
+    def free(self, seq_id: int, finished: bool = True) -> None:
+        for policy in self.policies:
+            policy.free(seq_id, finished)
+
+    def growth_room(self, seq_id: int) -> int:
+        return min(policy.growth_room(seq_id) for policy in self.policies)
+
+    def available_slots(self) -> int:
+        return min(policy.available_slots() for policy in self.policies)
+
+    def seq_len(self, seq_id: int) -> int:
+        return self.policies[0].seq_len(seq_id)
+
+    def prepare_decode_step(self, num_sequences: int) -> None:
+        for policy in self.policies:
+            policy.prepare_decode_step(num_sequences)
+
+    # -- accounting -------------------------------------------------------------------------------
+    def breakdown_values(self) -> Breakdown:
+        used = reserved = internal = external = cached = free = 0
+        for policy in self.policies:
+            group = policy.breakdown_values()
+            used += group[0]
+            reserved += group[1]
+            internal += group[2]
+            external += group[3]
+            cached += group[4]
+            free += group[5]
+        return used, reserved, internal, external, cached, free
+
+    def sharing_slots(self) -> tuple[int, int]:
+        physical = logical = 0
+        for policy in self.policies:
+            group_physical, group_logical = policy.sharing_slots()
+            physical += group_physical
+            logical += group_logical
+        return physical, logical
+
+    def host_breakdown_values(self) -> tuple[int, int]:
+        return 0, 0
+
+    @property
+    def stats(self) -> PolicyStats:
+        """The groups' counters summed, but for the prefix cache's: every group records the same query
+        (the prompt) and the same common hit, so those are one group's. A new object: read it again
+        after the operations to compare."""
+        total = PolicyStats()
+        for policy in self.policies:
+            for counter in fields(PolicyStats):
+                setattr(
+                    total, counter.name, getattr(total, counter.name) + getattr(policy.stats, counter.name)
+                )
+        first = self.policies[0].stats
+        total.prefix_cache_queries = first.prefix_cache_queries
+        total.prefix_cache_hits = first.prefix_cache_hits
+        return total
+
+    @property
+    def host_tier(self) -> HostPool | None:
+        return None
+
+
+def make_coordinator(groups: Sequence[KVGroup] | KVCachePolicy) -> KVCoordinator:
+    """The coordinator over ``groups`` (a bare policy is one group holding every layer)."""
+    if isinstance(groups, KVCachePolicy):
+        return SingleGroupCoordinator(KVGroup("full_attention", groups, groups.pool.kv_bytes_per_token))
+    if not groups:
+        raise PolicyInputError("a KV coordinator needs at least one KV group")
+    if len(groups) == 1:
+        return SingleGroupCoordinator(groups[0])
+    return MultiGroupCoordinator(groups)
