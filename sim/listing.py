@@ -19,13 +19,14 @@ def register(subparsers: Any) -> None:
     policies.set_defaults(func=cmd_policies)
 
 
-def table(header: list[str], rows: list[list[str]]) -> str:
-    """Columns padded to their widest cell; the first column left-aligned, the rest right-aligned."""
+def table(header: list[str], rows: list[list[str]], left_aligned: int = 1) -> str:
+    """Columns padded to their widest cell; the first ``left_aligned`` columns left-aligned (names and
+    text), the rest right-aligned (numbers)."""
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
         return "  ".join(
-            cell.ljust(width) if i == 0 else cell.rjust(width)
+            cell.ljust(width) if i < left_aligned else cell.rjust(width)
             for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
         ).rstrip()
 
@@ -76,10 +77,52 @@ def models_table() -> str:
     ]
     return (
         table(header, rows)
-        + "\n\nKV bytes per token at the model's dtype (kv_cache_dtype: auto), all layers, one GPU. "
-        "experts GiB: the routed experts' share of the weights, which expert parallelism deals out over "
-        "the GPUs (engine.enable_expert_parallel; each holds 1 / (data_parallel_size x "
-        "tensor_parallel_size) of it). A HuggingFace config.json path works too (model: path/to/config.json)."
+        + "\n\nKV bytes per token at the model's dtype (kv_cache_dtype: auto), all attention layers "
+        "counted as full attention, one GPU. experts GiB: the routed experts' share of the weights, which "
+        "expert parallelism deals out over the GPUs (engine.enable_expert_parallel; each holds 1 / "
+        "(data_parallel_size x tensor_parallel_size) of it). A HuggingFace config.json path works too "
+        "(model: path/to/config.json).\n\n" + layer_kinds_table()
+    )
+
+
+def layer_kinds_text(spec: Any) -> str:
+    """``"sliding(128) 12 x 2,048; full 12 x 2,048"``: each attention kind's layers and the K/V bytes
+    one token takes in one of them."""
+    per_layer = spec.kv_bytes_per_token_per_layer()
+    return "; ".join(
+        f"{kind.label} {count} x {per_layer:,}"
+        for kind, count in spec.layer_kind_counts
+        if kind in spec.kv_bytes_per_token_by_kind()
+    )
+
+
+def state_text(spec: Any) -> str:
+    """``"39,518,208 (gdn 36 x 1,097,728)"``: one request's state in all state layers, then per kind."""
+    by_kind = spec.state_bytes_by_kind()
+    if not by_kind:
+        return "-"
+    counts = dict(spec.layer_kind_counts)
+    parts = [f"{kind.label} {counts[kind]} x {spec.state_bytes_per_layer(kind):,}" for kind in by_kind]
+    return f"{sum(by_kind.values()):,} ({'; '.join(parts)})"
+
+
+def layer_kinds_table() -> str:
+    """The presets whose layers are not all full attention: their layer kinds and states."""
+    from sim.hardware.models import MODEL_PRESETS
+
+    rows = [
+        [name, layer_kinds_text(spec), state_text(spec)]
+        for name, spec in MODEL_PRESETS.items()
+        if spec.layer_kinds is not None
+    ]
+    header = ["model", "KV B/token per layer, by kind (layers x B)", "state B/request (layers x B)"]
+    return (
+        table(header, rows, left_aligned=3)
+        + "\n\nLayer kinds: full attention keeps every token; sliding(W) the last W tokens; chunked(C) the "
+        "tokens of the current C-token chunk; state layers (mamba2, gdn: Qwen3-Next's gated delta net) a "
+        "fixed conv + SSM state per request, at the model dtype and the SSM state at vLLM's default "
+        "(float32 for Nemotron-H). MLP-only blocks keep nothing. The engine still holds every attention "
+        "layer's K/V for every token (KV B/token above) until issue 39's hybrid allocators."
     )
 
 

@@ -43,6 +43,13 @@ KV_BYTES_PER_TOKEN = {
     "Mixtral-8x7B": 2 * 32 * 8 * 128 * 2,  # 131,072: experts do not touch the cache
     "Qwen3-30B-A3B": 2 * 48 * 4 * 128 * 2,  # 98,304 = 96 KiB (head_dim 128, not 2048 / 32 = 64)
     "Qwen3-30B-A3B-Instruct-2507": 2 * 48 * 4 * 128 * 2,  # 98,304
+    # Hybrid models: every attention layer counted as full attention; state and MLP blocks none.
+    "gpt-oss-20b": 2 * 24 * 8 * 64 * 2,  # 49,152: 12 sliding + 12 full layers
+    "gpt-oss-120b": 2 * 36 * 8 * 64 * 2,  # 73,728: 18 + 18
+    "Gemma-3-27B": 2 * 62 * 16 * 128 * 2,  # 507,904: 52 sliding + 10 full
+    "Llama-4-Scout-17B-16E": 2 * 48 * 8 * 128 * 2,  # 196,608: 36 chunked + 12 full
+    "Qwen3-Next-80B-A3B": 2 * 12 * 2 * 256 * 2,  # 24,576: the 12 full layers (36 gated delta net)
+    "Nemotron-H-8B-Base-8K": 2 * 4 * 8 * 128 * 2,  # 16,384: 4 attention blocks of 52
 }
 
 
@@ -57,6 +64,10 @@ def test_reference_table_literals() -> None:
     assert KV_BYTES_PER_TOKEN["CodeLlama-34B"] == 196_608
     assert KV_BYTES_PER_TOKEN["Qwen3-32B"] == 262_144
     assert KV_BYTES_PER_TOKEN["Qwen3-30B-A3B"] == 98_304
+    assert KV_BYTES_PER_TOKEN["gpt-oss-20b"] == 49_152
+    assert KV_BYTES_PER_TOKEN["Gemma-3-27B"] == 507_904
+    assert KV_BYTES_PER_TOKEN["Qwen3-Next-80B-A3B"] == 24_576
+    assert KV_BYTES_PER_TOKEN["Nemotron-H-8B-Base-8K"] == 16_384
 
 
 def test_every_preset_is_in_the_reference_table() -> None:
@@ -140,6 +151,10 @@ PUBLISHED_PARAMS = {
     "Mixtral-8x7B": 46.7e9,
     "Qwen3-30B-A3B": 30.5e9,
     "Qwen3-30B-A3B-Instruct-2507": 30.5e9,
+    "gpt-oss-20b": 20.91e9,  # gpt-oss model card: 20.91B total
+    "gpt-oss-120b": 116.83e9,  # 116.83B total
+    "Gemma-3-27B": 27.4e9,  # the checkpoint, vision tower included
+    "Qwen3-Next-80B-A3B": 80e9,  # card: "80B in total"
 }
 
 
@@ -150,6 +165,11 @@ def test_preset_param_counts_match_published_sizes(name: str) -> None:
 
 def test_moe_presets_carry_active_params() -> None:
     assert MODEL_PRESETS["DeepSeek-V3"].active_params == pytest.approx(36.6e9, rel=0.01)  # README_WEIGHTS
+    assert MODEL_PRESETS["gpt-oss-20b"].active_params == pytest.approx(3.61e9, rel=0.01)  # card
+    assert MODEL_PRESETS["gpt-oss-120b"].active_params == pytest.approx(5.13e9, rel=0.01)  # card
+    # Llama 4 Scout: 107,769,861,120 - 48 layers x 15 unused experts x 3 x 5120 x 8192 (125,829,120)
+    # = 17,172,894,720 (card: 17B active; its 109B total counts the vision encoder, not modelled).
+    assert MODEL_PRESETS["Llama-4-Scout-17B-16E"].active_params == 17_172_894_720
     assert MODEL_PRESETS["DeepSeek-V2-Lite"].active_params == pytest.approx(2.4e9, rel=0.03)
     assert MODEL_PRESETS["Llama-3.1-8B"].active_params == MODEL_PRESETS["Llama-3.1-8B"].num_params
 
@@ -576,7 +596,8 @@ def test_moe_spec_validates() -> None:
 def test_models_listing_names_the_attention_by_its_heads() -> None:
     from sim.listing import models_table
 
-    rows = {line.split()[0]: line for line in models_table().splitlines()[1:] if line.strip()}
+    presets = models_table().split("\n\n")[0]
+    rows = {line.split()[0]: line for line in presets.splitlines()[1:]}
     assert " MHA " in rows["Llama-2-7B"]  # 32 KV heads for 32 query heads
     assert " GQA " in rows["Llama-3.1-8B"]  # 8 for 32
     assert "GQA, MoE" in rows["Mixtral-8x7B"]
@@ -585,3 +606,23 @@ def test_models_listing_names_the_attention_by_its_heads() -> None:
     # a dense model has none
     assert rows["Qwen3-30B-A3B"].split()[-2:] == ["56.9", "54.0"]
     assert rows["Llama-3.1-8B"].split()[-1] == "-"
+
+
+def test_models_listing_shows_layer_kinds_and_states() -> None:
+    from sim.listing import layer_kinds_table
+
+    rows = {line.split()[0]: line for line in layer_kinds_table().split("\n\n")[0].splitlines()[1:]}
+    # Only the presets with layer kinds: 7 rows, none for Llama-3.1-8B.
+    assert len(rows) == 7 and "Llama-3.1-8B" not in rows
+    # gpt-oss-20b: 2 x 8 KV heads x 64 x 2 B = 2,048 B per token per layer, 12 layers of each kind.
+    assert "sliding(128) 12 x 2,048; full 12 x 2,048" in rows["gpt-oss-20b"]
+    assert rows["gpt-oss-20b"].rstrip().endswith("-")  # no state
+    # Gemma 3: 2 x 16 x 128 x 2 B = 8,192 B; 52 sliding and 10 full layers.
+    assert "sliding(1024) 52 x 8,192; full 10 x 8,192" in rows["Gemma-3-27B"]
+    assert "chunked(8192) 36 x 4,096; full 12 x 4,096" in rows["Llama-4-Scout-17B-16E"]
+    assert "sliding(4096) 32 x 4,096" in rows["Mistral-7B-v0.1"]
+    # Qwen3-Next: 36 gated-delta-net layers x 1,097,728 B = 39,518,208 B per request.
+    assert "full 12 x 2,048" in rows["Qwen3-Next-80B-A3B"]
+    assert "39,518,208 (gdn 36 x 1,097,728)" in rows["Qwen3-Next-80B-A3B"]
+    # Nemotron-H: 24 Mamba2 layers x 4,255,744 B (float32 SSM state) = 102,137,856 B.
+    assert "102,137,856 (mamba2 24 x 4,255,744)" in rows["Nemotron-H-8B-Base-8K"]

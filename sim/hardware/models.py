@@ -32,8 +32,29 @@ import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any, Literal
+
+from sim.hardware.layers import (
+    ATTENTION_KINDS,
+    FULL_ATTENTION,
+    LAYER_KINDS,
+    MLP_ONLY,
+    STATE_KINDS,
+    AttentionKind,
+    ChunkedLocal,
+    FullAttention,
+    GatedDeltaNetState,
+    LayerKind,
+    Mamba2State,
+    MlpOnly,
+    SlidingWindow,
+    StateKind,
+    kind_counts,
+    layer_kinds_from_hf_config,
+    mamba_dtype_bytes,
+)
 
 __all__ = [
     "KV_CACHE_DTYPES",
@@ -94,6 +115,17 @@ class ModelSpec:
     layers have a dense MLP of ``intermediate_size`` (DeepSeek's first ``first_k_dense_replace``).
     Only the count of dense layers matters here, not where they sit. Every expert stays in memory
     (``num_params`` counts them all); the cost models read only the experts a batch's tokens touch.
+
+    Layer kinds (``layer_kinds``, optional): one :mod:`sim.hardware.layers` kind per layer for a model
+    whose layers are not all full attention: :class:`SlidingWindow`, :class:`ChunkedLocal`, a
+    Mamba/linear-attention state (:class:`Mamba2State` ...) or :class:`MlpOnly`. ``None`` (the
+    default) means every layer is full attention, and the model behaves exactly as before kinds
+    existed. The attention kinds share the model's KV heads and head size; ``num_layers`` counts
+    every block, those without attention included (Nemotron-H's Mamba and MLP blocks).
+    ``kv_bytes_per_token`` keeps its meaning for every model: the K/V bytes of all attention layers
+    treated as full attention (what an allocator that ignores windows holds per token); the kinds'
+    own figures are :meth:`kv_bytes_per_token_by_kind` and :meth:`state_bytes_per_request`. The
+    engine and the cost models do not read the kinds yet (issue 39's engine and cost parts).
     """
 
     name: str
@@ -117,6 +149,7 @@ class ModelSpec:
     moe_intermediate_size: int | None = None
     shared_expert_intermediate_size: int = 0
     num_dense_layers: int = 0
+    layer_kinds: tuple[LayerKind, ...] | None = dataclass_field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for field in (
@@ -153,6 +186,41 @@ class ModelSpec:
                 f"model {self.name!r}: num_active_params must be in (0, num_params], got {self.num_active_params!r}"
             )
         self._check_moe_shape()
+        self._check_layer_kinds()
+
+    def _check_layer_kinds(self) -> None:
+        kinds = self.layer_kinds
+        if kinds is None:
+            return
+        if not isinstance(kinds, tuple):
+            raise ValueError(
+                f"model {self.name!r}: layer_kinds must be a tuple with one layer kind per layer, "
+                f"got {type(kinds).__name__}"
+            )
+        if len(kinds) != self.num_layers:
+            raise ValueError(
+                f"model {self.name!r}: layer_kinds has {len(kinds)} entries but num_layers is {self.num_layers}"
+            )
+        for layer, kind in enumerate(kinds):
+            if not isinstance(kind, LAYER_KINDS):
+                raise ValueError(
+                    f"model {self.name!r}: layer {layer} has kind {kind!r}; expected one of "
+                    f"{', '.join(cls.__name__ for cls in LAYER_KINDS)}"
+                )
+        for kind, _ in kind_counts(kinds):
+            problems = kind.problems()
+            if problems:
+                raise ValueError(f"model {self.name!r}: {kind.label} layers: {problems[0]}")
+        if not any(isinstance(kind, ATTENTION_KINDS) for kind in kinds):
+            raise ValueError(
+                f"model {self.name!r}: no attention layer among its layer_kinds; kvsim sizes the KV "
+                "pool by attention K/V and does not model attention-free models"
+            )
+        if self.attention == "mla" and any(not isinstance(kind, (FullAttention, MlpOnly)) for kind in kinds):
+            raise ValueError(
+                f"model {self.name!r}: MLA with sliding-window, chunked or state layers is not modelled; "
+                "an MLA model's layer_kinds may hold only FullAttention and MlpOnly"
+            )
 
     def _check_moe_shape(self) -> None:
         moe = ("num_experts", "experts_per_token", "moe_intermediate_size")
@@ -260,12 +328,25 @@ class ModelSpec:
         return self.weight_dtype_bytes if size is None else size
 
     def kv_bytes_per_token(self, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1) -> int:
-        """KV-cache bytes one token occupies on one GPU, summed over all layers.
+        """KV-cache bytes one token occupies on one GPU, summed over all attention layers, each
+        treated as full attention (what an allocator that keeps every token holds); state and
+        MLP-only layers have no per-token K/V. For a model without layer kinds: all layers.
 
         With tensor parallelism each GPU keeps ``max(1, num_kv_heads // tp)`` KV heads (heads are
         replicated once ``tp`` exceeds their number); an MLA latent is replicated on every GPU.
         ``tensor_parallel_size=1`` (the default) gives the whole model's bytes per token.
         """
+        return (
+            self.kv_bytes_per_token_per_layer(kv_cache_dtype, tensor_parallel_size)
+            * self.num_attention_layers
+        )
+
+    def kv_bytes_per_token_per_layer(
+        self, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1
+    ) -> int:
+        """K/V bytes one token occupies in one attention layer on one GPU (every attention kind has
+        the same: only how many tokens it keeps differs). MHA/GQA: ``2 x kv_heads_per_gpu x head_dim
+        x dtype``; MLA: ``(kv_lora_rank + qk_rope_head_dim) x dtype`` (656 B for ``fp8_ds_mla``)."""
         if isinstance(tensor_parallel_size, bool) or not isinstance(tensor_parallel_size, int):
             raise ValueError(f"tensor_parallel_size must be an integer, got {tensor_parallel_size!r}")
         if tensor_parallel_size < 1:
@@ -273,18 +354,96 @@ class ModelSpec:
         if self.attention == "mla":
             assert self.kv_lora_rank is not None and self.qk_rope_head_dim is not None
             if kv_cache_dtype.lower() == "fp8_ds_mla":
-                return _FP8_DS_MLA_BYTES_PER_LAYER * self.num_layers
-            return (
-                (self.kv_lora_rank + self.qk_rope_head_dim)
-                * self.num_layers
-                * self.kv_dtype_bytes(kv_cache_dtype)
-            )
+                return _FP8_DS_MLA_BYTES_PER_LAYER
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * self.kv_dtype_bytes(kv_cache_dtype)
         if kv_cache_dtype.lower() == "fp8_ds_mla":
             raise ValueError(
                 f"kv_cache_dtype 'fp8_ds_mla' applies to MLA models only; {self.name!r} is MHA/GQA"
             )
         kv_heads = self.kv_heads_per_gpu(tensor_parallel_size)
-        return 2 * self.num_layers * kv_heads * self.head_dim * self.kv_dtype_bytes(kv_cache_dtype)
+        return 2 * kv_heads * self.head_dim * self.kv_dtype_bytes(kv_cache_dtype)
+
+    @property
+    def layer_kind_counts(self) -> tuple[tuple[LayerKind, int], ...]:
+        """``(kind, layers)`` per distinct layer kind, in the order they first appear;
+        ``((FULL_ATTENTION, num_layers),)`` for a model without layer kinds."""
+        if self.layer_kinds is None:
+            return ((FULL_ATTENTION, self.num_layers),)
+        return kind_counts(self.layer_kinds)
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers with per-token K/V (full, sliding-window and chunked attention)."""
+        return sum(count for kind, count in self.layer_kind_counts if isinstance(kind, ATTENTION_KINDS))
+
+    @property
+    def is_hybrid(self) -> bool:
+        """More than one kind of cache (attention kinds and states; MLP-only blocks keep nothing)."""
+        return len([kind for kind, _ in self.layer_kind_counts if kind != MLP_ONLY]) > 1
+
+    def kv_bytes_per_token_by_kind(
+        self, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1
+    ) -> dict[AttentionKind, int]:
+        """K/V bytes per token of each attention kind's layers together, one GPU (a sliding-window
+        layer keeps them only for the tokens in its window)."""
+        per_layer = self.kv_bytes_per_token_per_layer(kv_cache_dtype, tensor_parallel_size)
+        return {
+            kind: count * per_layer
+            for kind, count in self.layer_kind_counts
+            if isinstance(kind, (FullAttention, SlidingWindow, ChunkedLocal))
+        }
+
+    def state_bytes_by_kind(
+        self,
+        tensor_parallel_size: int = 1,
+        mamba_cache_dtype: str = "auto",
+        mamba_ssm_cache_dtype: str = "auto",
+    ) -> dict[StateKind, int]:
+        """Bytes of one request's fixed state in each state kind's layers together, one GPU
+        (conv state at ``mamba_cache_dtype``, SSM state at ``mamba_ssm_cache_dtype``; "auto" as vLLM
+        resolves it, :mod:`sim.hardware.layers`). Independent of ``kv_cache_dtype``."""
+        return {
+            kind: count
+            * self.state_bytes_per_layer(kind, tensor_parallel_size, mamba_cache_dtype, mamba_ssm_cache_dtype)
+            for kind, count in self.layer_kind_counts
+            if isinstance(kind, STATE_KINDS)
+        }
+
+    def state_bytes_per_request(
+        self,
+        tensor_parallel_size: int = 1,
+        mamba_cache_dtype: str = "auto",
+        mamba_ssm_cache_dtype: str = "auto",
+    ) -> int:
+        """Bytes of one request's Mamba/linear-attention state over all state layers, one GPU
+        (0 for a model without state layers): the part of a request's cache that does not grow."""
+        return sum(
+            self.state_bytes_by_kind(tensor_parallel_size, mamba_cache_dtype, mamba_ssm_cache_dtype).values()
+        )
+
+    def state_bytes_per_layer(
+        self,
+        kind: StateKind,
+        tensor_parallel_size: int = 1,
+        mamba_cache_dtype: str = "auto",
+        mamba_ssm_cache_dtype: str = "auto",
+    ) -> int:
+        """One request's state in one layer of ``kind`` on one GPU. The conv state's dtype is
+        ``mamba_cache_dtype`` ("auto": the model dtype); the SSM state's is ``mamba_ssm_cache_dtype``,
+        whose "auto" is the kind's own ``ssm_dtype`` and then the conv state's dtype."""
+        if (
+            isinstance(tensor_parallel_size, bool)
+            or not isinstance(tensor_parallel_size, int)
+            or tensor_parallel_size < 1
+        ):
+            raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {tensor_parallel_size!r}")
+        conv_bytes = mamba_dtype_bytes(mamba_cache_dtype, self.weight_dtype_bytes)
+        ssm_name = kind.ssm_dtype if mamba_ssm_cache_dtype.lower() == "auto" else mamba_ssm_cache_dtype
+        ssm_bytes = mamba_dtype_bytes(ssm_name, conv_bytes)
+        try:
+            return kind.state_bytes(tensor_parallel_size, conv_bytes, ssm_bytes)
+        except ValueError as exc:
+            raise ValueError(f"model {self.name!r}: {kind.label} layers: {exc}") from exc
 
     def kv_heads_per_gpu(self, tensor_parallel_size: int = 1) -> int:
         """KV heads one GPU holds under tensor parallelism (1 for MLA: the shared latent)."""
@@ -320,8 +479,10 @@ class ModelSpec:
         return activation_dtype_bytes(self.weight_dtype_bytes)
 
     def check_tensor_parallel(self, tensor_parallel_size: int) -> None:
-        """Raise ``ValueError`` for a TP size vLLM would refuse (:func:`check_tensor_parallel`)."""
+        """Raise ``ValueError`` for a TP size vLLM would refuse (:func:`check_tensor_parallel`), or
+        one that does not divide a Mamba/linear-attention state's heads and widths."""
         check_tensor_parallel(self, tensor_parallel_size)
+        self.state_bytes_per_request(tensor_parallel_size)
 
     def local_experts(self, expert_parallel_size: int) -> int:
         """Routed experts one GPU holds per MoE layer under expert parallelism (all of them at 1)."""
@@ -552,10 +713,13 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         max_position_embeddings=131072,
     ),
     # mistralai/Mistral-7B-v0.1 config.json: 32 layers, hidden 4096, 32 heads, 8 KV heads,
-    # intermediate 14336, vocab 32000, max_position_embeddings 32768, sliding_window 4096 (not
-    # modelled: every token is cached, an upper bound), bfloat16. 7,241,732,096 params ("7.24B").
+    # intermediate 14336, vocab 32000, max_position_embeddings 32768, sliding_window 4096 on every
+    # layer (no layer_types: vLLM sets CacheConfig.sliding_window for an all-sliding model), bfloat16.
+    # 7,241,732,096 params ("7.24B"). The engine still caches every token (kv_bytes_per_token counts
+    # each layer as full attention) until the hybrid allocators of issue 39 read the window.
     # Checked: sumitdotml/transformers mistral-7b-v0.1/README.md (params table); config copies with
-    # max_position_embeddings 32768 and sliding_window 4096; transformers MistralConfig defaults.
+    # max_position_embeddings 32768 and sliding_window 4096 (tests/data/hf_configs/mistral-7b-v0.1.json);
+    # transformers MistralConfig defaults.
     "Mistral-7B-v0.1": _preset(
         name="Mistral-7B-v0.1",
         num_layers=32,
@@ -567,6 +731,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         vocab_size=32000,
         num_params=7_241_732_096,
         max_position_embeddings=32768,
+        layer_kinds=(SlidingWindow(4096),) * 32,
     ),
     # Qwen/Qwen2.5-7B config.json: 28 layers, hidden 3584, 28 heads, 4 KV heads, intermediate 18944,
     # vocab 152064, max_position_embeddings 131072 (the -Instruct config says 32768), q/k/v biases,
@@ -807,6 +972,210 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         shared_expert_intermediate_size=2048,
         num_dense_layers=3,
     ),
+    # openai/gpt-oss-20b config.json (main, transformers_version 4.55.0.dev0, Aug 2025; an excerpt
+    # of the fields read here is configs/models/gpt-oss-20b.config.json, Apache-2.0): GptOssForCausalLM,
+    # 24 layers, hidden 2880, 64 heads of head_dim 64, 8 KV heads, layer_types alternating
+    # sliding_attention (sliding_window 128) and full_attention from layer 0, num_local_experts 32,
+    # num_experts_per_tok 4, intermediate_size 2880 (each expert's width), vocab 201088,
+    # max_position_embeddings 131072, attention_bias true, untied, no torch_dtype (bf16 activations).
+    # KV: 2 x 8 x 64 x 2 B = 2,048 B per token per layer; 12 sliding + 12 full layers = 49,152 B.
+    # 20,914,757,184 params: per layer attention 2 x (2880 x 4096 + 2880 x 512) + biases 8,000 +
+    # sinks 64 = 26,550,144, router 2880 x 32 + 32 = 92,192, 32 experts x (3 x 2880 x 2880 + biases
+    # 8,640) = 796,538,880, norms 5,760 -> 823,186,976 x 24 = 19,756,487,424; + embedding and LM head
+    # 2 x 201088 x 2880 + final norm 2,880 (card: 20.91B). Active 3,608,307,264: 24 x (26,550,144 +
+    # 92,192 + 4 experts 99,567,360 + 5,760) + LM head + final norm (card: 3.61B).
+    # NOTE: the checkpoint stores the experts in MXFP4 (about 13 GiB in all); weights here are sized
+    # at 2 bytes like the model's bf16 KV cache and activations. Checked: the full config copy in
+    # circuit-tracer's tests (gpt_oss_config); vLLM gpt_oss.py (sliding window on even layers).
+    "gpt-oss-20b": _preset(
+        name="gpt-oss-20b",
+        num_layers=24,
+        hidden_size=2880,
+        num_attention_heads=64,
+        num_kv_heads=8,
+        head_dim=64,
+        intermediate_size=2880,
+        vocab_size=201088,
+        num_params=20_914_757_184,
+        max_position_embeddings=131072,
+        num_active_params=3_608_307_264,
+        num_experts=32,
+        experts_per_token=4,
+        moe_intermediate_size=2880,
+        layer_kinds=(SlidingWindow(128), FULL_ATTENTION) * 12,
+    ),
+    # openai/gpt-oss-120b config.json (main, transformers_version 4.55.0.dev0; excerpt in
+    # configs/models/gpt-oss-120b.config.json): the shapes of gpt-oss-20b with 36 layers (18 sliding,
+    # 18 full) and 128 experts. KV: 2,048 B per token per layer, 36 layers = 73,728 B.
+    # 116,829,156,672 params: per layer 26,550,144 + router 368,768 + 128 experts 3,186,155,520 +
+    # norms 5,760 = 3,213,080,192, x 36 = 115,670,886,912; + 1,158,266,880 + 2,880 (card: 116.83B).
+    # Active 5,132,849,472 = 36 x 126,492,032 + LM head + final norm (card: 5.13B). MXFP4 experts
+    # (about 61 GiB in all) as for gpt-oss-20b. Checked: a public test transcribing
+    # https://huggingface.co/openai/gpt-oss-120b/raw/main/config.json ("layer_types: 18 x [sliding, full]").
+    "gpt-oss-120b": _preset(
+        name="gpt-oss-120b",
+        num_layers=36,
+        hidden_size=2880,
+        num_attention_heads=64,
+        num_kv_heads=8,
+        head_dim=64,
+        intermediate_size=2880,
+        vocab_size=201088,
+        num_params=116_829_156_672,
+        max_position_embeddings=131072,
+        num_active_params=5_132_849_472,
+        num_experts=128,
+        experts_per_token=4,
+        moe_intermediate_size=2880,
+        layer_kinds=(SlidingWindow(128), FULL_ATTENTION) * 18,
+    ),
+    # google/gemma-3-27b-it config.json (Gemma3ForConditionalGeneration, transformers_version
+    # 4.50.0.dev0, Mar 2025; Gemma licence terms, cited not copied): text_config 62 layers, hidden
+    # 5376, 32 heads of head_dim 128, 16 KV heads, intermediate 21504 (GeGLU), sliding_window 1024;
+    # the file leaves out sliding_window_pattern, vocab_size and max_position_embeddings, so
+    # Gemma3TextConfig's defaults hold: a full layer every 6th (layers 5, 11, ..., 59: 10 full, 52
+    # sliding), vocab 262208, 131072 positions; tied embeddings, bfloat16.
+    # KV: 2 x 16 x 128 x 2 B = 8,192 B per token per layer; 62 layers = 507,904 B.
+    # 27,432,406,640 params in the checkpoint (the published total): the text decoder 27,009,346,304
+    # (per layer q, k, v, o 66,060,288 + q/k norms 256 + MLP 3 x 5376 x 21504 = 346,816,512 + four
+    # norms 21,504 = 412,898,560, x 62; + embedding 262208 x 5376 = 1,409,630,208 + final norm 5,376)
+    # plus the SigLIP vision tower and projector, 423,060,336, which vLLM loads too; one token uses
+    # the decoder only (num_active_params). Checked: TensorRT-LLM's GEMMA3_27B config copy,
+    # transformers Gemma3TextConfig defaults, vLLM gemma3.py (layer_types decide sliding layers).
+    "Gemma-3-27B": _preset(
+        name="Gemma-3-27B",
+        num_layers=62,
+        hidden_size=5376,
+        num_attention_heads=32,
+        num_kv_heads=16,
+        head_dim=128,
+        intermediate_size=21504,
+        vocab_size=262208,
+        num_params=27_432_406_640,
+        max_position_embeddings=131072,
+        num_active_params=27_009_346_304,
+        layer_kinds=tuple(
+            FULL_ATTENTION if (layer + 1) % 6 == 0 else SlidingWindow(1024) for layer in range(62)
+        ),
+    ),
+    # meta-llama/Llama-4-Scout-17B-16E config.json (Llama4ForConditionalGeneration, Apr 2025; Llama 4
+    # licence, cited not copied): text_config 48 layers, hidden 5120, 40 heads of head_dim 128, 8 KV
+    # heads, 16 experts, 1 per token, intermediate_size 8192 (each expert and the shared expert),
+    # intermediate_size_mlp 16384 (dense layers; none: interleave_moe_layer_step 1), vocab 202048,
+    # max_position_embeddings 10485760, attention_chunk_size 8192, no_rope_layers empty so
+    # Llama4TextConfig's default holds: a NoPE layer every 4th (layers 3, 7, ..., 47). vLLM's
+    # Llama4Attention runs RoPE layers as ChunkedLocalAttention (36 layers) and NoPE layers as full
+    # attention (12). bfloat16, untied. KV: 2 x 8 x 128 x 2 B = 4,096 B per token per layer; 48
+    # layers = 196,608 B. 107,769,861,120 params in the text decoder: per layer attention
+    # 62,914,560 + router 81,920 + 16 experts 2,013,265,920 + shared expert 125,829,120 + norms
+    # 10,240 = 2,202,101,760, x 48; + embedding and LM head 2 x 202048 x 5120 + 5,120 (card: 109B
+    # with the vision encoder, which is not counted here; 17B active). Checked: config copies with
+    # these fields (TensorRT-LLM's Llama 4 test, neuronx-distributed-inference's Scout mock config),
+    # transformers Llama4TextConfig (no_rope_layers default), vLLM llama4.py.
+    "Llama-4-Scout-17B-16E": _preset(
+        name="Llama-4-Scout-17B-16E",
+        num_layers=48,
+        hidden_size=5120,
+        num_attention_heads=40,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=8192,
+        vocab_size=202048,
+        num_params=107_769_861_120,
+        max_position_embeddings=10485760,
+        num_experts=16,
+        experts_per_token=1,
+        moe_intermediate_size=8192,
+        shared_expert_intermediate_size=8192,
+        layer_kinds=tuple(
+            FULL_ATTENTION if (layer + 1) % 4 == 0 else ChunkedLocal(8192) for layer in range(48)
+        ),
+    ),
+    # Qwen/Qwen3-Next-80B-A3B-Instruct (and -Thinking) config.json (Qwen3NextForCausalLM, Sep 2025,
+    # Apache-2.0; excerpt in configs/models/qwen3-next-80b-a3b.config.json): 48 layers, hidden 2048,
+    # full_attention_interval 4 (layers 3, 7, ..., 47 full attention with 16 heads of head_dim 256
+    # and 2 KV heads; the other 36 gated delta net with linear_num_key_heads 16,
+    # linear_num_value_heads 32, linear_key_head_dim 128, linear_value_head_dim 128,
+    # linear_conv_kernel_dim 4), 512 experts, 10 per token, moe_intermediate_size 512, one shared
+    # expert of 512, vocab 151936, max_position_embeddings 262144, untied, bfloat16.
+    # KV: 2 x 2 x 256 x 2 B = 2,048 B per token per full layer, 12 layers = 24,576 B.
+    # State per gated-delta-net layer (vLLM gated_delta_net_state_shape, bf16 "auto"): conv 3 x
+    # (2 x 16 x 128 + 32 x 128) = 24,576 elements, SSM 32 x 128 x 128 = 524,288, x 2 B = 1,097,728 B;
+    # 36 layers = 39,518,208 B per request. 79,674,391,296 params computed from the shapes: full
+    # layer attention (q with its output gate 2048 x 8192, k, v 2048 x 512, o 4096 x 2048, q/k norms)
+    # 27,263,488, gated-delta-net layer 33,718,464, MoE per layer (router, 512 experts, shared expert
+    # and its gate) 1,614,809,088, norms 4,096; + embedding and LM head 2 x 151936 x 2048 + 2,048 (card:
+    # 80B total, 3B activated; the multi-token-prediction layer is not counted). Checked: the
+    # release's config.json transcribed in a public C++ test, transformers Qwen3NextConfig, vLLM
+    # qwen3_next.py and mamba_utils.py.
+    "Qwen3-Next-80B-A3B": _preset(
+        name="Qwen3-Next-80B-A3B",
+        num_layers=48,
+        hidden_size=2048,
+        num_attention_heads=16,
+        num_kv_heads=2,
+        head_dim=256,
+        intermediate_size=5120,
+        vocab_size=151936,
+        num_params=79_674_391_296,
+        max_position_embeddings=262144,
+        num_experts=512,
+        experts_per_token=10,
+        moe_intermediate_size=512,
+        shared_expert_intermediate_size=512,
+        layer_kinds=tuple(
+            FULL_ATTENTION
+            if (layer + 1) % 4 == 0
+            else GatedDeltaNetState(
+                num_key_heads=16, num_value_heads=32, key_head_dim=128, value_head_dim=128, conv_kernel=4
+            )
+            for layer in range(48)
+        ),
+    ),
+    # nvidia/Nemotron-H-8B-Base-8K config.json (NemotronHForCausalLM, Apr 2025; NVIDIA licence, cited
+    # not copied): 52 blocks in hybrid_override_pattern "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-
+    # M-M-M-M-M-" (24 Mamba2, 4 attention at blocks 7, 18, 29, 40, 24 MLP), hidden 4096, 32 heads of
+    # head_dim 128, 8 KV heads, intermediate 21504 (squared-ReLU, two matrices), mamba_num_heads 128,
+    # mamba_head_dim 64, ssm_state_size 128, n_groups 8, conv_kernel 4, vocab 131072,
+    # max_position_embeddings 8192, untied, bfloat16. KV: 2 x 8 x 128 x 2 B = 4,096 B per token per
+    # attention layer, 4 layers = 16,384 B. State per Mamba2 layer: conv 3 x (8192 + 2 x 8 x 128) =
+    # 30,720 elements x 2 B = 61,440 B, SSM 128 x 64 x 128 = 1,048,576 elements x 4 B = 4,194,304 B
+    # (vLLM's NemotronH hook makes "auto" float32) = 4,255,744 B; 24 layers = 102,137,856 B per
+    # request. 8,100,852,736 params computed from the shapes: Mamba2 block (in_proj 4096 x 18560,
+    # conv 10240 x 4 + bias, dt_bias, A_log, D, gated norm 8192, out_proj 8192 x 4096, norm)
+    # 109,640,064, attention block 41,947,136, MLP block 2 x 4096 x 21504 + norm = 176,164,864;
+    # + embedding and LM head 2 x 131072 x 4096 + final norm (card: 8B). Checked: the pattern and shapes
+    # in transformers' NemotronHConfig defaults and Megatron's 8B hybrid config, vLLM nemotron_h.py
+    # (intermediate = heads x head_dim) and mamba_utils.py.
+    "Nemotron-H-8B-Base-8K": _preset(
+        name="Nemotron-H-8B-Base-8K",
+        num_layers=52,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=21504,
+        vocab_size=131072,
+        num_params=8_100_852_736,
+        max_position_embeddings=8192,
+        gated_mlp=False,
+        layer_kinds=tuple(
+            {
+                "M": Mamba2State(
+                    intermediate_size=8192,
+                    n_groups=8,
+                    num_heads=128,
+                    head_dim=64,
+                    state_size=128,
+                    conv_kernel=4,
+                    ssm_dtype="float32",
+                ),
+                "*": FULL_ATTENTION,
+                "-": MLP_ONLY,
+            }[character]
+            for character in "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+        ),
+    ),
 }
 # Qwen/Qwen3-30B-A3B-Instruct-2507 (and -Thinking-2507): the shapes of Qwen3-30B-A3B, trained for a
 # native 262,144-token context, which its config.json gives as max_position_embeddings (vLLM derives
@@ -829,6 +1198,9 @@ _PRESET_ALIASES: dict[str, str] = {
     "deepseek-v2-lite-chat": "DeepSeek-V2-Lite",
     "mixtral-8x7b-v0.1": "Mixtral-8x7B",
     "qwen3-30b-a3b-thinking-2507": "Qwen3-30B-A3B-Instruct-2507",
+    "gemma-3-27b-it": "Gemma-3-27B",
+    "gemma-3-27b-pt": "Gemma-3-27B",
+    "qwen3-next-80b-a3b-thinking": "Qwen3-Next-80B-A3B",
 }
 
 _NAME_SUFFIXES = ("-instruct", "-chat-hf", "-chat", "-hf", "-base")
@@ -909,11 +1281,17 @@ _DTYPE_BYTES: dict[str, int] = {
 # transformers' default for an absent tie_word_embeddings differs by architecture: PretrainedConfig
 # ties (True), while LlamaConfig, MistralConfig, Qwen2Config, Phi3Config, DeepseekV*Config set False.
 _TIED_BY_DEFAULT = {"opt", "gpt2", "gemma", "gemma2", "gemma3", "gemma3_text", "bloom", "gpt_neox_japanese"}
-_UNGATED_MLP = {"opt", "gpt2", "gpt_bigcode", "bloom", "falcon", "gpt_neox", "gptj", "phi"}
+_UNGATED_MLP = {"opt", "gpt2", "gpt_bigcode", "bloom", "falcon", "gpt_neox", "gptj", "phi", "nemotron_h"}
 _QKV_BIAS = {"qwen2", "qwen2_moe"}
 _QK_NORM = {"qwen3", "qwen3_moe"}  # an RMSNorm of head_dim on q and on k in every layer
 # Routed-expert counts as DeepSeek, Mixtral and Qwen-MoE configs spell them.
 _EXPERT_COUNT_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
+# Fields a config may leave out because its transformers class has a default for them (the
+# google/gemma-3-*-it configs write neither; Gemma3TextConfig: vocab_size 262_208,
+# max_position_embeddings 131_072).
+_CLASS_DEFAULTS: dict[str, dict[str, int]] = {
+    "gemma3_text": {"vocab_size": 262_208, "max_position_embeddings": 131_072},
+}
 
 
 def _config_path(path: str | os.PathLike[str]) -> Path:
@@ -1103,6 +1481,15 @@ def model_from_hf_config(
     Quantised checkpoints (a ``quantization_config``) are sized at ``torch_dtype`` with a warning;
     adjust ``weight_dtype_bytes`` with :func:`dataclasses.replace`.
 
+    Layer kinds (sliding-window, chunked-local, Mamba/linear-attention and MLP-only layers) come from
+    ``layer_types``, ``hybrid_override_pattern``, ``layers_block_type``, ``attn_layer_period`` /
+    ``attn_layer_offset``, ``attention_chunk_size`` / ``no_rope_layers``, ``full_attention_interval``
+    (Qwen3-Next) or ``sliding_window`` / ``sliding_window_pattern`` / ``use_sliding_window``, with
+    the state shapes beside them (:func:`sim.hardware.layers.layer_kinds_from_hf_config`). A model
+    with Mamba, linear-attention or MLP-only blocks has no shape-based parameter estimate and needs a
+    count, as MLA does. Gemma 3 configs may leave out ``vocab_size`` and ``max_position_embeddings``:
+    Gemma3TextConfig's defaults (262,208 and 131,072) are used.
+
     Raises ``ValueError`` naming the file (and field) for a missing file, bad JSON or a missing or
     invalid field.
     """
@@ -1110,6 +1497,7 @@ def model_from_hf_config(
     cfg = _read_config(cfg_path)
     where = str(cfg_path)
     model_type = str(cfg.get("model_type", "")).lower()
+    cfg = {**_CLASS_DEFAULTS.get(model_type, {}), **cfg}
 
     num_layers = _int_field(cfg, cfg_path, "num_hidden_layers")
     hidden = _int_field(cfg, cfg_path, "hidden_size")
@@ -1157,8 +1545,11 @@ def model_from_hf_config(
 
     gated = model_type not in _UNGATED_MLP
     moe = _moe_shape(cfg, cfg_path, num_layers, intermediate)
+    layer_kinds = layer_kinds_from_hf_config(cfg, where, num_layers, hidden)
     if num_params is None:
         num_params = _int_field(cfg, cfg_path, "num_params", "num_parameters", required=False)
+    if num_params is None and layer_kinds is not None:
+        _refuse_estimate_for_blocks_without_attention(where, layer_kinds)
     if num_params is None:
         if moe and attention == "mla":
             raise ValueError(
@@ -1214,7 +1605,21 @@ def model_from_hf_config(
             qk_rope_head_dim=qk_rope,
             max_position_embeddings=max_pos,
             gated_mlp=gated,
+            layer_kinds=layer_kinds,
             **moe,
         )
     except ValueError as exc:
         raise ValueError(f"model config {where!r}: {exc}") from exc
+
+
+def _refuse_estimate_for_blocks_without_attention(where: str, layer_kinds: tuple[LayerKind, ...]) -> None:
+    """The shape estimate counts every layer as attention plus MLP; Mamba, linear-attention and
+    MLP-only blocks have other weights, so a count is required for such a model."""
+    others = sorted({kind.label for kind in layer_kinds if isinstance(kind, (*STATE_KINDS, MlpOnly))})
+    if others:
+        hybrids = ", ".join(name for name, spec in MODEL_PRESETS.items() if spec.layer_kinds is not None)
+        raise ValueError(
+            f"model config {where!r} has {', '.join(others)} layers; its parameter count cannot be "
+            "estimated from the shapes (the estimate counts attention and an MLP in every layer). Pass "
+            f"num_params=..., add a 'num_params' field to the file, or use a preset ({hybrids})."
+        )
