@@ -532,14 +532,14 @@ def test_time_averages_and_summary_by_hand(step_mode):
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
 def test_streamed_outputs_equal_in_memory_outputs(tmp_path, monkeypatch, fmt):
     """Tables handed to a file sink in small chunks read back exactly as the in-memory ones."""
-    import sim.engine.core
+    import sim.engine.ledger
     import sim.outputs.metrics
     from sim.outputs.sinks import FileSink
 
     pool = PoolSpec(16 * 24, 16, 160)
     memory = run("prefix", pool, random_requests(5, 30))
     monkeypatch.setattr(sim.outputs.metrics, "CHUNK_ROWS", 7)
-    monkeypatch.setattr(sim.engine.core, "CHUNK_ROWS", 7)
+    monkeypatch.setattr(sim.engine.ledger, "CHUNK_ROWS", 7)
     sink = FileSink(tmp_path, fmt)
     policy = make_policy("prefix", pool)
     engine = Engine(
@@ -640,7 +640,7 @@ def test_engine_wakeups_count_events_not_iterations():
 def test_fewer_collections_raises_the_youngest_threshold_and_restores_it():
     import gc
 
-    from sim.engine.core import YOUNG_COLLECTION_EVERY, fewer_collections
+    from sim.engine.gc_tuning import YOUNG_COLLECTION_EVERY, fewer_collections
 
     saved = gc.get_threshold()
     try:

@@ -17,7 +17,8 @@ import simpy
 
 from sim.cluster.routers import Router
 from sim.engine.arrivals import Arrivals
-from sim.engine.core import Engine, fewer_collections
+from sim.engine.core import Engine
+from sim.engine.gc_tuning import fewer_collections
 from workloads.base import Workload
 from workloads.request import Request
 

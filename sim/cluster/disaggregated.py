@@ -38,8 +38,9 @@ from sim.cluster.link import LinkSpec, TransferLink
 from sim.cluster.routers import Router
 from sim.config import DeciderConfig
 from sim.engine.arrivals import Arrivals
-from sim.engine.core import Engine, fewer_collections
+from sim.engine.core import Engine
 from sim.engine.decoding import RequestState
+from sim.engine.gc_tuning import fewer_collections
 from sim.outputs.metrics import RequestRecord
 from workloads.request import Request
 

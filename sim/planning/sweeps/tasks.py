@@ -67,7 +67,7 @@ def answers(task: PointTask, summaries: list[dict[str, Any]]) -> bool:
 
 
 def run_point(task: PointTask) -> PointOutcome:
-    from sim.engine.core import fewer_collections
+    from sim.engine.gc_tuning import fewer_collections
 
     started = time.process_time()
     try:

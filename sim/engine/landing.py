@@ -1,0 +1,107 @@
+"""Where a jump lands: the iterations a wake-up skipped over (``sim/engine/jumps.py`` planned them)
+are applied when it ends, or, when the run stops inside it, as far as single steps would have got.
+Their growth is taken in the order single steps would take it, each flush observed at the instant
+it was due, so the recorded time averages are exactly those of stepping one iteration at a time."""
+
+from __future__ import annotations
+
+from sim.engine.batch import Batch
+from sim.engine.decoding import DecodeClock, RequestState
+from sim.engine.growth import DecodeGrowth
+from sim.engine.jumps import Jump
+from sim.engine.observe import StateObserver
+from sim.engine.schedulers.base import Scheduler
+from sim.kv.coordinator import KVCoordinator
+from sim.outputs.metrics import Counters, Recorder
+
+
+class JumpLanding:
+    def __init__(
+        self,
+        kv: KVCoordinator,
+        clock: DecodeClock,
+        batch: Batch,
+        growth: DecodeGrowth,
+        scheduler: Scheduler,
+        recorder: Recorder,
+        observer: StateObserver,
+        counters: Counters,
+    ):
+        self.kv = kv
+        self.clock = clock
+        self.batch = batch
+        self.growth = growth
+        self.scheduler = scheduler
+        self.recorder = recorder
+        self.observer = observer
+        self.counters = counters
+
+    def land(self, jump: Jump, prefill_this_step: list[tuple[RequestState, int]]) -> int:
+        """The jump's iterations after the first have run: apply what they did, in order (their
+        prefill chunks join ``prefill_this_step``). Returns the wake-up's iterations."""
+        self._apply(jump, jump.timeline.extra, prefill_this_step)
+        return 1 + jump.timeline.extra
+
+    def _apply(self, jump: Jump, steps: int, prefill_this_step: list[tuple[RequestState, int]]) -> None:
+        """The first ``steps`` iterations of the jump after iteration 1 took place: their growth, their
+        prefill chunks and the area of the tokens they decoded."""
+        self._prepare_second_iteration(jump, jump.first_clock + steps)
+        if jump.grows:
+            self._grow_inside(jump, jump.first_clock + steps)
+        for chunks in jump.chunks[:steps]:
+            for state, chunk in chunks:
+                state.prefilled += chunk
+            prefill_this_step.extend(chunks)
+        self.recorder.add_token_area(jump.timeline.batch * jump.timeline.token_weight_s(steps))
+        self.clock.now += steps
+        if jump.timeline.batch:
+            prefills = sum(1 for chunks in jump.chunks[:steps] if chunks)
+            self.scheduler.decode_steps(steps - prefills)
+
+    def _prepare_second_iteration(self, jump: Jump, last_clock: int) -> None:
+        """Iteration 1 took free slots (its growth and admissions): the jump's next iteration, if it
+        has taken place by ``last_clock``, prepares its decode step first, as single steps would."""
+        second = jump.first_clock + 1
+        if second <= last_clock and self.growth.prepare_decode_step():
+            self._observe(jump, second)
+
+    def _grow_inside(self, jump: Jump, last_clock: int) -> None:
+        """Flushes due inside the jump, in the order single steps would take them (clock, then
+        admission), each group observed at the start of its iteration. The jump was planned so that
+        the pool has every block they take."""
+        copies_before = self.kv.stats.cow_copies
+        clock = self.clock
+        while (due := clock.next_flush()) <= last_clock:
+            self._flush_group(jump, clock.due_flushes(due), due, last_clock)
+        # Copy-on-write only follows a fork, which ends a wake-up: its write is the next iteration 1.
+        assert self.kv.stats.cow_copies == copies_before, "a copy-on-write inside a jump"
+
+    def _flush_group(self, jump: Jump, states: list[RequestState], due_clock: int, last_clock: int) -> None:
+        """Flushes due at the start of the same iteration of the jump: one policy call, then the
+        state observed at that instant. The next iteration, if the jump has it, prepares its decode
+        step first (the flush took free slots a policy may want back), observed when it starts."""
+        self.clock.flush(states, due_clock)
+        self._observe(jump, due_clock)
+        if due_clock < last_clock and self.growth.prepare_decode_step():
+            self._observe(jump, due_clock + 1)
+
+    def _observe(self, jump: Jump, clock: int) -> None:
+        """The state as the iteration at ``clock`` of the jump starts."""
+        start_s = jump.start_s + jump.timeline.elapsed_s(clock - jump.first_clock)
+        self.recorder.observe(start_s, self.observer.averaged(len(self.batch.running)))
+
+    def stop_inside(self, jump: Jump, now: float) -> None:
+        """The run ended (``until_s``) inside a jump: book what single steps would have by now."""
+        elapsed = now - jump.start_s
+        ended = jump.timeline.iterations_ended_before(elapsed)
+        # Iteration ``ended + 1`` is in progress: its growth and tokens are in, its completions not.
+        started = min(ended + 1, 1 + jump.timeline.extra)
+        self._prepare_second_iteration(jump, jump.first_clock + started - 1)
+        if jump.grows:
+            self._grow_inside(jump, jump.first_clock + started - 1)
+        timeline = jump.timeline
+        partial = elapsed - timeline.elapsed_s(started - 1)
+        area = timeline.token_weight_s(started - 2) + (started - 1) * partial if started > 1 else 0.0
+        self.recorder.add_token_area(timeline.batch * area)
+        self.counters.iterations += ended
+        self.counters.output_tokens += ended * timeline.batch
