@@ -40,6 +40,8 @@ from policies.base import (
     PolicyStats,
     PrefixHit,
 )
+from policies.hybrid.block_pool import SharedBlockPool
+from policies.hybrid.group import GroupManager
 from token_content import TokenContent
 
 __all__ = [
@@ -220,8 +222,22 @@ class SingleGroupCoordinator(KVCoordinator):
         return self.policy.host_tier
 
 
+class _SharedPool:
+    """A shared block pool and the groups drawing from it (vLLM's hybrid manager: one pool, every
+    group a layer kind)."""
+
+    def __init__(self, pool: SharedBlockPool, managers: list[GroupManager], slot_bytes: int):
+        self.pool = pool
+        self.managers = managers
+        self.slot_bytes = slot_bytes
+        # Groups whose blocks grow with a sequence (a Mamba state does not): a token needs a slot in each.
+        self.growing = max(1, sum(1 for manager in managers if manager.kind != "mamba"))
+
+
 class MultiGroupCoordinator(KVCoordinator):
-    """Several groups, each with its own pool (a hybrid model's layer kinds)."""
+    """Several groups: each with a pool of its own (a policy), or drawing on a pool they share
+    (:class:`~policies.hybrid.group.GroupManager`). Every check of room is made per pool: the needs
+    of the groups sharing one are added up."""
 
     def __init__(self, groups: Sequence[KVGroup]):
         names = [group.name for group in groups]
@@ -240,7 +256,29 @@ class MultiGroupCoordinator(KVCoordinator):
             raise ValueError(f"KV groups need one block size (tokens per block), got {block_sizes}")
         self.groups = tuple(groups)
         self.policies = policies
-        self.pool_slots = sum(policy.pool_slots for policy in policies)
+        self._own = [group for group in groups if not isinstance(group.policy, GroupManager)]
+        self._shared = self._shared_pools(groups)
+        self.pool_slots = sum(group.policy.pool_slots for group in self._own) + sum(
+            shared.pool.pool_slots for shared in self._shared
+        )
+
+    @staticmethod
+    def _shared_pools(groups: Sequence[KVGroup]) -> list[_SharedPool]:
+        by_pool: dict[int, list[KVGroup]] = {}
+        for group in groups:
+            if isinstance(group.policy, GroupManager):
+                by_pool.setdefault(id(group.policy.shared_pool), []).append(group)
+        shared = []
+        for members in by_pool.values():
+            slot_bytes = {group.slot_bytes for group in members}
+            if len(slot_bytes) > 1:
+                raise ValueError(
+                    f"KV groups {[group.name for group in members]} share a block pool, so one page size, "
+                    f"but their slot_bytes differ: {sorted(slot_bytes)}"
+                )
+            managers = [group.policy for group in members if isinstance(group.policy, GroupManager)]
+            shared.append(_SharedPool(managers[0].shared_pool, managers, slot_bytes.pop()))
+        return shared
 
     # -- prefix hits ------------------------------------------------------------------------------
     def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
@@ -258,28 +296,55 @@ class MultiGroupCoordinator(KVCoordinator):
 
     # -- sequences --------------------------------------------------------------------------------
     def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
-        return all(policy.can_admit(prompt, final_len) for policy in self.policies)
+        return self._admission_shortfall(prompt, final_len, 0, self.lookup(prompt).cached_tokens) is None
+
+    def _admission_shortfall(
+        self, prompt: TokenContent, final_len: int, namespace: int, cached: int
+    ) -> tuple[str, int, int] | KVCachePolicy | None:
+        """Why the prompt does not fit now: the first own-pool policy that cannot admit it (its own
+        admission says by how much), or (shared pool, slots needed, slots free); None when it fits."""
+        for group in self._own:
+            if not group.policy.can_admit_capped(prompt, final_len, namespace, cached):
+                return group.policy
+        for shared in self._shared:
+            needed = sum(manager.slots_needed_to_admit(prompt) for manager in shared.managers)
+            if needed > shared.pool.free_slots():
+                return "the shared block pool", needed, shared.pool.free_slots()
+        return None
 
     def admit(
         self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
     ) -> int:
         cached = self.lookup(prompt, namespace).cached_tokens
-        for policy in self.policies:
-            if not policy.can_admit_capped(prompt, final_len, namespace, cached):
-                # Its own admission raises the OutOfKVMemory that says by how much, changing nothing.
-                policy.admit_capped(seq_id, prompt, final_len, output_content_id, namespace, cached)
-                raise AssertionError(f"policy {policy.name!r} admitted a sequence its can_admit refused")
+        shortfall = self._admission_shortfall(prompt, final_len, namespace, cached)
+        if isinstance(shortfall, KVCachePolicy):
+            # Its own admission raises the OutOfKVMemory that says by how much, changing nothing.
+            shortfall.admit_capped(seq_id, prompt, final_len, output_content_id, namespace, cached)
+            raise AssertionError(f"policy {shortfall.name!r} admitted a sequence its can_admit refused")
+        if shortfall is not None:
+            self._refuse(f"admitting sequence {seq_id}", shortfall)
         for policy in self.policies:
             policy.admit_capped(seq_id, prompt, final_len, output_content_id, namespace, cached)
         return cached
 
+    def _refuse(self, what: str, shortfall: tuple[str, int, int]) -> None:
+        where, needed, available = shortfall
+        self.policies[0].stats.allocation_failures += 1
+        raise OutOfKVMemory(
+            f"{what} needs {needed} slots of {where}, {available} available",
+            needed_slots=needed,
+            free_slots=available,
+        )
+
     def grow(self, seq_id: int, num_tokens: int) -> None:
         self._check_room([seq_id], [num_tokens])
+        self._release_before_growth([seq_id], [num_tokens])
         for policy in self.policies:
             policy.grow(seq_id, num_tokens)
 
     def grow_each(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
         self._check_room(seq_ids, num_tokens)
+        self._release_before_growth(seq_ids, num_tokens)
         rooms = self.policies[0].grow_each(seq_ids, num_tokens)
         for policy in self.policies[1:]:
             rooms = [
@@ -288,34 +353,46 @@ class MultiGroupCoordinator(KVCoordinator):
             ]
         return rooms
 
+    def _release_before_growth(self, seq_ids: list[int], num_tokens: list[int]) -> None:
+        """Every shared-pool group first frees what the growth releases (see
+        :meth:`~policies.hybrid.group.GroupManager.release_before_growth`)."""
+        for shared in self._shared:
+            for manager in shared.managers:
+                for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+                    manager.release_before_growth(seq_id, tokens)
+
     def fits_growth(self, seq_ids: list[int], num_tokens: int) -> bool:
-        return self._shortfall(seq_ids, [num_tokens] * len(seq_ids)) is None
+        return self._growth_shortfall(seq_ids, [num_tokens] * len(seq_ids)) is None
 
     def _check_room(self, seq_ids: list[int], num_tokens: list[int]) -> None:
-        shortfall = self._shortfall(seq_ids, num_tokens)
+        shortfall = self._growth_shortfall(seq_ids, num_tokens)
         if shortfall is not None:
-            group, needed, available = shortfall
-            group.policy.stats.allocation_failures += 1
-            raise OutOfKVMemory(
-                f"growing sequences {seq_ids} needs {needed} slots of KV group {group.name!r}, {available} available",
-                needed_slots=needed,
-                free_slots=available,
-            )
+            self._refuse(f"growing sequences {seq_ids}", shortfall)
 
-    def _shortfall(self, seq_ids: list[int], num_tokens: list[int]) -> tuple[KVGroup, int, int] | None:
-        """The first group that cannot supply the slots of this growth: (group, needed, available)."""
-        for group in self.groups:
-            policy = group.policy
-            needed = sum(
-                policy.slots_needed_to_grow(seq_id, tokens)
-                for seq_id, tokens in zip(seq_ids, num_tokens, strict=True)
-            )
-            available = policy.available_slots()
+    def _growth_shortfall(self, seq_ids: list[int], num_tokens: list[int]) -> tuple[str, int, int] | None:
+        """The first pool that cannot supply the slots of this growth: (its name, needed, available)."""
+        for group in self._own:
+            needed = _slots_needed(group.policy, seq_ids, num_tokens)
+            available = group.policy.available_slots()
             if needed > available:
-                return group, needed, available
+                return f"KV group {group.name!r}", needed, available
+        for shared in self._shared:
+            # What the groups release counts as free: vLLM frees skipped blocks before it allocates.
+            needed = sum(_net_slots(manager, seq_ids, num_tokens) for manager in shared.managers)
+            if needed > shared.pool.free_slots():
+                return "the shared block pool", needed, shared.pool.free_slots()
         return None
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
+        for shared in self._shared:
+            needed = sum(
+                manager.slots_needed_to_fork(parent_id, len(children)) for manager in shared.managers
+            )
+            if needed > shared.pool.free_slots():
+                self._refuse(
+                    f"forking sequence {parent_id}",
+                    ("the shared block pool", needed, shared.pool.free_slots()),
+                )
         done: list[KVCachePolicy] = []
         try:
             for policy in self.policies:
@@ -335,7 +412,11 @@ class MultiGroupCoordinator(KVCoordinator):
         return min(policy.growth_room(seq_id) for policy in self.policies)
 
     def available_slots(self) -> int:
-        return min(policy.available_slots() for policy in self.policies)
+        """Slots every growing group can still take: the scarcest own pool's, and a shared pool's free
+        slots split over the groups that grow with each token."""
+        rooms = [group.policy.available_slots() for group in self._own]
+        rooms += [shared.pool.free_slots() // shared.growing for shared in self._shared]
+        return min(rooms)
 
     def seq_len(self, seq_id: int) -> int:
         return self.policies[0].seq_len(seq_id)
@@ -347,15 +428,32 @@ class MultiGroupCoordinator(KVCoordinator):
     # -- accounting -------------------------------------------------------------------------------
     def breakdown_values(self) -> Breakdown:
         used = reserved = internal = external = cached = free = 0
-        for policy in self.policies:
-            group = policy.breakdown_values()
-            used += group[0]
-            reserved += group[1]
-            internal += group[2]
-            external += group[3]
-            cached += group[4]
-            free += group[5]
+        parts = [policy.breakdown_values() for policy in self.policies]
+        parts += [shared.pool.breakdown_values() for shared in self._shared]
+        for part in parts:
+            used += part[0]
+            reserved += part[1]
+            internal += part[2]
+            external += part[3]
+            cached += part[4]
+            free += part[5]
         return used, reserved, internal, external, cached, free
+
+    def group_breakdowns(self) -> dict[str, MemoryBreakdown]:
+        """Each group's breakdown by its name; a shared pool's free blocks are an entry of their own
+        (``shared pool``), so that the entries sum to the whole pool."""
+        breakdowns = super().group_breakdowns()
+        for index, shared in enumerate(self._shared):
+            name = "shared pool" if len(self._shared) == 1 else f"shared pool {index}"
+            breakdowns[name] = MemoryBreakdown(*shared.pool.breakdown_values())
+        return breakdowns
+
+    def breakdown_bytes(self) -> dict[str, int]:
+        totals = super().breakdown_bytes()
+        for shared in self._shared:
+            for name, slots in MemoryBreakdown(*shared.pool.breakdown_values()).as_dict().items():
+                totals[name] += slots * shared.slot_bytes
+        return totals
 
     def sharing_slots(self) -> tuple[int, int]:
         physical = logical = 0
@@ -387,6 +485,20 @@ class MultiGroupCoordinator(KVCoordinator):
     @property
     def host_tier(self) -> HostPool | None:
         return None
+
+
+def _net_slots(manager: GroupManager, seq_ids: list[int], num_tokens: list[int]) -> int:
+    net = 0
+    for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+        net += manager.net_slots_to_grow(seq_id, tokens)
+    return net
+
+
+def _slots_needed(policy: KVCachePolicy, seq_ids: list[int], num_tokens: list[int]) -> int:
+    needed = 0
+    for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+        needed += policy.slots_needed_to_grow(seq_id, tokens)
+    return needed
 
 
 def make_coordinator(groups: Sequence[KVGroup] | KVCachePolicy) -> KVCoordinator:

@@ -1,0 +1,41 @@
+"""Chunked local attention over aligned chunks of ``chunk`` tokens (Llama 4; vLLM's
+``ChunkedLocalAttentionManager``): a token attends to the tokens of its own chunk, so at a step that
+starts with ``n`` tokens computed, the blocks wholly before ``(n // chunk) x chunk`` are released.
+A sequence of ``n`` tokens, its last one just decoded, holds blocks from
+``((n - 1) // chunk x chunk) // block_size`` onwards.
+
+During a prompt, chunked prefill holds at most the part of the current attention chunk before a
+prefill chunk plus the prefill chunk: ``cdiv(chunk - 1 + prefill chunk, block_size) + 1`` blocks.
+"""
+
+from __future__ import annotations
+
+from policies.base import PolicyInputError, PoolSpec
+from policies.hybrid.block_pool import SharedBlockPool
+from policies.hybrid.group import GroupManager, GroupSequence, ceil_div
+
+
+class ChunkedLocalGroup(GroupManager):
+    kind = "chunked_local"
+
+    def __init__(self, pool: PoolSpec, shared_pool: SharedBlockPool, prefill_tokens: int, chunk: int):
+        if chunk <= 0:
+            raise PolicyInputError(f"an attention chunk must be positive, got {chunk}")
+        super().__init__(pool, shared_pool, prefill_tokens)
+        self.chunk = chunk
+
+    def held_run(self, num_tokens: int) -> tuple[int, int]:
+        chunk_start = max(0, num_tokens - 1) // self.chunk * self.chunk
+        return chunk_start // self.block_size, ceil_div(num_tokens, self.block_size)
+
+    def next_release(self, seq: GroupSequence) -> int:
+        # The first token count whose chunk starts in a later block than the one held first.
+        chunk = self.chunk
+        next_start = ((seq.first_block + 1) * self.block_size + chunk - 1) // chunk * chunk
+        return next_start + 1
+
+    def prefill_run(self, prompt_len: int) -> tuple[int, int]:
+        end = ceil_div(prompt_len, self.block_size)
+        prefill_chunk = min(prompt_len, self.prefill_tokens)
+        in_flight = ceil_div(self.chunk - 1 + prefill_chunk, self.block_size) + 1
+        return max(0, end - in_flight), end

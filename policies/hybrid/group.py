@@ -1,0 +1,212 @@
+"""What every KV-group manager of a shared block pool does alike (vLLM's
+``SingleTypeKVCacheManager``): per sequence, a run of held blocks ``[first_block, end_block)`` of its
+block positions; blocks before ``first_block`` were released (vLLM's null blocks in the block table).
+A layer kind says only which run a sequence must hold (:meth:`GroupManager.held_run`) and when that
+run next starts later (:meth:`GroupManager.next_release`).
+
+Accounting, in the pool's slots: a sequence's held blocks hold its tokens past ``first_block``
+(*used*), slots it will fill up to its final length (*reserved*) and slots past its final length
+(*internal fragmentation*). The pool reports the free blocks; the coordinator adds them once.
+
+Prompts: kvsim allocates a prompt at admission (``sim/engine/core.py``); a group whose layers see
+only part of the prompt holds, from admission until its first decoded token, the most that vLLM's
+chunked prefill holds at once (:meth:`GroupManager.prefill_run`), then what the kind keeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mypy_extensions import mypyc_attr
+
+from policies.base import ChildSpec, OutOfKVMemory, PolicyInputError, PoolSpec, SequenceTable
+from policies.hybrid.block_pool import SharedBlockPool
+from token_content import TokenContent, content_length, validate_content
+
+NEVER = 1 << 62
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class GroupSequence:
+    num_tokens: int
+    final_len: int
+    first_block: int  # blocks before it were released
+    end_block: int  # one past its last held block
+
+    def __init__(self, num_tokens: int, final_len: int, first_block: int, end_block: int) -> None:
+        self.num_tokens = num_tokens
+        self.final_len = final_len
+        self.first_block = first_block
+        self.end_block = end_block
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class GroupManager(SequenceTable[GroupSequence]):
+    """One KV group's blocks, taken from a pool other groups share. Subclasses: one layer kind each."""
+
+    kind: str = ""
+
+    def __init__(self, pool: PoolSpec, shared_pool: SharedBlockPool, prefill_tokens: int):
+        """``prefill_tokens``: the most prompt tokens one iteration computes for one request (the
+        engine's ``max_num_batched_tokens`` with chunked prefill, else ``max_model_len``)."""
+        super().__init__(pool)
+        if pool.block_size != shared_pool.block_size:
+            raise PolicyInputError(
+                f"{self.kind} group: block_size {pool.block_size} differs from the shared pool's "
+                f"{shared_pool.block_size}"
+            )
+        self.shared_pool = shared_pool
+        self.block_size = pool.block_size
+        self.prefill_tokens = prefill_tokens
+        self.sequences = {}
+        self._used = self._reserved = self._held_blocks = 0  # running sums: the breakdown is O(1)
+
+    # -- what a layer kind decides ------------------------------------------------------------------
+    def held_run(self, num_tokens: int) -> tuple[int, int]:
+        """``(first_block, end_block)`` a decoding sequence of ``num_tokens`` tokens must hold."""
+        raise NotImplementedError
+
+    def next_release(self, seq: GroupSequence) -> int:
+        """The token count at which ``seq``'s first held block is next released (``NEVER``: never)."""
+        return NEVER
+
+    def prefill_run(self, prompt_len: int) -> tuple[int, int]:
+        """``(first_block, end_block)`` a prompt of ``prompt_len`` tokens holds from admission to its
+        first decoded token."""
+        return self.held_run(prompt_len)
+
+    # -- sequences ------------------------------------------------------------------------------------
+    def slots_needed_to_admit(self, prompt: TokenContent) -> int:
+        first, end = self.prefill_run(content_length(prompt))
+        return (end - first) * self.block_size
+
+    def can_admit(self, prompt: TokenContent, final_len: int, namespace: int = 0) -> bool:
+        return self.slots_needed_to_admit(prompt) <= self.shared_pool.free_slots()
+
+    def admit(
+        self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
+    ) -> int:
+        prompt_len = self._check_new_sequence(seq_id, prompt, final_len)
+        first, end = self.prefill_run(prompt_len)
+        self.shared_pool.take(end - first, f"admitting sequence {seq_id} into the {self.kind} group")
+        seq = GroupSequence(prompt_len, final_len, first, end)
+        self.sequences[seq_id] = seq
+        self._account(seq, 1)
+        return 0
+
+    def grow(self, seq_id: int, num_tokens: int, content: TokenContent | None = None) -> None:
+        """Append tokens: first release the blocks the kind no longer keeps, then take the new ones
+        (vLLM's order: ``remove_skipped_blocks`` before ``allocate_new_blocks``)."""
+        seq = self._get(seq_id)
+        self._check_growth(seq_id, num_tokens, seq.num_tokens, seq.final_len)
+        if content is not None:
+            validate_content(content, f"content grown into sequence {seq_id}", PolicyInputError)
+        needed = self.net_slots_to_grow(seq_id, num_tokens)
+        if needed > self.shared_pool.free_slots():  # (checked first: a refused growth changes nothing)
+            self.stats.allocation_failures += 1
+            raise OutOfKVMemory(
+                f"growing sequence {seq_id} in the {self.kind} group needs {needed} slots of the shared "
+                f"pool, {self.shared_pool.free_slots()} free",
+                needed_slots=needed,
+                free_slots=self.shared_pool.free_slots(),
+            )
+        self.release_before_growth(seq_id, num_tokens)
+        end = self._run_after(seq, seq.num_tokens + num_tokens)[1]
+        if end > seq.end_block:
+            self.shared_pool.take(end - seq.end_block, f"growing sequence {seq_id} in the {self.kind} group")
+        self._account(seq, -1)
+        seq.num_tokens += num_tokens
+        seq.end_block = end
+        self._account(seq, 1)
+
+    def release_before_growth(self, seq_id: int, num_tokens: int) -> None:
+        """The blocks ``seq_id`` no longer keeps once it grows by ``num_tokens`` go back to the pool now.
+        A KV coordinator calls it for every group before any group takes blocks, as vLLM frees every
+        group's skipped blocks before it allocates: a growth that fits once they are free never
+        fails halfway."""
+        seq = self._get(seq_id)
+        first = self._run_after(seq, seq.num_tokens + num_tokens)[0]
+        if first > seq.first_block:
+            self._account(seq, -1)
+            self.shared_pool.give_back(min(first, seq.end_block) - seq.first_block)
+            # A growth past the whole run (a long jump) holds nothing until the new blocks come.
+            seq.first_block, seq.end_block = first, max(first, seq.end_block)
+            self._account(seq, 1)
+
+    def _run_after(self, seq: GroupSequence, num_tokens: int) -> tuple[int, int]:
+        """The run ``seq`` holds once it has ``num_tokens`` tokens: released blocks stay released, and
+        held ones stay held until the kind releases them."""
+        first, end = self.held_run(num_tokens)
+        return max(first, seq.first_block), max(end, seq.end_block)
+
+    def slots_needed_to_grow(self, seq_id: int, num_tokens: int) -> int:
+        return max(0, self.net_slots_to_grow(seq_id, num_tokens))
+
+    def net_slots_to_grow(self, seq_id: int, num_tokens: int) -> int:
+        """Slots the pool gives (positive) or gets back (negative) when ``seq_id`` grows."""
+        seq = self._get(seq_id)
+        first, end = self._run_after(seq, seq.num_tokens + num_tokens)
+        return ((end - first) - (seq.end_block - seq.first_block)) * self.block_size
+
+    def growth_room(self, seq_id: int) -> int:
+        """Tokens before the next change of its run: a new block needed, or one released (a release
+        is an event too: the blocks vLLM frees at that step are free from then on)."""
+        seq = self._get(seq_id)
+        room = min(seq.end_block * self.block_size, seq.final_len) - seq.num_tokens
+        release_at = self.next_release(seq)
+        if release_at != NEVER:
+            room = min(room, max(0, release_at - seq.num_tokens - 1))
+        return room
+
+    def slots_needed_to_fork(self, parent_id: int, num_children: int) -> int:
+        parent = self._get(parent_id)
+        return (parent.end_block - parent.first_block) * num_children * self.block_size
+
+    def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
+        """Each child gets its own copy of the parent's held blocks (no prefix cache to share through)."""
+        parent = self._get(parent_id)
+        self._check_children(parent_id, parent.num_tokens, children)
+        held = parent.end_block - parent.first_block
+        self.shared_pool.take(held * len(children), f"forking sequence {parent_id} in the {self.kind} group")
+        for child in children:
+            seq = GroupSequence(parent.num_tokens, child.final_len, parent.first_block, parent.end_block)
+            self.sequences[child.seq_id] = seq
+            self._account(seq, 1)
+        self.stats.fork_copied_tokens += (parent.num_tokens - parent.first_block * self.block_size) * len(
+            children
+        )
+
+    def free(self, seq_id: int, finished: bool = True) -> None:
+        seq = self._get(seq_id)
+        self._account(seq, -1)
+        self.shared_pool.give_back(seq.end_block - seq.first_block)
+        del self.sequences[seq_id]
+
+    # -- accounting -----------------------------------------------------------------------------------
+    def _account(self, seq: GroupSequence, sign: int) -> None:
+        block_size = self.block_size
+        start, end = seq.first_block * block_size, seq.end_block * block_size
+        self._used += sign * (seq.num_tokens - start)
+        self._reserved += sign * (min(end, seq.final_len) - seq.num_tokens)
+        self._held_blocks += sign * (seq.end_block - seq.first_block)
+
+    def breakdown_values(self) -> tuple[int, int, int, int, int, int]:
+        """What this group holds; the shared pool reports its free blocks (the coordinator adds them)."""
+        held = self._held_blocks * self.block_size
+        return self._used, self._reserved, held - self._used - self._reserved, 0, 0, 0
+
+    def available_slots(self) -> int:
+        return self.shared_pool.free_slots()
+
+    def held_blocks(self, seq_id: int) -> tuple[int, int]:
+        """``(first_block, end_block)``: the run of block positions ``seq_id`` holds."""
+        seq = self._get(seq_id)
+        return seq.first_block, seq.end_block
+
+    @property
+    def pool_slots(self) -> int:
+        """The slots this group holds now: its part of the shared pool (which the coordinator counts)."""
+        return self._held_blocks * self.block_size

@@ -1,0 +1,37 @@
+"""A sliding window of ``window`` tokens (vLLM's ``SlidingWindowManager``): at a step that starts with
+``n`` tokens computed, the blocks wholly before token ``n - window + 1`` leave the window and are
+released (``remove_skipped_blocks``) before the step's new blocks are taken. A sequence of ``n``
+tokens, its last one just decoded, so holds blocks ``(n - window) // block_size`` onwards.
+
+During a prompt, vLLM's chunked prefill holds at most the window before a chunk plus the chunk:
+``cdiv(window - 1 + chunk, block_size) + 1`` blocks (vLLM's ``SlidingWindowSpec.max_memory_usage_bytes``),
+which is what a prompt holds here from admission to its first decoded token.
+"""
+
+from __future__ import annotations
+
+from policies.base import PolicyInputError, PoolSpec
+from policies.hybrid.block_pool import SharedBlockPool
+from policies.hybrid.group import GroupManager, GroupSequence, ceil_div
+
+
+class SlidingWindowGroup(GroupManager):
+    kind = "sliding_window"
+
+    def __init__(self, pool: PoolSpec, shared_pool: SharedBlockPool, prefill_tokens: int, window: int):
+        if window <= 0:
+            raise PolicyInputError(f"a sliding window must be positive, got {window}")
+        super().__init__(pool, shared_pool, prefill_tokens)
+        self.window = window
+
+    def held_run(self, num_tokens: int) -> tuple[int, int]:
+        return max(0, (num_tokens - self.window) // self.block_size), ceil_div(num_tokens, self.block_size)
+
+    def next_release(self, seq: GroupSequence) -> int:
+        return (seq.first_block + 1) * self.block_size + self.window
+
+    def prefill_run(self, prompt_len: int) -> tuple[int, int]:
+        end = ceil_div(prompt_len, self.block_size)
+        chunk = min(prompt_len, self.prefill_tokens)
+        in_flight = ceil_div(self.window - 1 + chunk, self.block_size) + 1
+        return max(0, end - in_flight), end
