@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from policies.base import policy_names
 from sim.costs.core import CostModelConfig
+from sim.kv.allocators import HYBRID_ALLOCATORS
 from sim.offload import OffloadConfig
 from sim.storage import RUN_FOLDER_ENTRIES
 from workloads.config import FILE_FIELD, WorkloadConfig
@@ -38,6 +39,12 @@ RESERVED_VARIANT_NAMES = frozenset(name.casefold() for name in RUN_FOLDER_ENTRIE
 
 VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 """The block sizes vLLM's ``CacheConfig`` accepts (``BlockSize`` literal); others are simulated, with a warning."""
+
+
+def known_policies() -> list[str]:
+    """What a variant's ``policy`` may name: a single-group policy (``policies/``) or a hybrid
+    allocator (``sim/kv/allocators.py``)."""
+    return sorted([*policy_names(), *HYBRID_ALLOCATORS])
 
 
 def name_from_file(data: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -286,8 +293,8 @@ class PoolConfig(_Strict):
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, value: str | None) -> str | None:
-        if value is not None and value not in policy_names():
-            raise ValueError(f"unknown policy {value!r}{did_you_mean(value, policy_names())}")
+        if value is not None and value not in known_policies():
+            raise ValueError(f"unknown policy {value!r}{did_you_mean(value, known_policies())}")
         return value
 
     @field_validator("router")
@@ -434,7 +441,10 @@ class VariantConfig(_Strict):
     """One policy run on the experiment's request stream."""
 
     name: str = Field(description="The variant's folder and label (letters, digits, -, _, .).")
-    policy: str = Field(description="A policy name (see `kvsim policies`): contiguous, paged, prefix.")
+    policy: str = Field(
+        description="A policy name (see `kvsim policies`): contiguous, paged, prefix, radix; or a hybrid "
+        "allocator for models with sliding-window, chunked-local or Mamba layers: vllm-hybrid."
+    )
     options: dict[str, Any] = Field(default_factory=dict, description="Policy options, e.g. reservation.")
     engine: dict[str, Any] = Field(default_factory=dict, description="Overrides of the engine section.")
     pin_shared_prefixes: bool = Field(
@@ -465,8 +475,8 @@ class VariantConfig(_Strict):
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, value: str) -> str:
-        if value not in policy_names():
-            raise ValueError(f"unknown policy {value!r}{did_you_mean(value, policy_names())}")
+        if value not in known_policies():
+            raise ValueError(f"unknown policy {value!r}{did_you_mean(value, known_policies())}")
         return value
 
     @field_validator("engine")

@@ -202,6 +202,12 @@ def policies_table() -> str:
         summary = module_doc.strip().split("\n\n")[0].replace("\n", " ")
         options = policy_option_lines(name)
         blocks.append(f"{name}\n  {summary}\n  options: " + ("; ".join(options) if options else "none"))
+    from sim.kv import allocators
+
+    hybrid_doc = (allocators.__doc__ or source_docstring(allocators)).strip().split("\n\n")
+    for name in allocators.HYBRID_ALLOCATORS:
+        summary = " ".join(hybrid_doc[1].split()).removeprefix(f"``{name}``: ")
+        blocks.append(f"{name}\n  {summary}\n  options: none")
     return "\n\n".join(blocks) + "\n\nIn a config: variants: [{name: NAME, policy: POLICY, options: {...}}]."
 
 

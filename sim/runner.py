@@ -46,7 +46,10 @@ from sim.engine.lockstep import LockstepGroup
 from sim.engine.schedulers.sglang import chunked_prefill_size_for
 from sim.hardware.capacity import KVCapacity, size_kv_pool
 from sim.hardware.gpus import GpuSpec, resolve_gpu
+from sim.hardware.hybrid_capacity import vllm_hybrid_kv_capacity
 from sim.hardware.models import ModelSpec, expert_parallel_problems, expert_parallel_size, resolve_model
+from sim.kv.allocators import HybridLayout, is_hybrid_allocator
+from sim.kv.coordinator import KVCoordinator
 from sim.native import engine_build
 from sim.offload import OffloadConfig, host_load_seconds, host_tier_blocks, host_tier_summary
 from sim.outputs.metrics import RequestRecord
@@ -116,6 +119,11 @@ def policy_name_for(variant: VariantConfig, engine: EngineConfig) -> str:
     if not engine.enable_prefix_caching and variant.policy in ("prefix", "radix"):
         raise ConfigError(
             f"variant {variant.name!r}: policy {variant.policy!r} contradicts enable_prefix_caching: false"
+        )
+    if engine.enable_prefix_caching and is_hybrid_allocator(variant.policy):
+        raise ConfigError(
+            f"variant {variant.name!r}: policy {variant.policy!r} has no prefix cache yet (vLLM's hybrid manager "
+            "with prefix caching is not modelled); set enable_prefix_caching: false"
         )
     if engine.enable_prefix_caching and variant.policy == "contiguous":
         raise ConfigError(f"variant {variant.name!r}: the contiguous policy has no prefix cache")
@@ -188,11 +196,11 @@ class PreparedVariant:
     capacity: KVCapacity
     pool: PoolSpec
     max_model_len: int
-    policy: KVCachePolicy
+    policy: KVCachePolicy | KVCoordinator  # a hybrid allocator's groups behind their coordinator
     costs: CostModel
     pinned_tokens: int
     cluster: ClusterConfig | None = None
-    replica_policies: list[KVCachePolicy] | None = None
+    replica_policies: list[KVCachePolicy | KVCoordinator] | None = None
     """A cluster's policy instances, one per replica (``policy`` is the first)."""
     ran: bool = False
     """A policy holds the state of its run: a prepared variant runs once."""
@@ -205,6 +213,20 @@ class PreparedVariant:
     replica_count: int = 1
     lockstep: bool = False
     """Expert parallelism: the engine (or each data-parallel rank) steps on a shared step clock."""
+    hybrid: HybridLayout | None = None
+    """A hybrid allocator's pool (``sim/kv/allocators.py``); None for a single-group policy."""
+
+    def capacity_lines(self) -> list[str]:
+        """vLLM's start-up lines for this pool (a hybrid pool's when a hybrid allocator runs)."""
+        if self.hybrid is not None:
+            return self.hybrid.capacity.capacity_lines()
+        return self.capacity.capacity_lines(self.max_model_len)
+
+    def new_kv(self) -> KVCachePolicy | KVCoordinator:
+        """A fresh instance of this variant's KV memory (one more replica's)."""
+        if self.hybrid is not None:
+            return self.hybrid.make_coordinator()
+        return make_policy(self.policy_name, self.pool, **self.variant.options)
 
 
 @dataclass
@@ -303,10 +325,12 @@ def _prepare_instance(
     if errors:
         raise ConfigError("\n".join(errors))  # one problem per line
     max_model_len = engine_config.max_model_len or model.max_position_embeddings
-    pool_error = check_pool_holds_a_request(capacity, engine_config.block_size, max_model_len, key)
-    if pool_error:
-        raise ConfigError(pool_error)
     policy_name = policy_name_for(variant, engine_config)
+    # (A hybrid pool holds less per request than full attention would: vLLM checks it per group.)
+    if not is_hybrid_allocator(policy_name):
+        pool_error = check_pool_holds_a_request(capacity, engine_config.block_size, max_model_len, key)
+        if pool_error:
+            raise ConfigError(pool_error)
     option_error = unknown_options_error(policy_name, variant.options)
     if option_error:
         raise ConfigError(f"variants.{index}.options: {option_error}")
@@ -327,6 +351,65 @@ def _prepare_instance(
             f"replica's cache would serve, but policy {policy_name!r} has no prefix cache (no lookup). "
             "Use policy prefix or radix, or another router"
         )
+    hybrid = None
+    if is_hybrid_allocator(policy_name):
+        hybrid = _hybrid_layout(config, index, variant, engine_config, model, capacity, max_model_len, key)
+        pool = hybrid.pool
+        replica_policies: list[KVCachePolicy | KVCoordinator] = [
+            hybrid.make_coordinator() for _ in range(replicas)
+        ]
+        policy: KVCachePolicy | KVCoordinator = replica_policies[0]
+        offload = None
+    else:
+        pool, policies_made, offload = _single_group_policies(
+            config, index, variant, engine_config, capacity, policy_name, max_model_len, key, replicas
+        )
+        replica_policies = list(policies_made)
+        policy = policies_made[0]
+    costs = engine_cost_model(config, model, gpu, engine_config, base_dir)
+    pinned_tokens = 0
+    if variant.pin_shared_prefixes:
+        try:
+            # Every replica pins the same prefixes in its own cache: the summary reports one replica's.
+            pinned = [
+                pin_prefixes(item, prefixes or [])
+                for item in replica_policies
+                if isinstance(item, KVCachePolicy)
+            ]
+            pinned_tokens = pinned[0]
+        except ConfigError as error:
+            raise ConfigError(f"variants.{index}.{error}") from None
+    prepared = PreparedVariant(
+        variant,
+        engine_config,
+        policy_name,
+        capacity,
+        pool,
+        max_model_len,
+        policy,
+        costs,
+        pinned_tokens,
+        cluster,
+        replica_policies if cluster is not None else None,
+    )
+    prepared.offload = offload
+    prepared.lockstep = costs.expert_parallel is not None
+    prepared.hybrid = hybrid
+    return prepared, warnings
+
+
+def _single_group_policies(
+    config: ExperimentConfig,
+    index: int,
+    variant: VariantConfig,
+    engine_config: EngineConfig,
+    capacity: KVCapacity,
+    policy_name: str,
+    max_model_len: int,
+    key: Callable[[str], str],
+    replicas: int,
+) -> tuple[PoolSpec, list[KVCachePolicy], OffloadConfig | None]:
+    """A single-group policy's pool and its instances, one per replica, with their host tiers."""
     pool = PoolSpec(
         policy_class(policy_name).pool_slots_from_memory(
             capacity.kv_memory_slots, engine_config.block_size, variant.options
@@ -353,31 +436,50 @@ def _prepare_instance(
                 variant,
                 index,
             )
-    costs = engine_cost_model(config, model, gpu, engine_config, base_dir)
-    pinned_tokens = 0
+    return pool, replica_policies, offload
+
+
+def _hybrid_layout(
+    config: ExperimentConfig,
+    index: int,
+    variant: VariantConfig,
+    engine_config: EngineConfig,
+    model: ModelSpec,
+    capacity: KVCapacity,
+    max_model_len: int,
+    key: Callable[[str], str],
+) -> HybridLayout:
+    """A hybrid allocator's pool from the memory the sizing left for KV, as vLLM groups the layers."""
+    where = f"variants.{index}.policy"
+    problems = []
+    if config.offload_for(variant) is not None:
+        problems.append(f"{where}: {variant.policy} has no host tier (offload:); use policy prefix or radix")
     if variant.pin_shared_prefixes:
-        try:
-            # Every replica pins the same prefixes in its own cache: the summary reports one replica's.
-            pinned = [pin_prefixes(item, prefixes or []) for item in replica_policies]
-            pinned_tokens = pinned[0]
-        except ConfigError as error:
-            raise ConfigError(f"variants.{index}.{error}") from None
-    prepared = PreparedVariant(
-        variant,
-        engine_config,
-        policy_name,
-        capacity,
-        pool,
-        max_model_len,
-        policy,
-        costs,
-        pinned_tokens,
-        cluster,
-        replica_policies if cluster is not None else None,
+        problems.append(
+            f"variants.{index}.pin_shared_prefixes: {variant.policy} has no prefix cache to pin into"
+        )
+    if engine_config.preemption_mode == "swap":
+        problems.append(f"{key('preemption_mode')}: {variant.policy} preempts by recompute only")
+    if problems:
+        raise ConfigError("\n".join(problems))
+    try:
+        hybrid = vllm_hybrid_kv_capacity(
+            model,
+            capacity.available_kv_bytes,
+            max_model_len=max_model_len,
+            block_size=engine_config.block_size,
+            kv_cache_dtype=engine_config.kv_cache_dtype,
+            max_num_batched_tokens=engine_config.max_num_batched_tokens,
+            max_concurrent_batches=2 if engine_config.async_scheduling else 1,
+            tensor_parallel_size=engine_config.tensor_parallel_size,
+            num_gpu_blocks_override=engine_config.num_gpu_blocks_override,
+        )
+    except ValueError as error:
+        raise ConfigError(f"{where}: {variant.policy}: {error}") from None
+    prefill_tokens = (
+        engine_config.max_num_batched_tokens if engine_config.enable_chunked_prefill else max_model_len
     )
-    prepared.offload = offload
-    prepared.lockstep = costs.expert_parallel is not None
-    return prepared, warnings
+    return HybridLayout(hybrid, max_model_len, min(prefill_tokens, max_model_len))
 
 
 def _prepare_disaggregated(
@@ -478,12 +580,9 @@ def _prepare_pool(
     return prepared, [f"{prefix}: {note}" for note in warnings]
 
 
-def _more_policies(prepared: PreparedVariant, replicas: int) -> list[KVCachePolicy]:
+def _more_policies(prepared: PreparedVariant, replicas: int) -> list[KVCachePolicy | KVCoordinator]:
     """A pool's policy instances, one per replica (the first is ``prepared.policy``)."""
-    options = prepared.variant.options
-    return [prepared.policy] + [
-        make_policy(prepared.policy_name, prepared.pool, **options) for _ in range(replicas - 1)
-    ]
+    return [prepared.policy] + [prepared.new_kv() for _ in range(replicas - 1)]
 
 
 def _disaggregation_problems(
@@ -492,7 +591,11 @@ def _disaggregation_problems(
     """What a disaggregated cluster cannot do, each naming its key."""
     problems = []
     for role, pool in (("prefill", prefill), ("decode", decode)):
-        if not policy_class(pool.policy_name).uses_blocks:
+        if is_hybrid_allocator(pool.policy_name):
+            problems.append(
+                f"{where}.{role}.policy: {pool.policy_name} does not run in a disaggregated cluster yet"
+            )
+        elif not policy_class(pool.policy_name).uses_blocks:
             problems.append(
                 f"{where}.{role}.policy: {pool.policy_name} has no blocks: KV is sent and received block by "
                 "block (vLLM's NIXL connector, Mooncake); use paged, prefix or radix"
@@ -546,6 +649,8 @@ def attach_host_tier(
 
 def has_prefix_lookup(policy_name: str) -> bool:
     """Does the policy implement the side-effect-free prefix lookup (a prefix cache)?"""
+    if is_hybrid_allocator(policy_name):
+        return False
     return policy_class(policy_name).lookup is not KVCachePolicy.lookup
 
 
@@ -569,6 +674,8 @@ def unknown_options_error(policy_name: str, options: Mapping[str, object]) -> st
 
 def policy_options(name: str) -> list[str]:
     """The options a policy takes (its constructor's keyword arguments after the pool)."""
+    if is_hybrid_allocator(name):
+        return []
     # The class's signature, not its __init__'s: a compiled class's __init__ shows only *args, **kwargs.
     return list(inspect.signature(policy_class(name)).parameters)[1:]
 
@@ -789,7 +896,7 @@ def run_prepared(
     return VariantResult(
         variant.name,
         summary,
-        prepared.capacity.capacity_lines(prepared.max_model_len),
+        prepared.capacity_lines(),
         sink,
         stopped_early=stopped,
     )
@@ -803,14 +910,15 @@ def _watchable(config: ExperimentConfig, prepared: PreparedVariant, workload: Wo
 def _make_engine(
     config: ExperimentConfig,
     prepared: PreparedVariant,
-    policy: KVCachePolicy,
+    policy: KVCachePolicy | KVCoordinator,
     requests,
     sink: OutputSink,
     **engine_options: Any,
 ) -> Engine:
     """One engine (or cluster replica: ``engine_options`` carry its clock and hooks) for the variant."""
     engine_config = prepared.engine
-    block_bytes = engine_config.block_size * prepared.capacity.kv_bytes_per_token
+    # (The pool's block, which a Mamba hybrid raises above engine.block_size.)
+    block_bytes = prepared.pool.block_size * prepared.pool.kv_bytes_per_token
     knobs = EngineKnobs(
         max_model_len=prepared.max_model_len,
         max_num_seqs=engine_config.max_num_seqs,
@@ -845,7 +953,7 @@ def _make_engine(
         knobs,
         requests,
         seed=config.seed,
-        block_size=engine_config.block_size,
+        block_size=prepared.pool.block_size,
         sink=sink,
         host_load_s=(
             host_load_seconds(prepared.offload, prepared.costs, block_bytes) if prepared.offload else None
@@ -859,7 +967,7 @@ def _summary(
     requests_table: pd.DataFrame,
     prepared: PreparedVariant,
     wall_s: float,
-    policies: list[KVCachePolicy],
+    policies: list[KVCachePolicy | KVCoordinator],
 ) -> dict[str, Any]:
     """The summary row of ``engine`` (one engine, a replica, or a cluster's totals) whose host tiers,
     if any, are those of ``policies``."""
@@ -874,8 +982,11 @@ def _summary(
         wall_s,
         prepared.max_model_len,
         cost_error_band=prepared.costs.error_band,
+        kv_groups=len(prepared.hybrid.capacity.groups) if prepared.hybrid is not None else 1,
     )
     summary["pinned_tokens"] = prepared.pinned_tokens
+    if prepared.hybrid is not None:
+        summary["num_gpu_blocks"] = prepared.hybrid.capacity.num_blocks
     block_bytes = prepared.engine.block_size * prepared.capacity.kv_bytes_per_token
     summary.update(host_tier_summary(policies, block_bytes, engine.counters.host_load_s))
     return summary
@@ -944,7 +1055,7 @@ def _run_cluster(
     return VariantResult(
         prepared.variant.name,
         summary,
-        prepared.capacity.capacity_lines(prepared.max_model_len),
+        prepared.capacity_lines(),
         sink,
         replica_summaries,
         per_replica,
@@ -1080,10 +1191,11 @@ def summarize(
     wall_s: float,
     max_model_len: int,
     cost_error_band: str = "not validated",
+    kv_groups: int = 1,
 ) -> dict[str, Any]:
     simulated_s = float(engine.env.now)
     finished = requests[requests["outcome"] == "finished"]
-    stats = engine.policy.stats
+    stats = engine.kv.stats
     output_tokens = float(finished["sample_output_tokens"].sum()) if len(finished) else 0.0
     summary: dict[str, Any] = {
         "variant": variant.name,
@@ -1097,6 +1209,7 @@ def summarize(
         "kv_pool_tokens": pool.kv_pool_tokens,
         "kv_pool_bytes": pool.kv_pool_tokens * pool.kv_bytes_per_token,
         "kv_bytes_per_token": pool.kv_bytes_per_token,
+        "kv_groups": kv_groups,
         "num_gpu_blocks": capacity.num_gpu_blocks,
         "cost_model": cost_label,
         "cost_model_error_band": cost_error_band,

@@ -32,9 +32,10 @@ CHAT = ROOT / "configs" / "chat-radix-vs-prefix.yaml"
 
 
 def replica(load: int = 0, policy=None, free_slots: int = 0):
-    """What a router reads of a replica: its queue, its batch and its policy."""
+    """What a router reads of a replica: its queue, its batch and its KV memory (a policy answers
+    what its coordinator does)."""
     policy = policy or SimpleNamespace(available_slots=lambda: free_slots)
-    return SimpleNamespace(running=[None] * load, waiting=[], receiving={}, policy=policy)
+    return SimpleNamespace(running=[None] * load, waiting=[], receiving={}, kv=policy)
 
 
 # ------------------------------------------------------------------------------------------ routers
@@ -112,7 +113,7 @@ def test_prefix_aware_weighs_the_cached_fraction_against_the_load():
     assert router.scores(short_prompt, replicas) == pytest.approx([2.0, 2.4, 1.0])
     assert router.choose(short_prompt, replicas) == 1
     # lookup() changed nothing: no statistics counted on the replica that was asked.
-    assert replicas[1].policy.stats.prefix_cache_queries == 64  # its own admission of 64 tokens only
+    assert replicas[1].kv.stats.prefix_cache_queries == 64  # its own admission of 64 tokens only
 
 
 def test_prefix_aware_counts_host_tier_hits_at_host_weight():

@@ -27,7 +27,7 @@ def fake_engine(now: float, queries: int):
         env=SimpleNamespace(now=now),
         counters=Counters(preemptions=3, swapped_out_blocks=4, iterations=9),
         wakeups=2,
-        policy=SimpleNamespace(
+        kv=SimpleNamespace(
             stats=PolicyStats(
                 prefix_cache_queries=queries,
                 prefix_cache_hits=25,
@@ -93,6 +93,7 @@ def test_summary_of_a_hand_made_table():
         "kv_bytes_per_token": 3,
         "num_gpu_blocks": 10,
         "cost_model": "hand",
+        "kv_groups": 1,  # (a single-group policy)
         "requests_total": 7,
         "requests_finished": 4,
         "requests_rejected": 1,

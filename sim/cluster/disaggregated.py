@@ -87,7 +87,7 @@ class Decider:
     def disaggregate(self, request: Request, decode_replica: Engine) -> bool:
         if self.config.mode == "always":
             return True
-        cached = decode_replica.policy.lookup(request.prompt).total_tokens
+        cached = decode_replica.kv.lookup(request.prompt).total_tokens
         return request.prompt_len - cached > self.config.threshold_tokens
 
 

@@ -145,13 +145,13 @@ class ClusterTotals:
     def __init__(self, replicas: list, total: pd.DataFrame):
         now = replicas[0].env.now
         self.env = _Now(now)
-        self.policy = _Stats(summed_dataclass([replica.policy.stats for replica in replicas], PolicyStats))
+        self.kv = _Stats(summed_dataclass([replica.kv.stats for replica in replicas], PolicyStats))
         self.counters = summed_dataclass([replica.counters for replica in replicas], Counters)
         self.wakeups = sum(replica.wakeups for replica in replicas)
         areas = [replica.recorder.areas(now) for replica in replicas]
         known = [area for area in areas if area is not None]
         summed = [sum(values) for values in zip(*known, strict=True)] if known else None
-        pool_tokens = sum(replica.policy.pool_slots for replica in replicas)
+        pool_tokens = sum(replica.kv.pool_slots for replica in replicas)
         peak = int(total["num_requests_running"].max()) if len(total) else 0
         self.recorder = _TotalRecorder(peak, summed, pool_tokens)
 

@@ -106,7 +106,7 @@ class LeastKV(Router):
     name = "least_kv"
 
     def choose(self, request: Request, replicas: Sequence[Engine]) -> int:
-        free = [engine.policy.available_slots() for engine in replicas]
+        free = [engine.kv.available_slots() for engine in replicas]
         return free.index(max(free))
 
 
@@ -138,7 +138,7 @@ class PrefixAware(Router):
 
     def scores(self, request: Request, replicas: Sequence[Engine]) -> list[float]:
         prompt_tokens = request.prompt_len
-        hits = [self._weighted_hit(engine.policy.lookup(request.prompt)) for engine in replicas]
+        hits = [self._weighted_hit(engine.kv.lookup(request.prompt)) for engine in replicas]
         loads = [load_of(engine) for engine in replicas]
         low, high = min(loads), max(loads)
         return [

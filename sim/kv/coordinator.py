@@ -507,6 +507,7 @@ def make_coordinator(groups: Sequence[KVGroup] | KVCachePolicy) -> KVCoordinator
         return SingleGroupCoordinator(KVGroup("full_attention", groups, groups.pool.kv_bytes_per_token))
     if not groups:
         raise PolicyInputError("a KV coordinator needs at least one KV group")
-    if len(groups) == 1:
+    if len(groups) == 1 and not isinstance(groups[0].policy, GroupManager):
+        # (A group drawing on a shared pool reports only what it holds: the pool is the coordinator's.)
         return SingleGroupCoordinator(groups[0])
     return MultiGroupCoordinator(groups)

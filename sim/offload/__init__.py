@@ -18,7 +18,7 @@ Timing choices (documented simplifications):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -26,6 +26,7 @@ from pydantic import ConfigDict, Field
 from policies._host_tier import HostTierStats
 from policies.base import KVCachePolicy
 from sim.costs.core import CostModel
+from sim.kv.coordinator import KVCoordinator
 from workloads.config_base import ConfigModel
 
 GIB = 1024**3
@@ -68,7 +69,9 @@ def host_load_seconds(config: OffloadConfig, costs: CostModel, block_bytes: int)
     return lambda blocks: blocks * per_block_s
 
 
-def host_tier_summary(policies: list[KVCachePolicy], block_bytes: int, host_load_s: float) -> dict[str, Any]:
+def host_tier_summary(
+    policies: Sequence[KVCachePolicy | KVCoordinator], block_bytes: int, host_load_s: float
+) -> dict[str, Any]:
     """The host tier's summary columns (``sim/outputs/columns.py``) over ``policies`` (one engine's, or every
     replica's of a cluster, each with its own tier), summed; zeros without a tier."""
     tiers = [policy.host_tier for policy in policies if policy.host_tier is not None]

@@ -41,9 +41,21 @@ SUMMARY: Columns = {
         "`engine.enable_expert_parallel`, else 1).",
     ),
     "max_model_len": ("tokens", "Longest request (prompt + output) the engine accepts."),
-    "kv_pool_tokens": ("tokens (slots)", "Size of the KV pool: vLLM's `GPU KV cache size`."),
+    "kv_pool_tokens": (
+        "tokens (slots)",
+        "Size of the KV pool in slots: vLLM's `GPU KV cache size` for a single-group policy. A hybrid "
+        "allocator's slot is one token in one KV group (kv_groups), so a token takes a slot in each.",
+    ),
     "kv_pool_bytes": ("bytes", "Size of the KV pool in bytes (per GPU)."),
-    "kv_bytes_per_token": ("bytes", "KV cache bytes per token, all layers, per GPU."),
+    "kv_bytes_per_token": (
+        "bytes",
+        "KV cache bytes per slot, per GPU: one token in all layers (a hybrid allocator: in one group's layers).",
+    ),
+    "kv_groups": (
+        "groups",
+        "KV groups behind the engine's coordinator: 1 for a single-group policy; a hybrid allocator's "
+        "groups (sim/kv/allocators.py: one per group_size layers of one kind, as vLLM groups them).",
+    ),
     "num_gpu_blocks": ("blocks", "KV blocks in the pool (vLLM's `num_gpu_blocks`)."),
     "cost_model": ("-", "Which cost model timed the iterations, and what it rests on."),
     "cost_model_error_band": (

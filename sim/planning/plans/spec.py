@@ -604,7 +604,10 @@ def _grid(
 def _uses_blocks(variant: VariantConfig) -> bool:
     """Whether block_size changes what the variant's policy does (contiguous has no blocks)."""
     from policies.base import PolicyInputError, policy_class
+    from sim.kv.allocators import is_hybrid_allocator
 
+    if is_hybrid_allocator(variant.policy):
+        return True
     try:
         return policy_class(variant.policy).uses_blocks
     except PolicyInputError:  # an unknown policy: the probe configs' validation names it

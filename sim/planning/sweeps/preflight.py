@@ -14,6 +14,7 @@ from policies.base import PolicyError, PoolSpec, make_policy
 from sim.config import ConfigError, ExperimentConfig
 from sim.costs.core import CostModelError
 from sim.hardware.capacity import KVCapacity
+from sim.kv.allocators import is_hybrid_allocator
 from sim.runner import engine_cost_model, policy_name_for, resolve_hardware, size_pool, unknown_options_error
 from workloads import WorkloadError, build_workload
 
@@ -43,6 +44,7 @@ def prepare_variant(config: ExperimentConfig, variant_name: str, base_dir: Path)
     option_error = unknown_options_error(policy_name, variant.options)
     if option_error:
         raise ConfigError(f"variant {variant.name!r}: options: {option_error}")
-    make_policy(policy_name, pool, **variant.options)
+    if not is_hybrid_allocator(policy_name):  # (a hybrid pool is sized and built by the run itself)
+        make_policy(policy_name, pool, **variant.options)
     engine_cost_model(config, model, gpu, engine, base_dir)
     return capacity

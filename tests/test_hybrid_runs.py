@@ -1,0 +1,138 @@
+"""``policy: vllm-hybrid`` end to end: a hybrid model's groups behind the coordinator, sized as vLLM
+sizes them, replayed beside the single-group policies on one stream; on a model whose layers are
+all full attention it must run exactly as ``paged`` (an independent check of the whole path); and
+what it cannot do yet is refused before anything runs, naming the key."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from sim.config import ConfigError, validate_experiment
+from sim.hardware.hybrid_capacity import vllm_hybrid_kv_capacity
+from sim.hardware.models import resolve_model
+from sim.runner import prepare_experiment, run_experiment
+
+BREAKDOWN = [
+    "used_tokens",
+    "reserved_tokens",
+    "internal_fragmentation_tokens",
+    "external_fragmentation_tokens",
+    "cached_tokens",
+    "free_tokens",
+]
+
+
+def config(model: str, variants: list[dict], **engine) -> dict:
+    return {
+        "name": "hybrid",
+        "seed": 3,
+        "model": model,
+        "gpu": "H100-80GB",
+        "engine": {
+            "block_size": 16,
+            "max_model_len": 16384,
+            "max_num_batched_tokens": 8192,
+            "enable_prefix_caching": False,
+            "kv_cache_memory_bytes": 1_500_000_000,
+            **engine,
+        },
+        "cost_model": "analytic",
+        "workload": {
+            "num_requests": 120,
+            "arrival": {"kind": "poisson", "rate_per_s": 20},
+            "prompt_len": {"kind": "uniform", "low": 1000, "high": 6000},
+            "output_len": {"kind": "uniform", "low": 50, "high": 400},
+        },
+        "variants": variants,
+    }
+
+
+def run(raw: dict, tmp_path):
+    experiment = validate_experiment(raw)
+    return {
+        result.name: result
+        for result in run_experiment(experiment, tmp_path / "c.yaml", out_dir=tmp_path / "out")
+    }
+
+
+PAGED = {"name": "paged", "policy": "paged"}
+HYBRID = {"name": "hybrid", "policy": "vllm-hybrid"}
+
+
+def test_gpt_oss_on_the_hybrid_manager_holds_more_requests_and_its_pool_stays_whole(tmp_path):
+    results = run(config("gpt-oss-20b", [PAGED, HYBRID]), tmp_path)
+    paged, hybrid = results["paged"].summary, results["hybrid"].summary
+    # vLLM's own capacity line for this pool (its arithmetic: tests/test_hybrid_capacity.py).
+    # (kv_cache_memory_bytes gives the 1.5e9 bytes; async scheduling, on by default, keeps two
+    # batches in flight.)
+    expected = vllm_hybrid_kv_capacity(
+        resolve_model("gpt-oss-20b"),
+        1_500_000_000,
+        max_model_len=16384,
+        max_num_batched_tokens=8192,
+        max_concurrent_batches=2,
+    )
+    assert results["hybrid"].capacity_lines == expected.capacity_lines()
+    assert hybrid["kv_groups"] == 2 and paged["kv_groups"] == 1
+    assert hybrid["num_gpu_blocks"] == expected.num_blocks
+    # Two groups of 12 layers each: a slot is 12 layers' K and V, half a full-attention token.
+    assert hybrid["kv_bytes_per_token"] * 2 == paged["kv_bytes_per_token"]
+    assert hybrid["kv_pool_tokens"] == expected.num_blocks * 16
+    # The sliding half keeps 128 tokens a request, not thousands: more requests run at once.
+    assert hybrid["peak_running"] > paged["peak_running"]
+    assert hybrid["preemptions"] <= paged["preemptions"]
+    series = pd.read_parquet(tmp_path / "out" / "hybrid" / "timeseries.parquet")
+    assert (series[BREAKDOWN].sum(axis=1) == hybrid["kv_pool_tokens"]).all()
+    assert (series[BREAKDOWN] >= 0).all().all()
+
+
+def test_on_a_model_of_full_attention_only_the_hybrid_manager_is_paged_exactly(tmp_path):
+    """One group of every layer over a shared pool: the same pool, the same blocks taken and given
+    back at the same iterations, so every request's times and every memory sample equal paged's."""
+    results = run(config("Llama-3.1-8B", [PAGED, HYBRID], kv_cache_memory_bytes=2_600_000_000), tmp_path)
+    assert results["hybrid"].summary["kv_pool_tokens"] == results["paged"].summary["kv_pool_tokens"]
+    assert results["paged"].summary["preemptions"] > 0  # (a pool tight enough to matter)
+    tables = {
+        name: pd.read_parquet(tmp_path / "out" / name / "requests.parquet").drop(columns=[], errors="ignore")
+        for name in ("paged", "hybrid")
+    }
+    pd.testing.assert_frame_equal(tables["paged"], tables["hybrid"])
+    series = {
+        name: pd.read_parquet(tmp_path / "out" / name / "timeseries.parquet") for name in ("paged", "hybrid")
+    }
+    pd.testing.assert_frame_equal(
+        series["paged"][BREAKDOWN + ["time_s"]], series["hybrid"][BREAKDOWN + ["time_s"]]
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"engine": {"enable_prefix_caching": True}}, "policy 'vllm-hybrid' has no prefix cache yet"),
+        ({"offload": {"host_memory_gib": 4}}, "variants.1.policy: vllm-hybrid has no host tier"),
+        ({"variants": [PAGED, {**HYBRID, "pin_shared_prefixes": True}]}, "variants.1.pin_shared_prefixes"),
+        (
+            {"engine": {"preemption_mode": "swap"}},
+            "engine.preemption_mode: vllm-hybrid preempts by recompute only",
+        ),
+        ({"variants": [PAGED, {**HYBRID, "options": {"window": 3}}]}, "unknown option(s) 'window'"),
+        (
+            {"engine": {"kv_cache_memory_bytes": 10_000_000}},
+            "vllm-hybrid: gpt-oss-20b: one request of max_model_len",
+        ),
+    ],
+)
+def test_what_the_hybrid_manager_cannot_do_is_refused_before_anything_runs(tmp_path, change, message):
+    raw = config("gpt-oss-20b", [PAGED, HYBRID])
+    for key, value in change.items():
+        raw[key] = {**raw[key], **value} if isinstance(value, dict) and key in raw else value
+    with pytest.raises(ConfigError, match=_escaped(message)):
+        prepare_experiment(validate_experiment(raw), tmp_path / "c.yaml")
+    assert not (tmp_path / "out").exists()
+
+
+def _escaped(text: str) -> str:
+    import re
+
+    return re.escape(text)
