@@ -269,3 +269,21 @@ def test_every_group_stays_whole_and_in_step(operations, policy):
             assert sorted(g.policy.live_sequences()) == sorted(live)
         for seq_id in live:
             assert group(kv, "a").seq_len(seq_id) == group(kv, "b").seq_len(seq_id)
+
+
+def test_the_summed_statistics_leave_no_counter_out():
+    """Each group's counters set to distinct values: every field but the prefix cache's is the sum;
+    those two are the first group's (every group records the same query and the common hit)."""
+    from dataclasses import fields
+
+    kv = two_groups()
+    for offset, g in enumerate(kv.groups):
+        for index, counter in enumerate(fields(g.policy.stats)):
+            setattr(g.policy.stats, counter.name, (index + 1) * 10 + offset)
+    summed = kv.stats
+    a, b = (g.policy.stats for g in kv.groups)
+    for counter in fields(summed):
+        expected = getattr(a, counter.name)
+        if not counter.name.startswith("prefix_cache_"):
+            expected += getattr(b, counter.name)
+        assert getattr(summed, counter.name) == expected, counter.name

@@ -41,6 +41,12 @@ class SharedBlockPool:
             )
         self.free_blocks -= blocks
 
+    def adjust(self, net_blocks: int) -> None:
+        """Groups took ``net_blocks`` blocks (negative: gave them back) in one growth whose net the
+        caller checked against the free blocks."""
+        self.free_blocks -= net_blocks
+        assert 0 <= self.free_blocks <= self.num_blocks, "a growth the pool could not hold"
+
     def give_back(self, blocks: int) -> None:
         self.free_blocks += blocks
         assert self.free_blocks <= self.num_blocks, "a group gave back blocks it never took"

@@ -98,49 +98,79 @@ class GroupManager(SequenceTable[GroupSequence]):
         return 0
 
     def grow(self, seq_id: int, num_tokens: int, content: TokenContent | None = None) -> None:
-        """Append tokens: first release the blocks the kind no longer keeps, then take the new ones
-        (vLLM's order: ``remove_skipped_blocks`` before ``allocate_new_blocks``)."""
-        seq = self._get(seq_id)
-        self._check_growth(seq_id, num_tokens, seq.num_tokens, seq.final_len)
         if content is not None:
             validate_content(content, f"content grown into sequence {seq_id}", PolicyInputError)
-        needed = self.net_slots_to_grow(seq_id, num_tokens)
-        if needed > self.shared_pool.free_slots():  # (checked first: a refused growth changes nothing)
-            self.stats.allocation_failures += 1
-            raise OutOfKVMemory(
-                f"growing sequence {seq_id} in the {self.kind} group needs {needed} slots of the shared "
-                f"pool, {self.shared_pool.free_slots()} free",
-                needed_slots=needed,
-                free_slots=self.shared_pool.free_slots(),
-            )
-        self.release_before_growth(seq_id, num_tokens)
-        end = self._run_after(seq, seq.num_tokens + num_tokens)[1]
-        if end > seq.end_block:
-            self.shared_pool.take(end - seq.end_block, f"growing sequence {seq_id} in the {self.kind} group")
-        self._account(seq, -1)
-        seq.num_tokens += num_tokens
-        seq.end_block = end
-        self._account(seq, 1)
+        self.grow_each([seq_id], [num_tokens])
 
-    def release_before_growth(self, seq_id: int, num_tokens: int) -> None:
-        """The blocks ``seq_id`` no longer keeps once it grows by ``num_tokens`` go back to the pool now.
-        A KV coordinator calls it for every group before any group takes blocks, as vLLM frees every
-        group's skipped blocks before it allocates: a growth that fits once they are free never
-        fails halfway."""
-        seq = self._get(seq_id)
-        first = self._run_after(seq, seq.num_tokens + num_tokens)[0]
-        if first > seq.first_block:
+    def grow_each(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> list[int]:
+        """All or nothing: the blocks released and taken are netted (vLLM frees a step's skipped blocks
+        before it allocates), and the pool must hold what is left."""
+        net_blocks, plan = self.plan_growth(seq_ids, num_tokens)
+        if net_blocks > self.shared_pool.free_blocks:
+            self.stats.allocation_failures += 1
+            needed, free = net_blocks * self.block_size, self.shared_pool.free_slots()
+            raise OutOfKVMemory(
+                f"growing sequences {list(seq_ids)} in the {self.kind} group needs {needed} slots of the "
+                f"shared pool, {free} free",
+                needed_slots=needed,
+                free_slots=free,
+            )
+        self.shared_pool.adjust(net_blocks)
+        return self.commit_growth(plan)
+
+    def plan_growth(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> tuple[int, list[tuple]]:
+        """What growing ``seq_ids[i]`` by ``num_tokens[i]`` tokens does, changing nothing: the net blocks
+        the pool gives (negative: gets back) and, per sequence, its new run. Raises
+        :class:`PolicyInputError` for an unknown sequence, one listed twice, or growth past its final
+        length. A KV coordinator adds the groups' nets of one pool before it commits any."""
+        if len(seq_ids) != len(num_tokens) or len(set(seq_ids)) != len(seq_ids):
+            raise PolicyInputError(
+                f"grow_each needs distinct sequence ids, one token count each: {list(seq_ids)}, {list(num_tokens)}"
+            )
+        for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+            seq = self._get(seq_id)
+            self._check_growth(seq_id, tokens, seq.num_tokens, seq.final_len)
+        return self.plan_checked_growth(seq_ids, num_tokens)
+
+    def plan_checked_growth(
+        self, seq_ids: Sequence[int], num_tokens: Sequence[int]
+    ) -> tuple[int, list[tuple]]:
+        """:meth:`plan_growth` of a growth already checked (by the same plan in another group of the
+        coordinator: every group holds the same sequences at the same lengths)."""
+        net_blocks = 0
+        plan: list[tuple] = []
+        sequences = self.sequences
+        for index in range(len(seq_ids)):
+            seq = sequences[seq_ids[index]]
+            tokens = num_tokens[index]
+            first, end = self._run_after(seq, seq.num_tokens + tokens)
+            net_blocks += (end - first) - (seq.end_block - seq.first_block)
+            plan.append((seq, tokens, first, end))
+        return net_blocks, plan
+
+    def commit_growth(self, plan: list[tuple]) -> list[int]:
+        """Apply a :meth:`plan_growth` whose net blocks the caller has moved in or out of the pool;
+        returns each sequence's growth room after it."""
+        rooms = []
+        for seq, tokens, first, end in plan:
             self._account(seq, -1)
-            self.shared_pool.give_back(min(first, seq.end_block) - seq.first_block)
-            # A growth past the whole run (a long jump) holds nothing until the new blocks come.
-            seq.first_block, seq.end_block = first, max(first, seq.end_block)
+            seq.num_tokens += tokens
+            seq.first_block = first
+            seq.end_block = end
             self._account(seq, 1)
+            rooms.append(self._room(seq))
+        return rooms
 
     def _run_after(self, seq: GroupSequence, num_tokens: int) -> tuple[int, int]:
         """The run ``seq`` holds once it has ``num_tokens`` tokens: released blocks stay released, and
-        held ones stay held until the kind releases them."""
+        held ones stay held until the kind releases them (a growth past the whole run holds only the
+        new blocks)."""
         first, end = self.held_run(num_tokens)
-        return max(first, seq.first_block), max(end, seq.end_block)
+        if first < seq.first_block:
+            first = seq.first_block
+        if end < seq.end_block:
+            end = seq.end_block
+        return first, end
 
     def slots_needed_to_grow(self, seq_id: int, num_tokens: int) -> int:
         return max(0, self.net_slots_to_grow(seq_id, num_tokens))
@@ -154,11 +184,13 @@ class GroupManager(SequenceTable[GroupSequence]):
     def growth_room(self, seq_id: int) -> int:
         """Tokens before the next change of its run: a new block needed, or one released (a release
         is an event too: the blocks vLLM frees at that step are free from then on)."""
-        seq = self._get(seq_id)
+        return self._room(self._get(seq_id))
+
+    def _room(self, seq: GroupSequence) -> int:
         room = min(seq.end_block * self.block_size, seq.final_len) - seq.num_tokens
         release_at = self.next_release(seq)
-        if release_at != NEVER:
-            room = min(room, max(0, release_at - seq.num_tokens - 1))
+        if release_at != NEVER and release_at - seq.num_tokens - 1 < room:
+            room = max(0, release_at - seq.num_tokens - 1)
         return room
 
     def slots_needed_to_fork(self, parent_id: int, num_children: int) -> int:

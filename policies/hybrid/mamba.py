@@ -16,8 +16,7 @@ class MambaGroup(GroupManager):
     def next_release(self, seq: GroupSequence) -> int:
         return NEVER
 
-    def growth_room(self, seq_id: int) -> int:
-        seq = self._get(seq_id)
+    def _room(self, seq: GroupSequence) -> int:
         return seq.final_len - seq.num_tokens
 
     def _account(self, seq: GroupSequence, sign: int) -> None:

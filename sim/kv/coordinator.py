@@ -25,7 +25,7 @@ hybrid layers): it hands each call straight to its one policy, so the seam costs
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from mypy_extensions import mypyc_attr
 
@@ -337,51 +337,59 @@ class MultiGroupCoordinator(KVCoordinator):
         )
 
     def grow(self, seq_id: int, num_tokens: int) -> None:
-        self._check_room([seq_id], [num_tokens])
-        self._release_before_growth([seq_id], [num_tokens])
-        for policy in self.policies:
-            policy.grow(seq_id, num_tokens)
+        self.grow_each([seq_id], [num_tokens])
 
     def grow_each(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
-        self._check_room(seq_ids, num_tokens)
-        self._release_before_growth(seq_ids, num_tokens)
-        rooms = self.policies[0].grow_each(seq_ids, num_tokens)
-        for policy in self.policies[1:]:
-            rooms = [
-                min(room, other)
-                for room, other in zip(rooms, policy.grow_each(seq_ids, num_tokens), strict=True)
-            ]
-        return rooms
-
-    def _release_before_growth(self, seq_ids: list[int], num_tokens: list[int]) -> None:
-        """Every shared-pool group first frees what the growth releases (see
-        :meth:`~policies.hybrid.group.GroupManager.release_before_growth`)."""
-        for shared in self._shared:
-            for manager in shared.managers:
-                for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
-                    manager.release_before_growth(seq_id, tokens)
-
-    def fits_growth(self, seq_ids: list[int], num_tokens: int) -> bool:
-        return self._growth_shortfall(seq_ids, [num_tokens] * len(seq_ids)) is None
-
-    def _check_room(self, seq_ids: list[int], num_tokens: list[int]) -> None:
-        shortfall = self._growth_shortfall(seq_ids, num_tokens)
-        if shortfall is not None:
-            self._refuse(f"growing sequences {seq_ids}", shortfall)
-
-    def _growth_shortfall(self, seq_ids: list[int], num_tokens: list[int]) -> tuple[str, int, int] | None:
-        """The first pool that cannot supply the slots of this growth: (its name, needed, available)."""
+        """Every group or none: each own pool and each shared pool is checked before any group grows.
+        A shared pool's groups are planned together and their net taken at once (vLLM frees every
+        group's skipped blocks before it allocates)."""
         for group in self._own:
             needed = _slots_needed(group.policy, seq_ids, num_tokens)
-            available = group.policy.available_slots()
-            if needed > available:
-                return f"KV group {group.name!r}", needed, available
+            if needed > group.policy.available_slots():
+                self._refuse(
+                    f"growing sequences {seq_ids}",
+                    (f"KV group {group.name!r}", needed, group.policy.available_slots()),
+                )
+        planned = []
         for shared in self._shared:
-            # What the groups release counts as free: vLLM frees skipped blocks before it allocates.
-            needed = sum(_net_slots(manager, seq_ids, num_tokens) for manager in shared.managers)
-            if needed > shared.pool.free_slots():
-                return "the shared block pool", needed, shared.pool.free_slots()
-        return None
+            net_blocks, plans = self._plan(shared, seq_ids, num_tokens)
+            if net_blocks > shared.pool.free_blocks:
+                self._refuse(
+                    f"growing sequences {seq_ids}",
+                    ("the shared block pool", net_blocks * shared.pool.block_size, shared.pool.free_slots()),
+                )
+            planned.append((shared, net_blocks, plans))
+        rooms: list[int] | None = None
+        for group in self._own:
+            rooms = _least(rooms, group.policy.grow_each(seq_ids, num_tokens))
+        for shared, net_blocks, plans in planned:
+            shared.pool.adjust(net_blocks)
+            for manager, plan in plans:
+                rooms = _least(rooms, manager.commit_growth(plan))
+        assert rooms is not None
+        return rooms
+
+    @staticmethod
+    def _plan(shared: _SharedPool, seq_ids: list[int], num_tokens: list[int]) -> tuple[int, list[tuple]]:
+        """The groups' plans of one growth and their net blocks. The first group checks the growth
+        (every group holds the same sequences at the same lengths); the others only plan it."""
+        first = shared.managers[0]
+        net_blocks, plan = first.plan_growth(seq_ids, num_tokens)
+        plans = [(first, plan)]
+        for manager in shared.managers[1:]:
+            blocks, plan = manager.plan_checked_growth(seq_ids, num_tokens)
+            net_blocks += blocks
+            plans.append((manager, plan))
+        return net_blocks, plans
+
+    def fits_growth(self, seq_ids: list[int], num_tokens: int) -> bool:
+        tokens = [num_tokens] * len(seq_ids)
+        for group in self._own:
+            if _slots_needed(group.policy, seq_ids, tokens) > group.policy.available_slots():
+                return False
+        return all(
+            self._plan(shared, seq_ids, tokens)[0] <= shared.pool.free_blocks for shared in self._shared
+        )
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
         for shared in self._shared:
@@ -470,31 +478,32 @@ class MultiGroupCoordinator(KVCoordinator):
     def stats(self) -> PolicyStats:
         """The groups' counters summed, but for the prefix cache's: every group records the same query
         (the prompt) and the same common hit, so those are one group's. A new object: read it again
-        after the operations to compare."""
-        total = PolicyStats()
-        for policy in self.policies:
-            for counter in fields(PolicyStats):
-                setattr(
-                    total, counter.name, getattr(total, counter.name) + getattr(policy.stats, counter.name)
-                )
-        first = self.policies[0].stats
-        total.prefix_cache_queries = first.prefix_cache_queries
-        total.prefix_cache_hits = first.prefix_cache_hits
-        return total
+        after the operations to compare. (Written out field by field: the engine reads it after
+        every iteration; tests/test_kv_coordinator.py checks that no field is left out.)"""
+        every = [policy.stats for policy in self.policies]
+        first = every[0]
+        return PolicyStats(
+            prefix_cache_queries=first.prefix_cache_queries,
+            prefix_cache_hits=first.prefix_cache_hits,
+            evictions=sum(stats.evictions for stats in every),
+            cow_copies=sum(stats.cow_copies for stats in every),
+            fork_copied_tokens=sum(stats.fork_copied_tokens for stats in every),
+            allocation_failures=sum(stats.allocation_failures for stats in every),
+        )
 
     @property
     def host_tier(self) -> HostPool | None:
         return None
 
 
-def _net_slots(manager: GroupManager, seq_ids: list[int], num_tokens: list[int]) -> int:
-    net = 0
-    for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
-        net += manager.net_slots_to_grow(seq_id, tokens)
-    return net
+def _least(rooms: list[int] | None, more: list[int]) -> list[int]:
+    """Each sequence's growth room over the groups so far: the least."""
+    if rooms is None:
+        return more
+    return [room if room <= other else other for room, other in zip(rooms, more, strict=True)]
 
 
-def _slots_needed(policy: KVCachePolicy, seq_ids: list[int], num_tokens: list[int]) -> int:
+def _slots_needed(policy: KVCachePolicy, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
     needed = 0
     for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
         needed += policy.slots_needed_to_grow(seq_id, tokens)
