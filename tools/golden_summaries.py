@@ -29,6 +29,7 @@ CONFIGS = (
     "configs/cluster-mooncake-offload.yaml",
     "configs/disaggregated-chat.yaml",
     "configs/hicache-multi-turn.yaml",
+    "configs/hybrid-gpt-oss.yaml",
     "configs/offload-multi-turn.yaml",
     "configs/notebooks/small-run.yaml",
     "configs/traces/azure-code.yaml",
