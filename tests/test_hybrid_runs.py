@@ -87,6 +87,22 @@ def test_gpt_oss_on_the_hybrid_manager_holds_more_requests_and_its_pool_stays_wh
     assert (series[BREAKDOWN] >= 0).all().all()
 
 
+def test_a_mamba_hybrid_keeps_its_states_apart_from_the_tokens(tmp_path):
+    """Nemotron-H: 4 attention layers and 24 Mamba2 layers; vLLM raises the block to 1,040 tokens so
+    that an attention page holds a state. Decoded tokens fill the attention group's slots, never the
+    state blocks: no breakdown category goes negative, and the breakdown sums to the pool."""
+    raw = config("Nemotron-H-8B-Base-8K", [HYBRID], max_model_len=8192, kv_cache_memory_bytes=3_000_000_000)
+    raw["workload"]["prompt_len"] = {"kind": "uniform", "low": 500, "high": 4000}
+    results = run(raw, tmp_path)
+    summary = results["hybrid"].summary
+    # Groups of 4 layers (the fewest of any kind): one of attention, six of Mamba2 states.
+    assert summary["block_size"] == 1040 and summary["kv_groups"] == 7
+    series = pd.read_parquet(tmp_path / "out" / "hybrid" / "timeseries.parquet")
+    assert (series[BREAKDOWN] >= 0).all().all()
+    assert (series[BREAKDOWN].sum(axis=1) == summary["kv_pool_tokens"]).all()
+    assert summary["mean_reserved_frac"] >= 0
+
+
 def test_on_a_model_of_full_attention_only_the_hybrid_manager_is_paged_exactly(tmp_path):
     """One group of every layer over a shared pool: the same pool, the same blocks taken and given
     back at the same iterations, so every request's times and every memory sample equal paged's."""

@@ -17,8 +17,9 @@ _NO_HOST_TIER = (0, 0, 0, 0, 0, 0)
 class StateObserver:
     def __init__(self, kv: KVCoordinator, clock: DecodeClock, counters: Counters):
         self.kv = kv
-        # A decoded token the policies have not been told of fills a slot in every group.
-        self._groups = len(kv.groups)
+        # A decoded token the policies have not been told of fills a slot in every group that holds
+        # tokens (not in a Mamba group's state).
+        self._slots_per_token = kv.slots_per_token
         self.clock = clock
         self.counters = counters
 
@@ -26,7 +27,7 @@ class StateObserver:
         """The leading part of the state, whose time averages the summary reports."""
         used, reserved, internal, external, cached, free = self.kv.breakdown_values()
         # Decoded tokens the policy has not been told of fill slots it still counts as reserved.
-        pending = self.clock.pending_tokens() * self._groups
+        pending = self.clock.pending_tokens() * self._slots_per_token
         physical, logical = self.kv.sharing_slots()
         return (
             used + pending,

@@ -78,6 +78,9 @@ class KVCoordinator:
 
     groups: tuple[KVGroup, ...]
     pool_slots: int
+    slots_per_token: int = 1
+    """Slots one more token of a sequence fills: one in each group whose slots hold tokens (a Mamba
+    group's state block holds none)."""
 
     def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
         raise NotImplementedError
@@ -230,8 +233,9 @@ class _SharedPool:
         self.pool = pool
         self.managers = managers
         self.slot_bytes = slot_bytes
-        # Groups whose blocks grow with a sequence (a Mamba state does not): a token needs a slot in each.
-        self.growing = max(1, sum(1 for manager in managers if manager.kind != "mamba"))
+        # Groups whose blocks hold tokens (a Mamba state does not): a token needs a slot in each.
+        self.token_groups = sum(1 for manager in managers if manager.kind != "mamba")
+        self.growing = max(1, self.token_groups)  # (what free slots are split over)
 
 
 class MultiGroupCoordinator(KVCoordinator):
@@ -261,6 +265,7 @@ class MultiGroupCoordinator(KVCoordinator):
         self.pool_slots = sum(group.policy.pool_slots for group in self._own) + sum(
             shared.pool.pool_slots for shared in self._shared
         )
+        self.slots_per_token = len(self._own) + sum(shared.token_groups for shared in self._shared)
 
     @staticmethod
     def _shared_pools(groups: Sequence[KVGroup]) -> list[_SharedPool]:
