@@ -69,7 +69,7 @@ def test_every_validation_yaml_loads(claims):
         for target in claim.spec.targets:
             assert target.not_reproducible or target.tolerance is not None
     fast = {claim.spec.number for claim in claims.values() if claim.spec.fast}
-    assert fast == {"1", "2", "5", "7", "cap", "c1"}
+    assert fast == {"1", "2", "5", "7", "cap", "cap-hybrid", "c1"}
 
 
 def test_claims_run_in_issue_order(claims):
@@ -91,6 +91,7 @@ def test_claims_run_in_issue_order(claims):
         "c1",
         "c2",
         "cap",
+        "cap-hybrid",
         "d1",
         "r1",
     ]

@@ -131,6 +131,51 @@ def check_capacity_line(claim: Claim, context: RunContext) -> CheckOutput:
     return output
 
 
+# -- capacity line of a hybrid model: vLLM start-up log ---------------------------------------------
+
+
+class HybridCapacityLineParams(_Strict):
+    model: str
+    available_kv_gib: float = Field(
+        gt=0, description="vLLM's logged 'Available KV cache memory' (GiB, per GPU)."
+    )
+    max_model_len: int = Field(gt=0)
+    tensor_parallel_size: int = Field(1, gt=0)
+    max_num_batched_tokens: int = Field(8192, gt=0)
+    max_concurrent_batches: int = Field(
+        1, gt=0, description="2 with async scheduling (vLLM >= 0.14 by default)."
+    )
+    tokens_line: str = Field("concurrency", description="'blocks' for vLLM before the 2026 tokens line.")
+
+
+@register_check("hybrid_capacity_line", HybridCapacityLineParams)
+def check_hybrid_capacity_line(claim: Claim, context: RunContext) -> CheckOutput:
+    """vLLM's hybrid sizing (``sim/hardware/hybrid_capacity.py``) from the memory a log reports."""
+    from sim.hardware.hybrid_capacity import vllm_hybrid_kv_capacity
+
+    params: HybridCapacityLineParams = claim.params
+    capacity = vllm_hybrid_kv_capacity(
+        params.model,
+        int(params.available_kv_gib * GiB),
+        max_model_len=params.max_model_len,
+        tensor_parallel_size=params.tensor_parallel_size,
+        max_num_batched_tokens=params.max_num_batched_tokens,
+        max_concurrent_batches=params.max_concurrent_batches,
+        tokens_line=params.tokens_line,  # type: ignore[arg-type]
+    )
+    lines = capacity.capacity_lines()
+    detail = (
+        f"block {capacity.block_size} tokens, page {capacity.page_bytes:,} B, {len(capacity.groups)} groups of "
+        f"{capacity.group_size} layers, {capacity.num_blocks:,} blocks. Log: {' | '.join(lines)}"
+    )
+    output = CheckOutput()
+    output.values["block_size"] = Measured(capacity.block_size, detail)
+    output.values["tokens"] = Measured(capacity.kv_cache_tokens, detail)
+    output.values["concurrency"] = Measured(capacity.max_concurrency, detail)
+    output.notes.append(f"`{lines[0]}`, `{lines[1]}`")
+    return output
+
+
 # -- claim 2: Fig. 13 Orca(Max) cap ------------------------------------------------------------------
 
 
