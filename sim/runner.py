@@ -326,6 +326,13 @@ def _prepare_instance(
         raise ConfigError("\n".join(errors))  # one problem per line
     max_model_len = engine_config.max_model_len or model.max_position_embeddings
     policy_name = policy_name_for(variant, engine_config)
+    if not is_hybrid_allocator(policy_name) and model.state_bytes_per_request() > 0:
+        # vLLM too refuses a Mamba model with the hybrid manager off: a state is not per-token K/V.
+        raise ConfigError(
+            f"variants.{index}.policy: {model.name} has Mamba/linear-attention layers, a state of "
+            f"{model.state_bytes_per_request():,} B per request that policy {policy_name!r} cannot hold "
+            "(it keeps per-token K/V only); use policy vllm-hybrid"
+        )
     # (A hybrid pool holds less per request than full attention would: vLLM checks it per group.)
     if not is_hybrid_allocator(policy_name):
         pool_error = check_pool_holds_a_request(capacity, engine_config.block_size, max_model_len, key)

@@ -103,6 +103,14 @@ def test_a_mamba_hybrid_keeps_its_states_apart_from_the_tokens(tmp_path):
     assert summary["mean_reserved_frac"] >= 0
 
 
+def test_a_mamba_model_on_a_policy_that_cannot_hold_states_is_refused(tmp_path):
+    raw = config("Nemotron-H-8B-Base-8K", [HYBRID, PAGED], max_model_len=8192)
+    with pytest.raises(
+        ConfigError, match="variants.1.policy: Nemotron-H-8B-Base-8K has Mamba/linear-attention"
+    ):
+        prepare_experiment(validate_experiment(raw), tmp_path / "c.yaml")
+
+
 def test_on_a_model_of_full_attention_only_the_hybrid_manager_is_paged_exactly(tmp_path):
     """One group of every layer over a shared pool: the same pool, the same blocks taken and given
     back at the same iterations, so every request's times and every memory sample equal paged's."""
