@@ -240,3 +240,103 @@ def test_the_shared_pool_stays_whole_under_any_operations(operations, prefill_to
         assert all(value >= 0 for value in kv.breakdown_values())
         for group in kv.groups:
             assert sorted(group.policy.live_sequences()) == sorted(live)
+
+
+def test_a_chunk_that_is_no_multiple_of_the_block_releases_where_its_chunks_start():
+    """C = 6, blocks of 4. Prompt 5 holds blocks 0-1. Token 7 (computed 6: chunk 6..11 starts in
+    block 1) releases block 0, so the room before it is 1 token (token 6). Then block 1 stays until
+    a chunk starts in block 2 or later: chunks start at 12 (block 3), so the release comes with
+    token 13; the held blocks end at 8, so the room is 1 (token 8), then 4 more (block 2), then 0."""
+    pool = SharedBlockPool(10, BLOCK)
+    local = ChunkedLocalGroup(spec(10), pool, prefill_tokens=4096, chunk=6)
+    local.admit(1, prompt(5), 40, 101)
+    assert local.held_blocks(1) == (0, 2) and local.growth_room(1) == 1
+    local.grow(1, 1)  # 6 tokens
+    assert local.held_blocks(1) == (0, 2) and local.growth_room(1) == 0
+    local.grow(1, 1)  # 7 tokens: computed 6, chunk from 6, block 1
+    assert local.held_blocks(1) == (1, 2) and local.growth_room(1) == 1
+    local.grow(1, 2)  # 9 tokens: block 2 taken
+    assert local.held_blocks(1) == (1, 3) and local.growth_room(1) == 3  # tokens 10-12; 13 releases
+    local.grow(1, 3)
+    local.grow(1, 1)  # 13 tokens: computed 12, chunk from 12 = block 3
+    assert local.held_blocks(1) == (3, 4) and pool.free_blocks == 9
+
+
+def test_a_growth_is_refused_whole_for_a_bad_sequence_or_length():
+    """Two 4-token sequences (final 10) in a pool of 4 blocks: 2 free. Each bad request changes
+    nothing; growing both to 10 tokens needs 2 more blocks each, 4 > 2: refused whole."""
+    pool = SharedBlockPool(4, BLOCK)
+    full = FullAttentionGroup(spec(4), pool, 4096)
+    full.admit(1, prompt(4), 10, 101)
+    full.admit(2, prompt(4, 2), 10, 102)
+    for seq_ids, tokens, message in [
+        ([1, 1], [1, 1], "distinct sequence ids"),
+        ([1, 2], [1], "one token count each"),
+        ([1, 9], [1, 1], "unknown sequence id 9"),
+        ([1, 2], [1, 7], "passes its final length 10"),
+    ]:
+        with pytest.raises(PolicyInputError, match=message):
+            full.grow_each(seq_ids, tokens)
+        assert (full.seq_len(1), full.seq_len(2), pool.free_blocks) == (4, 4, 2)
+    with pytest.raises(OutOfKVMemory, match="needs 16 slots of the shared pool, 8 free"):
+        full.grow_each([1, 2], [6, 6])
+    assert (full.seq_len(1), full.seq_len(2), pool.free_blocks) == (4, 4, 2)
+    assert full.stats.allocation_failures == 1
+
+
+def test_the_coordinator_returns_each_sequences_least_room_over_the_groups():
+    """Full and sliding (W = 8) over one pool, blocks of 4, prompt 10 (final 40), then 2 tokens:
+    full holds blocks 0-2, room 0 (12 tokens fill them); sliding holds 1-2 after releasing block 0
+    at token 12, room 0. Then one more: full room 3, sliding room min(3, 16 - 13 - 1 = 2) = 2."""
+    pool = SharedBlockPool(20, BLOCK)
+    kv = shared(FullAttentionGroup(spec(20), pool, 4096), SlidingWindowGroup(spec(20), pool, 4096, window=8))
+    kv.admit(1, prompt(10), 40, 101)
+    kv.admit(2, prompt(6, 2), 40, 102)
+    assert kv.grow_each([1, 2], [2, 2]) == [0, 0]
+    # seq 2: 8 tokens, blocks 0-1 full (room 0); sliding holds 0-1, releases block 0 at 12 tokens.
+    assert kv.grow_each([1, 2], [1, 1]) == [2, 2]
+    assert [kv.growth_room(1), kv.growth_room(2)] == [2, 2]
+
+
+def test_a_fork_takes_the_parents_held_blocks_in_every_group_or_none():
+    """A 20-token parent holds 5 full blocks and 3 sliding ones (W = 8: blocks 2-4 after 20 tokens
+    decoded... at admission the prompt's last cdiv(8 - 1 + 20, 4) + 1 = 8 > 5: all 5). Its first
+    token releases the sliding blocks before (21 - 8) // 4 = 3: held 3-5. A child copies 6 + 3 = 9
+    blocks: of 20, 20 - 6 - 3 = 11 free, one child fits, a second does not, and changes nothing."""
+    pool = SharedBlockPool(20, BLOCK)
+    kv = shared(FullAttentionGroup(spec(20), pool, 4096), SlidingWindowGroup(spec(20), pool, 4096, window=8))
+    kv.admit(1, prompt(20), 60, 101)
+    kv.grow(1, 1)
+    assert [group.policy.held_blocks(1) for group in kv.groups] == [(0, 6), (3, 6)]
+    assert pool.free_blocks == 11
+    kv.fork(1, [ChildSpec(2, 60, -2)])
+    assert pool.free_blocks == 2 and [group.policy.held_blocks(2) for group in kv.groups] == [(0, 6), (3, 6)]
+    before = kv.breakdown_values()
+    with pytest.raises(OutOfKVMemory, match="forking sequence 1 needs 36 slots of the shared block pool, 8"):
+        kv.fork(1, [ChildSpec(3, 60, -3)])
+    assert kv.breakdown_values() == before and sorted(kv.groups[0].policy.live_sequences()) == [1, 2]
+
+
+def test_a_shared_pool_is_checked_when_it_is_made():
+    with pytest.raises(PolicyInputError, match="needs blocks, got 0 of 4 slots"):
+        SharedBlockPool(0, BLOCK)
+    with pytest.raises(PolicyInputError, match="pool_slots=7 cannot hold 2 blocks of 4"):
+        SharedBlockPool(2, BLOCK, pool_slots=7)
+    pool = SharedBlockPool(2, BLOCK, pool_slots=10)
+    assert pool.breakdown_values() == (0, 0, 0, 2, 0, 8)  # 2 slots past the last block
+    with pytest.raises(OutOfKVMemory, match="admitting needs 3 blocks of the shared pool, 2 free"):
+        pool.take(3, "admitting")
+    with pytest.raises(PolicyInputError, match="block_size 8 differs from the shared pool's 4"):
+        FullAttentionGroup(PoolSpec(64, 8, 64), pool, 4096)
+    with pytest.raises(PolicyInputError, match="sliding window must be positive, got 0"):
+        SlidingWindowGroup(spec(2), pool, 4096, window=0)
+    with pytest.raises(PolicyInputError, match="attention chunk must be positive, got -1"):
+        ChunkedLocalGroup(spec(2), pool, 4096, chunk=-1)
+    other = SharedBlockPool(2, BLOCK)
+    with pytest.raises(ValueError, match="share a block pool, so one page size, but their slot_bytes differ"):
+        make_coordinator(
+            [
+                KVGroup("a", FullAttentionGroup(spec(2), other, 4096), slot_bytes=2),
+                KVGroup("b", MambaGroup(spec(2), other, 4096), slot_bytes=3),
+            ]
+        )
