@@ -57,7 +57,7 @@ def serving_shapes(layers: pd.DataFrame, model: ModelSpec) -> pd.DataFrame:
 def layer_times_s(shapes: pd.DataFrame, share: float, model: ModelSpec, gpu: GpuSpec) -> np.ndarray:
     """The derated model's time of one MoE layer on one GPU for each row of ``shapes``."""
     assert model.experts_per_token is not None
-    read_s = shapes["activated_experts"] * model.expert_params * model.weight_dtype_bytes
+    read_s = shapes["activated_experts"] * model.expert_params * model.expert_bytes_per_param
     read_s = read_s / (gpu.hbm_bandwidth_bytes_per_s * share)
     pairs = shapes["tokens"] * model.experts_per_token / shapes["ep"]
     flops_s = pairs * 2.0 * model.expert_params / (gpu.fp16_flops * gpu.efficiency.gemm_flops)

@@ -61,7 +61,7 @@ def models_table() -> str:
                 f"{spec.max_position_embeddings:,}",
                 f"{spec.kv_bytes_per_token():,}",
                 f"{spec.weight_bytes() / GiB:.1f}",
-                f"{spec.routed_expert_params * spec.weight_dtype_bytes / GiB:.1f}" if spec.is_moe else "-",
+                f"{spec.routed_expert_bytes / GiB:.1f}" if spec.is_moe else "-",
             ]
         )
     header = [

@@ -259,11 +259,42 @@ def test_tensor_parallel_must_divide_the_state() -> None:
 
 def test_gpt_oss_configs_load_like_the_presets() -> None:
     for file, preset in (("gpt-oss-20b", "gpt-oss-20b"), ("gpt-oss-120b", "gpt-oss-120b")):
-        with pytest.warns(UserWarning, match="quantization_config"):
-            spec = model_from_hf_config(CONFIGS / f"{file}.config.json")
+        spec = model_from_hf_config(CONFIGS / f"{file}.config.json")  # (MXFP4 is sized: no warning)
         # The shape estimate misses the expert and o biases, the sinks and router biases; the rest
-        # (layer kinds included) is the preset's.
+        # (layer kinds and the MXFP4 experts included) is the preset's.
         _same_shapes(spec, MODEL_PRESETS[preset], "num_params", "num_active_params")
+        assert spec.routed_expert_bits == 4.25
+
+
+def test_gpt_oss_weights_are_sized_with_mxfp4_experts() -> None:
+    """gpt-oss-20b: 24 layers x 32 experts x 3 x 2880 x 2880 = 19,110,297,600 expert parameters at
+    4.25 bits = 10,152,345,600 B; the other 20,914,757,184 - 19,110,297,600 = 1,804,459,584 at 2 B =
+    3,608,919,168 B; 13,761,264,768 B in all (the card's "about 13 GB"; at bf16 it would be 41.8 GB).
+    With expert parallelism over 2 GPUs at TP 1: 3,608,919,168 + 10,152,345,600 / 2 = 8,685,091,968 B."""
+    spec = MODEL_PRESETS["gpt-oss-20b"]
+    assert spec.routed_expert_params == 19_110_297_600
+    assert spec.routed_expert_bytes == 10_152_345_600
+    assert spec.weight_bytes() == 13_761_264_768
+    assert spec.weight_bytes_per_gpu(1, expert_parallel_size=2) == 8_685_091_968
+    assert spec.expert_bytes_per_param == 4.25 / 8
+    with pytest.raises(ValueError, match="routed_expert_bits must be a number of bits in \\(0, 32\\]"):
+        dataclasses.replace(spec, routed_expert_bits=0)
+    with pytest.raises(ValueError, match="for a mixture of experts"):
+        dataclasses.replace(MODEL_PRESETS["Llama-3.1-8B"], routed_expert_bits=4.25)
+
+
+def test_an_mxfp4_checkpoint_reads_cheaper_experts_in_the_cost_models() -> None:
+    """The routed experts' read time scales with their bytes: 4.25 bits against bf16's 16."""
+    from sim.costs.factory import make_cost_model
+    from sim.hardware.gpus import resolve_gpu
+
+    spec = MODEL_PRESETS["gpt-oss-20b"]
+    bf16 = dataclasses.replace(spec, routed_expert_bits=None)
+    gpu = resolve_gpu("H100-80GB")
+    quantised = make_cost_model("derated", spec, gpu, block_size=16)
+    plain = make_cost_model("derated", bf16, gpu, block_size=16)
+    assert quantised.expert_read_s == pytest.approx(plain.expert_read_s * 4.25 / 16, rel=1e-12)
+    assert quantised.body_read_s == plain.body_read_s
 
 
 def test_qwen3_next_config_loads_like_the_preset() -> None:

@@ -331,7 +331,11 @@ class AnalyticCostModel(DatasheetCostModel):
                 decode.per_seq_s,
                 decode.per_context_token_s,
                 batch_s=unread_experts_s(
-                    model.num_moe_layers * model.expert_params * model.weight_dtype_bytes / bandwidth / tp,
+                    model.num_moe_layers
+                    * model.expert_params
+                    * model.expert_bytes_per_param
+                    / bandwidth
+                    / tp,
                     model.num_experts or 0,
                     model.experts_per_token or 0,
                     ROUTING_SATURATED * decode.intercept_s,

@@ -222,7 +222,9 @@ class DeratedCostModel(DatasheetCostModel):
         # the rest (attention, dense layers, shared experts, routers), expert_read_s one expert in
         # every MoE layer, times the expected number of distinct experts the tokens touch.
         self.body_read_s = (body_params - model.routed_expert_params) * weight_bytes / weight_bw / tp
-        self.expert_read_s = model.num_moe_layers * model.expert_params * weight_bytes / expert_bw / tp
+        # (at their own bytes: a checkpoint may store the experts quantised, gpt-oss's MXFP4)
+        expert_bytes = model.expert_bytes_per_param
+        self.expert_read_s = model.num_moe_layers * model.expert_params * expert_bytes / expert_bw / tp
         self.num_experts = model.num_experts or 0
         self.experts_per_token = model.experts_per_token or 0
         if expert_parallel_size > 1:
@@ -310,7 +312,10 @@ class DeratedCostModel(DatasheetCostModel):
             num_experts=self.num_experts,
             experts_per_token=self.experts_per_token,
             local_experts=local,
-            expert_read_s=model.num_moe_layers * model.expert_params * model.weight_dtype_bytes / expert_bw,
+            expert_read_s=model.num_moe_layers
+            * model.expert_params
+            * model.expert_bytes_per_param
+            / expert_bw,
             routed_flops_per_token_s=2.0
             * per_token_pairs
             * model.num_moe_layers

@@ -115,6 +115,9 @@ class ModelSpec:
     layers have a dense MLP of ``intermediate_size`` (DeepSeek's first ``first_k_dense_replace``).
     Only the count of dense layers matters here, not where they sit. Every expert stays in memory
     (``num_params`` counts them all); the cost models read only the experts a batch's tokens touch.
+    ``routed_expert_bits`` (optional): bits per routed-expert parameter when a checkpoint stores the
+    experts quantised and the rest at ``weight_dtype_bytes`` (gpt-oss: MXFP4, 4-bit values and an
+    8-bit scale per 32, 4.25 bits); the routed experts' bytes are rounded up as a whole.
 
     Layer kinds (``layer_kinds``, optional): one :mod:`sim.hardware.layers` kind per layer for a model
     whose layers are not all full attention: :class:`SlidingWindow`, :class:`ChunkedLocal`, a
@@ -150,6 +153,7 @@ class ModelSpec:
     shared_expert_intermediate_size: int = 0
     num_dense_layers: int = 0
     layer_kinds: tuple[LayerKind, ...] | None = dataclass_field(default=None, repr=False)
+    routed_expert_bits: float | None = None
 
     def __post_init__(self) -> None:
         for field in (
@@ -186,6 +190,17 @@ class ModelSpec:
                 f"model {self.name!r}: num_active_params must be in (0, num_params], got {self.num_active_params!r}"
             )
         self._check_moe_shape()
+        bits = self.routed_expert_bits
+        if bits is not None and (
+            isinstance(bits, bool)
+            or not isinstance(bits, int | float)
+            or not 0 < bits <= 32
+            or not self.is_moe
+        ):
+            raise ValueError(
+                f"model {self.name!r}: routed_expert_bits must be a number of bits in (0, 32] for a mixture "
+                f"of experts, got {bits!r}"
+            )
         self._check_layer_kinds()
 
     def _check_layer_kinds(self) -> None:
@@ -452,8 +467,22 @@ class ModelSpec:
         return max(1, self.num_kv_heads // tensor_parallel_size)
 
     def weight_bytes(self) -> int:
-        """Bytes of all weights at ``weight_dtype_bytes`` per parameter (whole model, tp = 1)."""
-        return self.num_params * self.weight_dtype_bytes
+        """Bytes of all weights (whole model, tp = 1): ``weight_dtype_bytes`` per parameter, the routed
+        experts at ``routed_expert_bits`` when they are quantised."""
+        routed = self.routed_expert_params
+        return (self.num_params - routed) * self.weight_dtype_bytes + self.routed_expert_bytes
+
+    @property
+    def routed_expert_bytes(self) -> int:
+        """Bytes of every routed expert of every MoE layer (0 for a dense model)."""
+        if self.routed_expert_bits is None:
+            return self.routed_expert_params * self.weight_dtype_bytes
+        return math.ceil(self.routed_expert_params * self.routed_expert_bits / 8)
+
+    @property
+    def expert_bytes_per_param(self) -> float:
+        """Bytes one routed-expert parameter takes (what reading an expert costs per parameter)."""
+        return self.weight_dtype_bytes if self.routed_expert_bits is None else self.routed_expert_bits / 8
 
     def weight_bytes_per_gpu(self, tensor_parallel_size: int = 1, expert_parallel_size: int = 1) -> int:
         """Weight bytes one GPU holds: ``ceil(weight_bytes / tp)``. vLLM splits every matrix (QKV and
@@ -469,7 +498,7 @@ class ModelSpec:
         experts)."""
         if expert_parallel_size == 1:
             return math.ceil(self.weight_bytes() / tensor_parallel_size)
-        routed = self.routed_expert_params * self.weight_dtype_bytes
+        routed = self.routed_expert_bytes
         rest = self.weight_bytes() - routed
         return math.ceil(rest / tensor_parallel_size) + routed // expert_parallel_size
 
@@ -984,8 +1013,11 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # 8,640) = 796,538,880, norms 5,760 -> 823,186,976 x 24 = 19,756,487,424; + embedding and LM head
     # 2 x 201088 x 2880 + final norm 2,880 (card: 20.91B). Active 3,608,307,264: 24 x (26,550,144 +
     # 92,192 + 4 experts 99,567,360 + 5,760) + LM head + final norm (card: 3.61B).
-    # NOTE: the checkpoint stores the experts in MXFP4 (about 13 GiB in all); weights here are sized
-    # at 2 bytes like the model's bf16 KV cache and activations. Checked: the full config copy in
+    # The checkpoint stores the routed experts' matrices in MXFP4 (quantization_config quant_method
+    # mxfp4: 4-bit values, an 8-bit scale per 32 = 4.25 bits), the rest (attention, router, expert
+    # biases, embedding, LM head) in bf16: 24 x 32 x 3 x 2880 x 2880 = 19,110,297,600 expert params
+    # x 4.25 / 8 = 10,152,345,600 B + 1,804,459,584 other params x 2 B = 13,761,264,768 B (12.8 GiB;
+    # the card: "about 13 GB"). Checked: the full config copy in
     # circuit-tracer's tests (gpt_oss_config); vLLM gpt_oss.py (sliding window on even layers).
     "gpt-oss-20b": _preset(
         name="gpt-oss-20b",
@@ -1003,6 +1035,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         experts_per_token=4,
         moe_intermediate_size=2880,
         layer_kinds=(SlidingWindow(128), FULL_ATTENTION) * 12,
+        routed_expert_bits=4.25,
     ),
     # openai/gpt-oss-120b config.json (main, transformers_version 4.55.0.dev0; excerpt in
     # configs/models/gpt-oss-120b.config.json): the shapes of gpt-oss-20b with 36 layers (18 sliding,
@@ -1028,6 +1061,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         experts_per_token=4,
         moe_intermediate_size=2880,
         layer_kinds=(SlidingWindow(128), FULL_ATTENTION) * 18,
+        routed_expert_bits=4.25,
     ),
     # google/gemma-3-27b-it config.json (Gemma3ForConditionalGeneration, transformers_version
     # 4.50.0.dev0, Mar 2025; Gemma licence terms, cited not copied): text_config 62 layers, hidden
@@ -1479,7 +1513,8 @@ def model_from_hf_config(
     presets carry theirs.
 
     Quantised checkpoints (a ``quantization_config``) are sized at ``torch_dtype`` with a warning;
-    adjust ``weight_dtype_bytes`` with :func:`dataclasses.replace`.
+    adjust ``weight_dtype_bytes`` with :func:`dataclasses.replace`. The exception is MXFP4 experts
+    (gpt-oss: ``quant_method: mxfp4``), sized at 4.25 bits a routed-expert parameter.
 
     Layer kinds (sliding-window, chunked-local, Mamba/linear-attention and MLP-only layers) come from
     ``layer_types``, ``hybrid_override_pattern``, ``layers_block_type``, ``attn_layer_period`` /
@@ -1516,7 +1551,9 @@ def model_from_hf_config(
         if dtype_bytes_or_none is None:
             raise ValueError(f"model config {where!r}: unsupported torch_dtype/dtype {dtype_name!r}")
         dtype_bytes = dtype_bytes_or_none
-    if cfg.get("quantization_config"):
+    quantization = cfg.get("quantization_config") or {}
+    routed_expert_bits = _quantised_expert_bits(quantization)
+    if quantization and routed_expert_bits is None:
         warnings.warn(
             f"model config {where!r} has a quantization_config; weights are sized at {dtype_bytes} bytes "
             "per parameter (the torch_dtype). Set weight_dtype_bytes with dataclasses.replace for the "
@@ -1606,10 +1643,23 @@ def model_from_hf_config(
             max_position_embeddings=max_pos,
             gated_mlp=gated,
             layer_kinds=layer_kinds,
+            routed_expert_bits=routed_expert_bits if moe else None,
             **moe,
         )
     except ValueError as exc:
         raise ValueError(f"model config {where!r}: {exc}") from exc
+
+
+MXFP4_BITS = 4.25
+"""OCP MX FP4: 4-bit values sharing an 8-bit scale per block of 32: 4 + 8 / 32 bits a parameter."""
+
+
+def _quantised_expert_bits(quantization: Mapping[str, Any]) -> float | None:
+    """Bits per routed-expert parameter of a ``quantization_config`` kvsim sizes (gpt-oss's MXFP4
+    quantises the experts' matrices only), None for one it does not."""
+    if isinstance(quantization, Mapping) and str(quantization.get("quant_method", "")).lower() == "mxfp4":
+        return MXFP4_BITS
+    return None
 
 
 def _refuse_estimate_for_blocks_without_attention(where: str, layer_kinds: tuple[LayerKind, ...]) -> None:
