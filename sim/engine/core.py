@@ -50,17 +50,14 @@ from sim.engine.errors import EngineStalled
 from sim.engine.gc_tuning import fewer_collections
 from sim.engine.growth import DecodeGrowth
 from sim.engine.handoff import KVHandOff
-from sim.engine.jumps import IterationCost, IterationOne, Jump, JumpCounts, JumpPlanner
+from sim.engine.jumps import IterationCost, JumpCounts, JumpPlanner
 from sim.engine.knobs import EngineKnobs
 from sim.engine.landing import JumpLanding
 from sim.engine.ledger import RequestLedger
 from sim.engine.observe import StateObserver
 from sim.engine.schedulers import make_scheduler
-from sim.engine.schedulers.base import (
-    NOT_TRIED,
-    QUEUE_EMPTY,
-)
 from sim.engine.transfer import KVTransferHooks
+from sim.engine.wakeup import WakeUp
 from sim.kv.coordinator import KVCoordinator, SingleGroupCoordinator, make_coordinator
 from sim.outputs.metrics import (
     Counters,
@@ -113,7 +110,6 @@ class Engine:
         # Every KV operation goes through the coordinator of the model's KV groups (sim/kv/).
         self.kv = policy if isinstance(policy, KVCoordinator) else make_coordinator(policy)
         self.costs = costs
-        self._iteration_cost = IterationCost(costs)
         self.knobs = knobs
         self.block_size = block_size
         self.env = env if env is not None else simpy.Environment()
@@ -132,12 +128,8 @@ class Engine:
         # Loop wake-ups that ran iterations (one each, or a jump): what the run's wall time scales
         # with. Not a counter of the results: the step modes differ in it by design.
         self.wakeups = 0
-        self.jumps = JumpCounts()
         self.recorder = Recorder(self.kv.pool_slots, self.sink)
         self._wake = self.env.event()
-        self._swap_out_pending = 0  # blocks swapped out at an iteration's end: the next iteration moves them
-        # Blocks copied on write at an iteration's end (a fork's first token): the next iteration copies them.
-        self._copies_pending = 0
         self.clock = DecodeClock(self.kv, defer_growth=knobs.step_mode == "skip")
         self._observer = StateObserver(self.kv, self.clock, self.counters)
         # What differs between the servers (admission, budgets, preemption victims): sim/engine/schedulers/.
@@ -147,13 +139,7 @@ class Engine:
         # send, or waits for to land.
         self.handoff = KVHandOff(transfer, prefill_only)
         self._build_parts(follow_up, transfer is not None, host_load_s)
-        self._decoded_seqs = 0  # sequences that decoded in each iteration of the current wake-up
-        self._iterations_this_step = 0
         self.admission_blocker = 0  # what holds the queue's head back (AdmissionDesk.admission_blocker)
-        # What iteration 1 of the current wake-up did that its successors depend on.
-        self._preempted = False
-        self._swapped_in = False
-        self._admission_stop = QUEUE_EMPTY
 
     def _build_parts(
         self, follow_up: Callable | None, disaggregated: bool, host_load_s: Callable[[float], float] | None
@@ -185,12 +171,12 @@ class Engine:
             self.handoff,
             counters,
         )
-        self._jump: Jump | None = None  # the wake-up in flight, when it spans several iterations
-        self._planner = JumpPlanner(
+        iteration_cost = IterationCost(self.costs)
+        planner = JumpPlanner(
             clock,
             kv,
             self.costs,
-            self._iteration_cost,
+            iteration_cost,
             self.scheduler,
             self.block_size,
             self._next_arrival_s,
@@ -213,9 +199,27 @@ class Engine:
             host_load_s if host_load_s is not None else self.costs.swap_blocks_s,
         )
         self.growth.engine = self.desk  # the scheduler's victim choice sees what its admissions see
-        self._landing = JumpLanding(
+        landing = JumpLanding(
             kv, clock, batch, self.growth, self.scheduler, self.recorder, self._observer, counters
         )
+        self.wakeup = WakeUp(
+            self.env,
+            kv,
+            clock,
+            batch,
+            (self.growth, self.desk, self.completions, planner, landing),
+            self.scheduler,
+            self.handoff,
+            iteration_cost,
+            counters,
+            self.knobs.step_mode == "skip",
+            self._next_arrival_s,
+        )
+
+    @property
+    def jumps(self) -> JumpCounts:
+        """How the wake-ups went: single iterations, decode and prefill jumps (``sim.engine.jumps``)."""
+        return self.wakeup.jumps
 
     @property
     def policy(self) -> KVCachePolicy:
@@ -295,10 +299,7 @@ class Engine:
 
     def finish(self) -> None:
         """The clock stopped: book what was in flight and hand every row to the sink."""
-        jump = self._jump
-        if jump is not None:
-            self._jump = None
-            self._landing.stop_inside(jump, self.env.now)
+        self.wakeup.stop_inside()
         # Requests still in the system at the end are reported as unfinished (a disaggregated request
         # once, by the decode replica that has it: a prefill replica's held ones are there too).
         self.ledger.close([*self.running, *self.waiting, *self.receiving.values()])
@@ -344,7 +345,7 @@ class Engine:
         idle_steps = 0
         while True:
             if self.handoff.notices_waiting and not self.running and not self.waiting:
-                self._take_transfer_notices()  # idle: a send finished, or a prompt landed
+                self.handoff.take_notices(self.kv, self.waiting)  # idle: a send finished, or a prompt landed
                 self._record()
             if not self.running and not self.waiting:
                 # A replica stays until the clock stops: another replica's request may have a follow-up.
@@ -361,8 +362,10 @@ class Engine:
                 yield self._lockstep.boundary()
                 continue
             preemptions_before = self.counters.preemptions
-            duration = self._advance()
-            self.admission_blocker = self.desk.admission_blocker(preemptions_before, self._admission_stop)
+            duration = self.wakeup.advance()
+            self.admission_blocker = self.desk.admission_blocker(
+                preemptions_before, self.wakeup.admission_stop
+            )
             if duration > 0:
                 idle_steps = 0
                 self.wakeups += 1
@@ -377,15 +380,13 @@ class Engine:
                 yield self._run_for(duration)
                 self.busy_until = float("inf")
                 self.desk.last_ended_s = self.env.now
-                jump = self._jump
+                jump = self.wakeup.jump
                 self.desk.last_started_s = started_s + (
                     0.0 if jump is None else jump.timeline.elapsed_s(jump.timeline.extra)
                 )
-                if jump is not None:
-                    self._jump = None
-                    self._iterations_this_step = self._landing.land(jump, self.desk.prefill_this_step)
+                if self.wakeup.land():
                     self._record()
-                if self._finish_iterations() and not (self.running or self.waiting):
+                if self.wakeup.finish_iterations() and not (self.running or self.waiting):
                     # Only when the engine goes idle: otherwise the next iteration starts at this
                     # instant and records its state, which would replace this one after no time.
                     self._record()
@@ -414,119 +415,12 @@ class Engine:
         lockstep group, the end of the group's step (this iteration's own time is one rank's part)."""
         if self._lockstep is None:
             return self.env.timeout(duration)
-        tokens = self._decoded_seqs
-        for _state, chunk in self.desk.prefill_this_step:
-            tokens += chunk
-        return self._lockstep.join(self, duration, tokens)
-
-    def _advance(self) -> float:
-        """Start the next iteration and plan the deterministic ones after it; return their time."""
-        first_s = self._first_iteration()
-        if first_s <= 0 or self.knobs.step_mode != "skip":
-            return first_s
-        iteration = IterationOne(
-            self._preempted,
-            self._swapped_in,
-            self._swap_out_pending,
-            self.desk.prefill_this_step,
-            self.batch.prefilling,
-            self._decoded_seqs,
-            self._admission_stop,
-        )
-        jump = self._jump = self._planner.plan(self.env.now, first_s, iteration)
-        jumps = self.jumps
-        if jump is None:
-            jumps.single += 1
-            return first_s
-        if jump.chunks:
-            jumps.prefill += 1
-        else:
-            jumps.decode += 1
-        if jump.grows:
-            jumps.with_growth += 1
-        return jump.timeline.total_s
-
-    def _first_iteration(self) -> float:
-        """One iteration as vLLM schedules it: decode growth, prompts in progress, then admissions."""
-        copies_before = self.kv.stats.cow_copies
-        loads_before = self.desk.host_loads()
-        if self.handoff.notices_waiting:
-            self._take_transfer_notices()
-        # 1. every decoding sequence takes a token (the policy hears of those that need a block)
-        self.clock.now += 1
-        self.growth.prepare_decode_step()
-        preempted, swap_blocks = self.growth.decode_growth()
-        if preempted:
-            self.scheduler.after_preemption(self.desk)
-        swap_blocks += self._swap_out_pending
-        self._swap_out_pending = 0
-        decode_batch = self.clock.sequences
-        decode_context = self.clock.sum_context()
-        budget = self.scheduler.prefill_budget(decode_batch)
-        # 2. prompts in progress, then 3. admissions (not after a preemption, as vLLM)
-        chunks: list[tuple[int, int]] = []
-        self.desk.prefill_this_step = []
-        for state in self.batch.prefilling:
-            if state.prefilled < state.tokens_to_prefill and budget > 0:
-                budget = self.desk.schedule_prefill(state, budget, chunks)
-        self._admission_stop = NOT_TRIED
-        swap_in = 0
-        if not preempted:  # (not after a preemption, as vLLM; SGLang's retraction step admits nothing)
-            budget, swap_in, self._admission_stop = self.scheduler.admit(self.desk, budget, chunks)
-            swap_blocks += swap_in
-            if decode_batch and not self.desk.prefill_this_step:
-                self.scheduler.decode_steps(1)  # a decode batch (SGLang's update_running_batch)
-        self._preempted = preempted
-        self._swapped_in = swap_in > 0
-        self._decoded_seqs = decode_batch
-        self._iterations_this_step = 1
-        # Prefix hits loaded from the host tier at admission: their transfer delays this iteration,
-        # which needs them, like a swap-in (a host hit always leaves its prompt's last token to compute).
-        load_s = self.desk.charge_host_loads(loads_before)
-        if decode_batch == 0 and not self.desk.prefill_this_step:
-            if swap_blocks:
-                return (
-                    self.costs.swap_blocks_s(swap_blocks) + load_s
-                )  # a swap-in alone: the transfer, no forward pass
-            self._check_progress()
-            return 0.0
-        duration = self._iteration_cost.duration(decode_batch, decode_context, chunks)
-        copies = self.kv.stats.cow_copies - copies_before + self._copies_pending
-        self._copies_pending = 0
-        duration += self.costs.copy_blocks_s(copies) if copies else 0.0
-        duration += self.costs.swap_blocks_s(swap_blocks) if swap_blocks else 0.0
-        return duration + load_s
-
-    def _take_transfer_notices(self) -> None:
-        self.handoff.take_notices(self.kv, self.waiting)
-
-    def _finish_iterations(self) -> bool:
-        """Book what the iteration(s) that just ended produced: first tokens, completions, beams.
-        Returns whether any of those happened (the state changed)."""
-        steps = self._iterations_this_step
-        copies_before = self.kv.stats.cow_copies
-        self.counters.iterations += steps
-        self.counters.output_tokens += steps * self._decoded_seqs
-        changed, swapped_out = self.completions.after_iterations(self.desk.prefill_this_step)
-        self._swap_out_pending += swapped_out
-        self.desk.prefill_this_step = []
-        self._decoded_seqs = 0
-        self._copies_pending += self.kv.stats.cow_copies - copies_before
-        return changed
+        return self._lockstep.join(self, duration, self.wakeup.decoded_seqs + self.wakeup.prefill_tokens())
 
     # ----------------------------------------------------------------------------------- growth/OOM
     # ------------------------------------------------------------------------------------ admission
     # The services a scheduler admits and preempts through (sim/engine/schedulers/base.py,
     # SchedulingEngine); they keep the core's books.
-    def _check_progress(self) -> None:
-        if self.running or not self.waiting or self.transfers_pending:
-            return
-        if self.env.now >= self._next_arrival_s():
-            return
-        raise EngineStalled(
-            f"at t={self.env.now:.6f}s nothing can run: {len(self.waiting)} waiting, none admissible"
-        )
-
     # -------------------------------------------------------------------------------------- record
     def _averaged_state(self) -> tuple:
         return self._observer.averaged(len(self.running))

@@ -72,6 +72,7 @@ MODULES = (
     "sim.engine.schedulers.base",
     "sim.engine.schedulers.sglang",
     "sim.engine.schedulers.vllm",
+    "sim.engine.wakeup",
     "sim.kv.coordinator",
     "sim.outputs.metrics",
     "token_content.segments",

@@ -1,0 +1,186 @@
+"""One wake-up of the engine: iteration 1 as vLLM schedules it (the decoding sequences' growth,
+the prompts in progress, then admissions), the jump over the deterministic iterations after it
+(``jumps.py`` plans it, ``landing.py`` applies it), and the books of what they produced once they
+end. What an iteration leaves to the next (blocks swapped out or copied at its end) waits here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+
+from sim.engine.admission import AdmissionDesk
+from sim.engine.batch import Batch
+from sim.engine.completions import Completions
+from sim.engine.decoding import DecodeClock
+from sim.engine.errors import EngineStalled
+from sim.engine.growth import DecodeGrowth
+from sim.engine.handoff import KVHandOff
+from sim.engine.jumps import IterationCost, IterationOne, Jump, JumpCounts, JumpPlanner
+from sim.engine.landing import JumpLanding
+from sim.engine.schedulers.base import NOT_TRIED, QUEUE_EMPTY, Scheduler
+from sim.kv.coordinator import KVCoordinator
+from sim.outputs.metrics import Counters
+
+
+class WakeUp:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        kv: KVCoordinator,
+        clock: DecodeClock,
+        batch: Batch,
+        parts: tuple[DecodeGrowth, AdmissionDesk, Completions, JumpPlanner, JumpLanding],
+        scheduler: Scheduler,
+        handoff: KVHandOff,
+        iteration_cost: IterationCost,
+        counters: Counters,
+        skip: bool,
+        next_arrival_s: Callable[[], float],
+    ):
+        self.env = env
+        self.kv = kv
+        self.clock = clock
+        self.batch = batch
+        self.growth, self.desk, self.completions, self.planner, self.landing = parts
+        self.scheduler = scheduler
+        self.handoff = handoff
+        self.costs = iteration_cost.costs
+        self.iteration_cost = iteration_cost
+        self.counters = counters
+        self.skip = skip  # step_mode "skip": plan jumps
+        self.next_arrival_s = next_arrival_s
+        self.jumps = JumpCounts()
+        self.jump: Jump | None = None  # the wake-up in flight, when it spans several iterations
+        self.decoded_seqs = 0  # sequences that decoded in each iteration of the current wake-up
+        self.iterations = 0
+        self.swap_out_pending = 0  # blocks swapped out at an iteration's end: the next iteration moves them
+        # Blocks copied on write at an iteration's end (a fork's first token): the next iteration copies them.
+        self.copies_pending = 0
+        # What iteration 1 of the current wake-up did that its successors depend on.
+        self.preempted = False
+        self.swapped_in = False
+        self.admission_stop = QUEUE_EMPTY
+
+    def advance(self) -> float:
+        """Start the next iteration and plan the deterministic ones after it; return their time."""
+        first_s = self._first_iteration()
+        if first_s <= 0 or not self.skip:
+            return first_s
+        iteration = IterationOne(
+            self.preempted,
+            self.swapped_in,
+            self.swap_out_pending,
+            self.desk.prefill_this_step,
+            self.batch.prefilling,
+            self.decoded_seqs,
+            self.admission_stop,
+        )
+        jump = self.jump = self.planner.plan(self.env.now, first_s, iteration)
+        jumps = self.jumps
+        if jump is None:
+            jumps.single += 1
+            return first_s
+        if jump.chunks:
+            jumps.prefill += 1
+        else:
+            jumps.decode += 1
+        if jump.grows:
+            jumps.with_growth += 1
+        return jump.timeline.total_s
+
+    def _first_iteration(self) -> float:
+        """One iteration as vLLM schedules it: decode growth, prompts in progress, then admissions."""
+        desk = self.desk
+        copies_before = self.kv.stats.cow_copies
+        loads_before = desk.host_loads()
+        if self.handoff.notices_waiting:
+            self.handoff.take_notices(self.kv, self.batch.waiting)
+        # 1. every decoding sequence takes a token (the policy hears of those that need a block)
+        self.clock.now += 1
+        self.growth.prepare_decode_step()
+        preempted, swap_blocks = self.growth.decode_growth()
+        if preempted:
+            self.scheduler.after_preemption(desk)
+        swap_blocks += self.swap_out_pending
+        self.swap_out_pending = 0
+        decode_batch = self.clock.sequences
+        decode_context = self.clock.sum_context()
+        budget = self.scheduler.prefill_budget(decode_batch)
+        # 2. prompts in progress, then 3. admissions (not after a preemption, as vLLM)
+        chunks: list[tuple[int, int]] = []
+        desk.prefill_this_step = []
+        for state in self.batch.prefilling:
+            if state.prefilled < state.tokens_to_prefill and budget > 0:
+                budget = desk.schedule_prefill(state, budget, chunks)
+        self.admission_stop = NOT_TRIED
+        swap_in = 0
+        if not preempted:  # (not after a preemption, as vLLM; SGLang's retraction step admits nothing)
+            budget, swap_in, self.admission_stop = self.scheduler.admit(desk, budget, chunks)
+            swap_blocks += swap_in
+            if decode_batch and not desk.prefill_this_step:
+                self.scheduler.decode_steps(1)  # a decode batch (SGLang's update_running_batch)
+        self.preempted = preempted
+        self.swapped_in = swap_in > 0
+        self.decoded_seqs = decode_batch
+        self.iterations = 1
+        # Prefix hits loaded from the host tier at admission: their transfer delays this iteration,
+        # which needs them, like a swap-in (a host hit always leaves its prompt's last token to compute).
+        load_s = desk.charge_host_loads(loads_before)
+        if decode_batch == 0 and not desk.prefill_this_step:
+            if swap_blocks:
+                return self.costs.swap_blocks_s(swap_blocks) + load_s  # a swap-in alone: no forward pass
+            self._check_progress()
+            return 0.0
+        duration = self.iteration_cost.duration(decode_batch, decode_context, chunks)
+        copies = self.kv.stats.cow_copies - copies_before + self.copies_pending
+        self.copies_pending = 0
+        duration += self.costs.copy_blocks_s(copies) if copies else 0.0
+        duration += self.costs.swap_blocks_s(swap_blocks) if swap_blocks else 0.0
+        return duration + load_s
+
+    def land(self) -> bool:
+        """The wake-up's time has passed: apply its jump, if it had one. Returns whether it had."""
+        jump = self.jump
+        if jump is None:
+            return False
+        self.jump = None
+        self.iterations = self.landing.land(jump, self.desk.prefill_this_step)
+        return True
+
+    def stop_inside(self) -> None:
+        """The run ended inside the wake-up: book what single steps would have by now."""
+        jump = self.jump
+        if jump is not None:
+            self.jump = None
+            self.landing.stop_inside(jump, self.env.now)
+
+    def finish_iterations(self) -> bool:
+        """Book what the iteration(s) that just ended produced: first tokens, completions, beams.
+        Returns whether any of those happened (the state changed)."""
+        copies_before = self.kv.stats.cow_copies
+        self.counters.iterations += self.iterations
+        self.counters.output_tokens += self.iterations * self.decoded_seqs
+        changed, swapped_out = self.completions.after_iterations(self.desk.prefill_this_step)
+        self.swap_out_pending += swapped_out
+        self.desk.prefill_this_step = []
+        self.decoded_seqs = 0
+        self.copies_pending += self.kv.stats.cow_copies - copies_before
+        return changed
+
+    def prefill_tokens(self) -> int:
+        """Prompt tokens the iteration in flight computes."""
+        tokens = 0
+        for _state, chunk in self.desk.prefill_this_step:
+            tokens += chunk
+        return tokens
+
+    def _check_progress(self) -> None:
+        batch = self.batch
+        if batch.running or not batch.waiting or self.handoff.pending:
+            return
+        if self.env.now >= self.next_arrival_s():
+            return
+        raise EngineStalled(
+            f"at t={self.env.now:.6f}s nothing can run: {len(batch.waiting)} waiting, none admissible"
+        )
