@@ -56,6 +56,7 @@ __all__ = [
     "kind_counts",
     "layer_kinds_from_hf_config",
     "mamba_dtype_bytes",
+    "positive_int_field",
 ]
 
 # vLLM's --mamba-cache-dtype / --mamba-ssm-cache-dtype choices -> bytes ("auto" is resolved per use).
@@ -320,7 +321,7 @@ _TYPE_NAMES = {
 }
 
 
-def _positive_int(cfg: Mapping[str, Any], where: str, *names: str, required: bool = True) -> int | None:
+def positive_int_field(cfg: Mapping[str, Any], where: str, *names: str, required: bool = True) -> int | None:
     """The first of ``names`` the config sets, which must be a positive integer."""
     for name in names:
         value = cfg.get(name)
@@ -339,7 +340,7 @@ def _positive_int(cfg: Mapping[str, Any], where: str, *names: str, required: boo
 
 
 def _required_int(cfg: Mapping[str, Any], where: str, *names: str) -> int:
-    value = _positive_int(cfg, where, *names)
+    value = positive_int_field(cfg, where, *names)
     assert value is not None
     return value
 
@@ -349,7 +350,7 @@ def _sliding_window(cfg: Mapping[str, Any], where: str) -> int | None:
     window they do not use; vLLM's ``get_hf_config_sliding_window`` ignores it the same way)."""
     if cfg.get("use_sliding_window") is False:
         return None
-    return _positive_int(cfg, where, "sliding_window", required=False)
+    return positive_int_field(cfg, where, "sliding_window", required=False)
 
 
 def _checked_list(cfg: Mapping[str, Any], where: str, key: str, num_layers: int) -> list[Any]:
@@ -408,14 +409,14 @@ def _names_from_chunk(cfg: Mapping[str, Any], where: str, num_layers: int) -> li
                     f"model config {where!r}: field 'no_rope_layers' must hold 0 or 1, got {flag!r} at layer {layer}"
                 )
     else:
-        interval = _positive_int(cfg, where, "no_rope_layer_interval", required=False) or 4
+        interval = positive_int_field(cfg, where, "no_rope_layer_interval", required=False) or 4
         uses_rope = [int((layer + 1) % interval != 0) for layer in range(num_layers)]
     return ["chunked_attention" if flag else "full_attention" for flag in uses_rope]
 
 
 def _names_from_window(cfg: Mapping[str, Any], where: str, num_layers: int) -> list[str]:
     model_type = str(cfg.get("model_type", "")).lower()
-    pattern = _positive_int(cfg, where, "sliding_window_pattern", required=False)
+    pattern = positive_int_field(cfg, where, "sliding_window_pattern", required=False)
     pattern = pattern or _SLIDING_PATTERN_BY_MODEL_TYPE.get(model_type)
     if pattern:
         return [
@@ -449,7 +450,7 @@ def _layer_type_names(cfg: Mapping[str, Any], where: str, num_layers: int) -> tu
         return _names_from_chunk(cfg, where, num_layers), "no_rope_layers"
     if str(cfg.get("model_type", "")).lower() == "qwen3_next":
         # Qwen3NextConfig: a full-attention layer every full_attention_interval (default 4).
-        interval = _positive_int(cfg, where, "full_attention_interval", required=False) or 4
+        interval = positive_int_field(cfg, where, "full_attention_interval", required=False) or 4
         names = [
             "linear_attention" if (layer + 1) % interval else "full_attention" for layer in range(num_layers)
         ]

@@ -54,6 +54,7 @@ from sim.hardware.layers import (
     kind_counts,
     layer_kinds_from_hf_config,
     mamba_dtype_bytes,
+    positive_int_field,
 )
 
 __all__ = [
@@ -1354,20 +1355,8 @@ def _read_config(path: Path) -> dict[str, Any]:
 
 
 def _int_field(cfg: Mapping[str, Any], path: Path, *names: str, required: bool = True) -> int | None:
-    for name in names:
-        value = cfg.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(
-                f"model config {str(path)!r}: field {name!r} must be a positive integer, got {value!r}"
-            )
-        return value
-    if required:
-        raise ValueError(
-            f"model config {str(path)!r}: missing required field {' or '.join(repr(n) for n in names)}"
-        )
-    return None
+    """The first of ``names`` the config at ``path`` sets, which must be a positive integer."""
+    return positive_int_field(cfg, str(path), *names, required=required)
 
 
 def _is_moe_layer(cfg: Mapping[str, Any], layer: int) -> bool:
