@@ -35,7 +35,4 @@ class ChunkedLocalGroup(GroupManager):
         return next_start + 1
 
     def prefill_run(self, prompt_len: int) -> tuple[int, int]:
-        end = ceil_div(prompt_len, self.block_size)
-        prefill_chunk = min(prompt_len, self.prefill_tokens)
-        in_flight = ceil_div(self.chunk - 1 + prefill_chunk, self.block_size) + 1
-        return max(0, end - in_flight), end
+        return self.prompt_tail_run(prompt_len, self.chunk)

@@ -78,6 +78,16 @@ class GroupManager(SequenceTable[GroupSequence]):
         first decoded token."""
         return self.held_run(prompt_len)
 
+    def prompt_tail_run(self, prompt_len: int, span: int) -> tuple[int, int]:
+        """The prompt's last blocks that chunked prefill holds at most at once for a layer that attends
+        to the ``span`` tokens before each (a window, or an attention chunk): the span before a prefill
+        chunk plus the chunk, ``cdiv(span - 1 + chunk, block_size) + 1`` blocks (vLLM's
+        ``max_memory_usage_bytes`` of such a spec), or the whole prompt when it is shorter."""
+        end = ceil_div(prompt_len, self.block_size)
+        prefill_chunk = min(prompt_len, self.prefill_tokens)
+        in_flight = ceil_div(span - 1 + prefill_chunk, self.block_size) + 1
+        return max(0, end - in_flight), end
+
     # -- sequences ------------------------------------------------------------------------------------
     def slots_needed_to_admit(self, prompt: TokenContent) -> int:
         first, end = self.prefill_run(content_length(prompt))

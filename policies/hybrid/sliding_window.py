@@ -31,7 +31,4 @@ class SlidingWindowGroup(GroupManager):
         return (seq.first_block + 1) * self.block_size + self.window
 
     def prefill_run(self, prompt_len: int) -> tuple[int, int]:
-        end = ceil_div(prompt_len, self.block_size)
-        chunk = min(prompt_len, self.prefill_tokens)
-        in_flight = ceil_div(self.window - 1 + chunk, self.block_size) + 1
-        return max(0, end - in_flight), end
+        return self.prompt_tail_run(prompt_len, self.window)
