@@ -111,7 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
         write_run_files(staging, resolved, results)
         if config.output.figures:
-            from sim.outputs.plots import write_figures
+            from sim.figures import write_figures
             from sim.results import load_results
 
             # Drawn from the folder just written, as any reader of the results would see it.

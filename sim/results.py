@@ -11,7 +11,7 @@ Layout::
     DIR/<variant>/replicas.csv                  cluster runs: one summary row per replica
     DIR/<variant>/replica_timeseries.parquet    cluster runs: every replica's rows (or .csv)
     DIR/<variant>/transfer_timeseries.parquet   disaggregated runs: handoffs and the KV link over time
-    DIR/figures/*.png             drawn by ``kvsim run`` (sim.outputs.plots), not by this module
+    DIR/figures/*.png             drawn by ``kvsim run`` (sim.figures), not by this module
 
 A cluster variant's summary.json and timeseries are the cluster total (``sim/cluster/results.py``).
 
@@ -45,7 +45,7 @@ def write_run_files(
 ) -> None:
     """Everything but the tables a file sink already streamed into ``folder/<variant>/``, and but the
     figures: the results API reads and writes data and never draws (``kvsim run`` draws
-    ``figures/`` afterwards with :func:`sim.outputs.plots.write_figures`)."""
+    ``figures/`` afterwards with :func:`sim.figures.write_figures`)."""
     (folder / CONFIG_FILE).write_text(config_text(config))
     pd.DataFrame([_flat(result.summary) for result in results]).to_csv(folder / "summary.csv", index=False)
     capacity = [

@@ -1,4 +1,4 @@
-"""The run figures (sim/outputs/plots.py) as a reader sees them: nothing cut off or squeezed, curves
+"""The run figures (sim/figures.py) as a reader sees them: nothing cut off or squeezed, curves
 that look like zero say so, and pools that differ between variants say why."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from sim import figures as plots
 from sim.cli import main
-from sim.outputs import plots
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,7 @@
 
 * Workloads know nothing about memory: no module under ``workloads/`` imports ``policies``.
 * Token content is the vocabulary both sides share, so it imports neither of them (nor the engine).
-* The results API (``sim/results.py``) does not draw: figures are the CLI's (``sim.outputs.plots``).
+* The results API (``sim/results.py``) does not draw: figures are the CLI's (``sim.figures``).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def test_imports_are_found_wherever_they_are_and_resolved(source, expected):
     assert imported_modules(source, ("workloads",)) == expected
 
 
-DRAWING = ("matplotlib", "sim.outputs.plots", "sim.outputs.canvas")
+DRAWING = ("matplotlib", "sim.figures", "sim.outputs.canvas")
 
 
 def test_the_results_api_does_not_draw():

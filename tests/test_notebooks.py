@@ -71,7 +71,7 @@ def test_drawing_modules_leave_the_backend_alone():
 
     script = (
         "import matplotlib; matplotlib.use('svg')\n"
-        "import sim.outputs.plots, sim.planning.report.figures, sim.replay.figures, sim.validation\n"
+        "import sim.figures, sim.planning.report.figures, sim.replay.figures, sim.validation\n"
         "from sim.outputs.canvas import subplots\n"
         "figure, axes = subplots(1, 2, figsize=(4, 2)); axes[0].plot([0, 1])\n"
         "import io; figure.savefig(io.BytesIO(), format='png')\n"

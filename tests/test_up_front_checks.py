@@ -254,7 +254,7 @@ def test_rejections_are_reported_with_counts_and_both_lengths(tmp_path, capsys):
 
 
 def test_a_run_that_served_nothing_still_draws_every_figure_saying_so(tmp_path):
-    from sim.outputs.plots import _nothing_ran_text, pool_labels
+    from sim.figures import _nothing_ran_text, pool_labels
     from sim.results import load_results
 
     path = config_file(tmp_path, {"engine": {"max_model_len": 550}, "output": {"figures": True}})
