@@ -202,9 +202,26 @@ class KVCachePolicy:
         another unit (contiguous slots, SGLang pages) overrides this."""
         return memory_slots // block_size * block_size
 
+    # Speculative decoding: whether the policy can hold slots beyond a sequence's tokens for the
+    # drafts of its next step (:meth:`hold_lookahead`).
+    HOLDS_LOOKAHEAD: ClassVar[bool] = False
+
     def __init__(self, pool: PoolSpec):
         self.pool = pool
         self.stats = PolicyStats()
+        self.lookahead_slots = 0
+
+    def hold_lookahead(self, slots: int) -> None:
+        """From now on every decoding sequence holds ``slots`` slots beyond its tokens (speculative
+        decoding's drafts and vLLM's lookahead), within a final length that counts them: the engine
+        admits a sequence with ``final_len`` = its last token + ``slots``. Before any admission."""
+        if not self.HOLDS_LOOKAHEAD:
+            raise PolicyInputError(
+                f"{type(self).__name__} cannot hold lookahead slots for speculative decoding"
+            )
+        if slots < 0:
+            raise PolicyInputError(f"lookahead slots must be >= 0, got {slots}")
+        self.lookahead_slots = slots
 
     # -- sequences ---------------------------------------------------------------------------------
     @abstractmethod
@@ -404,9 +421,10 @@ class KVCachePolicy:
             raise PolicyInputError(
                 f"sequence {seq_id}: final_len={final_len} is below the prompt length {prompt_len}"
             )
-        if final_len > self.pool.max_model_len:
+        if final_len > self.pool.max_model_len + self.lookahead_slots:
             raise PolicyInputError(
                 f"sequence {seq_id}: final_len={final_len} exceeds max_model_len={self.pool.max_model_len}"
+                + (f" + {self.lookahead_slots} lookahead slots" if self.lookahead_slots else "")
             )
         return prompt_len
 

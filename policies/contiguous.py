@@ -105,15 +105,25 @@ class ContiguousPolicy(KVCachePolicy):
         self._region_total = 0  # sum of region sizes
         self._reference = self._space.region_size(pool.max_model_len if reservation == "max" else 1)
 
+    # Speculative decoding's slots fit inside the reservation: the engine admits a sequence with a
+    # final length that counts them, and the longest reservation grows by them.
+    HOLDS_LOOKAHEAD = True
+
+    def hold_lookahead(self, slots: int) -> None:
+        super().hold_lookahead(slots)
+        if self.reservation == "max":
+            self._reference = self._space.region_size(self.pool.max_model_len + slots)
+
     # -- read-only helpers (tests, engine diagnostics) ---------------------------------------------
     def reservation_size(self, prompt_len: int, final_len: int) -> int:
         """Slots the reservation rule asks for (before buddy rounding)."""
+        longest = self.pool.max_model_len + self.lookahead_slots
         if self.reservation == "max":
-            return self.pool.max_model_len
+            return longest
         if self.reservation == "oracle":
             return final_len
         output = final_len - prompt_len
-        return min(prompt_len + (ceil_pow2(output) if output > 0 else 0), self.pool.max_model_len)
+        return min(prompt_len + (ceil_pow2(output) if output > 0 else 0), longest)
 
     def region_size(self, reservation: int) -> int:
         """Slots a reservation really takes: buddy placement rounds up to a power of two."""

@@ -265,6 +265,7 @@ class PagedPolicy(SequenceTable[SequenceState]):
     """PagedAttention block tables without sharing: O(1) allocation and free per block."""
 
     _SHARES_BLOCKS = False  # True: blocks are shared (prefix cache, forks): the sharing hooks run
+    HOLDS_LOOKAHEAD = True  # a growing sequence takes the blocks for its lookahead slots too
 
     def __init__(self, pool: PoolSpec):
         super().__init__(pool)
@@ -329,7 +330,7 @@ class PagedPolicy(SequenceTable[SequenceState]):
         if seq.num_tokens % self.block_size and self.ref_count[seq.block_table[-1]] > 1:
             return 0  # the next write copies the shared tail first
         held = len(seq.block_table) * self.block_size
-        return (held if held < seq.final_len else seq.final_len) - seq.num_tokens
+        return (held if held < seq.final_len else seq.final_len) - self.lookahead_slots - seq.num_tokens
 
     def breakdown_values(self) -> tuple[int, int, int, int, int, int]:
         block_size = self.block_size
@@ -420,17 +421,18 @@ class PagedPolicy(SequenceTable[SequenceState]):
             for seq, tokens in zip(sequences, num_tokens):  # noqa: B905 (lengths checked)
                 self._copy_shared_tail_before_write(seq)
                 self._append_content(seq, tokens, None)
-                self._extend(seq, tokens)
+                self._extend(seq, tokens, self.lookahead_slots)
                 rooms.append(self._room(seq))
             return rooms
         block_size = self.block_size
         shares = self._SHARES_BLOCKS
+        lookahead = self.lookahead_slots
         for seq, tokens in zip(sequences, num_tokens):  # noqa: B905 (lengths checked)
             if shares:
                 self._append_content(seq, tokens, None)
-            self._extend(seq, tokens)
+            self._extend(seq, tokens, lookahead)
             held = len(seq.block_table) * block_size
-            rooms.append((held if held < seq.final_len else seq.final_len) - seq.num_tokens)
+            rooms.append((held if held < seq.final_len else seq.final_len) - lookahead - seq.num_tokens)
         return rooms
 
     def _check_grow_each_of(
@@ -464,7 +466,7 @@ class PagedPolicy(SequenceTable[SequenceState]):
         self._ensure_free_blocks(self._blocks_needed_to_grow(seq, num_tokens), "growing sequence", seq.seq_id)
         self._copy_shared_tail_before_write(seq)
         self._append_content(seq, num_tokens, content)
-        self._extend(seq, num_tokens)
+        self._extend(seq, num_tokens, self.lookahead_slots)
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
         parent = self._get(parent_id)
@@ -490,6 +492,8 @@ class PagedPolicy(SequenceTable[SequenceState]):
     def free(self, seq_id: int, finished: bool = True) -> None:
         # ``finished`` plays no part: vLLM keeps a preempted request's full blocks cached too.
         seq = self._get(seq_id)
+        if self.lookahead_slots:
+            self._drop_lookahead_blocks(seq)
         table = seq.block_table
         full_blocks = table
         if seq.num_tokens % self.block_size:  # its tail is partly filled
@@ -523,6 +527,19 @@ class PagedPolicy(SequenceTable[SequenceState]):
             self._release_full_blocks(released)
         self._logical_blocks -= len(table)
         del self.sequences[seq_id]
+
+    def _drop_lookahead_blocks(self, seq: SequenceState) -> None:
+        """Blocks held past the sequence's last token for drafts hold nothing to keep: freed first,
+        to the head of the queue, so that what remains is laid out as without speculation."""
+        table = seq.block_table
+        keep = -(-seq.num_tokens // self.block_size)
+        while len(table) > keep:
+            block_id = table.pop()
+            self.ref_count[block_id] = 0
+            self._live_blocks -= 1
+            self._logical_blocks -= 1
+            self._target_sum -= self._owner_target(seq, len(table))
+            self._release_tail(block_id)
 
     def _prefix_hit(self, hit_blocks: list[int], host_blocks: int = 0) -> PrefixHit:
         if not hit_blocks and not host_blocks:
@@ -563,7 +580,9 @@ class PagedPolicy(SequenceTable[SequenceState]):
         return 0
 
     def _blocks_needed_to_grow(self, seq: SequenceState, num_tokens: int) -> int:
-        return ceil_div(seq.num_tokens + num_tokens, self.block_size) - len(seq.block_table)
+        return ceil_div(seq.num_tokens + num_tokens + self.lookahead_slots, self.block_size) - len(
+            seq.block_table
+        )
 
     def _blocks_needed_to_fork(self, parent: SequenceState, num_children: int) -> int:
         return len(parent.block_table) * num_children
@@ -627,11 +646,11 @@ class PagedPolicy(SequenceTable[SequenceState]):
                 prefix_hit=prefix_hit,
             )
 
-    def _extend(self, seq: SequenceState, num_tokens: int) -> None:
-        """Append ``num_tokens`` token states, taking blocks as they are needed. A partly filled tail
-        is the sequence's own here (a shared one was copied first), so every new token adds one
-        filled slot, and only new blocks change the targets: full ones hold block_size, a new tail
-        what its owner will fill."""
+    def _extend(self, seq: SequenceState, num_tokens: int, lookahead: int = 0) -> None:
+        """Append ``num_tokens`` token states, taking blocks as they are needed (for ``lookahead``
+        slots beyond them too: speculative decoding's). A partly filled tail is the sequence's own
+        here (a shared one was copied first), so every new token adds one filled slot, and only new
+        blocks change the targets: full ones hold block_size, a new tail what its owner will fill."""
         block_size = self.block_size
         table = seq.block_table
         before = seq.num_tokens
@@ -639,8 +658,9 @@ class PagedPolicy(SequenceTable[SequenceState]):
         seq.num_tokens = after
         self._filled_sum += num_tokens
         held = len(table) * block_size
-        if after > held:
-            count = -(-after // block_size) - len(table)
+        wanted = after + lookahead
+        if wanted > held:
+            count = -(-wanted // block_size) - len(table)
             new_blocks = self._take_free_blocks(count)
             ref_count = self.ref_count
             for block_id in new_blocks:

@@ -598,7 +598,7 @@ class PrefixCachingPolicy(PagedPolicy):
     def _blocks_needed_to_grow(self, seq: SequenceState, num_tokens: int) -> int:
         # Runs once per block a sequence fills: the paged count and the tail check written out here.
         block_size, table = self.block_size, seq.block_table
-        needed = -(-(seq.num_tokens + num_tokens) // block_size) - len(table)
+        needed = -(-(seq.num_tokens + num_tokens + self.lookahead_slots) // block_size) - len(table)
         if seq.num_tokens % block_size and self.ref_count[table[-1]] > 1:
             needed += 1  # the shared tail is copied first (a partly filled sequence has a tail)
         return needed

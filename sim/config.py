@@ -73,6 +73,128 @@ class _Strict(ConfigModel):
 _Section = TypeVar("_Section", bound=_Strict)
 
 
+SPECULATIVE_METHODS = ("eagle", "eagle3", "mtp", "ngram", "draft_model")
+
+
+class AcceptanceConfig(_Strict):
+    """How many of a step's drafts the target accepts: exactly one of the three forms."""
+
+    rates: list[float] | None = Field(
+        None,
+        description="Per-position acceptance, one per draft, non-increasing: entry i is the share of "
+        "steps whose draft i+1 was accepted (vLLM's per-position acceptance rate, "
+        "num_accepted_tokens_per_pos / num_drafts); their sum + 1 is the mean acceptance length.",
+    )
+    mean_acceptance_length: float | None = Field(
+        None,
+        description="The mean tokens a step gives a request, the bonus token included (the 'tau' "
+        "papers publish); one acceptance rate at every position is derived from it.",
+    )
+    histogram: dict[int, float] | None = Field(
+        None,
+        description="Measured steps by accepted drafts: {accepted drafts (0..k): count or share}.",
+    )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> AcceptanceConfig:
+        given = [
+            name
+            for name in ("rates", "mean_acceptance_length", "histogram")
+            if getattr(self, name) is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of rates, mean_acceptance_length, histogram"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        if self.rates is not None:
+            bad = [rate for rate in self.rates if not 0 <= rate <= 1]
+            if bad:
+                raise ValueError(f"rates: acceptance rates must lie in [0, 1], got {bad[0]!r}")
+            rising = [
+                (i + 2, self.rates[i + 1])
+                for i in range(len(self.rates) - 1)
+                if self.rates[i + 1] > self.rates[i]
+            ]
+            if rising:
+                position, rate = rising[0]
+                raise ValueError(
+                    f"rates: position {position}'s rate {rate!r} exceeds the one before it: a draft is "
+                    "accepted only after every draft before it (give vLLM's per-position rates)"
+                )
+        if self.histogram is not None:
+            negative = [count for count in self.histogram.values() if count < 0]
+            if negative or not any(count > 0 for count in self.histogram.values()):
+                raise ValueError("histogram: counts must be >= 0 with at least one above 0")
+            below = [length for length in self.histogram if length < 0]
+            if below:
+                raise ValueError(f"histogram: accepted drafts must be >= 0, got {below[0]}")
+        return self
+
+
+class SpeculativeConfig(_Strict):
+    """``engine.speculative``: speculative decoding as vLLM's ``speculative_config`` names it."""
+
+    method: Literal["eagle", "eagle3", "mtp", "ngram", "draft_model"] = Field(
+        description="How drafts are proposed: eagle / eagle3 (a one-layer draft head on the target's "
+        "hidden states), mtp (the model's multi-token-prediction layers), ngram (prompt lookup, no "
+        "draft model), draft_model (a smaller model of the same tokenizer)."
+    )
+    num_speculative_tokens: int = Field(gt=0, description="Drafts proposed per request and step (k).")
+    acceptance: AcceptanceConfig = Field(description="How many drafts a step accepts.")
+    draft_model: str | None = Field(
+        None,
+        description="method draft_model: the draft's model preset (kvsim models) or config.json; its "
+        "weights and KV take GPU memory beside the target's.",
+    )
+    draft_layers: int | None = Field(
+        None,
+        gt=0,
+        description="eagle / eagle3 / mtp: decoder layers of the draft head, each the target's width "
+        "(default 1: EAGLE's and EAGLE-3's heads, DeepSeek's and Qwen3-Next's one MTP layer).",
+    )
+    draft_vocab_size: int | None = Field(
+        None,
+        gt=0,
+        description="eagle3: the draft head's own output vocabulary (EAGLE-3's Llama heads: 32000); "
+        "default: eagle3 32000, otherwise the target's LM head is shared.",
+    )
+
+    @model_validator(mode="after")
+    def _method_keys(self) -> SpeculativeConfig:
+        k = self.num_speculative_tokens
+        if self.method == "draft_model" and not self.draft_model:
+            raise ValueError("method draft_model needs draft_model: the draft's model preset or config.json")
+        if self.method != "draft_model" and self.draft_model is not None:
+            raise ValueError(
+                f"draft_model: {self.draft_model!r} is only for method draft_model, not {self.method}"
+            )
+        if self.method in ("ngram", "draft_model") and self.draft_layers is not None:
+            raise ValueError(f"draft_layers is for eagle, eagle3 and mtp heads, not method {self.method}")
+        if self.method != "eagle3" and self.draft_vocab_size is not None:
+            raise ValueError(f"draft_vocab_size is EAGLE-3's, not method {self.method}'s")
+        acceptance = self.acceptance
+        if acceptance.rates is not None and len(acceptance.rates) != k:
+            raise ValueError(
+                f"acceptance.rates: {len(acceptance.rates)} rates for num_speculative_tokens {k}: give one per draft"
+            )
+        if (
+            acceptance.mean_acceptance_length is not None
+            and not 1 <= acceptance.mean_acceptance_length <= k + 1
+        ):
+            raise ValueError(
+                f"acceptance.mean_acceptance_length: {acceptance.mean_acceptance_length!r} is outside "
+                f"[1, {k + 1}] (one token per step at least, k + 1 = {k + 1} at most)"
+            )
+        if acceptance.histogram is not None:
+            beyond = sorted(length for length in acceptance.histogram if length > k)
+            if beyond:
+                raise ValueError(
+                    f"acceptance.histogram: {beyond[0]} accepted drafts exceeds num_speculative_tokens {k}"
+                )
+        return self
+
+
 class EngineConfig(_Strict):
     """Engine and memory knobs (vLLM names and defaults where vLLM has the knob)."""
 
@@ -201,6 +323,11 @@ class EngineConfig(_Strict):
         description="scheduler sglang: prompt tokens admitted in one iteration; the first admission "
         "may exceed it (PrefillAdder.rem_input_tokens). SGLang's default: 16384 (server_args.py).",
     )
+    speculative: SpeculativeConfig | None = Field(
+        None,
+        description="Speculative decoding (vLLM's speculative_config): drafts per step, their "
+        "acceptance, the draft's weights, KV and time (docs/speculative.md). scheduler vllm only.",
+    )
     allow_long_max_model_len: bool = Field(
         False,
         description="Accept a max_model_len beyond the model's context length (vLLM's "
@@ -228,6 +355,15 @@ class EngineConfig(_Strict):
             raise ValueError(
                 f"{', '.join(changed)}: SGLang's scheduler settings, which engine.scheduler vllm ignores; "
                 "set engine.scheduler: sglang, or leave them out"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _speculation_needs_vllm(self) -> EngineConfig:
+        if self.speculative is not None and self.scheduler != "vllm":
+            raise ValueError(
+                "speculative: modelled with engine.scheduler vllm only (SGLang's EAGLE worker allocates "
+                "and frees draft slots per step, not modelled); set engine.scheduler: vllm"
             )
         return self
 

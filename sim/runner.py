@@ -41,10 +41,13 @@ from sim.config import (
 )
 from sim.costs.core import CostModel, CostModelError
 from sim.costs.factory import make_cost_model
+from sim.costs.speculative import SpeculativeCostModel, speculative_step
 from sim.engine.core import Engine, EngineKnobs
 from sim.engine.lockstep import LockstepGroup
 from sim.engine.schedulers.sglang import chunked_prefill_size_for
+from sim.engine.speculation import AcceptanceModel, SpeculativeDecoding, lookahead_slots
 from sim.hardware.capacity import KVCapacity, size_kv_pool
+from sim.hardware.draft import Draft, draft_for
 from sim.hardware.gpus import GpuSpec, resolve_gpu
 from sim.hardware.hybrid_capacity import vllm_hybrid_kv_capacity
 from sim.hardware.models import ModelSpec, expert_parallel_problems, expert_parallel_size, resolve_model
@@ -138,9 +141,29 @@ def engine_expert_parallel_size(model: ModelSpec, engine: EngineConfig) -> int:
     )
 
 
+def engine_draft(model: ModelSpec, engine: EngineConfig) -> Draft | None:
+    """Speculative decoding's draft for the engine section, None without speculation."""
+    speculative = engine.speculative
+    if speculative is None:
+        return None
+    try:
+        return draft_for(
+            speculative.method,
+            model,
+            kv_cache_dtype=engine.kv_cache_dtype,
+            tensor_parallel_size=engine.tensor_parallel_size,
+            draft_model=speculative.draft_model,
+            draft_layers=speculative.draft_layers,
+            draft_vocab_size=speculative.draft_vocab_size,
+        )
+    except ValueError as error:
+        raise ConfigError(f"engine.speculative.draft_model: {error}") from None
+
+
 def engine_pool(model: ModelSpec, gpu: GpuSpec, engine: EngineConfig) -> KVCapacity:
     """The KV pool the engine section's sizing keys give (one data-parallel rank's); raises what
     :func:`size_kv_pool` raises (:class:`ModelDoesNotFitError` when the weights leave no room)."""
+    draft = engine_draft(model, engine)
     return size_kv_pool(
         model,
         gpu,
@@ -153,6 +176,8 @@ def engine_pool(model: ModelSpec, gpu: GpuSpec, engine: EngineConfig) -> KVCapac
         tensor_parallel_size=engine.tensor_parallel_size,
         expert_parallel_size=engine_expert_parallel_size(model, engine),
         data_parallel_size=engine.data_parallel_size,
+        draft_weight_bytes=0 if draft is None else draft.weight_bytes,
+        draft_kv_bytes_per_token=0 if draft is None else draft.kv_bytes_per_token,
     )
 
 
@@ -167,8 +192,9 @@ def engine_cost_model(
     config: ExperimentConfig, model: ModelSpec, gpu: GpuSpec, engine: EngineConfig, base_dir: Path
 ) -> CostModel:
     """The experiment's cost model for one instance of the engine section (block size, cache dtype,
-    tensor parallelism; with expert parallelism, one data-parallel rank's)."""
-    return make_cost_model(
+    tensor parallelism; with expert parallelism, one data-parallel rank's); with speculative
+    decoding its decode step is the speculative step (``sim/costs/speculative.py``)."""
+    target = make_cost_model(
         config.cost_model,
         model,
         gpu,
@@ -179,6 +205,64 @@ def engine_cost_model(
         data_parallel_size=engine.data_parallel_size,
         expert_parallel_size=engine_expert_parallel_size(model, engine),
     )
+    speculative = engine.speculative
+    if speculative is None:
+        return target
+    draft = engine_draft(model, engine)
+    assert draft is not None
+    draft_decode = None
+    draft_overhead_s = 0.0
+    if draft.step_shapes is not None:
+        # The draft priced by the same cost model as the target, on the draft's shapes.
+        draft_costs = make_cost_model(
+            config.cost_model,
+            draft.step_shapes,
+            gpu,
+            block_size=engine.block_size,
+            kv_cache_dtype=engine.kv_cache_dtype,
+            base_dir=base_dir,
+            tensor_parallel_size=engine.tensor_parallel_size,
+        )
+        draft_decode = draft_costs.decode
+        draft_overhead_s = float(getattr(draft_costs, "iteration_overhead_s", 0.0))
+    step = speculative_step(
+        target, speculative.num_speculative_tokens, draft_decode, draft_overhead_s, engine.max_num_seqs
+    )
+    return SpeculativeCostModel(target, step, f"{speculative.method}, k={speculative.num_speculative_tokens}")
+
+
+def speculation_problem(policy_name: str, key: Callable[[str], str]) -> str:
+    """Why ``policy_name`` cannot serve speculative decoding ("" when it can)."""
+    if is_hybrid_allocator(policy_name):
+        return (
+            f"{policy_name} with {key('speculative')} is not modelled yet (a draft's slots in every "
+            "KV group); use policy paged, prefix or contiguous"
+        )
+    if not policy_class(policy_name).HOLDS_LOOKAHEAD:
+        return (
+            f"policy {policy_name!r} cannot hold the lookahead slots {key('speculative')} needs "
+            "(each decoding request's drafts); use policy paged, prefix or contiguous"
+        )
+    return ""
+
+
+def speculative_knobs(engine: EngineConfig) -> SpeculativeDecoding | None:
+    """What the engine needs of ``engine.speculative``: the acceptance distribution and the slots a
+    decoding sequence holds past its tokens."""
+    speculative = engine.speculative
+    if speculative is None:
+        return None
+    k = speculative.num_speculative_tokens
+    acceptance = speculative.acceptance
+    if acceptance.rates is not None:
+        model = AcceptanceModel.from_rates(acceptance.rates)
+    elif acceptance.mean_acceptance_length is not None:
+        model = AcceptanceModel.from_mean_length(acceptance.mean_acceptance_length, k)
+    else:
+        assert acceptance.histogram is not None
+        counts = [acceptance.histogram.get(accepted, 0.0) for accepted in range(k + 1)]
+        model = AcceptanceModel.from_histogram(counts, k)
+    return SpeculativeDecoding(speculative.method, k, model, lookahead_slots(speculative.method, k))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -341,6 +425,10 @@ def _prepare_instance(
     option_error = unknown_options_error(policy_name, variant.options)
     if option_error:
         raise ConfigError(f"variants.{index}.options: {option_error}")
+    if engine_config.speculative is not None:
+        speculation_error = speculation_problem(policy_name, key)
+        if speculation_error:
+            raise ConfigError(f"variants.{index}.policy: {speculation_error}")
     if engine_config.data_parallel_size > 1:
         # A data-parallel server's ranks are a cluster behind vLLM's own balancer.
         cluster = ClusterConfig.model_validate(
@@ -518,6 +606,8 @@ def _prepare_disaggregated(
             problems += str(error).split("\n")
     if not problems:
         problems += _disaggregation_problems(pools["prefill"], pools["decode"], spec, where)
+        if any(pool.engine.speculative is not None for pool in pools.values()):
+            problems.append(f"{where}: speculative decoding with disaggregated pools is not modelled yet")
     if problems:
         raise ConfigError("\n".join(problems))
     prepared = pools["decode"]
@@ -948,6 +1038,7 @@ def _make_engine(
         # a lockstep group's ranks step together, one iteration at a time (sim/engine/lockstep.py)
         step_mode="single" if prepared.lockstep else engine_config.step_mode,
         async_scheduling=engine_config.async_scheduling,
+        speculative=speculative_knobs(engine_config),
         client_overhead_s=(
             prepared.costs.request_overhead_s
             if engine_config.client_overhead_s is None

@@ -56,6 +56,7 @@ from sim.engine.landing import JumpLanding
 from sim.engine.ledger import RequestLedger
 from sim.engine.observe import StateObserver
 from sim.engine.schedulers import make_scheduler
+from sim.engine.speculation import SPECULATION_STREAM
 from sim.engine.transfer import KVTransferHooks
 from sim.engine.wakeup import WakeUp
 from sim.kv.coordinator import KVCoordinator, SingleGroupCoordinator, make_coordinator
@@ -130,7 +131,13 @@ class Engine:
         self.wakeups = 0
         self.recorder = Recorder(self.kv.pool_slots, self.sink)
         self._wake = self.env.event()
-        self.clock = DecodeClock(self.kv, defer_growth=knobs.step_mode == "skip")
+        # Speculative decoding: the tokens each iteration gives every decoding sequence, drawn from a
+        # stream of its own (the beams' draws stay those of a run without it).
+        speculative = knobs.speculative
+        schedule = None if speculative is None else speculative.schedule([seed, SPECULATION_STREAM])
+        if speculative is not None:
+            self.kv.hold_lookahead(speculative.lookahead_slots)
+        self.clock = DecodeClock(self.kv, defer_growth=knobs.step_mode == "skip", schedule=schedule)
         self._observer = StateObserver(self.kv, self.clock, self.counters)
         # What differs between the servers (admission, budgets, preemption victims): sim/engine/schedulers/.
         self.scheduler = make_scheduler(knobs)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
 
+from sim.engine.speculation import TokenSchedule
 from sim.kv.coordinator import KVCoordinator
 from sim.outputs.metrics import RequestRecord
 from workloads.request import Request
@@ -96,10 +97,14 @@ class RequestState:
 class DecodeClock:
     """The decode clock, the aggregates of the decoding batch, and what falls due when."""
 
-    def __init__(self, kv: KVCoordinator, *, defer_growth: bool):
+    def __init__(self, kv: KVCoordinator, *, defer_growth: bool, schedule: TokenSchedule | None = None):
         self.kv = kv
         self.defer_growth = defer_growth  # False: every token goes to the policy at once (the reference)
-        self.now = 0  # decode iterations so far
+        # Tokens per sequence so far: one per iteration, or under speculative decoding the schedule's
+        # (the first token of the iteration in flight; its accepted drafts join when it ends).
+        self.now = 0
+        self.iteration = 0  # iterations so far
+        self.schedule = schedule
         self.requests = 0
         self.sequences = 0
         self._synced_sum = 0  # Σ over decoding sequences of their request's synced_clock
@@ -107,6 +112,45 @@ class DecodeClock:
         self._flushes: dict[int, list[RequestState]] = {}  # due clock -> requests due then
         self._flush_clocks: list[int] = []  # heap of the buckets' clocks (emptied ones skipped)
         self._ends: list[_Entry] = []
+
+    # ---------------------------------------------------------------------------- iterations and tokens
+    def begin_iteration(self) -> None:
+        """The next iteration starts: every decoding sequence holds its first token."""
+        self.iteration += 1
+        schedule = self.schedule
+        self.now = self.now + 1 if schedule is None else schedule.first_token(self.iteration)
+
+    def advance(self, iterations: int) -> None:
+        """``iterations`` more started (a jump's, after its first)."""
+        self.iteration += iterations
+        schedule = self.schedule
+        self.now = self.now + iterations if schedule is None else schedule.first_token(self.iteration)
+
+    def end_iteration(self) -> None:
+        """The iteration in flight ended: its accepted drafts join every decoding sequence."""
+        if self.schedule is not None:
+            self.now = self.schedule.last_token(self.iteration)
+
+    def first_token_of(self, iteration: int) -> int:
+        return iteration if self.schedule is None else self.schedule.first_token(iteration)
+
+    def iteration_needing(self, token: int) -> int:
+        """The iteration at whose start a sequence needs a slot for ``token`` (a flush due then)."""
+        if self.schedule is None or token >= NEVER:
+            return token
+        return self.schedule.iteration_starting_at_or_after(token)
+
+    def iteration_ending(self, token: int) -> int:
+        """The iteration at whose end a request due at ``token`` finishes (or takes a beam step)."""
+        if self.schedule is None or token >= NEVER:
+            return token
+        return self.schedule.iteration_ending_at_or_after(token)
+
+    def tokens_per_sequence(self, first_iteration: int, last_iteration: int) -> int:
+        """Tokens each sequence decoding throughout gained in iterations ``first..last``."""
+        if self.schedule is None:
+            return last_iteration - first_iteration + 1
+        return self.schedule.last_token(last_iteration) - self.schedule.first_token(first_iteration) + 1
 
     # ------------------------------------------------------------------------------ batch aggregates
     def pending_tokens(self) -> int:
@@ -117,7 +161,10 @@ class DecodeClock:
         return self._offset_sum + self.sequences * self.now
 
     def generated(self, state: RequestState) -> int:
-        return state.generated + (self.now - state.synced_clock if state.decoding else 0)
+        if not state.decoding:
+            return state.generated
+        now = self.now if self.now < state.finish_due else state.finish_due
+        return state.generated + now - state.synced_clock
 
     # ------------------------------------------------------------------------------ enter and leave
     def enter(self, state: RequestState, beam_due: int = NEVER) -> None:
@@ -134,7 +181,10 @@ class DecodeClock:
 
     def leave(self, state: RequestState, at_clock: int) -> None:
         """``state`` stops decoding; its sequences are brought to ``at_clock`` in the policy first."""
-        self.sync(state, at_clock)
+        if self.schedule is None:
+            self.sync(state, at_clock)
+        else:
+            self._sync_leaving(state, at_clock)
         self._remove(state)
         state.decoding = False
         self._cancel_flush(state)
@@ -142,6 +192,9 @@ class DecodeClock:
 
     def sync(self, state: RequestState, at_clock: int) -> None:
         """Tell the policy the tokens decoded up to ``at_clock``; they fit the growth room."""
+        if at_clock > state.finish_due:
+            # (Speculation: drafts accepted past the last token are dropped, as the server stops there.)
+            at_clock = state.finish_due
         pending = at_clock - state.synced_clock
         if pending <= 0:
             return
@@ -151,6 +204,29 @@ class DecodeClock:
         state.context += pending
         state.synced_clock = at_clock
         self._synced_sum += pending * len(state.seq_ids)
+
+    def sync_within_room(self, state: RequestState, at_clock: int) -> int:
+        """Tell the policy the tokens decoded up to ``at_clock``, or as many of them as its growth
+        room holds; returns the clock it was brought to. (Speculation: the drafts a step accepted
+        past the room sit in the lookahead slots its sequences hold.)"""
+        room = min(self.kv.growth_room(seq_id) for seq_id in state.seq_ids) if state.seq_ids else 0
+        fits = state.synced_clock + room
+        reached = at_clock if at_clock < fits else fits
+        self.sync(state, reached)
+        return reached
+
+    def _sync_leaving(self, state: RequestState, at_clock: int) -> None:
+        """A speculative request leaves (its blocks are freed next): the policy hears of what its
+        room holds; the accepted drafts past it count for the request without a slot of their own."""
+        if at_clock > state.finish_due:
+            at_clock = state.finish_due
+        reached = self.sync_within_room(state, at_clock)
+        untold = at_clock - reached
+        if untold > 0:
+            state.generated += untold
+            state.context += untold
+            state.synced_clock = at_clock
+            self._synced_sum += untold * len(state.seq_ids)
 
     def flush(self, states: list[RequestState], at_clock: int) -> None:
         """The held slots of ``states`` ran out at ``at_clock``: all their sequences take every

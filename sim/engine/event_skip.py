@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from sim.costs.terms import DecodeCost
 
 UNBOUNDED_STEPS = 1 << 62
@@ -71,6 +73,31 @@ def first_reaching(elapsed, budget_s: float, high: int = 1) -> int:
     return low
 
 
+def scheduled_durations(decode: DecodeCost, batch: int, context: int, growth) -> tuple[float, ...]:
+    """Durations of decode iterations whose sequences have gained ``growth[j - 1]`` tokens each by
+    the start of the j-th (speculative decoding: a schedule's, not ``j``)."""
+    base = decode.step_s(batch, context)
+    return tuple((base + decode.per_context_token_s * batch * growth).tolist())
+
+
+def scheduled_iterations_to_reach(
+    decode: DecodeCost, batch: int, context: int, budget_s: float, schedule, iteration: int
+) -> int:
+    """:func:`iterations_to_reach` for the iterations after ``iteration`` under a speculative
+    ``schedule`` (``sim.engine.speculation.TokenSchedule``): smallest ``k >= 1`` whose first ``k``
+    iterations take at least ``budget_s``."""
+    if budget_s == float("inf"):
+        return UNBOUNDED_STEPS
+    base = decode.step_s(batch, context)
+    window = 64
+    while True:
+        durations = base + decode.per_context_token_s * batch * schedule.starts(iteration, window)
+        elapsed = np.cumsum(durations)
+        if elapsed[-1] >= budget_s:
+            return int(np.searchsorted(elapsed, budget_s, side="left")) + 1
+        window *= 2
+
+
 @dataclass(frozen=True, slots=True)
 class JumpTimeline:
     """When the iterations of one engine wake-up start and end.
@@ -85,6 +112,9 @@ class JumpTimeline:
     batch: int
     context: int
     durations: tuple[float, ...] | None = None
+    # Speculative decoding: tokens each sequence has gained by the start of each iteration after the
+    # first (else one per iteration); ``durations`` then lists every iteration.
+    growth: tuple[float, ...] | None = None
 
     def after_first_s(self, steps: int) -> float:
         """Time of the first ``steps`` iterations after iteration 1."""
@@ -107,6 +137,8 @@ class JumpTimeline:
         duration). Times ``batch``, the slot-seconds the tokens decoded after iteration 1 fill."""
         if steps <= 0:
             return 0.0
+        if self.growth is not None:
+            return sum(g * d for g, d in zip(self.growth[:steps], self.durations[:steps], strict=True))
         if self.durations is not None:
             return sum(j * d for j, d in enumerate(self.durations[:steps], start=1))
         return decode_token_weight_s(self.decode, steps, self.batch, self.context)

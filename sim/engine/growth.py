@@ -60,15 +60,20 @@ class DecodeGrowth:
             if self._grow_all_pending(state):
                 continue
             # Not enough blocks: replay it token by token as the reference would, preempting on OOM.
-            self.clock.sync(state, before)
-            for seq_id in list(state.seq_ids):
-                outcome = self.grow_or_preempt(state, seq_id, victims_at=before)
-                preempted |= outcome > 0
-                swapped += max(0, outcome - 1)
+            # (Its room holds the tokens before this iteration's, unless a speculative step accepted
+            # drafts past it: those are replayed too.)
+            reached = self.clock.sync_within_room(state, before)
+            for _ in range(self.clock.now - reached):
+                for seq_id in list(state.seq_ids):
+                    outcome = self.grow_or_preempt(state, seq_id, victims_at=before)
+                    preempted |= outcome > 0
+                    swapped += max(0, outcome - 1)
+                    if not state.is_running:
+                        break
                 if not state.is_running:
                     break
-            if state.is_running:
                 self.clock.took_token(state)
+            if state.is_running:
                 self.clock.reschedule_flush(state)
         return preempted, swapped
 

@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sim.engine.decoding import DecodeClock, RequestState
-from sim.engine.event_skip import JumpTimeline, iterations_to_reach
+from sim.engine.event_skip import (
+    JumpTimeline,
+    iterations_to_reach,
+    scheduled_durations,
+    scheduled_iterations_to_reach,
+)
 from sim.engine.schedulers.base import NEXT_TRIES_HEAD, QUEUE_EMPTY, Scheduler
 
 if TYPE_CHECKING:
@@ -33,7 +38,7 @@ class Jump:
     take blocks inside it. (The constructor is written out: compiled, it runs natively.)"""
 
     start_s: float
-    first_clock: int  # decode clock of iteration 1
+    first_clock: int  # the decode clock's iteration number of iteration 1
     timeline: JumpTimeline
     chunks: list[list[tuple[RequestState, int]]]
     grows: bool
@@ -137,6 +142,9 @@ class JumpPlanner:
         self.scheduler = scheduler
         self.chunks_prompts = scheduler.chunks_prompts
         self.block_size = block_size
+        # Most tokens a sequence gains per iteration (1 + the speculative tokens).
+        schedule = clock.schedule
+        self.tokens_per_iteration = 1 if schedule is None else len(schedule.acceptance.probabilities)
         # Async scheduling lets a jump run the iteration after an arrival's (scheduled before it
         # came), except under a cluster: its router reads the replica's state when the request
         # arrives, so the replica must stand at that iteration as single stepping would.
@@ -161,15 +169,17 @@ class JumpPlanner:
         if any(state.prefilled >= state.tokens_to_prefill for state, _ in iteration.prefill_this_step):
             return None  # a prompt completes at the end of iteration 1
         clock = self.clock
-        limit = clock.next_end() - clock.now  # iterations after the first, up to the next completion
+        # (In iterations: the decode clock counts tokens, one per iteration without speculation.)
+        limit = clock.iteration_ending(clock.next_end()) - clock.iteration  # up to the next completion
         if limit <= 0:
             return None
         sequences = clock.sequences
         room = self.kv.available_slots()
-        # Every sequence takes at most ceil(k / block_size) blocks in k iterations; when the pool has
+        # Every sequence takes at most ceil(t / block_size) blocks for t tokens; when the pool has
         # them all, no growth inside the jump can fail and the jump need not stop at flushes.
         safe = UNLIMITED if sequences == 0 else room // (sequences * self.block_size) * self.block_size
-        limit = min(limit, max(safe, clock.next_flush() - clock.now - 1))
+        safe //= self.tokens_per_iteration
+        limit = min(limit, max(safe, clock.iteration_needing(clock.next_flush()) - clock.iteration - 1))
         if limit <= 0:
             return None
         budget = self.scheduler.prefill_budget(iteration.decoded_seqs)
@@ -179,7 +189,7 @@ class JumpPlanner:
         else:
             jump = self._decode_jump(first_s, budget, limit)
         if jump is not None:
-            jump.grows = jump.last_clock >= clock.next_flush()
+            jump.grows = jump.last_clock >= clock.iteration_needing(clock.next_flush())
         return jump
 
     def _decode_jump(self, first_s: float, budget: int, limit: int) -> Jump | None:
@@ -196,10 +206,21 @@ class JumpPlanner:
                 extra = min(extra, self._iterations_until_arrival(first_s) + unseen)
         if extra <= 0:
             return None
-        timeline = JumpTimeline(
-            first_s, extra, self.costs.decode, self._iteration.decoded_seqs, self.clock.sum_context()
+        timeline = self._timeline(first_s, extra, self._iteration.decoded_seqs, self.clock.sum_context())
+        return Jump(self._now_s, self.clock.iteration, timeline)
+
+    def _timeline(
+        self, first_s: float, extra: int, batch: int, context: int, durations: tuple[float, ...] | None = None
+    ) -> JumpTimeline:
+        schedule = self.clock.schedule
+        if schedule is None:
+            return JumpTimeline(first_s, extra, self.costs.decode, batch, context, durations)
+        growth = schedule.starts(self.clock.iteration, extra)
+        if durations is None:
+            durations = scheduled_durations(self.costs.decode, batch, context, growth)
+        return JumpTimeline(
+            first_s, extra, self.costs.decode, batch, context, durations, tuple(growth.tolist())
         )
-        return Jump(self._now_s, self.clock.now, timeline)
 
     def _iterations_until_arrival(self, first_s: float) -> int:
         """Iterations after the first up to and including the one during which the next request
@@ -208,6 +229,16 @@ class JumpPlanner:
         if budget_s <= 0:
             return 0
         context = self.clock.sum_context()
+        schedule = self.clock.schedule
+        if schedule is not None:
+            return scheduled_iterations_to_reach(
+                self.costs.decode,
+                self._iteration.decoded_seqs,
+                context,
+                budget_s,
+                schedule,
+                self.clock.iteration,
+            )
         return iterations_to_reach(self.costs.decode, self._iteration.decoded_seqs, context, budget_s)
 
     def _prefill_jump(
@@ -219,6 +250,9 @@ class JumpPlanner:
         batch = self._iteration.decoded_seqs
         context = self.clock.sum_context()
         positions = [state.prefilled for state in prompts]
+        schedule = self.clock.schedule  # (speculation: each iteration grows the context by its tokens)
+        first = self.clock.iteration
+        start = self.clock.now
         arrival_s = self.next_arrival_s() - self._now_s
         elapsed_s = first_s
         started_s = 0.0  # when the iteration before the next one started
@@ -245,7 +279,8 @@ class JumpPlanner:
             seen_s = started_s if self.async_jumps else elapsed_s
             if left > 0 and self._admission_may_change(seen_s, arrival_s):
                 break
-            durations.append(self.iteration_cost.duration(batch, context + step * batch, sized))
+            grown = step if schedule is None else self.clock.first_token_of(first + step) - start
+            durations.append(self.iteration_cost.duration(batch, context + grown * batch, sized))
             all_chunks.append(chunks)
             started_s = elapsed_s
             elapsed_s += durations[-1]
@@ -253,8 +288,8 @@ class JumpPlanner:
                 break
         if not durations:
             return None
-        timeline = JumpTimeline(first_s, len(durations), self.costs.decode, batch, context, tuple(durations))
-        return Jump(self._now_s, self.clock.now, timeline, all_chunks)
+        timeline = self._timeline(first_s, len(durations), batch, context, tuple(durations))
+        return Jump(self._now_s, self.clock.iteration, timeline, all_chunks)
 
     def _admission_may_change(self, seen_s: float, arrival_s: float) -> bool:
         """Could an admission attempt that sees the requests queued up to ``seen_s`` after iteration 1

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.engine.speculation import SpeculativeDecoding
+
 
 @dataclass(frozen=True)
 class EngineKnobs:
@@ -31,3 +33,5 @@ class EngineKnobs:
     schedule_conservativeness: float = 1.0
     chunked_prefill_size: int = 8192  # -1: no chunking
     max_prefill_tokens: int = 16384
+    # Speculative decoding (engine.speculative): drafts per step, their acceptance, the lookahead slots.
+    speculative: SpeculativeDecoding | None = None

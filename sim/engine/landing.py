@@ -53,7 +53,7 @@ class JumpLanding:
                 state.prefilled += chunk
             prefill_this_step.extend(chunks)
         self.recorder.add_token_area(jump.timeline.batch * jump.timeline.token_weight_s(steps))
-        self.clock.now += steps
+        self.clock.advance(steps)
         if jump.timeline.batch:
             prefills = sum(1 for chunks in jump.chunks[:steps] if chunks)
             self.scheduler.decode_steps(steps - prefills)
@@ -71,16 +71,18 @@ class JumpLanding:
         the pool has every block they take."""
         copies_before = self.kv.stats.cow_copies
         clock = self.clock
-        while (due := clock.next_flush()) <= last_clock:
-            self._flush_group(jump, clock.due_flushes(due), due, last_clock)
+        while (due := clock.iteration_needing(clock.next_flush())) <= last_clock:
+            token = clock.first_token_of(due)
+            self._flush_group(jump, clock.due_flushes(token), due, last_clock)
         # Copy-on-write only follows a fork, which ends a wake-up: its write is the next iteration 1.
         assert self.kv.stats.cow_copies == copies_before, "a copy-on-write inside a jump"
 
     def _flush_group(self, jump: Jump, states: list[RequestState], due_clock: int, last_clock: int) -> None:
+        # (Clocks here count iterations; the decode clock's tokens are its own: first_token_of.)
         """Flushes due at the start of the same iteration of the jump: one policy call, then the
         state observed at that instant. The next iteration, if the jump has it, prepares its decode
         step first (the flush took free slots a policy may want back), observed when it starts."""
-        self.clock.flush(states, due_clock)
+        self.clock.flush(states, self.clock.first_token_of(due_clock))
         self._observe(jump, due_clock)
         if due_clock < last_clock and self.growth.prepare_decode_step():
             self._observe(jump, due_clock + 1)
@@ -104,4 +106,6 @@ class JumpLanding:
         area = timeline.token_weight_s(started - 2) + (started - 1) * partial if started > 1 else 0.0
         self.recorder.add_token_area(timeline.batch * area)
         self.counters.iterations += ended
-        self.counters.output_tokens += ended * timeline.batch
+        if ended:
+            tokens = self.clock.tokens_per_sequence(jump.first_clock, jump.first_clock + ended - 1)
+            self.counters.output_tokens += tokens * timeline.batch

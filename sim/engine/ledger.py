@@ -75,8 +75,16 @@ class RequestLedger:
             return "output_len must be at least 1"
         if width > knobs.max_num_seqs:
             return f"n/beam_width={width} exceeds max_num_seqs={knobs.max_num_seqs}"
+        speculative = knobs.speculative
+        if speculative is not None and width > 1:
+            return (
+                f"n/beam_width={width}: samples and beams are not modelled with speculative decoding "
+                "(engine.speculative runs one sequence per request)"
+            )
         output_lens = request.output_lens
         all_sequences = prompt_len * len(output_lens) + sum(output_lens)
+        if speculative is not None:
+            all_sequences += speculative.lookahead_slots  # its drafts' slots, held with its tokens
         if all_sequences > self.kv.pool_slots:
             shape = (
                 f"x ({self._lengths(request)})"

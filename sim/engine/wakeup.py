@@ -54,6 +54,7 @@ class WakeUp:
         self.jump: Jump | None = None  # the wake-up in flight, when it spans several iterations
         self.decoded_seqs = 0  # sequences that decoded in each iteration of the current wake-up
         self.iterations = 0
+        self.first_iteration = 0  # the decode clock's number of the current wake-up's iteration 1
         self.swap_out_pending = 0  # blocks swapped out at an iteration's end: the next iteration moves them
         # Blocks copied on write at an iteration's end (a fork's first token): the next iteration copies them.
         self.copies_pending = 0
@@ -97,7 +98,8 @@ class WakeUp:
         if self.handoff.notices_waiting:
             self.handoff.take_notices(self.kv, self.batch.waiting)
         # 1. every decoding sequence takes a token (the policy hears of those that need a block)
-        self.clock.now += 1
+        self.clock.begin_iteration()
+        self.first_iteration = self.clock.iteration
         self.growth.prepare_decode_step()
         preempted, swap_blocks = self.growth.decode_growth()
         if preempted:
@@ -160,7 +162,13 @@ class WakeUp:
         Returns whether any of those happened (the state changed)."""
         copies_before = self.kv.stats.cow_copies
         self.counters.iterations += self.iterations
-        self.counters.output_tokens += self.iterations * self.decoded_seqs
+        clock = self.clock
+        if self.decoded_seqs:
+            last = self.first_iteration + self.iterations - 1
+            self.counters.output_tokens += (
+                clock.tokens_per_sequence(self.first_iteration, last) * self.decoded_seqs
+            )
+        clock.end_iteration()
         changed, swapped_out = self.completions.after_iterations(self.desk.prefill_this_step)
         self.swap_out_pending += swapped_out
         self.desk.prefill_this_step = []

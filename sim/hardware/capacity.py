@@ -208,8 +208,14 @@ def size_kv_pool(
     tensor_parallel_size: int = 1,
     expert_parallel_size: int = 1,
     data_parallel_size: int = 1,
+    draft_weight_bytes: int = 0,
+    draft_kv_bytes_per_token: int = 0,
 ) -> KVCapacity:
     """Size the KV pool of one GPU like vLLM.
+
+    ``draft_weight_bytes`` and ``draft_kv_bytes_per_token``: speculative decoding's draft
+    (``sim/hardware/draft.py``), whose weights load beside the target's and whose layers keep K/V in
+    every token's slot of the same pool, as vLLM registers them.
 
     The pool comes from the first of these that is set:
 
@@ -288,9 +294,9 @@ def size_kv_pool(
             raise ValueError(f"expert_parallel_size ({ep}) must be a multiple of tensor_parallel_size ({tp})")
         check_expert_parallel(spec, ep // tp, tp, enable_expert_parallel=True)
 
-    kv_bpt = spec.kv_bytes_per_token(kv_cache_dtype, tensor_parallel_size=tp)
+    kv_bpt = spec.kv_bytes_per_token(kv_cache_dtype, tensor_parallel_size=tp) + draft_kv_bytes_per_token
     block_bytes = block_size * kv_bpt
-    weights = spec.weight_bytes_per_gpu(tp, ep)
+    weights = spec.weight_bytes_per_gpu(tp, ep) + draft_weight_bytes
     reserve = (
         activation_reserve_bytes
         if activation_reserve_bytes is not None
@@ -311,7 +317,9 @@ def size_kv_pool(
         )
         return ModelDoesNotFitError(
             f"{where} does not fit: {total_label} = {_gib(total)}; weights {_gib(weights)} "
-            f"({spec.num_params:,} params x {spec.weight_dtype_bytes} B {split}); activation reserve "
+            f"({spec.num_params:,} params x {spec.weight_dtype_bytes} B {split}"
+            + (f", with the speculative draft's {_gib(draft_weight_bytes)}" if draft_weight_bytes else "")
+            + "); activation reserve "
             f"{_gib(reserve)}; {kv_label} {_gib(left)} ({left:,} bytes): {reason}. "
             "Use a bigger GPU, a larger tensor_parallel_size, a higher gpu_memory_utilization or "
             "smaller weights (weight_dtype_bytes).",

@@ -81,6 +81,13 @@ class KVCoordinator:
     slots_per_token: int = 1
     """Slots one more token of a sequence fills: one in each group whose slots hold tokens (a Mamba
     group's state block holds none)."""
+    lookahead_slots: int = 0
+    """Slots every decoding sequence holds past its tokens (speculative decoding): counted into the
+    final length each sequence is admitted with."""
+
+    def hold_lookahead(self, slots: int) -> None:
+        """Every decoding sequence holds ``slots`` slots past its tokens from now on."""
+        raise NotImplementedError(f"{type(self).__name__} holds no lookahead slots (speculative decoding)")
 
     def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
         raise NotImplementedError
@@ -168,13 +175,19 @@ class SingleGroupCoordinator(KVCoordinator):
     def match(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
         return self.policy.match(prompt, namespace)
 
+    def hold_lookahead(self, slots: int) -> None:
+        self.policy.hold_lookahead(slots)
+        self.lookahead_slots = slots
+
     def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
-        return self.policy.can_admit(prompt, final_len)
+        return self.policy.can_admit(prompt, final_len + self.lookahead_slots)
 
     def admit(
         self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
     ) -> int:
-        return self.policy.admit(seq_id, prompt, final_len, output_content_id, namespace)
+        return self.policy.admit(
+            seq_id, prompt, final_len + self.lookahead_slots, output_content_id, namespace
+        )
 
     def grow(self, seq_id: int, num_tokens: int) -> None:
         self.policy.grow(seq_id, num_tokens)

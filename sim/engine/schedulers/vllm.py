@@ -37,9 +37,12 @@ class VLLMScheduler(Scheduler):
     def __init__(self, knobs: EngineKnobs):
         super().__init__(knobs)
         self.max_num_batched_tokens = knobs.max_num_batched_tokens
+        # Speculative decoding: a decoding sequence's step schedules its token and its k drafts.
+        speculative = knobs.speculative
+        self.tokens_per_decode = 1 if speculative is None else 1 + speculative.num_speculative_tokens
 
     def prefill_budget(self, decode_batch: int) -> int:
-        return self.max_num_batched_tokens - decode_batch
+        return self.max_num_batched_tokens - decode_batch * self.tokens_per_decode
 
     def never_admissible(self, final_len: int) -> str:
         if not self.chunks_prompts and final_len > self.max_num_batched_tokens:

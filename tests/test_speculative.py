@@ -1,0 +1,306 @@
+"""Speculative decoding: acceptance worked by hand, the token schedule, lookahead slots per policy,
+engine times by hand in both step modes, the step's cost, and bad input."""
+
+from __future__ import annotations
+
+import copy
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from policies import PoolSpec, make_policy
+from sim.config import ConfigError, load_experiment
+from sim.engine.core import Engine, EngineKnobs
+from sim.engine.speculation import AcceptanceModel, SpeculativeDecoding, TokenSchedule, lookahead_slots
+from sim.runner import prepare_experiment
+from tests.engine_helpers import RoundCostModel, request
+from tests.test_engine import times
+
+
+# ------------------------------------------------------------------------------------------ acceptance
+def test_rates_are_vllm_per_position_rates():
+    model = AcceptanceModel.from_rates([0.8, 0.5, 0.2])
+    # P(a >= 1, 2, 3) = 0.8, 0.5, 0.2 -> P(a = 0..3) = 0.2, 0.3, 0.3, 0.2
+    assert model.probabilities == pytest.approx((0.2, 0.3, 0.3, 0.2))
+    assert model.mean_acceptance_length == pytest.approx(2.5)
+
+
+def test_mean_length_gives_one_rate_per_position():
+    # 1 + a + a^2 = 1.75 -> a = 0.5: P(a >= 1) = 0.5, P(a >= 2) = 0.25
+    model = AcceptanceModel.from_mean_length(1.75, 2)
+    assert model.probabilities == pytest.approx((0.5, 0.25, 0.25))
+    assert AcceptanceModel.from_mean_length(2.0, 1).probabilities == pytest.approx((0.0, 1.0))
+    assert AcceptanceModel.from_mean_length(1.0, 3).probabilities == pytest.approx((1.0, 0, 0, 0), abs=1e-12)
+
+
+def test_histogram_normalised_and_padded():
+    assert AcceptanceModel.from_histogram([1, 1, 2], 2).probabilities == (0.25, 0.25, 0.5)
+    assert AcceptanceModel.from_histogram([3, 1], 3).probabilities == (0.75, 0.25, 0.0, 0.0)
+
+
+def test_schedule_by_hand_when_every_step_accepts_two():
+    schedule = TokenSchedule(AcceptanceModel((0.0, 0.0, 1.0), "test"), seed=1)
+    # iteration i starts at 1 + 3 (i - 1) and ends at 3 i
+    assert [schedule.first_token(i) for i in range(1, 5)] == [1, 4, 7, 10]
+    assert [schedule.last_token(i) for i in range(1, 5)] == [3, 6, 9, 12]
+    assert schedule.iteration_starting_at_or_after(5) == 3
+    assert schedule.iteration_starting_at_or_after(4) == 2
+    assert schedule.iteration_ending_at_or_after(6) == 2
+    assert schedule.iteration_ending_at_or_after(7) == 3
+    assert list(schedule.starts(1, 3)) == [3.0, 6.0, 9.0]
+
+
+def test_draws_reproducible_by_seed_and_match_their_distribution():
+    model = AcceptanceModel.from_rates([0.8, 0.5, 0.2])
+    steps = 20_000
+    first = TokenSchedule(model, seed=[7, 1])
+    accepted = np.array([first.accepted(i) for i in range(1, steps + 1)])
+    again = TokenSchedule(model, seed=[7, 1])
+    assert [again.accepted(i) for i in range(1, 200)] == accepted[:199].tolist()
+    other = TokenSchedule(model, seed=[8, 1])
+    assert [other.accepted(i) for i in range(1, 200)] != accepted[:199].tolist()
+    observed = np.bincount(accepted, minlength=4)
+    expected = np.array(model.probabilities) * steps
+    chi_square = float(((observed - expected) ** 2 / expected).sum())
+    assert chi_square < 16.27  # 3 degrees of freedom, p = 0.001
+
+
+# ------------------------------------------------------------------------------------ lookahead slots
+def test_lookahead_slots_follow_vllm():
+    # vLLM V1: a decoding request holds 1 + k slots for its step and num_lookahead_tokens = k more for
+    # EAGLE, EAGLE-3, MTP and draft models; n-gram proposals need none (docs/speculative-research.md)
+    assert lookahead_slots("eagle3", 3) == 6
+    assert lookahead_slots("draft_model", 4) == 8
+    assert lookahead_slots("ngram", 3) == 3
+
+
+def test_paged_holds_lookahead_by_hand():
+    policy = make_policy("paged", PoolSpec(64, 4, 64))
+    policy.hold_lookahead(4)
+    policy.admit(1, ((5, 6),), 13 + 4, 99)  # final length counts the lookahead (the coordinator adds it)
+    assert len(policy.block_table(1)) == 2  # the prompt only: vLLM reserves lookahead from the first decode
+    policy.grow(1, 1)  # 7 tokens + 4 lookahead -> 3 blocks
+    assert len(policy.block_table(1)) == 3
+    assert policy.growth_room(1) == 12 - 4 - 7
+    policy.grow(1, 2)  # 9 + 4 = 13 -> 4 blocks
+    assert len(policy.block_table(1)) == 4
+    used, reserved, internal, external, cached, free = policy.breakdown_values()
+    # targets: 4 + 4 + 4 + min(4, 17 - 12) = 16 slots; 9 hold tokens
+    assert (used, reserved, internal, free) == (9, 7, 0, 64 - 16)
+    policy.grow(1, 4)  # 13 tokens (its last) + 4 -> 5 blocks, the fifth's target 17 - 16 = 1
+    assert (len(policy.block_table(1)), policy.growth_room(1)) == (5, 0)
+    assert policy.breakdown_values()[:3] == (13, 4, 3)
+    policy.free(1)
+    assert policy.breakdown_values() == (0, 0, 0, 0, 0, 64)
+
+
+def test_prefix_frees_lookahead_blocks_without_caching_them():
+    policy = make_policy("prefix", PoolSpec(64, 4, 64))
+    policy.hold_lookahead(4)
+    policy.admit(1, ((5, 8),), 12 + 4, 99)
+    policy.grow(1, 1)  # 9 tokens + 4 -> 4 blocks: two full (cached on free), a tail, one for drafts
+    assert len(policy.block_table(1)) == 4
+    policy.free(1)
+    used, reserved, internal, external, cached, free = policy.breakdown_values()
+    assert (used, reserved, internal, cached, free) == (0, 0, 0, 8, 56)
+
+
+def test_contiguous_reserves_lookahead_inside_its_region():
+    policy = make_policy("contiguous", PoolSpec(200, 16, 64), reservation="max")
+    policy.hold_lookahead(6)
+    policy.admit(1, ((5, 10),), 20 + 6, 99)
+    assert policy.region(1)[1] == 64 + 6
+
+
+def test_radix_cannot_hold_lookahead():
+    policy = make_policy("radix", PoolSpec(64, 1, 64))
+    with pytest.raises(ValueError, match="cannot hold lookahead"):
+        policy.hold_lookahead(4)
+
+
+# --------------------------------------------------------------------------------- the engine, by hand
+def _engine(step_mode, speculative, requests, blocks=64, policy="paged", costs=None):
+    pool = PoolSpec(blocks * 4, 4, 200)
+    engine = Engine(
+        make_policy(policy, pool),
+        costs or RoundCostModel(),
+        EngineKnobs(max_model_len=200, step_mode=step_mode, speculative=speculative),
+        iter(requests),
+        block_size=4,
+    )
+    engine.run()
+    return engine
+
+
+ALWAYS_TWO = SpeculativeDecoding("eagle", 2, AcceptanceModel((0.0, 0.0, 1.0), "test"), 4)
+NEVER = SpeculativeDecoding("eagle", 2, AcceptanceModel((1.0, 0.0, 0.0), "test"), 4)
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_times_by_hand(step_mode):
+    """Decode step 1 s, prefill 0.01 s/token. Prompt 20, output 7: the prefill iteration takes
+    1.2 s and gives the first token; six more follow, three per step when every step accepts two
+    drafts (2 steps: finish at 3.2 s), one per step when none is accepted (6 steps: 7.2 s), as
+    without speculation."""
+    two = _engine(step_mode, ALWAYS_TWO, [request(0, 0.0, 20, 7)])
+    assert times(two)[0] == (0.0, pytest.approx(1.2), pytest.approx(3.2), "finished")
+    assert two.counters.output_tokens == 7
+    none = _engine(step_mode, NEVER, [request(0, 0.0, 20, 7)])
+    plain = _engine(step_mode, None, [request(0, 0.0, 20, 7)])
+    assert times(none) == times(plain)
+    assert times(none)[0][2] == pytest.approx(7.2)
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_overshoot_is_dropped_at_the_last_token(step_mode):
+    """Output 6: after the first token, 3 + 3 would give 7; the request stops at its 6th token, in
+    the second step, and its sequence never holds more than its final length."""
+    engine = _engine(step_mode, ALWAYS_TWO, [request(0, 0.0, 20, 6)])
+    assert times(engine)[0][2] == pytest.approx(3.2)
+    assert engine.records[0].outcome == "finished"
+
+
+def _stream(count, seed=3):
+    rng = random.Random(seed)
+    arrival = 0.0
+    out = []
+    for index in range(count):
+        arrival += rng.expovariate(0.5)
+        out.append(request(index, arrival, rng.randint(5, 60), rng.randint(1, 50)))
+    return out
+
+
+@pytest.mark.parametrize("policy", ["paged", "prefix"])
+def test_skip_equals_single_under_preemption(policy):
+    speculative = SpeculativeDecoding("eagle", 3, AcceptanceModel.from_rates([0.8, 0.6, 0.4]), 6)
+    costs = RoundCostModel(per_context_token_s=0.001)
+    skip = _engine("skip", speculative, _stream(30), blocks=40, policy=policy, costs=costs)
+    single = _engine("single", speculative, _stream(30), blocks=40, policy=policy, costs=costs)
+    assert skip.counters.preemptions == single.counters.preemptions > 0
+    assert skip.counters.iterations == single.counters.iterations
+    assert skip.counters.output_tokens == single.counters.output_tokens
+    for request_id, row in times(skip).items():
+        assert row[3] == times(single)[request_id][3]
+        assert row[:3] == pytest.approx(times(single)[request_id][:3], rel=1e-9)
+    # the pool's breakdown sums to the pool at every observation
+    frame = skip.recorder.frame()
+    columns = [c for c in frame.columns if c.endswith("_tokens")][:6]
+    assert (frame[columns].sum(axis=1) == 160).all()
+
+
+def test_acceptance_zero_is_never_faster():
+    """With nothing accepted, each step still pays for its drafts: the run is slower than without."""
+    cfg = _experiment({"speculative": SPEC | {"acceptance": {"rates": [0.0, 0.0, 0.0]}}})
+    prepared = prepare_experiment(cfg, Path("."))
+    plain, speculative = prepared.variants
+    for batch in (1, 16, 64, 256):
+        context = batch * 1000
+        assert speculative.costs.decode.step_s(batch, context) > plain.costs.decode.step_s(batch, context)
+
+
+# ------------------------------------------------------------------------------------- cost of a step
+SPEC = {"method": "eagle3", "num_speculative_tokens": 3, "acceptance": {"mean_acceptance_length": 2.5}}
+BASE = {
+    "name": "spec",
+    "seed": 1,
+    "model": "Llama-3.1-8B",
+    "gpu": "H100-80GB",
+    "engine": {"max_model_len": 4096},
+    "workload": {
+        "num_requests": 10,
+        "arrival": {"kind": "poisson", "rate_per_s": 1},
+        "prompt_len": 200,
+        "output_len": 50,
+    },
+    "variants": [{"name": "plain", "policy": "paged"}],
+    "output": {"figures": False},
+}
+
+
+def _experiment(engine_changes, policy="paged", tmp=None):
+    data = copy.deepcopy(BASE)
+    data["variants"].append({"name": "speculative", "policy": policy, "engine": engine_changes})
+    path = Path(tmp or "/tmp") / f"spec-{abs(hash(str(engine_changes))) % 10**8}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_experiment(path)
+
+
+def test_step_cost_adds_drafts_and_verification():
+    cfg = _experiment({"speculative": SPEC})
+    prepared = prepare_experiment(cfg, Path("."))
+    plain, speculative = prepared.variants
+    target = plain.costs
+    step = speculative.costs.decode
+    # EAGLE-3's head (one layer, a 32k-token LM head) proposes 3 drafts; the verification adds what
+    # 3 more tokens per request cost the target at that batch
+    for batch in (1, 64):
+        extra = target.iteration_s(0, 0, [(4, 0)] * batch) - target.iteration_s(0, 0, [(1, 0)] * batch)
+        drafts = step.intercept_s - target.decode.intercept_s
+        expected = target.decode.step_s(batch, 1000 * batch) + extra + drafts
+        expected += 3 * (step.per_seq_s - target.decode.per_seq_s) / 3 * batch
+        expected += (step.per_context_token_s - target.decode.per_context_token_s) * 1000 * batch
+        assert step.step_s(batch, 1000 * batch) == pytest.approx(expected, rel=1e-12)
+    # the draft's KV (one layer of 32) rides in every token's slot: the pool holds fewer tokens
+    assert speculative.capacity.kv_bytes_per_token == plain.capacity.kv_bytes_per_token * 33 // 32
+    assert speculative.capacity.weight_bytes > plain.capacity.weight_bytes
+
+
+# ------------------------------------------------------------------------------------------ bad input
+@pytest.mark.parametrize(
+    "speculative, message",
+    [
+        ({**SPEC, "num_speculative_tokens": 0}, "num_speculative_tokens"),
+        ({**SPEC, "acceptance": {"rates": [0.9, 1.2, 0.1]}}, "must lie in [0, 1], got 1.2"),
+        ({**SPEC, "acceptance": {"rates": [0.5, 0.7, 0.1]}}, "position 2's rate 0.7 exceeds"),
+        ({**SPEC, "acceptance": {"rates": [0.5]}}, "1 rates for num_speculative_tokens 3"),
+        (
+            {**SPEC, "acceptance": {"histogram": {0: 5, 4: 1}}},
+            "4 accepted drafts exceeds num_speculative_tokens 3",
+        ),
+        ({**SPEC, "acceptance": {"mean_acceptance_length": 4.5}}, "outside [1, 4]"),
+        ({**SPEC, "acceptance": {}}, "exactly one of"),
+        ({**SPEC, "method": "draft_model"}, "needs draft_model"),
+        ({**SPEC, "method": "ngram", "draft_layers": 1}, "draft_layers is for eagle"),
+    ],
+)
+def test_bad_speculative_settings(speculative, message, tmp_path):
+    with pytest.raises(ConfigError) as error:
+        _experiment({"speculative": speculative}, tmp=tmp_path)
+    assert message in str(error.value)
+    assert "speculative" in str(error.value)
+
+
+def test_policy_that_cannot_hold_lookahead_is_refused(tmp_path):
+    cfg = _experiment({"speculative": SPEC}, policy="radix", tmp=tmp_path)
+    with pytest.raises(ConfigError, match=r"variants\.1\.policy: policy 'radix' cannot hold the lookahead"):
+        prepare_experiment(cfg, tmp_path)
+
+
+def test_sglang_scheduler_refused(tmp_path):
+    with pytest.raises(ConfigError, match="scheduler vllm only"):
+        _experiment({"speculative": SPEC, "scheduler": "sglang"}, tmp=tmp_path)
+
+
+def test_draft_model_that_does_not_fit(tmp_path):
+    data = copy.deepcopy(BASE)
+    data["gpu"] = "L4-24GB"
+    data["variants"] = [
+        {
+            "name": "draft",
+            "policy": "paged",
+            "engine": {"speculative": {**SPEC, "method": "draft_model", "draft_model": "Llama-3.1-8B"}},
+        }
+    ]
+    path = tmp_path / "draft.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match="does not fit.*speculative draft"):
+        prepare_experiment(load_experiment(path), tmp_path)
+
+
+def test_samples_are_rejected_with_their_reason():
+    engine = _engine("skip", ALWAYS_TWO, [request(0, 0.0, 20, 7, n=2)])
+    assert engine.records[0].outcome == "rejected"
+    assert "not modelled with speculative decoding" in engine.records[0].reason
