@@ -137,7 +137,7 @@ class JumpTimeline:
         duration). Times ``batch``, the slot-seconds the tokens decoded after iteration 1 fill."""
         if steps <= 0:
             return 0.0
-        if self.growth is not None:
+        if self.growth is not None and self.durations is not None:
             return sum(g * d for g, d in zip(self.growth[:steps], self.durations[:steps], strict=True))
         if self.durations is not None:
             return sum(j * d for j, d in enumerate(self.durations[:steps], start=1))
