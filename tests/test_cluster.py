@@ -21,7 +21,7 @@ from sim.config import ClusterConfig, ConfigError, validate_experiment
 from sim.engine.core import Engine, EngineKnobs
 from sim.outputs import columns
 from sim.outputs.metrics import BREAKDOWN_COLUMNS, cumulative_area_at, summary_key
-from sim.planning.plans.steady import SteadyWindow
+from sim.planning.sweeps.steady import SteadyWindow
 from sim.planning.sweeps.tasks import PointTask, run_point
 from sim.results import load_results
 from sim.runner import prepare_experiment, run_experiment

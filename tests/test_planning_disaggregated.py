@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 
 from sim.config import ConfigError
-from sim.planning.plans.analysis import _sizing
-from sim.planning.plans.pools import binding_pool, pool_metrics, total_pool_tokens
+from sim.planning.plans.analysis import _sizing, binding_pool
 from sim.planning.plans.spec import load_plan_spec
+from sim.planning.sweeps.pools import pool_metrics, total_pool_tokens
 from tests.planning_helpers import plan_data, write_yaml
 
 POLICIES = [{"name": "prefix", "policy": "prefix"}]

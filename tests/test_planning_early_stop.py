@@ -1,5 +1,5 @@
 """Stopping a probe once its failure is certain: the stop instant worked out by hand, the bounds it
-rests on, and the verdict of the full run on random cases (sim/planning/plans/early_stop.py)."""
+rests on, and the verdict of the full run on random cases (sim/planning/sweeps/early_stop.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 
 from policies import PoolSpec, make_policy
 from sim.engine.core import Engine, EngineKnobs
-from sim.planning.plans.early_stop import CertainFailureWatch, Ranges, StopRules, certain_count
 from sim.planning.plans.search import violations
 from sim.planning.plans.spec import SLO_METRICS, SLOs
-from sim.planning.plans.steady import SteadyWindow, steady_metrics
+from sim.planning.sweeps.early_stop import CertainFailureWatch, Ranges, StopRules, certain_count
+from sim.planning.sweeps.steady import SteadyWindow, steady_metrics
 from tests.engine_helpers import ConstantCost, RoundCostModel, request
 
 WINDOW = SteadyWindow(0.2, 0.1)

@@ -18,7 +18,7 @@ from sim.planning.plans.search import (
     violations,
 )
 from sim.planning.plans.spec import SearchSpec, SLOs
-from sim.planning.plans.steady import SteadyWindow, steady_metrics, window_and_fill_deficit, window_bounds
+from sim.planning.sweeps.steady import SteadyWindow, steady_metrics, window_and_fill_deficit, window_bounds
 
 
 def search_against(capacity: float, **spec) -> RateSearch:

@@ -10,7 +10,7 @@ event-skipping jump the engine also reports the instants at which the policy cha
 (:meth:`Recorder.observe`, no row written) and the area of the tokens that grow by one per sequence
 and iteration (:meth:`Recorder.add_token_area`), which no row could describe. Each row also carries
 the breakdown's exact areas from t=0 (:data:`AREA_COLUMNS`), so that a window's mean needs no rule
-between rows (``sim/planning/plans/steady.py``). The areas are summed one addition per event, in event
+between rows (``sim/planning/sweeps/steady.py``). The areas are summed one addition per event, in event
 order (:meth:`Recorder.observe`).
 """
 

@@ -12,54 +12,18 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from policies.base import MemoryBreakdown
-from sim.outputs.metrics import ADMISSION_BLOCKERS, summary_key
-from sim.planning.plans.pools import binding_pool
+import numpy as np
+
+from sim.outputs.metrics import ADMISSION_BLOCKERS
 from sim.planning.plans.search import STEADY_STATE, describe
 from sim.planning.plans.spec import Candidate, Plan
-from sim.planning.report.units import seconds
+from sim.planning.report.units import AT_MAX_METRICS, LIMIT_LABELS, seconds
+from sim.planning.sweeps.pools import POOL_METRICS
 
 if TYPE_CHECKING:
     from sim.planning.plans.probes import Probe
     from sim.planning.plans.search import RateSearch
 
-# Steady-state metrics reported at a candidate's maximum rate (mean and spread over seeds).
-AT_MAX_METRICS = (
-    "ttft_p50_s",
-    "ttft_p99_s",
-    "ttft_mean_s",
-    "tpot_p50_s",
-    "tpot_p99_s",
-    "tpot_mean_s",
-    "e2e_p99_s",
-    "e2e_mean_s",
-    "normalized_latency_mean_s",
-    "attainment_frac",
-    "output_tokens_per_s",
-    "output_tokens_per_request",
-    "queue_growth_frac",
-    "mean_running",
-    "peak_running",
-    "mean_waiting",
-    "preemptions_per_request",
-    "rejected_frac",
-    "mean_kv_cache_usage_frac",
-    "fill_multiple",
-    "kv_usage_rise",
-    "running_rise_frac",
-    "tokens_per_request",
-    *(summary_key(category) for category in MemoryBreakdown.CATEGORIES),  # mean_used_frac, ...
-    *(f"blocked_by_{name}_frac" for name in ADMISSION_BLOCKERS[1:]),
-)
-
-LIMIT_LABELS = {
-    "kv_memory": "KV memory",
-    "max_num_seqs": "max_num_seqs",
-    "token_budget": "token budget (max_num_batched_tokens)",
-    "compute": "compute",
-    "request_length": "request length (max_model_len)",
-    "probe_length": "probe too short (a lower bound)",
-}
 # When the p99 wait for admission is at least this share of p99 TTFT, queueing broke the SLOs and
 # whatever held admissions back is the binding limit; below it the iterations themselves are slow.
 QUEUEING_SHARE = 0.5
@@ -144,6 +108,30 @@ def _binding_limit(failing: Probe) -> dict[str, Any]:
         "decode iterations are too slow for the offered work"
     )
     return _limit("compute", why, evidence)
+
+
+def binding_pool(steady_runs: list[dict[str, Any]], ttft_p99_s: float) -> dict[str, Any] | None:
+    """Which pool held the failing probe's requests back, from the worst seed's waits: the decode pool
+    when the wait for its blocks is most of p99 TTFT, the prefill pool when its queue is; None when
+    neither (then the iterations themselves are slow) or the probe was not disaggregated."""
+    if not steady_runs or "transfer_wait_p99_s" not in steady_runs[0]:
+        return None
+    wait = max((run.get("transfer_wait_p99_s") or 0.0) for run in steady_runs)
+    queue = max((run.get("prefill_queue_p99_s") or 0.0) for run in steady_runs)
+    if ttft_p99_s <= 0 or max(wait, queue) < 0.5 * ttft_p99_s:
+        return None
+    role = "decode" if wait >= queue else "prefill"
+    blocked = {
+        name: float(np.mean([run.get(f"{role}_{name}") or 0.0 for run in steady_runs]))
+        for name in POOL_METRICS
+    }
+    usage = float(np.mean([run.get(f"{role}_kv_usage_frac") or 0.0 for run in steady_runs]))
+    return {
+        "pool": role,
+        "wait_p99_s": wait if role == "decode" else queue,
+        "kv_usage_frac": usage,
+        "admission_blocked_frac": blocked,
+    }
 
 
 def _pool_limit(pool: dict[str, Any], evidence: dict[str, Any]) -> dict[str, Any]:

@@ -22,14 +22,17 @@ import pandas as pd
 from sim.outputs.progress import duration
 from sim.planning.plans.analysis import candidate_results
 from sim.planning.plans.cluster_check import run_cluster_checks
+from sim.planning.plans.plan_json import plan_document
 from sim.planning.plans.probes import Probe, SeedRun
 from sim.planning.plans.schedule import Job, Schedule, Wanted
 from sim.planning.plans.search import STEADY_STATE, Violation, describe, unsteady_reasons, violations
 from sim.planning.plans.spec import Plan
+from sim.planning.report.document import Figure, to_html, to_markdown
+from sim.planning.report.plan_report import Draw, report_blocks
 from sim.planning.sweeps.driver import PointRecord, RunCounts, make_bar, run_points
 from sim.planning.sweeps.executors import Executor, InlineExecutor
 from sim.planning.sweeps.run import flatten_summary
-from sim.planning.sweeps.store import FAILED, PointStore, write_atomic
+from sim.planning.sweeps.store import FAILED, PointStore, replace_dir_atomic, write_atomic
 from sim.planning.sweeps.tasks import PointOutcome, PointTask, run_point
 from sim.results import PLAN_FILE
 
@@ -73,13 +76,29 @@ def run_plan(
         band = schedule.band.summary(plan, probes)
     finally:
         bar.close()
-    from sim.planning.report.plan_report import plan_document, write_report
-
     document = plan_document(plan, results, probes, run.counts, wall_s() if wall_s else None, band)
     write_atomic(store.root / PLAN_FILE, lambda path: path.write_text(json.dumps(document, indent=2)))
     store.write_table(probe_table(probes))
     write_report(store.root, document, run.executor.run)
     return PlanRun(store.root, document, run.counts)
+
+
+def write_report(root: Path, document: dict[str, Any], run: Draw | None = None) -> None:
+    """``report.md`` (figures in ``figures/``) and ``report.html`` (figures embedded). ``run`` draws
+    the figures (an executor's ``run``: the plan's worker processes draw them side by side). Written
+    here, not in the report, which only renders: the atomic writes are the point store's, and the
+    sweeps stand above the report."""
+    blocks = report_blocks(document, root, run)
+    figures = [block for block in blocks if isinstance(block, Figure)]
+
+    def fill(folder: Path) -> None:
+        for figure in figures:
+            (folder / figure.name).write_bytes(figure.png)
+
+    replace_dir_atomic(root / "figures", fill)
+    title = f"kvsim plan: {document['name']}"
+    write_atomic(root / "report.md", lambda path: path.write_text(to_markdown(blocks)))
+    write_atomic(root / "report.html", lambda path: path.write_text(to_html(blocks, title)))
 
 
 @dataclass

@@ -39,7 +39,7 @@ class Violation:
     value: float | None
     limit: float
     where: str  # "window" or "late half"
-    # The run was stopped once this was certain (sim.planning.plans.early_stop): when, in simulated time.
+    # The run was stopped once this was certain (sim.planning.sweeps.early_stop): when, in simulated time.
     stopped_at_s: float | None = None
 
 

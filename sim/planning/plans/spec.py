@@ -44,11 +44,11 @@ from sim.costs.core import one_line_problems
 from sim.hardware.capacity import KVCapacity, ModelDoesNotFitError
 from sim.hardware.gpus import resolve_gpu
 from sim.hardware.models import resolve_model
-from sim.planning.plans.early_stop import StopRules
-from sim.planning.plans.steady import SteadyWindow
 from sim.planning.schema import Strict, read_yaml_mapping, set_key_path, validate_file
+from sim.planning.sweeps.early_stop import StopRules
 from sim.planning.sweeps.preflight import preflight
 from sim.planning.sweeps.spec import point_id, shown
+from sim.planning.sweeps.steady import SteadyWindow
 from sim.planning.sweeps.tasks import PointTask
 from sim.runner import engine_pool
 from sim.storage.folders import config_hash

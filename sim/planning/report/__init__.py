@@ -1,1 +1,2 @@
-"""The plan report: plan.json rendered as Markdown and self-contained HTML, with its figures."""
+"""The report: plan.json rendered as Markdown and self-contained HTML, and the figures of sweeps and
+plans. It reads tables and plan.json only, so it stands below the sweeps and the plans."""

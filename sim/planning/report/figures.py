@@ -1,4 +1,5 @@
-"""Figures of sweeps and plans, drawn from tables and ``plan.json`` only (never from engine objects).
+"""Figures of sweeps and plans, drawn from tables and ``plan.json`` only (never from engine objects,
+nor from the sweeps' and plans' own: the report stands below both).
 
 Each function returns a matplotlib figure (or writes PNGs), so the report embeds them and notebooks
 can draw the same ones.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,6 @@ from typing import Any
 import pandas as pd
 
 from sim.outputs.canvas import subplots
-from sim.planning.sweeps.spec import is_numeric_axis
 
 # Sweep metrics worth a line per policy: summary key -> axis label (with unit).
 SWEEP_METRICS = {
@@ -82,6 +83,14 @@ def sweep_figures(table: pd.DataFrame, axis_keys: list[str], folder: Path) -> li
         path.write_bytes(png_bytes(figure))
         written.append(path)
     return written
+
+
+def is_numeric_axis(values: list[Any]) -> bool:
+    """Whether an axis's values are drawn along a line (two or more finite numbers)."""
+    return len(values) > 1 and all(
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        for value in values
+    )
 
 
 def sweep_axis_figure(table: pd.DataFrame, axis: str, other_axes: list[str]) -> Any:

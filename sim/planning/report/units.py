@@ -1,6 +1,10 @@
-"""Numbers as a planner reads them, always with their unit."""
+"""Numbers as a planner reads them, always with their unit; what the report calls the metrics and
+limits it shows, and which metrics a plan reports at a candidate's maximum rate."""
 
 from __future__ import annotations
+
+from policies.base import MemoryBreakdown
+from sim.outputs.metrics import ADMISSION_BLOCKERS, summary_key
 
 
 def rate(value: float | None) -> str:
@@ -93,6 +97,48 @@ METRIC_LABELS = {
     "blocked_by_kv_memory_frac": "admission held back by KV memory (share of time)",
     "blocked_by_max_num_seqs_frac": "admission held back by max_num_seqs (share of time)",
     "blocked_by_token_budget_frac": "admission held back by the token budget (share of time)",
+}
+
+
+# The steady-state metrics a plan reports at a candidate's maximum rate (mean and spread over seeds).
+# Here, with the report's names for them, rather than in the plan's analysis that measures them: the
+# report lists them too, and it stands below the plans (it reads plan.json, never the plan's objects).
+AT_MAX_METRICS = (
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "ttft_mean_s",
+    "tpot_p50_s",
+    "tpot_p99_s",
+    "tpot_mean_s",
+    "e2e_p99_s",
+    "e2e_mean_s",
+    "normalized_latency_mean_s",
+    "attainment_frac",
+    "output_tokens_per_s",
+    "output_tokens_per_request",
+    "queue_growth_frac",
+    "mean_running",
+    "peak_running",
+    "mean_waiting",
+    "preemptions_per_request",
+    "rejected_frac",
+    "mean_kv_cache_usage_frac",
+    "fill_multiple",
+    "kv_usage_rise",
+    "running_rise_frac",
+    "tokens_per_request",
+    *(summary_key(category) for category in MemoryBreakdown.CATEGORIES),  # mean_used_frac, ...
+    *(f"blocked_by_{name}_frac" for name in ADMISSION_BLOCKERS[1:]),
+)
+
+# What the report calls each binding limit (the plan's analysis says which one broke the SLOs).
+LIMIT_LABELS = {
+    "kv_memory": "KV memory",
+    "max_num_seqs": "max_num_seqs",
+    "token_budget": "token budget (max_num_batched_tokens)",
+    "compute": "compute",
+    "request_length": "request length (max_model_len)",
+    "probe_length": "probe too short (a lower bound)",
 }
 
 

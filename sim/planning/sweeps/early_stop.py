@@ -10,7 +10,7 @@ verdict, but the report shows them).
 
 **What is known during the run.** Every arrival is known up front (the watch is shown only such
 runs, ``sim.runner.RunWatch``), so the window's end (the ``1 - drain_frac`` quantile of the arrival
-times) is known, but not its start: :func:`~sim.planning.plans.steady.window_and_fill_deficit`
+times) is known, but not its start: :func:`~sim.planning.sweeps.steady.window_and_fill_deficit`
 opens it at the ``warmup_frac`` quantile ``q_w`` or one mean residence time after the first arrival,
 whichever is later, capped at the middle ``s_max`` of ``[q_w, end]``, and the mean residence is only
 known at the end. So an SLO counts as certainly broken only when it is broken for *every* window
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sim.planning.plans.steady import SteadyWindow
+from sim.planning.sweeps.steady import SteadyWindow
 
 if TYPE_CHECKING:
     import simpy

@@ -1,4 +1,5 @@
-"""A disaggregated probe's evidence per pool, and which pool's limit broke the SLOs.
+"""A disaggregated probe's evidence per pool, from which a plan tells which pool's limit broke the
+SLOs (``sim.planning.plans.analysis.binding_pool``).
 
 The steady-state metrics of a probe (``steady.py``) are over the cluster total, where the two pools'
 admission stops mix. For a disaggregated deployment the answer a buyer needs is *which pool* to grow:
@@ -16,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from sim.cluster.results import total_series
-from sim.planning.plans.steady import _series_means
+from sim.planning.sweeps.steady import _series_means
 
 ROLES = ("prefill", "decode")
 POOL_METRICS = ("blocked_by_kv_memory_frac", "blocked_by_max_num_seqs_frac", "blocked_by_token_budget_frac")
@@ -60,27 +61,3 @@ def pool_metrics(
     metrics["transfer_wait_p99_s"] = _p99(inside["transfer_wait_s"])
     metrics["transfer_p99_s"] = _p99(inside["transfer_s"])
     return metrics
-
-
-def binding_pool(steady_runs: list[dict[str, Any]], ttft_p99_s: float) -> dict[str, Any] | None:
-    """Which pool held the failing probe's requests back, from the worst seed's waits: the decode pool
-    when the wait for its blocks is most of p99 TTFT, the prefill pool when its queue is; None when
-    neither (then the iterations themselves are slow) or the probe was not disaggregated."""
-    if not steady_runs or "transfer_wait_p99_s" not in steady_runs[0]:
-        return None
-    wait = max((run.get("transfer_wait_p99_s") or 0.0) for run in steady_runs)
-    queue = max((run.get("prefill_queue_p99_s") or 0.0) for run in steady_runs)
-    if ttft_p99_s <= 0 or max(wait, queue) < 0.5 * ttft_p99_s:
-        return None
-    role = "decode" if wait >= queue else "prefill"
-    blocked = {
-        name: float(np.mean([run.get(f"{role}_{name}") or 0.0 for run in steady_runs]))
-        for name in POOL_METRICS
-    }
-    usage = float(np.mean([run.get(f"{role}_kv_usage_frac") or 0.0 for run in steady_runs]))
-    return {
-        "pool": role,
-        "wait_p99_s": wait if role == "decode" else queue,
-        "kv_usage_frac": usage,
-        "admission_blocked_frac": blocked,
-    }

@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import itertools
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -295,10 +294,3 @@ def _base_experiment(spec: SweepSpec, path: Path) -> tuple[dict[str, Any], Path]
     if not base_path.is_file():
         raise ConfigError(f"{path}: base: {spec.base!r}: no such experiment file ({base_path})")
     return read_yaml_mapping(base_path, "experiment"), base_path.parent
-
-
-def is_numeric_axis(values: list[Any]) -> bool:
-    return len(values) > 1 and all(
-        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        for value in values
-    )

@@ -86,7 +86,7 @@ def stopped_metrics(
     stopped: dict[str, Any],
 ) -> dict[str, Any]:
     """The metrics of a run stopped early because an SLO was certainly broken
-    (``sim.planning.plans.early_stop``; ``stopped`` says when and why): over the part of the window
+    (``sim.planning.sweeps.early_stop``; ``stopped`` says when and why): over the part of the window
     that ran, from its earliest possible start to the stop, each latency of a request still in
     flight taken as it stood at the stop. Every latency is then a lower bound of the full run's; the
     rest describes the run up to the stop. No fill or trend measures: the verdict needs none."""

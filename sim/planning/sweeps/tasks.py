@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from sim.config import validate_experiment
-from sim.planning.plans.early_stop import StopRules, watch_factory
-from sim.planning.plans.pools import pool_metrics, total_pool_tokens
-from sim.planning.plans.steady import SteadyWindow, steady_metrics, stopped_metrics
+from sim.planning.sweeps.early_stop import StopRules, watch_factory
+from sim.planning.sweeps.pools import pool_metrics, total_pool_tokens
+from sim.planning.sweeps.steady import SteadyWindow, steady_metrics, stopped_metrics
 from sim.storage.folders import STAGING_MARKER, scratch_folder
 
 if TYPE_CHECKING:
