@@ -19,6 +19,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from sim.config import (
+    AcceptanceConfig,
     ClusterConfig,
     DeciderConfig,
     DisaggregationConfig,
@@ -27,6 +28,7 @@ from sim.config import (
     LinkConfig,
     OutputConfig,
     PoolConfig,
+    SpeculativeConfig,
     VariantConfig,
 )
 from sim.costs.core import CostModelConfig
@@ -61,6 +63,12 @@ gpu_memory_utilization: 0.9
 kv_cache_dtype: fp8
 preemption_mode: recompute
 """,
+    SpeculativeConfig: """\
+method: eagle3
+num_speculative_tokens: 3
+acceptance: {mean_acceptance_length: 2.25}
+""",
+    AcceptanceConfig: "{rates: [0.62, 0.38, 0.25]}\n",
     VariantConfig: """\
 name: prefix-32
 policy: prefix

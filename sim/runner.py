@@ -893,7 +893,7 @@ def check_reservation_fits(policy: KVCachePolicy, max_model_len: int, key: Calla
 
 class RunWatch(Protocol):
     """Watches one engine's run and may end it early (``kvsim plan``: a probe whose failure is
-    already certain, ``sim/planning/plans/early_stop.py``). It is shown only runs whose every arrival
+    already certain, ``sim/planning/sweeps/early_stop.py``). It is shown only runs whose every arrival
     is known up front (the workload's whole stream, no follow-ups) and that nothing cuts short (no
     ``until_s``, no cluster, no pinned prefixes): what happens to a request after it arrives is then
     the engine's doing alone."""
