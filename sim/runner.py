@@ -1267,7 +1267,15 @@ def _lockstep_group(env: simpy.Environment, ranks: int, costs: CostModel) -> Loc
 REPLICA_TIMESERIES = "replica_timeseries"  # a cluster variant's per-replica series, beside timeseries
 
 # The per-request columns a summary needs (read back alone from a streamed file).
-SUMMARY_REQUEST_COLUMNS = ["outcome", "sample_output_tokens", "ttft_s", "tpot_s", "e2e_s"]
+SUMMARY_REQUEST_COLUMNS = [
+    "outcome",
+    "sample_output_tokens",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "decode_steps",
+    "decode_step_tokens",
+]
 
 
 def pin_prefixes(policy: KVCachePolicy, prefixes: list[TokenContent]) -> int:
@@ -1276,6 +1284,10 @@ def pin_prefixes(policy: KVCachePolicy, prefixes: list[TokenContent]) -> int:
         return sum(policy.pin_prefix(prefix) for prefix in prefixes)
     except (PolicyInputError, OutOfKVMemory) as error:
         raise ConfigError(f"pin_shared_prefixes: {error}") from None
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return float(numerator) / float(denominator) if denominator else None
 
 
 def summarize(
@@ -1333,6 +1345,9 @@ def summarize(
         "ttft_p50_s": _percentile(finished["ttft_s"], 50),
         "ttft_p99_s": _percentile(finished["ttft_s"], 99),
         "tpot_p50_s": _percentile(finished["tpot_s"], 50),
+        "tokens_per_decode_step": _ratio(
+            finished["decode_step_tokens"].sum(), finished["decode_steps"].sum()
+        ),
         "e2e_p50_s": _percentile(finished["e2e_s"], 50),
         "e2e_p99_s": _percentile(finished["e2e_s"], 99),
         "iterations": engine.counters.iterations,

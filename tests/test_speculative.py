@@ -148,10 +148,13 @@ def test_times_by_hand(step_mode):
     two = _engine(step_mode, ALWAYS_TWO, [request(0, 0.0, 20, 7)])
     assert times(two)[0] == (0.0, pytest.approx(1.2), pytest.approx(3.2), "finished")
     assert two.counters.output_tokens == 7
+    record = two.records[0]
+    assert (record.decode_steps, record.decode_step_tokens) == (2, 6)  # two bursts of three tokens
     none = _engine(step_mode, NEVER, [request(0, 0.0, 20, 7)])
     plain = _engine(step_mode, None, [request(0, 0.0, 20, 7)])
     assert times(none) == times(plain)
     assert times(none)[0][2] == pytest.approx(7.2)
+    assert (plain.records[0].decode_steps, plain.records[0].decode_step_tokens) == (6, 6)
 
 
 @pytest.mark.parametrize("step_mode", ["single", "skip"])
@@ -160,7 +163,8 @@ def test_overshoot_is_dropped_at_the_last_token(step_mode):
     the second step, and its sequence never holds more than its final length."""
     engine = _engine(step_mode, ALWAYS_TWO, [request(0, 0.0, 20, 6)])
     assert times(engine)[0][2] == pytest.approx(3.2)
-    assert engine.records[0].outcome == "finished"
+    record = engine.records[0]
+    assert (record.outcome, record.decode_steps, record.decode_step_tokens) == ("finished", 2, 5)
 
 
 def _stream(count, seed=3):

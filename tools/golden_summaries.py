@@ -31,6 +31,7 @@ CONFIGS = (
     "configs/hicache-multi-turn.yaml",
     "configs/hybrid-gpt-oss.yaml",
     "configs/offload-multi-turn.yaml",
+    "configs/speculative-eagle3.yaml",
     "configs/notebooks/small-run.yaml",
     "configs/traces/azure-code.yaml",
     "configs/traces/azure-conv.yaml",
@@ -48,6 +49,7 @@ PRESSED_RUNS = (
     ("configs/chat-radix-vs-prefix.yaml", (*TIGHT, "engine.scheduler=sglang")),
     ("configs/offload-multi-turn.yaml", TIGHT),
     ("configs/hicache-multi-turn.yaml", TIGHT),
+    ("configs/speculative-eagle3.yaml", TIGHT),
 )
 """The same configs in a pool of 1,100 blocks (17,600 tokens: one request at 16,384) at 20 requests/s: preemptions (SGLang's retractions),
 evictions and host-tier traffic, which the shipped settings rarely reach in 150 requests."""

@@ -64,6 +64,8 @@ class RequestState:
     remote_kv: bool
     kv_landed: bool
     queued_s: float  # when it came to this engine's queue (async scheduling: when it is first seen)
+    entered_iteration: int  # the decode clock's iteration and token when it last started decoding
+    entered_token: int
 
     def __init__(self, request: Request, record: RequestRecord) -> None:
         self.request = request
@@ -78,6 +80,7 @@ class RequestState:
         self.sample_lens = list(request.output_lens)
         self.remote_kv = self.kv_landed = False
         self.queued_s = float("-inf")
+        self.entered_iteration = self.entered_token = 0
 
     @property
     def width(self) -> int:
@@ -171,6 +174,8 @@ class DecodeClock:
         """``state`` starts decoding now (its counts are exact at this clock)."""
         state.decoding = True
         state.synced_clock = self.now
+        state.entered_iteration = self.iteration
+        state.entered_token = self.now
         state.finish_due = self.now + state.next_sample_end - state.generated
         state.beam_due = beam_due
         self._add(state)
@@ -185,6 +190,7 @@ class DecodeClock:
             self.sync(state, at_clock)
         else:
             self._sync_leaving(state, at_clock)
+        self._count_steps(state, at_clock)
         self._remove(state)
         state.decoding = False
         self._cancel_flush(state)
@@ -204,6 +210,13 @@ class DecodeClock:
         state.context += pending
         state.synced_clock = at_clock
         self._synced_sum += pending * len(state.seq_ids)
+
+    def _count_steps(self, state: RequestState, at_clock: int) -> None:
+        """Book the decode steps since it entered and the tokens they gave it (up to its last)."""
+        record = state.record
+        last = at_clock if at_clock < state.finish_due else state.finish_due
+        record.decode_steps += self.iteration_ending(at_clock) - state.entered_iteration
+        record.decode_step_tokens += last - state.entered_token
 
     def sync_within_room(self, state: RequestState, at_clock: int) -> int:
         """Tell the policy the tokens decoded up to ``at_clock``, or as many of them as its growth

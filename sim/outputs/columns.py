@@ -96,6 +96,11 @@ SUMMARY: Columns = {
     "ttft_p50_s": ("s", "Median time to first token of finished requests (from arrival, queueing included)."),
     "ttft_p99_s": ("s", "99th percentile time to first token."),
     "tpot_p50_s": ("s", "Median time per output token after the first."),
+    "tokens_per_decode_step": (
+        "tokens",
+        "Tokens a decode step gave a finished request, on average over their steps: 1 without "
+        "speculative decoding, 1 + accepted drafts with it (the realised mean acceptance length).",
+    ),
     "e2e_p50_s": ("s", "Median end-to-end latency (arrival to last token)."),
     "e2e_p99_s": ("s", "99th percentile end-to-end latency."),
     "iterations": ("count", "Engine iterations (scheduler steps) simulated."),
@@ -367,6 +372,16 @@ REQUESTS: Columns = {
     "decode_cached_tokens": (
         "tokens",
         "Disaggregated: prompt tokens the decode replica already held in its prefix cache (not sent).",
+    ),
+    "decode_steps": (
+        "count",
+        "Decode iterations it took part in after a first token (each admission's prefill gives one token "
+        "of its own).",
+    ),
+    "decode_step_tokens": (
+        "tokens",
+        "Tokens those decode steps gave it: decode_steps without speculative decoding; with it, 1 + the "
+        "accepted drafts of each step (its tokens arrive in bursts of that size).",
     ),
     "ttft_s": (
         "s",

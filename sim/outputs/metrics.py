@@ -134,6 +134,10 @@ class RequestRecord:
     transfer_end_s: float
     transfer_bytes: int
     decode_cached_tokens: int
+    # Decode iterations it took part in after a first token, and the tokens they gave it (equal
+    # without speculative decoding; with it, 1 + accepted drafts per step).
+    decode_steps: int
+    decode_step_tokens: int
 
     def __init__(
         self,
@@ -158,6 +162,7 @@ class RequestRecord:
         self.prefill_replica = -1
         self.prefill_done_s = self.transfer_start_s = self.transfer_end_s = math.nan
         self.transfer_bytes = self.decode_cached_tokens = 0
+        self.decode_steps = self.decode_step_tokens = 0
         self.outcome = "unfinished"
         self.reason = ""
 
