@@ -116,3 +116,77 @@ def check_fig13_cost(claim: Claim, context: RunContext) -> CheckOutput:
         context.log(f"  {cost_model}: mean batch {summary['mean_running']:.2f}")
     output.tables["batch_by_cost_model"] = pd.DataFrame(rows)
     return output
+
+
+# -- speculative decoding: the speedup of a step at a batch ----------------------------------------
+
+
+class SpeculativeSpeedupParams(_Strict):
+    model: str
+    gpu: str
+    speculative: dict = Field(description="engine.speculative, as an experiment gives it.")
+    batches: list[int] = Field(min_length=1, description="Batch sizes the source measured.")
+    tokens_per_request: int = Field(gt=0, description="Context each request holds (prompt + output so far).")
+
+
+@register_check("speculative_speedup", SpeculativeSpeedupParams)
+def check_speculative_speedup(claim: Claim, context: RunContext) -> CheckOutput:
+    """Targets ``batch_<B>``: the throughput speedup of a speculative step over a plain decode step at
+    a batch of ``B`` requests, ``mean acceptance length x plain step / speculative step``, both
+    steps priced by kvsim's default cost model (``sim/costs/speculative.py``)."""
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+
+    from sim.config import load_experiment
+    from sim.runner import prepare_experiment, speculative_knobs
+
+    params: SpeculativeSpeedupParams = claim.params
+    experiment = {
+        "name": "speculative-speedup",
+        "model": params.model,
+        "gpu": params.gpu,
+        "engine": {"max_model_len": 8192, "max_num_seqs": max(params.batches)},
+        "workload": {
+            "num_requests": 1,
+            "arrival": {"kind": "poisson", "rate_per_s": 1},
+            "prompt_len": 8,
+            "output_len": 8,
+        },
+        "variants": [
+            {"name": "plain", "policy": "paged"},
+            {"name": "speculative", "policy": "paged", "engine": {"speculative": params.speculative}},
+        ],
+    }
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "speculative-speedup.yaml"
+        path.write_text(yaml.safe_dump(experiment))
+        prepared = prepare_experiment(load_experiment(path), Path(folder))
+    plain, speculative = prepared.variants
+    knobs = speculative_knobs(speculative.engine)
+    assert knobs is not None
+    tau = knobs.acceptance.mean_acceptance_length
+    output = CheckOutput()
+    rows = []
+    for batch in params.batches:
+        tokens = batch * params.tokens_per_request
+        plain_s = plain.costs.decode.step_s(batch, tokens)
+        speculative_s = speculative.costs.decode.step_s(batch, tokens)
+        speedup = tau * plain_s / speculative_s
+        detail = (
+            f"batch {batch}, {tokens:,} tokens held: plain step {plain_s * 1e3:.2f} ms, speculative step "
+            f"{speculative_s * 1e3:.2f} ms giving {tau:.2f} tokens per request"
+        )
+        output.values[f"batch_{batch}"] = Measured(speedup, detail)
+        rows.append(
+            {
+                "batch": batch,
+                "plain_step_ms": plain_s * 1e3,
+                "speculative_step_ms": speculative_s * 1e3,
+                "speedup": speedup,
+            }
+        )
+    output.tables["steps"] = pd.DataFrame(rows)
+    output.notes.append(f"cost model: {speculative.costs.label}")
+    return output
