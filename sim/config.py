@@ -94,17 +94,19 @@ class AcceptanceConfig(_Strict):
         None,
         description="Measured steps by accepted drafts: {accepted drafts (0..k): count or share}.",
     )
+    histogram_file: str | None = Field(
+        None,
+        description="The same histogram as a CSV file (columns accepted_drafts,count), relative to the "
+        "config file.",
+    )
 
     @model_validator(mode="after")
     def _one_form(self) -> AcceptanceConfig:
-        given = [
-            name
-            for name in ("rates", "mean_acceptance_length", "histogram")
-            if getattr(self, name) is not None
-        ]
+        forms = ("rates", "mean_acceptance_length", "histogram", "histogram_file")
+        given = [name for name in forms if getattr(self, name) is not None]
         if len(given) != 1:
             raise ValueError(
-                "give exactly one of rates, mean_acceptance_length, histogram"
+                "give exactly one of rates, mean_acceptance_length, histogram, histogram_file"
                 + (f" (got {', '.join(given)})" if given else "")
             )
         if self.rates is not None:

@@ -60,6 +60,7 @@ from sim.outputs.progress import ProgressMode, request_progress
 from sim.outputs.sinks import FileSink, MemorySink, OutputSink
 from token_content import TokenContent
 from workloads import Workload, build_workload
+from workloads.base import TraceError, resolve_path
 from workloads.request import Request
 
 GIB = 1024**3
@@ -246,9 +247,11 @@ def speculation_problem(policy_name: str, key: Callable[[str], str]) -> str:
     return ""
 
 
-def speculative_knobs(engine: EngineConfig) -> SpeculativeDecoding | None:
-    """What the engine needs of ``engine.speculative``: the acceptance distribution and the slots a
-    decoding sequence holds past its tokens."""
+def speculative_knobs(
+    engine: EngineConfig, base_dir: Path | None = None, key: Callable[[str], str] | None = None
+) -> SpeculativeDecoding | None:
+    """What the engine needs of ``engine.speculative``: the acceptance distribution (a histogram file
+    read relative to ``base_dir``) and the slots a decoding sequence holds past its tokens."""
     speculative = engine.speculative
     if speculative is None:
         return None
@@ -259,10 +262,74 @@ def speculative_knobs(engine: EngineConfig) -> SpeculativeDecoding | None:
     elif acceptance.mean_acceptance_length is not None:
         model = AcceptanceModel.from_mean_length(acceptance.mean_acceptance_length, k)
     else:
-        assert acceptance.histogram is not None
-        counts = [acceptance.histogram.get(accepted, 0.0) for accepted in range(k + 1)]
+        histogram = acceptance.histogram
+        if histogram is None:
+            where = (key or (lambda name: f"engine.{name}"))("speculative") + ".acceptance.histogram_file"
+            try:
+                path = resolve_path(acceptance.histogram_file or "", base_dir)
+            except TraceError as error:
+                raise ConfigError(f"{where}: {error}") from None
+            histogram = read_acceptance_histogram(path, k, where)
+        counts = [histogram.get(accepted, 0.0) for accepted in range(k + 1)]
         model = AcceptanceModel.from_histogram(counts, k)
     return SpeculativeDecoding(speculative.method, k, model, lookahead_slots(speculative.method, k))
+
+
+def read_acceptance_histogram(path: Path, num_speculative_tokens: int, where: str) -> dict[int, float]:
+    """A measured acceptance histogram: a CSV with columns ``accepted_drafts,count``, one row per
+    number of accepted drafts (0..k). Every problem names the file, the line and the value."""
+    import csv
+
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"{where}: cannot read {path}: {error.strerror or error}") from None
+    rows = list(csv.reader(text.splitlines()))
+    if not rows or [cell.strip() for cell in rows[0]] != ["accepted_drafts", "count"]:
+        raise ConfigError(f"{where}: {path}: line 1 must be the header accepted_drafts,count")
+    histogram: dict[int, float] = {}
+    for line, row in enumerate(rows[1:], start=2):
+        if not row or not "".join(row).strip():
+            continue
+        try:
+            accepted, count = int(row[0]), float(row[1])
+        except (ValueError, IndexError):
+            raise ConfigError(
+                f"{where}: {path}: line {line}: {','.join(row)!r} is not a whole number and a count"
+            ) from None
+        if not 0 <= accepted <= num_speculative_tokens:
+            raise ConfigError(
+                f"{where}: {path}: line {line}: {accepted} accepted drafts is outside 0..{num_speculative_tokens} "
+                "(num_speculative_tokens)"
+            )
+        if count < 0 or count != count:
+            raise ConfigError(f"{where}: {path}: line {line}: count {row[1]!r} must be >= 0")
+        histogram[accepted] = histogram.get(accepted, 0.0) + count
+    if not any(count > 0 for count in histogram.values()):
+        raise ConfigError(f"{where}: {path}: no step counted (every count is 0, or no rows)")
+    return histogram
+
+
+def speculative_summary(prepared: PreparedVariant) -> dict[str, Any]:
+    """What speculative decoding adds to a run's summary (empty text and zeros without it)."""
+    speculative, draft = prepared.speculative, prepared.draft
+    if speculative is None or draft is None:
+        return {
+            "speculative": "",
+            "lookahead_slots": 0,
+            "draft_weight_bytes": 0,
+            "draft_kv_bytes_per_token": 0,
+        }
+    acceptance = speculative.acceptance
+    return {
+        "speculative": (
+            f"{speculative.method}, k={speculative.num_speculative_tokens}, mean acceptance length "
+            f"{acceptance.mean_acceptance_length:.3g} ({acceptance.source}); {draft.description}"
+        ),
+        "lookahead_slots": speculative.lookahead_slots,
+        "draft_weight_bytes": draft.weight_bytes,
+        "draft_kv_bytes_per_token": draft.kv_bytes_per_token,
+    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -299,6 +366,10 @@ class PreparedVariant:
     """Expert parallelism: the engine (or each data-parallel rank) steps on a shared step clock."""
     hybrid: HybridLayout | None = None
     """A hybrid allocator's pool (``sim/kv/allocators.py``); None for a single-group policy."""
+    speculative: SpeculativeDecoding | None = None
+    """``engine.speculative`` resolved (its acceptance read, its lookahead slots); None without."""
+    draft: Draft | None = None
+    """Speculative decoding's draft: the weights and per-token KV it adds to the pool's sizing."""
 
     def capacity_lines(self) -> list[str]:
         """vLLM's start-up lines for this pool (a hybrid pool's when a hybrid allocator runs)."""
@@ -490,6 +561,8 @@ def _prepare_instance(
     prepared.offload = offload
     prepared.lockstep = costs.expert_parallel is not None
     prepared.hybrid = hybrid
+    prepared.speculative = speculative_knobs(engine_config, base_dir, key)
+    prepared.draft = engine_draft(model, engine_config)
     return prepared, warnings
 
 
@@ -1038,7 +1111,7 @@ def _make_engine(
         # a lockstep group's ranks step together, one iteration at a time (sim/engine/lockstep.py)
         step_mode="single" if prepared.lockstep else engine_config.step_mode,
         async_scheduling=engine_config.async_scheduling,
-        speculative=speculative_knobs(engine_config),
+        speculative=prepared.speculative,
         client_overhead_s=(
             prepared.costs.request_overhead_s
             if engine_config.client_overhead_s is None
@@ -1083,6 +1156,7 @@ def _summary(
         kv_groups=len(prepared.hybrid.capacity.groups) if prepared.hybrid is not None else 1,
     )
     summary["pinned_tokens"] = prepared.pinned_tokens
+    summary.update(speculative_summary(prepared))
     if prepared.hybrid is not None:
         summary["num_gpu_blocks"] = prepared.hybrid.capacity.num_blocks
     block_bytes = prepared.engine.block_size * prepared.capacity.kv_bytes_per_token

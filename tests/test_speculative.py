@@ -308,3 +308,35 @@ def test_samples_are_rejected_with_their_reason():
     engine = _engine("skip", ALWAYS_TWO, [request(0, 0.0, 20, 7, n=2)])
     assert engine.records[0].outcome == "rejected"
     assert "not modelled with speculative decoding" in engine.records[0].reason
+
+
+def test_histogram_file_read_and_its_errors_named(tmp_path):
+    (tmp_path / "accepted.csv").write_text("accepted_drafts,count\n0,378\n1,240\n2,130\n3,252\n")
+    cfg = _experiment(
+        {"speculative": {**SPEC, "acceptance": {"histogram_file": "accepted.csv"}}}, tmp=tmp_path
+    )
+    prepared = prepare_experiment(cfg, tmp_path / "spec.yaml")
+    acceptance = prepared.variants[1].speculative.acceptance
+    assert acceptance.probabilities == pytest.approx((0.378, 0.240, 0.130, 0.252))
+    (tmp_path / "accepted.csv").write_text("accepted_drafts,count\n0,378\n4,240\n")
+    with pytest.raises(ConfigError, match=r"accepted\.csv: line 3: 4 accepted drafts is outside 0\.\.3"):
+        prepare_experiment(cfg, tmp_path / "spec.yaml")
+
+
+def test_summary_says_what_speculation_ran_and_costs(tmp_path):
+    from sim.runner import run_experiment
+
+    data = copy.deepcopy(BASE)
+    data["variants"].append({"name": "speculative", "policy": "paged", "engine": {"speculative": SPEC}})
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    plain, speculative = (
+        result.summary for result in run_experiment(load_experiment(path), tmp_path / "out")
+    )
+    assert (plain["speculative"], plain["lookahead_slots"], plain["tokens_per_decode_step"]) == ("", 0, 1.0)
+    assert speculative["speculative"].startswith("eagle3, k=3, mean acceptance length 2.5")
+    assert speculative["lookahead_slots"] == 6
+    assert speculative["draft_kv_bytes_per_token"] == 4096  # one layer: 8 KV heads x 128 x 2 (K, V) x 2 B
+    # EAGLE-3's head: one Llama-3.1-8B layer (218,112,128 params) and a 32,000 x 4,096 LM head, bf16
+    assert speculative["draft_weight_bytes"] == (218_112_128 + 32_000 * 4_096) * 2
+    assert speculative["kv_bytes_per_token"] == plain["kv_bytes_per_token"] + 4096

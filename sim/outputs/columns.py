@@ -137,6 +137,24 @@ SUMMARY: Columns = {
         "forks saved.",
     ),
     "pinned_tokens": ("tokens", "Slots pinned in the prefix cache at warm-up (`pin_shared_prefixes`)."),
+    "speculative": (
+        "-",
+        "engine.speculative as run: method, k, mean acceptance length and what it came from, the draft; "
+        "empty without speculative decoding.",
+    ),
+    "lookahead_slots": (
+        "slots",
+        "Speculative decoding: slots each decoding request holds past its tokens (its k drafts and "
+        "vLLM's num_lookahead_tokens); 0 without.",
+    ),
+    "draft_weight_bytes": (
+        "bytes",
+        "Speculative decoding: the draft's weights per GPU, beside the target's.",
+    ),
+    "draft_kv_bytes_per_token": (
+        "bytes",
+        "Speculative decoding: the draft's K/V in every token's slot (included in kv_bytes_per_token).",
+    ),
     "host_tier_blocks": ("blocks", "Blocks the host-memory tier holds (`offload:`); 0 without one."),
     "host_tier_bytes": ("bytes", "host_tier_blocks x block bytes (block_size x kv_bytes_per_token)."),
     "host_cache_hits": (
