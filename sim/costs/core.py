@@ -78,6 +78,12 @@ class CostModel(ABC):
     expert_parallel: ExpertParallelCost | None = None
     """Expert parallelism: the part of a lockstep step every rank pays for all ranks' tokens (its
     routed experts, the all-to-all); this model's own iterations leave it out. None without."""
+    attention_windows: tuple[tuple[int, float], ...] = ()
+    """``(window, share)`` per window size of the model's sliding-window and chunked-local layers:
+    their share of the K/V bytes a token holds over all attention layers. A decode step's context
+    term reads ``per_context_token_s`` x the *attended* context, in which each sequence counts
+    ``(1 - sum of shares) x its tokens + sum of share x min(its tokens, window)``
+    (``sim.engine.decoding.DecodeClock.sum_context``). Empty: every attention layer reads every token."""
     # Set by models whose prefill chunks cost a linear form: their iterations are timed by it.
     _linear: LinearIterationCost | None = None
 
@@ -106,7 +112,7 @@ class CostModel(ABC):
         return self.decode.intercept_s if self._linear is None else self._linear.prefill.fixed_s
 
     def iteration_s(
-        self, batch_size: int, sum_context: int, prefill_chunks: Sequence[tuple[int, int]] = ()
+        self, batch_size: int, sum_context: float, prefill_chunks: Sequence[tuple[int, int]] = ()
     ) -> float:
         """One engine iteration: ``batch_size`` decoding sequences holding ``sum_context`` tokens, and
         the prefill chunks ``(num_tokens, start_pos)`` scheduled with them.
@@ -142,6 +148,26 @@ class CostModelError(ValueError):
 # --------------------------------------------------------------------------------------------------
 # Shape arithmetic shared by the analytic model, the rescaling and the calibration
 # --------------------------------------------------------------------------------------------------
+
+
+def attention_windows(model: ModelSpec | ModelShape) -> tuple[tuple[int, float], ...]:
+    """:attr:`CostModel.attention_windows` of ``model``: each window's layers' share of the
+    attention layers (they hold the same K/V bytes per token each). A chunked-local layer attends
+    within its chunk, at most ``chunk`` tokens: counted as a window of that size, an upper bound
+    (on average it reads half a chunk)."""
+    from sim.hardware.layers import ChunkedLocal, SlidingWindow
+
+    counts = getattr(model, "layer_kind_counts", ())
+    attention_layers = getattr(model, "num_attention_layers", 0)
+    shares: dict[int, int] = {}
+    for kind, count in counts:
+        if isinstance(kind, SlidingWindow):
+            shares[kind.window] = shares.get(kind.window, 0) + count
+        elif isinstance(kind, ChunkedLocal):
+            shares[kind.chunk] = shares.get(kind.chunk, 0) + count
+    if not shares or not attention_layers:
+        return ()
+    return tuple((window, count / attention_layers) for window, count in sorted(shares.items()))
 
 
 def attention_width(model: ModelShape) -> int:
@@ -255,6 +281,7 @@ class DatasheetCostModel(CostModel):
         self.host_bandwidth_bytes_per_s = float(host_bandwidth_bytes_per_s)
         self.all_reduce = AllReduceCost.of(model, gpu, tp, latency_s=all_reduce_latency_s)
         self.kv_bytes_per_token = model.kv_bytes_per_token(kv_cache_dtype, tensor_parallel_size=tp)
+        self.attention_windows = attention_windows(model)
         self.block_bytes = self.kv_bytes_per_token * block_size
         self._swap_per_block_s = self.block_bytes / self.host_bandwidth_bytes_per_s
         return tp
@@ -652,6 +679,8 @@ class ProfileCostModel(CostModel):
         if model is not None:
             target = model if isinstance(model, ProfileModel) else ProfileModel.from_spec(model)
         self.target = target
+        # (A profile measured its own model's decode: the windows are those of the model simulated.)
+        self.attention_windows = attention_windows(model) if model is not None else ()
         self.rescaled = target.shapes() != profile.model.shapes()
         if self.rescaled and not rescale:
             differences = ", ".join(

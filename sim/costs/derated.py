@@ -365,7 +365,7 @@ class DeratedCostModel(DatasheetCostModel):
         )
 
     def iteration_s(
-        self, batch_size: int, sum_context: int, prefill_chunks: Sequence[tuple[int, int]] = ()
+        self, batch_size: int, sum_context: float, prefill_chunks: Sequence[tuple[int, int]] = ()
     ) -> float:
         if not prefill_chunks:
             return self._decode.step_s(batch_size, sum_context)

@@ -50,6 +50,7 @@ class ScaledCostModel(CostModel):
         self.measured = inner.measured
         self.error_band = inner.error_band
         self.request_overhead_s = inner.request_overhead_s
+        self.attention_windows = inner.attention_windows
         linear = inner.linear_iteration
         self._linear = scaled_times(linear, time_scale) if linear is not None else None
         self._scaled_decode: DecodeCost = scaled_times(inner.decode, time_scale)
@@ -74,7 +75,7 @@ class ScaledCostModel(CostModel):
         return self.time_scale * self.inner.prefill_fixed_s
 
     def iteration_s(
-        self, batch_size: int, sum_context: int, prefill_chunks: Sequence[tuple[int, int]] = ()
+        self, batch_size: int, sum_context: float, prefill_chunks: Sequence[tuple[int, int]] = ()
     ) -> float:
         if self._linear is not None:
             return self._linear.iteration_s(batch_size, sum_context, prefill_chunks)

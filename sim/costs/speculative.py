@@ -76,6 +76,7 @@ class SpeculativeCostModel(CostModel):
         self.error_band = target.error_band
         self.request_overhead_s = target.request_overhead_s
         self.expert_parallel = target.expert_parallel
+        self.attention_windows = target.attention_windows
         linear = target.linear_iteration
         self._linear = None if linear is None else LinearIterationCost(step, linear.prefill)
 
@@ -91,7 +92,7 @@ class SpeculativeCostModel(CostModel):
         return self.target.prefill_fixed_s
 
     def iteration_s(
-        self, batch_size: int, sum_context: int, prefill_chunks: Sequence[tuple[int, int]] = ()
+        self, batch_size: int, sum_context: float, prefill_chunks: Sequence[tuple[int, int]] = ()
     ) -> float:
         if self._linear is not None:
             return self._linear.iteration_s(batch_size, sum_context, prefill_chunks)

@@ -23,11 +23,11 @@ class DecodeCost:
     per_seq_s: float
     per_context_token_s: float
 
-    def step_s(self, batch_size: int, sum_context: int) -> float:
+    def step_s(self, batch_size: int, sum_context: float) -> float:
         return self.intercept_s + self.per_seq_s * batch_size + self.per_context_token_s * sum_context
 
     def with_prefill_s(
-        self, batch_size: int, sum_context: int, prefill_fixed_s: float, chunks_s: float
+        self, batch_size: int, sum_context: float, prefill_fixed_s: float, chunks_s: float
     ) -> float:
         """An iteration that also carries prefill chunks costing ``chunks_s`` in all: one fixed cost,
         the larger of the decode intercept (when sequences decode) and ``prefill_fixed_s``."""
@@ -51,7 +51,7 @@ class RoutedDecodeCost(DecodeCost):
 
     batch_s: tuple[float, ...] = ()
 
-    def step_s(self, batch_size: int, sum_context: int) -> float:
+    def step_s(self, batch_size: int, sum_context: float) -> float:
         seconds = self.intercept_s + self.per_seq_s * batch_size + self.per_context_token_s * sum_context
         if 0 <= batch_size < len(self.batch_s):
             seconds += self.batch_s[batch_size]
@@ -88,7 +88,7 @@ class LinearIterationCost:
     prefill: PrefillCost
 
     def iteration_s(
-        self, batch_size: int, sum_context: int, prefill_chunks: Sequence[tuple[int, int]]
+        self, batch_size: int, sum_context: float, prefill_chunks: Sequence[tuple[int, int]]
     ) -> float:
         decode = self.decode
         if not prefill_chunks:

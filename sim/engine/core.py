@@ -137,7 +137,13 @@ class Engine:
         schedule = None if speculative is None else speculative.schedule([seed, SPECULATION_STREAM])
         if speculative is not None:
             self.kv.hold_lookahead(speculative.lookahead_slots)
-        self.clock = DecodeClock(self.kv, defer_growth=knobs.step_mode == "skip", schedule=schedule)
+        self.clock = DecodeClock(
+            self.kv,
+            defer_growth=knobs.step_mode == "skip",
+            schedule=schedule,
+            # Sliding-window and chunked-local layers read a window of the context (sim/engine/windows.py).
+            attention_windows=costs.attention_windows,
+        )
         self._observer = StateObserver(self.kv, self.clock, self.counters)
         # What differs between the servers (admission, budgets, preemption victims): sim/engine/schedulers/.
         self.scheduler = make_scheduler(knobs)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from sim.engine.speculation import TokenSchedule
+from sim.engine.windows import AttendedWindows
 from sim.kv.coordinator import KVCoordinator
 from sim.outputs.metrics import RequestRecord
 from workloads.request import Request
@@ -66,6 +67,7 @@ class RequestState:
     queued_s: float  # when it came to this engine's queue (async scheduling: when it is first seen)
     entered_iteration: int  # the decode clock's iteration and token when it last started decoding
     entered_token: int
+    windows_held: int  # bit i: its sequences hold the whole i-th attention window (sim/engine/windows.py)
 
     def __init__(self, request: Request, record: RequestRecord) -> None:
         self.request = request
@@ -80,7 +82,7 @@ class RequestState:
         self.sample_lens = list(request.output_lens)
         self.remote_kv = self.kv_landed = False
         self.queued_s = float("-inf")
-        self.entered_iteration = self.entered_token = 0
+        self.entered_iteration = self.entered_token = self.windows_held = 0
 
     @property
     def width(self) -> int:
@@ -100,7 +102,14 @@ class RequestState:
 class DecodeClock:
     """The decode clock, the aggregates of the decoding batch, and what falls due when."""
 
-    def __init__(self, kv: KVCoordinator, *, defer_growth: bool, schedule: TokenSchedule | None = None):
+    def __init__(
+        self,
+        kv: KVCoordinator,
+        *,
+        defer_growth: bool,
+        schedule: TokenSchedule | None = None,
+        attention_windows: tuple[tuple[int, float], ...] = (),
+    ):
         self.kv = kv
         self.defer_growth = defer_growth  # False: every token goes to the policy at once (the reference)
         # Tokens per sequence so far: one per iteration, or under speculative decoding the schedule's
@@ -115,6 +124,8 @@ class DecodeClock:
         self._flushes: dict[int, list[RequestState]] = {}  # due clock -> requests due then
         self._flush_clocks: list[int] = []  # heap of the buckets' clocks (emptied ones skipped)
         self._ends: list[_Entry] = []
+        # Sliding-window / chunked-local layers: the context a step attends over (None: all of it).
+        self.windows = AttendedWindows(attention_windows) if attention_windows else None
 
     # ---------------------------------------------------------------------------- iterations and tokens
     def begin_iteration(self) -> None:
@@ -122,12 +133,16 @@ class DecodeClock:
         self.iteration += 1
         schedule = self.schedule
         self.now = self.now + 1 if schedule is None else schedule.first_token(self.iteration)
+        if self.windows is not None:
+            self.windows.cross(self.now)
 
     def advance(self, iterations: int) -> None:
         """``iterations`` more started (a jump's, after its first)."""
         self.iteration += iterations
         schedule = self.schedule
         self.now = self.now + iterations if schedule is None else schedule.first_token(self.iteration)
+        if self.windows is not None:
+            self.windows.cross(self.now)
 
     def end_iteration(self) -> None:
         """The iteration in flight ended: its accepted drafts join every decoding sequence."""
@@ -160,8 +175,21 @@ class DecodeClock:
         """Tokens decoded but not yet told to the policy (they fill slots it counts as reserved)."""
         return self.sequences * self.now - self._synced_sum
 
-    def sum_context(self) -> int:
-        return self._offset_sum + self.sequences * self.now
+    def sum_context(self) -> float:
+        """The context the decoding sequences attend over: their tokens, or with attention windows the
+        windowed count (``sim/engine/windows.py``)."""
+        if self.windows is None:
+            return self._offset_sum + self.sequences * self.now
+        return self.windows.attended(self._offset_sum, self.sequences, self.now)
+
+    def context_growth(self) -> float | None:
+        """What :meth:`sum_context` grows by per token every sequence gains, when it is not simply the
+        number of sequences (attention windows); None otherwise."""
+        return None if self.windows is None else self.windows.growth(self.sequences)
+
+    def next_crossing(self) -> int:
+        """The clock from which a sequence's tokens would count past its attention window."""
+        return NEVER if self.windows is None else self.windows.next_crossing()
 
     def generated(self, state: RequestState) -> int:
         if not state.decoding:
@@ -181,6 +209,8 @@ class DecodeClock:
         self._add(state)
         self.reschedule_flush(state)
         state.end_version += 1
+        if self.windows is not None:
+            self.windows.add(state, self.now)
         end = min(state.finish_due, state.beam_due)
         heapq.heappush(self._ends, (end, state.admission, state.end_version, state))
 
@@ -191,6 +221,8 @@ class DecodeClock:
         else:
             self._sync_leaving(state, at_clock)
         self._count_steps(state, at_clock)
+        if self.windows is not None:
+            self.windows.remove(state)
         self._remove(state)
         state.decoding = False
         self._cancel_flush(state)

@@ -19,42 +19,52 @@ from sim.costs.terms import DecodeCost
 UNBOUNDED_STEPS = 1 << 62
 
 
-def decode_series_s(decode: DecodeCost, steps: int, batch: int, context: int) -> float:
-    """Time of ``steps`` decode iterations of ``batch`` sequences holding ``context`` tokens in all
-    before the first one (each iteration adds a token to every sequence, then attends over it)."""
-    first = decode.step_s(batch, context + batch)
-    return steps * first + decode.per_context_token_s * batch * steps * (steps - 1) / 2
+def decode_series_s(
+    decode: DecodeCost, steps: int, batch: int, context: float, growth: float | None = None
+) -> float:
+    """Time of ``steps`` decode iterations of ``batch`` sequences attending over ``context`` tokens in
+    all before the first one (each iteration adds a token to every sequence, then attends over it:
+    the context grows by ``batch``, or by ``growth`` when attention windows cap it)."""
+    grows = batch if growth is None else growth
+    first = decode.step_s(batch, context + grows)
+    return steps * first + decode.per_context_token_s * grows * steps * (steps - 1) / 2
 
 
-def decode_token_weight_s(decode: DecodeCost, steps: int, batch: int, context: int) -> float:
+def decode_token_weight_s(
+    decode: DecodeCost, steps: int, batch: int, context: float, growth: float | None = None
+) -> float:
     """``sum(j * d_j for j in 1..steps)``, ``d_j`` the duration of the j-th of the iterations timed by
     :func:`decode_series_s`: during it every sequence holds ``j`` tokens more than before the first."""
+    grows = batch if growth is None else growth
     base = decode.step_s(batch, context)
     pairs = steps * (steps + 1) / 2
     squares = steps * (steps + 1) * (2 * steps + 1) / 6
-    return base * pairs + decode.per_context_token_s * batch * squares
+    return base * pairs + decode.per_context_token_s * grows * squares
 
 
-def iterations_to_reach(decode: DecodeCost, batch: int, context: int, budget_s: float) -> int:
+def iterations_to_reach(
+    decode: DecodeCost, batch: int, context: float, budget_s: float, growth: float | None = None
+) -> int:
     """Smallest ``k >= 1`` such that ``k`` decode iterations take at least ``budget_s`` seconds.
 
     The series is quadratic in ``k``: its root is a guess, corrected against the series itself so
     that the answer is exactly what stepping would find."""
     if budget_s == float("inf"):
         return UNBOUNDED_STEPS
-    first = decode.step_s(batch, context + batch)
-    half_growth = decode.per_context_token_s * batch / 2  # series(k) = k * first + half_growth * k * (k - 1)
+    grows = batch if growth is None else growth
+    first = decode.step_s(batch, context + grows)
+    half_growth = decode.per_context_token_s * grows / 2  # series(k) = k * first + half_growth * k * (k - 1)
     linear = first - half_growth
     if half_growth > 0:
         guess = (math.sqrt(linear * linear + 4 * half_growth * budget_s) - linear) / (2 * half_growth)
     else:
         guess = budget_s / first if first > 0 else float(UNBOUNDED_STEPS)
     if not guess < UNBOUNDED_STEPS:
-        return first_reaching(lambda steps: decode_series_s(decode, steps, batch, context), budget_s)
+        return first_reaching(lambda steps: decode_series_s(decode, steps, batch, context, growth), budget_s)
     steps = max(1, math.ceil(guess))
-    while decode_series_s(decode, steps, batch, context) < budget_s:
+    while decode_series_s(decode, steps, batch, context, growth) < budget_s:
         steps += 1
-    while steps > 1 and decode_series_s(decode, steps - 1, batch, context) >= budget_s:
+    while steps > 1 and decode_series_s(decode, steps - 1, batch, context, growth) >= budget_s:
         steps -= 1
     return steps
 
@@ -73,15 +83,24 @@ def first_reaching(elapsed, budget_s: float, high: int = 1) -> int:
     return low
 
 
-def scheduled_durations(decode: DecodeCost, batch: int, context: int, growth) -> tuple[float, ...]:
+def scheduled_durations(
+    decode: DecodeCost, batch: int, context: float, growth, rate: float | None = None
+) -> tuple[float, ...]:
     """Durations of decode iterations whose sequences have gained ``growth[j - 1]`` tokens each by
-    the start of the j-th (speculative decoding: a schedule's, not ``j``)."""
+    the start of the j-th (speculative decoding: a schedule's, not ``j``); the attended context
+    grows by ``rate`` per token (default: ``batch``)."""
     base = decode.step_s(batch, context)
-    return tuple((base + decode.per_context_token_s * batch * growth).tolist())
+    return tuple((base + decode.per_context_token_s * (batch if rate is None else rate) * growth).tolist())
 
 
 def scheduled_iterations_to_reach(
-    decode: DecodeCost, batch: int, context: int, budget_s: float, schedule, iteration: int
+    decode: DecodeCost,
+    batch: int,
+    context: float,
+    budget_s: float,
+    schedule,
+    iteration: int,
+    rate: float | None = None,
 ) -> int:
     """:func:`iterations_to_reach` for the iterations after ``iteration`` under a speculative
     ``schedule`` (``sim.engine.speculation.TokenSchedule``): smallest ``k >= 1`` whose first ``k``
@@ -89,9 +108,10 @@ def scheduled_iterations_to_reach(
     if budget_s == float("inf"):
         return UNBOUNDED_STEPS
     base = decode.step_s(batch, context)
+    per_token = decode.per_context_token_s * (batch if rate is None else rate)
     window = 64
     while True:
-        durations = base + decode.per_context_token_s * batch * schedule.starts(iteration, window)
+        durations = base + per_token * schedule.starts(iteration, window)
         elapsed = np.cumsum(durations)
         if elapsed[-1] >= budget_s:
             return int(np.searchsorted(elapsed, budget_s, side="left")) + 1
@@ -110,11 +130,13 @@ class JumpTimeline:
     extra: int
     decode: DecodeCost
     batch: int
-    context: int
+    context: float
     durations: tuple[float, ...] | None = None
     # Speculative decoding: tokens each sequence has gained by the start of each iteration after the
     # first (else one per iteration); ``durations`` then lists every iteration.
     growth: tuple[float, ...] | None = None
+    # Attention windows: what the attended context grows by per token (else ``batch``).
+    rate: float | None = None
 
     def after_first_s(self, steps: int) -> float:
         """Time of the first ``steps`` iterations after iteration 1."""
@@ -122,7 +144,7 @@ class JumpTimeline:
             return 0.0
         if self.durations is not None:
             return sum(self.durations[:steps])
-        return decode_series_s(self.decode, steps, self.batch, self.context)
+        return decode_series_s(self.decode, steps, self.batch, self.context, self.rate)
 
     def elapsed_s(self, iterations: int) -> float:
         """From the start of iteration 1 to the end of iteration ``iterations`` (0: the start)."""
@@ -141,7 +163,7 @@ class JumpTimeline:
             return sum(g * d for g, d in zip(self.growth[:steps], self.durations[:steps], strict=True))
         if self.durations is not None:
             return sum(j * d for j, d in enumerate(self.durations[:steps], start=1))
-        return decode_token_weight_s(self.decode, steps, self.batch, self.context)
+        return decode_token_weight_s(self.decode, steps, self.batch, self.context, self.rate)
 
     def iterations_ended_before(self, elapsed_s: float) -> int:
         """How many of the jump's iterations end strictly before ``elapsed_s`` (from its start); the

@@ -79,7 +79,7 @@ class IterationCost:
         self.costs = costs
         self.linear: LinearIterationCost | None = costs.linear_iteration
 
-    def duration(self, decode_batch: int, sum_context: int, chunks: list[tuple[int, int]]) -> float:
+    def duration(self, decode_batch: int, sum_context: float, chunks: list[tuple[int, int]]) -> float:
         """Compute time of one iteration: ``decode_batch`` sequences decoding over ``sum_context``
         tokens, plus prefill ``chunks`` of ``(tokens, start position)``. Every iteration's time comes
         from here, except runs of decode-only ones (a closed-form series of the same ``step_s``)."""
@@ -180,6 +180,8 @@ class JumpPlanner:
         safe = UNLIMITED if sequences == 0 else room // (sequences * self.block_size) * self.block_size
         safe //= self.tokens_per_iteration
         limit = min(limit, max(safe, clock.iteration_needing(clock.next_flush()) - clock.iteration - 1))
+        # An attention window filling up changes how the attended context grows: it starts a wake-up.
+        limit = min(limit, clock.iteration_needing(clock.next_crossing()) - clock.iteration - 1)
         if limit <= 0:
             return None
         budget = self.scheduler.prefill_budget(iteration.decoded_seqs)
@@ -210,16 +212,22 @@ class JumpPlanner:
         return Jump(self._now_s, self.clock.iteration, timeline)
 
     def _timeline(
-        self, first_s: float, extra: int, batch: int, context: int, durations: tuple[float, ...] | None = None
+        self,
+        first_s: float,
+        extra: int,
+        batch: int,
+        context: float,
+        durations: tuple[float, ...] | None = None,
     ) -> JumpTimeline:
         schedule = self.clock.schedule
+        rate = self.clock.context_growth()
         if schedule is None:
-            return JumpTimeline(first_s, extra, self.costs.decode, batch, context, durations)
+            return JumpTimeline(first_s, extra, self.costs.decode, batch, context, durations, rate=rate)
         growth = schedule.starts(self.clock.iteration, extra)
         if durations is None:
-            durations = scheduled_durations(self.costs.decode, batch, context, growth)
+            durations = scheduled_durations(self.costs.decode, batch, context, growth, rate)
         return JumpTimeline(
-            first_s, extra, self.costs.decode, batch, context, durations, tuple(growth.tolist())
+            first_s, extra, self.costs.decode, batch, context, durations, tuple(growth.tolist()), rate
         )
 
     def _iterations_until_arrival(self, first_s: float) -> int:
@@ -230,16 +238,13 @@ class JumpPlanner:
             return 0
         context = self.clock.sum_context()
         schedule = self.clock.schedule
+        rate = self.clock.context_growth()
+        batch = self._iteration.decoded_seqs
         if schedule is not None:
             return scheduled_iterations_to_reach(
-                self.costs.decode,
-                self._iteration.decoded_seqs,
-                context,
-                budget_s,
-                schedule,
-                self.clock.iteration,
+                self.costs.decode, batch, context, budget_s, schedule, self.clock.iteration, rate
             )
-        return iterations_to_reach(self.costs.decode, self._iteration.decoded_seqs, context, budget_s)
+        return iterations_to_reach(self.costs.decode, batch, context, budget_s, rate)
 
     def _prefill_jump(
         self, first_s: float, prompts: list[RequestState], budget: int, limit: int
@@ -253,6 +258,8 @@ class JumpPlanner:
         schedule = self.clock.schedule  # (speculation: each iteration grows the context by its tokens)
         first = self.clock.iteration
         start = self.clock.now
+        growth = self.clock.context_growth()  # (attention windows: the attended context's, per token)
+        rate = batch if growth is None else growth
         arrival_s = self.next_arrival_s() - self._now_s
         elapsed_s = first_s
         started_s = 0.0  # when the iteration before the next one started
@@ -280,7 +287,7 @@ class JumpPlanner:
             if left > 0 and self._admission_may_change(seen_s, arrival_s):
                 break
             grown = step if schedule is None else self.clock.first_token_of(first + step) - start
-            durations.append(self.iteration_cost.duration(batch, context + grown * batch, sized))
+            durations.append(self.iteration_cost.duration(batch, context + grown * rate, sized))
             all_chunks.append(chunks)
             started_s = elapsed_s
             elapsed_s += durations[-1]
