@@ -79,3 +79,34 @@ def test_windows_of_the_presets():
     assert attention_windows(resolve_model("Llama-4-Scout-17B-16E")) == ((8192, 0.75),)
     assert attention_windows(resolve_model("Mistral-7B-v0.1")) == ((4096, 1.0),)
     assert attention_windows(resolve_model("Llama-3.1-8B")) == ()
+
+
+def test_prefill_pairs_and_reads_past_the_window_by_hand():
+    from sim.costs.terms import attended_context, attended_pairs, attention_pairs, pairs_past_window
+
+    # queries at positions 2..5 would see 3, 4, 5, 6 keys; a 3-token window: 3, 3, 3, 3 -> 6 left out
+    assert pairs_past_window(4, 2, 3) == 6
+    assert pairs_past_window(4, 2, 6) == 0  # the last query sees exactly the window
+    assert pairs_past_window(4, 0, 2) == (1 + 2) * 2 / 2  # positions 2, 3 see 3, 4 keys: 1 + 2 left out
+    # half the layers windowed: the other half sees every pair (the usual n x (start + n/2) count)
+    assert attended_pairs(4, 2, ((3, 0.5),)) == attention_pairs(4, 2) - 0.5 * 6
+    assert attended_context(10, ((4, 0.5),)) == 10 - 0.5 * 6
+    assert attended_context(3, ((4, 0.5),)) == 3
+
+
+def test_a_windowed_model_prefills_faster_in_every_cost_model():
+    from sim.costs.factory import make_cost_model
+    from sim.hardware.gpus import resolve_gpu
+
+    model = resolve_model("gpt-oss-20b")
+    for kind in ("analytic", "derated"):
+        costs = make_cost_model(kind, model, resolve_gpu("H100-80GB"), block_size=16)
+        # a chunk of 512 tokens after 8,000: the sliding half of the layers sees 128 keys per query
+        windowed = costs.iteration_s(0, 0, [(512, 8000)])
+        costs.attention_windows = ()
+        if costs.linear_iteration is not None:
+            from dataclasses import replace
+
+            linear = costs.linear_iteration
+            costs._linear = replace(linear, prefill=replace(linear.prefill, windows=()))
+        assert windowed < costs.iteration_s(0, 0, [(512, 8000)])

@@ -375,6 +375,7 @@ class AnalyticCostModel(DatasheetCostModel):
             per_chunk_s=0.0,
             per_token_s=self.prefill_per_token_s,
             per_pair_s=self.prefill_per_attention_pair_s,
+            windows=self.attention_windows,
         )
         self._linear = LinearIterationCost(self._decode, prefill)
         self.label = tensor_parallel_label(self.label, self.all_reduce)
@@ -748,6 +749,7 @@ class ProfileCostModel(CostModel):
                 per_chunk_s=c.decode_per_step.per_seq_s * ratios.head,  # its one row of logits
                 per_token_s=layers * p.per_token_s * ratios.weights + self.all_reduce.per_token_s,
                 per_pair_s=layers * p.per_attention_pair_s * ratios.attention,
+                windows=self.attention_windows,
             ),
         )
         self._copy = (copy.intercept_s, copy.per_block_s * ratios.block)

@@ -83,6 +83,8 @@ from sim.costs.terms import (
     DecodeCost,
     ExpertParallelCost,
     RoutedDecodeCost,
+    attended_context,
+    attended_pairs,
     attention_pairs,
     expected_distinct_experts,
 )
@@ -384,7 +386,15 @@ class DeratedCostModel(DatasheetCostModel):
                 + self.decode_attention_per_seq_s * batch_size
                 + self.kv_read_per_token_s * sum_context
             )
+        windows = self.attention_windows
         for num_tokens, start in prefill_chunks:
+            if windows:  # (a windowed layer's queries see, and read, at most its window)
+                seconds += (
+                    self.prefill_attention_fixed_s
+                    + self.prefill_attention_per_pair_s * attended_pairs(num_tokens, start, windows)
+                    + self.kv_read_per_token_s * attended_context(start, windows)
+                )
+                continue
             seconds += (
                 self.prefill_attention_fixed_s
                 + self.prefill_attention_per_pair_s * attention_pairs(num_tokens, start)

@@ -67,15 +67,17 @@ class PrefillCost:
     per_chunk_s: float
     per_token_s: float
     per_pair_s: float
+    # Sliding-window and chunked-local layers (``CostModel.attention_windows``): their queries see at
+    # most a window of keys.
+    windows: tuple[tuple[int, float], ...] = ()
 
     def chunk_s(self, num_tokens: int, start_pos: int) -> float:
         if num_tokens <= 0:
             return 0.0
-        return (
-            self.per_chunk_s
-            + self.per_token_s * num_tokens
-            + self.per_pair_s * attention_pairs(num_tokens, start_pos)
-        )
+        pairs = attention_pairs(num_tokens, start_pos)
+        if self.windows:
+            pairs = attended_pairs(num_tokens, start_pos, self.windows)
+        return self.per_chunk_s + self.per_token_s * num_tokens + self.per_pair_s * pairs
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,35 @@ def attention_pairs(num_tokens: int, start_pos: int) -> float:
     ``n * (start + (n + 1) / 2)``. The analytic model and the fitted profiles use ``n * (start + n / 2)``,
     which differs by ``n / 2`` pairs, a rounding at the chunk sizes that matter."""
     return num_tokens * (start_pos + num_tokens / 2)
+
+
+def pairs_past_window(num_tokens: int, start_pos: int, window: int) -> float:
+    """(query, key) pairs of a causal chunk that a ``window``-token sliding window leaves out: query
+    ``i`` at position ``start + i`` would see ``start + i + 1`` keys and sees at most ``window``."""
+    last = start_pos + num_tokens  # keys the chunk's last query would see
+    if last <= window:
+        return 0.0
+    first_over = max(start_pos + 1, window + 1)
+    return (first_over - window + last - window) * (last - first_over + 1) / 2
+
+
+def attended_pairs(num_tokens: int, start_pos: int, windows: tuple[tuple[int, float], ...]) -> float:
+    """:func:`attention_pairs` averaged over the attention layers, each window's share of them seeing
+    at most its window of keys (``CostModel.attention_windows``)."""
+    pairs = attention_pairs(num_tokens, start_pos)
+    for window, share in windows:
+        pairs -= share * pairs_past_window(num_tokens, start_pos, window)
+    return pairs
+
+
+def attended_context(tokens: int, windows: tuple[tuple[int, float], ...]) -> float:
+    """``tokens`` of K/V read, averaged over the attention layers (a windowed layer reads at most its
+    window of them)."""
+    attended = float(tokens)
+    for window, share in windows:
+        if tokens > window:
+            attended -= share * (tokens - window)
+    return attended
 
 
 # --------------------------------------------------------------------------------------------------
