@@ -69,7 +69,7 @@ def test_every_validation_yaml_loads(claims):
         for target in claim.spec.targets:
             assert target.not_reproducible or target.tolerance is not None
     fast = {claim.spec.number for claim in claims.values() if claim.spec.fast}
-    assert fast == {"1", "2", "5", "7", "cap", "cap-hybrid", "c1", "sd1", "sd2"}
+    assert fast == {"1", "2", "5", "7", "cap", "cap-hybrid", "c1", "g1", "g2", "sd1", "sd2"}
 
 
 def test_claims_run_in_issue_order(claims):
@@ -93,6 +93,8 @@ def test_claims_run_in_issue_order(claims):
         "cap",
         "cap-hybrid",
         "d1",
+        "g1",
+        "g2",
         "r1",
         "sd1",
         "sd2",

@@ -68,7 +68,14 @@ class Check:
 
 CHECKS: dict[str, Check] = {}
 
-CHECK_MODULES = ("checks_costs", "checks_disaggregation", "checks_replays", "checks_seeds", "checks_vllm")
+CHECK_MODULES = (
+    "checks_costs",
+    "checks_disaggregation",
+    "checks_replays",
+    "checks_seeds",
+    "checks_transfer",
+    "checks_vllm",
+)
 """The modules whose import registers their checks in :data:`CHECKS`."""
 
 
