@@ -372,10 +372,25 @@ class PreparedVariant:
     """Speculative decoding's draft: the weights and per-token KV it adds to the pool's sizing."""
 
     def capacity_lines(self) -> list[str]:
-        """vLLM's start-up lines for this pool (a hybrid pool's when a hybrid allocator runs)."""
+        """vLLM's start-up lines for this pool (a hybrid pool's when a hybrid allocator runs), and what
+        speculative decoding takes of it."""
         if self.hybrid is not None:
             return self.hybrid.capacity.capacity_lines()
-        return self.capacity.capacity_lines(self.max_model_len)
+        lines = self.capacity.capacity_lines(self.max_model_len)
+        speculative, draft = self.speculative, self.draft
+        if speculative is not None and draft is not None:
+            footprint = (
+                f": {draft.weight_bytes / GIB:.2f} GiB of weights, {draft.kv_bytes_per_token:,} B of KV per "
+                "token (in the size above)"
+                if draft.weight_bytes or draft.kv_bytes_per_token
+                else ""
+            )
+            lines.append(
+                f"Speculative decoding: {speculative.method}, k={speculative.num_speculative_tokens}, mean "
+                f"acceptance length {speculative.acceptance.mean_acceptance_length:.2f}; {draft.description}"
+                f"{footprint}; {speculative.lookahead_slots} lookahead slots per decoding request"
+            )
+        return lines
 
     def new_kv(self) -> KVCachePolicy | KVCoordinator:
         """A fresh instance of this variant's KV memory (one more replica's)."""
