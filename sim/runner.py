@@ -51,7 +51,13 @@ from sim.hardware.draft import Draft, draft_for
 from sim.hardware.gpus import GpuSpec, resolve_gpu
 from sim.hardware.hybrid_capacity import vllm_hybrid_kv_capacity
 from sim.hardware.models import ModelSpec, expert_parallel_problems, expert_parallel_size, resolve_model
-from sim.kv.allocators import HybridLayout, is_hybrid_allocator
+from sim.kv.allocators import (
+    HybridLayout,
+    SGLangHybridLayout,
+    hybrid_allocator_options,
+    is_hybrid_allocator,
+    sglang_hybrid_layout,
+)
 from sim.kv.coordinator import KVCoordinator
 from sim.native import engine_build
 from sim.offload import OffloadConfig, host_load_seconds, host_tier_blocks, host_tier_summary
@@ -364,7 +370,7 @@ class PreparedVariant:
     replica_count: int = 1
     lockstep: bool = False
     """Expert parallelism: the engine (or each data-parallel rank) steps on a shared step clock."""
-    hybrid: HybridLayout | None = None
+    hybrid: HybridLayout | SGLangHybridLayout | None = None
     """A hybrid allocator's pool (``sim/kv/allocators.py``); None for a single-group policy."""
     speculative: SpeculativeDecoding | None = None
     """``engine.speculative`` resolved (its acceptance read, its lookahead slots); None without."""
@@ -631,8 +637,9 @@ def _hybrid_layout(
     capacity: KVCapacity,
     max_model_len: int,
     key: Callable[[str], str],
-) -> HybridLayout:
-    """A hybrid allocator's pool from the memory the sizing left for KV, as vLLM groups the layers."""
+) -> HybridLayout | SGLangHybridLayout:
+    """A hybrid allocator's pool from the memory the sizing left for KV, as vLLM groups the layers
+    (sglang-hybrid: as SGLang splits it into its two pools)."""
     where = f"variants.{index}.policy"
     problems = []
     if config.offload_for(variant) is not None:
@@ -645,7 +652,21 @@ def _hybrid_layout(
         problems.append(f"{key('preemption_mode')}: {variant.policy} preempts by recompute only")
     if problems:
         raise ConfigError("\n".join(problems))
+    prefill_tokens = (
+        engine_config.max_num_batched_tokens if engine_config.enable_chunked_prefill else max_model_len
+    )
     try:
+        if variant.policy == "sglang-hybrid":
+            return sglang_hybrid_layout(
+                model,
+                capacity.available_kv_bytes,
+                max_model_len=max_model_len,
+                prefill_tokens=min(prefill_tokens, max_model_len),
+                kv_cache_dtype=engine_config.kv_cache_dtype,
+                tensor_parallel_size=engine_config.tensor_parallel_size,
+                overlap=engine_config.async_scheduling,
+                **variant.options,
+            )
         hybrid = vllm_hybrid_kv_capacity(
             model,
             capacity.available_kv_bytes,
@@ -659,9 +680,6 @@ def _hybrid_layout(
         )
     except ValueError as error:
         raise ConfigError(f"{where}: {variant.policy}: {error}") from None
-    prefill_tokens = (
-        engine_config.max_num_batched_tokens if engine_config.enable_chunked_prefill else max_model_len
-    )
     return HybridLayout(hybrid, max_model_len, min(prefill_tokens, max_model_len))
 
 
@@ -860,7 +878,7 @@ def unknown_options_error(policy_name: str, options: Mapping[str, object]) -> st
 def policy_options(name: str) -> list[str]:
     """The options a policy takes (its constructor's keyword arguments after the pool)."""
     if is_hybrid_allocator(name):
-        return []
+        return list(hybrid_allocator_options(name))
     # The class's signature, not its __init__'s: a compiled class's __init__ shows only *args, **kwargs.
     return list(inspect.signature(policy_class(name)).parameters)[1:]
 
@@ -1375,8 +1393,13 @@ def pin_prefixes(policy: KVCachePolicy, prefixes: list[TokenContent]) -> int:
         raise ConfigError(f"pin_shared_prefixes: {error}") from None
 
 
-def _ratio(numerator: float, denominator: float) -> float | None:
-    return float(numerator) / float(denominator) if denominator else None
+def _tokens_per_decode_step(finished: pd.DataFrame) -> float | None:
+    """Tokens a decode step gave the finished requests, on average over their steps (None without
+    steps, or for a table without the step columns: one read back from an older run)."""
+    if "decode_steps" not in finished or "decode_step_tokens" not in finished:
+        return None
+    steps = float(finished["decode_steps"].sum())
+    return float(finished["decode_step_tokens"].sum()) / steps if steps else None
 
 
 def summarize(
@@ -1434,9 +1457,7 @@ def summarize(
         "ttft_p50_s": _percentile(finished["ttft_s"], 50),
         "ttft_p99_s": _percentile(finished["ttft_s"], 99),
         "tpot_p50_s": _percentile(finished["tpot_s"], 50),
-        "tokens_per_decode_step": _ratio(
-            finished["decode_step_tokens"].sum(), finished["decode_steps"].sum()
-        ),
+        "tokens_per_decode_step": _tokens_per_decode_step(finished),
         "e2e_p50_s": _percentile(finished["e2e_s"], 50),
         "e2e_p99_s": _percentile(finished["e2e_s"], 99),
         "iterations": engine.counters.iterations,

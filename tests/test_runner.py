@@ -71,8 +71,12 @@ def test_summary_of_a_hand_made_table():
             "ttft_s": [1.0, 2.0, 4.0, 3.0, NAN, NAN, 0.5],
             "tpot_s": [0.5, 0.25, 1.0, NAN, NAN, NAN, 9.0],
             "e2e_s": [6.0, 3.0, 7.0, 3.0, NAN, NAN, NAN],
+            # decode steps and their tokens (speculative decoding: several tokens a step)
+            "decode_steps": [9, 2, 3, 0, 0, 0, 4],
+            "decode_step_tokens": [9, 4, 3, 0, 0, 0, 6],
         }
     )
+    # Tokens per decode step of the finished ones: (9 + 4 + 3) / (9 + 2 + 3) = 16 / 14.
     # Output tokens of finished requests: 10 x 1 + 5 x 2 + 4 x 3 + 1 x 1 = 33, over 8 s: 4.125/s.
     # TTFT 1, 2, 3, 4: p50 at rank 1.5 -> 2.5; p99 at rank 2.97 -> 3 + 0.97 = 3.97.
     # TPOT 0.25, 0.5, 1.0 (the 1-token request has none): p50 0.5.
@@ -112,6 +116,7 @@ def test_summary_of_a_hand_made_table():
         "ttft_p50_s": 2.5,
         "ttft_p99_s": pytest.approx(3.97, rel=1e-12),
         "tpot_p50_s": 0.5,
+        "tokens_per_decode_step": 16 / 14,
         "e2e_p50_s": 4.5,
         "e2e_p99_s": pytest.approx(6.97, rel=1e-12),
         "iterations": 9,

@@ -16,14 +16,24 @@ every aggregate stays exact and each costs O(1) per event."""
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from sim.engine.decoding import RequestState
+from typing import Protocol
 
 NEVER = 1 << 62
 
-_Crossing = tuple[int, int, int, int, "RequestState"]  # (clock, admission, version, window index, request)
+
+class WindowedRequest(Protocol):
+    """What the windows read of a decoding request (``sim.engine.decoding.RequestState``)."""
+
+    seq_ids: list[int]
+    context: int
+    synced_clock: int
+    admission: int
+    end_version: int
+    decoding: bool
+    windows_held: int
+
+
+_Crossing = tuple[int, int, int, int, WindowedRequest]  # (clock, admission, version, window index, request)
 
 
 class AttendedWindows:
@@ -37,7 +47,7 @@ class AttendedWindows:
         self.above = [0] * count  # sequences holding the whole window
         self._crossings: list[_Crossing] = []
 
-    def add(self, state: RequestState, now: int) -> None:
+    def add(self, state: WindowedRequest, now: int) -> None:
         """``state`` starts decoding at clock ``now`` (synced there, its entry version set)."""
         width = len(state.seq_ids)
         tokens = state.context + now - state.synced_clock
@@ -53,7 +63,7 @@ class AttendedWindows:
                 crossing = now + window - tokens + 1
                 heapq.heappush(self._crossings, (crossing, state.admission, state.end_version, index, state))
 
-    def remove(self, state: RequestState) -> None:
+    def remove(self, state: WindowedRequest) -> None:
         width = len(state.seq_ids)
         for index in range(len(self.sizes)):
             if state.windows_held >> index & 1:
