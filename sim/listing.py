@@ -206,8 +206,10 @@ def policies_table() -> str:
 
     hybrid_doc = (allocators.__doc__ or source_docstring(allocators)).strip().split("\n\n")
     for name in allocators.HYBRID_ALLOCATORS:
-        summary = " ".join(hybrid_doc[1].split()).removeprefix(f"``{name}``: ")
-        blocks.append(f"{name}\n  {summary}\n  options: none")
+        paragraph = next(part for part in hybrid_doc if part.startswith(f"``{name}``: "))
+        summary = " ".join(paragraph.split()).removeprefix(f"``{name}``: ")
+        names = ", ".join(allocators.hybrid_allocator_options(name)) or "none"
+        blocks.append(f"{name}\n  {summary}\n  options: {names}")
     return "\n\n".join(blocks) + "\n\nIn a config: variants: [{name: NAME, policy: POLICY, options: {...}}]."
 
 

@@ -7,6 +7,13 @@ policies (``policies/``), so the same stream can be replayed on both, side by si
   layers of one kind), every group drawing blocks of one page size from one pool of
   ``num_gpu_blocks`` blocks, each group released by its kind's rule (``policies/hybrid/``).
 
+``sglang-hybrid``: SGLang's hybrid SWA memory without its radix cache (``--disable-radix-cache``):
+  two token pools of their own (``SWAKVPool``), sized as SGLang sizes them
+  (``sim/hardware/sglang_hybrid_capacity.py``, option ``swa_full_tokens_ratio``, default 0.8, and
+  ``page_size``, default 1): the full-attention pool holds every token, the SWA pool what
+  ``policies/hybrid/sglang_sliding_window.py`` says. An admission or a step needs room in both.
+  A slot there is one token of one pool's layers (the summary counts both pools' slots).
+
 A *slot* of a hybrid pool is one token in one group: ``group_size`` layers' K and V (a Mamba group's
 block holds one request's state instead). The pool's slots are ``num_gpu_blocks x block_size``; the
 breakdown sums to them, each group's part and the free blocks apart.
@@ -22,18 +29,39 @@ from policies.hybrid.chunked_local import ChunkedLocalGroup
 from policies.hybrid.full import FullAttentionGroup
 from policies.hybrid.group import GroupManager
 from policies.hybrid.mamba import MambaGroup
+from policies.hybrid.sglang_sliding_window import SGLangSlidingWindowGroup
 from policies.hybrid.sliding_window import SlidingWindowGroup
 from sim.hardware.hybrid_capacity import HybridKVCapacity
 from sim.hardware.layers import ChunkedLocal, FullAttention, LayerKind, SlidingWindow
+from sim.hardware.models import ModelSpec
+from sim.hardware.sglang_hybrid_capacity import (
+    DEFAULT_SWA_FULL_TOKENS_RATIO,
+    SGLangHybridCapacity,
+    sglang_hybrid_kv_capacity,
+)
 from sim.kv.coordinator import KVCoordinator, KVGroup, make_coordinator
 
-__all__ = ["HYBRID_ALLOCATORS", "HybridLayout", "is_hybrid_allocator"]
+__all__ = [
+    "HYBRID_ALLOCATORS",
+    "HybridLayout",
+    "SGLangHybridLayout",
+    "hybrid_allocator_options",
+    "is_hybrid_allocator",
+    "sglang_hybrid_layout",
+]
 
-HYBRID_ALLOCATORS = ("vllm-hybrid",)
+HYBRID_ALLOCATORS = ("vllm-hybrid", "sglang-hybrid")
+
+_OPTIONS: dict[str, tuple[str, ...]] = {"sglang-hybrid": ("swa_full_tokens_ratio", "page_size")}
 
 
 def is_hybrid_allocator(name: str) -> bool:
     return name in HYBRID_ALLOCATORS
+
+
+def hybrid_allocator_options(name: str) -> tuple[str, ...]:
+    """The ``options`` a hybrid allocator takes."""
+    return _OPTIONS.get(name, ())
 
 
 @dataclass(frozen=True)
@@ -92,3 +120,80 @@ def _manager(kind: LayerKind, spec: PoolSpec, shared: SharedBlockPool, prefill_t
     if isinstance(kind, ChunkedLocal):
         return ChunkedLocalGroup(spec, shared, prefill_tokens, kind.chunk)
     return MambaGroup(spec, shared, prefill_tokens)
+
+
+@dataclass(frozen=True)
+class SGLangHybridLayout:
+    """SGLang's two pools (``sim/hardware/sglang_hybrid_capacity.py``) and how to build one replica's
+    groups over them: the full-attention group over the full pool, the sliding-window group over the
+    SWA pool, pages of ``page_size`` tokens in both."""
+
+    capacity: SGLangHybridCapacity
+    max_model_len: int
+    prefill_tokens: int
+    """The most prompt tokens one iteration computes for one request (SGLang's chunked prefill size)."""
+    overlap: bool = False
+    """SGLang's overlap scheduler (kvsim's async scheduling): one more prefill chunk in the SWA pool."""
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of one slot: one token of one pool's layers (both pools have as many layers)."""
+        return self.capacity.layer_bytes * self.capacity.full_layers
+
+    @property
+    def pool(self) -> PoolSpec:
+        """Both pools as one policy's pool spec: their slots together."""
+        capacity = self.capacity
+        return PoolSpec(
+            capacity.full_tokens + capacity.swa_tokens,
+            capacity.page_size,
+            self.max_model_len,
+            self.slot_bytes,
+        )
+
+    def make_coordinator(self) -> KVCoordinator:
+        """One replica's two groups, each over a pool of its own."""
+        capacity, spec = self.capacity, self.pool
+        page = capacity.page_size
+        full_pool = SharedBlockPool(capacity.full_tokens // page, page)
+        swa_pool = SharedBlockPool(capacity.swa_tokens // page, page)
+        full = FullAttentionGroup(spec, full_pool, self.prefill_tokens)
+        swa = SGLangSlidingWindowGroup(spec, swa_pool, self.prefill_tokens, capacity.window, self.overlap)
+        return make_coordinator(
+            [
+                KVGroup(FullAttention().label, full, self.slot_bytes),
+                KVGroup(SlidingWindow(capacity.window).label, swa, self.slot_bytes),
+            ]
+        )
+
+
+def sglang_hybrid_layout(
+    model: ModelSpec | str,
+    available_kv_bytes: int,
+    *,
+    max_model_len: int,
+    prefill_tokens: int,
+    kv_cache_dtype: str = "auto",
+    tensor_parallel_size: int = 1,
+    overlap: bool = False,
+    swa_full_tokens_ratio: float = DEFAULT_SWA_FULL_TOKENS_RATIO,
+    page_size: int = 1,
+) -> SGLangHybridLayout:
+    """``sglang-hybrid``'s layout from the bytes left for KV; ``ValueError`` (naming the option) for
+    what it cannot run."""
+    capacity = sglang_hybrid_kv_capacity(
+        model,
+        available_kv_bytes,
+        swa_full_tokens_ratio=swa_full_tokens_ratio,
+        page_size=page_size,
+        kv_cache_dtype=kv_cache_dtype,
+        tensor_parallel_size=tensor_parallel_size,
+    )
+    if capacity.full_layers != capacity.swa_layers:
+        # (A slot of either pool must be the same bytes: the summary counts one size of slot.)
+        raise ValueError(
+            f"{capacity.model} has {capacity.full_layers} full-attention and {capacity.swa_layers} sliding-window "
+            "layers: sglang-hybrid runs models with as many of each (gpt-oss; SGLang's hybrid SWA models). "
+            "Size the pools with sim.hardware.sglang_hybrid_capacity, or use policy vllm-hybrid"
+        )
+    return SGLangHybridLayout(capacity, max_model_len, prefill_tokens, overlap)
