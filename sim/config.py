@@ -581,7 +581,8 @@ class VariantConfig(_Strict):
     name: str = Field(description="The variant's folder and label (letters, digits, -, _, .).")
     policy: str = Field(
         description="A policy name (see `kvsim policies`): contiguous, paged, prefix, radix; or a hybrid "
-        "allocator for models with sliding-window, chunked-local or Mamba layers: vllm-hybrid."
+        "allocator for models with sliding-window, chunked-local or Mamba layers: vllm-hybrid, "
+        "sglang-hybrid (sliding-window and full-attention layers)."
     )
     options: dict[str, Any] = Field(default_factory=dict, description="Policy options, e.g. reservation.")
     engine: dict[str, Any] = Field(default_factory=dict, description="Overrides of the engine section.")

@@ -132,8 +132,8 @@ def policy_name_for(variant: VariantConfig, engine: EngineConfig) -> str:
         )
     if engine.enable_prefix_caching and is_hybrid_allocator(variant.policy):
         raise ConfigError(
-            f"variant {variant.name!r}: policy {variant.policy!r} has no prefix cache yet (vLLM's hybrid manager "
-            "with prefix caching is not modelled); set enable_prefix_caching: false"
+            f"variant {variant.name!r}: policy {variant.policy!r} has no prefix cache yet (a hybrid "
+            "allocator's prefix caching is not modelled); set enable_prefix_caching: false"
         )
     if engine.enable_prefix_caching and variant.policy == "contiguous":
         raise ConfigError(f"variant {variant.name!r}: the contiguous policy has no prefix cache")

@@ -47,6 +47,7 @@ MODULES = (
     "policies.hybrid.full",
     "policies.hybrid.group",
     "policies.hybrid.mamba",
+    "policies.hybrid.sglang_sliding_window",
     "policies.hybrid.sliding_window",
     "policies.contiguous",
     "policies.paged",
