@@ -23,6 +23,7 @@ from sim.hardware.sglang_hybrid_capacity import sglang_hybrid_kv_capacity
 from sim.kv.allocators import sglang_hybrid_layout
 from sim.kv.coordinator import KVGroup, make_coordinator
 from sim.runner import prepare_experiment, run_experiment
+from tests.test_hybrid_runs import config as hybrid_config
 
 BREAKDOWN = [
     "used_tokens",
@@ -282,28 +283,8 @@ def test_random_operations_keep_both_pools_whole_and_follow_sglangs_rule(window,
 
 # -- end to end ------------------------------------------------------------------------------------------
 def config(variants: list[dict], **engine) -> dict:
-    return {
-        "name": "sglang-hybrid",
-        "seed": 3,
-        "model": "gpt-oss-20b",
-        "gpu": "H100-80GB",
-        "engine": {
-            "block_size": 16,
-            "max_model_len": 16384,
-            "max_num_batched_tokens": 8192,
-            "enable_prefix_caching": False,
-            "kv_cache_memory_bytes": 1_500_000_000,
-            **engine,
-        },
-        "cost_model": "analytic",
-        "workload": {
-            "num_requests": 120,
-            "arrival": {"kind": "poisson", "rate_per_s": 20},
-            "prompt_len": {"kind": "uniform", "low": 1000, "high": 6000},
-            "output_len": {"kind": "uniform", "low": 50, "high": 400},
-        },
-        "variants": variants,
-    }
+    """The hybrid runs' experiment (tests/test_hybrid_runs.py) on gpt-oss-20b."""
+    return hybrid_config("gpt-oss-20b", variants, **engine)
 
 
 PAGED = {"name": "paged", "policy": "paged"}

@@ -141,6 +141,30 @@ class CostModel(ABC):
         """Moving ``num_blocks`` KV blocks between host and device memory, one direction."""
 
 
+class WrappedCostModel(CostModel):
+    """A cost model made from another (``inner``) by changing some of its times: what describes it
+    (label, measured, error band, the client-side overhead, expert parallelism, attention windows)
+    starts as the inner model's, and anything else read off it (its GPU, its KV bytes per token) is
+    the inner model's. Subclasses set their decode and linear terms."""
+
+    def __init__(self, inner: CostModel):
+        self.inner = inner
+        self.label = inner.label
+        self.measured = inner.measured
+        self.error_band = inner.error_band
+        self.request_overhead_s = inner.request_overhead_s
+        self.expert_parallel = inner.expert_parallel
+        self.attention_windows = inner.attention_windows
+
+    def __getattr__(self, name: str) -> object:
+        # (Only for names the wrapper does not have: what the runner and reports read off a cost
+        # model beyond the interface. Not its own wiring, nor dunder lookups such as unpickling's,
+        # which come before ``inner`` exists.)
+        if name == "inner" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
 class CostModelError(ValueError):
     """A cost model cannot be built: a missing or invalid profile, or a model mismatch."""
 

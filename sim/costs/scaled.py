@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import fields, is_dataclass, replace
 from typing import TypeVar
 
-from sim.costs.core import CostModel
+from sim.costs.core import CostModel, WrappedCostModel
 from sim.costs.terms import DecodeCost, LinearIterationCost
 
 Cost = TypeVar("Cost")
@@ -38,19 +38,15 @@ def scaled_times(cost: Cost, factor: float) -> Cost:
     return replace(cost, **changes)  # type: ignore[type-var]
 
 
-class ScaledCostModel(CostModel):
+class ScaledCostModel(WrappedCostModel):
     """``inner`` with every GPU-side time multiplied by ``time_scale`` (see the module docstring)."""
 
     def __init__(self, inner: CostModel, time_scale: float):
         if time_scale <= 0:
             raise ValueError(f"time_scale must be positive, got {time_scale}")
-        self.inner = inner
+        super().__init__(inner)
         self.time_scale = time_scale
         self.label = f"{inner.label}; GPU times x{time_scale:g}"
-        self.measured = inner.measured
-        self.error_band = inner.error_band
-        self.request_overhead_s = inner.request_overhead_s
-        self.attention_windows = inner.attention_windows
         linear = inner.linear_iteration
         self._linear = scaled_times(linear, time_scale) if linear is not None else None
         self._scaled_decode: DecodeCost = scaled_times(inner.decode, time_scale)
@@ -86,8 +82,3 @@ class ScaledCostModel(CostModel):
 
     def swap_blocks_s(self, num_blocks: float) -> float:
         return self.inner.swap_blocks_s(num_blocks)
-
-    def __getattr__(self, name: str) -> object:
-        # What the runner and reports read off a cost model beyond the interface (its GPU, its
-        # all-reduce description, its KV bytes per token) is the inner model's.
-        return getattr(self.inner, name)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sim.costs.core import CostModel
+from sim.costs.core import CostModel, WrappedCostModel
 from sim.costs.terms import DecodeCost, LinearIterationCost, RoutedDecodeCost
 
 
@@ -64,19 +64,14 @@ def _drafts_s(costs: CostModel, batch: int, num_speculative_tokens: int) -> floa
     return max(0.0, verified - single)
 
 
-class SpeculativeCostModel(CostModel):
+class SpeculativeCostModel(WrappedCostModel):
     """The target's cost model with its decode step replaced by the speculative step; prefill, copies
     and swaps are the target's."""
 
     def __init__(self, target: CostModel, step: DecodeCost, describe: str):
-        self.target = target
+        super().__init__(target)
         self._decode = step
         self.label = f"{target.label} + speculative decoding ({describe})"
-        self.measured = target.measured
-        self.error_band = target.error_band
-        self.request_overhead_s = target.request_overhead_s
-        self.expert_parallel = target.expert_parallel
-        self.attention_windows = target.attention_windows
         linear = target.linear_iteration
         self._linear = None if linear is None else LinearIterationCost(step, linear.prefill)
 
@@ -85,11 +80,11 @@ class SpeculativeCostModel(CostModel):
         return self._decode
 
     def prefill_s(self, num_tokens: int, start_pos: int) -> float:
-        return self.target.prefill_s(num_tokens, start_pos)
+        return self.inner.prefill_s(num_tokens, start_pos)
 
     @property
     def prefill_fixed_s(self) -> float:
-        return self.target.prefill_fixed_s
+        return self.inner.prefill_fixed_s
 
     def iteration_s(
         self, batch_size: int, sum_context: float, prefill_chunks: Sequence[tuple[int, int]] = ()
@@ -102,7 +97,7 @@ class SpeculativeCostModel(CostModel):
         return self._decode.with_prefill_s(batch_size, sum_context, self.prefill_fixed_s, chunks_s)
 
     def copy_blocks_s(self, num_blocks: int) -> float:
-        return self.target.copy_blocks_s(num_blocks)
+        return self.inner.copy_blocks_s(num_blocks)
 
     def swap_blocks_s(self, num_blocks: float) -> float:
-        return self.target.swap_blocks_s(num_blocks)
+        return self.inner.swap_blocks_s(num_blocks)
