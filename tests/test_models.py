@@ -29,6 +29,7 @@ KV_BYTES_PER_TOKEN = {
     "Llama-2-70B": 2 * 80 * 8 * 128 * 2,  # 327,680 = 320 KiB
     "Llama-3.1-8B": 2 * 32 * 8 * 128 * 2,  # 131,072 = 128 KiB
     "Llama-3.1-70B": 2 * 80 * 8 * 128 * 2,  # 327,680
+    "Llama-3.2-1B": 2 * 16 * 8 * 64 * 2,  # 32,768
     "Mistral-7B-v0.1": 2 * 32 * 8 * 128 * 2,  # 131,072
     "Qwen2.5-7B": 2 * 28 * 4 * 128 * 2,  # 57,344 = 56 KiB
     "Qwen2.5-72B": 2 * 80 * 8 * 128 * 2,  # 327,680
@@ -137,6 +138,7 @@ PUBLISHED_PARAMS = {
     "Llama-2-70B": 69.0e9,
     "Llama-3.1-8B": 8.03e9,
     "Llama-3.1-70B": 70.6e9,
+    "Llama-3.2-1B": 1.24e9,  # model card: 1.23B; safetensors total 1,235,814,400 (embedding tied)
     "Mistral-7B-v0.1": 7.24e9,
     "Qwen2.5-7B": 7.61e9,
     "Qwen2.5-72B": 72.7e9,

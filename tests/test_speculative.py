@@ -340,3 +340,19 @@ def test_summary_says_what_speculation_ran_and_costs(tmp_path):
     # EAGLE-3's head: one Llama-3.1-8B layer (218,112,128 params) and a 32,000 x 4,096 LM head, bf16
     assert speculative["draft_weight_bytes"] == (218_112_128 + 32_000 * 4_096) * 2
     assert speculative["kv_bytes_per_token"] == plain["kv_bytes_per_token"] + 4096
+
+
+def test_draft_model_sizes_from_its_preset():
+    from sim.hardware.draft import draft_for
+    from sim.hardware.models import resolve_model
+
+    # Llama-3.2-1B: 1,235,814,400 params at 2 B; 16 layers x 8 KV heads x 64 x (K, V) x 2 B per token
+    draft = draft_for("draft_model", resolve_model("Llama-3.1-8B"), draft_model="Llama-3.2-1B")
+    assert (draft.weight_bytes, draft.kv_bytes_per_token) == (1_235_814_400 * 2, 16 * 8 * 64 * 2 * 2)
+    # its own decode step prices each draft step: a 1B model's weights, not the target's
+    assert draft.step_shapes is not None and draft.step_shapes.num_layers == 16
+    # tensor parallelism splits the draft like the target (vLLM runs the draft model at the target's TP)
+    split = draft_for(
+        "draft_model", resolve_model("Llama-3.1-8B"), draft_model="Llama-3.2-1B", tensor_parallel_size=2
+    )
+    assert split.kv_bytes_per_token == 16 * 4 * 64 * 2 * 2

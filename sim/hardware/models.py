@@ -742,6 +742,25 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         num_params=70_553_706_496,
         max_position_embeddings=131072,
     ),
+    # meta-llama/Llama-3.2-1B config.json: 16 layers, hidden 2048, 32 heads, 8 KV heads (head_dim 64),
+    # intermediate 8192, vocab 128256, max_position_embeddings 131072, tie_word_embeddings true.
+    # 1,235,814,400 params: 16 x (attention 10,485,760 + MLP 50,331,648 + norms 4,096) + the tied
+    # embedding 262,668,288 + the final norm 2,048 ("1.23B"). The usual speculative draft for Llama 3.1
+    # (engine.speculative.draft_model). Checked: apple/axlearn's Llama-3 parameter-conversion test
+    # ("based on https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json"); a llama3
+    # options serializer test's config copy (head_dim 64).
+    "Llama-3.2-1B": _preset(
+        name="Llama-3.2-1B",
+        num_layers=16,
+        hidden_size=2048,
+        num_attention_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        intermediate_size=8192,
+        vocab_size=128256,
+        num_params=1_235_814_400,
+        max_position_embeddings=131072,
+    ),
     # mistralai/Mistral-7B-v0.1 config.json: 32 layers, hidden 4096, 32 heads, 8 KV heads,
     # intermediate 14336, vocab 32000, max_position_embeddings 32768, sliding_window 4096 on every
     # layer (no layer_types: vLLM sets CacheConfig.sliding_window for an all-sliding model), bfloat16.
@@ -1226,6 +1245,7 @@ MODEL_PRESETS["Qwen3-30B-A3B-Instruct-2507"] = replace(
 _PRESET_ALIASES: dict[str, str] = {
     "mistral-7b": "Mistral-7B-v0.1",
     "llama-3.1-8b": "Llama-3.1-8B",
+    "llama-3.2-1b": "Llama-3.2-1B",
     "llama3.1-8b": "Llama-3.1-8B",
     "llama-3.1-70b": "Llama-3.1-70B",
     "llama3.1-70b": "Llama-3.1-70B",
