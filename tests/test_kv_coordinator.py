@@ -199,7 +199,8 @@ def _run(groups: int, policy: str):
     records = [
         (r.request_id, r.admitted_s, r.first_token_s, r.finish_s, r.preemptions) for r in engine.records
     ]
-    return records, engine.sink.timeseries(), engine.counters.preemptions
+    areas = engine.recorder.areas(engine.env.now)
+    return records, engine.sink.timeseries(), engine.counters.preemptions, areas
 
 
 @pytest.mark.parametrize("policy", ["paged", "prefix"])
@@ -207,10 +208,13 @@ def test_two_identical_groups_run_exactly_as_one(policy):
     """An independent check of the multi-group path end to end: two groups with the same pool see
     the same operations, so every request's times equal the one-group run's, in a pool tight enough
     to preempt, and every memory column is exactly twice the one-group value at every sample."""
-    one, one_series, preemptions = _run(1, policy)
-    two, two_series, _ = _run(2, policy)
+    one, one_series, preemptions, one_areas = _run(1, policy)
+    two, two_series, _, two_areas = _run(2, policy)
     assert preemptions > 0
     assert two == one
+    # and the time integrals the summary averages (the tokens decoded inside jumps fill a slot in
+    # each group: used and reserved double too)
+    assert two_areas[:6] == pytest.approx([2 * area for area in one_areas[:6]], rel=1e-12)
     for column in (
         "used_tokens",
         "reserved_tokens",

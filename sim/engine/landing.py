@@ -52,7 +52,9 @@ class JumpLanding:
             for state, chunk in chunks:
                 state.prefilled += chunk
             prefill_this_step.extend(chunks)
-        self.recorder.add_token_area(jump.timeline.batch * jump.timeline.token_weight_s(steps))
+        # (A decoded token fills a slot in every KV group that holds tokens: slots_per_token.)
+        tokens = jump.timeline.batch * self.kv.slots_per_token
+        self.recorder.add_token_area(tokens * jump.timeline.token_weight_s(steps))
         self.clock.advance(steps)
         if jump.timeline.batch:
             prefills = sum(1 for chunks in jump.chunks[:steps] if chunks)
@@ -104,7 +106,7 @@ class JumpLanding:
         timeline = jump.timeline
         partial = elapsed - timeline.elapsed_s(started - 1)
         area = timeline.token_weight_s(started - 2) + (started - 1) * partial if started > 1 else 0.0
-        self.recorder.add_token_area(timeline.batch * area)
+        self.recorder.add_token_area(timeline.batch * self.kv.slots_per_token * area)
         self.counters.iterations += ended
         if ended:
             tokens = self.clock.tokens_per_sequence(jump.first_clock, jump.first_clock + ended - 1)
