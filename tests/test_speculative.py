@@ -356,3 +356,15 @@ def test_draft_model_sizes_from_its_preset():
         "draft_model", resolve_model("Llama-3.1-8B"), draft_model="Llama-3.2-1B", tensor_parallel_size=2
     )
     assert split.kv_bytes_per_token == 16 * 4 * 64 * 2 * 2
+
+
+def test_capacity_line_says_what_the_draft_takes(tmp_path):
+    cfg = _experiment({"speculative": SPEC}, tmp=tmp_path)
+    plain, speculative = prepare_experiment(cfg, tmp_path / "spec.yaml").variants
+    (line,) = [line for line in speculative.capacity_lines() if line.startswith("Speculative decoding")]
+    # EAGLE-3's head: (218,112,128 + 32,000 x 4,096) params x 2 B = 698,368,256 B = 0.65 GiB; one
+    # layer's K/V per token; 2k = 6 lookahead slots
+    assert "eagle3, k=3, mean acceptance length 2.50" in line
+    assert "0.65 GiB of weights, 4,096 B of KV per token" in line
+    assert line.endswith("6 lookahead slots per decoding request")
+    assert not [line for line in plain.capacity_lines() if line.startswith("Speculative")]
