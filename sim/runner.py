@@ -218,7 +218,6 @@ def engine_cost_model(
     draft = engine_draft(model, engine)
     assert draft is not None
     draft_decode = None
-    draft_overhead_s = 0.0
     if draft.step_shapes is not None:
         # The draft priced by the same cost model as the target, on the draft's shapes.
         draft_costs = make_cost_model(
@@ -231,10 +230,7 @@ def engine_cost_model(
             tensor_parallel_size=engine.tensor_parallel_size,
         )
         draft_decode = draft_costs.decode
-        draft_overhead_s = float(getattr(draft_costs, "iteration_overhead_s", 0.0))
-    step = speculative_step(
-        target, speculative.num_speculative_tokens, draft_decode, draft_overhead_s, engine.max_num_seqs
-    )
+    step = speculative_step(target, speculative.num_speculative_tokens, draft_decode, engine.max_num_seqs)
     return SpeculativeCostModel(target, step, f"{speculative.method}, k={speculative.num_speculative_tokens}")
 
 

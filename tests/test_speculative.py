@@ -15,7 +15,10 @@ from policies import PoolSpec, make_policy
 from sim.config import ConfigError, load_experiment
 from sim.engine.core import Engine, EngineKnobs
 from sim.engine.speculation import AcceptanceModel, SpeculativeDecoding, TokenSchedule, lookahead_slots
-from sim.runner import prepare_experiment
+from sim.costs.factory import make_cost_model
+from sim.hardware.gpus import resolve_gpu
+from sim.hardware.models import resolve_model
+from sim.runner import engine_draft, prepare_experiment
 from tests.engine_helpers import RoundCostModel, request
 from tests.test_engine import times
 
@@ -247,6 +250,14 @@ def test_step_cost_adds_drafts_and_verification():
         expected += 3 * (step.per_seq_s - target.decode.per_seq_s) / 3 * batch
         expected += (step.per_context_token_s - target.decode.per_context_token_s) * 1000 * batch
         assert step.step_s(batch, 1000 * batch) == pytest.approx(expected, rel=1e-12)
+    # each of the 3 draft forwards is a model-runner call of its own: it pays the draft's whole
+    # decode intercept, the serving overhead per iteration (0.35 ms, fitted on plain runs) included
+    draft = engine_draft(resolve_model(cfg.model), speculative.engine)
+    draft_costs = make_cost_model(
+        cfg.cost_model, draft.step_shapes, resolve_gpu(cfg.gpu), block_size=speculative.engine.block_size
+    )
+    assert step.intercept_s - target.decode.intercept_s == pytest.approx(3 * draft_costs.decode.intercept_s, rel=1e-12)
+    assert draft_costs.decode.intercept_s > target.iteration_overhead_s > 0.0003
     # the draft's KV (one layer of 32) rides in every token's slot: the pool holds fewer tokens
     assert speculative.capacity.kv_bytes_per_token == plain.capacity.kv_bytes_per_token * 33 // 32
     assert speculative.capacity.weight_bytes > plain.capacity.weight_bytes
@@ -368,3 +379,19 @@ def test_capacity_line_says_what_the_draft_takes(tmp_path):
     assert "0.65 GiB of weights, 4,096 B of KV per token" in line
     assert line.endswith("6 lookahead slots per decoding request")
     assert not [line for line in plain.capacity_lines() if line.startswith("Speculative")]
+
+
+# ------------------------------------------------------------------------------ where speculation stops paying
+def test_break_even_batch_is_the_first_batch_slower_than_plain_steps():
+    from types import SimpleNamespace
+
+    from sim.costs.terms import DecodeCost
+    from sim.validation.checks_costs import _break_even_batch
+
+    # plain 1 ms + 0.01 ms per request, speculative 1.5 ms + 0.03 ms per request, 2 tokens a step:
+    # 2 (1 + 0.01 B) < 1.5 + 0.03 B  <=>  B > 50
+    plain = SimpleNamespace(decode=DecodeCost(1e-3, 1e-5, 0.0))
+    speculative = SimpleNamespace(decode=DecodeCost(1.5e-3, 3e-5, 0.0))
+    assert _break_even_batch(plain, speculative, 2.0, 700) == 51
+    # with 3 tokens a step: 3 + 0.03 B < 1.5 + 0.03 B never holds
+    assert _break_even_batch(plain, speculative, 3.0, 700) is None

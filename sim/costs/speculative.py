@@ -4,7 +4,10 @@ A step of a decode batch of ``B`` requests holding ``C`` tokens in all:
 
 - **draft**: ``k`` draft steps of the draft head or model (one forward each, proposing one token per
   request; n-gram lookup: none on the GPU), each priced as the draft's own decode step over the same
-  requests and context, less the server's per-iteration CPU overhead (paid once per step);
+  requests and context, its serving overhead per iteration included: every draft forward is a
+  model-runner call of its own (inputs, attention metadata, the graph's launch), which the overhead
+  fitted on plain runs prices (SpecDecode-Bench measures vLLM's EAGLE drafts at about 0.7 ms a step
+  on an H100, where their bytes take 0.27 ms: docs/speculative.md);
 - **verification**: the target runs ``k + 1`` tokens per request in one forward pass: its decode step
   (weights read once, each request's context read once: all ``k + 1`` queries of a request attend
   over the same K/V), plus what ``k`` more tokens per request add, priced as the target's model
@@ -30,7 +33,6 @@ def speculative_step(
     target: CostModel,
     num_speculative_tokens: int,
     draft_decode: DecodeCost | None,
-    draft_overhead_s: float,
     max_batch: int,
 ) -> RoutedDecodeCost:
     """The whole step (drafts and verification) as one decode cost of the batch and its context: the
@@ -44,7 +46,7 @@ def speculative_step(
     per_seq = decode.per_seq_s
     per_context = decode.per_context_token_s
     if draft_decode is not None:
-        intercept += k * max(0.0, draft_decode.intercept_s - draft_overhead_s)
+        intercept += k * draft_decode.intercept_s
         per_seq += k * draft_decode.per_seq_s
         per_context += k * draft_decode.per_context_token_s
     routed = decode.batch_s if isinstance(decode, RoutedDecodeCost) else ()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 from pydantic import Field
 
+from sim.costs.core import CostModel
 from sim.validation.claims import Claim, _Strict
 from sim.validation.registry import CheckOutput, Measured, RunContext, register_check
 from sim.validation.runs import run_config
@@ -147,7 +148,7 @@ def check_speculative_speedup(claim: Claim, context: RunContext) -> CheckOutput:
         "name": "speculative-speedup",
         "model": params.model,
         "gpu": params.gpu,
-        "engine": {"max_model_len": 8192, "max_num_seqs": max(params.batches)},
+        "engine": {"max_model_len": 8192, "max_num_seqs": max(*params.batches, BREAK_EVEN_SCAN)},
         "workload": {
             "num_requests": 1,
             "arrival": {"kind": "poisson", "rate_per_s": 1},
@@ -189,4 +190,23 @@ def check_speculative_speedup(claim: Claim, context: RunContext) -> CheckOutput:
         )
     output.tables["steps"] = pd.DataFrame(rows)
     output.notes.append(f"cost model: {speculative.costs.label}")
+    break_even = _break_even_batch(plain.costs, speculative.costs, tau, params.tokens_per_request)
+    output.notes.append(
+        f"speculation stops paying (speedup below 1) at batch {break_even}"
+        if break_even is not None
+        else f"speculation pays at every batch up to {BREAK_EVEN_SCAN}"
+    )
     return output
+
+
+BREAK_EVEN_SCAN = 1024  # batches scanned for where speculation stops paying
+
+
+def _break_even_batch(plain: CostModel, speculative: CostModel, tau: float, tokens_per_request: int) -> int | None:
+    """The smallest batch at which ``tau`` tokens per speculative step come slower than plain steps:
+    the high-load crossover, where the verification's extra tokens cost more than the drafts save."""
+    for batch in range(1, BREAK_EVEN_SCAN + 1):
+        tokens = batch * tokens_per_request
+        if tau * plain.decode.step_s(batch, tokens) < speculative.decode.step_s(batch, tokens):
+            return batch
+    return None
