@@ -13,9 +13,9 @@ import yaml
 
 from policies import PoolSpec, make_policy
 from sim.config import ConfigError, load_experiment
+from sim.costs.factory import make_cost_model
 from sim.engine.core import Engine, EngineKnobs
 from sim.engine.speculation import AcceptanceModel, SpeculativeDecoding, TokenSchedule, lookahead_slots
-from sim.costs.factory import make_cost_model
 from sim.hardware.gpus import resolve_gpu
 from sim.hardware.models import resolve_model
 from sim.runner import engine_draft, prepare_experiment
@@ -256,7 +256,9 @@ def test_step_cost_adds_drafts_and_verification():
     draft_costs = make_cost_model(
         cfg.cost_model, draft.step_shapes, resolve_gpu(cfg.gpu), block_size=speculative.engine.block_size
     )
-    assert step.intercept_s - target.decode.intercept_s == pytest.approx(3 * draft_costs.decode.intercept_s, rel=1e-12)
+    assert step.intercept_s - target.decode.intercept_s == pytest.approx(
+        3 * draft_costs.decode.intercept_s, rel=1e-12
+    )
     assert draft_costs.decode.intercept_s > target.iteration_overhead_s > 0.0003
     # the draft's KV (one layer of 32) rides in every token's slot: the pool holds fewer tokens
     assert speculative.capacity.kv_bytes_per_token == plain.capacity.kv_bytes_per_token * 33 // 32

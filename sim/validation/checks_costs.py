@@ -202,7 +202,9 @@ def check_speculative_speedup(claim: Claim, context: RunContext) -> CheckOutput:
 BREAK_EVEN_SCAN = 1024  # batches scanned for where speculation stops paying
 
 
-def _break_even_batch(plain: CostModel, speculative: CostModel, tau: float, tokens_per_request: int) -> int | None:
+def _break_even_batch(
+    plain: CostModel, speculative: CostModel, tau: float, tokens_per_request: int
+) -> int | None:
     """The smallest batch at which ``tau`` tokens per speculative step come slower than plain steps:
     the high-load crossover, where the verification's extra tokens cost more than the drafts save."""
     for batch in range(1, BREAK_EVEN_SCAN + 1):
