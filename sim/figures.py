@@ -98,6 +98,9 @@ def write_figures(results: RunResults, out_dir: Path) -> list[Path]:
     split = [variant for variant in results.variants if results.is_disaggregated(variant)]
     if split:
         paths.append(_disaggregation(results, split, out_dir / "disaggregation.png"))
+    hybrid = [variant for variant in results.variants if results.has_kv_groups(variant)]
+    if hybrid:
+        paths.append(_kv_groups(results, hybrid, pools, out_dir / "kv_groups.png"))
     return paths
 
 
@@ -417,6 +420,48 @@ def _replicas(results: RunResults, variants: list[str], path: Path) -> Path:
         hit_axis.set_ylim(0, 1)
         hit_axis.set_ylabel("prefix-cache hit rate (dots)", color="#1c7ed6")
         bar_axis.set_title(f"{variant}: requests (bars) and hit rate (dots)", fontsize=10)
+    return _save(figure, path)
+
+
+GROUP_COLOURS = ["#2b8a3e", "#1c7ed6", "#f08c00", "#ae3ec9", "#e03131", "#0c8599", "#5c940d", "#d6336c"]
+
+
+def _kv_groups(results: RunResults, variants: list[str], pools: Pools, path: Path) -> Path:
+    """Hybrid allocators, one panel each: the pool's slots each KV group holds over time (its live
+    tokens, the slots reserved for them, fragmentation and cached blocks together), stacked, and the
+    free slots of each pool the groups share on top: the split by layer kind that the pool-wide
+    breakdown sums over. A group keeps its colour in every panel."""
+    figure, axes = subplots(len(variants), 1, figsize=(10, 2.8 * len(variants) + 0.6), squeeze=False)
+    held = [f"{name}_tokens" for name in CATEGORY_COLOURS if name != "free"]
+    frames = {variant: results.kv_group_timeseries(variant) for variant in variants}
+    groups = list(dict.fromkeys(name for frame in frames.values() for name in frame["kv_group"]))
+    colours = {
+        name: GROUP_COLOURS[index % len(GROUP_COLOURS)]
+        for index, name in enumerate(name for name in groups if not name.startswith("shared pool"))
+    }
+    for axis, (variant, frame) in zip(axes[:, 0], frames.items(), strict=True):
+        axis.set_title(f"{variant}: KV pool ({pools.per_variant[variant]}) by KV group", fontsize=10)
+        axis.set_ylim(0, 1)
+        axis.set_ylabel("fraction of pool")
+        axis.set_xlabel("simulated time (s)")
+        wide = frame.assign(held=frame[held].sum(axis=1)).pivot_table(
+            index="time_s", columns="kv_group", values=["held", "free_tokens"], aggfunc="last", sort=False
+        )
+        pool = wide["held"].sum(axis=1) + wide["free_tokens"].sum(axis=1)
+        names = list(dict.fromkeys(frame["kv_group"]))
+        stacks, labels, fills = [], [], []
+        for name in names:
+            if name in colours:
+                stacks.append(wide["held"][name] / pool)
+                labels.append(f"{name}: held")
+                fills.append(colours[name])
+        free_shades = ["#dee2e6", "#ced4da", "#adb5bd", "#e9ecef"]
+        for index, name in enumerate(name for name in names if wide["free_tokens"][name].any()):
+            stacks.append(wide["free_tokens"][name] / pool)
+            labels.append(f"free ({name})" if name not in colours else f"{name}: free")
+            fills.append(free_shades[index % len(free_shades)])
+        axis.stackplot(wide.index, stacks, labels=labels, colors=fills, step="post")
+        axis.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
     return _save(figure, path)
 
 

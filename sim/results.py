@@ -11,6 +11,7 @@ Layout::
     DIR/<variant>/replicas.csv                  cluster runs: one summary row per replica
     DIR/<variant>/replica_timeseries.parquet    cluster runs: every replica's rows (or .csv)
     DIR/<variant>/transfer_timeseries.parquet   disaggregated runs: handoffs and the KV link over time
+    DIR/<variant>/kv_groups.parquet             hybrid allocators: each KV group's breakdown over time
     DIR/figures/*.png             drawn by ``kvsim run`` (sim.figures), not by this module
 
 A cluster variant's summary.json and timeseries are the cluster total (``sim/cluster/results.py``).
@@ -127,6 +128,17 @@ class RunResults:
     def transfer_timeseries(self, variant: str) -> pd.DataFrame:
         """A disaggregated variant's handoffs and link over time (``sim/cluster/disaggregated_results.py``)."""
         stem = self.path / variant / "transfer_timeseries"
+        parquet = stem.with_suffix(".parquet")
+        return read_thinned(parquet if parquet.exists() else stem.with_suffix(".csv"), None)
+
+    def has_kv_groups(self, variant: str) -> bool:
+        stem = self.path / variant / "kv_groups"
+        return stem.with_suffix(".parquet").is_file() or stem.with_suffix(".csv").is_file()
+
+    def kv_group_timeseries(self, variant: str) -> pd.DataFrame:
+        """A hybrid variant's breakdown by KV group over time, in long form (``time_s``, ``kv_group``,
+        one column per category in slots; ``sim/outputs/group_series.py``)."""
+        stem = self.path / variant / "kv_groups"
         parquet = stem.with_suffix(".parquet")
         return read_thinned(parquet if parquet.exists() else stem.with_suffix(".csv"), None)
 

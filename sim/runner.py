@@ -61,6 +61,7 @@ from sim.kv.allocators import (
 from sim.kv.coordinator import KVCoordinator
 from sim.native import engine_build
 from sim.offload import OffloadConfig, host_load_seconds, host_tier_blocks, host_tier_summary
+from sim.outputs.group_series import KV_GROUP_TIMESERIES
 from sim.outputs.metrics import RequestRecord
 from sim.outputs.progress import ProgressMode, request_progress
 from sim.outputs.sinks import FileSink, MemorySink, OutputSink
@@ -86,6 +87,9 @@ class VariantResult:
     """A cluster's per-replica time series, a ``replica`` column first (None for a single engine)."""
     stopped_early: dict[str, Any] | None = None
     """Why a watch ended the run before its end (:class:`RunWatch`); None when it ran to the end."""
+    kv_group_timeseries: pd.DataFrame | None = None
+    """A hybrid allocator's memory by KV group over time (``sim/outputs/group_series.py``; None
+    with one group)."""
 
     @property
     def timeseries(self) -> pd.DataFrame:
@@ -1087,6 +1091,9 @@ def run_prepared(
     engine.run(until_s=config.until_s, stop=stop)
     wall_s = time.perf_counter() - started
     bar.close()
+    group_frame = engine.group_series.frame() if engine.group_series is not None else None
+    if group_frame is not None and isinstance(sink, FileSink):
+        sink.write_table(KV_GROUP_TIMESERIES, group_frame)
     sink.close()
     requests_table = sink.requests(columns=SUMMARY_REQUEST_COLUMNS)
     summary = _summary(engine, requests_table, prepared, wall_s, [prepared.policy])
@@ -1098,6 +1105,7 @@ def run_prepared(
         prepared.capacity_lines(),
         sink,
         stopped_early=stopped,
+        kv_group_timeseries=group_frame,
     )
 
 
@@ -1186,6 +1194,12 @@ def _summary(
     )
     summary["pinned_tokens"] = prepared.pinned_tokens
     summary.update(speculative_summary(prepared))
+    group_series = getattr(engine, "group_series", None)  # one engine with several KV groups
+    summary["kv_group_means"] = (
+        group_series.time_averages(float(engine.env.now), prepared.pool.kv_pool_tokens)
+        if group_series is not None
+        else None
+    )
     if prepared.hybrid is not None:
         summary["num_gpu_blocks"] = prepared.hybrid.capacity.num_blocks
     block_bytes = prepared.engine.block_size * prepared.capacity.kv_bytes_per_token

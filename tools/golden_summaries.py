@@ -89,6 +89,8 @@ def run(config: str, overrides: tuple[str, ...]) -> dict[str, Any]:
             "requests": table_checksum(requests),
             "timeseries": table_checksum(result.sink.timeseries()),
         }
+        if result.kv_group_timeseries is not None:  # a hybrid allocator's split by KV group
+            variants[result.name]["kv_groups"] = table_checksum(result.kv_group_timeseries)
     return variants
 
 

@@ -60,6 +60,7 @@ from sim.engine.speculation import SPECULATION_STREAM
 from sim.engine.transfer import KVTransferHooks
 from sim.engine.wakeup import WakeUp
 from sim.kv.coordinator import KVCoordinator, SingleGroupCoordinator, make_coordinator
+from sim.outputs.group_series import GroupSeries
 from sim.outputs.metrics import (
     Counters,
     Recorder,
@@ -145,6 +146,13 @@ class Engine:
             attention_windows=costs.attention_windows,
         )
         self._observer = StateObserver(self.kv, self.clock, self.counters)
+        # A hybrid allocator's memory split by KV group, beside the pool-wide series.
+        observer = self._observer
+        self.group_series = (
+            GroupSeries(observer.group_names, observer.group_holds_tokens)
+            if len(self.kv.groups) > 1
+            else None
+        )
         # What differs between the servers (admission, budgets, preemption victims): sim/engine/schedulers/.
         self.scheduler = make_scheduler(knobs)
         self._chunks_prompts = self.scheduler.chunks_prompts
@@ -213,7 +221,15 @@ class Engine:
         )
         self.growth.engine = self.desk  # the scheduler's victim choice sees what its admissions see
         landing = JumpLanding(
-            kv, clock, batch, self.growth, self.scheduler, self.recorder, self._observer, counters
+            kv,
+            clock,
+            batch,
+            self.growth,
+            self.scheduler,
+            self.recorder,
+            self._observer,
+            counters,
+            self.group_series,
         )
         self.wakeup = WakeUp(
             self.env,
@@ -445,3 +461,5 @@ class Engine:
 
     def _record(self) -> None:
         self.recorder.record(self.env.now, self._state())
+        if self.group_series is not None:
+            self.group_series.record(self.env.now, self._observer.group_values())

@@ -12,6 +12,7 @@ from sim.engine.jumps import Jump
 from sim.engine.observe import StateObserver
 from sim.engine.schedulers.base import Scheduler
 from sim.kv.coordinator import KVCoordinator
+from sim.outputs.group_series import GroupSeries
 from sim.outputs.metrics import Counters, Recorder
 
 
@@ -26,6 +27,7 @@ class JumpLanding:
         recorder: Recorder,
         observer: StateObserver,
         counters: Counters,
+        group_series: GroupSeries | None = None,
     ):
         self.kv = kv
         self.clock = clock
@@ -35,6 +37,7 @@ class JumpLanding:
         self.recorder = recorder
         self.observer = observer
         self.counters = counters
+        self.group_series = group_series  # a hybrid allocator's split by KV group (None: one group)
 
     def land(self, jump: Jump, prefill_this_step: list[tuple[RequestState, int]]) -> int:
         """The jump's iterations after the first have run: apply what they did, in order (their
@@ -53,8 +56,7 @@ class JumpLanding:
                 state.prefilled += chunk
             prefill_this_step.extend(chunks)
         # (A decoded token fills a slot in every KV group that holds tokens: slots_per_token.)
-        tokens = jump.timeline.batch * self.kv.slots_per_token
-        self.recorder.add_token_area(tokens * jump.timeline.token_weight_s(steps))
+        self._add_token_area(jump.timeline.batch, jump.timeline.token_weight_s(steps))
         self.clock.advance(steps)
         if jump.timeline.batch:
             prefills = sum(1 for chunks in jump.chunks[:steps] if chunks)
@@ -93,6 +95,15 @@ class JumpLanding:
         """The state as the iteration at ``clock`` of the jump starts."""
         start_s = jump.start_s + jump.timeline.elapsed_s(clock - jump.first_clock)
         self.recorder.observe(start_s, self.observer.averaged(len(self.batch.running)))
+        if self.group_series is not None:
+            self.group_series.observe(start_s, self.observer.group_values())
+
+    def _add_token_area(self, batch: int, weight_s: float) -> None:
+        """Tokens the ``batch`` decoded inside the jump (``weight_s``: seconds per sequence): each fills
+        a slot in every KV group that holds tokens (``slots_per_token`` of the pool's)."""
+        self.recorder.add_token_area(batch * self.kv.slots_per_token * weight_s)
+        if self.group_series is not None:
+            self.group_series.add_token_area(batch * weight_s)
 
     def stop_inside(self, jump: Jump, now: float) -> None:
         """The run ended (``until_s``) inside a jump: book what single steps would have by now."""
@@ -106,7 +117,7 @@ class JumpLanding:
         timeline = jump.timeline
         partial = elapsed - timeline.elapsed_s(started - 1)
         area = timeline.token_weight_s(started - 2) + (started - 1) * partial if started > 1 else 0.0
-        self.recorder.add_token_area(timeline.batch * self.kv.slots_per_token * area)
+        self._add_token_area(timeline.batch, area)
         self.counters.iterations += ended
         if ended:
             tokens = self.clock.tokens_per_sequence(jump.first_clock, jump.first_clock + ended - 1)

@@ -22,6 +22,7 @@ class StateObserver:
         self._slots_per_token = kv.slots_per_token
         self.clock = clock
         self.counters = counters
+        self.group_names, self.group_holds_tokens = kv.group_entries()
 
     def averaged(self, running: int) -> tuple:
         """The leading part of the state, whose time averages the summary reports."""
@@ -40,6 +41,18 @@ class StateObserver:
             physical,
             logical,
         )
+
+    def group_values(self) -> tuple[int, ...]:
+        """Every KV group's breakdown (``KVCoordinator.group_breakdown_values``), a decoded token the
+        policies have not been told of moved from reserved to used in each group that holds tokens."""
+        values = list(self.kv.group_breakdown_values())
+        pending = self.clock.pending_tokens()
+        if pending:
+            for index, holds in enumerate(self.group_holds_tokens):
+                if holds:
+                    values[6 * index] += pending
+                    values[6 * index + 1] -= pending
+        return tuple(values)
 
     def state(self, running: int, waiting: int, running_seqs: int, admission_blocker: int) -> tuple:
         """The whole state: the averaged part, the queue, the counters and the host tier's part."""

@@ -149,8 +149,26 @@ class KVCoordinator:
         raise NotImplementedError
 
     def group_breakdowns(self) -> dict[str, MemoryBreakdown]:
-        """Each group's breakdown by its name: each sums to that group's pool."""
-        return {group.name: group.policy.breakdown() for group in self.groups}
+        """Each entry's breakdown by its name (:meth:`group_entries`): together they sum to the pool."""
+        names, _ = self.group_entries()
+        values = self.group_breakdown_values()
+        width = len(MemoryBreakdown.CATEGORIES)
+        return {
+            name: MemoryBreakdown(*values[index * width : (index + 1) * width])
+            for index, name in enumerate(names)
+        }
+
+    def group_entries(self) -> tuple[tuple[str, ...], tuple[bool, ...]]:
+        """The entries of :meth:`group_breakdown_values` (each group; a hybrid allocator adds its
+        shared pools' free blocks) and whether each entry's slots hold tokens."""
+        return tuple(group.name for group in self.groups), tuple(True for _ in self.groups)
+
+    def group_breakdown_values(self) -> tuple[int, ...]:
+        """Every entry's breakdown, flat, in :meth:`group_entries` order."""
+        values: list[int] = []
+        for group in self.groups:
+            values.extend(group.policy.breakdown_values())
+        return tuple(values)
 
     def breakdown_bytes(self) -> dict[str, int]:
         """The breakdown in bytes over every group (each group's slots at its own ``slot_bytes``)."""
@@ -465,14 +483,34 @@ class MultiGroupCoordinator(KVCoordinator):
             free += part[5]
         return used, reserved, internal, external, cached, free
 
-    def group_breakdowns(self) -> dict[str, MemoryBreakdown]:
-        """Each group's breakdown by its name; a shared pool's free blocks are an entry of their own
-        (``shared pool``), so that the entries sum to the whole pool."""
-        breakdowns = super().group_breakdowns()
-        for index, shared in enumerate(self._shared):
-            name = "shared pool" if len(self._shared) == 1 else f"shared pool {index}"
-            breakdowns[name] = MemoryBreakdown(*shared.pool.breakdown_values())
-        return breakdowns
+    def group_entries(self) -> tuple[tuple[str, ...], tuple[bool, ...]]:
+        """The entries of :meth:`group_breakdown_values`: every group, then every shared pool's free
+        blocks; and whether each entry's slots hold tokens (a Mamba group's state and a pool's free
+        blocks do not), so that a token decoded but not yet told fills one of its slots."""
+        names = [group.name for group in self.groups]
+        holds = [
+            not (isinstance(group.policy, GroupManager) and group.policy.kind == "mamba")
+            for group in self.groups
+        ]
+        for shared in self._shared:
+            members = ", ".join(
+                group.name
+                for group in self.groups
+                if any(group.policy is manager for manager in shared.managers)
+            )
+            names.append("shared pool" if len(self._shared) == 1 else f"shared pool ({members})")
+            holds.append(False)
+        return tuple(names), tuple(holds)
+
+    def group_breakdown_values(self) -> tuple[int, ...]:
+        """Every entry's breakdown, flat, in :meth:`group_entries` order (what the recorder keeps of a
+        hybrid run, ``sim/outputs/group_series.py``)."""
+        values: list[int] = []
+        for policy in self.policies:
+            values.extend(policy.breakdown_values())
+        for shared in self._shared:
+            values.extend(shared.pool.breakdown_values())
+        return tuple(values)
 
     def breakdown_bytes(self) -> dict[str, int]:
         totals = super().breakdown_bytes()

@@ -155,6 +155,13 @@ SUMMARY: Columns = {
         "bytes",
         "Speculative decoding: the draft's K/V in every token's slot (included in kv_bytes_per_token).",
     ),
+    "kv_group_means": (
+        _FRAC,
+        "A hybrid allocator's memory split by KV group (one engine): per group, and per shared pool's "
+        "free blocks, each category's time-averaged share of the whole pool (JSON); the groups' shares "
+        "of a category add up to its mean_*_frac. Empty for a single-group policy. The series: "
+        "kv_groups.parquet.",
+    ),
     "host_tier_blocks": ("blocks", "Blocks the host-memory tier holds (`offload:`); 0 without one."),
     "host_tier_bytes": ("bytes", "host_tier_blocks x block bytes (block_size x kv_bytes_per_token)."),
     "host_cache_hits": (
@@ -425,6 +432,22 @@ REQUESTS: Columns = {
     "transfer_s": ("s", "Disaggregated: transfer_end_s - transfer_start_s, the KV on the link."),
 }
 
+KV_GROUPS: Columns = {
+    "time_s": ("s", "Simulated time; the entry's row holds until its next one."),
+    "kv_group": (
+        "-",
+        "A KV group (`full`, `sliding(W)`, `chunked(C)`, `mamba`, as the hybrid allocator groups the "
+        "layers), or a pool the groups share (`shared pool`, or `shared pool (<its groups>)` with "
+        "several): its free slots belong to no group.",
+    ),
+    "used_tokens": ("tokens (slots)", "The entry's slots holding live token states."),
+    "reserved_tokens": ("tokens (slots)", "The entry's slots allocated to live sequences, filled later."),
+    "internal_fragmentation_tokens": ("tokens (slots)", "The entry's slots allocated but never filled."),
+    "external_fragmentation_tokens": ("tokens (slots)", "The entry's stranded free slots."),
+    "cached_tokens": ("tokens (slots)", "The entry's slots holding reusable blocks with no live owner."),
+    "free_tokens": ("tokens (slots)", "Free slots (a shared pool's entry)."),
+}
+
 TABLES: dict[str, tuple[str, Columns]] = {
     "summary": ("`summary.csv` (one row per variant) and `<variant>/summary.json` (the same keys)", SUMMARY),
     "timeseries": (
@@ -439,6 +462,12 @@ TABLES: dict[str, tuple[str, Columns]] = {
     "transfer_timeseries": (
         "`<variant>/transfer_timeseries.parquet` (disaggregated runs): one row per change of the handoffs or the link",
         TRANSFER_TIMESERIES,
+    ),
+    "kv_groups": (
+        "`<variant>/kv_groups.parquet` (hybrid allocators, one engine): each KV group's breakdown, one "
+        "row per group and change of state; at every instant the groups' rows add up to the "
+        "timeseries row in force (figures/kv_groups.png draws it)",
+        KV_GROUPS,
     ),
     "replicas": (
         "`<variant>/replicas.csv` (cluster runs): one row per replica, with the summary columns up to "

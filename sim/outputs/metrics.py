@@ -288,7 +288,7 @@ def averages_from_areas(area: list[float] | None, end_s: float, kv_pool_tokens: 
         return empty | {"mean_running": 0.0, "memory_saved_by_sharing_frac": 0.0}
     categories = len(MemoryBreakdown.CATEGORIES)
     result = {
-        summary_key(name): _without_residue(area[index] / end_s / kv_pool_tokens)
+        summary_key(name): without_residue(area[index] / end_s / kv_pool_tokens)
         for index, name in enumerate(MemoryBreakdown.CATEGORIES)
     }
     result["mean_running"] = area[categories] / end_s
@@ -298,7 +298,7 @@ def averages_from_areas(area: list[float] | None, end_s: float, kv_pool_tokens: 
     return result
 
 
-def _without_residue(share: float) -> float:
+def without_residue(share: float) -> float:
     """A share of the pool with the float residue of summing areas removed (a category that was
     never held sums to about -1e-17, which a summary would print as -0.0 %)."""
     return 0.0 if abs(share) < 1e-12 else share

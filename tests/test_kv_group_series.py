@@ -1,0 +1,107 @@
+"""A hybrid allocator's memory split by KV group: the series' time integrals by hand, and on real
+runs the split accounting for the whole pool at every instant and on average, in both step modes."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.outputs import columns
+from sim.outputs.group_series import GroupSeries
+from sim.results import load_results, write_run_files
+from tests.test_hybrid_runs import BREAKDOWN, config, run
+
+
+def breakdown(used=0, reserved=0, internal=0, external=0, cached=0, free=0) -> tuple[int, ...]:
+    return (used, reserved, internal, external, cached, free)
+
+
+def test_areas_by_hand():
+    # Two groups and a shared pool's free blocks; group "a" holds tokens, a Mamba-like "b" does not.
+    series = GroupSeries(("a", "b", "pool"), (True, False, False))
+    series.record(0.0, breakdown(10, 5) + breakdown(4) + breakdown(free=81))
+    series.observe(2.0, breakdown(12, 3) + breakdown(4) + breakdown(free=81))  # inside a jump: no row
+    series.add_token_area(3.0)  # 3 token-seconds decoded in the jump: a's reserved slots, not b's
+    series.record(4.0, breakdown(20, 0, 1) + breakdown(4) + breakdown(free=75))
+    series.record(4.5, breakdown(20, 0, 1) + breakdown(4) + breakdown(free=75))  # unchanged: no row
+    means = series.time_averages(5.0, 100)
+    # a used: 10 x 2 + 12 x 2 + 3 + 20 x 1 = 67 slot-seconds over 5 s of a 100-slot pool
+    assert means["a"]["used"] == pytest.approx(0.134, abs=1e-15)
+    assert means["a"]["reserved"] == pytest.approx(0.026, abs=1e-15)  # 5 x 2 + 3 x 2 - 3
+    assert means["a"]["internal_fragmentation"] == pytest.approx(0.002, abs=1e-15)
+    assert means["b"]["used"] == pytest.approx(0.04, abs=1e-15)
+    assert means["b"]["reserved"] == 0.0
+    assert means["pool"]["free"] == pytest.approx(0.798, abs=1e-15)  # 81 x 4 + 75 x 1
+    # every slot-second of the pool is somewhere: 67 + 13 + 1 + 20 + 399 = 500
+    assert sum(sum(entry.values()) for entry in means.values()) == pytest.approx(1.0, abs=1e-15)
+    frame = series.frame()
+    assert list(frame["time_s"]) == [0.0] * 3 + [4.0] * 3
+    assert list(frame["kv_group"]) == ["a", "b", "pool"] * 2
+    assert list(frame.loc[3, BREAKDOWN]) == [20, 0, 1, 0, 0, 0]
+
+
+def test_mismatched_flags_refused():
+    with pytest.raises(ValueError, match="2 entry names for 1 token flags"):
+        GroupSeries(("a", "b"), (True,))
+
+
+SGLANG = {"name": "sglang", "policy": "sglang-hybrid"}
+HYBRID = {"name": "hybrid", "policy": "vllm-hybrid"}
+
+
+@pytest.mark.parametrize("step_mode", ["skip", "single"])
+def test_the_split_accounts_for_the_whole_pool(tmp_path, step_mode):
+    results = run(
+        config("gpt-oss-20b", [HYBRID, SGLANG, {"name": "paged", "policy": "paged"}], step_mode=step_mode),
+        tmp_path,
+    )
+    assert results["paged"].summary["kv_group_means"] is None
+    assert results["paged"].kv_group_timeseries is None
+    write_run_files(tmp_path / "out", {}, list(results.values()))
+    loaded = load_results(tmp_path / "out")
+    assert [loaded.has_kv_groups(name) for name in ("hybrid", "sglang", "paged")] == [True, True, False]
+    for name in ("hybrid", "sglang"):
+        summary = results[name].summary
+        means = summary["kv_group_means"]
+        groups = {
+            "hybrid": ["sliding(128)", "full", "shared pool"],
+            "sglang": ["full", "sliding(128)", "shared pool (full)", "shared pool (sliding(128))"],
+        }[name]
+        assert list(means) == groups
+        # per category, the groups' time-averaged shares add up to the pool-wide share
+        for category in ("used", "reserved", "internal_fragmentation", "cached", "free"):
+            key = f"mean_{category.replace('fragmentation', 'frag')}_frac"
+            assert sum(entry[category] for entry in means.values()) == pytest.approx(summary[key], abs=1e-12)
+        # and at every instant the groups' rows add up to the pool-wide state in force then (a row
+        # may move slots between groups and leave the pool-wide breakdown as it was: no pool row)
+        groups_series = loaded.kv_group_timeseries(name)
+        assert groups_series.equals(results[name].kv_group_timeseries)
+        pool_series = loaded.timeseries(name)
+        summed = groups_series.groupby(groups_series.index // len(groups)).agg(
+            {"time_s": "first", **{column: "sum" for column in BREAKDOWN}}
+        )
+        last_summed = summed.groupby("time_s")[BREAKDOWN].last()
+        last_pool = pool_series.groupby("time_s")[BREAKDOWN].last()
+        assert set(last_pool.index) <= set(last_summed.index)
+        in_force = last_pool.reindex(last_summed.index, method="ffill")
+        assert (last_summed.to_numpy() == in_force.to_numpy()).all()
+        # the sliding window's group holds far less than the full-attention group
+        full, sliding = means["full"]["used"], means["sliding(128)"]["used"]
+        assert 0 < sliding < full / 5
+    assert list(loaded.kv_group_timeseries("hybrid").columns) == list(columns.KV_GROUPS)
+    assert not (tmp_path / "out" / "paged" / "kv_groups.parquet").exists()
+
+
+def test_step_modes_agree_on_the_split(tmp_path):
+    means = {}
+    for step_mode in ("skip", "single"):
+        out = tmp_path / step_mode
+        out.mkdir()
+        means[step_mode] = run(config("gpt-oss-20b", [HYBRID], step_mode=step_mode), out)["hybrid"].summary[
+            "kv_group_means"
+        ]
+    for group, categories in means["skip"].items():
+        for category, share in categories.items():
+            assert share == pytest.approx(means["single"][group][category], rel=1e-9, abs=1e-12), (
+                group,
+                category,
+            )
