@@ -163,6 +163,6 @@ class DecodeGrowth:
         sequences = self.clock.sequences
         if not sequences:
             return False
-        evictions = self.kv.stats.evictions
+        evictions = self.kv.evictions()
         self.kv.prepare_decode_step(sequences)
-        return self.kv.stats.evictions != evictions
+        return self.kv.evictions() != evictions

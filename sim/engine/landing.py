@@ -73,13 +73,13 @@ class JumpLanding:
         """Flushes due inside the jump, in the order single steps would take them (clock, then
         admission), each group observed at the start of its iteration. The jump was planned so that
         the pool has every block they take."""
-        copies_before = self.kv.stats.cow_copies
+        copies_before = self.kv.cow_copies()
         clock = self.clock
         while (due := clock.iteration_needing(clock.next_flush())) <= last_clock:
             token = clock.first_token_of(due)
             self._flush_group(jump, clock.due_flushes(token), due, last_clock)
         # Copy-on-write only follows a fork, which ends a wake-up: its write is the next iteration 1.
-        assert self.kv.stats.cow_copies == copies_before, "a copy-on-write inside a jump"
+        assert self.kv.cow_copies() == copies_before, "a copy-on-write inside a jump"
 
     def _flush_group(self, jump: Jump, states: list[RequestState], due_clock: int, last_clock: int) -> None:
         # (Clocks here count iterations; the decode clock's tokens are its own: first_token_of.)

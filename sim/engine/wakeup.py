@@ -93,7 +93,7 @@ class WakeUp:
     def _first_iteration(self) -> float:
         """One iteration as vLLM schedules it: decode growth, prompts in progress, then admissions."""
         desk = self.desk
-        copies_before = self.kv.stats.cow_copies
+        copies_before = self.kv.cow_copies()
         loads_before = desk.host_loads()
         if self.handoff.notices_waiting:
             self.handoff.take_notices(self.kv, self.batch.waiting)
@@ -135,7 +135,7 @@ class WakeUp:
             self._check_progress()
             return 0.0
         duration = self.iteration_cost.duration(decode_batch, decode_context, chunks)
-        copies = self.kv.stats.cow_copies - copies_before + self.copies_pending
+        copies = self.kv.cow_copies() - copies_before + self.copies_pending
         self.copies_pending = 0
         duration += self.costs.copy_blocks_s(copies) if copies else 0.0
         duration += self.costs.swap_blocks_s(swap_blocks) if swap_blocks else 0.0
@@ -160,7 +160,7 @@ class WakeUp:
     def finish_iterations(self) -> bool:
         """Book what the iteration(s) that just ended produced: first tokens, completions, beams.
         Returns whether any of those happened (the state changed)."""
-        copies_before = self.kv.stats.cow_copies
+        copies_before = self.kv.cow_copies()
         self.counters.iterations += self.iterations
         clock = self.clock
         if self.decoded_seqs:
@@ -173,7 +173,7 @@ class WakeUp:
         self.swap_out_pending += swapped_out
         self.desk.prefill_this_step = []
         self.decoded_seqs = 0
-        self.copies_pending += self.kv.stats.cow_copies - copies_before
+        self.copies_pending += self.kv.cow_copies() - copies_before
         return changed
 
     def prefill_tokens(self) -> int:

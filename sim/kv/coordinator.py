@@ -144,6 +144,15 @@ class KVCoordinator:
     def stats(self) -> PolicyStats:
         raise NotImplementedError
 
+    def evictions(self) -> int:
+        """Cached blocks evicted so far, in every group: what the engine compares around an operation
+        (cheaper than :attr:`stats`, which a coordinator of several groups builds afresh)."""
+        return self.stats.evictions
+
+    def cow_copies(self) -> int:
+        """Blocks copied on write so far, in every group."""
+        return self.stats.cow_copies
+
     @property
     def host_tier(self) -> HostPool | None:
         raise NotImplementedError
@@ -250,6 +259,12 @@ class SingleGroupCoordinator(KVCoordinator):
     @property
     def stats(self) -> PolicyStats:
         return self.policy.stats
+
+    def evictions(self) -> int:
+        return self.policy.stats.evictions
+
+    def cow_copies(self) -> int:
+        return self.policy.stats.cow_copies
 
     @property
     def host_tier(self) -> HostPool | None:
@@ -546,6 +561,18 @@ class MultiGroupCoordinator(KVCoordinator):
             fork_copied_tokens=sum(stats.fork_copied_tokens for stats in every),
             allocation_failures=sum(stats.allocation_failures for stats in every),
         )
+
+    def evictions(self) -> int:
+        total = 0
+        for policy in self.policies:
+            total += policy.stats.evictions
+        return total
+
+    def cow_copies(self) -> int:
+        total = 0
+        for policy in self.policies:
+            total += policy.stats.cow_copies
+        return total
 
     @property
     def host_tier(self) -> HostPool | None:
