@@ -11,11 +11,12 @@ import pytest
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
 
-def test_the_three_notebooks_are_there():
+def test_the_notebooks_are_there():
     assert [path.name for path in NOTEBOOKS] == [
         "01_policy_comparison.ipynb",
         "02_capacity_planning.ipynb",
         "03_trace_explorer.ipynb",
+        "04_hybrid_allocators.ipynb",
     ]
 
 
