@@ -582,7 +582,8 @@ class VariantConfig(_Strict):
     policy: str = Field(
         description="A policy name (see `kvsim policies`): contiguous, paged, prefix, radix; or a hybrid "
         "allocator for models with sliding-window, chunked-local or Mamba layers: vllm-hybrid, "
-        "sglang-hybrid (sliding-window and full-attention layers)."
+        "sglang-hybrid (sliding-window and full-attention layers), jenga (large pages of the LCM of the "
+        "layer types' pages)."
     )
     options: dict[str, Any] = Field(default_factory=dict, description="Policy options, e.g. reservation.")
     engine: dict[str, Any] = Field(default_factory=dict, description="Overrides of the engine section.")

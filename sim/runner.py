@@ -50,6 +50,7 @@ from sim.hardware.capacity import KVCapacity, size_kv_pool
 from sim.hardware.draft import Draft, draft_for
 from sim.hardware.gpus import GpuSpec, resolve_gpu
 from sim.hardware.hybrid_capacity import vllm_hybrid_kv_capacity
+from sim.hardware.jenga_capacity import jenga_kv_capacity
 from sim.hardware.models import ModelSpec, expert_parallel_problems, expert_parallel_size, resolve_model
 from sim.kv.allocators import (
     HybridLayout,
@@ -59,6 +60,7 @@ from sim.kv.allocators import (
     sglang_hybrid_layout,
 )
 from sim.kv.coordinator import KVCoordinator
+from sim.kv.jenga import JengaLayout
 from sim.native import engine_build
 from sim.offload import OffloadConfig, host_load_seconds, host_tier_blocks, host_tier_summary
 from sim.outputs.group_series import KV_GROUP_TIMESERIES
@@ -370,7 +372,7 @@ class PreparedVariant:
     replica_count: int = 1
     lockstep: bool = False
     """Expert parallelism: the engine (or each data-parallel rank) steps on a shared step clock."""
-    hybrid: HybridLayout | SGLangHybridLayout | None = None
+    hybrid: HybridLayout | SGLangHybridLayout | JengaLayout | None = None
     """A hybrid allocator's pool (``sim/kv/allocators.py``); None for a single-group policy."""
     speculative: SpeculativeDecoding | None = None
     """``engine.speculative`` resolved (its acceptance read, its lookahead slots); None without."""
@@ -637,9 +639,10 @@ def _hybrid_layout(
     capacity: KVCapacity,
     max_model_len: int,
     key: Callable[[str], str],
-) -> HybridLayout | SGLangHybridLayout:
+) -> HybridLayout | SGLangHybridLayout | JengaLayout:
     """A hybrid allocator's pool from the memory the sizing left for KV, as vLLM groups the layers
-    (sglang-hybrid: as SGLang splits it into its two pools)."""
+    (sglang-hybrid: as SGLang splits it into its two pools; jenga: in large pages of the LCM of the
+    layer types' pages)."""
     where = f"variants.{index}.policy"
     problems = []
     if config.offload_for(variant) is not None:
@@ -650,6 +653,8 @@ def _hybrid_layout(
         )
     if engine_config.preemption_mode == "swap":
         problems.append(f"{key('preemption_mode')}: {variant.policy} preempts by recompute only")
+    if variant.policy == "jenga" and engine_config.num_gpu_blocks_override is not None:
+        problems.append(f"{key('num_gpu_blocks_override')}: jenga sizes its large pages from the KV memory")
     if problems:
         raise ConfigError("\n".join(problems))
     prefill_tokens = (
@@ -667,6 +672,19 @@ def _hybrid_layout(
                 overlap=engine_config.async_scheduling,
                 **variant.options,
             )
+        if variant.policy == "jenga":
+            jenga = jenga_kv_capacity(
+                model,
+                capacity.available_kv_bytes,
+                max_model_len=max_model_len,
+                block_size=engine_config.block_size,
+                kv_cache_dtype=engine_config.kv_cache_dtype,
+                max_in_flight_tokens=(2 if engine_config.async_scheduling else 1)
+                * engine_config.max_num_batched_tokens,
+                tensor_parallel_size=engine_config.tensor_parallel_size,
+                **variant.options,
+            )
+            return JengaLayout(jenga, max_model_len, min(prefill_tokens, max_model_len))
         hybrid = vllm_hybrid_kv_capacity(
             model,
             capacity.available_kv_bytes,
@@ -679,6 +697,8 @@ def _hybrid_layout(
             num_gpu_blocks_override=engine_config.num_gpu_blocks_override,
         )
     except ValueError as error:
+        if str(error).startswith("large_page_bytes"):  # (jenga's option: the key it came from)
+            raise ConfigError(f"variants.{index}.options.{error}") from None
         raise ConfigError(f"{where}: {variant.policy}: {error}") from None
     return HybridLayout(hybrid, max_model_len, min(prefill_tokens, max_model_len))
 

@@ -48,10 +48,11 @@ class StateObserver:
         values = list(self.kv.group_breakdown_values())
         pending = self.clock.pending_tokens()
         if pending:
+            # (``holds``: the slots a token fills in the entry; a bool is 1 or 0, jenga's groups more.)
             for index, holds in enumerate(self.group_holds_tokens):
                 if holds:
-                    values[6 * index] += pending
-                    values[6 * index + 1] -= pending
+                    values[6 * index] += pending * holds
+                    values[6 * index + 1] -= pending * holds
         return tuple(values)
 
     def state(self, running: int, waiting: int, running_seqs: int, admission_blocker: int) -> tuple:

@@ -14,6 +14,10 @@ policies (``policies/``), so the same stream can be replayed on both, side by si
   ``policies/hybrid/sglang_sliding_window.py`` says. An admission or a step needs room in both.
   A slot there is one token of one pool's layers (the summary counts both pools' slots).
 
+``jenga``: Jenga's two-level allocator (``sim/kv/jenga.py``): large pages of the LCM of the layer
+  types' small pages (``sim/hardware/jenga_capacity.py``), carved per type (option
+  ``large_page_bytes``: another multiple of every small page).
+
 A *slot* of a hybrid pool is one token in one group: ``group_size`` layers' K and V (a Mamba group's
 block holds one request's state instead). The pool's slots are ``num_gpu_blocks x block_size``; the
 breakdown sums to them, each group's part and the free blocks apart.
@@ -50,9 +54,12 @@ __all__ = [
     "sglang_hybrid_layout",
 ]
 
-HYBRID_ALLOCATORS = ("vllm-hybrid", "sglang-hybrid")
+HYBRID_ALLOCATORS = ("vllm-hybrid", "sglang-hybrid", "jenga")
 
-_OPTIONS: dict[str, tuple[str, ...]] = {"sglang-hybrid": ("swa_full_tokens_ratio", "page_size")}
+_OPTIONS: dict[str, tuple[str, ...]] = {
+    "sglang-hybrid": ("swa_full_tokens_ratio", "page_size"),
+    "jenga": ("large_page_bytes",),
+}
 
 
 def is_hybrid_allocator(name: str) -> bool:

@@ -167,9 +167,10 @@ class KVCoordinator:
             for index, name in enumerate(names)
         }
 
-    def group_entries(self) -> tuple[tuple[str, ...], tuple[bool, ...]]:
+    def group_entries(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """The entries of :meth:`group_breakdown_values` (each group; a hybrid allocator adds its
-        shared pools' free blocks) and whether each entry's slots hold tokens."""
+        shared pools' free blocks) and whether each entry's slots hold tokens (a bool, or how many
+        slots a token fills there: ``jenga``'s groups, ``sim/kv/jenga.py``)."""
         return tuple(group.name for group in self.groups), tuple(True for _ in self.groups)
 
     def group_breakdown_values(self) -> tuple[int, ...]:
@@ -498,7 +499,7 @@ class MultiGroupCoordinator(KVCoordinator):
             free += part[5]
         return used, reserved, internal, external, cached, free
 
-    def group_entries(self) -> tuple[tuple[str, ...], tuple[bool, ...]]:
+    def group_entries(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """The entries of :meth:`group_breakdown_values`: every group, then every shared pool's free
         blocks; and whether each entry's slots hold tokens (a Mamba group's state and a pool's free
         blocks do not), so that a token decoded but not yet told fills one of its slots."""

@@ -28,12 +28,15 @@ KV_GROUP_TIMESERIES = "kv_groups"  # the per-variant table's file stem
 class GroupSeries:
     """The breakdown of each entry (a KV group, or a shared pool's free blocks) over time."""
 
-    def __init__(self, names: tuple[str, ...], holds_tokens: tuple[bool, ...]):
+    def __init__(self, names: tuple[str, ...], holds_tokens: tuple[bool | int, ...]):
         if len(names) != len(holds_tokens):
             raise ValueError(f"{len(names)} entry names for {len(holds_tokens)} token flags")
         self.names = names
-        # Offsets of (used, reserved) of every entry whose slots hold tokens.
-        self._token_offsets = [index * CATEGORIES for index, holds in enumerate(holds_tokens) if holds]
+        # Offsets of (used, reserved) of every entry whose slots hold tokens, and the slots a token fills
+        # there (a flag counts 1; jenga's groups say how many: sim/kv/jenga.py).
+        self._token_offsets = [
+            (index * CATEGORIES, int(holds)) for index, holds in enumerate(holds_tokens) if holds
+        ]
         self._area = [0.0] * (len(names) * CATEGORIES)
         self._state: tuple[int, ...] | None = None
         self._since = 0.0
@@ -66,9 +69,9 @@ class GroupSeries:
         """Tokens decoded inside a jump, in token-seconds: each fills a reserved slot of every entry
         that holds tokens."""
         area = self._area
-        for offset in self._token_offsets:
-            area[offset] = area[offset] + token_seconds
-            area[offset + 1] = area[offset + 1] - token_seconds
+        for offset, slots in self._token_offsets:
+            area[offset] = area[offset] + token_seconds * slots
+            area[offset + 1] = area[offset + 1] - token_seconds * slots
 
     def frame(self) -> pd.DataFrame:
         """The rows in long form: ``time_s``, ``kv_group``, then one column per category (slots)."""

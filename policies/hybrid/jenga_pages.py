@@ -1,0 +1,175 @@
+"""Jenga's two-level page allocator: a pool of large pages every layer type shares, and per type a
+small-page allocator that carves large pages into ``ratio`` small pages and gives a large page back
+when all its small pages are free.
+
+Followed from the paper's artifact, heheda12345/Jenga-SOSP25-AE at commit
+0450354c736f503c566a395ddc1b41acc9bc247e (``vllm/core/block_v3/large_block_id_allocator.py``,
+``small_block_id_allocator.py``): small page ``i`` of large page ``p`` is ``p x ratio + i``; a large
+page has a *preferred* request, the one that carved it. A request's next small page comes, in this
+order (``allocate_block_id``), from
+
+1. its own preferred free small pages (oldest first), so its pages stay together and free whole;
+2. a new large page, while the request's *quota* of new large pages lasts (below);
+3. a free small page of a large page whose request is gone (its page's free siblings become the
+   request's preferred ones);
+4. another live request's preferred free small pages.
+
+The quota (``custom_block_manager.py``, ``get_num_required_block_small_to_large`` and
+``set_large_block_quota``): for ``n`` new small pages of a type, at most ``ceil(n / ratio)`` new large
+pages, or, when the free large pages cannot give every type that, at least
+``ceil(max(0, n - free small pages of the type) / ratio)``; fewer than that and the request does not
+fit. Free small pages of a type go to their large page's preferred request while it lives, else to
+a shared list (``remove_seq``). The artifact pops that shared list from a ``set``; here it is oldest
+first, so runs are reproducible.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+from policies.base import PolicyInputError
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def quotas(free_large: int, needs: Sequence[tuple[int, int, int]]) -> list[int] | None:
+    """Jenga's new-large-page quota per type for one request's ``(small pages needed, ratio, free small
+    pages)`` per type: each type's most when the free large pages give every type that, else its
+    least; None when even the least does not fit."""
+    most = [ceil_div(needed, ratio) for needed, ratio, _ in needs]
+    if free_large >= sum(most):
+        return most
+    least = [ceil_div(max(0, needed - free), ratio) for needed, ratio, free in needs]
+    return least if free_large >= sum(least) else None
+
+
+class LargePagePool:
+    """The large pages no type holds (``LargeBlockIDAllocator``): handed out oldest-freed first."""
+
+    def __init__(self, num_pages: int):
+        if num_pages <= 0:
+            raise PolicyInputError(f"a large-page pool needs pages, got {num_pages}")
+        self.num_pages = num_pages
+        self.free_ids: deque[int] = deque(range(num_pages))
+
+    @property
+    def free(self) -> int:
+        return len(self.free_ids)
+
+    def take(self) -> int:
+        return self.free_ids.popleft()
+
+    def give_back(self, page: int) -> None:
+        self.free_ids.append(page)
+
+
+class SmallPageAllocator:
+    """One layer type's small pages over the shared large pages (``SmallBlockIDAllocator``)."""
+
+    def __init__(self, large_pages: LargePagePool, ratio: int):
+        if ratio <= 0:
+            raise PolicyInputError(f"a large page holds a positive number of small pages, got {ratio}")
+        self.large_pages = large_pages
+        self.ratio = ratio
+        self.free_count: dict[int, int] = {}  # large page held by this type -> its free small pages
+        self.owner: dict[int, int] = {}  # large page -> the request it prefers (it may be gone)
+        self.preferred: dict[int, dict[int, None]] = {}  # live request -> its free small pages, in order
+        self.unowned: dict[int, None] = {}  # free small pages whose large page's request is gone
+        self.free_small = 0
+
+    @property
+    def held_large(self) -> int:
+        return len(self.free_count)
+
+    def add_request(self, seq_id: int) -> None:
+        self.preferred[seq_id] = {}
+
+    def remove_request(self, seq_id: int) -> None:
+        """The request is gone: its preferred free small pages are anyone's (``remove_seq``)."""
+        self.unowned.update(self.preferred.pop(seq_id))
+
+    def preferred_free(self, seq_id: int) -> int:
+        return len(self.preferred[seq_id])
+
+    def new_large_pages(self, seq_id: int, needed: int, quota: int) -> int:
+        """Large pages ``allocate(seq_id, needed, quota)`` takes from the shared pool."""
+        return min(quota, ceil_div(max(0, needed - len(self.preferred[seq_id])), self.ratio))
+
+    def allocate(self, seq_id: int, needed: int, quota: int) -> list[int]:
+        """``needed`` small pages for ``seq_id``, at most ``quota`` of them carved from new large pages.
+        The caller has checked that they fit (``needed <= free_small + quota x ratio``)."""
+        own = self.preferred[seq_id]
+        pages = []
+        for _ in range(needed):
+            if own:
+                page = _pop_first(own)
+            elif quota > 0:
+                large = self.large_pages.take()
+                quota -= 1
+                first = large * self.ratio
+                self.free_count[large] = self.ratio
+                self.owner[large] = seq_id
+                self.free_small += self.ratio
+                own.update(dict.fromkeys(range(first + 1, first + self.ratio)))
+                page = first
+            elif self.unowned:
+                page = _pop_first(self.unowned)
+                large = page // self.ratio
+                self.owner[large] = seq_id  # its free siblings become this request's
+                first = large * self.ratio
+                for sibling in range(first, first + self.ratio):
+                    if sibling in self.unowned:
+                        del self.unowned[sibling]
+                        own[sibling] = None
+            else:
+                page = next(_pop_first(free) for free in self.preferred.values() if free)
+            self.free_count[page // self.ratio] -= 1
+            self.free_small -= 1
+            pages.append(page)
+        return pages
+
+    def release(self, page: int) -> None:
+        """A small page is free again: its large page's request's, or anyone's; a large page whose small
+        pages are all free goes back to the shared pool (``free_block_id``)."""
+        large = page // self.ratio
+        self.free_count[large] += 1
+        self.free_small += 1
+        owner = self.owner[large]
+        free = self.preferred.get(owner, self.unowned)
+        free[page] = None
+        if self.free_count[large] == self.ratio:
+            first = large * self.ratio
+            for sibling in range(first, first + self.ratio):
+                del free[sibling]
+            del self.free_count[large]
+            del self.owner[large]
+            self.free_small -= self.ratio
+            self.large_pages.give_back(large)
+
+    def after_release(self, seq_id: int, pages: list[int]) -> tuple[int, int, int]:
+        """What releasing ``pages`` (distinct, held) would do, changing nothing: ``(large pages given
+        back, free small pages of this type after, seq_id's preferred free small pages after)``."""
+        released: dict[int, int] = {}
+        for page in pages:
+            large = page // self.ratio
+            released[large] = released.get(large, 0) + 1
+        returned, free_small, own = 0, self.free_small, len(self.preferred[seq_id])
+        for large, count in released.items():
+            mine = self.owner[large] == seq_id
+            if self.free_count[large] + count == self.ratio:
+                returned += 1  # its free small pages leave the type with it
+                free_small -= self.free_count[large]
+                own -= self.free_count[large] if mine else 0
+            else:
+                free_small += count
+                own += count if mine else 0
+        return returned, free_small, own
+
+
+def _pop_first(pages: dict[int, None]) -> int:
+    page = next(iter(pages))
+    del pages[page]
+    return page

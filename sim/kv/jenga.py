@@ -1,0 +1,341 @@
+"""``policy: jenga``: Jenga's two-level allocator (Zhang et al., SOSP 2025, arXiv 2503.18292) behind
+the engine's coordinator interface.
+
+One group per layer type (``sim/hardware/jenga_capacity.py``), each with the layer kind's rules for
+which blocks a sequence holds (``policies/hybrid/``: full attention keeps every block, a sliding
+window or an attention chunk releases what left it, a Mamba state is one page per request), and a
+small-page allocator of its own over the large pages all types share
+(``policies/hybrid/jenga_pages.py``). A kind's manager keeps the runs of block positions and their
+accounting; this coordinator gives each held position a small page.
+
+What the coordinator decides (as :class:`~sim.kv.coordinator.MultiGroupCoordinator` does for vLLM's
+groups): every operation happens in every group or in none, released blocks are freed before a step
+takes new ones (vLLM's order), and a request fits when Jenga's quota rule finds it the large pages
+(``jenga_pages.py``). Growing one sequence is checked exactly; growing several at once (an engine
+flush) only when the free large pages alone would hold every new small page, or no block is
+released and every type's free small pages hold its new ones; else it is refused whole, and the
+engine grows those sequences one token at a time, each checked exactly.
+
+Accounting, in slots of ``slot_bytes`` (one token of one attention layer): a group holds the large
+pages it carved. Its small pages held by sequences are used, reserved and internal fragmentation as
+in ``vllm-hybrid`` (scaled by the group's slots per token); its free small pages are **external
+fragmentation**: free memory that only this type can take, lost to the other types until every
+small page of its large page is free (the waste Jenga's LCM allocator bounds but does not remove).
+The large pages no type holds are free. So per group used + reserved + internal + external = its
+large pages, and with the free large pages the groups sum to the pool at every instant.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from policies.base import NO_HIT, ChildSpec, MemoryBreakdown, OutOfKVMemory, PolicyStats, PoolSpec, PrefixHit
+from policies.hybrid.block_pool import SharedBlockPool
+from policies.hybrid.group import GroupManager, GroupSequence
+from policies.hybrid.jenga_pages import LargePagePool, SmallPageAllocator, quotas
+from sim.hardware.jenga_capacity import JengaCapacity
+from sim.kv.allocators import _manager  # (each layer kind's rules, as vllm-hybrid builds them)
+from sim.kv.coordinator import Breakdown, KVCoordinator, KVGroup
+from token_content import TokenContent, content_length
+
+__all__ = ["JengaCoordinator", "JengaLayout"]
+
+
+def moves(seq: GroupSequence, first: int, end: int) -> tuple[int, int]:
+    """``(blocks released, blocks taken)`` when ``seq``'s run becomes ``[first, end)``: a run that
+    jumps past its last held block releases only what it held."""
+    return min(first, seq.end_block) - seq.first_block, end - max(first, seq.end_block)
+
+
+class JengaCoordinator(KVCoordinator):
+    def __init__(self, capacity: JengaCapacity, names: Sequence[str], prefill_tokens: int):
+        self.capacity = capacity
+        block_size = capacity.block_size
+        self.block_size = block_size
+        self.large_pages = LargePagePool(capacity.num_blocks)
+        self.large_slots = capacity.large_page_slots
+        self.managers: list[GroupManager] = []
+        self.allocators: list[SmallPageAllocator] = []
+        self.page_slots: list[int] = []  # slots of one small page, per group
+        self.holds: list[bool] = []
+        self.pages: list[dict[int, deque[int]]] = []  # per group: sequence -> its held small pages
+        groups = []
+        for name, group in zip(names, capacity.groups, strict=True):
+            slots = capacity.small_page_slots(group)
+            most = capacity.num_blocks * group.ratio  # (what one type could ever hold)
+            spec = PoolSpec(most * block_size, block_size, capacity.max_model_len, capacity.slot_bytes)
+            manager = _manager(group.kind, spec, SharedBlockPool(most, block_size), prefill_tokens)
+            self.managers.append(manager)
+            self.allocators.append(SmallPageAllocator(self.large_pages, group.ratio))
+            self.page_slots.append(slots)
+            self.holds.append(group.holds_tokens)
+            self.pages.append({})
+            groups.append(KVGroup(name, manager, capacity.slot_bytes))
+        self.groups = tuple(groups)
+        self.pool_slots = capacity.num_blocks * self.large_slots
+        self.slots_per_token = sum(
+            s // block_size for s, h in zip(self.page_slots, self.holds, strict=True) if h
+        )
+        self._token_groups = max(1, sum(self.holds))
+        self._stats = PolicyStats()
+
+    # -- prefix hits: none (prefix caching is refused with jenga) ---------------------------------
+    def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        return NO_HIT
+
+    def match(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        return NO_HIT
+
+    # -- admission and forks ----------------------------------------------------------------------
+    def _new_requests_fit(self, needs: list[list[int]]) -> bool:
+        """Do new requests, each needing ``needs[i][g]`` small pages of group ``g``, fit one after the
+        other? (A new request has no preferred pages: it takes its whole quota.)"""
+        free_large = self.large_pages.free
+        free_small = [allocator.free_small for allocator in self.allocators]
+        for request in needs:
+            ratios = [allocator.ratio for allocator in self.allocators]
+            quota = quotas(free_large, list(zip(request, ratios, free_small, strict=True)))
+            if quota is None:
+                return False
+            free_large -= sum(quota)
+            for g, (needed, ratio, taken) in enumerate(zip(request, ratios, quota, strict=True)):
+                free_small[g] += taken * ratio - needed
+        return True
+
+    def _prompt_needs(self, prompt: TokenContent) -> list[int]:
+        length = content_length(prompt)
+        return [end - first for first, end in (m.prefill_run(length) for m in self.managers)]
+
+    def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
+        return self._new_requests_fit([self._prompt_needs(prompt)])
+
+    def admit(
+        self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
+    ) -> int:
+        needs = self._prompt_needs(prompt)
+        if not self._new_requests_fit([needs]):
+            self._refuse(f"admitting sequence {seq_id}", needs)
+        for manager in self.managers:  # (the first checks the sequence: nothing changes if it is bad)
+            manager.admit(seq_id, prompt, final_len, output_content_id, namespace)
+        self._take_new(seq_id, needs)
+        return 0
+
+    def _take_new(self, seq_id: int, needs: list[int]) -> None:
+        free_large = self.large_pages.free
+        allocators = self.allocators
+        quota = quotas(
+            free_large, [(n, a.ratio, a.free_small) for n, a in zip(needs, allocators, strict=True)]
+        )
+        assert quota is not None, "a new request that was checked to fit"
+        for group, (allocator, needed) in enumerate(zip(allocators, needs, strict=True)):
+            allocator.add_request(seq_id)
+            self.pages[group][seq_id] = deque(allocator.allocate(seq_id, needed, quota[group]))
+
+    def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
+        """Each child gets its own copy of the parent's held blocks (no prefix cache to share through)."""
+        held = [end - first for first, end in (m.held_blocks(parent_id) for m in self.managers)]
+        if not self._new_requests_fit([held] * len(children)):
+            self._refuse(f"forking sequence {parent_id}", [n * len(children) for n in held])
+        for manager in self.managers:
+            manager.fork(parent_id, children)
+        for child in children:
+            self._take_new(child.seq_id, held)
+
+    def _refuse(self, what: str, needs: list[int]) -> None:
+        self._stats.allocation_failures += 1
+        needed = sum(n * s for n, s in zip(needs, self.page_slots, strict=True))
+        free = self.large_pages.free * self.large_slots
+        free += sum(a.free_small * s for a, s in zip(self.allocators, self.page_slots, strict=True))
+        raise OutOfKVMemory(
+            f"{what} needs {needed} slots in small pages of Jenga's large pages, {free} free "
+            f"({self.large_pages.free} large pages free)",
+            needed_slots=needed,
+            free_slots=free,
+        )
+
+    # -- growth -----------------------------------------------------------------------------------
+    def _plans(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> list[list[tuple]]:
+        """Each group's plan (``GroupManager.plan_growth``): per sequence ``(seq, tokens, first, end)``."""
+        first = self.managers[0]
+        plans = [first.plan_growth(seq_ids, num_tokens)[1]]
+        plans += [m.plan_checked_growth(seq_ids, num_tokens)[1] for m in self.managers[1:]]
+        return plans
+
+    def _one_fits(self, seq_id: int, plans: list[list[tuple]], index: int) -> list[int] | None:
+        """The quota of growing the ``index``-th planned sequence, its released blocks freed first,
+        exactly as the allocators stand now; None when it does not fit."""
+        free_large = self.large_pages.free
+        needs = []
+        for group, allocator in enumerate(self.allocators):
+            seq, _, first, end = plans[group][index]
+            released, taken = moves(seq, first, end)
+            held = self.pages[group][seq_id]
+            returned, free_small, _ = allocator.after_release(seq_id, [held[i] for i in range(released)])
+            free_large += returned
+            needs.append((taken, allocator.ratio, free_small))
+        return quotas(free_large, needs)
+
+    def _many_fit(self, plans: list[list[tuple]]) -> bool:
+        """Will several sequences' growth fit, whatever each one's quota takes? (Module docstring.)"""
+        new = [sum(moves(seq, first, end)[1] for seq, _, first, end in plan) for plan in plans]
+        if self.large_pages.free >= sum(new):
+            return True
+        releases = any(moves(seq, first, end)[0] for plan in plans for seq, _, first, end in plan)
+        return not releases and all(a.free_small >= n for a, n in zip(self.allocators, new, strict=True))
+
+    def _fits(self, seq_ids: Sequence[int], plans: list[list[tuple]]) -> bool:
+        if len(seq_ids) == 1:
+            return self._one_fits(seq_ids[0], plans, 0) is not None
+        return self._many_fit(plans)
+
+    def fits_growth(self, seq_ids: list[int], num_tokens: int) -> bool:
+        return self._fits(seq_ids, self._plans(seq_ids, [num_tokens] * len(seq_ids)))
+
+    def grow(self, seq_id: int, num_tokens: int) -> None:
+        self.grow_each([seq_id], [num_tokens])
+
+    def grow_each(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
+        plans = self._plans(seq_ids, num_tokens)
+        if not self._fits(seq_ids, plans):
+            needs = [sum(moves(seq, first, end)[1] for seq, _, first, end in plan) for plan in plans]
+            self._refuse(f"growing sequences {list(seq_ids)}", needs)
+        for index, seq_id in enumerate(seq_ids):
+            quota = self._one_fits(seq_id, plans, index)
+            assert quota is not None, "a growth that was checked to fit"
+            taken = []
+            for group, allocator in enumerate(self.allocators):
+                seq, _, first, end = plans[group][index]
+                released, new = moves(seq, first, end)
+                taken.append(new)
+                held = self.pages[group][seq_id]
+                for _ in range(released):  # vLLM frees skipped blocks before allocating
+                    allocator.release(held.popleft())
+            for group, allocator in enumerate(self.allocators):
+                self.pages[group][seq_id].extend(allocator.allocate(seq_id, taken[group], quota[group]))
+        rooms: list[int] | None = None
+        for manager, plan in zip(self.managers, plans, strict=True):
+            net = sum((end - first) - (seq.end_block - seq.first_block) for seq, _, first, end in plan)
+            manager.shared_pool.adjust(net)
+            more = manager.commit_growth(plan)
+            rooms = more if rooms is None else [min(a, b) for a, b in zip(rooms, more, strict=True)]
+        assert rooms is not None
+        return rooms
+
+    def free(self, seq_id: int, finished: bool = True) -> None:
+        for manager in self.managers:
+            manager.free(seq_id, finished)  # (the first checks the sequence)
+        for group, allocator in enumerate(self.allocators):
+            for page in self.pages[group].pop(seq_id):
+                allocator.release(page)
+            allocator.remove_request(seq_id)
+
+    def growth_room(self, seq_id: int) -> int:
+        return min(manager.growth_room(seq_id) for manager in self.managers)
+
+    def available_slots(self) -> int:
+        """Tokens every sequence together is sure to grow by: a small page per block in every type
+        that holds tokens, each from a free large page (what any quota can take)."""
+        return self.large_pages.free // self._token_groups * self.block_size
+
+    def seq_len(self, seq_id: int) -> int:
+        return self.managers[0].seq_len(seq_id)
+
+    def prepare_decode_step(self, num_sequences: int) -> None:
+        return None
+
+    # -- accounting -------------------------------------------------------------------------------
+    def group_entries(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """Every group, then the large pages no type holds; and the slots a token fills in each (its
+        group's layers; none in a Mamba state or a free large page)."""
+        weights = tuple(
+            s // self.block_size if h else 0 for s, h in zip(self.page_slots, self.holds, strict=True)
+        )
+        return tuple(g.name for g in self.groups) + ("large pages",), weights + (0,)
+
+    def group_breakdown_values(self) -> tuple[int, ...]:
+        values: list[int] = []
+        for manager, allocator, slots, holds in zip(
+            self.managers, self.allocators, self.page_slots, self.holds, strict=True
+        ):
+            used, reserved, internal, _, _, _ = manager.breakdown_values()
+            if holds:  # (the manager counts one slot per token of its group)
+                weight = slots // self.block_size
+                used, reserved, internal = used * weight, reserved * weight, internal * weight
+            else:  # a Mamba page is one request's state: used
+                used, reserved, internal = (
+                    (allocator.held_large * allocator.ratio - allocator.free_small) * slots,
+                    0,
+                    0,
+                )
+            values += [used, reserved, internal, allocator.free_small * slots, 0, 0]
+        values += [0, 0, 0, 0, 0, self.large_pages.free * self.large_slots]
+        return tuple(values)
+
+    def group_breakdowns(self) -> dict[str, MemoryBreakdown]:
+        names, _ = self.group_entries()
+        values = self.group_breakdown_values()
+        return {name: MemoryBreakdown(*values[6 * i : 6 * i + 6]) for i, name in enumerate(names)}
+
+    def breakdown_values(self) -> Breakdown:
+        values = self.group_breakdown_values()
+        used, reserved, internal, external, cached, free = (sum(values[k::6]) for k in range(6))
+        return used, reserved, internal, external, cached, free
+
+    def breakdown_bytes(self) -> dict[str, int]:
+        slot_bytes = self.capacity.slot_bytes
+        return {
+            name: value * slot_bytes
+            for name, value in zip(MemoryBreakdown.CATEGORIES, self.breakdown_values(), strict=True)
+        }
+
+    def sharing_slots(self) -> tuple[int, int]:
+        used, reserved, internal, _, _, _ = self.breakdown_values()
+        return used + reserved + internal, used + reserved + internal
+
+    def host_breakdown_values(self) -> tuple[int, int]:
+        return 0, 0
+
+    @property
+    def stats(self) -> PolicyStats:
+        every = [manager.stats for manager in self.managers] + [self._stats]
+        return PolicyStats(
+            fork_copied_tokens=sum(s.fork_copied_tokens for s in every),
+            allocation_failures=sum(s.allocation_failures for s in every),
+        )
+
+    def evictions(self) -> int:
+        return 0  # (no prefix cache to evict from)
+
+    def cow_copies(self) -> int:
+        return 0  # (forks copy; nothing is shared to copy on write)
+
+    @property
+    def host_tier(self) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class JengaLayout:
+    """Jenga's pool (``sim/hardware/jenga_capacity.py``) and how to build one replica's groups over it."""
+
+    capacity: JengaCapacity
+    max_model_len: int
+    prefill_tokens: int
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.capacity.slot_bytes
+
+    @property
+    def pool(self) -> PoolSpec:
+        capacity = self.capacity
+        slots = capacity.num_blocks * capacity.large_page_slots
+        return PoolSpec(slots, capacity.block_size, self.max_model_len, capacity.slot_bytes)
+
+    def group_names(self) -> list[str]:
+        return [group.kind.label for group in self.capacity.groups]
+
+    def make_coordinator(self) -> JengaCoordinator:
+        return JengaCoordinator(self.capacity, self.group_names(), self.prefill_tokens)

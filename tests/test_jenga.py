@@ -1,0 +1,299 @@
+"""``policy: jenga``: Jenga's two-level allocator. Large and small page tables worked out by hand
+from the artifact's rules (``policies/hybrid/jenga_pages.py``: a request's own free small pages
+first, then a new large page within its quota, then pages whose request is gone, then another
+request's), the LCM sizing of Gemma 3 by hand, the accounting identity under random operations, a
+run beside paged and vllm-hybrid whose breakdown stays whole, and the bad inputs refused before
+anything runs."""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.base import ChildSpec, OutOfKVMemory
+from policies.hybrid.jenga_pages import quotas
+from sim.config import ConfigError, validate_experiment
+from sim.hardware.jenga_capacity import JengaCapacity, JengaGroupSpec, jenga_kv_capacity
+from sim.hardware.layers import FullAttention, SlidingWindow
+from sim.kv.jenga import JengaCoordinator
+from sim.runner import prepare_experiment, run_experiment
+from tests.test_hybrid_runs import config as hybrid_config
+
+BREAKDOWN = [
+    "used_tokens",
+    "reserved_tokens",
+    "internal_fragmentation_tokens",
+    "external_fragmentation_tokens",
+    "cached_tokens",
+    "free_tokens",
+]
+
+
+def prompt(tokens: int):
+    return ((1, tokens),)
+
+
+def tiny(large_pages: int = 4, prefill_tokens: int = 64) -> JengaCoordinator:
+    """Two layer types with different page bytes, one slot a byte (a token in one layer): blocks of 4
+    tokens; full attention in 2 layers (small page 8 B), a sliding window of 8 tokens in 3 layers
+    (small page 12 B). Large page lcm(8, 12) = 24 B: 3 full or 2 sliding small pages."""
+    groups = (
+        JengaGroupSpec(FullAttention(), 2, 8, 3, 16),
+        JengaGroupSpec(SlidingWindow(8), 3, 12, 2, 6),
+    )
+    capacity = JengaCapacity("tiny", 64, 4, 24, groups, large_pages, 1, 24 * large_pages, 24)
+    return JengaCoordinator(capacity, ["full", "sliding"], prefill_tokens)
+
+
+def pages(kv: JengaCoordinator, seq_id: int) -> list[list[int]]:
+    return [list(group[seq_id]) for group in kv.pages]
+
+
+def entries(kv: JengaCoordinator) -> list[tuple[int, ...]]:
+    values = kv.group_breakdown_values()
+    return [values[index : index + 6] for index in range(0, len(values), 6)]
+
+
+def check_identity(kv: JengaCoordinator) -> None:
+    """Per group: used + reserved + internal + external = its large pages; with the free large pages,
+    the pool. And the page tables agree with the kinds' runs."""
+    groups = entries(kv)
+    for allocator, values in zip(kv.allocators, groups, strict=False):
+        assert sum(values) == allocator.held_large * kv.large_slots
+        assert min(values) >= 0
+        assert sum(allocator.free_count.values()) == allocator.free_small
+    assert groups[-1][5] == kv.large_pages.free * kv.large_slots
+    assert sum(kv.breakdown_values()) == kv.pool_slots
+    held = sum(allocator.held_large for allocator in kv.allocators)
+    assert held + kv.large_pages.free == kv.capacity.num_blocks
+    for manager, table in zip(kv.managers, kv.pages, strict=True):
+        for seq_id, held_pages in table.items():
+            first, end = manager.held_blocks(seq_id)
+            assert len(held_pages) == end - first
+
+
+def test_quota_is_the_most_when_every_type_gets_it_else_the_least():
+    # Needs (small pages, ratio, free small pages): (2, 3, 0) and (1, 2, 5): most 1 + 1, least 1 + 0.
+    assert quotas(2, [(2, 3, 0), (1, 2, 5)]) == [1, 1]
+    assert quotas(1, [(2, 3, 0), (1, 2, 5)]) == [1, 0]
+    assert quotas(0, [(2, 3, 0), (1, 2, 5)]) is None
+
+
+def test_admit_grow_past_the_window_share_and_free_by_hand():
+    kv = tiny()
+    assert kv.pool_slots == 96 and kv.slots_per_token == 2 + 3
+    # A: prompt 6 tokens, final 20. Full: blocks 0-1 (2 small pages); sliding: chunked prefill holds
+    # cdiv(8 - 1 + 6, 4) + 1 = 5 blocks at most, so the whole prompt, blocks 0-1. Quotas: most
+    # ceil(2/3) = 1 and ceil(2/2) = 1, 2 <= 4 free large pages: full carves large page 0 (small
+    # pages 0, 1, 2), sliding large page 1 (small pages 2, 3).
+    kv.admit(1, prompt(6), 20, 9)
+    assert pages(kv, 1) == [[0, 1], [2, 3]]
+    assert list(kv.large_pages.free_ids) == [2, 3]
+    # Full: used 6 tokens x 2 slots, reserved (8 - 6) x 2, its free small page 2 external (8 slots);
+    # sliding: used 6 x 3, reserved 2 x 3; free: 2 large pages of 24.
+    assert entries(kv) == [(12, 4, 0, 8, 0, 0), (18, 6, 0, 0, 0, 0), (0, 0, 0, 0, 0, 48)]
+    check_identity(kv)
+    # To 9 tokens: a block more in each. Full takes its own free small page 2; sliding's own are none,
+    # and 1 + 1 <= 2 free large: it carves large page 2 (small pages 4, 5) and takes 4.
+    kv.grow(1, 3)
+    assert pages(kv, 1) == [[0, 1, 2], [2, 3, 4]]
+    assert entries(kv) == [(18, 6, 0, 0, 0, 0), (27, 9, 0, 12, 0, 0), (0, 0, 0, 0, 0, 24)]
+    # To 13 tokens: the window (8) leaves block 0, so sliding frees small page 2 (back to A: large
+    # page 1 is A's) before it takes block 3. Most 1 + 1 > 1 free large: the least, full
+    # ceil((1 - 0) / 3) = 1, sliding ceil(max(0, 1 - 2) / 2) = 0. Full carves large page 3 (small
+    # pages 9, 10, 11); sliding takes its oldest own free small page, 5.
+    kv.grow(1, 4)
+    assert pages(kv, 1) == [[0, 1, 2, 9], [3, 4, 5]]
+    assert kv.large_pages.free == 0
+    assert kv.allocators[1].preferred[1] == {2: None}
+    # Full: 2 large pages; used 13 x 2, reserved (16 - 13) x 2, small pages 10 and 11 free (16 slots).
+    # Sliding: blocks 1-3 hold tokens 4..12 (9 x 3), reserved 3 x 3, small page 2 free (12).
+    assert entries(kv) == [(26, 6, 0, 16, 0, 0), (27, 9, 0, 12, 0, 0), (0, 0, 0, 0, 0, 0)]
+    check_identity(kv)
+    # B: prompt 4, final 10; no free large page, but each type's free small pages hold a block
+    # (quotas 0, 0): B takes A's free ones, full 10 and sliding 2.
+    kv.admit(2, prompt(4), 10, 9)
+    assert pages(kv, 2) == [[10], [2]]
+    # A prompt needing a new large page now does not fit, and nothing changes.
+    before = entries(kv)
+    with pytest.raises(OutOfKVMemory):
+        kv.admit(3, prompt(12), 16, 9)
+    assert entries(kv) == before and kv.stats.allocation_failures == 1
+    # A ends. Full: large page 0 (0, 1, 2) is all free and goes back; large page 3 keeps B's 10.
+    # Sliding: large page 2 (4, 5) goes back; large page 1 keeps B's 2 (3 is free again).
+    kv.free(1)
+    assert list(kv.large_pages.free_ids) == [0, 2]
+    assert kv.allocators[0].free_count == {3: 2} and kv.allocators[1].free_count == {1: 1}
+    assert kv.allocators[0].unowned == {9: None, 11: None}  # A's, whose request is gone
+    assert entries(kv) == [(8, 0, 0, 16, 0, 0), (12, 0, 0, 12, 0, 0), (0, 0, 0, 0, 0, 48)]
+    check_identity(kv)
+    kv.free(2)
+    assert kv.large_pages.free == 4 and entries(kv)[-1] == (0, 0, 0, 0, 0, 96)
+
+
+def test_unowned_small_pages_go_to_the_request_that_takes_one():
+    """With no free large page, a request takes a free small page whose request is gone, and that
+    page's free siblings become its own (``allocate_block_id``'s no-prefer branch)."""
+    kv = tiny(large_pages=3)
+    kv.admit(1, prompt(4), 8, 9)  # full carves large page 0, sliding large page 1
+    kv.free(1)  # both whole again: free large pages 2, 0, 1
+    assert list(kv.large_pages.free_ids) == [2, 0, 1]
+    # Again: full carves large page 2 (takes 6; 7, 8 its own), sliding large page 0 (0; 1 its own).
+    kv.admit(1, prompt(4), 8, 9)
+    # B: most 1 + 1 > 1 free large page, least 0 + 0: it takes A's free ones, full 7 and sliding 1.
+    kv.admit(2, prompt(4), 8, 9)
+    assert pages(kv, 2) == [[7], [1]]
+    kv.free(1)  # full 6 and 8 (large page 2, B holds 7) and sliding 0 (large page 0) are nobody's
+    assert kv.allocators[0].unowned == {8: None, 6: None} and kv.allocators[1].unowned == {0: None}
+    # C (prompt 4, final 12): least 0 + 0 again. Full takes 8 from the unowned list, and its sibling 6
+    # becomes C's own; sliding takes 0.
+    kv.admit(3, prompt(4), 12, 9)
+    assert pages(kv, 3) == [[8], [0]]
+    assert kv.allocators[0].owner[2] == 3 and kv.allocators[0].preferred[3] == {6: None}
+    # C to 8 tokens: a block more in each. Sliding has no free small page: most 1 + 1 > 1, least
+    # 0 + 1; full takes its own 6, sliding carves the last large page, 1 (small pages 2, 3).
+    kv.grow(3, 4)
+    assert pages(kv, 3) == [[8, 6], [0, 2]] and kv.large_pages.free == 0
+    check_identity(kv)
+
+
+def test_fork_copies_the_parents_pages_into_large_pages_of_each_child():
+    kv = tiny()
+    kv.admit(1, prompt(6), 20, 9)
+    kv.fork(1, [ChildSpec(2, 20, 9)])
+    # The child needs 2 + 2 small pages: quotas 1 + 1 of the 2 free large pages.
+    assert pages(kv, 2) == [[6, 7], [6, 7]] and kv.large_pages.free == 0
+    with pytest.raises(OutOfKVMemory):
+        kv.fork(1, [ChildSpec(3, 20, 9)])
+    check_identity(kv)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40), st.integers(0, 30)), max_size=60))
+def test_the_identity_holds_per_group_and_in_total_under_random_operations(operations):
+    kv = tiny(large_pages=6, prefill_tokens=8)
+    live: dict[int, int] = {}
+    next_id = 0
+    for kind, a, b in operations:
+        try:
+            if kind == 0:
+                final = min(64, a + b + 1)
+                kv.admit(next_id, prompt(a), final, 9)
+                live[next_id] = final
+                next_id += 1
+            elif kind == 1 and live:
+                seq_id = sorted(live)[a % len(live)]
+                room = live[seq_id] - kv.seq_len(seq_id)
+                if room:
+                    kv.grow(seq_id, 1 + b % room)
+            elif kind == 2 and live:
+                ids = sorted(live)
+                grow = [seq_id for seq_id in ids if kv.seq_len(seq_id) < live[seq_id]]
+                if grow:
+                    kv.grow_each(grow, [1] * len(grow))
+            elif kind == 3 and live:
+                seq_id = sorted(live)[a % len(live)]
+                kv.free(seq_id)
+                del live[seq_id]
+        except OutOfKVMemory:
+            pass
+        check_identity(kv)
+
+
+# -- sizing ---------------------------------------------------------------------------------------------
+def test_gemma3_large_page_is_the_lcm_of_its_two_small_pages():
+    """Gemma-3-27B: a token in one layer is K and V of 16 heads of 128 at 2 B = 8,192 B; a block of 16
+    tokens 131,072 B. Sliding: 52 layers, 6,815,744 B; full: 10 layers, 1,310,720 B. Large page:
+    lcm(52, 10) = 260 layer-blocks = 34,078,720 B, 5 sliding or 26 full small pages. 40 GiB =
+    42,949,672,960 B: cdiv(.., 34,078,720) - 1 = 1,261 - 1 = 1,260 large pages. A request of 8,192
+    tokens: sliding cdiv(1,023 + 8,192 -> 8,192, 16) + 1 = 513 blocks, full 512: 513 / 5 + 512 / 26
+    = 122.29 large pages; 1,260 / 122.29 = 10.30x."""
+    capacity = jenga_kv_capacity("Gemma-3-27B", 40 * 2**30, max_model_len=8192)
+    assert capacity.large_page_bytes == 34_078_720 == capacity.lcm_bytes
+    assert [(g.layers, g.page_bytes, g.ratio, g.blocks_per_request) for g in capacity.groups] == [
+        (52, 6_815_744, 5, 513),
+        (10, 1_310_720, 26, 512),
+    ]
+    assert capacity.num_blocks == 1260 and capacity.slot_bytes == 8192 and capacity.large_page_slots == 4160
+    assert capacity.capacity_lines()[1] == "Maximum concurrency for 8,192 tokens per request: 10.30x"
+
+
+def test_a_large_page_a_small_page_does_not_divide_is_refused():
+    with pytest.raises(
+        ValueError, match=re.escape("large_page_bytes: 1,000,000 is not a multiple of the sliding(1024)")
+    ):
+        jenga_kv_capacity("Gemma-3-27B", 40 * 2**30, max_model_len=8192, large_page_bytes=1_000_000)
+
+
+# -- end to end ------------------------------------------------------------------------------------------
+PAGED = {"name": "paged", "policy": "paged"}
+VLLM = {"name": "vllm", "policy": "vllm-hybrid"}
+JENGA = {"name": "jenga", "policy": "jenga"}
+
+
+def config(variants: list[dict], **engine) -> dict:
+    """The hybrid runs' experiment (tests/test_hybrid_runs.py) on Gemma-3-27B, 6 GB of KV, 8,192 tokens."""
+    settings = {"kv_cache_memory_bytes": 6_000_000_000, "max_model_len": 8192, **engine}
+    return hybrid_config("Gemma-3-27B", variants, **settings)
+
+
+def test_beside_paged_and_vllm_hybrid_its_pool_stays_whole(tmp_path):
+    experiment = validate_experiment(config([PAGED, VLLM, JENGA]))
+    results = {
+        result.name: result
+        for result in run_experiment(experiment, tmp_path / "c.yaml", out_dir=tmp_path / "out")
+    }
+    summary = results["jenga"].summary
+    # 6e9 B: cdiv(6e9, 34,078,720) - 1 = 177 - 1 = 176 large pages of 4,160 slots (a token in one layer).
+    assert summary["num_gpu_blocks"] == 176 and summary["kv_pool_tokens"] == 176 * 4160
+    assert summary["kv_bytes_per_token"] == 8192 and summary["kv_groups"] == 2
+    assert summary["requests_finished"] == 120
+    # No padded layers: more requests at once than vLLM's groups (60 layers' pages for 52).
+    assert summary["mean_running"] > results["vllm"].summary["mean_running"]
+    series = pd.read_parquet(tmp_path / "out" / "jenga" / "timeseries.parquet")
+    assert (series[BREAKDOWN].sum(axis=1) == summary["kv_pool_tokens"]).all()
+    assert (series[BREAKDOWN] >= 0).all().all()
+    groups = pd.read_parquet(tmp_path / "out" / "jenga" / "kv_groups.parquet")
+    # One row per entry (sliding, full, the free large pages) at each change: every change sums to the pool.
+    assert list(groups["kv_group"][:3]) == ["sliding(1024)", "full", "large pages"]
+    totals = groups[BREAKDOWN].to_numpy().reshape(-1, 3 * len(BREAKDOWN)).sum(axis=1)
+    assert (totals == summary["kv_pool_tokens"]).all()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"engine": {"enable_prefix_caching": True}}, "policy 'jenga' has no prefix cache yet"),
+        (
+            {"variants": [PAGED, {**JENGA, "options": {"large_page_bytes": 1_000_000}}]},
+            "variants.1.options.large_page_bytes: 1,000,000 is not a multiple of the sliding(1024) small page "
+            "(52 layers x 131,072 B = 6,815,744 B, block_size 16)",
+        ),
+        (
+            {"variants": [PAGED, {**JENGA, "options": {"large_page_bytes": -3}}]},
+            "variants.1.options.large_page_bytes: must be a positive integer, got -3",
+        ),
+        # Sliding: cdiv(min(1,023 + 16,384, 8,192), 16) + 1 = 513 blocks, 103 large pages; full: 512
+        # blocks, 20; 2e8 B hold cdiv(2e8, 34,078,720) - 1 = 5.
+        (
+            {"engine": {"kv_cache_memory_bytes": 200_000_000}},
+            "jenga: Gemma-3-27B: one request of max_model_len 8,192 tokens needs 123 large pages of "
+            "34,078,720 B, the 200,000,000 B of KV memory hold 5",
+        ),
+        (
+            {"engine": {"num_gpu_blocks_override": 800, "kv_cache_memory_bytes": None}},
+            "jenga sizes its large pages from the KV memory",
+        ),
+        ({"engine": {"preemption_mode": "swap"}}, "jenga preempts by recompute only"),
+    ],
+)
+def test_what_it_cannot_do_is_refused_before_anything_runs(tmp_path, change, message):
+    raw = config([PAGED, JENGA])
+    for key, value in change.items():
+        raw[key] = {**raw[key], **value} if isinstance(value, dict) and key in raw else value
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        prepare_experiment(validate_experiment(raw), tmp_path / "c.yaml")
