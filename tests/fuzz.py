@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tests.hybrid_driver import LAYOUTS, HybridDriver
 from tests.test_host_tier import TierDriver
 from tests.test_policy_properties import VARIANTS, Driver
 
@@ -34,6 +35,8 @@ NAMES += ["radix-hicache-31-write_through", "radix-page-3-hicache-32-write_back"
 NAMES += ["radix-hicache-40-write_through_selective"]
 assert len(NAMES) == len(VARIANTS)
 NAMES += ["prefix-host-tier-8"]  # the prefix policy with an 8-block host tier (tests/test_host_tier.py)
+HYBRID = list(LAYOUTS)  # hybrid allocators' KV groups behind their coordinator (tests/hybrid_driver.py)
+NAMES += HYBRID
 
 
 @dataclass
@@ -47,10 +50,12 @@ class Outcome:
     error: str = ""
 
 
-def driver_for(index: int) -> Driver:
+def driver_for(index: int) -> Driver | HybridDriver:
     if index < len(VARIANTS):
         name, options = VARIANTS[index]
         return Driver(name, options)
+    if NAMES[index] in HYBRID:
+        return HybridDriver(NAMES[index])
     return TierDriver(host_blocks=8)
 
 

@@ -340,3 +340,23 @@ def test_a_shared_pool_is_checked_when_it_is_made():
                 KVGroup("b", MambaGroup(spec(2), other, 4096), slot_bytes=3),
             ]
         )
+
+
+@pytest.mark.parametrize("layout", ["vllm-hybrid-groups", "sglang-hybrid-pools"])
+def test_fuzz_driver_keeps_every_group_whole(layout):
+    """``make fuzz``'s hybrid variants, briefly: 3,000 seeded operations of its mix, each followed by
+    the per-group checks of tests/hybrid_driver.py; memory must bind (some operations refused) and
+    every kind of operation must run."""
+    import numpy as np
+
+    from tests.fuzz import WEIGHTS
+    from tests.hybrid_driver import HybridDriver
+
+    driver = HybridDriver(layout)
+    rng = np.random.default_rng(5)
+    kinds = list(WEIGHTS)
+    for pick in rng.choice(len(kinds), size=3000, p=list(WEIGHTS.values())):
+        driver.apply(kinds[pick], int(rng.integers(0, 50)), int(rng.integers(0, 21)))
+    driver.drain()
+    assert {"admit", "grow", "fork", "free", "preempt", "decode_step"} <= set(driver.done)
+    assert driver.failed["admit"] > 0 and driver.failed["grow"] + driver.failed["decode_step"] > 0

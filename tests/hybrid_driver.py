@@ -1,0 +1,179 @@
+"""Random operations on a hybrid allocator's KV groups behind their coordinator, every invariant checked
+after every one: the driver of ``make fuzz``'s hybrid variants (``tests/fuzz.py``) and of the fast
+test below it in ``tests/test_hybrid_groups.py``.
+
+Invariants (issue 39: "the accounting identity holds per group under 10^6 fuzzed operations"):
+
+- the pool is whole: the breakdown sums to the pool's slots, every category of every entry (each
+  group, each shared pool's free slots) is non-negative, and per category the entries add up to the
+  pool-wide breakdown;
+- each group's part is what its sequences hold: used + reserved + internal fragmentation of a group is
+  its held blocks' slots, and the shared pools' held blocks are the groups' held blocks;
+- every live sequence is in every group, at the same length;
+- a refused operation (``OutOfKVMemory``) changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from policies.base import ChildSpec, OutOfKVMemory, PolicyInputError, PoolSpec
+from policies.hybrid.block_pool import SharedBlockPool
+from policies.hybrid.chunked_local import ChunkedLocalGroup
+from policies.hybrid.full import FullAttentionGroup
+from policies.hybrid.mamba import MambaGroup
+from policies.hybrid.sglang_sliding_window import SGLangSlidingWindowGroup
+from policies.hybrid.sliding_window import SlidingWindowGroup
+from sim.kv.coordinator import KVGroup, MultiGroupCoordinator, make_coordinator
+
+BLOCK = 4
+CATEGORIES = 6
+
+
+def vllm_groups(blocks: int = 64, prefill_tokens: int = 24) -> MultiGroupCoordinator:
+    """vLLM's hybrid manager over one pool: full, sliding window (8), chunked local (8) and Mamba
+    groups; prompts computed 24 tokens a step (chunked prefill's hold)."""
+    pool = SharedBlockPool(blocks, BLOCK, pool_slots=blocks * BLOCK + 3)
+    spec = PoolSpec(blocks * BLOCK, BLOCK, 4096)
+    kv = make_coordinator(
+        [
+            KVGroup("full", FullAttentionGroup(spec, pool, prefill_tokens)),
+            KVGroup("sliding(8)", SlidingWindowGroup(spec, pool, prefill_tokens, window=8)),
+            KVGroup("chunked(8)", ChunkedLocalGroup(spec, pool, prefill_tokens, chunk=8)),
+            KVGroup("mamba", MambaGroup(spec, pool, prefill_tokens)),
+        ]
+    )
+    assert isinstance(kv, MultiGroupCoordinator)
+    return kv
+
+
+def sglang_pools(full_tokens: int = 240, swa_tokens: int = 160, page: int = 2) -> MultiGroupCoordinator:
+    """SGLang's two pools: a full-attention pool and a sliding-window (6) pool of their own, prompts
+    computed in chunks of 20 tokens."""
+    full_pool = SharedBlockPool(full_tokens // page, page)
+    swa_pool = SharedBlockPool(swa_tokens // page, page)
+    full_spec = PoolSpec(full_tokens, page, 4096)
+    swa_spec = PoolSpec(swa_tokens, page, 4096)
+    kv = make_coordinator(
+        [
+            KVGroup("full", FullAttentionGroup(full_spec, full_pool, 20)),
+            KVGroup("sliding(6)", SGLangSlidingWindowGroup(swa_spec, swa_pool, 20, 6)),
+        ]
+    )
+    assert isinstance(kv, MultiGroupCoordinator)
+    return kv
+
+
+LAYOUTS = {"vllm-hybrid-groups": vllm_groups, "sglang-hybrid-pools": sglang_pools}
+
+
+class HybridDriver:
+    """Applies ``(kind, choice, amount)`` operations (``tests/fuzz.py``'s mix) and checks after each."""
+
+    def __init__(self, layout: str):
+        self.kv = vllm_groups() if layout == "vllm-hybrid-groups" else sglang_pools()
+        self.policy = self.kv  # (what tests/fuzz.py reads its eviction count from)
+        self.names, _ = self.kv.group_entries()
+        self.final_len: dict[int, int] = {}
+        self.next_id = 1
+        self.done: Counter[str] = Counter()
+        self.failed: Counter[str] = Counter()
+        self.check()
+
+    def apply(self, kind: str, choice: int, amount: int) -> None:
+        before = self.kv.group_breakdown_values()
+        try:
+            applied = self._apply(kind, choice, amount)
+        except OutOfKVMemory:
+            self.failed[kind] += 1
+            assert self.kv.group_breakdown_values() == before, f"a refused {kind} changed the pool"
+        else:
+            if applied:
+                self.done[kind] += 1
+        self.check()
+
+    def _apply(self, kind: str, choice: int, amount: int) -> bool:
+        live = sorted(self.final_len)
+        if kind == "admit":
+            seq_id, self.next_id = self.next_id, self.next_id + 1
+            prompt_len = 1 + amount * 3
+            final_len = prompt_len + 1 + choice
+            self.kv.admit(seq_id, ((seq_id, prompt_len),), final_len, 1000 + seq_id)
+            self.final_len[seq_id] = final_len
+            return True
+        if not live:
+            return False
+        seq_id = live[choice % len(live)]
+        if kind == "grow":
+            room = self.final_len[seq_id] - self.kv.seq_len(seq_id)
+            if room <= 0:
+                return False
+            self.kv.grow(seq_id, min(room, 1 + amount % 5))
+            return True
+        if kind == "decode_step":
+            growing = [seq for seq in live if self.kv.seq_len(seq) < self.final_len[seq]]
+            if not growing:
+                return False
+            self.kv.grow_each(growing, [1] * len(growing))
+            return True
+        if kind in ("free", "preempt"):
+            self.kv.free(seq_id, finished=kind == "free")
+            del self.final_len[seq_id]
+            return True
+        if kind == "fork":
+            child, self.next_id = self.next_id, self.next_id + 1
+            self.kv.fork(seq_id, [ChildSpec(child, self.final_len[seq_id], -child)])
+            self.final_len[child] = self.final_len[seq_id]
+            return True
+        return False  # match, evict: no prefix cache in these allocators
+
+    def drain(self) -> None:
+        for seq_id in sorted(self.final_len):
+            self.kv.free(seq_id)
+        self.final_len.clear()
+        self.check()
+        used, reserved, internal, external, cached, free = self.kv.breakdown_values()
+        # (a pool's slots past its last whole block are external fragmentation, always)
+        assert (used, reserved, internal, cached) == (0, 0, 0, 0), "an empty pool holds slots"
+        assert external + free == self.kv.pool_slots
+
+    def check(self) -> None:
+        kv = self.kv
+        total = kv.breakdown_values()
+        assert sum(total) == kv.pool_slots, f"breakdown {total} is not the pool's {kv.pool_slots} slots"
+        entries = kv.group_breakdown_values()
+        assert len(entries) == CATEGORIES * len(self.names)
+        assert min(entries) >= 0, (
+            f"a negative category: {dict(zip(self.names, _chunks(entries), strict=True))}"
+        )
+        for category in range(CATEGORIES):
+            assert sum(entries[category::CATEGORIES]) == total[category], (
+                f"category {category} does not add up"
+            )
+        held_by_groups = 0
+        for index, group in enumerate(kv.groups):
+            manager = group.policy
+            used, reserved, internal = entries[CATEGORIES * index : CATEGORIES * index + 3]
+            held = 0
+            for seq_id in self.final_len:
+                first, end = manager.held_blocks(seq_id)
+                assert 0 <= first <= end, (
+                    f"group {group.name}: sequence {seq_id} holds blocks [{first}, {end})"
+                )
+                held += end - first
+                try:
+                    length = manager.seq_len(seq_id)
+                except PolicyInputError:  # pragma: no cover - a live sequence missing from a group
+                    raise AssertionError(f"sequence {seq_id} is missing from group {group.name}") from None
+                assert length == kv.seq_len(seq_id)
+            assert used + reserved + internal == held * manager.block_size, (
+                f"group {group.name} holds {held} blocks"
+            )
+            assert sorted(manager.live_sequences()) == sorted(self.final_len)
+            held_by_groups += held
+        pools = {id(group.policy.shared_pool): group.policy.shared_pool for group in kv.groups}
+        assert sum(pool.num_blocks - pool.free_blocks for pool in pools.values()) == held_by_groups
+
+
+def _chunks(values: tuple[int, ...]) -> list[tuple[int, ...]]:
+    return [values[start : start + CATEGORIES] for start in range(0, len(values), CATEGORIES)]
