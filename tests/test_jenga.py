@@ -297,3 +297,34 @@ def test_what_it_cannot_do_is_refused_before_anything_runs(tmp_path, change, mes
         raw[key] = {**raw[key], **value} if isinstance(value, dict) and key in raw else value
     with pytest.raises(ConfigError, match=re.escape(message)):
         prepare_experiment(validate_experiment(raw), tmp_path / "c.yaml")
+
+
+# -- kvsim validate j1 -----------------------------------------------------------------------------------
+def test_uniform_waste_by_hand():
+    """Shares of the pool held (used + reserved + internal): sliding 0.2 + 0.05, full 0.5. Uniform
+    paging would hold the full group's 0.5 in each of 62 layers instead of 10: 3.1; needed 0.75;
+    waste 1 - 0.75 / 3.1 = 0.7581; full attention 0.5 / 0.75 of what is needed."""
+    from sim.validation.checks_hybrid import uniform_waste
+
+    means = {
+        "sliding": {"used": 0.2, "reserved": 0.05, "internal_fragmentation": 0.0},
+        "full": {"used": 0.45, "reserved": 0.03, "internal_fragmentation": 0.02},
+        "large pages": {"used": 0.0, "reserved": 0.0, "internal_fragmentation": 0.0},
+    }
+    waste, full_share = uniform_waste(means, 62, 10)
+    assert waste == pytest.approx(1 - 0.75 / 3.1) and full_share == pytest.approx(0.5 / 0.75)
+
+
+def test_claim_j1_runs_and_gives_its_verdicts(tmp_path):
+    from sim import validation as v
+
+    (claim,) = v.load_claims(names=["j1"])
+    result = v.run_claim(claim, v.RunContext(tmp_path, fast=True))
+    verdicts = {target.target.id: target.verdict for target in result.targets}
+    assert verdicts == {
+        "waste/jenga": v.HOLDS,
+        "waste/vllm-hybrid": v.HOLDS,
+        "waste/llama-3.2-vision": v.NOT_REPRODUCIBLE,
+    }
+    jenga = next(target for target in result.targets if target.target.id == "waste/jenga")
+    assert 0.70 < jenga.measured.value < 0.80

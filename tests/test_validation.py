@@ -95,6 +95,7 @@ def test_claims_run_in_issue_order(claims):
         "d1",
         "g1",
         "g2",
+        "j1",
         "r1",
         "sd1",
         "sd2",

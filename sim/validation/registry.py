@@ -71,6 +71,7 @@ CHECKS: dict[str, Check] = {}
 CHECK_MODULES = (
     "checks_costs",
     "checks_disaggregation",
+    "checks_hybrid",
     "checks_replays",
     "checks_seeds",
     "checks_transfer",
