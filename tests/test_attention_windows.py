@@ -9,6 +9,7 @@ import pytest
 
 from policies import PoolSpec, make_policy
 from sim.costs.core import attention_windows
+from sim.engine.windows import NEVER, AttendedWindows
 from sim.engine.core import Engine, EngineKnobs
 from sim.hardware.models import resolve_model
 from tests.engine_helpers import RoundCostModel, request
@@ -110,3 +111,72 @@ def test_a_windowed_model_prefills_faster_in_every_cost_model():
             linear = costs.linear_iteration
             costs._linear = replace(linear, prefill=replace(linear.prefill, windows=()))
         assert windowed < costs.iteration_s(0, 0, [(512, 8000)])
+
+
+class _Decoding:
+    """A decoding request as the windows read it (``sim.engine.decoding.RequestState``'s fields)."""
+
+    def __init__(self, admission, width, context):
+        self.seq_ids = list(range(width))
+        self.admission = admission
+        self.context = context
+        self.synced_clock = 0
+        self.end_version = 0
+        self.decoding = False
+        self.windows_held = 0
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("sizes, shares", [((4, 9), (0.25, 0.5)), ((9, 4), (0.5, 0.25))])
+def test_attended_context_equals_a_count_over_every_sequence(seed, sizes, shares):
+    """Two windows (4 tokens in a quarter of the layers, 9 in half), requests of 1 to 3 sequences
+    entering at clocks past 0, leaving and coming back with another context (a preemption),
+    checked at every clock against a count over the sequences themselves: each attends over
+    1/4 x tokens + 1/4 x min(tokens, 4) + 1/2 x min(tokens, 9). A sequence that enters with at least
+    W tokens counts W at once; one that enters below counts its tokens up to W, and the clock at
+    which it would hold W + 1 is the next crossing (a jump ends there, not earlier). The windows in
+    either order (a sequence may hold the second and not yet the first)."""
+    windows = AttendedWindows(tuple(zip(sizes, shares)))
+    rng = random.Random(seed)
+    requests = [_Decoding(admission, rng.randint(1, 3), 0) for admission in range(12)]
+    held_at_entry = {}
+
+    def tokens(state, now):
+        return state.context + now - state.synced_clock
+
+    for now in range(1, 40):
+        windows.cross(now)
+        for state in requests:
+            if state.decoding and rng.random() < 0.15:  # leaves, its tokens told to the policy first
+                state.context, state.synced_clock = tokens(state, now), now
+                windows.remove(state)
+                state.decoding = False
+                state.end_version += 1
+            elif not state.decoding and rng.random() < 0.3:  # enters (again), from 0 to 12 tokens
+                state.context, state.synced_clock = rng.randint(0, 12), now
+                state.decoding = True
+                state.end_version += 1
+                windows.add(state, now)
+                held_at_entry[state.admission] = [state.context >= size for size in sizes]
+        live = [state for state in requests if state.decoding]
+        offset_sum = sum(len(s.seq_ids) * (s.context - s.synced_clock) for s in live)
+        sequences = sum(len(s.seq_ids) for s in live)
+        expected = sum(
+            len(s.seq_ids)
+            * (
+                0.25 * tokens(s, now)
+                + sum(share * min(tokens(s, now), size) for size, share in zip(sizes, shares))
+            )
+            for s in live
+        )
+        assert windows.attended(offset_sum, sequences, now) == pytest.approx(expected, rel=1e-12)
+        below = [
+            (s, size, share)
+            for s in live
+            for size, share, held in zip(sizes, shares, held_at_entry[s.admission])
+            if not held and tokens(s, now) <= size
+        ]
+        growth = 0.25 * sequences + sum(len(s.seq_ids) * share for s, _, share in below)
+        assert windows.growth(sequences) == pytest.approx(growth, rel=1e-12)
+        crossing = min((now + size + 1 - tokens(s, now) for s, size, _ in below), default=NEVER)
+        assert windows.next_crossing() == crossing
