@@ -9,8 +9,8 @@ import pytest
 
 from policies import PoolSpec, make_policy
 from sim.costs.core import attention_windows
-from sim.engine.windows import NEVER, AttendedWindows
 from sim.engine.core import Engine, EngineKnobs
+from sim.engine.windows import NEVER, AttendedWindows
 from sim.hardware.models import resolve_model
 from tests.engine_helpers import RoundCostModel, request
 from tests.test_engine import times
@@ -136,7 +136,7 @@ def test_attended_context_equals_a_count_over_every_sequence(seed, sizes, shares
     W tokens counts W at once; one that enters below counts its tokens up to W, and the clock at
     which it would hold W + 1 is the next crossing (a jump ends there, not earlier). The windows in
     either order (a sequence may hold the second and not yet the first)."""
-    windows = AttendedWindows(tuple(zip(sizes, shares)))
+    windows = AttendedWindows(tuple(zip(sizes, shares, strict=True)))
     rng = random.Random(seed)
     requests = [_Decoding(admission, rng.randint(1, 3), 0) for admission in range(12)]
     held_at_entry = {}
@@ -165,7 +165,7 @@ def test_attended_context_equals_a_count_over_every_sequence(seed, sizes, shares
             len(s.seq_ids)
             * (
                 0.25 * tokens(s, now)
-                + sum(share * min(tokens(s, now), size) for size, share in zip(sizes, shares))
+                + sum(share * min(tokens(s, now), size) for size, share in zip(sizes, shares, strict=True))
             )
             for s in live
         )
@@ -173,7 +173,7 @@ def test_attended_context_equals_a_count_over_every_sequence(seed, sizes, shares
         below = [
             (s, size, share)
             for s in live
-            for size, share, held in zip(sizes, shares, held_at_entry[s.admission])
+            for size, share, held in zip(sizes, shares, held_at_entry[s.admission], strict=True)
             if not held and tokens(s, now) <= size
         ]
         growth = 0.25 * sequences + sum(len(s.seq_ids) * share for s, _, share in below)
