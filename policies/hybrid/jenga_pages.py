@@ -26,7 +26,8 @@ first, so runs are reproducible.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import islice
 
 from policies.base import PolicyInputError
 
@@ -91,63 +92,70 @@ class SmallPageAllocator:
         """The request is gone: its preferred free small pages are anyone's (``remove_seq``)."""
         self.unowned.update(self.preferred.pop(seq_id))
 
-    def preferred_free(self, seq_id: int) -> int:
-        return len(self.preferred[seq_id])
-
-    def new_large_pages(self, seq_id: int, needed: int, quota: int) -> int:
-        """Large pages ``allocate(seq_id, needed, quota)`` takes from the shared pool."""
-        return min(quota, ceil_div(max(0, needed - len(self.preferred[seq_id])), self.ratio))
-
     def allocate(self, seq_id: int, needed: int, quota: int) -> list[int]:
         """``needed`` small pages for ``seq_id``, at most ``quota`` of them carved from new large pages.
-        The caller has checked that they fit (``needed <= free_small + quota x ratio``)."""
+        The caller has checked that they fit (``needed <= free_small + quota x ratio``). (Runs of pages
+        from one source are taken at once: the same pages, in the same order, as one at a time.)"""
         own = self.preferred[seq_id]
-        pages = []
-        for _ in range(needed):
+        ratio = self.ratio
+        free_count = self.free_count
+        pages: list[int] = []
+        while len(pages) < needed:
+            left = needed - len(pages)
             if own:
-                page = _pop_first(own)
+                taken = _pop_first(own, left)
+                for page in taken:
+                    free_count[page // ratio] -= 1
             elif quota > 0:
                 large = self.large_pages.take()
                 quota -= 1
-                first = large * self.ratio
-                self.free_count[large] = self.ratio
+                first = large * ratio
+                count = min(left, ratio)
+                taken = list(range(first, first + count))
+                own.update(dict.fromkeys(range(first + count, first + ratio)))
+                free_count[large] = ratio - count
                 self.owner[large] = seq_id
-                self.free_small += self.ratio
-                own.update(dict.fromkeys(range(first + 1, first + self.ratio)))
-                page = first
+                self.free_small += ratio
             elif self.unowned:
-                page = _pop_first(self.unowned)
-                large = page // self.ratio
+                taken = _pop_first(self.unowned, 1)
+                large = taken[0] // ratio
                 self.owner[large] = seq_id  # its free siblings become this request's
-                first = large * self.ratio
-                for sibling in range(first, first + self.ratio):
+                for sibling in range(large * ratio, large * ratio + ratio):
                     if sibling in self.unowned:
                         del self.unowned[sibling]
                         own[sibling] = None
-            else:
-                page = next(_pop_first(free) for free in self.preferred.values() if free)
-            self.free_count[page // self.ratio] -= 1
-            self.free_small -= 1
-            pages.append(page)
+                free_count[large] -= 1
+            else:  # (from the first request with free pages until they or the need run out)
+                victim = next(free for free in self.preferred.values() if free)
+                taken = _pop_first(victim, left)
+                for page in taken:
+                    free_count[page // ratio] -= 1
+            self.free_small -= len(taken)
+            pages += taken
         return pages
 
-    def release(self, page: int) -> None:
-        """A small page is free again: its large page's request's, or anyone's; a large page whose small
-        pages are all free goes back to the shared pool (``free_block_id``)."""
-        large = page // self.ratio
-        self.free_count[large] += 1
-        self.free_small += 1
-        owner = self.owner[large]
-        free = self.preferred.get(owner, self.unowned)
-        free[page] = None
-        if self.free_count[large] == self.ratio:
-            first = large * self.ratio
-            for sibling in range(first, first + self.ratio):
-                del free[sibling]
-            del self.free_count[large]
-            del self.owner[large]
-            self.free_small -= self.ratio
-            self.large_pages.give_back(large)
+    def release(self, pages: Iterable[int]) -> None:
+        """Small pages are free again, in order: each its large page's request's, or anyone's; a large
+        page whose small pages are all free goes back to the shared pool (``free_block_id``)."""
+        ratio = self.ratio
+        free_count, owner, preferred, unowned = self.free_count, self.owner, self.preferred, self.unowned
+        for page in pages:
+            large = page // ratio
+            count = free_count[large] + 1
+            free = preferred.get(owner[large], unowned)
+            if count == ratio:
+                first = large * ratio
+                for sibling in range(first, first + ratio):
+                    if sibling != page:
+                        del free[sibling]
+                del free_count[large]
+                del owner[large]
+                self.free_small -= ratio - 1
+                self.large_pages.give_back(large)
+            else:
+                free_count[large] = count
+                free[page] = None
+                self.free_small += 1
 
     def after_release(self, seq_id: int, pages: list[int]) -> tuple[int, int, int]:
         """What releasing ``pages`` (distinct, held) would do, changing nothing: ``(large pages given
@@ -169,7 +177,9 @@ class SmallPageAllocator:
         return returned, free_small, own
 
 
-def _pop_first(pages: dict[int, None]) -> int:
-    page = next(iter(pages))
-    del pages[page]
-    return page
+def _pop_first(pages: dict[int, None], count: int) -> list[int]:
+    """The ``count`` oldest pages (or all), taken out."""
+    taken = list(islice(pages, count))
+    for page in taken:
+        del pages[page]
+    return taken

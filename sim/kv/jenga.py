@@ -80,6 +80,8 @@ class JengaCoordinator(KVCoordinator):
         )
         self._token_groups = max(1, sum(self.holds))
         self._stats = PolicyStats()
+        self._requests: dict[int, int] = {}  # sequence -> the allocators' request id
+        self._next_request = 0
 
     # -- prefix hits: none (prefix caching is refused with jenga) ---------------------------------
     def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
@@ -129,9 +131,14 @@ class JengaCoordinator(KVCoordinator):
             free_large, [(n, a.ratio, a.free_small) for n, a in zip(needs, allocators, strict=True)]
         )
         assert quota is not None, "a new request that was checked to fit"
+        # (The allocators know a sequence by an id never used before: a large page remembers the
+        # request that carved it after it is gone, and the engine may reuse a sequence's id.)
+        request = self._next_request
+        self._next_request += 1
+        self._requests[seq_id] = request
         for group, (allocator, needed) in enumerate(zip(allocators, needs, strict=True)):
-            allocator.add_request(seq_id)
-            self.pages[group][seq_id] = deque(allocator.allocate(seq_id, needed, quota[group]))
+            allocator.add_request(request)
+            self.pages[group][seq_id] = deque(allocator.allocate(request, needed, quota[group]))
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
         """Each child gets its own copy of the parent's held blocks (no prefix cache to share through)."""
@@ -167,12 +174,13 @@ class JengaCoordinator(KVCoordinator):
         """The quota of growing the ``index``-th planned sequence, its released blocks freed first,
         exactly as the allocators stand now; None when it does not fit."""
         free_large = self.large_pages.free
+        request = self._requests[seq_id]
         needs = []
         for group, allocator in enumerate(self.allocators):
             seq, _, first, end = plans[group][index]
             released, taken = moves(seq, first, end)
             held = self.pages[group][seq_id]
-            returned, free_small, _ = allocator.after_release(seq_id, [held[i] for i in range(released)])
+            returned, free_small, _ = allocator.after_release(request, [held[i] for i in range(released)])
             free_large += returned
             needs.append((taken, allocator.ratio, free_small))
         return quotas(free_large, needs)
@@ -204,16 +212,17 @@ class JengaCoordinator(KVCoordinator):
         for index, seq_id in enumerate(seq_ids):
             quota = self._one_fits(seq_id, plans, index)
             assert quota is not None, "a growth that was checked to fit"
+            request = self._requests[seq_id]
             taken = []
             for group, allocator in enumerate(self.allocators):
                 seq, _, first, end = plans[group][index]
                 released, new = moves(seq, first, end)
                 taken.append(new)
                 held = self.pages[group][seq_id]
-                for _ in range(released):  # vLLM frees skipped blocks before allocating
-                    allocator.release(held.popleft())
+                # (vLLM frees skipped blocks before allocating.)
+                allocator.release([held.popleft() for _ in range(released)])
             for group, allocator in enumerate(self.allocators):
-                self.pages[group][seq_id].extend(allocator.allocate(seq_id, taken[group], quota[group]))
+                self.pages[group][seq_id].extend(allocator.allocate(request, taken[group], quota[group]))
         rooms: list[int] | None = None
         for manager, plan in zip(self.managers, plans, strict=True):
             net = sum((end - first) - (seq.end_block - seq.first_block) for seq, _, first, end in plan)
@@ -226,10 +235,10 @@ class JengaCoordinator(KVCoordinator):
     def free(self, seq_id: int, finished: bool = True) -> None:
         for manager in self.managers:
             manager.free(seq_id, finished)  # (the first checks the sequence)
+        request = self._requests.pop(seq_id)
         for group, allocator in enumerate(self.allocators):
-            for page in self.pages[group].pop(seq_id):
-                allocator.release(page)
-            allocator.remove_request(seq_id)
+            allocator.release(self.pages[group].pop(seq_id))
+            allocator.remove_request(request)
 
     def growth_room(self, seq_id: int) -> int:
         return min(manager.growth_room(seq_id) for manager in self.managers)
