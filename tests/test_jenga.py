@@ -328,3 +328,41 @@ def test_claim_j1_runs_and_gives_its_verdicts(tmp_path):
     }
     jenga = next(target for target in result.targets if target.target.id == "waste/jenga")
     assert 0.70 < jenga.measured.value < 0.80
+
+
+def test_a_mamba_state_is_a_small_page_of_its_own_type_by_hand():
+    """Qwen3-Next-80B-A3B, one GPU: full attention 2 KV heads of 256 at 2 B, K and V: 2,048 B per
+    token and layer; 12 layers x 16 tokens: small page 393,216 B = 2^17 x 3. A gated-delta-net state
+    is 1,097,728 B = 2^14 x 67 per layer; 36 layers: 39,518,208 B = 2^16 x 603. Large page: lcm =
+    2^17 x 603 = 79,036,416 B, 201 full or 2 state small pages. A slot: gcd(2,048, 39,518,208) =
+    2,048 B (one token of one layer): large page 38,592 slots, state page 19,296, full page 192. 40 GiB:
+    cdiv(42,949,672,960, 79,036,416) - 1 = 544 - 1 = 543 large pages."""
+    from sim.kv.jenga import JengaLayout
+
+    capacity = jenga_kv_capacity("Qwen3-Next-80B-A3B", 40 * 2**30, max_model_len=8192)
+    assert [(g.kind.label, g.page_bytes, g.ratio) for g in capacity.groups] == [
+        ("gdn", 39_518_208, 2),
+        ("full", 393_216, 201),
+    ]
+    assert capacity.large_page_bytes == 79_036_416 and capacity.num_blocks == 543
+    assert capacity.slot_bytes == 2048 and capacity.large_page_slots == 38_592
+    kv = JengaLayout(capacity, 8192, 8192).make_coordinator()
+    assert kv.slots_per_token == 12  # a token fills a slot in each full-attention layer, none in a state
+    # A prompt of 20 tokens (final 40): a state page and 2 full blocks. Most 1 + 1 of 543 free: each
+    # type carves a large page. State: 1 page used (19,296 slots), its sibling external; full: 20 x 12
+    # used, (32 - 20) x 12 reserved, 199 free small pages x 192 external.
+    kv.admit(1, prompt(20), 40, 9)
+    assert entries(kv) == [
+        (19_296, 0, 0, 19_296, 0, 0),
+        (240, 144, 0, 199 * 192, 0, 0),
+        (0, 0, 0, 0, 0, 541 * 38_592),
+    ]
+    # A second request carves two large pages of its own too (its own pages first, the quota allows):
+    # the first request's free state page stays free, the fragmentation Jenga's request-aware order
+    # accepts while memory is plentiful.
+    kv.admit(2, prompt(20), 40, 9)
+    assert entries(kv)[0] == (2 * 19_296, 0, 0, 2 * 19_296, 0, 0) and kv.large_pages.free == 539
+    check_identity(kv)
+    kv.free(1)
+    kv.free(2)
+    assert kv.large_pages.free == 543
