@@ -56,6 +56,29 @@ def test_schedule_by_hand_when_every_step_accepts_two():
     assert list(schedule.starts(1, 3)) == [3.0, 6.0, 9.0]
 
 
+def test_sources_say_how_the_acceptance_was_given():
+    """The summary and the capacity line print the model's source as given."""
+    assert AcceptanceModel.from_rates([0.8, 0.5]).source == "per-position rates 0.8, 0.5"
+    # 1 + a + a^2 = 1.75 -> a = 0.5
+    assert AcceptanceModel.from_mean_length(1.75, 2).source == "mean acceptance length 1.75 (alpha 0.5000)"
+    assert AcceptanceModel.from_histogram([2, 3, 5], 2).source == "histogram of 10 steps"
+
+
+def test_schedule_from_iteration_zero_and_past_the_first_block_of_draws():
+    """Every step accepts two: iteration i starts at 1 + 3 (i - 1); clock 0 is before any iteration.
+    Queries on fresh schedules beyond the first block of 4,096 drawn iterations draw what they need."""
+    every_two = AcceptanceModel((0.0, 0.0, 1.0), "test")
+    schedule = TokenSchedule(every_two, seed=1)
+    assert list(schedule.starts(0, 2)) == [1.0, 4.0]
+    assert schedule.iteration_starting_at_or_after(1) == 1
+    assert schedule.iteration_starting_at_or_after(2) == 2
+    # token 15,001 = 1 + 3 x 5,000 starts iteration 5,001; 15,002 the next one
+    assert TokenSchedule(every_two, seed=1).iteration_starting_at_or_after(15_001) == 5_001
+    assert TokenSchedule(every_two, seed=1).iteration_ending_at_or_after(15_003) == 5_001
+    far = TokenSchedule(every_two, seed=1).starts(4_090, 10)
+    assert list(far) == [3.0 * j for j in range(1, 11)]
+
+
 def test_draws_reproducible_by_seed_and_match_their_distribution():
     model = AcceptanceModel.from_rates([0.8, 0.5, 0.2])
     steps = 20_000
