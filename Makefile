@@ -75,6 +75,7 @@ bench: native
 MUTANTS ?=
 mutation: venv
 	$(PIP_EDITABLE) '.[mutation]'
+	$(BIN)/python tools/mutation_prepare.py
 	TQDM_DISABLE=1 MPLBACKEND=Agg nice -n 19 $(BIN)/mutmut run --max-children 1 $(MUTANTS)
 	$(BIN)/python tools/mutation_scores.py --survivors
 
