@@ -7,6 +7,12 @@ unmutated therefore has a copy newer than its source and no ``.meta``: mutmut ta
 already, with no mutants, and the module silently has no score (``mutmut run 'module*'`` then says
 "nothing matches"). This removes such copies, so mutmut mutates them on its next run.
 
+mutmut also keeps which tests call which function (``mutants/mutmut-stats.json``) and re-collects
+it only for tests with new names: a function that has just been mutated maps to no test ("no tests"),
+and an edited test that now reaches more functions is not run against their mutants (a false
+survivor, which the same test file run by hand kills). So the map is removed whenever a test or a
+source file is newer than it, or a stale copy was removed: mutmut then rebuilds it (a few minutes).
+
     python tools/mutation_prepare.py        # before ``mutmut run``
 """
 
@@ -36,10 +42,26 @@ def stale_copies(root: Path = ROOT) -> list[Path]:
     return stale
 
 
+def stats_outdated(root: Path = ROOT) -> bool:
+    """Whether a test or source file changed after mutmut mapped tests to functions."""
+    stats = root / "mutants" / "mutmut-stats.json"
+    if not stats.exists():
+        return False
+    built = stats.stat().st_mtime
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["mutmut"]
+    folders = ["tests", *config.get("source_paths", [])]
+    return any(path.stat().st_mtime > built for folder in folders for path in (root / folder).rglob("*.py"))
+
+
 def main() -> int:
-    for copy in stale_copies():
+    stale = stale_copies()
+    for copy in stale:
         print(f"mutation: {copy.relative_to(ROOT)} was copied unmutated; removed so that mutmut mutates it")
         copy.unlink()
+    stats = ROOT / "mutants" / "mutmut-stats.json"
+    if stats.exists() and (stale or stats_outdated()):
+        print("mutation: tests or sources changed since mutmut mapped tests to functions; the map is rebuilt")
+        stats.unlink()
     return 0
 
 
