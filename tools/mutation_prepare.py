@@ -11,7 +11,7 @@ mutmut also keeps which tests call which function (``mutants/mutmut-stats.json``
 it only for tests with new names: a function that has just been mutated maps to no test ("no tests"),
 and an edited test that now reaches more functions is not run against their mutants (a false
 survivor, which the same test file run by hand kills). So the map is removed whenever a test or a
-source file is newer than it, or a stale copy was removed: mutmut then rebuilds it (a few minutes).
+source file or the config changed since it was built, or a stale copy was removed: mutmut then rebuilds it (a few minutes).
 
     python tools/mutation_prepare.py        # before ``mutmut run``
 """
@@ -19,6 +19,7 @@ source file is newer than it, or a stale copy was removed: mutmut then rebuilds 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import sys
 import tomllib
 from pathlib import Path
@@ -42,15 +43,18 @@ def stale_copies(root: Path = ROOT) -> list[Path]:
     return stale
 
 
-def stats_outdated(root: Path = ROOT) -> bool:
-    """Whether a test or source file changed after mutmut mapped tests to functions."""
-    stats = root / "mutants" / "mutmut-stats.json"
-    if not stats.exists():
-        return False
-    built = stats.stat().st_mtime
+STAMP = "mutation-inputs.sha256"  # in mutants/: the inputs the map was last rebuilt for
+
+
+def inputs_hash(root: Path = ROOT) -> str:
+    """SHA-256 over the tests, the sources and the mutmut config (mutmut rewrites its map file on every
+    run, so its age says nothing)."""
     config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["mutmut"]
-    folders = ["tests", *config.get("source_paths", [])]
-    return any(path.stat().st_mtime > built for folder in folders for path in (root / folder).rglob("*.py"))
+    digest = hashlib.sha256(repr(sorted(config.items())).encode())
+    for folder in ["tests", *config.get("source_paths", [])]:
+        for path in sorted((root / folder).rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def main() -> int:
@@ -58,10 +62,13 @@ def main() -> int:
     for copy in stale:
         print(f"mutation: {copy.relative_to(ROOT)} was copied unmutated; removed so that mutmut mutates it")
         copy.unlink()
-    stats = ROOT / "mutants" / "mutmut-stats.json"
-    if stats.exists() and (stale or stats_outdated()):
+    stats, stamp = ROOT / "mutants" / "mutmut-stats.json", ROOT / "mutants" / STAMP
+    current = inputs_hash()
+    if stats.exists() and (stale or not stamp.exists() or stamp.read_text() != current):
         print("mutation: tests or sources changed since mutmut mapped tests to functions; the map is rebuilt")
         stats.unlink()
+    if (ROOT / "mutants").is_dir():
+        stamp.write_text(current)
     return 0
 
 
