@@ -70,10 +70,21 @@ def check_identity(kv: JengaCoordinator) -> None:
     assert sum(kv.breakdown_values()) == kv.pool_slots
     held = sum(allocator.held_large for allocator in kv.allocators)
     assert held + kv.large_pages.free == kv.capacity.num_blocks
-    for manager, table in zip(kv.managers, kv.pages, strict=True):
+    for manager, table, allocator in zip(kv.managers, kv.pages, kv.allocators, strict=True):
         for seq_id, held_pages in table.items():
             first, end = manager.held_blocks(seq_id)
             assert len(held_pages) == end - first
+        # Every small page of a large page the type holds is held by one sequence or free, never both.
+        held_ids = [page for pages in table.values() for page in pages]
+        free_ids = [page for pages in allocator.preferred.values() for page in pages] + list(
+            allocator.unowned
+        )
+        carved = {
+            large * allocator.ratio + i for large in allocator.free_count for i in range(allocator.ratio)
+        }
+        assert len(held_ids) + len(free_ids) == len(carved) and set(held_ids) | set(free_ids) == carved
+        for large, free in allocator.free_count.items():
+            assert free == sum(1 for page in free_ids if page // allocator.ratio == large) < allocator.ratio
 
 
 def test_quota_is_the_most_when_every_type_gets_it_else_the_least():
@@ -174,7 +185,7 @@ def test_fork_copies_the_parents_pages_into_large_pages_of_each_child():
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40), st.integers(0, 30)), max_size=60))
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 40), st.integers(0, 30)), max_size=60))
 def test_the_identity_holds_per_group_and_in_total_under_random_operations(operations):
     kv = tiny(large_pages=6, prefill_tokens=8)
     live: dict[int, int] = {}
@@ -189,16 +200,28 @@ def test_the_identity_holds_per_group_and_in_total_under_random_operations(opera
                 seq_id = sorted(live)[a % len(live)]
                 room = live[seq_id] - kv.seq_len(seq_id)
                 if room:
-                    kv.grow(seq_id, 1 + b % room)
+                    tokens = 1 + b % room
+                    fits = kv.fits_growth([seq_id], tokens)  # one sequence: exact
+                    before = entries(kv)
+                    try:
+                        kv.grow(seq_id, tokens)
+                        assert fits
+                    except OutOfKVMemory:
+                        assert not fits and entries(kv) == before  # refused whole
             elif kind == 2 and live:
                 ids = sorted(live)
                 grow = [seq_id for seq_id in ids if kv.seq_len(seq_id) < live[seq_id]]
-                if grow:
+                if grow and kv.fits_growth(grow, 1):  # several: only what is sure to fit, then it does
                     kv.grow_each(grow, [1] * len(grow))
             elif kind == 3 and live:
                 seq_id = sorted(live)[a % len(live)]
                 kv.free(seq_id)
                 del live[seq_id]
+            elif kind == 4 and live:
+                parent = sorted(live)[a % len(live)]
+                child = max(live) + 1
+                kv.fork(parent, [ChildSpec(child, live[parent], 9)])
+                live[child] = live[parent]
         except OutOfKVMemory:
             pass
         check_identity(kv)
