@@ -282,7 +282,7 @@ def test_beside_paged_and_vllm_hybrid_its_pool_stays_whole(tmp_path):
     assert (series[BREAKDOWN] >= 0).all().all()
     groups = pd.read_parquet(tmp_path / "out" / "jenga" / "kv_groups.parquet")
     # One row per entry (sliding, full, the free large pages) at each change: every change sums to the pool.
-    assert list(groups["kv_group"][:3]) == ["sliding(1024)", "full", "large pages"]
+    assert list(groups["kv_group"][:3]) == ["sliding(1024)", "full", "shared pool (large pages)"]
     totals = groups[BREAKDOWN].to_numpy().reshape(-1, 3 * len(BREAKDOWN)).sum(axis=1)
     assert (totals == summary["kv_pool_tokens"]).all()
 
@@ -332,7 +332,7 @@ def test_uniform_waste_by_hand():
     means = {
         "sliding": {"used": 0.2, "reserved": 0.05, "internal_fragmentation": 0.0},
         "full": {"used": 0.45, "reserved": 0.03, "internal_fragmentation": 0.02},
-        "large pages": {"used": 0.0, "reserved": 0.0, "internal_fragmentation": 0.0},
+        "shared pool (large pages)": {"used": 0.0, "reserved": 0.0, "internal_fragmentation": 0.0},
     }
     waste, full_share = uniform_waste(means, 62, 10)
     assert waste == pytest.approx(1 - 0.75 / 3.1) and full_share == pytest.approx(0.5 / 0.75)

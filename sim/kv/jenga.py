@@ -261,7 +261,8 @@ class JengaCoordinator(KVCoordinator):
         weights = tuple(
             s // self.block_size if h else 0 for s, h in zip(self.page_slots, self.holds, strict=True)
         )
-        return tuple(g.name for g in self.groups) + ("large pages",), weights + (0,)
+        # (Named as the figures and outputs name a pool the groups share: its free memory is no group's.)
+        return tuple(g.name for g in self.groups) + ("shared pool (large pages)",), weights + (0,)
 
     def group_breakdown_values(self) -> tuple[int, ...]:
         values: list[int] = []
