@@ -655,6 +655,9 @@ def _hybrid_layout(
         problems.append(f"{key('preemption_mode')}: {variant.policy} preempts by recompute only")
     if variant.policy == "jenga" and engine_config.num_gpu_blocks_override is not None:
         problems.append(f"{key('num_gpu_blocks_override')}: jenga sizes its large pages from the KV memory")
+    if variant.policy == "jenga" and engine_config.scheduler != "vllm":
+        # (SGLang's budget is one count of free tokens; Jenga's room is per type, in small pages.)
+        problems.append(f"{key('scheduler')}: jenga runs with vLLM's scheduler (Jenga is built on vLLM)")
     if problems:
         raise ConfigError("\n".join(problems))
     prefill_tokens = (

@@ -312,6 +312,7 @@ def test_beside_paged_and_vllm_hybrid_its_pool_stays_whole(tmp_path):
             "jenga sizes its large pages from the KV memory",
         ),
         ({"engine": {"preemption_mode": "swap"}}, "jenga preempts by recompute only"),
+        ({"engine": {"scheduler": "sglang"}}, "engine.scheduler: jenga runs with vLLM's scheduler"),
     ],
 )
 def test_what_it_cannot_do_is_refused_before_anything_runs(tmp_path, change, message):
