@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from sim.config import (
     VLLM_BLOCK_SIZES,
     ClusterConfig,
     ConfigError,
+    ConfigWarning,
     DisaggregationConfig,
     EngineConfig,
     ExperimentConfig,
@@ -51,6 +53,7 @@ from sim.hardware.draft import Draft, draft_for
 from sim.hardware.gpus import GpuSpec, resolve_gpu
 from sim.hardware.hybrid_capacity import vllm_hybrid_kv_capacity
 from sim.hardware.jenga_capacity import jenga_kv_capacity
+from sim.hardware.layers import kind_counts
 from sim.hardware.models import ModelSpec, expert_parallel_problems, expert_parallel_size, resolve_model
 from sim.kv.allocators import (
     HybridLayout,
@@ -630,6 +633,28 @@ def _single_group_policies(
     return pool, replica_policies, offload
 
 
+def _warn_of_windows_past_max_model_len(variant: VariantConfig, model: ModelSpec, max_model_len: int) -> None:
+    """A window (or chunk) no request reaches frees nothing: those layers hold every token, as full
+    attention would. vLLM runs such a server the same way, so it is a warning, not an error."""
+    spans = sorted(
+        {kind.label for kind, _ in kind_counts(model.layer_kinds or ()) if _reaches(kind, max_model_len)}
+    )
+    if spans:
+        warnings.warn(
+            f"variant {variant.name}: {model.name}'s {', '.join(spans)} layers never release a block: "
+            f"no request is longer than max_model_len ({max_model_len:,} tokens), so they hold every "
+            f"token, as full attention would",
+            ConfigWarning,
+            stacklevel=2,
+        )
+
+
+def _reaches(kind: object, max_model_len: int) -> bool:
+    """Whether a sliding window or a chunk spans every request of up to ``max_model_len`` tokens."""
+    span = getattr(kind, "window", None) or getattr(kind, "chunk", None)
+    return span is not None and span >= max_model_len
+
+
 def _hybrid_layout(
     config: ExperimentConfig,
     index: int,
@@ -660,6 +685,7 @@ def _hybrid_layout(
         problems.append(f"{key('scheduler')}: jenga runs with vLLM's scheduler (Jenga is built on vLLM)")
     if problems:
         raise ConfigError("\n".join(problems))
+    _warn_of_windows_past_max_model_len(variant, model, max_model_len)
     prefill_tokens = (
         engine_config.max_num_batched_tokens if engine_config.enable_chunked_prefill else max_model_len
     )
