@@ -24,7 +24,7 @@ from policies.hybrid.full import FullAttentionGroup
 from policies.hybrid.mamba import MambaGroup
 from policies.hybrid.sglang_sliding_window import SGLangSlidingWindowGroup
 from policies.hybrid.sliding_window import SlidingWindowGroup
-from sim.kv.coordinator import KVGroup, MultiGroupCoordinator, make_coordinator
+from sim.kv.coordinator import KVCoordinator, KVGroup, MultiGroupCoordinator, make_coordinator
 
 BLOCK = 4
 CATEGORIES = 6
@@ -64,14 +64,27 @@ def sglang_pools(full_tokens: int = 240, swa_tokens: int = 160, page: int = 2) -
     return kv
 
 
-LAYOUTS = {"vllm-hybrid-groups": vllm_groups, "sglang-hybrid-pools": sglang_pools}
+def jenga_pages(large_pages: int = 40) -> KVCoordinator:
+    """Jenga's two-level allocator: full attention in 2 layers and an 8-token window in 3 (small pages
+    of 8 and 12 slots, large pages of lcm = 24 slots; tests/test_jenga.py's pool, larger)."""
+    from sim.hardware.jenga_capacity import JengaCapacity, JengaGroupSpec
+    from sim.hardware.layers import FullAttention, SlidingWindow
+    from sim.kv.jenga import JengaCoordinator
+
+    groups = (JengaGroupSpec(FullAttention(), 2, 8, 3, 16), JengaGroupSpec(SlidingWindow(8), 3, 12, 2, 6))
+    capacity = JengaCapacity("fuzz", 128, 4, 24, groups, large_pages, 1, 24 * large_pages, 24)
+    return JengaCoordinator(capacity, ["full", "sliding(8)"], 24)
+
+
+LAYOUTS = {"vllm-hybrid-groups": vllm_groups, "sglang-hybrid-pools": sglang_pools, "jenga-pages": jenga_pages}
 
 
 class HybridDriver:
     """Applies ``(kind, choice, amount)`` operations (``tests/fuzz.py``'s mix) and checks after each."""
 
     def __init__(self, layout: str):
-        self.kv = vllm_groups() if layout == "vllm-hybrid-groups" else sglang_pools()
+        self.kv = LAYOUTS[layout]()
+        self.jenga = layout == "jenga-pages"
         self.policy = self.kv  # (what tests/fuzz.py reads its eviction count from)
         self.names, _ = self.kv.group_entries()
         self.final_len: dict[int, int] = {}
@@ -150,6 +163,9 @@ class HybridDriver:
             assert sum(entries[category::CATEGORIES]) == total[category], (
                 f"category {category} does not add up"
             )
+        if self.jenga:
+            self._check_jenga()
+            return
         held_by_groups = 0
         for index, group in enumerate(kv.groups):
             manager = group.policy
@@ -173,6 +189,18 @@ class HybridDriver:
             held_by_groups += held
         pools = {id(group.policy.shared_pool): group.policy.shared_pool for group in kv.groups}
         assert sum(pool.num_blocks - pool.free_blocks for pool in pools.values()) == held_by_groups
+
+    def _check_jenga(self) -> None:
+        """Jenga's own identity (tests/test_jenga.py): per type its large pages are its small pages,
+        held once or free; every live sequence in every type's manager at the coordinator's length."""
+        from tests.test_jenga import check_identity
+
+        kv = self.kv
+        check_identity(kv)  # type: ignore[arg-type]
+        for manager in kv.managers:  # type: ignore[attr-defined]
+            assert sorted(manager.live_sequences()) == sorted(self.final_len)
+            for seq_id in self.final_len:
+                assert manager.seq_len(seq_id) == kv.seq_len(seq_id)
 
 
 def _chunks(values: tuple[int, ...]) -> list[tuple[int, ...]]:
