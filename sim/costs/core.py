@@ -194,6 +194,57 @@ def attention_windows(model: ModelSpec | ModelShape) -> tuple[tuple[int, float],
     return tuple((window, count / attention_layers) for window, count in sorted(shares.items()))
 
 
+def attention_layer_count(model: ModelSpec | ModelShape) -> int:
+    """Layers whose mixer is attention (a Mamba, linear-attention or MLP-only block has no attention
+    kernel); every layer for a model without layer kinds, such as a profile's shape."""
+    return int(getattr(model, "num_attention_layers", model.num_layers))
+
+
+SCAN_FLOPS_PER_STATE_ELEMENT = 6.0
+"""FLOPs a prompt token costs per element of a Mamba / linear-attention state: the decay multiply,
+the input's outer-product add and the read-out (recurrent form; the chunked kernels trade part of it
+for matrix products). An estimate from the recurrence, not a measured kernel."""
+
+
+@dataclass(frozen=True)
+class StateLayerCost:
+    """What a model's state layers (Mamba 1/2, gated delta net) add to an iteration, one GPU:
+    ``fixed_s`` per iteration with decode or prefill work (one kernel per state layer),
+    ``per_seq_s`` for each decoding request or prompt chunk (its state read and written once),
+    ``per_token_s`` per prompt token (the scan's update of every state element). Their projections
+    are matrix products, already in the weights."""
+
+    fixed_s: float = 0.0
+    per_seq_s: float = 0.0
+    per_token_s: float = 0.0
+
+    @classmethod
+    def of(
+        cls,
+        model: ModelSpec | ModelShape,
+        tensor_parallel_size: int,
+        state_bandwidth: float,
+        scan_flops: float,
+        kernel_fixed_s: float = 0.0,
+    ) -> StateLayerCost:
+        from sim.hardware.layers import STATE_KINDS
+
+        counts = [
+            (kind, count)
+            for kind, count in getattr(model, "layer_kind_counts", ())
+            if isinstance(kind, STATE_KINDS)
+        ]
+        if not counts:
+            return cls()
+        state_bytes = model.state_bytes_per_request(tensor_parallel_size)  # type: ignore[union-attr]
+        elements = sum(count * kind.ssm_state_elements(tensor_parallel_size) for kind, count in counts)
+        return cls(
+            fixed_s=sum(count for _, count in counts) * kernel_fixed_s,
+            per_seq_s=2.0 * state_bytes / state_bandwidth,
+            per_token_s=SCAN_FLOPS_PER_STATE_ELEMENT * elements / scan_flops,
+        )
+
+
 def attention_width(model: ModelShape) -> int:
     """Query width per layer, ``num_attention_heads * head_dim`` (= hidden size in Llama shapes)."""
     return model.num_attention_heads * model.head_dim
@@ -366,9 +417,10 @@ class AnalyticCostModel(DatasheetCostModel):
         # FLOPs per token use the parameters one token touches (all of them for a dense model);
         # dividing by tp last keeps tp = 1 bit for bit what it was
         active_params = getattr(model, "active_params", model.num_params)
+        states = StateLayerCost.of(model, tp, bandwidth, flops)
         self._decode = DecodeCost(
             intercept_s=model.weight_bytes() / bandwidth / tp + self.all_reduce.per_iteration_s,
-            per_seq_s=2.0 * active_params / flops / tp + self.all_reduce.per_token_s,
+            per_seq_s=2.0 * active_params / flops / tp + self.all_reduce.per_token_s + states.per_seq_s,
             per_context_token_s=self.kv_bytes_per_token / bandwidth,
         )
         if getattr(model, "is_moe", False):
@@ -392,11 +444,15 @@ class AnalyticCostModel(DatasheetCostModel):
                     ROUTING_SATURATED * decode.intercept_s,
                 ),
             )
-        self.prefill_per_token_s = 2.0 * active_params / flops / tp + self.all_reduce.per_token_s
-        self.prefill_per_attention_pair_s = 4.0 * model.num_layers * attention_width(model) / flops / tp
+        self.prefill_per_token_s = (
+            2.0 * active_params / flops / tp + self.all_reduce.per_token_s + states.per_token_s
+        )
+        self.prefill_per_attention_pair_s = (
+            4.0 * attention_layer_count(model) * attention_width(model) / flops / tp
+        )
         prefill = PrefillCost(
             fixed_s=self._decode.intercept_s,  # the same weight read as a decode step
-            per_chunk_s=0.0,
+            per_chunk_s=states.per_seq_s,
             per_token_s=self.prefill_per_token_s,
             per_pair_s=self.prefill_per_attention_pair_s,
             windows=self.attention_windows,

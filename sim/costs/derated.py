@@ -70,6 +70,8 @@ import numpy as np
 from sim.costs.core import (
     DEFAULT_HOST_BANDWIDTH_BYTES_PER_S,
     DatasheetCostModel,
+    StateLayerCost,
+    attention_layer_count,
     attention_width,
     expert_parallel_label,
     layer_matmul_params,
@@ -250,13 +252,32 @@ class DeratedCostModel(DatasheetCostModel):
             / (bandwidth * eff.elementwise_bandwidth)
         )
         self.kv_read_per_token_s = self.kv_bytes_per_token / (bandwidth * eff.kv_bandwidth)
-        self.decode_attention_fixed_s = layers * eff.decode_attention_fixed_s
+        # Attention kernels run in the attention layers only; a state layer (Mamba, linear attention)
+        # runs its own kernel, reads and writes each request's state and scans each prompt token.
+        attention_layers = attention_layer_count(model)
+        self.decode_attention_fixed_s = attention_layers * eff.decode_attention_fixed_s
         # The decode kernels' grid is (sequence, head): each GPU runs its own heads' share.
-        self.decode_attention_per_seq_s = layers * eff.decode_attention_per_seq_s / tp
-        self.prefill_attention_fixed_s = layers * eff.prefill_attention_fixed_s
+        self.decode_attention_per_seq_s = attention_layers * eff.decode_attention_per_seq_s / tp
+        self.prefill_attention_fixed_s = attention_layers * eff.prefill_attention_fixed_s
         self.prefill_attention_per_pair_s = (
-            layers * 4.0 * attention_width(model) / (flops * eff.prefill_attention_flops) / tp
+            attention_layers * 4.0 * attention_width(model) / (flops * eff.prefill_attention_flops) / tp
         )
+        self.decode_states = StateLayerCost.of(
+            model,
+            tp,
+            bandwidth * eff.kv_bandwidth,
+            flops * eff.prefill_attention_flops,
+            eff.decode_attention_fixed_s,
+        )
+        self.prefill_states = StateLayerCost.of(
+            model,
+            tp,
+            bandwidth * eff.kv_bandwidth,
+            flops * eff.prefill_attention_flops,
+            eff.prefill_attention_fixed_s,
+        )
+        self.decode_attention_fixed_s += self.decode_states.fixed_s
+        self.decode_attention_per_seq_s += self.decode_states.per_seq_s
         self._copy_per_block_s = 2.0 * self.block_bytes / (bandwidth * eff.kv_bandwidth)
         batches = DECODE_LINEARIZATION_BATCHES
         if self.expert_read_s:
@@ -387,6 +408,11 @@ class DeratedCostModel(DatasheetCostModel):
                 + self.kv_read_per_token_s * sum_context
             )
         windows = self.attention_windows
+        states = self.prefill_states
+        if states.per_seq_s:  # (state layers: each chunk reads and writes its request's state once)
+            seconds += (
+                states.fixed_s + states.per_seq_s * len(prefill_chunks) + states.per_token_s * chunk_tokens
+            )
         for num_tokens, start in prefill_chunks:
             if windows:  # (a windowed layer's queries see, and read, at most its window)
                 seconds += (
