@@ -420,3 +420,56 @@ def test_break_even_batch_is_the_first_batch_slower_than_plain_steps():
     assert _break_even_batch(plain, speculative, 2.0, 700) == 51
     # with 3 tokens a step: 3 + 0.03 B < 1.5 + 0.03 B never holds
     assert _break_even_batch(plain, speculative, 3.0, 700) is None
+
+
+def test_draft_heads_and_ngram_by_hand():
+    from sim.hardware.draft import Draft, draft_for
+
+    # n-gram proposes from the prompt on the CPU: nothing on the GPU
+    assert draft_for("ngram", resolve_model("Llama-3.1-8B")) == Draft(
+        "ngram", None, 0, 0, "n-gram prompt lookup on the CPU: no draft weights or KV"
+    )
+    # a draft model keeps its own KV in the cache's dtype: fp8, 16 layers x 8 KV heads x 64 x (K, V) x 1 B
+    small = draft_for(
+        "draft_model", resolve_model("Llama-3.1-8B"), draft_model="Llama-3.2-1B", kv_cache_dtype="fp8"
+    )
+    assert (small.method, small.kv_bytes_per_token, small.description) == (
+        "draft_model",
+        16 * 8 * 64 * 2,
+        "draft model Llama-3.2-1B",
+    )
+    # DeepSeek-V2-Lite's MTP head: one layer, priced as a dense layer of the active parameters per layer
+    # ((2,451,435,008 - 2 x 102,400 x 2,048) // 27 = 75,259,429) plus the target's LM head
+    # (102,400 x 2,048 = 209,715,200), held at the total per layer
+    # ((15,706,484,224 - 419,430,400) // 27 = 566,187,178), 2 B each, halved at TP 2
+    target = resolve_model("DeepSeek-V2-Lite")
+    mtp = draft_for("mtp", target, tensor_parallel_size=2)
+    shapes = mtp.step_shapes
+    assert shapes is not None
+    assert (shapes.name, shapes.num_layers, shapes.vocab_size, shapes.num_params) == (
+        "DeepSeek-V2-Lite mtp head",
+        1,
+        102_400,
+        75_259_429 + 209_715_200,
+    )
+    assert (shapes.num_active_params, shapes.num_experts, shapes.experts_per_token) == (None, None, None)
+    assert (
+        shapes.moe_intermediate_size,
+        shapes.shared_expert_intermediate_size,
+        shapes.num_dense_layers,
+    ) == (
+        None,
+        0,
+        0,
+    )
+    assert (mtp.method, mtp.weight_bytes) == ("mtp", 566_187_178)
+    assert mtp.description == "mtp head: 1 layer(s) of DeepSeek-V2-Lite's width, the target's LM head"
+    # gpt-oss-20b's EAGLE-3 head at TP 2: two layers of full attention whatever the target's kinds, a
+    # 32,000-token LM head of its own; each layer's K/V per token: 8 KV heads / 2 x 64 x (K, V) x 2 B
+    eagle3 = draft_for("eagle3", resolve_model("gpt-oss-20b"), tensor_parallel_size=2, draft_layers=2)
+    assert eagle3.step_shapes is not None
+    assert (eagle3.step_shapes.layer_kinds, eagle3.step_shapes.vocab_size) == (None, 32_000)
+    assert eagle3.kv_bytes_per_token == 2 * 4 * 64 * 2 * 2
+    assert (
+        eagle3.description == "eagle3 head: 2 layer(s) of gpt-oss-20b's width, own LM head of 32,000 tokens"
+    )

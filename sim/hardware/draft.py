@@ -79,6 +79,7 @@ def draft_for(
         shared_expert_intermediate_size=0,
         num_dense_layers=0,
         layer_kinds=None,
+        routed_expert_bits=None,  # a dense head: no routed experts to quantise (gpt-oss's MXFP4)
     )
     kv_per_layer = target.kv_bytes_per_token_per_layer(kv_cache_dtype, tp)
     return Draft(
