@@ -473,3 +473,40 @@ def test_draft_heads_and_ngram_by_hand():
     assert (
         eagle3.description == "eagle3 head: 2 layer(s) of gpt-oss-20b's width, own LM head of 32,000 tokens"
     )
+
+
+class _RoutedRound(RoundCostModel):
+    """Round numbers whose decode step adds a routed-experts term: 0.5 s at batch 1, 0.25 s at 2."""
+
+    @property
+    def decode(self):
+        from sim.costs.terms import RoutedDecodeCost
+
+        return RoutedDecodeCost(1.0, 0.1, 0.01, batch_s=(0.0, 0.5, 0.25))
+
+
+@pytest.mark.parametrize("linear", [False, True])
+def test_speculative_step_and_iteration_by_hand(linear):
+    """Target: 1 s + 0.1 s per request + 0.01 s per context token (+ 0.5 / 0.25 s at batches 1 / 2),
+    prefill 0.01 s per token, its fixed cost the 1 s intercept; draft step 0.2 s + 0.02 s per request
+    + 0.001 s per token; k = 3. The step: 1 + 3 x 0.2 = 1.6 s + 0.16 s per request + 0.013 s per
+    token, and per batch B what 3 more tokens per request add to the target's pass: 4 x 0.01 B -
+    0.01 B = 0.03 B, up to the largest batch (4), plus the routed term; beyond it nothing. With or
+    without the target's compiled linear terms, the same times."""
+    from sim.costs.speculative import SpeculativeCostModel, speculative_step
+    from sim.costs.terms import DecodeCost, LinearIterationCost, PrefillCost
+
+    target = _RoutedRound(1.0, 0.1, 0.01, prefill_per_token_s=0.01)
+    if linear:
+        target._linear = LinearIterationCost(target.decode, PrefillCost(1.0, 0.0, 0.01, 0.0))
+    step = speculative_step(target, 3, DecodeCost(0.2, 0.02, 0.001), max_batch=4)
+    assert (step.intercept_s, step.per_seq_s, step.per_context_token_s) == pytest.approx((1.6, 0.16, 0.013))
+    assert step.batch_s == pytest.approx((0.0, 0.03 + 0.5, 0.06 + 0.25, 0.09, 0.12))
+    assert step.step_s(2, 100) == pytest.approx(1.6 + 0.32 + 1.3 + 0.31)
+    assert step.step_s(5, 0) == pytest.approx(1.6 + 0.8)
+    costs = SpeculativeCostModel(target, step, "eagle3, k=3")
+    assert costs.label == "test: round numbers + speculative decoding (eagle3, k=3)"
+    assert costs.iteration_s(2, 100) == pytest.approx(1.6 + 0.32 + 1.3 + 0.31)
+    # with a 10-token chunk: one fixed cost (the step's 1.6 s over the prefill's 1 s), no routed term
+    assert costs.iteration_s(2, 100, [(10, 0)]) == pytest.approx(1.6 + 0.32 + 1.3 + 0.1)
+    assert costs.iteration_s(0, 0, [(10, 0)]) == pytest.approx(1.0 + 0.1)
