@@ -335,3 +335,83 @@ def test_what_it_cannot_do_is_refused_before_anything_runs(tmp_path, change, mes
         raw[key] = {**raw[key], **value} if isinstance(value, dict) and key in raw else value
     with pytest.raises(ConfigError, match=re.escape(message)):
         prepare_experiment(validate_experiment(raw), tmp_path / "c.yaml")
+
+
+def test_padding_pages_of_the_pools_and_tensor_parallel():
+    """gpt-oss-20b, 1.5e9 B, pages of 64: max_total_num_tokens 30,517 // 64 x 64 = 30,464 (1,497,366,528 B);
+    full int(1,497,366,528 / 44,236.8) = 33,849 -> 33,792, swa int(33,849 x 0.8) = 27,079 -> 27,072.
+    SWAKVPool's buffers hold a padding page more per pool: (33,856 + 27,136) x 24,576 B = 1.396 GiB
+    ("1.40 GB"; without the full pool's padding page it would read 1.39). At TP 2 a token in one layer
+    is 4 KV heads x 64 x (K, V) x 2 B = 1,024 B."""
+    capacity = sglang_hybrid_kv_capacity("gpt-oss-20b", 1_500_000_000, page_size=64)
+    assert (capacity.max_total_num_tokens, capacity.full_tokens, capacity.swa_tokens) == (
+        30_464,
+        33_792,
+        27_072,
+    )
+    assert capacity.capacity_lines()[1] == "SWAKVPool mem usage: 1.40 GB, swa size: 27072, full size: 33792"
+    assert sglang_hybrid_kv_capacity("gpt-oss-20b", 1_500_000_000, tensor_parallel_size=2).layer_bytes == 1024
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"available_kv_bytes": 0}, "available_kv_bytes must be a positive integer, got 0"),
+        ({"page_size": 0}, "option page_size must be a positive integer, got 0"),
+        ({"page_size": True}, "option page_size must be a positive integer, got True"),
+        ({"page_size": 2.5}, "option page_size must be a positive integer, got 2.5"),
+        # pages of 64 and a ratio of 0.001: full 60,864 tokens, swa int(60.9) = 60 -> 0 pages
+        (
+            {"page_size": 64, "swa_full_tokens_ratio": 0.001},
+            "give SGLang's pools 60864 full and 0 SWA tokens (cell size 49,152 B, swa_full_tokens_ratio 0.001)",
+        ),
+        # pages of 64, ratio 2, one page of memory (64 x 49,152 B): full int(3,145,728 / 73,728) = 42 -> 0
+        # pages, swa 84 -> 64: the full pool gets nothing
+        (
+            {"available_kv_bytes": 64 * 49_152, "page_size": 64, "swa_full_tokens_ratio": 2},
+            "give SGLang's pools 0 full and 64 SWA tokens",
+        ),
+    ],
+)
+def test_bad_sizes_are_refused_naming_the_option(changes, message):
+    arguments = {"available_kv_bytes": 1_500_000_000} | changes
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sglang_hybrid_kv_capacity("gpt-oss-20b", **arguments)
+
+
+def test_chunked_local_and_several_windows_are_refused_with_the_reason():
+    from dataclasses import replace
+
+    from sim.hardware.layers import FullAttention, SlidingWindow
+    from sim.hardware.models import resolve_model
+
+    with pytest.raises(
+        ValueError, match=re.escape("Llama-3.1-8B has no sliding-window layers: SGLang keeps one")
+    ):
+        sglang_hybrid_kv_capacity("Llama-3.1-8B", 10 * 2**30)
+    with pytest.raises(ValueError, match=re.escape("(no SWAKVPool); use policy paged")):
+        sglang_hybrid_kv_capacity("Llama-3.1-8B", 10 * 2**30)
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "Llama-4-Scout-17B-16E has chunked local attention layers: SGLang's attention_chunk_size "
+            "eviction (Llama 4) is not modelled by sglang-hybrid; use policy vllm-hybrid"
+        ),
+    ):
+        sglang_hybrid_kv_capacity("Llama-4-Scout-17B-16E", 10 * 2**30)
+    kinds = (FullAttention(), SlidingWindow(128), SlidingWindow(256)) * 8
+    two_windows = replace(resolve_model("gpt-oss-20b"), name="two windows", layer_kinds=kinds)
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "two windows has sliding windows of [128, 256] tokens: SGLang evicts by one sliding_window_size per model"
+        ),
+    ):
+        sglang_hybrid_kv_capacity(two_windows, 10 * 2**30)
+
+
+def test_the_smallest_pools_that_run():
+    """Two tokens' memory (98,304 B), ratio 2: full int(98,304 / 73,728) = 1, swa int(1 x 2) = 2:
+    one full-attention token is enough to run."""
+    capacity = sglang_hybrid_kv_capacity("gpt-oss-20b", 2 * 49_152, swa_full_tokens_ratio=2)
+    assert (capacity.full_tokens, capacity.swa_tokens) == (1, 2)
