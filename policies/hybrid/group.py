@@ -163,11 +163,10 @@ class GroupManager(SequenceTable[GroupSequence]):
         returns each sequence's growth room after it."""
         rooms = []
         for seq, tokens, first, end in plan:
-            self._account(seq, -1)
+            self._account_growth(seq, tokens, first, end)
             seq.num_tokens += tokens
             seq.first_block = first
             seq.end_block = end
-            self._account(seq, 1)
             rooms.append(self._room(seq))
         return rooms
 
@@ -234,6 +233,19 @@ class GroupManager(SequenceTable[GroupSequence]):
         self._used += sign * (seq.num_tokens - start)
         self._reserved += sign * (min(end, seq.final_len) - seq.num_tokens)
         self._held_blocks += sign * (seq.end_block - seq.first_block)
+
+    def _account_growth(self, seq: GroupSequence, tokens: int, first: int, end: int) -> None:
+        """What ``_account(seq, -1)``, the growth, then ``_account(seq, 1)`` would add up to, in one
+        step (this runs once per group for every block a decoding sequence fills)."""
+        block_size = self.block_size
+        final_len = seq.final_len
+        before, after = seq.num_tokens, seq.num_tokens + tokens
+        held_before, held_after = seq.end_block * block_size, end * block_size
+        self._used += tokens - (first - seq.first_block) * block_size
+        self._reserved += ((held_after if held_after < final_len else final_len) - after) - (
+            (held_before if held_before < final_len else final_len) - before
+        )
+        self._held_blocks += (end - first) - (seq.end_block - seq.first_block)
 
     def breakdown_values(self) -> tuple[int, int, int, int, int, int]:
         """What this group holds; the shared pool reports its free blocks (the coordinator adds them)."""

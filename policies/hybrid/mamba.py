@@ -22,3 +22,6 @@ class MambaGroup(GroupManager):
     def _account(self, seq: GroupSequence, sign: int) -> None:
         self._used += sign * self.block_size
         self._held_blocks += sign
+
+    def _account_growth(self, seq: GroupSequence, tokens: int, first: int, end: int) -> None:
+        """A growth leaves the state as it is: one block, used."""
