@@ -5,6 +5,8 @@ what it cannot do yet is refused before anything runs, naming the key."""
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import pytest
 
@@ -46,6 +48,15 @@ def config(model: str, variants: list[dict], **engine) -> dict:
         },
         "variants": variants,
     }
+
+
+def refused_with(raw: dict, change: dict, message: str, tmp_path) -> None:
+    """``raw`` with ``change`` merged in (a section's keys into that section) is refused before
+    anything runs, with ``message``."""
+    for key, value in change.items():
+        raw[key] = {**raw[key], **value} if isinstance(value, dict) and key in raw else value
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        prepare_experiment(validate_experiment(raw), tmp_path / "c.yaml")
 
 
 def run(raw: dict, tmp_path):

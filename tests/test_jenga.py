@@ -16,21 +16,13 @@ from hypothesis import strategies as st
 
 from policies.base import ChildSpec, OutOfKVMemory
 from policies.hybrid.jenga_pages import quotas
-from sim.config import ConfigError, validate_experiment
+from sim.config import validate_experiment
 from sim.hardware.jenga_capacity import JengaCapacity, JengaGroupSpec, jenga_kv_capacity
 from sim.hardware.layers import FullAttention, SlidingWindow
 from sim.kv.jenga import JengaCoordinator
-from sim.runner import prepare_experiment, run_experiment
+from sim.runner import run_experiment
+from tests.test_hybrid_runs import BREAKDOWN, refused_with
 from tests.test_hybrid_runs import config as hybrid_config
-
-BREAKDOWN = [
-    "used_tokens",
-    "reserved_tokens",
-    "internal_fragmentation_tokens",
-    "external_fragmentation_tokens",
-    "cached_tokens",
-    "free_tokens",
-]
 
 
 def prompt(tokens: int):
@@ -317,10 +309,7 @@ def test_beside_paged_and_vllm_hybrid_its_pool_stays_whole(tmp_path):
 )
 def test_what_it_cannot_do_is_refused_before_anything_runs(tmp_path, change, message):
     raw = config([PAGED, JENGA])
-    for key, value in change.items():
-        raw[key] = {**raw[key], **value} if isinstance(value, dict) and key in raw else value
-    with pytest.raises(ConfigError, match=re.escape(message)):
-        prepare_experiment(validate_experiment(raw), tmp_path / "c.yaml")
+    refused_with(raw, change, message, tmp_path)
 
 
 # -- kvsim validate j1 -----------------------------------------------------------------------------------

@@ -18,21 +18,13 @@ from policies.base import ChildSpec, OutOfKVMemory, PoolSpec
 from policies.hybrid.block_pool import SharedBlockPool
 from policies.hybrid.full import FullAttentionGroup
 from policies.hybrid.sglang_sliding_window import SGLangSlidingWindowGroup, prefill_hold
-from sim.config import ConfigError, validate_experiment
+from sim.config import validate_experiment
 from sim.hardware.sglang_hybrid_capacity import sglang_hybrid_kv_capacity
 from sim.kv.allocators import sglang_hybrid_layout
 from sim.kv.coordinator import KVGroup, make_coordinator
-from sim.runner import prepare_experiment, run_experiment
+from sim.runner import run_experiment
+from tests.test_hybrid_runs import BREAKDOWN, refused_with
 from tests.test_hybrid_runs import config as hybrid_config
-
-BREAKDOWN = [
-    "used_tokens",
-    "reserved_tokens",
-    "internal_fragmentation_tokens",
-    "external_fragmentation_tokens",
-    "cached_tokens",
-    "free_tokens",
-]
 
 
 def prompt(tokens: int, content: int = 1):
@@ -331,10 +323,7 @@ def test_beside_paged_and_vllm_hybrid_its_two_pools_stay_whole(tmp_path):
 )
 def test_what_it_cannot_do_is_refused_before_anything_runs(tmp_path, change, message):
     raw = config([PAGED, SGLANG])
-    for key, value in change.items():
-        raw[key] = {**raw[key], **value} if isinstance(value, dict) and key in raw else value
-    with pytest.raises(ConfigError, match=re.escape(message)):
-        prepare_experiment(validate_experiment(raw), tmp_path / "c.yaml")
+    refused_with(raw, change, message, tmp_path)
 
 
 def test_padding_pages_of_the_pools_and_tensor_parallel():
