@@ -352,7 +352,8 @@ def test_padding_pages_of_the_pools_and_tensor_parallel():
         # pages of 64 and a ratio of 0.001: full 60,864 tokens, swa int(60.9) = 60 -> 0 pages
         (
             {"page_size": 64, "swa_full_tokens_ratio": 0.001},
-            "give SGLang's pools 60864 full and 0 SWA tokens (cell size 49,152 B, swa_full_tokens_ratio 0.001)",
+            "give SGLang's pools 60864 full and 0 SWA tokens (cell size 49,152 B, swa_full_tokens_ratio 0.001): "
+            "no request can run. Give the KV cache more memory",
         ),
         # pages of 64, ratio 2, one page of memory (64 x 49,152 B): full int(3,145,728 / 73,728) = 42 -> 0
         # pages, swa 84 -> 64: the full pool gets nothing
@@ -401,6 +402,10 @@ def test_chunked_local_and_several_windows_are_refused_with_the_reason():
 
 def test_the_smallest_pools_that_run():
     """Two tokens' memory (98,304 B), ratio 2: full int(98,304 / 73,728) = 1, swa int(1 x 2) = 2:
-    one full-attention token is enough to run."""
+    one full-attention token is enough to run. Ratio 0.5: full int(98,304 / 36,864) = 2, swa 1: one
+    sliding-window token is too."""
     capacity = sglang_hybrid_kv_capacity("gpt-oss-20b", 2 * 49_152, swa_full_tokens_ratio=2)
     assert (capacity.full_tokens, capacity.swa_tokens) == (1, 2)
+    assert (capacity.available_kv_bytes, capacity.swa_full_tokens_ratio) == (98_304, 2.0)
+    half = sglang_hybrid_kv_capacity("gpt-oss-20b", 2 * 49_152, swa_full_tokens_ratio=0.5)
+    assert (half.full_tokens, half.swa_tokens) == (2, 1)
