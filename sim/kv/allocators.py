@@ -113,13 +113,17 @@ class HybridLayout:
         spec = self.pool
         shared = SharedBlockPool(self.capacity.num_blocks, spec.block_size, spec.kv_pool_tokens)
         groups = [
-            KVGroup(name, _manager(group.kind, spec, shared, self.prefill_tokens), self.slot_bytes)
+            KVGroup(name, group_manager(group.kind, spec, shared, self.prefill_tokens), self.slot_bytes)
             for name, group in zip(self.group_names(), self.capacity.groups, strict=True)
         ]
         return make_coordinator(groups)
 
 
-def _manager(kind: LayerKind, spec: PoolSpec, shared: SharedBlockPool, prefill_tokens: int) -> GroupManager:
+def group_manager(
+    kind: LayerKind, spec: PoolSpec, shared: SharedBlockPool, prefill_tokens: int
+) -> GroupManager:
+    """The manager of one KV group of ``kind`` over ``shared``: which blocks a sequence of that layer
+    kind holds (``policies/hybrid/``). vllm-hybrid's groups and jenga's types are built with it."""
     if isinstance(kind, FullAttention):
         return FullAttentionGroup(spec, shared, prefill_tokens)
     if isinstance(kind, SlidingWindow):

@@ -36,7 +36,7 @@ from policies.hybrid.block_pool import SharedBlockPool
 from policies.hybrid.group import GroupManager, GroupSequence
 from policies.hybrid.jenga_pages import LargePagePool, SmallPageAllocator, quotas
 from sim.hardware.jenga_capacity import JengaCapacity
-from sim.kv.allocators import _manager  # (each layer kind's rules, as vllm-hybrid builds them)
+from sim.kv.allocators import group_manager  # (each layer kind's rules, as vllm-hybrid builds them)
 from sim.kv.coordinator import Breakdown, KVCoordinator, KVGroup
 from token_content import TokenContent, content_length
 
@@ -66,7 +66,7 @@ class JengaCoordinator(KVCoordinator):
             slots = capacity.small_page_slots(group)
             most = capacity.num_blocks * group.ratio  # (what one type could ever hold)
             spec = PoolSpec(most * block_size, block_size, capacity.max_model_len, capacity.slot_bytes)
-            manager = _manager(group.kind, spec, SharedBlockPool(most, block_size), prefill_tokens)
+            manager = group_manager(group.kind, spec, SharedBlockPool(most, block_size), prefill_tokens)
             self.managers.append(manager)
             self.allocators.append(SmallPageAllocator(self.large_pages, group.ratio))
             self.page_slots.append(slots)
