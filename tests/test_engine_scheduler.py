@@ -551,3 +551,27 @@ def test_a_request_that_preempted_another_is_preempted_in_turn(step_mode):
     }
     assert engine.counters.preemptions == 5
     assert engine.counters.iterations == 16
+
+
+@pytest.mark.parametrize("step_mode", STEP_MODES)
+def test_swap_room_is_given_back_when_the_request_returns(step_mode):
+    """Host room of exactly 3 blocks (r1's 12 tokens: the threshold hit exactly), and the squeeze twice:
+    r2, r3 as r0, r1 but arriving at 20 s, after both have finished (11.5 s) and the engine idles. r1's
+    blocks came back at 9.5 s, so the room is whole again: r3 swaps too, and every time is the swap
+    test's, shifted by 20 s (r2 finishes at 28.75, r3 at 31.5)."""
+    second = [request(2, 20.0, 4, 8), request(3, 20.0, 8, 6)]
+    engine = run(
+        SQUEEZE + second,
+        SQUEEZE_POOL,
+        step_mode,
+        costs=ConstantCost(1.0, swap_block_s=0.25),
+        preemption_mode="swap",
+        swap_space_blocks=3,
+    )
+    assert outcomes(engine) == {
+        0: (0.0, 1.0, 8.75, 0, "finished"),
+        1: (0.0, 1.0, 11.5, 1, "finished"),
+        2: (20.0, 21.0, 28.75, 0, "finished"),
+        3: (20.0, 21.0, 31.5, 1, "finished"),
+    }
+    assert engine.counters.swapped_out_blocks == 6
