@@ -476,13 +476,17 @@ def test_draft_heads_and_ngram_by_hand():
 
 
 class _RoutedRound(RoundCostModel):
-    """Round numbers whose decode step adds a routed-experts term: 0.5 s at batch 1, 0.25 s at 2."""
+    """Round numbers whose decode step adds a routed-experts term (0.5 s at batch 1, 0.25 s at 2) and
+    whose block copies cost 0.1 s each."""
 
     @property
     def decode(self):
         from sim.costs.terms import RoutedDecodeCost
 
         return RoutedDecodeCost(1.0, 0.1, 0.01, batch_s=(0.0, 0.5, 0.25))
+
+    def copy_blocks_s(self, num_blocks):
+        return 0.1 * num_blocks
 
 
 @pytest.mark.parametrize("linear", [False, True])
@@ -510,3 +514,5 @@ def test_speculative_step_and_iteration_by_hand(linear):
     # with a 10-token chunk: one fixed cost (the step's 1.6 s over the prefill's 1 s), no routed term
     assert costs.iteration_s(2, 100, [(10, 0)]) == pytest.approx(1.6 + 0.32 + 1.3 + 0.1)
     assert costs.iteration_s(0, 0, [(10, 0)]) == pytest.approx(1.0 + 0.1)
+    # copies (0.1 s per block here) and swaps (0.5 s per block) are the target's
+    assert (costs.copy_blocks_s(2), costs.swap_blocks_s(2)) == pytest.approx((0.2, 1.0))
