@@ -191,3 +191,18 @@ def test_a_sample_longer_than_max_model_len_rejects_the_request_naming_it():
     record = engine.records[0]
     assert record.outcome == "rejected"
     assert record.reason == "prompt 10 + longest sample 60 = 70 tokens exceeds max_model_len=64"
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_beam_replacements_keep_the_batch_at_the_beam_width(step_mode):
+    """Replaced beams are freed and re-forked from survivors: the batch holds 4 sequences from the
+    first token to the finish, however many beams a step replaces (q = 0.3: 0 to 4 of them)."""
+    pool = PoolSpec(16 * 256, 16, 512)
+    engine = run(
+        "prefix", pool, [request(0, 0.0, 20, 100, beam_width=4)], step_mode, beam_reparent_prob=0.3, seed=3
+    )
+    record = engine.records[0]
+    series = engine.sink.timeseries()
+    decoding = series[(series["time_s"] >= record.first_token_s) & (series["time_s"] < record.finish_s)]
+    assert len(decoding) > 10
+    assert set(decoding["num_sequences_running"]) == {4}
