@@ -187,3 +187,21 @@ def test_a_window_no_request_reaches_warns_and_runs_as_full_attention(tmp_path):
     assert hybrid["mean_used_frac"] * hybrid["kv_pool_tokens"] == pytest.approx(
         paged["mean_used_frac"] * paged["kv_pool_tokens"], rel=1e-9
     )
+
+
+def test_a_chunk_no_request_crosses_warns_too():
+    from sim.config import VariantConfig
+    from sim.runner import _warn_of_windows_past_max_model_len
+
+    variant = VariantConfig(name="hybrid", policy="vllm-hybrid")
+    scout = resolve_model("Llama-4-Scout-17B-16E")
+    with pytest.warns(
+        ConfigWarning,
+        match=r"chunked\(8192\) layers never release a block: no request is longer than max_model_len \(8,192 tokens\)",
+    ):
+        _warn_of_windows_past_max_model_len(variant, scout, 8192)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_of_windows_past_max_model_len(variant, scout, 8193)  # a request of 8,193 tokens crosses it
