@@ -138,6 +138,19 @@ def test_beam_replacement_count_follows_the_binomial_model():
     assert np.mean(intervals) == pytest.approx(1 / rate, rel=0.02)
 
 
+def test_beam_replacements_at_q_0_and_at_a_high_q():
+    """q = 0: no step ever replaces a beam. q = 0.9, width 3: given a replacing step, k beams are
+    replaced with odds 3 x 0.9 x 0.01 : 3 x 0.81 x 0.1 : 0.729 (k = 1, 2, 3); three would leave no
+    survivor, so the cap is 2: P(2) = (0.243 + 0.729) / 0.999 = 0.973, P(1) = 0.027."""
+    from sim.engine.beams import BeamDraws
+
+    assert BeamDraws(np.random.default_rng(5), 0.0).interval(4) >= 1 << 62
+    draws = BeamDraws(np.random.default_rng(5), 0.9)
+    counts = [len(draws.replaced(3)) for _ in range(2_000)]
+    assert set(counts) == {1, 2}
+    assert counts.count(2) / 2_000 == pytest.approx(0.973, abs=0.015)  # 4 standard errors
+
+
 def test_beam_sharing_rises_with_q_and_keeps_the_breakdown_exact():
     _, low = beam_saving(0.005, 4)
     engine, high = beam_saving(0.2, 4)
