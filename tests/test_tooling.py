@@ -84,3 +84,35 @@ def test_a_hanging_test_fails_at_its_timeout(tmp_path):
 @pytest.mark.timeout(300)
 def test_a_marker_raises_a_tests_timeout(request):
     assert request.node.get_closest_marker("timeout").args == (300,)
+
+
+def test_mutation_prepare_removes_only_mutmuts_own_stale_copies(tmp_path):
+    """``make mutation``'s first step deletes a stale unmutated copy and mutmut's test map inside
+    ``mutants/`` and nothing else: not a copy that has its mutants (``.meta``), not a file a link in
+    ``mutants/`` points to, not the source."""
+    from tools import mutation_prepare
+
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.mutmut]\nsource_paths = ["pkg/"]\nonly_mutate = ["pkg/*.py"]\n'
+    )
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "tests").mkdir()
+    for name in ("stale.py", "mutated.py", "linked.py"):
+        (tmp_path / "pkg" / name).write_text("x = 1\n")
+    copies = tmp_path / "mutants" / "pkg"
+    copies.mkdir(parents=True)
+    (copies / "stale.py").write_text("x = 1\n")
+    (copies / "mutated.py").write_text("x = 2\n")
+    (copies / "mutated.py.meta").write_text("{}")
+    users_file = tmp_path / "users_file.py"
+    users_file.write_text("keep me\n")
+    (copies / "linked.py").symlink_to(users_file)
+    (tmp_path / "mutants" / "mutmut-stats.json").write_text("{}")
+    assert mutation_prepare.main(tmp_path) == 0
+    assert not (copies / "stale.py").exists()
+    assert (copies / "mutated.py").exists() and (copies / "linked.py").is_symlink()
+    assert users_file.read_text() == "keep me\n" and (tmp_path / "pkg" / "stale.py").exists()
+    assert not (tmp_path / "mutants" / "mutmut-stats.json").exists()  # rebuilt for the changed inputs
+    assert (tmp_path / "mutants" / mutation_prepare.STAMP).read_text() == mutation_prepare.inputs_hash(
+        tmp_path
+    )

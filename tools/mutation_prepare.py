@@ -38,9 +38,16 @@ def stale_copies(root: Path = ROOT) -> list[Path]:
             if not any(fnmatch.fnmatch(relative, pattern) for pattern in patterns):
                 continue
             copy = root / "mutants" / relative
-            if copy.exists() and not copy.with_name(copy.name + ".meta").exists():
+            if _mutmuts_own(copy, root) and not copy.with_name(copy.name + ".meta").exists():
                 stale.append(copy)
     return stale
+
+
+def _mutmuts_own(path: Path, root: Path) -> bool:
+    """A plain file inside ``root/mutants`` (mutmut's working copy), not a link out of it: the only
+    kind of file this tool removes."""
+    mutants = (root / "mutants").resolve()
+    return path.is_file() and not path.is_symlink() and path.resolve().is_relative_to(mutants)
 
 
 STAMP = "mutation-inputs.sha256"  # in mutants/: the inputs the map was last rebuilt for
@@ -57,17 +64,17 @@ def inputs_hash(root: Path = ROOT) -> str:
     return digest.hexdigest()
 
 
-def main() -> int:
-    stale = stale_copies()
+def main(root: Path = ROOT) -> int:
+    stale = stale_copies(root)
     for copy in stale:
-        print(f"mutation: {copy.relative_to(ROOT)} was copied unmutated; removed so that mutmut mutates it")
+        print(f"mutation: {copy.relative_to(root)} was copied unmutated; removed so that mutmut mutates it")
         copy.unlink()
-    stats, stamp = ROOT / "mutants" / "mutmut-stats.json", ROOT / "mutants" / STAMP
-    current = inputs_hash()
-    if stats.exists() and (stale or not stamp.exists() or stamp.read_text() != current):
+    stats, stamp = root / "mutants" / "mutmut-stats.json", root / "mutants" / STAMP
+    current = inputs_hash(root)
+    if _mutmuts_own(stats, root) and (stale or not stamp.exists() or stamp.read_text() != current):
         print("mutation: tests or sources changed since mutmut mapped tests to functions; the map is rebuilt")
         stats.unlink()
-    if (ROOT / "mutants").is_dir():
+    if (root / "mutants").is_dir() and not (root / "mutants").is_symlink():
         stamp.write_text(current)
     return 0
 
