@@ -686,16 +686,18 @@ def _hybrid_layout(
     if problems:
         raise ConfigError("\n".join(problems))
     _warn_of_windows_past_max_model_len(variant, model, max_model_len)
-    prefill_tokens = (
-        engine_config.max_num_batched_tokens if engine_config.enable_chunked_prefill else max_model_len
+    prefill_tokens = min(
+        engine_config.max_num_batched_tokens if engine_config.enable_chunked_prefill else max_model_len,
+        max_model_len,
     )
+    batches_in_flight = 2 if engine_config.async_scheduling else 1
     try:
         if variant.policy == "sglang-hybrid":
             return sglang_hybrid_layout(
                 model,
                 capacity.available_kv_bytes,
                 max_model_len=max_model_len,
-                prefill_tokens=min(prefill_tokens, max_model_len),
+                prefill_tokens=prefill_tokens,
                 kv_cache_dtype=engine_config.kv_cache_dtype,
                 tensor_parallel_size=engine_config.tensor_parallel_size,
                 overlap=engine_config.async_scheduling,
@@ -708,12 +710,11 @@ def _hybrid_layout(
                 max_model_len=max_model_len,
                 block_size=engine_config.block_size,
                 kv_cache_dtype=engine_config.kv_cache_dtype,
-                max_in_flight_tokens=(2 if engine_config.async_scheduling else 1)
-                * engine_config.max_num_batched_tokens,
+                max_in_flight_tokens=batches_in_flight * engine_config.max_num_batched_tokens,
                 tensor_parallel_size=engine_config.tensor_parallel_size,
                 **variant.options,
             )
-            return JengaLayout(jenga, max_model_len, min(prefill_tokens, max_model_len))
+            return JengaLayout(jenga, max_model_len, prefill_tokens)
         hybrid = vllm_hybrid_kv_capacity(
             model,
             capacity.available_kv_bytes,
@@ -721,7 +722,7 @@ def _hybrid_layout(
             block_size=engine_config.block_size,
             kv_cache_dtype=engine_config.kv_cache_dtype,
             max_num_batched_tokens=engine_config.max_num_batched_tokens,
-            max_concurrent_batches=2 if engine_config.async_scheduling else 1,
+            max_concurrent_batches=batches_in_flight,
             tensor_parallel_size=engine_config.tensor_parallel_size,
             num_gpu_blocks_override=engine_config.num_gpu_blocks_override,
         )
@@ -729,7 +730,7 @@ def _hybrid_layout(
         if str(error).startswith("large_page_bytes"):  # (jenga's option: the key it came from)
             raise ConfigError(f"variants.{index}.options.{error}") from None
         raise ConfigError(f"{where}: {variant.policy}: {error}") from None
-    return HybridLayout(hybrid, max_model_len, min(prefill_tokens, max_model_len))
+    return HybridLayout(hybrid, max_model_len, prefill_tokens)
 
 
 def _prepare_disaggregated(

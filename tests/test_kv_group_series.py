@@ -88,6 +88,12 @@ def test_the_split_accounts_for_the_whole_pool(tmp_path, step_mode):
         full, sliding = means["full"]["used"], means["sliding(128)"]["used"]
         assert 0 < sliding < full / 5
     assert list(loaded.kv_group_timeseries("hybrid").columns) == list(columns.KV_GROUPS)
+    if step_mode == "skip":  # the figure is drawn from the folder, one panel per hybrid variant
+        from sim.figures import write_figures
+
+        drawn = write_figures(loaded, tmp_path / "figures")
+        assert tmp_path / "figures" / "kv_groups.png" in drawn
+        assert (tmp_path / "figures" / "kv_groups.png").stat().st_size > 10_000
     assert not (tmp_path / "out" / "paged" / "kv_groups.parquet").exists()
 
 
