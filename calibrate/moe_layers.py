@@ -60,7 +60,9 @@ def layer_times_s(shapes: pd.DataFrame, share: float, model: ModelSpec, gpu: Gpu
     read_s = shapes["activated_experts"] * model.expert_params * model.expert_bytes_per_param
     read_s = read_s / (gpu.hbm_bandwidth_bytes_per_s * share)
     pairs = shapes["tokens"] * model.experts_per_token / shapes["ep"]
-    flops_s = pairs * 2.0 * model.expert_params / (gpu.fp16_flops * gpu.efficiency.gemm_flops)
+    # (as the derated model: no GEMM faster than the best one measured on the GPU)
+    gemm_share = min(gpu.efficiency.gemm_flops, gpu.compute_ceiling.share)
+    flops_s = pairs * 2.0 * model.expert_params / (gpu.fp16_flops * gemm_share)
     return np.hypot(read_s.to_numpy(dtype=float), flops_s.to_numpy(dtype=float))
 
 

@@ -138,25 +138,39 @@ def gpus_table() -> str:
             f"{spec.hbm_bandwidth_bytes_per_s / 1e9:,.0f}",
             f"{spec.fp16_flops / 1e12:,.1f}",
             spec.memory_type,
-            _achievable_text(spec),
+            _ceiling_text(spec.memory_ceiling),
+            spec.architecture,
+            _ceiling_text(spec.compute_ceiling),
             calibration.evidence(spec),
         ]
         for name, spec in GPU_PRESETS.items()
     ]
-    header = ["gpu", "memory GiB", "bandwidth GB/s", "fp16 dense TFLOP/s", "memory", "achievable", "evidence"]
+    header = [
+        "gpu",
+        "memory GiB",
+        "bandwidth GB/s",
+        "fp16 dense TFLOP/s",
+        "memory",
+        "achievable",
+        "architecture",
+        "achievable GEMM",
+        "evidence",
+    ]
     return (
         table(header, rows)
         + "\n\nachievable: the share of the datasheet bandwidth DRAM-bound kernels reach, measured on that GPU "
         "or (~) its memory type's default with the measured parts' range; no modelled read is faster. "
-        "evidence: measured (runs in the serving fit), transferred (its kernels or memory measured) or "
+        "achievable GEMM: the share of the dense FP16 FLOP/s the best measured matrix product reaches, "
+        "or (~) its architecture's default; no modelled matrix product is faster. "
+        "evidence: measured (runs in the serving fit), transferred (its kernels, memory or GEMMs measured) or "
         "datasheet-only; it picks the GPU's error band (docs/gpu-transfer.md)."
         "\nCustom GPUs: gpu: {base: H100-80GB, memory_gib: 79.19} or {name, memory_gib, "
-        "hbm_bandwidth_gb_per_s, fp16_tflops, memory_type, achievable_bandwidth}."
+        "hbm_bandwidth_gb_per_s, fp16_tflops, memory_type, achievable_bandwidth, architecture, "
+        "achievable_compute}."
     )
 
 
-def _achievable_text(spec: Any) -> str:
-    ceiling = spec.memory_ceiling
+def _ceiling_text(ceiling: Any) -> str:
     if ceiling.measured:
         return f"{ceiling.share:.1%}"
     low, high = ceiling.band

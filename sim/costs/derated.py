@@ -196,7 +196,9 @@ class DeratedCostModel(DatasheetCostModel):
         self.all_reduce = self.serving.all_reduce(self.all_reduce, bool(gpu.nvlink_bandwidth_bytes_per_s))
         # Factors measured on another GPU follow this one's memory; no read outruns what it delivers.
         ceiling = gpu.memory_ceiling.share
-        kernels = effective_efficiency(efficiency if efficiency is not None else gpu.efficiency, ceiling)
+        kernels = effective_efficiency(
+            efficiency if efficiency is not None else gpu.efficiency, ceiling, gpu.compute_ceiling.share
+        )
         eff = self.serving.derate(kernels, ceiling)
         self.efficiency = eff
         self.iteration_overhead_s = self.serving.iteration_overhead_s

@@ -152,32 +152,26 @@ class ServingCalibration:
         if gpu is None:
             return text
         evidence = self.evidence(gpu)
-        if evidence == "datasheet-only":
-            low, high = gpu.memory_ceiling.band
-            text += (
-                f"; {gpu.name} has no measurements of its own: achievable bandwidth "
-                f"{gpu.memory_ceiling.share:.0%} of the datasheet assumed ({low:.0%}..{high:.0%} "
-                "measured on parts of its memory type), which widens its band"
-            )
+        if evidence != "measured":
+            text += _assumed_ceilings_text(gpu)
         return f"{gpu.name} is {evidence}: {text}"
 
     def time_scale_band(self, gpu: GpuSpec | None = None) -> tuple[float, float] | None:
         """The GPU-time scales (``cost_model: {time_scale: ...}``) that would have made kvsim's TPOT
         match the measured runs it was not fitted to, fastest and slowest: with a held-out TPOT
         error ``e`` (simulated / measured - 1), the measured server's step took ``1 / (1 + e)``
-        times kvsim's. The folds are those of :meth:`error_band`; a datasheet-only GPU's band
-        widens by its achievable bandwidth's range (a step read at ``share`` could run at any share
-        in ``low..high``). None without held-out errors."""
+        times kvsim's. The folds are those of :meth:`error_band`; a GPU without runs in the fit
+        widens by the range of each ceiling not measured on it (:func:`assumed_ceilings_scales`).
+        None without held-out errors."""
         _, held_out = self._held_out(gpu)
         runs = held_out.get("runs") or {}
         errors = [float(run["tpot"]) for run in runs.values() if "tpot" in run]
         if not errors:
             return None
         fast, slow = 1.0 / (1.0 + max(errors)), 1.0 / (1.0 + min(errors))
-        if gpu is not None and self.evidence(gpu) == "datasheet-only":
-            share = gpu.memory_ceiling.share
-            low, high = gpu.memory_ceiling.band
-            fast, slow = fast * share / high, slow * share / low
+        if gpu is not None and self.evidence(gpu) != "measured":
+            widen_fast, widen_slow = assumed_ceilings_scales(gpu)
+            fast, slow = fast * widen_fast, slow * widen_slow
         return fast, slow
 
     def describe(self) -> str:
@@ -185,6 +179,49 @@ class ServingCalibration:
         if self.is_neutral:
             return "no serving calibration"
         return f"serving terms fitted to {self.source}"
+
+
+def assumed_ceilings_scales(gpu: GpuSpec) -> tuple[float, float]:
+    """How much faster and slower ``gpu``'s steps could run than kvsim prices them, from the ceilings
+    that were assumed for it rather than measured on it: a step read at the memory default ``share``
+    could read at any share in its technology's ``low..high`` (times ``share / high .. share /
+    low``); a matrix product capped at an architecture default could be capped anywhere in its
+    range (its GEMM share ``min(gemm, share)`` over ``min(gemm, high)`` .. ``min(gemm, low)``).
+    Each bounds a step bound by that resource; the wider of the two is taken."""
+    fast = slow = 1.0
+    memory = gpu.memory_ceiling
+    if not memory.measured:
+        low, high = memory.band
+        fast, slow = memory.share / high, memory.share / low
+    compute = gpu.compute_ceiling
+    if not compute.measured:
+        gemm = gpu.efficiency.gemm_flops
+        low, high = compute.band
+        priced = min(gemm, compute.share)
+        fast, slow = min(fast, priced / min(gemm, high)), max(slow, priced / min(gemm, low))
+    return fast, slow
+
+
+def _assumed_ceilings_text(gpu: GpuSpec) -> str:
+    """What was assumed rather than measured for ``gpu``, for its error band's text."""
+    assumed = []
+    memory, compute = gpu.memory_ceiling, gpu.compute_ceiling
+    if not memory.measured:
+        low, high = memory.band
+        assumed.append(
+            f"achievable bandwidth {memory.share:.0%} of the datasheet assumed ({low:.0%}..{high:.0%} "
+            "measured on parts of its memory type)"
+        )
+    if not compute.measured:
+        low, high = compute.band
+        assumed.append(
+            f"achievable matrix-product rate {compute.share:.0%} of the datasheet assumed "
+            f"({low:.0%}..{high:.0%} measured on parts of its architecture)"
+        )
+    if not assumed:
+        return ""
+    own = "has no measurements of its own" if not gpu.has_own_measurements else "is partly measured"
+    return f"; {gpu.name} {own}: {' and '.join(assumed)}, which widens its band"
 
 
 PARAMETERS = (

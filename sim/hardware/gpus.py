@@ -69,8 +69,19 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
+from sim.hardware.compute_ceilings import (
+    ACHIEVABLE_COMPUTE_DEFAULTS,
+    MAX_COMPUTE_SHARE,
+    MEASURED_ACHIEVABLE_COMPUTE,
+    PRESET_ARCHITECTURES,
+    UNKNOWN_ARCHITECTURE_ACHIEVABLE_COMPUTE,
+    AchievableCompute,
+)
+
 __all__ = [
     "ACHIEVABLE_BANDWIDTH_DEFAULTS",
+    "ACHIEVABLE_COMPUTE_DEFAULTS",
+    "AchievableCompute",
     "DEFAULT_PCIE_BANDWIDTH_BYTES_PER_S",
     "AchievableBandwidth",
     "EFFICIENCY_PRESETS",
@@ -380,12 +391,23 @@ def _applied(factors: Efficiency, gpu: str, why: str, expected_error: str | None
     )
 
 
-def effective_efficiency(efficiency: Efficiency, achievable_share: float) -> Efficiency:
-    """``efficiency`` on a GPU whose memory reaches ``achievable_share`` of its datasheet: bandwidth
-    shares measured on another GPU keep their fraction of what the memory delivers (a kernel that
-    read at 0.761 of an A100 whose copies reach 0.9 reads at 0.761 / 0.9 of what any GPU's copies
-    reach), and no share exceeds ``achievable_share``. The routed experts' share was measured on the
-    GPU that carries it: only capped."""
+def effective_efficiency(
+    efficiency: Efficiency, achievable_share: float, achievable_compute: float | None = None
+) -> Efficiency:
+    """``efficiency`` on a GPU whose memory reaches ``achievable_share`` of its datasheet bandwidth
+    and whose matrix products at best ``achievable_compute`` of its datasheet FLOP/s.
+
+    Bandwidth shares measured on another GPU keep their fraction of what that GPU's memory delivered
+    (a kernel that read at 0.761 of an A100 whose reads reach 0.938 reads at 0.761 / 0.938 of what
+    any GPU's reads reach), and none exceeds ``achievable_share``. The routed experts' share was
+    measured on the GPU that carries it: only capped.
+
+    FLOP shares (``gemm_flops``, ``prefill_attention_flops``) are only capped: no matrix product runs
+    faster than the best one measured on the GPU. Keeping their fraction of the measured GPU's best
+    too (0.694 of an A100 whose best is 0.848 -> 0.480 on an L4 whose best is 0.586) made the L4's
+    prompt-heavy steps 45 % slower, and its closed loop's TTFT at 64 users 37 % slow where the cap
+    alone lands within 3 % (docs/gpu-transfer.md): a power-limited card's clocks bound its typical
+    GEMMs and its best alike."""
     reference = efficiency.measured_achievable_bandwidth
     ratio = 1.0 if reference is None else achievable_share / reference
 
@@ -393,12 +415,15 @@ def effective_efficiency(efficiency: Efficiency, achievable_share: float) -> Eff
         return min(share * ratio, achievable_share)
 
     routed = efficiency.routed_expert_bandwidth
+    flops_cap = float("inf") if achievable_compute is None else achievable_compute
     return replace(
         efficiency,
         weight_bandwidth=follow(efficiency.weight_bandwidth),
         kv_bandwidth=follow(efficiency.kv_bandwidth),
         elementwise_bandwidth=follow(efficiency.elementwise_bandwidth),
         routed_expert_bandwidth=None if routed is None else min(routed, achievable_share),
+        gemm_flops=min(efficiency.gemm_flops, flops_cap),
+        prefill_attention_flops=min(efficiency.prefill_attention_flops, flops_cap),
     )
 
 
@@ -438,6 +463,12 @@ class GpuSpec:
     achievable_bandwidth: AchievableBandwidth | None = None
     """The share of ``hbm_bandwidth_bytes_per_s`` real kernels can reach; None: its memory type's
     default (:data:`ACHIEVABLE_BANDWIDTH_DEFAULTS`)."""
+    architecture: str = "unknown"
+    """Turing, Ampere, Ada, Hopper, Blackwell, CDNA3 (or unknown): picks the achievable-compute
+    default where the GPU's matrix products were not measured."""
+    achievable_compute: AchievableCompute | None = None
+    """The share of ``fp16_flops`` large matrix products reach; None: its architecture's default
+    (:data:`sim.hardware.compute_ceilings.ACHIEVABLE_COMPUTE_DEFAULTS`)."""
     preset: str | None = None
     """The preset this GPU is or was built from (``base:``); None for a custom GPU without one."""
 
@@ -449,9 +480,19 @@ class GpuSpec:
         return ACHIEVABLE_BANDWIDTH_DEFAULTS.get(self.memory_type, UNKNOWN_MEMORY_ACHIEVABLE_BANDWIDTH)
 
     @property
+    def compute_ceiling(self) -> AchievableCompute:
+        """The achievable compute in effect: the GPU's own, else its architecture's default."""
+        if self.achievable_compute is not None:
+            return self.achievable_compute
+        return ACHIEVABLE_COMPUTE_DEFAULTS.get(self.architecture, UNKNOWN_ARCHITECTURE_ACHIEVABLE_COMPUTE)
+
+    @property
     def has_own_measurements(self) -> bool:
-        """Whether anything of this GPU itself was measured: its kernels or its memory bandwidth."""
-        return not self.efficiency.transferred or self.memory_ceiling.measured
+        """Whether anything of this GPU itself was measured: its kernels, its memory bandwidth or
+        its matrix products' rate."""
+        return (
+            not self.efficiency.transferred or self.memory_ceiling.measured or self.compute_ceiling.measured
+        )
 
     @property
     def tensor_parallel_link_bytes_per_s(self) -> float:
@@ -686,6 +727,8 @@ GPU_PRESETS = {
         preset=name,
         memory_type=_MEMORY_TYPES[name],
         achievable_bandwidth=MEASURED_ACHIEVABLE_BANDWIDTH.get(name),
+        architecture=PRESET_ARCHITECTURES[name],
+        achievable_compute=MEASURED_ACHIEVABLE_COMPUTE.get(name),
     )
     for name, spec in GPU_PRESETS.items()
 }
@@ -734,6 +777,7 @@ _BANDWIDTH_KEYS = {"hbm_bandwidth_bytes_per_s": 1, "hbm_bandwidth_gb_per_s": GB,
 _FLOPS_KEYS = {"fp16_flops": 1, "fp16_tflops": TFLOPS}
 _LINK_KEYS = ("nvlink_gb_per_s", "pcie_gb_per_s")
 _MEMORY_TYPE_KEYS = ("memory_type", "achievable_bandwidth")
+_COMPUTE_KEYS = ("architecture", "achievable_compute")
 _ALLOWED_KEYS = {
     "name",
     "base",
@@ -743,6 +787,7 @@ _ALLOWED_KEYS = {
     *_FLOPS_KEYS,
     *_LINK_KEYS,
     *_MEMORY_TYPE_KEYS,
+    *_COMPUTE_KEYS,
 }
 _EFFICIENCY_KEYS = [
     item.name for item in fields(Efficiency) if item.name not in ("source", "error_band", "transferred")
@@ -807,6 +852,37 @@ def _memory(spec: Mapping[str, object], base: GpuSpec | None) -> dict[str, objec
     return {"memory_type": memory_type, "achievable_bandwidth": achievable}
 
 
+def _compute(spec: Mapping[str, object], base: GpuSpec | None) -> dict[str, object]:
+    """The architecture and achievable compute a custom GPU gives (``architecture: Hopper``,
+    ``achievable_compute: 0.75`` a measured share of its dense FP16 FLOP/s), else its base's."""
+    architecture = spec.get("architecture", base.architecture if base else "unknown")
+    if architecture not in (*ACHIEVABLE_COMPUTE_DEFAULTS, "unknown"):
+        raise ValueError(
+            f"custom GPU: architecture must be one of {', '.join(ACHIEVABLE_COMPUTE_DEFAULTS)}, got {architecture!r}"
+        )
+    achievable = base.achievable_compute if base and "architecture" not in spec else None
+    share = spec.get("achievable_compute")
+    if share is not None:
+        if (
+            isinstance(share, bool)
+            or not isinstance(share, int | float)
+            or not 0 < share <= MAX_COMPUTE_SHARE
+        ):
+            raise ValueError(
+                "custom GPU: achievable_compute is the measured share of the dense FP16 FLOP/s, in "
+                f"(0, {MAX_COMPUTE_SHARE}]; got {share!r}"
+            )
+        achievable = AchievableCompute(float(share), "given by the user (custom GPU)")
+    elif base and achievable is not None and ("fp16_flops" in spec or "fp16_tflops" in spec):
+        # another datasheet rate: the base's measured share of its own no longer applies as measured
+        achievable = replace(
+            achievable,
+            measured=False,
+            source=f"{base.name}'s measured share, applied to a changed datasheet FLOP/s: {achievable.source}",
+        )
+    return {"architecture": architecture, "achievable_compute": achievable}
+
+
 def _preset(name: str) -> GpuSpec:
     key = _GPU_INDEX.get(_norm(name))
     if key is None:
@@ -859,6 +935,9 @@ def resolve_gpu(spec: str | Mapping[str, object] | GpuSpec) -> GpuSpec:
     * ``nvlink_gb_per_s``, ``pcie_gb_per_s`` (optional): the datasheet link rates, both directions
       together, in 10**9 B/s (e.g. 900 and 128 for an H100 SXM); ``nvlink_gb_per_s: null`` removes a
       base's NVLink. Without ``base``: no NVLink and PCIe Gen4 x16 (64 GB/s);
+    * ``memory_type`` / ``achievable_bandwidth``, ``architecture`` / ``achievable_compute``
+      (optional): what picks the share of the datasheet bandwidth and FLOP/s real kernels reach
+      (a technology's or an architecture's default), or your own measured shares;
     * ``efficiency`` (optional): a mapping of :class:`Efficiency` factors to replace, e.g.
       ``{weight_bandwidth: 0.8}``; the rest come from ``base`` (or :data:`GENERIC_EFFICIENCY`, the A100 factors marked as not validated).
 
@@ -908,6 +987,7 @@ def resolve_gpu(spec: str | Mapping[str, object] | GpuSpec) -> GpuSpec:
             nvlink_bandwidth_bytes_per_s=nvlink,
             pcie_bandwidth_bytes_per_s=pcie,
             **_memory(spec, None),  # type: ignore[arg-type]
+            **_compute(spec, None),  # type: ignore[arg-type]
         )
     nvlink, pcie = _links(spec, base.nvlink_bandwidth_bytes_per_s, base.pcie_bandwidth_bytes_per_s)
     return replace(
@@ -922,4 +1002,5 @@ def resolve_gpu(spec: str | Mapping[str, object] | GpuSpec) -> GpuSpec:
         else base.hbm_bandwidth_bytes_per_s,
         fp16_flops=float(flops) if flops is not None else base.fp16_flops,
         **_memory(spec, base),  # type: ignore[arg-type]
+        **_compute(spec, base),  # type: ignore[arg-type]
     )
