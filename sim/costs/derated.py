@@ -42,21 +42,19 @@ The serving terms fitted to measured runs (:mod:`sim.costs.serving`: a per-itera
 of the kernel factors, the all-reduce latency) are applied on top; ``serving=NEUTRAL`` leaves the
 kernel-level model alone.
 
-Decode iterations are kept linear in the batch (event skipping, :mod:`sim.engine.event_skip`): for them the
-quadrature sum is replaced by its least-squares line (relative error) over batches 1..256 taken at
-geometric spacing, i.e. equal weight per doubling of the batch; the line is within 6 % of the
-quadrature sum from 1 to 128 sequences and 12 % at 256 for Vidur's A100 factors. Iterations that
-carry prefill chunks use the quadrature sum itself.
+Event skipping (:mod:`sim.engine.event_skip`) needs a decode step linear in the summed context while
+the batch stays fixed (the batch changes only at events), not linear in the batch. So a decode step
+is a line in the batch, the least-squares line (relative error) of the quadrature sum over batches
+1..256 at geometric spacing, plus, per batch size up to :data:`DECODE_TABLE_BATCHES`, that line's
+error at that batch (``RoutedDecodeCost.batch_s``): each such step costs exactly the quadrature sum.
+Without the table the line was within 6 % of it from 1 to 128 sequences and 12 % at 256 (Vidur's
+A100 factors), 5-6 % fast at batch 1 on every GPU.
 
-A mixture of experts' decode is not linear in the batch: its weight read grows about tenfold from 1
-to 64 sequences (Qwen3-30B-A3B: 8 to 126 experts of 128 per layer) and then saturates, which a line
-misses by -54..+134 % (Qwen3-30B-A3B on A100) and -29..+143 % (Mixtral-8x7B). Event skipping only
-needs the step to be linear in the context while the batch stays fixed, so the decode step carries
-the part no line captures as a table by batch size (``RoutedDecodeCost.batch_s``): the line stands in for
-the matrix products with every expert read, fitted relative to the real ones, and the table adds
-back, per batch, what that batch leaves unread, down to nothing once its tokens route to all the
-experts. The step is then within 0.7 % (Qwen3-30B-A3B, A100) and 3 % (Mixtral-8x7B, A100) of the
-quadrature sum from 1 to 256 sequences, the dense models' line error beyond.
+A mixture of experts reads the experts its batch routes to, a number that grows steeply and then
+saturates (Qwen3-30B-A3B: 8 to 126 experts of 128 per layer from 1 to 64 sequences), which a line
+misses by -54..+134 %: its line stands in for the matrix products with every expert read, fitted
+relative to the real ones, and the same table adds back, per batch, what that batch leaves unread
+and the line's own error. Beyond the table, where every expert is read, the line alone.
 """
 
 from __future__ import annotations
@@ -79,10 +77,7 @@ from sim.costs.core import (
 )
 from sim.costs.serving import NEUTRAL, ServingCalibration
 from sim.costs.terms import (
-    MAX_ROUTING_BATCHES,
-    ROUTING_SATURATED,
     AllToAllCost,
-    DecodeCost,
     ExpertParallelCost,
     RoutedDecodeCost,
     attended_context,
@@ -96,6 +91,9 @@ if TYPE_CHECKING:
     from sim.hardware.gpus import Efficiency, GpuSpec
     from sim.hardware.models import ModelSpec
 
+DECODE_TABLE_BATCHES = 2048
+"""Decode steps of up to this many sequences are priced exactly (the line plus its error at that batch,
+``RoutedDecodeCost.batch_s``); larger ones by the line alone."""
 DECODE_LINEARIZATION_BATCHES = tuple(sorted({round(2 ** (8 * i / 63)) for i in range(64)}))
 """Batch sizes the decode line is fitted over: 64 geometrically spaced points from 1 to 256 (after
 rounding, the distinct ones); 256 is vLLM's default ``max_num_seqs``."""
@@ -305,12 +303,16 @@ class DeratedCostModel(DatasheetCostModel):
             + self.decode_attention_per_seq_s
             + self.all_reduce.per_token_s
         )
-        if self.expert_read_s:
-            self._decode = RoutedDecodeCost(
-                intercept_s, per_seq_s, self.kv_read_per_token_s, batch_s=self._unread_experts_s()
-            )
-        else:
-            self._decode = DecodeCost(intercept_s, per_seq_s, self.kv_read_per_token_s)
+        # The line is only the base: per batch up to DECODE_TABLE_BATCHES the step adds what the
+        # matrix products really cost beyond it, so no batch pays the line's error (at one sequence
+        # it was 5-6 % under the quadrature sum, which made every GPU's batch-1 decode fast).
+        line_error_s = tuple(
+            self.gemm_s(batch, batch) - (gemm_intercept + gemm_per_seq * batch)
+            for batch in range(DECODE_TABLE_BATCHES + 1)
+        )
+        self._decode = RoutedDecodeCost(
+            intercept_s, per_seq_s, self.kv_read_per_token_s, batch_s=line_error_s
+        )
         serving_label = "" if self.serving.is_neutral else f"; {self.serving.describe()}"
         label = tensor_parallel_label(f"derated-analytic ({eff.source}{serving_label})", self.all_reduce)
         if self.expert_parallel is not None:
@@ -364,19 +366,6 @@ class DeratedCostModel(DatasheetCostModel):
         return math.hypot(read_s, self.body_flops_per_token_s * tokens) + math.hypot(
             self.head_read_s, self.head_flops_per_row_s * logit_rows
         )
-
-    def _unread_experts_s(self) -> tuple[float, ...]:
-        """``RoutedDecodeCost.batch_s`` of a mixture of experts: per batch size, the decode step's matrix
-        products less the same with every expert read (negative), up to the batch where that is under
-        a :data:`sim.costs.terms.ROUTING_SATURATED` share of them."""
-        table: list[float] = []
-        for batch in range(MAX_ROUTING_BATCHES):
-            every_expert = self.gemm_s(batch, batch, self.num_experts)
-            difference = self.gemm_s(batch, batch) - every_expert
-            if batch > 0 and -difference <= ROUTING_SATURATED * every_expert:
-                break
-            table.append(difference)
-        return tuple(table)
 
     @property
     def prefill_fixed_s(self) -> float:
