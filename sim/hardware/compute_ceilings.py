@@ -25,7 +25,7 @@ median of every measured part and their whole range.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from sim.hardware.ceilings import MeasuredShare, median_of_measured
 
 ARCHITECTURES = ("Turing", "Ampere", "Ada", "Hopper", "Blackwell", "CDNA3")
 
@@ -34,42 +34,14 @@ MAX_COMPUTE_SHARE = 1.2
 4090 measures 1.02 of 165.2 TFLOPS): a share may pass 1, never this."""
 
 
-@dataclass(frozen=True)
-class AchievableCompute:
+class AchievableCompute(MeasuredShare):
     """The share of a GPU's datasheet dense FP16/BF16 FLOP/s that a large GEMM reaches: the ceiling
     of every FLOP share the derated model charges there. ``measured``: on this GPU (``source`` cites
     it); else its architecture's default, and ``low`` .. ``high`` the range of that architecture's
     measured parts, which the GPU's cost band widens by."""
 
-    share: float
-    source: str
-    measured: bool = True
-    low: float | None = None
-    high: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("share", "low", "high"):
-            value = getattr(self, name)
-            if value is None and name != "share":
-                continue
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not 0 < value <= MAX_COMPUTE_SHARE
-            ):
-                raise ValueError(
-                    f"achievable compute {name} is a share of the datasheet FLOP/s, in (0, {MAX_COMPUTE_SHARE}]; "
-                    f"got {value!r}"
-                )
-        if self.low is not None and self.high is not None and not self.low <= self.share <= self.high:
-            raise ValueError(
-                f"achievable compute {self.share} lies outside its own range {self.low}..{self.high}"
-            )
-
-    @property
-    def band(self) -> tuple[float, float]:
-        """The shares the GPU may really reach: its measurement, or its architecture's measured range."""
-        return (self.low or self.share, self.high or self.share)
+    WHAT = "achievable compute"
+    MAX_SHARE = MAX_COMPUTE_SHARE
 
 
 def _measured(tflops: tuple[float, ...], datasheet_tflops: float, how: str) -> AchievableCompute:
@@ -126,28 +98,12 @@ PRESET_ARCHITECTURES = {
 }
 
 
-def _median_with_range(shares: dict[str, float], what: str) -> AchievableCompute:
-    """The median of measured parts' shares, their range as the band (at least +-5 points)."""
-    values = sorted(shares.values())
-    middle = len(values) // 2
-    median = values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
-    low, high = min(values[0], median - 0.05), min(max(values[-1], median + 0.05), MAX_COMPUTE_SHARE)
-    parts = ", ".join(f"{name} {share:.1%}" for name, share in shares.items())
-    return AchievableCompute(
-        round(median, 3),
-        f"no measurement of this GPU: the median of measured {what} parts: {parts}",
-        measured=False,
-        low=round(low, 3),
-        high=round(high, 3),
-    )
-
-
 def _architecture_defaults() -> dict[str, AchievableCompute]:
     by_architecture: dict[str, dict[str, float]] = {}
     for name, measured in MEASURED_ACHIEVABLE_COMPUTE.items():
         by_architecture.setdefault(PRESET_ARCHITECTURES[name], {})[name] = measured.share
     return {
-        architecture: _median_with_range(by_architecture[architecture], architecture)
+        architecture: median_of_measured(AchievableCompute, by_architecture[architecture], architecture)
         for architecture in ARCHITECTURES
         if architecture in by_architecture
     }
@@ -156,7 +112,7 @@ def _architecture_defaults() -> dict[str, AchievableCompute]:
 ACHIEVABLE_COMPUTE_DEFAULTS: dict[str, AchievableCompute] = _architecture_defaults()
 """By architecture: the median share of its measured parts, with their range (at least +-5 points)."""
 
-UNKNOWN_ARCHITECTURE_ACHIEVABLE_COMPUTE = _median_with_range(
-    {name: measured.share for name, measured in MEASURED_ACHIEVABLE_COMPUTE.items()}, "GPU"
+UNKNOWN_ARCHITECTURE_ACHIEVABLE_COMPUTE = median_of_measured(
+    AchievableCompute, {name: measured.share for name, measured in MEASURED_ACHIEVABLE_COMPUTE.items()}, "GPU"
 )
 """A GPU of unknown architecture: the median of every measured GPU, their whole range as its band."""

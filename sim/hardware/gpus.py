@@ -69,6 +69,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
+from sim.hardware.ceilings import MeasuredShare, median_of_measured
 from sim.hardware.compute_ceilings import (
     ACHIEVABLE_COMPUTE_DEFAULTS,
     MAX_COMPUTE_SHARE,
@@ -170,8 +171,7 @@ class Efficiency:
                 )
 
 
-@dataclass(frozen=True)
-class AchievableBandwidth:
+class AchievableBandwidth(MeasuredShare):
     """The share of a GPU's datasheet memory bandwidth that a streaming kernel really reaches (a
     STREAM / BabelStream copy or triad, a device-to-device copy): the ceiling of every read the
     derated model charges on that GPU. No GPU reaches its datasheet figure (DRAM refresh, bank and
@@ -183,50 +183,16 @@ class AchievableBandwidth:
     default of the GPU's memory technology (:data:`ACHIEVABLE_BANDWIDTH_DEFAULTS`) and ``low`` ..
     ``high`` the range of that technology's measured parts, which the GPU's cost band widens by."""
 
-    share: float
-    source: str
-    measured: bool = True
-    low: float | None = None
-    high: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("share", "low", "high"):
-            value = getattr(self, name)
-            if value is None and name != "share":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-                raise ValueError(
-                    f"achievable bandwidth {name} is a share of the datasheet, in (0, 1]; got {value!r}"
-                )
-        if self.low is not None and self.high is not None and not self.low <= self.share <= self.high:
-            raise ValueError(
-                f"achievable bandwidth {self.share} lies outside its own range {self.low}..{self.high}"
-            )
-
-    @property
-    def band(self) -> tuple[float, float]:
-        """The shares the GPU may really reach: its measurement, or its technology's measured range."""
-        return (self.low or self.share, self.high or self.share)
+    WHAT = "achievable bandwidth"
 
 
 def _default_for(
     technology: str, shares: dict[str, float], used_for: str | None = None
 ) -> AchievableBandwidth:
     """A memory technology's default: the median of its measured parts' shares, their range as the
-    band (at least +-5 points: two parts do not pin a technology down)."""
-    values = sorted(shares.values())
-    middle = len(values) // 2
-    median = values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
-    low, high = min(values[0], median - 0.05), min(max(values[-1], median + 0.05), 1.0)
-    parts = ", ".join(f"{name} {share:.1%}" for name, share in shares.items())
+    band (``used_for``: the technology borrowing them, when another)."""
     borrowed = f" (no {used_for} part measured)" if used_for and used_for != technology else ""
-    return AchievableBandwidth(
-        round(median, 3),
-        f"no measurement of this GPU: the median of measured {technology} parts{borrowed}: {parts}",
-        measured=False,
-        low=round(low, 3),
-        high=round(high, 3),
-    )
+    return median_of_measured(AchievableBandwidth, shares, technology, borrowed)
 
 
 _MEMORY_TYPES = {
@@ -350,8 +316,8 @@ _A100 = Efficiency(
     source="A100 factors fitted to Vidur's A100-80GB Llama-2-7B operations",
     measured_achievable_bandwidth=MEASURED_ACHIEVABLE_BANDWIDTH["A100-80GB"].share,
     error_band=(
-        "decode -12..+13 %, prefill -9..+15 % vs held-out Vidur A100 Llama-2-7B iterations; Llama-3-8B "
-        "(FlashInfer, not fitted): decode -10..+21 %, prefill -17..+42 %; LM head not measured"
+        "decode -9..+12 %, prefill -9..+15 % vs held-out Vidur A100 Llama-2-7B iterations; Llama-3-8B "
+        "(FlashInfer, not fitted): decode -10..+23 %, prefill -17..+42 %; LM head not measured"
     ),
 )
 _H100 = Efficiency(
@@ -368,7 +334,7 @@ _H100 = Efficiency(
     source="H100 factors fitted to Vidur's H100 Llama-2-7B operations; attention: A100 factors",
     measured_achievable_bandwidth=MEASURED_ACHIEVABLE_BANDWIDTH["H100-80GB"].share,
     error_band=(
-        "decode -13..+0 %, prefill -16..+6 % vs held-out Vidur H100 Llama-2-7B iterations whose attention "
+        "decode -15..-1 %, prefill -16..+6 % vs held-out Vidur H100 Llama-2-7B iterations whose attention "
         "is itself modelled (no H100 attention data): only the matrix products and elementwise kernels "
         "are checked"
     ),
