@@ -72,7 +72,6 @@ from dataclasses import dataclass, fields, replace
 from sim.hardware.ceilings import MeasuredShare, median_of_measured
 from sim.hardware.compute_ceilings import (
     ACHIEVABLE_COMPUTE_DEFAULTS,
-    MAX_COMPUTE_SHARE,
     MEASURED_ACHIEVABLE_COMPUTE,
     PRESET_ARCHITECTURES,
     UNKNOWN_ARCHITECTURE_ACHIEVABLE_COMPUTE,
@@ -783,70 +782,67 @@ def _efficiency(spec: Mapping[str, object], base: Efficiency) -> Efficiency:
     )
 
 
-def _memory(spec: Mapping[str, object], base: GpuSpec | None) -> dict[str, object]:
-    """The memory type and achievable bandwidth a custom GPU gives (``memory_type: HBM3e``,
-    ``achievable_bandwidth: 0.88`` a measured share of its datasheet bandwidth), else its base's."""
-    memory_type = spec.get("memory_type", base.memory_type if base else "unknown")
-    if memory_type not in (*ACHIEVABLE_BANDWIDTH_DEFAULTS, "unknown"):
-        raise ValueError(
-            f"custom GPU: memory_type must be one of {', '.join(ACHIEVABLE_BANDWIDTH_DEFAULTS)}, got {memory_type!r}"
-        )
-    achievable = base.achievable_bandwidth if base and "memory_type" not in spec else None
-    share = spec.get("achievable_bandwidth")
-    if share is not None:
-        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
-            raise ValueError(
-                f"custom GPU: achievable_bandwidth is the measured share of the datasheet bandwidth, in (0, 1]; got {share!r}"
-            )
-        achievable = AchievableBandwidth(float(share), "given by the user (custom GPU)")
-    elif base and (
-        "hbm_bandwidth_bytes_per_s" in spec
-        or "hbm_bandwidth_gb_per_s" in spec
-        or "hbm_bandwidth_tb_per_s" in spec
-    ):
-        # another bandwidth on the same memory: the base's measured share of its own figure no longer
-        # applies as measured, only as its memory type's evidence
-        achievable = (
-            None
-            if achievable is None
-            else replace(
-                achievable,
-                measured=False,
-                source=f"{base.name}'s measured share, applied to a changed datasheet bandwidth: {achievable.source}",
-            )
-        )
-    return {"memory_type": memory_type, "achievable_bandwidth": achievable}
-
-
-def _compute(spec: Mapping[str, object], base: GpuSpec | None) -> dict[str, object]:
-    """The architecture and achievable compute a custom GPU gives (``architecture: Hopper``,
-    ``achievable_compute: 0.75`` a measured share of its dense FP16 FLOP/s), else its base's."""
-    architecture = spec.get("architecture", base.architecture if base else "unknown")
-    if architecture not in (*ACHIEVABLE_COMPUTE_DEFAULTS, "unknown"):
-        raise ValueError(
-            f"custom GPU: architecture must be one of {', '.join(ACHIEVABLE_COMPUTE_DEFAULTS)}, got {architecture!r}"
-        )
-    achievable = base.achievable_compute if base and "architecture" not in spec else None
-    share = spec.get("achievable_compute")
+def _custom_ceiling(
+    spec: Mapping[str, object],
+    base: GpuSpec | None,
+    kind_key: str,
+    defaults: Mapping[str, MeasuredShare],
+    share_key: str,
+    share_class: type[MeasuredShare],
+    peak_keys: tuple[str, ...],
+    peak_name: str,
+) -> dict[str, object]:
+    """A custom GPU's kind (``memory_type: HBM3e``, ``architecture: Hopper``: picks the default
+    ceiling) and its measured ceiling (``achievable_bandwidth: 0.88``, ``achievable_compute: 0.75``),
+    else its base's. A base given another datasheet peak keeps its measured share as evidence only."""
+    kind = spec.get(kind_key, getattr(base, kind_key) if base else "unknown")
+    if kind not in (*defaults, "unknown"):
+        raise ValueError(f"custom GPU: {kind_key} must be one of {', '.join(defaults)}, got {kind!r}")
+    achievable = getattr(base, share_key) if base and kind_key not in spec else None
+    share = spec.get(share_key)
     if share is not None:
         if (
             isinstance(share, bool)
             or not isinstance(share, int | float)
-            or not 0 < share <= MAX_COMPUTE_SHARE
+            or not 0 < share <= share_class.MAX_SHARE
         ):
             raise ValueError(
-                "custom GPU: achievable_compute is the measured share of the dense FP16 FLOP/s, in "
-                f"(0, {MAX_COMPUTE_SHARE}]; got {share!r}"
+                f"custom GPU: {share_key} is the measured share of the {peak_name}, in "
+                f"(0, {share_class.MAX_SHARE:g}]; got {share!r}"
             )
-        achievable = AchievableCompute(float(share), "given by the user (custom GPU)")
-    elif base and achievable is not None and ("fp16_flops" in spec or "fp16_tflops" in spec):
-        # another datasheet rate: the base's measured share of its own no longer applies as measured
+        achievable = share_class(float(share), "given by the user (custom GPU)")
+    elif base and achievable is not None and any(key in spec for key in peak_keys):
         achievable = replace(
             achievable,
             measured=False,
-            source=f"{base.name}'s measured share, applied to a changed datasheet FLOP/s: {achievable.source}",
+            source=f"{base.name}'s measured share, applied to a changed {peak_name}: {achievable.source}",
         )
-    return {"architecture": architecture, "achievable_compute": achievable}
+    return {kind_key: kind, share_key: achievable}
+
+
+def _ceilings(spec: Mapping[str, object], base: GpuSpec | None) -> dict[str, object]:
+    """The memory type, achievable bandwidth, architecture and achievable compute of a custom GPU."""
+    memory = _custom_ceiling(
+        spec,
+        base,
+        "memory_type",
+        ACHIEVABLE_BANDWIDTH_DEFAULTS,
+        "achievable_bandwidth",
+        AchievableBandwidth,
+        tuple(_BANDWIDTH_KEYS),
+        "datasheet bandwidth",
+    )
+    compute = _custom_ceiling(
+        spec,
+        base,
+        "architecture",
+        ACHIEVABLE_COMPUTE_DEFAULTS,
+        "achievable_compute",
+        AchievableCompute,
+        tuple(_FLOPS_KEYS),
+        "datasheet FLOP/s",
+    )
+    return memory | compute
 
 
 def _preset(name: str) -> GpuSpec:
@@ -952,8 +948,7 @@ def resolve_gpu(spec: str | Mapping[str, object] | GpuSpec) -> GpuSpec:
             efficiency,
             nvlink_bandwidth_bytes_per_s=nvlink,
             pcie_bandwidth_bytes_per_s=pcie,
-            **_memory(spec, None),  # type: ignore[arg-type]
-            **_compute(spec, None),  # type: ignore[arg-type]
+            **_ceilings(spec, None),  # type: ignore[arg-type]
         )
     nvlink, pcie = _links(spec, base.nvlink_bandwidth_bytes_per_s, base.pcie_bandwidth_bytes_per_s)
     return replace(
@@ -967,6 +962,5 @@ def resolve_gpu(spec: str | Mapping[str, object] | GpuSpec) -> GpuSpec:
         if bandwidth is not None
         else base.hbm_bandwidth_bytes_per_s,
         fp16_flops=float(flops) if flops is not None else base.fp16_flops,
-        **_memory(spec, base),  # type: ignore[arg-type]
-        **_compute(spec, base),  # type: ignore[arg-type]
+        **_ceilings(spec, base),  # type: ignore[arg-type]
     )
