@@ -4,7 +4,8 @@ times scaled to the band's edges (``cost_model: {time_scale: ...}``, ``sim/costs
 The band is ``search.cost_band``: ``fitted`` (the default) takes it from the serving calibration's
 held-out TPOT errors for **each candidate's GPU** (``ServingCalibration.time_scale_band``: a GPU with
 measured runs in the fit gets the leave-one-run-out errors, any other the leave-one-GPU-out ones,
-and a datasheet-only GPU those widened by its assumed achievable bandwidth's range), so that a
+widened by the range of each ceiling assumed rather than measured on it: its memory's achievable
+bandwidth, its matrix products' achievable rate), so that a
 plan comparing a measured H100 with a datasheet-only B200 shows how much less certain the B200's
 row is. An explicit ``[fast, slow]`` pair of scales applies to every candidate, and ``none`` skips
 it. Each candidate has two edges, ``fast`` and ``slow``, each at its own GPU's scale; the ranking
@@ -236,7 +237,8 @@ def _band_source(plan: Plan) -> str:
         return "search.cost_band (given in the plan)"
     return (
         "the serving calibration's held-out TPOT errors for each candidate's GPU (leave one run out on a "
-        "GPU with measured runs in the fit, leave one GPU out on any other, widened by the assumed "
-        "achievable bandwidth's range on a datasheet-only GPU): the GPU-time scales that would have "
-        "matched each measured run kvsim was not fitted to, fastest and slowest"
+        "GPU with measured runs in the fit, leave one GPU out on any other, widened there by the range "
+        "of each achievable bandwidth or matrix-product rate assumed rather than measured on it): the "
+        "GPU-time scales that would have matched each measured run kvsim was not fitted to, fastest and "
+        "slowest"
     )
