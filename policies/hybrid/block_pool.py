@@ -9,9 +9,12 @@ interchangeable, so the pool keeps their count.
 
 from __future__ import annotations
 
+from mypy_extensions import mypyc_attr
+
 from policies.base import OutOfKVMemory, PolicyInputError
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class SharedBlockPool:
     def __init__(self, num_blocks: int, block_size: int, pool_slots: int | None = None):
         """``num_blocks`` blocks of ``block_size`` slots; ``pool_slots`` (default: the blocks' slots)
@@ -27,6 +30,7 @@ class SharedBlockPool:
         if self.pool_slots < num_blocks * block_size:
             raise PolicyInputError(f"pool_slots={pool_slots} cannot hold {num_blocks} blocks of {block_size}")
         self.free_blocks = num_blocks
+        self.caches_prefixes = False  # (blocks with identities: ``prefix_pool.PrefixCachingBlockPool``)
 
     def free_slots(self) -> int:
         return self.free_blocks * self.block_size

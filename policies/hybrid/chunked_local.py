@@ -36,3 +36,19 @@ class ChunkedLocalGroup(GroupManager):
 
     def prefill_run(self, prompt_len: int) -> tuple[int, int]:
         return self.prompt_tail_run(prompt_len, self.chunk)
+
+    # -- prefix caching ---------------------------------------------------------------------------
+    def skipped_blocks(self, num_tokens: int) -> int:
+        # vLLM ChunkedLocalAttentionManager.get_num_skipped_tokens: the tokens before the current chunk.
+        return num_tokens // self.chunk * self.chunk // self.block_size
+
+    def longest_cache_hit(self, chains: list[int], max_blocks: int) -> int:
+        """vLLM ``ChunkedLocalAttentionManager.find_longest_cache_hit``: the blocks before the chunk
+        the hit would end in count as computed (null blocks); from that chunk's first block, the run
+        of cached blocks."""
+        tables = self.tables
+        assert tables is not None
+        hit = self.skipped_blocks(max_blocks * self.block_size) if max_blocks else 0
+        while hit < max_blocks and hit < len(chains) and tables.is_cached(chains[hit]):
+            hit += 1
+        return hit

@@ -11,6 +11,13 @@ Accounting, in the pool's slots: a sequence's held blocks hold its tokens past `
 Prompts: kvsim allocates a prompt at admission (``sim/engine/core.py``); a group whose layers see
 only part of the prompt holds, from admission until its first decoded token, the most that vLLM's
 chunked prefill holds at once (:meth:`GroupManager.prefill_run`), then what the kind keeps.
+
+Prefix caching (a :class:`~policies.hybrid.prefix_pool.PrefixCachingBlockPool`): the group also keeps
+each sequence's block ids (``block_tables.py``), and a layer kind says which prompt prefixes it can
+serve from its cached blocks (:meth:`GroupManager.longest_cache_hit`, vLLM's
+``find_longest_cache_hit`` of its ``SingleTypeKVCacheManager``) and which blocks of a hit it skips
+(:meth:`GroupManager.skipped_blocks`, vLLM's ``get_num_skipped_tokens``). Without it, nothing here
+changes.
 """
 
 from __future__ import annotations
@@ -19,8 +26,18 @@ from collections.abc import Sequence
 
 from mypy_extensions import mypyc_attr
 
-from policies.base import ChildSpec, OutOfKVMemory, PolicyInputError, PoolSpec, SequenceTable
+from policies.base import (
+    NO_HIT,
+    ChildSpec,
+    OutOfKVMemory,
+    PolicyInputError,
+    PoolSpec,
+    PrefixHit,
+    SequenceTable,
+)
 from policies.hybrid.block_pool import SharedBlockPool
+from policies.hybrid.block_tables import GroupBlockTables
+from policies.hybrid.prefix_pool import PrefixCachingBlockPool
 from token_content import TokenContent, content_length, validate_content
 
 NEVER = 1 << 62
@@ -63,6 +80,12 @@ class GroupManager(SequenceTable[GroupSequence]):
         self.prefill_tokens = prefill_tokens
         self.sequences = {}
         self._used = self._reserved = self._held_blocks = 0  # running sums: the breakdown is O(1)
+        self.tables: GroupBlockTables | None = None  # block ids, with a prefix-caching pool only
+        self._admitting: dict[int, int] = {}  # sequence id -> its hit, between the admission's steps
+        if isinstance(shared_pool, PrefixCachingBlockPool):
+            self.tables = GroupBlockTables(
+                shared_pool, shared_pool.add_group(self.stats), self.block_size, self.kind
+            )
 
     # -- what a layer kind decides ------------------------------------------------------------------
     def held_run(self, num_tokens: int) -> tuple[int, int]:
@@ -88,17 +111,170 @@ class GroupManager(SequenceTable[GroupSequence]):
         in_flight = ceil_div(span - 1 + prefill_chunk, self.block_size) + 1
         return max(0, end - in_flight), end
 
+    # -- prefix caching: what a layer kind decides ------------------------------------------------
+    def longest_cache_hit(self, chains: list[int], max_blocks: int) -> int:
+        """The most leading blocks (at most ``max_blocks``) of a prompt whose block chains are
+        ``chains`` (those some block holds) this group can serve from its cached blocks.
+
+        Full attention (vLLM ``FullAttentionManager.find_longest_cache_hit``): the leading run of
+        cached blocks. Kinds that skip blocks override it."""
+        tables = self.tables
+        assert tables is not None
+        hit = 0
+        for chain in chains[:max_blocks]:
+            if not tables.is_cached(chain):
+                break
+            hit += 1
+        return hit
+
+    def skipped_blocks(self, num_tokens: int) -> int:
+        """Leading blocks a sequence with ``num_tokens`` tokens computed no longer attends to (vLLM's
+        ``get_num_skipped_tokens``, in whole blocks): a hit need not hold them. Full attention: none."""
+        return 0
+
     # -- sequences ------------------------------------------------------------------------------------
     def slots_needed_to_admit(self, prompt: TokenContent) -> int:
         first, end = self.prefill_run(content_length(prompt))
         return (end - first) * self.block_size
 
+    def slots_needed_to_admit_cached(self, prompt: TokenContent, namespace: int, cached_tokens: int) -> int:
+        """:meth:`slots_needed_to_admit` with a prefix hit of ``cached_tokens`` (one this group can
+        serve): the new blocks, and the hit's free cached blocks, which leave the free queue."""
+        tables = self.tables
+        if tables is None:
+            return self.slots_needed_to_admit(prompt)
+        hit = cached_tokens // self.block_size
+        chains = tables.prompt_chains(prompt, namespace, hit)
+        first, end = self._cached_prefill_run(content_length(prompt), hit)
+        return tables.blocks_needed_to_admit(chains, first, end, hit) * self.block_size
+
+    def _cached_prefill_run(self, prompt_len: int, hit: int) -> tuple[int, int]:
+        """The prefill run of a prompt whose first ``hit`` blocks are a prefix hit: the blocks of the
+        hit it skips are never held (vLLM's null blocks)."""
+        first, end = self.prefill_run(prompt_len)
+        if hit:
+            skipped = self.skipped_blocks(hit * self.block_size)
+            if skipped > first:
+                first = skipped if skipped < end else end
+        return first, end
+
+    def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        tables = self.tables
+        if tables is None:
+            return super().lookup(prompt, namespace)
+        validate_content(prompt, "looked-up prompt", PolicyInputError)
+        max_blocks = (content_length(prompt) - 1) // self.block_size  # (the last token is computed)
+        hit = self.longest_cache_hit(tables.prompt_chains(prompt, namespace, max_blocks), max_blocks)
+        return PrefixHit(hit * self.block_size) if hit else NO_HIT
+
     def can_admit(self, prompt: TokenContent, final_len: int, namespace: int = 0) -> bool:
+        if self.tables is not None:
+            cached = self.lookup(prompt, namespace).cached_tokens
+            return (
+                self.slots_needed_to_admit_cached(prompt, namespace, cached) <= self.shared_pool.free_slots()
+            )
         return self.slots_needed_to_admit(prompt) <= self.shared_pool.free_slots()
+
+    def can_admit_capped(
+        self, prompt: TokenContent, final_len: int, namespace: int, max_cached_tokens: int
+    ) -> bool:
+        if self.tables is None:
+            return super().can_admit_capped(prompt, final_len, namespace, max_cached_tokens)
+        cached = self._capped_hit(prompt, namespace, max_cached_tokens)
+        return self.slots_needed_to_admit_cached(prompt, namespace, cached) <= self.shared_pool.free_slots()
+
+    def _capped_hit(self, prompt: TokenContent, namespace: int, max_cached_tokens: int) -> int:
+        """The longest hit this group serves within ``max_cached_tokens`` (the KV coordinator's common
+        hit, which every group serves whole)."""
+        tables = self.tables
+        assert tables is not None
+        max_blocks = min(content_length(prompt) - 1, max_cached_tokens) // self.block_size
+        return self.longest_cache_hit(tables.prompt_chains(prompt, namespace, max_blocks), max_blocks) * (
+            self.block_size
+        )
+
+    def admit_capped(
+        self,
+        seq_id: int,
+        prompt: TokenContent,
+        final_len: int,
+        output_content_id: int,
+        namespace: int,
+        max_cached_tokens: int,
+    ) -> int:
+        if self.tables is None:
+            return super().admit_capped(
+                seq_id, prompt, final_len, output_content_id, namespace, max_cached_tokens
+            )
+        cached = self._capped_hit(prompt, namespace, max_cached_tokens)
+        return self._admit_cached(seq_id, prompt, final_len, output_content_id, namespace, cached)
+
+    def _admit_cached(
+        self,
+        seq_id: int,
+        prompt: TokenContent,
+        final_len: int,
+        output_content_id: int,
+        namespace: int,
+        cached_tokens: int,
+    ) -> int:
+        """Admission with a prefix hit of ``cached_tokens`` this group serves, in the two steps the KV
+        coordinator runs across the groups of a pool (:meth:`hold_cached_prefix`, then
+        :meth:`take_admission_blocks`)."""
+        needed = self.slots_needed_to_admit_cached(prompt, namespace, cached_tokens)
+        if needed > self.shared_pool.free_slots():
+            raise OutOfKVMemory(
+                f"admitting sequence {seq_id} into the {self.kind} group needs {needed} slots of the "
+                f"shared pool, {self.shared_pool.free_slots()} free",
+                needed_slots=needed,
+                free_slots=self.shared_pool.free_slots(),
+            )
+        self.hold_cached_prefix(seq_id, prompt, final_len, output_content_id, namespace, cached_tokens)
+        return self.take_admission_blocks(seq_id)
+
+    def hold_cached_prefix(
+        self,
+        seq_id: int,
+        prompt: TokenContent,
+        final_len: int,
+        output_content_id: int,
+        namespace: int,
+        cached_tokens: int,
+    ) -> None:
+        """The first step of an admission with a prefix hit of ``cached_tokens`` (one this group serves,
+        the pool checked for room): the hit's blocks in the sequence's run are held."""
+        tables = self.tables
+        assert tables is not None
+        prompt_len = self._check_new_sequence(seq_id, prompt, final_len)
+        hit = cached_tokens // self.block_size
+        first, end = self._cached_prefill_run(prompt_len, hit)
+        chains = tables.prompt_chains(prompt, namespace, hit)
+        seq = GroupSequence(prompt_len, final_len, first, end)
+        tables.hold_hit(id(seq), seq_id, prompt, output_content_id, namespace, (first, end), chains, hit)
+        self.sequences[seq_id] = seq
+        self._admitting[seq_id] = hit
+
+    def take_admission_blocks(self, seq_id: int) -> int:
+        """The second step: the run's new blocks. The query is counted once the admission succeeded
+        (``policies/prefix.py``: vLLM's scheduler records it after the allocation); returns the
+        tokens served from cache."""
+        tables = self.tables
+        assert tables is not None
+        hit = self._admitting.pop(seq_id)
+        seq = self.sequences[seq_id]
+        tables.take_new(id(seq), (seq.first_block, seq.end_block), hit)
+        self._account(seq, 1)
+        cached_tokens = hit * self.block_size
+        self.stats.prefix_cache_queries += seq.num_tokens
+        self.stats.prefix_cache_hits += cached_tokens
+        return cached_tokens
 
     def admit(
         self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
     ) -> int:
+        if self.tables is not None:
+            cached = self.lookup(prompt, namespace).cached_tokens
+            return self._admit_cached(seq_id, prompt, final_len, output_content_id, namespace, cached)
         prompt_len = self._check_new_sequence(seq_id, prompt, final_len)
         first, end = self.prefill_run(prompt_len)
         self.shared_pool.take(end - first, f"admitting sequence {seq_id} into the {self.kind} group")
@@ -110,6 +286,10 @@ class GroupManager(SequenceTable[GroupSequence]):
     def grow(self, seq_id: int, num_tokens: int, content: TokenContent | None = None) -> None:
         if content is not None:
             validate_content(content, f"content grown into sequence {seq_id}", PolicyInputError)
+            if self.tables is not None:
+                raise PolicyInputError(
+                    f"{self.kind} group: a prefix-caching pool grows a sequence by its own output only"
+                )
         self.grow_each([seq_id], [num_tokens])
 
     def grow_each(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> list[int]:
@@ -126,6 +306,7 @@ class GroupManager(SequenceTable[GroupSequence]):
                 free_slots=free,
             )
         self.shared_pool.adjust(net_blocks)
+        self.release_skipped(plan)
         return self.commit_growth(plan)
 
     def plan_growth(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> tuple[int, list[tuple]]:
@@ -156,13 +337,32 @@ class GroupManager(SequenceTable[GroupSequence]):
             first, end = self._run_after(seq, seq.num_tokens + tokens)
             net_blocks += (end - first) - (seq.end_block - seq.first_block)
             plan.append((seq, tokens, first, end))
+        if self.tables is not None:
+            # (A released block another sequence still holds gives the pool nothing back.)
+            net_blocks = self.tables.net_blocks(
+                [(id(seq), seq.first_block, seq.end_block, first, end) for seq, _, first, end in plan]
+            )
         return net_blocks, plan
+
+    def release_skipped(self, plan: list[tuple]) -> None:
+        """With a prefix-caching pool, the blocks a planned growth releases go back (cached) before any
+        group of the pool takes new ones (vLLM's ``remove_skipped_blocks``, then
+        ``allocate_new_blocks``); without one, the pool's count moved already."""
+        tables = self.tables
+        if tables is None:
+            return
+        for seq, _, first, _ in plan:
+            if first > seq.first_block:
+                tables.release_skipped(id(seq), seq.first_block, seq.end_block, first)
 
     def commit_growth(self, plan: list[tuple]) -> list[int]:
         """Apply a :meth:`plan_growth` whose net blocks the caller has moved in or out of the pool;
         returns each sequence's growth room after it."""
         rooms = []
+        tables = self.tables
         for seq, tokens, first, end in plan:
+            if tables is not None:
+                tables.take_for_growth(id(seq), seq.end_block, first, end, tokens)
             self._account_growth(seq, tokens, first, end)
             seq.num_tokens += tokens
             seq.first_block = first
@@ -187,6 +387,8 @@ class GroupManager(SequenceTable[GroupSequence]):
     def net_slots_to_grow(self, seq_id: int, num_tokens: int) -> int:
         """Slots the pool gives (positive) or gets back (negative) when ``seq_id`` grows."""
         seq = self._get(seq_id)
+        if self.tables is not None:
+            return self.plan_checked_growth([seq_id], [num_tokens])[0] * self.block_size
         first, end = self._run_after(seq, seq.num_tokens + num_tokens)
         return ((end - first) - (seq.end_block - seq.first_block)) * self.block_size
 
@@ -204,12 +406,18 @@ class GroupManager(SequenceTable[GroupSequence]):
 
     def slots_needed_to_fork(self, parent_id: int, num_children: int) -> int:
         parent = self._get(parent_id)
+        if self.tables is not None:  # the children share its full blocks
+            copied = self.tables.partial_blocks(id(parent), parent.first_block, parent.end_block)
+            return copied * num_children * self.block_size
         return (parent.end_block - parent.first_block) * num_children * self.block_size
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
         """Each child gets its own copy of the parent's held blocks (no prefix cache to share through)."""
         parent = self._get(parent_id)
         self._check_children(parent_id, parent.num_tokens, children)
+        if self.tables is not None:
+            self._fork_cached(parent_id, parent, children)
+            return
         held = parent.end_block - parent.first_block
         self.shared_pool.take(held * len(children), f"forking sequence {parent_id} in the {self.kind} group")
         for child in children:
@@ -220,10 +428,33 @@ class GroupManager(SequenceTable[GroupSequence]):
             children
         )
 
+    def _fork_cached(self, parent_id: int, parent: GroupSequence, children: Sequence[ChildSpec]) -> None:
+        tables = self.tables
+        assert tables is not None
+        copied = tables.partial_blocks(id(parent), parent.first_block, parent.end_block)
+        if copied * len(children) > self.shared_pool.free_blocks:
+            self.stats.allocation_failures += 1
+            raise OutOfKVMemory(
+                f"forking sequence {parent_id} in the {self.kind} group needs {copied * len(children)} "
+                f"blocks of the shared pool, {self.shared_pool.free_blocks} free",
+                needed_slots=copied * len(children) * self.block_size,
+                free_slots=self.shared_pool.free_slots(),
+            )
+        partial_tokens = parent.num_tokens - (parent.end_block - copied) * self.block_size
+        for child in children:
+            seq = GroupSequence(parent.num_tokens, child.final_len, parent.first_block, parent.end_block)
+            tables.fork(id(parent), id(seq), child, parent.first_block, parent.end_block)
+            self.sequences[child.seq_id] = seq
+            self._account(seq, 1)
+            self.stats.fork_copied_tokens += max(0, partial_tokens)
+
     def free(self, seq_id: int, finished: bool = True) -> None:
         seq = self._get(seq_id)
         self._account(seq, -1)
-        self.shared_pool.give_back(seq.end_block - seq.first_block)
+        if self.tables is not None:
+            self.tables.free(id(seq), seq.first_block, seq.end_block)
+        else:
+            self.shared_pool.give_back(seq.end_block - seq.first_block)
         del self.sequences[seq_id]
 
     # -- accounting -----------------------------------------------------------------------------------
@@ -250,7 +481,20 @@ class GroupManager(SequenceTable[GroupSequence]):
     def breakdown_values(self) -> tuple[int, int, int, int, int, int]:
         """What this group holds; the shared pool reports its free blocks (the coordinator adds them)."""
         held = self._held_blocks * self.block_size
-        return self._used, self._reserved, held - self._used - self._reserved, 0, 0, 0
+        tables = self.tables
+        if tables is None:
+            return self._used, self._reserved, held - self._used - self._reserved, 0, 0, 0
+        # Blocks several sequences hold count once; free blocks keeping an identity are cached.
+        shared = tables.excess * self.block_size
+        used = self._used - shared
+        cached = tables.pool.cached_in(tables.group) * self.block_size
+        return used, self._reserved, held - shared - used - self._reserved, 0, cached, 0
+
+    def sharing_slots(self) -> tuple[int, int]:
+        physical, logical = super().sharing_slots()
+        if self.tables is not None:
+            logical += self.tables.excess * self.block_size
+        return physical, logical
 
     def available_slots(self) -> int:
         return self.shared_pool.free_slots()
@@ -262,5 +506,10 @@ class GroupManager(SequenceTable[GroupSequence]):
 
     @property
     def pool_slots(self) -> int:
-        """The slots this group holds now: its part of the shared pool (which the coordinator counts)."""
-        return self._held_blocks * self.block_size
+        """The slots this group holds now: its part of the shared pool (which the coordinator counts),
+        its cached blocks with it."""
+        tables = self.tables
+        if tables is None:
+            return self._held_blocks * self.block_size
+        held = self._held_blocks - tables.excess + tables.pool.cached_in(tables.group)
+        return held * self.block_size

@@ -32,3 +32,27 @@ class SlidingWindowGroup(GroupManager):
 
     def prefill_run(self, prompt_len: int) -> tuple[int, int]:
         return self.prompt_tail_run(prompt_len, self.window)
+
+    # -- prefix caching ---------------------------------------------------------------------------
+    def skipped_blocks(self, num_tokens: int) -> int:
+        # vLLM SlidingWindowManager.get_num_skipped_tokens: the tokens before the next one's window.
+        return max(0, num_tokens - self.window + 1) // self.block_size
+
+    def longest_cache_hit(self, chains: list[int], max_blocks: int) -> int:
+        """vLLM ``SlidingWindowManager.find_longest_cache_hit``: scanning from the right, the first
+        ``ceil((window - 1) / block_size)`` cached blocks in a row end the hit (the blocks before
+        them are out of the window: null blocks); failing that, the leading run of cached blocks,
+        however short."""
+        tables = self.tables
+        assert tables is not None
+        needed = ceil_div(self.window - 1, self.block_size)
+        in_a_row = 0
+        # Blocks past the known chains are cached nowhere: the scan starts at the last known one.
+        for position in range(min(max_blocks, len(chains)) - 1, -1, -1):
+            if not tables.is_cached(chains[position]):
+                in_a_row = 0
+                continue
+            in_a_row += 1
+            if in_a_row >= needed:
+                return position + in_a_row
+        return in_a_row

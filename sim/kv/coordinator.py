@@ -42,7 +42,7 @@ from policies.base import (
 )
 from policies.hybrid.block_pool import SharedBlockPool
 from policies.hybrid.group import GroupManager
-from token_content import TokenContent
+from token_content import TokenContent, content_length, validate_content
 
 __all__ = [
     "KVCoordinator",
@@ -313,6 +313,22 @@ class MultiGroupCoordinator(KVCoordinator):
             shared.pool.pool_slots for shared in self._shared
         )
         self.slots_per_token = len(self._own) + sum(shared.token_groups for shared in self._shared)
+        # Prefix caching over a shared pool: its groups, full attention first (vLLM's order).
+        self._caching: list[GroupManager] = self._caching_groups()
+
+    def _caching_groups(self) -> list[GroupManager]:
+        caching = [shared for shared in self._shared if shared.pool.caches_prefixes]
+        if not caching:
+            return []
+        if self._own or len(self._shared) > 1:
+            raise ValueError(
+                "prefix caching over a shared block pool needs every KV group in that one pool "
+                f"(groups {[group.name for group in self.groups]})"
+            )
+        managers = caching[0].managers
+        return [manager for manager in managers if manager.kind == "full"] + [
+            manager for manager in managers if manager.kind != "full"
+        ]
 
     @staticmethod
     def _shared_pools(groups: Sequence[KVGroup]) -> list[_SharedPool]:
@@ -334,10 +350,37 @@ class MultiGroupCoordinator(KVCoordinator):
 
     # -- prefix hits ------------------------------------------------------------------------------
     def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        if self._caching:
+            return self._common_hit(prompt, namespace)
         return self._shortest([policy.lookup(prompt, namespace) for policy in self.policies])
 
     def match(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        if self._caching:
+            return self._common_hit(prompt, namespace)
         return self._shortest([policy.match(prompt, namespace) for policy in self.policies])
+
+    def _common_hit(self, prompt: TokenContent, namespace: int) -> PrefixHit:
+        """The longest prefix every group of a prefix-caching pool serves (vLLM
+        ``HybridKVCacheCoordinator.find_longest_cache_hit``): full attention first, then each other
+        group at the length so far, which it keeps or shortens; any shortening starts another round,
+        until every group keeps the length. (Each group's hit is the longest it serves within the
+        length it is given, so this ends at the longest length they all serve.) Never the prompt's
+        last token (``len - 1``)."""
+        validate_content(prompt, "looked-up prompt", PolicyInputError)
+        groups = self._caching
+        block_size = groups[0].block_size
+        hit = (content_length(prompt) - 1) // block_size
+        tables = groups[0].tables
+        assert tables is not None
+        chains = tables.prompt_chains(prompt, namespace, hit)  # (one content chain for every group)
+        while hit:
+            length = hit
+            for group in groups:
+                length = group.longest_cache_hit(chains, length)
+            if length == hit:
+                break
+            hit = length
+        return PrefixHit(hit * block_size) if hit else NO_HIT
 
     @staticmethod
     def _shortest(hits: list[PrefixHit]) -> PrefixHit:
@@ -359,7 +402,13 @@ class MultiGroupCoordinator(KVCoordinator):
             if not group.policy.can_admit_capped(prompt, final_len, namespace, cached):
                 return group.policy
         for shared in self._shared:
-            needed = sum(manager.slots_needed_to_admit(prompt) for manager in shared.managers)
+            if shared.pool.caches_prefixes:
+                needed = sum(
+                    manager.slots_needed_to_admit_cached(prompt, namespace, cached)
+                    for manager in shared.managers
+                )
+            else:
+                needed = sum(manager.slots_needed_to_admit(prompt) for manager in shared.managers)
             if needed > shared.pool.free_slots():
                 return "the shared block pool", needed, shared.pool.free_slots()
         return None
@@ -375,6 +424,15 @@ class MultiGroupCoordinator(KVCoordinator):
             raise AssertionError(f"policy {shortfall.name!r} admitted a sequence its can_admit refused")
         if shortfall is not None:
             self._refuse(f"admitting sequence {seq_id}", shortfall)
+        if self._caching:
+            # Every group holds its hit before any takes new blocks (vLLM ``allocate_slots``), so no
+            # group's new block evicts a block another group's hit needs.
+            managers = self._shared[0].managers  # (in the groups' order, as vLLM allocates)
+            for manager in managers:
+                manager.hold_cached_prefix(seq_id, prompt, final_len, output_content_id, namespace, cached)
+            for manager in managers:
+                manager.take_admission_blocks(seq_id)
+            return cached
         for policy in self.policies:
             policy.admit_capped(seq_id, prompt, final_len, output_content_id, namespace, cached)
         return cached
@@ -416,6 +474,9 @@ class MultiGroupCoordinator(KVCoordinator):
             rooms = _least(rooms, group.policy.grow_each(seq_ids, num_tokens))
         for shared, net_blocks, plans in planned:
             shared.pool.adjust(net_blocks)
+            if shared.pool.caches_prefixes:  # every group's skipped blocks go back before any takes
+                for manager, plan in plans:
+                    manager.release_skipped(plan)
             for manager, plan in plans:
                 rooms = _least(rooms, manager.commit_growth(plan))
         assert rooms is not None

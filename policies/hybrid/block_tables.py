@@ -1,0 +1,240 @@
+"""One KV group's block tables when its pool caches prefixes (vLLM's ``SingleTypeKVCacheManager`` with
+``enable_caching``): per sequence, the block id at each position of its held run and the content chain
+of each of its full blocks.
+
+A :class:`~policies.hybrid.group.GroupManager` keeps the run ``[first_block, end_block)`` a sequence
+holds and its accounting; with a :class:`~policies.hybrid.prefix_pool.PrefixCachingBlockPool` it also
+keeps these tables, so that the blocks it releases keep their identity (cached) and later prompts can
+hit them:
+
+* **Admission** (``KVCacheManager.allocate_slots``): the hit's blocks inside the run are touched (a
+  free one leaves the free queue and counts against it, ``get_num_blocks_to_allocate``), the rest of
+  the run is taken new from the head of the queue (evicting the cached blocks it reaches); the
+  prompt's full blocks are then cached (``cache_blocks``).
+* **Growth**: every group's skipped blocks are released before any group takes new ones
+  (``remove_skipped_blocks`` before ``allocate_new_blocks``); a block that fills is cached.
+* **Free**: the held blocks go back tail first (``SingleTypeKVCacheManager.free``), full ones cached.
+* **Fork**: the children share the parent's full blocks (reference counts) and copy its partly filled
+  one (kvsim's fork; vLLM's parallel samples share their prompt through the prefix cache alike).
+
+Physical accounting: a block held by several sequences of the group is counted once; ``excess`` is
+the references past the first, which the group subtracts from what its runs add up to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from policies.base import ChildSpec
+from policies.hybrid.prefix_pool import NO_BLOCK, PrefixCachingBlockPool, acquire_chains, find_chains
+from policies.paged import SequenceState
+from token_content import TokenContent
+
+
+class CachedSequence:
+    """One sequence's blocks in one group: ``table[p]`` is the block at position ``p`` (``NO_BLOCK``:
+    released, or never held), ``chains[p]`` the content chain of full block ``p`` (every full block,
+    held or not: the next block's key needs it)."""
+
+    content: SequenceState  # its token segments (``block_table`` unused)
+    table: list[int]
+    chains: list[int]
+
+    def __init__(self, content: SequenceState, table: list[int], chains: list[int]) -> None:
+        self.content = content
+        self.table = table
+        self.chains = chains
+
+
+class GroupBlockTables:
+    """The block tables of one group's sequences over a prefix-caching pool (group ``group`` of it)."""
+
+    def __init__(self, pool: PrefixCachingBlockPool, group: int, block_size: int, kind: str):
+        self.pool = pool
+        self.group = group
+        self.block_size = block_size
+        self.kind = kind
+        self.excess = 0  # references to held blocks past the first (shared blocks counted once)
+        self.by_seq: dict[int, CachedSequence] = {}  # id(GroupSequence) -> its blocks
+
+    # -- prefix hits -----------------------------------------------------------------------------
+    def prompt_chains(self, prompt: TokenContent, namespace: int, max_blocks: int) -> list[int]:
+        """The chains of the prompt's first ``max_blocks`` blocks that some block holds, in order."""
+        content = _content_of(0, prompt, 0, namespace)
+        return find_chains(
+            self.pool.chains, content.segments, content.segment_ends, max_blocks, self.block_size, namespace
+        )
+
+    def is_cached(self, chain: int) -> bool:
+        return self.pool.cached_block(self.group, chain) != NO_BLOCK
+
+    def blocks_needed_to_admit(self, chains: list[int], first: int, end: int, hit: int) -> int:
+        """Blocks the free queue gives to admit a run ``[first, end)`` whose first ``hit`` positions are
+        cached: the new ones, and the hit's free ones (they leave the queue)."""
+        pool = self.pool
+        evictable = 0
+        for position in range(first, hit):
+            if pool.ref_count[pool.cached_block(self.group, chains[position])] == 0:
+                evictable += 1
+        return end - max(first, hit) + evictable
+
+    # -- sequences -------------------------------------------------------------------------------
+    def hold_hit(
+        self,
+        key: int,
+        seq_id: int,
+        prompt: TokenContent,
+        output_content_id: int,
+        namespace: int,
+        run: tuple[int, int],
+        hit_chains: list[int],
+        hit: int,
+    ) -> None:
+        """A new sequence that will hold ``run`` of its prompt: first, the positions of the run before
+        ``hit`` (a prefix hit, cached under ``hit_chains``) are touched. Every group of a pool touches
+        its hit before any group takes new blocks (vLLM ``allocate_slots``: the computed blocks of every
+        group, then the new ones), so that no group's new block evicts another group's hit."""
+        first, end = run
+        table = [NO_BLOCK] * end
+        pool = self.pool
+        for position in range(first, hit):
+            block = pool.cached_block(self.group, hit_chains[position])
+            if pool.touch(block):
+                self.excess += 1
+            table[position] = block
+        content = _content_of(seq_id, prompt, output_content_id, namespace)
+        self.by_seq[key] = CachedSequence(content, table, [])
+
+    def take_new(self, key: int, run: tuple[int, int], hit: int) -> None:
+        """Then the rest of the run, new blocks from the queue's head; the prompt's full blocks cached.
+        (The caller checked that the pool holds them.)"""
+        first, end = run
+        record = self.by_seq[key]
+        start = max(first, hit)
+        record.table[start:end] = self.pool.take_blocks(end - start, f"admitting into the {self.kind} group")
+        self.cache_full_blocks(record)
+
+    def cache_full_blocks(self, record: CachedSequence) -> None:
+        """Chains for the sequence's blocks that filled since, and its held new ones cached under them."""
+        content = record.content
+        content.fold_output()
+        last = (content.segment_ends[-1] if content.segment_ends else 0) // self.block_size
+        done = len(record.chains)
+        if done >= last:
+            return
+        pool = self.pool
+        parent = record.chains[-1] if record.chains else None
+        new = acquire_chains(
+            pool.chains,
+            content.segments,
+            content.segment_ends,
+            done,
+            last,
+            self.block_size,
+            parent,
+            content.namespace,
+        )
+        record.chains += new
+        table = record.table
+        for position in range(done, min(last, len(table))):
+            block = table[position]
+            if block != NO_BLOCK and not pool.has_identity(block):
+                pool.cache_block(self.group, block, record.chains[position])
+
+    def released_by(self, key: int, first_block: int, end_block: int, first: int) -> list[int]:
+        """The blocks a sequence holding ``[first_block, end_block)`` releases when its run starts at
+        ``first``, in the order vLLM frees them (``remove_skipped_blocks``: the latest first)."""
+        table = self.by_seq[key].table
+        return [table[position] for position in range(min(first, end_block) - 1, first_block - 1, -1)]
+
+    def release_skipped(self, key: int, first_block: int, end_block: int, first: int) -> None:
+        record = self.by_seq[key]
+        for position in range(min(first, end_block) - 1, first_block - 1, -1):
+            self._release(record.table[position])
+            record.table[position] = NO_BLOCK
+
+    def take_for_growth(self, key: int, end_block: int, first: int, end: int, tokens: int) -> None:
+        """The new blocks of a growth by ``tokens`` of its own output to the run ``[first, end)``."""
+        record = self.by_seq[key]
+        start = max(end_block, first)
+        if end > len(record.table):
+            record.table += [NO_BLOCK] * (end - len(record.table))
+        if end > start:
+            record.table[start:end] = self.pool.take_blocks(end - start, f"growing in the {self.kind} group")
+        record.content.output_pending += tokens
+        if (record.content.segment_ends[-1] + record.content.output_pending) // self.block_size > len(
+            record.chains
+        ):
+            self.cache_full_blocks(record)
+
+    def free(self, key: int, first_block: int, end_block: int) -> None:
+        """Every held block back, the last first; the sequence's chains released."""
+        record = self.by_seq.pop(key)
+        for position in range(end_block - 1, first_block - 1, -1):
+            self._release(record.table[position])
+        self.pool.chains.release_each(record.chains)
+
+    def _release(self, block: int) -> None:
+        if self.pool.release(block):
+            self.excess -= 1
+
+    # -- forks -----------------------------------------------------------------------------------
+    def partial_blocks(self, key: int, first_block: int, end_block: int) -> int:
+        """Held blocks not yet full: what each fork child copies."""
+        return end_block - max(first_block, len(self.by_seq[key].chains))
+
+    def fork(
+        self, parent_key: int, child_key: int, child: ChildSpec, first_block: int, end_block: int
+    ) -> None:
+        """A child sharing the parent's full blocks, with copies of its partly filled ones."""
+        parent = self.by_seq[parent_key]
+        pool = self.pool
+        parent.content.fold_output()
+        full = len(parent.chains)
+        table = list(parent.table)
+        for position in range(first_block, min(full, end_block)):
+            pool.touch(table[position])
+            self.excess += 1
+        copy_from = max(first_block, full)
+        if end_block > copy_from:
+            table[copy_from:end_block] = pool.take_blocks(end_block - copy_from, "forking")
+        for chain in parent.chains:
+            pool.chains.hold(chain)
+        source = parent.content
+        content = SequenceState(
+            child.seq_id,
+            0,
+            child.final_len,
+            child.output_content_id,
+            segments=list(source.segments),
+            segment_ends=list(source.segment_ends),
+            namespace=source.namespace,
+        )
+        self.by_seq[child_key] = CachedSequence(content, table, list(parent.chains))
+
+    def net_blocks(self, plans: Sequence[tuple[int, int, int, int, int]]) -> int:
+        """Blocks the pool gives (negative: gets back) for growths ``(key, first_block, end_block,
+        first, end)``: the new positions, less the released blocks no other holder keeps."""
+        net = 0
+        released: dict[int, int] = {}
+        for key, first_block, end_block, first, end in plans:
+            net += end - max(end_block, first)
+            for block in self.released_by(key, first_block, end_block, first):
+                released[block] = released.get(block, 0) + 1
+        ref_count = self.pool.ref_count
+        for block, count in released.items():
+            if ref_count[block] == count:
+                net -= 1
+        return net
+
+
+def _content_of(seq_id: int, prompt: TokenContent, output_content_id: int, namespace: int) -> SequenceState:
+    segments = [segment for segment in prompt if segment[1] > 0]
+    ends: list[int] = []
+    total = 0
+    for segment in segments:
+        total += segment[1]
+        ends.append(total)
+    return SequenceState(
+        seq_id, total, total, output_content_id, segments=segments, segment_ends=ends, namespace=namespace
+    )
