@@ -210,7 +210,9 @@ class EngineConfig(_Strict):
         True, description="Split long prefills over iterations within max_num_batched_tokens (vLLM V1: on)."
     )
     enable_prefix_caching: bool | None = Field(
-        None, description="vLLM's switch; `true` with policy `paged` selects the `prefix` policy."
+        None,
+        description="vLLM's switch; `true` with policy `paged` selects the `prefix` policy, and turns on "
+        "`vllm-hybrid`'s prefix cache (unset: off there).",
     )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory for the engine."

@@ -139,7 +139,11 @@ def policy_name_for(variant: VariantConfig, engine: EngineConfig) -> str:
         raise ConfigError(
             f"variant {variant.name!r}: policy {variant.policy!r} contradicts enable_prefix_caching: false"
         )
-    if engine.enable_prefix_caching and is_hybrid_allocator(variant.policy):
+    if (
+        engine.enable_prefix_caching
+        and is_hybrid_allocator(variant.policy)
+        and variant.policy != "vllm-hybrid"
+    ):
         raise ConfigError(
             f"variant {variant.name!r}: policy {variant.policy!r} has no prefix cache yet (a hybrid "
             "allocator's prefix caching is not modelled); set enable_prefix_caching: false"
@@ -730,7 +734,11 @@ def _hybrid_layout(
         if str(error).startswith("large_page_bytes"):  # (jenga's option: the key it came from)
             raise ConfigError(f"variants.{index}.options.{error}") from None
         raise ConfigError(f"{where}: {variant.policy}: {error}") from None
-    return HybridLayout(hybrid, max_model_len, prefill_tokens)
+    try:
+        # (vllm-hybrid caches prefixes when enable_prefix_caching is true; unset keeps it off.)
+        return HybridLayout(hybrid, max_model_len, prefill_tokens, bool(engine_config.enable_prefix_caching))
+    except ValueError as error:
+        raise ConfigError(f"{key('enable_prefix_caching')}: {error}") from None
 
 
 def _prepare_disaggregated(

@@ -2,10 +2,12 @@
 groups behind one coordinator. A variant names one as its ``policy`` beside the single-group
 policies (``policies/``), so the same stream can be replayed on both, side by side.
 
-``vllm-hybrid``: vLLM V1's hybrid KV-cache manager without prefix caching: the model's layers
-  grouped as vLLM groups them (``sim/hardware/hybrid_capacity.py``: one group per ``group_size``
-  layers of one kind), every group drawing blocks of one page size from one pool of
-  ``num_gpu_blocks`` blocks, each group released by its kind's rule (``policies/hybrid/``).
+``vllm-hybrid``: vLLM V1's hybrid KV-cache manager: the model's layers grouped as vLLM groups them
+  (``sim/hardware/hybrid_capacity.py``: one group per ``group_size`` layers of one kind), every group
+  drawing blocks of one page size from one pool of ``num_gpu_blocks`` blocks, each group released by
+  its kind's rule (``policies/hybrid/``). With ``engine.enable_prefix_caching: true`` the pool's
+  blocks keep their identities (``policies/hybrid/prefix_pool.py``) and a prompt's hit is the
+  longest prefix every group serves (``sim/kv/coordinator.py``); models with Mamba groups refuse it.
 
 ``sglang-hybrid``: SGLang's hybrid SWA memory without its radix cache (``--disable-radix-cache``):
   two token pools of their own (``SWAKVPool``), sized as SGLang sizes them
@@ -32,7 +34,8 @@ from policies.hybrid.block_pool import SharedBlockPool
 from policies.hybrid.chunked_local import ChunkedLocalGroup
 from policies.hybrid.full import FullAttentionGroup
 from policies.hybrid.group import GroupManager
-from policies.hybrid.mamba import MambaGroup
+from policies.hybrid.mamba import MAMBA_PREFIX_CACHING, MambaGroup
+from policies.hybrid.prefix_pool import PrefixCachingBlockPool
 from policies.hybrid.sglang_sliding_window import SGLangSlidingWindowGroup
 from policies.hybrid.sliding_window import SlidingWindowGroup
 from sim.hardware.hybrid_capacity import HybridKVCapacity
@@ -80,6 +83,15 @@ class HybridLayout:
     prefill_tokens: int
     """The most prompt tokens one iteration computes for one request (a sliding or chunked group
     holds what chunked prefill keeps at once: ``policies/hybrid/``)."""
+    prefix_caching: bool = False
+    """vLLM's prefix caching (``engine.enable_prefix_caching: true``): cached blocks kept by identity."""
+
+    def __post_init__(self) -> None:
+        if self.prefix_caching and any(_is_state(group.kind) for group in self.capacity.groups):
+            raise ValueError(
+                f"{self.capacity.model} has Mamba layers: vllm-hybrid with enable_prefix_caching: true "
+                f"is not modelled for it ({MAMBA_PREFIX_CACHING}); set enable_prefix_caching: false"
+            )
 
     @property
     def slot_bytes(self) -> int:
@@ -111,12 +123,18 @@ class HybridLayout:
     def make_coordinator(self) -> KVCoordinator:
         """One replica's groups over a pool of its own."""
         spec = self.pool
-        shared = SharedBlockPool(self.capacity.num_blocks, spec.block_size, spec.kv_pool_tokens)
+        pool_type = PrefixCachingBlockPool if self.prefix_caching else SharedBlockPool
+        shared = pool_type(self.capacity.num_blocks, spec.block_size, spec.kv_pool_tokens)
         groups = [
             KVGroup(name, group_manager(group.kind, spec, shared, self.prefill_tokens), self.slot_bytes)
             for name, group in zip(self.group_names(), self.capacity.groups, strict=True)
         ]
         return make_coordinator(groups)
+
+
+def _is_state(kind: LayerKind) -> bool:
+    """A Mamba / linear-attention kind: its group keeps a state per request, not per-token K/V."""
+    return not isinstance(kind, (FullAttention, SlidingWindow, ChunkedLocal))
 
 
 def group_manager(
