@@ -11,17 +11,25 @@ Invariants (issue 39: "the accounting identity holds per group under 10^6 fuzzed
   its held blocks' slots, and the shared pools' held blocks are the groups' held blocks;
 - every live sequence is in every group, at the same length;
 - a refused operation (``OutOfKVMemory``) changes nothing.
+
+With prefix caching (``vllm-hybrid-prefix``: blocks with identities, ``policies/hybrid/prefix_pool.py``),
+a group's part counts a block several sequences hold once and adds its cached blocks; the pool's free
+queue is its blank and cached blocks; and the common prefix hit of every probe prompt is one that every
+group serves: each group holds, cached, every block of it that its kind attends to.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from policies.base import ChildSpec, OutOfKVMemory, PolicyInputError, PoolSpec
 from policies.hybrid.block_pool import SharedBlockPool
 from policies.hybrid.chunked_local import ChunkedLocalGroup
 from policies.hybrid.full import FullAttentionGroup
+from policies.hybrid.group import GroupManager
 from policies.hybrid.mamba import MambaGroup
+from policies.hybrid.prefix_pool import PrefixCachingBlockPool
 from policies.hybrid.sglang_sliding_window import SGLangSlidingWindowGroup
 from policies.hybrid.sliding_window import SlidingWindowGroup
 from sim.kv.coordinator import KVCoordinator, KVGroup, MultiGroupCoordinator, make_coordinator
@@ -41,6 +49,22 @@ def vllm_groups(blocks: int = 64, prefill_tokens: int = 24) -> MultiGroupCoordin
             KVGroup("sliding(8)", SlidingWindowGroup(spec, pool, prefill_tokens, window=8)),
             KVGroup("chunked(8)", ChunkedLocalGroup(spec, pool, prefill_tokens, chunk=8)),
             KVGroup("mamba", MambaGroup(spec, pool, prefill_tokens)),
+        ]
+    )
+    assert isinstance(kv, MultiGroupCoordinator)
+    return kv
+
+
+def vllm_prefix_groups(blocks: int = 64, prefill_tokens: int = 24) -> MultiGroupCoordinator:
+    """:func:`vllm_groups` with prefix caching: full, sliding window (8) and chunked local (8) groups
+    over a pool of blocks with identities (vLLM caches no Mamba state here: kvsim refuses it)."""
+    pool = PrefixCachingBlockPool(blocks, BLOCK, pool_slots=blocks * BLOCK + 3)
+    spec = PoolSpec(blocks * BLOCK, BLOCK, 4096)
+    kv = make_coordinator(
+        [
+            KVGroup("full", FullAttentionGroup(spec, pool, prefill_tokens)),
+            KVGroup("sliding(8)", SlidingWindowGroup(spec, pool, prefill_tokens, window=8)),
+            KVGroup("chunked(8)", ChunkedLocalGroup(spec, pool, prefill_tokens, chunk=8)),
         ]
     )
     assert isinstance(kv, MultiGroupCoordinator)
@@ -76,7 +100,14 @@ def jenga_pages(large_pages: int = 40) -> KVCoordinator:
     return JengaCoordinator(capacity, ["full", "sliding(8)"], 24)
 
 
-LAYOUTS = {"vllm-hybrid-groups": vllm_groups, "sglang-hybrid-pools": sglang_pools, "jenga-pages": jenga_pages}
+LAYOUTS: dict[str, Callable[[], KVCoordinator]] = {
+    "vllm-hybrid-groups": vllm_groups,
+    "vllm-hybrid-prefix": vllm_prefix_groups,
+    "sglang-hybrid-pools": sglang_pools,
+    "jenga-pages": jenga_pages,
+}
+SHARED = 1  # the content every prefix-caching prompt starts with, at lengths that vary
+PROBES = [((SHARED, length), (2, 3)) for length in (3, 4, 8, 13, 20, 33, 60)]
 
 
 class HybridDriver:
@@ -85,6 +116,7 @@ class HybridDriver:
     def __init__(self, layout: str):
         self.kv = LAYOUTS[layout]()
         self.jenga = layout == "jenga-pages"
+        self.caching = layout == "vllm-hybrid-prefix"
         self.policy = self.kv  # (what tests/fuzz.py reads its eviction count from)
         self.names, _ = self.kv.group_entries()
         self.final_len: dict[int, int] = {}
@@ -111,7 +143,11 @@ class HybridDriver:
             seq_id, self.next_id = self.next_id, self.next_id + 1
             prompt_len = 1 + amount * 3
             final_len = prompt_len + 1 + choice
-            self.kv.admit(seq_id, ((seq_id, prompt_len),), final_len, 1000 + seq_id)
+            prompt: tuple[tuple[int, int], ...] = ((seq_id, prompt_len),)
+            if self.caching:  # a shared start of 0 to 60 tokens, then the request's own
+                prompt = ((SHARED, 3 * (choice % 21)), (seq_id, prompt_len))
+                final_len += 3 * (choice % 21)
+            self.kv.admit(seq_id, prompt, final_len, 1000 + seq_id)
             self.final_len[seq_id] = final_len
             return True
         if not live:
@@ -138,7 +174,10 @@ class HybridDriver:
             self.kv.fork(seq_id, [ChildSpec(child, self.final_len[seq_id], -child)])
             self.final_len[child] = self.final_len[seq_id]
             return True
-        return False  # match, evict: no prefix cache in these allocators
+        if kind == "match" and self.caching:
+            self.kv.match(PROBES[choice % len(PROBES)])
+            return True
+        return False  # evict (and match without a prefix cache): nothing to do
 
     def drain(self) -> None:
         for seq_id in sorted(self.final_len):
@@ -146,9 +185,11 @@ class HybridDriver:
         self.final_len.clear()
         self.check()
         used, reserved, internal, external, cached, free = self.kv.breakdown_values()
-        # (a pool's slots past its last whole block are external fragmentation, always)
-        assert (used, reserved, internal, cached) == (0, 0, 0, 0), "an empty pool holds slots"
-        assert external + free == self.kv.pool_slots
+        # (a pool's slots past its last whole block are external fragmentation, always; with prefix
+        # caching, the freed blocks stay cached)
+        assert (used, reserved, internal) == (0, 0, 0), "an empty pool holds slots"
+        assert cached == 0 or self.caching
+        assert external + cached + free == self.kv.pool_slots
 
     def check(self) -> None:
         kv = self.kv
@@ -165,6 +206,9 @@ class HybridDriver:
             )
         if self.jenga:
             self._check_jenga()
+            return
+        if self.caching:
+            self._check_prefix_caching(entries)
             return
         held_by_groups = 0
         for index, group in enumerate(kv.groups):
@@ -189,6 +233,52 @@ class HybridDriver:
             held_by_groups += held
         pools = {id(group.policy.shared_pool): group.policy.shared_pool for group in kv.groups}
         assert sum(pool.num_blocks - pool.free_blocks for pool in pools.values()) == held_by_groups
+
+    def _check_prefix_caching(self, entries: tuple[int, ...]) -> None:
+        """Each group's part is its held blocks, a shared one once, and its cached blocks; the pool's
+        free queue is its blank and cached blocks; every probe's common hit is served by every group."""
+        kv = self.kv
+        physical = logical = cached = 0
+        pool = None
+        for index, group in enumerate(kv.groups):
+            manager = group.policy
+            assert isinstance(manager, GroupManager) and manager.tables is not None
+            tables = manager.tables
+            pool = tables.pool
+            held = sum(end - first for first, end in map(manager.held_blocks, self.final_len))
+            used, reserved, internal, _, group_cached, _ = entries[
+                CATEGORIES * index : CATEGORIES * (index + 1)
+            ]
+            assert used + reserved + internal == (held - tables.excess) * BLOCK, f"group {group.name}"
+            assert group_cached == pool.cached_in(tables.group) * BLOCK
+            assert sorted(manager.live_sequences()) == sorted(self.final_len)
+            for seq_id in self.final_len:
+                assert manager.seq_len(seq_id) == kv.seq_len(seq_id)
+            physical += held - tables.excess
+            logical += held
+            cached += pool.cached_in(tables.group)
+        assert pool is not None
+        assert sum(pool.ref_count) == logical, "a block's reference count is not its holders"
+        assert pool.num_blocks - pool.free_blocks == physical
+        assert pool.free_blocks == len(pool.queue) and pool.cached_blocks == cached
+        for probe in PROBES:
+            self._check_common_hit(probe)
+
+    def _check_common_hit(self, prompt: tuple[tuple[int, int], ...]) -> None:
+        """The common hit never exceeds what a group holds: every block of it that a group's kind
+        attends to (past its skipped blocks) is cached in that group."""
+        hit = self.kv.lookup(prompt).cached_tokens
+        assert hit % BLOCK == 0 and hit < sum(length for _, length in prompt)
+        blocks = hit // BLOCK
+        for group in self.kv.groups:
+            manager = group.policy
+            assert isinstance(manager, GroupManager) and manager.tables is not None
+            assert hit <= manager.lookup(prompt).cached_tokens or manager.kind != "full"
+            chains = manager.tables.prompt_chains(prompt, 0, blocks)
+            for position in range(manager.skipped_blocks(hit) if blocks else 0, blocks):
+                assert position < len(chains) and manager.tables.is_cached(chains[position]), (
+                    f"group {group.name} lacks block {position} of a {hit}-token hit"
+                )
 
     def _check_jenga(self) -> None:
         """Jenga's own identity (tests/test_jenga.py): per type its large pages are its small pages,

@@ -144,7 +144,13 @@ def test_on_a_model_of_full_attention_only_the_hybrid_manager_is_paged_exactly(t
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"engine": {"enable_prefix_caching": True}}, "policy 'vllm-hybrid' has no prefix cache yet"),
+        (
+            {
+                "engine": {"enable_prefix_caching": True, "max_model_len": 8192},
+                "model": "Nemotron-H-8B-Base-8K",
+            },
+            "engine.enable_prefix_caching: Nemotron-H-8B-Base-8K has Mamba layers",
+        ),
         ({"offload": {"host_memory_gib": 4}}, "variants.1.policy: vllm-hybrid has no host tier"),
         ({"variants": [PAGED, {**HYBRID, "pin_shared_prefixes": True}]}, "variants.1.pin_shared_prefixes"),
         (
@@ -165,6 +171,64 @@ def test_what_the_hybrid_manager_cannot_do_is_refused_before_anything_runs(tmp_p
     with pytest.raises(ConfigError, match=_escaped(message)):
         prepare_experiment(validate_experiment(raw), tmp_path / "c.yaml")
     assert not (tmp_path / "out").exists()
+
+
+def shared_prompt_config(enable_prefix_caching: bool | None) -> dict:
+    """gpt-oss-20b beside the prefix policy, 60 requests of which 9 in 10 start with one of two
+    system prompts of 1,000-2,000 tokens (the requests' own tokens follow)."""
+    raw = config(
+        "gpt-oss-20b",
+        [{"name": "paged", "policy": "paged"}, HYBRID],
+        enable_prefix_caching=enable_prefix_caching,
+    )
+    raw["workload"] |= {
+        "num_requests": 60,
+        "prompt_len": {"kind": "uniform", "low": 100, "high": 1500},
+        "shared_prefix": {
+            "num_prefixes": 2,
+            "prefix_len": {"kind": "uniform", "low": 1000, "high": 2000},
+            "fraction": 0.9,
+        },
+    }
+    return raw
+
+
+def test_prefix_caching_on_the_hybrid_manager_serves_the_shared_system_prompts(tmp_path):
+    """With enable_prefix_caching: true, vllm-hybrid hits the system prompts (both groups must hold the
+    hit: the sliding group its last window's blocks), and its pool stays whole at every sample, in total
+    and per KV group, cached blocks included."""
+    results = run(shared_prompt_config(True), tmp_path)
+    hybrid = results["hybrid"].summary
+    assert results["paged"].summary["policy"] == "prefix"
+    assert hybrid["requests_finished"] == 60
+    assert hybrid["prefix_cache_hit_rate"] > 0.3
+    assert results["paged"].summary["prefix_cache_hit_rate"] >= hybrid["prefix_cache_hit_rate"] * 0.9
+    series = pd.read_parquet(tmp_path / "out" / "hybrid" / "timeseries.parquet")
+    assert (series[BREAKDOWN].sum(axis=1) == hybrid["kv_pool_tokens"]).all()
+    assert (series[BREAKDOWN] >= 0).all().all()
+    assert series["cached_tokens"].max() > 0
+    groups = pd.read_parquet(tmp_path / "out" / "hybrid" / "kv_groups.parquet")
+    entries = groups["kv_group"].nunique()
+    assert entries == 3  # the full group, the sliding group, the shared pool's blank blocks
+    totals = groups[BREAKDOWN].to_numpy().reshape(-1, entries * len(BREAKDOWN)).sum(axis=1)
+    assert (totals == hybrid["kv_pool_tokens"]).all()
+    assert (groups[BREAKDOWN] >= 0).all().all()
+
+
+def test_prefix_caching_off_or_unset_runs_the_hybrid_manager_as_before(tmp_path):
+    """false and unset are today's vllm-hybrid (tests/golden pins it on the shipped configs): the same
+    requests, the same memory at every sample, no hit."""
+    tables = {}
+    for setting in (False, None):
+        out = tmp_path / str(setting)
+        results = run(shared_prompt_config(setting), out)
+        assert results["hybrid"].summary["prefix_cache_hits"] == 0
+        tables[setting] = (
+            pd.read_parquet(out / "out" / "hybrid" / "requests.parquet"),
+            pd.read_parquet(out / "out" / "hybrid" / "timeseries.parquet"),
+        )
+    for before, after in zip(tables[False], tables[None], strict=True):
+        pd.testing.assert_frame_equal(before, after)
 
 
 def _escaped(text: str) -> str:

@@ -1,0 +1,249 @@
+"""vllm-hybrid with prefix caching: blocks with identities in a shared pool (policies/hybrid/prefix_pool.py,
+block_tables.py), each group's hit rule, and the coordinator's common hit (sim/kv/coordinator.py), worked
+out by hand.
+
+The model: a full-attention group and a sliding-window group (window 8 tokens) over one pool of blocks
+of 4 tokens, prompts computed whole (prefill budget 4096). A sliding-window hit of ``n`` blocks needs
+the ``ceil((8 - 1) / 4) = 2`` blocks before the hit point cached (vLLM
+``SlidingWindowManager.find_longest_cache_hit``); the blocks before them are outside the window.
+
+Block ids: the free queue hands out blank blocks 0, 1, 2, ... first (``FreeBlockQueue``), then the
+cached blocks, least recently freed first.
+
+Request A: a 12-token system prompt (content 1) and 2 tokens of its own (content 2), 2 tokens decoded
+(its output stream, content 101). Admitted, it takes blocks 0-3 in the full group and 4-7 in the
+window group (its prompt is shorter than what chunked prefill holds at once). Decoding its 15th token
+(14 computed: 14 - 8 + 1 = 7 tokens skipped, one block) releases the window's block 4, its 16th block
+5: both keep their identity (full blocks), so they are cached, not free. Freed, its blocks go back tail
+first: the full group's 3, 2, 1, 0, then the window's 7, 6.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.base import NO_HIT, ChildSpec, MemoryBreakdown, PolicyInputError, PoolSpec, PrefixHit
+from policies.hybrid.chunked_local import ChunkedLocalGroup
+from policies.hybrid.full import FullAttentionGroup
+from policies.hybrid.mamba import MambaGroup
+from policies.hybrid.prefix_pool import PrefixCachingBlockPool
+from policies.hybrid.sliding_window import SlidingWindowGroup
+from sim.kv.coordinator import KVGroup, MultiGroupCoordinator, make_coordinator
+
+BLOCK = 4
+SYSTEM = (1, 12)  # three blocks every prompt below may share
+A_PROMPT = (SYSTEM, (2, 2))
+
+
+def hybrid(
+    blocks: int,
+) -> tuple[MultiGroupCoordinator, FullAttentionGroup, SlidingWindowGroup, PrefixCachingBlockPool]:
+    pool = PrefixCachingBlockPool(blocks, BLOCK)
+    spec = PoolSpec(blocks * BLOCK, BLOCK, 4096)
+    full = FullAttentionGroup(spec, pool, 4096)
+    window = SlidingWindowGroup(spec, pool, 4096, window=8)
+    kv = make_coordinator([KVGroup("full", full), KVGroup("sliding", window)])
+    assert isinstance(kv, MultiGroupCoordinator)
+    return kv, full, window, pool
+
+
+def breakdowns(kv: MultiGroupCoordinator) -> dict[str, tuple[int, ...]]:
+    """Each entry's (used, reserved, internal, external, cached, free) slots; they sum to the pool."""
+    split = {name: tuple(b.as_dict().values()) for name, b in kv.group_breakdowns().items()}
+    assert sum(sum(values) for values in split.values()) == kv.pool_slots
+    assert MemoryBreakdown(*kv.breakdown_values()).total == kv.pool_slots
+    return split
+
+
+def serve_and_free_a(kv: MultiGroupCoordinator) -> None:
+    kv.admit(1, A_PROMPT, 16, 101)
+    kv.grow(1, 1)
+    kv.grow(1, 1)
+    kv.free(1)
+
+
+def test_a_finished_request_leaves_its_blocks_cached_per_group():
+    kv, full, window, pool = hybrid(10)
+    assert kv.admit(1, A_PROMPT, 16, 101) == 0  # nothing cached yet
+    # 14 tokens in 4 blocks per group, 2 reserved for the tokens to come; 2 blank blocks free.
+    assert breakdowns(kv) == {
+        "full": (14, 2, 0, 0, 0, 0),
+        "sliding": (14, 2, 0, 0, 0, 0),
+        "shared pool": (0, 0, 0, 0, 0, 8),
+    }
+    kv.grow(1, 1)  # the window releases block 4 (position 0): cached
+    assert window.held_blocks(1) == (1, 4)
+    assert breakdowns(kv)["sliding"] == (11, 1, 0, 0, 4, 0)
+    kv.grow(1, 1)  # block 5 (position 1) follows; position 3 is full: cached in both groups
+    assert breakdowns(kv) == {
+        "full": (16, 0, 0, 0, 0, 0),
+        "sliding": (8, 0, 0, 0, 8, 0),
+        "shared pool": (0, 0, 0, 0, 0, 8),
+    }
+    kv.free(1)
+    assert breakdowns(kv) == {
+        "full": (0, 0, 0, 0, 16, 0),
+        "sliding": (0, 0, 0, 0, 16, 0),
+        "shared pool": (0, 0, 0, 0, 0, 8),
+    }
+    # LRU: blank blocks first, then the window's early releases, then A's blocks tail first.
+    assert pool.queue.order() == [8, 9, 4, 5, 3, 2, 1, 0, 7, 6]
+    assert kv.evictions() == 0
+
+
+def test_a_second_request_hits_the_three_shared_blocks_in_every_group():
+    """B (17 tokens) shares the 3 system blocks with A. Full attention: the leading run, 3 blocks. The
+    window: scanning from block 2, blocks 2 and 1 are cached, two in a row: 3 blocks. Common: 12
+    tokens. B then holds the full group's hit blocks 0-2 and new blocks 8, 9 (blank); the window
+    skips block 0 of the hit (12 - 8 + 1 = 5 tokens: one block) and holds the hit's blocks 5, 6 and
+    two new blocks, taken from the queue's head past the blank ones: 4 (the window's) and 3 (the full
+    group's), both evicted."""
+    kv, full, window, pool = hybrid(10)
+    serve_and_free_a(kv)
+    b_prompt = (SYSTEM, (3, 5))
+    assert full.lookup(b_prompt) == PrefixHit(12)
+    assert window.lookup(b_prompt) == PrefixHit(12)
+    assert kv.lookup(b_prompt) == PrefixHit(12)
+    assert kv.admit(2, b_prompt, 18, 102) == 12
+    assert window.held_blocks(2) == (1, 5)
+    # full: 17 used in 5 blocks, 1 reserved (final 18), 2 never filled; the window holds 4 blocks
+    # (tokens 4-16) and keeps A's block 7 cached; the pool has nothing left.
+    assert breakdowns(kv) == {
+        "full": (17, 1, 2, 0, 0, 0),
+        "sliding": (13, 1, 2, 0, 4, 0),
+        "shared pool": (0, 0, 0, 0, 0, 0),
+    }
+    assert pool.queue.order() == [7]
+    stats = kv.stats
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits, stats.evictions) == (14 + 17, 12, 2)
+    assert (full.stats.evictions, window.stats.evictions) == (1, 1)
+
+
+def test_the_window_needs_only_its_last_blocks_and_an_evicted_one_shrinks_the_common_hit():
+    """12 blocks. After A, D (an unrelated 12-token prompt) takes the 4 blank blocks and then the two
+    oldest cached ones: the window's blocks 4 and 5 (A's positions 0 and 1), evicted in LRU order.
+
+    G shares the 3 system blocks: full attention still serves 3 blocks, but the window needs
+    positions 1 and 2, and position 1 is gone (position 2 alone is one in a row, then a miss): the
+    window serves nothing, and so the common hit is 0.
+    F continues A's conversation (A's prompt, A's two output tokens, 3 more): 4 blocks for full
+    attention, and the window needs only positions 2 and 3, both cached: 16 tokens, although the
+    window lost positions 0 and 1 (out of the window, vLLM's null blocks)."""
+    kv, full, window, pool = hybrid(12)
+    g_prompt = (SYSTEM, (7, 5))
+    serve_and_free_a(kv)
+    assert kv.lookup(g_prompt) == PrefixHit(12)  # before D: positions 1 and 2 cached
+    kv.admit(4, ((9, 12),), 13, 104)
+    assert (full.stats.evictions, window.stats.evictions) == (0, 2)
+    assert breakdowns(kv) == {
+        "full": (12, 0, 0, 0, 16, 0),
+        "sliding": (12, 0, 0, 0, 8, 0),
+        "shared pool": (0, 0, 0, 0, 0, 0),
+    }
+    assert full.lookup(g_prompt) == PrefixHit(12)
+    assert window.lookup(g_prompt) == NO_HIT
+    assert kv.lookup(g_prompt) == NO_HIT
+
+    f_prompt = (SYSTEM, (2, 2), (101, 2), (5, 3))
+    assert full.lookup(f_prompt) == PrefixHit(16)
+    assert window.lookup(f_prompt) == PrefixHit(16)
+    assert kv.lookup(f_prompt) == PrefixHit(16)
+
+
+def test_the_common_hit_iterates_down_until_every_group_serves_it():
+    """A 17-token prompt served and freed: both groups cache its blocks 0-3. Evict the window's block
+    at position 2 alone. Full attention serves 4 blocks; the window, asked for 4, finds position 3
+    alone, a miss, then positions 1 and 0 two in a row: 2 blocks. Full attention serves 2: the common
+    hit is 8 tokens (the window's position 3, though cached, is past a block it lacks)."""
+    kv, full, window, pool = hybrid(16)
+    prompt = (SYSTEM, (2, 4), (6, 1))
+    kv.admit(1, prompt, 17, 101)
+    kv.free(1)
+    tables = window.tables
+    assert tables is not None
+    block = pool.cached_block(tables.group, tables.prompt_chains(prompt, 0, 4)[2])
+    # What an allocation does to the cached block it takes, the block then given back blank.
+    pool.queue.remove_cached(block)
+    pool._evict(block)
+    pool.queue.appendleft(block)
+    assert window.stats.evictions == 1
+    assert full.lookup(prompt) == PrefixHit(16)
+    assert window.lookup(prompt) == PrefixHit(8)
+    assert kv.lookup(prompt) == PrefixHit(8)
+    assert breakdowns(kv)["sliding"] == (0, 0, 0, 0, 12, 0)
+
+
+def test_a_shared_block_counts_once_and_the_sharers_free_it_together():
+    """Two live requests with the same 12-token system prompt: the second hits the first's three full
+    blocks while the first still holds them, so the full group holds them once (excess references
+    are sharing, not memory); they are cached once both are freed."""
+    kv, full, window, pool = hybrid(16)
+    kv.admit(1, (SYSTEM, (2, 1)), 13, 101)
+    kv.admit(2, (SYSTEM, (3, 1)), 13, 102)
+    # Full: 13 + 13 tokens written, 12 of them shared: 14 in 5 blocks (3 shared + 2 tails).
+    used, reserved, internal, _, cached, _ = breakdowns(kv)["full"]
+    assert (used, reserved, internal, cached) == (14, 0, 6, 0)
+    assert full.sharing_slots() == (20, 32)
+    kv.free(1)
+    assert breakdowns(kv)["full"][4] == 0  # B still holds the shared blocks; A's tail held nothing full
+    kv.free(2)
+    assert breakdowns(kv)["full"][4] == 12
+    assert breakdowns(kv)["full"][:3] == (0, 0, 0)
+
+
+def test_a_fork_shares_full_blocks_and_copies_the_partly_filled_one():
+    kv, full, window, pool = hybrid(16)
+    kv.admit(1, (SYSTEM, (2, 2)), 20, 101)
+    free_before = pool.free_blocks
+    kv.fork(1, [ChildSpec(2, 20, 102)])
+    # Each group copies one block (positions 3: 2 of its 4 slots written) and shares the rest.
+    assert free_before - pool.free_blocks == 2
+    assert full.stats.fork_copied_tokens == 2
+    kv.grow_each([1, 2], [2, 2])  # both fill their own block 3, cached under different chains
+    kv.free(1)
+    kv.free(2)
+    assert breakdowns(kv)["full"][:3] == (0, 0, 0)
+
+
+def test_chunked_local_attention_serves_the_blocks_of_the_current_chunk():
+    """Chunks of 8 tokens: a hit ending in a chunk needs only that chunk's blocks (vLLM
+    ``ChunkedLocalAttentionManager.find_longest_cache_hit``); a hit on a chunk boundary needs none."""
+    pool = PrefixCachingBlockPool(16, BLOCK)
+    spec = PoolSpec(64, BLOCK, 4096)
+    chunked = ChunkedLocalGroup(spec, pool, 4096, chunk=8)
+    chunked.admit(1, (SYSTEM, (2, 2)), 14, 101)
+    chunked.free(1)  # positions 0-2 cached
+    # 17-token prompt sharing 12 tokens: at most 4 blocks; the chunk of 16 starts at block 4: 4 blocks
+    # (all before the chunk), no block looked at.
+    assert chunked.lookup((SYSTEM, (3, 5))) == PrefixHit(16)
+    # 13 tokens: at most 3 blocks, the chunk of 12 starts at block 2: block 2 cached, 3 blocks.
+    assert chunked.lookup((SYSTEM, (3, 1))) == PrefixHit(12)
+    # A prompt of other content: its chunk starts at block 2 (max 3 blocks), block 2 not cached: 2.
+    assert chunked.lookup(((5, 13),)) == PrefixHit(8)
+
+
+def test_a_mamba_group_refuses_a_prefix_caching_pool():
+    pool = PrefixCachingBlockPool(8, BLOCK)
+    with pytest.raises(PolicyInputError, match="mamba_cache_mode 'align'"):
+        MambaGroup(PoolSpec(32, BLOCK, 4096), pool, 4096)
+
+
+KINDS = ["admit", "admit", "grow", "decode_step", "free", "preempt", "fork", "match"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 49), st.integers(0, 20)), max_size=80))
+def test_prefix_caching_keeps_every_group_whole_and_every_hit_served(operations):
+    """Random operations on full, sliding-window and chunked-local groups over one prefix-caching pool
+    (tests/hybrid_driver.py, ``vllm-hybrid-prefix``): after every one, each group's part (held blocks
+    counted once, its cached blocks) and the pool's free queue add up to the pool, every category
+    per group and in total, a refused operation changes nothing, and the common hit of every probe
+    prompt is served by every group (each holds, cached, the blocks of it its layers attend to)."""
+    from tests.hybrid_driver import HybridDriver
+
+    driver = HybridDriver("vllm-hybrid-prefix")
+    for kind, choice, amount in operations:
+        driver.apply(kind, choice, amount)
+    driver.drain()
