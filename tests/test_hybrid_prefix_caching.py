@@ -175,6 +175,30 @@ def test_the_common_hit_iterates_down_until_every_group_serves_it():
     assert breakdowns(kv)["sliding"] == (0, 0, 0, 0, 12, 0)
 
 
+def test_blocks_an_earlier_prefill_chunk_released_are_cached_too():
+    """Prefill 4 tokens a step: a 20-token prompt holds at most ``ceil((8 - 1 + 4) / 4) + 1 = 4`` window
+    blocks at once, positions 1-4, so vLLM's first chunk took position 0 and freed it once the window
+    passed: cached (block 5, taken after the full group's 0-4 and given back at once). E (11 tokens)
+    shares the first 2 blocks: the window needs positions 0 and 1, both cached: a hit of 8 tokens."""
+    pool = PrefixCachingBlockPool(16, BLOCK)
+    spec = PoolSpec(64, BLOCK, 4096)
+    full = FullAttentionGroup(spec, pool, 4)
+    window = SlidingWindowGroup(spec, pool, 4, window=8)
+    kv = make_coordinator([KVGroup("full", full), KVGroup("sliding", window)])
+    assert isinstance(kv, MultiGroupCoordinator)
+    kv.admit(1, (SYSTEM, (2, 8)), 20, 101)
+    assert window.held_blocks(1) == (1, 5)
+    assert breakdowns(kv) == {
+        "full": (20, 0, 0, 0, 0, 0),
+        "sliding": (16, 0, 0, 0, 4, 0),
+        "shared pool": (0, 0, 0, 0, 0, 24),
+    }
+    assert pool.queue.order() == [10, 11, 12, 13, 14, 15, 5]
+    e_prompt = ((1, 8), (4, 3))
+    assert window.lookup(e_prompt) == PrefixHit(8)
+    assert kv.lookup(e_prompt) == PrefixHit(8)
+
+
 def test_a_shared_block_counts_once_and_the_sharers_free_it_together():
     """Two live requests with the same 12-token system prompt: the second hits the first's three full
     blocks while the first still holds them, so the full group holds them once (excess references

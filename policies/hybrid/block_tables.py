@@ -68,12 +68,16 @@ class GroupBlockTables:
     def is_cached(self, chain: int) -> bool:
         return self.pool.cached_block(self.group, chain) != NO_BLOCK
 
-    def blocks_needed_to_admit(self, chains: list[int], first: int, end: int, hit: int) -> int:
-        """Blocks the free queue gives to admit a run ``[first, end)`` whose first ``hit`` positions are
-        cached: the new ones, and the hit's free ones (they leave the queue)."""
+    def blocks_needed_to_admit(
+        self, chains: list[int], prefill_from: int, run: tuple[int, int], hit: int
+    ) -> int:
+        """Blocks the free queue gives to admit a run ``[first, end)`` whose positions before ``hit``
+        are cached: the new ones, and the free ones of the hit from ``prefill_from`` (they leave the
+        queue: vLLM's ``get_num_blocks_to_allocate`` counts every evictable computed block)."""
+        first, end = run
         pool = self.pool
         evictable = 0
-        for position in range(first, hit):
+        for position in range(prefill_from, hit):
             if pool.ref_count[pool.cached_block(self.group, chains[position])] == 0:
                 evictable += 1
         return end - max(first, hit) + evictable
@@ -89,15 +93,18 @@ class GroupBlockTables:
         run: tuple[int, int],
         hit_chains: list[int],
         hit: int,
+        prefill_from: int,
     ) -> None:
-        """A new sequence that will hold ``run`` of its prompt: first, the positions of the run before
-        ``hit`` (a prefix hit, cached under ``hit_chains``) are touched. Every group of a pool touches
-        its hit before any group takes new blocks (vLLM ``allocate_slots``: the computed blocks of every
-        group, then the new ones), so that no group's new block evicts another group's hit."""
-        first, end = run
+        """A new sequence that will hold ``run`` of its prompt: first, the blocks of its prefix hit
+        (before ``hit``, cached under ``hit_chains``) that its prefill attends to, from
+        ``prefill_from``, are touched (those before the run go back in :meth:`take_new`). Every group
+        of a pool touches its hit before any group takes new blocks (vLLM ``allocate_slots``: the
+        computed blocks of every group, then the new ones), so that no group's new block evicts
+        another group's hit."""
+        end = run[1]
         table = [NO_BLOCK] * end
         pool = self.pool
-        for position in range(first, hit):
+        for position in range(prefill_from, hit):
             block = pool.cached_block(self.group, hit_chains[position])
             if pool.touch(block):
                 self.excess += 1
@@ -105,38 +112,67 @@ class GroupBlockTables:
         content = _content_of(seq_id, prompt, output_content_id, namespace)
         self.by_seq[key] = CachedSequence(content, table, [])
 
-    def take_new(self, key: int, run: tuple[int, int], hit: int) -> None:
-        """Then the rest of the run, new blocks from the queue's head; the prompt's full blocks cached.
-        (The caller checked that the pool holds them.)"""
+    def take_new(self, key: int, run: tuple[int, int], hit: int, prefill_from: int) -> None:
+        """Then the prompt's blocks before the run that chunked prefill computed and released (from
+        ``prefill_from``, the first block the prefill attends to: :meth:`_pass_through`), and the
+        rest of the run, new blocks from the queue's head; the prompt's full blocks cached. (The
+        caller checked that the pool holds the run.)"""
         first, end = run
         record = self.by_seq[key]
+        done = len(record.chains)
+        self._extend_chains(record)
+        self._pass_through(record, prefill_from, first, hit)
         start = max(first, hit)
         record.table[start:end] = self.pool.take_blocks(end - start, f"admitting into the {self.kind} group")
-        self.cache_full_blocks(record)
+        self._cache_held(record, done)
+
+    def _pass_through(self, record: CachedSequence, prefill_from: int, first: int, hit: int) -> None:
+        """A prompt longer than chunked prefill holds at once: vLLM's earlier chunks took the blocks
+        before the run, and ``remove_skipped_blocks`` freed them once the window (or chunk) passed,
+        full, so cached. Each is taken from the queue's head (evicting what it reaches) and given back
+        to its tail, cached; a block of the hit there (held since :meth:`hold_hit`) is given back.
+        (In block order; vLLM frees each chunk's skipped blocks latest first.)"""
+        pool = self.pool
+        chains, table = record.chains, record.table
+        for position in range(prefill_from, first):
+            if position < hit:
+                self._release(table[position])
+                table[position] = NO_BLOCK
+            else:
+                (block,) = pool.take_blocks(1, f"prefilling in the {self.kind} group")
+                pool.cache_block(self.group, block, chains[position])
+                pool.release(block)
 
     def cache_full_blocks(self, record: CachedSequence) -> None:
         """Chains for the sequence's blocks that filled since, and its held new ones cached under them."""
+        done = len(record.chains)
+        self._extend_chains(record)
+        self._cache_held(record, done)
+
+    def _extend_chains(self, record: CachedSequence) -> None:
+        """The content chains of the sequence's full blocks that have none yet (held by it)."""
         content = record.content
         content.fold_output()
         last = (content.segment_ends[-1] if content.segment_ends else 0) // self.block_size
         done = len(record.chains)
         if done >= last:
             return
-        pool = self.pool
-        parent = record.chains[-1] if record.chains else None
-        new = acquire_chains(
-            pool.chains,
+        record.chains += acquire_chains(
+            self.pool.chains,
             content.segments,
             content.segment_ends,
             done,
             last,
             self.block_size,
-            parent,
+            record.chains[-1] if record.chains else None,
             content.namespace,
         )
-        record.chains += new
+
+    def _cache_held(self, record: CachedSequence, done: int) -> None:
+        """The held blocks at full positions from ``done`` on without an identity get theirs."""
+        pool = self.pool
         table = record.table
-        for position in range(done, min(last, len(table))):
+        for position in range(done, min(len(record.chains), len(table))):
             block = table[position]
             if block != NO_BLOCK and not pool.has_identity(block):
                 pool.cache_block(self.group, block, record.chains[position])

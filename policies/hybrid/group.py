@@ -145,8 +145,9 @@ class GroupManager(SequenceTable[GroupSequence]):
             return self.slots_needed_to_admit(prompt)
         hit = cached_tokens // self.block_size
         chains = tables.prompt_chains(prompt, namespace, hit)
-        first, end = self._cached_prefill_run(content_length(prompt), hit)
-        return tables.blocks_needed_to_admit(chains, first, end, hit) * self.block_size
+        run = self._cached_prefill_run(content_length(prompt), hit)
+        prefill_from = self.skipped_blocks(hit * self.block_size)
+        return tables.blocks_needed_to_admit(chains, prefill_from, run, hit) * self.block_size
 
     def _cached_prefill_run(self, prompt_len: int, hit: int) -> tuple[int, int]:
         """The prefill run of a prompt whose first ``hit`` blocks are a prefix hit: the blocks of the
@@ -250,7 +251,10 @@ class GroupManager(SequenceTable[GroupSequence]):
         first, end = self._cached_prefill_run(prompt_len, hit)
         chains = tables.prompt_chains(prompt, namespace, hit)
         seq = GroupSequence(prompt_len, final_len, first, end)
-        tables.hold_hit(id(seq), seq_id, prompt, output_content_id, namespace, (first, end), chains, hit)
+        prefill_from = self.skipped_blocks(hit * self.block_size)  # (the window at the hit's end)
+        tables.hold_hit(
+            id(seq), seq_id, prompt, output_content_id, namespace, (first, end), chains, hit, prefill_from
+        )
         self.sequences[seq_id] = seq
         self._admitting[seq_id] = hit
 
@@ -262,7 +266,8 @@ class GroupManager(SequenceTable[GroupSequence]):
         assert tables is not None
         hit = self._admitting.pop(seq_id)
         seq = self.sequences[seq_id]
-        tables.take_new(id(seq), (seq.first_block, seq.end_block), hit)
+        prefill_from = self.skipped_blocks(hit * self.block_size)
+        tables.take_new(id(seq), (seq.first_block, seq.end_block), hit, prefill_from)
         self._account(seq, 1)
         cached_tokens = hit * self.block_size
         self.stats.prefix_cache_queries += seq.num_tokens
