@@ -438,7 +438,6 @@ class GroupManager(SequenceTable[GroupSequence]):
         assert tables is not None
         copied = tables.partial_blocks(id(parent), parent.first_block, parent.end_block)
         if copied * len(children) > self.shared_pool.free_blocks:
-            self.stats.allocation_failures += 1
             raise OutOfKVMemory(
                 f"forking sequence {parent_id} in the {self.kind} group needs {copied * len(children)} "
                 f"blocks of the shared pool, {self.shared_pool.free_blocks} free",
