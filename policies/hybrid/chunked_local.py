@@ -43,9 +43,9 @@ class ChunkedLocalGroup(GroupManager):
         return num_tokens // self.chunk * self.chunk // self.block_size
 
     def longest_cache_hit(self, chains: list[int], max_blocks: int) -> int:
-        """vLLM ``ChunkedLocalAttentionManager.find_longest_cache_hit``: the blocks before the chunk
-        the hit would end in count as computed (null blocks); from that chunk's first block, the run
-        of cached blocks."""
+        """vLLM ``ChunkedLocalAttentionManager.find_longest_cache_hit``
+        (``single_type_kv_cache_manager.py``): the blocks before the chunk the hit would end in count
+        as computed (null blocks); from that chunk's first block, the run of cached blocks."""
         tables = self.tables
         assert tables is not None
         hit = self.skipped_blocks(max_blocks * self.block_size) if max_blocks else 0

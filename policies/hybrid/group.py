@@ -16,8 +16,9 @@ Prefix caching (a :class:`~policies.hybrid.prefix_pool.PrefixCachingBlockPool`):
 each sequence's block ids (``block_tables.py``), and a layer kind says which prompt prefixes it can
 serve from its cached blocks (:meth:`GroupManager.longest_cache_hit`, vLLM's
 ``find_longest_cache_hit`` of its ``SingleTypeKVCacheManager``) and which blocks of a hit it skips
-(:meth:`GroupManager.skipped_blocks`, vLLM's ``get_num_skipped_tokens``). Without it, nothing here
-changes.
+(:meth:`GroupManager.skipped_blocks`, vLLM's ``get_num_skipped_tokens``), both in
+``vllm/v1/core/single_type_kv_cache_manager.py`` (vLLM main as of late 2025, read in the public code
+index). Without it, nothing here changes.
 """
 
 from __future__ import annotations

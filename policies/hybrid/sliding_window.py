@@ -39,10 +39,10 @@ class SlidingWindowGroup(GroupManager):
         return max(0, num_tokens - self.window + 1) // self.block_size
 
     def longest_cache_hit(self, chains: list[int], max_blocks: int) -> int:
-        """vLLM ``SlidingWindowManager.find_longest_cache_hit``: scanning from the right, the first
-        ``ceil((window - 1) / block_size)`` cached blocks in a row end the hit (the blocks before
-        them are out of the window: null blocks); failing that, the leading run of cached blocks,
-        however short."""
+        """vLLM ``SlidingWindowManager.find_longest_cache_hit`` (``single_type_kv_cache_manager.py``):
+        scanning from the right, the first ``ceil((window - 1) / block_size)`` cached blocks in a row
+        end the hit (the blocks before them are out of the window: null blocks); failing that, the
+        leading run of cached blocks, however short."""
         tables = self.tables
         assert tables is not None
         needed = ceil_div(self.window - 1, self.block_size)

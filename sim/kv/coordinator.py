@@ -361,11 +361,12 @@ class MultiGroupCoordinator(KVCoordinator):
 
     def _common_hit(self, prompt: TokenContent, namespace: int) -> PrefixHit:
         """The longest prefix every group of a prefix-caching pool serves (vLLM
-        ``HybridKVCacheCoordinator.find_longest_cache_hit``): full attention first, then each other
-        group at the length so far, which it keeps or shortens; any shortening starts another round,
-        until every group keeps the length. (Each group's hit is the longest it serves within the
-        length it is given, so this ends at the longest length they all serve.) Never the prompt's
-        last token (``len - 1``)."""
+        ``vllm/v1/core/kv_cache_coordinator.py``, ``HybridKVCacheCoordinator.find_longest_cache_hit``):
+        full attention first, then each other group at the length so far, which it keeps or shortens;
+        any shortening starts another round, until every group keeps the length. (Each group's hit is
+        the longest it serves within the length it is given, so this ends at the longest length they
+        all serve; vLLM looks groups of one spec up together, which comes to the same length.) Never
+        the prompt's last token (``len - 1``)."""
         validate_content(prompt, "looked-up prompt", PolicyInputError)
         groups = self._caching
         block_size = groups[0].block_size
