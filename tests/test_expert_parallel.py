@@ -324,26 +324,27 @@ def run_summary(data: dict, tmp_path: Path) -> dict:
 
 # What the committed code before data and expert parallelism (88c8035) gave for these two runs, checked
 # equal when data and expert parallelism landed, and re-pinned since with every change of the costs:
-# last on 2026-12-04, when each GPU's achievable bandwidth capped its reads and the serving terms were
-# refitted (issue 37); the code path of DP 1 without EP did not change. No async scheduling: off here.
+# last on 2026-12-04, when decode steps were priced exactly per batch (no longer by a line in the batch)
+# and the serving terms were refitted (issue 37); the code path of DP 1 without EP did not change. No
+# async scheduling: off here.
 BEFORE = {
     ("Qwen3-30B-A3B", "A100-80GB", 1): {
         "kv_pool_tokens": 158368,
-        "iterations": 509,
-        "simulated_s": 17.0802651639165,
-        "ttft_p50_s": 0.08967023967832558,
-        "e2e_p99_s": 12.13092814545964,
-        "tpot_p50_s": 0.04141450516509783,
-        "output_tokens_per_s": 786.814482739473,
+        "iterations": 512,
+        "simulated_s": 16.952907802239608,
+        "ttft_p50_s": 0.09119346118805782,
+        "e2e_p99_s": 11.991139514543757,
+        "tpot_p50_s": 0.0409551485495389,
+        "output_tokens_per_s": 792.7253635051685,
     },
     ("Llama-3.1-8B", "H100-80GB", 2): {
         "kv_pool_tokens": 1044864,
-        "iterations": 2274,
-        "simulated_s": 9.99546966971729,
-        "ttft_p50_s": 0.02201321957691523,
-        "e2e_p99_s": 1.3655129729960338,
-        "tpot_p50_s": 0.00444718914794537,
-        "output_tokens_per_s": 1344.509107032297,
+        "iterations": 2231,
+        "simulated_s": 10.02139806723621,
+        "ttft_p50_s": 0.022810410968292845,
+        "e2e_p99_s": 1.3886080053012069,
+        "tpot_p50_s": 0.00453259442264804,
+        "output_tokens_per_s": 1341.0304540179118,
     },
 }
 
