@@ -273,3 +273,26 @@ def test_the_console_table_wraps_a_long_reason_instead_of_cutting_it():
     assert reason_lines[1][:column].strip() == ""  # continued under its own column
     shown = " ".join(line[column:].strip() for line in reason_lines)
     assert shown == reason and all(len(line[column:]) <= REASON_WIDTH for line in reason_lines)
+
+
+def test_a_gpu_range_over_the_band_holds_the_confirmed_answer() -> None:
+    # The edges are short-probe estimates: at the slow edge (x1.05) short probes passed 6.5 req/s
+    # (8 GPUs for 50 req/s) where the nominal answer, confirmed by long runs, is 6 req/s (9 GPUs).
+    # A slower GPU cannot need fewer: the range over the band covers the nominal 9.
+    from sim.planning.report.plan_report import _gpu_range
+
+    edges = [{"side": "fast", "gpus_for_target": 7}, {"side": "slow", "gpus_for_target": 8}]
+    assert _gpu_range({"gpus_for_target": 9, "band": {"edges": edges}}) == "7–9"
+    assert _gpu_range({"gpus_for_target": 8, "band": {"edges": edges}}) == "7–8"
+    assert _gpu_range({"gpus_for_target": 8, "band": {}}) == ""
+    unknown = [{"side": "fast", "gpus_for_target": None}, {"side": "slow", "gpus_for_target": 8}]
+    assert _gpu_range({"gpus_for_target": 9, "band": {"edges": unknown}}) == "8–?"
+
+
+def test_a_share_that_rounds_to_zero_prints_without_a_sign() -> None:
+    from sim.planning.report.units import metric_value, share
+
+    assert share(-0.00004) == "0.0%" and share(0.00004) == "0.0%"
+    assert share(-0.0004) == "0.0%"  # still under half a tenth of a point
+    assert share(-0.0006) == "-0.1%" and share(0.125) == "12.5%" and share(None) == "n/a"
+    assert metric_value("queue_growth_frac", -1e-9) == "0.0%"

@@ -30,6 +30,7 @@ CONFIGS = (
     "configs/disaggregated-chat.yaml",
     "configs/hicache-multi-turn.yaml",
     "configs/hybrid-gpt-oss.yaml",
+    "configs/hybrid-prefix-gpt-oss.yaml",
     "configs/offload-multi-turn.yaml",
     "configs/speculative-eagle3.yaml",
     "configs/notebooks/small-run.yaml",

@@ -191,10 +191,15 @@ def _target_text(target: float | None) -> str:
 
 
 def _gpu_range(candidate: dict[str, Any]) -> str:
-    """``7–10``: the GPUs for the target at the band's edges (empty without a band)."""
+    """``7–10``: the GPUs for the target over the band (empty without a band): its edges' and the
+    nominal answer's, which lies inside the band (scale 1). The edges are short-probe estimates, the
+    nominal answer confirmed by long runs: where an edge's short probes passed a rate the long runs
+    broke, the edge alone would put the nominal count outside its own band."""
     counts = [e.get("gpus_for_target") for e in (candidate.get("band") or {}).get("edges", [])]
     if not counts:
         return ""
+    if candidate.get("gpus_for_target") is not None:
+        counts.append(candidate["gpus_for_target"])
     if any(count is None for count in counts):
         known = [count for count in counts if count is not None]
         return f"{min(known)}–?" if known else "?"

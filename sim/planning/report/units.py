@@ -35,7 +35,12 @@ def bound(value: float, unit: str) -> str:
 
 
 def share(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1%}"
+    """``12.5%``; a share that rounds to zero is ``0.0%`` whichever side it fell on (a queue that
+    shrank by 0.004 % did not shrink by "-0.0%")."""
+    if value is None:
+        return "n/a"
+    text = f"{value:.1%}"
+    return "0.0%" if text == "-0.0%" else text
 
 
 def number(value: float | None, unit: str = "") -> str:
