@@ -116,3 +116,32 @@ def test_mutation_prepare_removes_only_mutmuts_own_stale_copies(tmp_path):
     assert (tmp_path / "mutants" / mutation_prepare.STAMP).read_text() == mutation_prepare.inputs_hash(
         tmp_path
     )
+
+
+def test_mutation_prepare_refreshes_stale_data_copies_and_never_writes_through_a_link(tmp_path):
+    """mutmut copies data files once: a refitted calibration stays stale in ``mutants/``. A differing
+    copy is refreshed, a missing one added, an equal one and the sources left alone, and a link in
+    ``mutants/`` to a user's file is never written through."""
+    from tools import mutation_prepare
+
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.mutmut]\nsource_paths = ["pkg/"]\nonly_mutate = ["pkg/*.py"]\nalso_copy = ["configs/"]\n'
+    )
+    for folder in ("pkg", "tests", "configs", "mutants/pkg", "mutants/configs", "mutants/tests"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "pkg" / "fit.yaml").write_text("scale: 2\n")
+    (tmp_path / "mutants" / "pkg" / "fit.yaml").write_text("scale: 1\n")  # stale
+    (tmp_path / "configs" / "same.yaml").write_text("a: 1\n")
+    (tmp_path / "mutants" / "configs" / "same.yaml").write_text("a: 1\n")
+    (tmp_path / "tests" / "golden.json").write_text("{}\n")  # not copied yet
+    users_file = tmp_path / "users_file.yaml"
+    users_file.write_text("keep me\n")
+    (tmp_path / "configs" / "linked.yaml").write_text("new\n")
+    (tmp_path / "mutants" / "configs" / "linked.yaml").symlink_to(users_file)
+    assert mutation_prepare.main(tmp_path) == 0
+    assert (tmp_path / "mutants" / "pkg" / "fit.yaml").read_text() == "scale: 2\n"
+    assert (tmp_path / "mutants" / "tests" / "golden.json").read_text() == "{}\n"
+    assert (tmp_path / "mutants" / "configs" / "same.yaml").read_text() == "a: 1\n"
+    assert users_file.read_text() == "keep me\n"
+    assert (tmp_path / "pkg" / "fit.yaml").read_text() == "scale: 2\n"
+    assert mutation_prepare.outdated_data_copies(tmp_path) == []

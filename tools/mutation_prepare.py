@@ -13,6 +13,11 @@ and an edited test that now reaches more functions is not run against their muta
 survivor, which the same test file run by hand kills). So the map is removed whenever a test or a
 source file or the config changed since it was built, or a stale copy was removed: mutmut then rebuilds it (a few minutes).
 
+mutmut copies the data files beside the code (``source_paths``' non-Python files, ``also_copy``, the
+tests' fixtures) once and never again: a refitted ``sim/costs/serving_calibration.yaml`` or a
+regenerated golden file stays stale in ``mutants/``, and the unmutated test run fails before any
+mutant runs. So every such copy that differs from its source is refreshed, and a missing one added.
+
     python tools/mutation_prepare.py        # before ``mutmut run``
 """
 
@@ -50,6 +55,29 @@ def _mutmuts_own(path: Path, root: Path) -> bool:
     return path.is_file() and not path.is_symlink() and path.resolve().is_relative_to(mutants)
 
 
+def outdated_data_copies(root: Path = ROOT) -> list[Path]:
+    """Data files (not ``.py``) under the copied folders whose copy in ``mutants/`` is missing or
+    differs from the source, as source paths. Only a ``mutants/`` mutmut has made is looked at."""
+    mutants = root / "mutants"
+    if not mutants.is_dir() or mutants.is_symlink():
+        return []
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["mutmut"]
+    folders = ["tests", *config.get("source_paths", []), *config.get("also_copy", [])]
+    outdated = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*")):
+            if not path.is_file() or path.is_symlink() or path.suffix in (".py", ".pyc", ".meta"):
+                continue
+            if "__pycache__" in path.parts:
+                continue
+            copy = mutants / path.relative_to(root)
+            if copy.exists() and not _mutmuts_own(copy, root):
+                continue  # a link out of mutants/: never written through
+            if not copy.exists() or copy.read_bytes() != path.read_bytes():
+                outdated.append(path)
+    return outdated
+
+
 STAMP = "mutation-inputs.sha256"  # in mutants/: the inputs the map was last rebuilt for
 
 
@@ -69,6 +97,11 @@ def main(root: Path = ROOT) -> int:
     for copy in stale:
         print(f"mutation: {copy.relative_to(root)} was copied unmutated; removed so that mutmut mutates it")
         copy.unlink()
+    for source in outdated_data_copies(root):
+        copy = root / "mutants" / source.relative_to(root)
+        print(f"mutation: {copy.relative_to(root)} refreshed from its source")
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(source.read_bytes())
     stats, stamp = root / "mutants" / "mutmut-stats.json", root / "mutants" / STAMP
     current = inputs_hash(root)
     if _mutmuts_own(stats, root) and (stale or not stamp.exists() or stamp.read_text() != current):
