@@ -111,3 +111,35 @@ def test_step_modes_agree_on_the_split(tmp_path):
                 group,
                 category,
             )
+
+
+class _FakeKV:
+    """Three entries: a group whose token fills one slot, a Mamba-like one (no token slots) and a
+    Jenga-like one whose token fills three small-page slots; each (used, reserved, ...) by hand."""
+
+    slots_per_token = 4
+
+    def group_entries(self):
+        return ("full", "mamba", "jenga-sliding"), (True, 0, 3)
+
+    def group_breakdown_values(self):
+        return (10, 20, 0, 0, 0, 70) + (5, 0, 0, 0, 0, 95) + (30, 60, 0, 0, 0, 10)
+
+
+class _FakeClock:
+    def __init__(self, pending: int):
+        self.pending = pending
+
+    def pending_tokens(self) -> int:
+        return self.pending
+
+
+def test_pending_tokens_move_from_reserved_to_used_by_each_groups_slots_per_token():
+    # 2 decoded tokens the policies have not been told of: 2 slots move in the full group, none in
+    # the Mamba-like one, 2 x 3 in the Jenga-like one; nothing moves when none is pending.
+    from sim.engine.observe import StateObserver
+
+    observer = StateObserver(_FakeKV(), _FakeClock(2), counters=None)
+    assert observer.group_values() == ((12, 18, 0, 0, 0, 70) + (5, 0, 0, 0, 0, 95) + (36, 54, 0, 0, 0, 10))
+    observer.clock = _FakeClock(0)
+    assert observer.group_values() == _FakeKV().group_breakdown_values()
