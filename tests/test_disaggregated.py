@@ -595,3 +595,20 @@ def test_two_prefill_replicas_share_a_pipe_only_when_the_link_says_so(shared_by,
     env.run()
     first_end = 0.6 if second_end == 1.1 else 1.1
     assert ends == {0: pytest.approx(first_end), 1: pytest.approx(second_end)}
+
+
+def test_requests_whose_kv_is_in_flight_when_the_clock_stops_are_booked_unfinished_once():
+    """The two prompts of the hand-worked run above, the clock stopped at 2.0 s: both were prefilled
+    (1.64 s) and allocated on the decode replica, the first's KV lands at 2.74 and the second's at
+    3.74, so both are still on their way. Each is booked once, unfinished, by the decode replica that
+    holds its blocks; the prefill replica still holds both prompts' blocks."""
+    cluster = build_cluster([request(0, 0.0, 16, 3), request(1, 0.0, 48, 3)])
+    cluster.run(until_s=2.0)
+    prefill, decode = cluster.replicas
+    assert sorted(decode.receiving) == [0, 1] and sorted(prefill.held) == [0, 1]
+    rows = [record for engine in cluster.replicas for record in engine.records]
+    assert sorted(record.request_id for record in rows) == [0, 1]
+    for record in rows:
+        assert record.outcome == "unfinished"
+        assert record.prefill_done_s == pytest.approx(1.64) and math.isnan(record.first_token_s)
+        assert math.isnan(record.transfer_end_s)  # (not landed)
