@@ -134,6 +134,7 @@ class _FakeClock:
         return self.pending
 
 
+@pytest.mark.python_sources  # hands the observer stand-ins for the coordinator and the clock
 def test_pending_tokens_move_from_reserved_to_used_by_each_groups_slots_per_token():
     # 2 decoded tokens the policies have not been told of: 2 slots move in the full group, none in
     # the Mamba-like one, 2 x 3 in the Jenga-like one; nothing moves when none is pending.
