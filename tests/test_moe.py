@@ -29,7 +29,7 @@ from sim.costs.terms import (
 )
 from sim.engine.event_skip import decode_series_s, decode_token_weight_s, iterations_to_reach
 from sim.hardware.gpus import Efficiency, GpuSpec, resolve_gpu
-from sim.hardware.models import ModelSpec, estimate_num_params, resolve_model
+from sim.hardware.models import MODEL_PRESETS, ModelSpec, estimate_num_params, resolve_model
 
 
 def approx(value: float) -> object:
@@ -189,6 +189,24 @@ def test_tiny_moe_decode_line_and_table() -> None:
     beyond = DECODE_TABLE_BATCHES + 5
     line = decode.intercept_s + decode.per_seq_s * beyond + decode.per_context_token_s * 100
     assert decode.step_s(beyond, 100) == approx(line)
+
+
+@pytest.mark.parametrize(
+    "name", sorted(name for name, spec in MODEL_PRESETS.items() if (spec.num_experts or 0) > 1)
+)
+def test_every_moe_preset_routes_to_every_expert_past_the_decode_table(name: str) -> None:
+    # Beyond DECODE_TABLE_BATCHES a routed decode step is the line alone, which prices every expert
+    # as read. For that to be the step's real cost, a batch past the table must leave a negligible
+    # share of the experts unread: (1 - k/E)^b, the chance that b tokens all miss one expert
+    # (Qwen3-Next's 10 of 512, the slowest preset: 2.8e-18 at 2,049 sequences). A preset whose
+    # routing saturated later would need the table to run to its saturation instead.
+    spec = MODEL_PRESETS[name]
+    beyond = DECODE_TABLE_BATCHES + 1
+    unread_share = 1.0 - expected_distinct_experts(beyond, spec.num_experts, spec.experts_per_token) / (
+        spec.num_experts
+    )
+    assert unread_share < ROUTING_SATURATED
+    assert unread_share == pytest.approx((1 - spec.experts_per_token / spec.num_experts) ** beyond, abs=1e-15)
 
 
 def test_dense_decode_steps_are_the_quadrature_sum_not_its_line() -> None:

@@ -54,7 +54,9 @@ A mixture of experts reads the experts its batch routes to, a number that grows 
 saturates (Qwen3-30B-A3B: 8 to 126 experts of 128 per layer from 1 to 64 sequences), which a line
 misses by -54..+134 %: its line stands in for the matrix products with every expert read, fitted
 relative to the real ones, and the same table adds back, per batch, what that batch leaves unread
-and the line's own error. Beyond the table, where every expert is read, the line alone.
+and the line's own error. Beyond the table, where every expert is read, the line alone (of the
+presets, Qwen3-Next's 10 of 512 experts saturate slowest: a batch of 2,049 leaves 2.8e-18 of them
+unread; a test holds every MoE preset to that).
 """
 
 from __future__ import annotations
