@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 BASE := $(VENV)/.installed-base
 FULL := $(VENV)/.installed-dev-calibrate
 
-.PHONY: venv base demo test lint typecheck native docs fuzz bench mutation clean
+.PHONY: venv base demo test lint typecheck native docs fuzz bench mutation planted clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -78,6 +78,12 @@ mutation: venv
 	$(BIN)/python tools/mutation_prepare.py
 	TQDM_DISABLE=1 MPLBACKEND=Agg nice -n 19 $(BIN)/mutmut run --max-children 1 $(MUTANTS)
 	$(BIN)/python tools/mutation_scores.py --survivors
+
+# Hand-planted bugs (not part of `make test`): tools/planted_bugs.toml's plausible slips, planted one
+# at a time in a copy of the tree; prints how many each module's tests catch. A subset: PLANTED=swa-,link-
+PLANTED ?=
+planted: venv
+	nice -n 10 $(BIN)/python tools/planted_bugs.py $(if $(PLANTED),--only $(PLANTED))
 
 # build/native only when it is kvsim's compiled build (it carries the build's manifest).
 clean:

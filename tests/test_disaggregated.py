@@ -5,6 +5,7 @@ block conservation in both pools and on the link, both step modes, and bad input
 from __future__ import annotations
 
 import math
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -207,6 +208,17 @@ def test_the_prefix_threshold_decider_prefills_short_uncached_prompts_on_the_dec
     assert math.isnan(rows[0].transfer_start_s) and rows[0].transfer_bytes == 0
     assert rows[3].cached_prompt_tokens == 64
     assert cluster.disaggregated == 2
+
+
+def test_the_prefix_threshold_is_exclusive_a_prompt_exactly_at_it_stays_on_the_decode_replica():
+    # llm-d's decider disaggregates when the uncached tokens *exceed* the threshold: 40 of 40 stays,
+    # 41 goes (the edge a >= would move).
+    decider = DeciderConfig(mode="prefix_threshold", threshold_tokens=40)
+    cluster = build_cluster([request(0, 0.0, 40, 2), request(1, 0.0, 41, 2)], decider=decider)
+    cluster.run()
+    rows = records(cluster)
+    assert (rows[0].prefill_replica, rows[1].prefill_replica) == (-1, 0)
+    assert cluster.disaggregated == 1
 
 
 def test_a_decode_side_hit_shrinks_the_transfer():
@@ -612,3 +624,34 @@ def test_requests_whose_kv_is_in_flight_when_the_clock_stops_are_booked_unfinish
         assert record.outcome == "unfinished"
         assert record.prefill_done_s == pytest.approx(1.64) and math.isnan(record.first_token_s)
         assert math.isnan(record.transfer_end_s)  # (not landed)
+
+
+@pytest.mark.python_sources  # stand-ins for RequestState (the compiled hand-off takes compiled states)
+def test_prompts_that_landed_reach_the_queue_front_in_the_order_they_landed():
+    # vLLM's _update_waiting_for_remote_kv: prompts whose KV landed since the last step join the
+    # queue's front, first landed first, ahead of what was waiting; the finished sends free first.
+    from types import SimpleNamespace
+
+    from sim.engine.handoff import KVHandOff
+
+    class Hooks:
+        def kv_allocated(self, state, cached_tokens):
+            pass
+
+    def state(request_id):
+        return SimpleNamespace(
+            request=SimpleNamespace(request_id=request_id), remote_kv=True, kv_landed=False
+        )
+
+    handoff = KVHandOff(Hooks(), prefill_only=False)
+    first, second, third = state(1), state(2), state(3)
+    for receiving in (first, second, third):
+        handoff.receive(receiving, 0)
+    handoff.landed(second)
+    handoff.landed(first)
+    waiting = deque([third])
+    assert handoff.notices_waiting
+    handoff.take_notices(None, waiting)
+    assert [item.request.request_id for item in waiting] == [2, 1, 3]
+    assert (second.remote_kv, second.kv_landed) == (False, True)
+    assert set(handoff.receiving) == {3} and not handoff.notices_waiting

@@ -58,6 +58,19 @@ def test_a_short_host_hit_is_recomputed():
     assert policy.host_tier.stats.host_loaded_tokens == 0
 
 
+@pytest.mark.parametrize(("prompt", "loaded"), [(11, 10), (10, 0)])
+def test_a_host_hit_of_exactly_the_threshold_is_loaded_back(prompt, loaded):
+    # SGLang's load_back_threshold (10): a host hit of 10 tokens or more is loaded back, a shorter one
+    # recomputed. A prompt of 11 matches 10 tokens (never its last), one of 10 matches 9.
+    policy = hicache(16)
+    run(policy, 1, 1, prompt)
+    run(policy, 2, 2, 30)  # evicts A to host
+    assert policy.lookup(((1, prompt),)) == (PrefixHit(0, (), loaded) if loaded else PrefixHit(0))
+    assert policy.admit(3, ((1, prompt),), prompt, 903) == loaded
+    check_against_recount(policy)
+    assert policy.host_tier.stats.host_loaded_tokens == loaded
+
+
 def test_write_policies_copy_at_different_times():
     copied = {}
     for write_policy in ("write_through", "write_through_selective", "write_back"):

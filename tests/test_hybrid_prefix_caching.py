@@ -271,3 +271,61 @@ def test_prefix_caching_keeps_every_group_whole_and_every_hit_served(operations)
     for kind, choice, amount in operations:
         driver.apply(kind, choice, amount)
     driver.drain()
+
+
+class _CachedPositions:
+    """Stand-in block tables: chain ``i`` is block position ``i``, cached when listed."""
+
+    def __init__(self, cached: set[int]):
+        self.cached = cached
+
+    def is_cached(self, chain: int) -> bool:
+        return chain in self.cached
+
+
+@pytest.mark.python_sources  # a stand-in for the compiled block tables
+@pytest.mark.parametrize(("window", "hit_blocks"), [(8, 4), (9, 4), (12, 0), (13, 0)])
+def test_a_window_hit_needs_ceil_of_window_minus_one_blocks_in_a_row(window, hit_blocks):
+    # vLLM SlidingWindowManager.find_longest_cache_hit: the last token of a hit needs the W - 1
+    # tokens before it, ceil((W - 1) / 4) blocks: 2 for W = 8 and 9, 3 for W = 12 and 13. Positions
+    # 2 and 3 cached (0 and 1 evicted, out of the window): a hit of 4 blocks when 2 suffice, none
+    # when 3 are needed (2 in a row, then a miss; no leading run).
+    pool = PrefixCachingBlockPool(16, BLOCK)
+    group = SlidingWindowGroup(PoolSpec(16 * BLOCK, BLOCK, 4096), pool, 4096, window=window)
+    group.tables = _CachedPositions({2, 3})  # type: ignore[assignment]
+    assert group.longest_cache_hit([0, 1, 2, 3], 4) == hit_blocks
+
+
+class _ScriptedGroup:
+    """A caching group that answers each length it is asked with a scripted hit (in blocks)."""
+
+    block_size = BLOCK
+
+    def __init__(self, answers: dict[int, int]):
+        self.answers = answers
+        self.asked: list[int] = []
+        self.tables = self
+
+    @staticmethod
+    def prompt_chains(prompt, namespace: int, blocks: int) -> list[int]:
+        return list(range(blocks))
+
+    def longest_cache_hit(self, chains: list[int], max_blocks: int) -> int:
+        self.asked.append(max_blocks)
+        return self.answers[max_blocks]
+
+
+@pytest.mark.python_sources  # stand-in groups for the compiled coordinator
+def test_a_shortening_late_in_a_round_starts_another_round():
+    # Full attention, a sliding window and a chunked-local group, a 17-token prompt (4 blocks at
+    # most). Round 1: full keeps 4, the window shortens to 3 (its position 3 is gone), the chunked
+    # group to 2 (the chunk starting at block 2 lacks it). Round 2 at 2: full keeps it, but the window
+    # needs positions 0 and 1 and has only 1: no hit. Round 3 at 0 ends it. Stopping after round 1
+    # would serve 8 tokens the window cannot (vLLM iterates until every group keeps the length).
+    full = _ScriptedGroup({4: 4, 2: 2})
+    window = _ScriptedGroup({3: 3, 2: 0, 4: 3})
+    chunked = _ScriptedGroup({3: 2, 0: 0})
+    coordinator = type("Coordinator", (), {"_caching": [full, window, chunked]})()
+    hit = MultiGroupCoordinator._common_hit(coordinator, ((1, 17),), 0)  # type: ignore[arg-type]
+    assert hit == NO_HIT
+    assert (full.asked, window.asked, chunked.asked) == ([4, 2], [4, 2], [3, 0])

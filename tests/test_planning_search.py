@@ -18,7 +18,14 @@ from sim.planning.plans.search import (
     violations,
 )
 from sim.planning.plans.spec import SearchSpec, SLOs
-from sim.planning.sweeps.steady import SteadyWindow, steady_metrics, window_and_fill_deficit, window_bounds
+from sim.planning.sweeps.steady import (
+    SteadyWindow,
+    attainment,
+    stationarity,
+    steady_metrics,
+    window_and_fill_deficit,
+    window_bounds,
+)
 
 
 def search_against(capacity: float, **spec) -> RateSearch:
@@ -272,6 +279,46 @@ def test_steady_window_by_hand():
     assert steady_metrics(requests, series, 100, goodput)["attainment_frac"] == pytest.approx(3 / 7)
     both = SteadyWindow(0.2, 0.1, goodput_ttft_s=0.55, goodput_tpot_s=0.005)
     assert steady_metrics(requests, series, 100, both)["attainment_frac"] == 0.0
+
+
+def test_attainment_at_the_edges_by_hand():
+    """DistServe's SLO attainment over six requests, targets TTFT 0.5 s and TPOT 20 ms:
+    0 finished exactly at both targets (met: the targets are inclusive); 1 a single-token output (no
+    TPOT: met by it); 2 unfinished after its first token at 0.1 s (missed, however fast); 3 finished
+    fast but at 30 ms per token (misses TPOT only); 4 finished well inside both; 5 rejected."""
+    nan = float("nan")
+    requests = pd.DataFrame(
+        {
+            "outcome": ["finished", "finished", "unfinished", "finished", "finished", "rejected"],
+            "ttft_s": [0.5, 0.4, 0.1, 0.2, 0.3, nan],
+            "tpot_s": [0.02, nan, nan, 0.03, 0.01, nan],
+        }
+    )
+    assert attainment(requests, 0.5, 0.02) == pytest.approx(3 / 6)  # 0, 1, 4
+    assert attainment(requests, 0.5, None) == pytest.approx(4 / 6)  # 0, 1, 3, 4
+    assert attainment(requests, None, 0.02) == pytest.approx(3 / 6)  # 0, 1, 4
+    assert attainment(requests, None, None) == pytest.approx(4 / 6)  # the finished ones
+    assert attainment(requests.iloc[:0], 0.5, 0.02) is None
+
+
+def test_a_batch_under_one_request_rises_relative_to_one_request():
+    """The running batch's rise is relative to the first segment's batch with a floor of one request:
+    half a request on average over the first quarter of [0, 8] s and one over the last is a rise of
+    0.5 requests, 50 % of one request (not 100 % of half a one: a batch that small is noise)."""
+    requests = pd.DataFrame(
+        {"arrival_s": [0.0, 8.0], "prompt_tokens": [10, 10], "sample_output_tokens": [10, 10]}
+    )
+    series = pd.DataFrame(
+        {
+            "time_s": [float(t) for t in range(9)],
+            "num_requests_running": [0, 1, 1, 1, 1, 1, 1, 1, 1],
+            "num_requests_waiting": [0] * 9,
+            "kv_cache_usage_perc": [0.1] * 9,
+        }
+    )
+    got = stationarity(requests, series, 0.0, 8.0, 100, 4)
+    assert got["running_rise_frac"] == pytest.approx(0.5)
+    assert got["waiting_rise"] == 0.0 and got["kv_usage_rise"] == pytest.approx(0.0)
 
 
 def test_steady_memory_shares_come_from_the_exact_areas():

@@ -340,3 +340,67 @@ def test_budgets_of_a_request_past_its_output_and_of_an_empty_batch():
     done = _State("a", 120, 10, longest_output_len=100)
     assert SGLangScheduler.budgeted_output(_Engine([done]), done) == 0  # type: ignore[arg-type]
     assert _sglang().running_reservation(_Engine([])) == 0.0  # type: ignore[arg-type]
+
+
+@pytest.mark.python_sources
+def test_every_output_budget_is_clipped_at_4096_tokens():
+    # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION: a request is budgeted at most 4,096 more tokens, in
+    # admission as in what the running batch reserves (x new_token_ratio, 0.7 at the start):
+    # (min(10,000, 4,096) + min(300 - 100, 4,096)) x 0.7 = 3,007.2.
+    long = _State("a", 0, 10, longest_output_len=10_000)
+    short = _State("b", 100, 10, longest_output_len=300)
+    assert _sglang().running_reservation(_Engine([long, short])) == pytest.approx(3007.2)  # type: ignore[arg-type]
+    assert SGLangScheduler.budgeted_output(_Engine([long]), long) == 4096  # type: ignore[arg-type]
+
+
+class _Match:
+    def __init__(self, cached_tokens: int):
+        self.cached_tokens = cached_tokens
+
+
+class _Waiting:
+    def __init__(self, request_id: int):
+        self.request = type("R", (), {"request_id": request_id})()
+
+
+class _MatchingEngine:
+    """A queue whose request i has i cached tokens (its content is its id)."""
+
+    def __init__(self, waiting: int):
+        from collections import deque
+
+        self.waiting = deque(_Waiting(index) for index in range(waiting))
+        self.kv = self
+
+    @staticmethod
+    def content_on_admission(state: _Waiting) -> int:
+        return state.request.request_id
+
+    @staticmethod
+    def match(content: int) -> _Match:
+        return _Match(content)
+
+
+@pytest.mark.python_sources
+@pytest.mark.parametrize(("waiting", "sorted_by_hit"), [(128, True), (129, False)])
+def test_lpm_sorts_up_to_128_waiting_and_keeps_arrival_order_above(waiting, sorted_by_hit):
+    # SchedulePolicy._determine_active_policy: lpm turns into FCFS when *more than* 128 wait.
+    scheduler = SGLangScheduler(EngineKnobs(max_model_len=4096, scheduler="sglang", schedule_policy="lpm"))
+    engine = _MatchingEngine(waiting)
+    hits = scheduler.order_queue(engine)  # type: ignore[arg-type]
+    order = [state.request.request_id for state in engine.waiting]
+    if sorted_by_hit:
+        assert order == list(range(waiting - 1, -1, -1)) and hits[5] == 5
+    else:
+        assert order == list(range(waiting)) and hits == {}
+
+
+@pytest.mark.parametrize(("second_output", "second_admitted"), [(20, False), (19, True)])
+def test_a_request_that_exactly_fills_the_remaining_budget_is_refused(second_output, second_admitted):
+    """Pool of 100, conservativeness 0 (running requests reserve nothing beyond what admission
+    budgeted this round). R0 (10 + 60 out) is admitted at 0, leaving 100 - 10 - 60 = 30. R1's 10 new
+    tokens plus its output: 10 + 20 = 30 is refused (``add_one_req`` needs strictly less than what is
+    left), 10 + 19 = 29 joins R0 at 0."""
+    requests = [request(0, 0.0, 10, 60), request(1, 0.0, 10, second_output)]
+    engine = run("radix", PoolSpec(100, 4, 160), requests, schedule_conservativeness=0.0, **SGLANG)
+    assert (admitted(engine)[1] == 0.0) is second_admitted

@@ -145,3 +145,38 @@ def test_mutation_prepare_refreshes_stale_data_copies_and_never_writes_through_a
     assert users_file.read_text() == "keep me\n"
     assert (tmp_path / "pkg" / "fit.yaml").read_text() == "scale: 2\n"
     assert mutation_prepare.outdated_data_copies(tmp_path) == []
+
+
+def test_every_planted_bug_still_has_its_site_and_its_tests():
+    # tools/planted_bugs.toml names a unique piece of source per bug: an edit that moves or removes
+    # one must update the catalogue, or the planted set would quietly plant nothing there.
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import planted_bugs
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    catalogue = planted_bugs.load_catalogue()
+    assert len(catalogue.bugs) >= 40
+    assert planted_bugs.check_sites(catalogue) == []
+    planted = {bug.bug_id: bug.module for bug in catalogue.bugs}
+    assert all(planted[bug_id] in catalogue.tests for bug_id in planted)
+
+
+def test_planted_bug_sites_must_be_unique(tmp_path):
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import planted_bugs
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    (tmp_path / "module.py").write_text("x = 1\nx = 1\ny = 2\n")
+    (tmp_path / "test_module.py").write_text("")
+    bug = planted_bugs.PlantedBug("twice", "module.py", "x = 1", "x = 2", "why")
+    once = planted_bugs.PlantedBug("once", "module.py", "y = 2", "y = 3", "why")
+    gone = planted_bugs.PlantedBug("gone", "module.py", "z = 0", "z = 1", "why")
+    catalogue = planted_bugs.Catalogue([bug, once, gone], {"module.py": ["test_module.py", "missing.py"]})
+    problems = planted_bugs.check_sites(catalogue, tmp_path)
+    assert problems == [
+        "twice: module.py holds its `find` 2 times (must be once)",
+        "gone: module.py holds its `find` 0 times (must be once)",
+        "[tests] module.py: missing.py not found",
+    ]
