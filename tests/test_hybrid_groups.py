@@ -311,6 +311,9 @@ def test_a_fork_takes_the_parents_held_blocks_in_every_group_or_none():
     assert pool.free_blocks == 11
     kv.fork(1, [ChildSpec(2, 60, -2)])
     assert pool.free_blocks == 2 and [group.policy.held_blocks(2) for group in kv.groups] == [(0, 6), (3, 6)]
+    # The child's copy holds the tokens of the parent's held blocks: all 21 in the full group, the 21 -
+    # 3 x 4 = 9 past the released blocks in the sliding one.
+    assert [group.policy.stats.fork_copied_tokens for group in kv.groups] == [21, 9]
     before = kv.breakdown_values()
     with pytest.raises(OutOfKVMemory, match="forking sequence 1 needs 36 slots of the shared block pool, 8"):
         kv.fork(1, [ChildSpec(3, 60, -3)])

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from sim.config import ConfigError
-from sim.replay.compare import compare, headline_tpot, in_system, paired_frame, per_request_tpot
+from sim.replay.compare import compare, headline_tpot, in_system, paired_frame, per_request_tpot, throughput
 from sim.replay.measured import MeasuredRun, ServerSettings, Stage
 from sim.replay.prompts import ChainInterner, CyclingPrompts, chains_from_token_ids
 from sim.replay.readers import (
@@ -251,6 +251,22 @@ def test_ratio_of_means_tpot_is_the_publishers_formula() -> None:
     assert headline_tpot(frame, "ratio_of_means") == pytest.approx((1.7 - 0.2) / 15)
     assert headline_tpot(frame, "per_request") == pytest.approx((0.1 + 0.1) / 2)
     assert per_request_tpot(frame).tolist() == pytest.approx([0.1, 0.1])
+
+
+def test_a_single_token_output_has_no_tpot_and_a_failure_still_starts_the_span() -> None:
+    # A one-token output decodes nothing: no TPOT (not a division by zero), left out of the mean. (A
+    # client's clock can still put its end after its first token: measured E2E 0.6 s, TTFT 0.5 s.)
+    frame = pd.DataFrame({"ttft_s": [0.5, 0.5], "e2e_s": [0.6, 1.5], "output_tokens": [1, 3]})
+    tpot = per_request_tpot(frame)
+    assert math.isnan(tpot[0]) and tpot[1] == pytest.approx(0.5)
+    assert headline_tpot(frame, "per_request") == pytest.approx(0.5)
+    # Throughput spans the first arrival to the last finish, whether the first request finished or
+    # not: arrivals 0, 1, 2 s, the first failed (no E2E), the others end at 2 and 4 s: 2 requests and
+    # 3 + 5 output tokens over 4 s.
+    runs = pd.DataFrame(
+        {"arrival_s": [0.0, 1.0, 2.0], "e2e_s": [math.nan, 1.0, 2.0], "output_tokens": [7, 3, 5]}
+    )
+    assert throughput(runs) == pytest.approx({"requests_per_s": 0.5, "output_tokens_per_s": 2.0})
 
 
 def test_in_system_counts_arrived_and_unfinished_requests() -> None:

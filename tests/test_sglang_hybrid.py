@@ -132,6 +132,20 @@ def test_the_swa_slots_freed_as_the_window_moves():
     assert swa_pool.free_blocks == full_pool.free_blocks == 100
 
 
+def test_the_decode_frontier_is_rounded_down_to_a_page():
+    """W = 4, pages of 2 tokens, prompt 10 (pages 0-4). Step 1 (12 tokens, pre_len 11) frees before
+    11 - 4 = 7, rounded down to the page: pages before token 6 go, [3, 6) held (page 3 still holds
+    token 7, which the window needs). Step 5 (16 tokens, pre_len 15): before 11, rounded to 10: [5, 8)."""
+    coordinator, _, swa, _, _ = groups(100, 100, window=4, page=2)
+    coordinator.admit(1, prompt(10), 40, 101)
+    expected = {11: (0, 6), 12: (3, 6), 13: (3, 7), 15: (3, 8), 16: (5, 8)}
+    tokens = 10
+    for target, run in expected.items():
+        coordinator.grow(1, target - tokens)
+        tokens = target
+        assert swa.held_blocks(1) == run, tokens
+
+
 def test_a_chunked_prompt_holds_its_chunks_window_then_the_frontier():
     """Prompt 40, W = 8, chunks of 8: the chunk at pre_len k x 8 first frees [.., 8k - 8): held
     8, 16, 16, 16, 16 tokens, so 16 from admission; the last chunk leaves the frontier at 24, where
