@@ -147,14 +147,20 @@ def test_mutation_prepare_refreshes_stale_data_copies_and_never_writes_through_a
     assert mutation_prepare.outdated_data_copies(tmp_path) == []
 
 
-def test_every_planted_bug_still_has_its_site_and_its_tests():
-    # tools/planted_bugs.toml names a unique piece of source per bug: an edit that moves or removes
-    # one must update the catalogue, or the planted set would quietly plant nothing there.
+def _planted_bugs_tool():
+    """``tools/planted_bugs.py`` as a module (tools/ is not a package)."""
     sys.path.insert(0, str(ROOT / "tools"))
     try:
         import planted_bugs
     finally:
         sys.path.remove(str(ROOT / "tools"))
+    return planted_bugs
+
+
+def test_every_planted_bug_still_has_its_site_and_its_tests():
+    # tools/planted_bugs.toml names a unique piece of source per bug: an edit that moves or removes
+    # one must update the catalogue, or the planted set would quietly plant nothing there.
+    planted_bugs = _planted_bugs_tool()
     catalogue = planted_bugs.load_catalogue()
     assert len(catalogue.bugs) >= 40
     assert planted_bugs.check_sites(catalogue) == []
@@ -163,11 +169,7 @@ def test_every_planted_bug_still_has_its_site_and_its_tests():
 
 
 def test_planted_bug_sites_must_be_unique(tmp_path):
-    sys.path.insert(0, str(ROOT / "tools"))
-    try:
-        import planted_bugs
-    finally:
-        sys.path.remove(str(ROOT / "tools"))
+    planted_bugs = _planted_bugs_tool()
     (tmp_path / "module.py").write_text("x = 1\nx = 1\ny = 2\n")
     (tmp_path / "test_module.py").write_text("")
     bug = planted_bugs.PlantedBug("twice", "module.py", "x = 1", "x = 2", "why")
