@@ -427,6 +427,24 @@ def test_exactly_enough_host_room_swaps(step_mode):
 
 
 @pytest.mark.parametrize("step_mode", STEP_MODES)
+def test_a_partly_filled_last_block_is_swapped_out_whole(step_mode):
+    """The squeeze with r1's prompt 7 (not a whole block): at 1.0 r0 has 5 tokens (2 blocks), r1 8
+    (2 blocks); at 2.0 r1's 9th token takes the last free block; at 4.0 r0's 9th token needs a block
+    and r1, the newest, holds 11 tokens in 3 blocks (the last partly filled): all 3 go to the host."""
+    engine = run(
+        [request(0, 0.0, 4, 8), request(1, 0.0, 7, 6)],
+        SQUEEZE_POOL,
+        step_mode,
+        costs=ConstantCost(1.0, swap_block_s=0.25),
+        preemption_mode="swap",
+        swap_space_blocks=8,
+    )
+    assert engine.counters.preemptions == 1
+    assert engine.counters.swapped_out_blocks == 3
+    assert [record.outcome for record in engine.records] == ["finished", "finished"]
+
+
+@pytest.mark.parametrize("step_mode", STEP_MODES)
 def test_swap_is_not_used_for_requests_with_several_samples(step_mode):
     """The n = 2 preemption scenario with swap mode and ample host room: samples restart from the
     prompt (their diverged tokens cannot be swapped back as one), so the times equal recompute's."""

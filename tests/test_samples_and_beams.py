@@ -219,3 +219,22 @@ def test_beam_replacements_keep_the_batch_at_the_beam_width(step_mode):
     decoding = series[(series["time_s"] >= record.first_token_s) & (series["time_s"] < record.finish_s)]
     assert len(decoding) > 10
     assert set(decoding["num_sequences_running"]) == {4}
+
+
+def test_a_request_leaving_before_its_fork_gives_back_its_samples_places():
+    # max_num_seqs counts an admitted request's samples from admission (vLLM budgets n sequences),
+    # the unforked ones apart until the fork: a request that leaves in its prompt (preempted) must
+    # give those places back too, or max_num_seqs shrinks for good.
+    from sim.engine.batch import Batch
+    from sim.engine.decoding import RequestState
+    from sim.outputs.metrics import RequestRecord
+
+    batch = Batch(max_num_seqs=3, swap_space_tokens=0)
+    state = RequestState(request(1, 0.0, 8, 4, n=2), RequestRecord(1, 0.0, 8, 4, 2, 1, 8))
+    batch.join(state)
+    state.seq_ids = [7]  # (what admission gives it: one sequence until the fork)
+    assert (batch.running_seqs, batch.unforked_seqs) == (1, 1)
+    assert batch.has_room(1) and not batch.has_room(2)
+    batch.leave(state)
+    assert (batch.running_seqs, batch.unforked_seqs) == (0, 0)
+    assert batch.has_room(3)
