@@ -445,6 +445,27 @@ def test_a_partly_filled_last_block_is_swapped_out_whole(step_mode):
 
 
 @pytest.mark.parametrize("step_mode", STEP_MODES)
+def test_a_swapped_out_request_rejected_alone_gives_back_its_host_room(step_mode):
+    """vLLM V0's watermark (0.35 of 40 slots: 14) applies at admission, not to growth. r0 (4 + 12) and
+    r1 (20 + 20) are admitted at 0 (r1 leaves 40 - 4 - 20 = 16 >= 14 slots). They grow a token an
+    iteration: at r0's 13th token (its 4th block) the pool of 10 blocks is full, and r1, the
+    newest, holds 28 tokens in 7 blocks: swapped out. Once r0 finishes, r1 alone would leave
+    40 - 28 = 12 < 14 slots: it can never come back, and is rejected, its 28 host tokens given back."""
+    engine = run(
+        [request(0, 0.0, 4, 12), request(1, 0.0, 20, 20)],
+        PoolSpec(40, 4, 64),
+        step_mode,
+        costs=ConstantCost(1.0, swap_block_s=0.25),
+        preemption_mode="swap",
+        swap_space_blocks=16,
+        watermark=0.35,
+    )
+    assert [record.outcome for record in engine.records] == ["finished", "rejected"]
+    assert engine.counters.swapped_out_blocks == 7
+    assert engine.batch.swap_tokens_used == 0
+
+
+@pytest.mark.parametrize("step_mode", STEP_MODES)
 def test_swap_is_not_used_for_requests_with_several_samples(step_mode):
     """The n = 2 preemption scenario with swap mode and ample host room: samples restart from the
     prompt (their diverged tokens cannot be swapped back as one), so the times equal recompute's."""
