@@ -96,6 +96,7 @@ def test_claims_run_in_issue_order(claims):
         "g1",
         "g2",
         "j1",
+        "j2",
         "r1",
         "sd1",
         "sd2",
