@@ -100,3 +100,15 @@ def test_the_analytic_band_is_the_gpus_own():
     assert h100.error_band.startswith(
         "not validated on H100-80GB (no held-out iterations of it); on the A100-80GB:"
     )
+
+
+def test_a_band_edge_scales_on_top_of_the_plans_own_time_scale():
+    # A plan asking "10 % slower than modelled" (time_scale 1.1) searches its band's fast edge
+    # (x0.9) at 1.1 x 0.9 = 0.99 of the modelled GPU times, not at 0.9 (which would drop the ask).
+    from sim.planning.plans.band import with_time_scale
+
+    slower = with_time_scale({"kind": "derated", "time_scale": 1.1, "calibration": "none"}, 0.9)
+    assert slower["time_scale"] == pytest.approx(0.99)
+    assert slower["calibration"] == "none"  # the rest of the cost model is kept
+    assert with_time_scale(None, 0.9)["time_scale"] == pytest.approx(0.9)
+    assert with_time_scale("analytic", 1.2) == {"kind": "analytic", "time_scale": pytest.approx(1.2)}

@@ -89,11 +89,14 @@ def _fitted_band(cost_model: Any, gpu_spec: Any) -> CandidateBand | None:
 
 
 def with_time_scale(cost_model: Any, time_scale: float) -> dict[str, Any]:
-    """An experiment's ``cost_model`` value in its mapping form, with ``time_scale`` set."""
+    """An experiment's ``cost_model`` value in its mapping form, its GPU times scaled by ``time_scale``
+    on top of any ``time_scale`` it has (a plan asking "10 % slower than modelled" keeps asking it at
+    the band's edges)."""
     from sim.costs.core import CostModelConfig
 
-    data = CostModelConfig.model_validate(cost_model).model_dump(mode="json", exclude_defaults=True)
-    return data | {"time_scale": time_scale}
+    config = CostModelConfig.model_validate(cost_model)
+    data = config.model_dump(mode="json", exclude_defaults=True)
+    return data | {"time_scale": config.time_scale * time_scale}
 
 
 def edge_candidate(candidate: Candidate, time_scale: float) -> Candidate:
