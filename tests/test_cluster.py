@@ -72,6 +72,16 @@ def test_least_requests_and_least_kv_pick_by_hand():
     assert LeastKV().choose(request(0, 0.0, 16, 1), replicas) == 2
 
 
+def test_least_requests_counts_the_queue_too():
+    # A replica's load is its running and its waiting requests (and, decoding remote prompts, those
+    # whose KV is on its way): 1 running + 2 waiting weighs more than 2 running.
+    queued = SimpleNamespace(running=[None], waiting=[None, None], receiving={}, kv=None)
+    busy = SimpleNamespace(running=[None, None], waiting=[], receiving={}, kv=None)
+    receiving = SimpleNamespace(running=[None], waiting=[], receiving={7: None, 8: None}, kv=None)
+    assert LeastRequests().choose(request(0, 0.0, 16, 1), [queued, busy]) == 1
+    assert LeastRequests().choose(request(0, 0.0, 16, 1), [receiving, busy]) == 1
+
+
 def test_session_affinity_keeps_a_conversation_on_its_first_replica():
     router = SessionAffinity()
     replicas = [replica(load=2), replica(load=0), replica(load=1)]

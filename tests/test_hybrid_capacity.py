@@ -262,3 +262,24 @@ def test_refusals() -> None:
         vllm_hybrid_kv_capacity("gpt-oss-20b", AVAILABLE, tokens_line="tokens")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="mamba_cache_mode must be"):
         vllm_hybrid_kv_capacity("gpt-oss-20b", AVAILABLE, mamba_cache_mode="some")  # type: ignore[arg-type]
+
+
+def test_layers_are_grouped_by_the_fewest_kind_once_the_most_reach_one_and_a_half_times_it():
+    # vLLM's get_kv_cache_groups: the group size is the most layers of a kind when that is under 1.5x
+    # the fewest, else the fewest. 10 full and 16 sliding layers (1.6x): groups of 10, the sliding
+    # layers split in two groups of 8 (layers[i::2]); 10 and 14 (1.4x): groups of 14, one each.
+    from sim.hardware.hybrid_capacity import _group_layers
+
+    sliding = SlidingWindow(128)
+    assert _group_layers([FULL_ATTENTION] * 10 + [sliding] * 16) == (
+        10,
+        [(FULL_ATTENTION, 10), (sliding, 8), (sliding, 8)],
+    )
+    assert _group_layers([FULL_ATTENTION] * 10 + [sliding] * 14) == (
+        14,
+        [(FULL_ATTENTION, 10), (sliding, 14)],
+    )
+    assert _group_layers([FULL_ATTENTION] * 10 + [sliding] * 15) == (
+        10,
+        [(FULL_ATTENTION, 10), (sliding, 8), (sliding, 7)],
+    )
