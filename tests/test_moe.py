@@ -161,6 +161,17 @@ def test_tiny_moe_derated_reads_only_the_experts_touched() -> None:
     assert costs.prefill_fixed_s == approx(0.912 + 0.256 + 2.0)
 
 
+def test_quantised_experts_are_read_at_their_own_bytes() -> None:
+    # A checkpoint that stores its routed experts in 4.25 bits (gpt-oss's MXFP4: 4-bit values and a
+    # shared 8-bit scale per 32) reads one expert as 24 x 4.25 / 8 = 12.75 B, over 500 B/s 0.0255 s,
+    # where bf16 experts take 0.096 s; the rest of the weights are read as before.
+    from dataclasses import replace
+
+    quantised = DeratedCostModel(replace(TINY_MOE, routed_expert_bits=4.25), UNIT_GPU)
+    assert quantised.expert_read_s == approx(0.0255)
+    assert quantised.body_read_s == approx(0.912)
+
+
 def test_tiny_moe_decode_line_and_table() -> None:
     costs = DeratedCostModel(TINY_MOE, UNIT_GPU)
     decode = costs.decode
