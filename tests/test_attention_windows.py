@@ -10,6 +10,7 @@ import pytest
 from policies import PoolSpec, make_policy
 from sim.costs.core import attention_windows
 from sim.engine.core import Engine, EngineKnobs
+from sim.engine.jumps import JumpCounts
 from sim.engine.windows import NEVER, AttendedWindows
 from sim.hardware.models import resolve_model
 from tests.engine_helpers import RoundCostModel, request
@@ -70,6 +71,102 @@ def test_skip_equals_single_across_crossings_and_preemptions():
     full = _run("skip", (), _stream(40), blocks=40)
     admissions = 40 + skip.counters.preemptions
     assert skip.wakeups <= full.wakeups + len(windows) * admissions
+
+
+def test_skip_equals_single_with_chunked_prompts_beside_windowed_decodes():
+    """Prompts chunked 10 tokens at a time (less 1 per decoding request) while others decode over
+    sliding windows: skipping runs jumps that prefill chunks, inside which the attended context grows
+    by the windows' rate per token (a sequence past its window adds only the full layers' share), not
+    by one per sequence; at 0.01 s per attended token a wrong rate changes the chunked iterations'
+    times. Single stepping, which plans no jump, is the reference."""
+    windows = ((4, 0.5),)
+    requests = [
+        request(index, arrival, prompt, output)
+        for index, (arrival, prompt, output) in enumerate(
+            [(0.0, 3, 40), (0.1, 2, 35), (0.2, 4, 30), (2.5, 60, 5), (9.0, 45, 3), (20.0, 70, 4)]
+        )
+    ]
+
+    def run(step_mode):
+        engine = Engine(
+            make_policy("paged", PoolSpec(256 * 4, 4, 200)),
+            _costs(windows),
+            EngineKnobs(max_model_len=200, step_mode=step_mode, max_num_batched_tokens=10),
+            iter(requests),
+            block_size=4,
+        )
+        engine.run()
+        return engine
+
+    skip, single = run("skip"), run("single")
+    assert skip.jumps.prefill > 0  # the path under test ran
+    assert skip.counters.iterations == single.counters.iterations
+    for request_id, row in times(single).items():
+        assert times(skip)[request_id][3] == row[3]
+        assert times(skip)[request_id][:3] == pytest.approx(row[:3], rel=1e-9)
+
+
+def test_skip_equals_single_with_windows_and_speculative_decoding():
+    """Sliding windows and speculative decoding together: inside a decode jump each iteration's
+    attended context grows by the windows' rate times the tokens that iteration's step accepted (the
+    token schedule). Single stepping, which plans no jump, is the reference."""
+    from sim.engine.speculation import AcceptanceModel, SpeculativeDecoding
+
+    speculative = SpeculativeDecoding("eagle", 2, AcceptanceModel.from_rates([0.7, 0.4]), 4)
+    windows = ((6, 0.5),)
+
+    def run(step_mode):
+        engine = Engine(
+            make_policy("paged", PoolSpec(256 * 4, 4, 200)),
+            _costs(windows),
+            EngineKnobs(max_model_len=200, step_mode=step_mode, speculative=speculative),
+            iter(_stream(12, seed=9)),
+            block_size=4,
+        )
+        engine.run()
+        return engine
+
+    skip, single = run("skip"), run("single")
+    assert skip.jumps.decode > 0  # the path under test ran
+    assert skip.counters.iterations == single.counters.iterations
+    for request_id, row in times(single).items():
+        assert times(skip)[request_id][3] == row[3]
+        assert times(skip)[request_id][:3] == pytest.approx(row[:3], rel=1e-9)
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_a_decode_jump_reaches_an_arrival_at_the_attended_context_s_rate(step_mode):
+    """Where a decode jump ends before an arrival is found at the attended context's rate: past its
+    window (half the layers see the last 4 tokens) a sequence attends 0.5 n + 2 of its n tokens, so
+    each iteration costs 0.025 s more than the one before at 0.05 s per attended token, not 0.05.
+    r0: prompt 10, output 40; r1: prompt 2, output 1, arrives at 16.5. Decode step j of r0 holds
+    11 + j tokens: 1 + 0.05 x (0.5 (11 + j) + 2) = 1.375 + 0.025 j s.
+
+    it 1 [0, 1.1):         r0 prefills 10 (1 + 0.1 s)                           wake-up 1
+    it 2 [1.1, 2.5):       step 1 (1.4 s); after it the arrival is 14.0 s away: wake-up 2: a decode
+                           steps 2..10 take 1.4 x 9 + 0.025 x 45 = 13.725 s < 14,   jump over it 3-12
+                           step 11 ends at 2.5 + 15.375 = 17.875: r1 arrives in it 12
+    it 13 [17.875, 19.57): step 12 (1.675 s) + r1 prefills 2 (0.02 s)           wake-up 3
+    it 14-40:              steps 13-39; r0 ends at 1.1 + 1.375 x 39 + 0.025 x 780  wake-up 4: a jump
+                           + 0.02 = 74.245                                       over it 15-40
+    Both jumps take blocks of 4 inside them."""
+    costs = RoundCostModel(per_context_token_s=0.05)
+    costs.attention_windows = ((4, 0.5),)
+    engine = Engine(
+        make_policy("paged", PoolSpec(256 * 4, 4, 200)),
+        costs,
+        EngineKnobs(max_model_len=200, step_mode=step_mode),
+        iter([request(0, 0.0, 10, 40), request(1, 16.5, 2, 1)]),
+        block_size=4,
+    )
+    engine.run()
+    got = times(engine)
+    assert got[0] == (0.0, pytest.approx(1.1), pytest.approx(74.245), "finished")
+    assert got[1] == (pytest.approx(17.875), pytest.approx(19.57), pytest.approx(19.57), "finished")
+    assert engine.counters.iterations == 40
+    if step_mode == "skip":
+        assert engine.jumps == JumpCounts(single=2, decode=2, with_growth=2)
+        assert (engine.jumps.single, engine.wakeups) == (2, 4)
 
 
 def test_windows_of_the_presets():

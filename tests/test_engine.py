@@ -16,7 +16,7 @@ from sim.engine.core import Engine, EngineKnobs
 from sim.engine.jumps import JumpCounts
 from sim.outputs.metrics import requests_frame
 from sim.runner import summarize
-from tests.engine_helpers import RoundCostModel, request
+from tests.engine_helpers import ConstantCost, RoundCostModel, request
 
 
 def run(policy_name, pool, requests, step_mode="skip", costs=None, until_s=None, **knobs):
@@ -587,6 +587,18 @@ def test_time_averages_across_a_jump_that_takes_blocks_by_hand(step_mode):
     assert (at_1_1["used_token_s"], at_1_1["reserved_token_s"]) == pytest.approx((11.0, 2.2), rel=1e-12)
 
 
+def test_a_jump_takes_blocks_up_to_the_room_the_pool_has():
+    """The scenario above in a pool of 52 slots (13 blocks of 4): when iteration 2 plans its jump the
+    sequence holds 12 tokens in 3 blocks, so 40 slots are free: 10 blocks, enough for 40 more tokens,
+    more than the 28 iterations left (it ends at 40 tokens = 10 blocks in all). The jump runs to the
+    end in one wake-up, taking its 7 blocks inside it."""
+    engine = run("paged", PoolSpec(52, 4, 64), [request(0, 0.0, 10, 30)])
+    assert engine.records[0].finish_s == pytest.approx(30.1, rel=1e-12)
+    assert engine.counters.iterations == 30
+    assert engine.jumps == JumpCounts(single=1, decode=1, with_growth=1)
+    assert (engine.jumps.single, engine.wakeups) == (1, 2)
+
+
 @pytest.mark.parametrize("policy_name", ["paged", "prefix", "contiguous"])
 def test_area_columns_are_the_exact_integrals_of_single_stepping(policy_name):
     """At every row of a skipping run, each ``<category>_token_s`` equals the integral from 0 of the
@@ -623,6 +635,271 @@ def test_chunked_prefill_jump_by_hand():
     assert record.finish_s == record.first_token_s  # a single output token
     assert engine.counters.iterations == 4
     assert engine.jumps == JumpCounts(prefill=1)
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_prefill_jump_ends_at_a_decoding_request_s_last_token(step_mode):
+    """Pins how far a prefill jump runs: up to and including the iteration in which a decoding request
+    finishes (not fewer). r0: prompt 4, output 4; r1: prompt 60, output 3, arrives at 0.5; 11 tokens
+    per iteration, one of them per decoding sequence; 1 s per iteration + 0.01 s per prompt token.
+
+    it 1 [0, 1.04):     r0 prefills 4 (first token)              wake-up 1 (a prompt completes)
+    it 2 [1.04, 2.14):  r0 decodes (2nd), r1 prefills 10        wake-up 2, planned at it 2:
+    it 3 [2.14, 3.24):  r0 (3rd), r1 10                          r0 finishes at the end of it 4,
+    it 4 [3.24, 4.34):  r0 (4th, finishes), r1 10 (30 of 60)     so the jump is it 3 and 4
+    it 5 [4.34, 5.45):  r1 prefills 11 alone                     wake-up 3: r1's prompt completes in
+    it 6 [5.45, 6.56):  r1 11                                    it 7 (8 tokens, 3 of the budget left,
+    it 7 [6.56, 7.64):  r1 8 (first token)                       nothing queued): it 6 and 7
+    it 8, 9 [7.64, 9.64): r1 decodes (2nd, 3rd)                  wake-up 4: a decode jump over it 9
+    """
+    engine = run(
+        "paged",
+        PoolSpec(16 * 40, 16, 128),
+        [request(0, 0.0, 4, 4), request(1, 0.5, 60, 3)],
+        step_mode=step_mode,
+        max_num_batched_tokens=11,
+    )
+    got = times(engine)
+    assert got[0] == pytest.approx((0.0, 1.04, 4.34, "finished"))
+    assert got[1] == pytest.approx((1.04, 7.64, 9.64, "finished"))
+    assert engine.counters.iterations == 9
+    if step_mode == "skip":
+        assert engine.jumps == JumpCounts(single=1, decode=1, prefill=2, with_growth=0)
+        assert (engine.jumps.single, engine.wakeups) == (1, 4)
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_decode_jumps_run_up_to_the_iteration_an_arrival_falls_in(step_mode):
+    """A decode jump runs the iterations up to and including the one during which the next request
+    arrives (the one after it admits it); a request arriving during iteration 1 allows no jump.
+    r0: prompt 10, output 8; r1, r2: prompt 10, output 1, arriving at 2.6 and 4.7; 1 s per
+    iteration + 0.01 s per prompt token.
+
+    it 1 [0, 1.1):     r0 prefills (first token)                          wake-up 1
+    it 2 [1.1, 2.1):   r0 2nd; r1 arrives 0.5 s after it 2 ends:          wake-up 2: a decode jump
+    it 3 [2.1, 3.1):   r0 3rd (r1 arrives at 2.6, inside it)              over it 3
+    it 4 [3.1, 4.2):   r0 4th, r1 prefills 10 (first and last token)      wake-up 3 (a prompt completes)
+    it 5 [4.2, 5.2):   r0 5th; r2 arrives at 4.7, inside it 5: no jump    wake-up 4
+    it 6 [5.2, 6.3):   r0 6th, r2 prefills 10 (first and last token)      wake-up 5
+    it 7, 8 [6.3, 8.3): r0 7th, 8th                                       wake-up 6: a jump over it 8
+    """
+    engine = run(
+        "paged",
+        PoolSpec(16 * 40, 16, 128),
+        [request(0, 0.0, 10, 8), request(1, 2.6, 10, 1), request(2, 4.7, 10, 1)],
+        step_mode=step_mode,
+    )
+    got = times(engine)
+    assert got[0] == pytest.approx((0.0, 1.1, 8.3, "finished"))
+    assert got[1] == pytest.approx((3.1, 4.2, 4.2, "finished"))
+    assert got[2] == pytest.approx((5.2, 6.3, 6.3, "finished"))
+    assert engine.counters.iterations == 8
+    if step_mode == "skip":
+        assert engine.jumps == JumpCounts(single=4, decode=2)
+        assert (engine.jumps.single, engine.wakeups) == (4, 6)
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+@pytest.mark.parametrize("r1_arrival_s", [0.0, 0.5])
+def test_prefill_jump_stops_before_an_iteration_with_budget_for_a_queued_request(step_mode, r1_arrival_s):
+    """A prefill jump goes on through iterations whose chunk takes the whole budget (a queued request
+    could not be admitted in them) and stops before the first one that leaves budget over, since that
+    one admits the queued request. r0: prompt 29, output 1; r1: prompt 5, output 1, queued at 0 (behind
+    r0: iteration 1 stops for want of budget) or arriving at 0.5 (during iteration 1: the queue was
+    empty); 10 tokens per iteration; 1 s per iteration + 0.01 s per prompt token.
+
+    it 1 [0, 1.1):     r0 prefills 10                          wake-up 1: a prefill jump over it 2
+    it 2 [1.1, 2.2):   r0 10 (the whole budget)
+    it 3 [2.2, 3.3):   r0 9 (first and last token), r1 1       wake-up 2 (1 token of budget left)
+    it 4 [3.3, 4.34):  r1 4 (first and last token)             wake-up 3
+    """
+    engine = run(
+        "paged",
+        PoolSpec(16 * 40, 16, 128),
+        [request(0, 0.0, 29, 1), request(1, r1_arrival_s, 5, 1)],
+        step_mode=step_mode,
+        max_num_batched_tokens=10,
+    )
+    got = times(engine)
+    assert got[0] == pytest.approx((0.0, 3.3, 3.3, "finished"))
+    assert got[1] == pytest.approx((2.2, 4.34, 4.34, "finished"))
+    assert engine.counters.iterations == 4
+    if step_mode == "skip":
+        assert engine.jumps == JumpCounts(single=2, prefill=1)
+        assert (engine.jumps.single, engine.wakeups) == (2, 3)
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_an_arrival_at_an_iteration_s_start_is_admitted_by_it(step_mode):
+    """A request arriving exactly when an iteration starts is admitted by that iteration, so a prefill
+    jump whose next iteration would leave budget over stops before it. Every iteration takes 1 s;
+    r0: prompt 25, output 1; r1: prompt 5, output 1, arrives at 2.0; 10 tokens per iteration.
+
+    it 1 [0, 1), it 2 [1, 2): r0 prefills 10 + 10             wake-up 1: a prefill jump over it 2
+    it 3 [2, 3): r0 5 and r1 5 (both first and last tokens)   wake-up 2
+    """
+    engine = run(
+        "paged",
+        PoolSpec(16 * 40, 16, 128),
+        [request(0, 0.0, 25, 1), request(1, 2.0, 5, 1)],
+        step_mode=step_mode,
+        costs=ConstantCost(1.0),
+        max_num_batched_tokens=10,
+    )
+    got = times(engine)
+    assert got[0] == (0.0, 3.0, 3.0, "finished")
+    assert got[1] == (2.0, 3.0, 3.0, "finished")
+    assert engine.counters.iterations == 3
+    if step_mode == "skip":
+        assert engine.jumps == JumpCounts(single=1, prefill=1)
+        assert (engine.jumps.single, engine.wakeups) == (1, 2)
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_an_arrival_as_iteration_1_ends_allows_no_decode_jump(step_mode):
+    """A request arriving exactly when iteration 1 of a wake-up ends is admitted by the next
+    iteration, so no decode jump runs past it. Every iteration takes 1 s; r0: prompt 10, output 5;
+    r1: prompt 10, output 1, arrives at 2.0.
+
+    it 1 [0, 1):  r0 prefills (first token)                   wake-up 1
+    it 2 [1, 2):  r0 2nd; r1 arrives as it ends: no jump       wake-up 2
+    it 3 [2, 3):  r0 3rd, r1 prefills (first and last token)   wake-up 3
+    it 4, 5 [3, 5): r0 4th, 5th                                wake-up 4: a decode jump over it 5
+    """
+    engine = run(
+        "paged",
+        PoolSpec(16 * 40, 16, 128),
+        [request(0, 0.0, 10, 5), request(1, 2.0, 10, 1)],
+        step_mode=step_mode,
+        costs=ConstantCost(1.0),
+    )
+    got = times(engine)
+    assert got[0] == (0.0, 1.0, 5.0, "finished")
+    assert got[1] == (2.0, 3.0, 3.0, "finished")
+    assert engine.counters.iterations == 5
+    if step_mode == "skip":
+        assert engine.jumps == JumpCounts(single=3, decode=1)
+        assert (engine.jumps.single, engine.wakeups) == (3, 4)
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_prefill_jump_with_one_token_of_budget(step_mode):
+    """A prompt chunked one token per iteration inside a jump (the budget left beside a decoding
+    request is exactly 1), and that one token of budget is enough to admit a request that arrives
+    while the decoding request runs on. r0: prompt 2, output 6; r1: prompt 3, output 1, arrives at
+    0.5; r2: prompt 1, output 1, arrives at 4.5; 2 tokens per iteration; 1 s per iteration + 0.01 s
+    per prompt token.
+
+    it 1 [0, 1.02):     r0 prefills 2 (first token)                    wake-up 1
+    it 2 [1.02, 2.03):  r0 decodes (2nd), r1 prefills 1                wake-up 2: a prefill jump over
+    it 3 [2.03, 3.04):  r0 (3rd), r1 1                                 it 3 and 4 (r1's prompt
+    it 4 [3.04, 4.05):  r0 (4th), r1 1: its first and last token       completes in it 4)
+    it 5 [4.05, 5.05):  r0 (5th); r2 arrives at 4.5, inside it 5       wake-up 3: no jump
+    it 6 [5.05, 6.06):  r0 (6th, last), r2 prefills 1 (first, last)    wake-up 4
+    """
+    engine = run(
+        "paged",
+        PoolSpec(16 * 40, 16, 128),
+        [request(0, 0.0, 2, 6), request(1, 0.5, 3, 1), request(2, 4.5, 1, 1)],
+        step_mode=step_mode,
+        max_num_batched_tokens=2,
+    )
+    got = times(engine)
+    assert got[0] == pytest.approx((0.0, 1.02, 6.06, "finished"))
+    assert got[1] == pytest.approx((1.02, 4.05, 4.05, "finished"))
+    assert got[2] == pytest.approx((5.05, 6.06, 6.06, "finished"))
+    assert engine.counters.iterations == 6
+    if step_mode == "skip":
+        assert engine.jumps == JumpCounts(single=3, prefill=1)
+        assert (engine.jumps.single, engine.wakeups) == (3, 4)
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_a_decode_jump_with_no_budget_runs_past_a_queued_request(step_mode):
+    """With no token budget left, a queued request cannot be admitted: the decode jump runs to the
+    next completion though the queue head is untried. 2 tokens per iteration, one per decoding
+    sequence; 1 s per iteration + 0.01 s per prompt token. r0: prompt 2, output 4; r1: prompt 1,
+    output 4; r2: prompt 1, output 1; all queued at 0.
+
+    it 1 [0, 1.02):     r0 prefills 2 (first token); the budget is spent      wake-up 1
+    it 2 [1.02, 2.03):  r0 2nd; r1 prefills 1 (first token)                  wake-up 2
+    it 3 [2.03, 3.03):  r0 3rd, r1 2nd: budget 0, r2 waits                   wake-up 3: a decode
+    it 4 [3.03, 4.03):  r0 4th (finishes), r1 3rd                            jump over it 4
+    it 5 [4.03, 5.04):  r1 4th (finishes); r2 prefills 1 (first and last)    wake-up 4
+    """
+    engine = run(
+        "paged",
+        PoolSpec(16 * 40, 16, 128),
+        [request(0, 0.0, 2, 4), request(1, 0.0, 1, 4), request(2, 0.0, 1, 1)],
+        step_mode=step_mode,
+        max_num_batched_tokens=2,
+    )
+    got = times(engine)
+    assert got[0] == pytest.approx((0.0, 1.02, 4.03, "finished"))
+    assert got[1] == pytest.approx((1.02, 2.03, 5.04, "finished"))
+    assert got[2] == pytest.approx((4.03, 5.04, 5.04, "finished"))
+    assert engine.counters.iterations == 5
+    if step_mode == "skip":
+        assert engine.jumps == JumpCounts(single=3, decode=1)
+        assert (engine.jumps.single, engine.wakeups) == (3, 4)
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_async_decode_jump_runs_the_iteration_scheduled_before_an_arrival(step_mode):
+    """With async scheduling a decode jump runs one iteration past the one an arrival falls in: that
+    next iteration was scheduled when the arrival's started. r0: prompt 10, output 8; r1: prompt 10,
+    output 1, arrives at 2.6; 1 s per iteration + 0.01 s per prompt token.
+
+    it 1 [0, 1.1):     r0 prefills (first token)                          wake-up 1
+    it 2 [1.1, 2.1):   r0 2nd                                             wake-up 2: a decode jump
+    it 3 [2.1, 3.1):   r0 3rd; r1 arrives at 2.6                          over it 3 and it 4 (it 4
+    it 4 [3.1, 4.1):   r0 4th                                             was scheduled at 2.1)
+    it 5 [4.1, 5.2):   r0 5th, r1 prefills 10 (first and last token)      wake-up 3
+    it 6-8 [5.2, 8.2): r0 6th-8th                                         wake-up 4: a jump over 7, 8
+    r0 holds 10 + k tokens after iteration k: in it 7 its 17th needs a second block of 16, taken
+    inside the last jump.
+    """
+    engine = run(
+        "paged",
+        PoolSpec(16 * 40, 16, 128),
+        [request(0, 0.0, 10, 8), request(1, 2.6, 10, 1)],
+        step_mode=step_mode,
+        async_scheduling=True,
+    )
+    got = times(engine)
+    assert got[0] == pytest.approx((0.0, 1.1, 8.2, "finished"))
+    assert got[1] == pytest.approx((4.1, 5.2, 5.2, "finished"))
+    assert engine.counters.iterations == 8
+    if step_mode == "skip":
+        assert engine.jumps == JumpCounts(single=2, decode=2, with_growth=1)
+        assert (engine.jumps.single, engine.wakeups) == (2, 4)
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_async_prefill_jump_runs_the_iteration_scheduled_before_an_arrival(step_mode):
+    """With async scheduling, iteration 2 was scheduled when iteration 1 started (t = 0), so a request
+    arriving during iteration 1 cannot stop a jump that runs iteration 2. r0: prompt 15, output 1,
+    10 tokens per iteration; r1 (prompt 5, output 1) arrives at 0.5. 1 s + 0.01 s per prompt token.
+
+    it 1 [0, 1.1):     r0 prefills 10
+    it 2 [1.1, 2.15):  r0 prefills 5: its first and last token. Planned at it 1 as a jump (it 2
+                       leaves 5 tokens of budget, but its admissions saw the queue at t = 0: empty)
+    it 3 [2.15, 3.2):  r1, seen at 1.1 when it 2 started, prefills 5: first and last token"""
+    engine = run(
+        "paged",
+        PoolSpec(16 * 40, 16, 128),
+        [request(0, 0.0, 15, 1), request(1, 0.5, 5, 1)],
+        step_mode=step_mode,
+        max_num_batched_tokens=10,
+        async_scheduling=True,
+    )
+    got = times(engine)
+    assert got[0] == pytest.approx((0.0, 2.15, 2.15, "finished"))
+    assert got[1] == pytest.approx((2.15, 3.2, 3.2, "finished"))
+    assert engine.counters.iterations == 3
+    if step_mode == "skip":
+        assert engine.jumps == JumpCounts(single=1, prefill=1)
+        assert (engine.jumps.single, engine.wakeups) == (1, 2)
 
 
 def test_engine_wakeups_count_events_not_iterations():

@@ -221,6 +221,93 @@ def test_skip_equals_single_under_preemption(policy):
     assert (frame[columns].sum(axis=1) == 160).all()
 
 
+def test_skip_equals_single_with_chunked_prompts_beside_speculative_decodes():
+    """Prompts chunked 12 tokens at a time (less 3 per decoding request: 1 + 2 drafts) while others
+    decode speculatively: skipping runs jumps that prefill chunks, whose iterations each grow the
+    decoding context by the tokens that iteration's step accepts (the token schedule), not by one;
+    with a cost per context token a wrong growth changes every time. Single stepping, which plans no
+    jump, is the reference."""
+    speculative = SpeculativeDecoding("eagle", 2, AcceptanceModel.from_rates([0.7, 0.4]), 4)
+    costs = RoundCostModel(per_context_token_s=0.003)
+    requests = _stream(16, seed=11)
+
+    def run(step_mode):
+        pool = PoolSpec(400 * 4, 4, 200)
+        knobs = EngineKnobs(
+            max_model_len=200, step_mode=step_mode, speculative=speculative, max_num_batched_tokens=12
+        )
+        engine = Engine(make_policy("paged", pool), costs, knobs, iter(requests), block_size=4)
+        engine.run()
+        return engine
+
+    skip, single = run("skip"), run("single")
+    assert skip.jumps.prefill > 0  # the path under test ran
+    assert skip.counters.iterations == single.counters.iterations
+    assert skip.counters.output_tokens == single.counters.output_tokens
+    for request_id, row in times(single).items():
+        assert times(skip)[request_id][3] == row[3]
+        assert times(skip)[request_id][:3] == pytest.approx(row[:3], rel=1e-9)
+    # The slot-seconds of the tokens decoded inside jumps follow the token schedule (an iteration
+    # that accepts two drafts fills three slots per sequence): the time averages are single stepping's.
+    end = single.env.now
+    averages = single.recorder.time_averages(end)
+    for key, value in skip.recorder.time_averages(end).items():
+        assert value == pytest.approx(averages[key], rel=1e-9, abs=1e-12), key
+
+
+def test_a_decode_jump_stops_at_an_arrival_by_the_token_schedule():
+    """A decode jump ends with the iteration an arrival falls in; under speculative decoding its
+    iterations' times grow with the context by the tokens each step accepts (three per sequence
+    here), so where the arrival falls is found on the token schedule, not one token per iteration.
+    At 0.05 s per context token the difference grows to whole iterations within a jump. Single stepping is the
+    reference."""
+    costs = RoundCostModel(per_context_token_s=0.05)
+    requests = [request(0, 0.0, 30, 150), request(1, 0.0, 20, 150)] + [
+        request(2 + index, 40.0 + 37.3 * index, 10, 5) for index in range(8)
+    ]
+    skip = _engine("skip", ALWAYS_TWO, requests, costs=costs)
+    single = _engine("single", ALWAYS_TWO, requests, costs=costs)
+    assert skip.jumps.decode > 0
+    assert skip.counters.iterations == single.counters.iterations
+    for request_id, row in times(single).items():
+        assert times(skip)[request_id][3] == row[3]
+        assert times(skip)[request_id][:3] == pytest.approx(row[:3], rel=1e-9)
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_a_prompt_in_progress_with_no_budget_left_is_a_decode_jump(step_mode):
+    """Each decoding request takes 3 of the 5 tokens an iteration may schedule (1 + 2 drafts, every
+    step accepts both): with two of them decoding the budget is 5 - 6 < 0, and a prompt in progress
+    gets no chunk, so the iterations until the next completion are a decode jump (no prefill jump
+    without chunks). 1 s per decode step + 0.01 s per prompt token. r0: prompt 3, output 13, at 0;
+    r1: prompt 3, output 7, at 0.5; r2: prompt 10, output 1, at 0.6.
+
+    it 1 [0, 1.03):     r0 prefills 3 (first token)                          wake-up 1
+    it 2 [1.03, 2.05):  r0 tokens 2-4; r1 prefills 2 (budget 2); r2 waits     wake-up 2 (it 3 admits)
+    it 3 [2.05, 3.07):  r0 5-7; r1 1 (first token), r2 1 (budget 2)          wake-up 3
+    it 4 [3.07, 4.07):  r0 8-10, r1 2-4; r2 nothing (budget -1)              wake-up 4: a decode jump
+    it 5 [4.07, 5.07):  r0 11-13, r1 5-7: both finish                        over it 5
+    it 6 [5.07, 6.12):  r2 prefills 5                                        wake-up 5: a prefill jump
+    it 7 [6.12, 7.16):  r2 4 (first and last token)                          over it 7
+    """
+    knobs = EngineKnobs(
+        max_model_len=200, step_mode=step_mode, speculative=ALWAYS_TWO, max_num_batched_tokens=5
+    )
+    requests = [request(0, 0.0, 3, 13), request(1, 0.5, 3, 7), request(2, 0.6, 10, 1)]
+    engine = Engine(
+        make_policy("paged", PoolSpec(64 * 4, 4, 200)), RoundCostModel(), knobs, iter(requests), block_size=4
+    )
+    engine.run()
+    got = times(engine)
+    assert got[0] == (0.0, pytest.approx(1.03), pytest.approx(5.07), "finished")
+    assert got[1] == (pytest.approx(1.03), pytest.approx(3.07), pytest.approx(5.07), "finished")
+    assert got[2] == (pytest.approx(2.05), pytest.approx(7.16), pytest.approx(7.16), "finished")
+    assert engine.counters.iterations == 7
+    if step_mode == "skip":
+        jumps = engine.jumps
+        assert (jumps.single, jumps.decode, jumps.prefill, engine.wakeups) == (3, 1, 1, 5)
+
+
 def test_acceptance_zero_is_never_faster():
     """With nothing accepted, each step still pays for its drafts: the run is slower than without."""
     cfg = _experiment({"speculative": SPEC | {"acceptance": {"rates": [0.0, 0.0, 0.0]}}})
