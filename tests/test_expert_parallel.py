@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import simpy
 
 from calibrate.moe_layers import fit_routed_expert_bandwidth
 from policies.base import PoolSpec, make_policy
@@ -284,6 +286,53 @@ def test_a_rank_given_work_mid_step_starts_at_the_next_boundary() -> None:
     times = outcomes(cluster)
     assert times[0] == (approx(12.6), approx(15.3))
     assert times[1] == (approx(15.3), approx(15.3))
+
+
+def test_the_group_s_steps_and_dummy_batches_by_hand() -> None:
+    """The group alone, with two stand-in ranks of a group of three; shared part 0.5 s + 0.1 s per
+    token of all ranks, an idle rank adding its one dummy token:
+    t = 0:    a (own 2.0 s, 100 tokens) and b (own 1.1 s, 10 tokens) join; one rank idle:
+              2.0 + 0.5 + 0.1 x 111 = 13.6 s, the step ends at 13.6 for both
+    t = 13.6: a alone with no tokens (nothing to exchange): its own 1.0 s, no shared part -> 14.6
+    t = 14.6: b alone with 1 token: 1.0 + 0.5 + 0.1 x (1 + 2 dummy) = 1.8 s -> 16.4
+    Three steps, in which 1 + 2 + 2 = 5 (rank, step) pairs ran a dummy batch."""
+
+    env = simpy.Environment()
+    group = LockstepGroup(env, 3, lambda tokens: 0.5 + 0.1 * tokens)
+    a, b = SimpleNamespace(busy_until=None), SimpleNamespace(busy_until=None)
+    assert (group.steps, group.dummy_rank_steps, group.in_flight()) == (0, 0, False)
+    seen = []
+
+    def ranks():
+        step = group.join(a, 2.0, 100)
+        assert group.join(b, 1.1, 10) is step  # the same step
+        yield step
+        seen.append(("end", env.now, group.in_flight(), a.busy_until, b.busy_until))
+        yield group.join(a, 1.0, 0)
+        seen.append(("end", env.now, a.busy_until))
+        yield group.join(b, 1.0, 1)
+        seen.append(("end", env.now, b.busy_until))
+
+    def watcher():
+        yield env.timeout(5.0)
+        seen.append(("mid", group.in_flight(), group.boundary().triggered))
+
+    env.process(ranks())
+    env.process(watcher())
+    env.run()
+    assert seen == [
+        ("mid", True, False),
+        ("end", approx(13.6), False, approx(13.6), approx(13.6)),
+        ("end", approx(14.6), approx(14.6)),
+        ("end", approx(16.4), approx(16.4)),
+    ]
+    assert (group.steps, group.dummy_rank_steps) == (3, 5)
+
+
+def test_a_group_needs_a_rank() -> None:
+    LockstepGroup(simpy.Environment(), 1, lambda tokens: 0.0)  # one rank: expert parallelism over TP
+    with pytest.raises(ValueError, match="needs at least one rank, got 0"):
+        LockstepGroup(simpy.Environment(), 0, lambda tokens: 0.0)
 
 
 def test_vllm_data_parallel_balancer_weighs_waiting_four_times() -> None:
