@@ -5,7 +5,7 @@ On this project's machines two runs of the same code differ by about 10 %, and t
 does not absorb all of it, so a speed change is measured by running the old and the new code
 alternately, in fresh interpreters, on the same trace replay (the jobs of ``bench_traces``), and
 comparing the best and the median engine wall time of each. Paired this way, changes of about 3 %
-are resolved. REV is checked out into a temporary git worktree that this command creates and
+are resolved. Both sides run the Python sources (``KVSIM_NATIVE=0``). REV is checked out into a temporary git worktree that this command creates and
 removes again; the working tree's code (committed or not) is the new side.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -56,13 +57,16 @@ def revision_worktree(revision: str) -> Iterator[Path]:
 
 
 def replay_wall_s(root: Path, trace: str, variant: str) -> float:
-    """Engine wall seconds of one trace replay with the code in ``root``, in a fresh interpreter."""
+    """Engine wall seconds of one trace replay with the code in ``root``, in a fresh interpreter,
+    under the Python sources: the revision's worktree has no compiled build, so a current one in the
+    working tree would otherwise be timed against the other side's sources."""
     output = subprocess.run(
         [sys.executable, "-c", _REPLAY, json.dumps(experiment(trace, variant))],
         check=True,
         capture_output=True,
         text=True,
         cwd=root,
+        env={**os.environ, "KVSIM_NATIVE": "0"},
     ).stdout
     return float(output.strip().splitlines()[-1])
 
