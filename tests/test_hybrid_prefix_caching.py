@@ -329,3 +329,32 @@ def test_a_shortening_late_in_a_round_starts_another_round():
     hit = MultiGroupCoordinator._common_hit(coordinator, ((1, 17),), 0)  # type: ignore[arg-type]
     assert hit == NO_HIT
     assert (full.asked, window.asked, chunked.asked) == ([4, 2], [4, 2], [3, 0])
+
+
+def test_a_hit_on_blocks_another_request_holds_takes_nothing_from_the_free_queue():
+    """12 blocks. A (14 tokens) holds 4 in each group: 4 free. B shares the 12-token system prompt:
+    its common hit is 3 blocks, all held by A (full attention positions 0-2, the window's 1-2), so
+    they leave no free queue: B takes 5 - 3 = 2 new blocks in each group, the 4 that are free (vLLM
+    ``get_num_blocks_to_allocate`` counts only the hit's blocks with no holder)."""
+    kv, full, window, pool = hybrid(12)
+    kv.admit(1, A_PROMPT, 16, 101)
+    assert pool.free_blocks == 4
+    b_prompt = (SYSTEM, (7, 5))
+    assert kv.can_admit(b_prompt, 20)
+    assert kv.admit(2, b_prompt, 20, 102) == 12
+    assert pool.free_blocks == 0
+    assert [group.policy.held_blocks(2) for group in kv.groups] == [(0, 5), (1, 5)]
+
+
+def test_skipped_blocks_go_back_latest_first():
+    """vLLM's ``remove_skipped_blocks`` frees a step's skipped blocks latest first: a 12-token prompt
+    (window blocks 0-2) grown by 8 tokens at once releases all three, appended to the free queue's
+    tail as 2, 1, 0, so the earliest of them is the last to be evicted."""
+    kv, full, window, pool = hybrid(16)
+    kv.admit(1, ((1, 12),), 40, 101)
+    tables = window.tables
+    assert tables is not None
+    blocks = tables.by_seq[id(window.sequences[1])].table[:3]
+    kv.grow(1, 8)
+    assert window.held_blocks(1) == (3, 5)
+    assert pool.queue.order()[-3:] == [blocks[2], blocks[1], blocks[0]]
