@@ -160,6 +160,26 @@ def test_vllm_bench_reader_regenerates_arrivals_and_sums_inter_token_latencies()
     assert run.prompt_hashes is None
 
 
+def test_vllm_bench_arrivals_follow_the_clients_gamma_and_its_send_times(tmp_path: Path) -> None:
+    # vLLM's client draws gaps from a gamma of shape `burstiness` and scale 1 / (rate x burstiness),
+    # so their mean stays 1 / rate whatever the burstiness (at 1 it is Poisson, where any scale
+    # parameterisation agrees): at rate 2 and burstiness 4, gamma(4, 1 / 8).
+    data = json.loads((DATA / "vllm-bench.json").read_text()) | {"burstiness": 4.0}
+    (tmp_path / "bursty.json").write_text(json.dumps(data))
+    run = read_vllm_bench_json(tmp_path / "bursty.json", gpu="H100-80GB", arrival_seed=3)
+    gaps = np.random.default_rng(3).gamma(4.0, 1.0 / 8.0, 4)
+    gaps[0] = 0.0
+    assert run.requests["arrival_s"].tolist() == pytest.approx(np.cumsum(gaps).tolist())
+    # Recorded send times (epoch seconds) are replayed from the first send; with no numeric rate
+    # ("inf") the one stage's rate is the observed one, 3 gaps over 2 s.
+    sends = [1e9, 1e9 + 0.5, 1e9 + 1, 1e9 + 2]
+    data = json.loads((DATA / "vllm-bench.json").read_text()) | {"start_times": sends, "request_rate": "inf"}
+    (tmp_path / "sent.json").write_text(json.dumps(data))
+    run = read_vllm_bench_json(tmp_path / "sent.json", gpu="H100-80GB")
+    assert run.requests["arrival_s"].tolist() == pytest.approx([0.0, 0.5, 1.0, 2.0])
+    assert [stage.rate_per_s for stage in run.stages] == [pytest.approx(1.5)]
+
+
 def test_vllm_bench_reader_replays_a_closed_loop_as_a_loop(tmp_path: Path) -> None:
     data = json.loads((DATA / "vllm-bench.json").read_text())
     data |= {"max_concurrency": 2, "request_rate": "inf", "start_times": [5.0, 5.1, 9.0, 9.5]}
