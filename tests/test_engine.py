@@ -459,6 +459,9 @@ def test_swap_preemption_moves_kv_to_host_and_back_without_recompute(step_mode):
     assert swap.counters.preemptions == 3
     assert swap.counters.swapped_out_blocks == 3
     assert swap.counters.iterations == 13
+    # Every output token counted once, the ones decoded after r1's last swap-in (a wake-up that moves
+    # a block and computes nothing: the next one decodes) included: 6 + 6.
+    assert swap.counters.output_tokens == 12
 
 
 @pytest.mark.parametrize("step_mode", ["single", "skip"])
@@ -575,6 +578,9 @@ def test_time_averages_across_a_jump_that_takes_blocks_by_hand(step_mode):
     if step_mode == "skip":
         # The prefill, the first decode iteration (the first token was grown on its own), one jump.
         assert engine.jumps == JumpCounts(single=1, decode=1, with_growth=1)
+        # The jump's end is a row (its 40 tokens in 10 whole blocks), then the completion's (all free).
+        at_end = [row for row in rows(engine) if row[0] == pytest.approx(30.1, rel=1e-12)]
+        assert at_end == [(at_end[0][0], 40, 0, 0, 0, 0, 60), (at_end[0][0], 0, 0, 0, 0, 0, 100)]
     # The series' last row (30.1, the engine idle) carries the same areas, though skipping wrote no
     # row inside the jump; the row at 1.1 carries the prefill's: used 10 x 1.1, reserved 2 x 1.1.
     frame = engine.recorder.frame()
@@ -585,6 +591,19 @@ def test_time_averages_across_a_jump_that_takes_blocks_by_hand(step_mode):
     assert last["free_token_s"] == pytest.approx(3010 - 809.2, rel=1e-12)
     at_1_1 = frame[np.isclose(frame["time_s"], 1.1)].iloc[0]
     assert (at_1_1["used_token_s"], at_1_1["reserved_token_s"]) == pytest.approx((11.0, 2.2), rel=1e-12)
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_a_run_stopped_inside_a_jump_books_what_single_steps_would(step_mode):
+    """The scenario above stopped at 10.5 s, inside the jump (iteration 2 + j runs [1.1 + j, 2.1 + j)).
+    Iterations 1 to 10 have ended (the 10th at 10.1): 10 iterations, 10 output tokens; the 11th is in
+    progress, holding 21 tokens. Used area = 10 x 1.1 + (12 + ... + 20) + 21 x 0.4 = 11 + 144 + 8.4."""
+    engine = run("paged", PoolSpec(100, 4, 64), [request(0, 0.0, 10, 30)], step_mode=step_mode, until_s=10.5)
+    assert engine.env.now == 10.5
+    assert (engine.counters.iterations, engine.counters.output_tokens) == (10, 10)
+    averages = engine.recorder.time_averages(10.5)
+    assert averages["mean_used_frac"] == pytest.approx(163.4 / 10.5 / 100, rel=1e-12)
+    assert [(r.outcome, r.finish_s != r.finish_s) for r in engine.records] == [("unfinished", True)]
 
 
 def test_a_jump_takes_blocks_up_to_the_room_the_pool_has():

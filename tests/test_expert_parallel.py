@@ -288,6 +288,19 @@ def test_a_rank_given_work_mid_step_starts_at_the_next_boundary() -> None:
     assert times[1] == (approx(15.3), approx(15.3))
 
 
+def test_a_rank_prefilling_two_prompts_exchanges_both_prompts_tokens() -> None:
+    # Round robin: requests 0 and 2 go to rank 0, request 1 to rank 1; one output token each.
+    # t = 0: rank 0 prefills 100 + 50 tokens in one iteration (own 1 + 1.5 = 2.5 s), rank 1 10 tokens
+    #   (1.1 s): 2.5 + 0.5 + 0.1 x (150 + 10) = 19.0 s -> every first (and last) token at 19.0
+    stream = [request(0, 0.0, 100, 1), request(1, 0.0, 10, 1), request(2, 0.0, 50, 1)]
+    cluster = lockstep_cluster(stream, lambda tokens: 0.5 + 0.1 * tokens)
+    assert outcomes(cluster) == {
+        0: (approx(19.0), approx(19.0)),
+        1: (approx(19.0), approx(19.0)),
+        2: (approx(19.0), approx(19.0)),
+    }
+
+
 def test_the_group_s_steps_and_dummy_batches_by_hand() -> None:
     """The group alone, with two stand-in ranks of a group of three; shared part 0.5 s + 0.1 s per
     token of all ranks, an idle rank adding its one dummy token:

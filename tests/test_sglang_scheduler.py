@@ -40,6 +40,20 @@ def test_lpm_admits_the_longest_cached_prefix_first():
     assert {r.request_id: r.cached_prompt_tokens for r in lpm.records} == {0: 0, 2: 40, 1: 0}
 
 
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_new_token_ratio_decays_once_per_decode_only_iteration(step_mode):
+    """SGLang lowers new_token_ratio once per decode batch it runs (update_running_batch), from 0.7 by
+    0.602 / 600: not for a prefill-only iteration, nor for one that prefills a prompt beside the
+    decoding requests. R0 (prompt 100, output 51) prefills in iteration 1 and decodes in the 50 after
+    it; R1 (prompt 10, output 1) arrives at 10.5, during iteration 10 ([10, 11)), and prefills in
+    iteration 11 beside R0's decode. 50 - 1 = 49 decode-only iterations: 0.7 - 49 x 0.602 / 600."""
+    requests = [request(0, 0.0, 100, 51), request(1, 10.5, 10, 1)]
+    engine = run("radix", PoolSpec(4000, 16, 1024), requests, step_mode, **SGLANG)
+    assert admitted(engine) == pytest.approx({0: 0.0, 1: 11.0})
+    assert engine.counters.iterations == 51
+    assert engine.scheduler.new_token_ratio == pytest.approx(0.7 - 49 * 0.602 / 600, rel=1e-12)
+
+
 @pytest.mark.parametrize(("second_prompt", "second_admitted"), [(40, 1.6), (39, 0.0)])
 def test_max_prefill_tokens_holds_the_second_prompt_to_the_next_iteration(second_prompt, second_admitted):
     """max_prefill_tokens 100 (``rem_input_tokens``): R0's 60 tokens are admitted (the first admission
