@@ -358,3 +358,15 @@ def test_skipped_blocks_go_back_latest_first():
     kv.grow(1, 8)
     assert window.held_blocks(1) == (3, 5)
     assert pool.queue.order()[-3:] == [blocks[2], blocks[1], blocks[0]]
+
+
+def test_a_prompt_of_whole_blocks_never_hits_its_last_token():
+    """A 16-token prompt (4 whole blocks) served and freed leaves all 4 cached in both groups; the same
+    prompt again hits 3 (12 tokens): its last token is computed to sample the first output token
+    (vLLM looks up ``len - 1`` tokens), so its block is not a hit however whole it is."""
+    kv, full, window, pool = hybrid(16)
+    prompt = ((1, 16),)
+    kv.admit(1, prompt, 18, 101)
+    kv.free(1)
+    assert kv.lookup(prompt) == PrefixHit(12)
+    assert kv.admit(2, prompt, 18, 102) == 12
