@@ -214,3 +214,19 @@ def test_a_stored_run_stopped_early_answers_only_its_own_stop_rules():
     assert answers(task, stopped)
     assert not answers(PointTask("p", {}, ".", WINDOW, loose), stopped)
     assert not answers(PointTask("p", {}, ".", WINDOW, None), stopped)
+
+
+def test_a_window_that_can_still_end_exactly_at_a_limit_is_not_stopped():
+    """The SLOs are met *at* their limits (mean TTFT <= 2 s, attainment >= 0.5): a check stops a run
+    only when every window is past them. One window, requests 0 and 1: lower bounds on their TTFTs
+    1 s and 3 s give a mean of at least 2 s, which can still be exactly 2 s; with a 1 s TTFT goodput
+    target request 1 has missed it, request 0 has not: at most 1 of 2 (0.5) can still attain it."""
+    watch = CertainFailureWatch(rules(SLOs(ttft_mean_s=2.0), SteadyWindow(0.2, 0.1, goodput_ttft_s=1.0)))
+    watch._bounds = {"ttft": np.array([1.0, 3.0, 9.0])}
+    watch._admissible = np.ones(3, dtype=bool)
+    watch._outputs = np.full(3, 5)
+    window = Ranges(np.array([0]), 2)
+    assert watch._mean_check(window, "ttft", 2.0)() == ""
+    assert watch._mean_check(window, "ttft", 1.99)() == "the mean is at least 2 s"
+    assert watch._attainment_check(window, 0.5)() == ""
+    assert watch._attainment_check(window, 0.51)() == "at most 50.0% can still meet their targets"
