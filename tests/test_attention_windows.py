@@ -23,17 +23,25 @@ def _costs(windows):
     return costs
 
 
-def _run(step_mode, windows, requests, blocks=64):
+def _run(step_mode, windows, requests, blocks=64, **knobs):
     pool = PoolSpec(blocks * 4, 4, 200)
     engine = Engine(
         make_policy("paged", pool),
         _costs(windows),
-        EngineKnobs(max_model_len=200, step_mode=step_mode),
+        EngineKnobs(max_model_len=200, step_mode=step_mode, **knobs),
         iter(requests),
         block_size=4,
     )
     engine.run()
     return engine
+
+
+def _assert_same_times(skip, single):
+    """Event skipping gives every request single stepping's outcome and times."""
+    assert skip.counters.iterations == single.counters.iterations
+    for request_id, row in times(single).items():
+        assert times(skip)[request_id][3] == row[3]
+        assert times(skip)[request_id][:3] == pytest.approx(row[:3], rel=1e-9)
 
 
 @pytest.mark.parametrize("step_mode", ["single", "skip"])
@@ -63,10 +71,7 @@ def test_skip_equals_single_across_crossings_and_preemptions():
     skip = _run("skip", windows, _stream(40), blocks=40)
     single = _run("single", windows, _stream(40), blocks=40)
     assert skip.counters.preemptions == single.counters.preemptions > 0
-    assert skip.counters.iterations == single.counters.iterations
-    for request_id, row in times(single).items():
-        assert times(skip)[request_id][3] == row[3]
-        assert times(skip)[request_id][:3] == pytest.approx(row[:3], rel=1e-9)
+    _assert_same_times(skip, single)
     # a crossing is one more event per request, window and admission at most
     full = _run("skip", (), _stream(40), blocks=40)
     admissions = 40 + skip.counters.preemptions
@@ -87,23 +92,11 @@ def test_skip_equals_single_with_chunked_prompts_beside_windowed_decodes():
         )
     ]
 
-    def run(step_mode):
-        engine = Engine(
-            make_policy("paged", PoolSpec(256 * 4, 4, 200)),
-            _costs(windows),
-            EngineKnobs(max_model_len=200, step_mode=step_mode, max_num_batched_tokens=10),
-            iter(requests),
-            block_size=4,
-        )
-        engine.run()
-        return engine
-
-    skip, single = run("skip"), run("single")
+    skip, single = (
+        _run(mode, windows, requests, blocks=256, max_num_batched_tokens=10) for mode in ("skip", "single")
+    )
     assert skip.jumps.prefill > 0  # the path under test ran
-    assert skip.counters.iterations == single.counters.iterations
-    for request_id, row in times(single).items():
-        assert times(skip)[request_id][3] == row[3]
-        assert times(skip)[request_id][:3] == pytest.approx(row[:3], rel=1e-9)
+    _assert_same_times(skip, single)
 
 
 def test_skip_equals_single_with_windows_and_speculative_decoding():
@@ -115,23 +108,12 @@ def test_skip_equals_single_with_windows_and_speculative_decoding():
     speculative = SpeculativeDecoding("eagle", 2, AcceptanceModel.from_rates([0.7, 0.4]), 4)
     windows = ((6, 0.5),)
 
-    def run(step_mode):
-        engine = Engine(
-            make_policy("paged", PoolSpec(256 * 4, 4, 200)),
-            _costs(windows),
-            EngineKnobs(max_model_len=200, step_mode=step_mode, speculative=speculative),
-            iter(_stream(12, seed=9)),
-            block_size=4,
-        )
-        engine.run()
-        return engine
-
-    skip, single = run("skip"), run("single")
+    skip, single = (
+        _run(mode, windows, _stream(12, seed=9), blocks=256, speculative=speculative)
+        for mode in ("skip", "single")
+    )
     assert skip.jumps.decode > 0  # the path under test ran
-    assert skip.counters.iterations == single.counters.iterations
-    for request_id, row in times(single).items():
-        assert times(skip)[request_id][3] == row[3]
-        assert times(skip)[request_id][:3] == pytest.approx(row[:3], rel=1e-9)
+    _assert_same_times(skip, single)
 
 
 @pytest.mark.parametrize("step_mode", ["single", "skip"])
