@@ -144,3 +144,17 @@ def test_pending_tokens_move_from_reserved_to_used_by_each_groups_slots_per_toke
     assert observer.group_values() == ((12, 18, 0, 0, 0, 70) + (5, 0, 0, 0, 0, 95) + (36, 54, 0, 0, 0, 10))
     observer.clock = _FakeClock(0)
     assert observer.group_values() == _FakeKV().group_breakdown_values()
+
+
+def test_a_token_decoded_inside_a_jump_fills_as_many_slots_as_its_group_says():
+    """Jenga's small-page groups fill several slots per token (sim/kv/jenga.py): 2 token-seconds
+    decoded inside a jump move 3 x 2 = 6 slot-seconds from reserved to used in such a group, 2 in a
+    group of one slot per token, none in a shared pool's free blocks. Over 1 s of a 50-slot pool with
+    10 reserved slots in each group: used 0.12 and 0.04, reserved 0.08 and 0.16."""
+    series = GroupSeries(("jenga small", "full", "shared pool"), (3, 1, False))
+    series.observe(0.0, (0, 10, 0, 0, 0, 0) * 2 + (0, 0, 0, 0, 0, 30))
+    series.add_token_area(2.0)
+    means = series.time_averages(1.0, 50)
+    assert (means["jenga small"]["used"], means["jenga small"]["reserved"]) == pytest.approx((0.12, 0.08))
+    assert (means["full"]["used"], means["full"]["reserved"]) == pytest.approx((0.04, 0.16))
+    assert means["shared pool"]["used"] == 0.0 and means["shared pool"]["free"] == pytest.approx(0.6)
