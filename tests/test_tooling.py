@@ -182,3 +182,17 @@ def test_planted_bug_sites_must_be_unique(tmp_path):
         "gone: module.py holds its `find` 0 times (must be once)",
         "[tests] module.py: missing.py not found",
     ]
+
+
+def test_planted_bug_scores_by_hand():
+    # Two modules: a.py 2 of 3 caught (67 %), b.py 1 of 1; in all 3 of 4 (75 %).
+    planted_bugs = _planted_bugs_tool()
+    bugs = [
+        planted_bugs.PlantedBug(f"bug{i}", f"{module}.py", "x", "y", "why") for i, module in enumerate("aaab")
+    ]
+    caught = {"bug0": True, "bug1": False, "bug2": True, "bug3": True}
+    assert planted_bugs.score_table(bugs, caught).splitlines()[2:] == [
+        "| `a.py` | 3 | 2 | 67 % |",
+        "| `b.py` | 1 | 1 | 100 % |",
+        "| all | 4 | 3 | 75 % |",
+    ]
