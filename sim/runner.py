@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from policies.base import KVCachePolicy, OutOfKVMemory, PolicyInputError, PoolSpec, make_policy, policy_class
 from policies.contiguous import ContiguousPolicy
+from policies.hybrid.mamba import ALIGN_NEEDS_A_BLOCK
 from sim.cluster.cluster import Cluster, follow_up_of
 from sim.cluster.disaggregated import Decider, DisaggregatedCluster, PoolShape
 from sim.cluster.disaggregated_results import (
@@ -61,6 +62,7 @@ from sim.kv.allocators import (
     hybrid_allocator_options,
     is_hybrid_allocator,
     sglang_hybrid_layout,
+    vllm_mamba_cache_mode,
 )
 from sim.kv.coordinator import KVCoordinator
 from sim.kv.jenga import JengaLayout
@@ -719,26 +721,45 @@ def _hybrid_layout(
                 **variant.options,
             )
             return JengaLayout(jenga, max_model_len, prefill_tokens)
+    except ValueError as error:
+        if str(error).startswith("large_page_bytes"):  # (jenga's option: the key it came from)
+            raise ConfigError(f"variants.{index}.options.{error}") from None
+        raise ConfigError(f"{where}: {variant.policy}: {error}") from None
+    # (vllm-hybrid caches prefixes when enable_prefix_caching is true; unset keeps it off.)
+    prefix_caching = bool(engine_config.enable_prefix_caching)
+    try:
+        mamba_cache_mode = vllm_mamba_cache_mode(
+            model,
+            variant.options.get("mamba_cache_mode"),
+            prefix_caching,
+            engine_config.enable_chunked_prefill,
+            option_key=f"variants.{index}.options.mamba_cache_mode",
+            caching_key=key("enable_prefix_caching"),
+            chunked_key=key("enable_chunked_prefill"),
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    try:
         hybrid = vllm_hybrid_kv_capacity(
             model,
             capacity.available_kv_bytes,
             max_model_len=max_model_len,
             block_size=engine_config.block_size,
             kv_cache_dtype=engine_config.kv_cache_dtype,
+            mamba_cache_mode=mamba_cache_mode,
             max_num_batched_tokens=engine_config.max_num_batched_tokens,
             max_concurrent_batches=batches_in_flight,
             tensor_parallel_size=engine_config.tensor_parallel_size,
             num_gpu_blocks_override=engine_config.num_gpu_blocks_override,
         )
     except ValueError as error:
-        if str(error).startswith("large_page_bytes"):  # (jenga's option: the key it came from)
-            raise ConfigError(f"variants.{index}.options.{error}") from None
         raise ConfigError(f"{where}: {variant.policy}: {error}") from None
-    try:
-        # (vllm-hybrid caches prefixes when enable_prefix_caching is true; unset keeps it off.)
-        return HybridLayout(hybrid, max_model_len, prefill_tokens, bool(engine_config.enable_prefix_caching))
-    except ValueError as error:
-        raise ConfigError(f"{key('enable_prefix_caching')}: {error}") from None
+    if mamba_cache_mode == "align" and prefill_tokens < hybrid.block_size <= max_model_len:
+        raise ConfigError(
+            f"{key('max_num_batched_tokens')}: {engine_config.max_num_batched_tokens:,} is less than the "
+            f"{hybrid.block_size:,}-token block {model.name} takes with Mamba layers: {ALIGN_NEEDS_A_BLOCK}"
+        )
+    return HybridLayout(hybrid, max_model_len, prefill_tokens, prefix_caching)
 
 
 def _prepare_disaggregated(

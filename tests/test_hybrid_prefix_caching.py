@@ -248,10 +248,12 @@ def test_chunked_local_attention_serves_the_blocks_of_the_current_chunk():
     assert chunked.lookup(((5, 13),)) == PrefixHit(8)
 
 
-def test_a_mamba_group_refuses_a_prefix_caching_pool():
+def test_a_mamba_group_caching_prefixes_refuses_a_prefill_budget_under_a_block():
+    """vLLM's align mode cuts prefill chunks to whole blocks (tests/test_mamba_prefix_caching.py has
+    the rest): a budget under a block would never schedule a prompt past its first block."""
     pool = PrefixCachingBlockPool(8, BLOCK)
     with pytest.raises(PolicyInputError, match="mamba_cache_mode 'align'"):
-        MambaGroup(PoolSpec(32, BLOCK, 4096), pool, 4096)
+        MambaGroup(PoolSpec(32, BLOCK, 4096), pool, BLOCK - 1)
 
 
 KINDS = ["admit", "admit", "grow", "decode_step", "free", "preempt", "fork", "match"]

@@ -509,6 +509,12 @@ class GroupManager(SequenceTable[GroupSequence]):
         seq = self._get(seq_id)
         return seq.first_block, seq.end_block
 
+    def held_block_count(self, seq_id: int) -> int:
+        """The blocks ``seq_id`` holds: its run's (a Mamba group's prefill may hold the run's two ends
+        only, null blocks between them)."""
+        seq = self._get(seq_id)
+        return seq.end_block - seq.first_block
+
     @property
     def pool_slots(self) -> int:
         """The slots this group holds now: its part of the shared pool (which the coordinator counts),

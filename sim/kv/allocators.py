@@ -7,7 +7,9 @@ policies (``policies/``), so the same stream can be replayed on both, side by si
   drawing blocks of one page size from one pool of ``num_gpu_blocks`` blocks, each group released by
   its kind's rule (``policies/hybrid/``). With ``engine.enable_prefix_caching: true`` the pool's
   blocks keep their identities (``policies/hybrid/prefix_pool.py``) and a prompt's hit is the
-  longest prefix every group serves (``sim/kv/coordinator.py``); models with Mamba groups refuse it.
+  longest prefix every group serves (``sim/kv/coordinator.py``); a Mamba group then runs vLLM's
+  ``mamba_cache_mode: align`` (``policies/hybrid/mamba.py``; the runner picks the mode as vLLM does
+  and refuses the ones kvsim does not model).
 
 ``sglang-hybrid``: SGLang's hybrid SWA memory without its radix cache (``--disable-radix-cache``):
   two token pools of their own (``SWAKVPool``), sized as SGLang sizes them
@@ -34,12 +36,19 @@ from policies.hybrid.block_pool import SharedBlockPool
 from policies.hybrid.chunked_local import ChunkedLocalGroup
 from policies.hybrid.full import FullAttentionGroup
 from policies.hybrid.group import GroupManager
-from policies.hybrid.mamba import MAMBA_PREFIX_CACHING, MambaGroup
+from policies.hybrid.mamba import MambaGroup
 from policies.hybrid.prefix_pool import PrefixCachingBlockPool
 from policies.hybrid.sglang_sliding_window import SGLangSlidingWindowGroup
 from policies.hybrid.sliding_window import SlidingWindowGroup
-from sim.hardware.hybrid_capacity import HybridKVCapacity
-from sim.hardware.layers import ChunkedLocal, FullAttention, LayerKind, SlidingWindow
+from sim.hardware.hybrid_capacity import HybridKVCapacity, MambaCacheMode
+from sim.hardware.layers import (
+    STATE_KINDS,
+    ChunkedLocal,
+    FullAttention,
+    GatedDeltaNetState,
+    LayerKind,
+    SlidingWindow,
+)
 from sim.hardware.models import ModelSpec
 from sim.hardware.sglang_hybrid_capacity import (
     DEFAULT_SWA_FULL_TOKENS_RATIO,
@@ -55,11 +64,13 @@ __all__ = [
     "hybrid_allocator_options",
     "is_hybrid_allocator",
     "sglang_hybrid_layout",
+    "vllm_mamba_cache_mode",
 ]
 
 HYBRID_ALLOCATORS = ("vllm-hybrid", "sglang-hybrid", "jenga")
 
 _OPTIONS: dict[str, tuple[str, ...]] = {
+    "vllm-hybrid": ("mamba_cache_mode",),
     "sglang-hybrid": ("swa_full_tokens_ratio", "page_size"),
     "jenga": ("large_page_bytes",),
 }
@@ -84,14 +95,8 @@ class HybridLayout:
     """The most prompt tokens one iteration computes for one request (a sliding or chunked group
     holds what chunked prefill keeps at once: ``policies/hybrid/``)."""
     prefix_caching: bool = False
-    """vLLM's prefix caching (``engine.enable_prefix_caching: true``): cached blocks kept by identity."""
-
-    def __post_init__(self) -> None:
-        if self.prefix_caching and any(_is_state(group.kind) for group in self.capacity.groups):
-            raise ValueError(
-                f"{self.capacity.model} has Mamba layers: vllm-hybrid with enable_prefix_caching: true "
-                f"is not modelled for it ({MAMBA_PREFIX_CACHING}); set enable_prefix_caching: false"
-            )
+    """vLLM's prefix caching (``engine.enable_prefix_caching: true``): cached blocks kept by identity
+    (a Mamba group's states in ``mamba_cache_mode: align``)."""
 
     @property
     def slot_bytes(self) -> int:
@@ -132,9 +137,64 @@ class HybridLayout:
         return make_coordinator(groups)
 
 
-def _is_state(kind: LayerKind) -> bool:
-    """A Mamba / linear-attention kind: its group keeps a state per request, not per-token K/V."""
-    return not isinstance(kind, (FullAttention, SlidingWindow, ChunkedLocal))
+def vllm_mamba_cache_mode(
+    model: ModelSpec,
+    option: object,
+    prefix_caching: bool,
+    chunked_prefill: bool,
+    *,
+    option_key: str = "mamba_cache_mode",
+    caching_key: str = "enable_prefix_caching",
+    chunked_key: str = "enable_chunked_prefill",
+) -> MambaCacheMode:
+    """The ``mamba_cache_mode`` vLLM runs ``model`` with (``option``: the variant's option, None when
+    unset), as vLLM's ``MambaModelConfig.verify_and_update_config`` (``vllm/model_executor/models/
+    config.py``, vLLM main in the public code index) settles it: "none" without prefix caching; with
+    it, an unset (or "none") mode becomes "all" for a model whose Mamba layers support it
+    (``SupportsMambaPrefixCaching``: vLLM's Mamba and Mamba2 models, Nemotron-H among them), else
+    "align" (Qwen3-Next's gated delta net), and "all" asked of a model without that support falls
+    back to "align"; "align" needs chunked prefill. kvsim models "none" and "align": ``ValueError``,
+    naming the key and its value, for what vLLM would not run and for "all"."""
+    if option is not None and option not in ("none", "align", "all"):
+        raise ValueError(f"{option_key}: {option!r} is not one of vLLM's modes 'none', 'align', 'all'")
+    states = {type(kind) for kind in model.layer_kinds or () if isinstance(kind, STATE_KINDS)}
+    if not states:
+        if option is not None:
+            raise ValueError(
+                f"{option_key}: {option!r}: {model.name} has no Mamba/linear-attention layers (vLLM reads "
+                "mamba_cache_mode for models with them only)"
+            )
+        return "none"
+    if not prefix_caching:
+        if option in (None, "none"):
+            return "none"
+        raise ValueError(
+            f"{option_key}: {option!r} needs {caching_key}: true (vLLM sets mamba_cache_mode 'none' "
+            "without prefix caching)"
+        )
+    supports_all = not states <= {GatedDeltaNetState}
+    if option == "none":
+        raise ValueError(
+            f"{option_key}: 'none' with {caching_key}: true: vLLM replaces it by its default for "
+            f"{model.name}, {'all' if supports_all else 'align'!r}; leave the option unset or set 'align'"
+        )
+    if option == "all" and supports_all:
+        raise ValueError(
+            f"{option_key}: 'all' is not modelled (vLLM caches a Mamba state at every block boundary of "
+            "a prefill in it); set 'align'"
+        )
+    if option is None and supports_all:
+        raise ValueError(
+            f"{caching_key}: true: vLLM's default mamba_cache_mode for {model.name} with prefix caching "
+            "is 'all' (its Mamba layers support it), which kvsim does not model; set "
+            f"{option_key}: align to run vLLM's 'align' mode"
+        )
+    if not chunked_prefill:
+        raise ValueError(
+            f"{chunked_key}: false: vLLM's mamba_cache_mode 'align' (prefix caching on {model.name}) "
+            "requires chunked prefill"
+        )
+    return "align"
 
 
 def group_manager(
