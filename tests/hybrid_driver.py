@@ -12,7 +12,8 @@ Invariants (issue 39: "the accounting identity holds per group under 10^6 fuzzed
 - every live sequence is in every group, at the same length;
 - a refused operation (``OutOfKVMemory``) changes nothing.
 
-With prefix caching (``vllm-hybrid-prefix``: blocks with identities, ``policies/hybrid/prefix_pool.py``),
+With prefix caching (``vllm-hybrid-prefix``, and ``vllm-hybrid-prefix-mamba`` with a Mamba group's states:
+blocks with identities, ``policies/hybrid/prefix_pool.py``),
 a group's part counts a block several sequences hold once and adds its cached blocks; the pool's free
 queue is its blank and cached blocks; and the common prefix hit of every probe prompt is one that every
 group serves: each group holds, cached, every block of it that its kind attends to.
@@ -57,7 +58,7 @@ def vllm_groups(blocks: int = 64, prefill_tokens: int = 24) -> MultiGroupCoordin
 
 def vllm_prefix_groups(blocks: int = 64, prefill_tokens: int = 24) -> MultiGroupCoordinator:
     """:func:`vllm_groups` with prefix caching: full, sliding window (8) and chunked local (8) groups
-    over a pool of blocks with identities (vLLM caches no Mamba state here: kvsim refuses it)."""
+    over a pool of blocks with identities (the Mamba group's states: :func:`vllm_prefix_mamba_groups`)."""
     pool = PrefixCachingBlockPool(blocks, BLOCK, pool_slots=blocks * BLOCK + 3)
     spec = PoolSpec(blocks * BLOCK, BLOCK, 4096)
     kv = make_coordinator(
@@ -65,6 +66,23 @@ def vllm_prefix_groups(blocks: int = 64, prefill_tokens: int = 24) -> MultiGroup
             KVGroup("full", FullAttentionGroup(spec, pool, prefill_tokens)),
             KVGroup("sliding(8)", SlidingWindowGroup(spec, pool, prefill_tokens, window=8)),
             KVGroup("chunked(8)", ChunkedLocalGroup(spec, pool, prefill_tokens, chunk=8)),
+        ]
+    )
+    assert isinstance(kv, MultiGroupCoordinator)
+    return kv
+
+
+def vllm_prefix_mamba_groups(blocks: int = 64, prefill_tokens: int = 10) -> MultiGroupCoordinator:
+    """A Mamba hybrid with prefix caching (vLLM's ``mamba_cache_mode: align``): full, sliding window
+    (8) and Mamba groups over a pool of blocks with identities; prompts computed 10 tokens a step, so
+    a prompt's chunks end every 8 tokens (2 blocks) and its states there are cached."""
+    pool = PrefixCachingBlockPool(blocks, BLOCK, pool_slots=blocks * BLOCK + 3)
+    spec = PoolSpec(blocks * BLOCK, BLOCK, 4096)
+    kv = make_coordinator(
+        [
+            KVGroup("full", FullAttentionGroup(spec, pool, prefill_tokens)),
+            KVGroup("sliding(8)", SlidingWindowGroup(spec, pool, prefill_tokens, window=8)),
+            KVGroup("mamba", MambaGroup(spec, pool, prefill_tokens)),
         ]
     )
     assert isinstance(kv, MultiGroupCoordinator)
@@ -103,6 +121,7 @@ def jenga_pages(large_pages: int = 40) -> KVCoordinator:
 LAYOUTS: dict[str, Callable[[], KVCoordinator]] = {
     "vllm-hybrid-groups": vllm_groups,
     "vllm-hybrid-prefix": vllm_prefix_groups,
+    "vllm-hybrid-prefix-mamba": vllm_prefix_mamba_groups,
     "sglang-hybrid-pools": sglang_pools,
     "jenga-pages": jenga_pages,
 }
@@ -116,7 +135,7 @@ class HybridDriver:
     def __init__(self, layout: str):
         self.kv = LAYOUTS[layout]()
         self.jenga = layout == "jenga-pages"
-        self.caching = layout == "vllm-hybrid-prefix"
+        self.caching = layout.startswith("vllm-hybrid-prefix")
         self.policy = self.kv  # (what tests/fuzz.py reads its eviction count from)
         self.names, _ = self.kv.group_entries()
         self.final_len: dict[int, int] = {}
@@ -245,7 +264,7 @@ class HybridDriver:
             assert isinstance(manager, GroupManager) and manager.tables is not None
             tables = manager.tables
             pool = tables.pool
-            held = sum(end - first for first, end in map(manager.held_blocks, self.final_len))
+            held = sum(map(manager.held_block_count, self.final_len))
             used, reserved, internal, _, group_cached, _ = entries[
                 CATEGORIES * index : CATEGORIES * (index + 1)
             ]
