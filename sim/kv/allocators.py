@@ -8,8 +8,9 @@ policies (``policies/``), so the same stream can be replayed on both, side by si
   its kind's rule (``policies/hybrid/``). With ``engine.enable_prefix_caching: true`` the pool's
   blocks keep their identities (``policies/hybrid/prefix_pool.py``) and a prompt's hit is the
   longest prefix every group serves (``sim/kv/coordinator.py``); a Mamba group then runs vLLM's
-  ``mamba_cache_mode: align`` (``policies/hybrid/mamba.py``; the runner picks the mode as vLLM does
-  and refuses the ones kvsim does not model).
+  ``mamba_cache_mode: align`` (``policies/hybrid/mamba.py``). Option ``mamba_cache_mode`` (vLLM's
+  ``--mamba-cache-mode``; unset: vLLM's default for the model, :func:`vllm_mamba_cache_mode`), the
+  modes kvsim does not model and what vLLM would not run refused.
 
 ``sglang-hybrid``: SGLang's hybrid SWA memory without its radix cache (``--disable-radix-cache``):
   two token pools of their own (``SWAKVPool``), sized as SGLang sizes them
