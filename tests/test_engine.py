@@ -476,6 +476,47 @@ def test_swap_without_host_room_falls_back_to_recompute(step_mode):
     assert got[1] == pytest.approx((0.0, 1.08, 12.24, "finished"))
 
 
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+@pytest.mark.parametrize(
+    ("swap_space_blocks", "preemptions", "swapped_out", "r0_finish"),
+    [(8, 2, 2, 3.65), (1, 3, 1, 2.69), (0, 3, 0, 2.19)],
+)
+def test_two_requests_swapped_out_at_once_share_the_host_room(
+    step_mode, swap_space_blocks, preemptions, swapped_out, r0_finish
+):
+    """Pool of 4 blocks x 4 slots; r0 (prompt 8), r1 (prompt 4), r2 (prompt 3), 2 tokens out each,
+    all admitted at 0 (2 + 1 + 1 blocks: the pool is full).
+
+    it 1 [0, 1.15): 15 prompt tokens. All three sample their first token at 1.15 (TTFT 1.15 each,
+    whatever happens to their slots next). r0's token is its 9th: it needs a block; r2, the newest,
+    is preempted for it (3 tokens: 1 block to the host if the host has 3 token slots left). r1's is
+    its 5th: no block left, r1 is now the newest and preempted itself (4 tokens: 1 block if the host
+    has 4 slots left).
+    - Host room 8 blocks: both swapped out (2). it 2 [1.15, 3.65): r0 token 2, 2 blocks out, r1
+      swapped back in to the block it left (1 in): 1.0 + 0.5 x 3. r0 finishes at 3.65.
+    - Host room 1 block (4 slots): r2 takes 3 of them, the 1 left cannot take r1: it recomputes.
+      it 2 [1.15, 2.69): r0 token 2, r2's block out, r1 re-admitted, prompt 4 recomputed: 1.0 + 0.5
+      + 0.04. At 2.69 r1's prompt is done first and its token needs a block r0 still holds: r1 is
+      preempted again (3), recompute again; then r0 finishes at 2.69.
+    - No host room: every preemption recomputes; it 2 [1.15, 2.19): 1.0 + 0.04 (r1's prompt)."""
+    requests = [request(0, 0.0, 8, 2), request(1, 0.0, 4, 2), request(2, 0.0, 3, 2)]
+    engine = run(
+        "paged",
+        PoolSpec(16, 4, 16),
+        requests,
+        step_mode,
+        preemption_mode="swap",
+        swap_space_blocks=swap_space_blocks,
+    )
+    assert engine.counters.preemptions == preemptions
+    assert engine.counters.swapped_out_blocks == swapped_out
+    got = times(engine)
+    assert [got[request_id][1] for request_id in range(3)] == pytest.approx([1.15] * 3)
+    assert got[0] == pytest.approx((0.0, 1.15, r0_finish, "finished"))
+    assert {outcome for *_, outcome in got.values()} == {"finished"}
+    assert engine.counters.output_tokens == 6
+
+
 def test_watermark_keeps_admission_headroom():
     """Pool of 40 slots; each prompt takes 8. A watermark of 0.7 keeps 28 slots free at admission:
     r0 leaves 32 >= 28 and is admitted; r1 would leave 24 < 28, so it waits until r0 has finished.

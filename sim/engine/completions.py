@@ -51,9 +51,20 @@ class Completions:
         now = self.env.now
         changed = False
         swapped_out = 0
-        for prefilled in prefill_this_step:
-            state = prefilled[0]  # (indexed, not unpacked: see token_content.segments.content_length)
-            if state.is_running and state.prefilled >= state.tokens_to_prefill and not state.decoding:
+        done = [
+            prefilled[0]  # (indexed, not unpacked: see token_content.segments.content_length)
+            for prefilled in prefill_this_step
+            if prefilled[0].is_running
+            and prefilled[0].prefilled >= prefilled[0].tokens_to_prefill
+            and not prefilled[0].decoding
+        ]
+        for state in done:
+            # Every prompt of the batch sampled its first token as the iteration ended, before any of
+            # them takes a slot for it: one preempted by an older request's slot keeps its TTFT.
+            if state.record.first_token_s != state.record.first_token_s:  # NaN: first time
+                state.record.first_token_s = now
+        for state in done:
+            if state.is_running and not state.decoding:
                 swapped_out += self.start_decoding(state)
                 changed = True
         for state in self.clock.due_ends():
@@ -70,8 +81,6 @@ class Completions:
         """The prompt is in (or back in, after a recompute): fork the samples/beams, and the
         iteration's token goes into every sequence. Returns blocks swapped out by preemptions."""
         self.batch.prefilling.remove(state)
-        if state.record.first_token_s != state.record.first_token_s:  # NaN: first time
-            state.record.first_token_s = self.env.now
         if len(state.seq_ids) < state.width:
             self.batch.release_unforked(state)
             # Sample i (i >= 1) runs to its own length: the children take entries 1.. of sample_lens.
