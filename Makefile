@@ -72,6 +72,8 @@ bench: native
 # Mutation testing (not part of `make test`): mutmut, config in pyproject.toml [tool.mutmut]. One
 # process at low priority; results are cached in mutants/, so a second run only tests what changed.
 # A subset: make mutation MUTANTS='sim.hardware.capacity* sim.outputs.metrics*'
+# Modules whose functions hundreds of tests reach (the engine's): after mutmut's map is built, score
+# them with each function's fast covering tests, python tools/mutation_fast.py sim.engine.growth.
 MUTANTS ?=
 mutation: venv
 	$(PIP_EDITABLE) '.[mutation]'

@@ -118,6 +118,51 @@ def test_mutation_prepare_removes_only_mutmuts_own_stale_copies(tmp_path):
     )
 
 
+def test_mutation_fast_picks_each_mutants_covering_tests_by_their_time():
+    """``tools/mutation_fast.py`` runs a mutant's covering tests from mutmut's map, fastest first,
+    within a window of unmutated run times, and never a test that no longer exists (pytest would
+    fail on it, counting the mutant killed)."""
+    from tools import mutation_fast
+
+    stats = {
+        "tests_by_mangled_function_name": {"m.x_f": ["t::slow", "t::gone", "t::fast", "t::mid"]},
+        "duration_by_test": {"t::slow": 2.0, "t::gone": 0.1, "t::fast": 0.2, "t::mid": 0.5},
+    }
+    existing = {"t::slow", "t::fast", "t::mid"}
+    assert mutation_fast.function_of("m.x_f__mutmut_12") == "m.x_f"
+    assert mutation_fast.covering_tests(stats, "m.x_f", None, existing) == ["t::fast", "t::mid", "t::slow"]
+    assert mutation_fast.covering_tests(stats, "m.x_f", (0.0, 0.5), existing) == ["t::fast"]
+    assert mutation_fast.covering_tests(stats, "m.x_f", (0.5, 3.0), existing) == ["t::mid", "t::slow"]
+    assert mutation_fast.covering_tests(stats, "m.x_g", None, existing) == []
+    names = ["m.x_f__mutmut_10", "m.x_f__mutmut_9", "m.x_e__mutmut_2"]
+    assert sorted(names, key=mutation_fast._natural) == [
+        "m.x_e__mutmut_2",
+        "m.x_f__mutmut_9",
+        "m.x_f__mutmut_10",
+    ]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="mutation_fast forks")
+def test_mutation_fast_verdicts_from_a_forked_child(monkeypatch):
+    """A child that passes survives, one that fails kills, one that hangs past the limit is stopped
+    and counts as killed (a loop): the three exits ``run_mutant`` maps."""
+    from tools import mutation_fast
+
+    outcomes = {"passes": 0, "fails": 1}
+
+    def child(mutant, tests):
+        if mutant == "hangs":
+            import time
+
+            time.sleep(30)
+        return outcomes[mutant]
+
+    monkeypatch.setattr(mutation_fast, "_run_child", child)
+    assert mutation_fast.run_mutant("passes", ["t"], 10.0) == "survived"
+    assert mutation_fast.run_mutant("fails", ["t"], 10.0) == "killed"
+    assert mutation_fast.run_mutant("hangs", ["t"], 0.5) == "timeout"
+
+
 def test_mutation_prepare_refreshes_stale_data_copies_and_never_writes_through_a_link(tmp_path):
     """mutmut copies data files once: a refitted calibration stays stale in ``mutants/``. A differing
     copy is refreshed, a missing one added, an equal one and the sources left alone, and a link in
