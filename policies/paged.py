@@ -145,6 +145,20 @@ class FreeBlockQueue:
         self._head = head
         return blocks
 
+    def oldest_cached(self) -> int:
+        """The cached block ``take`` would hand out first once no blank one is left (the queue has
+        one), left in the queue; the stale entries before it are dropped as ``take`` drops them."""
+        cached, stale = self._cached, self._stale
+        head = self._head
+        block_id = cached[head]
+        while stale[block_id]:
+            stale[block_id] -= 1
+            self._stale_entries -= 1
+            head += 1
+            block_id = cached[head]
+        self._head = head
+        return block_id
+
     def append(self, block_id: int) -> None:
         """At the tail: a block that holds cached content."""
         self._cached.append(block_id)

@@ -61,6 +61,7 @@ from sim.kv.allocators import (
     SGLangHybridLayout,
     hybrid_allocator_options,
     is_hybrid_allocator,
+    mamba_prefix_policy,
     sglang_hybrid_layout,
     vllm_mamba_cache_mode,
 )
@@ -759,7 +760,18 @@ def _hybrid_layout(
             f"{key('max_num_batched_tokens')}: {engine_config.max_num_batched_tokens:,} is less than the "
             f"{hybrid.block_size:,}-token block {model.name} takes with Mamba layers: {ALIGN_NEEDS_A_BLOCK}"
         )
-    return HybridLayout(hybrid, max_model_len, prefill_tokens, prefix_caching)
+    try:
+        marconi = mamba_prefix_policy(
+            model,
+            hybrid,
+            variant.options,
+            mamba_cache_mode,
+            option_prefix=f"variants.{index}.options.",
+            caching_key=key("enable_prefix_caching"),
+        )
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return HybridLayout(hybrid, max_model_len, prefill_tokens, prefix_caching, marconi)
 
 
 def _prepare_disaggregated(

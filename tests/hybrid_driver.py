@@ -12,7 +12,8 @@ Invariants (issue 39: "the accounting identity holds per group under 10^6 fuzzed
 - every live sequence is in every group, at the same length;
 - a refused operation (``OutOfKVMemory``) changes nothing.
 
-With prefix caching (``vllm-hybrid-prefix``, and ``vllm-hybrid-prefix-mamba`` with a Mamba group's states:
+With prefix caching (``vllm-hybrid-prefix``, ``vllm-hybrid-prefix-mamba`` with a Mamba group's states,
+``vllm-hybrid-prefix-marconi`` with Marconi's choice of them:
 blocks with identities, ``policies/hybrid/prefix_pool.py``),
 a group's part counts a block several sequences hold once and adds its cached blocks; the pool's free
 queue is its blank and cached blocks; and the common prefix hit of every probe prompt is one that every
@@ -30,6 +31,7 @@ from policies.hybrid.chunked_local import ChunkedLocalGroup
 from policies.hybrid.full import FullAttentionGroup
 from policies.hybrid.group import GroupManager
 from policies.hybrid.mamba import MambaGroup
+from policies.hybrid.marconi import MarconiBlockPool, MarconiCosts, MarconiEvictor, MarconiMambaGroup
 from policies.hybrid.prefix_pool import PrefixCachingBlockPool
 from policies.hybrid.sglang_sliding_window import SGLangSlidingWindowGroup
 from policies.hybrid.sliding_window import SlidingWindowGroup
@@ -89,6 +91,24 @@ def vllm_prefix_mamba_groups(blocks: int = 64, prefill_tokens: int = 10) -> Mult
     return kv
 
 
+def vllm_marconi_mamba_groups(blocks: int = 64, prefill_tokens: int = 10) -> MultiGroupCoordinator:
+    """:func:`vllm_prefix_mamba_groups` with Marconi's admission and eviction of the Mamba group's
+    states (``mamba_prefix_policy: marconi``, ``policies/hybrid/marconi.py``): a branch point's state
+    and each sequence's last boundary's cached, evictions among the states by utility (alpha 1)."""
+    pool = MarconiBlockPool(blocks, BLOCK, pool_slots=blocks * BLOCK + 3)
+    spec = PoolSpec(blocks * BLOCK, BLOCK, 4096)
+    evictor = MarconiEvictor(MarconiCosts(10.0, 1.0, 1, 2, BLOCK), alpha=1.0)
+    kv = make_coordinator(
+        [
+            KVGroup("full", FullAttentionGroup(spec, pool, prefill_tokens)),
+            KVGroup("sliding(8)", SlidingWindowGroup(spec, pool, prefill_tokens, window=8)),
+            KVGroup("mamba", MarconiMambaGroup(spec, pool, prefill_tokens, evictor)),
+        ]
+    )
+    assert isinstance(kv, MultiGroupCoordinator)
+    return kv
+
+
 def sglang_pools(full_tokens: int = 240, swa_tokens: int = 160, page: int = 2) -> MultiGroupCoordinator:
     """SGLang's two pools: a full-attention pool and a sliding-window (6) pool of their own, prompts
     computed in chunks of 20 tokens."""
@@ -122,6 +142,7 @@ LAYOUTS: dict[str, Callable[[], KVCoordinator]] = {
     "vllm-hybrid-groups": vllm_groups,
     "vllm-hybrid-prefix": vllm_prefix_groups,
     "vllm-hybrid-prefix-mamba": vllm_prefix_mamba_groups,
+    "vllm-hybrid-prefix-marconi": vllm_marconi_mamba_groups,
     "sglang-hybrid-pools": sglang_pools,
     "jenga-pages": jenga_pages,
 }
@@ -280,6 +301,16 @@ class HybridDriver:
         assert sum(pool.ref_count) == logical, "a block's reference count is not its holders"
         assert pool.num_blocks - pool.free_blocks == physical
         assert pool.free_blocks == len(pool.queue) and pool.cached_blocks == cached
+        if isinstance(pool, MarconiBlockPool):
+            # Marconi's candidates are the group's free cached states, each stamped no later than now,
+            # and it knows the depth of every state the group caches.
+            for group, evictor in enumerate(pool.evictors):
+                if evictor is None:
+                    continue
+                identified = {b for b in range(pool.num_blocks) if pool.block_group[b] == group}
+                free = {b for b in identified if pool.ref_count[b] == 0}
+                assert set(evictor.depth) == identified and set(evictor.stamp) == free
+                assert all(0 < stamp <= pool.clock for stamp in evictor.stamp.values())
         for probe in PROBES:
             self._check_common_hit(probe)
 

@@ -89,13 +89,24 @@ class StateBlockTables(GroupBlockTables):
             self._release(table[hit - 1])
             table[hit - 1] = NO_BLOCK
         for position in passed:
+            if not self.admits(record, position):
+                continue
             (block,) = pool.take_blocks(1, f"prefilling in the {self.kind} group")
-            pool.cache_block(self.group, block, chains[position])
+            self.cache_state(block, chains[position], position)
             pool.release(block)
         for position in held:
             if table[position] == NO_BLOCK:
                 (table[position],) = pool.take_blocks(1, f"admitting into the {self.kind} group")
         self._cache_held(record, done)
+
+    def admits(self, record: CachedSequence, position: int) -> bool:
+        """Whether the state at the end of block ``position`` enters the cache (align: every one a
+        prefill chunk or a decode step writes; ``policies/hybrid/marconi.py`` chooses)."""
+        return True
+
+    def cache_state(self, block: int, chain: int, position: int) -> None:
+        """``block``, the state after blocks ``0..position``, cached under ``chain``."""
+        self.pool.cache_block(self.group, block, chain)
 
     def released_by(self, key: int, first_block: int, end_block: int, first: int) -> list[int]:
         table = self.by_seq[key].table
@@ -156,6 +167,8 @@ class MambaGroup(GroupManager):
 
     def __init__(self, pool: PoolSpec, shared_pool: SharedBlockPool, prefill_tokens: int):
         super().__init__(pool, shared_pool, prefill_tokens)
+        self._splitting = 0  # (the chunk end :meth:`branch_blocks` adds, while a prompt's run is held)
+        self._splits: dict[int, int] = {}  # sequence id -> that chunk end, until its states are taken
         tables = self.tables
         if tables is not None:
             if prefill_tokens < self.block_size <= pool.max_model_len:
@@ -164,7 +177,11 @@ class MambaGroup(GroupManager):
                     f"({prefill_tokens} < {self.block_size} tokens): {ALIGN_NEEDS_A_BLOCK}"
                 )
             assert isinstance(shared_pool, PrefixCachingBlockPool)
-            self.tables = StateBlockTables(shared_pool, tables.group, self.block_size, self.kind)
+            self.tables = self.state_tables(shared_pool, tables.group)
+
+    def state_tables(self, pool: PrefixCachingBlockPool, group: int) -> StateBlockTables:
+        """The group's block tables over ``pool`` (Marconi's choose which states are cached)."""
+        return StateBlockTables(pool, group, self.block_size, self.kind)
 
     # -- which blocks a sequence holds ---------------------------------------------------------------
     def held_run(self, num_tokens: int) -> tuple[int, int]:
@@ -178,11 +195,12 @@ class MambaGroup(GroupManager):
             return NEVER
         return (seq.first_block + 1) * self.block_size + 2
 
-    def prefill_states(self, prompt_len: int, hit: int) -> tuple[list[int], list[int]]:
+    def prefill_states(self, prompt_len: int, hit: int, split: int = 0) -> tuple[list[int], list[int]]:
         """``(passed, held)``: the block positions of the states a prompt of ``prompt_len`` tokens
         computes after a hit of ``hit`` blocks that are cached and given back during its prefill, and
         those it holds at its last chunk (the hit's, when it is one of the last two). A state's
-        position is its chunk end's block, ``cdiv(end, block) - 1``."""
+        position is its chunk end's block, ``cdiv(end, block) - 1``. ``split`` (blocks, 0: none): a
+        chunk also ends there (:meth:`branch_blocks`)."""
         block = self.block_size
         last_whole = prompt_len - prompt_len % block
         points = [hit - 1] if hit else []
@@ -193,17 +211,40 @@ class MambaGroup(GroupManager):
                 end = start + (end - start) // block * block
             elif start < last_whole < end:
                 end = last_whole
+            if start < split * block < end:
+                end = split * block
             points.append(ceil_div(end, block) - 1)
             start = end
         held = points[-2:]
         passed = points[1:-2] if hit else points[:-2]
         return passed, held
 
+    def branch_blocks(self, prompt: TokenContent, namespace: int, hit: int) -> int:
+        """Blocks after which a prompt admitted with a hit of ``hit`` blocks ends a prefill chunk of
+        its own accord, 0 for none (align mode: none; Marconi's branch point)."""
+        return 0
+
     def _cached_prefill_run(self, prompt_len: int, hit: int) -> tuple[int, int]:
         if self.tables is None:
             return super()._cached_prefill_run(prompt_len, hit)
-        held = self.prefill_states(prompt_len, hit)[1]
+        held = self.prefill_states(prompt_len, hit, self._splitting)[1]
         return held[0], held[-1] + 1
+
+    def hold_cached_prefix(
+        self,
+        seq_id: int,
+        prompt: TokenContent,
+        final_len: int,
+        output_content_id: int,
+        namespace: int,
+        cached_tokens: int,
+    ) -> None:
+        split = self.branch_blocks(prompt, namespace, cached_tokens // self.block_size)
+        self._splitting = split
+        super().hold_cached_prefix(seq_id, prompt, final_len, output_content_id, namespace, cached_tokens)
+        self._splitting = 0
+        if split:
+            self._splits[seq_id] = split
 
     def held_block_count(self, seq_id: int) -> int:
         return 1 if self.tables is None else self._held(self._get(seq_id))
@@ -235,7 +276,7 @@ class MambaGroup(GroupManager):
         if tables is None:
             return self.slots_needed_to_admit(prompt)
         hit = cached_tokens // self.block_size
-        held = self.prefill_states(content_length(prompt), hit)[1]
+        held = self.prefill_states(content_length(prompt), hit, self.branch_blocks(prompt, namespace, hit))[1]
         needed = len(held)
         if hit and hit - 1 in held:
             chains = tables.prompt_chains(prompt, namespace, hit)
@@ -250,7 +291,7 @@ class MambaGroup(GroupManager):
             return super().take_admission_blocks(seq_id)
         hit = self._admitting.pop(seq_id)
         seq = self.sequences[seq_id]
-        passed, held = self.prefill_states(seq.num_tokens, hit)
+        passed, held = self.prefill_states(seq.num_tokens, hit, self._splits.pop(seq_id, 0))
         tables.take_states(id(seq), hit, passed, held)
         self._account(seq, 1)
         cached_tokens = hit * self.block_size

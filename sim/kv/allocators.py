@@ -10,7 +10,9 @@ policies (``policies/``), so the same stream can be replayed on both, side by si
   longest prefix every group serves (``sim/kv/coordinator.py``); a Mamba group then runs vLLM's
   ``mamba_cache_mode: align`` (``policies/hybrid/mamba.py``). Option ``mamba_cache_mode`` (vLLM's
   ``--mamba-cache-mode``; unset: vLLM's default for the model, :func:`vllm_mamba_cache_mode`), the
-  modes kvsim does not model and what vLLM would not run refused.
+  modes kvsim does not model and what vLLM would not run refused. Option ``mamba_prefix_policy``
+  (``vllm``, the default, or ``marconi``: Marconi's admission and eviction of the align mode's
+  states, ``policies/hybrid/marconi.py``, :func:`mamba_prefix_policy`) with ``marconi_alpha``.
 
 ``sglang-hybrid``: SGLang's hybrid SWA memory without its radix cache (``--disable-radix-cache``):
   two token pools of their own (``SWAKVPool``), sized as SGLang sizes them
@@ -38,6 +40,13 @@ from policies.hybrid.chunked_local import ChunkedLocalGroup
 from policies.hybrid.full import FullAttentionGroup
 from policies.hybrid.group import GroupManager
 from policies.hybrid.mamba import MambaGroup
+from policies.hybrid.marconi import (
+    DEFAULT_ALPHA,
+    MarconiBlockPool,
+    MarconiCosts,
+    MarconiEvictor,
+    MarconiMambaGroup,
+)
 from policies.hybrid.prefix_pool import PrefixCachingBlockPool
 from policies.hybrid.sglang_sliding_window import SGLangSlidingWindowGroup
 from policies.hybrid.sliding_window import SlidingWindowGroup
@@ -62,8 +71,10 @@ __all__ = [
     "HYBRID_ALLOCATORS",
     "HybridLayout",
     "SGLangHybridLayout",
+    "MarconiSettings",
     "hybrid_allocator_options",
     "is_hybrid_allocator",
+    "mamba_prefix_policy",
     "sglang_hybrid_layout",
     "vllm_mamba_cache_mode",
 ]
@@ -71,7 +82,7 @@ __all__ = [
 HYBRID_ALLOCATORS = ("vllm-hybrid", "sglang-hybrid", "jenga")
 
 _OPTIONS: dict[str, tuple[str, ...]] = {
-    "vllm-hybrid": ("mamba_cache_mode",),
+    "vllm-hybrid": ("mamba_cache_mode", "mamba_prefix_policy", "marconi_alpha"),
     "sglang-hybrid": ("swa_full_tokens_ratio", "page_size"),
     "jenga": ("large_page_bytes",),
 }
@@ -87,6 +98,14 @@ def hybrid_allocator_options(name: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class MarconiSettings:
+    """Marconi's eviction for a layout's Mamba groups: its costs (from the model) and alpha."""
+
+    costs: MarconiCosts
+    alpha: float = DEFAULT_ALPHA
+
+
+@dataclass(frozen=True)
 class HybridLayout:
     """A hybrid pool as vLLM sizes it, and how to build one replica's groups over it."""
 
@@ -98,6 +117,8 @@ class HybridLayout:
     prefix_caching: bool = False
     """vLLM's prefix caching (``engine.enable_prefix_caching: true``): cached blocks kept by identity
     (a Mamba group's states in ``mamba_cache_mode: align``)."""
+    marconi: MarconiSettings | None = None
+    """Marconi's admission and eviction of the Mamba groups' states (``mamba_prefix_policy: marconi``)."""
 
     @property
     def slot_bytes(self) -> int:
@@ -129,12 +150,23 @@ class HybridLayout:
     def make_coordinator(self) -> KVCoordinator:
         """One replica's groups over a pool of its own."""
         spec = self.pool
-        pool_type = PrefixCachingBlockPool if self.prefix_caching else SharedBlockPool
+        marconi = self.marconi
+        pool_type = (
+            MarconiBlockPool
+            if marconi is not None
+            else PrefixCachingBlockPool
+            if self.prefix_caching
+            else SharedBlockPool
+        )
         shared = pool_type(self.capacity.num_blocks, spec.block_size, spec.kv_pool_tokens)
-        groups = [
-            KVGroup(name, group_manager(group.kind, spec, shared, self.prefill_tokens), self.slot_bytes)
-            for name, group in zip(self.group_names(), self.capacity.groups, strict=True)
-        ]
+        groups = []
+        for name, group in zip(self.group_names(), self.capacity.groups, strict=True):
+            if marconi is not None and isinstance(group.kind, STATE_KINDS):
+                evictor = MarconiEvictor(marconi.costs, marconi.alpha)
+                manager: GroupManager = MarconiMambaGroup(spec, shared, self.prefill_tokens, evictor)
+            else:
+                manager = group_manager(group.kind, spec, shared, self.prefill_tokens)
+            groups.append(KVGroup(name, manager, self.slot_bytes))
         return make_coordinator(groups)
 
 
@@ -196,6 +228,68 @@ def vllm_mamba_cache_mode(
             "requires chunked prefill"
         )
     return "align"
+
+
+def mamba_prefix_policy(
+    model: ModelSpec,
+    capacity: HybridKVCapacity,
+    options: dict,
+    mamba_cache_mode: MambaCacheMode,
+    *,
+    option_prefix: str = "",
+    caching_key: str = "enable_prefix_caching",
+) -> MarconiSettings | None:
+    """Marconi's settings when the options ask for ``mamba_prefix_policy: marconi`` (None for vLLM's
+    own, ``vllm``, the default): its FLOPs from ``model`` (:func:`marconi_costs`), ``marconi_alpha``
+    (default 1.0). ``ValueError`` naming the key and value: an unknown policy, Marconi on a model
+    without Mamba/linear-attention layers or without prefix caching (the mode is not ``align``), an
+    alpha that is not a number >= 0 or one set without Marconi."""
+    policy_key, alpha_key = f"{option_prefix}mamba_prefix_policy", f"{option_prefix}marconi_alpha"
+    policy = options.get("mamba_prefix_policy", "vllm")
+    if policy not in ("vllm", "marconi"):
+        raise ValueError(f"{policy_key}: {policy!r} is not one of 'vllm', 'marconi'")
+    alpha = options.get("marconi_alpha")
+    if policy == "vllm":
+        if alpha is not None:
+            raise ValueError(f"{alpha_key}: {alpha!r} is Marconi's weight: set {policy_key}: marconi")
+        return None
+    if mamba_cache_mode != "align":
+        if not any(isinstance(kind, STATE_KINDS) for kind in model.layer_kinds or ()):
+            raise ValueError(
+                f"{policy_key}: 'marconi': {model.name} has no Mamba/linear-attention layers (Marconi "
+                "caches their states)"
+            )
+        raise ValueError(
+            f"{policy_key}: 'marconi' needs {caching_key}: true (Marconi chooses which Mamba states "
+            "vLLM's prefix caching, mamba_cache_mode 'align', keeps)"
+        )
+    if alpha is None:
+        alpha = DEFAULT_ALPHA
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not alpha >= 0:
+        raise ValueError(f"{alpha_key}: {alpha!r} must be a number >= 0")
+    return MarconiSettings(marconi_costs(model, capacity), float(alpha))
+
+
+def marconi_costs(model: ModelSpec, capacity: HybridKVCapacity) -> MarconiCosts:
+    """What a hit on a prefix saves and holds for ``model`` (``policies/hybrid/marconi.py``): kvsim's
+    roofline prefill FLOPs (``sim/costs/core.py``: ``2 x active parameters`` and the state layers'
+    scan per token, attention's QK^T and PV over the causal prefix; sliding windows counted as full
+    attention) and the layout's groups (a state per Mamba group, a block per attention group)."""
+    from sim.costs.core import SCAN_FLOPS_PER_STATE_ELEMENT, attention_layer_count, attention_width
+
+    elements = sum(
+        count * kind.ssm_state_elements(1)
+        for kind, count in model.layer_kind_counts
+        if isinstance(kind, STATE_KINDS)
+    )
+    state_groups = sum(1 for group in capacity.groups if isinstance(group.kind, STATE_KINDS))
+    return MarconiCosts(
+        2.0 * model.active_params + SCAN_FLOPS_PER_STATE_ELEMENT * elements,
+        4.0 * attention_layer_count(model) * attention_width(model),
+        state_groups,
+        len(capacity.groups) - state_groups,
+        capacity.block_size,
+    )
 
 
 def group_manager(

@@ -49,6 +49,7 @@ MODULES = (
     "policies.hybrid.group",
     "policies.hybrid.jenga_pages",
     "policies.hybrid.mamba",
+    "policies.hybrid.marconi",
     "policies.hybrid.prefix_pool",
     "policies.hybrid.sglang_sliding_window",
     "policies.hybrid.sliding_window",
