@@ -42,10 +42,16 @@ COSTS = MarconiCosts(10.0, 1.0, 1, 1, BLOCK)
 def hybrid(
     marconi: bool, blocks: int = 40, alpha: float = 1.0
 ) -> tuple[MultiGroupCoordinator, MambaGroup, PrefixCachingBlockPool]:
-    pool: PrefixCachingBlockPool = MarconiBlockPool(blocks, BLOCK) if marconi else PrefixCachingBlockPool(blocks, BLOCK)
+    pool: PrefixCachingBlockPool = (
+        MarconiBlockPool(blocks, BLOCK) if marconi else PrefixCachingBlockPool(blocks, BLOCK)
+    )
     spec = PoolSpec(blocks * BLOCK, BLOCK, 4096)
     full = FullAttentionGroup(spec, pool, 8)
-    mamba = MarconiMambaGroup(spec, pool, 8, MarconiEvictor(COSTS, alpha)) if marconi else MambaGroup(spec, pool, 8)
+    mamba = (
+        MarconiMambaGroup(spec, pool, 8, MarconiEvictor(COSTS, alpha))
+        if marconi
+        else MambaGroup(spec, pool, 8)
+    )
     kv = make_coordinator([KVGroup("full", full), KVGroup("mamba", mamba)])
     assert isinstance(kv, MultiGroupCoordinator)
     return kv, mamba, pool
@@ -266,7 +272,11 @@ def qwen3_next(**options) -> dict:
         },
         "variants": [
             {"name": "align", "policy": "vllm-hybrid"},
-            {"name": "marconi", "policy": "vllm-hybrid", "options": {"mamba_prefix_policy": "marconi", **options}},
+            {
+                "name": "marconi",
+                "policy": "vllm-hybrid",
+                "options": {"mamba_prefix_policy": "marconi", **options},
+            },
         ],
     }
 
@@ -339,7 +349,9 @@ def test_the_layout_takes_its_flops_from_the_model(tmp_path):
         ),
     ],
 )
-def test_what_marconi_cannot_run_is_refused_naming_the_key_and_value(tmp_path, model, engine, options, message):
+def test_what_marconi_cannot_run_is_refused_naming_the_key_and_value(
+    tmp_path, model, engine, options, message
+):
     raw = qwen3_next()
     raw["model"] = model
     raw["engine"] |= engine

@@ -73,7 +73,7 @@ Mamba layers and prefix caching on), and the same stream replays under both with
 
 from __future__ import annotations
 
-from policies.base import ChildSpec, PoolSpec, PolicyInputError
+from policies.base import ChildSpec, PolicyInputError, PoolSpec
 from policies.hybrid.block_pool import SharedBlockPool
 from policies.hybrid.block_tables import CachedSequence
 from policies.hybrid.mamba import MambaGroup, StateBlockTables
@@ -243,7 +243,7 @@ class MarconiStateTables(StateBlockTables):
 
     def admits(self, record: CachedSequence, position: int) -> bool:
         branch, last = self.kept[id(record)]
-        return position == branch or position == last
+        return position in (branch, last)
 
     def cache_state(self, block: int, chain: int, position: int) -> None:
         self.pool.cache_block(self.group, block, chain)
