@@ -97,6 +97,7 @@ def test_claims_run_in_issue_order(claims):
         "g2",
         "j1",
         "j2",
+        "m1",
         "r1",
         "sd1",
         "sd2",
