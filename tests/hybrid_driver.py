@@ -94,7 +94,7 @@ def vllm_prefix_mamba_groups(blocks: int = 64, prefill_tokens: int = 10) -> Mult
 def vllm_marconi_mamba_groups(blocks: int = 64, prefill_tokens: int = 10) -> MultiGroupCoordinator:
     """:func:`vllm_prefix_mamba_groups` with Marconi's admission and eviction of the Mamba group's
     states (``mamba_prefix_policy: marconi``, ``policies/hybrid/marconi.py``): a branch point's state
-    and each sequence's last boundary's cached, evictions among the states by utility (alpha 1)."""
+    and each sequence's last boundary's cached, evictions among the states by utility (alpha 1, so that the ranking is exercised)."""
     pool = MarconiBlockPool(blocks, BLOCK, pool_slots=blocks * BLOCK + 3)
     spec = PoolSpec(blocks * BLOCK, BLOCK, 4096)
     evictor = MarconiEvictor(MarconiCosts(10.0, 1.0, 1, 2, BLOCK), alpha=1.0)

@@ -241,7 +241,7 @@ def mamba_prefix_policy(
 ) -> MarconiSettings | None:
     """Marconi's settings when the options ask for ``mamba_prefix_policy: marconi`` (None for vLLM's
     own, ``vllm``, the default): its FLOPs from ``model`` (:func:`marconi_costs`), ``marconi_alpha``
-    (default 1.0). ``ValueError`` naming the key and value: an unknown policy, Marconi on a model
+    (default 0: LRU among the states). ``ValueError`` naming the key and value: an unknown policy, Marconi on a model
     without Mamba/linear-attention layers or without prefix caching (the mode is not ``align``), an
     alpha that is not a number >= 0 or one set without Marconi."""
     policy_key, alpha_key = f"{option_prefix}mamba_prefix_policy", f"{option_prefix}marconi_alpha"
