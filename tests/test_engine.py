@@ -240,6 +240,21 @@ def test_request_too_long_is_rejected_with_reason():
     assert got[1].outcome == "finished"
 
 
+def test_samples_that_outgrow_the_pool_together_are_rejected_with_their_total():
+    """Pool of 48 one-token blocks. Prompt 10 with samples of 12 and 9 tokens: counted as if every
+    sample held the prompt, 2 x 10 + 12 + 9 = 41 slots fit (and they run); samples of 20 and 9:
+    20 + 20 + 9 = 49 > 48, rejected on arrival with the total (the samples' lengths differ, so no
+    single "x (lengths)" describes them)."""
+    pool = PoolSpec(48, 1, 64)
+    fits = run("paged", pool, [request(0, 0.0, 10, 12, n=2, sample_output_lens=(12, 9))])
+    assert fits.records[0].outcome == "finished"
+    over = run("paged", pool, [request(0, 0.0, 10, 20, n=2, sample_output_lens=(20, 9))])
+    assert (over.records[0].outcome, over.records[0].reason) == (
+        "rejected",
+        "2 sequence(s) of 49 tokens in all exceed the KV pool (48 slots) even with nothing else running",
+    )
+
+
 def test_request_that_never_fits_is_rejected_not_retried_forever():
     # max reservation 64 > pool of 48 slots: can never be admitted.
     engine = run("contiguous", PoolSpec(48, 16, 64), [request(0, 0.0, 10, 5)], options={"reservation": "max"})

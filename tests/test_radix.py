@@ -18,6 +18,8 @@ from policies.base import NO_HIT, PrefixHit
 from policies.radix import RadixPolicy
 from sim.cli import main
 from sim.results import load_results
+from tests.engine_helpers import request as engine_request
+from tests.test_engine import run, times
 from workloads import build_workload
 from workloads.stats import trace_stats
 
@@ -603,3 +605,23 @@ def test_comparison_configs_run_and_page_aligned_radix_hits_what_prefix_hits(tmp
     mooncake = ROOT / "configs" / "traces" / "mooncake-radix-vs-prefix.yaml"
     args = ["run", str(mooncake), "-q", "-o", str(tmp_path / "mooncake"), "--set", "workload.window.end_s=40"]
     assert main(args) == 0
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_the_engine_frees_a_page_per_decoding_request_before_each_decode_step(step_mode):
+    """The engine asks the policy before every decode step (``prepare_decode_step``), as SGLang's
+    scheduler does. Pages of 4, pool of 12; decode step 1 s, prefill 0.01 s a token.
+    X (prompt 4, output 1) runs alone and finishes at 1.04: its page goes into the tree (4 cached),
+    its 5th token's page is freed (8 free). A (prompt 4, output 3) arrives at 2: its admission wants
+    its 4 new tokens plus a spare page free (8: no eviction) and takes a page. Its first token (the
+    5th) comes at 3.04 and takes the last free page; before the decode step X's page is evicted to
+    keep a page free, though A's 6th and 7th tokens fit its page. A finishes at 5.04; its one whole
+    page goes into the tree: 4 tokens, 1 page evicted (without the step's eviction: X's 4 + A's 4)."""
+    requests = [
+        engine_request(0, 0.0, 4, 1, prompt=((30, 4),)),
+        engine_request(1, 2.0, 4, 3, prompt=((31, 4),)),
+    ]
+    engine = run("radix", PoolSpec(12, 4, 12), requests, step_mode, options={"page_size": 4})
+    assert times(engine)[1] == pytest.approx((2.0, 3.04, 5.04, "finished"))
+    assert engine.policy.stats.evictions == 1
+    assert engine.policy.tree.total_tokens == 4

@@ -108,6 +108,11 @@ def test_a_retraction_takes_the_fewest_decoded_and_resets_the_ratio():
         assert [record.preemptions for record in engine.records] == [0, 1]
         assert engine.scheduler.new_token_ratio == pytest.approx(56 / 60)  # no decay at conservativeness 0
         assert engine.policy.stats.prefix_cache_hits == 20  # R1's recompute hit its cached prompt
+        # The tree took R0's prompt (10) and R1's (20) when they ran, and 60 more tokens of each when
+        # it finished; the retraction inserted nothing (SGLang releases a retracted request without
+        # inserting it). It ends with 90: the other 60 were evicted.
+        assert engine.policy.tree.total_tokens == 90
+        assert engine.policy.stats.evictions == 10 + 20 + 60 + 60 - 90
 
 
 def test_chunked_prefill_size_and_max_prefill_tokens_are_honoured():

@@ -603,3 +603,30 @@ def test_speculative_step_and_iteration_by_hand(linear):
     assert costs.iteration_s(0, 0, [(10, 0)]) == pytest.approx(1.0 + 0.1)
     # copies (0.1 s per block here) and swaps (0.5 s per block) are the target's
     assert (costs.copy_blocks_s(2), costs.swap_blocks_s(2)) == pytest.approx((0.2, 1.0))
+
+
+def test_a_request_whose_tokens_and_drafts_outgrow_the_pool_is_rejected_on_arrival():
+    """Pool of 8 blocks x 4 = 32 slots; ALWAYS_TWO holds 4 lookahead slots past a sequence's tokens.
+    Prompt 20 + output 8 = 28 tokens: with its 4 draft slots, 32, exactly the pool: admitted. Output 9:
+    29 + 4 = 33 > 32: rejected on arrival, naming the pool (without speculation it would fit)."""
+    fits = _engine("single", ALWAYS_TWO, [request(0, 0.0, 20, 8)], blocks=8)
+    assert fits.records[0].outcome == "finished"
+    over = _engine("single", ALWAYS_TWO, [request(0, 0.0, 20, 9)], blocks=8)
+    record = over.records[0]
+    assert record.outcome == "rejected"
+    assert record.reason == (
+        "1 sequence(s) x (prompt 20 + output 9 = 29 tokens) exceed the KV pool (32 slots) even with "
+        "nothing else running"
+    )
+    assert _engine("single", None, [request(0, 0.0, 20, 9)], blocks=8).records[0].outcome == "finished"
+
+
+def test_samples_under_speculation_are_rejected_with_the_reason():
+    """Speculative decoding runs one sequence per request: n=2 is refused on arrival, and says why."""
+    engine = _engine("single", ALWAYS_TWO, [request(0, 0.0, 20, 5, n=2, sample_output_lens=(5, 3))])
+    record = engine.records[0]
+    assert (record.outcome, record.reason) == (
+        "rejected",
+        "n/beam_width=2: samples and beams are not modelled with speculative decoding "
+        "(engine.speculative runs one sequence per request)",
+    )

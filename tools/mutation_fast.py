@@ -144,6 +144,10 @@ def main(argv: list[str]) -> int:
         help="with --rerun --max-tests N: the covering tests under SECONDS but the N fastest (they ran)",
     )
     parser.add_argument("--all-tests", action="store_true", help="every covering test (no --fast)")
+    parser.add_argument(
+        "--tests", nargs="+", metavar="TEST", help="run these test files or ids instead of the map's"
+    )
+    parser.add_argument("--only", nargs="+", metavar="SUFFIX", help="the mutants whose names end so")
     parser.add_argument("--rerun", action="store_true", help="check the survivors again")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds a mutant may run")
     args = parser.parse_args(argv)
@@ -159,17 +163,30 @@ def main(argv: list[str]) -> int:
         if m not in equivalent
         and (m not in results or (args.rerun and results[m] in ("survived", "no tests")))
     ]
-    needed = {
-        t.split("::", 1)[0]
-        for m in todo
-        for t in stats["tests_by_mangled_function_name"].get(function_of(m), [])
-    }
+    if args.only:
+        todo = [m for m in todo if m.endswith(tuple(args.only))]
+    needed = (
+        set(args.tests)
+        if args.tests
+        else {
+            t.split("::", 1)[0]
+            for m in todo
+            for t in stats["tests_by_mangled_function_name"].get(function_of(m), [])
+        }
+    )
     os.chdir(MUTANTS)
     sys.path.insert(0, str(MUTANTS))
     os.environ.update(KVSIM_NATIVE="0", TQDM_DISABLE="1", MPLBACKEND="Agg", MUTANT_UNDER_TEST="")
     existing = _collect(sorted(needed)) if needed else set()
+    missing = [
+        test
+        for test in args.tests or ()
+        if "::" in test and not any(found == test or found.startswith(test + "[") for found in existing)
+    ]
+    if missing:  # pytest would fail on them, and every mutant would count as killed
+        raise SystemExit(f"mutation_fast: no such test: {', '.join(missing)}")
     for index, mutant in enumerate(todo, 1):
-        tests = covering_tests(stats, function_of(mutant), fast, existing)
+        tests = args.tests or covering_tests(stats, function_of(mutant), fast, existing)
         if args.max_tests and args.slower:
             tests = tests[args.max_tests :]  # the fastest ones ran before (without --slower)
         elif args.max_tests and not args.all_tests:
