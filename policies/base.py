@@ -66,10 +66,15 @@ class OutOfKVMemory(PolicyError):
     allocation fails (vLLM's scheduler also looks the prefix up first); :data:`NO_HIT` otherwise."""
 
     def __init__(self, message: str, needed_slots: int, free_slots: int, prefix_hit: PrefixHit = NO_HIT):
-        super().__init__(message)
+        # Every argument in ``args``: SimPy re-raises a process's exception as ``type(e)(*e.args)``.
+        super().__init__(message, needed_slots, free_slots, prefix_hit)
+        self.message = message
         self.needed_slots = needed_slots
         self.free_slots = free_slots
         self.prefix_hit = prefix_hit
+
+    def __str__(self) -> str:
+        return self.message
 
 
 # --------------------------------------------------------------------------------------------------

@@ -704,3 +704,16 @@ def test_fork_copies_add_up_and_sharing_counts_every_allocated_slot() -> None:
 def test_region_size_rounds_only_for_the_buddy() -> None:
     assert policy(64, 64, "oracle", "first_fit").region_size(5) == 5
     assert policy(64, 64, "oracle", "buddy").region_size(5) == 8
+
+
+def test_an_out_of_memory_error_survives_being_raised_again_from_its_args() -> None:
+    """SimPy re-raises an exception that ends a process as ``type(e)(*e.args)``: an OutOfKVMemory
+    that escapes the engine must come out as itself, message and figures intact, not a TypeError."""
+    policy = ContiguousPolicy(PoolSpec(64, 16, 64), reservation="max", placement="first_fit")
+    policy.admit(0, ((1, 10),), 64, 100)
+    with pytest.raises(OutOfKVMemory) as caught:
+        policy.admit(1, ((2, 10),), 64, 101)
+    again = type(caught.value)(*caught.value.args)
+    assert str(again) == str(caught.value) and "64" in str(again)
+    assert (again.needed_slots, again.free_slots) == (caught.value.needed_slots, caught.value.free_slots)
+    assert again.prefix_hit == caught.value.prefix_hit

@@ -364,6 +364,21 @@ def test_qwen3_next_with_prefix_caching_runs_in_align_mode_and_its_pool_stays_wh
     assert off["prefix_cache_hits"] == 0 and off["num_gpu_blocks"] == summary["num_gpu_blocks"]
 
 
+def test_a_pool_short_of_blocks_preempts_rather_than_failing_a_flush(tmp_path):
+    """A pool of 1 GB (a few dozen blocks of 544 tokens) under the same stream: decode steps run
+    short and requests are preempted. A flush of decoded tokens takes a block in each state group at
+    each block boundary too, so the engine's quick check that the pool holds a flush counts those
+    groups (it counted the full-attention group alone, and a flush then failed with OutOfKVMemory).
+    The breakdown still sums to the pool at every sample."""
+    results = run(qwen3_next(True, kv_cache_memory_bytes=10**9), tmp_path)
+    summary = results["hybrid"].summary
+    assert summary["requests_finished"] == 60
+    assert summary["preemptions"] > 0
+    series = pd.read_parquet(tmp_path / "out" / "hybrid" / "timeseries.parquet")
+    assert (series[BREAKDOWN].sum(axis=1) == summary["kv_pool_tokens"]).all()
+    assert (series[BREAKDOWN] >= 0).all().all()
+
+
 def test_the_capacity_line_counts_two_state_blocks_per_request_in_align_mode(tmp_path):
     prepared = prepare_experiment(validate_experiment(qwen3_next(True)), tmp_path / "c.yaml")
     capacity = prepared.variants[0].hybrid.capacity  # type: ignore[union-attr]

@@ -54,6 +54,20 @@ def test_new_token_ratio_decays_once_per_decode_only_iteration(step_mode):
     assert engine.scheduler.new_token_ratio == pytest.approx(0.7 - 49 * 0.602 / 600, rel=1e-12)
 
 
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_iterations_that_prefill_chunks_beside_a_decode_do_not_decay_the_ratio(step_mode):
+    """chunked_prefill_size 10, less the one decoding request's token: chunks of 9. R0 (prompt 10,
+    output 30) prefills in iteration 1 and decodes in the 29 after it. R1 (prompt 50, output 1)
+    arrives at 5.5 and is admitted at 6.1; its 50 tokens take 6 chunks (9 x 5 + 5), each beside
+    R0's decode (1.0 + 0.09 or 0.05 s): its first token at 6.1 + 6 + 0.5 = 12.6. Skipping events,
+    those 6 iterations fall inside one jump. 29 - 6 = 23 decode-only iterations decay the ratio."""
+    requests = [request(0, 0.0, 10, 30), request(1, 5.5, 50, 1)]
+    engine = run("radix", PoolSpec(4000, 16, 1024), requests, step_mode, chunked_prefill_size=10, **SGLANG)
+    assert times(engine)[1] == pytest.approx((6.1, 12.6, 12.6, "finished"))
+    assert times(engine)[0][2] == pytest.approx(30.6)
+    assert engine.scheduler.new_token_ratio == pytest.approx(0.7 - 23 * 0.602 / 600, rel=1e-12)
+
+
 @pytest.mark.parametrize(("second_prompt", "second_admitted"), [(40, 1.6), (39, 0.0)])
 def test_max_prefill_tokens_holds_the_second_prompt_to_the_next_iteration(second_prompt, second_admitted):
     """max_prefill_tokens 100 (``rem_input_tokens``): R0's 60 tokens are admitted (the first admission

@@ -97,6 +97,11 @@ class GroupManager(SequenceTable[GroupSequence]):
         """The token count at which ``seq``'s first held block is next released (``NEVER``: never)."""
         return NEVER
 
+    def takes_blocks_as_it_grows(self) -> bool:
+        """Whether a growing sequence takes a new block in this group at each block boundary it
+        crosses (the engine's cheap bound on a flush counts every such group)."""
+        return True
+
     def prefill_run(self, prompt_len: int) -> tuple[int, int]:
         """``(first_block, end_block)`` a prompt of ``prompt_len`` tokens holds from admission to its
         first decoded token."""

@@ -195,6 +195,11 @@ class MambaGroup(GroupManager):
             return NEVER
         return (seq.first_block + 1) * self.block_size + 2
 
+    def takes_blocks_as_it_grows(self) -> bool:
+        """Caching prefixes, a decode step that crosses a block boundary writes its state into a new
+        block (the one before is given back at the next step); without, the one state block stays."""
+        return self.tables is not None
+
     def prefill_states(self, prompt_len: int, hit: int, split: int = 0) -> tuple[list[int], list[int]]:
         """``(passed, held)``: the block positions of the states a prompt of ``prompt_len`` tokens
         computes after a hit of ``hit`` blocks that are cached and given back during its prefill, and

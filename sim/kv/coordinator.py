@@ -282,7 +282,9 @@ class _SharedPool:
         self.slot_bytes = slot_bytes
         # Groups whose blocks hold tokens (a Mamba state does not): a token needs a slot in each.
         self.token_groups = sum(1 for manager in managers if manager.kind != "mamba")
-        self.growing = max(1, self.token_groups)  # (what free slots are split over)
+        # What free slots are split over: every group that takes a block as a sequence grows (a
+        # Mamba group caching prefixes writes a state block at each block boundary).
+        self.growing = max(1, sum(1 for manager in managers if manager.takes_blocks_as_it_grows()))
 
 
 class MultiGroupCoordinator(KVCoordinator):
