@@ -238,3 +238,21 @@ def test_a_request_leaving_before_its_fork_gives_back_its_samples_places():
     batch.leave(state)
     assert (batch.running_seqs, batch.unforked_seqs) == (0, 0)
     assert batch.has_room(3)
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_a_forked_request_that_finishes_gives_back_exactly_its_places(step_mode):
+    """max_num_seqs 2. R0 (prompt 4, two samples of 2 tokens) takes both places from its admission
+    at 0; R1, R2, R3 (prompt 4, 1 token) wait. it 1 [0, 1.04): R0's prompt, forked at its first token
+    (its unforked place becomes its second sequence); it 2 [1.04, 2.04): both samples end. At 2.04
+    the two places take R1 and R2 (prompts 8: 1.08 s, both finish at 3.12), and R3 the place one of
+    them leaves: [3.12, 4.16). (A fork that gave back one place too many would let R3 in at 2.04.)"""
+    requests = [
+        request(0, 0.0, 4, 2, n=2, sample_output_lens=(2, 2)),
+        *(request(index, 0.0, 4, 1) for index in (1, 2, 3)),
+    ]
+    engine = run("paged", PoolSpec(160, 16, 64), requests, step_mode, max_num_seqs=2)
+    admitted = {record.request_id: record.admitted_s for record in engine.records}
+    finished = {record.request_id: record.finish_s for record in engine.records}
+    assert admitted == pytest.approx({0: 0.0, 1: 2.04, 2: 2.04, 3: 3.12})
+    assert finished == pytest.approx({0: 2.04, 1: 3.12, 2: 3.12, 3: 4.16})

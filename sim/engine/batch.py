@@ -73,6 +73,3 @@ class Batch:
         """``state``'s swapped-out tokens leave the host (swapped back in, or the request ended)."""
         self.swap_tokens_used -= state.swapped_tokens
         state.swapped_tokens = 0
-
-    def in_system(self) -> bool:
-        return bool(self.running or self.waiting)
