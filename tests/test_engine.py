@@ -431,6 +431,26 @@ def test_a_run_stopped_inside_a_jump_equals_single_stepping(policy, options, unt
     assert_same_results(*both)
 
 
+@pytest.mark.parametrize("block_size", [16, 4])
+@pytest.mark.parametrize(("until_s", "output_tokens"), [(1.7, 2), (2.7, 4), (4.2, 6), (5.5, 10), (6.2, 10)])
+def test_a_run_of_two_decoding_requests_stopped_inside_a_jump(until_s, output_tokens, block_size):
+    """R0 and R1 (prompt 10, output 20) arrive at 0: iteration 1 [0, 1.2) prefills both and gives
+    their first tokens; every iteration after it takes 1 s and a token for each. The iterations ended
+    by ``until_s`` count, 2 tokens each: 1 by 1.7, 2 by 2.7, 3 by 4.2 (SimPy stops before the events at
+    ``until``: the iteration ending exactly then is not counted), 5 by 5.5 (the one begun at 5.2 not
+    yet ended), 5 by 6.2. Skipping events, the run stops inside the decode jump that starts at 1.2:
+    its counts, time averages and breakdown as single steps give them. With blocks of 4 the
+    sequences take a block inside the jump at their 13th and 17th tokens (the iterations starting at
+    3.2 and 7.2 would write them), so the stop also lands among flushes."""
+    requests = [request(0, 0.0, 10, 20), request(1, 0.0, 10, 20)]
+    pool = PoolSpec(16 * 20, block_size, 160)
+    both = [run("paged", pool, requests, mode, until_s=until_s) for mode in ("single", "skip")]
+    assert_same_results(*both)
+    for engine in both:
+        assert engine.counters.output_tokens == output_tokens
+        assert engine.env.now == until_s
+
+
 def test_same_seed_same_results():
     pool = PoolSpec(16 * 24, 16, 160)
     first = run("prefix", pool, random_requests(3, 30))
