@@ -1031,3 +1031,19 @@ def test_fewer_collections_raises_the_youngest_threshold_and_restores_it():
             assert gc.get_threshold() == user
     finally:
         gc.set_threshold(*saved)
+
+
+def test_a_run_takes_until_s_or_a_stop_event_not_both():
+    """A cluster stops its engines with an event, a single run at ``until_s``: both at once is a
+    caller's mistake, refused before anything runs (the clock stays at 0)."""
+    pool = PoolSpec(160, 16, 128)
+    engine = Engine(
+        make_policy("paged", pool),
+        RoundCostModel(),
+        EngineKnobs(max_model_len=128),
+        iter([request(0, 0.0, 10, 2)]),
+        block_size=16,
+    )
+    with pytest.raises(ValueError, match=r"^an engine run takes until_s or a stop event, not both$"):
+        engine.run(until_s=5.0, stop=engine.env.event())
+    assert engine.env.now == 0 and not engine.records

@@ -222,15 +222,18 @@ class GroupBlockTables:
     def fork(
         self, parent_key: int, child_key: int, child: ChildSpec, first_block: int, end_block: int
     ) -> None:
-        """A child sharing the parent's full blocks, with copies of its partly filled ones."""
+        """A child sharing the parent's full blocks, with copies of its partly filled ones. (A null
+        entry inside the run, a Mamba group's unwritten states between the two it holds, is shared
+        as nothing.)"""
         parent = self.by_seq[parent_key]
         pool = self.pool
         parent.content.fold_output()
         full = len(parent.chains)
         table = list(parent.table)
         for position in range(first_block, min(full, end_block)):
-            pool.touch(table[position])
-            self.excess += 1
+            if table[position] != NO_BLOCK:
+                pool.touch(table[position])
+                self.excess += 1
         copy_from = max(first_block, full)
         if end_block > copy_from:
             table[copy_from:end_block] = pool.take_blocks(end_block - copy_from, "forking")

@@ -57,12 +57,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from policies.base import ChildSpec, PolicyInputError, PoolSpec
+from policies.base import PolicyInputError, PoolSpec
 from policies.hybrid.block_pool import SharedBlockPool
 from policies.hybrid.block_tables import CachedSequence, GroupBlockTables
 from policies.hybrid.group import NEVER, GroupManager, GroupSequence, ceil_div
 from policies.hybrid.prefix_pool import NO_BLOCK, PrefixCachingBlockPool
-from policies.paged import SequenceState
 from token_content import TokenContent, content_length
 
 ALIGN_NEEDS_A_BLOCK = (
@@ -129,37 +128,6 @@ class StateBlockTables(GroupBlockTables):
             if record.table[position] != NO_BLOCK:
                 self._release(record.table[position])
         self.pool.chains.release_each(record.chains)
-
-    def fork(
-        self, parent_key: int, child_key: int, child: ChildSpec, first_block: int, end_block: int
-    ) -> None:
-        """A child sharing the parent's full state blocks (a state at a block boundary is never written
-        again), with a copy of its partly filled one."""
-        parent = self.by_seq[parent_key]
-        pool = self.pool
-        parent.content.fold_output()
-        full = len(parent.chains)
-        table = list(parent.table)
-        for position in range(first_block, min(full, end_block)):
-            if table[position] != NO_BLOCK:
-                pool.touch(table[position])
-                self.excess += 1
-        copy_from = max(first_block, full)
-        if end_block > copy_from:
-            table[copy_from:end_block] = pool.take_blocks(end_block - copy_from, "forking")
-        for chain in parent.chains:
-            pool.chains.hold(chain)
-        source = parent.content
-        content = SequenceState(
-            child.seq_id,
-            0,
-            child.final_len,
-            child.output_content_id,
-            segments=list(source.segments),
-            segment_ends=list(source.segment_ends),
-            namespace=source.namespace,
-        )
-        self.by_seq[child_key] = CachedSequence(content, table, list(parent.chains))
 
 
 class MambaGroup(GroupManager):

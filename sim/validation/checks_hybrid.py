@@ -142,12 +142,7 @@ def check_throughput_gain(claim: Claim, context: RunContext) -> CheckOutput:
             f"{name}: {summary['output_tokens_per_s']:,.0f} output tokens/s ({gain:.2f}x), "
             f"{summary['mean_running']:.1f} running on average"
         )
-    detail = "; ".join(details) + "."
-    for measured in output.values.values():
-        measured.detail = detail
-    for target in claim.spec.targets:
-        output.values.setdefault(target.id, Measured(None, detail))
-    return output
+    return _detailed(output, details, claim)
 
 
 class PrefixCacheGainParams(_Strict):
@@ -202,6 +197,11 @@ def check_prefix_cache_gain(claim: Claim, context: RunContext) -> CheckOutput:
             f"{name}: {result.summary['prefix_cache_hit_rate']:.1%} ({ratio:.2f}x), P95 TTFT "
             f"{ttft.quantile(0.95) * 1e3:,.0f} ms ({cut:.1%} lower)"
         )
+    return _detailed(output, details, claim)
+
+
+def _detailed(output: CheckOutput, details: list[str], claim: Claim) -> CheckOutput:
+    """Every measured value carries the run's details; a target no value answers gets them alone."""
     detail = "; ".join(details) + "."
     for measured in output.values.values():
         measured.detail = detail
