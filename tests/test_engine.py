@@ -1047,3 +1047,34 @@ def test_a_run_takes_until_s_or_a_stop_event_not_both():
     with pytest.raises(ValueError, match=r"^an engine run takes until_s or a stop event, not both$"):
         engine.run(until_s=5.0, stop=engine.env.event())
     assert engine.env.now == 0 and not engine.records
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_a_follow_up_arriving_inside_a_decode_jump_is_admitted_on_time(step_mode):
+    """R3 (prompt 10, output 30) and R0 (prompt 10, output 3) start at 0; R0's user sends R2 (prompt
+    10, output 2) 0.5 s after R0 ends; R1 (prompt 10, output 5) is an open-loop request at 20.
+    it 1 [0, 1.2): both prompts. R0's tokens at 1.2, 2.2, 3.2: it ends at 3.2, R2 arrives at 3.7,
+    while R3 decodes alone (skipping events: inside a jump, which must end at R2's arrival as at any
+    other), and joins at the next iteration, [4.2, 5.3): first token 5.3, done at 6.3. Iterations
+    start at 5.3 + k after it; R1 joins at 20.3: first token 21.4, done at 25.4. R3's 29 decode
+    steps and the two prompts beside them: 1.2 + 29 + 0.1 + 0.1 = 30.4."""
+
+    def follow_up(done, finish_s):
+        return request(2, finish_s + 0.5, 10, 2) if done.request_id == 0 else None
+
+    requests = [request(3, 0.0, 10, 30), request(0, 0.0, 10, 3), request(1, 20.0, 10, 5)]
+    pool = PoolSpec(16 * 40, 16, 160)
+    engine = Engine(
+        make_policy("paged", pool),
+        RoundCostModel(),
+        EngineKnobs(max_model_len=160, step_mode=step_mode),
+        iter(requests),
+        block_size=16,
+        follow_up=follow_up,
+    )
+    engine.run()
+    got = times(engine)
+    assert got[0] == pytest.approx((0.0, 1.2, 3.2, "finished"))
+    assert got[2] == pytest.approx((4.2, 5.3, 6.3, "finished"))
+    assert got[1] == pytest.approx((20.3, 21.4, 25.4, "finished"))
+    assert got[3] == pytest.approx((0.0, 1.2, 30.4, "finished"))
