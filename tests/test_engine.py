@@ -209,6 +209,31 @@ def test_contiguous_max_reservation_oom_story(on_oom):
     assert at_1_2 == [(24, 0, 56, 20, 0, 0)]
 
 
+@pytest.mark.parametrize("on_oom", ["queue", "fail"])
+def test_every_request_that_waits_or_fails_for_memory_is_counted(on_oom):
+    """As above (two 40-slot reservations fit in 100, not three) with R0 (output 2), R1 (output 4),
+    R2 and R3 (output 2). With ``on_oom: fail`` R2 and R3 fail at once: 2 failures. Queued, R2 waits
+    (counted once, whatever the retries; R3 behind it is not tried) until R0 ends at 2.2: it runs
+    [2.2, 3.3) beside R1 and ends at 4.3. R3, now the queue's head, waits too (the second wait) until
+    R1 ends at 4.3: [4.3, 5.4), done at 6.4."""
+    pool = PoolSpec(100, 4, 40)
+    requests = [
+        request(0, 0.0, 10, 2),
+        request(1, 0.0, 10, 4),
+        request(2, 0.0, 10, 2),
+        request(3, 0.0, 10, 2),
+    ]
+    engine = run("contiguous", pool, requests, on_oom=on_oom, options={"reservation": "max"})
+    got = times(engine)
+    if on_oom == "fail":
+        assert (got[2][3], got[3][3]) == ("failed_oom", "failed_oom")
+        assert (engine.counters.admission_waits, engine.counters.oom_failures) == (0, 2)
+    else:
+        assert got[2] == pytest.approx((2.2, 3.3, 4.3, "finished"))
+        assert got[3] == pytest.approx((4.3, 5.4, 6.4, "finished"))
+        assert (engine.counters.admission_waits, engine.counters.oom_failures) == (2, 0)
+
+
 @pytest.mark.parametrize("step_mode", ["single", "skip"])
 def test_preemption_recompute_frees_the_newest_request(step_mode):
     """Pool of 3 blocks x 4 slots. r0 and r1: prompt 4, output 6 (final 10: 3 blocks each).
