@@ -591,6 +591,21 @@ def test_watermark_keeps_admission_headroom():
     assert guarded[1] == pytest.approx((2.08, 3.16, 4.16, "finished"))
 
 
+def test_the_watermark_at_its_edge_in_whole_blocks():
+    """Pool of 40 slots in blocks of 4; r1 is admitted only if the free slots less its prompt's
+    whole blocks stay at or above watermark x 40. After r0's prompt 32 slots are free.
+    - Prompts of 8, watermark 0.6: 32 - 8 = 24 = 24, exactly at the edge: r1 joins r0 at 0 (their
+      16 prompt tokens: first tokens at 1.16, both done at 2.16).
+    - Prompts of 7 (2 blocks each), watermark 0.625: 32 - 8 = 24 < 25 (7 tokens would leave 25):
+      r1 waits for r0, which ends at 2.07; r1 runs [2.07, 3.14) and ends at 4.14."""
+    pool = PoolSpec(40, 4, 16)
+    edge = times(run("paged", pool, [request(0, 0.0, 8, 2), request(1, 0.0, 8, 2)], watermark=0.6))
+    assert edge[1] == pytest.approx((0.0, 1.16, 2.16, "finished"))
+    blocks = times(run("paged", pool, [request(0, 0.0, 7, 2), request(1, 0.0, 7, 2)], watermark=0.625))
+    assert blocks[0] == pytest.approx((0.0, 1.07, 2.07, "finished"))
+    assert blocks[1] == pytest.approx((2.07, 3.14, 4.14, "finished"))
+
+
 @pytest.mark.parametrize("step_mode", ["single", "skip"])
 def test_time_averages_and_summary_by_hand(step_mode):
     """One request, prompt 10, output 2, pool 100 slots of 4-slot blocks (25 blocks).
