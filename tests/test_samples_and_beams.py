@@ -256,3 +256,15 @@ def test_a_forked_request_that_finishes_gives_back_exactly_its_places(step_mode)
     finished = {record.request_id: record.finish_s for record in engine.records}
     assert admitted == pytest.approx({0: 0.0, 1: 2.04, 2: 2.04, 3: 3.12})
     assert finished == pytest.approx({0: 2.04, 1: 3.12, 2: 3.12, 3: 4.16})
+
+
+def test_each_sample_decodes_its_own_tokens_and_caches_them_apart():
+    """Prompt 8 (2 blocks of 4), four samples of 8 tokens (2 blocks each), prefix caching. The
+    samples share the prompt's blocks (no copy: the prompt ends on a block boundary) and each fills
+    blocks of its own, which stay cached when the request ends: the prompt's 2 blocks and 2 of each
+    sample's, 10 blocks, 40 tokens; the other 6 blocks free."""
+    requests = [request(0, 0.0, 8, 8, n=4, sample_output_lens=(8, 8, 8, 8))]
+    engine = run("prefix", PoolSpec(64, 4, 32), requests)
+    assert engine.records[0].outcome == "finished"
+    final = engine.policy.breakdown()
+    assert (final.used, final.reserved, final.cached, final.free) == (0, 0, 40, 24)
