@@ -148,6 +148,7 @@ def main(argv: list[str]) -> int:
         "--tests", nargs="+", metavar="TEST", help="run these test files or ids instead of the map's"
     )
     parser.add_argument("--only", nargs="+", metavar="SUFFIX", help="the mutants whose names end so")
+    parser.add_argument("--list", action="store_true", help="print the survivors so far, run nothing")
     parser.add_argument("--rerun", action="store_true", help="check the survivors again")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds a mutant may run")
     args = parser.parse_args(argv)
@@ -157,6 +158,11 @@ def main(argv: list[str]) -> int:
     equivalent = equivalent_names()
     fast = None if args.all_tests else (0.0, args.slower or args.fast)
     mutants = [m for module in args.modules for m in mutant_names(module)]
+    if args.list:
+        for mutant in mutants:
+            if mutant not in equivalent and results.get(mutant) in ("survived", "no tests"):
+                print(mutant)
+        return 0
     todo = [
         m
         for m in mutants
