@@ -577,6 +577,24 @@ def test_two_requests_swapped_out_at_once_share_the_host_room(
     assert engine.counters.output_tokens == 6
 
 
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_two_swap_outs_in_one_decode_step_are_both_charged(step_mode):
+    """Pool of 4 blocks x 4 slots, host room 8 blocks. r0 (prompt 7: 2 blocks), r1 and r2 (prompt 3:
+    1 block each), 3 tokens out each, all admitted at 0. it 1 [0, 1.13): 13 prompt tokens; the first
+    tokens fit (r0's 8th, r1's and r2's 4th). it 2's tokens need slots as it starts, at 1.13: r0's
+    9th takes r2's block (r2, the newest, swapped out: 1 block), r1's 5th finds none and r1 is
+    swapped out too (1 block), in one decode step's growth. it 2 [1.13, 3.13): r0's second token and
+    both blocks out, 1.0 + 2 x 0.5 s (no admission in an iteration that preempted). it 3 [3.13,
+    4.63): r0's last token, r1 swapped back in (0.5 s): r0 ends at 4.63."""
+    requests = [request(0, 0.0, 7, 3), request(1, 0.0, 3, 3), request(2, 0.0, 3, 3)]
+    engine = run(
+        "paged", PoolSpec(16, 4, 16), requests, step_mode, preemption_mode="swap", swap_space_blocks=8
+    )
+    assert times(engine)[0] == pytest.approx((0.0, 1.13, 4.63, "finished"))
+    assert (engine.counters.preemptions, engine.counters.swapped_out_blocks) == (2, 2)
+    assert {outcome for *_, outcome in times(engine).values()} == {"finished"}
+
+
 def test_watermark_keeps_admission_headroom():
     """Pool of 40 slots; each prompt takes 8. A watermark of 0.7 keeps 28 slots free at admission:
     r0 leaves 32 >= 28 and is admitted; r1 would leave 24 < 28, so it waits until r0 has finished.
