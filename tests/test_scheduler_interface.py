@@ -75,3 +75,30 @@ def test_schedulers_import_nothing_of_the_engine_core():
     from tests.test_layering import forbidden_imports
 
     assert forbidden_imports("sim/engine/schedulers", ("sim.engine.core",)) == {}
+
+
+class NeverAdmits(VLLMScheduler):
+    """A broken scheduler: it never admits anything."""
+
+    def admit(
+        self, engine: SchedulingEngine, budget: int, chunks: list[tuple[int, int]]
+    ) -> tuple[int, int, str]:
+        return budget, 0, "stuck"
+
+
+def test_a_scheduler_that_never_admits_stops_the_run_with_a_reason(monkeypatch):
+    """Nothing running, a request waiting, no arrival to come: no iteration can ever be scheduled.
+    The engine says so at once (a bug in a scheduler, or an impossible config), not a silent hang."""
+    from sim.engine.errors import EngineStalled
+
+    monkeypatch.setitem(schedulers.SCHEDULERS, "never", NeverAdmits)
+    pool = PoolSpec(256, 4, 64)
+    engine = Engine(
+        make_policy("paged", pool),
+        ConstantCost(),
+        EngineKnobs(max_model_len=64, scheduler="never"),
+        iter([request(0, 0.0, 10, 2)]),
+        block_size=pool.block_size,
+    )
+    with pytest.raises(EngineStalled, match=r"^at t=0\.000000s nothing can run: 1 waiting, none admissible$"):
+        engine.run()
