@@ -13,16 +13,10 @@ import pytest
 from sim.config import ConfigError, ConfigWarning, validate_experiment
 from sim.hardware.hybrid_capacity import vllm_hybrid_kv_capacity
 from sim.hardware.models import resolve_model
+from sim.outputs.metrics import BREAKDOWN_COLUMNS
 from sim.runner import prepare_experiment, run_experiment
 
-BREAKDOWN = [
-    "used_tokens",
-    "reserved_tokens",
-    "internal_fragmentation_tokens",
-    "external_fragmentation_tokens",
-    "cached_tokens",
-    "free_tokens",
-]
+BREAKDOWN = list(BREAKDOWN_COLUMNS)
 
 
 def config(model: str, variants: list[dict], **engine) -> dict:

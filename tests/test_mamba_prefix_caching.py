@@ -28,6 +28,7 @@ from policies.hybrid.mamba import MambaGroup
 from policies.hybrid.prefix_pool import NO_BLOCK, PrefixCachingBlockPool
 from sim.config import ConfigError, validate_experiment
 from sim.kv.coordinator import KVGroup, MultiGroupCoordinator, make_coordinator
+from sim.outputs.metrics import BREAKDOWN_COLUMNS
 from sim.runner import prepare_experiment, run_experiment
 from tests.hybrid_driver import HybridDriver
 
@@ -291,14 +292,7 @@ def test_the_pool_stays_whole_with_mamba_states_cached(operations):
 
 # -- end to end ------------------------------------------------------------------------------------
 
-BREAKDOWN = [
-    "used_tokens",
-    "reserved_tokens",
-    "internal_fragmentation_tokens",
-    "external_fragmentation_tokens",
-    "cached_tokens",
-    "free_tokens",
-]
+BREAKDOWN = list(BREAKDOWN_COLUMNS)
 
 
 def qwen3_next(enable_prefix_caching: bool, **engine) -> dict:

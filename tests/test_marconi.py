@@ -30,6 +30,7 @@ from policies.hybrid.marconi import (
 from policies.hybrid.prefix_pool import NO_BLOCK, PrefixCachingBlockPool
 from sim.config import ConfigError, validate_experiment
 from sim.kv.coordinator import KVGroup, MultiGroupCoordinator, make_coordinator
+from sim.outputs.metrics import BREAKDOWN_COLUMNS
 from sim.runner import prepare_experiment, run_experiment
 from tests.hybrid_driver import HybridDriver
 
@@ -240,14 +241,7 @@ def test_the_pool_stays_whole_under_marconi(operations):
 
 # -- end to end --------------------------------------------------------------------------------------
 
-BREAKDOWN = [
-    "used_tokens",
-    "reserved_tokens",
-    "internal_fragmentation_tokens",
-    "external_fragmentation_tokens",
-    "cached_tokens",
-    "free_tokens",
-]
+BREAKDOWN = list(BREAKDOWN_COLUMNS)
 
 
 def qwen3_next(**options) -> dict:
