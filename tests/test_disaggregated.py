@@ -655,3 +655,38 @@ def test_prompts_that_landed_reach_the_queue_front_in_the_order_they_landed():
     assert [item.request.request_id for item in waiting] == [2, 1, 3]
     assert (second.remote_kv, second.kv_landed) == (False, True)
     assert set(handoff.receiving) == {3} and not handoff.notices_waiting
+
+
+def test_a_prefill_replica_takes_no_slot_for_the_token_it_samples():
+    """A 16-token prompt in a prefill pool of one 16-token block: the prompt fills the block and the
+    token sampled at its end needs none there (vLLM allocates the prefill instance no slot for it;
+    the decode replica recomputes it), so the request is served as on a larger pool (before: the
+    arrival check counted a slot for that token and rejected the request; a prefill replica that
+    took a slot for it would run out of blocks)."""
+    cluster = build_cluster([request(0, 0.0, 16, 3)], prefill_blocks=1)
+    cluster.run()
+    record = records(cluster)[0]
+    assert (record.outcome, record.preemptions) == ("finished", 0)
+    assert record.prefill_done_s == pytest.approx(1.16)
+    assert record.transfer_bytes == 16_000
+
+
+def test_a_request_the_decode_pool_can_never_hold_is_rejected_there_and_its_prefill_blocks_freed():
+    """Decode pool 2 blocks (32 slots), a request of prompt 16 + output 40 = 56 tokens: the prefill
+    replica computes its prompt (1 + 0.16 = 1.16 s) and holds its block for the send; the decode
+    replica, offered it at 1.16, rejects it on arrival with the reason, nothing is sent, and the
+    prefill block goes back at the prefill replica's next iteration start. A later request that fits
+    runs as usual."""
+    cluster = build_cluster([request(0, 0.0, 16, 40), request(1, 5.0, 16, 3)], decode_blocks=2)
+    cluster.run()
+    rejected, served = records(cluster)[0], records(cluster)[1]
+    assert rejected.outcome == "rejected"
+    assert rejected.reason.endswith("exceed the KV pool (32 slots) even with nothing else running")
+    assert rejected.prefill_done_s == pytest.approx(1.16)
+    assert math.isnan(rejected.transfer_start_s) and rejected.transfer_bytes == 0
+    assert served.outcome == "finished"
+    assert (cluster.link.transfers, cluster.link.bytes_sent) == (1, 16_000)
+    assert not cluster.flights
+    for engine in cluster.replicas:
+        assert engine.policy.breakdown().used == 0
+        assert not engine.held and not engine.receiving

@@ -1136,3 +1136,23 @@ def test_a_follow_up_arriving_inside_a_decode_jump_is_admitted_on_time(step_mode
     assert got[2] == pytest.approx((4.2, 5.3, 6.3, "finished"))
     assert got[1] == pytest.approx((20.3, 21.4, 25.4, "finished"))
     assert got[3] == pytest.approx((0.0, 1.2, 30.4, "finished"))
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_each_decode_step_attends_the_prompt_the_tokens_so_far_and_its_own(step_mode):
+    """1 s per iteration + 0.01 s per prompt token + 0.01 s per attended token. Iteration 1 prefills
+    prompts 10 and 30: 1 + 0.4 = 1.4 s, both first tokens at 1.4. Iteration 2 decodes both, each
+    attending its prompt, its first token and the one it computes: 12 + 32 = 44 tokens, 1.44 s, to
+    2.84 (request 1's second and last token). Iteration 3 decodes request 0 alone: 10 + 2 + 1 = 13
+    tokens, 1.13 s, to 3.97."""
+    pool = PoolSpec(16 * 64, 16, 512)
+    engine = Engine(
+        make_policy("paged", pool),
+        RoundCostModel(per_context_token_s=0.01),
+        EngineKnobs(max_model_len=512, step_mode=step_mode),
+        iter([request(0, 0.0, 10, 3), request(1, 0.0, 30, 2)]),
+        block_size=pool.block_size,
+    )
+    engine.run()
+    times = {record.request_id: (record.first_token_s, record.finish_s) for record in engine.records}
+    assert times == {0: pytest.approx((1.4, 3.97)), 1: pytest.approx((1.4, 2.84))}

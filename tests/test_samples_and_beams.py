@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from policies import PoolSpec, make_policy
+from policies.base import OutOfKVMemory
 from sim.engine.core import Engine, EngineKnobs
 from sim.outputs.metrics import requests_frame
 from tests.engine_helpers import RoundCostModel, request
@@ -268,3 +269,160 @@ def test_each_sample_decodes_its_own_tokens_and_caches_them_apart():
     assert engine.records[0].outcome == "finished"
     final = engine.policy.breakdown()
     assert (final.used, final.reserved, final.cached, final.free) == (0, 0, 40, 24)
+
+
+class ScriptedBeams:
+    """Beam draws chosen by the test: every decode step is a beam step; the first replaces beams 2
+    and 3 of four, forked from survivors 0 and 1; later ones replace nothing."""
+
+    def __init__(self):
+        self.steps = 0
+
+    @staticmethod
+    def interval(width):
+        return 1
+
+    def replaced(self, width):
+        self.steps += 1
+        return {2, 3} if self.steps == 1 else set()
+
+    @staticmethod
+    def parents(survivors, replacements):
+        return [0, 1][:replacements]
+
+
+class ForkRefusedForOneParent:
+    """The engine's KV coordinator, except that forking from ``refused_parent`` runs out of memory
+    (once); every sequence freed is noted with its ``finished`` flag."""
+
+    def __init__(self, kv):
+        self._kv = kv
+        self.refused_parent: int | None = None
+        self.freed: list[tuple[int, bool]] = []
+
+    def fork(self, parent, children):
+        if parent == self.refused_parent:
+            self.refused_parent = None
+            raise OutOfKVMemory("(test) no room for this parent's children", len(children), 0)
+        return self._kv.fork(parent, children)
+
+    def free(self, seq_id, finished=True):
+        self.freed.append((seq_id, finished))
+        return self._kv.free(seq_id, finished=finished)
+
+    def __getattr__(self, name):
+        return getattr(self._kv, name)
+
+
+@pytest.mark.python_sources
+def test_a_beam_step_whose_second_parent_cannot_fork_frees_the_first_parents_children():
+    """Request 0's prompt is sequence 1 (request 1's is 2); its first token forks beams 3, 4, 5. At
+    the first beam step beams 4 and 5 (indices 2 and 3) are freed as finished, to be replaced by a
+    child of beam 1 (sequence 6) and one of beam 3. Beam 3's fork runs out of memory: child 6, already
+    forked, is freed unfinished (it holds no decoded output) and the request, not alone, is
+    preempted. It reruns from its prompt later, with four new sequences that it frees as it
+    finishes; the pool ends empty."""
+    pool = PoolSpec(16 * 64, 16, 512)
+    engine = Engine(
+        make_policy("paged", pool),
+        RoundCostModel(),
+        EngineKnobs(max_model_len=512, beam_reparent_prob=0.5),
+        iter([request(0, 0.0, 20, 6, beam_width=4), request(1, 0.0, 10, 40)]),
+        block_size=pool.block_size,
+    )
+    completions = engine.completions
+    completions.beams = ScriptedBeams()
+    spy = ForkRefusedForOneParent(completions.kv)
+    completions.kv = spy
+    beam_step = completions.beam_step
+
+    def first_step_refuses_the_second_survivor(state):
+        if completions.beams.steps == 0:
+            spy.refused_parent = state.seq_ids[1]
+        beam_step(state)
+
+    completions.beam_step = first_step_refuses_the_second_survivor
+    engine.run()
+    assert spy.freed[:3] == [(5, True), (4, True), (6, False)]
+    rerun = spy.freed[3:-1]
+    assert len(rerun) == 4 and all(finished for _, finished in rerun) and min(rerun)[0] > 6
+    first = next(record for record in engine.records if record.request_id == 0)
+    assert (first.outcome, first.preemptions) == ("finished", 1)
+    assert engine.counters.preemptions == 1
+    assert engine.policy.breakdown().free == pool.kv_pool_tokens
+
+
+class CountedBeamSteps:
+    """Beam draws that replace nothing, every ``every`` decode steps; the steps are counted."""
+
+    def __init__(self, every):
+        self.every = every
+        self.widths: list[int] = []
+
+    def interval(self, width):
+        return self.every
+
+    def replaced(self, width):
+        self.widths.append(width)
+        return set()
+
+    @staticmethod
+    def parents(survivors, replacements):
+        return []
+
+
+@pytest.mark.python_sources
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_two_beams_step_every_interval_from_their_first_token(step_mode):
+    """Beam width 2, output 11, a beam step every 3 decode steps: the first token comes with the
+    prompt (clock 0), the next 10 at clocks 1..10; the steps fall at clocks 3, 6 and 9 (the one that
+    would fall at 12 comes after the last token), each over both beams."""
+    pool = PoolSpec(16 * 64, 16, 512)
+    engine = Engine(
+        make_policy("paged", pool),
+        RoundCostModel(),
+        EngineKnobs(max_model_len=512, beam_reparent_prob=0.5, step_mode=step_mode),
+        iter([request(0, 0.0, 20, 11, beam_width=2)]),
+        block_size=pool.block_size,
+    )
+    steps = CountedBeamSteps(3)
+    engine.completions.beams = steps
+    engine.run()
+    assert steps.widths == [2, 2, 2]
+    assert engine.records[0].outcome == "finished"
+
+
+class ForksNoted:
+    """The engine's KV coordinator, noting each fork's children."""
+
+    def __init__(self, kv):
+        self._kv = kv
+        self.children: list[tuple[int, int]] = []
+
+    def fork(self, parent, children):
+        self.children.extend((child.seq_id, child.output_content_id) for child in children)
+        return self._kv.fork(parent, children)
+
+    def __getattr__(self, name):
+        return getattr(self._kv, name)
+
+
+@pytest.mark.python_sources
+def test_every_forked_sample_generates_an_output_stream_of_its_own():
+    """Two requests of three samples each: the four children generate streams -1, -2 (request 0) and
+    -3, -4 (request 1): negative, so that no child's output can match a workload's content (the
+    workloads' ids are not negative), and never the same twice, so that two samples' outputs never
+    look like one shared prefix to a cache."""
+    pool = PoolSpec(16 * 64, 16, 512)
+    engine = Engine(
+        make_policy("prefix", pool),
+        RoundCostModel(),
+        EngineKnobs(max_model_len=512),
+        iter([request(0, 0.0, 20, 4, n=3), request(1, 5.0, 20, 4, n=3)]),
+        block_size=pool.block_size,
+    )
+    noted = ForksNoted(engine.completions.kv)
+    engine.completions.kv = noted
+    engine.run()
+    assert [stream for _, stream in noted.children] == [-1, -2, -3, -4]
+    assert len({seq_id for seq_id, _ in noted.children}) == 4

@@ -287,15 +287,14 @@ class Engine:
         disaggregated cluster keeps for it across its replicas)."""
         self._arrive(request, record)
 
-    def submit_remote(self, request: Request, record: RequestRecord) -> bool:
+    def submit_remote(self, request: Request, record: RequestRecord) -> None:
         """(Decode replica) ``request``'s prompt was computed on a prefill replica: it waits for its
-        blocks here, then for its KV. Returns False when it can never run here (rejected now)."""
+        blocks here, then for its KV. One that can never run here is rejected now (the cluster hears
+        of it through ``remote_dropped``)."""
         state = RequestState(request, record)
         state.remote_kv = True
-        if not self._queue(state):
-            return False  # (the cluster hears of the rejection: remote_dropped)
-        self._wake_up()
-        return True
+        if self._queue(state):
+            self._wake_up()
 
     def kv_received(self, state: RequestState) -> None:
         """(Decode replica) ``state``'s KV has landed: it runs from the next iteration."""

@@ -82,7 +82,9 @@ class RequestLedger:
                 "(engine.speculative runs one sequence per request)"
             )
         output_lens = request.output_lens
-        all_sequences = prompt_len * len(output_lens) + sum(output_lens)
+        # (A prefill replica holds the prompt alone: the token it samples there takes no slot.)
+        held_outputs = 0 if self.handoff.prefill_only else sum(output_lens)
+        all_sequences = prompt_len * len(output_lens) + held_outputs
         if speculative is not None:
             all_sequences += speculative.lookahead_slots  # its drafts' slots, held with its tokens
         if all_sequences > self.kv.pool_slots:
