@@ -192,3 +192,19 @@ def test_a_run_on_a_file_sink_hands_the_records_to_it_not_to_memory():
     engine.run()
     assert engine.sink is sink
     assert [record.request_id for record in sink.records] == [0]
+
+
+def test_the_series_starts_with_an_empty_pool_and_nothing_holding_the_queue_back():
+    """The row recorded as the run starts (t=0, before any request arrives): nothing waits, nothing
+    runs, and the blocker column says "none" (index 0), as at every instant the queue is empty."""
+    engine = one_request_engine()
+    engine.run()
+    frame = engine.recorder.frame()
+    first = frame.iloc[0]
+    assert first["time_s"] == 0.0
+    assert (first["num_requests_waiting"], first["num_sequences_running"], first["admission_blocker"]) == (
+        0,
+        0,
+        0,
+    )
+    assert frame["admission_blocker"].iloc[-1] == 0

@@ -11,7 +11,7 @@ from policies import PoolSpec, make_policy
 from policies.base import OutOfKVMemory
 from sim.engine.core import Engine, EngineKnobs
 from sim.outputs.metrics import requests_frame
-from tests.engine_helpers import RoundCostModel, request
+from tests.engine_helpers import ConstantCost, RoundCostModel, request
 
 
 def run(policy_name, pool, requests, step_mode="skip", costs=None, seed=0, **knobs):
@@ -409,10 +409,9 @@ class ForksNoted:
 
 @pytest.mark.python_sources
 def test_every_forked_sample_generates_an_output_stream_of_its_own():
-    """Two requests of three samples each: the four children generate streams -1, -2 (request 0) and
-    -3, -4 (request 1): negative, so that no child's output can match a workload's content (the
-    workloads' ids are not negative), and never the same twice, so that two samples' outputs never
-    look like one shared prefix to a cache."""
+    """Two requests of three samples each: the four children each generate a stream of their own,
+    negative (no child's output can match a workload's content: the workloads' ids are not negative)
+    and never the same twice (two samples' outputs never look like one shared prefix to a cache)."""
     pool = PoolSpec(16 * 64, 16, 512)
     engine = Engine(
         make_policy("prefix", pool),
@@ -424,5 +423,55 @@ def test_every_forked_sample_generates_an_output_stream_of_its_own():
     noted = ForksNoted(engine.completions.kv)
     engine.completions.kv = noted
     engine.run()
-    assert [stream for _, stream in noted.children] == [-1, -2, -3, -4]
+    streams = [stream for _, stream in noted.children]
+    assert len(streams) == 4 and all(isinstance(stream, int) and stream < 0 for stream in streams)
+    assert len(set(streams)) == 4
     assert len({seq_id for seq_id, _ in noted.children}) == 4
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_samples_whose_fork_cannot_fit_are_preempted_without_any_swap(step_mode):
+    """Pool 8 blocks of 4, 1 s per iteration, swap preemption at 1 s per block. At t=0 request 1
+    (prompt 8: 2 blocks, output 12) and request 0 (prompt 12: 3 blocks, two samples of 4) are
+    admitted and prefilled. Request 1 takes its first token (a 3rd block: 6 used); request 0's fork
+    must copy its 3 prompt blocks (plain paging copies) into 2 free ones: it is preempted by
+    recompute (samples restart from the prompt: never swapped), readmitted, and preempted again at
+    the end of each of request 1's 12 iterations (request 1 holds 3 to 5 blocks: never 6 free). No
+    swap is charged, so request 1 finishes at 12.0; then request 0 prefills (12-13), forks (6 blocks)
+    and decodes its 3 more tokens: 16.0. Its first token stays the one of its first prefill."""
+    pool = PoolSpec(32, 4, 32)
+    engine = Engine(
+        make_policy("paged", pool),
+        ConstantCost(1.0, swap_block_s=1.0),
+        EngineKnobs(max_model_len=32, step_mode=step_mode, preemption_mode="swap", swap_space_blocks=100),
+        iter([request(1, 0.0, 8, 12), request(0, 0.0, 12, 4, n=2)]),
+        block_size=pool.block_size,
+    )
+    engine.run()
+    times = {r.request_id: (r.first_token_s, r.finish_s, r.preemptions) for r in engine.records}
+    assert times == {1: (1.0, 12.0, 0), 0: (1.0, 16.0, 12)}
+    assert engine.counters.swapped_out_blocks == 0
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_two_samples_taking_their_first_tokens_can_swap_out_two_victims(step_mode):
+    """Pool 6 blocks of 4, 1 s per iteration, swap at 1 s per block. At t=0 request 0 (prompt 8:
+    2 blocks, two samples of 3 tokens), requests 1 and 2 (prompt 4: 1 block each) are admitted and
+    prefilled together (4 blocks). Request 0's fork copies its 2 prompt blocks (6 used); each sample's
+    first token needs a block of its own: the first preempts the newest request (2) by swapping its
+    block out, the second the next newest (1). Both swap-outs are charged to the next iteration:
+    1 + 2 = 3 s, so request 0's second token comes at 4.0 and its last at 5.0."""
+    pool = PoolSpec(24, 4, 24)
+    engine = Engine(
+        make_policy("paged", pool),
+        ConstantCost(1.0, swap_block_s=1.0),
+        EngineKnobs(max_model_len=24, step_mode=step_mode, preemption_mode="swap", swap_space_blocks=100),
+        iter([request(0, 0.0, 8, 3, n=2), request(1, 0.0, 4, 3), request(2, 0.0, 4, 3)]),
+        block_size=pool.block_size,
+    )
+    engine.run()
+    records = {r.request_id: r for r in engine.records}
+    assert (records[0].first_token_s, records[0].finish_s, records[0].preemptions) == (1.0, 5.0, 0)
+    assert [records[i].preemptions for i in (1, 2)] == [1, 1]
+    assert all(record.outcome == "finished" for record in records.values())
+    assert (engine.counters.swapped_out_blocks, engine.counters.preemptions) == (2, 2)
