@@ -68,3 +68,18 @@ def test_codes_match_names():
     assert ADMISSION_BLOCKERS[KV_MEMORY] == "kv_memory"
     assert ADMISSION_BLOCKERS[MAX_NUM_SEQS] == "max_num_seqs"
     assert ADMISSION_BLOCKERS[TOKEN_BUDGET] == "token_budget"
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_a_request_the_schedule_has_not_seen_yet_is_held_back_by_nothing(step_mode):
+    """Async scheduling: iteration k+1 is planned as iteration k starts. r1 arrives at 1.5, inside the
+    iteration 1.1-2.1 whose successor was planned at 1.1 without it: until the plan made at 2.1
+    admits it, nothing holds it back but the schedule's timing (no limit binds), so the blocker stays
+    "none" over the whole run (to r1's last token at 6.2)."""
+    got = blockers(
+        PoolSpec(160, 16, 128),
+        [request(0, 0.0, 10, 5), request(1, 1.5, 10, 3)],
+        step_mode=step_mode,
+        async_scheduling=True,
+    )
+    assert got == {"none": pytest.approx(6.2)}

@@ -196,7 +196,8 @@ def test_a_run_on_a_file_sink_hands_the_records_to_it_not_to_memory():
 
 def test_the_series_starts_with_an_empty_pool_and_nothing_holding_the_queue_back():
     """The row recorded as the run starts (t=0, before any request arrives): nothing waits, nothing
-    runs, and the blocker column says "none" (index 0), as at every instant the queue is empty."""
+    runs, and the blocker column says "none" (index 0), as at every instant the queue is empty. The
+    last row is the one recorded as the engine goes idle after the last completion."""
     engine = one_request_engine()
     engine.run()
     frame = engine.recorder.frame()
@@ -207,4 +208,14 @@ def test_the_series_starts_with_an_empty_pool_and_nothing_holding_the_queue_back
         0,
         0,
     )
-    assert frame["admission_blocker"].iloc[-1] == 0
+    # One row per change: the start, the admission at t=0 (the prompt's 10 slots), the second
+    # iteration at t=1 (prompt + both output tokens: 12), idle at t=2; none in between at any instant.
+    rows = list(zip(frame["time_s"], frame["used_tokens"], strict=True))
+    assert rows == [(0.0, 0), (0.0, 10), (1.0, 12), (2.0, 0)]
+    last = frame.iloc[-1]  # the engine going idle after the last completion (two 1 s iterations)
+    assert (last["time_s"], last["used_tokens"], last["num_requests_running"], last["admission_blocker"]) == (
+        2.0,
+        0,
+        0,
+        0,
+    )

@@ -153,7 +153,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds a mutant may run")
     args = parser.parse_args(argv)
 
-    stats = json.loads((MUTANTS / "mutmut-stats.json").read_text())
     results: dict[str, str] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     equivalent = equivalent_names()
     fast = None if args.all_tests else (0.0, args.slower or args.fast)
@@ -163,6 +162,8 @@ def main(argv: list[str]) -> int:
             if mutant not in equivalent and results.get(mutant) in ("survived", "no tests"):
                 print(mutant)
         return 0
+    # (Read after --list: mutmut removes the map while it rebuilds it, and a listing needs none.)
+    stats = json.loads((MUTANTS / "mutmut-stats.json").read_text())
     todo = [
         m
         for m in mutants
