@@ -445,14 +445,7 @@ class Engine:
             return self.env.timeout(duration)
         return self._lockstep.join(self, duration, self.wakeup.decoded_seqs + self.wakeup.prefill_tokens())
 
-    # ----------------------------------------------------------------------------------- growth/OOM
-    # ------------------------------------------------------------------------------------ admission
-    # The services a scheduler admits and preempts through (sim/engine/schedulers/base.py,
-    # SchedulingEngine); they keep the core's books.
     # -------------------------------------------------------------------------------------- record
-    def _averaged_state(self) -> tuple:
-        return self._observer.averaged(len(self.running))
-
     def _state(self) -> tuple:
         return self._observer.state(
             len(self.running), len(self.waiting), self.batch.running_seqs, self.admission_blocker
