@@ -58,6 +58,8 @@ import heapq
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 
+from mypy_extensions import mypyc_attr
+
 from policies._host_tier import HostPool
 
 Piece = tuple[int, int, int]  # (stream id, first offset, end offset): tokens [first, end) of a stream
@@ -154,11 +156,34 @@ class HiCachePool(HostPool):
         return self.used_tokens, self.capacity_blocks * block_size - self.used_tokens
 
 
-class RadixTree:
-    """See the module docstring. Keys passed in must be whole pages long."""
+@mypyc_attr(allow_interpreted_subclasses=True)  # (the SWA tree, policies/_swa_radix_tree.py, is not compiled)
+class RadixKeys:
+    """What every radix tree over token content does with its keys, whatever its nodes hold (this
+    module's :class:`RadixTree`; SGLang's SWA tree, :mod:`policies._swa_radix_tree`): children are
+    keyed by their first token or page and the namespace, and a match is floored to whole pages."""
 
     def __init__(self, page_size: int):
         self.page_size = page_size
+
+    def child_key(self, namespace: int, key: Key) -> Hashable:
+        if self.page_size == 1:
+            stream, start, _ = key[0]
+            return (namespace, stream, start)
+        return (namespace, split_key(key, self.page_size)[0])
+
+    def matched_length(self, node_key: Key, rest: Key) -> int:
+        """Tokens of ``rest`` a node holding ``node_key`` matches, in whole pages."""
+        return self._page_floor(common_prefix_length(node_key, rest))
+
+    def _page_floor(self, tokens: int) -> int:
+        return tokens - tokens % self.page_size
+
+
+class RadixTree(RadixKeys):
+    """See the module docstring. Keys passed in must be whole pages long."""
+
+    def __init__(self, page_size: int):
+        super().__init__(page_size)
         self.root = RadixNode(0, (), 0, 0, None, lock_ref=1)
         self.total_tokens = 0
         self.locked_tokens = 0
@@ -174,12 +199,6 @@ class RadixTree:
         self.host = pool
 
     # ------------------------------------------------------------------------------------- queries
-    def child_key(self, namespace: int, key: Key) -> Hashable:
-        if self.page_size == 1:
-            stream, start, _ = key[0]
-            return (namespace, stream, start)
-        return (namespace, split_key(key, self.page_size)[0])
-
     def longest_match(self, key: Key, namespace: int) -> PrefixMatch:
         """The longest cached prefix of ``key``, changing nothing (no split, no touch)."""
         node, rest = self.root, key
@@ -188,7 +207,7 @@ class RadixTree:
             child = node.children.get(self.child_key(namespace, rest))
             if child is None:
                 break
-            length = self._page_floor(common_prefix_length(child.key, rest))
+            length = self.matched_length(child.key, rest)
             matched += length
             if not child.on_device:
                 host += length
@@ -399,9 +418,6 @@ class RadixTree:
                 host.stats.host_evictions += item.length // self.page_size
 
     # ------------------------------------------------------------------------------------ internals
-    def _page_floor(self, tokens: int) -> int:
-        return tokens - tokens % self.page_size
-
     def _walk(self, key: Key, namespace: int) -> tuple[RadixNode, int, Key]:
         """Follow ``key`` from the root, touching each node and splitting the last one if the match
         ends inside it. Returns the last node matched, the tokens matched and the unmatched rest."""
@@ -412,7 +428,7 @@ class RadixTree:
             if child is None:
                 break
             self._touch(child)
-            length = self._page_floor(common_prefix_length(child.key, rest))
+            length = self.matched_length(child.key, rest)
             rest = split_key(rest, length)[1]
             matched += length
             if length < child.length:

@@ -212,7 +212,8 @@ class EngineConfig(_Strict):
     enable_prefix_caching: bool | None = Field(
         None,
         description="vLLM's switch; `true` with policy `paged` selects the `prefix` policy, and turns on "
-        "`vllm-hybrid`'s prefix cache (unset: off there).",
+        "`vllm-hybrid`'s, `jenga`'s and `sglang-hybrid`'s (SGLang's SWA radix cache) prefix caches "
+        "(unset: off there).",
     )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory for the engine."
@@ -584,8 +585,8 @@ class VariantConfig(_Strict):
     policy: str = Field(
         description="A policy name (see `kvsim policies`): contiguous, paged, prefix, radix; or a hybrid "
         "allocator for models with sliding-window, chunked-local or Mamba layers: vllm-hybrid, "
-        "sglang-hybrid (sliding-window and full-attention layers), jenga (large pages of the LCM of the "
-        "layer types' pages)."
+        "sglang-hybrid (sliding-window and full-attention layers; SGLang's SWA radix cache with "
+        "enable_prefix_caching: true), jenga (large pages of the LCM of the layer types' pages)."
     )
     options: dict[str, Any] = Field(default_factory=dict, description="Policy options, e.g. reservation.")
     engine: dict[str, Any] = Field(default_factory=dict, description="Overrides of the engine section.")

@@ -54,7 +54,7 @@ from sim.hardware.draft import Draft, draft_for
 from sim.hardware.gpus import GpuSpec, resolve_gpu
 from sim.hardware.hybrid_capacity import vllm_hybrid_kv_capacity
 from sim.hardware.jenga_capacity import jenga_kv_capacity
-from sim.hardware.layers import kind_counts
+from sim.hardware.layers import STATE_KINDS, kind_counts
 from sim.hardware.models import ModelSpec, expert_parallel_problems, expert_parallel_size, resolve_model
 from sim.kv.allocators import (
     HybridLayout,
@@ -66,7 +66,7 @@ from sim.kv.allocators import (
     vllm_mamba_cache_mode,
 )
 from sim.kv.coordinator import KVCoordinator
-from sim.kv.jenga import JengaLayout
+from sim.kv.jenga_layout import JengaLayout
 from sim.native import engine_build
 from sim.offload import OffloadConfig, host_load_seconds, host_tier_blocks, host_tier_summary
 from sim.outputs.group_series import KV_GROUP_TIMESERIES
@@ -145,7 +145,7 @@ def policy_name_for(variant: VariantConfig, engine: EngineConfig) -> str:
     if (
         engine.enable_prefix_caching
         and is_hybrid_allocator(variant.policy)
-        and variant.policy != "vllm-hybrid"
+        and variant.policy not in ("vllm-hybrid", "jenga", "sglang-hybrid")
     ):
         raise ConfigError(
             f"variant {variant.name!r}: policy {variant.policy!r} has no prefix cache yet (a hybrid "
@@ -690,6 +690,12 @@ def _hybrid_layout(
     if variant.policy == "jenga" and engine_config.scheduler != "vllm":
         # (SGLang's budget is one count of free tokens; Jenga's room is per type, in small pages.)
         problems.append(f"{key('scheduler')}: jenga runs with vLLM's scheduler (Jenga is built on vLLM)")
+    jenga_caching = variant.policy == "jenga" and bool(engine_config.enable_prefix_caching)
+    if jenga_caching and any(isinstance(kind, STATE_KINDS) for kind, _ in model.layer_kind_counts):
+        problems.append(
+            f"{key('enable_prefix_caching')}: jenga's prefix caching has no rule for {model.name}'s Mamba / "
+            "linear-attention layers (sim/kv/jenga_prefix.py); set it false, or use policy vllm-hybrid"
+        )
     if problems:
         raise ConfigError("\n".join(problems))
     _warn_of_windows_past_max_model_len(variant, model, max_model_len)
@@ -708,6 +714,7 @@ def _hybrid_layout(
                 kv_cache_dtype=engine_config.kv_cache_dtype,
                 tensor_parallel_size=engine_config.tensor_parallel_size,
                 overlap=engine_config.async_scheduling,
+                prefix_caching=bool(engine_config.enable_prefix_caching),  # (SGLang's SWA radix cache)
                 **variant.options,
             )
         if variant.policy == "jenga":
@@ -717,11 +724,14 @@ def _hybrid_layout(
                 max_model_len=max_model_len,
                 block_size=engine_config.block_size,
                 kv_cache_dtype=engine_config.kv_cache_dtype,
-                max_in_flight_tokens=batches_in_flight * engine_config.max_num_batched_tokens,
+                # (With prefix caching a prompt is allocated whole in every type: sim/kv/jenga_prefix.py.)
+                max_in_flight_tokens=max_model_len
+                if jenga_caching
+                else batches_in_flight * engine_config.max_num_batched_tokens,
                 tensor_parallel_size=engine_config.tensor_parallel_size,
                 **variant.options,
             )
-            return JengaLayout(jenga, max_model_len, prefill_tokens)
+            return JengaLayout(jenga, max_model_len, prefill_tokens, jenga_caching)
     except ValueError as error:
         if str(error).startswith("large_page_bytes"):  # (jenga's option: the key it came from)
             raise ConfigError(f"variants.{index}.options.{error}") from None

@@ -17,7 +17,9 @@ With prefix caching (``vllm-hybrid-prefix``, ``vllm-hybrid-prefix-mamba`` with a
 blocks with identities, ``policies/hybrid/prefix_pool.py``),
 a group's part counts a block several sequences hold once and adds its cached blocks; the pool's free
 queue is its blank and cached blocks; and the common prefix hit of every probe prompt is one that every
-group serves: each group holds, cached, every block of it that its kind attends to.
+group serves: each group holds, cached, every block of it that its kind attends to. Jenga's
+layouts (``jenga-pages``; ``jenga-prefix`` with its prefix cache) are checked by their own identity
+(tests/test_jenga.py, tests/test_jenga_prefix.py), the latter's common hit as above.
 """
 
 from __future__ import annotations
@@ -126,16 +128,29 @@ def sglang_pools(full_tokens: int = 240, swa_tokens: int = 160, page: int = 2) -
     return kv
 
 
-def jenga_pages(large_pages: int = 40) -> KVCoordinator:
-    """Jenga's two-level allocator: full attention in 2 layers and an 8-token window in 3 (small pages
-    of 8 and 12 slots, large pages of lcm = 24 slots; tests/test_jenga.py's pool, larger)."""
+def jenga_capacity(large_pages: int = 40, max_model_len: int = 128):
+    """Full attention in 2 layers and an 8-token window in 3 (small pages of 8 and 12 slots, large
+    pages of lcm = 24 slots; tests/test_jenga.py's pool, larger)."""
     from sim.hardware.jenga_capacity import JengaCapacity, JengaGroupSpec
     from sim.hardware.layers import FullAttention, SlidingWindow
-    from sim.kv.jenga import JengaCoordinator
 
     groups = (JengaGroupSpec(FullAttention(), 2, 8, 3, 16), JengaGroupSpec(SlidingWindow(8), 3, 12, 2, 6))
-    capacity = JengaCapacity("fuzz", 128, 4, 24, groups, large_pages, 1, 24 * large_pages, 24)
-    return JengaCoordinator(capacity, ["full", "sliding(8)"], 24)
+    return JengaCapacity("fuzz", max_model_len, 4, 24, groups, large_pages, 1, 24 * large_pages, 24)
+
+
+def jenga_pages(large_pages: int = 40) -> KVCoordinator:
+    """Jenga's two-level allocator over :func:`jenga_capacity`."""
+    from sim.kv.jenga import JengaCoordinator
+
+    return JengaCoordinator(jenga_capacity(large_pages), ["full", "sliding(8)"], 24)
+
+
+def jenga_prefix_pages(large_pages: int = 40) -> KVCoordinator:
+    """The same with prefix caching (``sim/kv/jenga_prefix.py``): cached small pages, whole large
+    pages evicted first; prompts start with up to 60 shared tokens."""
+    from sim.kv.jenga_prefix import JengaPrefixCoordinator
+
+    return JengaPrefixCoordinator(jenga_capacity(large_pages, max_model_len=192), ["full", "sliding(8)"])
 
 
 LAYOUTS: dict[str, Callable[[], KVCoordinator]] = {
@@ -145,6 +160,7 @@ LAYOUTS: dict[str, Callable[[], KVCoordinator]] = {
     "vllm-hybrid-prefix-marconi": vllm_marconi_mamba_groups,
     "sglang-hybrid-pools": sglang_pools,
     "jenga-pages": jenga_pages,
+    "jenga-prefix": jenga_prefix_pages,
 }
 SHARED = 1  # the content every prefix-caching prompt starts with, at lengths that vary
 PROBES = [((SHARED, length), (2, 3)) for length in (3, 4, 8, 13, 20, 33, 60)]
@@ -155,8 +171,8 @@ class HybridDriver:
 
     def __init__(self, layout: str):
         self.kv = LAYOUTS[layout]()
-        self.jenga = layout == "jenga-pages"
-        self.caching = layout.startswith("vllm-hybrid-prefix")
+        self.jenga = layout.startswith("jenga")
+        self.caching = layout.startswith("vllm-hybrid-prefix") or layout == "jenga-prefix"
         self.policy = self.kv  # (what tests/fuzz.py reads its eviction count from)
         self.names, _ = self.kv.group_entries()
         self.final_len: dict[int, int] = {}
@@ -214,7 +230,7 @@ class HybridDriver:
             self.kv.fork(seq_id, [ChildSpec(child, self.final_len[seq_id], -child)])
             self.final_len[child] = self.final_len[seq_id]
             return True
-        if kind == "match" and self.caching:
+        if kind == "match" and self.caching:  # (jenga's lookup changes nothing either)
             self.kv.match(PROBES[choice % len(PROBES)])
             return True
         return False  # evict (and match without a prefix cache): nothing to do
@@ -331,12 +347,18 @@ class HybridDriver:
                 )
 
     def _check_jenga(self) -> None:
-        """Jenga's own identity (tests/test_jenga.py): per type its large pages are its small pages,
-        held once or free; every live sequence in every type's manager at the coordinator's length."""
-        from tests.test_jenga import check_identity
+        """Jenga's own identity (tests/test_jenga.py; with prefix caching tests/test_jenga_prefix.py):
+        per type its large pages are its small pages, held, free or cached; every live sequence in every
+        type's manager at the coordinator's length; with caching, every type serves the common hit."""
+        from tests import test_jenga, test_jenga_prefix
 
         kv = self.kv
-        check_identity(kv)  # type: ignore[arg-type]
+        if self.caching:
+            test_jenga_prefix.check_identity(kv)  # type: ignore[arg-type]
+            for probe in PROBES:
+                self._check_common_hit(probe)
+        else:
+            test_jenga.check_identity(kv)  # type: ignore[arg-type]
         for manager in kv.managers:  # type: ignore[attr-defined]
             assert sorted(manager.live_sequences()) == sorted(self.final_len)
             for seq_id in self.final_len:

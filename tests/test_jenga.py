@@ -282,7 +282,6 @@ def test_beside_paged_and_vllm_hybrid_its_pool_stays_whole(tmp_path):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"engine": {"enable_prefix_caching": True}}, "policy 'jenga' has no prefix cache yet"),
         (
             {"variants": [PAGED, {**JENGA, "options": {"large_page_bytes": 1_000_000}}]},
             "variants.1.options.large_page_bytes: 1,000,000 is not a multiple of the sliding(1024) small page "
@@ -350,7 +349,7 @@ def test_a_mamba_state_is_a_small_page_of_its_own_type_by_hand():
     2^17 x 603 = 79,036,416 B, 201 full or 2 state small pages. A slot: gcd(2,048, 39,518,208) =
     2,048 B (one token of one layer): large page 38,592 slots, state page 19,296, full page 192. 40 GiB:
     cdiv(42,949,672,960, 79,036,416) - 1 = 544 - 1 = 543 large pages."""
-    from sim.kv.jenga import JengaLayout
+    from sim.kv.jenga_layout import JengaLayout
 
     capacity = jenga_kv_capacity("Qwen3-Next-80B-A3B", 40 * 2**30, max_model_len=8192)
     assert [(g.kind.label, g.page_bytes, g.ratio) for g in capacity.groups] == [

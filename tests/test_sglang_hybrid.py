@@ -325,7 +325,6 @@ def test_beside_paged_and_vllm_hybrid_its_two_pools_stay_whole(tmp_path):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"engine": {"enable_prefix_caching": True}}, "policy 'sglang-hybrid' has no prefix cache yet"),
         ({"variants": [PAGED, {**SGLANG, "options": {"window": 3}}]}, "unknown option(s) 'window'"),
         (
             {"variants": [PAGED, {**SGLANG, "options": {"swa_full_tokens_ratio": -1}}]},

@@ -97,42 +97,75 @@ class SmallPageAllocator:
         The caller has checked that they fit (``needed <= free_small + quota x ratio``). (Runs of pages
         from one source are taken at once: the same pages, in the same order, as one at a time.)"""
         own = self.preferred[seq_id]
-        ratio = self.ratio
-        free_count = self.free_count
         pages: list[int] = []
         while len(pages) < needed:
             left = needed - len(pages)
             if own:
-                taken = _pop_first(own, left)
-                for page in taken:
-                    free_count[page // ratio] -= 1
+                pages += self.take_own(own, left)
             elif quota > 0:
-                large = self.large_pages.take()
                 quota -= 1
-                first = large * ratio
-                count = min(left, ratio)
-                taken = list(range(first, first + count))
-                own.update(dict.fromkeys(range(first + count, first + ratio)))
-                free_count[large] = ratio - count
-                self.owner[large] = seq_id
-                self.free_small += ratio
+                pages += self.carve(seq_id, left)
             elif self.unowned:
-                taken = _pop_first(self.unowned, 1)
-                large = taken[0] // ratio
-                self.owner[large] = seq_id  # its free siblings become this request's
-                for sibling in range(large * ratio, large * ratio + ratio):
-                    if sibling in self.unowned:
-                        del self.unowned[sibling]
-                        own[sibling] = None
-                free_count[large] -= 1
+                pages += self.adopt_unowned(seq_id)
             else:  # (from the first request with free pages until they or the need run out)
-                victim = next(free for free in self.preferred.values() if free)
-                taken = _pop_first(victim, left)
-                for page in taken:
-                    free_count[page // ratio] -= 1
-            self.free_small -= len(taken)
-            pages += taken
+                pages += self.take_others(left)
         return pages
+
+    # -- the sources of a small page, in the artifact's order (``allocate_block_id``) -------------------
+    def take_own(self, own: dict[int, None], count: int) -> list[int]:
+        """The oldest ``count`` (or all) of a request's preferred free small pages."""
+        taken = _pop_first(own, count)
+        for page in taken:
+            self.free_count[page // self.ratio] -= 1
+        self.free_small -= len(taken)
+        return taken
+
+    def carve(self, seq_id: int, count: int) -> list[int]:
+        """A new large page for ``seq_id``: its first ``count`` (at most ``ratio``) small pages taken,
+        the rest its preferred free ones."""
+        ratio = self.ratio
+        large = self.large_pages.take()
+        first = large * ratio
+        count = min(count, ratio)
+        self.preferred[seq_id].update(dict.fromkeys(range(first + count, first + ratio)))
+        self.free_count[large] = ratio - count
+        self.owner[large] = seq_id
+        self.free_small += ratio - count
+        return list(range(first, first + count))
+
+    def adopt_unowned(self, seq_id: int) -> list[int]:
+        """One free small page whose request is gone; its large page's other free ones become
+        ``seq_id``'s preferred."""
+        ratio = self.ratio
+        taken = _pop_first(self.unowned, 1)
+        large = taken[0] // ratio
+        self.owner[large] = seq_id
+        own = self.preferred[seq_id]
+        for sibling in range(large * ratio, large * ratio + ratio):
+            if sibling in self.unowned:
+                del self.unowned[sibling]
+                own[sibling] = None
+        self.free_count[large] -= 1
+        self.free_small -= 1
+        return taken
+
+    def others_free(self) -> dict[int, None] | None:
+        """The preferred free small pages of the first request that has any (None: none has)."""
+        return next((free for free in self.preferred.values() if free), None)
+
+    def take_others(self, count: int) -> list[int]:
+        """Up to ``count`` of the first request's preferred free small pages that has any."""
+        victim = self.others_free()
+        assert victim is not None, "small pages the caller checked were free"
+        return self.take_own(victim, count)
+
+    def give_back_large(self, large: int) -> None:
+        """A large page of this type with no blank small page, whose every small page was cached and is
+        evicted now, goes back to the shared pool (prefix caching: ``policies/hybrid/jenga_cache.py``)."""
+        assert self.free_count[large] == 0, "a large page with blank small pages is given back by release()"
+        del self.free_count[large]
+        del self.owner[large]
+        self.large_pages.give_back(large)
 
     def release(self, pages: Iterable[int]) -> None:
         """Small pages are free again, in order: each its large page's request's, or anyone's; a large

@@ -20,6 +20,8 @@ kept); the pool reports the blank free blocks and the tail past the last whole b
 
 from __future__ import annotations
 
+from mypy_extensions import mypyc_attr
+
 from policies.base import OutOfKVMemory, PolicyStats
 from policies.hybrid.block_pool import SharedBlockPool
 from policies.paged import FreeBlockQueue
@@ -28,6 +30,7 @@ from policies.prefix import ContentChains, block_contents
 NO_BLOCK = -1
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # (Jenga's per-type pages: policies/hybrid/jenga_cache.py)
 class PrefixCachingBlockPool(SharedBlockPool):
     """A :class:`SharedBlockPool` whose blocks have ids, reference counts and cache identities.
     ``free_blocks`` counts every block an allocation may take: blank ones and evictable cached ones."""

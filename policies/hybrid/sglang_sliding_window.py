@@ -55,6 +55,23 @@ def prefill_hold(prompt_len: int, chunk: int, window: int, page: int, overlap: b
     return most, frontier
 
 
+def last_decode_eviction(step: int, window: int) -> int:
+    """The decode step of a sequence's latest ``maybe_evict_swa`` by its decode step ``step`` (steps
+    ``i`` with ``i % W == 1``), 0 before the first (and always for ``W == 1``: ``i % 1 == 1`` never
+    holds). Shared with the SWA radix cache (``sim/kv/sglang_swa_radix.py``)."""
+    if step < 1 or window == 1:
+        return 0
+    return step - (step - 1) % window
+
+
+def next_decode_eviction(step: int, window: int) -> int:
+    """The decode step of a sequence's next ``maybe_evict_swa`` after its decode step ``step``
+    (:data:`NEVER` for ``W == 1``)."""
+    if window == 1:
+        return NEVER
+    return 1 if step < 1 else step - (step - 1) % window + window
+
+
 class SGLangSlidingWindowGroup(GroupManager):
     kind = "sliding_window"
 
@@ -87,13 +104,11 @@ class SGLangSlidingWindowGroup(GroupManager):
         holds ``num_tokens`` tokens (decode step ``num_tokens - prompt_len - 1`` allocated the last)."""
         page = self.block_size
         _, frontier = prefill_hold(prompt_len, self.prefill_tokens, self.window, page, self.overlap)
-        step = num_tokens - prompt_len - 1
-        window = self.window
-        if step < 1 or window == 1:  # (i % 1 == 1 never holds: SGLang never evicts then)
+        last_eviction = last_decode_eviction(num_tokens - prompt_len - 1, self.window)
+        if last_eviction == 0:
             return frontier
-        last_eviction = step - (step - 1) % window
         pre_len = prompt_len + last_eviction
-        return max(frontier, max(0, pre_len - window) // page * page)
+        return max(frontier, max(0, pre_len - self.window) // page * page)
 
     def held_run(self, num_tokens: int) -> tuple[int, int]:
         # A sequence's run depends on where its decoding began: see _run_after.
@@ -113,10 +128,8 @@ class SGLangSlidingWindowGroup(GroupManager):
         step = seq.num_tokens - prompt_len - 1
         if step < 0:
             return prompt_len + 1  # the first decoded token drops the prompt's chunks to the frontier
-        if self.window == 1:
-            return NEVER
-        next_eviction = 1 if step < 1 else step - (step - 1) % self.window + self.window
-        return prompt_len + next_eviction + 1
+        next_eviction = next_decode_eviction(step, self.window)
+        return NEVER if next_eviction == NEVER else prompt_len + next_eviction + 1
 
     # -- sequences --------------------------------------------------------------------------------
     def admit(

@@ -19,11 +19,14 @@ policies (``policies/``), so the same stream can be replayed on both, side by si
   (``sim/hardware/sglang_hybrid_capacity.py``, option ``swa_full_tokens_ratio``, default 0.8, and
   ``page_size``, default 1): the full-attention pool holds every token, the SWA pool what
   ``policies/hybrid/sglang_sliding_window.py`` says. An admission or a step needs room in both.
-  A slot there is one token of one pool's layers (the summary counts both pools' slots).
+  A slot there is one token of one pool's layers (the summary counts both pools' slots). With
+  ``engine.enable_prefix_caching: true``, SGLang's ``SWARadixCache`` over the two pools
+  (``sim/kv/sglang_swa_radix.py``).
 
 ``jenga``: Jenga's two-level allocator (``sim/kv/jenga.py``): large pages of the LCM of the layer
   types' small pages (``sim/hardware/jenga_capacity.py``), carved per type (option
-  ``large_page_bytes``: another multiple of every small page).
+  ``large_page_bytes``: another multiple of every small page); with prefix caching, its cached small
+  pages and eviction (``sim/kv/jenga_prefix.py``).
 
 A *slot* of a hybrid pool is one token in one group: ``group_size`` layers' K and V (a Mamba group's
 block holds one request's state instead). The pool's slots are ``num_gpu_blocks x block_size``; the
@@ -66,6 +69,7 @@ from sim.hardware.sglang_hybrid_capacity import (
     sglang_hybrid_kv_capacity,
 )
 from sim.kv.coordinator import KVCoordinator, KVGroup, make_coordinator
+from sim.kv.sglang_swa_radix import SWARadixCoordinator
 
 __all__ = [
     "HYBRID_ALLOCATORS",
@@ -318,6 +322,8 @@ class SGLangHybridLayout:
     """The most prompt tokens one iteration computes for one request (SGLang's chunked prefill size)."""
     overlap: bool = False
     """SGLang's overlap scheduler (kvsim's async scheduling): one more prefill chunk in the SWA pool."""
+    prefix_caching: bool = False
+    """SGLang's SWA radix cache (``engine.enable_prefix_caching: true``); off, ``--disable-radix-cache``."""
 
     @property
     def slot_bytes(self) -> int:
@@ -336,9 +342,16 @@ class SGLangHybridLayout:
         )
 
     def make_coordinator(self) -> KVCoordinator:
-        """One replica's two groups, each over a pool of its own."""
+        """One replica's two groups, each over a pool of its own (with prefix caching, both behind
+        SGLang's SWA radix cache)."""
         capacity, spec = self.capacity, self.pool
         page = capacity.page_size
+        if self.prefix_caching:
+            names = (FullAttention().label, SlidingWindow(capacity.window).label)
+            return SWARadixCoordinator(
+                capacity.full_tokens, capacity.swa_tokens, page, capacity.window, self.max_model_len,
+                self.slot_bytes, names,
+            )  # fmt: skip
         full_pool = SharedBlockPool(capacity.full_tokens // page, page)
         swa_pool = SharedBlockPool(capacity.swa_tokens // page, page)
         full = FullAttentionGroup(spec, full_pool, self.prefill_tokens)
@@ -362,6 +375,7 @@ def sglang_hybrid_layout(
     overlap: bool = False,
     swa_full_tokens_ratio: float = DEFAULT_SWA_FULL_TOKENS_RATIO,
     page_size: int = 1,
+    prefix_caching: bool = False,
 ) -> SGLangHybridLayout:
     """``sglang-hybrid``'s layout from the bytes left for KV; ``ValueError`` (naming the option) for
     what it cannot run."""
@@ -380,4 +394,4 @@ def sglang_hybrid_layout(
             "layers: sglang-hybrid runs models with as many of each (gpt-oss; SGLang's hybrid SWA models). "
             "Size the pools with sim.hardware.sglang_hybrid_capacity, or use policy vllm-hybrid"
         )
-    return SGLangHybridLayout(capacity, max_model_len, prefill_tokens, overlap)
+    return SGLangHybridLayout(capacity, max_model_len, prefill_tokens, overlap, prefix_caching)

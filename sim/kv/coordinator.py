@@ -49,6 +49,7 @@ __all__ = [
     "KVGroup",
     "MultiGroupCoordinator",
     "SingleGroupCoordinator",
+    "longest_common_hit",
     "make_coordinator",
 ]
 
@@ -362,28 +363,9 @@ class MultiGroupCoordinator(KVCoordinator):
         return self._shortest([policy.match(prompt, namespace) for policy in self.policies])
 
     def _common_hit(self, prompt: TokenContent, namespace: int) -> PrefixHit:
-        """The longest prefix every group of a prefix-caching pool serves (vLLM
-        ``vllm/v1/core/kv_cache_coordinator.py``, ``HybridKVCacheCoordinator.find_longest_cache_hit``):
-        full attention first, then each other group at the length so far, which it keeps or shortens;
-        any shortening starts another round, until every group keeps the length. (Each group's hit is
-        the longest it serves within the length it is given, so this ends at the longest length they
-        all serve; vLLM looks groups of one spec up together, which comes to the same length.) Never
-        the prompt's last token (``len - 1``)."""
-        validate_content(prompt, "looked-up prompt", PolicyInputError)
-        groups = self._caching
-        block_size = groups[0].block_size
-        hit = (content_length(prompt) - 1) // block_size
-        tables = groups[0].tables
-        assert tables is not None
-        chains = tables.prompt_chains(prompt, namespace, hit)  # (one content chain for every group)
-        while hit:
-            length = hit
-            for group in groups:
-                length = group.longest_cache_hit(chains, length)
-            if length == hit:
-                break
-            hit = length
-        return PrefixHit(hit * block_size) if hit else NO_HIT
+        """The longest prefix every group of a prefix-caching pool serves (:func:`longest_common_hit`)."""
+        hit = longest_common_hit(self._caching, prompt, namespace)
+        return PrefixHit(hit * self._caching[0].block_size) if hit else NO_HIT
 
     @staticmethod
     def _shortest(hits: list[PrefixHit]) -> PrefixHit:
@@ -642,6 +624,32 @@ class MultiGroupCoordinator(KVCoordinator):
     @property
     def host_tier(self) -> HostPool | None:
         return None
+
+
+def longest_common_hit(groups: Sequence[GroupManager], prompt: TokenContent, namespace: int) -> int:
+    """The longest prefix every group of a prefix-caching pool serves (vLLM
+    ``vllm/v1/core/kv_cache_coordinator.py``, ``HybridKVCacheCoordinator.find_longest_cache_hit``):
+    full attention first, then each other group at the length so far, which it keeps or shortens;
+    any shortening starts another round, until every group keeps the length. (Each group's hit is
+    the longest it serves within the length it is given, so this ends at the longest length they
+    all serve; vLLM looks groups of one spec up together, which comes to the same length.) Never
+    the prompt's last token (``len - 1``). In blocks; ``groups`` full attention first, their blocks
+    named by one set of content chains (vLLM's groups of one pool, Jenga's types:
+    ``sim/kv/jenga_prefix.py``)."""
+    validate_content(prompt, "looked-up prompt", PolicyInputError)
+    block_size = groups[0].block_size
+    hit = (content_length(prompt) - 1) // block_size
+    tables = groups[0].tables
+    assert tables is not None
+    chains = tables.prompt_chains(prompt, namespace, hit)  # (one content chain for every group)
+    while hit:
+        length = hit
+        for group in groups:
+            length = group.longest_cache_hit(chains, length)
+        if length == hit:
+            break
+        hit = length
+    return hit
 
 
 def _least(rooms: list[int] | None, more: list[int]) -> list[int]:

@@ -6,7 +6,8 @@ which blocks a sequence holds (``policies/hybrid/``: full attention keeps every 
 window or an attention chunk releases what left it, a Mamba state is one page per request), and a
 small-page allocator of its own over the large pages all types share
 (``policies/hybrid/jenga_pages.py``). A kind's manager keeps the runs of block positions and their
-accounting; this coordinator gives each held position a small page.
+accounting; this coordinator gives each held position a small page. (With prefix caching the pages
+are the managers' own block ids, with identities: ``sim/kv/jenga_prefix.py``.)
 
 What the coordinator decides (as :class:`~sim.kv.coordinator.MultiGroupCoordinator` does for vLLM's
 groups): every operation happens in every group or in none, released blocks are freed before a step
@@ -29,7 +30,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NoReturn
+
+from mypy_extensions import mypyc_attr
 
 from policies.base import NO_HIT, ChildSpec, MemoryBreakdown, OutOfKVMemory, PolicyStats, PoolSpec, PrefixHit
 from policies.hybrid.block_pool import SharedBlockPool
@@ -40,7 +43,7 @@ from sim.kv.allocators import group_manager  # (each layer kind's rules, as vllm
 from sim.kv.coordinator import Breakdown, KVCoordinator, KVGroup
 from token_content import TokenContent, content_length
 
-__all__ = ["JengaCoordinator", "JengaLayout"]
+__all__ = ["JengaCoordinator"]
 
 
 def moves(seq: GroupSequence, first: int, end: int) -> tuple[int, int]:
@@ -49,6 +52,7 @@ def moves(seq: GroupSequence, first: int, end: int) -> tuple[int, int]:
     return min(first, seq.end_block) - seq.first_block, end - max(first, seq.end_block)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class JengaCoordinator(KVCoordinator):
     def __init__(self, capacity: JengaCapacity, names: Sequence[str], prefill_tokens: int):
         self.capacity = capacity
@@ -66,9 +70,10 @@ class JengaCoordinator(KVCoordinator):
             slots = capacity.small_page_slots(group)
             most = capacity.num_blocks * group.ratio  # (what one type could ever hold)
             spec = PoolSpec(most * block_size, block_size, capacity.max_model_len, capacity.slot_bytes)
-            manager = group_manager(group.kind, spec, SharedBlockPool(most, block_size), prefill_tokens)
+            allocator = SmallPageAllocator(self.large_pages, group.ratio)
+            manager = group_manager(group.kind, spec, self._type_pool(allocator), prefill_tokens)
             self.managers.append(manager)
-            self.allocators.append(SmallPageAllocator(self.large_pages, group.ratio))
+            self.allocators.append(allocator)
             self.page_slots.append(slots)
             self.holds.append(group.holds_tokens)
             self.pages.append({})
@@ -83,7 +88,21 @@ class JengaCoordinator(KVCoordinator):
         self._requests: dict[int, int] = {}  # sequence -> the allocators' request id
         self._next_request = 0
 
-    # -- prefix hits: none (prefix caching is refused with jenga) ---------------------------------
+    def _type_pool(self, allocator: SmallPageAllocator) -> SharedBlockPool:
+        """The block pool a type's manager keeps its runs over: here only a count (this coordinator
+        gives each held position a small page); with prefix caching, the pages themselves
+        (``sim/kv/jenga_prefix.py``)."""
+        return SharedBlockPool(allocator.large_pages.num_pages * allocator.ratio, self.block_size)
+
+    def _free_large(self) -> int:
+        """Large pages a quota may carve: the free ones (with prefix caching, the wholly cached too)."""
+        return self.large_pages.free
+
+    def _free_pages(self, group: int) -> int:
+        """Small pages of ``group`` the quota rule counts as free (with prefix caching, evictable too)."""
+        return self.allocators[group].free_small
+
+    # -- prefix hits: none without prefix caching (``sim/kv/jenga_prefix.py`` has them) -------------
     def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
         return NO_HIT
 
@@ -94,8 +113,8 @@ class JengaCoordinator(KVCoordinator):
     def _new_requests_fit(self, needs: list[list[int]]) -> bool:
         """Do new requests, each needing ``needs[i][g]`` small pages of group ``g``, fit one after the
         other? (A new request has no preferred pages: it takes its whole quota.)"""
-        free_large = self.large_pages.free
-        free_small = [allocator.free_small for allocator in self.allocators]
+        free_large = self._free_large()
+        free_small = [self._free_pages(group) for group in range(len(self.allocators))]
         for request in needs:
             ratios = [allocator.ratio for allocator in self.allocators]
             quota = quotas(free_large, list(zip(request, ratios, free_small, strict=True)))
@@ -131,14 +150,19 @@ class JengaCoordinator(KVCoordinator):
             free_large, [(n, a.ratio, a.free_small) for n, a in zip(needs, allocators, strict=True)]
         )
         assert quota is not None, "a new request that was checked to fit"
-        # (The allocators know a sequence by an id never used before: a large page remembers the
-        # request that carved it after it is gone, and the engine may reuse a sequence's id.)
+        request = self._new_request(seq_id)
+        for group, (allocator, needed) in enumerate(zip(allocators, needs, strict=True)):
+            self.pages[group][seq_id] = deque(allocator.allocate(request, needed, quota[group]))
+
+    def _new_request(self, seq_id: int) -> int:
+        """The allocators' id of a new sequence. (An id never used before: a large page remembers the
+        request that carved it after it is gone, and the engine may reuse a sequence's id.)"""
         request = self._next_request
         self._next_request += 1
         self._requests[seq_id] = request
-        for group, (allocator, needed) in enumerate(zip(allocators, needs, strict=True)):
+        for allocator in self.allocators:
             allocator.add_request(request)
-            self.pages[group][seq_id] = deque(allocator.allocate(request, needed, quota[group]))
+        return request
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
         """Each child gets its own copy of the parent's held blocks (no prefix cache to share through)."""
@@ -150,16 +174,17 @@ class JengaCoordinator(KVCoordinator):
         for child in children:
             self._take_new(child.seq_id, held)
 
-    def _refuse(self, what: str, needs: list[int]) -> None:
+    def _refuse(self, what: str, needs: list[int], hit: PrefixHit = NO_HIT) -> NoReturn:
         self._stats.allocation_failures += 1
         needed = sum(n * s for n, s in zip(needs, self.page_slots, strict=True))
-        free = self.large_pages.free * self.large_slots
-        free += sum(a.free_small * s for a, s in zip(self.allocators, self.page_slots, strict=True))
+        free = self._free_large() * self.large_slots
+        free += sum(self._free_pages(group) * s for group, s in enumerate(self.page_slots))
         raise OutOfKVMemory(
             f"{what} needs {needed} slots in small pages of Jenga's large pages, {free} free "
-            f"({self.large_pages.free} large pages free)",
+            f"({self._free_large()} large pages free)",
             needed_slots=needed,
             free_slots=free,
+            prefix_hit=hit,
         )
 
     # -- growth -----------------------------------------------------------------------------------
@@ -188,10 +213,10 @@ class JengaCoordinator(KVCoordinator):
     def _many_fit(self, plans: list[list[tuple]]) -> bool:
         """Will several sequences' growth fit, whatever each one's quota takes? (Module docstring.)"""
         new = [sum(moves(seq, first, end)[1] for seq, _, first, end in plan) for plan in plans]
-        if self.large_pages.free >= sum(new):
+        if self._free_large() >= sum(new):
             return True
         releases = any(moves(seq, first, end)[0] for plan in plans for seq, _, first, end in plan)
-        return not releases and all(a.free_small >= n for a, n in zip(self.allocators, new, strict=True))
+        return not releases and all(self._free_pages(group) >= n for group, n in enumerate(new))
 
     def _fits(self, seq_ids: Sequence[int], plans: list[list[tuple]]) -> bool:
         if len(seq_ids) == 1:
@@ -246,7 +271,7 @@ class JengaCoordinator(KVCoordinator):
     def available_slots(self) -> int:
         """Tokens every sequence together is sure to grow by: a small page per block in every type
         that holds tokens, each from a free large page (what any quota can take)."""
-        return self.large_pages.free // self._token_groups * self.block_size
+        return self._free_large() // self._token_groups * self.block_size
 
     def seq_len(self, seq_id: int) -> int:
         return self.managers[0].seq_len(seq_id)
@@ -324,28 +349,3 @@ class JengaCoordinator(KVCoordinator):
     @property
     def host_tier(self) -> None:
         return None
-
-
-@dataclass(frozen=True)
-class JengaLayout:
-    """Jenga's pool (``sim/hardware/jenga_capacity.py``) and how to build one replica's groups over it."""
-
-    capacity: JengaCapacity
-    max_model_len: int
-    prefill_tokens: int
-
-    @property
-    def slot_bytes(self) -> int:
-        return self.capacity.slot_bytes
-
-    @property
-    def pool(self) -> PoolSpec:
-        capacity = self.capacity
-        slots = capacity.num_blocks * capacity.large_page_slots
-        return PoolSpec(slots, capacity.block_size, self.max_model_len, capacity.slot_bytes)
-
-    def group_names(self) -> list[str]:
-        return [group.kind.label for group in self.capacity.groups]
-
-    def make_coordinator(self) -> JengaCoordinator:
-        return JengaCoordinator(self.capacity, self.group_names(), self.prefill_tokens)

@@ -1,0 +1,296 @@
+"""Jenga's prefix caching: one layer type's small pages with identities, and its eviction, which
+frees whole large pages first.
+
+Followed from the paper's artifact, heheda12345/Jenga-SOSP25-AE, branch ``vllm-v0-jenga`` (commit
+bb5cee614b054e54cd2a4791cb214051cde46fda): ``vllm/core/evictor_v2.py`` (``Level1LRUEvictor``,
+``Level0LRUEvictor``), ``vllm/core/block/prefix_caching_block.py`` (``_allocate_block_id``,
+``remove_blocks_from_evictor``, ``LastAccessBlocksTracker``) and
+``vllm/core/block_v3/custom_block.py`` (``SlidingWindowManager.free_skipped_blocks``); the paper (Zhang et al., SOSP 2025, arXiv 2503.18292) describes it as
+request-aware and layer-aware eviction, balancing the hit of every layer type.
+
+* **Cached small pages** (per type): a small page nobody holds any more that keeps its content's
+  identity (a full block's content chain, ``policies/hybrid/prefix_pool.py``) is *cached*: still
+  hittable, evictable. Its large page stays carved by the type until every small page of it is
+  evicted or blank, so a large page is given back to the shared pool only when all its small pages
+  are free (blank), as without caching.
+* **Stamps** (``LastAccessBlocksTracker``): every page a request gives back at once gets the same
+  time, in every type (so one request's pages of every type leave together, *aligned*), with the
+  request as tie-break (the artifact adds ``seq_id / 100``, "so that the eviction will be
+  centralized to one request"); within that, the page given back first, which is the deepest (a
+  free gives its pages back tail first: the artifact's ``-num_hashed_tokens``). The pages a sliding
+  window or an attention chunk releases while its request runs are stamped :data:`SKIPPED_AGE`
+  older (the artifact's ``-200``): only the last window is needed for a hit, so they go first.
+* **Eviction** (``_allocate_block_id``): a small page of a type comes from the request's own free
+  pages, a new large page within its quota, free pages whose request is gone; then, while the quota
+  asks for a new large page and none is free, the *large page* all of whose small pages are cached
+  and whose latest stamp is the oldest, of any type, is evicted whole and given back
+  (``Level0LRUEvictor.evict_level0``); then another request's free pages; last, the type's oldest
+  cached small page (``evict_level1``). Room counts a large page of cached pages as a free large
+  page, and the other cached pages of a type as its free small pages (``set_large_block_quota``).
+  A large page with blank small pages beside cached ones is not evicted whole (its pages are not
+  all in the evictor, ``Level1LRUEvictor.free_block_counter``): its blank pages serve its type.
+
+Kvsim's differences: the clock ticks once per operation of the KV coordinator (an admission, a
+growth, a free, a fork), where the artifact's ticks once per scheduler step, so ``SKIPPED_AGE`` is
+200 operations; a page stamp's parts are compared in order (time, request, order given back), where
+the artifact adds the request to the time as ``seq_id / 100``; the type's oldest cached page is
+taken from the large pages not wholly cached (the artifact may take one from a wholly cached large
+page that it also counts as a free large page).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from policies.hybrid.jenga_pages import SmallPageAllocator
+from policies.hybrid.prefix_pool import NO_BLOCK, PrefixCachingBlockPool
+from policies.prefix import ContentChains
+
+SKIPPED_AGE = 200
+"""How much older a page a window or a chunk released while its request runs is stamped."""
+
+Stamp = tuple[int, int, int]
+"""(time, request, order given back): the smallest is evicted first."""
+
+
+class EvictionClock:
+    """The time, the request and the age that the pages given back now are stamped with (every type
+    shares one: a request's pages of every type get one stamp)."""
+
+    def __init__(self) -> None:
+        self.time = 0
+        self.request = 0
+        self.age = 0
+        self._order = 0
+
+    def tick(self) -> None:
+        """A new operation of the KV coordinator."""
+        self.time += 1
+
+    def serve(self, request: int, age: int = 0) -> None:
+        """The pages given back next are ``request``'s, stamped ``age`` older than now."""
+        self.request = request
+        self.age = age
+
+    def stamp(self) -> Stamp:
+        self._order += 1
+        return (self.time - self.age, self.request, self._order)
+
+
+class LargePageEvictor:
+    """Every type's wholly cached large pages (``Level0LRUEvictor``): evicts the one whose latest
+    stamp is the oldest, whatever its type."""
+
+    def __init__(self) -> None:
+        self.caches: list[JengaPageCache] = []
+
+    def whole_large_pages(self) -> int:
+        return sum(len(cache.whole) for cache in self.caches)
+
+    def evict_oldest(self) -> None:
+        oldest: JengaPageCache | None = None
+        oldest_stamp: Stamp | None = None
+        for cache in self.caches:
+            stamp = cache.oldest_whole()
+            if stamp is not None and (oldest_stamp is None or stamp < oldest_stamp):
+                oldest, oldest_stamp = cache, stamp
+        assert oldest is not None, "a quota the evictor's wholly cached large pages were counted for"
+        oldest.evict_oldest_whole()
+
+
+class JengaPageCache(PrefixCachingBlockPool):
+    """One layer type's small pages as the block pool of its group's manager (block ids are small-page
+    ids; ``policies/hybrid/block_tables.py`` keeps each sequence's), with identities, reference counts
+    and Jenga's eviction over the type's :class:`SmallPageAllocator`.
+
+    The KV coordinator checks room by Jenga's quota rule (:meth:`free_pages`, :meth:`after_touch`,
+    :meth:`after_release`) and names the request and its quota (:meth:`serve`) before its manager
+    takes pages, so ``free_blocks`` is the most this type could ever hold (the managers' own checks
+    never bind)."""
+
+    def __init__(
+        self,
+        allocator: SmallPageAllocator,
+        block_size: int,
+        chains: ContentChains,
+        clock: EvictionClock,
+        evictor: LargePageEvictor,
+    ):
+        super().__init__(allocator.large_pages.num_pages * allocator.ratio, block_size)
+        self.chains = chains  # (one for every type: a prompt's blocks have one chain in each)
+        self.allocator = allocator
+        self.ratio = allocator.ratio
+        self.clock = clock
+        self.evictor = evictor
+        evictor.caches.append(self)
+        self.stamps: dict[int, Stamp] = {}  # cached page -> its stamp
+        self.cached_per_large: dict[int, int] = {}  # large page -> its cached pages
+        self.whole: dict[int, Stamp] = {}  # large pages all of whose pages are cached -> latest stamp
+        self._page_queue: list[tuple[Stamp, int]] = []  # cached pages (stale entries skipped)
+        self._whole_queue: list[tuple[Stamp, int]] = []  # wholly cached large pages (likewise)
+        self.request = 0
+        self.quota = 0
+
+    # -- room -------------------------------------------------------------------------------------
+    @property
+    def evictable(self) -> int:
+        """Cached pages outside wholly cached large pages (those count as free large pages)."""
+        return len(self.stamps) - self.ratio * len(self.whole)
+
+    def free_pages(self) -> int:
+        """What Jenga's quota rule counts as this type's free small pages: blank and evictable ones."""
+        return self.allocator.free_small + self.evictable
+
+    def after_touch(self, pages: list[int]) -> tuple[int, int]:
+        """What holding the distinct cached ``pages`` (a prefix hit) would do, changing nothing:
+        ``(wholly cached large pages lost, free pages after)``."""
+        touched: dict[int, int] = {}
+        for page in pages:
+            touched[page // self.ratio] = touched.get(page // self.ratio, 0) + 1
+        lost, evictable = 0, self.evictable
+        for large, count in touched.items():
+            if large in self.whole:
+                lost += 1
+                evictable += self.ratio - count
+            else:
+                evictable -= count
+        return lost, self.allocator.free_small + evictable
+
+    def after_release(self, pages: list[int]) -> tuple[int, int, int]:
+        """What giving back the distinct ``pages`` (each held once) would do, changing nothing:
+        ``(large pages freed, wholly cached large pages gained, free pages after)``."""
+        blank: dict[int, int] = {}
+        cached: dict[int, int] = {}
+        for page in pages:
+            into = blank if self.block_chain[page] == NO_BLOCK else cached
+            into[page // self.ratio] = into.get(page // self.ratio, 0) + 1
+        freed = gained = 0
+        free_small, evictable = self.allocator.free_small, self.evictable
+        for large in blank.keys() | cached.keys():
+            was_blank = self.allocator.free_count[large]
+            was_cached = self.cached_per_large.get(large, 0)
+            if was_blank + blank.get(large, 0) == self.ratio:
+                freed += 1
+                free_small -= was_blank
+            elif was_cached + cached.get(large, 0) == self.ratio:
+                gained += 1
+                evictable -= was_cached
+            else:
+                free_small += blank.get(large, 0)
+                evictable += cached.get(large, 0)
+        return freed, gained, free_small + evictable
+
+    def serve(self, request: int, quota: int) -> None:
+        """The request the next pages are taken for, and its quota of new large pages."""
+        self.request = request
+        self.quota = quota
+
+    # -- pages ------------------------------------------------------------------------------------
+    def take_blocks(self, count: int, what: str) -> list[int]:
+        """``count`` small pages for the request being served, each held once, in the artifact's
+        order (module docstring); the caller checked that they fit."""
+        pages: list[int] = []
+        while len(pages) < count:
+            pages += self._take(count - len(pages), what)
+        for page in pages:
+            self.ref_count[page] = 1
+        return pages
+
+    def _take(self, count: int, what: str) -> list[int]:
+        allocator, request = self.allocator, self.request
+        own = allocator.preferred[request]
+        if own:
+            return allocator.take_own(own, count)
+        if self.quota > 0 and allocator.large_pages.free:
+            self.quota -= 1
+            return allocator.carve(request, count)
+        if allocator.unowned:
+            return allocator.adopt_unowned(request)
+        if self.quota > 0 and self.evictor.whole_large_pages():
+            self.evictor.evict_oldest()  # (a large page is free now: the next round carves it)
+            return []
+        if allocator.others_free() is not None:
+            return allocator.take_others(count)
+        assert self.evictable, f"{what}: pages the KV coordinator checked were free or evictable"
+        return [self._evict_oldest_page()]
+
+    def touch(self, block: int) -> bool:
+        shared = self.ref_count[block] > 0
+        if not shared:  # a cached page is hit: it leaves the cache
+            self._forget_stamp(block)
+            self._cached[self.block_group[block]] -= 1
+            self.cached_blocks -= 1
+        self.ref_count[block] += 1
+        return shared
+
+    def release(self, block: int) -> bool:
+        count = self.ref_count[block] - 1
+        self.ref_count[block] = count
+        if count:
+            return True
+        if self.block_chain[block] == NO_BLOCK:  # nothing reusable: blank again
+            self.allocator.release([block])
+        else:
+            self._stamp(block)
+            self._cached[self.block_group[block]] += 1
+            self.cached_blocks += 1
+        return False
+
+    # -- the cached pages' order ------------------------------------------------------------------
+    def _stamp(self, page: int) -> None:
+        stamp = self.clock.stamp()
+        self.stamps[page] = stamp
+        large = page // self.ratio
+        cached = self.cached_per_large.get(large, 0) + 1
+        self.cached_per_large[large] = cached
+        if cached == self.ratio:  # wholly cached: its latest stamp (``Level1LRUEvictor.add``)
+            latest = max(self.stamps[large * self.ratio + index] for index in range(self.ratio))
+            self.whole[large] = latest
+            heapq.heappush(self._whole_queue, (latest, large))
+        else:
+            heapq.heappush(self._page_queue, (stamp, page))
+
+    def _forget_stamp(self, page: int) -> None:
+        """``page`` is cached no more: its large page, if it was wholly cached, is not now, and its
+        other cached pages are evictable one by one again."""
+        del self.stamps[page]
+        large = page // self.ratio
+        left = self.cached_per_large[large] - 1
+        if left:
+            self.cached_per_large[large] = left
+        else:
+            del self.cached_per_large[large]
+        if self.whole.pop(large, None) is not None:
+            for sibling in range(large * self.ratio, large * self.ratio + self.ratio):
+                if sibling in self.stamps:
+                    heapq.heappush(self._page_queue, (self.stamps[sibling], sibling))
+
+    def _evict_oldest_page(self) -> int:
+        """The type's oldest cached page outside a wholly cached large page, evicted (``evict_level1``):
+        it is the caller's now."""
+        while True:
+            stamp, page = heapq.heappop(self._page_queue)
+            if self.stamps.get(page) == stamp and page // self.ratio not in self.whole:
+                break
+        self._forget_stamp(page)
+        self._evict(page)
+        return page
+
+    def oldest_whole(self) -> Stamp | None:
+        """The latest stamp of this type's wholly cached large page evicted first, None without one."""
+        queue = self._whole_queue
+        while queue and self.whole.get(queue[0][1]) != queue[0][0]:
+            heapq.heappop(queue)  # (stale: no longer wholly cached, or cached again since)
+        return queue[0][0] if queue else None
+
+    def evict_oldest_whole(self) -> None:
+        """Every page of the oldest wholly cached large page evicted; the large page goes back to the
+        shared pool (``evict_level0``, ``remove_blocks_from_evictor``)."""
+        stamp, large = heapq.heappop(self._whole_queue)
+        assert self.whole.get(large) == stamp, "oldest_whole() first"
+        del self.whole[large]
+        del self.cached_per_large[large]
+        for page in range(large * self.ratio, large * self.ratio + self.ratio):
+            del self.stamps[page]
+            self._evict(page)
+        self.allocator.give_back_large(large)

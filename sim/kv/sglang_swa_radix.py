@@ -1,0 +1,491 @@
+"""``policy: sglang-hybrid`` with ``engine.enable_prefix_caching: true``: SGLang's ``SWARadixCache`` over
+its two token pools (full attention, sliding window), as SGLang's scheduler runs it.
+
+Read at sgl-project/sglang commit 019cfc0f9617007e17cbb0bcff2545ce3e0aea45
+(``mem_cache/swa_radix_cache.py``: ``cache_unfinished_req``, ``cache_finished_req``, ``evict``,
+``inc_lock_ref`` / ``dec_lock_ref``; the tree itself is :mod:`policies._swa_radix_tree`) and 0057abea
+(``mem_cache/common.py``: ``evict_from_tree_cache``, ``free_swa_out_of_window_slots``), with the
+budget of ``managers/schedule_policy.py`` (``PrefillAdder``: the free plus evictable tokens of the
+scarcer pool) as kvsim's SGLang scheduler reads it through :meth:`SWARadixCoordinator.available_slots`.
+No code is copied.
+
+A sequence's tokens are the tree path it locks (its first ``tree_len`` tokens, whole pages) and its
+own tokens after them, in whole pages of both pools (``SWATokenToKVPoolAllocator``: every token a
+slot in each). What happens when, in kvsim's terms (a prompt is allocated at admission):
+
+- **Admission**: the prompt (less its last token, in whole pages) is matched
+  (:meth:`~policies._swa_radix_tree.SWARadixTree.match_prefix`: the window rule, a split, the path
+  refreshed, whether or not the request then fits, as the ``radix`` policy matches); the matched node
+  is locked; each pool evicts its shortfall for the new tokens (``evict_from_tree_cache``: full
+  eviction first, then SWA) and they take slots in both; the prompt's whole pages then enter the tree
+  (``cache_unfinished_req``, which SGLang runs after each prefill chunk: tokens the tree held already
+  are freed, tombstones past the hit take the prompt's SWA slots back) and the request locks its end.
+  With the prompt in the tree, SGLang's out-of-window SWA freeing frees none of it
+  (``free_swa_out_of_window_slots`` never frees below ``cache_protected_len``): the tree's lock keeps
+  the prompt's last window, the rest is SWA-evictable (tombstoned under pressure).
+- **Decoding**: new tokens take a slot in each pool (evicting the shortfall); every ``W`` decode
+  steps (``maybe_evict_swa``: steps ``i`` with ``i % W == 1``) the sequence frees its own SWA slots
+  before ``pre_len - max(W, page)``, floored to a page (the radix cache's threshold). Before each
+  decode step each pool evicts for a page per decoding request (``alloc_token_slots`` /
+  ``alloc_paged_token_slots_decode``, as the ``radix`` policy does).
+- **Finishing** (``cache_finished_req``): its whole pages are inserted, those whose SWA slots it
+  freed as a tombstone; its partial last page is freed; its lock is released. A preempted or
+  retracted request frees its own slots and inserts nothing (``release_kv_cache(is_insert=False)``).
+- **Forks** (``n > 1``, beams; SGLang has no beam search, and shares an ``n > 1`` prompt through the
+  tree): the parent's whole pages are inserted and every child locks their end, each copying the
+  parent's partly filled page in both pools. A parent that has freed own SWA slots (decoding past a
+  window) is not inserted (its lock would reach the tombstone its insertion makes): each child copies
+  its own tokens. A fork refused for memory leaves the parent's pages inserted (SGLang inserts them
+  at each prefill chunk anyway).
+
+Accounting, per pool (each sums to its pool at every instant, :meth:`group_breakdown_values`):
+**used** = the tree's slots a lock holds + the sequences' own tokens; **reserved** / **internal
+fragmentation** = the empty slots of a sequence's last page it will / will never fill; **external
+fragmentation** = slots past the pool's last whole page; **cached** = the tree's evictable slots;
+**free** = the rest. A tombstone's SWA slots are free. Statistics: queries and hits per successful
+admission, in tokens; ``evictions`` counts the pages evicted in both pools.
+
+Left out: chunked insertion (the prompt is inserted whole at admission), SGLang's checks of the
+scheduler's budget against locked nodes (``PrefillAdder``'s lock re-check), the early release of a
+decoding request's SWA lock (``dec_swa_lock_only``), HiCache, and the overlap scheduler's one-token
+lag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from policies._radix_tree import Key
+from policies._swa_radix_tree import NO_UUID, SWANode, SWARadixTree
+from policies.base import (
+    NO_HIT,
+    ChildSpec,
+    MemoryBreakdown,
+    OutOfKVMemory,
+    PolicyInputError,
+    PolicyStats,
+    PoolSpec,
+    PrefixHit,
+)
+from policies.hybrid.group import NEVER
+from policies.hybrid.sglang_sliding_window import last_decode_eviction, next_decode_eviction
+from policies.prefix import block_pieces
+from sim.kv.coordinator import Breakdown, KVCoordinator, KVGroup
+from sim.kv.pool_view import PoolView
+from token_content import Segment, TokenContent, content_length, validate_content
+
+__all__ = ["SWARadixCoordinator", "SWASequence"]
+
+
+@dataclass(eq=False, slots=True)
+class SWASequence:
+    """A sequence: ``base`` (its prompt, or its parent's tokens at a fork) then its own output stream.
+    Its first ``tree_len`` tokens are the tree path ending at ``last_node`` (locked); it holds its own
+    SWA slots from ``swa_start`` on, its own full slots from ``tree_len`` on, in whole pages."""
+
+    seq_id: int
+    final_len: int
+    output_content_id: int
+    namespace: int
+    base: tuple[Segment, ...]
+    base_len: int
+    prompt_len: int  # where decoding began: SWA's decode evictions count steps from here
+    last_node: SWANode
+    swa_uuid: int
+    swa_locked: int  # SWA tokens its lock covers (its window of the tree path)
+    tree_len: int = 0
+    num_tokens: int = 0
+    swa_start: int = 0
+
+    def key(self, num_tokens: int) -> Key:
+        """Its first ``num_tokens`` tokens as a tree key."""
+        segments = [segment for segment in self.base if segment[1] > 0]
+        if self.num_tokens > self.base_len:
+            segments.append((self.output_content_id, self.num_tokens - self.base_len))
+        ends, total = [], 0
+        for _, length in segments:
+            total += length
+            ends.append(total)
+        return block_pieces(segments, ends, 0, num_tokens)
+
+
+@dataclass
+class _OwnSlots:
+    """Sums over the live sequences of one pool's own slots: tokens, slots (whole pages), and the
+    slots of those they will fill."""
+
+    tokens: int = 0
+    slots: int = 0
+    target: int = 0
+
+
+class SWARadixCoordinator(KVCoordinator):
+    """See the module docstring. ``full_tokens`` / ``swa_tokens``: the pools (``SGLangHybridCapacity``);
+    ``names``: the two groups' names, full attention first; ``max_model_len``: the longest sequence."""
+
+    def __init__(
+        self,
+        full_tokens: int,
+        swa_tokens: int,
+        page_size: int,
+        window: int,
+        max_model_len: int,
+        slot_bytes: int,
+        names: tuple[str, str],
+    ):
+        if min(full_tokens, swa_tokens) < page_size:
+            raise PolicyInputError(
+                f"each pool needs a page of {page_size} tokens: {full_tokens}, {swa_tokens}"
+            )
+        self.page_size = page_size
+        self.window = window
+        self.max_model_len = max_model_len
+        self.tree = SWARadixTree(page_size, window)
+        self.pool_tokens = (full_tokens, swa_tokens)
+        self.page_slots = tuple(tokens // page_size * page_size for tokens in self.pool_tokens)
+        self.pool_slots = full_tokens + swa_tokens
+        self.slots_per_token = 2
+        self.sequences: dict[int, SWASequence] = {}
+        self._own = (_OwnSlots(), _OwnSlots())
+        self._tree_held = 0  # tree tokens the sequences hold, counted once per sequence
+        self._swa_held = 0  # SWA tokens the sequences' locks cover, counted once per sequence
+        self._stats = PolicyStats()
+        self.groups = tuple(
+            KVGroup(
+                name,
+                PoolView(PoolSpec(tokens, page_size, max_model_len, slot_bytes), self._part(index)),
+                slot_bytes,
+            )
+            for index, (name, tokens) in enumerate(zip(names, self.pool_tokens, strict=True))
+        )
+
+    def _part(self, index: int) -> Callable[[], Breakdown]:
+        return lambda: self.pool_breakdown(index)
+
+    # -- pools ------------------------------------------------------------------------------------
+    def _pages(self, tokens: int) -> int:
+        """Slots of the whole pages holding ``tokens`` tokens."""
+        return -(-tokens // self.page_size) * self.page_size
+
+    def _free(self, index: int) -> int:
+        tree = self.tree.full_tokens if index == 0 else self.tree.swa_tokens
+        return self.page_slots[index] - tree - self._own[index].slots
+
+    def _room(self, index: int) -> int:
+        """Free plus evictable slots of a pool (``full_available_size() + full_evictable_size()``)."""
+        evictable = self.tree.full_evictable if index == 0 else self.tree.swa_evictable
+        return self._free(index) + evictable
+
+    def _make_free(self, full_needed: int, swa_needed: int) -> None:
+        """``evict_from_tree_cache``: evict each pool's shortfall (full eviction first, then SWA)."""
+        full_short = max(0, full_needed - self._free(0))
+        swa_short = max(0, swa_needed - self._free(1))
+        if full_short or swa_short:
+            full_freed, swa_freed = self.tree.evict(full_short, swa_short)
+            self._stats.evictions += (full_freed + swa_freed) // self.page_size
+
+    def _refuse(
+        self, what: str, needs: tuple[int, int], rooms: tuple[int, int], hit: int = 0
+    ) -> OutOfKVMemory:
+        self._stats.allocation_failures += 1
+        pool = "full" if needs[0] > rooms[0] else "SWA"
+        index = 0 if pool == "full" else 1
+        return OutOfKVMemory(
+            f"{what} needs {needs[index]} slots of the {pool} pool, {rooms[index]} available (free + evictable)",
+            needed_slots=needs[index],
+            free_slots=rooms[index],
+            prefix_hit=PrefixHit(hit) if hit else NO_HIT,
+        )
+
+    # -- a sequence's own slots -------------------------------------------------------------------
+    def _swa_start(self, seq: SWASequence, num_tokens: int) -> int:
+        """The first token whose SWA slot the sequence itself holds at ``num_tokens`` tokens: past its
+        tree path and its last decode eviction's ``pre_len - max(W, page)``, floored to a page."""
+        last = last_decode_eviction(num_tokens - seq.prompt_len - 1, self.window)
+        frontier = 0
+        if last:
+            threshold = seq.prompt_len + last - max(self.window, self.page_size)
+            frontier = max(0, threshold) // self.page_size * self.page_size
+        return max(frontier, seq.tree_len, seq.swa_start)
+
+    def _account(self, seq: SWASequence, sign: int) -> None:
+        """Add (+1) or remove (-1) the sequence's own slots from each pool's sums."""
+        end = self._pages(seq.num_tokens)
+        filled = min(end, seq.final_len)
+        for own, start in zip(self._own, (seq.tree_len, seq.swa_start), strict=True):
+            own.tokens += sign * (seq.num_tokens - start)
+            own.slots += sign * (end - start)
+            own.target += sign * (filled - start)
+        self._tree_held += sign * seq.tree_len
+        self._swa_held += sign * seq.swa_locked
+
+    def _growth_needs(self, seq: SWASequence, tokens: int) -> tuple[int, int]:
+        """New slots of each pool growing ``seq`` by ``tokens`` takes (SWA: net of its eviction)."""
+        grown = seq.num_tokens + tokens
+        full = self._pages(grown) - self._pages(seq.num_tokens)
+        swa = (self._pages(grown) - self._swa_start(seq, grown)) - (
+            self._pages(seq.num_tokens) - seq.swa_start
+        )
+        return full, swa
+
+    # -- the tree ---------------------------------------------------------------------------------
+    def _prompt_key(self, prompt: TokenContent, prompt_len: int) -> Key:
+        """What admission matches: the prompt without its last token, in whole pages."""
+        segments = [segment for segment in prompt if segment[1] > 0]
+        ends, total = [], 0
+        for _, length in segments:
+            total += length
+            ends.append(total)
+        matched = (prompt_len - 1) // self.page_size * self.page_size
+        return block_pieces(segments, ends, 0, matched)
+
+    def _lock(self, seq: SWASequence, node: SWANode) -> None:
+        seq.last_node = node
+        seq.swa_uuid, seq.swa_locked = self.tree.lock(node)
+
+    def _insert(self, seq: SWASequence, swa_evicted: int) -> SWANode:
+        """Its whole pages into the tree (``insert``): returns the node ending them."""
+        whole = seq.num_tokens // self.page_size * self.page_size
+        return self.tree.insert(seq.key(whole), seq.namespace, seq.tree_len, swa_evicted)
+
+    def _cache_unfinished(self, seq: SWASequence) -> None:
+        """``cache_unfinished_req``: insert its whole pages, then lock their end in place of its path."""
+        self._account(seq, -1)
+        node = self._insert(seq, seq.swa_start)
+        self.tree.unlock(seq.last_node, seq.swa_uuid)
+        self._lock(seq, node)
+        seq.tree_len = seq.num_tokens // self.page_size * self.page_size
+        seq.swa_start = max(seq.swa_start, seq.tree_len)
+        self._account(seq, +1)
+
+    # -- prefix hits ------------------------------------------------------------------------------
+    def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        validate_content(prompt, "looked-up prompt", PolicyInputError)
+        prompt_len = content_length(prompt)
+        if prompt_len <= 0:
+            return NO_HIT
+        matched = self.tree.longest_match(self._prompt_key(prompt, prompt_len), namespace).length
+        return PrefixHit(matched) if matched else NO_HIT
+
+    def match(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        """The scheduler's ``match_prefix``: splits and refreshes the tree (see the module docstring)."""
+        validate_content(prompt, "matched prompt", PolicyInputError)
+        prompt_len = content_length(prompt)
+        if prompt_len <= 0:
+            return NO_HIT
+        _, matched = self.tree.match_prefix(self._prompt_key(prompt, prompt_len), namespace)
+        return PrefixHit(matched) if matched else NO_HIT
+
+    # -- sequences --------------------------------------------------------------------------------
+    def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
+        prompt_len = content_length(prompt)
+        match = self.tree.longest_match(self._prompt_key(prompt, prompt_len), 0)
+        needed = self._pages(prompt_len - match.length)
+        return needed <= self._room(0) - match.full_unlocked and needed <= self._room(1) - match.swa_unlocked
+
+    def admit(
+        self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
+    ) -> int:
+        prompt_len = self._check_new(seq_id, prompt, final_len)
+        node, hit = self.tree.match_prefix(self._prompt_key(prompt, prompt_len), namespace)
+        needed = self._pages(prompt_len - hit)
+        full_unlocked, swa_unlocked = self.tree.unlocked_by_lock(node)
+        rooms = (self._room(0) - full_unlocked, self._room(1) - swa_unlocked)
+        if needed > rooms[0] or needed > rooms[1]:
+            raise self._refuse(f"admitting sequence {seq_id}", (needed, needed), rooms, hit)
+        seq = SWASequence(
+            seq_id, final_len, output_content_id, namespace, tuple(prompt), prompt_len, prompt_len, node,
+            NO_UUID, 0, tree_len=hit, num_tokens=prompt_len, swa_start=hit,
+        )  # fmt: skip
+        self._lock(seq, node)
+        # (alloc_paged_token_slots_extend over-asks a page per request when pages are larger than 1)
+        spare = self.page_size if self.page_size > 1 else 0
+        self._make_free(needed + spare, needed + spare)
+        self.sequences[seq_id] = seq
+        self._account(seq, +1)
+        self._cache_unfinished(seq)  # the prompt's prefill is done
+        self._stats.prefix_cache_queries += prompt_len
+        self._stats.prefix_cache_hits += hit
+        return hit
+
+    def _check_new(self, seq_id: int, prompt: TokenContent, final_len: int) -> int:
+        if seq_id in self.sequences:
+            raise PolicyInputError(f"sequence {seq_id} is already allocated")
+        validate_content(prompt, f"prompt of sequence {seq_id}", PolicyInputError)
+        prompt_len = content_length(prompt)
+        if prompt_len <= 0 or not prompt_len <= final_len <= self.max_model_len:
+            raise PolicyInputError(
+                f"sequence {seq_id}: needs 0 < prompt ({prompt_len}) <= final_len ({final_len}) <= "
+                f"max_model_len ({self.max_model_len})"
+            )
+        return prompt_len
+
+    def _get(self, seq_id: int) -> SWASequence:
+        try:
+            return self.sequences[seq_id]
+        except KeyError:
+            raise PolicyInputError(
+                f"unknown sequence id {seq_id!r} (never admitted, or already freed)"
+            ) from None
+
+    def grow(self, seq_id: int, num_tokens: int) -> None:
+        self.grow_each([seq_id], [num_tokens])
+
+    def _planned_growth(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> tuple[int, int]:
+        """The growths' new slots in each pool (SWA: net of the decode evictions that run first)."""
+        if len(seq_ids) != len(num_tokens) or len(set(seq_ids)) != len(seq_ids):
+            raise PolicyInputError(f"grow_each needs distinct sequence ids, one token count each: {seq_ids}")
+        full = swa = 0
+        for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+            seq = self._get(seq_id)
+            if tokens <= 0 or seq.num_tokens + tokens > seq.final_len:
+                raise PolicyInputError(
+                    f"sequence {seq_id}: cannot grow {seq.num_tokens} by {tokens} tokens (final length {seq.final_len})"
+                )
+            more_full, more_swa = self._growth_needs(seq, tokens)
+            full, swa = full + more_full, swa + more_swa
+        return full, swa
+
+    def grow_each(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
+        """Every sequence or none: both pools are checked for the growths together (SWA: net of the
+        decode evictions that run first, ``maybe_evict_swa``), then each pool evicts its shortfall."""
+        needs = self._planned_growth(seq_ids, num_tokens)
+        rooms = (self._room(0), self._room(1))
+        if needs[0] > rooms[0] or needs[1] > rooms[1]:
+            raise self._refuse(f"growing sequences {list(seq_ids)}", needs, rooms)
+        # (SWA's shortfall after the decode evictions free their slots is the net need's.)
+        self._make_free(*needs)
+        for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+            seq = self.sequences[seq_id]
+            self._account(seq, -1)
+            seq.swa_start = self._swa_start(seq, seq.num_tokens + tokens)
+            seq.num_tokens += tokens
+            self._account(seq, +1)
+        return [self.growth_room(seq_id) for seq_id in seq_ids]
+
+    def fits_growth(self, seq_ids: list[int], num_tokens: int) -> bool:
+        full, swa = self._planned_growth(seq_ids, [num_tokens] * len(seq_ids))
+        return full <= self._room(0) and swa <= self._room(1)
+
+    def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
+        parent = self._get(parent_id)
+        for child in children:
+            if (
+                child.seq_id in self.sequences
+                or not parent.num_tokens <= child.final_len <= self.max_model_len
+            ):
+                raise PolicyInputError(
+                    f"fork of {parent_id}: child {child.seq_id} is in use or its length is out of range"
+                )
+        if parent.swa_start == parent.tree_len:
+            # (It holds every own token's SWA slot, so its pages enter the tree whole and its lock's
+            # window stays clear of tombstones; otherwise the children copy its own tokens.)
+            self._cache_unfinished(parent)
+        end = self._pages(parent.num_tokens)
+        needs = ((end - parent.tree_len) * len(children), (end - parent.swa_start) * len(children))
+        rooms = (self._room(0), self._room(1))
+        if needs[0] > rooms[0] or needs[1] > rooms[1]:
+            raise self._refuse(f"forking sequence {parent_id}", needs, rooms)
+        self._make_free(*needs)
+        for child in children:
+            seq = SWASequence(
+                child.seq_id, child.final_len, child.output_content_id, parent.namespace,
+                (*[s for s in parent.base if s[1] > 0], *self._output_segment(parent)), parent.num_tokens,
+                parent.prompt_len, parent.last_node, NO_UUID, 0,
+                tree_len=parent.tree_len, num_tokens=parent.num_tokens, swa_start=parent.swa_start,
+            )  # fmt: skip
+            self._lock(seq, parent.last_node)
+            self.sequences[child.seq_id] = seq
+            self._account(seq, +1)
+            self._stats.fork_copied_tokens += parent.num_tokens - parent.tree_len
+
+    @staticmethod
+    def _output_segment(seq: SWASequence) -> tuple[Segment, ...]:
+        generated = seq.num_tokens - seq.base_len
+        return ((seq.output_content_id, generated),) if generated > 0 else ()
+
+    def free(self, seq_id: int, finished: bool = True) -> None:
+        """``cache_finished_req`` for a finished sequence (its whole pages inserted, those whose SWA
+        slots it freed as a tombstone); a preempted one only frees its own slots."""
+        seq = self._get(seq_id)
+        self._account(seq, -1)
+        if finished:
+            self._insert(seq, seq.swa_start)
+        self.tree.unlock(seq.last_node, seq.swa_uuid)
+        del self.sequences[seq_id]
+
+    def growth_room(self, seq_id: int) -> int:
+        """Tokens before its next new page, or its next decode eviction (an event: the slots it frees
+        are free from then on)."""
+        seq = self._get(seq_id)
+        room = min(self._pages(seq.num_tokens), seq.final_len) - seq.num_tokens
+        step = next_decode_eviction(seq.num_tokens - seq.prompt_len - 1, self.window)
+        if step != NEVER:
+            room = min(room, max(0, seq.prompt_len + step - seq.num_tokens))
+        return room
+
+    def available_slots(self) -> int:
+        """The scarcer pool's free plus evictable slots (``PrefillAdder``'s ``rem_total_tokens`` and
+        ``rem_swa_tokens``): a token needs a slot in each."""
+        return min(self._room(0), self._room(1))
+
+    def seq_len(self, seq_id: int) -> int:
+        return self._get(seq_id).num_tokens
+
+    def prepare_decode_step(self, num_sequences: int) -> None:
+        """A page per decoding request free in each pool before a decode step (the ``radix`` policy's rule)."""
+        needed = num_sequences * self.page_size
+        self._make_free(needed, needed)
+
+    # -- accounting -------------------------------------------------------------------------------
+    def pool_breakdown(self, index: int) -> Breakdown:
+        """Pool ``index``'s breakdown (0: full attention, 1: SWA); sums to the pool."""
+        tree, own = self.tree, self._own[index]
+        tokens, locked = (
+            (tree.full_tokens, tree.full_locked) if index == 0 else (tree.swa_tokens, tree.swa_locked)
+        )
+        return (
+            locked + own.tokens,
+            own.target - own.tokens,
+            own.slots - own.target,
+            self.pool_tokens[index] - self.page_slots[index],
+            tokens - locked,
+            self._free(index),
+        )
+
+    def group_breakdown_values(self) -> tuple[int, ...]:
+        return self.pool_breakdown(0) + self.pool_breakdown(1)
+
+    def breakdown_values(self) -> Breakdown:
+        full, swa = self.pool_breakdown(0), self.pool_breakdown(1)
+        used, reserved, internal, external, cached, free = (a + b for a, b in zip(full, swa, strict=True))
+        return used, reserved, internal, external, cached, free
+
+    def breakdown_bytes(self) -> dict[str, int]:
+        slot_bytes = self.groups[0].slot_bytes
+        values = self.breakdown_values()
+        return {
+            name: value * slot_bytes for name, value in zip(MemoryBreakdown.CATEGORIES, values, strict=True)
+        }
+
+    def sharing_slots(self) -> tuple[int, int]:
+        physical = self.tree.full_locked + self.tree.swa_locked + self._own[0].slots + self._own[1].slots
+        return physical, self._tree_held + self._swa_held + self._own[0].slots + self._own[1].slots
+
+    def host_breakdown_values(self) -> tuple[int, int]:
+        return 0, 0
+
+    @property
+    def stats(self) -> PolicyStats:
+        return self._stats
+
+    def evictions(self) -> int:
+        return self._stats.evictions
+
+    def cow_copies(self) -> int:
+        return 0  # (a fork copies its parent's partial page; nothing is copied on write)
+
+    @property
+    def host_tier(self) -> None:
+        return None

@@ -1,0 +1,343 @@
+"""``policy: jenga`` with prefix caching (``sim/kv/jenga_prefix.py``, ``policies/hybrid/jenga_cache.py``):
+hits, the pages a sliding window needs, eviction of a whole large page first, and the pool's counts
+after a small stream, all worked out by hand; the identity per type under random operations; a run
+where caching raises the hit rate; what cannot be combined, refused."""
+
+from __future__ import annotations
+
+import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.base import ChildSpec, OutOfKVMemory
+from sim.hardware.jenga_capacity import JengaCapacity, JengaGroupSpec
+from sim.hardware.layers import FullAttention, SlidingWindow
+from sim.kv.jenga_prefix import JengaPrefixCoordinator
+from tests.test_hybrid_runs import BREAKDOWN, refused_with, run
+from tests.test_hybrid_runs import config as hybrid_config
+from tests.test_jenga import config as jenga_config
+
+
+def tiny(large_pages: int = 6) -> JengaPrefixCoordinator:
+    """tests/test_jenga.py's two types, one slot a byte: blocks of 4 tokens; full attention in 2 layers
+    (small page 8 B), a sliding window of 8 tokens in 3 layers (small page 12 B); a large page of
+    lcm(8, 12) = 24 B holds 3 full or 2 sliding small pages."""
+    groups = (
+        JengaGroupSpec(FullAttention(), 2, 8, 3, 16),
+        JengaGroupSpec(SlidingWindow(8), 3, 12, 2, 17),
+    )
+    capacity = JengaCapacity("tiny", 64, 4, 24, groups, large_pages, 1, 24 * large_pages, 24)
+    return JengaPrefixCoordinator(capacity, ["full", "sliding"])
+
+
+def entries(kv: JengaPrefixCoordinator) -> list[tuple[int, ...]]:
+    values = kv.group_breakdown_values()
+    return [values[index : index + 6] for index in range(0, len(values), 6)]
+
+
+def table(kv: JengaPrefixCoordinator, group: int, seq_id: int) -> list[int]:
+    """The small pages of ``seq_id``'s held run in ``group`` (-1: released)."""
+    manager = kv.managers[group]
+    tables = manager.tables
+    assert tables is not None
+    _, end = manager.held_blocks(seq_id)
+    return tables.by_seq[id(manager.sequences[seq_id])].table[:end]
+
+
+def check_identity(kv: JengaPrefixCoordinator) -> None:
+    """Per type: used + reserved + internal + external + cached = its large pages; with the free large
+    pages, the pool. And every small page of a large page a type holds is held (its reference count
+    the tables naming it), blank free, or cached (no holder, an identity), exactly one of them."""
+    groups = entries(kv)
+    for allocator, values in zip(kv.allocators, groups, strict=False):
+        assert sum(values) == allocator.held_large * kv.large_slots
+        assert min(values) >= 0
+    assert groups[-1][5] == kv.large_pages.free * kv.large_slots
+    assert sum(kv.breakdown_values()) == kv.pool_slots
+    held_large = sum(allocator.held_large for allocator in kv.allocators)
+    assert held_large + kv.large_pages.free == kv.capacity.num_blocks
+    for manager, cache, allocator in zip(kv.managers, kv.caches, kv.allocators, strict=True):
+        tables = manager.tables
+        assert tables is not None
+        references: dict[int, int] = {}
+        for seq_id, seq in manager.sequences.items():
+            row = tables.by_seq[id(seq)].table
+            for position in range(seq.first_block, seq.end_block):
+                references[row[position]] = references.get(row[position], 0) + 1
+            assert all(page == -1 for page in row[: seq.first_block]), seq_id
+        blank = [page for pages in allocator.preferred.values() for page in pages] + list(allocator.unowned)
+        cached = list(cache.stamps)
+        carved = {
+            large * allocator.ratio + i for large in allocator.free_count for i in range(allocator.ratio)
+        }
+        every = list(references) + blank + cached
+        assert len(every) == len(set(every)) and set(every) == carved
+        for page in carved:
+            assert cache.ref_count[page] == references.get(page, 0)
+        for page in cached:
+            assert cache.has_identity(page)
+        for large, free in allocator.free_count.items():
+            assert free == sum(1 for page in blank if page // allocator.ratio == large) < allocator.ratio
+        whole = {
+            large
+            for large in allocator.free_count
+            if all(large * allocator.ratio + i in cache.stamps for i in range(allocator.ratio))
+        }
+        assert set(cache.whole) == whole
+        assert cache.cached_in(tables.group) == len(cached)
+
+
+def system(tokens: int, rest: int, rest_id: int):
+    """A prompt: ``tokens`` of a shared system prompt (content 1), then ``rest`` of its own."""
+    return ((1, tokens), (rest_id, rest)) if rest else ((1, tokens),)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 4), st.integers(0, 40), st.integers(0, 30), st.integers(0, 3)), max_size=60
+    )
+)
+def test_the_identity_holds_per_type_and_in_total_under_random_operations(operations):
+    """Admissions sharing prefixes (so hits and cached pages), growth of one sequence (exact: it fits
+    when fits_growth says so, else nothing changes) and of several (only what is sure to fit), frees
+    and forks, in a pool small enough to evict whole large pages and single small pages."""
+    kv = tiny(large_pages=8)
+    live: dict[int, int] = {}
+    next_id = 0
+    for kind, a, b, shared in operations:
+        try:
+            if kind == 0:
+                prompt = system(4 * shared + 1 + a % 8, b % 9, 100 + next_id % 3)
+                length = sum(tokens for _, tokens in prompt)
+                final = min(64, length + 1 + b)
+                kv.admit(next_id, prompt, final, 9)
+                live[next_id] = final
+                next_id += 1
+            elif kind == 1 and live:
+                seq_id = sorted(live)[a % len(live)]
+                room = live[seq_id] - kv.seq_len(seq_id)
+                if room:
+                    tokens = 1 + b % room
+                    fits = kv.fits_growth([seq_id], tokens)
+                    before = entries(kv)
+                    try:
+                        kv.grow(seq_id, tokens)
+                        assert fits
+                    except OutOfKVMemory:
+                        assert not fits and entries(kv) == before
+            elif kind == 2 and live:
+                grow = [seq_id for seq_id in sorted(live) if kv.seq_len(seq_id) < live[seq_id]]
+                if grow and kv.fits_growth(grow, 1):
+                    kv.grow_each(grow, [1] * len(grow))
+            elif kind == 3 and live:
+                seq_id = sorted(live)[a % len(live)]
+                kv.free(seq_id, finished=bool(b % 2))
+                del live[seq_id]
+            elif kind == 4 and live:
+                parent = sorted(live)[a % len(live)]
+                kv.fork(parent, [ChildSpec(next_id, live[parent], 9)])
+                live[next_id] = live[parent]
+                next_id += 1
+        except OutOfKVMemory:
+            pass
+        check_identity(kv)
+    for seq_id in list(live):
+        kv.free(seq_id)
+    check_identity(kv)
+    assert all(values[:3] == (0, 0, 0) for values in entries(kv))
+
+
+# -- by hand --------------------------------------------------------------------------------------------
+SYSTEM = ((1, 20),)  # 20 tokens of a system prompt: 5 full blocks of 4
+AFTER_SYSTEM = ((1, 20), (7, 4))  # that prompt and 4 tokens more: a hit of at most 5 blocks
+SHORT = ((1, 8), (7, 8))  # 8 tokens of it and 8 more: at most 3 blocks, 2 of them the system prompt's
+
+
+def served(kv: JengaPrefixCoordinator, prompt, max_blocks: int) -> list[int]:
+    """The blocks each type alone would serve (full attention, sliding window)."""
+    hits = []
+    for manager in kv.managers:
+        assert manager.tables is not None
+        hits.append(
+            manager.longest_cache_hit(manager.tables.prompt_chains(prompt, 0, max_blocks), max_blocks)
+        )
+    return hits
+
+
+def stream_one(kv: JengaPrefixCoordinator) -> None:
+    """A (the system prompt, final 24) admitted, grown to 21 tokens, freed; then B, 8 other tokens."""
+    kv.admit(1, SYSTEM, 24, 9)
+    kv.grow(1, 1)
+    kv.free(1)
+    kv.admit(2, ((99, 8),), 12, 9)
+
+
+def test_the_pool_after_a_small_stream_by_hand():
+    kv = tiny()
+    # A: 20 tokens, 5 blocks in each type (a prompt is allocated whole, the window's blocks too). Quotas
+    # at most: full ceil(5/3) = 2, sliding ceil(5/2) = 3; 5 <= 6 free large pages. Full carves large
+    # pages 0 and 1 (small pages 0-5: takes 0-4, page 5 its own free one); sliding large pages 2, 3, 4
+    # (small pages 4-9: takes 4-8, page 9 its own).
+    kv.admit(1, SYSTEM, 24, 9)
+    assert table(kv, 0, 1) == [0, 1, 2, 3, 4] and table(kv, 1, 1) == [4, 5, 6, 7, 8]
+    assert list(kv.large_pages.free_ids) == [5]
+    # Full: 20 tokens x 2 slots used, page 5 free (8 slots external); sliding 20 x 3, page 9 (12).
+    assert entries(kv) == [(40, 0, 0, 8, 0, 0), (60, 0, 0, 12, 0, 0), (0, 0, 0, 0, 0, 24)]
+    check_identity(kv)
+    # To 21 tokens: full takes its own page 5 for block 5. The window (8) now starts in block
+    # (21 - 8) // 4 = 3: blocks 0-2 (pages 4, 5, 6) go back, full, so cached (stamped 200 older);
+    # block 5 takes page 9. Full: 21 x 2 used, 3 x 2 reserved; sliding: tokens 12-20 (9 x 3) used,
+    # 3 x 3 reserved, 3 pages cached (36 slots). Large page 2 (pages 4, 5) is wholly cached.
+    kv.grow(1, 1)
+    assert table(kv, 1, 1) == [-1, -1, -1, 7, 8, 9]
+    assert entries(kv) == [(42, 6, 0, 0, 0, 0), (27, 9, 0, 0, 36, 0), (0, 0, 0, 0, 0, 24)]
+    assert set(kv.caches[1].whole) == {2}
+    # A ends: pages go back tail first; block 5 (one token) is blank, the full blocks cached. Full:
+    # pages 0-4 cached (40), page 5 blank (8); sliding: pages 4-8 cached (60), page 9 blank (12).
+    # Wholly cached: full large page 0 (pages 0-2), sliding 2 (4, 5) and 3 (6, 7).
+    kv.free(1)
+    assert entries(kv) == [(0, 0, 0, 8, 40, 0), (0, 0, 0, 12, 60, 0), (0, 0, 0, 0, 0, 24)]
+    assert set(kv.caches[0].whole) == {0} and set(kv.caches[1].whole) == {2, 3}
+    assert kv.available_slots() == (1 + 3) // 2 * 4  # (free and wholly cached large pages, both types)
+    check_identity(kv)
+    # B: 8 tokens of its own (no hit), 2 blocks per type. Quotas at most 1 + 1 <= 1 free + 3 wholly
+    # cached. Full carves the free large page 5 (takes 15, 16; 17 its own). Sliding: no free large
+    # page; A's blank page 9 first (its request is gone), then the oldest wholly cached large page
+    # is evicted, sliding's 2 (its pages released out of the window: 200 older), and carved: page 4.
+    kv.admit(2, ((99, 8),), 12, 9)
+    assert table(kv, 0, 2) == [15, 16] and table(kv, 1, 2) == [9, 4]
+    assert kv.stats.evictions == 2 and list(kv.large_pages.free_ids) == []
+    # Full: B's 8 x 2 used, pages 5 and 17 blank (16), pages 0-4 cached (40); sliding: 8 x 3 used,
+    # page 5 blank (12), pages 6, 7, 8 cached (36). Every type's entry is its 3 large pages.
+    assert entries(kv) == [(16, 0, 0, 16, 40, 0), (24, 0, 0, 12, 36, 0), (0, 0, 0, 0, 0, 0)]
+    check_identity(kv)
+    assert kv.stats.prefix_cache_queries == 28 and kv.stats.prefix_cache_hits == 0
+
+
+def test_a_sliding_window_needs_only_the_pages_of_its_last_window():
+    kv = tiny()
+    stream_one(kv)
+    # Sliding lost blocks 0 and 1 (large page 2, evicted for B), but a hit of 5 blocks needs only the
+    # window before token 20: tokens 13-19, blocks 3 and 4 (cdiv(8 - 1, 4) = 2 in a row), cached.
+    assert served(kv, AFTER_SYSTEM, 5) == [5, 5]
+    assert kv.lookup(AFTER_SYSTEM).cached_tokens == 20
+    # The hit is held in each type from the window on: full blocks 0-4, sliding 3-4 only.
+    assert kv.admit(3, AFTER_SYSTEM, 28, 9) == 20
+    assert table(kv, 0, 3)[:5] == [0, 1, 2, 3, 4] and table(kv, 1, 3)[:5] == [-1, -1, -1, 7, 8]
+    check_identity(kv)
+
+
+def test_a_hit_is_the_longest_prefix_every_type_serves():
+    kv = tiny()
+    stream_one(kv)
+    # A hit of 2 blocks (8 tokens): full attention serves it (blocks 0, 1), the window would need
+    # blocks 0 and 1 as well (a hit shorter than its 2 blocks is a leading run), evicted: none.
+    assert served(kv, SHORT, 3) == [2, 0] and kv.lookup(SHORT).cached_tokens == 0
+    # A second stream: A grows to 24 tokens before it ends, so the window gives back blocks 0-3
+    # (large pages 2 and 3, wholly cached, 200 older), and B's new large page evicts the one whose
+    # latest page went back first: sliding 3 (blocks 3, 2, in that order, given back before 1, 0).
+    kv = tiny()
+    kv.admit(1, SYSTEM, 24, 9)
+    kv.grow(1, 4)
+    kv.free(1)
+    kv.admit(2, ((99, 8),), 12, 9)
+    assert table(kv, 1, 2) == [6, 7]
+    # Full attention serves 5 blocks; the window, holding blocks 0, 1 and 4, ends a hit at most at
+    # block 2 (blocks 0-1 in a row): the hit is 2 blocks, the type that holds the least.
+    assert served(kv, AFTER_SYSTEM, 5) == [5, 2]
+    assert kv.lookup(AFTER_SYSTEM).cached_tokens == 8
+    check_identity(kv)
+
+
+def test_eviction_frees_a_whole_large_page_first_then_a_single_page():
+    kv = tiny()
+    stream_one(kv)
+    # C: 12 tokens, 3 blocks per type. At most 1 + 2 large pages > 0 free + 2 wholly cached (full 0,
+    # sliding 3), so the least: full ceil(max(0, 3 - 4) / 3) = 0 (pages 5 and 17 blank, 3 and 4
+    # evictable), sliding ceil((3 - 2) / 2) = 1 (page 5 blank, 8 evictable).
+    kv.admit(3, ((97, 12),), 16, 9)
+    # Full, no quota: A's blank page 5, then B's own 17, then a single cached page, the type's
+    # oldest outside a wholly cached large page: block 4 of A's prompt (page 4: A's pages went back
+    # tail first, the deepest first).
+    assert table(kv, 0, 3) == [5, 17, 4] and 4 not in kv.caches[0].stamps
+    # Sliding, a new large page in its quota and none free: the wholly cached large page whose latest
+    # page went back first, whatever its type: full's 0 (A's full pages went back before its sliding
+    # ones). Sliding carves it (pages 0, 1), then takes B's own 5.
+    assert table(kv, 1, 3) == [0, 1, 5]
+    assert kv.stats.evictions == 2 + 1 + 3
+    # Full attention lost blocks 0-2, the window still serves 5 blocks: no hit.
+    assert served(kv, AFTER_SYSTEM, 5) == [0, 5] and kv.lookup(AFTER_SYSTEM).cached_tokens == 0
+    check_identity(kv)
+
+
+# -- end to end ------------------------------------------------------------------------------------------
+def shared_prompts_config(variants: list[dict], **engine) -> dict:
+    """Gemma-3-27B on 6 GB of KV (176 large pages), prompts sharing 4 system prompts."""
+    raw = jenga_config(variants, **engine)
+    raw["workload"] = {
+        "num_requests": 60,
+        "arrival": {"kind": "poisson", "rate_per_s": 4},
+        "prompt_len": {"kind": "uniform", "low": 200, "high": 1500},
+        "output_len": {"kind": "uniform", "low": 20, "high": 120},
+        "shared_prefix": {"num_prefixes": 4, "prefix_len": {"kind": "uniform", "low": 1000, "high": 3000}},
+    }
+    return raw
+
+
+def test_prefix_caching_raises_the_hit_rate_and_the_pool_stays_whole(tmp_path):
+    off = {"name": "jenga", "policy": "jenga"}
+    on = {"name": "jenga-prefix", "policy": "jenga", "engine": {"enable_prefix_caching": True}}
+    results = run(shared_prompts_config([off, on]), tmp_path)
+    without, with_caching = results["jenga"].summary, results["jenga-prefix"].summary
+    # (Without caching nothing is looked up; with it, 38 % of prompt tokens hit, evicting as it goes.)
+    assert without["prefix_cache_hit_rate"] is None and without["evictions"] == 0
+    assert with_caching["prefix_cache_hit_rate"] > 0.3 and with_caching["evictions"] > 0
+    assert with_caching["requests_finished"] == without["requests_finished"] == 60
+    assert with_caching["ttft_p50_s"] < without["ttft_p50_s"] / 2
+    pool = with_caching["kv_pool_tokens"]
+    series = pd.read_parquet(tmp_path / "out" / "jenga-prefix" / "timeseries.parquet")
+    assert (series[BREAKDOWN].sum(axis=1) == pool).all() and (series[BREAKDOWN] >= 0).all().all()
+    assert series["cached_tokens"].max() > 0
+    groups = pd.read_parquet(tmp_path / "out" / "jenga-prefix" / "kv_groups.parquet")
+    totals = groups[BREAKDOWN].to_numpy().reshape(-1, 3 * len(BREAKDOWN)).sum(axis=1)
+    assert (totals == pool).all()
+
+
+def test_what_cannot_be_combined_is_refused_naming_the_key(tmp_path):
+    caching = {"name": "jenga", "policy": "jenga", "engine": {"enable_prefix_caching": True}}
+    raw = hybrid_config(
+        "Nemotron-H-8B-Base-8K", [caching], kv_cache_memory_bytes=3_000_000_000, max_model_len=8192
+    )
+    refused_with(
+        raw,
+        {},
+        "variants.0.engine.enable_prefix_caching: jenga's prefix caching has no rule for Nemotron-H-8B-Base-8K's "
+        "Mamba / linear-attention layers",
+        tmp_path,
+    )
+
+
+def test_a_windows_released_pages_go_before_an_older_requests():
+    kv = tiny(large_pages=8)
+    # A: the system prompt, final 28 (full large pages 0, 1; sliding 2, 3, 4); B: 8 tokens of its own,
+    # both types at most 1 (full carves 5: pages 15, 16; sliding carves 6: pages 12, 13).
+    kv.admit(1, SYSTEM, 28, 9)
+    kv.admit(2, ((99, 8),), 12, 9)
+    assert table(kv, 1, 2) == [12, 13]
+    # B ends at time 3: its sliding large page 6 is wholly cached. Then A grows at time 4: its window
+    # gives back blocks 0-2, and large page 2 (blocks 0, 1) is wholly cached, stamped 4 - 200.
+    kv.free(2)
+    kv.grow(1, 1)
+    assert kv.caches[1].whole == {6: (3, 1, 4), 2: (-196, 0, 7)}
+    # C needs a sliding large page and none is free: A's window's, though B's went back earlier (only
+    # the last window of a prompt is needed for a hit). Full carves the free large page 7.
+    kv.admit(3, ((98, 8),), 12, 9)
+    assert table(kv, 0, 3) == [21, 22] and table(kv, 1, 3) == [4, 5]
+    # So B's prompt is still served in both types, and A's (running, its window's pages held).
+    assert kv.lookup(((99, 8), (5, 4))).cached_tokens == 8 and kv.lookup(AFTER_SYSTEM).cached_tokens == 20
+    # Full: A 21 x 2 and C 8 x 2 used, A (24 - 21) x 2 reserved, pages 17 and 23 blank, B's 15 and 16
+    # cached; sliding: A's tokens 12-20 (9 x 3) and C's 8 x 3 used, 3 x 3 reserved, pages 6, 12, 13
+    # cached. Each type's 4 large pages (96 slots); none free.
+    assert entries(kv) == [(58, 6, 0, 16, 16, 0), (51, 9, 0, 0, 36, 0), (0, 0, 0, 0, 0, 0)]
+    check_identity(kv)
