@@ -46,6 +46,7 @@ def build_cluster(
     replicas=(1, 1),
     costs=None,
     tensor_parallel=(1, 1),
+    follow_up=None,
 ):
     """A cluster of ``replicas`` (prefill, decode) engines with round-number costs (decode step 1 s,
     prefill 0.01 s per token, no fixed cost for prefill alone)."""
@@ -77,6 +78,7 @@ def build_cluster(
         Decider(decider or DeciderConfig()),
         link,
         iter(requests),
+        follow_up=follow_up,
     )
 
 
@@ -114,6 +116,15 @@ def test_two_transfers_share_the_link_then_decode_by_hand():
     assert (link.transfers, link.bytes_sent) == (2, 64_000)
     assert link.busy_s() == pytest.approx(2.0)  # bytes flowed from 1.74 to 3.74
     assert not cluster.flights
+    # The cluster's transfer series (time, prompts waiting for decode blocks, transfers in flight,
+    # bytes in flight): both allocated at once at 1.64 (no row with prompts waiting: same instant),
+    # 32,000 of the second's bytes left when the first ends at 2.74, nothing after 3.74.
+    assert cluster.rows == [
+        (0.0, 0, 0, 0.0),
+        (pytest.approx(1.64), 0, 2, 64_000),
+        (2.74, 0, 1, 32_000),
+        (3.74, 0, 0, 0),
+    ]
     # Both pools end empty: every block came back (the prefill blocks at the transfers' ends).
     for engine in cluster.replicas:
         assert engine.policy.breakdown().used == 0
@@ -690,3 +701,58 @@ def test_a_request_the_decode_pool_can_never_hold_is_rejected_there_and_its_pref
     for engine in cluster.replicas:
         assert engine.policy.breakdown().used == 0
         assert not engine.held and not engine.receiving
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"n": 3, "sample_output_lens": (2, 3, 4)},
+        {"n": 3},
+        {"beam_width": 2},
+    ],
+    ids=["samples-of-their-own-lengths", "samples", "beams"],
+)
+def test_the_prefill_replica_runs_one_sequence_and_the_decode_replica_forks_the_rest(extra):
+    """A 32-token prompt (2 blocks) in a prefill pool of exactly 2 blocks: the prefill replica runs the
+    prompt once, with one token out, whatever the request's samples or beams (three copies of the
+    prompt would need 6 blocks: it would be rejected there); the decode replica forks them after the
+    KV lands and the request finishes with all its sequences' tokens."""
+    stream = [request(0, 0.0, 32, 4, **extra)]
+    cluster = build_cluster(stream, prefill_blocks=2)
+    cluster.run()
+    record = records(cluster)[0]
+    assert (record.outcome, record.prefill_replica, record.preemptions) == ("finished", 0, 0)
+    assert record.prefill_done_s == pytest.approx(1.32)
+    assert record.transfer_bytes == 32_000
+    assert record.sample_output_tokens == sum(stream[0].output_lens)
+
+
+def test_follow_ups_come_from_the_original_request_wherever_it_ended():
+    """A closed-loop user sends the next request 1 s after each outcome. Request 0 (prompt 16) runs
+    prefill then decode replica; request 1 (prompt 48) is rejected by the prefill pool of 2 blocks
+    (32 slots) as it arrives at 0. The user hears of both with the request it sent (output 3, not the
+    prefill replica's one-token copy), and its follow-ups (ids 10, 11; prompt 16) are served in turn;
+    no flight is left behind."""
+    heard = []
+
+    def follow_up(original, now):
+        heard.append((original.request_id, original.output_len, round(now, 9)))
+        if original.request_id >= 10:
+            return None
+        return request(original.request_id + 10, now + 1.0, 16, 2)
+
+    cluster = build_cluster(
+        [request(0, 0.0, 16, 3), request(1, 0.0, 48, 3)], prefill_blocks=2, follow_up=follow_up
+    )
+    cluster.run()
+    rows = records(cluster)
+    assert rows[1].outcome == "rejected" and rows[0].outcome == "finished"
+    assert heard[0] == (1, 3, 0.0)  # the rejection, as it arrived
+    assert (heard[1][0], heard[1][1]) == (0, 3) and heard[1][2] == pytest.approx(rows[0].finish_s)
+    assert rows[11].arrival_s == pytest.approx(1.0) and rows[10].arrival_s == pytest.approx(
+        rows[0].finish_s + 1.0
+    )
+    assert rows[10].outcome == rows[11].outcome == "finished"
+    assert rows[10].prefill_replica == rows[11].prefill_replica == 0
+    assert sorted(request_id for request_id, _, _ in heard) == [0, 1, 10, 11]
+    assert not cluster.flights

@@ -31,7 +31,10 @@ def per_request_tpot(frame: pd.DataFrame) -> pd.Series:
 def headline_tpot(frame: pd.DataFrame, definition: str) -> float:
     """The run's TPOT as its publisher defines it (see ``TpotDefinition``)."""
     if definition == "ratio_of_means":
-        return float((frame["e2e_s"].mean() - frame["ttft_s"].mean()) / (frame["output_tokens"].mean() - 1))
+        decoded_tokens = frame["output_tokens"].mean() - 1
+        if not decoded_tokens > 0:  # one-token outputs only: no decode step to time
+            return math.nan
+        return float((frame["e2e_s"].mean() - frame["ttft_s"].mean()) / decoded_tokens)
     return float(per_request_tpot(frame).mean())
 
 
