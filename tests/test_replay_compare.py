@@ -4,6 +4,7 @@ paired, what is left out and why, every statistic, error and throughput figure, 
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +119,15 @@ def test_requests_left_out_are_counted_by_the_first_reason_that_holds():
     odd = paired.iloc[:2].copy()
     odd.loc[1, "ttft_s_simulated"] = NAN
     assert not_compared(odd) == {"unfinished": 1}
+    odd.loc[0, "e2e_s_measured"] = NAN  # a first token measured, no end: lost by the measured run
+    assert not_compared(odd) == {"measured_failed": 1, "unfinished": 1}
+    # At most three distinct reasons by default, in the order they first occur.
+    many = paired.iloc[:4].copy()
+    many["outcome_simulated"] = "rejected"
+    many["reason_simulated"] = ["a", "b", "a", "c"]
+    assert rejection_examples(many) == ["a", "b", "c"]
+    many.loc[3, "reason_simulated"], many.loc[2, "reason_simulated"] = "d", "c"
+    assert rejection_examples(many) == ["a", "b", "c"]
 
 
 def test_the_whole_runs_statistics_and_errors_by_hand():
@@ -187,6 +197,11 @@ def test_the_ratio_of_means_tpot_divides_mean_decode_time_by_mean_decoded_tokens
     assert per_request_tpot(frame).tolist() == pytest.approx([0.1, NAN, 0.3], nan_ok=True)
     assert headline_tpot(frame, "per_request") == pytest.approx(0.2)
     assert headline_tpot(frame, "ratio_of_means") == pytest.approx((1.9 / 3 - 0.2) / (14 / 3 - 1))
+    # Half a decoded token per request on average still divides; none at all gives NaN, silently.
+    assert headline_tpot(frame.iloc[1:], "ratio_of_means") == pytest.approx((0.4 - 0.25) / 0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert math.isnan(headline_tpot(frame.iloc[1:2], "ratio_of_means"))
 
 
 def test_each_load_stage_is_compared_after_the_whole_run():
@@ -203,6 +218,9 @@ def test_each_load_stage_is_compared_after_the_whole_run():
     assert scopes[0].metrics["tpot_s"]["measured"]["headline"] == pytest.approx(0.1)
     assert scopes[1].metrics["tpot_s"]["measured"]["headline"] == pytest.approx(0.1)
     assert scopes[1].metrics["tpot_s"]["simulated"]["headline"] == pytest.approx((1.695 - 0.145) / 15)
+    # The headline error is of the publisher's TPOT (here not the mean of per-request TPOTs, +5 %).
+    assert scopes[0].metrics["tpot_s"]["simulated"]["headline"] == pytest.approx((1.24 - 0.62 / 3) / 10)
+    assert headline_errors(scopes[0])["tpot"] == pytest.approx((1.24 - 0.62 / 3) / 10 / 0.1 - 1)
     # Stage 2 compares request 2 alone, whose output is one token: no decode time to divide.
     assert math.isnan(scopes[2].metrics["tpot_s"]["measured"]["headline"])
     assert scopes[2].not_compared == {"measured_failed": 1, "rejected": 1, "failed_oom": 1, "unfinished": 1}
