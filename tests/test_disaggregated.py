@@ -20,7 +20,7 @@ from policies.base import PoolSpec, make_policy
 from sim.cli import main
 from sim.cluster.disaggregated import Decider, DisaggregatedCluster, PoolShape
 from sim.cluster.link import LinkSpec, TransferLink
-from sim.cluster.routers import LeastRequests
+from sim.cluster.routers import LeastRequests, SessionAffinity
 from sim.config import ConfigError, DeciderConfig, validate_experiment
 from sim.engine.core import Engine, EngineKnobs
 from sim.outputs import columns
@@ -47,6 +47,8 @@ def build_cluster(
     costs=None,
     tensor_parallel=(1, 1),
     follow_up=None,
+    routers=None,
+    on_delivered=None,
 ):
     """A cluster of ``replicas`` (prefill, decode) engines with round-number costs (decode step 1 s,
     prefill 0.01 s per token, no fixed cost for prefill alone)."""
@@ -54,7 +56,10 @@ def build_cluster(
     costs = costs or RoundCostModel(intercept_s=1.0, prefill_per_token_s=0.01)
     link = link or LinkSpec("custom", 32_000.0, 0.1, "fabric")
 
+    roles = []
+
     def build(index, role, env, upstream, follow_up, transfer):
+        roles.append(role)
         blocks = prefill_blocks if role == "prefill" else decode_blocks
         pool = PoolSpec(blocks * BLOCK, BLOCK, 4096, KV_BYTES)
         return Engine(
@@ -70,16 +75,19 @@ def build_cluster(
             prefill_only=role == "prefill",
         )
 
-    return DisaggregatedCluster(
+    cluster = DisaggregatedCluster(
         PoolShape(replicas[0], BLOCK, KV_BYTES, tensor_parallel[0]),
         PoolShape(replicas[1], BLOCK, KV_BYTES, tensor_parallel[1]),
         build,
-        (LeastRequests(), LeastRequests()),
+        routers or (LeastRequests(), LeastRequests()),
         Decider(decider or DeciderConfig()),
         link,
         iter(requests),
         follow_up=follow_up,
+        on_delivered=on_delivered,
     )
+    cluster.built_roles = roles  # (what the builder was asked for, replica by replica)
+    return cluster
 
 
 def records(cluster):
@@ -219,6 +227,7 @@ def test_the_prefix_threshold_decider_prefills_short_uncached_prompts_on_the_dec
     assert math.isnan(rows[0].transfer_start_s) and rows[0].transfer_bytes == 0
     assert rows[3].cached_prompt_tokens == 64
     assert cluster.disaggregated == 2
+    assert cluster.routed == [2, 4]  # the prefill replica: 2 prompts; the decode replica: all 4
 
 
 def test_the_prefix_threshold_is_exclusive_a_prompt_exactly_at_it_stays_on_the_decode_replica():
@@ -698,6 +707,8 @@ def test_a_request_the_decode_pool_can_never_hold_is_rejected_there_and_its_pref
     assert served.outcome == "finished"
     assert (cluster.link.transfers, cluster.link.bytes_sent) == (1, 16_000)
     assert not cluster.flights
+    # The dropped prompt no longer waits for decode blocks: the series ends with nothing pending.
+    assert cluster.rows[-1][1:] == (0, 0, 0)
     for engine in cluster.replicas:
         assert engine.policy.breakdown().used == 0
         assert not engine.held and not engine.receiving
@@ -756,3 +767,33 @@ def test_follow_ups_come_from_the_original_request_wherever_it_ended():
     assert rows[10].prefill_replica == rows[11].prefill_replica == 0
     assert sorted(request_id for request_id, _, _ in heard) == [0, 1, 10, 11]
     assert not cluster.flights
+
+
+def test_each_pools_router_chooses_by_the_request_it_is_given():
+    """Two prefill and two decode replicas, each pool routed by session. At t=0 session 8's request
+    goes to the idle prefill replica 0 and session 7's to prefill replica 1; both pools choose as a
+    request arrives, when both decode replicas are still empty (the prompts are on the prefill
+    side), so both sessions map to decode replica 2 (the first of the least loaded). Session 7's next
+    request, at t=20 with every replica idle, follows its session to prefill replica 1 where the least
+    loaded choice would be 0."""
+    stream = [
+        request(0, 0.0, 16, 2, session_id=8),
+        request(1, 0.0, 16, 2, session_id=7),
+        request(2, 20.0, 16, 2, session_id=7),
+    ]
+    delivered = []
+    cluster = build_cluster(
+        stream, replicas=(2, 2), routers=(SessionAffinity(), SessionAffinity()), on_delivered=delivered.append
+    )
+    cluster.run()
+    assert delivered == [2, 1]  # the progress callback: requests delivered at each arrival instant
+    decoded_on = {
+        record.request_id: index for index, engine in enumerate(cluster.replicas) for record in engine.records
+    }
+    rows = records(cluster)
+    assert [rows[i].prefill_replica for i in range(3)] == [0, 1, 1]
+    assert decoded_on == {0: 2, 1: 2, 2: 2}
+    assert cluster.routed == [1, 2, 3, 0]
+    roles = ["prefill", "prefill", "decode", "decode"]
+    assert cluster.built_roles == roles and [cluster.role_of(index) for index in range(4)] == roles
+    assert all(rows[i].outcome == "finished" for i in range(3))

@@ -30,7 +30,7 @@ now (a decode replica may allocate them at this very instant, after this replica
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import simpy
 
@@ -68,7 +68,6 @@ class Flight:
     decode: int
     prefill_state: RequestState | None = None
     decode_state: RequestState | None = None
-    sending: bool = field(default=False)
 
 
 def prefill_request(request: Request) -> Request:
@@ -178,7 +177,6 @@ class DisaggregatedCluster:
     def kv_allocated(self, state: RequestState, cached_tokens: int) -> None:
         flight = self.flights[state.request.request_id]
         flight.decode_state = state
-        flight.sending = True
         self._unsent[flight.prefill] -= 1
         block_size = self.decode_shape.block_size
         blocks = -(-state.request.prompt_len // block_size) - cached_tokens // block_size
