@@ -477,3 +477,37 @@ variants:
     none = results["none"].summary
     assert none["host_tier_blocks"] == none["host_loaded_blocks"] == none["host_load_s"] == 0
     assert (results["none"].timeseries[list(HOST_COLUMNS)] == 0).all().all()
+
+
+def test_the_host_tier_alone_stores_touches_and_drops_the_least_recent_by_hand():
+    """Two entries of 4-token blocks. Storing a, then b: both copied (8 tokens offloaded); storing a
+    again only touches it (no bytes move: False), so b is now the least recent; storing c drops b
+    (one eviction, b's chain released) and copies c: 3 blocks, 12 tokens offloaded in all."""
+    from policies._host_tier import HostTier
+
+    acquired, released = [], []
+
+    def acquire(key):
+        acquired.append(key)
+        return len(acquired)
+
+    tier = HostTier(2, acquire, released.append, block_size=4)
+    assert tier.store("a") is True and tier.store("b") is True
+    assert tier.store("a") is False
+    assert tier.keys_oldest_first() == ["b", "a"]
+    assert tier.store("c") is True
+    assert tier.keys_oldest_first() == ["a", "c"]
+    assert released == [2]  # b's chain
+    stats = tier.stats
+    assert (stats.host_offloaded_blocks, stats.host_offloaded_tokens, stats.host_evictions) == (3, 12, 1)
+    assert tier.store("d") is True  # drops a: a second eviction counts on
+    assert (stats.host_evictions, stats.host_offloaded_tokens) == (2, 16)
+    assert tier.host_slots(4) == (8, 0)
+
+
+@pytest.mark.parametrize("capacity", [0, -1, 2.5, True, "2"])
+def test_a_host_pool_needs_a_whole_positive_number_of_blocks(capacity):
+    from policies._host_tier import HostPool
+
+    with pytest.raises(ValueError, match=r"^a host tier needs at least one block, got "):
+        HostPool(capacity)
