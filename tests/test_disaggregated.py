@@ -797,3 +797,26 @@ def test_each_pools_router_chooses_by_the_request_it_is_given():
     roles = ["prefill", "prefill", "decode", "decode"]
     assert cluster.built_roles == roles and [cluster.role_of(index) for index in range(4)] == roles
     assert all(rows[i].outcome == "finished" for i in range(3))
+
+
+def test_a_pipe_ends_the_transfer_due_now_even_when_rounding_left_it_a_hair_short():
+    """Two transfers of 500 B share a 1,000 B/s pipe, one with one lane and one with two: each gets
+    half the pipe times its lanes, 500 and 1,000 B/s, so the faster is due at 0.5 s. If it still had
+    a little more than its end was planned for (here 2 bytes: more than the 1-byte rounding margin),
+    the end planned for 0.5 s still ends the transfer with the least time left, and only it; the
+    slower one, alone from then with 250 B left at 1,000 B/s, ends at 0.75 s."""
+    from sim.cluster.link import Pipe, Transfer
+
+    env = simpy.Environment()
+    ended = []
+    pipe = Pipe(env, 1000.0, lambda: None)
+    slow = Transfer(500, 1, lambda: ended.append(("slow", env.now)))
+    fast = Transfer(500, 2, lambda: ended.append(("fast", env.now)))
+    pipe.add(slow)
+    pipe.add(fast)
+    fast.remaining += 2.0  # (what a drift of float arithmetic could leave, exaggerated)
+    env.run(until=0.6)
+    assert ended == [("fast", 0.5)]
+    assert pipe.active == [slow]
+    env.run()
+    assert ended == [("fast", 0.5), ("slow", pytest.approx(0.75))]
