@@ -114,3 +114,23 @@ def test_a_gpu_measured_only_in_its_gemms_is_transferred_and_its_memory_still_wi
     assert assumed_ceilings_scales(a10g) == pytest.approx(
         (a10g_memory.share / a10g_memory.band[1], a10g_memory.share / a10g_memory.band[0])
     )
+
+
+def test_the_band_text_names_what_was_assumed_for_a_gpu_and_from_what() -> None:
+    """The plan report's band text for a GPU without runs in the fit says which of its ceilings were
+    assumed, at what share of the datasheet, and the range measured on its memory type or
+    architecture: nothing for a GPU measured in both (H100 PCIe); the memory alone for one whose
+    GEMMs were measured (L4: GDDR6's median 0.977 of 0.791..1.0); both, joined, for one with no
+    measurement of its own (A10G: Ampere's 0.821 of 0.771..0.871)."""
+    from sim.costs.serving import _assumed_ceilings_text
+
+    assert _assumed_ceilings_text(GPU_PRESETS["H100-PCIe-80GB"]) == ""
+    assert _assumed_ceilings_text(GPU_PRESETS["L4-24GB"]) == (
+        "; L4-24GB is partly measured: achievable bandwidth 98% of the datasheet assumed (79%..100% "
+        "measured on parts of its memory type), which widens its band"
+    )
+    assert _assumed_ceilings_text(GPU_PRESETS["A10G-24GB"]) == (
+        "; A10G-24GB has no measurements of its own: achievable bandwidth 98% of the datasheet assumed "
+        "(79%..100% measured on parts of its memory type) and achievable matrix-product rate 82% of the "
+        "datasheet assumed (77%..87% measured on parts of its architecture), which widens its band"
+    )
