@@ -47,3 +47,87 @@ def test_unfinished_requests_count_as_ending_when_the_clock_stopped():
     assert frame["first_token_s"].tolist()[:3] == [1.0, 2.0, 4.0]
     # The caller's table is left as it was.
     pd.testing.assert_frame_equal(original, requests())
+
+
+def test_the_windows_rates_count_arrivals_inside_and_completions_inside_by_hand():
+    """Window [10, 20] s. Arrivals inside (edges included): requests 1-4, 0.4 per second; request 0
+    arrived before but finished inside (12 s), request 2 arrived inside but finished after: the
+    completions inside are 0 and 1 (0.2 per second, 150 output tokens: 15 per second). Output per
+    request is over those that arrived inside and finished (1 and 2: 60); preemptions, rejections and
+    failures per request arrived inside (3 / 4, 1 / 4, 1 / 4)."""
+    from sim.planning.sweeps.steady import _rates
+
+    requests = pd.DataFrame(
+        {
+            "arrival_s": [5.0, 10.0, 15.0, 18.0, 20.0, 21.0],
+            "outcome": ["finished", "finished", "finished", "rejected", "failed_oom", "finished"],
+            "finish_s": [12.0, 15.0, 25.0, NAN, NAN, 22.0],
+            "sample_output_tokens": [100, 50, 70, 0, 0, 30],
+            "preemptions": [0, 1, 2, 0, 0, 5],
+        }
+    )
+    inside = requests[(requests["arrival_s"] >= 10) & (requests["arrival_s"] <= 20)]
+    assert _rates(requests, inside, 10.0, 20.0) == pytest.approx(
+        {
+            "window_s": 10.0,
+            "arrival_rate_per_s": 0.4,
+            "completion_rate_per_s": 0.2,
+            "output_tokens_per_s": 15.0,
+            "output_tokens_per_request": 60.0,
+            "preemptions_per_request": 0.75,
+            "rejected_frac": 0.25,
+            "failed_oom_frac": 0.25,
+        }
+    )
+    # A window of no time and no arrivals measures no rate.
+    empty = _rates(requests, inside.iloc[:0], 10.0, 10.0)
+    assert empty["window_s"] == 0.0
+    assert all(empty[key] is None for key in empty if key != "window_s")
+
+
+def test_the_series_means_over_a_window_by_hand():
+    """Rows at 0, 10, 20, 30 s, each holding to the next; window [5, 25]: the three segments weigh
+    5, 10 and 5 s (0.25, 0.5, 0.25). Running 2, 4, 6 -> 4; sequences 3, 5, 7 -> 5; waiting 0, 2, 4
+    -> 2; KV usage 0.1, 0.3, 0.5 -> 0.3. The rows inside (10 and 20 s): peak 6 running, 3 - 1 = 2
+    preemptions. The queue grew by 4 from the window's first tenth (0 waiting) to its last (4).
+    Blocked by memory half the window, by max_num_seqs a quarter. Memory shares, in a series without
+    the area columns, by the trapezoid rule: used 0, 20, 40, 60 of 100 tokens -> segments 10, 30, 50
+    -> 0.3, free 0.7."""
+    from sim.planning.sweeps.steady import _series_means
+
+    series = pd.DataFrame(
+        {
+            "time_s": [0.0, 10.0, 20.0, 30.0],
+            "num_requests_running": [2, 4, 6, 8],
+            "num_sequences_running": [3, 5, 7, 9],
+            "num_requests_waiting": [0, 2, 4, 6],
+            "kv_cache_usage_perc": [0.1, 0.3, 0.5, 0.7],
+            "preemptions": [0, 1, 3, 7],
+            "admission_blocker": [0, 1, 2, 0],
+        }
+    )
+    for category in ("reserved", "internal_fragmentation", "external_fragmentation", "cached"):
+        series[f"{category}_tokens"] = 0
+    series["used_tokens"], series["free_tokens"] = [0, 20, 40, 60], [100, 80, 60, 40]
+    assert _series_means(series, 5.0, 25.0, 100) == pytest.approx(
+        {
+            "mean_used_frac": 0.3,
+            "mean_reserved_frac": 0.0,
+            "mean_internal_frag_frac": 0.0,
+            "mean_external_frag_frac": 0.0,
+            "mean_cached_frac": 0.0,
+            "mean_free_frac": 0.7,
+            "mean_running": 4.0,
+            "mean_sequences_running": 5.0,
+            "mean_waiting": 2.0,
+            "mean_kv_cache_usage_frac": 0.3,
+            "peak_running": 6,
+            "window_preemptions": 2,
+            "waiting_growth": 4.0,
+            "blocked_by_kv_memory_frac": 0.5,
+            "blocked_by_max_num_seqs_frac": 0.25,
+            "blocked_by_token_budget_frac": 0.0,
+        }
+    )
+    assert _series_means(series, 5.0, 5.0, 100) == {}  # a window of no time
+    assert _series_means(series.iloc[:1], 0.0, 10.0, 100) == {}  # one row: no segment
