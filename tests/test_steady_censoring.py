@@ -131,3 +131,64 @@ def test_the_series_means_over_a_window_by_hand():
     )
     assert _series_means(series, 5.0, 5.0, 100) == {}  # a window of no time
     assert _series_means(series.iloc[:1], 0.0, 10.0, 100) == {}  # one row: no segment
+
+
+def test_a_stopped_runs_metrics_measure_the_window_up_to_the_stop_by_hand():
+    """The four requests above, stopped at 4 s with the window from 0.5 s: it ends at the stop, and
+    holds requests 1-3 (arrivals in [0.5, 4]). Latencies from the censored table: request 1 (TTFT
+    1.1, E2E 3.1, TPOT 0.5, queue 0.5) and request 2 (2.1, 2.1, none, 2.0; request 3 was rejected):
+    means 1.6, 2.6, 0.5, 1.25; E2E per output token 3.1 / 5 and 2.1 / 1: 1.36. No request arrived in
+    the window's second half and finished. Rates from the table as it stood (request 0 finished at
+    3, inside): 3 arrivals and 1 completion in 3.5 s. Series (rows each second, weights 0.5, 1, 1, 1
+    over 3.5 s): running 0, 1, 2, 1 -> 4 / 3.5; blocked by memory from 2 to 4 s -> 2 / 3.5; the queue
+    grew by 1 (first tenth 0, last 1), a third of the window's 3 arrivals."""
+    from policies.base import MemoryBreakdown
+    from sim.planning.sweeps.steady import SteadyWindow, stopped_metrics
+
+    table = requests()
+    table["prompt_tokens"], table["sample_output_tokens"], table["preemptions"] = (
+        100,
+        table["output_tokens"],
+        0,
+    )
+    series = pd.DataFrame(
+        {
+            "time_s": [0.0, 1.0, 2.0, 3.0, 4.0],
+            "num_requests_running": [0, 1, 2, 1, 1],
+            "num_sequences_running": [0, 1, 2, 1, 1],
+            "num_requests_waiting": [0, 0, 1, 1, 0],
+            "kv_cache_usage_perc": [0.0, 0.1, 0.2, 0.1, 0.1],
+            "preemptions": [0] * 5,
+            "admission_blocker": [0, 0, 1, 1, 0],
+        }
+    )
+    for category in MemoryBreakdown.CATEGORIES:
+        series[f"{category}_tokens"] = 100 if category == "free" else 0
+    stopped = {"at_s": 4.0, "window_first_s": 0.5, "window_end_s": 10.0, "reason": "TTFT SLO broken"}
+    metrics = stopped_metrics(table, series, 100, SteadyWindow(), stopped)
+    expected = {
+        "window_start_s": 0.5,
+        "window_end_s": 4.0,
+        "window_requests": 3,
+        "ttft_mean_s": 1.6,
+        "ttft_p50_s": 1.6,
+        "ttft_p99_s": 1.1 + 0.99 * 1.0,
+        "e2e_mean_s": 2.6,
+        "tpot_mean_s": 0.5,
+        "queue_mean_s": 1.25,
+        "normalized_latency_mean_s": 1.36,
+        "late_ttft_mean_s": None,
+        "window_s": 3.5,
+        "arrival_rate_per_s": 3 / 3.5,
+        "completion_rate_per_s": 1 / 3.5,
+        "output_tokens_per_request": None,
+        "rejected_frac": 1 / 3,
+        "mean_running": 4 / 3.5,
+        "mean_free_frac": 1.0,
+        "peak_running": 2,
+        "blocked_by_kv_memory_frac": 2 / 3.5,
+        "queue_growth_frac": 1 / 3,
+        "latencies_are_lower_bounds": True,
+    }
+    assert {key: metrics[key] for key in expected} == pytest.approx(expected)
+    assert metrics["stopped_early"] == stopped
