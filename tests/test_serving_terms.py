@@ -55,6 +55,11 @@ def test_a_measured_gpu_quotes_the_run_folds_and_any_other_the_gpu_folds():
         "of the datasheet assumed (79%..100% measured on parts of its memory type), which widens its band"
     )
     assert ServingCalibration().error_band(h100) == ""  # no held-out errors: nothing to quote
+    # A GPU of the fit whose memory was assumed: its runs measured it, so nothing is said assumed.
+    assert cal.error_band(GPU_PRESETS["RTX-4090-24GB"]) == (
+        "RTX-4090-24GB is measured: end to end, leave-one-run-out over 3 measured vLLM runs: "
+        "mean |error| TTFT 5%, TPOT 3%, E2E 4%"
+    )
 
 
 def test_the_time_scale_band_from_held_out_tpot_errors():
@@ -68,6 +73,9 @@ def test_the_time_scale_band_from_held_out_tpot_errors():
         (1 / 1.25 * memory.share / memory.band[1], 1 / 0.8 * memory.share / memory.band[0])
     )
     assert ServingCalibration().time_scale_band() is None
+    # A GPU with runs in the fit keeps its run folds unwidened, even where its memory was assumed
+    # (the RTX 4090's GDDR6X): its runs measured what the assumption would widen.
+    assert cal.time_scale_band(GPU_PRESETS["RTX-4090-24GB"]) == pytest.approx((1 / 1.10, 1 / 0.95))
 
 
 def test_the_scales_derate_a_gpus_efficiency_capped_at_what_it_can_reach():
@@ -104,6 +112,8 @@ def test_the_all_reduce_scale_applies_on_pcie_only():
         ({"kv_bandwidth_scale": "2"}, "kv_bandwidth_scale must be a number >= 0, got '2'"),
         ({"weight_bandwidth_scale": 0}, "weight_bandwidth_scale must be positive, got 0"),
         ({"all_reduce_latency_s": -1.0}, "all_reduce_latency_s must be a number >= 0, got -1.0"),
+        # (checked after an unset all_reduce_latency_s, which is valid)
+        ({"pcie_all_reduce_scale": -2.0}, "pcie_all_reduce_scale must be a number >= 0, got -2.0"),
     ],
 )
 def test_a_calibrations_values_are_checked_naming_the_term(terms, message):
