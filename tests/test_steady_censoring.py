@@ -192,3 +192,44 @@ def test_a_stopped_runs_metrics_measure_the_window_up_to_the_stop_by_hand():
     }
     assert {key: metrics[key] for key in expected} == pytest.approx(expected)
     assert metrics["stopped_early"] == stopped
+
+
+def test_how_far_a_probe_is_from_a_steady_state_by_hand():
+    """Five arrivals 10 s apart (span 40 s), each holding 100 prompt + 100 output tokens: they fill a
+    pool of 1,000 tokens in 1,000 / (5 / 40 x 200) = 40 s, once over the span. Window [0, 40] in four
+    segments: first [0, 10], last [30, 40]; each series row holds to the next, so KV usage rises
+    0.1 -> 0.4, the batch 1 -> 4 (3 times the first segment's), the queue 0 -> 2 (2 of 5 arrivals)."""
+    from sim.planning.sweeps.steady import stationarity
+
+    arrivals = pd.DataFrame(
+        {"arrival_s": [0.0, 10.0, 20.0, 30.0, 40.0], "prompt_tokens": 100, "sample_output_tokens": 100}
+    )
+    series = pd.DataFrame(
+        {
+            "time_s": [0.0, 10.0, 20.0, 30.0, 40.0],
+            "kv_cache_usage_perc": [0.1, 0.2, 0.3, 0.4, 0.5],
+            "num_requests_running": [1, 2, 3, 4, 5],
+            "num_requests_waiting": [0, 0, 1, 2, 3],
+        }
+    )
+    assert stationarity(arrivals, series, 0.0, 40.0, 1000, 4) == pytest.approx(
+        {
+            "tokens_per_request": 200.0,
+            "pool_fill_s": 40.0,
+            "arrival_span_s": 40.0,
+            "fill_multiple": 1.0,
+            "kv_usage_rise": 0.3,
+            "running_rise_frac": 3.0,
+            "waiting_rise": 2.0,
+            "waiting_rise_frac": 0.4,
+        }
+    )
+    # Less than a batch of one in the first segment: the rise is measured against one request.
+    low = series.assign(num_requests_running=[0.5, 1, 1, 1.5, 2])
+    assert stationarity(arrivals, low, 0.0, 40.0, 1000, 4)["running_rise_frac"] == pytest.approx(1.0)
+    # One segment has no first and last to compare; one arrival no span.
+    one_segment = stationarity(arrivals, series, 0.0, 40.0, 1000, 1)
+    assert one_segment["fill_multiple"] == pytest.approx(1.0) and one_segment["kv_usage_rise"] is None
+    assert all(
+        value is None for value in stationarity(arrivals.iloc[:1], series, 0.0, 40.0, 1000, 4).values()
+    )
