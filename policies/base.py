@@ -475,6 +475,11 @@ class SequenceLengths(Protocol):
 SequenceT = TypeVar("SequenceT", bound=SequenceLengths)
 
 
+def unknown_sequence(seq_id: int) -> PolicyInputError:
+    """The error for an operation on a sequence the pool does not hold."""
+    return PolicyInputError(f"unknown sequence id {seq_id!r} (never admitted, or already freed)")
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)
 class SequenceTable(KVCachePolicy, Generic[SequenceT]):
     """A policy that keeps its live sequences in ``self.sequences`` by id: the per-sequence queries.
@@ -489,9 +494,7 @@ class SequenceTable(KVCachePolicy, Generic[SequenceT]):
         try:
             return self.sequences[seq_id]
         except KeyError:
-            raise PolicyInputError(
-                f"unknown sequence id {seq_id!r} (never admitted, or already freed)"
-            ) from None
+            raise unknown_sequence(seq_id) from None
 
     def seq_len(self, seq_id: int) -> int:
         return self._get(seq_id).num_tokens

@@ -67,6 +67,7 @@ from policies.base import (
     PolicyStats,
     PoolSpec,
     PrefixHit,
+    unknown_sequence,
 )
 from policies.hybrid.group import NEVER
 from policies.hybrid.sglang_sliding_window import last_decode_eviction, next_decode_eviction
@@ -325,9 +326,7 @@ class SWARadixCoordinator(KVCoordinator):
         try:
             return self.sequences[seq_id]
         except KeyError:
-            raise PolicyInputError(
-                f"unknown sequence id {seq_id!r} (never admitted, or already freed)"
-            ) from None
+            raise unknown_sequence(seq_id) from None
 
     def grow(self, seq_id: int, num_tokens: int) -> None:
         self.grow_each([seq_id], [num_tokens])
