@@ -585,7 +585,8 @@ def test_nvlink_on_a_gpu_without_it_is_refused_naming_the_key():
 
     with pytest.raises(
         ValueError,
-        match=r"^disaggregation\.link\.kind: nvlink, but the prefill pool's GPU L4-24GB has no NVLink",
+        match=r"^disaggregation\.link\.kind: nvlink, but the prefill pool's GPU L4-24GB has no NVLink; "
+        r"use pcie, rdma, or give bandwidth_gb_per_s$",
     ):
         resolve_link(LinkConfig(kind="nvlink"), resolve_gpu("L4-24GB"), "disaggregation.link")
 
@@ -820,3 +821,29 @@ def test_a_pipe_ends_the_transfer_due_now_even_when_rounding_left_it_a_hair_shor
     assert pipe.active == [slow]
     env.run()
     assert ended == [("fast", 0.5), ("slow", pytest.approx(0.75))]
+
+
+def test_a_link_without_latency_starts_flowing_at_once_and_shares_one_fabric():
+    """No latency: a transfer flows from the instant it is sent (no wait, the series changes at
+    once). With no sharing named, every pair shares one fabric pipe: two 1,000-byte sends from
+    different pairs at 0 over 1,000 B/s each get half: both end at 2 s. Bytes in flight never count
+    below zero, and a send of nothing over an instantaneous link ends at once."""
+    from sim.cluster.link import TransferLink
+
+    env = simpy.Environment()
+    changes, ended = [], []
+    link = TransferLink(
+        env, LinkSpec("custom", 1000.0, 0.0, "fabric"), on_change=lambda: changes.append(env.now)
+    )
+    link.send(1000, 0, 2, 1, lambda: ended.append(("a", env.now)))
+    link.send(1000, 1, 3, 1, lambda: ended.append(("b", env.now)))
+    assert changes == [0.0, 0.0] and list(link.pipes) == ["fabric"]
+    assert link.earliest_end_s() == pytest.approx(2.0)
+    assert link.bytes_in_flight() == 2000
+    env.run()
+    assert ended == [("a", pytest.approx(2.0)), ("b", pytest.approx(2.0))]
+    assert (link.transfers, link.in_flight, link.bytes_sent) == (2, 0, 2000)
+    assert link.bytes_in_flight() == 0
+    instant = TransferLink(env, LinkSpec("custom", math.inf, 0.0, "pair"))
+    instant.send(0, 0, 1, 1, lambda: ended.append(("c", env.now)))
+    assert ended[-1] == ("c", env.now) and not instant.pipes
