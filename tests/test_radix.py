@@ -625,3 +625,23 @@ def test_the_engine_frees_a_page_per_decoding_request_before_each_decode_step(st
     assert times(engine)[1] == pytest.approx((2.0, 3.04, 5.04, "finished"))
     assert engine.policy.stats.evictions == 1
     assert engine.policy.tree.total_tokens == 4
+
+
+def test_a_page_as_large_as_the_pool_is_allowed_and_a_larger_one_refused():
+    assert make_policy("radix", PoolSpec(16, 1, 64), page_size=16).available_slots() == 16
+    with pytest.raises(PolicyInputError, match=r"^radix: page_size=32 exceeds the pool \(16 slots\)$"):
+        make_policy("radix", PoolSpec(16, 1, 64), page_size=32)
+
+
+def test_an_admission_that_does_not_fit_says_how_many_slots_it_needs_and_finds():
+    """Pool 16 slots: the first prompt holds 10 (its request will grow to 12); the second's 10 find 6
+    free and nothing evictable (the first is running). Its cache lookup found nothing: no hit."""
+    from policies.base import NO_HIT
+
+    policy = make_policy("radix", PoolSpec(16, 1, 64))
+    policy.admit(1, ((5, 10),), 12, 99)
+    with pytest.raises(OutOfKVMemory) as refused:
+        policy.admit(2, ((6, 10),), 12, 98)
+    error = refused.value
+    assert error.message == "admitting sequence 2 needs 10 slots, 6 available (free + evictable)"
+    assert (error.needed_slots, error.free_slots, error.prefix_hit) == (10, 6, NO_HIT)
