@@ -645,3 +645,21 @@ def test_an_admission_that_does_not_fit_says_how_many_slots_it_needs_and_finds()
     error = refused.value
     assert error.message == "admitting sequence 2 needs 10 slots, 6 available (free + evictable)"
     assert (error.needed_slots, error.free_slots, error.prefix_hit) == (10, 6, NO_HIT)
+
+
+@pytest.mark.parametrize(
+    ("length", "host", "slots"),
+    [
+        (8, 0, 12),  # 12 new tokens: 3 pages of 4
+        (13, 5, 12),  # a host hit under the threshold (10) is recomputed with the 7 new: 12 tokens, 3 pages
+        (18, 13, 4 + 13),  # 2 new tokens take a page; the 13 loaded back take their own slots
+        (18, 10, 4 + 10),  # exactly at the threshold: loaded back
+    ],
+)
+def test_the_device_slots_an_admission_takes_with_a_host_hit(length, host, slots):
+    """A 20-token prompt, pages of 4, matched ``length`` tokens of which the last ``host`` are in host
+    memory only (HiCache): SGLang loads a host hit back only from load_back_threshold (10) tokens."""
+    from policies._radix_tree import PrefixMatch
+
+    policy = make_policy("radix", PoolSpec(64, 4, 64), page_size=4)
+    assert policy._admission_slots(20, PrefixMatch(length, 0, host)) == slots
