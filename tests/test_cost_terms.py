@@ -102,7 +102,7 @@ GPU = SimpleNamespace(tensor_parallel_link_bytes_per_s=100e9, tensor_parallel_li
 def test_the_all_reduces_of_tensor_parallelism():
     """TP 4, 10 layers of hidden 1,000 in 16-bit: 20 calls of 20 us (10 us x log2 4) = 400 us; a
     token's messages 20 x 2 x 3/4 x 2,000 bytes over 100 GB/s = 0.6 us."""
-    model = SimpleNamespace(num_layers=10, hidden_size=1000, weight_dtype_bytes=2.0)
+    model = SimpleNamespace(num_layers=10, hidden_size=1000, weight_dtype_bytes=2)
     cost = AllReduceCost.of(model, GPU, 4)
     assert cost.per_iteration_s == pytest.approx(400e-6)
     assert cost.per_token_s == pytest.approx(0.6e-6)
@@ -117,7 +117,7 @@ def test_the_all_reduces_of_tensor_parallelism():
 def test_the_all_to_all_and_the_shared_part_of_an_expert_parallel_step():
     """DP 2, 4 MoE layers of hidden 1,000 and 8 experts, 16-bit: 2 x 4 calls of 10 us = 80 us; a row
     is (2,000 + 8) x 2 bytes, half of it crossing the link per layer: 4 x 0.5 x 4,016 / 100e9."""
-    model = SimpleNamespace(num_moe_layers=4, hidden_size=1000, num_experts=8, weight_dtype_bytes=2.0)
+    model = SimpleNamespace(num_moe_layers=4, hidden_size=1000, num_experts=8, weight_dtype_bytes=2)
     all_to_all = AllToAllCost.of(model, GPU, 2)
     assert all_to_all.per_iteration_s == pytest.approx(80e-6)
     assert all_to_all.per_token_s == pytest.approx(4 * 0.5 * 4016 / 100e9)
@@ -133,7 +133,7 @@ def test_the_all_to_all_and_the_shared_part_of_an_expert_parallel_step():
     four = AllToAllCost.of(model, GPU, 4)
     assert four.per_iteration_s == pytest.approx(2 * 4 * 20e-6)
     assert four.per_token_s == pytest.approx(4 * 0.75 * 4016 / 100e9)
-    dense = SimpleNamespace(num_moe_layers=4, hidden_size=1000, num_experts=None, weight_dtype_bytes=2.0)
+    dense = SimpleNamespace(num_moe_layers=4, hidden_size=1000, num_experts=None, weight_dtype_bytes=2)
     assert AllToAllCost.of(dense, GPU, 2).per_token_s == pytest.approx(4 * 0.5 * 4000 / 100e9)
     # The rank holds 4 of the 8 experts: at 2 tokens it reads 3.5 x 4/8 = 1.75 experts (1 s each)
     # against 2 tokens x 1 s of FLOPs: hypot(1.75, 2) s, plus the all-to-all.

@@ -491,21 +491,26 @@ def test_the_host_tier_alone_stores_touches_and_drops_the_least_recent_by_hand()
         acquired.append(key)
         return len(acquired)
 
+    a, b, c, d = ("a",), ("b",), ("c",), ("d",)  # (keys are content-chain tuples)
     tier = HostTier(2, acquire, released.append, block_size=4)
-    assert tier.store("a") is True and tier.store("b") is True
-    assert tier.store("a") is False
-    assert tier.keys_oldest_first() == ["b", "a"]
-    assert tier.store("c") is True
-    assert tier.keys_oldest_first() == ["a", "c"]
+    assert tier.store(a) is True and tier.store(b) is True
+    assert tier.store(a) is False
+    assert tier.keys_oldest_first() == [b, a]
+    assert tier.store(c) is True
+    assert tier.keys_oldest_first() == [a, c]
     assert released == [2]  # b's chain
     stats = tier.stats
     assert (stats.host_offloaded_blocks, stats.host_offloaded_tokens, stats.host_evictions) == (3, 12, 1)
-    assert tier.store("d") is True  # drops a: a second eviction counts on
+    assert tier.store(d) is True  # drops a: a second eviction counts on
     assert (stats.host_evictions, stats.host_offloaded_tokens) == (2, 16)
     assert tier.host_slots(4) == (8, 0)
 
 
-@pytest.mark.parametrize("capacity", [0, -1, 2.5, True, "2"])
+# (Compiled, the argument's type is checked before the function runs: a TypeError for the last three.)
+@pytest.mark.parametrize(
+    "capacity",
+    [0, -1, *(pytest.param(bad, marks=pytest.mark.python_sources) for bad in (2.5, True, "2"))],
+)
 def test_a_host_pool_needs_a_whole_positive_number_of_blocks(capacity):
     from policies._host_tier import HostPool
 
