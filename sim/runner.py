@@ -142,15 +142,6 @@ def policy_name_for(variant: VariantConfig, engine: EngineConfig) -> str:
         raise ConfigError(
             f"variant {variant.name!r}: policy {variant.policy!r} contradicts enable_prefix_caching: false"
         )
-    if (
-        engine.enable_prefix_caching
-        and is_hybrid_allocator(variant.policy)
-        and variant.policy not in ("vllm-hybrid", "jenga", "sglang-hybrid")
-    ):
-        raise ConfigError(
-            f"variant {variant.name!r}: policy {variant.policy!r} has no prefix cache yet (a hybrid "
-            "allocator's prefix caching is not modelled); set enable_prefix_caching: false"
-        )
     if engine.enable_prefix_caching and variant.policy == "contiguous":
         raise ConfigError(f"variant {variant.name!r}: the contiguous policy has no prefix cache")
     return variant.policy
