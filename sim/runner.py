@@ -64,6 +64,7 @@ from sim.kv.allocators import (
     mamba_prefix_policy,
     sglang_hybrid_layout,
     vllm_mamba_cache_mode,
+    vllm_mamba_chunk_size,
 )
 from sim.kv.coordinator import KVCoordinator
 from sim.kv.jenga_layout import JengaLayout
@@ -749,6 +750,7 @@ def _hybrid_layout(
             block_size=engine_config.block_size,
             kv_cache_dtype=engine_config.kv_cache_dtype,
             mamba_cache_mode=mamba_cache_mode,
+            mamba_chunk_size=vllm_mamba_chunk_size(model) if mamba_cache_mode == "all" else None,
             max_num_batched_tokens=engine_config.max_num_batched_tokens,
             max_concurrent_batches=batches_in_flight,
             tensor_parallel_size=engine_config.tensor_parallel_size,
@@ -772,7 +774,7 @@ def _hybrid_layout(
         )
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    return HybridLayout(hybrid, max_model_len, prefill_tokens, prefix_caching, marconi)
+    return HybridLayout(hybrid, max_model_len, prefill_tokens, prefix_caching, marconi, mamba_cache_mode)
 
 
 def _prepare_disaggregated(

@@ -13,7 +13,8 @@ Invariants (issue 39: "the accounting identity holds per group under 10^6 fuzzed
 - a refused operation (``OutOfKVMemory``) changes nothing.
 
 With prefix caching (``vllm-hybrid-prefix``, ``vllm-hybrid-prefix-mamba`` with a Mamba group's states,
-``vllm-hybrid-prefix-marconi`` with Marconi's choice of them:
+``vllm-hybrid-prefix-mamba-all`` with a state at every block boundary (vLLM's ``mamba_cache_mode:
+all``), ``vllm-hybrid-prefix-marconi`` with Marconi's choice of them:
 blocks with identities, ``policies/hybrid/prefix_pool.py``),
 a group's part counts a block several sequences hold once and adds its cached blocks; the pool's free
 queue is its blank and cached blocks; and the common prefix hit of every probe prompt is one that every
@@ -93,6 +94,23 @@ def vllm_prefix_mamba_groups(blocks: int = 64, prefill_tokens: int = 10) -> Mult
     return kv
 
 
+def vllm_prefix_mamba_all_groups(blocks: int = 64, prefill_tokens: int = 10) -> MultiGroupCoordinator:
+    """:func:`vllm_prefix_mamba_groups` in vLLM's ``mamba_cache_mode: all``: a prompt's chunks of 10
+    tokens uncut, a state cached at every block boundary, a prompt holding every block of its last
+    chunk."""
+    pool = PrefixCachingBlockPool(blocks, BLOCK, pool_slots=blocks * BLOCK + 3)
+    spec = PoolSpec(blocks * BLOCK, BLOCK, 4096)
+    kv = make_coordinator(
+        [
+            KVGroup("full", FullAttentionGroup(spec, pool, prefill_tokens)),
+            KVGroup("sliding(8)", SlidingWindowGroup(spec, pool, prefill_tokens, window=8)),
+            KVGroup("mamba", MambaGroup(spec, pool, prefill_tokens, "all")),
+        ]
+    )
+    assert isinstance(kv, MultiGroupCoordinator)
+    return kv
+
+
 def vllm_marconi_mamba_groups(blocks: int = 64, prefill_tokens: int = 10) -> MultiGroupCoordinator:
     """:func:`vllm_prefix_mamba_groups` with Marconi's admission and eviction of the Mamba group's
     states (``mamba_prefix_policy: marconi``, ``policies/hybrid/marconi.py``): a branch point's state
@@ -157,6 +175,7 @@ LAYOUTS: dict[str, Callable[[], KVCoordinator]] = {
     "vllm-hybrid-groups": vllm_groups,
     "vllm-hybrid-prefix": vllm_prefix_groups,
     "vllm-hybrid-prefix-mamba": vllm_prefix_mamba_groups,
+    "vllm-hybrid-prefix-mamba-all": vllm_prefix_mamba_all_groups,
     "vllm-hybrid-prefix-marconi": vllm_marconi_mamba_groups,
     "sglang-hybrid-pools": sglang_pools,
     "jenga-pages": jenga_pages,

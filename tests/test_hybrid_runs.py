@@ -138,14 +138,6 @@ def test_on_a_model_of_full_attention_only_the_hybrid_manager_is_paged_exactly(t
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (
-            {
-                "engine": {"enable_prefix_caching": True, "max_model_len": 8192},
-                "model": "Nemotron-H-8B-Base-8K",
-            },
-            # (vLLM's default with prefix caching for Nemotron-H's Mamba2 layers is 'all', not modelled)
-            "engine.enable_prefix_caching: true: vLLM's default mamba_cache_mode for Nemotron-H-8B-Base-8K",
-        ),
         ({"offload": {"host_memory_gib": 4}}, "variants.1.policy: vllm-hybrid has no host tier"),
         ({"variants": [PAGED, {**HYBRID, "pin_shared_prefixes": True}]}, "variants.1.pin_shared_prefixes"),
         (

@@ -4,10 +4,13 @@
 **Without prefix caching** (vLLM's ``mamba_cache_mode: none``): one block per request, from admission
 to its end.
 
-**With prefix caching over a** :class:`~policies.hybrid.prefix_pool.PrefixCachingBlockPool`
-(vLLM's ``mamba_cache_mode: align``, what vLLM runs with prefix caching for a model whose Mamba layers
-do not support "all", Qwen3-Next among them, or when asked for it). What vLLM does, read in
-``vllm-project/vllm``:
+**With prefix caching** over a :class:`~policies.hybrid.prefix_pool.PrefixCachingBlockPool`, one of
+vLLM's two modes (``MambaGroup(..., cache_mode=)``; which one vLLM runs for a model:
+``sim/kv/allocators.py``, ``vllm_mamba_cache_mode``).
+
+**Align** (vLLM's ``mamba_cache_mode: align``, what vLLM runs with prefix caching for a model whose
+Mamba layers do not support "all", Qwen3-Next among them, or when asked for it). What vLLM does, read
+in ``vllm-project/vllm``:
 
 * ``vllm/v1/core/single_type_kv_cache_manager.py`` (commit 129ab7c60cbb8eb11e875373e67f7e521b74aa30),
   ``MambaManager``: a request's block table has a position per block of its tokens, null except where
@@ -45,12 +48,53 @@ previous chunk's state and the last block, with null blocks between them); the s
 earlier chunk ends are taken, cached and given back there and then, in order (vLLM frees each at the
 chunk after it); a hit's state that the prefill moves past is given back likewise.
 
+**All** (vLLM's ``mamba_cache_mode: all``, its default with prefix caching for a model whose Mamba
+layers support it, ``SupportsMambaPrefixCaching``: Mamba, Mamba2, Nemotron-H among them; the block
+size is then a multiple of the kernel's chunk, ``sim/hardware/hybrid_capacity.py``, so that the
+chunked scan ends a chunk at every block boundary). What vLLM does, read in the same files:
+
+* ``MambaManager`` leaves "all" to ``SingleTypeKVCacheManager`` (its "align" branches aside, commit
+  129ab7c above): ``get_num_blocks_to_allocate`` and ``allocate_new_blocks`` give a request a block
+  per block of its tokens, as full attention's; ``remove_skipped_blocks``, with
+  ``get_num_skipped_tokens(n) = n - 1``, frees every block before the one of the last computed token
+  at the start of each step. The prefill kernels read the state in the block of the last computed
+  token and write the state at each block boundary the chunk crosses into that block's position and
+  the state at the chunk's end into the block of its last token (the Mamba attention metadata's
+  ``block_idx_last_computed_token``, ``block_idx_first_scheduled_token_p`` and
+  ``block_idx_last_scheduled_token``, "only used for prefix caching in all mode", which the mixer's
+  causal conv and chunked scan write through; read in copies of vLLM main in the public code index
+  whose commit is not recorded there); ``cache_blocks`` caches every full block. So a chunk from
+  ``c`` to ``e`` holds blocks ``(c - 1) // block`` to ``cdiv(e, block) - 1``, contiguous, and the
+  next chunk frees all of them but the last: every block boundary of the prompt leaves a cached
+  state.
+* A hit: the same right-most cached state (``find_longest_cache_hit`` is one for both modes); its
+  block is touched and the ones before it are null (``allocate_new_computed_blocks``: the hit's
+  skipped blocks, ``get_num_skipped_tokens(hit) // block``). ``get_num_blocks_to_allocate``: the new
+  blocks and the hit's block when it is free.
+* No aligned split: the scheduler cuts chunks only in "align" (``need_mamba_block_aligned_split``,
+  ``scheduler.py`` above), and "all" does not need chunked prefill (``MambaModelConfig.
+  verify_and_update_config`` asserts it for "align" only).
+* Decoding is align's: at a step the block of the last computed token and the block of the new one
+  (the same block, except at the step that crosses a block boundary: two).
+
+How kvsim runs it: decoding and hits as in align (the same ``held_run``, ``skipped_blocks``,
+``longest_cache_hit``); a prompt's chunks are the engine's per-request prefill budget from the hit's
+end, uncut; from admission to its first decoded token it holds what vLLM holds at its last chunk
+(:meth:`MambaGroup.last_chunk_run`: from the block of the state that chunk reads to the block of the
+last token, one block per block of tokens, no null block between), over the plain
+:class:`~policies.hybrid.block_tables.GroupBlockTables`; the blocks of the earlier chunks and a hit's
+state the prefill moves past are taken or given back, each cached, there and then, in block order (as
+a sliding window's, ``GroupBlockTables._pass_through``), so that every full block of the prompt is a
+cached state and a later prompt may hit at any block boundary full attention serves.
+
 Not modelled: a chunk shorter than the budget because the step's budget is shared with other
-requests (vLLM's chunk ends, and so the intermediate states it caches, then differ; the state at the
-prompt's last whole block is cached either way); a preempted request's recompute, which vLLM does not
-align (``_mamba_block_aligned_split`` only aligns requests with no output yet) and kvsim aligns as a
-new prompt; speculative decoding's extra state blocks (refused with hybrid groups); ``mamba_cache_mode:
-all`` (a state at every block boundary of a prefill, Mamba2-style kernels' chunked states: refused).
+requests (align: vLLM's chunk ends, and so the intermediate states it caches, then differ; the state
+at the prompt's last whole block is cached either way; all: the same states are cached, the blocks
+held at the last chunk differ); a preempted request's recompute, which vLLM does not align
+(``_mamba_block_aligned_split`` only aligns requests with no output yet) and kvsim aligns as a new
+prompt; in all mode, an earlier chunk holding more blocks at once than the last (a budget's worth
+and the state it reads: kvsim checks room for the last chunk's, as for a sliding window's prompt);
+speculative decoding's extra state blocks (refused with hybrid groups).
 """
 
 from __future__ import annotations
@@ -63,6 +107,9 @@ from policies.hybrid.block_tables import CachedSequence, GroupBlockTables
 from policies.hybrid.group import NEVER, GroupManager, GroupSequence, ceil_div
 from policies.hybrid.prefix_pool import NO_BLOCK, PrefixCachingBlockPool
 from token_content import TokenContent, content_length
+
+MAMBA_CACHE_MODES = ("none", "align", "all")
+"""vLLM's ``mamba_cache_mode`` values (``none``: no prefix caching)."""
 
 ALIGN_NEEDS_A_BLOCK = (
     "vLLM's mamba_cache_mode 'align' cuts every prefill chunk down to whole blocks, so a prefill budget "
@@ -133,12 +180,31 @@ class StateBlockTables(GroupBlockTables):
 class MambaGroup(GroupManager):
     kind = "mamba"
 
-    def __init__(self, pool: PoolSpec, shared_pool: SharedBlockPool, prefill_tokens: int):
+    def __init__(
+        self,
+        pool: PoolSpec,
+        shared_pool: SharedBlockPool,
+        prefill_tokens: int,
+        cache_mode: str | None = None,
+    ):
+        """``cache_mode``: vLLM's ``mamba_cache_mode``, "none" over a pool without prefix caching,
+        "align" or "all" over one that caches them (None: "none" or "align", by the pool)."""
         super().__init__(pool, shared_pool, prefill_tokens)
         self._splitting = 0  # (the chunk end :meth:`branch_blocks` adds, while a prompt's run is held)
         self._splits: dict[int, int] = {}  # sequence id -> that chunk end, until its states are taken
         tables = self.tables
-        if tables is not None:
+        if cache_mode is None:
+            cache_mode = "none" if tables is None else "align"
+        if cache_mode not in MAMBA_CACHE_MODES or (cache_mode == "none") != (tables is None):
+            raise PolicyInputError(
+                f"Mamba group: mamba_cache_mode {cache_mode!r} over a pool "
+                f"{'without' if tables is None else 'with'} prefix caching (vLLM runs 'none' without, "
+                "'align' or 'all' with)"
+            )
+        self.cache_mode = cache_mode
+        # "all": a state at every block boundary; a prompt holds a block per block of its last chunk.
+        self.every_boundary = cache_mode == "all"
+        if tables is not None and not self.every_boundary:
             if prefill_tokens < self.block_size <= pool.max_model_len:
                 raise PolicyInputError(
                     f"a Mamba group caching prefixes needs a prefill budget of at least a block "
@@ -167,6 +233,16 @@ class MambaGroup(GroupManager):
         """Caching prefixes, a decode step that crosses a block boundary writes its state into a new
         block (the one before is given back at the next step); without, the one state block stays."""
         return self.tables is not None
+
+    def last_chunk_run(self, prompt_len: int, hit: int) -> tuple[int, int]:
+        """All mode: the blocks a prompt of ``prompt_len`` tokens holds at its last prefill chunk after
+        a hit of ``hit`` blocks. Its chunks are the prefill budget from the hit's end, uncut; the last
+        one reads the state at its start (the block of the token before it) and writes one into
+        every block up to the block of the prompt's last token."""
+        block = self.block_size
+        start = hit * block
+        start += (prompt_len - start - 1) // self.prefill_tokens * self.prefill_tokens
+        return (start - 1) // block if start else 0, ceil_div(prompt_len, block)
 
     def prefill_states(self, prompt_len: int, hit: int, split: int = 0) -> tuple[list[int], list[int]]:
         """``(passed, held)``: the block positions of the states a prompt of ``prompt_len`` tokens
@@ -200,6 +276,8 @@ class MambaGroup(GroupManager):
     def _cached_prefill_run(self, prompt_len: int, hit: int) -> tuple[int, int]:
         if self.tables is None:
             return super()._cached_prefill_run(prompt_len, hit)
+        if self.every_boundary:
+            return self.last_chunk_run(prompt_len, hit)
         held = self.prefill_states(prompt_len, hit, self._splitting)[1]
         return held[0], held[-1] + 1
 
@@ -223,9 +301,13 @@ class MambaGroup(GroupManager):
         return 1 if self.tables is None else self._held(self._get(seq_id))
 
     def _held(self, seq: GroupSequence) -> int:
-        """The blocks a sequence holds: the ends of its run (null blocks between them)."""
-        span = seq.end_block - seq.first_block
-        return span if span < 2 else 2
+        return self._held_in(seq.first_block, seq.end_block)
+
+    def _held_in(self, first: int, end: int) -> int:
+        """The blocks a run ``[first, end)`` holds: in align mode its ends (null blocks between them);
+        in all mode every one."""
+        span = end - first
+        return span if span < 2 or self.every_boundary else 2
 
     # -- prefix caching ---------------------------------------------------------------------------
     def skipped_blocks(self, num_tokens: int) -> int:
@@ -244,10 +326,11 @@ class MambaGroup(GroupManager):
 
     def slots_needed_to_admit_cached(self, prompt: TokenContent, namespace: int, cached_tokens: int) -> int:
         """New blocks for the states held at the last chunk, and the hit's state when it is one of them
-        and free (it leaves the queue: vLLM's ``get_num_blocks_to_allocate`` counts it)."""
+        and free (it leaves the queue: vLLM's ``get_num_blocks_to_allocate`` counts it). All mode: a
+        run of blocks, counted as every group's (the hit's state counted when it is free)."""
         tables = self.tables
-        if tables is None:
-            return self.slots_needed_to_admit(prompt)
+        if tables is None or self.every_boundary:
+            return super().slots_needed_to_admit_cached(prompt, namespace, cached_tokens)
         hit = cached_tokens // self.block_size
         held = self.prefill_states(content_length(prompt), hit, self.branch_blocks(prompt, namespace, hit))[1]
         needed = len(held)
@@ -287,7 +370,6 @@ class MambaGroup(GroupManager):
         """Without prefix caching a growth leaves the state as it is: one block, used."""
         if self.tables is None:
             return
-        span = end - first
-        change = (span if span < 2 else 2) - self._held(seq)
+        change = self._held_in(first, end) - self._held(seq)
         self._used += change * self.block_size
         self._held_blocks += change

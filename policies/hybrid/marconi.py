@@ -74,7 +74,8 @@ Why an option of ``vllm-hybrid`` (``options: {mamba_prefix_policy: marconi}``) r
 of its own: Marconi changes which of the states align mode writes are kept and which are evicted, on
 the same block pool, groups, chunking and hit rule; the option is validated next to
 ``mamba_cache_mode`` (``sim/kv/allocators.py``: it needs that mode to be ``align``, so a model with
-Mamba layers and prefix caching on), and the same stream replays under both with one key changed.
+Mamba layers and prefix caching on, and one whose layers vLLM runs in ``all`` by default, Nemotron-H,
+with ``mamba_cache_mode: align`` set), and the same stream replays under both with one key changed.
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ Their dtypes follow ``MambaStateDtypeCalculator``: the conv state is stored at `
 dtype), whatever ``kv_cache_dtype`` is. A state kind's ``ssm_dtype`` is what "auto" becomes for
 that model in vLLM: its per-model hook sets Nemotron-H's to the config's ``mamba_ssm_cache_dtype``,
 else float32 (``NemotronHForCausalLMConfig`` in ``vllm/model_executor/models/config.py``).
+A Mamba2 kind's ``chunk_size`` is its SSD scan's chunk (the config's ``mamba_chunk_size`` or
+``chunk_size``, vLLM's ``ModelConfig.get_mamba_chunk_size``): vLLM's ``mamba_cache_mode: all`` aligns
+the block size to it (``sim/hardware/hybrid_capacity.py``); it is no part of a kind's identity.
 
 :func:`layer_kinds_from_hf_config` reads the kinds from a Hugging Face ``config.json``.
 """
@@ -36,7 +39,7 @@ else float32 (``NemotronHForCausalLMConfig`` in ``vllm/model_executor/models/con
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 __all__ = [
@@ -213,6 +216,8 @@ class Mamba2State(_StateMethods):
     state_size: int
     conv_kernel: int
     ssm_dtype: str = "auto"
+    chunk_size: int | None = field(default=None, compare=False)
+    """The SSD scan's chunk in tokens (None: the config does not say; vLLM then uses 2048)."""
 
     @property
     def label(self) -> str:
@@ -238,6 +243,7 @@ class Mamba2State(_StateMethods):
             *_positive_problem("Mamba2 head_dim", self.head_dim),
             *_positive_problem("Mamba2 state_size", self.state_size),
             *_positive_problem("Mamba2 conv_kernel", self.conv_kernel),
+            *([] if self.chunk_size is None else _positive_problem("Mamba2 chunk_size", self.chunk_size)),
             *self._dtype_problems(),
         ]
 
@@ -476,6 +482,7 @@ def _mamba_kind(cfg: Mapping[str, Any], where: str, hidden_size: int) -> StateKi
             state_size=_required_int(cfg, where, "ssm_state_size", "mamba_d_state"),
             conv_kernel=_required_int(cfg, where, "conv_kernel", "mamba_d_conv"),
             ssm_dtype=_state_dtype(cfg, where, "mamba_ssm_cache_dtype", default_ssm),
+            chunk_size=positive_int_field(cfg, where, "mamba_chunk_size", "chunk_size", required=False),
         )
     if cfg.get("mamba_d_state") is not None:
         return Mamba1State(

@@ -1200,7 +1200,8 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # 109,640,064, attention block 41,947,136, MLP block 2 x 4096 x 21504 + norm = 176,164,864;
     # + embedding and LM head 2 x 131072 x 4096 + final norm (card: 8B). Checked: the pattern and shapes
     # in transformers' NemotronHConfig defaults and Megatron's 8B hybrid config, vLLM nemotron_h.py
-    # (intermediate = heads x head_dim) and mamba_utils.py.
+    # (intermediate = heads x head_dim) and mamba_utils.py. chunk_size 128: transformers' NemotronHConfig
+    # default (the SSD chunk vLLM's get_mamba_chunk_size reads; not checked against this checkpoint).
     "Nemotron-H-8B-Base-8K": _preset(
         name="Nemotron-H-8B-Base-8K",
         num_layers=52,
@@ -1223,6 +1224,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                     state_size=128,
                     conv_kernel=4,
                     ssm_dtype="float32",
+                    chunk_size=128,
                 ),
                 "*": FULL_ATTENTION,
                 "-": MLP_ONLY,

@@ -8,9 +8,9 @@ policies (``policies/``), so the same stream can be replayed on both, side by si
   its kind's rule (``policies/hybrid/``). With ``engine.enable_prefix_caching: true`` the pool's
   blocks keep their identities (``policies/hybrid/prefix_pool.py``) and a prompt's hit is the
   longest prefix every group serves (``sim/kv/coordinator.py``); a Mamba group then runs vLLM's
-  ``mamba_cache_mode: align`` (``policies/hybrid/mamba.py``). Option ``mamba_cache_mode`` (vLLM's
-  ``--mamba-cache-mode``; unset: vLLM's default for the model, :func:`vllm_mamba_cache_mode`), the
-  modes kvsim does not model and what vLLM would not run refused. Option ``mamba_prefix_policy``
+  ``mamba_cache_mode: all`` or ``align`` (``policies/hybrid/mamba.py``). Option ``mamba_cache_mode``
+  (vLLM's ``--mamba-cache-mode``; unset: vLLM's default for the model, :func:`vllm_mamba_cache_mode`),
+  what vLLM would not run refused. Option ``mamba_prefix_policy``
   (``vllm``, the default, or ``marconi``: Marconi's admission and eviction of the align mode's
   states, ``policies/hybrid/marconi.py``, :func:`mamba_prefix_policy`) with ``marconi_alpha``.
 
@@ -60,6 +60,7 @@ from sim.hardware.layers import (
     FullAttention,
     GatedDeltaNetState,
     LayerKind,
+    Mamba2State,
     SlidingWindow,
 )
 from sim.hardware.models import ModelSpec
@@ -81,9 +82,12 @@ __all__ = [
     "mamba_prefix_policy",
     "sglang_hybrid_layout",
     "vllm_mamba_cache_mode",
+    "vllm_mamba_chunk_size",
 ]
 
 HYBRID_ALLOCATORS = ("vllm-hybrid", "sglang-hybrid", "jenga")
+DEFAULT_MAMBA_CHUNK_SIZE = 2048
+"""vLLM's Mamba chunk size for a model whose config has none (``get_mamba_chunk_size``)."""
 
 _OPTIONS: dict[str, tuple[str, ...]] = {
     "vllm-hybrid": ("mamba_cache_mode", "mamba_prefix_policy", "marconi_alpha"),
@@ -120,9 +124,12 @@ class HybridLayout:
     holds what chunked prefill keeps at once: ``policies/hybrid/``)."""
     prefix_caching: bool = False
     """vLLM's prefix caching (``engine.enable_prefix_caching: true``): cached blocks kept by identity
-    (a Mamba group's states in ``mamba_cache_mode: align``)."""
+    (a Mamba group's states as ``mamba_cache_mode`` says)."""
     marconi: MarconiSettings | None = None
     """Marconi's admission and eviction of the Mamba groups' states (``mamba_prefix_policy: marconi``)."""
+    mamba_cache_mode: MambaCacheMode | None = None
+    """The Mamba groups' ``mamba_cache_mode`` (:func:`vllm_mamba_cache_mode`; None: "align" with prefix
+    caching, "none" without)."""
 
     @property
     def slot_bytes(self) -> int:
@@ -163,13 +170,14 @@ class HybridLayout:
             else SharedBlockPool
         )
         shared = pool_type(self.capacity.num_blocks, spec.block_size, spec.kv_pool_tokens)
+        mode = self.mamba_cache_mode
         groups = []
         for name, group in zip(self.group_names(), self.capacity.groups, strict=True):
             if marconi is not None and isinstance(group.kind, STATE_KINDS):
                 evictor = MarconiEvictor(marconi.costs, marconi.alpha)
                 manager: GroupManager = MarconiMambaGroup(spec, shared, self.prefill_tokens, evictor)
             else:
-                manager = group_manager(group.kind, spec, shared, self.prefill_tokens)
+                manager = group_manager(group.kind, spec, shared, self.prefill_tokens, mode)
             groups.append(KVGroup(name, manager, self.slot_bytes))
         return make_coordinator(groups)
 
@@ -190,8 +198,9 @@ def vllm_mamba_cache_mode(
     it, an unset (or "none") mode becomes "all" for a model whose Mamba layers support it
     (``SupportsMambaPrefixCaching``: vLLM's Mamba and Mamba2 models, Nemotron-H among them), else
     "align" (Qwen3-Next's gated delta net), and "all" asked of a model without that support falls
-    back to "align"; "align" needs chunked prefill. kvsim models "none" and "align": ``ValueError``,
-    naming the key and its value, for what vLLM would not run and for "all"."""
+    back to "align"; "align" needs chunked prefill ("all" does not). ``ValueError``, naming the key and
+    its value, for what vLLM would not run (and for "none" with prefix caching, which vLLM replaces
+    by its default: set nothing to run it)."""
     if option is not None and option not in ("none", "align", "all"):
         raise ValueError(f"{option_key}: {option!r} is not one of vLLM's modes 'none', 'align', 'all'")
     states = {type(kind) for kind in model.layer_kinds or () if isinstance(kind, STATE_KINDS)}
@@ -213,25 +222,29 @@ def vllm_mamba_cache_mode(
     if option == "none":
         raise ValueError(
             f"{option_key}: 'none' with {caching_key}: true: vLLM replaces it by its default for "
-            f"{model.name}, {'all' if supports_all else 'align'!r}; leave the option unset or set 'align'"
+            f"{model.name}, {'all' if supports_all else 'align'!r}; leave the option unset or set "
+            f"{'all' if supports_all else 'align'!r}"
         )
-    if option == "all" and supports_all:
-        raise ValueError(
-            f"{option_key}: 'all' is not modelled (vLLM caches a Mamba state at every block boundary of "
-            "a prefill in it); set 'align'"
-        )
-    if option is None and supports_all:
-        raise ValueError(
-            f"{caching_key}: true: vLLM's default mamba_cache_mode for {model.name} with prefix caching "
-            "is 'all' (its Mamba layers support it), which kvsim does not model; set "
-            f"{option_key}: align to run vLLM's 'align' mode"
-        )
+    if option != "align" and supports_all:
+        return "all"
     if not chunked_prefill:
         raise ValueError(
-            f"{chunked_key}: false: vLLM's mamba_cache_mode 'align' (prefix caching on {model.name}) "
-            "requires chunked prefill"
+            f"{chunked_key}: false: vLLM's mamba_cache_mode 'align' (prefix caching on {model.name}"
+            f"{'' if option == 'align' else ', whose Mamba layers do not support all'}) requires chunked "
+            "prefill"
         )
     return "align"
+
+
+def vllm_mamba_chunk_size(model: ModelSpec) -> int:
+    """The Mamba chunk size vLLM aligns the block size to in ``mamba_cache_mode: all``
+    (``ModelConfig.get_mamba_chunk_size``, vLLM main in the public code index): the config's
+    ``mamba_chunk_size`` or ``chunk_size`` (a Mamba2 kind's ``chunk_size``), else 2048 (vLLM's default
+    for a model without one, Mamba1's)."""
+    for kind in model.layer_kinds or ():
+        if isinstance(kind, Mamba2State) and kind.chunk_size is not None:
+            return kind.chunk_size
+    return DEFAULT_MAMBA_CHUNK_SIZE
 
 
 def mamba_prefix_policy(
@@ -246,7 +259,7 @@ def mamba_prefix_policy(
     """Marconi's settings when the options ask for ``mamba_prefix_policy: marconi`` (None for vLLM's
     own, ``vllm``, the default): its FLOPs from ``model`` (:func:`marconi_costs`), ``marconi_alpha``
     (default 0: LRU among the states). ``ValueError`` naming the key and value: an unknown policy, Marconi on a model
-    without Mamba/linear-attention layers or without prefix caching (the mode is not ``align``), an
+    without Mamba/linear-attention layers, without prefix caching or in ``all`` (the mode is not ``align``), an
     alpha that is not a number >= 0 or one set without Marconi."""
     policy_key, alpha_key = f"{option_prefix}mamba_prefix_policy", f"{option_prefix}marconi_alpha"
     policy = options.get("mamba_prefix_policy", "vllm")
@@ -262,6 +275,12 @@ def mamba_prefix_policy(
             raise ValueError(
                 f"{policy_key}: 'marconi': {model.name} has no Mamba/linear-attention layers (Marconi "
                 "caches their states)"
+            )
+        if mamba_cache_mode == "all":
+            raise ValueError(
+                f"{policy_key}: 'marconi' chooses among the states mamba_cache_mode 'align' writes, and "
+                f"{model.name} runs 'all' (vLLM's default for its Mamba layers): set "
+                f"{option_prefix}mamba_cache_mode: align"
             )
         raise ValueError(
             f"{policy_key}: 'marconi' needs {caching_key}: true (Marconi chooses which Mamba states "
@@ -297,17 +316,22 @@ def marconi_costs(model: ModelSpec, capacity: HybridKVCapacity) -> MarconiCosts:
 
 
 def group_manager(
-    kind: LayerKind, spec: PoolSpec, shared: SharedBlockPool, prefill_tokens: int
+    kind: LayerKind,
+    spec: PoolSpec,
+    shared: SharedBlockPool,
+    prefill_tokens: int,
+    mamba_cache_mode: MambaCacheMode | None = None,
 ) -> GroupManager:
     """The manager of one KV group of ``kind`` over ``shared``: which blocks a sequence of that layer
-    kind holds (``policies/hybrid/``). vllm-hybrid's groups and jenga's types are built with it."""
+    kind holds (``policies/hybrid/``; a Mamba group's by ``mamba_cache_mode``, None: "align" over a
+    prefix-caching pool). vllm-hybrid's groups and jenga's types are built with it."""
     if isinstance(kind, FullAttention):
         return FullAttentionGroup(spec, shared, prefill_tokens)
     if isinstance(kind, SlidingWindow):
         return SlidingWindowGroup(spec, shared, prefill_tokens, kind.window)
     if isinstance(kind, ChunkedLocal):
         return ChunkedLocalGroup(spec, shared, prefill_tokens, kind.chunk)
-    return MambaGroup(spec, shared, prefill_tokens)
+    return MambaGroup(spec, shared, prefill_tokens, mamba_cache_mode)
 
 
 @dataclass(frozen=True)
