@@ -31,6 +31,7 @@ CONFIGS = (
     "configs/hicache-multi-turn.yaml",
     "configs/hybrid-gpt-oss.yaml",
     "configs/hybrid-prefix-gpt-oss.yaml",
+    "configs/hybrid-prefix-caches.yaml",
     "configs/offload-multi-turn.yaml",
     "configs/speculative-eagle3.yaml",
     "configs/notebooks/small-run.yaml",
