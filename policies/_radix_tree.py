@@ -404,19 +404,6 @@ class RadixTree(RadixKeys):
                 host.heap = [(leaf.last_access, leaf.node_id, leaf) for leaf in host.leaves]
                 heapq.heapify(host.heap)
 
-    def _drop_host_subtree(self, node: RadixNode, host: HiCachePool) -> None:
-        """A deleted device node's host-only descendants go with it."""
-        stack = [node]
-        while stack:
-            item = stack.pop()
-            stack.extend(item.children.values())
-            item.children = {}
-            item.parent = None
-            host.leaves.discard(item)
-            if item.backed_up:
-                host.used_tokens -= item.length
-                host.stats.host_evictions += item.length // self.page_size
-
     # ------------------------------------------------------------------------------------ internals
     def _walk(self, key: Key, namespace: int) -> tuple[RadixNode, int, Key]:
         """Follow ``key`` from the root, touching each node and splitting the last one if the match
@@ -476,9 +463,12 @@ class RadixTree(RadixKeys):
             self._evictable_leaves.discard(leaf)
             self._refresh_leaf_status(parent)
             return
-        for child in list(leaf.children.values()):
-            self._drop_host_subtree(child, host)
-        leaf.children = {}
+        # A deleted device leaf never has host-only children: a node is backed up no later than its
+        # children (write-through at its first insertion or at as many hits as theirs, write-back
+        # when it is evicted, before it is deleted), and a backup cannot fail while the node is on
+        # the device, since the host pool is larger than the device pool (SGLang's hicache_ratio > 1)
+        # and every host-only node can be evicted from it.
+        assert not leaf.children, "a deleted radix node has children"
         if leaf.on_device:
             self.total_tokens -= leaf.length
             self._evictable_leaves.discard(leaf)
