@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
 
 from policies._radix_tree import Key, RadixKeys, key_length, split_key
 
@@ -79,30 +80,41 @@ class SWAMatch:
     swa_unlocked: int = 0
 
 
-class LRUList:
+class TreeNode(Protocol):
+    """What :class:`LRUList` needs of a node: its parent (None at the root)."""
+
+    @property
+    def parent(self) -> Any: ...
+
+
+NodeT = TypeVar("NodeT", bound=TreeNode)
+
+
+class LRUList(Generic[NodeT]):
     """SGLang's ``LRUList``: nodes from the most recently used (after :attr:`head`) to the least (before
-    :attr:`tail`), scanned from the tail for the first node a test accepts."""
+    :attr:`tail`), scanned from the tail for the first node a test accepts. ``head`` and ``tail``: two
+    sentinel nodes of the tree's kind (shared with the Mamba radix tree, :mod:`policies._mamba_radix_tree`)."""
 
-    def __init__(self) -> None:
-        self.head = SWANode(-1, (), 0, 0, None)
-        self.tail = SWANode(-2, (), 0, 0, None)
-        self._older: dict[SWANode, SWANode] = {self.head: self.tail}
-        self._newer: dict[SWANode, SWANode] = {self.tail: self.head}
+    def __init__(self, head: NodeT, tail: NodeT) -> None:
+        self.head = head
+        self.tail = tail
+        self._older: dict[NodeT, NodeT] = {self.head: self.tail}
+        self._newer: dict[NodeT, NodeT] = {self.tail: self.head}
 
-    def __contains__(self, node: SWANode) -> bool:
+    def __contains__(self, node: NodeT) -> bool:
         return node in self._newer and node is not self.tail
 
     def __len__(self) -> int:
         return len(self._newer) - 1
 
-    def insert_mru(self, node: SWANode) -> None:
+    def insert_mru(self, node: NodeT) -> None:
         self._link_after(self.head, node)
 
-    def reset_mru(self, node: SWANode) -> None:
+    def reset_mru(self, node: NodeT) -> None:
         self.remove(node)
         self._link_after(self.head, node)
 
-    def reset_path_mru(self, node: SWANode, root: SWANode, skip: Callable[[SWANode], bool]) -> None:
+    def reset_path_mru(self, node: NodeT, root: NodeT, skip: Callable[[NodeT], bool]) -> None:
         """``node`` first, then each ancestor (but those ``skip`` names) just after its child."""
         anchor = self.head
         while node is not root:
@@ -113,22 +125,22 @@ class LRUList:
             assert node.parent is not None
             node = node.parent
 
-    def remove(self, node: SWANode) -> None:
+    def remove(self, node: NodeT) -> None:
         newer, older = self._newer.pop(node), self._older.pop(node)
         self._older[newer] = older
         self._newer[older] = newer
 
-    def least_recent(self, accept: Callable[[SWANode], bool]) -> SWANode | None:
+    def least_recent(self, accept: Callable[[NodeT], bool]) -> NodeT | None:
         return self.next_newer(self.tail, accept)
 
-    def next_newer(self, node: SWANode, accept: Callable[[SWANode], bool]) -> SWANode | None:
+    def next_newer(self, node: NodeT, accept: Callable[[NodeT], bool]) -> NodeT | None:
         """The first node more recently used than ``node`` that ``accept`` takes."""
         candidate = self._newer[node]
         while candidate is not self.head and not accept(candidate):
             candidate = self._newer[candidate]
         return None if candidate is self.head else candidate
 
-    def _link_after(self, anchor: SWANode, node: SWANode) -> None:
+    def _link_after(self, anchor: NodeT, node: NodeT) -> None:
         older = self._older[anchor]
         self._older[anchor], self._newer[node] = node, anchor
         self._older[node], self._newer[older] = older, node
@@ -154,8 +166,8 @@ class SWARadixTree(RadixKeys):
         super().__init__(page_size)
         self.window = window
         self.root = SWANode(0, (), 0, 0, None, full_lock_ref=1, swa_lock_ref=1)
-        self.full_lru = LRUList()
-        self.swa_lru = LRUList()
+        self.full_lru: LRUList[SWANode] = LRUList(SWANode(-1, (), 0, 0, None), SWANode(-2, (), 0, 0, None))
+        self.swa_lru: LRUList[SWANode] = LRUList(SWANode(-1, (), 0, 0, None), SWANode(-2, (), 0, 0, None))
         self.full_tokens = 0
         self.swa_tokens = 0
         self.full_locked = 0

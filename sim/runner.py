@@ -59,6 +59,7 @@ from sim.hardware.models import ModelSpec, expert_parallel_problems, expert_para
 from sim.kv.allocators import (
     HybridLayout,
     SGLangHybridLayout,
+    SGLangMambaLayout,
     hybrid_allocator_options,
     is_hybrid_allocator,
     mamba_prefix_policy,
@@ -374,7 +375,7 @@ class PreparedVariant:
     replica_count: int = 1
     lockstep: bool = False
     """Expert parallelism: the engine (or each data-parallel rank) steps on a shared step clock."""
-    hybrid: HybridLayout | SGLangHybridLayout | JengaLayout | None = None
+    hybrid: HybridLayout | SGLangHybridLayout | SGLangMambaLayout | JengaLayout | None = None
     """A hybrid allocator's pool (``sim/kv/allocators.py``); None for a single-group policy."""
     speculative: SpeculativeDecoding | None = None
     """``engine.speculative`` resolved (its acceptance read, its lookahead slots); None without."""
@@ -663,10 +664,10 @@ def _hybrid_layout(
     capacity: KVCapacity,
     max_model_len: int,
     key: Callable[[str], str],
-) -> HybridLayout | SGLangHybridLayout | JengaLayout:
+) -> HybridLayout | SGLangHybridLayout | SGLangMambaLayout | JengaLayout:
     """A hybrid allocator's pool from the memory the sizing left for KV, as vLLM groups the layers
     (sglang-hybrid: as SGLang splits it into its two pools; jenga: in large pages of the LCM of the
-    layer types' pages)."""
+    layer types' pages; sglang-hybrid on a Mamba model: its full-attention and Mamba pools)."""
     where = f"variants.{index}.policy"
     problems = []
     if config.offload_for(variant) is not None:
@@ -706,7 +707,8 @@ def _hybrid_layout(
                 kv_cache_dtype=engine_config.kv_cache_dtype,
                 tensor_parallel_size=engine_config.tensor_parallel_size,
                 overlap=engine_config.async_scheduling,
-                prefix_caching=bool(engine_config.enable_prefix_caching),  # (SGLang's SWA radix cache)
+                # (SGLang's SWA or Mamba radix cache)
+                prefix_caching=bool(engine_config.enable_prefix_caching),
                 **variant.options,
             )
         if variant.policy == "jenga":
@@ -1208,6 +1210,14 @@ def _watchable(config: ExperimentConfig, prepared: PreparedVariant, workload: Wo
     return config.until_s is None and prepared.pinned_tokens == 0 and workload.arrivals_known_up_front
 
 
+def _max_num_seqs(prepared: PreparedVariant) -> int:
+    """``engine.max_num_seqs``, capped where SGLang caps its running requests by its Mamba pool
+    (``sglang-hybrid`` on a Mamba model: ``sim/hardware/sglang_mamba_capacity.py``)."""
+    if isinstance(prepared.hybrid, SGLangMambaLayout):
+        return min(prepared.engine.max_num_seqs, prepared.hybrid.max_running_requests)
+    return prepared.engine.max_num_seqs
+
+
 def _make_engine(
     config: ExperimentConfig,
     prepared: PreparedVariant,
@@ -1222,7 +1232,7 @@ def _make_engine(
     block_bytes = prepared.pool.block_size * prepared.pool.kv_bytes_per_token
     knobs = EngineKnobs(
         max_model_len=prepared.max_model_len,
-        max_num_seqs=engine_config.max_num_seqs,
+        max_num_seqs=_max_num_seqs(prepared),
         max_num_batched_tokens=engine_config.max_num_batched_tokens,
         enable_chunked_prefill=engine_config.enable_chunked_prefill,
         preemption_mode=engine_config.preemption_mode,

@@ -84,7 +84,7 @@ def test_a_bad_ratio_is_refused_naming_the_option_and_value(ratio):
 @pytest.mark.parametrize(
     ("model", "message"),
     [
-        ("Nemotron-H-8B-Base-8K", "SGLang's Mamba pool (HybridLinearKVPool, MambaPool) is not modelled"),
+        ("Nemotron-H-8B-Base-8K", "SGLang keeps no SWA pools for it but a Mamba pool"),
         ("Llama-3.1-8B", "has no sliding-window layers"),
         ("Mistral-7B-v0.1", "has no full-attention layers"),
     ],

@@ -28,8 +28,9 @@ Read at sgl-project/sglang commit 001ccef0072a4537d4ec6bdd50a73e6feb2c907d
 (``mem_cache/swa_memory_pool.py``: ``SWAKVPool``, ``SWATokenToKVPoolAllocator``). kvsim's
 available KV bytes (:func:`sim.hardware.capacity.size_kv_pool`) stand for SGLang's ``rest_memory``
 (which SGLang derives from ``--mem-fraction-static`` instead). Not modelled: the one padding slot
-every SGLang pool keeps past its size (slot 0), the Mamba pool (a model with Mamba layers is
-refused), Llama 4's chunked local attention, ``--max-total-tokens``.
+every SGLang pool keeps past its size (slot 0), Llama 4's chunked local attention,
+``--max-total-tokens``. A model with Mamba layers gets SGLang's Mamba pool instead
+(``sim/hardware/sglang_mamba_capacity.py``).
 """
 
 from __future__ import annotations
@@ -121,8 +122,8 @@ def sglang_attention_layers(spec: ModelSpec) -> tuple[int, int, int]:
     kinds = [kind for kind in (spec.layer_kinds or ()) if not isinstance(kind, MlpOnly)]
     if any(isinstance(kind, STATE_KINDS) for kind in kinds):
         raise ValueError(
-            f"{spec.name} has Mamba/linear-attention layers: SGLang's Mamba pool (HybridLinearKVPool, "
-            "MambaPool) is not modelled by sglang-hybrid; use policy vllm-hybrid"
+            f"{spec.name} has Mamba/linear-attention layers: SGLang keeps no SWA pools for it but a Mamba "
+            "pool (HybridLinearKVPool, MambaPool), sized by sim.hardware.sglang_mamba_capacity"
         )
     if any(isinstance(kind, ChunkedLocal) for kind in kinds):
         raise ValueError(

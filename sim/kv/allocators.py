@@ -21,7 +21,11 @@ policies (``policies/``), so the same stream can be replayed on both, side by si
   ``policies/hybrid/sglang_sliding_window.py`` says. An admission or a step needs room in both.
   A slot there is one token of one pool's layers (the summary counts both pools' slots). With
   ``engine.enable_prefix_caching: true``, SGLang's ``SWARadixCache`` over the two pools
-  (``sim/kv/sglang_swa_radix.py``).
+  (``sim/kv/sglang_swa_radix.py``). A model with Mamba / linear-attention layers (Qwen3-Next,
+  Nemotron-H) gets SGLang's full-attention token pool and Mamba state pool instead
+  (``sim/hardware/sglang_mamba_capacity.py``, options ``mamba_full_memory_ratio``, default 0.9,
+  ``max_mamba_cache_size`` and ``mamba_ssm_dtype``): every running request holds one Mamba slot; with
+  prefix caching, SGLang's ``MambaRadixCache`` (``sim/kv/sglang_mamba_radix.py``).
 
 ``jenga``: Jenga's two-level allocator (``sim/kv/jenga.py``): large pages of the LCM of the layer
   types' small pages (``sim/hardware/jenga_capacity.py``), carved per type (option
@@ -63,19 +67,22 @@ from sim.hardware.layers import (
     Mamba2State,
     SlidingWindow,
 )
-from sim.hardware.models import ModelSpec
+from sim.hardware.models import ModelSpec, resolve_model
 from sim.hardware.sglang_hybrid_capacity import (
     DEFAULT_SWA_FULL_TOKENS_RATIO,
     SGLangHybridCapacity,
     sglang_hybrid_kv_capacity,
 )
+from sim.hardware.sglang_mamba_capacity import SGLangMambaCapacity, has_state_layers, sglang_mamba_kv_capacity
 from sim.kv.coordinator import KVCoordinator, KVGroup, make_coordinator
+from sim.kv.sglang_mamba_radix import MambaRadixCoordinator
 from sim.kv.sglang_swa_radix import SWARadixCoordinator
 
 __all__ = [
     "HYBRID_ALLOCATORS",
     "HybridLayout",
     "SGLangHybridLayout",
+    "SGLangMambaLayout",
     "MarconiSettings",
     "hybrid_allocator_options",
     "is_hybrid_allocator",
@@ -91,7 +98,13 @@ DEFAULT_MAMBA_CHUNK_SIZE = 2048
 
 _OPTIONS: dict[str, tuple[str, ...]] = {
     "vllm-hybrid": ("mamba_cache_mode", "mamba_prefix_policy", "marconi_alpha"),
-    "sglang-hybrid": ("swa_full_tokens_ratio", "page_size"),
+    "sglang-hybrid": (
+        "swa_full_tokens_ratio",
+        "page_size",
+        "mamba_full_memory_ratio",
+        "max_mamba_cache_size",
+        "mamba_ssm_dtype",
+    ),
     "jenga": ("large_page_bytes",),
 }
 
@@ -388,6 +401,44 @@ class SGLangHybridLayout:
         )
 
 
+@dataclass(frozen=True)
+class SGLangMambaLayout:
+    """SGLang's full-attention token pool and Mamba state pool
+    (``sim/hardware/sglang_mamba_capacity.py``) and how to build one replica's coordinator over them
+    (``sim/kv/sglang_mamba_radix.py``: the radix cache with prefix caching, else ``ChunkCache``). The
+    summary's pool counts both pools' slots at a full-pool token's bytes (a Mamba slot is
+    ``capacity.mamba_cache_per_req`` bytes: the capacity lines and the breakdown in bytes say so)."""
+
+    capacity: SGLangMambaCapacity
+    max_model_len: int
+    prefill_tokens: int
+    """A prefill chunk (SGLang's chunked prefill size): where the radix cache caches a state."""
+    prefix_caching: bool = False
+
+    @property
+    def max_running_requests(self) -> int:
+        """SGLang's cap on running requests, from its Mamba pool (the runner caps ``max_num_seqs``)."""
+        return self.capacity.max_running_requests
+
+    @property
+    def pool(self) -> PoolSpec:
+        capacity = self.capacity
+        return PoolSpec(
+            capacity.full_tokens + capacity.mamba_slots,
+            capacity.page_size,
+            self.max_model_len,
+            capacity.cell_size,
+        )
+
+    def make_coordinator(self) -> KVCoordinator:
+        capacity = self.capacity
+        return MambaRadixCoordinator(
+            capacity.full_tokens, capacity.mamba_slots, capacity.page_size, self.max_model_len,
+            self.prefill_tokens, (capacity.cell_size, capacity.mamba_cache_per_req),
+            (FullAttention().label, capacity.state_label), radix=self.prefix_caching,
+        )  # fmt: skip
+
+
 def sglang_hybrid_layout(
     model: ModelSpec | str,
     available_kv_bytes: int,
@@ -397,16 +448,52 @@ def sglang_hybrid_layout(
     kv_cache_dtype: str = "auto",
     tensor_parallel_size: int = 1,
     overlap: bool = False,
-    swa_full_tokens_ratio: float = DEFAULT_SWA_FULL_TOKENS_RATIO,
+    swa_full_tokens_ratio: float | None = None,
     page_size: int = 1,
     prefix_caching: bool = False,
-) -> SGLangHybridLayout:
-    """``sglang-hybrid``'s layout from the bytes left for KV; ``ValueError`` (naming the option) for
-    what it cannot run."""
+    mamba_full_memory_ratio: float | None = None,
+    max_mamba_cache_size: int | None = None,
+    mamba_ssm_dtype: str | None = None,
+) -> SGLangHybridLayout | SGLangMambaLayout:
+    """``sglang-hybrid``'s layout from the bytes left for KV: SGLang's SWA pools, or for a model with
+    Mamba / linear-attention layers its full-attention and Mamba pools; ``ValueError`` (naming the
+    option) for what it cannot run, and for an option of the other kind of pools."""
+    spec = resolve_model(model)
+    mamba_options: dict[str, object] = {
+        "mamba_full_memory_ratio": mamba_full_memory_ratio,
+        "max_mamba_cache_size": max_mamba_cache_size,
+        "mamba_ssm_dtype": mamba_ssm_dtype,
+    }
+    if has_state_layers(spec):
+        if swa_full_tokens_ratio is not None:
+            raise ValueError(
+                f"option swa_full_tokens_ratio sizes SGLang's sliding-window pool; {spec.name} has Mamba/"
+                "linear-attention layers (its Mamba pool: options mamba_full_memory_ratio, max_mamba_cache_size)"
+            )
+        mamba = sglang_mamba_kv_capacity(
+            spec,
+            available_kv_bytes,
+            max_model_len=max_model_len,
+            radix_cache=prefix_caching,
+            page_size=page_size,
+            kv_cache_dtype=kv_cache_dtype,
+            tensor_parallel_size=tensor_parallel_size,
+            mamba_full_memory_ratio=mamba_full_memory_ratio,
+            max_mamba_cache_size=max_mamba_cache_size,
+            mamba_ssm_dtype=mamba_ssm_dtype,
+        )
+        return SGLangMambaLayout(mamba, max_model_len, prefill_tokens, prefix_caching)
+    given = [name for name, value in mamba_options.items() if value is not None]
+    if given:
+        raise ValueError(
+            f"option {given[0]} sizes SGLang's Mamba pool; {spec.name} has no Mamba/linear-attention layers"
+        )
     capacity = sglang_hybrid_kv_capacity(
-        model,
+        spec,
         available_kv_bytes,
-        swa_full_tokens_ratio=swa_full_tokens_ratio,
+        swa_full_tokens_ratio=DEFAULT_SWA_FULL_TOKENS_RATIO
+        if swa_full_tokens_ratio is None
+        else swa_full_tokens_ratio,
         page_size=page_size,
         kv_cache_dtype=kv_cache_dtype,
         tensor_parallel_size=tensor_parallel_size,

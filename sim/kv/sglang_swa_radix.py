@@ -53,7 +53,7 @@ lag.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies._radix_tree import Key
@@ -61,20 +61,18 @@ from policies._swa_radix_tree import NO_UUID, SWANode, SWARadixTree
 from policies.base import (
     NO_HIT,
     ChildSpec,
-    MemoryBreakdown,
     OutOfKVMemory,
     PolicyInputError,
     PolicyStats,
     PoolSpec,
     PrefixHit,
-    unknown_sequence,
 )
 from policies.hybrid.group import NEVER
 from policies.hybrid.sglang_sliding_window import last_decode_eviction, next_decode_eviction
-from policies.prefix import block_pieces
-from sim.kv.coordinator import Breakdown, KVCoordinator, KVGroup
+from sim.kv.coordinator import Breakdown, KVGroup
 from sim.kv.pool_view import PoolView
-from token_content import Segment, TokenContent, content_length, validate_content
+from sim.kv.sglang_tree import OwnSlots, SGLangTreeCoordinator, content_key, prompt_key, sequence_segments
+from token_content import Segment, TokenContent, content_length
 
 __all__ = ["SWARadixCoordinator", "SWASequence"]
 
@@ -101,29 +99,14 @@ class SWASequence:
 
     def key(self, num_tokens: int) -> Key:
         """Its first ``num_tokens`` tokens as a tree key."""
-        segments = [segment for segment in self.base if segment[1] > 0]
-        if self.num_tokens > self.base_len:
-            segments.append((self.output_content_id, self.num_tokens - self.base_len))
-        ends, total = [], 0
-        for _, length in segments:
-            total += length
-            ends.append(total)
-        return block_pieces(segments, ends, 0, num_tokens)
+        return content_key(sequence_segments(self), num_tokens)
 
 
-@dataclass
-class _OwnSlots:
-    """Sums over the live sequences of one pool's own slots: tokens, slots (whole pages), and the
-    slots of those they will fill."""
-
-    tokens: int = 0
-    slots: int = 0
-    target: int = 0
-
-
-class SWARadixCoordinator(KVCoordinator):
+class SWARadixCoordinator(SGLangTreeCoordinator):
     """See the module docstring. ``full_tokens`` / ``swa_tokens``: the pools (``SGLangHybridCapacity``);
     ``names``: the two groups' names, full attention first; ``max_model_len``: the longest sequence."""
+
+    tree: SWARadixTree
 
     def __init__(
         self,
@@ -144,11 +127,11 @@ class SWARadixCoordinator(KVCoordinator):
         self.max_model_len = max_model_len
         self.tree = SWARadixTree(page_size, window)
         self.pool_tokens = (full_tokens, swa_tokens)
-        self.page_slots = tuple(tokens // page_size * page_size for tokens in self.pool_tokens)
+        self.page_slots = (full_tokens // page_size * page_size, swa_tokens // page_size * page_size)
         self.pool_slots = full_tokens + swa_tokens
         self.slots_per_token = 2
         self.sequences: dict[int, SWASequence] = {}
-        self._own = (_OwnSlots(), _OwnSlots())
+        self._own = (OwnSlots(), OwnSlots())
         self._tree_held = 0  # tree tokens the sequences hold, counted once per sequence
         self._swa_held = 0  # SWA tokens the sequences' locks cover, counted once per sequence
         self._stats = PolicyStats()
@@ -161,14 +144,7 @@ class SWARadixCoordinator(KVCoordinator):
             for index, (name, tokens) in enumerate(zip(names, self.pool_tokens, strict=True))
         )
 
-    def _part(self, index: int) -> Callable[[], Breakdown]:
-        return lambda: self.pool_breakdown(index)
-
     # -- pools ------------------------------------------------------------------------------------
-    def _pages(self, tokens: int) -> int:
-        """Slots of the whole pages holding ``tokens`` tokens."""
-        return -(-tokens // self.page_size) * self.page_size
-
     def _free(self, index: int) -> int:
         tree = self.tree.full_tokens if index == 0 else self.tree.swa_tokens
         return self.page_slots[index] - tree - self._own[index].slots
@@ -231,16 +207,6 @@ class SWARadixCoordinator(KVCoordinator):
         return full, swa
 
     # -- the tree ---------------------------------------------------------------------------------
-    def _prompt_key(self, prompt: TokenContent, prompt_len: int) -> Key:
-        """What admission matches: the prompt without its last token, in whole pages."""
-        segments = [segment for segment in prompt if segment[1] > 0]
-        ends, total = [], 0
-        for _, length in segments:
-            total += length
-            ends.append(total)
-        matched = (prompt_len - 1) // self.page_size * self.page_size
-        return block_pieces(segments, ends, 0, matched)
-
     def _lock(self, seq: SWASequence, node: SWANode) -> None:
         seq.last_node = node
         seq.swa_uuid, seq.swa_locked = self.tree.lock(node)
@@ -260,28 +226,10 @@ class SWARadixCoordinator(KVCoordinator):
         seq.swa_start = max(seq.swa_start, seq.tree_len)
         self._account(seq, +1)
 
-    # -- prefix hits ------------------------------------------------------------------------------
-    def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
-        validate_content(prompt, "looked-up prompt", PolicyInputError)
-        prompt_len = content_length(prompt)
-        if prompt_len <= 0:
-            return NO_HIT
-        matched = self.tree.longest_match(self._prompt_key(prompt, prompt_len), namespace).length
-        return PrefixHit(matched) if matched else NO_HIT
-
-    def match(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
-        """The scheduler's ``match_prefix``: splits and refreshes the tree (see the module docstring)."""
-        validate_content(prompt, "matched prompt", PolicyInputError)
-        prompt_len = content_length(prompt)
-        if prompt_len <= 0:
-            return NO_HIT
-        _, matched = self.tree.match_prefix(self._prompt_key(prompt, prompt_len), namespace)
-        return PrefixHit(matched) if matched else NO_HIT
-
     # -- sequences --------------------------------------------------------------------------------
     def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
         prompt_len = content_length(prompt)
-        match = self.tree.longest_match(self._prompt_key(prompt, prompt_len), 0)
+        match = self.tree.longest_match(prompt_key(prompt, prompt_len, self.page_size), 0)
         needed = self._pages(prompt_len - match.length)
         return needed <= self._room(0) - match.full_unlocked and needed <= self._room(1) - match.swa_unlocked
 
@@ -289,7 +237,7 @@ class SWARadixCoordinator(KVCoordinator):
         self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
     ) -> int:
         prompt_len = self._check_new(seq_id, prompt, final_len)
-        node, hit = self.tree.match_prefix(self._prompt_key(prompt, prompt_len), namespace)
+        node, hit = self.tree.match_prefix(prompt_key(prompt, prompt_len, self.page_size), namespace)
         needed = self._pages(prompt_len - hit)
         full_unlocked, swa_unlocked = self.tree.unlocked_by_lock(node)
         rooms = (self._room(0) - full_unlocked, self._room(1) - swa_unlocked)
@@ -310,38 +258,10 @@ class SWARadixCoordinator(KVCoordinator):
         self._stats.prefix_cache_hits += hit
         return hit
 
-    def _check_new(self, seq_id: int, prompt: TokenContent, final_len: int) -> int:
-        if seq_id in self.sequences:
-            raise PolicyInputError(f"sequence {seq_id} is already allocated")
-        validate_content(prompt, f"prompt of sequence {seq_id}", PolicyInputError)
-        prompt_len = content_length(prompt)
-        if prompt_len <= 0 or not prompt_len <= final_len <= self.max_model_len:
-            raise PolicyInputError(
-                f"sequence {seq_id}: needs 0 < prompt ({prompt_len}) <= final_len ({final_len}) <= "
-                f"max_model_len ({self.max_model_len})"
-            )
-        return prompt_len
-
-    def _get(self, seq_id: int) -> SWASequence:
-        try:
-            return self.sequences[seq_id]
-        except KeyError:
-            raise unknown_sequence(seq_id) from None
-
-    def grow(self, seq_id: int, num_tokens: int) -> None:
-        self.grow_each([seq_id], [num_tokens])
-
     def _planned_growth(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> tuple[int, int]:
         """The growths' new slots in each pool (SWA: net of the decode evictions that run first)."""
-        if len(seq_ids) != len(num_tokens) or len(set(seq_ids)) != len(seq_ids):
-            raise PolicyInputError(f"grow_each needs distinct sequence ids, one token count each: {seq_ids}")
         full = swa = 0
-        for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
-            seq = self._get(seq_id)
-            if tokens <= 0 or seq.num_tokens + tokens > seq.final_len:
-                raise PolicyInputError(
-                    f"sequence {seq_id}: cannot grow {seq.num_tokens} by {tokens} tokens (final length {seq.final_len})"
-                )
+        for seq, tokens in self._growths(seq_ids, num_tokens):
             more_full, more_swa = self._growth_needs(seq, tokens)
             full, swa = full + more_full, swa + more_swa
         return full, swa
@@ -390,7 +310,7 @@ class SWARadixCoordinator(KVCoordinator):
         for child in children:
             seq = SWASequence(
                 child.seq_id, child.final_len, child.output_content_id, parent.namespace,
-                (*[s for s in parent.base if s[1] > 0], *self._output_segment(parent)), parent.num_tokens,
+                sequence_segments(parent), parent.num_tokens,
                 parent.prompt_len, parent.last_node, NO_UUID, 0,
                 tree_len=parent.tree_len, num_tokens=parent.num_tokens, swa_start=parent.swa_start,
             )  # fmt: skip
@@ -398,11 +318,6 @@ class SWARadixCoordinator(KVCoordinator):
             self.sequences[child.seq_id] = seq
             self._account(seq, +1)
             self._stats.fork_copied_tokens += parent.num_tokens - parent.tree_len
-
-    @staticmethod
-    def _output_segment(seq: SWASequence) -> tuple[Segment, ...]:
-        generated = seq.num_tokens - seq.base_len
-        return ((seq.output_content_id, generated),) if generated > 0 else ()
 
     def free(self, seq_id: int, finished: bool = True) -> None:
         """``cache_finished_req`` for a finished sequence (its whole pages inserted, those whose SWA
@@ -429,9 +344,6 @@ class SWARadixCoordinator(KVCoordinator):
         ``rem_swa_tokens``): a token needs a slot in each."""
         return min(self._room(0), self._room(1))
 
-    def seq_len(self, seq_id: int) -> int:
-        return self._get(seq_id).num_tokens
-
     def prepare_decode_step(self, num_sequences: int) -> None:
         """A page per decoding request free in each pool before a decode step (the ``radix`` policy's rule)."""
         needed = num_sequences * self.page_size
@@ -453,38 +365,6 @@ class SWARadixCoordinator(KVCoordinator):
             self._free(index),
         )
 
-    def group_breakdown_values(self) -> tuple[int, ...]:
-        return self.pool_breakdown(0) + self.pool_breakdown(1)
-
-    def breakdown_values(self) -> Breakdown:
-        full, swa = self.pool_breakdown(0), self.pool_breakdown(1)
-        used, reserved, internal, external, cached, free = (a + b for a, b in zip(full, swa, strict=True))
-        return used, reserved, internal, external, cached, free
-
-    def breakdown_bytes(self) -> dict[str, int]:
-        slot_bytes = self.groups[0].slot_bytes
-        values = self.breakdown_values()
-        return {
-            name: value * slot_bytes for name, value in zip(MemoryBreakdown.CATEGORIES, values, strict=True)
-        }
-
     def sharing_slots(self) -> tuple[int, int]:
         physical = self.tree.full_locked + self.tree.swa_locked + self._own[0].slots + self._own[1].slots
         return physical, self._tree_held + self._swa_held + self._own[0].slots + self._own[1].slots
-
-    def host_breakdown_values(self) -> tuple[int, int]:
-        return 0, 0
-
-    @property
-    def stats(self) -> PolicyStats:
-        return self._stats
-
-    def evictions(self) -> int:
-        return self._stats.evictions
-
-    def cow_copies(self) -> int:
-        return 0  # (a fork copies its parent's partial page; nothing is copied on write)
-
-    @property
-    def host_tier(self) -> None:
-        return None

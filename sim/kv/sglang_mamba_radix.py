@@ -1,0 +1,385 @@
+"""``policy: sglang-hybrid`` on a model with Mamba / linear-attention layers (Qwen3-Next, Nemotron-H):
+SGLang's full-attention token pool and Mamba state pool (``HybridLinearKVPool``, ``MambaPool``;
+sized in ``sim/hardware/sglang_mamba_capacity.py``), and with ``engine.enable_prefix_caching: true``
+its ``MambaRadixCache`` over both, as SGLang's scheduler runs them.
+
+Read at sgl-project/sglang commit 00df707e8de4ab0110fb5527bf3c9dffc535671a
+(``mem_cache/mamba_radix_cache.py``: ``cache_unfinished_req``, ``cache_finished_req``,
+``_alloc_mamba_slot``, ``_match_post_processor``'s copy of the hit's state; the tree itself is
+:mod:`policies._mamba_radix_tree`), with ``alloc_req_slots`` (``mem_cache/common.py``: a request's
+Mamba slot, ``evict_mamba`` for the shortfall first) and ``_get_mamba_token_info`` (the scheduler's
+counts: free plus evictable per pool) from SGLang main in the public code index; its default
+``mamba_scheduler_strategy`` (``no_buffer``). No code is copied.
+
+Every running request holds one Mamba slot of its own (``HybridReqToTokenPool.alloc``: the state its
+Mamba layers update in place) and its tokens in the full pool, in pages of ``page_size`` tokens. What
+happens when, in kvsim's terms (a prompt is allocated at admission):
+
+- **Without the radix cache** (``--disable-radix-cache``, SGLang's ``ChunkCache``): admission needs
+  the prompt's pages in the full pool and a free Mamba slot; both go back when the request ends.
+- **Admission** with it: the prompt less its last token is matched
+  (:meth:`~policies._mamba_radix_tree.MambaRadixTree.match_prefix`: the hit ends at the deepest node
+  with a state; splits and refreshes the tree whether or not the request then fits); the matched
+  node is locked; the request takes a Mamba slot (a copy of the hit's state; ``evict_mamba`` for the
+  shortfall) and the prompt's new tokens full slots (full eviction for the shortfall). Then, as
+  ``cache_unfinished_req`` runs after each prefill chunk (kvsim: at every ``prefill_tokens`` past the
+  hit, and at the prompt's end), the prompt's tokens so far enter the tree with a copy of the
+  request's state in a new Mamba slot (``_alloc_mamba_slot``: ``evict_mamba`` if none is free; freed
+  again if that node had a state), and the request locks that node in place of the last. So a
+  request needs two Mamba slots free or evictable to be admitted (three with two chunks or more,
+  less the hit's state when only its lock held it), and locks the state at its prompt's end while
+  it decodes.
+- **Decoding**: each token takes a full slot (evicting the shortfall); before a decode step the full
+  pool evicts for a page per decoding request (as the ``radix`` policy does). The Mamba slot is
+  updated in place: decoding never takes one.
+- **Finishing** (``cache_finished_req``): all its tokens enter the tree with its own Mamba slot as the
+  state at their end (freed if that node had one); its lock is released. A preempted or retracted
+  request frees its own slots and inserts nothing (``is_insert=False``).
+- **Forks** (``n > 1``): the parent's tokens enter the tree first (a state copy); each child takes a
+  Mamba slot (a copy of the parent's state) and copies the parent's own tokens past its tree path.
+
+Refusals: an admission without room in either pool raises ``OutOfKVMemory`` naming the pool (SGLang's
+scheduler never gets there: it caps the running requests at a third of the Mamba pool, ``init_memory``;
+kvsim's runner caps ``max_num_seqs`` the same way). Decoding never needs a Mamba slot, so only the
+full pool retracts.
+
+Accounting, per pool (each sums to its pool at every instant, :meth:`group_breakdown_values`): full
+pool as the SWA radix cache's (**used** the tree's tokens a lock holds and the sequences' own,
+**reserved** / **internal fragmentation** the empty slots of a last page a sequence will / will
+never fill, **external** past the last whole page, **cached** the tree's evictable tokens);
+Mamba pool: **used** the running requests' own slots and the tree's states a lock holds, **cached**
+the tree's other states, **free** the rest. ``evictions`` counts full pages and states evicted.
+
+Left out: the extra-buffer strategy (``--mamba-scheduler-strategy extra_buffer``, page sizes above
+1 with the radix cache), the chunk boundaries SGLang's batch budget moves (kvsim's are fixed
+multiples of ``prefill_tokens`` past the hit), HiCache, speculative decoding's states.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from policies._mamba_radix_tree import MambaNode, MambaRadixTree
+from policies._radix_tree import Key
+from policies.base import (
+    NO_HIT,
+    ChildSpec,
+    OutOfKVMemory,
+    PolicyInputError,
+    PolicyStats,
+    PoolSpec,
+    PrefixHit,
+)
+from sim.kv.coordinator import Breakdown, KVGroup
+from sim.kv.pool_view import PoolView
+from sim.kv.sglang_tree import OwnSlots, SGLangTreeCoordinator, content_key, prompt_key, sequence_segments
+from token_content import Segment, TokenContent, content_length
+
+__all__ = ["MambaRadixCoordinator", "MambaSequence"]
+
+FULL, MAMBA = 0, 1
+_POOL_NAMES = ("full-attention pool", "Mamba pool")
+
+
+@dataclass(eq=False, slots=True)
+class MambaSequence:
+    """A sequence: ``base`` (its prompt, or its parent's tokens at a fork) then its own output stream.
+    Its first ``tree_len`` tokens are the tree path ending at ``last_node`` (locked, with the state
+    there); it holds its own full slots from ``tree_len`` on, in whole pages, and one Mamba slot."""
+
+    seq_id: int
+    final_len: int
+    output_content_id: int
+    namespace: int
+    base: tuple[Segment, ...]
+    base_len: int
+    last_node: MambaNode
+    tree_len: int = 0
+    num_tokens: int = 0
+
+    def key(self, num_tokens: int) -> Key:
+        """Its first ``num_tokens`` tokens as a tree key."""
+        return content_key(sequence_segments(self), num_tokens)
+
+
+class MambaRadixCoordinator(SGLangTreeCoordinator):
+    """See the module docstring. ``full_tokens`` / ``mamba_slots``: the pools
+    (``SGLangMambaCapacity``); ``prefill_tokens``: a prefill chunk (where ``cache_unfinished_req``
+    caches states); ``slot_bytes``: one full-pool token's and one Mamba slot's bytes; ``names``: the
+    two groups' names, full attention first; ``radix``: the radix cache (off: ``ChunkCache``)."""
+
+    tree: MambaRadixTree
+
+    def __init__(
+        self,
+        full_tokens: int,
+        mamba_slots: int,
+        page_size: int,
+        max_model_len: int,
+        prefill_tokens: int,
+        slot_bytes: tuple[int, int],
+        names: tuple[str, str],
+        radix: bool = True,
+    ):
+        if full_tokens < page_size or mamba_slots < 1 or prefill_tokens < 1:
+            raise PolicyInputError(
+                f"the full pool needs a page of {page_size} tokens ({full_tokens}), the Mamba pool a slot "
+                f"({mamba_slots}), a prefill chunk a token ({prefill_tokens})"
+            )
+        if radix and page_size != 1:
+            raise PolicyInputError(f"SGLang's Mamba radix cache runs pages of one token, got {page_size}")
+        self.page_size = page_size
+        self.max_model_len = max_model_len
+        self.prefill_tokens = prefill_tokens
+        self.radix = radix
+        self.tree = MambaRadixTree(page_size)
+        self.pool_tokens = (full_tokens, mamba_slots)
+        self.page_slots = (full_tokens // page_size * page_size, mamba_slots)
+        self.pool_slots = full_tokens + mamba_slots
+        self.slots_per_token = 1
+        self.sequences: dict[int, MambaSequence] = {}
+        self._own = OwnSlots()
+        self._tree_held = 0  # tree tokens the sequences hold, counted once per sequence
+        self._states_held = 0  # tree states the sequences' locks hold, counted once per sequence
+        self._stats = PolicyStats()
+        specs = (
+            PoolSpec(full_tokens, page_size, max_model_len, slot_bytes[FULL]),
+            PoolSpec(mamba_slots, 1, max_model_len, slot_bytes[MAMBA]),
+        )
+        self.groups = tuple(
+            KVGroup(name, PoolView(spec, self._part(index)), spec.kv_bytes_per_token)
+            for index, (name, spec) in enumerate(zip(names, specs, strict=True))
+        )
+
+    # -- pools ------------------------------------------------------------------------------------
+    def _free(self, index: int) -> int:
+        if index == FULL:
+            return self.page_slots[FULL] - self.tree.full_tokens - self._own.slots
+        return self.page_slots[MAMBA] - self.tree.states - len(self.sequences)
+
+    def _room(self, index: int) -> int:
+        """Free plus evictable slots of a pool (``_get_mamba_token_info``: available + evictable)."""
+        evictable = self.tree.full_evictable if index == FULL else self.tree.states_evictable
+        return self._free(index) + evictable
+
+    def _make_free(self, index: int, needed: int) -> None:
+        """Evict the pool's shortfall for ``needed`` slots (``evict_full`` / ``evict_mamba``)."""
+        short = needed - self._free(index)
+        if short > 0:
+            full_freed, states_freed = (
+                self.tree.evict(short, 0) if index == FULL else self.tree.evict(0, short)
+            )
+            self._stats.evictions += full_freed // self.page_size + states_freed
+
+    def _refuse(
+        self, what: str, needs: tuple[int, int], rooms: tuple[int, int], hit: int = 0
+    ) -> OutOfKVMemory:
+        self._stats.allocation_failures += 1
+        index = FULL if needs[FULL] > rooms[FULL] else MAMBA
+        unit = "slots" if index == FULL else "Mamba slots"
+        return OutOfKVMemory(
+            f"{what} needs {needs[index]} {unit} of the {_POOL_NAMES[index]}, {rooms[index]} available "
+            "(free + evictable)",
+            needed_slots=needs[index],
+            free_slots=rooms[index],
+            prefix_hit=PrefixHit(hit) if hit else NO_HIT,
+        )
+
+    # -- a sequence's own slots -------------------------------------------------------------------
+    def _account(self, seq: MambaSequence, sign: int) -> None:
+        """Add (+1) or remove (-1) the sequence's own full slots and what its lock holds."""
+        end = self._pages(seq.num_tokens)
+        own = self._own
+        own.tokens += sign * (seq.num_tokens - seq.tree_len)
+        own.slots += sign * (end - seq.tree_len)
+        own.target += sign * (min(end, seq.final_len) - seq.tree_len)
+        self._tree_held += sign * seq.tree_len
+        self._states_held += sign * (seq.last_node is not self.tree.root)
+
+    def _lock(self, seq: MambaSequence, node: MambaNode) -> None:
+        seq.last_node = node
+        self.tree.lock(node)
+
+    def _cache_unfinished(self, seq: MambaSequence, upto: int) -> None:
+        """``cache_unfinished_req``: its first ``upto`` tokens into the tree with a copy of its state in
+        a new Mamba slot (freed again if that node had one), then their end locked in place of its path."""
+        self._account(seq, -1)
+        self._make_free(MAMBA, 1)  # _alloc_mamba_slot
+        key = seq.key(upto)
+        self.tree.insert(key, seq.namespace)
+        node, length = self.tree.match_prefix(key, seq.namespace)
+        assert length == upto, "a cached prefix ends at its state"
+        self.tree.unlock(seq.last_node)
+        self._lock(seq, node)
+        seq.tree_len = upto
+        self._account(seq, +1)
+
+    def _chunk_ends(self, hit: int, prompt_len: int) -> list[int]:
+        """Where ``cache_unfinished_req`` runs for a prompt prefilled from ``hit``: after each chunk."""
+        return [*range(hit + self.prefill_tokens, prompt_len, self.prefill_tokens), prompt_len]
+
+    def _admission_needs(self, prompt_len: int, hit: int, state_unlocked: int) -> tuple[int, int]:
+        """Full slots and Mamba slots (free or evictable) an admission needs (module docstring)."""
+        if not self.radix:
+            return self._pages(prompt_len), 1
+        chunks = len(self._chunk_ends(hit, prompt_len))
+        return self._pages(prompt_len - hit), 2 if chunks == 1 else 3 - state_unlocked
+
+    # -- sequences --------------------------------------------------------------------------------
+    def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
+        prompt_len = content_length(prompt)
+        if self.radix:
+            match = self.tree.longest_match(prompt_key(prompt, prompt_len, self.page_size), 0)
+            hit, full_unlocked, state_unlocked = match.length, match.full_unlocked, match.state_unlocked
+        else:
+            hit = full_unlocked = state_unlocked = 0
+        needs = self._admission_needs(prompt_len, hit, state_unlocked)
+        return (
+            needs[FULL] <= self._room(FULL) - full_unlocked
+            and needs[MAMBA] <= self._room(MAMBA) - state_unlocked
+        )
+
+    def admit(
+        self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
+    ) -> int:
+        prompt_len = self._check_new(seq_id, prompt, final_len)
+        node, hit = self.tree.root, 0
+        full_unlocked = state_unlocked = 0
+        if self.radix:
+            node, hit = self.tree.match_prefix(prompt_key(prompt, prompt_len, self.page_size), namespace)
+            full_unlocked, state_unlocked = self.tree.unlocked_by_lock(node)
+        needs = self._admission_needs(prompt_len, hit, state_unlocked)
+        rooms = (self._room(FULL) - full_unlocked, self._room(MAMBA) - state_unlocked)
+        if needs[FULL] > rooms[FULL] or needs[MAMBA] > rooms[MAMBA]:
+            raise self._refuse(f"admitting sequence {seq_id}", needs, rooms, hit)
+        seq = MambaSequence(
+            seq_id, final_len, output_content_id, namespace, tuple(prompt), prompt_len, node,
+            tree_len=hit, num_tokens=prompt_len,
+        )  # fmt: skip
+        self._lock(seq, node)
+        self._make_free(MAMBA, 1)  # its own state (a copy of the hit's)
+        self._make_free(FULL, self._pages(prompt_len - hit))
+        self.sequences[seq_id] = seq
+        self._account(seq, +1)
+        if self.radix:
+            for end in self._chunk_ends(hit, prompt_len):
+                self._cache_unfinished(seq, end)
+        self._stats.prefix_cache_queries += prompt_len
+        self._stats.prefix_cache_hits += hit
+        return hit
+
+    def _planned_growth(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
+        """The growths' new full slots (a Mamba slot is updated in place)."""
+        return sum(
+            self._pages(seq.num_tokens + tokens) - self._pages(seq.num_tokens)
+            for seq, tokens in self._growths(seq_ids, num_tokens)
+        )
+
+    def grow_each(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
+        """Every sequence or none: the full pool is checked for the growths together, then evicts its
+        shortfall."""
+        needed = self._planned_growth(seq_ids, num_tokens)
+        room = self._room(FULL)
+        if needed > room:
+            raise self._refuse(f"growing sequences {list(seq_ids)}", (needed, 0), (room, 0))
+        self._make_free(FULL, needed)
+        for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+            seq = self.sequences[seq_id]
+            self._account(seq, -1)
+            seq.num_tokens += tokens
+            self._account(seq, +1)
+        return [self.growth_room(seq_id) for seq_id in seq_ids]
+
+    def fits_growth(self, seq_ids: list[int], num_tokens: int) -> bool:
+        return self._planned_growth(seq_ids, [num_tokens] * len(seq_ids)) <= self._room(FULL)
+
+    def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
+        parent = self._get(parent_id)
+        for child in children:
+            if (
+                child.seq_id in self.sequences
+                or not parent.num_tokens <= child.final_len <= self.max_model_len
+            ):
+                raise PolicyInputError(
+                    f"fork of {parent_id}: child {child.seq_id} is in use or its length is out of range"
+                )
+        caches = self.radix and parent.num_tokens > parent.tree_len
+        states = len(children) + caches  # (its copy cached at the parent's end needs a slot first)
+        if states > self._room(MAMBA):
+            raise self._refuse(f"forking sequence {parent_id}", (0, states), (0, self._room(MAMBA)))
+        if caches:
+            self._cache_unfinished(parent, parent.num_tokens)
+        end = self._pages(parent.num_tokens)
+        needs = ((end - parent.tree_len) * len(children), len(children))
+        rooms = (self._room(FULL), self._room(MAMBA))
+        if needs[FULL] > rooms[FULL] or needs[MAMBA] > rooms[MAMBA]:
+            raise self._refuse(f"forking sequence {parent_id}", needs, rooms)
+        self._make_free(MAMBA, needs[MAMBA])
+        self._make_free(FULL, needs[FULL])
+        for child in children:
+            seq = MambaSequence(
+                child.seq_id, child.final_len, child.output_content_id, parent.namespace,
+                sequence_segments(parent), parent.num_tokens, parent.last_node,
+                tree_len=parent.tree_len, num_tokens=parent.num_tokens,
+            )  # fmt: skip
+            self._lock(seq, parent.last_node)
+            self.sequences[child.seq_id] = seq
+            self._account(seq, +1)
+            self._stats.fork_copied_tokens += parent.num_tokens - parent.tree_len
+
+    def free(self, seq_id: int, finished: bool = True) -> None:
+        """``cache_finished_req`` for a finished sequence (its tokens inserted, its own Mamba slot the
+        state at their end unless that node has one); a preempted one only frees its own slots."""
+        seq = self._get(seq_id)
+        self._account(seq, -1)
+        if finished and self.radix:
+            self.tree.insert(seq.key(seq.num_tokens), seq.namespace)
+        self.tree.unlock(seq.last_node)
+        del self.sequences[seq_id]
+
+    def growth_room(self, seq_id: int) -> int:
+        """Tokens before its next new page."""
+        seq = self._get(seq_id)
+        return min(self._pages(seq.num_tokens), seq.final_len) - seq.num_tokens
+
+    def available_slots(self) -> int:
+        """The full pool's free plus evictable slots (the scheduler's token budget)."""
+        return self._room(FULL)
+
+    def prepare_decode_step(self, num_sequences: int) -> None:
+        """A page per decoding request free in the full pool before a decode step (the ``radix``
+        policy's rule)."""
+        self._make_free(FULL, num_sequences * self.page_size)
+
+    # -- accounting -------------------------------------------------------------------------------
+    def pool_breakdown(self, index: int) -> Breakdown:
+        """Pool ``index``'s breakdown (0: full attention, 1: Mamba); sums to the pool."""
+        tree = self.tree
+        if index == MAMBA:
+            return (
+                tree.states_locked + len(self.sequences),
+                0,
+                0,
+                0,
+                tree.states - tree.states_locked,
+                self._free(MAMBA),
+            )
+        own = self._own
+        return (
+            tree.full_locked + own.tokens,
+            own.target - own.tokens,
+            own.slots - own.target,
+            self.pool_tokens[FULL] - self.page_slots[FULL],
+            tree.full_tokens - tree.full_locked,
+            self._free(FULL),
+        )
+
+    def group_entries(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The two pools; a Mamba slot holds no token."""
+        return tuple(group.name for group in self.groups), (True, False)
+
+    def sharing_slots(self) -> tuple[int, int]:
+        tree, own, running = self.tree, self._own, len(self.sequences)
+        physical = tree.full_locked + own.slots + tree.states_locked + running
+        return physical, self._tree_held + own.slots + self._states_held + running

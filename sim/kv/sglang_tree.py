@@ -1,0 +1,187 @@
+"""What SGLang's two hybrid radix caches share in kvsim: a coordinator over two pools of their own, one
+tree holding slots in both, and sequences that lock a tree path and hold their own tokens after it
+(``sim/kv/sglang_swa_radix.py``: full attention and sliding window; ``sim/kv/sglang_mamba_radix.py``:
+full attention and Mamba states). Each pool's breakdown sums to that pool; the totals are their sums.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from policies._radix_tree import Key
+from policies.base import (
+    NO_HIT,
+    MemoryBreakdown,
+    PolicyInputError,
+    PolicyStats,
+    PrefixHit,
+    unknown_sequence,
+)
+from policies.prefix import block_pieces
+from sim.kv.coordinator import Breakdown, KVCoordinator
+from token_content import Segment, TokenContent, content_length, validate_content
+
+__all__ = ["OwnSlots", "SGLangTreeCoordinator", "content_key", "prompt_key"]
+
+
+@dataclass
+class OwnSlots:
+    """Sums over the live sequences of one pool's own slots: tokens, slots (whole pages), and the
+    slots of those they will fill."""
+
+    tokens: int = 0
+    slots: int = 0
+    target: int = 0
+
+
+def content_key(segments: Sequence[Segment], num_tokens: int) -> Key:
+    """The first ``num_tokens`` tokens of ``segments`` (empty ones skipped) as a tree key."""
+    kept = [segment for segment in segments if segment[1] > 0]
+    ends, total = [], 0
+    for _, length in kept:
+        total += length
+        ends.append(total)
+    return block_pieces(kept, ends, 0, num_tokens)
+
+
+def prompt_key(prompt: TokenContent, prompt_len: int, page_size: int) -> Key:
+    """What admission matches: the prompt without its last token, in whole pages."""
+    return content_key(prompt, (prompt_len - 1) // page_size * page_size)
+
+
+class TreeSequence(Protocol):
+    """What the shared code reads of a sequence."""
+
+    seq_id: int
+    final_len: int
+    output_content_id: int
+    base: tuple[Segment, ...]
+    base_len: int
+    num_tokens: int
+
+
+class _Tree(Protocol):
+    def longest_match(self, key: Key, namespace: int) -> Any: ...
+
+    def match_prefix(self, key: Key, namespace: int) -> tuple[Any, int]: ...
+
+
+def sequence_segments(seq: TreeSequence) -> tuple[Segment, ...]:
+    """A sequence's content: its base, then the tokens it generated itself."""
+    generated = seq.num_tokens - seq.base_len
+    own = ((seq.output_content_id, generated),) if generated > 0 else ()
+    return (*[segment for segment in seq.base if segment[1] > 0], *own)
+
+
+class SGLangTreeCoordinator(KVCoordinator):
+    """The shared part (see the module docstring); a subclass sets :attr:`tree`, :attr:`pool_tokens`,
+    :attr:`page_slots`, builds its groups and gives :meth:`pool_breakdown`."""
+
+    tree: _Tree
+    page_size: int
+    max_model_len: int
+    pool_tokens: tuple[int, int]
+    page_slots: tuple[int, int]
+    sequences: dict[int, Any]
+    _stats: PolicyStats
+
+    def _part(self, index: int) -> Callable[[], Breakdown]:
+        return lambda: self.pool_breakdown(index)
+
+    def _pages(self, tokens: int) -> int:
+        """Slots of the whole pages holding ``tokens`` tokens."""
+        return -(-tokens // self.page_size) * self.page_size
+
+    # -- prefix hits ------------------------------------------------------------------------------
+    def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        validate_content(prompt, "looked-up prompt", PolicyInputError)
+        prompt_len = content_length(prompt)
+        if prompt_len <= 0:
+            return NO_HIT
+        matched = self.tree.longest_match(prompt_key(prompt, prompt_len, self.page_size), namespace).length
+        return PrefixHit(matched) if matched else NO_HIT
+
+    def match(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        """The scheduler's ``match_prefix``: splits and refreshes the tree."""
+        validate_content(prompt, "matched prompt", PolicyInputError)
+        prompt_len = content_length(prompt)
+        if prompt_len <= 0:
+            return NO_HIT
+        _, matched = self.tree.match_prefix(prompt_key(prompt, prompt_len, self.page_size), namespace)
+        return PrefixHit(matched) if matched else NO_HIT
+
+    # -- sequences --------------------------------------------------------------------------------
+    def _check_new(self, seq_id: int, prompt: TokenContent, final_len: int) -> int:
+        if seq_id in self.sequences:
+            raise PolicyInputError(f"sequence {seq_id} is already allocated")
+        validate_content(prompt, f"prompt of sequence {seq_id}", PolicyInputError)
+        prompt_len = content_length(prompt)
+        if prompt_len <= 0 or not prompt_len <= final_len <= self.max_model_len:
+            raise PolicyInputError(
+                f"sequence {seq_id}: needs 0 < prompt ({prompt_len}) <= final_len ({final_len}) <= "
+                f"max_model_len ({self.max_model_len})"
+            )
+        return prompt_len
+
+    def _get(self, seq_id: int) -> Any:
+        try:
+            return self.sequences[seq_id]
+        except KeyError:
+            raise unknown_sequence(seq_id) from None
+
+    def _growths(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> Iterator[tuple[Any, int]]:
+        """Each growth's sequence and tokens, checked (distinct ids, within its final length)."""
+        if len(seq_ids) != len(num_tokens) or len(set(seq_ids)) != len(seq_ids):
+            raise PolicyInputError(f"grow_each needs distinct sequence ids, one token count each: {seq_ids}")
+        for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+            seq = self._get(seq_id)
+            if tokens <= 0 or seq.num_tokens + tokens > seq.final_len:
+                raise PolicyInputError(
+                    f"sequence {seq_id}: cannot grow {seq.num_tokens} by {tokens} tokens (final length {seq.final_len})"
+                )
+            yield seq, tokens
+
+    def grow(self, seq_id: int, num_tokens: int) -> None:
+        self.grow_each([seq_id], [num_tokens])
+
+    def seq_len(self, seq_id: int) -> int:
+        return self._get(seq_id).num_tokens
+
+    # -- accounting -------------------------------------------------------------------------------
+    def pool_breakdown(self, index: int) -> Breakdown:
+        raise NotImplementedError
+
+    def group_breakdown_values(self) -> tuple[int, ...]:
+        return self.pool_breakdown(0) + self.pool_breakdown(1)
+
+    def breakdown_values(self) -> Breakdown:
+        first, second = self.pool_breakdown(0), self.pool_breakdown(1)
+        used, reserved, internal, external, cached, free = (a + b for a, b in zip(first, second, strict=True))
+        return used, reserved, internal, external, cached, free
+
+    def breakdown_bytes(self) -> dict[str, int]:
+        """Each pool's slots at its own group's ``slot_bytes``."""
+        totals = dict.fromkeys(MemoryBreakdown.CATEGORIES, 0)
+        for index, group in enumerate(self.groups):
+            for name, value in zip(MemoryBreakdown.CATEGORIES, self.pool_breakdown(index), strict=True):
+                totals[name] += value * group.slot_bytes
+        return totals
+
+    def host_breakdown_values(self) -> tuple[int, int]:
+        return 0, 0
+
+    @property
+    def stats(self) -> PolicyStats:
+        return self._stats
+
+    def evictions(self) -> int:
+        return self._stats.evictions
+
+    def cow_copies(self) -> int:
+        return 0  # (a fork copies its parent's own tokens; nothing is copied on write)
+
+    @property
+    def host_tier(self) -> None:
+        return None

@@ -1,0 +1,356 @@
+"""``policy: sglang-hybrid`` on a model with Mamba / linear-attention layers: SGLang's full-attention
+token pool and Mamba state pool, sized by hand from SGLang's formula
+(``sim/hardware/sglang_mamba_capacity.py``), a stream worked by hand through the Mamba radix cache
+(``sim/kv/sglang_mamba_radix.py`` over ``policies/_mamba_radix_tree.py``: a hit ends at a cached
+state, the Mamba pool evicts, a request is refused for want of a Mamba slot), random operations
+keeping each pool's breakdown whole, runs beside vllm-hybrid, and the options that do not apply."""
+
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies._mamba_radix_tree import MambaNode, MambaRadixTree
+from policies.base import ChildSpec, OutOfKVMemory
+from sim.config import validate_experiment
+from sim.hardware.sglang_mamba_capacity import sglang_mamba_kv_capacity
+from sim.kv.allocators import SGLangMambaLayout, sglang_hybrid_layout
+from sim.kv.sglang_mamba_radix import MambaRadixCoordinator
+from sim.runner import prepare_experiment
+from tests.test_hybrid_runs import BREAKDOWN, refused_with, run
+from tests.test_hybrid_runs import config as hybrid_config
+
+NEMOTRON = "Nemotron-H-8B-Base-8K"
+
+
+# -- sizing -------------------------------------------------------------------------------------------
+def test_nemotron_h_pools_by_hand():
+    """Nemotron-H-8B, 3e9 B of KV, mamba_full_memory_ratio 0.9, context 8,192. A Mamba slot: 24 Mamba2
+    layers of conv 3 x (8,192 + 2 x 8 x 128) = 30,720 elements at 2 B (bfloat16) = 61,440 B and SSM
+    128 x 64 x 128 = 1,048,576 elements at 4 B (float32) = 4,194,304 B: 4,255,744 B a layer,
+    102,137,856 B a request. The states take 3e9 x 0.9 / 1.9 = 1,421,052,631.6 B: int(// 102,137,856)
+    = 13 slots (1,327,792,128 B); the rest, 1,672,207,872 B, over a cell of 4 attention layers x
+    2 x 8 x 128 x 2 B = 16,384 B is 102,063 tokens (1,672,200,192 B). Running requests: SGLang's
+    default min(max(int(102,063 / 8,192 x 512) = 6,378, 2,048), 4,096) = 4,096, capped at 13 // 1 = 13
+    without the radix cache, 13 // 3 = 4 with it. Start-up lines: conv 24 x 30,720 x 2 B x 14 slots
+    (one pads) = 20,643,840 B = 0.02 GB; SSM 24 x 4,194,304 B x 14 = 1.3125 GB; K (and V) of 4 layers
+    x 8 x 128 x 2 B x 102,064 tokens = 836,108,288 B = 0.78 GB."""
+    plain = sglang_mamba_kv_capacity(NEMOTRON, 3_000_000_000, max_model_len=8192)
+    cached = sglang_mamba_kv_capacity(NEMOTRON, 3_000_000_000, max_model_len=8192, radix_cache=True)
+    assert plain.mamba_cache_per_req == 102_137_856 and plain.cell_size == 16_384
+    assert (plain.conv_state_bytes, plain.ssm_state_bytes) == (24 * 61_440, 24 * 4_194_304)
+    assert (plain.mamba_slots, plain.full_tokens) == (13, 102_063) == (cached.mamba_slots, cached.full_tokens)
+    assert (plain.max_running_requests, cached.max_running_requests) == (13, 4)
+    assert plain.pool_bytes == 13 * 102_137_856 + 102_063 * 16_384 <= 3_000_000_000
+    assert plain.groups == (("full", 4), ("mamba", 24)) and plain.state_label == "mamba2"
+    assert cached.capacity_lines() == [
+        "Mamba Cache is allocated. max_mamba_cache_size: 13, conv_state size: 0.02GB, ssm_state size: 1.31GB",
+        "KV Cache is allocated. #tokens: 102063, K size: 0.78 GB, V size: 0.78 GB",
+        "max_total_num_tokens=102063, max_running_requests=4, context_len=8192",
+    ]
+
+
+def test_qwen3_next_pools_by_hand_with_a_set_mamba_pool_and_ratio():
+    """Qwen3-Next-80B-A3B: 36 gated-delta-net layers of conv 3 x (2 x 16 x 128 + 32 x 128) = 24,576
+    elements at 2 B and SSM 32 x 128 x 128 = 524,288 at 4 B: 2,146,304 B a layer, 77,266,944 B a
+    request; 12 full layers x 2 x 2 x 256 x 2 B = 24,576 B a token. 20 GiB at ratio 0.5: the states
+    take 21,474,836,480 / 3 = 7,158,278,826.7 B: 92 slots (7,108,558,848 B); the rest 14,366,277,632 B
+    // 24,576 = 584,565 tokens. With max_mamba_cache_size 50: 50 x 77,266,944 = 3,863,347,200 B,
+    the rest 17,611,489,280 B // 24,576 = 716,613 tokens, pages of 16: 716,608."""
+    ratio = sglang_mamba_kv_capacity(
+        "Qwen3-Next-80B-A3B", 20 * 2**30, max_model_len=32768, mamba_full_memory_ratio=0.5
+    )
+    assert ratio.mamba_cache_per_req == 77_266_944 and ratio.cell_size == 24_576
+    assert (ratio.mamba_slots, ratio.full_tokens, ratio.max_running_requests) == (92, 584_565, 92)
+    fixed = sglang_mamba_kv_capacity(
+        "Qwen3-Next-80B-A3B", 20 * 2**30, max_model_len=32768, max_mamba_cache_size=50, page_size=16
+    )
+    assert (fixed.mamba_slots, fixed.full_tokens) == (50, 716_608)
+    # SGLang's SSM state at bfloat16 (SGLANG_MAMBA_SSM_DTYPE): 36 x (24,576 + 524,288) x 2 B (as vLLM).
+    bf16 = sglang_mamba_kv_capacity(
+        "Qwen3-Next-80B-A3B", 20 * 2**30, max_model_len=32768, mamba_ssm_dtype="bfloat16"
+    )
+    assert bf16.mamba_cache_per_req == 36 * 548_864 * 2 == 39_518_208
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"mamba_full_memory_ratio": 0}, "option mamba_full_memory_ratio must be a positive finite number"),
+        ({"mamba_full_memory_ratio": float("nan")}, "option mamba_full_memory_ratio must be"),
+        ({"max_mamba_cache_size": 0}, "option max_mamba_cache_size must be a positive integer, got 0"),
+        ({"mamba_ssm_dtype": "fp8"}, "option mamba_ssm_dtype must be one of SGLang's"),
+        (
+            {"radix_cache": True, "page_size": 16},
+            "option page_size 16: SGLang's Mamba radix cache runs pages",
+        ),
+        ({"max_mamba_cache_size": 2, "radix_cache": True}, "no request can run (3 Mamba slots per running"),
+    ],
+)
+def test_bad_pool_options_are_refused_naming_the_option(options, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sglang_mamba_kv_capacity(NEMOTRON, 3_000_000_000, max_model_len=8192, **options)
+
+
+def test_the_layout_takes_the_mamba_pools_for_a_mamba_model_and_refuses_the_other_kinds_options():
+    layout = sglang_hybrid_layout(NEMOTRON, 3_000_000_000, max_model_len=8192, prefill_tokens=2048)
+    assert isinstance(layout, SGLangMambaLayout) and layout.max_running_requests == 13
+    assert layout.pool.kv_pool_tokens == 102_063 + 13
+    kv = layout.make_coordinator()
+    assert isinstance(kv, MambaRadixCoordinator) and not kv.radix
+    assert kv.group_entries() == (("full", "mamba2"), (True, False))
+    assert [group.slot_bytes for group in kv.groups] == [16_384, 102_137_856]
+    with pytest.raises(ValueError, match="option swa_full_tokens_ratio sizes SGLang's sliding-window pool"):
+        sglang_hybrid_layout(
+            NEMOTRON, 3e9, max_model_len=8192, prefill_tokens=2048, swa_full_tokens_ratio=0.5
+        )
+    with pytest.raises(
+        ValueError, match="option max_mamba_cache_size sizes SGLang's Mamba pool; gpt-oss-20b"
+    ):
+        sglang_hybrid_layout(
+            "gpt-oss-20b", 1_500_000_000, max_model_len=8192, prefill_tokens=8192, max_mamba_cache_size=4
+        )
+
+
+# -- the coordinator ------------------------------------------------------------------------------------
+def coordinator(full: int = 40, mamba: int = 4, *, radix: bool = True, chunk: int = 1000, page: int = 1):
+    return MambaRadixCoordinator(full, mamba, page, 100, chunk, (1, 1), ("full", "mamba2"), radix=radix)
+
+
+def pools(kv: MambaRadixCoordinator) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Each pool's breakdown (used, reserved, internal, external, cached, free), checked to sum to it."""
+    full, mamba = kv.pool_breakdown(0), kv.pool_breakdown(1)
+    assert sum(full) == kv.pool_tokens[0] and sum(mamba) == kv.pool_tokens[1]
+    assert min(full) >= 0 and min(mamba) >= 0
+    assert kv.group_breakdown_values() == full + mamba
+    return full, mamba
+
+
+def nodes(tree: MambaRadixTree) -> list[MambaNode]:
+    found, stack = [], [tree.root]
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        stack.extend(node.children.values())
+    return found[1:]
+
+
+def check_tree(tree: MambaRadixTree) -> None:
+    """The tree's counts are its nodes' (SGLang's evictable / protected sizes), a leaf is never a
+    tombstone, and the LRU lists hold every node and every node with a state."""
+    every = nodes(tree)
+    assert tree.full_tokens == sum(node.length for node in every)
+    assert tree.full_locked == sum(node.length for node in every if node.full_lock_ref)
+    assert tree.states == sum(node.has_state for node in every)
+    assert tree.states_locked == sum(1 for node in every if node.has_state and node.mamba_lock_ref)
+    assert all(node.has_state for node in every if not node.children)
+    assert all(node.full_lock_ref >= node.mamba_lock_ref >= 0 for node in every)
+    assert len(tree.full_lru) == len(every) and len(tree.mamba_lru) == tree.states
+
+
+A_OUT = 100  # A's output stream
+
+
+def test_a_stream_by_hand():
+    """40 full slots, 4 Mamba slots, pages of 1 token, no chunking."""
+    kv = coordinator()
+    # A: 10 prompt tokens; its prompt enters the tree with a copy of its state (n1, locked by A).
+    assert kv.admit(1, ((1, 10),), 15, A_OUT) == 0
+    assert pools(kv) == ((10, 0, 0, 0, 0, 30), (2, 0, 0, 0, 0, 2))
+    kv.grow(1, 5)
+    assert pools(kv) == ((15, 0, 0, 0, 0, 25), (2, 0, 0, 0, 0, 2))
+    # A finishes: its 15 tokens enter with its own slot as the state at 15 (leaf L15 under n1).
+    kv.free(1)
+    assert pools(kv) == ((0, 0, 0, 0, 15, 25), (0, 0, 0, 0, 2, 2))
+    # B: A's 15 tokens and 3 more: a hit of 15, ending at A's state; then its prompt's end (L18).
+    b_prompt = ((1, 10), (A_OUT, 5), (2, 3))
+    assert kv.lookup(b_prompt).cached_tokens == 15
+    assert kv.admit(2, b_prompt, 20, 200) == 15
+    assert pools(kv) == ((18, 0, 0, 0, 0, 22), (2, 0, 0, 0, 2, 0))
+    # C shares 12 tokens with A: the match splits L15 at 12, but a hit must end at a state: n1's 10.
+    c_prompt = ((1, 10), (A_OUT, 2), (3, 4))
+    assert kv.lookup(c_prompt).cached_tokens == 10
+    # Its admission needs 2 Mamba slots (its own, its prompt's cached copy): 2 evictable, 0 free,
+    # and locking n1 takes one: refused, naming the Mamba pool.
+    with pytest.raises(OutOfKVMemory, match=re.escape("needs 2 Mamba slots of the Mamba pool, 1 available")):
+        kv.admit(3, c_prompt, 20, 300)
+    assert kv.stats.allocation_failures == 1
+    # B finishes: the state at 18 exists already, so its own slot goes back.
+    kv.free(2)
+    assert pools(kv) == ((0, 0, 0, 0, 18, 22), (0, 0, 0, 0, 3, 1))
+    # C again: hit 10 (n1); its own slot is the free one; caching its prompt's end needs another:
+    # evict_mamba takes the least recently used unlocked state, L15's ([12, 15)), an internal node: a
+    # tombstone. C's prompt ends at a new leaf L16 under the split's upper half [10, 12).
+    assert kv.admit(3, c_prompt, 20, 300) == 10
+    assert kv.stats.evictions == 1
+    assert pools(kv) == ((16, 0, 0, 0, 6, 18), (2, 0, 0, 0, 2, 0))
+    # D, a new prompt: its own slot evicts the least recent state, L18's, a leaf: deleted, and with
+    # it its tombstone parent [12, 15) (3 + 3 full slots freed, 1 state); its cached copy then
+    # tombstones n1 (internal, unlocked since C's lock moved to L16).
+    assert kv.admit(4, ((5, 6),), 10, 400) == 0
+    assert kv.stats.evictions == 1 + (6 + 1) + 1
+    assert pools(kv) == ((22, 0, 0, 0, 0, 18), (4, 0, 0, 0, 0, 0))
+    check_tree(kv.tree)
+    # E: every Mamba slot a running request's or locked: refused though the full pool has room.
+    assert kv.can_admit(((7, 5),), 10) is False
+    with pytest.raises(OutOfKVMemory, match="of the Mamba pool, 0 available"):
+        kv.admit(5, ((7, 5),), 10, 500)
+    # D retracted: its own slots go back; its prompt stays cached (inserted at its prefill).
+    kv.free(4, finished=False)
+    assert pools(kv) == ((16, 0, 0, 0, 6, 18), (2, 0, 0, 0, 1, 1))
+    assert kv.stats.prefix_cache_hits == 15 + 10 + 0
+    kv.free(3)
+    check_tree(kv.tree)
+    assert kv.tree.full_locked == kv.tree.states_locked == 0
+
+
+def test_a_long_prompt_caches_a_state_at_every_chunk():
+    """Chunks of 4 tokens: a 10-token prompt is cached at 4, 8 and 10 (``cache_unfinished_req`` after
+    each chunk), so a prompt sharing its first 9 tokens hits 8. Three chunks need 3 Mamba slots."""
+    kv = coordinator(mamba=6, chunk=4)
+    kv.admit(1, ((1, 10),), 12, 100)
+    assert kv.tree.states == 3 and kv.tree.states_locked == 1
+    assert kv.lookup(((1, 9), (2, 3))).cached_tokens == 8
+    small = coordinator(mamba=2, chunk=4)
+    assert not small.can_admit(((1, 10),), 12) and small.can_admit(((1, 4),), 12)
+
+
+def test_without_the_radix_cache_a_request_holds_its_pages_and_one_mamba_slot():
+    """ChunkCache: pages of 4, no hits; a third request finds no Mamba slot."""
+    kv = coordinator(full=42, mamba=2, radix=False, page=4)
+    assert kv.admit(1, ((1, 10),), 14, 100) == 0
+    assert pools(kv) == ((10, 2, 0, 2, 0, 28), (1, 0, 0, 0, 0, 1))
+    kv.admit(2, ((1, 10),), 11, 200)
+    assert pools(kv) == ((20, 3, 1, 2, 0, 16), (2, 0, 0, 0, 0, 0))
+    with pytest.raises(OutOfKVMemory, match="needs 1 Mamba slots of the Mamba pool, 0 available"):
+        kv.admit(3, ((2, 3),), 5, 300)
+    kv.free(1)
+    assert kv.tree.full_tokens == 0 and pools(kv)[1] == (1, 0, 0, 0, 0, 1)
+
+
+PROMPTS = [((1, 6),), ((1, 4), (2, 5)), ((1, 6), (3, 2)), ((4, 3),), ((1, 2), (5, 7))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    radix=st.booleans(),
+    chunk=st.sampled_from([3, 100]),
+    operations=st.lists(
+        st.tuples(
+            st.sampled_from(["admit", "grow", "finish", "retract", "fork", "decode", "match"]),
+            st.integers(0, len(PROMPTS) - 1),
+            st.integers(1, 6),
+        ),
+        max_size=40,
+    ),
+)
+def test_random_operations_keep_each_pool_whole(radix, chunk, operations):
+    kv = coordinator(full=30, mamba=5, radix=radix, chunk=chunk, page=1 if radix else 2)
+    next_id = 0
+    for operation, index, amount in operations:
+        live = list(kv.sequences)
+        try:
+            if operation == "admit":
+                next_id += 1
+                kv.admit(next_id, PROMPTS[index], 20, 1000 + next_id)
+            elif operation == "grow" and live:
+                seq = live[index % len(live)]
+                tokens = min(amount, kv.sequences[seq].final_len - kv.seq_len(seq))
+                if tokens:
+                    kv.grow(seq, tokens)
+            elif operation in ("finish", "retract") and live:
+                kv.free(live[index % len(live)], finished=operation == "finish")
+            elif operation == "fork" and live:
+                next_id += 1
+                kv.fork(live[index % len(live)], [ChildSpec(next_id, 25, 1000 + next_id)])
+            elif operation == "decode":
+                kv.prepare_decode_step(len(live))
+            elif operation == "match":
+                kv.match(PROMPTS[index])
+        except OutOfKVMemory:
+            assert operation in ("admit", "grow", "fork")
+        pools(kv)
+        check_tree(kv.tree)
+    for seq in list(kv.sequences):
+        kv.free(seq)
+    assert kv.tree.full_locked == kv.tree.states_locked == 0
+    full, mamba = pools(kv)
+    assert full[0] == mamba[0] == 0
+
+
+# -- runs -----------------------------------------------------------------------------------------------
+def shared_prefix_config(variants: list[dict]) -> dict:
+    raw = hybrid_config(NEMOTRON, variants, max_model_len=8192, kv_cache_memory_bytes=3_000_000_000)
+    raw["workload"] = {
+        "num_requests": 60,
+        "arrival": {"kind": "poisson", "rate_per_s": 6},
+        "prompt_len": {"kind": "uniform", "low": 200, "high": 1200},
+        "output_len": {"kind": "uniform", "low": 20, "high": 200},
+        "shared_prefix": {
+            "num_prefixes": 3,
+            "prefix_len": {"kind": "uniform", "low": 1000, "high": 3000},
+            "zipf_s": 1.1,
+            "fraction": 0.9,
+        },
+    }
+    return raw
+
+
+OFF = {"name": "off", "policy": "sglang-hybrid"}
+ON = {
+    "name": "on",
+    "policy": "sglang-hybrid",
+    "engine": {"enable_prefix_caching": True, "max_num_batched_tokens": 512},
+}
+
+
+def test_nemotron_h_runs_with_and_without_the_radix_cache_and_both_pools_stay_whole(tmp_path):
+    """With chunks of 512 tokens, states are cached at every 512 past a hit, so the shared system
+    prompts hit; the running requests are capped at the Mamba pool's 13 (4 with the radix cache)."""
+    raw = shared_prefix_config([OFF, ON])
+    prepared = prepare_experiment(validate_experiment(raw), tmp_path / "c.yaml")
+    assert [variant.hybrid.max_running_requests for variant in prepared.variants] == [13, 4]
+    results = run(raw, tmp_path)
+    assert results["off"].summary["requests_finished"] == results["on"].summary["requests_finished"] == 60
+    assert not results["off"].summary.get("prefix_cache_hit_rate")
+    assert results["on"].summary["prefix_cache_hit_rate"] > 0.3
+    assert results["on"].capacity_lines[0].startswith("Mamba Cache is allocated. max_mamba_cache_size: 13")
+    for name in ("off", "on"):
+        series = pd.read_parquet(tmp_path / "out" / name / "timeseries.parquet")
+        assert (series[BREAKDOWN].sum(axis=1) == results[name].summary["kv_pool_tokens"]).all()
+        assert (series[BREAKDOWN] >= 0).all().all()
+
+
+@pytest.mark.parametrize(
+    ("model", "options", "caching", "message"),
+    [
+        (
+            NEMOTRON,
+            {"swa_full_tokens_ratio": 0.5},
+            False,
+            "variants.0.policy: sglang-hybrid: option swa_full_tokens_ratio",
+        ),
+        (NEMOTRON, {"page_size": 16}, True, "variants.0.policy: sglang-hybrid: option page_size 16"),
+        (
+            NEMOTRON,
+            {"mamba_full_memory_ratio": -1},
+            False,
+            "option mamba_full_memory_ratio must be a positive",
+        ),
+        (
+            "gpt-oss-20b",
+            {"mamba_full_memory_ratio": 0.5},
+            False,
+            "option mamba_full_memory_ratio sizes SGLang's Mamba",
+        ),
+    ],
+)
+def test_options_that_do_not_apply_are_refused_naming_the_key(tmp_path, model, options, caching, message):
+    raw = hybrid_config(
+        model, [{"name": "s", "policy": "sglang-hybrid", "options": options}], max_model_len=8192
+    )
+    refused_with(raw, {"engine": {"enable_prefix_caching": caching}}, message, tmp_path)
