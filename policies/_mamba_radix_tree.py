@@ -8,7 +8,7 @@ Read at sgl-project/sglang commit 00df707e8de4ab0110fb5527bf3c9dffc535671a,
 ``evict_full`` / ``evict_mamba`` / ``_evict_leaf_node``, ``inc_lock_ref`` / ``dec_lock_ref``,
 ``_iteratively_delete_tombstone_leaf``), its default strategy (``no_buffer``: pages of one token);
 no code is copied. The keys are the ``radix`` policy's (:class:`~policies._radix_tree.RadixKeys`),
-the two LRU lists the SWA tree's (:class:`~policies._swa_radix_tree.LRUList`). What the Mamba tree
+the two LRU lists the SWA tree's (:class:`~policies._two_pool_radix_tree.LRUList`). What the Mamba tree
 does, as SGLang runs it:
 
 - **States only where a sequence's insertion ended.** An insertion puts the inserted sequence's
@@ -38,8 +38,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from policies._radix_tree import Key, RadixKeys, key_length, split_key
-from policies._swa_radix_tree import LRUList
+from policies._radix_tree import Key, key_length, split_key
+from policies._two_pool_radix_tree import LRUList, TwoPoolRadixTree
 
 
 @dataclass(eq=False, slots=True)
@@ -70,10 +70,6 @@ def _sentinel(node_id: int) -> MambaNode:
     return MambaNode(node_id, (), 0, 0, None)
 
 
-def _full_evictable_leaf(node: MambaNode) -> bool:
-    return node.full_lock_ref == 0 and not node.children
-
-
 def _state_unlocked(node: MambaNode) -> bool:
     return node.mamba_lock_ref == 0
 
@@ -82,7 +78,7 @@ def _no_state(node: MambaNode) -> bool:
     return not node.has_state
 
 
-class MambaRadixTree(RadixKeys):
+class MambaRadixTree(TwoPoolRadixTree[MambaNode]):
     """See the module docstring. Keys passed in must be whole pages long."""
 
     def __init__(self, page_size: int):
@@ -235,19 +231,6 @@ class MambaRadixTree(RadixKeys):
             full_freed, states_freed = full_freed + more_full, states_freed + more_states
         return full_freed, states_freed
 
-    def _evict_full(self, wanted: int) -> tuple[int, int]:
-        full_freed = states_freed = 0
-        leaf = self.full_lru.least_recent(_full_evictable_leaf)
-        while leaf is not None and full_freed < wanted:
-            following = self.full_lru.next_newer(leaf, _full_evictable_leaf)
-            parent, freed = self._delete_leaf(leaf)
-            full_freed += freed
-            states_freed += 1
-            if not parent.children:  # a new leaf, maybe older than ``following``: scan again
-                following = self.full_lru.least_recent(_full_evictable_leaf)
-            leaf = following
-        return full_freed, states_freed
-
     def _evict_mamba(self, wanted: int) -> tuple[int, int]:
         """``evict_mamba``: ``states_freed`` counts the states, as SGLang's ``mamba_num_evicted``."""
         full_freed = states_freed = 0
@@ -264,25 +247,16 @@ class MambaRadixTree(RadixKeys):
             node = following
         return full_freed, states_freed
 
-    def _delete_leaf(self, leaf: MambaNode) -> tuple[MambaNode, int]:
-        """Delete an unlocked leaf (its tokens and state), then every tombstone ancestor it leaves an
-        unlocked leaf (``_iteratively_delete_tombstone_leaf``). Returns the first ancestor kept and
-        the full slots freed."""
-        assert leaf.has_state and leaf.full_lock_ref == 0 and leaf.mamba_lock_ref == 0
-        self.mamba_lru.remove(leaf)
-        self.states -= 1
-        freed = 0
-        node = leaf
-        while True:
-            parent = node.parent
-            assert parent is not None
-            del parent.children[self.child_key(node.namespace, node.key)]
-            self.full_lru.remove(node)
-            self.full_tokens -= node.length
-            freed += node.length
-            if parent is self.root or parent.children or parent.has_state or parent.full_lock_ref:
-                return parent, freed
-            node = parent
+    def _is_tombstone(self, node: MambaNode) -> bool:
+        return not node.has_state
+
+    def _second_pool_freed(self, leaf: MambaNode) -> int:
+        return 1  # (a leaf always holds a state: a tombstone leaf is deleted with the leaf below it)
+
+    def _release_second_pool(self, node: MambaNode) -> None:
+        if node.has_state:
+            self.mamba_lru.remove(node)
+            self.states -= 1
 
     # ------------------------------------------------------------------------------------ structure
     def _refresh(self, node: MambaNode) -> None:

@@ -156,7 +156,9 @@ class HiCachePool(HostPool):
         return self.used_tokens, self.capacity_blocks * block_size - self.used_tokens
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)  # (the SWA tree, policies/_swa_radix_tree.py, is not compiled)
+@mypyc_attr(
+    allow_interpreted_subclasses=True
+)  # (the SWA and Mamba trees, policies/_two_pool_radix_tree.py, are not compiled)
 class RadixKeys:
     """What every radix tree over token content does with its keys, whatever its nodes hold (this
     module's :class:`RadixTree`; SGLang's SWA tree, :mod:`policies._swa_radix_tree`): children are

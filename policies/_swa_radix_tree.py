@@ -46,11 +46,11 @@ early release of a decoding request's SWA lock (``dec_swa_lock_only``), KV event
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
 
-from policies._radix_tree import Key, RadixKeys, key_length, split_key
+from policies._radix_tree import Key, key_length, split_key
+from policies._two_pool_radix_tree import LRUList, TwoPoolRadixTree
 
 NO_UUID = 0  # (SGLang's ``swa_uuid = None``)
 
@@ -80,76 +80,6 @@ class SWAMatch:
     swa_unlocked: int = 0
 
 
-class TreeNode(Protocol):
-    """What :class:`LRUList` needs of a node: its parent (None at the root)."""
-
-    @property
-    def parent(self) -> Any: ...
-
-
-NodeT = TypeVar("NodeT", bound=TreeNode)
-
-
-class LRUList(Generic[NodeT]):
-    """SGLang's ``LRUList``: nodes from the most recently used (after :attr:`head`) to the least (before
-    :attr:`tail`), scanned from the tail for the first node a test accepts. ``head`` and ``tail``: two
-    sentinel nodes of the tree's kind (shared with the Mamba radix tree, :mod:`policies._mamba_radix_tree`)."""
-
-    def __init__(self, head: NodeT, tail: NodeT) -> None:
-        self.head = head
-        self.tail = tail
-        self._older: dict[NodeT, NodeT] = {self.head: self.tail}
-        self._newer: dict[NodeT, NodeT] = {self.tail: self.head}
-
-    def __contains__(self, node: NodeT) -> bool:
-        return node in self._newer and node is not self.tail
-
-    def __len__(self) -> int:
-        return len(self._newer) - 1
-
-    def insert_mru(self, node: NodeT) -> None:
-        self._link_after(self.head, node)
-
-    def reset_mru(self, node: NodeT) -> None:
-        self.remove(node)
-        self._link_after(self.head, node)
-
-    def reset_path_mru(self, node: NodeT, root: NodeT, skip: Callable[[NodeT], bool]) -> None:
-        """``node`` first, then each ancestor (but those ``skip`` names) just after its child."""
-        anchor = self.head
-        while node is not root:
-            if not skip(node):
-                self.remove(node)
-                self._link_after(anchor, node)
-                anchor = node
-            assert node.parent is not None
-            node = node.parent
-
-    def remove(self, node: NodeT) -> None:
-        newer, older = self._newer.pop(node), self._older.pop(node)
-        self._older[newer] = older
-        self._newer[older] = newer
-
-    def least_recent(self, accept: Callable[[NodeT], bool]) -> NodeT | None:
-        return self.next_newer(self.tail, accept)
-
-    def next_newer(self, node: NodeT, accept: Callable[[NodeT], bool]) -> NodeT | None:
-        """The first node more recently used than ``node`` that ``accept`` takes."""
-        candidate = self._newer[node]
-        while candidate is not self.head and not accept(candidate):
-            candidate = self._newer[candidate]
-        return None if candidate is self.head else candidate
-
-    def _link_after(self, anchor: NodeT, node: NodeT) -> None:
-        older = self._older[anchor]
-        self._older[anchor], self._newer[node] = node, anchor
-        self._older[node], self._newer[older] = older, node
-
-
-def _full_evictable_leaf(node: SWANode) -> bool:
-    return node.full_lock_ref == 0 and not node.children
-
-
 def _swa_unlocked(node: SWANode) -> bool:
     return node.swa_lock_ref == 0
 
@@ -158,7 +88,7 @@ def _is_tombstone(node: SWANode) -> bool:
     return node.swa_tombstone
 
 
-class SWARadixTree(RadixKeys):
+class SWARadixTree(TwoPoolRadixTree[SWANode]):
     """See the module docstring. ``window``: the sliding window, in tokens. Keys passed in must be whole
     pages long."""
 
@@ -340,20 +270,6 @@ class SWARadixTree(RadixKeys):
             full_freed, swa_freed = full_freed + more_full, swa_freed + more_swa
         return full_freed, swa_freed
 
-    def _evict_full(self, wanted: int) -> tuple[int, int]:
-        full_freed = swa_freed = 0
-        leaf = self.full_lru.least_recent(_full_evictable_leaf) if wanted > 0 else None
-        while leaf is not None and full_freed < wanted:
-            following = self.full_lru.next_newer(leaf, _full_evictable_leaf)
-            if not leaf.swa_tombstone:
-                swa_freed += leaf.length
-            parent, freed = self._delete_leaf(leaf)
-            full_freed += freed
-            if not parent.children:  # a new leaf, maybe older than ``following``: scan again
-                following = self.full_lru.least_recent(_full_evictable_leaf)
-            leaf = following
-        return full_freed, swa_freed
-
     def _evict_swa(self, wanted: int) -> tuple[int, int]:
         full_freed = swa_freed = 0
         node = self.swa_lru.least_recent(_swa_unlocked)
@@ -372,25 +288,16 @@ class SWARadixTree(RadixKeys):
         node.swa_tombstone = True
         self.swa_tokens -= node.length
 
-    def _delete_leaf(self, leaf: SWANode) -> tuple[SWANode, int]:
-        """Delete an unlocked leaf, then every tombstone ancestor it leaves an unlocked leaf
-        (``_iteratively_delete_tombstone_leaf``: a leaf is never a tombstone). Returns the first
-        ancestor kept and the full slots freed."""
-        freed = 0
-        node = leaf
-        while True:
-            parent = node.parent
-            assert parent is not None
-            del parent.children[self.child_key(node.namespace, node.key)]
-            self.full_lru.remove(node)
-            self.full_tokens -= node.length
-            freed += node.length
-            if not node.swa_tombstone:
-                self.swa_lru.remove(node)
-                self.swa_tokens -= node.length
-            if parent is self.root or parent.children or not parent.swa_tombstone or parent.full_lock_ref:
-                return parent, freed
-            node = parent
+    def _is_tombstone(self, node: SWANode) -> bool:
+        return node.swa_tombstone
+
+    def _second_pool_freed(self, leaf: SWANode) -> int:
+        return 0 if leaf.swa_tombstone else leaf.length
+
+    def _release_second_pool(self, node: SWANode) -> None:
+        if not node.swa_tombstone:
+            self.swa_lru.remove(node)
+            self.swa_tokens -= node.length
 
     # ------------------------------------------------------------------------------------ structure
     def _refresh(self, node: SWANode) -> None:

@@ -295,15 +295,7 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
         return self._planned_growth(seq_ids, [num_tokens] * len(seq_ids)) <= self._room(FULL)
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
-        parent = self._get(parent_id)
-        for child in children:
-            if (
-                child.seq_id in self.sequences
-                or not parent.num_tokens <= child.final_len <= self.max_model_len
-            ):
-                raise PolicyInputError(
-                    f"fork of {parent_id}: child {child.seq_id} is in use or its length is out of range"
-                )
+        parent = self._fork_parent(parent_id, children)
         caches = self.radix and parent.num_tokens > parent.tree_len
         states = len(children) + caches  # (its copy cached at the parent's end needs a slot first)
         if states > self._room(MAMBA):

@@ -288,15 +288,7 @@ class SWARadixCoordinator(SGLangTreeCoordinator):
         return full <= self._room(0) and swa <= self._room(1)
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
-        parent = self._get(parent_id)
-        for child in children:
-            if (
-                child.seq_id in self.sequences
-                or not parent.num_tokens <= child.final_len <= self.max_model_len
-            ):
-                raise PolicyInputError(
-                    f"fork of {parent_id}: child {child.seq_id} is in use or its length is out of range"
-                )
+        parent = self._fork_parent(parent_id, children)
         if parent.swa_start == parent.tree_len:
             # (It holds every own token's SWA slot, so its pages enter the tree whole and its lock's
             # window stays clear of tombstones; otherwise the children copy its own tokens.)

@@ -125,6 +125,20 @@ class SGLangTreeCoordinator(KVCoordinator):
             )
         return prompt_len
 
+    def _fork_parent(self, parent_id: int, children: Sequence[Any]) -> Any:
+        """The parent of a fork, its children checked: ids not in use, lengths from the parent's to
+        ``max_model_len``."""
+        parent = self._get(parent_id)
+        for child in children:
+            if (
+                child.seq_id in self.sequences
+                or not parent.num_tokens <= child.final_len <= self.max_model_len
+            ):
+                raise PolicyInputError(
+                    f"fork of {parent_id}: child {child.seq_id} is in use or its length is out of range"
+                )
+        return parent
+
     def _get(self, seq_id: int) -> Any:
         try:
             return self.sequences[seq_id]
