@@ -1516,6 +1516,17 @@ def _tokens_per_decode_step(finished: pd.DataFrame) -> float | None:
     return float(finished["decode_step_tokens"].sum()) / steps if steps else None
 
 
+def _kv_pool_bytes(engine: Engine | ClusterTotals, pool: PoolSpec) -> int:
+    """The pool's bytes per GPU: its slots at one token's bytes, or, where KV groups or pools hold
+    slots of different sizes (a Mamba state beside per-token K/V), the sum of their breakdown in
+    bytes, which the accounting identity keeps equal to the pool at every instant."""
+    kv = getattr(engine, "kv", None)
+    breakdown_bytes = getattr(kv, "breakdown_bytes", None)
+    if breakdown_bytes is None:
+        return pool.kv_pool_tokens * pool.kv_bytes_per_token
+    return sum(breakdown_bytes().values())
+
+
 def summarize(
     engine: Engine | ClusterTotals,
     requests: pd.DataFrame,
@@ -1543,7 +1554,7 @@ def summarize(
         "expert_parallel_size": capacity.expert_parallel_size,
         "max_model_len": max_model_len,
         "kv_pool_tokens": pool.kv_pool_tokens,
-        "kv_pool_bytes": pool.kv_pool_tokens * pool.kv_bytes_per_token,
+        "kv_pool_bytes": _kv_pool_bytes(engine, pool),
         "kv_bytes_per_token": pool.kv_bytes_per_token,
         "kv_groups": kv_groups,
         "num_gpu_blocks": capacity.num_gpu_blocks,

@@ -319,7 +319,14 @@ def test_nemotron_h_runs_with_and_without_the_radix_cache_and_both_pools_stay_wh
     assert not results["off"].summary.get("prefix_cache_hit_rate")
     assert results["on"].summary["prefix_cache_hit_rate"] > 0.3
     assert results["on"].capacity_lines[0].startswith("Mamba Cache is allocated. max_mamba_cache_size: 13")
-    for name in ("off", "on"):
+    for name, variant in zip(("off", "on"), prepared.variants, strict=True):
+        # The summary's pool in bytes: the full pool's tokens at a token's bytes in the full layers
+        # plus the Mamba slots at a request's states (not every slot at one token's bytes).
+        capacity = variant.hybrid.capacity
+        pool_bytes = (
+            capacity.full_tokens * capacity.cell_size + capacity.mamba_slots * capacity.mamba_cache_per_req
+        )
+        assert results[name].summary["kv_pool_bytes"] == pool_bytes
         series = pd.read_parquet(tmp_path / "out" / name / "timeseries.parquet")
         assert (series[BREAKDOWN].sum(axis=1) == results[name].summary["kv_pool_tokens"]).all()
         assert (series[BREAKDOWN] >= 0).all().all()
