@@ -20,6 +20,7 @@ from sim.config import validate_experiment
 from sim.hardware.sglang_mamba_capacity import sglang_mamba_kv_capacity
 from sim.kv.allocators import SGLangMambaLayout, sglang_hybrid_layout
 from sim.kv.sglang_mamba_radix import MambaRadixCoordinator
+from sim.kv.sglang_tree import prompt_key
 from sim.runner import prepare_experiment
 from tests.test_hybrid_runs import BREAKDOWN, refused_with, run
 from tests.test_hybrid_runs import config as hybrid_config
@@ -230,6 +231,95 @@ def test_without_the_radix_cache_a_request_holds_its_pages_and_one_mamba_slot():
         kv.admit(3, ((2, 3),), 5, 300)
     kv.free(1)
     assert kv.tree.full_tokens == 0 and pools(kv)[1] == (1, 0, 0, 0, 0, 1)
+
+
+def test_a_hit_never_ends_at_a_split_s_upper_half():
+    """A's 10 tokens are cached (state at 10); B shares 6 of them, so its match splits that node at 6:
+    the upper half [0, 6) has no state. C then walks the whole upper half and no further: the deepest
+    state on its way is none, so both the lookup and the match serve nothing."""
+    kv = coordinator()
+    kv.admit(1, ((1, 10),), 10, A_OUT)
+    kv.free(1)
+    kv.admit(2, ((1, 6), (2, 4)), 10, 200)
+    kv.free(2)
+    c_prompt = ((1, 6), (3, 4))
+    assert kv.tree.longest_match(prompt_key(c_prompt, 10, 1), 0).length == 0
+    assert kv.lookup(c_prompt).cached_tokens == 0 == kv.match(c_prompt).cached_tokens
+
+
+def test_locking_a_node_whose_state_a_running_request_holds_takes_nothing_more():
+    """A runs with its prompt's state (at 6) locked: locking that node again takes no full slot and no
+    state out of the evictable cache; once A has finished it would take the path's 6 slots and the state."""
+    kv = coordinator()
+    kv.admit(1, ((1, 6),), 10, A_OUT)
+    node = kv.sequences[1].last_node
+    assert kv.tree.unlocked_by_lock(node) == (0, 0)
+    kv.free(1)
+    assert kv.tree.unlocked_by_lock(node) == (6, 1)
+
+
+def test_an_insertion_that_revives_a_tombstone_counts_its_state():
+    """Chunks of 4: A's 10-token prompt is cached at 4, 8 and 10; after A finishes, the least recently
+    used state is the one at 4 (A's final insertion refreshed 4, then 8, then 10), an inner node:
+    evicting one state makes it a tombstone. B's prompt, A's first 4 tokens and 2 of its own, misses
+    (a hit ends at a state) and caches its first chunk's end, 4: the tombstone gets a state again.
+    States: 8, 10, 4 and B's 6 = 4, B's the one locked; the Mamba pool (6 slots): used 1 + B's own 1,
+    cached 3, free 6 - 4 - 1 = 1."""
+    kv = coordinator(mamba=6, chunk=4)
+    kv.admit(1, ((1, 10),), 10, A_OUT)
+    kv.free(1)
+    assert kv.tree.evict(0, 1) == (0, 1) and kv.tree.states == 2
+    assert kv.admit(2, ((1, 4), (9, 2)), 8, 200) == 0
+    assert kv.tree.states == 4
+    assert pools(kv)[1] == (2, 0, 0, 0, 3, 1)
+    check_tree(kv.tree)
+
+
+def test_prefill_chunks_are_counted_from_the_hit():
+    """Chunks of 4, 4 Mamba slots. A (8 tokens, running) leaves states at 4 and 8 and locks 8's. C's
+    11 tokens hit 8 and need one chunk past it, so two Mamba slots: its own and its prompt's cached
+    copy. Room: 4 - 2 states - A's own = 1 free, and 4's state evictable: 2, and locking 8's takes
+    nothing (A holds it): C fits. Admitted, its cached copy evicts 4's state (an inner node: a
+    tombstone). States: 8 (A's lock) and 11 (C's), both locked, plus the two own slots: the Mamba
+    pool is full and used; the full pool holds the tree's 11 tokens, all locked."""
+    kv = coordinator(mamba=4, chunk=4)
+    kv.admit(1, ((1, 8),), 10, A_OUT)
+    c_prompt = ((1, 8), (2, 3))
+    assert kv.can_admit(c_prompt, 12)
+    assert kv.admit(2, c_prompt, 12, 200) == 8
+    assert kv.stats.evictions == 1
+    assert pools(kv) == ((11, 0, 0, 0, 0, 29), (4, 0, 0, 0, 0, 0))
+    check_tree(kv.tree)
+
+
+def test_a_retracted_request_inserts_nothing():
+    """A's 6-token prompt is cached at admission; it decodes 3 tokens and is retracted: its own 3
+    slots and its Mamba slot go back, the tree keeps only the prompt (SGLang's ``is_insert=False``)."""
+    kv = coordinator()
+    kv.admit(1, ((1, 6),), 10, A_OUT)
+    kv.grow(1, 3)
+    kv.free(1, finished=False)
+    assert (kv.tree.full_tokens, kv.tree.states) == (6, 1)
+    assert pools(kv) == ((0, 0, 0, 0, 6, 34), (0, 0, 0, 0, 1, 3))
+
+
+def test_a_fork_counts_the_slot_of_the_parent_s_state_cached_first():
+    """4 Mamba slots: A (6 prompt tokens, cached, 2 decoded) holds its own slot and locks its prompt's
+    state: 2 free, none evictable. Two children need their two slots and, first, one for A's state at
+    8 cached before they copy it: 3 > 2, refused before anything changes; one child fits (2). Then A
+    and the child lock the state at 8, and the one at 6 is unlocked: used 1 + 2 own slots, cached 1."""
+    kv = coordinator()
+    kv.admit(1, ((1, 6),), 20, A_OUT)
+    kv.grow(1, 2)
+    with pytest.raises(
+        OutOfKVMemory,
+        match=re.escape("forking sequence 1 needs 3 Mamba slots of the Mamba pool, 2 available"),
+    ):
+        kv.fork(1, [ChildSpec(2, 20, 200), ChildSpec(3, 20, 300)])
+    assert (kv.tree.full_tokens, kv.tree.states) == (6, 1)
+    kv.fork(1, [ChildSpec(2, 20, 200)])
+    assert (kv.tree.full_tokens, kv.tree.states) == (8, 2)
+    assert pools(kv)[1] == (3, 0, 0, 0, 1, 0)
 
 
 PROMPTS = [((1, 6),), ((1, 4), (2, 5)), ((1, 6), (3, 2)), ((4, 3),), ((1, 2), (5, 7))]
