@@ -1527,6 +1527,12 @@ def _kv_pool_bytes(engine: Engine | ClusterTotals, pool: PoolSpec) -> int:
     return sum(breakdown_bytes().values())
 
 
+def _kv_context_tokens(engine: Engine | ClusterTotals, pool: PoolSpec) -> int:
+    """Tokens of context one replica's pool holds (``KVCoordinator.context_tokens``: a hybrid pool's
+    slots count a token once per layer group); the pool's slots where a cluster's replicas differ."""
+    return getattr(getattr(engine, "kv", None), "context_tokens", 0) or pool.kv_pool_tokens
+
+
 def summarize(
     engine: Engine | ClusterTotals,
     requests: pd.DataFrame,
@@ -1554,6 +1560,7 @@ def summarize(
         "expert_parallel_size": capacity.expert_parallel_size,
         "max_model_len": max_model_len,
         "kv_pool_tokens": pool.kv_pool_tokens,
+        "kv_context_tokens": _kv_context_tokens(engine, pool),
         "kv_pool_bytes": _kv_pool_bytes(engine, pool),
         "kv_bytes_per_token": pool.kv_bytes_per_token,
         "kv_groups": kv_groups,

@@ -321,17 +321,13 @@ def test_a_batch_under_one_request_rises_relative_to_one_request():
     assert got["waiting_rise"] == 0.0 and got["kv_usage_rise"] == pytest.approx(0.0)
 
 
-def test_steady_memory_shares_come_from_the_exact_areas():
-    """The window of test_steady_window_by_hand, [2.0, 8.1], over a series whose used tokens grow
-    inside a jump: 60 at t=2, then 70 and 80 at the next iterations (3 and 4 s, no rows), 90 at the
-    jump's end (5 s), 40 from 6 s. Used area from 0: 80 at 2 s, 80 + 60 + 70 + 80 = 290 at 5 s, 380
-    at 6 s, 620 at 12 s, and at 8.1 s 380 + 40 x 2.1 = 464: mean (464 - 80) / 6.1 slots. The
-    trapezoid rule between rows would count (60 + 90) / 2 x 3 = 225 for [2, 5) instead of 210."""
+def exact_area_series() -> pd.DataFrame:
+    """test_steady_memory_shares_come_from_the_exact_areas's series: 100 slots, used tokens rising inside a jump."""
     times = [0.0, 2.0, 5.0, 6.0, 12.0]
     used = [40.0, 60.0, 90.0, 40.0, 0.0]
     used_area = [0.0, 80.0, 290.0, 380.0, 620.0]
     constant = {"reserved": 10.0, "internal_fragmentation": 5.0, "external_fragmentation": 0.0, "cached": 0.0}
-    series = pd.DataFrame(
+    return pd.DataFrame(
         {
             "time_s": times,
             "used_tokens": used,
@@ -348,6 +344,15 @@ def test_steady_memory_shares_come_from_the_exact_areas():
             "admission_blocker": [0] * 5,
         }
     )
+
+
+def test_steady_memory_shares_come_from_the_exact_areas():
+    """The window of test_steady_window_by_hand, [2.0, 8.1], over a series whose used tokens grow
+    inside a jump: 60 at t=2, then 70 and 80 at the next iterations (3 and 4 s, no rows), 90 at the
+    jump's end (5 s), 40 from 6 s. Used area from 0: 80 at 2 s, 80 + 60 + 70 + 80 = 290 at 5 s, 380
+    at 6 s, 620 at 12 s, and at 8.1 s 380 + 40 x 2.1 = 464: mean (464 - 80) / 6.1 slots. The
+    trapezoid rule between rows would count (60 + 90) / 2 x 3 = 225 for [2, 5) instead of 210."""
+    series = exact_area_series()
     got = steady_metrics(ten_requests(), series, 100, SteadyWindow(0.2, 0.1))
     assert (got["window_start_s"], got["window_end_s"]) == pytest.approx((2.0, 8.1))
     assert got["mean_used_frac"] == pytest.approx((464 - 80) / 6.1 / 100, rel=1e-12)

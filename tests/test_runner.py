@@ -93,6 +93,7 @@ def test_summary_of_a_hand_made_table():
         "expert_parallel_size": 1,
         "max_model_len": 64,
         "kv_pool_tokens": 160,
+        "kv_context_tokens": 160,
         "kv_pool_bytes": 480,
         "kv_bytes_per_token": 3,
         "num_gpu_blocks": 10,

@@ -124,8 +124,9 @@ class _Now:
 
 
 class _Stats:
-    def __init__(self, stats: PolicyStats):
+    def __init__(self, stats: PolicyStats, context_tokens: int = 0):
         self.stats = stats
+        self.context_tokens = context_tokens
 
 
 class _TotalRecorder:
@@ -145,7 +146,12 @@ class ClusterTotals:
     def __init__(self, replicas: list, total: pd.DataFrame):
         now = replicas[0].env.now
         self.env = _Now(now)
-        self.kv = _Stats(summed_dataclass([replica.kv.stats for replica in replicas], PolicyStats))
+        # (Per replica, as the summary's pool: 0, unknown, where replicas' pools differ.)
+        contexts = {replica.kv.context_tokens for replica in replicas}
+        self.kv = _Stats(
+            summed_dataclass([replica.kv.stats for replica in replicas], PolicyStats),
+            contexts.pop() if len(contexts) == 1 else 0,
+        )
         self.counters = summed_dataclass([replica.counters for replica in replicas], Counters)
         self.wakeups = sum(replica.wakeups for replica in replicas)
         areas = [replica.recorder.areas(now) for replica in replicas]

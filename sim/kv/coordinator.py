@@ -82,6 +82,10 @@ class KVCoordinator:
     slots_per_token: int = 1
     """Slots one more token of a sequence fills: one in each group whose slots hold tokens (a Mamba
     group's state block holds none)."""
+    context_tokens: int = 0
+    """Tokens of context the pool holds, counting only the layers that keep every token (full
+    attention): a window, a chunk or a state holds a bounded amount per sequence, so it is what
+    arrivals fill (the steady-state probe's fill time, ``sim/planning/sweeps/steady.py``)."""
     lookahead_slots: int = 0
     """Slots every decoding sequence holds past its tokens (speculative decoding): counted into the
     final length each sequence is admitted with."""
@@ -197,6 +201,7 @@ class SingleGroupCoordinator(KVCoordinator):
         self.groups = (group,)
         self.policy = group.policy
         self.pool_slots = group.policy.pool_slots
+        self.context_tokens = self.pool_slots
 
     def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
         return self.policy.lookup(prompt, namespace)
@@ -316,8 +321,20 @@ class MultiGroupCoordinator(KVCoordinator):
             shared.pool.pool_slots for shared in self._shared
         )
         self.slots_per_token = len(self._own) + sum(shared.token_groups for shared in self._shared)
+        self.context_tokens = self._context_tokens()
         # Prefix caching over a shared pool: its groups, full attention first (vLLM's order).
         self._caching: list[GroupManager] = self._caching_groups()
+
+    def _context_tokens(self) -> int:
+        """What fills first: a pool of its own holds every token; a shared pool its slots over its
+        full-attention groups (each token takes a slot in every one). A deployment with no
+        full-attention layer counts every group that holds tokens."""
+        capacities = [group.policy.pool_slots for group in self._own]
+        for shared in self._shared:
+            full_groups = sum(1 for manager in shared.managers if manager.kind == "full")
+            if full_groups:
+                capacities.append(shared.pool.pool_slots // full_groups)
+        return min(capacities) if capacities else self.pool_slots // max(1, self.slots_per_token)
 
     def _caching_groups(self) -> list[GroupManager]:
         caching = [shared for shared in self._shared if shared.pool.caches_prefixes]

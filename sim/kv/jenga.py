@@ -39,6 +39,7 @@ from policies.hybrid.block_pool import SharedBlockPool
 from policies.hybrid.group import GroupManager, GroupSequence
 from policies.hybrid.jenga_pages import LargePagePool, SmallPageAllocator, quotas
 from sim.hardware.jenga_capacity import JengaCapacity
+from sim.hardware.layers import FullAttention
 from sim.kv.allocators import group_manager  # (each layer kind's rules, as vllm-hybrid builds them)
 from sim.kv.coordinator import Breakdown, KVCoordinator, KVGroup
 from token_content import TokenContent, content_length
@@ -84,6 +85,13 @@ class JengaCoordinator(KVCoordinator):
             s // block_size for s, h in zip(self.page_slots, self.holds, strict=True) if h
         )
         self._token_groups = max(1, sum(self.holds))
+        # (A token takes a small page's share in every full-attention type: what fills the pool.)
+        full_slots = sum(
+            slots // block_size
+            for slots, group in zip(self.page_slots, capacity.groups, strict=True)
+            if isinstance(group.kind, FullAttention)
+        )
+        self.context_tokens = self.pool_slots // (full_slots or max(1, self.slots_per_token))
         self._stats = PolicyStats()
         self._requests: dict[int, int] = {}  # sequence -> the allocators' request id
         self._next_request = 0

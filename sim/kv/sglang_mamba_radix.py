@@ -137,6 +137,7 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
         self.pool_tokens = (full_tokens, mamba_slots)
         self.page_slots = (full_tokens // page_size * page_size, mamba_slots)
         self.pool_slots = full_tokens + mamba_slots
+        self.context_tokens = full_tokens  # (the full-attention pool holds every token)
         self.slots_per_token = 1
         self.sequences: dict[int, MambaSequence] = {}
         self._own = OwnSlots()

@@ -129,6 +129,7 @@ class SWARadixCoordinator(SGLangTreeCoordinator):
         self.pool_tokens = (full_tokens, swa_tokens)
         self.page_slots = (full_tokens // page_size * page_size, swa_tokens // page_size * page_size)
         self.pool_slots = full_tokens + swa_tokens
+        self.context_tokens = full_tokens  # (the full-attention pool holds every token)
         self.slots_per_token = 2
         self.sequences: dict[int, SWASequence] = {}
         self._own = (OwnSlots(), OwnSlots())

@@ -46,6 +46,12 @@ SUMMARY: Columns = {
         "Size of the KV pool in slots: vLLM's `GPU KV cache size` for a single-group policy. A hybrid "
         "allocator's slot is one token in one KV group (kv_groups), so a token takes a slot in each.",
     ),
+    "kv_context_tokens": (
+        "tokens",
+        "Tokens of context the KV pool holds, counting only the layers that keep every token (full "
+        "attention): kv_pool_tokens for a single-group policy; a hybrid pool's slots over its "
+        "full-attention groups (Jenga: layers); SGLang's full-attention pool. What arrivals fill.",
+    ),
     "kv_pool_bytes": ("bytes", "Size of the KV pool in bytes (per GPU)."),
     "kv_bytes_per_token": (
         "bytes",

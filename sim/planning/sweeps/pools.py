@@ -33,6 +33,14 @@ def total_pool_tokens(summary: dict[str, Any]) -> int:
     return summary["kv_pool_tokens"] * summary["replicas"]
 
 
+def total_context_tokens(summary: dict[str, Any]) -> int:
+    """Every replica's tokens of context together (``kv_context_tokens``: what arrivals fill); a
+    disaggregated cluster's, or a summary from before the key, its pools' slots."""
+    if "prefill_replicas" in summary or summary.get("kv_context_tokens") is None:
+        return total_pool_tokens(summary)
+    return summary["kv_context_tokens"] * summary["replicas"]
+
+
 def _p99(values: pd.Series) -> float | None:
     clean = values.dropna()
     return float(np.percentile(clean, 99)) if len(clean) else None

@@ -67,14 +67,21 @@ def window_and_fill_deficit(requests: pd.DataFrame, window: SteadyWindow) -> tup
 
 
 def steady_metrics(
-    requests: pd.DataFrame, timeseries: pd.DataFrame, pool_tokens: int, window: SteadyWindow
+    requests: pd.DataFrame,
+    timeseries: pd.DataFrame,
+    pool_tokens: int,
+    window: SteadyWindow,
+    context_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """Latencies, rates, memory shares and admission stops over the steady-state window."""
+    """Latencies, rates, memory shares and admission stops over the steady-state window.
+    ``pool_tokens``: the pool's slots (the memory shares' unit); ``context_tokens``: the tokens of
+    context it holds (``KVCoordinator.context_tokens``, the fill time's; None: ``pool_tokens``)."""
     start, end, fill_deficit = window_and_fill_deficit(requests, window)
     metrics = _window_metrics(requests, requests, timeseries, pool_tokens, window, start, end)
     head = ("window_start_s", "window_end_s", "window_requests")
     metrics = {key: metrics[key] for key in head} | {"fill_deficit_s": fill_deficit} | metrics
-    metrics |= stationarity(requests, timeseries, start, end, pool_tokens, window.trend_segments)
+    fill_tokens = pool_tokens if context_tokens is None else context_tokens
+    metrics |= stationarity(requests, timeseries, start, end, fill_tokens, window.trend_segments)
     return metrics
 
 
@@ -155,7 +162,9 @@ def stationarity(
     segments: int,
 ) -> dict[str, float | None]:
     """How far the probe is from a steady state: its arrival span in units of the time the arrivals
-    take to fill the KV pool (``fill_multiple``), and how much KV usage (share of the pool), the
+    take to fill the KV pool's ``pool_tokens`` tokens of context (``fill_multiple``; a hybrid pool's
+    slots count a token once per layer group, so its caller passes the context it holds), and how
+    much KV usage (share of the pool), the
     running batch (relative to it) and the waiting queue (requests, and share of the window's
     arrivals) rose from the window's first segment to its last.
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from sim.config import validate_experiment
 from sim.planning.sweeps.early_stop import StopRules, watch_factory
-from sim.planning.sweeps.pools import pool_metrics, total_pool_tokens
+from sim.planning.sweeps.pools import pool_metrics, total_context_tokens, total_pool_tokens
 from sim.planning.sweeps.steady import SteadyWindow, steady_metrics, stopped_metrics
 from sim.storage.folders import STAGING_MARKER, scratch_folder
 
@@ -106,7 +106,9 @@ def _simulate(task: PointTask) -> PointOutcome:
             if task.window is not None:
                 # A cluster's series is its total: over every replica's pool.
                 pool_tokens = total_pool_tokens(result.summary)
-                metrics = probe_metrics(result, pool_tokens, task.window)
+                metrics = probe_metrics(
+                    result, pool_tokens, task.window, total_context_tokens(result.summary)
+                )
                 (folder / result.name / STEADY_FILE).write_text(json.dumps(metrics, indent=2))
         summaries = [read_variant_summary(folder / result.name) for result in results]
         files = {
@@ -127,11 +129,13 @@ def _scratch(task: PointTask) -> Iterator[Path]:
             yield folder
 
 
-def probe_metrics(result: VariantResult, pool_tokens: int, window: SteadyWindow) -> dict[str, Any]:
+def probe_metrics(
+    result: VariantResult, pool_tokens: int, window: SteadyWindow, context_tokens: int | None = None
+) -> dict[str, Any]:
     """A plan probe's steady-state metrics (of a run stopped early: up to the stop), with its window."""
     requests, timeseries = result.requests, result.timeseries
     if result.stopped_early is None:
-        metrics = steady_metrics(requests, timeseries, pool_tokens, window)
+        metrics = steady_metrics(requests, timeseries, pool_tokens, window, context_tokens)
     else:
         metrics = stopped_metrics(requests, timeseries, pool_tokens, window, result.stopped_early)
     if result.replica_timeseries is not None and "role" in result.replica_timeseries:
