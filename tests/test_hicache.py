@@ -105,8 +105,12 @@ def test_a_full_host_pool_drops_its_least_recently_used_node():
 def test_impossible_host_tiers_are_refused():
     with pytest.raises(PolicyInputError, match="must be larger than the device pool"):
         hicache(8)  # 32 host tokens, not more than the 32-token device pool
-    with pytest.raises(PolicyInputError, match="unknown write_policy 'write_sometimes'"):
+    with pytest.raises(PolicyInputError) as refused:
         hicache(16, "write_sometimes")
+    assert str(refused.value) == (
+        "radix: unknown write_policy 'write_sometimes'; SGLang's --hicache-write-policy is one of "
+        "write_through, write_through_selective, write_back"
+    )
 
 
 def test_engine_charges_the_load_back_transfer():
@@ -122,3 +126,84 @@ def test_engine_charges_the_load_back_transfer():
     assert ttft == [1.2, 1.24, 3.385]
     assert engine.counters.host_load_s == pytest.approx(2.375)
     assert policy.host_tier.stats.host_cache_hits == 19
+
+
+def test_a_node_not_yet_backed_up_is_deleted_when_evicted():
+    """write_through_selective backs a node up at its second hit. A's 20 tokens are inserted once
+    (admitted, then preempted: not inserted again): one hit, no host copy. B (24, finished: two hits,
+    backed up) needs 24 slots with 12 free: A is evicted and, with no host copy, deleted."""
+    policy = hicache(16, "write_through_selective")
+    stats = policy.host_tier.stats
+    policy.admit(1, ((1, 20),), 20, 901)
+    policy.free(1, finished=False)
+    assert (stats.host_offloaded_tokens, policy.breakdown().cached) == (0, 20)
+    assert run(policy, 2, 2, 24) == 0
+    assert policy.stats.evictions == 20
+    assert policy.lookup(((1, 20),)) == PrefixHit(0)  # neither on the device nor on host
+    assert (stats.host_offloaded_tokens, stats.host_evictions) == (24, 0)
+    assert policy.host_breakdown_values() == (24, 64 - 24)
+    assert policy.breakdown().as_dict() == {
+        "used": 0,
+        "reserved": 0,
+        "internal_fragmentation": 0,
+        "external_fragmentation": 0,
+        "cached": 24,
+        "free": 8,
+    }
+
+
+def test_a_backup_one_token_short_of_room_drops_the_oldest_host_node():
+    """write_back, 9 host blocks of 4 = 36 host tokens. A (20) is cached, then B (17) evicts it: A
+    is copied to host (20 of 36). C (32) evicts B: B's 17 tokens find 16 host slots free, one short,
+    so A, the least recently used host leaf, is dropped (20 host evictions) and B copied."""
+    policy = hicache(9, "write_back")
+    stats = policy.host_tier.stats
+    run(policy, 1, 1, 20)
+    run(policy, 2, 2, 17)
+    assert policy.host_breakdown_values() == (20, 16)
+    run(policy, 3, 3, 32)
+    assert (stats.host_evictions, stats.host_offloaded_tokens) == (20, 37)
+    assert stats.host_offloaded_blocks == 9  # 37 tokens: 9 whole blocks of 4
+    assert policy.host_breakdown_values() == (17, 19)
+    assert policy.lookup(((1, 20),)) == PrefixHit(0)
+    assert policy.lookup(((2, 17),)) == PrefixHit(0, (), 16)
+
+
+def test_the_host_pool_drops_its_least_recently_matched_node():
+    """write_back, 36 host tokens; prompts of 16 tokens fill half the 32-slot device. A (20) goes to
+    host when B runs, B when D runs (C and B filled the device): host full (20 + 16). The scheduler's
+    match of A's prompt refreshes A. E then evicts C, whose copy needs 16 host slots: B, not A, is
+    dropped. F evicts D: C, older than A's match, is dropped next."""
+    policy = hicache(9, "write_back")
+    stats = policy.host_tier.stats
+    run(policy, 1, 1, 20)
+    run(policy, 2, 2, 16)  # A to host
+    run(policy, 3, 3, 16)  # fits beside B
+    run(policy, 4, 4, 16)  # B to host
+    assert policy.host_breakdown_values() == (36, 0)
+    assert policy.match(((1, 20),)) == PrefixHit(0, (), 19)
+    run(policy, 5, 5, 16)  # C to host, B dropped
+    assert stats.host_evictions == 16
+    assert [policy.lookup(((stream, 16),)) for stream in (2, 3)] == [PrefixHit(0), PrefixHit(0, (), 15)]
+    run(policy, 6, 6, 16)  # D to host, C dropped
+    assert stats.host_evictions == 16 + 16
+    assert type(stats.host_evictions) is int  # pages (of 1 token), an integer count
+    assert [policy.lookup(((stream, 16),)).host_tokens for stream in (3, 4)] == [0, 15]
+    assert policy.lookup(((1, 20),)) == PrefixHit(0, (), 19)
+    assert policy.host_breakdown_values() == (36, 0)
+
+
+def test_a_deleted_device_leaf_leaves_its_parent_on_the_device():
+    """write_through_selective. A's 8 tokens: two insertions, copied to host. B = A's 8 + 8 more,
+    preempted: its 8 are inserted once, not copied. C (24 fresh, 16 free) evicts B's 8 (the only
+    evictable leaf): deleted; A stays on the device, the node it was, now a cached leaf."""
+    policy = hicache(16, "write_through_selective")
+    run(policy, 1, 1, 8)
+    policy.admit(2, ((1, 8), (2, 8)), 16, 902)
+    policy.free(2, finished=False)
+    check_against_recount(policy)
+    assert policy.host_breakdown_values() == (8, 64 - 8)
+    run(policy, 3, 3, 24)
+    assert policy.stats.evictions == 8
+    assert policy.lookup(((1, 8), (2, 8))) == PrefixHit(8)
+    assert policy.host_breakdown_values() == (8 + 24, 64 - 32)

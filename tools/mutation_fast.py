@@ -162,8 +162,15 @@ def main(argv: list[str]) -> int:
             if mutant not in equivalent and results.get(mutant) in ("survived", "no tests"):
                 print(mutant)
         return 0
-    # (Read after --list: mutmut removes the map while it rebuilds it, and a listing needs none.)
-    stats = json.loads((MUTANTS / "mutmut-stats.json").read_text())
+    # (Read after --list: mutmut removes the map while it rebuilds it, and a listing needs none; nor
+    # does a run with named tests.)
+    stats_file = MUTANTS / "mutmut-stats.json"
+    if not stats_file.exists() and not args.tests:
+        raise SystemExit(
+            f"mutation_fast: mutmut's map {stats_file} is missing (mutmut removes it while it rebuilds it): "
+            "run `make mutation` first, or name the tests with --tests"
+        )
+    stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
     todo = [
         m
         for m in mutants
@@ -199,7 +206,7 @@ def main(argv: list[str]) -> int:
         elif args.max_tests and not args.all_tests:
             tests = tests[: args.max_tests]
         # A loop, not a slow test set: the limit grows with what the tests took unmutated.
-        expected_s = sum(stats["duration_by_test"].get(test, 0.0) for test in tests)
+        expected_s = sum(stats.get("duration_by_test", {}).get(test, 0.0) for test in tests)
         timeout_s = max(args.timeout, 3.0 * expected_s + 10.0)
         verdict = run_mutant(mutant, tests, timeout_s) if tests else "no tests"
         results[mutant] = verdict
