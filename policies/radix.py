@@ -174,7 +174,7 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         (``Req.init_next_round_input``, and ``SchedulePolicy._compute_prefix_matches`` for ``lpm``):
         the node where the match ends inside it is split and the matched path's access time
         refreshed, whether or not the request is then admitted."""
-        validate_content(prompt, "matched prompt")
+        validate_content(prompt, "matched prompt", PolicyInputError)
         prompt_len = content_length(prompt)
         if prompt_len <= 0:
             return NO_HIT

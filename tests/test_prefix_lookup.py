@@ -129,6 +129,22 @@ def test_lookup_changes_nothing_and_caps_at_len_minus_one():
     assert policy.breakdown() == breakdown
 
 
+def test_empty_segments_hold_no_tokens_and_change_no_lookup():
+    """A segment of length 0 (content that contributes nothing) must not change a block's content:
+    the 9-token prompt 1:2 + 3:6 + 4:1 caches block 0 (1:0-2 and 3:0-2) and block 1 (3:2-6); the same
+    tokens with empty segments of content 2 before, between and after them hit both blocks."""
+    policy = prefix_pool(10)
+    policy.admit(0, ((1, 2), (3, 6), (4, 1)), 9, output_content_id=500)
+    policy.free(0)
+    for prompt in (
+        ((1, 2), (2, 0), (3, 6), (4, 1)),
+        ((2, 0), (1, 2), (3, 6), (4, 1)),
+        ((1, 2), (3, 6), (2, 0), (4, 1), (2, 0)),
+    ):
+        assert policy.lookup(prompt) == PrefixHit(8, (0, 1)), prompt
+    assert policy.lookup(((1, 2), (2, 1), (3, 5), (4, 1))) == NO_HIT  # content 2 is a token here
+
+
 @pytest.mark.parametrize(("name", "options"), [("paged", {}), ("contiguous", {"reservation": "oracle"})])
 def test_policies_without_a_cache_never_hit(name, options):
     policy = make_policy(name, PoolSpec(64, 4, 64), **options)

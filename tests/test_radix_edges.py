@@ -46,7 +46,7 @@ def test_bad_prompts_are_refused_by_lookup_and_match_with_their_names():
     expected = r": segment 0 is \(1, -1\); expected \(content_id, length >= 0\)$"
     with pytest.raises(PolicyInputError, match=r"^looked-up prompt" + expected):
         policy.lookup(((1, -1),))
-    with pytest.raises(ValueError, match=r"^matched prompt" + expected):
+    with pytest.raises(PolicyInputError, match=r"^matched prompt" + expected):
         policy.match(((1, -1),))
 
 

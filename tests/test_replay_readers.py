@@ -535,6 +535,18 @@ def test_llmservingsim_reader_names_a_bad_meta_or_a_missing_workload(tmp_path: P
         )
 
 
+def test_llmservingsim_reader_without_token_ids_needs_no_workload_file(tmp_path: Path) -> None:
+    """The workload JSONL only gives the prompts' token ids: without them neither a missing
+    dataset_path nor a dataset file that is not there stops the read."""
+    requests = [_lss_request("bench-0", 4, 1, 0.0, 0.5, 0.5)]
+    for meta in ({"engine_kwargs": {}}, {"engine_kwargs": {}, "dataset_path": "workloads/none.jsonl"}):
+        folder = _lss_folder(tmp_path, meta, requests)
+        run = read_llmservingsim_bench(folder, gpu="H100-80GB", use_token_ids=False)
+        assert run.prompt_hashes is None
+        assert run.requests["prompt_tokens"].tolist() == [4]
+        assert "no prompt identity: every prompt is unique (prefix caching cannot be replayed)" in run.notes
+
+
 def test_llmservingsim_reader_names_a_workload_line_without_token_ids(tmp_path: Path) -> None:
     requests = [
         _lss_request(f"bench-{index}", 4, 1, float(index), float(index), float(index)) for index in range(3)

@@ -193,6 +193,18 @@ def test_overshoot_is_dropped_at_the_last_token(step_mode):
     assert (record.outcome, record.decode_steps, record.decode_step_tokens) == ("finished", 2, 5)
 
 
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_requests_ending_in_one_step_leave_in_admission_order(step_mode):
+    """Both admitted in the prefill iteration, request 0 first. Every step accepts two drafts, so
+    the second step takes tokens 5 to 7: request 0 (output 7) ends at its 7th token, request 1
+    (output 6) at its 6th, an earlier clock of the same step. They finish together at 3.4 s (the
+    prefill iteration is 40 tokens: 1.4 s) and leave oldest admission first, not in the order their
+    last tokens came (vLLM's scheduler walks its running requests in that order)."""
+    engine = _engine(step_mode, ALWAYS_TWO, [request(0, 0.0, 20, 7), request(1, 0.0, 20, 6)])
+    assert [record.request_id for record in engine.records] == [0, 1]
+    assert [times(engine)[request_id][2] for request_id in (0, 1)] == [pytest.approx(3.4)] * 2
+
+
 def _stream(count, seed=3):
     rng = random.Random(seed)
     arrival = 0.0

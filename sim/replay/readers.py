@@ -321,8 +321,10 @@ def read_llmservingsim_bench(
         "API server); arrivals are the queued_ts, so the client's own submission delay is not replayed",
     ]
     chains = None
-    workload_path = workload if workload is not None else _lss_workload_path(folder, meta, meta_path)
     if use_token_ids:
+        # Only the token ids need the workload file: without them a run whose JSONL is not at hand
+        # still replays (every prompt unique).
+        workload_path = workload if workload is not None else _lss_workload_path(folder, meta, meta_path)
         token_ids = _lss_token_ids(workload_path, requests, order)
         chains = chains_from_token_ids(token_ids, settings.block_size)
         notes.append(
