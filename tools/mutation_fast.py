@@ -23,6 +23,7 @@ test). Run ``make mutation`` (or at least mutmut's stats phase) first, so the ma
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import signal
@@ -124,12 +125,16 @@ def run_mutant(mutant: str, tests: list[str], timeout_s: float) -> str:
 
 
 def _save(mutant: str, verdict: str) -> None:
-    """Merge one verdict into the results file (another run, on other modules, may write it too)."""
-    saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    saved[mutant] = verdict
-    partial = RESULTS.with_suffix(f".{os.getpid()}.tmp")
-    partial.write_text(json.dumps(saved, indent=1, sort_keys=True))
-    partial.replace(RESULTS)
+    """Merge one verdict into the results file. Another run, on other modules, may write it too: the
+    read-modify-write holds a lock, or two runs would each write back the file without the other's
+    last verdict."""
+    with open(RESULTS.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        saved = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        saved[mutant] = verdict
+        partial = RESULTS.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(saved, indent=1, sort_keys=True))
+        partial.replace(RESULTS)
 
 
 def main(argv: list[str]) -> int:
@@ -150,6 +155,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", nargs="+", metavar="SUFFIX", help="the mutants whose names end so")
     parser.add_argument("--list", action="store_true", help="print the survivors so far, run nothing")
     parser.add_argument("--rerun", action="store_true", help="check the survivors again")
+    parser.add_argument(
+        "--rerun-timeouts",
+        action="store_true",
+        help="with --rerun, the mutants stopped by the timeout too (a slow test, not a loop, may have "
+        "stopped them: run them again with a longer --timeout)",
+    )
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds a mutant may run")
     args = parser.parse_args(argv)
 
@@ -171,11 +182,12 @@ def main(argv: list[str]) -> int:
             "run `make mutation` first, or name the tests with --tests"
         )
     stats = json.loads(stats_file.read_text()) if stats_file.exists() else {}
+    rerun_verdicts = ("survived", "no tests") + (("timeout",) if args.rerun_timeouts else ())
     todo = [
         m
         for m in mutants
         if m not in equivalent
-        and (m not in results or (args.rerun and results[m] in ("survived", "no tests")))
+        and (m not in results or (args.rerun and results[m] in rerun_verdicts))
     ]
     if args.only:
         todo = [m for m in todo if m.endswith(tuple(args.only))]
