@@ -186,8 +186,7 @@ def main(argv: list[str]) -> int:
     todo = [
         m
         for m in mutants
-        if m not in equivalent
-        and (m not in results or (args.rerun and results[m] in rerun_verdicts))
+        if m not in equivalent and (m not in results or (args.rerun and results[m] in rerun_verdicts))
     ]
     if args.only:
         todo = [m for m in todo if m.endswith(tuple(args.only))]
