@@ -118,12 +118,16 @@ class _FakeKV:
     Jenga-like one whose token fills three small-page slots; each (used, reserved, ...) by hand."""
 
     slots_per_token = 4
+    groups = ("full", "mamba", "jenga-sliding")  # several: the observer records the split by group
 
     def group_entries(self):
         return ("full", "mamba", "jenga-sliding"), (True, 0, 3)
 
     def group_breakdown_values(self):
         return (10, 20, 0, 0, 0, 70) + (5, 0, 0, 0, 0, 95) + (30, 60, 0, 0, 0, 10)
+
+    def sharing_slots(self):
+        return 7, 9
 
 
 class _FakeClock:
@@ -144,6 +148,19 @@ def test_pending_tokens_move_from_reserved_to_used_by_each_groups_slots_per_toke
     assert observer.group_values() == ((12, 18, 0, 0, 0, 70) + (5, 0, 0, 0, 0, 95) + (36, 54, 0, 0, 0, 10))
     observer.clock = _FakeClock(0)
     assert observer.group_values() == _FakeKV().group_breakdown_values()
+
+
+@pytest.mark.python_sources  # hands the observer stand-ins for the coordinator and the clock
+def test_one_reading_of_the_groups_gives_the_pools_totals_and_the_split():
+    """The pool's breakdown is the groups' column sums (45 used, 80 reserved, 175 free), the stand-in
+    has no ``breakdown_values`` to read twice; 2 pending tokens fill 4 slots each (its
+    ``slots_per_token``): 8 move from reserved to used in the totals, 2 + 0 + 6 in the split."""
+    from sim.engine.observe import StateObserver
+
+    observer = StateObserver(_FakeKV(), _FakeClock(2), counters=None)
+    averaged, groups = observer.observe(running=3)
+    assert averaged == (53, 72, 0, 0, 0, 175, 3, 7, 9)
+    assert groups == (12, 18, 0, 0, 0, 70) + (5, 0, 0, 0, 0, 95) + (36, 54, 0, 0, 0, 10)
 
 
 def test_a_token_decoded_inside_a_jump_fills_as_many_slots_as_its_group_says():

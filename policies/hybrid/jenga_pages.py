@@ -102,6 +102,11 @@ class SmallPageAllocator:
             left = needed - len(pages)
             if own:
                 pages += self.take_own(own, left)
+            elif quota > 0 and left >= self.ratio:
+                # Whole large pages (a prompt's, mostly) carved at once, none left preferred.
+                whole = min(quota, left // self.ratio)
+                quota -= whole
+                pages += self.carve_whole(seq_id, whole)
             elif quota > 0:
                 quota -= 1
                 pages += self.carve(seq_id, left)
@@ -132,6 +137,25 @@ class SmallPageAllocator:
         self.owner[large] = seq_id
         self.free_small += ratio - count
         return list(range(first, first + count))
+
+    def carve_whole(self, seq_id: int, count: int) -> list[int]:
+        """``count`` new large pages for ``seq_id``, every small page of each taken: what ``count``
+        calls of :meth:`carve` for ``ratio`` pages do, in one."""
+        ratio = self.ratio
+        take = self.large_pages.take
+        free_count, owner = self.free_count, self.owner
+        if ratio == 1:  # (each small page is its large page)
+            larges = [take() for _ in range(count)]
+            free_count.update(dict.fromkeys(larges, 0))
+            owner.update(dict.fromkeys(larges, seq_id))
+            return larges
+        pages: list[int] = []
+        for _ in range(count):
+            large = take()
+            free_count[large] = 0
+            owner[large] = seq_id
+            pages += range(large * ratio, large * ratio + ratio)
+        return pages
 
     def adopt_unowned(self, seq_id: int) -> list[int]:
         """One free small page whose request is gone; its large page's other free ones become
@@ -172,6 +196,13 @@ class SmallPageAllocator:
         page whose small pages are all free goes back to the shared pool (``free_block_id``)."""
         ratio = self.ratio
         free_count, owner, preferred, unowned = self.free_count, self.owner, self.preferred, self.unowned
+        if ratio == 1:  # (every layer type's pages of one size: each small page is a large page)
+            give_back = self.large_pages.give_back
+            for page in pages:
+                del free_count[page]
+                del owner[page]
+                give_back(page)
+            return
         for page in pages:
             large = page // ratio
             count = free_count[large] + 1
@@ -193,6 +224,8 @@ class SmallPageAllocator:
     def after_release(self, seq_id: int, pages: list[int]) -> tuple[int, int, int]:
         """What releasing ``pages`` (distinct, held) would do, changing nothing: ``(large pages given
         back, free small pages of this type after, seq_id's preferred free small pages after)``."""
+        if self.ratio == 1:  # each page is a large page, given back whole; no free small page moves
+            return len(pages), self.free_small, len(self.preferred[seq_id])
         released: dict[int, int] = {}
         for page in pages:
             large = page // self.ratio

@@ -446,12 +446,11 @@ class Engine:
         return self._lockstep.join(self, duration, self.wakeup.decoded_seqs + self.wakeup.prefill_tokens())
 
     # -------------------------------------------------------------------------------------- record
-    def _state(self) -> tuple:
-        return self._observer.state(
+    def _record(self) -> None:
+        state, groups = self._observer.state(
             len(self.running), len(self.waiting), self.batch.running_seqs, self.admission_blocker
         )
-
-    def _record(self) -> None:
-        self.recorder.record(self.env.now, self._state())
+        self.recorder.record(self.env.now, state)
         if self.group_series is not None:
-            self.group_series.record(self.env.now, self._observer.group_values())
+            assert groups is not None  # (a split by group is observed whenever it is recorded)
+            self.group_series.record(self.env.now, groups)

@@ -94,9 +94,11 @@ class JumpLanding:
     def _observe(self, jump: Jump, clock: int) -> None:
         """The state as the iteration at ``clock`` of the jump starts."""
         start_s = jump.start_s + jump.timeline.elapsed_s(clock - jump.first_clock)
-        self.recorder.observe(start_s, self.observer.averaged(len(self.batch.running)))
+        averaged, groups = self.observer.observe(len(self.batch.running))
+        self.recorder.observe(start_s, averaged)
         if self.group_series is not None:
-            self.group_series.observe(start_s, self.observer.group_values())
+            assert groups is not None  # (a split by group is observed whenever it is recorded)
+            self.group_series.observe(start_s, groups)
 
     def _add_token_area(self, batch: int, weight_s: float) -> None:
         """Tokens the ``batch`` decoded inside the jump (``weight_s``: seconds per sequence): each fills

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from policies.base import MemoryBreakdown
 from sim.engine.decoding import DecodeClock
 
 if TYPE_CHECKING:
@@ -12,6 +13,7 @@ if TYPE_CHECKING:
     from sim.outputs.metrics import Counters
 
 _NO_HOST_TIER = (0, 0, 0, 0, 0, 0)
+_CATEGORIES = MemoryBreakdown.CATEGORIES
 
 
 class StateObserver:
@@ -23,10 +25,26 @@ class StateObserver:
         self.clock = clock
         self.counters = counters
         self.group_names, self.group_holds_tokens = kv.group_entries()
+        # A hybrid allocator's split by KV group is recorded beside the totals (sim/outputs/group_series.py).
+        self.split_by_group = len(kv.groups) > 1
 
-    def averaged(self, running: int) -> tuple:
-        """The leading part of the state, whose time averages the summary reports."""
-        used, reserved, internal, external, cached, free = self.kv.breakdown_values()
+    def observe(self, running: int) -> tuple[tuple, tuple[int, ...] | None]:
+        """:meth:`averaged` and, with a split by group, :meth:`group_values`, from one reading of
+        the groups: their breakdowns sum to the pool's (``KVCoordinator.group_breakdowns``), so
+        the pool's is their column sums, not a second walk over every group."""
+        if not self.split_by_group:
+            return self.averaged(running), None
+        groups = self.kv.group_breakdown_values()
+        width = len(_CATEGORIES)
+        totals = tuple(sum(groups[category::width]) for category in range(width))
+        return self.averaged(running, totals), self._with_pending(groups)
+
+    def averaged(self, running: int, breakdown: tuple[int, ...] | None = None) -> tuple:
+        """The leading part of the state, whose time averages the summary reports (``breakdown``: the
+        pool's, when the caller has read it already)."""
+        used, reserved, internal, external, cached, free = (
+            self.kv.breakdown_values() if breakdown is None else breakdown
+        )
         # Decoded tokens the policy has not been told of fill slots it still counts as reserved.
         pending = self.clock.pending_tokens() * self._slots_per_token
         physical, logical = self.kv.sharing_slots()
@@ -45,7 +63,10 @@ class StateObserver:
     def group_values(self) -> tuple[int, ...]:
         """Every KV group's breakdown (``KVCoordinator.group_breakdown_values``), a decoded token the
         policies have not been told of moved from reserved to used in each group that holds tokens."""
-        values = list(self.kv.group_breakdown_values())
+        return self._with_pending(self.kv.group_breakdown_values())
+
+    def _with_pending(self, group_values: tuple[int, ...]) -> tuple[int, ...]:
+        values = list(group_values)
         pending = self.clock.pending_tokens()
         if pending:
             # (``holds``: the slots a token fills in the entry; a bool is 1 or 0, jenga's groups more.)
@@ -55,12 +76,16 @@ class StateObserver:
                     values[6 * index + 1] -= pending * holds
         return tuple(values)
 
-    def state(self, running: int, waiting: int, running_seqs: int, admission_blocker: int) -> tuple:
-        """The whole state: the averaged part, the queue, the counters and the host tier's part."""
+    def state(
+        self, running: int, waiting: int, running_seqs: int, admission_blocker: int
+    ) -> tuple[tuple, tuple[int, ...] | None]:
+        """The whole state (the averaged part, the queue, the counters and the host tier's part) and,
+        with a split by group, :meth:`group_values`."""
+        averaged, groups = self.observe(running)
         stats = self.kv.stats
         counters = self.counters
-        return (
-            self.averaged(running)
+        whole = (
+            averaged
             + (
                 waiting,
                 running_seqs,
@@ -75,6 +100,7 @@ class StateObserver:
             )
             + self._host_state()
         )
+        return whole, groups
 
     def _host_state(self) -> tuple[int, ...]:
         """The host tier's part of the state (``sim.outputs.metrics.HOST_COLUMNS``); zeros without one."""
