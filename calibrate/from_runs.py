@@ -101,8 +101,10 @@ class RunTraits:
 
 def model_family(name: str) -> str:
     """A model's family from its name: the part before its size (``Llama-2-70B`` -> ``llama-2``,
-    ``Qwen3-30B-A3B`` -> ``qwen3``, ``Mixtral-8x7B`` -> ``mixtral``)."""
-    stem = Path(name).stem if name.endswith(".json") else name
+    ``Qwen3-30B-A3B`` -> ``qwen3``, ``Mixtral-8x7B`` -> ``mixtral``). A Hugging Face id's organisation
+    is no part of it (``meta-llama/Llama-3.1-8B`` is ``llama-3.1``, as the preset ``Llama-3.1-8B``):
+    a fold by family must hold both."""
+    stem = Path(name).stem if name.endswith(".json") else name.rsplit("/", 1)[-1]
     family = re.split(r"[-_](?:\d+x)?\d+(?:\.\d+)?[bBmM](?![a-zA-Z])", stem, maxsplit=1)[0]
     return (family or stem).lower()
 

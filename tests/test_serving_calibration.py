@@ -447,6 +447,8 @@ def test_gpu_folds_group_runs_by_their_gpu_and_borrow_what_no_training_run_infor
         ("Qwen3-30B-A3B-Instruct-2507", "qwen3"),
         ("Qwen3-32B", "qwen3"),
         ("Mixtral-8x7B", "mixtral"),
+        ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1"),
+        ("Qwen/Qwen3-30B-A3B", "qwen3"),
     ],
 )
 def test_model_family_is_the_name_before_its_size(name: str, family: str) -> None:
