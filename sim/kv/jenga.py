@@ -239,23 +239,19 @@ class JengaCoordinator(KVCoordinator):
 
     def grow_each(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
         plans = self._plans(seq_ids, num_tokens)
-        if not self._fits(seq_ids, plans):
-            needs = [sum(moves(seq, first, end)[1] for seq, _, first, end in plan) for plan in plans]
-            self._refuse(f"growing sequences {list(seq_ids)}", needs)
-        for index, seq_id in enumerate(seq_ids):
-            quota = self._one_fits(seq_id, plans, index)
-            assert quota is not None, "a growth that was checked to fit"
-            request = self._requests[seq_id]
-            taken = []
-            for group, allocator in enumerate(self.allocators):
-                seq, _, first, end = plans[group][index]
-                released, new = moves(seq, first, end)
-                taken.append(new)
-                held = self.pages[group][seq_id]
-                # (vLLM frees skipped blocks before allocating.)
-                allocator.release([held.popleft() for _ in range(released)])
-            for group, allocator in enumerate(self.allocators):
-                self.pages[group][seq_id].extend(allocator.allocate(request, taken[group], quota[group]))
+        if len(seq_ids) == 1:
+            # One sequence (a flush, nearly always): the quota that says it fits is the one it takes.
+            quota = self._one_fits(seq_ids[0], plans, 0)
+            if quota is None:
+                self._refuse_growth(seq_ids, plans)
+            self._take_pages(seq_ids[0], plans, 0, quota)
+        elif not self._many_fit(plans):
+            self._refuse_growth(seq_ids, plans)
+        else:
+            for index, seq_id in enumerate(seq_ids):
+                quota = self._one_fits(seq_id, plans, index)  # (as the sequences before it left the pages)
+                assert quota is not None, "a growth that was checked to fit"
+                self._take_pages(seq_id, plans, index, quota)
         rooms: list[int] | None = None
         for manager, plan in zip(self.managers, plans, strict=True):
             net = sum((end - first) - (seq.end_block - seq.first_block) for seq, _, first, end in plan)
@@ -264,6 +260,26 @@ class JengaCoordinator(KVCoordinator):
             rooms = more if rooms is None else [min(a, b) for a, b in zip(rooms, more, strict=True)]
         assert rooms is not None
         return rooms
+
+    def _refuse_growth(self, seq_ids: Sequence[int], plans: list[list[tuple]]) -> NoReturn:
+        needs = [sum(moves(seq, first, end)[1] for seq, _, first, end in plan) for plan in plans]
+        self._refuse(f"growing sequences {list(seq_ids)}", needs)
+
+    def _take_pages(self, seq_id: int, plans: list[list[tuple]], index: int, quota: list[int]) -> None:
+        """The pages of the ``index``-th planned sequence's growth: every type's released pages go
+        back before any type takes new ones (vLLM frees skipped blocks before allocating)."""
+        request = self._requests[seq_id]
+        taken = []
+        for group, allocator in enumerate(self.allocators):
+            seq, _, first, end = plans[group][index]
+            released, new = moves(seq, first, end)
+            taken.append(new)
+            if released:
+                held = self.pages[group][seq_id]
+                allocator.release([held.popleft() for _ in range(released)])
+        for group, allocator in enumerate(self.allocators):
+            if taken[group]:
+                self.pages[group][seq_id].extend(allocator.allocate(request, taken[group], quota[group]))
 
     def free(self, seq_id: int, finished: bool = True) -> None:
         for manager in self.managers:
