@@ -4,8 +4,9 @@
 
 gpt-oss-20b on an H100 with 8 GB of KV memory, 2,000-8,000-token prompts at 8 req/s: ``paged``
 holds every attention layer's K/V, ``vllm-hybrid`` runs vLLM's hybrid manager (its sliding-window
-group releases blocks as the window moves). Each variant runs in a fresh interpreter; the engine's
-wall time (``wall_s``) is compared.
+group releases blocks as the window moves), ``sglang-hybrid`` SGLang's two token pools, ``jenga``
+Jenga's two-level pages (``--policies`` picks some). Each variant runs in a fresh interpreter; the
+engine's wall time (``wall_s``) is compared.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ with tempfile.TemporaryDirectory() as folder:
     result = run_variant(config, config.variants[0], Path.cwd(), out_dir=Path(folder))
 print(json.dumps({key: result.summary[key] for key in ("wall_s", "engine_wakeups", "peak_running")}))
 """
+
+
+HYBRID_POLICIES = ("vllm-hybrid", "sglang-hybrid", "jenga")
 
 
 def experiment(policy: str, requests: int) -> dict:
@@ -68,18 +72,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--policies",
+        nargs="+",
+        default=list(HYBRID_POLICIES),
+        choices=HYBRID_POLICIES,
+        help="hybrid allocators to time against paged (default: all)",
+    )
     args = parser.parse_args(argv)
-    walls: dict[str, list[float]] = {"paged": [], "vllm-hybrid": []}
+    walls: dict[str, list[float]] = {policy: [] for policy in ("paged", *args.policies)}
     for _ in range(args.rounds):
         for policy in walls:
             row = run_once(policy, args.requests)
             walls[policy].append(row["wall_s"])
             print(
-                f"  {policy:<12} {row['wall_s']:.2f} s engine wall, {row['engine_wakeups']:,} wake-ups, "
+                f"  {policy:<14} {row['wall_s']:.2f} s engine wall, {row['engine_wakeups']:,} wake-ups, "
                 f"peak {row['peak_running']} running"
             )
     best = {policy: min(values) for policy, values in walls.items()}
-    print(f"vllm-hybrid / paged (best of {args.rounds}): {best['vllm-hybrid'] / best['paged']:.2f}x")
+    for policy in args.policies:
+        print(f"{policy} / paged (best of {args.rounds}): {best[policy] / best['paged']:.2f}x")
     return 0
 
 
