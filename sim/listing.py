@@ -121,8 +121,10 @@ def layer_kinds_table() -> str:
         + "\n\nLayer kinds: full attention keeps every token; sliding(W) the last W tokens; chunked(C) the "
         "tokens of the current C-token chunk; state layers (mamba2, gdn: Qwen3-Next's gated delta net) a "
         "fixed conv + SSM state per request, at the model dtype and the SSM state at vLLM's default "
-        "(float32 for Nemotron-H). MLP-only blocks keep nothing. The engine still holds every attention "
-        "layer's K/V for every token (KV B/token above) until issue 39's hybrid allocators."
+        "(float32 for Nemotron-H). MLP-only blocks keep nothing. The uniform policies (contiguous, "
+        "paged, prefix, radix) hold every attention layer's K/V for every token (KV B/token above) and "
+        "refuse state layers; the hybrid allocators (vllm-hybrid, sglang-hybrid, jenga) keep each kind "
+        "as above (docs/policies.md)."
     )
 
 
