@@ -108,7 +108,9 @@ def state_text(spec: Any) -> str:
 
 def layer_kinds_table() -> str:
     """The presets whose layers are not all full attention: their layer kinds and states."""
+    from policies.base import policy_names
     from sim.hardware.models import MODEL_PRESETS
+    from sim.kv.allocators import HYBRID_ALLOCATORS
 
     rows = [
         [name, layer_kinds_text(spec), state_text(spec)]
@@ -121,10 +123,10 @@ def layer_kinds_table() -> str:
         + "\n\nLayer kinds: full attention keeps every token; sliding(W) the last W tokens; chunked(C) the "
         "tokens of the current C-token chunk; state layers (mamba2, gdn: Qwen3-Next's gated delta net) a "
         "fixed conv + SSM state per request, at the model dtype and the SSM state at vLLM's default "
-        "(float32 for Nemotron-H). MLP-only blocks keep nothing. The uniform policies (contiguous, "
-        "paged, prefix, radix) hold every attention layer's K/V for every token (KV B/token above) and "
-        "refuse state layers; the hybrid allocators (vllm-hybrid, sglang-hybrid, jenga) keep each kind "
-        "as above (docs/policies.md)."
+        "(float32 for Nemotron-H). MLP-only blocks keep nothing. The uniform policies "
+        f"({', '.join(policy_names())}) hold every attention layer's K/V for every token (KV B/token "
+        "above) and refuse state layers; the hybrid allocators "
+        f"({', '.join(HYBRID_ALLOCATORS)}) keep each kind as above (docs/policies.md)."
     )
 
 

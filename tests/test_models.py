@@ -628,3 +628,7 @@ def test_models_listing_shows_layer_kinds_and_states() -> None:
     assert "39,518,208 (gdn 36 x 1,097,728)" in rows["Qwen3-Next-80B-A3B"]
     # Nemotron-H: 24 Mamba2 layers x 4,255,744 B (float32 SSM state) = 102,137,856 B.
     assert "102,137,856 (mamba2 24 x 4,255,744)" in rows["Nemotron-H-8B-Base-8K"]
+    # The note names which policies hold every layer's K/V and which keep each kind.
+    note = layer_kinds_table().split("\n\n")[1]
+    assert "uniform policies (contiguous, paged, prefix, radix) hold every attention layer's K/V" in note
+    assert "hybrid allocators (vllm-hybrid, sglang-hybrid, jenga) keep each kind" in note
