@@ -205,6 +205,25 @@ def test_requests_ending_in_one_step_leave_in_admission_order(step_mode):
     assert [times(engine)[request_id][2] for request_id in (0, 1)] == [pytest.approx(3.4)] * 2
 
 
+@pytest.mark.parametrize(
+    ("outputs", "first_rows"),
+    [
+        # Entries (clock, admission) popped (8, 9) then (9, 8): each one's admission number is the
+        # other's clock (admissions count from 1; the step ends at clocks 8 and 9).
+        ({7: 7, 8: 6}, [7, 8]),
+        # Popped (8, 6), (8, 8), (9, 7): the first two of one clock, the last of another.
+        ({5: 6, 6: 7, 7: 6}, [5, 6, 7]),
+    ],
+)
+def test_several_ends_of_one_step_leave_in_admission_order(outputs, first_rows):
+    """Nine requests admitted together (ids = admission order); those not named decode 20 tokens.
+    The second step (tokens 5 to 7, every step accepting two drafts) ends the named ones at their 6th
+    or 7th token: they leave in admission order whatever clock each last token had."""
+    requests = [request(index, 0.0, 20, outputs.get(index, 20)) for index in range(9)]
+    engine = _engine("skip", ALWAYS_TWO, requests, blocks=128)
+    assert [record.request_id for record in engine.records][: len(first_rows)] == first_rows
+
+
 def _stream(count, seed=3):
     rng = random.Random(seed)
     arrival = 0.0
