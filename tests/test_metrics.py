@@ -102,3 +102,15 @@ def test_time_before_the_first_sample_counts_nothing_and_cached_counts_as_idle()
     assert (averages["mean_used_frac"], averages["mean_cached_frac"]) == pytest.approx((0.05, 0.1))
     # vLLM's usage counts evictable cache as free: 1 - (60 + 20) / 100.
     assert list(recorder.frame()["kv_cache_usage_perc"]) == pytest.approx([0.2])
+
+
+def test_the_series_keeps_counts_as_integers_and_times_as_floats():
+    """Slot counts are written as int64 and times as float64, whatever Python numbers came in: a
+    SimPy clock on whole seconds hands the recorder ints (0, 2), and a reader of
+    timeseries.parquet must not see counts turned into floats or times into ints."""
+    recorder = Recorder(100, MemorySink())
+    sample(recorder, 0, 10, 1, (10, 20))
+    sample(recorder, 2, 30, 2, (30, 40))
+    frame = recorder.frame()
+    assert frame["time_s"].dtype == "float64" and list(frame["time_s"]) == [0.0, 2.0]
+    assert {str(frame[name].dtype) for name in STATE_COLUMNS} == {"int64"}
