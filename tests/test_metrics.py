@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.outputs.metrics import STATE_COLUMNS, Recorder
+from sim.outputs.metrics import STATE_COLUMNS, Recorder, RequestRecord, requests_frame
 from sim.outputs.sinks import MemorySink
 
 KEYS = {
@@ -114,3 +114,43 @@ def test_the_series_keeps_counts_as_integers_and_times_as_floats():
     frame = recorder.frame()
     assert frame["time_s"].dtype == "float64" and list(frame["time_s"]) == [0.0, 2.0]
     assert {str(frame[name].dtype) for name in STATE_COLUMNS} == {"int64"}
+
+
+def _record(request_id: int, **times: float) -> RequestRecord:
+    record = RequestRecord(request_id, 1.0, 40, 5, 1, 1, 5)
+    for name, value in times.items():
+        setattr(record, name, value)
+    return record
+
+
+def test_requests_frame_splits_a_disaggregated_ttft_by_hand():
+    """Request 0, disaggregated: arrives at 1.0 s, admitted on the prefill replica at 1.5, its prompt
+    done at 2.25, its KV crosses the link from 2.5 to 3.0, first token at 3.5 (the decode replica's
+    first step), finish 4.5, 0.125 s of client overhead. Request 1, served in one place, has NaN for
+    the split. Numeric columns are typed, not Python objects."""
+    disaggregated = _record(
+        0,
+        admitted_s=1.5,
+        prefill_done_s=2.25,
+        transfer_start_s=2.5,
+        transfer_end_s=3.0,
+        first_token_s=3.5,
+        finish_s=4.5,
+        client_overhead_s=0.125,
+    )
+    local = _record(1, admitted_s=1.25, first_token_s=2.0, finish_s=3.0)
+    frame = requests_frame([disaggregated, local])
+    row = frame.iloc[0]
+    # queue 1.5 - 1.0; prefill 2.25 - 1.5; waiting for the link 2.5 - 2.25; on it 3.0 - 2.5;
+    # TTFT 3.5 - 1.0 + 0.125; E2E 4.5 - 1.0 + 0.125; TPOT (4.5 - 3.5) / (5 - 1).
+    assert (row["queue_s"], row["prefill_s"], row["transfer_wait_s"], row["transfer_s"]) == (
+        0.5,
+        0.75,
+        0.25,
+        0.5,
+    )
+    assert (row["ttft_s"], row["e2e_s"], row["tpot_s"]) == (2.625, 3.625, 0.25)
+    assert frame.iloc[1][["prefill_s", "transfer_wait_s", "transfer_s"]].isna().all()
+    assert (frame.iloc[1]["queue_s"], frame.iloc[1]["ttft_s"]) == (0.25, 1.0)
+    assert frame["arrival_s"].dtype == "float64" and frame["prompt_tokens"].dtype == "int64"
+    assert frame["outcome"].tolist() == ["unfinished", "unfinished"]
