@@ -3,9 +3,11 @@ worked out in the comments."""
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import pytest
 
-from sim.outputs.metrics import STATE_COLUMNS, Recorder, RequestRecord, requests_frame
+from sim.outputs.metrics import STATE_COLUMNS, Recorder, RequestRecord, cumulative_area_at, requests_frame
 from sim.outputs.sinks import MemorySink
 
 KEYS = {
@@ -154,3 +156,12 @@ def test_requests_frame_splits_a_disaggregated_ttft_by_hand():
     assert (frame.iloc[1]["queue_s"], frame.iloc[1]["ttft_s"]) == (0.25, 1.0)
     assert frame["arrival_s"].dtype == "float64" and frame["prompt_tokens"].dtype == "int64"
     assert frame["outcome"].tolist() == ["unfinished", "unfinished"]
+
+
+def test_cumulative_area_between_rows_and_after_the_last():
+    """Rows at 0, 2 and 4 s with cumulative areas 0, 10 and 30 and the state 5, 10, 7 held from each:
+    at 1 s halfway up the first segment (5); at 3 s halfway up the second (20); at the last row its
+    area (30); past it the last state held on: 30 + 7 x (6 - 4) = 44, 30 + 7 x 0.5 = 33.5."""
+    series = pd.DataFrame({"time_s": [0.0, 2.0, 4.0], "area": [0.0, 10.0, 30.0], "used": [5, 10, 7]})
+    at = np.array([1.0, 3.0, 4.0, 6.0, 4.5])
+    assert cumulative_area_at(series, "area", "used", at).tolist() == [5.0, 20.0, 30.0, 44.0, 33.5]
