@@ -7,7 +7,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.outputs.metrics import STATE_COLUMNS, Recorder, RequestRecord, cumulative_area_at, requests_frame
+from sim.outputs.metrics import (
+    STATE_COLUMNS,
+    Recorder,
+    RequestRecord,
+    cumulative_area_at,
+    requests_frame,
+    without_residue,
+)
 from sim.outputs.sinks import MemorySink
 
 KEYS = {
@@ -165,3 +172,29 @@ def test_cumulative_area_between_rows_and_after_the_last():
     series = pd.DataFrame({"time_s": [0.0, 2.0, 4.0], "area": [0.0, 10.0, 30.0], "used": [5, 10, 7]})
     at = np.array([1.0, 3.0, 4.0, 6.0, 4.5])
     assert cumulative_area_at(series, "area", "used", at).tolist() == [5.0, 20.0, 30.0, 44.0, 33.5]
+
+
+def test_a_state_observed_inside_a_jump_and_back_writes_no_second_row():
+    """Row A at 0 s; B observed at 1 s inside a jump (no row); A recorded again at 2 s is the last row
+    written, so no row: the series has the one row, and the areas still count B's second."""
+    recorder = Recorder(100, MemorySink())
+    a, b = state(10, 1, (10, 10)), state(20, 1, (20, 20))
+    recorder.record(0.0, a)
+    recorder.observe(1.0, b)
+    recorder.record(2.0, a)
+    assert list(recorder.frame()["time_s"]) == [0.0]
+    # used: 10 x 1 + 20 x 1 + 10 x 1 over [0, 3] = 40 -> 40 / 3 / 100
+    assert recorder.time_averages(3.0)["mean_used_frac"] == pytest.approx(40 / 300, rel=1e-12)
+
+
+def test_peak_running_of_a_run_that_never_ran_anything_is_zero():
+    recorder = Recorder(100, MemorySink())
+    sample(recorder, 0.0, 0, 0, (0, 0))
+    assert recorder.peak_running == 0
+
+
+def test_only_a_float_residue_is_taken_for_zero():
+    """|share| under 1e-12 is the residue of summing areas (a category never held); 1e-12 itself and a
+    real negative share are kept."""
+    assert without_residue(-1e-17) == 0.0 and without_residue(3e-13) == 0.0
+    assert without_residue(1e-12) == 1e-12 and without_residue(-0.25) == -0.25
