@@ -68,3 +68,9 @@ def test_policies_listing_describes_every_policy_under_either_build() -> None:
         block = next(block for block in blocks if block.startswith(f"{name}\n"))
         summary = block.split("\n")[1].strip()
         assert len(summary) > 20, (name, summary)
+
+
+def test_a_name_registered_twice_is_refused_and_the_first_stays():
+    with pytest.raises(ValueError, match=r"^policy name 'paged' registered twice$"):
+        register("paged", PrefixCachingPolicy)
+    assert make_policy("paged", PoolSpec(64, 4, 16)).__class__ is PagedPolicy
