@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from policies import OutOfKVMemory, PolicyInputError, PoolSpec, make_policy
-from policies.base import NO_HIT
+from policies.base import ABSTRACT_METHODS, NO_HIT, KVCachePolicy, PrefixHit
 
 
 def test_grow_each_grows_in_order_and_returns_the_rooms_by_hand():
@@ -118,3 +118,76 @@ def test_capped_admission_serves_no_more_than_the_cap_or_refuses():
     assert policy.breakdown_values() == (8, 0, 0, 0, 8, 0)
     assert policy.admit_capped(3, prompt, 10, 93, 0, 6) == 6
     assert policy.breakdown_values() == (16, 0, 0, 0, 0, 0) and policy.seq_len(3) == 8
+
+
+def test_a_final_length_may_pass_max_model_len_by_the_lookahead_slots_only():
+    """max_model_len 16 and 3 lookahead slots: a final length of 19 is admitted, 20 refused, the
+    message naming both; without lookahead 17 is refused with no lookahead in the message."""
+    policy = make_policy("contiguous", PoolSpec(64, 4, 16))
+    policy.hold_lookahead(3)
+    policy.admit(1, ((1, 4),), 19, output_content_id=9)
+    with pytest.raises(
+        PolicyInputError, match=r"^sequence 2: final_len=20 exceeds max_model_len=16 \+ 3 lookahead slots$"
+    ):
+        policy.admit(2, ((1, 4),), 20, output_content_id=9)
+    with pytest.raises(PolicyInputError, match=r"^sequence 2: final_len=17 exceeds max_model_len=16$"):
+        make_policy("contiguous", PoolSpec(64, 4, 16)).admit(2, ((1, 4),), 17, output_content_id=9)
+
+
+def test_match_looks_up_in_the_prompts_namespace():
+    """The scheduler's match (inherited by the prefix policy) is the lookup in the request's own
+    namespace: blocks cached in namespace 0 serve namespace 0 only."""
+    policy = make_policy("prefix", PoolSpec(64, 4, 64))
+    policy.admit(1, ((1, 9),), 9, output_content_id=9)
+    policy.free(1)
+    assert policy.match(((1, 9),)).cached_tokens == 8  # two whole blocks, never the last token
+    assert policy.match(((1, 9),), namespace=1) == NO_HIT
+
+
+def test_an_out_of_memory_error_rebuilt_from_its_args_keeps_its_hit():
+    """SimPy re-raises a process's exception as ``type(e)(*e.args)``: every field must survive."""
+    error = OutOfKVMemory("no room", 12, 4, PrefixHit(8, (0, 1)))
+    copy = type(error)(*error.args)
+    assert (str(copy), copy.needed_slots, copy.free_slots, copy.prefix_hit) == (
+        "no room",
+        12,
+        4,
+        PrefixHit(8, (0, 1)),
+    )
+
+
+def test_without_sharing_physical_and_logical_slots_are_what_sequences_hold():
+    """The default sharing figures: used + reserved + internal, twice (5 + 3 + 2 = 10)."""
+
+    def stub(self, *args, **kwargs):
+        return 0
+
+    methods = {name: stub for name in ABSTRACT_METHODS}
+    methods["breakdown_values"] = lambda self: (5, 3, 2, 7, 1, 20)
+    policy = type("Unshared", (KVCachePolicy,), methods)(PoolSpec(64, 4, 16))
+    assert policy.sharing_slots() == (10, 10)
+
+
+def test_capped_admission_checks_the_final_length_and_keeps_the_namespace():
+    """contiguous with oracle reservation (a sequence reserves its final length), 24 slots: after 16
+    reserved for sequence 1, 8 are left: a prompt of 4 with final length 8 fits, 12 does not."""
+    policy = make_policy("contiguous", PoolSpec(24, 4, 16), reservation="oracle")
+    policy.admit(1, ((1, 4),), 16, output_content_id=9)
+    assert policy.can_admit_capped(((2, 4),), 8, 0, 0)
+    assert not policy.can_admit_capped(((2, 4),), 12, 0, 0)
+
+
+def test_capped_admission_admits_in_the_requests_namespace_with_its_output_stream():
+    """radix: the 8 tokens of sequence 1 (content 1 then its output 91) are cached in namespace 0.
+    In namespace 1 the same prompt hits nothing, so a cap of 0 admits it, serving 0; its 2 decoded
+    tokens are of output stream 93, so once it ends, prompt + 93 hits 7 in namespace 1 (never the
+    last token) and nothing of 93 in namespace 0."""
+    policy = make_policy("radix", PoolSpec(32, 1, 32))
+    policy.admit(1, ((1, 6),), 12, output_content_id=91)
+    policy.grow_each([1], [2])
+    policy.free(1)
+    assert policy.admit_capped(3, ((1, 6),), 10, 93, 1, 0) == 0
+    policy.grow_each([3], [2])
+    policy.free(3)
+    assert policy.lookup(((1, 6), (93, 2)), namespace=1).cached_tokens == 7
+    assert policy.lookup(((1, 6), (93, 2)), namespace=0).cached_tokens == 6
