@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.costs.terms import DecodeCost
-from sim.engine.event_skip import JumpTimeline, decode_series_s, decode_token_weight_s, iterations_to_reach
+from sim.engine.event_skip import (
+    JumpTimeline,
+    decode_series_s,
+    decode_token_weight_s,
+    iterations_to_reach,
+    scheduled_iterations_to_reach,
+)
 
 DECODE = DecodeCost(intercept_s=0.01, per_seq_s=0.0002, per_context_token_s=3e-7)
 
@@ -108,3 +117,113 @@ def test_series_by_hand():
     # token per sequence first). Step = 0.5 + 0.25 x 2 + 0.125 x context: 2.5, 2.75, 3.0 = 8.25 s.
     cost = DecodeCost(intercept_s=0.5, per_seq_s=0.25, per_context_token_s=0.125)
     assert decode_series_s(cost, 3, 2, 10) == 8.25
+
+
+@pytest.mark.parametrize(
+    ("cost", "batch", "context", "growth", "series_s", "expected"),
+    [
+        # Context 1 + 0.5 (windows cap the growth at 0.5 a token): 2 + 0.5 x 3 + 1 x 1.5 = 5 s.
+        (DecodeCost(2.0, 0.5, 1.0), 3, 1, 0.5, 5.0, 2),
+        # Context 10 + 8 = 18: 1.5 + 18 = 19.5 s.
+        (DecodeCost(1.5, 0.0, 1.0), 8, 10, None, 19.5, 2),
+        # Contexts 5, 8, 11: 2 + 0.5 x 3 + 5 = 8.5, then 11.5, 14.5: 34.5 s in 3.
+        (DecodeCost(2.0, 0.5, 1.0), 3, 2, None, 34.5, 4),
+    ],
+)
+def test_iterations_to_reach_a_hair_over_the_series(cost, batch, context, growth, series_s, expected):
+    # The budget is one ulp over the time of expected - 1 iterations: those fall short, so one more is
+    # needed. The quadratic's root rounds to expected - 1 exactly here; stepping up must correct it.
+    budget = math.nextafter(series_s, math.inf)
+    assert iterations_to_reach(cost, batch, context, budget, growth) == expected
+
+
+@pytest.mark.parametrize(
+    ("cost", "batch", "context", "budget", "expected"),
+    [
+        # Context 1 + 1 = 2: 0.1 + 0.2 x 2 = 0.5 s, the budget exactly.
+        (DecodeCost(0.1, 0.0, 0.2), 1, 1, 0.5, 1),
+        # Contexts 2, 3: 1 + 0.3 x 2 = 1.6, 1 + 0.3 x 3 = 1.9; 3.5 s in 2.
+        (DecodeCost(1.0, 0.0, 0.3), 1, 1, 3.5, 2),
+        # Contexts 5, 9, 13: 0.2 + 0.2 x 5 = 1.2, 2.0, 2.8; 6.0 s in 3.
+        (DecodeCost(0.2, 0.0, 0.2), 4, 1, 6.0, 3),
+    ],
+)
+def test_iterations_to_reach_a_budget_met_exactly(cost, batch, context, budget, expected):
+    # The iterations take the budget exactly (to the bit), so no further one is needed. The
+    # quadratic's root rounds just above expected here; stepping down must correct it.
+    assert iterations_to_reach(cost, batch, context, budget) == expected
+
+
+class ListedSchedule:
+    """A speculative schedule in which every iteration keeps one draft (two tokens each), listed
+    for ``length`` iterations; ``starts`` as ``sim.engine.speculation.TokenSchedule``'s."""
+
+    def __init__(self, length: int):
+        self.first_tokens = [0] + [2 * i - 1 for i in range(1, length + 1)]
+
+    def starts(self, first: int, count: int) -> np.ndarray:
+        if first + count >= len(self.first_tokens):
+            raise IndexError("past the listed schedule")
+        window = np.array(self.first_tokens[first : first + count + 1], dtype=np.float64)
+        return window[1:] - window[0]
+
+
+FREE = DecodeCost(intercept_s=0.0, per_seq_s=0.0, per_context_token_s=0.0)
+
+
+def test_free_iterations_meet_a_zero_budget_at_once():
+    # Iterations that cost nothing: one of them already takes the 0 s budget (k >= 1).
+    assert iterations_to_reach(FREE, 4, 100, 0.0) == 1
+    assert scheduled_iterations_to_reach(FREE, 4, 100, 0.0, ListedSchedule(100), 0) == 1
+
+
+def test_iterations_to_reach_beyond_stepping():
+    # Attention windows cap the context (growth 0): every iteration takes 0.5 + 0.5 x 1 = 1 s, and
+    # 2**63 s take more iterations than stepping is for (1 << 62): found by bisecting the series,
+    # which is the float of k. Floats between 2**62 and 2**63 are 1024 apart: 2**63 - 512 is halfway
+    # and rounds to even, 2**63; 2**63 - 513 rounds down to 2**63 - 1024.
+    cost = DecodeCost(intercept_s=0.5, per_seq_s=0.0, per_context_token_s=0.5)
+    assert iterations_to_reach(cost, 2, 1, 2.0**63, 0.0) == 2**63 - 512
+
+
+def test_iterations_to_reach_a_billion_iterations():
+    # The j-th iteration attends over 2j tokens and takes 2j s, so k of them take k(k + 1) s:
+    # 10**9 x (10**9 + 1) = 1e18 + 1e9 >= 1e18 > (10**9 - 1) x 10**9 = 1e18 - 1e9. (Far too many
+    # to step through: the closed form's root must land within a few iterations of the answer.)
+    cost = DecodeCost(intercept_s=0.0, per_seq_s=0.0, per_context_token_s=1.0)
+    assert iterations_to_reach(cost, 2, 0, 1e18) == 10**9
+
+
+@pytest.mark.parametrize(("budget", "expected"), [(2524.5, 99), (2524.75, 100), (2575.0, 100)])
+def test_scheduled_iterations_to_reach_past_the_first_window(budget, expected):
+    # After iteration 3 the j-th iteration starts 2j tokens on; windows cap the context's growth at 2
+    # a token, so it takes 0.5 + 0.125 x 2 x 2j = 0.5 + 0.5j s and k of them 0.5k + 0.25k(k + 1):
+    # 99 -> 49.5 + 2475 = 2524.5, 100 -> 50 + 2525 = 2575 (more than the first 64 looked at).
+    cost = DecodeCost(intercept_s=0.5, per_seq_s=0.0, per_context_token_s=0.125)
+    assert scheduled_iterations_to_reach(cost, 4, 0, budget, ListedSchedule(1000), 3, 2.0) == expected
+
+
+def test_token_weight_with_capped_growth():
+    # Windows cap the growth at 1 a token: the j-th iteration attends over 10 + j, so takes
+    # 0.5 + 0.25 x 2 + 0.125 x (10 + j) = 2.25 + 0.125j: 2.375, 2.5, 2.625; weighted 2.375 + 2 x 2.5 +
+    # 3 x 2.625 = 15.25.
+    cost = DecodeCost(intercept_s=0.5, per_seq_s=0.25, per_context_token_s=0.125)
+    assert decode_token_weight_s(cost, 3, 2, 10, 1.0) == 15.25
+    assert JumpTimeline(2.0, 3, cost, 2, 10, rate=1.0).token_weight_s(3) == 15.25
+
+
+def test_token_weight_refuses_a_short_schedule():
+    # Three listed iterations but tokens gained for only two: no weight is made up for the third.
+    timeline = JumpTimeline(1.0, 3, DECODE, 2, 10, durations=(1.0, 1.0, 1.0), growth=(1.0, 2.0))
+    with pytest.raises(ValueError):
+        timeline.token_weight_s(3)
+
+
+@pytest.mark.parametrize(
+    ("instant", "expected"),
+    [(0.0, 0), (1.0, 0), (1.25, 1), (1.5, 1), (1.6, 2), (1.75, 2), (2.0, 3), (100.0, 3)],
+)
+def test_iterations_ended_before_by_hand(instant, expected):
+    # Iterations end at 1.0, 1.5 and 1.75; an iteration ending at the instant has not ended before it.
+    timeline = JumpTimeline(1.0, 2, DECODE, 2, 10, durations=(0.5, 0.25))
+    assert timeline.iterations_ended_before(instant) == expected
