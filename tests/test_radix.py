@@ -533,8 +533,10 @@ def test_random_operations_match_an_independent_recount(page_size, pool_slots, o
             elif live and kind == "fork":
                 parent = live[choice % len(live)]
                 length = policy.seq_len(parent)
+                # (Children's ids apart from the admitted ones, which count operations, at most 60:
+                # next_id * 10 + i once collided with a later admission's id.)
                 children = [
-                    ChildSpec(next_id * 10 + i, min(MAX_LEN, length + 5), 5000 + i) for i in range(amount)
+                    ChildSpec(1000 * next_id + i, min(MAX_LEN, length + 5), 5000 + i) for i in range(amount)
                 ]
                 policy.fork(parent, children)
                 live.extend(child.seq_id for child in children)
