@@ -78,6 +78,7 @@ from policies.base import (
     PrefixHit,
     SequenceTable,
     register,
+    unknown_sequence,
 )
 from policies.prefix import block_pieces
 from token_content import Segment, TokenContent, content_length, validate_content
@@ -267,6 +268,46 @@ class RadixPolicy(SequenceTable[RadixSequence]):
             seq.append(segment)
         seq.num_tokens += num_tokens
         self._account(seq, +1)
+
+    def grow_each(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> list[int]:
+        """As the base class's, in one pass when the free slots hold every sequence's new pages.
+
+        With pages of one token the engine calls this at every decode iteration for every running
+        sequence (no sequence has room past its next token), so the per-sequence work is written out
+        here. Nothing is evicted then, so the order of the grows cannot change the outcome; when
+        the tree must give slots back, each grow runs in turn, evicting as SGLang would."""
+        if len(seq_ids) != len(num_tokens) or len(set(seq_ids)) != len(seq_ids):
+            raise PolicyInputError(
+                f"grow_each needs distinct sequence ids, one token count each: {list(seq_ids)}, {list(num_tokens)}"
+            )
+        sequences = self.sequences
+        grown: list[RadixSequence] = []
+        needed = 0
+        for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+            seq = sequences.get(seq_id)
+            if seq is None:
+                raise unknown_sequence(seq_id)
+            self._check_growth(seq_id, tokens, seq.num_tokens, seq.final_len)
+            own = seq.num_tokens - seq.tree_len
+            needed += self._pages(own + tokens) - self._pages(own)
+            grown.append(seq)
+        if needed > self._free_slots():
+            return super().grow_each(seq_ids, num_tokens)  # evictions: one grow at a time
+        rooms = []
+        target_change = 0
+        for seq, tokens in zip(grown, num_tokens, strict=True):
+            # (What _account's -1 then +1 would change, written as the difference.)
+            own_limit = seq.final_len - seq.tree_len
+            own_slots_before = self._pages(seq.num_tokens - seq.tree_len)
+            seq.append((seq.output_content_id, tokens))
+            seq.num_tokens += tokens
+            own_slots = self._pages(seq.num_tokens - seq.tree_len)
+            target_change += min(own_slots, own_limit) - min(own_slots_before, own_limit)
+            rooms.append(min(seq.tree_len + own_slots, seq.final_len) - seq.num_tokens)
+        self._own_tokens += sum(num_tokens)
+        self._own_slots += needed
+        self._own_target += target_change
+        return rooms
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
         parent = self._get(parent_id)

@@ -86,6 +86,71 @@ def test_pool_of_an_odd_number_of_slots_in_pages_of_one():
 
 
 # --------------------------------------------------------------------------------------------------
+# grow_each: one pass while nothing is evicted, one grow at a time when something must be
+# --------------------------------------------------------------------------------------------------
+
+
+def test_grow_each_in_pages_of_three_by_hand():
+    """Pool of 30, pages of 3. A: 4 prompt tokens (3 in the tree, 1 own in a page), will reach 9.
+    B: 2 prompt tokens (none in the tree: no whole page), will reach 4. Free: 30 - 3 - 3 - 3 = 21.
+    grow_each: A by 4 (own 1 -> 5 tokens, pages 3 -> 6 slots; room: min(3 + 6, 9) - 8 = 1),
+    B by 2 (own 2 -> 4, pages 3 -> 6, of which only 4 will be filled: room min(0 + 6, 4) - 4 = 0).
+    Own tokens 9, own slots 12, slots they will fill 6 + 4 = 10: used 3 + 9, reserved 1, internal 2,
+    free 30 - 3 - 12 = 15."""
+    policies = [radix_pool(30, page_size=3), radix_pool(30, page_size=3)]
+    for policy in policies:
+        policy.admit(1, ((1, 4),), 9, output_content_id=501)
+        policy.admit(2, ((2, 2),), 4, output_content_id=502)
+        assert breakdown(policy) == (6, 3, 0, 0, 0, 21)
+    one_pass, one_at_a_time = policies
+    assert one_pass.grow_each([1, 2], [4, 2]) == [1, 0]
+    assert breakdown(one_pass) == (12, 1, 2, 0, 0, 15)
+    one_at_a_time.grow(1, 4)
+    one_at_a_time.grow(2, 2)
+    assert breakdown(one_at_a_time) == breakdown(one_pass)
+    assert one_pass.sequences[1].segments == [(1, 4), (501, 4)]
+    assert one_pass.sequences[2].segments == [(2, 2), (502, 2)]
+    assert one_pass.sharing_slots() == one_at_a_time.sharing_slots() == (3 + 12, 3 + 12)
+    check_against_recount(one_pass)
+    # A's output stream grows in place: one more token joins its last segment.
+    assert one_pass.grow_each([1], [1]) == [0]
+    assert one_pass.sequences[1].segments == [(1, 4), (501, 5)]
+    check_against_recount(one_pass)
+
+
+def test_grow_each_that_needs_an_eviction_grows_one_at_a_time():
+    """Pool of 10, pages of 1. A (6 tokens) finishes: a 6-token leaf, cached. B: 2 prompt tokens,
+    both in the tree. Free 2, cached 6. B grows by 3: one slot short, so the cached leaf is evicted
+    whole (6 evictions of a one-token page) and B's 3 tokens are its own: used 2 + 3, free 5."""
+    policy = radix_pool(10)
+    policy.admit(1, ((1, 6),), 6, output_content_id=501)
+    policy.free(1)
+    policy.admit(2, ((2, 2),), 10, output_content_id=502)
+    assert breakdown(policy) == (2, 0, 0, 0, 6, 2)
+    assert policy.grow_each([2], [3]) == [0]
+    assert breakdown(policy) == (5, 0, 0, 0, 0, 5)
+    assert policy.stats.evictions == 6
+    check_against_recount(policy)
+
+
+def test_grow_each_refuses_unknown_sequences_and_overgrowth_and_changes_nothing():
+    policy = radix_pool(32)
+    policy.admit(1, ((1, 4),), 8, output_content_id=501)
+    before = breakdown(policy)
+    with pytest.raises(PolicyInputError, match=r"^unknown sequence id 9 \(never admitted, or already freed\)$"):
+        policy.grow_each([1, 9], [1, 1])
+    with pytest.raises(PolicyInputError, match=r"^sequence 1: growing 4 by 5 tokens passes its final length 8$"):
+        policy.grow_each([1], [5])
+    with pytest.raises(PolicyInputError, match=r"^grow_each needs distinct sequence ids"):
+        policy.grow_each([1, 1], [1, 1])
+    assert breakdown(policy) == before
+    policy.admit(2, ((2, 4),), 32, output_content_id=502)
+    with pytest.raises(OutOfKVMemory, match=r"^growing sequences \[2\] needs 25 slots, 24 available$"):
+        policy.grow_each([2], [25])
+    assert breakdown(policy) == (8, 0, 0, 0, 0, 24)
+
+
+# --------------------------------------------------------------------------------------------------
 # Out of memory: what the refusal reports
 # --------------------------------------------------------------------------------------------------
 
