@@ -137,9 +137,13 @@ def test_grow_each_refuses_unknown_sequences_and_overgrowth_and_changes_nothing(
     policy = radix_pool(32)
     policy.admit(1, ((1, 4),), 8, output_content_id=501)
     before = breakdown(policy)
-    with pytest.raises(PolicyInputError, match=r"^unknown sequence id 9 \(never admitted, or already freed\)$"):
+    with pytest.raises(
+        PolicyInputError, match=r"^unknown sequence id 9 \(never admitted, or already freed\)$"
+    ):
         policy.grow_each([1, 9], [1, 1])
-    with pytest.raises(PolicyInputError, match=r"^sequence 1: growing 4 by 5 tokens passes its final length 8$"):
+    with pytest.raises(
+        PolicyInputError, match=r"^sequence 1: growing 4 by 5 tokens passes its final length 8$"
+    ):
         policy.grow_each([1], [5])
     with pytest.raises(PolicyInputError, match=r"^grow_each needs distinct sequence ids"):
         policy.grow_each([1, 1], [1, 1])
