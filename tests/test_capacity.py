@@ -605,12 +605,80 @@ def test_kv_heads_replicate_when_tp_is_a_multiple() -> None:
             {"kv_cache_memory_bytes": 1},
             "kv_cache_memory_bytes (1) is smaller than one KV block (2,097,152 bytes = 16 tokens x 131,072 bytes)",
         ),
+        ({"expert_parallel_size": 0}, "expert_parallel_size must be an integer >= 1, got 0"),
+        ({"data_parallel_size": 0}, "data_parallel_size must be an integer >= 1, got 0"),
+        # A float of whole value is refused too, not only values under 1.
+        ({"data_parallel_size": 2.0}, "data_parallel_size must be an integer >= 1, got 2.0"),
+        # EP 2 over TP 4: 2 % 4 = 2, not a multiple.
+        (
+            {"expert_parallel_size": 2, "tensor_parallel_size": 4},
+            "expert_parallel_size (2) must be a multiple of tensor_parallel_size (4)",
+        ),
+        # The smallest EP, 2, is checked too: Llama-3.1-8B has no experts to deal out.
+        (
+            {"expert_parallel_size": 2},
+            "enable_expert_parallel: Llama-3.1-8B is a dense model (no routed experts to deal out over the "
+            "GPUs); remove it, or pick a mixture of experts",
+        ),
     ],
 )
 def test_argument_messages_in_full(kwargs: dict[str, int], message: str) -> None:
     with pytest.raises(ValueError) as error:
         size_kv_pool("Llama-3.1-8B", "A100-80GB", **kwargs)
     assert str(error.value) == message
+
+
+@pytest.mark.parametrize(
+    ("tp", "ep", "message"),
+    [
+        # Qwen3-30B-A3B: routed experts 28,991,029,248 params (tests/test_expert_parallel.py), the rest
+        # 30,532,122,624 - 28,991,029,248 = 1,541,093,376 params; 2 B each.
+        # EP 2, TP 1: 3,082,186,752 + 57,982,058,496 / 2 = 32,073,216,000 B (29.87 GiB) per GPU.
+        # T4: budget ceil(17,179,869,184 x 0.9) = 15,461,882,266 B (14.40 GiB); reserve 1 GiB:
+        # left 15,461,882,266 - 32,073,216,000 - 1,073,741,824 = -17,685,075,558 B (-16.47 GiB).
+        (
+            1,
+            2,
+            "Qwen3-30B-A3B on T4-16GB (experts dealt over 2 GPUs, per GPU) does not fit: GPU memory "
+            "16.00 GiB x gpu_memory_utilization 0.9 = 14.40 GiB; weights 29.87 GiB (30,532,122,624 params "
+            "x 2 B / tp 1, routed experts / ep 2); activation reserve 1.00 GiB; left for the KV cache: "
+            f"-16.47 GiB (-17,685,075,558 bytes): the weights alone exceed it. {ADVICE}",
+        ),
+        # EP 4, TP 2: 3,082,186,752 / 2 + 57,982,058,496 / 4 = 1,541,093,376 + 14,495,514,624
+        # = 16,036,608,000 B (14.94 GiB); left 15,461,882,266 - 16,036,608,000 - 1,073,741,824
+        # = -1,648,467,558 B (-1.54 GiB).
+        (
+            2,
+            4,
+            "Qwen3-30B-A3B on T4-16GB (tensor_parallel_size=2, experts dealt over 4 GPUs, per GPU) does not "
+            "fit: GPU memory 16.00 GiB x gpu_memory_utilization 0.9 = 14.40 GiB; weights 14.94 GiB "
+            "(30,532,122,624 params x 2 B / tp 2, routed experts / ep 4); activation reserve 1.00 GiB; "
+            f"left for the KV cache: -1.54 GiB (-1,648,467,558 bytes): the weights alone exceed it. {ADVICE}",
+        ),
+    ],
+)
+def test_does_not_fit_message_under_expert_parallelism(tp: int, ep: int, message: str) -> None:
+    with pytest.raises(ModelDoesNotFitError) as info:
+        size_kv_pool(
+            "Qwen3-30B-A3B",
+            "T4-16GB",
+            tensor_parallel_size=tp,
+            expert_parallel_size=ep,
+            activation_reserve_bytes=GiB,
+        )
+    assert str(info.value) == message
+
+
+def test_capacity_line_names_data_parallelism_first() -> None:
+    # Llama-3.1-70B on H100s at tp 4 (test_tensor_parallel_llama_3_1_70b_on_4_h100), now 2 DP ranks:
+    # each rank's pool is the same 31,257 blocks. Per GPU: weights 35,276,853,248 B = 32.85 GiB,
+    # reserve 1,062,469,632 B = 0.99 GiB, KV 31,257 x 1,310,720 = 40,969,175,040 B = 38.16 GiB.
+    cap = size_kv_pool("Llama-3.1-70B", "H100-80GB", tensor_parallel_size=4, data_parallel_size=2)
+    assert (cap.num_gpu_blocks, cap.data_parallel_size) == (31_257, 2)
+    assert cap.capacity_lines(8192)[2] == (
+        "data_parallel_size 2 (a pool per rank), tensor_parallel_size 4, per GPU: weights 32.85 GiB, "
+        "activation reserve 0.99 GiB, KV cache 38.16 GiB (81,920 B per token)"
+    )
 
 
 def test_zero_activation_reserve_is_allowed() -> None:

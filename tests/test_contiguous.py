@@ -49,17 +49,40 @@ def test_registered_and_built_by_name() -> None:
 
 
 @pytest.mark.parametrize(
-    ("options", "named", "valid"),
+    ("options", "message"),
     [
-        ({"reservation": "min"}, "'min'", "max, pow2, oracle"),
-        ({"placement": "worst_fit"}, "'worst_fit'", "first_fit, best_fit, buddy"),
+        ({"reservation": "min"}, "contiguous: unknown reservation 'min'; valid values: max, pow2, oracle"),
+        (
+            {"placement": "worst_fit"},
+            "contiguous: unknown placement 'worst_fit'; valid values: first_fit, best_fit, buddy",
+        ),
     ],
 )
-def test_unknown_options_are_named(options: dict[str, str], named: str, valid: str) -> None:
+def test_unknown_options_are_named(options: dict[str, str], message: str) -> None:
     with pytest.raises(PolicyInputError) as error:
         ContiguousPolicy(PoolSpec(64, 16, 32), **options)
-    assert named in str(error.value)
-    assert valid in str(error.value)
+    assert str(error.value) == message
+
+
+@pytest.mark.parametrize(
+    ("reservation", "placement", "reference"),
+    [
+        ("max", "first_fit", 20 + 4),  # the longest reservation grows by the lookahead slots
+        ("max", "buddy", 64),  # 30 + 4 = 34 rounds up to 64 (without them: 32)
+        ("pow2", "first_fit", 1),  # the smallest region until a request is seen
+        ("oracle", "buddy", 1),
+    ],
+)
+def test_lookahead_slots_widen_the_reference_of_the_max_reservation(
+    reservation: str, placement: str, reference: int
+) -> None:
+    """Before any request, the external-fragmentation reference is the region a request of the
+    longest reservation takes: ``max_model_len`` plus the speculative lookahead slots each sequence
+    holds (``hold_lookahead``). The other reservations size regions by the request: no change."""
+    max_model_len = 30 if placement == "buddy" else 20
+    p = ContiguousPolicy(PoolSpec(128, 1, max_model_len), reservation=reservation, placement=placement)
+    p.hold_lookahead(4)
+    assert p.reference_size == reference
 
 
 # --------------------------------------------------------------------------------------------------
