@@ -26,3 +26,142 @@ def test_sort_by_admission_is_sorted_by_admission(admissions):
     expected = sorted(states, key=lambda state: state.admission)
     _sort_by_admission(states)
     assert [id(state) for state in states] == [id(state) for state in expected]
+
+
+# --------------------------------------------------------------------------------------------------
+# The clock against a stand-in coordinator: what it tells the policy, and when the next flush falls
+# --------------------------------------------------------------------------------------------------
+
+
+class _Pool:
+    """Stands in for the KV coordinator: each sequence's growth room is set by the test; the clock's
+    calls are recorded."""
+
+    def __init__(self, rooms: dict[int, int]):
+        self.rooms = rooms
+        self.grown: list[tuple[int, int]] = []
+
+    def grow(self, seq_id: int, num_tokens: int) -> None:
+        self.grown.append((seq_id, num_tokens))
+        self.rooms[seq_id] -= num_tokens
+
+    def grow_each(self, seq_ids, num_tokens) -> list[int]:
+        for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+            self.grow(seq_id, tokens)
+        return [self.rooms[seq_id] for seq_id in seq_ids]
+
+    def growth_room(self, seq_id: int) -> int:
+        return self.rooms[seq_id]
+
+
+def _decoding(seq_ids: list[int], output_len: int = 20, n: int = 1):
+    from sim.engine.decoding import RequestState
+    from sim.outputs.metrics import RequestRecord
+    from tests.engine_helpers import request
+
+    state = RequestState(
+        request(1, 0.0, 8, output_len, n=n), RequestRecord(1, 0.0, 8, output_len, n, 1, output_len)
+    )
+    state.seq_ids = list(seq_ids)
+    state.sample_lens = [output_len] * len(seq_ids)
+    state.context = 8
+    state.is_running = True
+    return state
+
+
+def _clock(rooms: dict[int, int], *, defer_growth: bool = True):
+    from sim.engine.decoding import DecodeClock
+
+    pool = _Pool(rooms)
+    return DecodeClock(pool, defer_growth=defer_growth), pool
+
+
+def test_a_new_request_has_nothing_admitted_and_nothing_decoded():
+    """Every field of a new request's state, as the engine's first reads of it expect."""
+    from sim.engine.decoding import NEVER, RequestState
+    from sim.outputs.metrics import RequestRecord
+    from tests.engine_helpers import request
+
+    state = RequestState(request(1, 0.0, 8, 4), RequestRecord(1, 0.0, 8, 4, 1, 1, 4))
+    assert state.seq_ids == []
+    assert (state.tokens_to_prefill, state.prefilled, state.swapped_tokens) == (0, 0, 0)
+    assert (state.waited_for_memory, state.is_running, state.decoding) == (False, False, False)
+    assert all(type(flag) is bool for flag in (state.waited_for_memory, state.is_running, state.decoding))
+    assert (state.admission, state.unforked, state.end_version) == (0, 0, 0)
+    assert (state.generated, state.context, state.synced_clock) == (0, 0, 0)
+    assert (state.finish_due, state.beam_due, state.flush_clock) == (NEVER, NEVER, NEVER)
+    assert (state.remote_kv, state.kv_landed) == (False, False)
+    assert type(state.remote_kv) is bool and type(state.kv_landed) is bool
+    assert state.queued_s == float("-inf")
+    assert (state.entered_iteration, state.entered_token, state.windows_held) == (0, 0, 0)
+    assert state.sample_lens == [4]
+
+
+@pytest.mark.python_sources  # a stand-in for the compiled coordinator
+@pytest.mark.parametrize(("defer_growth", "first_flush"), [(True, 5 + 1), (False, 1)])
+def test_the_first_flush_falls_when_the_room_runs_out_or_at_once_in_single_steps(defer_growth, first_flush):
+    """A request entering at clock 0 with 5 tokens of room: its first flush is at clock 6 (the token
+    past its room); stepping singly (``step_mode: single``, no deferred growth) at clock 1."""
+    clock, _pool = _clock({1: 5}, defer_growth=defer_growth)
+    state = _decoding([1])
+    clock.enter(state)
+    assert clock.next_flush() == first_flush
+
+
+@pytest.mark.python_sources
+@pytest.mark.parametrize(("defer_growth", "next_flush"), [(True, 4 + 3 + 1), (False, 4 + 1)])
+def test_a_flush_schedules_the_next_at_the_smallest_room_of_the_requests_sequences(defer_growth, next_flush):
+    """Two sequences (samples) of one request, flushed at clock 4 with 4 pending tokens each; the
+    pool leaves them 7 and 3 tokens of room: the next flush is at 4 + 3 + 1 = 8 (the sequence that
+    runs out first), or at 5 when every token goes to the policy at once."""
+    clock, pool = _clock({1: 11, 2: 7}, defer_growth=defer_growth)
+    state = _decoding([1, 2], n=2)
+    clock.enter(state)
+    for _ in range(4):
+        clock.begin_iteration()
+    clock.flush(clock.due_flushes(NEVER_CLOCK), 4)
+    assert pool.grown == [(1, 4), (2, 4)]
+    assert (state.generated, state.context, state.synced_clock) == (4, 12, 4)
+    assert clock.next_flush() == next_flush
+
+
+NEVER_CLOCK = 1 << 61  # past any flush of these tests
+
+
+@pytest.mark.python_sources
+def test_sync_within_room_tells_the_policy_only_what_the_room_holds():
+    """Synced at 0 with 5 tokens of room: brought to clock 3, the policy hears of 3 tokens; asked for
+    clock 9, of the 5 the room holds (the rest is left for a flush)."""
+    clock, pool = _clock({1: 5})
+    state = _decoding([1])
+    clock.enter(state)
+    assert clock.sync_within_room(state, 3) == 3
+    assert pool.grown == [(1, 3)]
+    assert clock.sync_within_room(state, 9) == 5
+    assert pool.grown == [(1, 3), (1, 2)]
+    assert (state.generated, state.synced_clock) == (5, 5)
+
+
+@pytest.mark.python_sources
+def test_sync_within_room_without_sequences_brings_nothing():
+    """A request holding no sequence (preempted: its blocks freed) has no room: nothing is synced."""
+    clock, pool = _clock({})
+    state = _decoding([])
+    assert clock.sync_within_room(state, 4) == 0
+    assert (state.generated, state.synced_clock, pool.grown) == (0, 0, [])
+
+
+@pytest.mark.python_sources
+def test_sync_and_generated_stop_at_the_last_token():
+    """Output of 3 tokens: the request finishes at clock 3. Asked about clock 5 (a speculative step's
+    accepted drafts ran past it), it has generated 3 and the policy hears of 3, not 5."""
+    clock, pool = _clock({1: 10})
+    state = _decoding([1], output_len=3)
+    clock.enter(state)
+    for _ in range(5):
+        clock.begin_iteration()
+    assert clock.now == 5
+    assert clock.generated(state) == 3
+    clock.sync(state, 5)
+    assert pool.grown == [(1, 3)]
+    assert (state.generated, state.context, state.synced_clock) == (3, 11, 3)
