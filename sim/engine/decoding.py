@@ -117,7 +117,6 @@ class DecodeClock:
         self.now = 0
         self.iteration = 0  # iterations so far
         self.schedule = schedule
-        self.requests = 0
         self.sequences = 0
         self._synced_sum = 0  # Σ over decoding sequences of their request's synced_clock
         self._offset_sum = 0  # Σ over decoding sequences of (context - synced_clock)
@@ -305,14 +304,12 @@ class DecodeClock:
 
     def _add(self, state: RequestState) -> None:
         width = len(state.seq_ids)
-        self.requests += 1
         self.sequences += width
         self._synced_sum += width * state.synced_clock
         self._offset_sum += width * (state.context - state.synced_clock)
 
     def _remove(self, state: RequestState) -> None:
         width = len(state.seq_ids)
-        self.requests -= 1
         self.sequences -= width
         self._synced_sum -= width * state.synced_clock
         self._offset_sum -= width * (state.context - state.synced_clock)
