@@ -165,3 +165,51 @@ def test_sync_and_generated_stop_at_the_last_token():
     clock.sync(state, 5)
     assert pool.grown == [(1, 3)]
     assert (state.generated, state.context, state.synced_clock) == (3, 11, 3)
+
+
+@pytest.mark.python_sources
+def test_decode_steps_and_their_tokens_add_up_over_two_spells():
+    """Decoding from clock 0 to 4, preempted, back from 6 to 9: 4 + 3 = 7 steps, 7 tokens (one a
+    step without speculation), each spell counted from where it entered, not up to its last token."""
+    clock, _pool = _clock({1: 100})
+    state = _decoding([1])
+    clock.enter(state)
+    for _ in range(4):
+        clock.begin_iteration()
+    clock.leave(state, 4)
+    assert (state.record.decode_steps, state.record.decode_step_tokens) == (4, 4)
+    for _ in range(2):
+        clock.begin_iteration()
+    clock.enter(state)
+    for _ in range(3):
+        clock.begin_iteration()
+    clock.leave(state, 9)
+    assert (state.record.decode_steps, state.record.decode_step_tokens) == (7, 7)
+    assert state.generated == 7
+
+
+@pytest.mark.python_sources
+def test_a_speculative_request_leaving_keeps_the_drafts_past_its_room():
+    """Every step accepts 2 drafts (3 tokens a step: iteration 1 holds clocks 1-3, iteration 2 4-6).
+    A (two samples) and B decode from clock 0; A's sequences have 5 tokens of room. A leaves at clock
+    6: the policy hears of the 5 its room holds, the 6th (an accepted draft) still counts for A
+    (generated 6, context 8 + 6), and what is pending for B alone is left: 6 tokens."""
+    from sim.engine.decoding import DecodeClock
+    from sim.engine.speculation import AcceptanceModel, TokenSchedule
+
+    pool = _Pool({1: 5, 2: 5, 3: 100})
+    clock = DecodeClock(
+        pool, defer_growth=True, schedule=TokenSchedule(AcceptanceModel((0.0, 0.0, 1.0), "test"), 1)
+    )
+    a, b = _decoding([1, 2], n=2), _decoding([3])
+    b.admission = 1
+    clock.enter(a)
+    clock.enter(b)
+    for _ in range(2):
+        clock.begin_iteration()
+        clock.end_iteration()
+    assert clock.now == 6
+    clock.leave(a, 6)
+    assert pool.grown == [(1, 5), (2, 5)]
+    assert (a.generated, a.context, a.synced_clock) == (6, 14, 6)
+    assert clock.pending_tokens() == 6
