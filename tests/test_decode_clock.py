@@ -213,3 +213,26 @@ def test_a_speculative_request_leaving_keeps_the_drafts_past_its_room():
     assert pool.grown == [(1, 5), (2, 5)]
     assert (a.generated, a.context, a.synced_clock) == (6, 14, 6)
     assert clock.pending_tokens() == 6
+
+
+@pytest.mark.python_sources
+def test_iterations_start_where_the_speculative_schedule_says():
+    """Every step accepts 2 drafts: iteration i starts at clock 3i - 2 and ends at 3i. A jump's
+    further iterations (``advance``) and a step begun before the last one ended both read the
+    schedule, not the previous clock plus one."""
+    from sim.engine.decoding import DecodeClock
+    from sim.engine.speculation import AcceptanceModel, TokenSchedule
+
+    clock = DecodeClock(
+        _Pool({}), defer_growth=True, schedule=TokenSchedule(AcceptanceModel((0.0, 0.0, 1.0), "t"), 1)
+    )
+    clock.begin_iteration()
+    assert (clock.iteration, clock.now) == (1, 1)
+    clock.advance(2)
+    assert (clock.iteration, clock.now) == (3, 7)
+    clock.end_iteration()
+    assert clock.now == 9
+    clock.begin_iteration()
+    clock.begin_iteration()
+    assert (clock.iteration, clock.now) == (5, 13)
+    assert clock.tokens_per_sequence(4, 5) == 15 - 10 + 1
