@@ -91,7 +91,9 @@ def _collect(test_files: list[str]) -> set[str]:
     code = pytest.main(["--collect-only", "-q", *PYTEST_ARGS, *test_files], plugins=[collector])
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         # A test module that cannot be imported fails every mutant's run: all would count as killed.
-        raise SystemExit(f"mutation_fast: collecting {' '.join(test_files)} failed (exit {int(code)}): see above")
+        raise SystemExit(
+            f"mutation_fast: collecting {' '.join(test_files)} failed (exit {int(code)}): see above"
+        )
     return collector.ids
 
 
