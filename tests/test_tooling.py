@@ -163,6 +163,30 @@ def test_mutation_fast_verdicts_from_a_forked_child(monkeypatch):
     assert mutation_fast.run_mutant("hangs", ["t"], 0.5) == "timeout"
 
 
+@pytest.mark.parametrize(
+    ("exit_code", "stops"),
+    [
+        (pytest.ExitCode.OK, False),
+        (pytest.ExitCode.NO_TESTS_COLLECTED, False),
+        (pytest.ExitCode.INTERRUPTED, True),  # a test module that cannot be imported
+        (pytest.ExitCode.USAGE_ERROR, True),
+    ],
+)
+def test_mutation_fast_stops_when_the_named_tests_cannot_be_collected(monkeypatch, exit_code, stops):
+    """A test module that fails to import fails every mutant's run, which would count each one as
+    killed: the collection's exit code is checked before any mutant runs."""
+    from tools import mutation_fast
+
+    monkeypatch.setattr(pytest, "main", lambda args, plugins=(): exit_code)
+    if stops:
+        with pytest.raises(
+            SystemExit, match=r"^mutation_fast: collecting tests/test_x\.py failed \(exit \d\): see above$"
+        ):
+            mutation_fast._collect(["tests/test_x.py"])
+    else:
+        assert mutation_fast._collect(["tests/test_x.py"]) == set()
+
+
 def test_mutation_prepare_refreshes_stale_data_copies_and_never_writes_through_a_link(tmp_path):
     """mutmut copies data files once: a refitted calibration stays stale in ``mutants/``. A differing
     copy is refreshed, a missing one added, an equal one and the sources left alone, and a link in
