@@ -331,3 +331,25 @@ def test_forks_add_up_their_copied_tokens_and_free_keeps_shared_blocks():
     assert policy.block_table(1) == [0, 1]
     policy.free(1)
     assert len(policy.free_queue) == 9 and policy.ref_count[:2] == [1, 0]
+
+
+def test_folding_output_extends_the_output_stream_or_starts_it():
+    """A sequence's content is brought up to date with its pending output tokens: after the prompt
+    (stream 6, 4 tokens, then stream 7, 5 tokens) 3 output tokens of stream 900 start a segment
+    (ends 4, 9, 12); 2 more extend the last one in place (ends 4, 9, 14); with nothing pending,
+    nothing changes."""
+    from policies.paged import SequenceState
+
+    seq = SequenceState(1, 9, 20, 900, segments=[(6, 4), (7, 5)], segment_ends=[4, 9])
+    seq.fold_output()
+    assert (seq.segments, seq.segment_ends) == ([(6, 4), (7, 5)], [4, 9])
+    seq.output_pending = 3
+    seq.fold_output()
+    assert (seq.segments, seq.segment_ends, seq.output_pending) == ([(6, 4), (7, 5), (900, 3)], [4, 9, 12], 0)
+    seq.output_pending = 2
+    seq.fold_output()
+    assert (seq.segments, seq.segment_ends, seq.output_pending) == ([(6, 4), (7, 5), (900, 5)], [4, 9, 14], 0)
+    empty = SequenceState(2, 0, 4, 901)
+    empty.output_pending = 4
+    empty.fold_output()
+    assert (empty.segments, empty.segment_ends) == ([(901, 4)], [4])
