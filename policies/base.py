@@ -302,9 +302,7 @@ class KVCachePolicy:
 
     def _check_grow_each(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> None:
         if len(seq_ids) != len(num_tokens) or len(set(seq_ids)) != len(seq_ids):
-            raise PolicyInputError(
-                f"grow_each needs distinct sequence ids, one token count each: {list(seq_ids)}, {list(num_tokens)}"
-            )
+            raise grow_each_arguments_error(seq_ids, num_tokens)
         needed = 0
         for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
             self._check_growth(seq_id, tokens, self.seq_len(seq_id), self.final_len(seq_id))
@@ -478,6 +476,13 @@ SequenceT = TypeVar("SequenceT", bound=SequenceLengths)
 def unknown_sequence(seq_id: int) -> PolicyInputError:
     """The error for an operation on a sequence the pool does not hold."""
     return PolicyInputError(f"unknown sequence id {seq_id!r} (never admitted, or already freed)")
+
+
+def grow_each_arguments_error(seq_ids: Sequence[int], num_tokens: Sequence[int]) -> PolicyInputError:
+    """The error for a ``grow_each`` whose ids repeat or whose token counts do not pair with them."""
+    return PolicyInputError(
+        f"grow_each needs distinct sequence ids, one token count each: {list(seq_ids)}, {list(num_tokens)}"
+    )
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)

@@ -29,6 +29,7 @@ from policies.base import (
     PoolSpec,
     PrefixHit,
     SequenceTable,
+    grow_each_arguments_error,
     register,
 )
 from token_content import Segment, TokenContent, content_length
@@ -454,7 +455,7 @@ class PagedPolicy(SequenceTable[SequenceState]):
     ) -> None:
         count = len(sequences)
         if count != len(num_tokens) or (count > 1 and len(set(seq_ids)) != count):
-            raise PolicyInputError("grow_each needs distinct sequence ids, one token count each")
+            raise grow_each_arguments_error(seq_ids, num_tokens)
         total = 0
         for seq, tokens in zip(sequences, num_tokens):  # noqa: B905 (lengths checked above)
             if tokens <= 0 or seq.num_tokens + tokens > seq.final_len:

@@ -77,6 +77,7 @@ from policies.base import (
     PoolSpec,
     PrefixHit,
     SequenceTable,
+    grow_each_arguments_error,
     register,
     unknown_sequence,
 )
@@ -277,9 +278,7 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         here. Nothing is evicted then, so the order of the grows cannot change the outcome; when
         the tree must give slots back, each grow runs in turn, evicting as SGLang would."""
         if len(seq_ids) != len(num_tokens) or len(set(seq_ids)) != len(seq_ids):
-            raise PolicyInputError(
-                f"grow_each needs distinct sequence ids, one token count each: {list(seq_ids)}, {list(num_tokens)}"
-            )
+            raise grow_each_arguments_error(seq_ids, num_tokens)
         sequences = self.sequences
         grown: list[RadixSequence] = []
         needed = 0

@@ -187,7 +187,11 @@ def paged_with_one_free_block():
 @pytest.mark.parametrize(
     ("seq_ids", "tokens", "message"),
     [
-        ([1, 1], [1, 1], r"^grow_each needs distinct sequence ids, one token count each$"),
+        (
+            [1, 1],
+            [1, 1],
+            r"^grow_each needs distinct sequence ids, one token count each: \[1, 1\], \[1, 1\]$",
+        ),
         ([1], [0], r"^sequence 1: cannot grow by 0 tokens$"),
         ([2], [17], r"^sequence 2: growing 4 by 17 tokens passes its final length 20$"),  # 21 > 20
     ],

@@ -35,6 +35,7 @@ from policies.base import (
     PoolSpec,
     PrefixHit,
     SequenceTable,
+    grow_each_arguments_error,
 )
 from policies.hybrid.block_pool import SharedBlockPool
 from policies.hybrid.block_tables import GroupBlockTables
@@ -326,9 +327,7 @@ class GroupManager(SequenceTable[GroupSequence]):
         :class:`PolicyInputError` for an unknown sequence, one listed twice, or growth past its final
         length. A KV coordinator adds the groups' nets of one pool before it commits any."""
         if len(seq_ids) != len(num_tokens) or len(set(seq_ids)) != len(seq_ids):
-            raise PolicyInputError(
-                f"grow_each needs distinct sequence ids, one token count each: {list(seq_ids)}, {list(num_tokens)}"
-            )
+            raise grow_each_arguments_error(seq_ids, num_tokens)
         for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
             seq = self._get(seq_id)
             self._check_growth(seq_id, tokens, seq.num_tokens, seq.final_len)

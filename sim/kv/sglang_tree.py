@@ -17,6 +17,7 @@ from policies.base import (
     PolicyInputError,
     PolicyStats,
     PrefixHit,
+    grow_each_arguments_error,
     unknown_sequence,
 )
 from policies.prefix import block_pieces
@@ -148,7 +149,7 @@ class SGLangTreeCoordinator(KVCoordinator):
     def _growths(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> Iterator[tuple[Any, int]]:
         """Each growth's sequence and tokens, checked (distinct ids, within its final length)."""
         if len(seq_ids) != len(num_tokens) or len(set(seq_ids)) != len(seq_ids):
-            raise PolicyInputError(f"grow_each needs distinct sequence ids, one token count each: {seq_ids}")
+            raise grow_each_arguments_error(seq_ids, num_tokens)
         for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
             seq = self._get(seq_id)
             if tokens <= 0 or seq.num_tokens + tokens > seq.final_len:
