@@ -242,7 +242,7 @@ def test_a_window_no_request_reaches_warns_and_runs_as_full_attention(tmp_path):
 
 def test_a_chunk_no_request_crosses_warns_too():
     from sim.config import VariantConfig
-    from sim.runner import _warn_of_windows_past_max_model_len
+    from sim.runner.hybrid import _warn_of_windows_past_max_model_len
 
     variant = VariantConfig(name="hybrid", policy="vllm-hybrid")
     scout = resolve_model("Llama-4-Scout-17B-16E")

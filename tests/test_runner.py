@@ -1,4 +1,4 @@
-"""``sim/runner.py``: the summary of a variant from a hand-made requests table, the policy name
+"""``sim/runner/``: the summary of a variant from a hand-made requests table, the policy name
 rules, prefix pinning and a small run of one variant end to end. Every expected value is worked out
 by hand in the comments."""
 
@@ -224,16 +224,18 @@ def test_the_progress_bar_counts_requests_as_they_arrive(monkeypatch, cluster):
         def __iter__(self):  # the variants' bar of run_experiment
             return iter(self.options.get("iterable", ()))
 
-    monkeypatch.setattr(sim.runner, "tqdm", lambda *args, **options: FakeBar(**options))
+    monkeypatch.setattr(sim.runner.run, "tqdm", lambda *args, **options: FakeBar(**options))
     monkeypatch.setattr(sim.outputs.progress, "tqdm", lambda *args, **options: FakeBar(**options))
-    make_engine = sim.runner._make_engine
+    make_engine = sim.runner.run.make_engine
 
     def engine_seen_by_the_bar(*args, **options):
         engine = make_engine(*args, **options)
         bars[-1]["bar"].engine = engine  # each update records the simulated time it came at
         return engine
 
-    monkeypatch.setattr(sim.runner, "_make_engine", engine_seen_by_the_bar)
+    # (A single engine is made in sim/runner/run.py, a cluster's replicas in sim/runner/clusters.py.)
+    monkeypatch.setattr(sim.runner.run, "make_engine", engine_seen_by_the_bar)
+    monkeypatch.setattr(sim.runner.clusters, "make_engine", engine_seen_by_the_bar)
     data = {
         "name": "bar",
         "model": "Llama-3.1-8B",
@@ -361,7 +363,7 @@ def test_every_engine_knob_reaches_the_engine(monkeypatch):
             built.update(knobs=knobs, costs=costs, policy=policy, **kwargs)
             super().__init__(policy, costs, knobs, requests, **kwargs)
 
-    monkeypatch.setattr(sim.runner, "Engine", Recording)
+    monkeypatch.setattr(sim.runner.engines, "Engine", Recording)
     engine = {
         "block_size": 32,
         "max_num_seqs": 7,
