@@ -26,7 +26,7 @@ from sim.engine.core import Engine, EngineKnobs
 from sim.outputs import columns
 from sim.outputs.metrics import BREAKDOWN_COLUMNS
 from sim.results import load_results
-from sim.runner import prepare_experiment
+from sim.runner import prepare_experiment, run_experiment
 from tests.engine_helpers import RoundCostModel, request
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -402,6 +402,35 @@ def disaggregated_data(**disaggregation):
         ],
     }
 
+
+
+def test_every_replica_of_both_pools_has_its_own_host_tier():
+    # Llama-3.1-8B in bf16: 2 (K, V) x 32 layers x 8 KV heads x 128 x 2 B = 131,072 B a token, a block of
+    # 16 tokens 2 MiB, so 1 GiB of host memory holds 512 blocks, on each of the 2 + 3 replicas. (The
+    # replicas after each pool's first once ran without their tier: 512 x 2 = 1,024 blocks in all.)
+    data = disaggregated_data(prefill={"replicas": 2}, decode={"replicas": 3})
+    data["offload"] = {"host_memory_gib": 1}
+    data["workload"]["num_requests"] = 10
+    config = validate_experiment(data)
+    (_, pd) = prepare_experiment(config, ROOT / "pd.yaml").variants
+    assert pd.prefill_pool is not None and pd.prefill_pool.replica_policies is not None
+    assert pd.replica_policies is not None
+    replicas = [*pd.prefill_pool.replica_policies, *pd.replica_policies]
+    assert len({id(policy) for policy in replicas}) == 5
+    assert [policy.host_tier.capacity_blocks for policy in replicas] == [512] * 5
+    (_, result) = run_experiment(config, ROOT / "pd.yaml")
+    assert result.summary["host_tier_blocks"] == 5 * 512
+    assert [row["host_tier_blocks"] for row in result.replica_summaries] == [512] * 5
+
+
+def test_a_pools_own_bad_options_are_named_by_the_pools_key():
+    data = disaggregated_data(prefill={"replicas": 1, "options": {"bogus": 1}})
+    with pytest.raises(ConfigError) as error:
+        prepare_experiment(validate_experiment(data), ROOT / "pd.yaml")
+    assert str(error.value).split("\n")[1] == (
+        "  variants.1 (pd): variants.1.cluster.disaggregation.prefill.options: unknown option(s) 'bogus' "
+        "for policy 'prefix' (valid: none)"
+    )
 
 def test_a_disaggregated_run_writes_its_tables_and_summary(tmp_path):
     config_file = tmp_path / "pd.yaml"

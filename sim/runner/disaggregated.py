@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from policies.base import KVCachePolicy, policy_class
+from policies.base import policy_class
 from sim.cluster.link import resolve_link
 from sim.cluster.routers import ROUTER_CLASSES
 from sim.config import (
@@ -23,7 +23,6 @@ from sim.config import (
 from sim.hardware.gpus import GpuSpec, resolve_gpu
 from sim.hardware.models import ModelSpec
 from sim.kv.allocators import is_hybrid_allocator
-from sim.kv.coordinator import KVCoordinator
 from sim.runner.checks import cluster_key, has_prefix_lookup
 from sim.runner.instance import prepare_instance
 from sim.runner.prepared import PreparedVariant
@@ -122,18 +121,12 @@ def _prepare_pool(
         key,
         None,
         pool.replicas,
+        f"{prefix}.options" if pool.options is not None else None,
     )
     prepared.gpu = pool_gpu
     prepared.role = role
     prepared.replica_count = pool.replicas
-    if prepared.replica_policies is None:
-        prepared.replica_policies = _more_policies(prepared, pool.replicas)
     return prepared, [f"{prefix}: {note}" for note in warnings]
-
-
-def _more_policies(prepared: PreparedVariant, replicas: int) -> list[KVCachePolicy | KVCoordinator]:
-    """A pool's policy instances, one per replica (the first is ``prepared.policy``)."""
-    return [prepared.policy] + [prepared.new_kv() for _ in range(replicas - 1)]
 
 
 def _disaggregation_problems(

@@ -50,8 +50,11 @@ def prepare_instance(
     key: Callable[[str], str],
     cluster: ClusterConfig | None,
     replicas: int,
+    options_key: str | None = None,
 ) -> tuple[PreparedVariant, list[str]]:
-    """``replicas`` instances of one engine configuration (a variant's, or a disaggregated pool's)."""
+    """``replicas`` instances of one engine configuration (a variant's, or a disaggregated pool's, whose
+    own ``options`` are named by ``options_key``)."""
+    options_key = options_key or f"variants.{index}.options"
     errors, warnings = check_engine(engine_config, model.name, model.max_position_embeddings, key)
     parallel_errors, parallel_warnings = check_parallelism(config, index, engine_config, model, key)
     errors += parallel_errors
@@ -79,7 +82,7 @@ def prepare_instance(
             raise ConfigError(pool_error)
     option_error = unknown_options_error(policy_name, variant.options)
     if option_error:
-        raise ConfigError(f"variants.{index}.options: {option_error}")
+        raise ConfigError(f"{options_key}: {option_error}")
     if engine_config.speculative is not None:
         speculation_error = speculation_problem(policy_name, key)
         if speculation_error:
@@ -112,7 +115,16 @@ def prepare_instance(
         offload = None
     else:
         pool, policies_made, offload = _single_group_policies(
-            config, index, variant, engine_config, capacity, policy_name, max_model_len, key, replicas
+            config,
+            index,
+            variant,
+            engine_config,
+            capacity,
+            policy_name,
+            max_model_len,
+            key,
+            replicas,
+            options_key,
         )
         replica_policies = list(policies_made)
         policy = policies_made[0]
@@ -140,7 +152,7 @@ def prepare_instance(
         costs,
         pinned_tokens,
         cluster,
-        replica_policies if cluster is not None else None,
+        replica_policies,
     )
     prepared.offload = offload
     prepared.lockstep = costs.expert_parallel is not None
@@ -160,20 +172,22 @@ def _single_group_policies(
     max_model_len: int,
     key: Callable[[str], str],
     replicas: int,
+    options_key: str,
 ) -> tuple[PoolSpec, list[KVCachePolicy], OffloadConfig | None]:
     """A single-group policy's pool and its instances, one per replica, with their host tiers."""
-    pool = PoolSpec(
-        policy_class(policy_name).pool_slots_from_memory(
-            capacity.kv_memory_slots, engine_config.block_size, variant.options
-        ),
-        engine_config.block_size,
-        max_model_len,
-        capacity.kv_bytes_per_token,
-    )
     try:
+        # (The pool's size already reads the options: a radix page_size sets the slots per page.)
+        pool = PoolSpec(
+            policy_class(policy_name).pool_slots_from_memory(
+                capacity.kv_memory_slots, engine_config.block_size, variant.options
+            ),
+            engine_config.block_size,
+            max_model_len,
+            capacity.kv_bytes_per_token,
+        )
         replica_policies = [make_policy(policy_name, pool, **variant.options) for _ in range(replicas)]
     except (TypeError, PolicyInputError) as error:
-        raise ConfigError(f"variants.{index}.options: {error}") from None
+        raise ConfigError(f"{options_key}: {error}") from None
     policy = replica_policies[0]
     reservation_error = check_reservation_fits(policy, max_model_len, key)
     if reservation_error:

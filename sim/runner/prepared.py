@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from policies.base import KVCachePolicy, PoolSpec, make_policy
+from policies.base import KVCachePolicy, PoolSpec
 from sim.cluster.link import LinkSpec
 from sim.config import (
     ClusterConfig,
@@ -79,7 +79,8 @@ class PreparedVariant:
     pinned_tokens: int
     cluster: ClusterConfig | None = None
     replica_policies: list[KVCachePolicy | KVCoordinator] | None = None
-    """A cluster's policy instances, one per replica (``policy`` is the first)."""
+    """The policy instances, one per replica (``policy`` is the first; one for a single engine).
+    Each replica has its own host tier and its own pinned prefixes."""
     ran: bool = False
     """A policy holds the state of its run: a prepared variant runs once."""
     offload: OffloadConfig | None = None
@@ -118,12 +119,6 @@ class PreparedVariant:
                 f"{footprint}; {speculative.lookahead_slots} lookahead slots per decoding request"
             )
         return lines
-
-    def new_kv(self) -> KVCachePolicy | KVCoordinator:
-        """A fresh instance of this variant's KV memory (one more replica's)."""
-        if self.hybrid is not None:
-            return self.hybrid.make_coordinator()
-        return make_policy(self.policy_name, self.pool, **self.variant.options)
 
 
 @dataclass
