@@ -16,7 +16,9 @@ from policies.base import PolicyStats
 from sim.config import ConfigError, EngineConfig, VariantConfig, validate_experiment
 from sim.native import engine_build
 from sim.outputs.metrics import Counters
-from sim.runner import pin_prefixes, policy_name_for, run_variant, summarize
+from sim.outputs.sinks import MemorySink
+from sim.runner import pin_prefixes, policy_name_for, prepare_experiment, run_variant, summarize
+from sim.runner.engines import make_engine
 
 NAN = math.nan
 
@@ -493,3 +495,22 @@ def test_run_experiment_runs_every_variant_from_the_config_folder(tmp_path):
     assert [r.name for r in results] == ["a", "b"]
     assert [r.summary["policy"] for r in results] == ["paged", "prefix"]
     assert all((tmp_path / "out" / name / "requests.parquet").is_file() for name in ("a", "b"))
+
+
+@pytest.mark.parametrize(("client_overhead_s", "expected"), [(None, "cost model"), (0.0, 0.0), (0.25, 0.25)])
+def test_an_explicit_client_overhead_even_zero_replaces_the_cost_models(client_overhead_s, expected):
+    data = {
+        "name": "overhead",
+        "model": "Llama-3.1-8B",
+        "gpu": "H100-80GB",
+        "engine": {"max_model_len": 1024, "client_overhead_s": client_overhead_s},
+        "workload": {"num_requests": 2, "arrival": {"kind": "batch"}, "prompt_len": 64, "output_len": 4},
+        "variants": [{"name": "paged", "policy": "paged"}],
+    }
+    config = validate_experiment(data)
+    (variant,) = prepare_experiment(config, Path("/nonexistent/overhead.yaml")).variants
+    # The default cost model adds a serving overhead per request; 0 is a choice, not "unset".
+    assert variant.costs.request_overhead_s > 0
+    engine = make_engine(config, variant, variant.policy, iter([]), MemorySink())
+    wanted = variant.costs.request_overhead_s if expected == "cost model" else expected
+    assert engine.knobs.client_overhead_s == wanted
