@@ -477,6 +477,24 @@ def test_histogram_file_read_and_its_errors_named(tmp_path):
         prepare_experiment(cfg, tmp_path / "spec.yaml")
 
 
+def test_a_histogram_file_that_is_not_utf8_is_named_not_a_traceback(tmp_path):
+    (tmp_path / "accepted.csv").write_bytes(b"accepted_drafts,count\n0,3\xff\n")
+    cfg = _experiment(
+        {"speculative": {**SPEC, "acceptance": {"histogram_file": "accepted.csv"}}}, tmp=tmp_path
+    )
+    with pytest.raises(ConfigError) as error:
+        prepare_experiment(cfg, tmp_path / "spec.yaml")
+    # 22 bytes of header and newline, then "0,3": the byte 0xff is the 26th, at offset 25.
+    assert (
+        str(error.value)
+        .split("\n")[1]
+        .endswith(
+            f"engine.speculative.acceptance.histogram_file: {tmp_path / 'accepted.csv'}: not UTF-8 text "
+            "(byte 0xff at offset 25); save the file as UTF-8"
+        )
+    )
+
+
 def test_summary_says_what_speculation_ran_and_costs(tmp_path):
     from sim.runner import run_experiment
 

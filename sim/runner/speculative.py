@@ -16,6 +16,7 @@ from sim.engine.speculation import AcceptanceModel, SpeculativeDecoding, lookahe
 from sim.kv.allocators import is_hybrid_allocator
 from sim.runner.prepared import PreparedVariant
 from workloads.base import TraceError, resolve_path
+from workloads.stats import not_utf8
 
 
 def speculation_problem(policy_name: str, key: Callable[[str], str]) -> str:
@@ -67,7 +68,9 @@ def read_acceptance_histogram(path: Path, num_speculative_tokens: int, where: st
     import csv
 
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{where}: {path}: {not_utf8(error)}") from None
     except OSError as error:
         raise ConfigError(f"{where}: cannot read {path}: {error.strerror or error}") from None
     rows = list(csv.reader(text.splitlines()))
