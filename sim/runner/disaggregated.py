@@ -124,7 +124,6 @@ def _prepare_pool(
         f"{prefix}.options" if pool.options is not None else None,
     )
     prepared.gpu = pool_gpu
-    prepared.role = role
     prepared.replica_count = pool.replicas
     return prepared, [f"{prefix}: {note}" for note in warnings]
 

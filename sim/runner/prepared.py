@@ -88,7 +88,6 @@ class PreparedVariant:
     prefill_pool: PreparedVariant | None = None
     link: LinkSpec | None = None
     gpu: GpuSpec | None = None  # a pool's own GPU
-    role: str = ""
     replica_count: int = 1
     lockstep: bool = False
     """Expert parallelism: the engine (or each data-parallel rank) steps on a shared step clock."""
