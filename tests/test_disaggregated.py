@@ -403,7 +403,6 @@ def disaggregated_data(**disaggregation):
     }
 
 
-
 def test_every_replica_of_both_pools_has_its_own_host_tier():
     # Llama-3.1-8B in bf16: 2 (K, V) x 32 layers x 8 KV heads x 128 x 2 B = 131,072 B a token, a block of
     # 16 tokens 2 MiB, so 1 GiB of host memory holds 512 blocks, on each of the 2 + 3 replicas. (The
@@ -431,6 +430,19 @@ def test_a_pools_own_bad_options_are_named_by_the_pools_key():
         "  variants.1 (pd): variants.1.cluster.disaggregation.prefill.options: unknown option(s) 'bogus' "
         "for policy 'prefix' (valid: none)"
     )
+
+
+def test_a_model_that_does_not_fit_a_pools_own_gpu_names_the_pools_gpu_key():
+    data = disaggregated_data(prefill={"replicas": 1, "gpu": "T4"})
+    with pytest.raises(ConfigError) as error:
+        prepare_experiment(validate_experiment(data), ROOT / "pd.yaml")
+    line = str(error.value).split("\n")[1]
+    # (16 GiB x 0.9 = 14.40 GiB against 14.96 GiB of bf16 weights: the pool's GPU, not the experiment's.)
+    assert line.startswith(
+        "  variants.1 (pd): model, variants.1.cluster.disaggregation.prefill.gpu: Llama-3.1-8B on T4-16GB "
+        "does not fit"
+    )
+
 
 def test_a_disaggregated_run_writes_its_tables_and_summary(tmp_path):
     config_file = tmp_path / "pd.yaml"

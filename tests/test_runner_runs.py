@@ -582,7 +582,11 @@ def test_every_problem_of_both_pools_is_reported_each_on_its_line():
     problems = problems_of(pd_variant(prefill={"gpu": "nonexistent"}, decode={"gpu": "T4"}))
     assert len(problems) == 2
     assert problems[0].startswith(f"{WHERE}.prefill.gpu: unknown GPU 'nonexistent'; presets: T4-16GB, ")
-    assert problems[1].startswith("  variants.0 (pd): model, gpu: Llama-3.1-8B on T4-16GB does not fit")
+    # (The model does not fit the decode pool's own GPU: named by the pool's gpu key.)
+    assert problems[1].startswith(
+        "  variants.0 (pd): model, variants.0.cluster.disaggregation.decode.gpu: Llama-3.1-8B on T4-16GB "
+        "does not fit"
+    )
 
 
 def test_disaggregated_pools_that_need_no_prefix_cache_are_accepted():

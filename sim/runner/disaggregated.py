@@ -122,6 +122,7 @@ def _prepare_pool(
         None,
         pool.replicas,
         f"{prefix}.options" if pool.options is not None else None,
+        f"{prefix}.gpu" if pool.gpu is not None else "gpu",
     )
     prepared.gpu = pool_gpu
     prepared.replica_count = pool.replicas

@@ -51,9 +51,10 @@ def prepare_instance(
     cluster: ClusterConfig | None,
     replicas: int,
     options_key: str | None = None,
+    gpu_key: str = "gpu",
 ) -> tuple[PreparedVariant, list[str]]:
     """``replicas`` instances of one engine configuration (a variant's, or a disaggregated pool's, whose
-    own ``options`` are named by ``options_key``)."""
+    own ``options`` and ``gpu`` are named by ``options_key`` and ``gpu_key``)."""
     options_key = options_key or f"variants.{index}.options"
     errors, warnings = check_engine(engine_config, model.name, model.max_position_embeddings, key)
     parallel_errors, parallel_warnings = check_parallelism(config, index, engine_config, model, key)
@@ -63,7 +64,7 @@ def prepare_instance(
         try:
             capacity = size_pool(model, gpu, engine_config)
         except ConfigError as error:
-            errors.insert(0, f"model, gpu: {error}")
+            errors.insert(0, f"model, {gpu_key}: {error}")
     if errors:
         raise ConfigError("\n".join(errors))  # one problem per line
     max_model_len = engine_config.max_model_len or model.max_position_embeddings
