@@ -150,7 +150,6 @@ def test_a_later_variants_bad_option_and_engine_override_fail_before_anything_ru
     assert "kvsim run" not in captured.out and not out.exists()
 
 
-
 def test_a_radix_page_size_the_pool_cannot_be_sized_with_names_its_variant_and_key(tmp_path, capsys):
     # (The pool's slots are counted in pages before the policy is built: the error once escaped with
     # neither the file nor the key, and stopped at the first variant.)
@@ -169,6 +168,7 @@ def test_a_radix_page_size_the_pool_cannot_be_sized_with_names_its_variant_and_k
         "  variants.1 (text): variants.1.options: radix: page_size must be a positive integer (tokens per "
         "page), got 'x'",
     ]
+
 
 def test_a_bad_engine_override_value_names_its_key_path(tmp_path):
     path = config_file(tmp_path, {"variants.1.engine": {"block_size": -16}})
