@@ -58,3 +58,25 @@ def test_on_delivered_follows_arrivals_not_reads() -> None:
     env.run()
     assert [(time, count) for time, count, _ in updates] == [(float(second), 2) for second in range(5)]
     assert updates[0][2] == 4  # a batch was read ahead when the first two arrived
+
+
+def test_on_delivered_counts_each_follow_up_as_it_arrives() -> None:
+    """A closed loop's stream holds only each user's first request: the bar (whose total counts every
+    request) is told of each follow-up too, at its arrival, or it would stop short of its total."""
+    env = simpy.Environment()
+    updates: list[tuple[float, int]] = []
+    delivered: list[int] = []
+    arrivals = Arrivals(
+        env,
+        _stream([], 2),  # requests 0 and 1, both at 0 s
+        lambda request: delivered.append(request.request_id),
+        on_delivered=lambda count: updates.append((env.now, count)),
+    )
+    env.process(arrivals.process())
+    env.run(until=1.0)
+    arrivals.schedule_follow_up(Request(2, 2.5, ((2, 8),), 1, 10_002))
+    arrivals.schedule_follow_up(Request(3, 4.0, ((3, 8),), 1, 10_003))
+    env.run()
+    assert delivered == [0, 1, 2, 3]
+    assert updates == [(0.0, 2), (2.5, 1), (4.0, 1)]
+    assert sum(count for _, count in updates) == 4

@@ -31,7 +31,8 @@ class Arrivals:
         on_delivered: Callable[[int], None] | None = None,
     ):
         """``on_delivered(count)`` (a progress bar's update) is told how many of the stream's
-        requests each instant delivered: requests reach the engine then, not when they are read."""
+        requests each instant delivered, and of each follow-up when it arrives: requests reach the
+        engine then, not when they are read."""
         if read_ahead < 1:
             raise ValueError(f"read_ahead must be at least 1, not {read_ahead}")
         self.env = env
@@ -72,6 +73,8 @@ class Arrivals:
         def deliver(_event) -> None:
             self.pending_follow_ups.remove(request)
             self._deliver(request)
+            if self._on_delivered is not None:  # (a closed loop's bar counts every request it sends)
+                self._on_delivered(1)
 
         self.env.timeout(max(0.0, request.arrival_s - self.env.now)).callbacks.append(deliver)
 
