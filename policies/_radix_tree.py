@@ -189,6 +189,7 @@ class RadixTree(RadixKeys):
         self.root = RadixNode(0, (), 0, 0, None, lock_ref=1)
         self.total_tokens = 0
         self.locked_tokens = 0
+        self.shared_tokens = 0  # tokens of nodes two or more locks hold (the running requests share)
         self._next_node_id = 1
         self._clock = 0
         self._evictable_leaves: set[RadixNode] = set()
@@ -303,6 +304,8 @@ class RadixTree(RadixKeys):
             if node.lock_ref == 0:
                 self.locked_tokens += node.length
                 self._evictable_leaves.discard(node)
+            elif node.lock_ref == 1:
+                self.shared_tokens += node.length
             node.lock_ref += 1
             assert node.parent is not None
             node = node.parent
@@ -313,6 +316,8 @@ class RadixTree(RadixKeys):
             if node.lock_ref == 0:
                 self.locked_tokens -= node.length
                 self._refresh_leaf_status(node)
+            elif node.lock_ref == 1:
+                self.shared_tokens -= node.length
             assert node.parent is not None
             node = node.parent
 

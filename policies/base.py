@@ -383,6 +383,11 @@ class KVCachePolicy:
         allocated = used + reserved + internal
         return allocated, allocated
 
+    def shared_slots(self) -> int:
+        """Slots that two or more live sequences hold, each counted once: the K/V a decode step could
+        read once for all of them. 0 where nothing is shared, or the policy does not track it."""
+        return 0
+
     @property
     def pool_slots(self) -> int:
         return self.pool.kv_pool_tokens

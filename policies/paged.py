@@ -293,6 +293,7 @@ class PagedPolicy(SequenceTable[SequenceState]):
         self._tail_sharers: dict[int, list[SequenceState]] = {}
         self._live_blocks = 0
         self._logical_blocks = 0  # Σ block-table lengths: what the live sequences would hold unshared
+        self._shared_blocks = 0  # blocks two or more live sequences hold
         self._filled_sum = 0  # Σ filled over live blocks
         self._target_sum = 0  # Σ target over live blocks
         self.sequences: dict[int, SequenceState] = {}
@@ -365,6 +366,9 @@ class PagedPolicy(SequenceTable[SequenceState]):
 
     def sharing_slots(self) -> tuple[int, int]:
         return self._live_blocks * self.block_size, self._logical_blocks * self.block_size
+
+    def shared_slots(self) -> int:
+        return self._shared_blocks * self.block_size
 
     # ------------------------------------------------------------------------------------- operations
     def admit(
@@ -523,6 +527,8 @@ class PagedPolicy(SequenceTable[SequenceState]):
                 ref_count[block_id] = references
                 if not references:
                     released_count += 1
+                elif references == 1:
+                    self._shared_blocks -= 1
             # Usually the sequence held every block alone: the list is then one slice. (Compiled,
             # appending block ids one by one would box each of them anew.)
             if released_count == len(full_blocks):
@@ -721,6 +727,8 @@ class PagedPolicy(SequenceTable[SequenceState]):
         nobody else does."""
         index = len(seq.block_table) - 1
         self.ref_count[block_id] -= 1
+        if self.ref_count[block_id] == 1:
+            self._shared_blocks -= 1
         if self.ref_count[block_id] > 0:
             owners = self._tail_sharers[block_id]
             before = self._tail_target(owners, index)

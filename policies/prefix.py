@@ -340,6 +340,8 @@ class PrefixCachingPolicy(PagedPolicy):
             self._filled_sum += self.block_size
             self._target_sum += self.block_size
         self.ref_count[block_id] += 1
+        if self.ref_count[block_id] == 2:
+            self._shared_blocks += 1
 
     def _share_blocks(self, block_ids: list[int]) -> None:
         if self._pinned:
@@ -354,6 +356,8 @@ class PrefixCachingPolicy(PagedPolicy):
                 queue.remove_cached(block_id)
                 idle += 1
             ref_count[block_id] += 1
+            if ref_count[block_id] == 2:
+                self._shared_blocks += 1
         self._cached_in_queue -= idle
         self._live_blocks += idle
         self._filled_sum += idle * self.block_size
@@ -591,6 +595,8 @@ class PrefixCachingPolicy(PagedPolicy):
         self._logical_blocks += len(child.block_table)
         for block_id in child.block_table:
             self.ref_count[block_id] += 1
+            if self.ref_count[block_id] == 2:
+                self._shared_blocks += 1
         if parent.num_tokens % self.block_size:
             self._share_tail(parent, child)
             self._tails_shared = True

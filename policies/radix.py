@@ -213,6 +213,9 @@ class RadixPolicy(SequenceTable[RadixSequence]):
     def sharing_slots(self) -> tuple[int, int]:
         return self.tree.locked_tokens + self._own_slots, self._tree_tokens_held + self._own_slots
 
+    def shared_slots(self) -> int:
+        return self.tree.shared_tokens
+
     # ------------------------------------------------------------------------------------- operations
     def admit(
         self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0

@@ -141,6 +141,7 @@ def gpus_table() -> str:
             f"{spec.memory_bytes / GiB:g}",
             f"{spec.hbm_bandwidth_bytes_per_s / 1e9:,.0f}",
             f"{spec.fp16_flops / 1e12:,.1f}",
+            f"{spec.l2_cache_bytes / 2**20:g}",
             spec.memory_type,
             _ceiling_text(spec.memory_ceiling),
             spec.architecture,
@@ -154,6 +155,7 @@ def gpus_table() -> str:
         "memory GiB",
         "bandwidth GB/s",
         "fp16 dense TFLOP/s",
+        "L2 MiB",
         "memory",
         "achievable",
         "architecture",
@@ -167,10 +169,12 @@ def gpus_table() -> str:
         "achievable GEMM: the share of the dense FP16 FLOP/s the best measured matrix product reaches, "
         "or (~) its architecture's default; no modelled matrix product is faster. "
         "evidence: measured (runs in the serving fit), transferred (its kernels, memory or GEMMs measured) or "
-        "datasheet-only; it picks the GPU's error band (docs/gpu-transfer.md)."
+        "datasheet-only; it picks the GPU's error band (docs/gpu-transfer.md). "
+        "L2: the last-level cache (the MI300X's Infinity Cache), where K/V blocks that running sequences "
+        "share are read once for all of them."
         "\nCustom GPUs: gpu: {base: H100-80GB, memory_gib: 79.19} or {name, memory_gib, "
         "hbm_bandwidth_gb_per_s, fp16_tflops, memory_type, achievable_bandwidth, architecture, "
-        "achievable_compute}."
+        "achievable_compute, l2_cache_mib}."
     )
 
 

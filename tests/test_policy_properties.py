@@ -106,6 +106,8 @@ def check_block_invariants(policy: PagedPolicy) -> None:
             assert policy.slots_needed_to_grow(seq_id, room + 1) > 0
     logical = sum(len(policy.sequences[s].block_table) for s in policy.live_sequences())
     assert policy.sharing_slots() == (len(references) * policy.block_size, logical * policy.block_size)
+    shared_blocks = sum(1 for count in references.values() if count >= 2)
+    assert policy.shared_slots() == shared_blocks * policy.block_size
     if isinstance(policy, PrefixCachingPolicy):
         check_blocks_hold_the_content_of_their_owners(policy)
         check_content_chains_are_exactly_those_held(policy)

@@ -420,6 +420,8 @@ def check_against_recount(policy: RadixPolicy) -> None:
     locked = sum(node.length for node in device if node.lock_ref)
     assert all(node.on_device for node in nodes if node.lock_ref)
     assert (tree.total_tokens, tree.locked_tokens) == (total, locked)
+    shared = sum(node.length for node in device if node.lock_ref >= 2)  # two or more requests read it
+    assert (tree.shared_tokens, policy.shared_slots()) == (shared, shared)
     assert tree.evictable_leaves() == {
         node
         for node in device

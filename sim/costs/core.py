@@ -84,6 +84,11 @@ class CostModel(ABC):
     term reads ``per_context_token_s`` x the *attended* context, in which each sequence counts
     ``(1 - sum of shares) x its tokens + sum of share x min(its tokens, window)``
     (``sim.engine.decoding.DecodeClock.sum_context``). Empty: every attention layer reads every token."""
+    shared_kv_cached_tokens: float = 0.0
+    """How many tokens of one attention layer's K/V (this GPU's share) the GPU's last-level cache
+    holds: a decode step reads a block that several running sequences share from memory once, and
+    from the cache for the others while the layer's K/V fits in it (``sim/engine/shared_reads.py``).
+    0: no credit (a measured profile already has whatever its GPU did)."""
     # Set by models whose prefill chunks cost a linear form: their iterations are timed by it.
     _linear: LinearIterationCost | None = None
 
@@ -155,6 +160,7 @@ class WrappedCostModel(CostModel):
         self.request_overhead_s = inner.request_overhead_s
         self.expert_parallel = inner.expert_parallel
         self.attention_windows = inner.attention_windows
+        self.shared_kv_cached_tokens = inner.shared_kv_cached_tokens
 
     def __getattr__(self, name: str) -> object:
         # (Only for names the wrapper does not have: what the runner and reports read off a cost
@@ -323,6 +329,18 @@ only); recomputed by ``python -m calibrate.vidur`` and checked by ``tests/test_v
 ANALYTIC_BAND_GPU = "A100-80GB"  # the GPU those iterations were measured on
 
 
+def shared_kv_cached_tokens(model: ModelSpec, gpu: GpuSpec, kv_bytes_per_token: int) -> float:
+    """Tokens of one attention layer's K/V (``kv_bytes_per_token``: one GPU's, every layer's) that
+    ``gpu``'s last-level cache holds. Models with window or state layers get none: their layers'
+    K/V differ in size and in what a step reads (not modelled yet)."""
+    layers = attention_layer_count(model)
+    if not gpu.l2_cache_bytes or not kv_bytes_per_token or not layers:
+        return 0.0
+    if attention_windows(model) or layers != model.num_layers:
+        return 0.0
+    return gpu.l2_cache_bytes / (kv_bytes_per_token / layers)
+
+
 class DatasheetCostModel(CostModel):
     """A cost model computed from a model's shape and a GPU's datasheet (the analytic roofline and its
     derated form): the block geometry, the host link and the all-reduces they share, and block moves
@@ -357,6 +375,7 @@ class DatasheetCostModel(CostModel):
         self.all_reduce = AllReduceCost.of(model, gpu, tp, latency_s=all_reduce_latency_s)
         self.kv_bytes_per_token = model.kv_bytes_per_token(kv_cache_dtype, tensor_parallel_size=tp)
         self.attention_windows = attention_windows(model)
+        self.shared_kv_cached_tokens = shared_kv_cached_tokens(model, gpu, self.kv_bytes_per_token)
         self.block_bytes = self.kv_bytes_per_token * block_size
         self._swap_per_block_s = self.block_bytes / self.host_bandwidth_bytes_per_s
         return tp

@@ -56,6 +56,7 @@ from sim.engine.landing import JumpLanding
 from sim.engine.ledger import RequestLedger
 from sim.engine.observe import StateObserver
 from sim.engine.schedulers import make_scheduler
+from sim.engine.shared_reads import shared_reads_for
 from sim.engine.speculation import SPECULATION_STREAM
 from sim.engine.transfer import KVTransferHooks
 from sim.engine.wakeup import WakeUp
@@ -144,6 +145,7 @@ class Engine:
             schedule=schedule,
             # Sliding-window and chunked-local layers read a window of the context (sim/engine/windows.py).
             attention_windows=costs.attention_windows,
+            shared_reads=shared_reads_for(self.kv, costs.shared_kv_cached_tokens),
         )
         self._observer = StateObserver(self.kv, self.clock, self.counters)
         # A hybrid allocator's memory split by KV group, beside the pool-wide series.

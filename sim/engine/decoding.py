@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
 
+from sim.engine.shared_reads import SharedReads
 from sim.engine.speculation import TokenSchedule
 from sim.engine.windows import AttendedWindows
 from sim.kv.coordinator import KVCoordinator
@@ -109,6 +110,7 @@ class DecodeClock:
         defer_growth: bool,
         schedule: TokenSchedule | None = None,
         attention_windows: tuple[tuple[int, float], ...] = (),
+        shared_reads: SharedReads | None = None,
     ):
         self.kv = kv
         self.defer_growth = defer_growth  # False: every token goes to the policy at once (the reference)
@@ -125,6 +127,8 @@ class DecodeClock:
         self._ends: list[_Entry] = []
         # Sliding-window / chunked-local layers: the context a step attends over (None: all of it).
         self.windows = AttendedWindows(attention_windows) if attention_windows else None
+        # K/V blocks the running sequences share: read from memory once (sim/engine/shared_reads.py).
+        self.shared_reads = shared_reads
 
     # ---------------------------------------------------------------------------- iterations and tokens
     def begin_iteration(self) -> None:
@@ -175,10 +179,14 @@ class DecodeClock:
         return self.sequences * self.now - self._synced_sum
 
     def sum_context(self) -> float:
-        """The context the decoding sequences attend over: their tokens, or with attention windows the
-        windowed count (``sim/engine/windows.py``)."""
+        """The context the decoding sequences read from memory: their tokens, or with attention windows
+        the windowed count (``sim/engine/windows.py``), less the re-reads of shared blocks that the
+        GPU's cache serves (``sim/engine/shared_reads.py``)."""
         if self.windows is None:
-            return self._offset_sum + self.sequences * self.now
+            tokens = self._offset_sum + self.sequences * self.now
+            if self.shared_reads is None:
+                return tokens
+            return tokens - min(self.shared_reads.credit(), tokens)
         return self.windows.attended(self._offset_sum, self.sequences, self.now)
 
     def context_growth(self) -> float | None:

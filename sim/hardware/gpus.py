@@ -94,6 +94,7 @@ __all__ = [
 ]
 
 GiB = 2**30
+MiB = 2**20
 GB = 10**9
 TB = 10**12
 TFLOPS = 10**12
@@ -210,6 +211,37 @@ _MEMORY_TYPES = {
     "RTX-PRO-6000-96GB": "GDDR7",
     "MI300X-192GB": "HBM3",
 }
+
+L2_CACHE_MIB: dict[str, int] = {
+    "T4-16GB": 4,
+    "A10G-24GB": 6,
+    "L4-24GB": 48,
+    "RTX-4090-24GB": 72,
+    "A100-40GB": 40,
+    "A100-80GB": 40,
+    "H100-80GB": 50,
+    "H200-141GB": 60,
+    "H100-PCIe-80GB": 50,
+    "H100-NVL-94GB": 60,
+    "B200-180GB": 126,
+    "L40S-48GB": 96,
+    "RTX-PRO-6000-96GB": 128,
+    "MI300X-192GB": 256,
+}
+"""The last-level cache each preset ships with, in MiB (the MI300X's: its 256 MB Infinity Cache,
+in front of HBM like the NVIDIA parts' L2). Decode attention reads a K/V block that several running
+sequences share from memory once and from this cache after (``sim/engine/shared_reads.py``).
+Sources, the device's own printout unless said (CUDA deviceQuery "L2 Cache Size: N bytes", or torch's
+``L2_cache_size`` in whole MiB): T4 sylvia-ymlin/cuda-kernels-from-scratch README (4,194,304 B);
+A10G torch in TorchCodec's CUDA decoding tutorial ("L2_cache_size=6MB"); L4, RTX 4090 (72 of AD102's
+96), A100-80GB SXM, H100 SXM (52,428,800 B), H100 NVL (62,914,560 B: all six HBM stacks, the whole
+GH100 L2), L40S: thamada/nvidia-smi deviceQuery logs; A100-40GB caps-tum/mt4g sample results (the
+PCIe card, same 40 MiB); H100 PCIe: Chips and Cheese, "Nvidia's H100: Funny L2, and Tons of
+Bandwidth" (2023, "50 MB of L2 cache"); H200 (60) and B200 (126): torch printouts in
+ai-bot-pro/achatbot (deploy/modal/src/llm/vllm/vlm/skywork_r1v.py); RTX PRO 6000 Blackwell Server
+Edition (128) torch printout in Jessi11111/fine-tuning-InternVL-78B README; MI300X: ROCm's GPU
+specifications table (rocm-docs, docs/reference/gpu-specs.rst: 4 MiB of L2 per XCD, 256 MiB of
+Infinity Cache) and mt4g's MI300X report (268,435,456 B of L3)."""
 
 # What DRAM-bound reads reach on each GPU, measured: the best read rate found, over the datasheet
 # figure kvsim uses (weight and K/V reads are reads). Sources:
@@ -434,6 +466,10 @@ class GpuSpec:
     achievable_compute: AchievableCompute | None = None
     """The share of ``fp16_flops`` large matrix products reach; None: its architecture's default
     (:data:`sim.hardware.compute_ceilings.ACHIEVABLE_COMPUTE_DEFAULTS`)."""
+    l2_cache_bytes: int = 0
+    """The last-level cache (L2; the MI300X's Infinity Cache), in bytes: how much of a layer's
+    shared K/V stays on chip between the sequences that read it. 0: not known (no credit for
+    shared reads)."""
     preset: str | None = None
     """The preset this GPU is or was built from (``base:``); None for a custom GPU without one."""
 
@@ -694,6 +730,7 @@ GPU_PRESETS = {
         achievable_bandwidth=MEASURED_ACHIEVABLE_BANDWIDTH.get(name),
         architecture=PRESET_ARCHITECTURES[name],
         achievable_compute=MEASURED_ACHIEVABLE_COMPUTE.get(name),
+        l2_cache_bytes=L2_CACHE_MIB[name] * MiB,
     )
     for name, spec in GPU_PRESETS.items()
 }
@@ -743,7 +780,9 @@ _FLOPS_KEYS = {"fp16_flops": 1, "fp16_tflops": TFLOPS}
 _LINK_KEYS = ("nvlink_gb_per_s", "pcie_gb_per_s")
 _MEMORY_TYPE_KEYS = ("memory_type", "achievable_bandwidth")
 _COMPUTE_KEYS = ("architecture", "achievable_compute")
+_L2_KEY = "l2_cache_mib"
 _ALLOWED_KEYS = {
+    _L2_KEY,
     "name",
     "base",
     "efficiency",
@@ -845,6 +884,16 @@ def _ceilings(spec: Mapping[str, object], base: GpuSpec | None) -> dict[str, obj
     return memory | compute
 
 
+def _l2_cache(spec: Mapping[str, object], default: int) -> int:
+    """A custom GPU's last-level cache in bytes (``l2_cache_mib``), else ``default``."""
+    if _L2_KEY not in spec:
+        return default
+    value = spec[_L2_KEY]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"custom GPU: {_L2_KEY} must be a number >= 0, got {value!r}")
+    return int(value * MiB)
+
+
 def _preset(name: str) -> GpuSpec:
     key = _GPU_INDEX.get(_norm(name))
     if key is None:
@@ -900,6 +949,8 @@ def resolve_gpu(spec: str | Mapping[str, object] | GpuSpec) -> GpuSpec:
     * ``memory_type`` / ``achievable_bandwidth``, ``architecture`` / ``achievable_compute``
       (optional): what picks the share of the datasheet bandwidth and FLOP/s real kernels reach
       (a technology's or an architecture's default), or your own measured shares;
+    * ``l2_cache_mib`` (optional): the last-level cache in MiB (2**20 bytes), e.g. 50 for an H100;
+      without ``base``, 0 (no credit for K/V blocks that running sequences share);
     * ``efficiency`` (optional): a mapping of :class:`Efficiency` factors to replace, e.g.
       ``{weight_bandwidth: 0.8}``; the rest come from ``base`` (or :data:`GENERIC_EFFICIENCY`, the A100 factors marked as not validated).
 
@@ -948,6 +999,7 @@ def resolve_gpu(spec: str | Mapping[str, object] | GpuSpec) -> GpuSpec:
             efficiency,
             nvlink_bandwidth_bytes_per_s=nvlink,
             pcie_bandwidth_bytes_per_s=pcie,
+            l2_cache_bytes=_l2_cache(spec, 0),
             **_ceilings(spec, None),  # type: ignore[arg-type]
         )
     nvlink, pcie = _links(spec, base.nvlink_bandwidth_bytes_per_s, base.pcie_bandwidth_bytes_per_s)
@@ -962,5 +1014,6 @@ def resolve_gpu(spec: str | Mapping[str, object] | GpuSpec) -> GpuSpec:
         if bandwidth is not None
         else base.hbm_bandwidth_bytes_per_s,
         fp16_flops=float(flops) if flops is not None else base.fp16_flops,
+        l2_cache_bytes=_l2_cache(spec, base.l2_cache_bytes),
         **_ceilings(spec, base),  # type: ignore[arg-type]
     )

@@ -1,0 +1,431 @@
+"""Several KV groups (a hybrid model's layer kinds): each with a pool of its own, or drawing on one
+pool they share (vLLM's hybrid manager). The rules are the coordinator's (``sim/kv/interface.py``):
+the longest prefix every group serves, all or nothing, accounting per group, the scarcest group's
+room."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from policies._host_tier import HostPool
+from policies.base import (
+    NO_HIT,
+    ChildSpec,
+    KVCachePolicy,
+    MemoryBreakdown,
+    OutOfKVMemory,
+    PolicyInputError,
+    PolicyStats,
+    PrefixHit,
+)
+from policies.hybrid.block_pool import SharedBlockPool
+from policies.hybrid.group import GroupManager
+from sim.kv.interface import Breakdown, KVCoordinator, KVGroup
+from token_content import TokenContent, content_length, validate_content
+
+__all__ = ["MultiGroupCoordinator", "longest_common_hit"]
+
+
+class _SharedPool:
+    """A shared block pool and the groups drawing from it (vLLM's hybrid manager: one pool, every
+    group a layer kind)."""
+
+    def __init__(self, pool: SharedBlockPool, managers: list[GroupManager], slot_bytes: int):
+        self.pool = pool
+        self.managers = managers
+        self.slot_bytes = slot_bytes
+        # Groups whose blocks hold tokens (a Mamba state does not): a token needs a slot in each.
+        self.token_groups = sum(1 for manager in managers if manager.kind != "mamba")
+        # What free slots are split over: every group that takes a block as a sequence grows (a
+        # Mamba group caching prefixes writes a state block at each block boundary).
+        self.growing = max(1, sum(1 for manager in managers if manager.takes_blocks_as_it_grows()))
+
+
+class MultiGroupCoordinator(KVCoordinator):
+    """Several groups: each with a pool of its own (a policy), or drawing on a pool they share
+    (:class:`~policies.hybrid.group.GroupManager`). Every check of room is made per pool: the needs
+    of the groups sharing one are added up."""
+
+    def __init__(self, groups: Sequence[KVGroup]):
+        names = [group.name for group in groups]
+        if len(set(names)) != len(names):
+            raise ValueError(f"KV groups need distinct names, got {names}")
+        policies = [group.policy for group in groups]
+        if len({id(policy) for policy in policies}) != len(policies):
+            raise ValueError(f"KV groups {names} share a policy object: each group needs its own")
+        tiered = [group.name for group in groups if group.policy.host_tier is not None]
+        if tiered:
+            raise ValueError(f"KV groups {tiered} have a host tier: offload is for one KV group only")
+        # A hit capped at another group's length must end on a block boundary of every group, or a
+        # group would serve less than the tokens the request skips.
+        block_sizes = {group.name: group.policy.pool.block_size for group in groups}
+        if len(set(block_sizes.values())) > 1:
+            raise ValueError(f"KV groups need one block size (tokens per block), got {block_sizes}")
+        self.groups = tuple(groups)
+        self.policies = policies
+        self._own = [group for group in groups if not isinstance(group.policy, GroupManager)]
+        self._shared = self._shared_pools(groups)
+        self.pool_slots = sum(group.policy.pool_slots for group in self._own) + sum(
+            shared.pool.pool_slots for shared in self._shared
+        )
+        self.slots_per_token = len(self._own) + sum(shared.token_groups for shared in self._shared)
+        self.context_tokens = self._context_tokens()
+        # Prefix caching over a shared pool: its groups, full attention first (vLLM's order).
+        self._caching: list[GroupManager] = self._caching_groups()
+
+    def _context_tokens(self) -> int:
+        """What fills first: a pool of its own holds every token; a shared pool its slots over its
+        full-attention groups (each token takes a slot in every one). A deployment with no
+        full-attention layer counts every group that holds tokens."""
+        capacities = [group.policy.pool_slots for group in self._own]
+        for shared in self._shared:
+            full_groups = sum(1 for manager in shared.managers if manager.kind == "full")
+            if full_groups:
+                capacities.append(shared.pool.pool_slots // full_groups)
+        return min(capacities) if capacities else self.pool_slots // max(1, self.slots_per_token)
+
+    def _caching_groups(self) -> list[GroupManager]:
+        caching = [shared for shared in self._shared if shared.pool.caches_prefixes]
+        if not caching:
+            return []
+        if self._own or len(self._shared) > 1:
+            raise ValueError(
+                "prefix caching over a shared block pool needs every KV group in that one pool "
+                f"(groups {[group.name for group in self.groups]})"
+            )
+        managers = caching[0].managers
+        return [manager for manager in managers if manager.kind == "full"] + [
+            manager for manager in managers if manager.kind != "full"
+        ]
+
+    @staticmethod
+    def _shared_pools(groups: Sequence[KVGroup]) -> list[_SharedPool]:
+        by_pool: dict[int, list[KVGroup]] = {}
+        for group in groups:
+            if isinstance(group.policy, GroupManager):
+                by_pool.setdefault(id(group.policy.shared_pool), []).append(group)
+        shared = []
+        for members in by_pool.values():
+            slot_bytes = {group.slot_bytes for group in members}
+            if len(slot_bytes) > 1:
+                raise ValueError(
+                    f"KV groups {[group.name for group in members]} share a block pool, so one page size, "
+                    f"but their slot_bytes differ: {sorted(slot_bytes)}"
+                )
+            managers = [group.policy for group in members if isinstance(group.policy, GroupManager)]
+            shared.append(_SharedPool(managers[0].shared_pool, managers, slot_bytes.pop()))
+        return shared
+
+    # -- prefix hits ------------------------------------------------------------------------------
+    def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        if self._caching:
+            return self._common_hit(prompt, namespace)
+        return self._shortest([policy.lookup(prompt, namespace) for policy in self.policies])
+
+    def match(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
+        if self._caching:
+            return self._common_hit(prompt, namespace)
+        return self._shortest([policy.match(prompt, namespace) for policy in self.policies])
+
+    def _common_hit(self, prompt: TokenContent, namespace: int) -> PrefixHit:
+        """The longest prefix every group of a prefix-caching pool serves (:func:`longest_common_hit`)."""
+        hit = longest_common_hit(self._caching, prompt, namespace)
+        return PrefixHit(hit * self._caching[0].block_size) if hit else NO_HIT
+
+    @staticmethod
+    def _shortest(hits: list[PrefixHit]) -> PrefixHit:
+        """The hit every group can serve (no group has a host tier). Block ids belong to one group's
+        pool, so none are named."""
+        cached = min(hit.cached_tokens for hit in hits)
+        return PrefixHit(cached) if cached else NO_HIT
+
+    # -- sequences --------------------------------------------------------------------------------
+    def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
+        return self._admission_shortfall(prompt, final_len, 0, self.lookup(prompt).cached_tokens) is None
+
+    def _admission_shortfall(
+        self, prompt: TokenContent, final_len: int, namespace: int, cached: int
+    ) -> tuple[str, int, int] | KVCachePolicy | None:
+        """Why the prompt does not fit now: the first own-pool policy that cannot admit it (its own
+        admission says by how much), or (shared pool, slots needed, slots free); None when it fits."""
+        for group in self._own:
+            if not group.policy.can_admit_capped(prompt, final_len, namespace, cached):
+                return group.policy
+        for shared in self._shared:
+            if shared.pool.caches_prefixes:
+                needed = sum(
+                    manager.slots_needed_to_admit_cached(prompt, namespace, cached)
+                    for manager in shared.managers
+                )
+            else:
+                needed = sum(manager.slots_needed_to_admit(prompt) for manager in shared.managers)
+            if needed > shared.pool.free_slots():
+                return "the shared block pool", needed, shared.pool.free_slots()
+        return None
+
+    def admit(
+        self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
+    ) -> int:
+        cached = self.lookup(prompt, namespace).cached_tokens
+        shortfall = self._admission_shortfall(prompt, final_len, namespace, cached)
+        if isinstance(shortfall, KVCachePolicy):
+            # Its own admission raises the OutOfKVMemory that says by how much, changing nothing.
+            shortfall.admit_capped(seq_id, prompt, final_len, output_content_id, namespace, cached)
+            raise AssertionError(f"policy {shortfall.name!r} admitted a sequence its can_admit refused")
+        if shortfall is not None:
+            self._refuse(f"admitting sequence {seq_id}", shortfall)
+        if self._caching:
+            # Every group holds its hit before any takes new blocks (vLLM ``allocate_slots``), so no
+            # group's new block evicts a block another group's hit needs.
+            managers = self._shared[0].managers  # (in the groups' order, as vLLM allocates)
+            for manager in managers:
+                manager.hold_cached_prefix(seq_id, prompt, final_len, output_content_id, namespace, cached)
+            for manager in managers:
+                manager.take_admission_blocks(seq_id)
+            return cached
+        for policy in self.policies:
+            policy.admit_capped(seq_id, prompt, final_len, output_content_id, namespace, cached)
+        return cached
+
+    def _refuse(self, what: str, shortfall: tuple[str, int, int]) -> None:
+        where, needed, available = shortfall
+        self.policies[0].stats.allocation_failures += 1
+        raise OutOfKVMemory(
+            f"{what} needs {needed} slots of {where}, {available} available",
+            needed_slots=needed,
+            free_slots=available,
+        )
+
+    def grow(self, seq_id: int, num_tokens: int) -> None:
+        self.grow_each([seq_id], [num_tokens])
+
+    def grow_each(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
+        """Every group or none: each own pool and each shared pool is checked before any group grows.
+        A shared pool's groups are planned together and their net taken at once (vLLM frees every
+        group's skipped blocks before it allocates)."""
+        for group in self._own:
+            needed = _slots_needed(group.policy, seq_ids, num_tokens)
+            if needed > group.policy.available_slots():
+                self._refuse(
+                    f"growing sequences {seq_ids}",
+                    (f"KV group {group.name!r}", needed, group.policy.available_slots()),
+                )
+        planned = []
+        for shared in self._shared:
+            net_blocks, plans = self._plan(shared, seq_ids, num_tokens)
+            if net_blocks > shared.pool.free_blocks:
+                self._refuse(
+                    f"growing sequences {seq_ids}",
+                    ("the shared block pool", net_blocks * shared.pool.block_size, shared.pool.free_slots()),
+                )
+            planned.append((shared, net_blocks, plans))
+        rooms: list[int] | None = None
+        for group in self._own:
+            rooms = _least(rooms, group.policy.grow_each(seq_ids, num_tokens))
+        for shared, net_blocks, plans in planned:
+            shared.pool.adjust(net_blocks)
+            if shared.pool.caches_prefixes:  # every group's skipped blocks go back before any takes
+                for manager, plan in plans:
+                    manager.release_skipped(plan)
+            for manager, plan in plans:
+                rooms = _least(rooms, manager.commit_growth(plan))
+        assert rooms is not None
+        return rooms
+
+    @staticmethod
+    def _plan(shared: _SharedPool, seq_ids: list[int], num_tokens: list[int]) -> tuple[int, list[tuple]]:
+        """The groups' plans of one growth and their net blocks. The first group checks the growth
+        (every group holds the same sequences at the same lengths); the others only plan it."""
+        first = shared.managers[0]
+        net_blocks, plan = first.plan_growth(seq_ids, num_tokens)
+        plans = [(first, plan)]
+        for manager in shared.managers[1:]:
+            blocks, plan = manager.plan_checked_growth(seq_ids, num_tokens)
+            net_blocks += blocks
+            plans.append((manager, plan))
+        return net_blocks, plans
+
+    def fits_growth(self, seq_ids: list[int], num_tokens: int) -> bool:
+        tokens = [num_tokens] * len(seq_ids)
+        for group in self._own:
+            if _slots_needed(group.policy, seq_ids, tokens) > group.policy.available_slots():
+                return False
+        return all(
+            self._plan(shared, seq_ids, tokens)[0] <= shared.pool.free_blocks for shared in self._shared
+        )
+
+    def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
+        for shared in self._shared:
+            needed = sum(
+                manager.slots_needed_to_fork(parent_id, len(children)) for manager in shared.managers
+            )
+            if needed > shared.pool.free_slots():
+                self._refuse(
+                    f"forking sequence {parent_id}",
+                    ("the shared block pool", needed, shared.pool.free_slots()),
+                )
+        done: list[KVCachePolicy] = []
+        try:
+            for policy in self.policies:
+                policy.fork(parent_id, children)
+                done.append(policy)
+        except OutOfKVMemory:
+            for policy in done:
+                for child in children:
+                    policy.free(child.seq_id, finished=False)
+            raise
+
+    def free(self, seq_id: int, finished: bool = True) -> None:
+        for policy in self.policies:
+            policy.free(seq_id, finished)
+
+    def growth_room(self, seq_id: int) -> int:
+        return min(policy.growth_room(seq_id) for policy in self.policies)
+
+    def available_slots(self) -> int:
+        """Slots every growing group can still take: the scarcest own pool's, and a shared pool's free
+        slots split over the groups that grow with each token."""
+        rooms = [group.policy.available_slots() for group in self._own]
+        rooms += [shared.pool.free_slots() // shared.growing for shared in self._shared]
+        return min(rooms)
+
+    def seq_len(self, seq_id: int) -> int:
+        return self.policies[0].seq_len(seq_id)
+
+    def prepare_decode_step(self, num_sequences: int) -> None:
+        for policy in self.policies:
+            policy.prepare_decode_step(num_sequences)
+
+    # -- accounting -------------------------------------------------------------------------------
+    def breakdown_values(self) -> Breakdown:
+        used = reserved = internal = external = cached = free = 0
+        parts = [policy.breakdown_values() for policy in self.policies]
+        parts += [shared.pool.breakdown_values() for shared in self._shared]
+        for part in parts:
+            used += part[0]
+            reserved += part[1]
+            internal += part[2]
+            external += part[3]
+            cached += part[4]
+            free += part[5]
+        return used, reserved, internal, external, cached, free
+
+    def group_entries(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The entries of :meth:`group_breakdown_values`: every group, then every shared pool's free
+        blocks; and whether each entry's slots hold tokens (a Mamba group's state and a pool's free
+        blocks do not), so that a token decoded but not yet told fills one of its slots."""
+        names = [group.name for group in self.groups]
+        holds = [
+            not (isinstance(group.policy, GroupManager) and group.policy.kind == "mamba")
+            for group in self.groups
+        ]
+        for shared in self._shared:
+            members = ", ".join(
+                group.name
+                for group in self.groups
+                if any(group.policy is manager for manager in shared.managers)
+            )
+            names.append("shared pool" if len(self._shared) == 1 else f"shared pool ({members})")
+            holds.append(False)
+        return tuple(names), tuple(holds)
+
+    def group_breakdown_values(self) -> tuple[int, ...]:
+        """Every entry's breakdown, flat, in :meth:`group_entries` order (what the recorder keeps of a
+        hybrid run, ``sim/outputs/group_series.py``)."""
+        values: list[int] = []
+        for policy in self.policies:
+            values.extend(policy.breakdown_values())
+        for shared in self._shared:
+            values.extend(shared.pool.breakdown_values())
+        return tuple(values)
+
+    def breakdown_bytes(self) -> dict[str, int]:
+        totals = super().breakdown_bytes()
+        for shared in self._shared:
+            for name, slots in MemoryBreakdown(*shared.pool.breakdown_values()).as_dict().items():
+                totals[name] += slots * shared.slot_bytes
+        return totals
+
+    def sharing_slots(self) -> tuple[int, int]:
+        physical = logical = 0
+        for policy in self.policies:
+            group_physical, group_logical = policy.sharing_slots()
+            physical += group_physical
+            logical += group_logical
+        return physical, logical
+
+    def host_breakdown_values(self) -> tuple[int, int]:
+        return 0, 0
+
+    @property
+    def stats(self) -> PolicyStats:
+        """The groups' counters summed, but for the prefix cache's: every group records the same query
+        (the prompt) and the same common hit, so those are one group's. A new object: read it again
+        after the operations to compare. (Written out field by field: the engine reads it after
+        every iteration; tests/test_kv_coordinator.py checks that no field is left out.)"""
+        every = [policy.stats for policy in self.policies]
+        first = every[0]
+        return PolicyStats(
+            prefix_cache_queries=first.prefix_cache_queries,
+            prefix_cache_hits=first.prefix_cache_hits,
+            evictions=sum(stats.evictions for stats in every),
+            cow_copies=sum(stats.cow_copies for stats in every),
+            fork_copied_tokens=sum(stats.fork_copied_tokens for stats in every),
+            allocation_failures=sum(stats.allocation_failures for stats in every),
+        )
+
+    def evictions(self) -> int:
+        total = 0
+        for policy in self.policies:
+            total += policy.stats.evictions
+        return total
+
+    def cow_copies(self) -> int:
+        total = 0
+        for policy in self.policies:
+            total += policy.stats.cow_copies
+        return total
+
+    @property
+    def host_tier(self) -> HostPool | None:
+        return None
+
+
+def longest_common_hit(groups: Sequence[GroupManager], prompt: TokenContent, namespace: int) -> int:
+    """The longest prefix every group of a prefix-caching pool serves (vLLM
+    ``vllm/v1/core/kv_cache_coordinator.py``, ``HybridKVCacheCoordinator.find_longest_cache_hit``):
+    full attention first, then each other group at the length so far, which it keeps or shortens;
+    any shortening starts another round, until every group keeps the length. (Each group's hit is
+    the longest it serves within the length it is given, so this ends at the longest length they
+    all serve; vLLM looks groups of one spec up together, which comes to the same length.) Never
+    the prompt's last token (``len - 1``). In blocks; ``groups`` full attention first, their blocks
+    named by one set of content chains (vLLM's groups of one pool, Jenga's types:
+    ``sim/kv/jenga_prefix.py``)."""
+    validate_content(prompt, "looked-up prompt", PolicyInputError)
+    block_size = groups[0].block_size
+    hit = (content_length(prompt) - 1) // block_size
+    tables = groups[0].tables
+    assert tables is not None
+    chains = tables.prompt_chains(prompt, namespace, hit)  # (one content chain for every group)
+    while hit:
+        length = hit
+        for group in groups:
+            length = group.longest_cache_hit(chains, length)
+        if length == hit:
+            break
+        hit = length
+    return hit
+
+
+def _least(rooms: list[int] | None, more: list[int]) -> list[int]:
+    """Each sequence's growth room over the groups so far: the least."""
+    if rooms is None:
+        return more
+    return [room if room <= other else other for room, other in zip(rooms, more, strict=True)]
+
+
+def _slots_needed(policy: KVCachePolicy, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
+    needed = 0
+    for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+        needed += policy.slots_needed_to_grow(seq_id, tokens)
+    return needed

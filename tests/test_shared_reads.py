@@ -1,0 +1,203 @@
+"""K/V blocks that running sequences share are read from memory once (sim/engine/shared_reads.py):
+what each policy says it shares, what the GPU's cache holds of a layer, the credit, and runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies import ChildSpec, PoolSpec, make_policy
+from sim.costs.core import AnalyticCostModel
+from sim.costs.derated import DeratedCostModel
+from sim.engine.shared_reads import SharedReads, shared_reads_for
+from sim.hardware.gpus import GPU_PRESETS, L2_CACHE_MIB, resolve_gpu
+from sim.hardware.models import resolve_model as get_model
+from tests.engine_helpers import RoundCostModel
+from tests.test_engine import POLICIES, SCENARIOS, assert_same_results, random_requests, run
+from tests.test_paged_prefix import ids, prefix_pool
+from tests.test_radix import SYSTEM, radix_pool
+
+MiB = 2**20
+
+
+# ------------------------------------------------------------------------------- what a policy shares
+def test_prefix_counts_each_block_two_sequences_hold_once():
+    # Blocks of 4. Sequence 0: ids 1..10 (blocks A, B full, C partly); sequence 1 hits A and B (its
+    # prompt continues differently) and takes a block of its own; a third hits them too.
+    policy = prefix_pool(num_blocks=12, block_size=4)
+    policy.admit(0, ids(1, 10), 12, output_content_id=500)
+    assert policy.shared_slots() == 0
+    assert policy.admit(1, ids(1, 8) + ids(50, 51), 12, output_content_id=501) == 8
+    assert policy.shared_slots() == 8  # A and B, once each
+    assert policy.admit(2, ids(1, 8) + ids(60, 61), 12, output_content_id=502) == 8
+    assert policy.shared_slots() == 8  # still A and B: three holders each
+    assert policy.sharing_slots() == (5 * 4, 9 * 4)  # the re-reads: 16 slots
+    policy.free(0)
+    assert policy.shared_slots() == 8  # sequences 1 and 2 still hold both
+    policy.free(1)
+    assert policy.shared_slots() == 0
+
+
+def test_a_fork_shares_every_block_until_its_tail_is_copied():
+    policy = prefix_pool(num_blocks=8, block_size=4)
+    policy.admit(0, ids(1, 6), 12, output_content_id=500)  # one full block, a tail of 2
+    policy.fork(0, [ChildSpec(1, 12, 501)])
+    assert policy.shared_slots() == 8  # the full block and the shared tail
+    policy.grow(1, 1)  # the child writes: its tail is copied first
+    assert policy.shared_slots() == 4
+    policy.free(1)
+    assert policy.shared_slots() == 0
+
+
+def test_plain_paging_and_contiguous_share_nothing():
+    for name in ("paged", "contiguous"):
+        policy = make_policy(name, PoolSpec(64, 4, 32))
+        policy.admit(0, ids(1, 8), 12, output_content_id=500)
+        policy.admit(1, ids(1, 8), 12, output_content_id=501)
+        assert policy.shared_slots() == 0
+
+
+def test_radix_counts_the_tokens_of_nodes_two_requests_lock():
+    policy = radix_pool(64)
+    policy.admit(0, (SYSTEM, (100, 4)), 16, output_content_id=500)  # one leaf of 14 tokens
+    assert policy.shared_slots() == 0
+    # The second request splits it: the 10 system tokens above, locked by both; 4 + 5 below, one each.
+    assert policy.admit(1, (SYSTEM, (101, 5)), 16, output_content_id=501) == 10
+    assert policy.shared_slots() == 10
+    policy.free(0)
+    assert policy.shared_slots() == 0
+
+
+# ------------------------------------------------------------------------------- the cache, by GPU
+def test_every_preset_has_its_cache():
+    assert set(L2_CACHE_MIB) == set(GPU_PRESETS)
+    for name, spec in GPU_PRESETS.items():
+        assert spec.l2_cache_bytes == L2_CACHE_MIB[name] * MiB > 0
+    assert GPU_PRESETS["H100-80GB"].l2_cache_bytes == 52_428_800  # deviceQuery's "L2 Cache Size"
+    assert GPU_PRESETS["H200-141GB"].l2_cache_bytes == 60 * MiB  # all six stacks: the whole GH100 L2
+
+
+def test_a_custom_gpu_names_its_cache_or_inherits_it():
+    assert resolve_gpu({"base": "H100-80GB", "memory_gib": 79}).l2_cache_bytes == 50 * MiB
+    assert resolve_gpu({"base": "H100-80GB", "l2_cache_mib": 0}).l2_cache_bytes == 0
+    bare = {"memory_gib": 24, "hbm_bandwidth_gb_per_s": 300, "fp16_tflops": 100}
+    assert resolve_gpu(bare).l2_cache_bytes == 0
+    assert resolve_gpu(bare | {"l2_cache_mib": 2.5}).l2_cache_bytes == int(2.5 * MiB)
+    for bad in (-1, "big", True, None):
+        with pytest.raises(ValueError) as error:
+            resolve_gpu({"base": "L4", "l2_cache_mib": bad})
+        assert str(error.value) == f"custom GPU: l2_cache_mib must be a number >= 0, got {bad!r}"
+
+
+def test_the_cache_holds_this_many_tokens_of_one_layer():
+    # Llama-2-7B: 32 layers x 2 (K, V) x 4,096 x 2 bytes = 16,384 bytes per token and layer.
+    llama = get_model("llama-2-7b")
+    h100 = resolve_gpu("H100-80GB")
+    assert DeratedCostModel(llama, h100).shared_kv_cached_tokens == 52_428_800 / 16_384 == 3_200
+    # Two GPUs each hold half the heads: a layer's token takes half the bytes on each.
+    assert DeratedCostModel(llama, h100, tensor_parallel_size=2).shared_kv_cached_tokens == 6_400
+    assert AnalyticCostModel(llama, resolve_gpu("A100-80GB")).shared_kv_cached_tokens == 2_560
+    none = resolve_gpu({"base": "H100-80GB", "l2_cache_mib": 0})
+    assert DeratedCostModel(llama, none).shared_kv_cached_tokens == 0
+    # Sliding-window layers (gpt-oss): not modelled, no credit.
+    assert DeratedCostModel(get_model("gpt-oss-20b"), h100).shared_kv_cached_tokens == 0
+
+
+# ------------------------------------------------------------------------------- the credit
+class FakePool:
+    """A pool whose sharing the test sets."""
+
+    groups = ("full",)
+    slots_per_token = 1
+
+    def __init__(self, physical: int, logical: int, shared: int):
+        self.physical, self.logical, self.shared = physical, logical, shared
+        self.asked = 0
+
+    def sharing_slots(self):
+        return self.physical, self.logical
+
+    def shared_slots(self):
+        self.asked += 1
+        return self.shared
+
+
+def test_the_credit_by_hand():
+    # 300 re-read slots over 200 shared ones; the cache holds 100 tokens of a layer: half the shared
+    # blocks stay, so half the re-reads hit: 150 tokens.
+    pool = FakePool(physical=1_000, logical=1_300, shared=200)
+    reads = SharedReads(pool, cached_tokens_per_layer=100)
+    assert reads.credit() == 150
+    # All of it fits: every re-read hits.
+    assert SharedReads(FakePool(1_000, 1_300, 80), 100).credit() == 300
+    # Nothing shared, or shared without saying what: nothing.
+    assert SharedReads(FakePool(1_000, 1_000, 0), 100).credit() == 0
+    assert SharedReads(FakePool(1_000, 1_300, 0), 100).credit() == 0
+
+
+def test_the_credit_changes_only_when_the_sharing_does():
+    pool = FakePool(physical=1_000, logical=1_300, shared=200)
+    reads = SharedReads(pool, cached_tokens_per_layer=100)
+    assert reads.credit() == 150
+    pool.physical, pool.logical, pool.shared = 1_016, 1_316, 400  # a sequence took a private block
+    assert reads.credit() == 150 and pool.asked == 1  # re-reads unchanged: not re-evaluated
+    pool.logical = 1_332  # someone shares one more block
+    assert reads.credit() == 316 * 100 / 400
+
+
+def test_only_a_one_group_pool_of_tokens_gets_a_credit():
+    assert shared_reads_for(FakePool(0, 0, 0), 0.0) is None
+    assert shared_reads_for(FakePool(0, 0, 0), 10.0) is not None
+    two = FakePool(0, 0, 0)
+    two.groups = ("full", "sliding")
+    assert shared_reads_for(two, 10.0) is None
+
+
+# ------------------------------------------------------------------------------- runs
+class CachedRoundCosts(RoundCostModel):
+    """The equivalence costs on a GPU whose cache holds ``cached`` tokens of a layer."""
+
+    def __init__(self, cached: float):
+        super().__init__(
+            intercept_s=0.01, per_seq_s=0.001, per_context_token_s=1e-5, prefill_per_token_s=1e-4
+        )
+        self.shared_kv_cached_tokens = cached
+
+
+@pytest.mark.parametrize(("policy", "options"), [p for p in POLICIES if p[0] in ("prefix", "radix")])
+@pytest.mark.parametrize("scenario", ["roomy", "chunked", "tight"])
+def test_both_step_modes_agree_with_the_credit(policy, options, scenario):
+    pool, knobs, shape = SCENARIOS[scenario]
+    requests = random_requests(3, 50, **shape)
+    costs = CachedRoundCosts(cached=24)  # a cache smaller than what is shared, at times
+    single = run(policy, pool, requests, "single", costs=costs, options=options, **knobs)
+    skip = run(policy, pool, requests, "skip", costs=costs, options=options, **knobs)
+    assert_same_results(single, skip)
+    # and the credit is there: without a cache, the same run takes longer
+    uncached = run(policy, pool, requests, "skip", costs=CachedRoundCosts(cached=0), options=options, **knobs)
+    assert uncached.env.now > skip.env.now
+
+
+def test_two_identical_prompts_decode_on_one_copy_of_their_prefix():
+    # Blocks of 16; two requests send the same 64-token prompt for 20 output tokens. The second comes
+    # at 0.05 s and hits 48 tokens (3 full blocks: vLLM computes the prompt's last token again), which
+    # both then hold: 48 re-read tokens, all in a cache of 1,000, so each step is 48 x 1e-5 s shorter.
+    # Steps of one sequence take 0.01 + 0.001 + 1e-5 x ~66 = 0.01166 s: after its first token (at
+    # 0.0164 s) the first request has decoded 3 tokens when the second is admitted (0.0514 s) and
+    # decodes its last 16 from that iteration on; that first iteration was priced before the admission,
+    # so 15 steps get the credit.
+    from tests.engine_helpers import request
+
+    pool = PoolSpec(16 * 40, 16, 160)
+    prompt = ((7, 64),)
+    requests = [request(0, 0.0, 0, 20, prompt=prompt), request(1, 0.05, 0, 20, prompt=prompt)]
+    cached = run("prefix", pool, requests, "single", costs=CachedRoundCosts(cached=1_000))
+    plain = run("prefix", pool, requests, "single", costs=CachedRoundCosts(cached=0))
+    assert [r.cached_prompt_tokens for r in cached.records] == [0, 48]
+    assert plain.env.now - cached.env.now == pytest.approx(15 * 48 * 1e-5, rel=1e-9)
+    # A cache of 24 tokens holds half the 48 shared ones: half the credit.
+    half = run("prefix", pool, requests, "single", costs=CachedRoundCosts(cached=24))
+    assert plain.env.now - half.env.now == pytest.approx(15 * 24 * 1e-5, rel=1e-9)
+    # Plain paging holds two copies: no credit.
+    paged = run("paged", pool, requests, "single", costs=CachedRoundCosts(cached=1_000))
+    paged_plain = run("paged", pool, requests, "single", costs=CachedRoundCosts(cached=0))
+    assert paged.env.now == paged_plain.env.now
