@@ -386,27 +386,27 @@ def run_summary(data: dict, tmp_path: Path) -> dict:
 
 # What the committed code before data and expert parallelism (88c8035) gave for these two runs, checked
 # equal when data and expert parallelism landed, and re-pinned since with every change of the costs:
-# last on 2026-12-04, when decode steps were priced exactly per batch (no longer by a line in the batch)
-# and the serving terms were refitted (issue 37); the code path of DP 1 without EP did not change. No
-# async scheduling: off here.
+# last on 2026-12-05, when shared K/V blocks came to be read once a step and the serving terms were
+# refitted with it (issue 37; these runs share no prompt: the refit moved them); the code path of DP 1
+# without EP did not change. No async scheduling: off here.
 BEFORE = {
     ("Qwen3-30B-A3B", "A100-80GB", 1): {
         "kv_pool_tokens": 158368,
-        "iterations": 512,
-        "simulated_s": 16.952907802239608,
-        "ttft_p50_s": 0.09119346118805782,
-        "e2e_p99_s": 11.991139514543757,
-        "tpot_p50_s": 0.0409551485495389,
-        "output_tokens_per_s": 792.7253635051685,
+        "iterations": 515,
+        "simulated_s": 16.774041863612347,
+        "ttft_p50_s": 0.09085421176331045,
+        "e2e_p99_s": 11.835194492249196,
+        "tpot_p50_s": 0.04027021718732034,
+        "output_tokens_per_s": 801.1783986990638,
     },
     ("Llama-3.1-8B", "H100-80GB", 2): {
         "kv_pool_tokens": 1044864,
-        "iterations": 2231,
-        "simulated_s": 10.02139806723621,
-        "ttft_p50_s": 0.022810410968292845,
-        "e2e_p99_s": 1.3886080053012069,
-        "tpot_p50_s": 0.00453259442264804,
-        "output_tokens_per_s": 1341.0304540179118,
+        "iterations": 2329,
+        "simulated_s": 9.97062759193888,
+        "ttft_p50_s": 0.023252150357266813,
+        "e2e_p99_s": 1.297702585877329,
+        "tpot_p50_s": 0.004337029918781156,
+        "output_tokens_per_s": 1347.8589864157852,
     },
 }
 

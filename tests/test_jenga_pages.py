@@ -139,26 +139,35 @@ def test_every_operation_matches_one_page_at_a_time(ratio, num_large, operations
     allocator = SmallPageAllocator(LargePagePool(num_large), ratio)
     reference = OnePageAtATime(num_large, ratio)
     held: dict[int, list[int]] = {}
-    for kind, seq_id, amount, quota in operations:
-        if kind == "add" and seq_id not in held:
-            allocator.add_request(seq_id)
-            reference.preferred[seq_id] = {}
-            held[seq_id] = []
-        elif kind == "allocate" and seq_id in held:
+    # The allocators know a request by an id never used before (a large page remembers the request
+    # that carved it after it is gone: sim/kv/jenga.py's _new_request); a slot re-added gets a new one.
+    request_of: dict[int, int] = {}
+    added = 0
+    for kind, slot, amount, quota in operations:
+        if kind == "add" and slot not in held:
+            request = request_of[slot] = added
+            added += 1
+            allocator.add_request(request)
+            reference.preferred[request] = {}
+            held[slot] = []
+        elif kind == "allocate" and slot in held:
+            request = request_of[slot]
             quota = min(quota, allocator.large_pages.free)
             needed = min(amount, allocator.free_small + quota * ratio)  # what the caller checks fits
-            pages = allocator.allocate(seq_id, needed, quota)
-            assert pages == reference.allocate(seq_id, needed, quota)
-            held[seq_id] += pages
-        elif kind == "release" and seq_id in held:
-            pages, held[seq_id] = held[seq_id][:amount], held[seq_id][amount:]
-            assert allocator.after_release(seq_id, pages) == reference.after_release(seq_id, pages)
+            pages = allocator.allocate(request, needed, quota)
+            assert pages == reference.allocate(request, needed, quota)
+            held[slot] += pages
+        elif kind == "release" and slot in held:
+            request = request_of[slot]
+            pages, held[slot] = held[slot][:amount], held[slot][amount:]
+            assert allocator.after_release(request, pages) == reference.after_release(request, pages)
             allocator.release(pages)
             reference.release(pages)
-        elif kind == "remove" and seq_id in held:
-            pages = held.pop(seq_id)
+        elif kind == "remove" and slot in held:
+            request = request_of[slot]
+            pages = held.pop(slot)
             allocator.release(pages)
             reference.release(pages)
-            allocator.remove_request(seq_id)
-            reference.unowned.update(reference.preferred.pop(seq_id))
+            allocator.remove_request(request)
+            reference.unowned.update(reference.preferred.pop(request))
         assert _state(allocator) == reference.state()

@@ -121,6 +121,7 @@ class FakePool:
         return self.shared
 
 
+@pytest.mark.python_sources  # a stand-in pool: the compiled class takes only a KVCoordinator
 def test_the_credit_by_hand():
     # 300 re-read slots over 200 shared ones; the cache holds 100 tokens of a layer: half the shared
     # blocks stay, so half the re-reads hit: 150 tokens.
@@ -134,6 +135,7 @@ def test_the_credit_by_hand():
     assert SharedReads(FakePool(1_000, 1_300, 0), 100).credit() == 0
 
 
+@pytest.mark.python_sources  # a stand-in pool: the compiled class takes only a KVCoordinator
 def test_the_credit_changes_only_when_the_sharing_does():
     pool = FakePool(physical=1_000, logical=1_300, shared=200)
     reads = SharedReads(pool, cached_tokens_per_layer=100)
@@ -144,6 +146,7 @@ def test_the_credit_changes_only_when_the_sharing_does():
     assert reads.credit() == 316 * 100 / 400
 
 
+@pytest.mark.python_sources  # a stand-in pool: the compiled class takes only a KVCoordinator
 def test_only_a_one_group_pool_of_tokens_gets_a_credit():
     assert shared_reads_for(FakePool(0, 0, 0), 0.0) is None
     assert shared_reads_for(FakePool(0, 0, 0), 10.0) is not None

@@ -392,7 +392,7 @@ def test_step_cost_adds_drafts_and_verification():
         expected += (step.per_context_token_s - target.decode.per_context_token_s) * 1000 * batch
         assert step.step_s(batch, 1000 * batch) == pytest.approx(expected, rel=1e-12)
     # each of the 3 draft forwards is a model-runner call of its own: it pays the draft's whole
-    # decode intercept, the serving overhead per iteration (0.35 ms, fitted on plain runs) included
+    # decode intercept, the serving overhead per iteration (0.19 ms, fitted on plain runs) included
     draft = engine_draft(resolve_model(cfg.model), speculative.engine)
     draft_costs = make_cost_model(
         cfg.cost_model, draft.step_shapes, resolve_gpu(cfg.gpu), block_size=speculative.engine.block_size
@@ -400,7 +400,7 @@ def test_step_cost_adds_drafts_and_verification():
     assert step.intercept_s - target.decode.intercept_s == pytest.approx(
         3 * draft_costs.decode.intercept_s, rel=1e-12
     )
-    assert draft_costs.decode.intercept_s > target.iteration_overhead_s > 0.0003
+    assert draft_costs.decode.intercept_s > target.iteration_overhead_s > 0.00015
     # the draft's KV (one layer of 32) rides in every token's slot: the pool holds fewer tokens
     assert speculative.capacity.kv_bytes_per_token == plain.capacity.kv_bytes_per_token * 33 // 32
     assert speculative.capacity.weight_bytes > plain.capacity.weight_bytes
