@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 from policies.base import ChildSpec, OutOfKVMemory, PolicyInputError, PoolSpec
 from policies.hybrid.block_pool import SharedBlockPool
+from policies.hybrid.block_tables import NO_BLOCK
 from policies.hybrid.chunked_local import ChunkedLocalGroup
 from policies.hybrid.full import FullAttentionGroup
 from policies.hybrid.group import GroupManager
@@ -332,6 +333,12 @@ class HybridDriver:
             physical += held - tables.excess
             logical += held
             cached += pool.cached_in(tables.group)
+            # The blocks of this group two or more sequences hold, each once (the shared-read credit's)
+            holders = Counter(
+                block for record in tables.by_seq.values() for block in record.table if block != NO_BLOCK
+            )
+            shared = sum(1 for count in holders.values() if count >= 2)
+            assert manager.shared_slots() == shared * BLOCK, f"group {group.name}"
         assert pool is not None
         assert sum(pool.ref_count) == logical, "a block's reference count is not its holders"
         assert pool.num_blocks - pool.free_blocks == physical

@@ -12,7 +12,9 @@ from sim.engine.shared_reads import SharedReads, shared_reads_for
 from sim.hardware.gpus import GPU_PRESETS, L2_CACHE_MIB, resolve_gpu
 from sim.hardware.models import resolve_model as get_model
 from tests.engine_helpers import RoundCostModel
-from tests.test_engine import POLICIES, SCENARIOS, assert_same_results, random_requests, run
+from tests.test_engine import POLICIES, SCENARIOS, assert_same_results, random_requests, run, times
+from tests.test_hybrid_prefix_caching import SYSTEM as HYBRID_SYSTEM
+from tests.test_hybrid_prefix_caching import hybrid as hybrid_pool
 from tests.test_paged_prefix import ids, prefix_pool
 from tests.test_radix import SYSTEM, radix_pool
 
@@ -98,27 +100,23 @@ def test_the_cache_holds_this_many_tokens_of_one_layer():
     assert AnalyticCostModel(llama, resolve_gpu("A100-80GB")).shared_kv_cached_tokens == 2_560
     none = resolve_gpu({"base": "H100-80GB", "l2_cache_mib": 0})
     assert DeratedCostModel(llama, none).shared_kv_cached_tokens == 0
-    # Sliding-window layers (gpt-oss): not modelled, no credit.
-    assert DeratedCostModel(get_model("gpt-oss-20b"), h100).shared_kv_cached_tokens == 0
+    # gpt-oss-20b: 24 attention layers of 8 K/V heads of 64 x 2 (K, V) x 2 bytes = 2,048 bytes a token.
+    assert DeratedCostModel(get_model("gpt-oss-20b"), h100).shared_kv_cached_tokens == 52_428_800 / 2_048
+    # Qwen3-Next: 12 attention layers among 48 (the others gated delta net), 2 x 256 x 2 x 2 = 2,048.
+    assert DeratedCostModel(get_model("Qwen3-Next-80B-A3B"), h100).shared_kv_cached_tokens == 25_600
 
 
 # ------------------------------------------------------------------------------- the credit
 class FakePool:
-    """A pool whose sharing the test sets."""
-
-    groups = ("full",)
-    slots_per_token = 1
+    """A pool whose sharing the test sets: physical and logical slots, and the shared ones."""
 
     def __init__(self, physical: int, logical: int, shared: int):
         self.physical, self.logical, self.shared = physical, logical, shared
         self.asked = 0
 
-    def sharing_slots(self):
-        return self.physical, self.logical
-
-    def shared_slots(self):
+    def token_sharing(self):
         self.asked += 1
-        return self.shared
+        return self.logical - self.physical, self.shared
 
 
 @pytest.mark.python_sources  # a stand-in pool: the compiled class takes only a KVCoordinator
@@ -141,18 +139,40 @@ def test_the_credit_changes_only_when_the_sharing_does():
     reads = SharedReads(pool, cached_tokens_per_layer=100)
     assert reads.credit() == 150
     pool.physical, pool.logical, pool.shared = 1_016, 1_316, 400  # a sequence took a private block
-    assert reads.credit() == 150 and pool.asked == 1  # re-reads unchanged: not re-evaluated
+    assert reads.credit() == 150 and pool.asked == 2  # re-reads unchanged: the old credit stands
     pool.logical = 1_332  # someone shares one more block
     assert reads.credit() == 316 * 100 / 400
 
 
 @pytest.mark.python_sources  # a stand-in pool: the compiled class takes only a KVCoordinator
-def test_only_a_one_group_pool_of_tokens_gets_a_credit():
+def test_a_credit_only_where_the_cost_model_gives_one():
     assert shared_reads_for(FakePool(0, 0, 0), 0.0) is None
     assert shared_reads_for(FakePool(0, 0, 0), 10.0) is not None
-    two = FakePool(0, 0, 0)
-    two.groups = ("full", "sliding")
-    assert shared_reads_for(two, 10.0) is None
+
+
+def test_a_hybrid_pool_reports_what_its_full_attention_group_shares():
+    # vllm-hybrid's full-attention and 8-token sliding-window groups over one pool of 4-token blocks
+    # (tests/test_hybrid_prefix_caching.py): two live requests with the same 12-token system prompt.
+    # The second hits the first's three full blocks in the full group: 12 slots re-read, 12 shared.
+    kv, full, window, _ = hybrid_pool(16)
+    assert kv.token_sharing() == (0, 0)
+    kv.admit(1, (HYBRID_SYSTEM, (2, 1)), 13, 101)
+    kv.admit(2, (HYBRID_SYSTEM, (3, 1)), 13, 102)
+    assert full.sharing_slots() == (20, 32) and full.shared_slots() == 12
+    assert kv.token_sharing() == (12, 12)
+    kv.admit(3, (HYBRID_SYSTEM, (4, 1)), 13, 103)  # a third holder: more re-reads, the same blocks
+    assert kv.token_sharing() == (24, 12)
+    kv.free(1)
+    kv.free(2)
+    assert kv.token_sharing() == (0, 0)  # one holder left
+
+
+@pytest.mark.python_sources  # a bare instance of the interface: compiled, it cannot be made
+def test_pools_that_do_not_track_sharing_report_none():
+    # SGLang's split pools and Jenga's pages: no credit (docs/architecture.md, "Still to do").
+    from sim.kv.interface import KVCoordinator
+
+    assert KVCoordinator.token_sharing(object.__new__(KVCoordinator)) == (0, 0)
 
 
 # ------------------------------------------------------------------------------- runs
@@ -204,3 +224,65 @@ def test_two_identical_prompts_decode_on_one_copy_of_their_prefix():
     paged = run("paged", pool, requests, "single", costs=CachedRoundCosts(cached=1_000))
     paged_plain = run("paged", pool, requests, "single", costs=CachedRoundCosts(cached=0))
     assert paged.env.now == paged_plain.env.now
+
+
+def _hybrid_run(step_mode: str, cached: float, requests):
+    """gpt-oss's shape in small: a full-attention and an 8-token sliding-window group over one
+    prefix-caching pool of 4-token blocks; half the K/V bytes in the window layers."""
+    from sim.engine.core import Engine, EngineKnobs
+
+    kv, _, _, _ = hybrid_pool(96)
+    costs = CachedRoundCosts(cached=cached)
+    costs.attention_windows = ((8, 0.5),)
+    engine = Engine(
+        kv, costs, EngineKnobs(max_model_len=4096, step_mode=step_mode), iter(requests), block_size=4
+    )
+    engine.run()
+    return engine
+
+
+def test_a_hybrid_pool_reads_its_full_layers_shared_prefix_once():
+    # Requests after the same 12-token system prompt, arriving while others decode: their hits are
+    # shared blocks of the full-attention group; only that group's half of the context is credited.
+    from tests.engine_helpers import request
+
+    requests = [
+        request(index, 0.02 * index, 0, 12 + index % 5, prompt=(HYBRID_SYSTEM, (200 + index, 1 + index % 3)))
+        for index in range(12)
+    ]
+    single, skip = (_hybrid_run(mode, 40, requests) for mode in ("single", "skip"))
+    assert single.counters == skip.counters
+    for request_id, row in times(single).items():
+        assert times(skip)[request_id][3] == row[3] == "finished"
+        assert times(skip)[request_id][:3] == pytest.approx(row[:3], rel=1e-9)
+    assert skip.kv.group_breakdowns() == single.kv.group_breakdowns()
+    uncached = _hybrid_run("skip", 0, requests)
+    assert uncached.env.now > skip.env.now
+    # A cache as large as the shared prefix credits every re-read: 4 more tokens of cache change nothing.
+    assert _hybrid_run("skip", 44, requests).env.now == skip.env.now
+
+
+def test_with_sliding_window_layers_only_the_full_layers_share_is_credited():
+    # Two requests after the same 12-token system prompt, both at 0 s; a token budget of 13 admits
+    # one prompt an iteration, so the second hits the first's three full blocks an iteration later,
+    # whatever the steps cost: the same iterations share, with or without windows. With half the
+    # K/V bytes in 8-token window layers only the full half of each re-read is credited: the run
+    # saves exactly half the time it saves when every layer is full attention.
+    from sim.engine.core import Engine, EngineKnobs
+    from tests.engine_helpers import request
+
+    requests = [request(index, 0.0, 0, 10, prompt=(HYBRID_SYSTEM, (200 + index, 1))) for index in range(2)]
+
+    def end_s(cached: float, windows) -> float:
+        kv, _, _, _ = hybrid_pool(96)
+        costs = CachedRoundCosts(cached=cached)
+        costs.attention_windows = windows
+        knobs = EngineKnobs(max_model_len=4096, step_mode="single", max_num_batched_tokens=13)
+        engine = Engine(kv, costs, knobs, iter(requests), block_size=4)
+        engine.run()
+        return engine.env.now
+
+    saved_full = end_s(0, ()) - end_s(1_000, ())
+    saved_half = end_s(0, ((8, 0.5),)) - end_s(1_000, ((8, 0.5),))
+    assert saved_full > 0
+    assert saved_half == pytest.approx(saved_full / 2, rel=1e-9)

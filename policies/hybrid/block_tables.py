@@ -55,6 +55,7 @@ class GroupBlockTables:
         self.block_size = block_size
         self.kind = kind
         self.excess = 0  # references to held blocks past the first (shared blocks counted once)
+        self.shared_blocks = 0  # blocks two or more sequences hold
         self.by_seq: dict[int, CachedSequence] = {}  # id(GroupSequence) -> its blocks
 
     # -- prefix hits -----------------------------------------------------------------------------
@@ -108,6 +109,8 @@ class GroupBlockTables:
             block = pool.cached_block(self.group, hit_chains[position])
             if pool.touch(block):
                 self.excess += 1
+                if pool.ref_count[block] == 2:
+                    self.shared_blocks += 1
             table[position] = block
         content = _content_of(seq_id, prompt, output_content_id, namespace)
         self.by_seq[key] = CachedSequence(content, table, [])
@@ -213,6 +216,8 @@ class GroupBlockTables:
     def _release(self, block: int) -> None:
         if self.pool.release(block):
             self.excess -= 1
+            if self.pool.ref_count[block] == 1:
+                self.shared_blocks -= 1
 
     # -- forks -----------------------------------------------------------------------------------
     def partial_blocks(self, key: int, first_block: int, end_block: int) -> int:
@@ -234,6 +239,8 @@ class GroupBlockTables:
             if table[position] != NO_BLOCK:
                 pool.touch(table[position])
                 self.excess += 1
+                if pool.ref_count[table[position]] == 2:
+                    self.shared_blocks += 1
         copy_from = max(first_block, full)
         if end_block > copy_from:
             table[copy_from:end_block] = pool.take_blocks(end_block - copy_from, "forking")

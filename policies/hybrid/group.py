@@ -505,6 +505,9 @@ class GroupManager(SequenceTable[GroupSequence]):
             logical += self.tables.excess * self.block_size
         return physical, logical
 
+    def shared_slots(self) -> int:
+        return 0 if self.tables is None else self.tables.shared_blocks * self.block_size
+
     def available_slots(self) -> int:
         return self.shared_pool.free_slots()
 

@@ -330,13 +330,10 @@ ANALYTIC_BAND_GPU = "A100-80GB"  # the GPU those iterations were measured on
 
 
 def shared_kv_cached_tokens(model: ModelSpec, gpu: GpuSpec, kv_bytes_per_token: int) -> float:
-    """Tokens of one attention layer's K/V (``kv_bytes_per_token``: one GPU's, every layer's) that
-    ``gpu``'s last-level cache holds. Models with window or state layers get none: their layers'
-    K/V differ in size and in what a step reads (not modelled yet)."""
+    """Tokens of one attention layer's K/V (``kv_bytes_per_token``: one GPU's, over its attention
+    layers, which hold the same bytes per token each) that ``gpu``'s last-level cache holds."""
     layers = attention_layer_count(model)
     if not gpu.l2_cache_bytes or not kv_bytes_per_token or not layers:
-        return 0.0
-    if attention_windows(model) or layers != model.num_layers:
         return 0.0
     return gpu.l2_cache_bytes / (kv_bytes_per_token / layers)
 

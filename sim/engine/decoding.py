@@ -187,7 +187,11 @@ class DecodeClock:
             if self.shared_reads is None:
                 return tokens
             return tokens - min(self.shared_reads.credit(), tokens)
-        return self.windows.attended(self._offset_sum, self.sequences, self.now)
+        attended = self.windows.attended(self._offset_sum, self.sequences, self.now)
+        if self.shared_reads is None:
+            return attended
+        # Only the full-attention layers read the shared prefix (a window holds a sequence's own tail).
+        return attended - min(self.shared_reads.credit() * self.windows.full_share, attended)
 
     def context_growth(self) -> float | None:
         """What :meth:`sum_context` grows by per token every sequence gains, when it is not simply the

@@ -9,9 +9,10 @@ blocks that the cache cannot hold:
     attended context = sum of the decoding sequences' tokens - re-read tokens x hit share
     hit share        = min(1, cached tokens per layer / shared tokens)
 
-``re-read tokens`` is what sharing saves the pool (``KVCoordinator.sharing_slots``: logical - physical
-slots), ``shared tokens`` the blocks two or more sequences hold, each once
-(``KVCoordinator.shared_slots``), and ``cached tokens per layer`` the cache over one layer's K/V bytes
+``re-read tokens`` is what sharing saves the pool's full-attention layers (logical - physical slots),
+``shared tokens`` the blocks two or more sequences hold there, each once (both from
+``KVCoordinator.token_sharing``; a hybrid pool's first full-attention group speaks for them all, and
+with sliding-window layers only the full-attention share of the context is credited), and ``cached tokens per layer`` the cache over one layer's K/V bytes
 per token (``CostModel.shared_kv_cached_tokens``). Two assumptions, both stated in
 ``docs/gpu-transfer.md`` with what they do to the measured runs: the cache keeps the blocks that
 several sequences read rather than the private K/V streaming past them (the kernels read a layer's
@@ -44,11 +45,9 @@ class SharedReads:
 
     def credit(self) -> float:
         """Re-read tokens served by the cache, as the batch's sharing last left them."""
-        physical, logical = self.kv.sharing_slots()
-        rereads = logical - physical
+        rereads, shared = self.kv.token_sharing()
         if rereads != self._rereads:
             self._rereads = rereads
-            shared = self.kv.shared_slots()
             # (A policy that shares without saying what has no credit.)
             hit_share = min(1.0, self.cached_tokens_per_layer / shared) if shared > 0 else 0.0
             self._credit = rereads * hit_share if rereads > 0 else 0.0
@@ -56,8 +55,9 @@ class SharedReads:
 
 
 def shared_reads_for(kv: KVCoordinator, cached_tokens_per_layer: float) -> SharedReads | None:
-    """The credit for a pool whose slots are tokens of every attention layer (one KV group); None
-    where the cost model gives none or the pool's slots are not tokens (hybrid groups)."""
-    if cached_tokens_per_layer <= 0 or len(kv.groups) != 1 or kv.slots_per_token != 1:
+    """The credit, where the cost model gives one (a datasheet model on a GPU whose cache is known).
+    A coordinator that does not track what its full-attention layers share reports nothing, and gets
+    no credit (SGLang's split pools, Jenga's pages)."""
+    if cached_tokens_per_layer <= 0:
         return None
     return SharedReads(kv, cached_tokens_per_layer)

@@ -134,6 +134,12 @@ class KVCoordinator:
         """Slots two or more live sequences hold, each counted once (0: not tracked)."""
         return 0
 
+    def token_sharing(self) -> tuple[int, int]:
+        """``(re-read, shared)``, in tokens of the full-attention layers: the slots sharing saves
+        (logical - physical) and the slots two or more sequences hold, each once. A decode step reads
+        the shared ones once (``sim/engine/shared_reads.py``). ``(0, 0)``: nothing tracked."""
+        return 0, 0
+
     def host_breakdown_values(self) -> tuple[int, int]:
         raise NotImplementedError
 

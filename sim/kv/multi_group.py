@@ -72,6 +72,15 @@ class MultiGroupCoordinator(KVCoordinator):
         self.context_tokens = self._context_tokens()
         # Prefix caching over a shared pool: its groups, full attention first (vLLM's order).
         self._caching: list[GroupManager] = self._caching_groups()
+        # What full-attention layers share (a group of a shared pool: pools of their own keep theirs).
+        self._full_attention: GroupManager | None = next(
+            (
+                group.policy
+                for group in groups
+                if isinstance(group.policy, GroupManager) and group.policy.kind == "full"
+            ),
+            None,
+        )
 
     def _context_tokens(self) -> int:
         """What fills first: a pool of its own holds every token; a shared pool its slots over its
@@ -345,6 +354,15 @@ class MultiGroupCoordinator(KVCoordinator):
             for name, slots in MemoryBreakdown(*shared.pool.breakdown_values()).as_dict().items():
                 totals[name] += slots * shared.slot_bytes
         return totals
+
+    def token_sharing(self) -> tuple[int, int]:
+        # Every full-attention group holds the same token positions of the same sequences: the first
+        # one says what they all share (a pool's other kinds share windows or states, not read here).
+        full = self._full_attention
+        if full is None:
+            return 0, 0
+        physical, logical = full.sharing_slots()
+        return logical - physical, full.shared_slots()
 
     def sharing_slots(self) -> tuple[int, int]:
         physical = logical = 0

@@ -86,6 +86,10 @@ class SingleGroupCoordinator(KVCoordinator):
     def shared_slots(self) -> int:
         return self.policy.shared_slots()
 
+    def token_sharing(self) -> tuple[int, int]:
+        physical, logical = self.policy.sharing_slots()
+        return logical - physical, self.policy.shared_slots()
+
     def host_breakdown_values(self) -> tuple[int, int]:
         return self.policy.host_breakdown_values()
 
