@@ -388,6 +388,11 @@ class KVCachePolicy:
         read once for all of them. 0 where nothing is shared, or the policy does not track it."""
         return 0
 
+    def may_share(self) -> bool:
+        """Whether two sequences can ever hold one slot (a prefix cache, forks sharing blocks): where
+        not, nothing asks what is shared."""
+        return False
+
     @property
     def pool_slots(self) -> int:
         return self.pool.kv_pool_tokens

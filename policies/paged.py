@@ -370,6 +370,9 @@ class PagedPolicy(SequenceTable[SequenceState]):
     def shared_slots(self) -> int:
         return self._shared_blocks * self.block_size
 
+    def may_share(self) -> bool:
+        return self._SHARES_BLOCKS
+
     # ------------------------------------------------------------------------------------- operations
     def admit(
         self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0

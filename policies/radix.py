@@ -216,6 +216,9 @@ class RadixPolicy(SequenceTable[RadixSequence]):
     def shared_slots(self) -> int:
         return self.tree.shared_tokens
 
+    def may_share(self) -> bool:
+        return True
+
     # ------------------------------------------------------------------------------------- operations
     def admit(
         self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0

@@ -110,9 +110,13 @@ def test_the_cache_holds_this_many_tokens_of_one_layer():
 class FakePool:
     """A pool whose sharing the test sets: physical and logical slots, and the shared ones."""
 
-    def __init__(self, physical: int, logical: int, shared: int):
+    def __init__(self, physical: int, logical: int, shared: int, may_share: bool = True):
         self.physical, self.logical, self.shared = physical, logical, shared
         self.asked = 0
+        self._may_share = may_share
+
+    def may_share(self):
+        return self._may_share
 
     def token_sharing(self):
         self.asked += 1
@@ -145,9 +149,23 @@ def test_the_credit_changes_only_when_the_sharing_does():
 
 
 @pytest.mark.python_sources  # a stand-in pool: the compiled class takes only a KVCoordinator
-def test_a_credit_only_where_the_cost_model_gives_one():
+def test_a_credit_only_where_the_cost_model_gives_one_and_the_pool_can_share():
     assert shared_reads_for(FakePool(0, 0, 0), 0.0) is None
     assert shared_reads_for(FakePool(0, 0, 0), 10.0) is not None
+    assert shared_reads_for(FakePool(0, 0, 0, may_share=False), 10.0) is None
+
+
+def test_which_pools_can_share():
+    from sim.kv.coordinator import make_coordinator
+
+    pool = PoolSpec(64, 4, 32)
+    sharing = {
+        name: make_coordinator(make_policy(name, pool)).may_share()
+        for name in ("contiguous", "paged", "prefix", "radix")
+    }
+    assert sharing == {"contiguous": False, "paged": False, "prefix": True, "radix": True}
+    kv, _, _, _ = hybrid_pool(16)  # vllm-hybrid with prefix caching
+    assert kv.may_share()
 
 
 def test_a_hybrid_pool_reports_what_its_full_attention_group_shares():

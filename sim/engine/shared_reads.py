@@ -55,9 +55,10 @@ class SharedReads:
 
 
 def shared_reads_for(kv: KVCoordinator, cached_tokens_per_layer: float) -> SharedReads | None:
-    """The credit, where the cost model gives one (a datasheet model on a GPU whose cache is known).
-    A coordinator that does not track what its full-attention layers share reports nothing, and gets
-    no credit (SGLang's split pools, Jenga's pages)."""
-    if cached_tokens_per_layer <= 0:
+    """The credit, where the cost model gives one (a datasheet model on a GPU whose cache is known)
+    and the pool can share (a prefix cache, forks sharing blocks; not plain paging or contiguous
+    reservations, whose steps then pay nothing for asking). A coordinator that does not track what
+    its full-attention layers share reports nothing (SGLang's split pools, Jenga's pages)."""
+    if cached_tokens_per_layer <= 0 or not kv.may_share():
         return None
     return SharedReads(kv, cached_tokens_per_layer)

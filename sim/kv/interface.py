@@ -140,6 +140,10 @@ class KVCoordinator:
         the shared ones once (``sim/engine/shared_reads.py``). ``(0, 0)``: nothing tracked."""
         return 0, 0
 
+    def may_share(self) -> bool:
+        """Whether :meth:`token_sharing` can ever report anything (else nothing asks it)."""
+        return False
+
     def host_breakdown_values(self) -> tuple[int, int]:
         raise NotImplementedError
 

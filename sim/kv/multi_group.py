@@ -355,6 +355,9 @@ class MultiGroupCoordinator(KVCoordinator):
                 totals[name] += slots * shared.slot_bytes
         return totals
 
+    def may_share(self) -> bool:
+        return self._full_attention is not None and self._full_attention.tables is not None
+
     def token_sharing(self) -> tuple[int, int]:
         # Every full-attention group holds the same token positions of the same sequences: the first
         # one says what they all share (a pool's other kinds share windows or states, not read here).

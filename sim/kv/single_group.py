@@ -86,6 +86,9 @@ class SingleGroupCoordinator(KVCoordinator):
     def shared_slots(self) -> int:
         return self.policy.shared_slots()
 
+    def may_share(self) -> bool:
+        return self.policy.may_share()
+
     def token_sharing(self) -> tuple[int, int]:
         physical, logical = self.policy.sharing_slots()
         return logical - physical, self.policy.shared_slots()
