@@ -44,9 +44,11 @@ def fake_engine(now: float, queries: int):
     )
 
 
-def summary_for(table: pd.DataFrame, now: float = 8.0, queries: int = 100) -> dict:
+def summary_for(table: pd.DataFrame, now: float = 8.0, queries: int = 100, engine=None) -> dict:
+    """A hand-made summary: a pool of 160 slots in blocks of 16, 3 bytes a token (``engine``: another
+    stand-in than ``fake_engine(now, queries)``)."""
     return summarize(
-        fake_engine(now, queries),
+        engine or fake_engine(now, queries),
         table,
         VariantConfig(name="v", policy="prefix", options={"k": 1}),
         "prefix",
@@ -315,7 +317,7 @@ def test_one_small_variant_end_to_end():
     assert summary["output_tokens_per_s"] * summary["simulated_s"] == pytest.approx(192)
 
 
-def tiny_experiment(engine: dict | None = None, **top) -> dict:
+def tiny_experiment(engine: dict | None = None, variants: list[dict] | None = None, **top) -> dict:
     return {
         "name": "tiny",
         "seed": 3,
@@ -323,7 +325,7 @@ def tiny_experiment(engine: dict | None = None, **top) -> dict:
         "gpu": "A100-80GB",
         "engine": {"max_model_len": 1024, **(engine or {})},
         "workload": {"num_requests": 4, "arrival": {"kind": "batch"}, "prompt_len": 64, "output_len": 4},
-        "variants": [{"name": "v", "policy": "paged"}],
+        "variants": variants or [{"name": "v", "policy": "paged"}],
         **top,
     }
 

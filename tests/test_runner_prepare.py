@@ -36,6 +36,7 @@ from sim.runner import (
 )
 from sim.runner.engines import make_engine
 from sim.runner.resolve import error_text
+from tests.test_runner import tiny_experiment as tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = {"method": "eagle3", "num_speculative_tokens": 3, "acceptance": {"mean_acceptance_length": 2.5}}
@@ -44,19 +45,6 @@ SPEC = {"method": "eagle3", "num_speculative_tokens": 3, "acceptance": {"mean_ac
 def key(name: str) -> str:
     """A key path no default would give: the texts below must take theirs from here."""
     return f"variants.3.engine.{name}"
-
-
-def tiny(engine: dict | None = None, variants: list[dict] | None = None, **top) -> dict:
-    return {
-        "name": "tiny",
-        "seed": 3,
-        "model": "Llama-3.1-8B",
-        "gpu": "A100-80GB",
-        "engine": {"max_model_len": 1024, **(engine or {})},
-        "workload": {"num_requests": 4, "arrival": {"kind": "batch"}, "prompt_len": 64, "output_len": 4},
-        "variants": variants or [{"name": "v", "policy": "paged"}],
-        **top,
-    }
 
 
 def prepare(data: dict, folder: Path = Path("/nonexistent")):

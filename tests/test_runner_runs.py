@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
-from policies import PoolSpec
-from sim.config import ConfigError, VariantConfig, validate_experiment
-from sim.runner import prepare_experiment, run_experiment, run_prepared, run_variant, summarize
-from tests.test_runner import NAN, fake_engine, tiny_experiment
+from sim.config import ConfigError, validate_experiment
+from sim.runner import prepare_experiment, run_experiment, run_prepared, run_variant
+from tests.test_runner import NAN, fake_engine, summary_for, tiny_experiment
 
 
 class StopAt:
@@ -34,23 +32,6 @@ class StopAt:
 
     def outcome(self):
         return {"at_s": self.at_s}
-
-
-def summary_for(table: pd.DataFrame, engine=None) -> dict:
-    """test_runner's hand-made summary: a pool of 160 slots in blocks of 16, 3 bytes a token."""
-    return summarize(
-        engine or fake_engine(8.0, 100),
-        table,
-        VariantConfig(name="v", policy="prefix"),
-        "prefix",
-        PoolSpec(160, 16, 64, kv_bytes_per_token=3),
-        SimpleNamespace(
-            num_gpu_blocks=10, tensor_parallel_size=1, data_parallel_size=1, expert_parallel_size=1
-        ),
-        "hand",
-        0.5,
-        64,
-    )
 
 
 def run_watched(data: dict, watch: StopAt):

@@ -304,3 +304,16 @@ def test_with_sliding_window_layers_only_the_full_layers_share_is_credited():
     saved_half = end_s(0, ((8, 0.5),)) - end_s(1_000, ((8, 0.5),))
     assert saved_full > 0
     assert saved_half == pytest.approx(saved_full / 2, rel=1e-9)
+
+
+def test_kvsim_gpus_shows_each_presets_cache():
+    from sim.listing import gpus_table
+
+    lines = gpus_table().splitlines()
+    assert lines[0].split()[8:10] == ["L2", "MiB"]
+    column = 4  # gpu, memory, bandwidth, FLOP/s, then L2: one field each in a row
+    rows = {line.split()[0]: line.split() for line in lines[1 : 1 + len(GPU_PRESETS)]}
+    assert {name: row[column] for name, row in rows.items()} == {
+        name: str(mib) for name, mib in L2_CACHE_MIB.items()
+    }
+    assert rows["H100-80GB"][column] == "50" and rows["MI300X-192GB"][column] == "256"
