@@ -37,12 +37,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "contiguous-buddy": {"policy": "contiguous", "options": {"reservation": "max", "placement": "buddy"}},
     "paged": {"policy": "paged"},
     "prefix": {"policy": "prefix"},
+    # SGLang's radix cache with its page of one token (its growth deferred unbacked, sim/engine/unbacked.py).
+    "radix": {"policy": "radix"},
 }
 JOBS = [
     ("azure-conv", "contiguous-max"),
     ("azure-conv", "contiguous-buddy"),
     ("azure-conv", "paged"),
     ("azure-conv", "prefix"),
+    ("azure-conv", "radix"),
     ("mooncake-conv", "prefix"),
 ]
 

@@ -12,7 +12,7 @@ Vocabulary (see ``design.md``): a *slot* holds one token's K and V in every laye
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar, Generic, Protocol, TypeVar
 
@@ -338,6 +338,29 @@ class KVCachePolicy:
         """A decode step of ``num_sequences`` sequences is about to take its tokens: a policy may
         make room for them first (SGLang's paged decode allocation evicts from its tree until a page
         per sequence is free). It changes neither used nor reserved slots. Default: nothing."""
+
+    # -- growth the pool does not back ------------------------------------------------------------
+    def can_defer_unbacked(self) -> bool:
+        """Can the engine defer this pool's decode growth past the slots its sequences hold? A pool
+        whose sequences hold no room past their next token (SGLang's pages of one token) would be
+        told of every decoded token; instead the engine counts them (:meth:`defer_unbacked`) and the
+        pool takes them from its free slots when it is next asked anything, evicting what it would
+        have evicted token by token. Default: no."""
+        return False
+
+    def defer_unbacked(self, pending_tokens: Callable[[], int] | None) -> None:
+        """From now on take decode growth unbacked, ``pending_tokens`` reading how many decoded
+        tokens no slot holds yet (the engine's decode clock); None: back to growth told token by
+        token. The engine calls it only where :meth:`can_defer_unbacked`, with every decoding
+        sequence told of its tokens up to the previous iteration."""
+        raise PolicyInputError(f"policy {self.name!r} cannot defer decode growth past its held slots")
+
+    def evict_for_unbacked(self, ahead_tokens: int) -> int:
+        """While growth is unbacked: evict what ``ahead_tokens`` more decoded tokens would have
+        evicted by the time they are taken, and return the free slots left once the pending ones
+        are taken (the ``ahead_tokens`` not counted). The engine places those evictions at the
+        iterations they fall in inside a jump."""
+        raise PolicyInputError(f"policy {self.name!r} cannot defer decode growth past its held slots")
 
     # -- capacity and accounting -------------------------------------------------------------------
     @abstractmethod

@@ -66,7 +66,7 @@ rest.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from policies._radix_tree import HiCachePool, Key, PrefixMatch, RadixNode, RadixTree
@@ -157,6 +157,8 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         self._own_target = 0
         self._tree_tokens_held = 0
         self._hicache: HiCachePool | None = None
+        # Unbacked decode growth (defer_unbacked): what reads the decoded tokens no slot holds yet.
+        self._pending_tokens: Callable[[], int] | None = None
 
     # ---------------------------------------------------------------------------------------- queries
     def available_slots(self) -> int:
@@ -164,6 +166,7 @@ class RadixPolicy(SequenceTable[RadixSequence]):
 
     def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
         validate_content(prompt, "looked-up prompt", PolicyInputError)
+        self._take_unbacked()
         prompt_len = content_length(prompt)
         if prompt_len <= 0:
             return NO_HIT
@@ -177,6 +180,7 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         the node where the match ends inside it is split and the matched path's access time
         refreshed, whether or not the request is then admitted."""
         validate_content(prompt, "matched prompt", PolicyInputError)
+        self._take_unbacked()
         prompt_len = content_length(prompt)
         if prompt_len <= 0:
             return NO_HIT
@@ -187,6 +191,7 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         return PrefixHit(matched - host, (), self._loaded(host))
 
     def can_admit(self, prompt: TokenContent, final_len: int, namespace: int = 0) -> bool:
+        self._take_unbacked()
         prompt_len = content_length(prompt)
         match = self.tree.longest_match(self._prompt_key(prompt, prompt_len), namespace)
         return self._admission_slots(prompt_len, match) <= self.available_slots() - match.unlocked_tokens
@@ -198,12 +203,18 @@ class RadixPolicy(SequenceTable[RadixSequence]):
 
     def growth_room(self, seq_id: int) -> int:
         seq = self._get(seq_id)
+        if self._pending_tokens is not None:
+            return seq.final_len - seq.num_tokens  # every token to its end is deferred
         return min(seq.tree_len + self._pages(seq.num_tokens - seq.tree_len), seq.final_len) - seq.num_tokens
 
     def breakdown_values(self) -> tuple[int, int, int, int, int, int]:
+        # Unbacked tokens are counted as reserved, where the engine looks for decoded tokens it has
+        # not told the pool of (it moves them to used), and taken from the free slots.
+        self._take_unbacked()
+        unbacked = 0 if self._pending_tokens is None else self._pending_tokens()
         return (
             self.tree.locked_tokens + self._own_tokens,
-            self._own_target - self._own_tokens,
+            self._own_target - self._own_tokens + unbacked,
             self._own_slots - self._own_target,
             self.pool.kv_pool_tokens - self._page_slots,
             self._cached_slots(),
@@ -211,7 +222,8 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         )
 
     def sharing_slots(self) -> tuple[int, int]:
-        return self.tree.locked_tokens + self._own_slots, self._tree_tokens_held + self._own_slots
+        own = self._own_slots if self._pending_tokens is None else self._own_slots + self._pending_tokens()
+        return self.tree.locked_tokens + own, self._tree_tokens_held + own
 
     def shared_slots(self) -> int:
         return self.tree.shared_tokens
@@ -224,6 +236,7 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
     ) -> int:
         prompt_len = self._check_new_sequence(seq_id, prompt, final_len)
+        self._take_unbacked()
         # The scheduler matches the request before it checks the budget: the split and the refreshed
         # path stay whether or not the request fits.
         node, matched = self.tree.match_prefix(self._prompt_key(prompt, prompt_len), namespace)
@@ -317,6 +330,7 @@ class RadixPolicy(SequenceTable[RadixSequence]):
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
         parent = self._get(parent_id)
         self._check_children(parent_id, parent.num_tokens, children)
+        self._take_unbacked()
         whole_pages = self._page_floor(parent.num_tokens)
         partial_page = parent.num_tokens - whole_pages
         needed = self._pages(partial_page) * len(children)
@@ -349,19 +363,47 @@ class RadixPolicy(SequenceTable[RadixSequence]):
     def prepare_decode_step(self, num_sequences: int) -> None:
         """``alloc_paged_token_slots_decode`` (``mem_cache/allocation.py``; ``alloc_token_slots`` with
         pages of 1) makes a page per decoding request free before every decode step, evicting the
-        shortfall from the tree, whether or not a request's token still fits in its last page."""
-        self._make_free(num_sequences * self.page_size)
+        shortfall from the tree, whether or not a request's token still fits in its last page.
+        (With unbacked growth the step's tokens are pending already: they evict what they need.)"""
+        if self._pending_tokens is None:
+            self._make_free(num_sequences * self.page_size)
+        else:
+            self._take_unbacked()
 
     def free(self, seq_id: int, finished: bool = True) -> None:
         """A finished sequence's whole pages go into the tree (``cache_finished_req``); a preempted
         or aborted one's own slots are freed and nothing is inserted (``release_kv_cache`` with
         ``is_insert=False``, as ``retract_decode`` and aborts release a request)."""
         seq = self._get(seq_id)
+        self._take_unbacked()
         if finished:
             self._insert_into_tree(seq)
         self._account(seq, -1)
         self.tree.unlock(seq.last_node)
         del self.sequences[seq_id]
+
+    def can_defer_unbacked(self) -> bool:
+        """With pages of one token no sequence holds room past its next token. (Pages of several
+        tokens give room already; a host tier's evictions write to it, which stays token by token.)"""
+        return self.page_size == 1 and self._hicache is None
+
+    def defer_unbacked(self, pending_tokens: Callable[[], int] | None) -> None:
+        """The pending tokens take free slots, evicting as SGLang would token by token: its decode
+        allocation evicts least recently used leaves until the step's tokens are free, so by any
+        later instant the evicted nodes are the shortest prefix of the eviction order that frees
+        every token decoded by then, whether evicted a step at a time or at once. Nothing else
+        touches the tree in between (every query and operation takes the pending tokens first), so
+        the evictions are SGLang's."""
+        if pending_tokens is not None and not self.can_defer_unbacked():
+            super().defer_unbacked(pending_tokens)
+        self._take_unbacked()
+        self._pending_tokens = pending_tokens
+
+    def evict_for_unbacked(self, ahead_tokens: int) -> int:
+        if self._pending_tokens is None:
+            super().evict_for_unbacked(ahead_tokens)
+        self._take_unbacked(ahead_tokens)
+        return self._free_slots()
 
     def enable_host_tier(self, capacity_blocks: int, write_policy: str | None = None) -> None:
         """SGLang's HiCache (see the module docstring): a host pool of ``capacity_blocks`` engine
@@ -410,7 +452,14 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         return block_pieces(segments, ends, 0, self._page_floor(prompt_len - 1))
 
     def _free_slots(self) -> int:
-        return self._page_slots - self.tree.total_tokens - self._own_slots
+        free = self._page_slots - self.tree.total_tokens - self._own_slots
+        return free if self._pending_tokens is None else free - self._pending_tokens()
+
+    def _take_unbacked(self, ahead_tokens: int = 0) -> None:
+        """Unbacked growth: evict what the pending tokens, and ``ahead_tokens`` more, need beyond the
+        free slots (the free slots count the pending tokens out)."""
+        if self._pending_tokens is not None:
+            self._make_free(ahead_tokens)
 
     def _cached_slots(self) -> int:
         return self.tree.total_tokens - self.tree.locked_tokens

@@ -59,6 +59,7 @@ from sim.engine.schedulers import make_scheduler
 from sim.engine.shared_reads import shared_reads_for
 from sim.engine.speculation import SPECULATION_STREAM
 from sim.engine.transfer import KVTransferHooks
+from sim.engine.unbacked import UnbackedGrowth
 from sim.engine.wakeup import WakeUp
 from sim.kv.coordinator import KVCoordinator, SingleGroupCoordinator, make_coordinator
 from sim.outputs.group_series import GroupSeries
@@ -195,6 +196,12 @@ class Engine:
             counters,
         )
         iteration_cost = IterationCost(self.costs)
+        # A pool of one-token pages defers growth past held slots while it has room (sim/engine/unbacked.py).
+        self.unbacked = (
+            UnbackedGrowth(kv, clock, batch)
+            if self.knobs.step_mode == "skip" and kv.can_defer_unbacked()
+            else None
+        )
         planner = JumpPlanner(
             clock,
             kv,
@@ -205,6 +212,7 @@ class Engine:
             self._next_arrival_s,
             async_jumps=self.knobs.async_scheduling and self._upstream is None,
             disaggregated=disaggregated,
+            unbacked=self.unbacked,
         )
         self.desk = AdmissionDesk(
             self.env,
@@ -232,6 +240,7 @@ class Engine:
             self._observer,
             counters,
             self.group_series,
+            self.unbacked,
         )
         self.wakeup = WakeUp(
             self.env,
@@ -245,6 +254,7 @@ class Engine:
             counters,
             self.knobs.step_mode == "skip",
             self._next_arrival_s,
+            self.unbacked,
         )
 
     @property

@@ -247,12 +247,14 @@ class DecodeClock:
         pending = at_clock - state.synced_clock
         if pending <= 0:
             return
+        # (No longer pending before the pool hears of them: a pool whose growth is unbacked counts
+        # the pending tokens out of its free slots, sim/engine/unbacked.py.)
+        self._synced_sum += pending * len(state.seq_ids)
         for seq_id in state.seq_ids:
             self.kv.grow(seq_id, pending)
         state.generated += pending
         state.context += pending
         state.synced_clock = at_clock
-        self._synced_sum += pending * len(state.seq_ids)
 
     def _count_steps(self, state: RequestState, at_clock: int) -> None:
         """Book the decode steps since it entered and the tokens they gave it (up to its last)."""
@@ -290,10 +292,13 @@ class DecodeClock:
         and each request's next flush is scheduled."""
         seq_ids = [seq_id for state in states for seq_id in state.seq_ids]
         tokens = [at_clock - state.synced_clock for state in states for _ in state.seq_ids]
+        synced = 0
+        for pending in tokens:
+            synced += pending
+        self._synced_sum += synced  # (before the pool hears of them, as in sync)
         rooms = self.kv.grow_each(seq_ids, tokens)
         # The rest of sync, inlined: this runs once per block a sequence fills.
         defer = self.defer_growth
-        synced = 0
         first = 0
         for state in states:
             width = len(state.seq_ids)
@@ -301,11 +306,9 @@ class DecodeClock:
             state.generated += pending
             state.context += pending
             state.synced_clock = at_clock
-            synced += pending * width
             room = rooms[first] if width == 1 else min(rooms[first : first + width])
             first += width
             self._schedule_flush(state, at_clock + (room if defer else 0) + 1)
-        self._synced_sum += synced
 
     def took_token(self, state: RequestState) -> None:
         """The policy was just told this iteration's token (a flush): the request is synced to now."""

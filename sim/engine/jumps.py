@@ -22,6 +22,7 @@ from sim.engine.event_skip import (
     scheduled_iterations_to_reach,
 )
 from sim.engine.schedulers.base import NEXT_TRIES_HEAD, QUEUE_EMPTY, Scheduler
+from sim.engine.unbacked import UnbackedGrowth
 
 if TYPE_CHECKING:
     from sim.costs.core import CostModel
@@ -134,6 +135,7 @@ class JumpPlanner:
         *,
         async_jumps: bool,
         disaggregated: bool,
+        unbacked: UnbackedGrowth | None = None,
     ):
         self.clock = clock
         self.kv = kv
@@ -154,6 +156,7 @@ class JumpPlanner:
         # When the next request arrives (asked only when a plan depends on it: under a cluster it is
         # the cluster's answer).
         self.next_arrival_s = next_arrival_s
+        self.unbacked = unbacked  # a token-granular pool's deferred growth (sim/engine/unbacked.py)
         self._now_s = 0.0
         self._iteration = IterationOne(False, False, 0, [], [], 0, QUEUE_EMPTY)  # the current plan's
 
@@ -182,6 +185,8 @@ class JumpPlanner:
         limit = min(limit, max(safe, clock.iteration_needing(clock.next_flush()) - clock.iteration - 1))
         # An attention window filling up changes how the attended context grows: it starts a wake-up.
         limit = min(limit, clock.iteration_needing(clock.next_crossing()) - clock.iteration - 1)
+        if self.unbacked is not None:
+            limit = self.unbacked.jump_limit(limit)  # (its sequences flush never: its pool stops the jump)
         if limit <= 0:
             return None
         budget = self.scheduler.prefill_budget(iteration.decoded_seqs)
@@ -191,7 +196,9 @@ class JumpPlanner:
         else:
             jump = self._decode_jump(first_s, budget, limit)
         if jump is not None:
-            jump.grows = jump.last_clock >= clock.iteration_needing(clock.next_flush())
+            jump.grows = jump.last_clock >= clock.iteration_needing(clock.next_flush()) or (
+                self.unbacked is not None and self.unbacked.active and sequences > 0
+            )
         return jump
 
     def _decode_jump(self, first_s: float, budget: int, limit: int) -> Jump | None:

@@ -5,12 +5,15 @@ it was due, so the recorded time averages are exactly those of stepping one iter
 
 from __future__ import annotations
 
+from functools import partial
+
 from sim.engine.batch import Batch
 from sim.engine.decoding import DecodeClock, RequestState
 from sim.engine.growth import DecodeGrowth
 from sim.engine.jumps import Jump
 from sim.engine.observe import StateObserver
 from sim.engine.schedulers.base import Scheduler
+from sim.engine.unbacked import UnbackedGrowth
 from sim.kv.coordinator import KVCoordinator
 from sim.outputs.group_series import GroupSeries
 from sim.outputs.metrics import Counters, Recorder
@@ -28,6 +31,7 @@ class JumpLanding:
         observer: StateObserver,
         counters: Counters,
         group_series: GroupSeries | None = None,
+        unbacked: UnbackedGrowth | None = None,
     ):
         self.kv = kv
         self.clock = clock
@@ -38,6 +42,7 @@ class JumpLanding:
         self.observer = observer
         self.counters = counters
         self.group_series = group_series  # a hybrid allocator's split by KV group (None: one group)
+        self.unbacked = unbacked  # a token-granular pool's deferred growth (sim/engine/unbacked.py)
 
     def land(self, jump: Jump, prefill_this_step: list[tuple[RequestState, int]]) -> int:
         """The jump's iterations after the first have run: apply what they did, in order (their
@@ -74,6 +79,9 @@ class JumpLanding:
         admission), each group observed at the start of its iteration. The jump was planned so that
         the pool has every block they take."""
         copies_before = self.kv.cow_copies()
+        unbacked = self.unbacked
+        if unbacked is not None and unbacked.active:
+            unbacked.evict_inside(jump.first_clock, last_clock, partial(self._observe, jump))
         clock = self.clock
         while (due := clock.iteration_needing(clock.next_flush())) <= last_clock:
             token = clock.first_token_of(due)
@@ -103,7 +111,11 @@ class JumpLanding:
     def _add_token_area(self, batch: int, weight_s: float) -> None:
         """Tokens the ``batch`` decoded inside the jump (``weight_s``: seconds per sequence): each fills
         a slot in every KV group that holds tokens (``slots_per_token`` of the pool's)."""
-        self.recorder.add_token_area(batch * self.kv.slots_per_token * weight_s)
+        unbacked = self.unbacked
+        if unbacked is not None and unbacked.active:
+            self.recorder.add_unbacked_token_area(batch * weight_s)  # (one group: a slot per token)
+        else:
+            self.recorder.add_token_area(batch * self.kv.slots_per_token * weight_s)
         if self.group_series is not None:
             self.group_series.add_token_area(batch * weight_s)
 

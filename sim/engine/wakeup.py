@@ -19,6 +19,7 @@ from sim.engine.handoff import KVHandOff
 from sim.engine.jumps import IterationCost, IterationOne, Jump, JumpCounts, JumpPlanner
 from sim.engine.landing import JumpLanding
 from sim.engine.schedulers.base import NOT_TRIED, QUEUE_EMPTY, Scheduler
+from sim.engine.unbacked import UnbackedGrowth
 from sim.kv.coordinator import KVCoordinator
 from sim.outputs.metrics import Counters
 
@@ -37,6 +38,7 @@ class WakeUp:
         counters: Counters,
         skip: bool,
         next_arrival_s: Callable[[], float],
+        unbacked: UnbackedGrowth | None = None,
     ):
         self.env = env
         self.kv = kv
@@ -50,6 +52,7 @@ class WakeUp:
         self.counters = counters
         self.skip = skip  # step_mode "skip": plan jumps
         self.next_arrival_s = next_arrival_s
+        self.unbacked = unbacked  # a token-granular pool's growth, deferred while it has room
         self.jumps = JumpCounts()
         self.jump: Jump | None = None  # the wake-up in flight, when it spans several iterations
         self.decoded_seqs = 0  # sequences that decoded in each iteration of the current wake-up
@@ -100,6 +103,8 @@ class WakeUp:
         # 1. every decoding sequence takes a token (the policy hears of those that need a block)
         self.clock.begin_iteration()
         self.first_iteration = self.clock.iteration
+        if self.unbacked is not None:
+            self.unbacked.at_iteration_start()
         self.growth.prepare_decode_step()
         preempted, swap_blocks = self.growth.decode_growth()
         if preempted:

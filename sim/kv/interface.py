@@ -24,7 +24,7 @@ hybrid layers): it hands each call straight to its one policy, so the seam costs
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mypy_extensions import mypyc_attr
@@ -122,6 +122,17 @@ class KVCoordinator:
         raise NotImplementedError
 
     def prepare_decode_step(self, num_sequences: int) -> None:
+        raise NotImplementedError
+
+    def can_defer_unbacked(self) -> bool:
+        """Can decode growth go past the slots sequences hold (``KVCachePolicy.can_defer_unbacked``)?
+        One group whose policy can: a pool of several groups tells each of every token."""
+        return False
+
+    def defer_unbacked(self, pending_tokens: Callable[[], int] | None) -> None:
+        raise NotImplementedError
+
+    def evict_for_unbacked(self, ahead_tokens: int) -> int:
         raise NotImplementedError
 
     def breakdown_values(self) -> Breakdown:

@@ -3,7 +3,7 @@ to the group's one policy, so the seam between the engine and KV memory costs on
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from policies._host_tier import HostPool
 from policies.base import (
@@ -76,6 +76,15 @@ class SingleGroupCoordinator(KVCoordinator):
 
     def prepare_decode_step(self, num_sequences: int) -> None:
         self.policy.prepare_decode_step(num_sequences)
+
+    def can_defer_unbacked(self) -> bool:
+        return self.policy.can_defer_unbacked() and not self.lookahead_slots
+
+    def defer_unbacked(self, pending_tokens: Callable[[], int] | None) -> None:
+        self.policy.defer_unbacked(pending_tokens)
+
+    def evict_for_unbacked(self, ahead_tokens: int) -> int:
+        return self.policy.evict_for_unbacked(ahead_tokens)
 
     def breakdown_values(self) -> Breakdown:
         return self.policy.breakdown_values()

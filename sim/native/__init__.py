@@ -79,6 +79,7 @@ MODULES = (
     "sim.engine.schedulers.vllm",
     "sim.engine.shared_reads",
     "sim.engine.speculation",
+    "sim.engine.unbacked",
     "sim.engine.wakeup",
     "sim.engine.windows",
     "sim.kv.coordinator",

@@ -241,6 +241,15 @@ class Recorder:
         area[0] = area[0] + slot_seconds
         area[1] = area[1] - slot_seconds
 
+    def add_unbacked_token_area(self, slot_seconds: float) -> None:
+        """Decoded tokens that took free slots during a jump (a pool whose growth is not backed by
+        held slots, ``sim/engine/unbacked.py``): each is a slot more used and held, one less free."""
+        area = self._area
+        area[0] = area[0] + slot_seconds
+        area[5] = area[5] - slot_seconds
+        area[7] = area[7] + slot_seconds
+        area[8] = area[8] + slot_seconds
+
     def flush(self) -> None:
         if self._times:
             areas = np.array(self._row_areas, dtype=np.float64).reshape(len(self._times), _CATEGORIES)

@@ -1,0 +1,222 @@
+"""Decode growth a token-granular pool does not back (``sim/engine/unbacked.py``, ``RadixPolicy``'s
+``defer_unbacked``): the pending tokens take free slots and evict exactly what SGLang's decode
+allocation evicts token by token, by hand and against a pool told of every token; the engine tells
+the pool of a request's tokens only when it leaves, and goes back to token by token when the pool
+runs short."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies import PolicyInputError, PoolSpec, make_policy
+from policies.radix import RadixPolicy
+from tests.test_engine import (
+    EQUIVALENCE_COSTS,
+    SCENARIOS,
+    assert_same_results,
+    random_requests,
+    run,
+)
+from tests.test_hicache import hicache
+from tests.test_radix import breakdown, radix_pool
+from workloads.request import Request
+
+
+class Pending:
+    """What the engine's decode clock answers: decoded tokens no slot holds yet."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+
+    def __call__(self) -> int:
+        return self.tokens
+
+
+def cached_leaf_and_b(slots: int = 12) -> RadixPolicy:
+    """A (6 tokens) finished: a 6-token leaf, cached. B: 4 prompt tokens of its own, to reach 10."""
+    policy = radix_pool(slots, max_model_len=16)
+    policy.admit(1, ((1, 6),), 6, output_content_id=501)
+    policy.free(1)
+    policy.admit(2, ((2, 4),), 10, output_content_id=502)
+    assert breakdown(policy) == (4, 0, 0, 0, 6, 2)
+    return policy
+
+
+def test_pending_tokens_take_free_slots_then_evict_the_leaf_whole_at_the_third():
+    """Pool of 12: used 4, cached 6, free 2. B's first two decoded tokens take the two free slots
+    (counted reserved: the engine moves its pending tokens from reserved to used). The third finds
+    none free: the cached leaf is evicted whole (6 one-token pages) when the pool is next read, and
+    B then holds 4 + 3, with 12 - 7 = 5 free. Told of its 3 tokens, B holds them itself."""
+    policy = cached_leaf_and_b()
+    pending = Pending()
+    policy.defer_unbacked(pending)
+    assert policy.growth_room(2) == 6  # to its end: the pool never asks for a flush
+    pending.tokens = 2
+    assert breakdown(policy) == (4, 2, 0, 0, 6, 0)
+    assert policy.available_slots() == 6
+    assert policy.stats.evictions == 0
+    pending.tokens = 3
+    assert breakdown(policy) == (4, 3, 0, 0, 0, 5)
+    assert policy.stats.evictions == 6
+    assert policy.sharing_slots() == (7, 7)
+    pending.tokens = 0  # the engine stops counting them before it tells the pool
+    policy.grow(2, 3)
+    assert breakdown(policy) == (7, 0, 0, 0, 0, 5)
+    assert policy.stats.evictions == 6
+
+
+def test_the_same_tokens_told_one_at_a_time_evict_at_the_same_token():
+    """The reference: before each decode step SGLang frees a page per decoding request, evicting the
+    shortfall, then the token takes it. The leaf goes at the third token, as above."""
+    policy = cached_leaf_and_b()
+    for token, evictions in ((1, 0), (2, 0), (3, 6)):
+        policy.prepare_decode_step(1)
+        policy.grow(2, 1)
+        assert policy.stats.evictions == evictions, token
+    assert breakdown(policy) == (7, 0, 0, 0, 0, 5)
+
+
+def test_evictions_ahead_of_the_pending_tokens_for_a_jump():
+    """Two pending tokens fill the free slots; one more ahead (a jump's next iteration) evicts the
+    leaf. The answer is the free slots the pending tokens leave, the ahead ones not counted."""
+    policy = cached_leaf_and_b()
+    pending = Pending()
+    policy.defer_unbacked(pending)
+    pending.tokens = 2
+    assert policy.evict_for_unbacked(0) == 0
+    assert policy.stats.evictions == 0
+    assert policy.evict_for_unbacked(1) == 6
+    assert policy.stats.evictions == 6
+
+
+def test_a_lookup_sees_the_tree_after_the_pending_tokens_evicted():
+    """A lookup is a read of the tree: the leaf the pending tokens evicted is no hit."""
+    policy = cached_leaf_and_b()
+    pending = Pending()
+    policy.defer_unbacked(pending)
+    assert policy.lookup(((1, 6), (9, 1))).cached_tokens == 6
+    pending.tokens = 3
+    assert policy.lookup(((1, 6), (9, 1))).cached_tokens == 0
+
+
+def test_only_pages_of_one_token_without_a_host_tier_defer():
+    assert radix_pool(12).can_defer_unbacked()
+    assert not radix_pool(12, page_size=4).can_defer_unbacked()
+    assert not hicache(64).can_defer_unbacked()
+    paged = make_policy("paged", PoolSpec(64, 16, 64))
+    assert not paged.can_defer_unbacked()
+    for policy in (radix_pool(12, page_size=4), paged):
+        with pytest.raises(PolicyInputError, match="cannot defer decode growth"):
+            policy.defer_unbacked(Pending())
+        with pytest.raises(PolicyInputError, match="cannot defer decode growth"):
+            policy.evict_for_unbacked(0)
+
+
+# ---------------------------------------------------------------------------------------- properties
+OPERATION = st.one_of(
+    st.tuples(st.just("admit"), st.integers(0, 3), st.integers(1, 12), st.integers(1, 12)),
+    st.tuples(st.just("decode"), st.integers(1, 9)),
+    st.tuples(st.just("finish"), st.integers(0, 7)),
+    st.tuples(st.just("lookup"), st.integers(0, 3), st.integers(1, 12)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(OPERATION, min_size=1, max_size=40), st.integers(24, 64))
+def test_unbacked_growth_equals_growth_told_token_by_token(operations, pool_slots):
+    """Two pools on one random stream: one told of every decoded token after SGLang's per-step
+    eviction, one with the tokens pending, told at each finish. After every operation the pools'
+    breakdowns (pending moved from reserved to used), evictions, hits and sharing agree. Decode
+    steps run only while the pool holds them (the engine's rule)."""
+    eager, lazy = radix_pool(pool_slots, max_model_len=64), radix_pool(pool_slots, max_model_len=64)
+    pending = Pending()
+    lazy.defer_unbacked(pending)
+    untold: dict[int, int] = {}  # sequence -> its tokens the lazy pool has not heard of
+    next_id = 0
+    for operation in operations:
+        kind = operation[0]
+        if kind == "admit":
+            _, system, own, output = operation
+            prompt = ((10 + system, 4 * system), (100 + next_id, own))
+            final = 4 * system + own + output
+            if eager.can_admit(prompt, final) != lazy.can_admit(prompt, final):
+                raise AssertionError("the pools disagree on an admission")
+            if eager.can_admit(prompt, final):
+                hits = eager.admit(next_id, prompt, final, 1000 + next_id)
+                assert lazy.admit(next_id, prompt, final, 1000 + next_id) == hits
+                untold[next_id] = 0
+            next_id += 1
+        elif kind == "decode":
+            for _ in range(operation[1]):
+                decoding = [seq for seq in untold if eager.seq_len(seq) < eager.final_len(seq)]
+                if not decoding or eager.available_slots() < len(decoding):
+                    break
+                eager.prepare_decode_step(len(decoding))
+                for seq in decoding:
+                    eager.grow(seq, 1)
+                    untold[seq] += 1
+                pending.tokens += len(decoding)
+                lazy.prepare_decode_step(len(decoding))
+        elif kind == "finish" and untold:
+            seq = sorted(untold)[operation[1] % len(untold)]
+            told = untold.pop(seq)
+            pending.tokens -= told
+            if told:
+                lazy.grow(seq, told)
+            eager.free(seq)
+            lazy.free(seq)
+        elif kind == "lookup":
+            prompt = ((10 + operation[1], 4 * operation[1]), (7, operation[2]))
+            assert eager.lookup(prompt) == lazy.lookup(prompt)
+        used, reserved, *rest = lazy.breakdown_values()
+        assert (used + pending.tokens, reserved - pending.tokens, *rest) == eager.breakdown_values()
+        assert lazy.stats == eager.stats
+        assert lazy.sharing_slots() == eager.sharing_slots()
+        assert lazy.available_slots() == eager.available_slots()
+
+
+# ------------------------------------------------------------------------------------------- engine
+def counting_grows(policy: RadixPolicy) -> list[int]:
+    calls: list[int] = []
+    grow = policy.grow
+
+    def counted(seq_id, num_tokens, content=None):
+        calls.append(num_tokens)
+        return grow(seq_id, num_tokens, content)
+
+    policy.grow = counted  # type: ignore[method-assign]
+    return calls
+
+
+@pytest.mark.python_sources  # (it wraps the policy's grow: compiled, the engine calls it natively)
+def test_a_roomy_pool_hears_of_each_request_twice():
+    """Ten requests of 8 prompt and 40 output tokens in a pool of 4,096 slots: each sequence's first
+    token (sampled by its prefill, before it decodes) and then its other 39 tokens at its end, in one
+    call: 20 grows for 400 tokens. Deferred once, never back."""
+    requests = [Request(index, index * 0.01, ((index, 8),), 40, 1000 + index) for index in range(10)]
+    policy = make_policy("radix", PoolSpec(4096, 16, 64))
+    calls = counting_grows(policy)
+    from sim.engine.core import Engine
+    from sim.engine.knobs import EngineKnobs
+
+    engine = Engine(policy, EQUIVALENCE_COSTS, EngineKnobs(max_model_len=64), iter(requests), block_size=16)
+    engine.run()
+    assert sorted(calls) == [1] * 10 + [39] * 10
+    assert engine.counters.output_tokens == 400
+    assert engine.unbacked is not None and engine.unbacked.switches == 1
+
+
+def test_a_tight_pool_goes_back_to_token_by_token_and_equals_single_steps():
+    """Ten slots a sequence (tight): the pool runs short, so growth goes back to being told token by
+    token (preemptions happen there) and is deferred again once it has room; every outcome equals
+    single stepping."""
+    pool, knobs, shape = SCENARIOS["tight"]
+    requests = random_requests(3, 50, **shape)
+    single = run("radix", pool, requests, "single", costs=EQUIVALENCE_COSTS, **knobs)
+    skip = run("radix", pool, requests, "skip", costs=EQUIVALENCE_COSTS, **knobs)
+    assert_same_results(single, skip)
+    assert skip.counters.preemptions > 0
+    assert skip.unbacked is not None and skip.unbacked.switches >= 3
+    assert single.unbacked is None  # (single steps tell the pool of every token: the reference)
