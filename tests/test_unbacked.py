@@ -220,3 +220,103 @@ def test_a_tight_pool_goes_back_to_token_by_token_and_equals_single_steps():
     assert skip.counters.preemptions > 0
     assert skip.unbacked is not None and skip.unbacked.switches >= 3
     assert single.unbacked is None  # (single steps tell the pool of every token: the reference)
+
+
+# ---------------------------------------------------------------------- SGLang's SWA and full pools
+def sglang_swa_pools(full_tokens: int, swa_tokens: int, window: int):
+    from policies.hybrid.block_pool import SharedBlockPool
+    from policies.hybrid.full import FullAttentionGroup
+    from policies.hybrid.sglang_sliding_window import SGLangSlidingWindowGroup
+    from sim.kv.coordinator import KVGroup, make_coordinator
+
+    spec = PoolSpec(full_tokens + swa_tokens, 1, 160)
+    full = FullAttentionGroup(spec, SharedBlockPool(full_tokens, 1), 64)
+    swa = SGLangSlidingWindowGroup(spec, SharedBlockPool(swa_tokens, 1), 64, window)
+    return make_coordinator([KVGroup("full", full, 1), KVGroup("sliding", swa, 1)])
+
+
+def run_pools(requests, step_mode, pools, block_size=1, **knobs):
+    from sim.engine.core import Engine
+    from sim.engine.knobs import EngineKnobs
+
+    engine = Engine(
+        pools,
+        EQUIVALENCE_COSTS,
+        EngineKnobs(max_model_len=160, step_mode=step_mode, **knobs),
+        iter(requests),
+        block_size=block_size,
+    )
+    engine.run()
+    return engine
+
+
+@pytest.mark.parametrize(
+    ("full_tokens", "swa_tokens", "window", "gap"),
+    [(4000, 4000, 8, 0.4), (400, 120, 8, 0.1), (200, 400, 16, 0.1), (160, 60, 4, 0.05)],
+)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_sglang_swa_pools_defer_growth_and_equal_single_steps(full_tokens, swa_tokens, window, gap, seed):
+    """SGLang's two token pools without the radix cache (``sglang-hybrid``): decoded tokens take a
+    free slot of each pool unbacked; the SWA pool's bulk frees every window stay events of their
+    own. Every outcome, the breakdown's time averages and each group's equal single stepping."""
+    requests = random_requests(seed, 50, gap=gap)
+    single = run_pools(requests, "single", sglang_swa_pools(full_tokens, swa_tokens, window))
+    skip = run_pools(requests, "skip", sglang_swa_pools(full_tokens, swa_tokens, window))
+    assert skip.unbacked is not None and skip.unbacked.switches >= 1
+    assert [(r.request_id, r.outcome, r.preemptions) for r in single.records] == [
+        (r.request_id, r.outcome, r.preemptions) for r in skip.records
+    ]
+    for a, b in zip(single.records, skip.records, strict=True):
+        for field in ("admitted_s", "first_token_s", "finish_s"):
+            x, y = getattr(a, field), getattr(b, field)
+            assert (x != x and y != y) or x == pytest.approx(y, rel=1e-9, abs=1e-12)
+    assert single.counters == skip.counters
+    end = single.env.now
+    for key, value in single.recorder.time_averages(end).items():
+        assert skip.recorder.time_averages(end)[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+    pool_slots = single.kv.pool_slots
+    groups_single = single.group_series.time_averages(end, pool_slots)
+    groups_skip = skip.group_series.time_averages(end, pool_slots)
+    for name, means in groups_single.items():
+        for category, value in means.items():
+            assert groups_skip[name][category] == pytest.approx(value, rel=1e-9, abs=1e-12), (name, category)
+    assert skip.wakeups < single.wakeups
+
+
+def vllm_hybrid_pool(blocks: int, window: int):
+    """vLLM's hybrid manager: a full-attention and a sliding-window group on one pool of 4-token blocks."""
+    from policies.hybrid.block_pool import SharedBlockPool
+    from policies.hybrid.full import FullAttentionGroup
+    from policies.hybrid.sliding_window import SlidingWindowGroup
+    from sim.kv.coordinator import KVGroup, make_coordinator
+
+    spec = PoolSpec(blocks * 4, 4, 160)
+    shared = SharedBlockPool(blocks, 4)
+    full = FullAttentionGroup(spec, shared, 64)
+    swa = SlidingWindowGroup(spec, shared, 64, window)
+    return make_coordinator([KVGroup("full", full, 1), KVGroup("sliding", swa, 1)])
+
+
+@pytest.mark.parametrize(("blocks", "window", "gap"), [(400, 8, 0.1), (90, 8, 0.1), (60, 16, 0.05)])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_window_moving_on_inside_a_jump_lets_the_waiting_head_in_as_single_steps_do(
+    blocks, window, gap, seed
+):
+    """A head that did not fit may fit once a sliding window gives blocks back: a jump stops before
+    a flush while the head waits for memory, so event skipping admits it at the iteration single
+    steps do (vLLM's hybrid manager; it grows in blocks of 4, told at block boundaries)."""
+    requests = random_requests(seed, 50, gap=gap)
+    single = run_pools(requests, "single", vllm_hybrid_pool(blocks, window), block_size=4)
+    skip = run_pools(requests, "skip", vllm_hybrid_pool(blocks, window), block_size=4)
+    assert skip.unbacked is None
+    assert [(r.request_id, r.outcome, r.preemptions) for r in single.records] == [
+        (r.request_id, r.outcome, r.preemptions) for r in skip.records
+    ]
+    for a, b in zip(single.records, skip.records, strict=True):
+        for field in ("admitted_s", "first_token_s", "finish_s"):
+            x, y = getattr(a, field), getattr(b, field)
+            assert (x != x and y != y) or x == pytest.approx(y, rel=1e-9, abs=1e-12)
+    assert single.counters == skip.counters
+    end = single.env.now
+    for key, value in single.recorder.time_averages(end).items():
+        assert skip.recorder.time_averages(end)[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key

@@ -9,6 +9,8 @@ interchangeable, so the pool keeps their count.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mypy_extensions import mypyc_attr
 
 from policies.base import OutOfKVMemory, PolicyInputError
@@ -31,15 +33,23 @@ class SharedBlockPool:
             raise PolicyInputError(f"pool_slots={pool_slots} cannot hold {num_blocks} blocks of {block_size}")
         self.free_blocks = num_blocks
         self.caches_prefixes = False  # (blocks with identities: ``prefix_pool.PrefixCachingBlockPool``)
+        # Unbacked decode growth (``KVCachePolicy.defer_unbacked``; blocks of one token): decoded
+        # tokens no group holds yet, each taking a free block of this pool.
+        self.unbacked: Callable[[], int] | None = None
+
+    def spare_blocks(self) -> int:
+        """Free blocks an allocation may take: the free ones less those pending tokens fill."""
+        unbacked = self.unbacked
+        return self.free_blocks if unbacked is None else self.free_blocks - unbacked()
 
     def free_slots(self) -> int:
-        return self.free_blocks * self.block_size
+        return self.spare_blocks() * self.block_size
 
     def take(self, blocks: int, what: str) -> None:
         """Hand ``blocks`` to a group; raises :class:`OutOfKVMemory`, changing nothing, when short."""
-        if blocks > self.free_blocks:
+        if blocks > self.spare_blocks():
             raise OutOfKVMemory(
-                f"{what} needs {blocks} blocks of the shared pool, {self.free_blocks} free",
+                f"{what} needs {blocks} blocks of the shared pool, {self.spare_blocks()} free",
                 needed_slots=blocks * self.block_size,
                 free_slots=self.free_slots(),
             )

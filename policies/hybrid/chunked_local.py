@@ -28,6 +28,9 @@ class ChunkedLocalGroup(GroupManager):
         chunk_start = max(0, num_tokens - 1) // self.chunk * self.chunk
         return chunk_start // self.block_size, ceil_div(num_tokens, self.block_size)
 
+    def releases_while_decoding(self) -> bool:
+        return True
+
     def next_release(self, seq: GroupSequence) -> int:
         # The first token count whose chunk starts in a later block than the one held first.
         chunk = self.chunk

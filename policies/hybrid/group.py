@@ -23,7 +23,7 @@ index). Without it, nothing here changes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from mypy_extensions import mypyc_attr
 
@@ -84,6 +84,8 @@ class GroupManager(SequenceTable[GroupSequence]):
         self._used = self._reserved = self._held_blocks = 0  # running sums: the breakdown is O(1)
         self.tables: GroupBlockTables | None = None  # block ids, with a prefix-caching pool only
         self._admitting: dict[int, int] = {}  # sequence id -> its hit, between the admission's steps
+        # Unbacked decode growth (defer_unbacked): what reads the decoded tokens no block holds yet.
+        self._pending_tokens: Callable[[], int] | None = None
         if isinstance(shared_pool, PrefixCachingBlockPool):
             self.tables = GroupBlockTables(
                 shared_pool, shared_pool.add_group(self.stats), self.block_size, self.kind
@@ -97,6 +99,11 @@ class GroupManager(SequenceTable[GroupSequence]):
     def next_release(self, seq: GroupSequence) -> int:
         """The token count at which ``seq``'s first held block is next released (``NEVER``: never)."""
         return NEVER
+
+    def releases_while_decoding(self) -> bool:
+        """Whether a decoding sequence gives blocks back as it grows (:meth:`next_release`): a window
+        or a chunk moving on, a Mamba state written into a later block."""
+        return False
 
     def takes_blocks_as_it_grows(self) -> bool:
         """Whether a growing sequence takes a new block in this group at each block boundary it
@@ -308,7 +315,7 @@ class GroupManager(SequenceTable[GroupSequence]):
         """All or nothing: the blocks released and taken are netted (vLLM frees a step's skipped blocks
         before it allocates), and the pool must hold what is left."""
         net_blocks, plan = self.plan_growth(seq_ids, num_tokens)
-        if net_blocks > self.shared_pool.free_blocks:
+        if net_blocks > self.shared_pool.spare_blocks():
             self.stats.allocation_failures += 1
             needed, free = net_blocks * self.block_size, self.shared_pool.free_slots()
             raise OutOfKVMemory(
@@ -408,7 +415,10 @@ class GroupManager(SequenceTable[GroupSequence]):
         return self._room(self._get(seq_id))
 
     def _room(self, seq: GroupSequence) -> int:
-        room = min(seq.end_block * self.block_size, seq.final_len) - seq.num_tokens
+        if self._pending_tokens is None:
+            room = min(seq.end_block * self.block_size, seq.final_len) - seq.num_tokens
+        else:
+            room = seq.final_len - seq.num_tokens  # every token to its end is deferred, up to a release
         release_at = self.next_release(seq)
         if release_at != NEVER and release_at - seq.num_tokens - 1 < room:
             room = max(0, release_at - seq.num_tokens - 1)
@@ -442,10 +452,10 @@ class GroupManager(SequenceTable[GroupSequence]):
         tables = self.tables
         assert tables is not None
         copied = tables.partial_blocks(id(parent), parent.first_block, parent.end_block)
-        if copied * len(children) > self.shared_pool.free_blocks:
+        if copied * len(children) > self.shared_pool.spare_blocks():
             raise OutOfKVMemory(
                 f"forking sequence {parent_id} in the {self.kind} group needs {copied * len(children)} "
-                f"blocks of the shared pool, {self.shared_pool.free_blocks} free",
+                f"blocks of the shared pool, {self.shared_pool.spare_blocks()} free",
                 needed_slots=copied * len(children) * self.block_size,
                 free_slots=self.shared_pool.free_slots(),
             )
@@ -492,7 +502,10 @@ class GroupManager(SequenceTable[GroupSequence]):
         held = self._held_blocks * self.block_size
         tables = self.tables
         if tables is None:
-            return self._used, self._reserved, held - self._used - self._reserved, 0, 0, 0
+            # Unbacked tokens count as reserved (the engine moves its pending tokens to used); the
+            # pool counts them out of its free blocks.
+            pending = 0 if self._pending_tokens is None else self._pending_tokens()
+            return self._used, self._reserved + pending, held - self._used - self._reserved, 0, 0, 0
         # Blocks several sequences hold count once; free blocks keeping an identity are cached.
         shared = tables.excess * self.block_size
         used = self._used - shared
@@ -503,7 +516,21 @@ class GroupManager(SequenceTable[GroupSequence]):
         physical, logical = super().sharing_slots()
         if self.tables is not None:
             logical += self.tables.excess * self.block_size
+        if self._pending_tokens is not None:
+            pending = self._pending_tokens()
+            physical += pending
+            logical += pending
         return physical, logical
+
+    def can_defer_unbacked(self) -> bool:
+        """Blocks of one token (SGLang's pages) without a prefix cache: the pending tokens take free
+        blocks, and with nothing cached nothing is evicted for them."""
+        return self.block_size == 1 and self.tables is None and self.kind != "mamba"
+
+    def defer_unbacked(self, pending_tokens: Callable[[], int] | None) -> None:
+        if pending_tokens is not None and not self.can_defer_unbacked():
+            super().defer_unbacked(pending_tokens)
+        self._pending_tokens = pending_tokens
 
     def shared_slots(self) -> int:
         return 0 if self.tables is None else self.tables.shared_blocks * self.block_size

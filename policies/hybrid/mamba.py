@@ -224,6 +224,9 @@ class MambaGroup(GroupManager):
         # The block of the last token and, at the step that crossed into it, the one before.
         return max(0, (num_tokens - 2) // self.block_size), ceil_div(num_tokens, self.block_size)
 
+    def releases_while_decoding(self) -> bool:
+        return self.tables is not None
+
     def next_release(self, seq: GroupSequence) -> int:
         if self.tables is None:
             return NEVER

@@ -123,6 +123,9 @@ class SGLangSlidingWindowGroup(GroupManager):
             end = seq.end_block
         return first, end
 
+    def releases_while_decoding(self) -> bool:
+        return True
+
     def next_release(self, seq: GroupSequence) -> int:
         prompt_len = self._prompt[id(seq)]
         step = seq.num_tokens - prompt_len - 1

@@ -27,6 +27,9 @@ class SlidingWindowGroup(GroupManager):
     def held_run(self, num_tokens: int) -> tuple[int, int]:
         return max(0, (num_tokens - self.window) // self.block_size), ceil_div(num_tokens, self.block_size)
 
+    def releases_while_decoding(self) -> bool:
+        return True
+
     def next_release(self, seq: GroupSequence) -> int:
         return (seq.first_block + 1) * self.block_size + self.window
 

@@ -181,8 +181,23 @@ class Engine:
             self._arrivals,
             follow_up,
         )
+        # A pool of one-token pages defers growth past held slots while it has room (sim/engine/unbacked.py).
+        self.unbacked = (
+            UnbackedGrowth(kv, clock, batch)
+            if self.knobs.step_mode == "skip" and kv.can_defer_unbacked()
+            else None
+        )
         self.growth = DecodeGrowth(
-            kv, clock, batch, counters, self.knobs, self.block_size, self.scheduler, self.ledger, self.handoff
+            kv,
+            clock,
+            batch,
+            counters,
+            self.knobs,
+            self.block_size,
+            self.scheduler,
+            self.ledger,
+            self.handoff,
+            self.unbacked,
         )
         self.completions = Completions(
             self.env,
@@ -196,12 +211,6 @@ class Engine:
             counters,
         )
         iteration_cost = IterationCost(self.costs)
-        # A pool of one-token pages defers growth past held slots while it has room (sim/engine/unbacked.py).
-        self.unbacked = (
-            UnbackedGrowth(kv, clock, batch)
-            if self.knobs.step_mode == "skip" and kv.can_defer_unbacked()
-            else None
-        )
         planner = JumpPlanner(
             clock,
             kv,

@@ -13,6 +13,7 @@ from sim.engine.decoding import DecodeClock, RequestState
 from sim.engine.handoff import KVHandOff
 from sim.engine.knobs import EngineKnobs
 from sim.engine.ledger import RequestLedger
+from sim.engine.unbacked import UnbackedGrowth
 from sim.kv.coordinator import KVCoordinator
 from sim.outputs.metrics import Counters
 
@@ -32,6 +33,7 @@ class DecodeGrowth:
         scheduler: Scheduler,
         ledger: RequestLedger,
         handoff: KVHandOff,
+        unbacked: UnbackedGrowth | None = None,
     ):
         self.kv = kv
         self.clock = clock
@@ -42,6 +44,7 @@ class DecodeGrowth:
         self.scheduler = scheduler
         self.ledger = ledger
         self.handoff = handoff
+        self.unbacked = unbacked  # a token-granular pool's deferred growth (sim/engine/unbacked.py)
         self.engine: SchedulingEngine | None = None  # what the scheduler's victim choice reads
 
     def decode_growth(self) -> tuple[bool, int]:
@@ -51,7 +54,10 @@ class DecodeGrowth:
         swapped = 0
         before = self.clock.now - 1
         due = self.clock.due_flushes()
-        if due and self.pool_holds(due, self.clock.now):
+        # (Unbacked growth: the pool holds every pending token, this iteration's included, or growth
+        # would be told token by token now; what is due is a release, sim/engine/unbacked.py.)
+        unbacked = self.unbacked
+        if due and ((unbacked is not None and unbacked.active) or self.pool_holds(due, self.clock.now)):
             self.clock.flush(due, self.clock.now)  # what one at a time would do, in one policy call
             return preempted, swapped
         for state in due:

@@ -21,7 +21,12 @@ from sim.engine.event_skip import (
     scheduled_durations,
     scheduled_iterations_to_reach,
 )
-from sim.engine.schedulers.base import NEXT_TRIES_HEAD, QUEUE_EMPTY, Scheduler
+from sim.engine.schedulers.base import (
+    HEAD_OUT_OF_MEMORY,
+    NEXT_TRIES_HEAD,
+    QUEUE_EMPTY,
+    Scheduler,
+)
 from sim.engine.unbacked import UnbackedGrowth
 
 if TYPE_CHECKING:
@@ -182,7 +187,12 @@ class JumpPlanner:
         # them all, no growth inside the jump can fail and the jump need not stop at flushes.
         safe = UNLIMITED if sequences == 0 else room // (sequences * self.block_size) * self.block_size
         safe //= self.tokens_per_iteration
-        limit = min(limit, max(safe, clock.iteration_needing(clock.next_flush()) - clock.iteration - 1))
+        next_flush = clock.iteration_needing(clock.next_flush()) - clock.iteration - 1
+        limit = min(limit, max(safe, next_flush))
+        if iteration.admission_stop == HEAD_OUT_OF_MEMORY and self.kv.releases_while_decoding():
+            # A flush may give blocks back (a window moving on) and let the waiting head in: the
+            # iteration of the flush admits after its growth, as single steps would.
+            limit = min(limit, next_flush)
         # An attention window filling up changes how the attended context grows: it starts a wake-up.
         limit = min(limit, clock.iteration_needing(clock.next_crossing()) - clock.iteration - 1)
         if self.unbacked is not None:

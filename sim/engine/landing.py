@@ -43,6 +43,10 @@ class JumpLanding:
         self.counters = counters
         self.group_series = group_series  # a hybrid allocator's split by KV group (None: one group)
         self.unbacked = unbacked  # a token-granular pool's deferred growth (sim/engine/unbacked.py)
+        # Where its pending tokens take free slots, per entry of the split by group.
+        self._unbacked_draws = (
+            kv.unbacked_draws() if unbacked is not None and group_series is not None else ()
+        )
 
     def land(self, jump: Jump, prefill_this_step: list[tuple[RequestState, int]]) -> int:
         """The jump's iterations after the first have run: apply what they did, in order (their
@@ -111,11 +115,15 @@ class JumpLanding:
     def _add_token_area(self, batch: int, weight_s: float) -> None:
         """Tokens the ``batch`` decoded inside the jump (``weight_s``: seconds per sequence): each fills
         a slot in every KV group that holds tokens (``slots_per_token`` of the pool's)."""
+        slots = batch * self.kv.slots_per_token * weight_s
         unbacked = self.unbacked
         if unbacked is not None and unbacked.active:
-            self.recorder.add_unbacked_token_area(batch * weight_s)  # (one group: a slot per token)
-        else:
-            self.recorder.add_token_area(batch * self.kv.slots_per_token * weight_s)
+            # (Unbacked growth: the tokens took free slots, not reserved ones: sim/engine/unbacked.py.)
+            self.recorder.add_unbacked_token_area(slots)
+            if self.group_series is not None:
+                self.group_series.add_unbacked_token_area(batch * weight_s, self._unbacked_draws)
+            return
+        self.recorder.add_token_area(slots)
         if self.group_series is not None:
             self.group_series.add_token_area(batch * weight_s)
 

@@ -1,6 +1,7 @@
-"""Decode growth a token-granular pool does not back: SGLang's pages of one token leave no sequence
-room past its next token, so deferring growth to held slots (``decoding.py``) would still tell the
-pool of every decoded token, and each iteration would cost as many policy calls as sequences.
+"""Decode growth a token-granular pool does not back: SGLang's pages of one token (``radix``, and
+``sglang-hybrid``'s full-attention and SWA token pools) leave no sequence room past its next token,
+so deferring growth to held slots (``decoding.py``) would still tell the pool of every decoded
+token, and each iteration would cost as many policy calls as sequences.
 
 Instead, while the pool has room, its decoding sequences are told of their tokens only when they
 leave or change shape, as with block pools; the pool counts the clock's pending tokens out of its
@@ -10,7 +11,9 @@ iteration whose tokens the free and evictable slots could not hold, and at a wak
 they cannot, every sequence is told of its tokens up to the previous iteration and growth goes back
 to being told token by token (where the reference's out-of-memory handling runs), until the pool
 has room again for :data:`ROOM_ITERATIONS` iterations. Inside a jump the evictions the pending tokens
-make are placed at the iterations single steps would have made them, each observed then.
+make are placed at the iterations single steps would have made them, each observed then. A
+sequence's own events stay flushes: the SWA pool's bulk frees (every window) fall due as before, and
+they always fit (the pool holds every pending token, this iteration's included).
 """
 
 from __future__ import annotations

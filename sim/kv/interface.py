@@ -124,6 +124,12 @@ class KVCoordinator:
     def prepare_decode_step(self, num_sequences: int) -> None:
         raise NotImplementedError
 
+    def releases_while_decoding(self) -> bool:
+        """Can a decoding sequence give memory back (a sliding window's or a chunk's blocks leaving,
+        a state released)? Then a flush may let a request in that did not fit before it. One group
+        never does; a pool of several may (the coordinators that know better say so)."""
+        return len(self.groups) > 1
+
     def can_defer_unbacked(self) -> bool:
         """Can decode growth go past the slots sequences hold (``KVCachePolicy.can_defer_unbacked``)?
         One group whose policy can: a pool of several groups tells each of every token."""
@@ -133,6 +139,11 @@ class KVCoordinator:
         raise NotImplementedError
 
     def evict_for_unbacked(self, ahead_tokens: int) -> int:
+        raise NotImplementedError
+
+    def unbacked_draws(self) -> tuple[int, ...]:
+        """Per entry of a split by group (``group_entries``), the free slots a pending token of
+        unbacked growth takes there."""
         raise NotImplementedError
 
     def breakdown_values(self) -> Breakdown:

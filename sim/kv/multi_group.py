@@ -5,7 +5,7 @@ room."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from policies._host_tier import HostPool
 from policies.base import (
@@ -222,7 +222,7 @@ class MultiGroupCoordinator(KVCoordinator):
         planned = []
         for shared in self._shared:
             net_blocks, plans = self._plan(shared, seq_ids, num_tokens)
-            if net_blocks > shared.pool.free_blocks:
+            if net_blocks > shared.pool.spare_blocks():
                 self._refuse(
                     f"growing sequences {seq_ids}",
                     ("the shared block pool", net_blocks * shared.pool.block_size, shared.pool.free_slots()),
@@ -260,7 +260,7 @@ class MultiGroupCoordinator(KVCoordinator):
             if _slots_needed(group.policy, seq_ids, tokens) > group.policy.available_slots():
                 return False
         return all(
-            self._plan(shared, seq_ids, tokens)[0] <= shared.pool.free_blocks for shared in self._shared
+            self._plan(shared, seq_ids, tokens)[0] <= shared.pool.spare_blocks() for shared in self._shared
         )
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
@@ -304,6 +304,39 @@ class MultiGroupCoordinator(KVCoordinator):
     def prepare_decode_step(self, num_sequences: int) -> None:
         for policy in self.policies:
             policy.prepare_decode_step(num_sequences)
+
+    def releases_while_decoding(self) -> bool:
+        return any(
+            isinstance(policy, GroupManager) and policy.releases_while_decoding() for policy in self.policies
+        )
+
+    def can_defer_unbacked(self) -> bool:
+        """Every group a one-token-page group without a cache, on a pool of its own (SGLang's SWA and
+        full-attention token pools without the radix cache): a pending token takes a free block of
+        each pool, and nothing is evicted for it."""
+        return (
+            not self._own
+            and not self.lookahead_slots
+            and all(
+                len(shared.managers) == 1
+                and not shared.pool.caches_prefixes
+                and shared.managers[0].can_defer_unbacked()
+                for shared in self._shared
+            )
+        )
+
+    def defer_unbacked(self, pending_tokens: Callable[[], int] | None) -> None:
+        for shared in self._shared:
+            shared.managers[0].defer_unbacked(pending_tokens)
+            shared.pool.unbacked = pending_tokens
+
+    def evict_for_unbacked(self, ahead_tokens: int) -> int:
+        return self.available_slots()  # (nothing cached: nothing to evict)
+
+    def unbacked_draws(self) -> tuple[int, ...]:
+        """Per entry of :meth:`group_entries`, the free slots a pending token takes there: one in a
+        pool per group of it whose slots hold tokens (the groups' own entries: none)."""
+        return (0,) * len(self.groups) + tuple(shared.token_groups for shared in self._shared)
 
     # -- accounting -------------------------------------------------------------------------------
     def breakdown_values(self) -> Breakdown:

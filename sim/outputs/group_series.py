@@ -73,6 +73,18 @@ class GroupSeries:
             area[offset] = area[offset] + token_seconds * slots
             area[offset + 1] = area[offset + 1] - token_seconds * slots
 
+    def add_unbacked_token_area(self, token_seconds: float, draws: tuple[int, ...]) -> None:
+        """Tokens decoded inside a jump by unbacked growth (``sim/engine/unbacked.py``): each fills a
+        used slot of every entry that holds tokens, taken from the free slots of the entries
+        ``draws`` names (per entry, the slots a token takes there)."""
+        area = self._area
+        for offset, slots in self._token_offsets:
+            area[offset] = area[offset] + token_seconds * slots
+        for index, slots in enumerate(draws):
+            if slots:
+                free = index * CATEGORIES + 5
+                area[free] = area[free] - token_seconds * slots
+
     def frame(self) -> pd.DataFrame:
         """The rows in long form: ``time_s``, ``kv_group``, then one column per category (slots)."""
         records = []
