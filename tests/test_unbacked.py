@@ -235,7 +235,7 @@ def sglang_swa_pools(full_tokens: int, swa_tokens: int, window: int):
     return make_coordinator([KVGroup("full", full, 1), KVGroup("sliding", swa, 1)])
 
 
-def run_pools(requests, step_mode, pools, block_size=1, **knobs):
+def run_pools(requests, step_mode, pools, block_size=1, until_s=None, **knobs):
     from sim.engine.core import Engine
     from sim.engine.knobs import EngineKnobs
 
@@ -246,7 +246,7 @@ def run_pools(requests, step_mode, pools, block_size=1, **knobs):
         iter(requests),
         block_size=block_size,
     )
-    engine.run()
+    engine.run(until_s)
     return engine
 
 
@@ -317,3 +317,30 @@ def test_a_window_moving_on_inside_a_jump_lets_the_waiting_head_in_as_single_ste
     skip = run_pools(requests, "skip", vllm_hybrid_pool(blocks, window), block_size=4)
     assert skip.unbacked is None
     assert_same_pools_results(single, skip)
+
+
+@pytest.mark.parametrize("scenario", ["roomy", "tight"])
+@pytest.mark.parametrize("until_s", [0.7, 2.35, 6.0])
+def test_a_radix_run_stopped_inside_a_jump_equals_single_stepping(scenario, until_s):
+    """``until_s`` inside a jump of unbacked growth: the tokens of the iterations begun by then took
+    free slots, and the evictions they made are in, as single steps had them."""
+    pool, knobs, shape = SCENARIOS[scenario]
+    requests = random_requests(3, 50, **(shape | {"forks": False}))
+    both = [
+        run("radix", pool, requests, mode, costs=EQUIVALENCE_COSTS, until_s=until_s, **knobs)
+        for mode in ("single", "skip")
+    ]
+    assert both[0].env.now == both[1].env.now == until_s
+    assert_same_results(*both)
+
+
+@pytest.mark.parametrize("until_s", [0.7, 2.35, 6.0])
+def test_sglang_swa_pools_stopped_inside_a_jump_equal_single_stepping(until_s):
+    """The same for SGLang's two token pools: a pending token took a free slot of each."""
+    requests = random_requests(3, 50, gap=0.1, forks=False)
+    both = [
+        run_pools(requests, mode, sglang_swa_pools(400, 160, 8), until_s=until_s)
+        for mode in ("single", "skip")
+    ]
+    assert both[0].env.now == both[1].env.now == until_s
+    assert_same_pools_results(*both)
