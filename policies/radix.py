@@ -383,9 +383,10 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         del self.sequences[seq_id]
 
     def can_defer_unbacked(self) -> bool:
-        """With pages of one token no sequence holds room past its next token. (Pages of several
-        tokens give room already; a host tier's evictions write to it, which stays token by token.)"""
-        return self.page_size == 1 and self._hicache is None
+        """With pages of one token no sequence holds room past its next token (pages of several give
+        room already). With HiCache the evictions the pending tokens make move backed-up nodes to the
+        host pool, in the same order whenever they are made."""
+        return self.page_size == 1
 
     def defer_unbacked(self, pending_tokens: Callable[[], int] | None) -> None:
         """The pending tokens take free slots, evicting as SGLang would token by token: its decode

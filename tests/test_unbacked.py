@@ -101,10 +101,11 @@ def test_a_lookup_sees_the_tree_after_the_pending_tokens_evicted():
     assert policy.lookup(((1, 6), (9, 1))).cached_tokens == 0
 
 
-def test_only_pages_of_one_token_without_a_host_tier_defer():
+def test_only_pages_of_one_token_defer():
+    """Pages of one token, with or without a host tier; not pages of several, nor a block policy."""
     assert radix_pool(12).can_defer_unbacked()
+    assert hicache(64).can_defer_unbacked()
     assert not radix_pool(12, page_size=4).can_defer_unbacked()
-    assert not hicache(64).can_defer_unbacked()
     paged = make_policy("paged", PoolSpec(64, 16, 64))
     assert not paged.can_defer_unbacked()
     for policy in (radix_pool(12, page_size=4), paged):
@@ -344,3 +345,39 @@ def test_sglang_swa_pools_stopped_inside_a_jump_equal_single_stepping(until_s):
     ]
     assert both[0].env.now == both[1].env.now == until_s
     assert_same_pools_results(*both)
+
+
+def hicache_radix(pool: PoolSpec, host_blocks: int, write_policy: str) -> RadixPolicy:
+    policy = make_policy("radix", pool)
+    policy.enable_host_tier(host_blocks, write_policy)
+    return policy
+
+
+@pytest.mark.parametrize("write_policy", ["write_through", "write_back", "write_through_selective"])
+@pytest.mark.parametrize("scenario", ["roomy", "tight", "swap"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_hicache_radix_defers_growth_and_equals_single_stepping(write_policy, scenario, seed):
+    """SGLang's HiCache under the radix tree: the evictions the pending tokens make move backed-up
+    nodes to the host pool (or write them back first), in the order token-by-token growth makes
+    them; later admissions load them back. Every outcome and host-tier count equals single steps."""
+    pool, knobs, shape = SCENARIOS[scenario]
+    requests = random_requests(seed, 50, **shape)
+    engines = []
+    for mode in ("single", "skip"):
+        policy = hicache_radix(pool, 4 * pool.kv_pool_tokens // pool.block_size, write_policy)
+        from sim.engine.core import Engine
+        from sim.engine.knobs import EngineKnobs
+
+        engine = Engine(
+            policy,
+            EQUIVALENCE_COSTS,
+            EngineKnobs(max_model_len=pool.max_model_len, step_mode=mode, beam_reparent_prob=0.2, **knobs),
+            iter(requests),
+            block_size=pool.block_size,
+        )
+        engine.run()
+        engines.append(engine)
+    single, skip = engines
+    assert skip.unbacked is not None and skip.unbacked.switches >= 1
+    assert_same_results(single, skip)
+    assert single.policy.host_tier.stats == skip.policy.host_tier.stats
