@@ -30,9 +30,9 @@ request-aware and layer-aware eviction, balancing the hit of every layer type.
   A large page with blank small pages beside cached ones is not evicted whole (its pages are not
   all in the evictor, ``Level1LRUEvictor.free_block_counter``): its blank pages serve its type.
 
-Kvsim's differences: the clock ticks once per operation of the KV coordinator (an admission, a
-growth, a free, a fork), where the artifact's ticks once per scheduler step, so ``SKIPPED_AGE`` is
-200 operations; a page stamp's parts are compared in order (time, request, order given back), where
+Kvsim's differences: the clock is the engine's scheduler step (its iteration: every operation of
+one step shares it, as the artifact stamps with the step's time), so ``SKIPPED_AGE`` is 200 steps
+(driven without an engine, the clock counts the coordinator's operations); a page stamp's parts are compared in order (time, request, order given back), where
 the artifact adds the request to the time as ``seq_id / 100``; the type's oldest cached page is
 taken from the large pages not wholly cached (the artifact may take one from a wholly cached large
 page that it also counts as a free large page).
@@ -41,13 +41,15 @@ page that it also counts as a free large page).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 from policies.hybrid.jenga_pages import SmallPageAllocator
 from policies.hybrid.prefix_pool import NO_BLOCK, PrefixCachingBlockPool
 from policies.prefix import ContentChains
 
 SKIPPED_AGE = 200
-"""How much older a page a window or a chunk released while its request runs is stamped."""
+"""How much older (in scheduler steps) a page a window or a chunk released while its request runs is
+stamped."""
 
 Stamp = tuple[int, int, int]
 """(time, request, order given back): the smallest is evicted first."""
@@ -62,10 +64,16 @@ class EvictionClock:
         self.request = 0
         self.age = 0
         self._order = 0
+        # The engine's scheduler step of the operation in progress (KVCoordinator.follow_steps); None:
+        # the clock counts the coordinator's operations instead (a pool driven without an engine).
+        self.steps: Callable[[], int] | None = None
 
     def tick(self) -> None:
-        """A new operation of the KV coordinator."""
-        self.time += 1
+        """A new operation of the KV coordinator: stamped with its scheduler step, as the artifact
+        stamps with the step's time, so that how the engine groups its operations (one step at a
+        time, or the flushes of a jump) changes no stamp's order."""
+        steps = self.steps
+        self.time = self.time + 1 if steps is None else steps()
 
     def serve(self, request: int, age: int = 0) -> None:
         """The pages given back next are ``request``'s, stamped ``age`` older than now."""

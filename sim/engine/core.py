@@ -148,6 +148,8 @@ class Engine:
             attention_windows=costs.attention_windows,
             shared_reads=shared_reads_for(self.kv, costs.shared_kv_cached_tokens),
         )
+        # (jenga's cache stamps the pages given back with the scheduler step.)
+        self.kv.follow_steps(self.clock.operation_iteration)
         self._observer = StateObserver(self.kv, self.clock, self.counters)
         # A hybrid allocator's memory split by KV group, beside the pool-wide series.
         observer = self._observer

@@ -118,6 +118,8 @@ class DecodeClock:
         # (the first token of the iteration in flight; its accepted drafts join when it ends).
         self.now = 0
         self.iteration = 0  # iterations so far
+        # The iteration of flushes a jump's landing applies now (0: none; operation_iteration).
+        self.landing_iteration = 0
         self.schedule = schedule
         self.sequences = 0
         self._synced_sum = 0  # Σ over decoding sequences of their request's synced_clock
@@ -146,6 +148,11 @@ class DecodeClock:
         self.now = self.now + iterations if schedule is None else schedule.first_token(self.iteration)
         if self.windows is not None:
             self.windows.cross(self.now)
+
+    def operation_iteration(self) -> int:
+        """The iteration whose operation the pool is doing: the current one, or inside a jump's
+        landing the one its flush fell in (a pool stamping pages with time reads it)."""
+        return self.landing_iteration if self.landing_iteration else self.iteration
 
     def end_iteration(self) -> None:
         """The iteration in flight ended: its accepted drafts join every decoding sequence."""

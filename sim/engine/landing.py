@@ -98,7 +98,9 @@ class JumpLanding:
         """Flushes due at the start of the same iteration of the jump: one policy call, then the
         state observed at that instant. The next iteration, if the jump has it, prepares its decode
         step first (the flush took free slots a policy may want back), observed when it starts."""
+        self.clock.landing_iteration = due_clock
         self.clock.flush(states, self.clock.first_token_of(due_clock))
+        self.clock.landing_iteration = 0
         self._observe(jump, due_clock)
         if due_clock < last_clock and self.growth.prepare_decode_step():
             self._observe(jump, due_clock + 1)

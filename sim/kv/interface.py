@@ -124,6 +124,10 @@ class KVCoordinator:
     def prepare_decode_step(self, num_sequences: int) -> None:
         raise NotImplementedError
 
+    def follow_steps(self, steps: Callable[[], int]) -> None:
+        """``steps()`` is the engine's scheduler step of the operation in progress, for a pool whose
+        cache stamps pages with time (``jenga``'s). Default: nothing to stamp."""
+
     def releases_while_decoding(self) -> bool:
         """Can a decoding sequence give memory back (a sliding window's or a chunk's blocks leaving,
         a state released)? Then a flush may let a request in that did not fit before it. One group

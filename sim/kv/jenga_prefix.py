@@ -56,7 +56,7 @@ artifact's allocator); a clock of the artifact's scheduler steps (``jenga_cache.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from policies.base import NO_HIT, ChildSpec, PolicyInputError, PolicyStats, PrefixHit
 from policies.hybrid.group import GroupManager
@@ -89,6 +89,9 @@ class JengaPrefixCoordinator(JengaCoordinator):
         self._hit_order = [m for m in managers if m.kind == "full"] + [
             m for m in managers if m.kind != "full"
         ]
+
+    def follow_steps(self, steps: Callable[[], int]) -> None:
+        self.clock.steps = steps
 
     def _type_pool(self, allocator: SmallPageAllocator) -> JengaPageCache:
         cache = JengaPageCache(allocator, self.block_size, self.chains, self.clock, self.evictor)
