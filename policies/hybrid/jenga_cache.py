@@ -32,10 +32,11 @@ request-aware and layer-aware eviction, balancing the hit of every layer type.
 
 Kvsim's differences: the clock is the engine's scheduler step (its iteration: every operation of
 one step shares it, as the artifact stamps with the step's time), so ``SKIPPED_AGE`` is 200 steps
-(driven without an engine, the clock counts the coordinator's operations); a page stamp's parts are compared in order (time, request, order given back), where
-the artifact adds the request to the time as ``seq_id / 100``; the type's oldest cached page is
-taken from the large pages not wholly cached (the artifact may take one from a wholly cached large
-page that it also counts as a free large page).
+(driven without an engine, the clock counts the coordinator's operations); a page stamp's parts are
+compared in order (time, request, order given back), where the artifact adds the request to the
+time as ``seq_id / 100``; the type's oldest cached page is taken from the large pages not wholly
+cached (the artifact may take one from a wholly cached large page that it also counts as a free
+large page).
 """
 
 from __future__ import annotations
