@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 # Why the admission round of an iteration stopped: what the next iterations' admissions depend on.
 QUEUE_EMPTY = "empty"  # an arrival could be admitted at the next iteration with a free token budget
 OUT_OF_BUDGET = "budget"  # the head was not tried: any iteration with a free token budget tries it
-HEAD_STUCK = "stuck"  # the head cannot be admitted until something leaves (memory or max_num_seqs)
+HEAD_STUCK = "stuck"  # the head waits for a sequence to leave (max_num_seqs) or a smaller decode batch
 HEAD_OUT_OF_MEMORY = "memory"  # stuck: the head was tried and does not fit in KV memory now
 # (scheduler sglang) the head is over the KV token budget, which new_token_ratio changes every step
 HEAD_OVER_BUDGET = "kv budget"
