@@ -251,22 +251,6 @@ def run_pools(requests, step_mode, pools, block_size=1, until_s=None, **knobs):
     return engine
 
 
-def assert_same_pools_results(single, skip):
-    """:func:`tests.test_engine.assert_same_results` for an engine over several KV groups (no one
-    policy to read): outcomes, times, counters and the breakdown's time averages."""
-    assert [(r.request_id, r.outcome, r.preemptions) for r in single.records] == [
-        (r.request_id, r.outcome, r.preemptions) for r in skip.records
-    ]
-    for a, b in zip(single.records, skip.records, strict=True):
-        for field in ("admitted_s", "first_token_s", "finish_s"):
-            x, y = getattr(a, field), getattr(b, field)
-            assert (x != x and y != y) or x == pytest.approx(y, rel=1e-9, abs=1e-12)
-    assert single.counters == skip.counters
-    end = single.env.now
-    for key, value in single.recorder.time_averages(end).items():
-        assert skip.recorder.time_averages(end)[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
-
-
 @pytest.mark.parametrize(
     ("full_tokens", "swa_tokens", "window", "gap"),
     [(4000, 4000, 8, 0.4), (400, 120, 8, 0.1), (200, 400, 16, 0.1), (160, 60, 4, 0.05)],
@@ -280,7 +264,7 @@ def test_sglang_swa_pools_defer_growth_and_equal_single_steps(full_tokens, swa_t
     single = run_pools(requests, "single", sglang_swa_pools(full_tokens, swa_tokens, window))
     skip = run_pools(requests, "skip", sglang_swa_pools(full_tokens, swa_tokens, window))
     assert skip.unbacked is not None and skip.unbacked.switches >= 1
-    assert_same_pools_results(single, skip)
+    assert_same_results(single, skip)
     end = single.env.now
     pool_slots = single.kv.pool_slots
     groups_single = single.group_series.time_averages(end, pool_slots)
@@ -317,7 +301,7 @@ def test_a_window_moving_on_inside_a_jump_lets_the_waiting_head_in_as_single_ste
     single = run_pools(requests, "single", vllm_hybrid_pool(blocks, window), block_size=4)
     skip = run_pools(requests, "skip", vllm_hybrid_pool(blocks, window), block_size=4)
     assert skip.unbacked is None
-    assert_same_pools_results(single, skip)
+    assert_same_results(single, skip)
 
 
 @pytest.mark.parametrize("scenario", ["roomy", "tight"])
@@ -344,7 +328,7 @@ def test_sglang_swa_pools_stopped_inside_a_jump_equal_single_stepping(until_s):
         for mode in ("single", "skip")
     ]
     assert both[0].env.now == both[1].env.now == until_s
-    assert_same_pools_results(*both)
+    assert_same_results(*both)
 
 
 def hicache_radix(pool: PoolSpec, host_blocks: int, write_policy: str) -> RadixPolicy:
