@@ -15,10 +15,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.base import ChildSpec, OutOfKVMemory
-from policies.hybrid.jenga_pages import quotas
+from policies.hybrid.jenga_pages import (
+    NamedHoldings,
+    SmallPageAllocator,
+    TypeHoldings,
+    TypePages,
+    WholeHoldings,
+    quotas,
+)
 from sim.config import validate_experiment
 from sim.hardware.jenga_capacity import JengaCapacity, JengaGroupSpec, jenga_kv_capacity
-from sim.hardware.layers import FullAttention, SlidingWindow
+from sim.hardware.layers import FullAttention, Mamba2State, SlidingWindow
 from sim.kv.jenga import JengaCoordinator
 from sim.runner import run_experiment
 from tests.test_hybrid_runs import BREAKDOWN, refused_with
@@ -42,7 +49,16 @@ def tiny(large_pages: int = 4, prefill_tokens: int = 64) -> JengaCoordinator:
 
 
 def pages(kv: JengaCoordinator, seq_id: int) -> list[list[int]]:
-    return [list(group[seq_id]) for group in kv.pages]
+    return [list(named(holdings).held[seq_id]) for holdings in kv.holdings]
+
+
+def named(holdings: TypeHoldings) -> NamedHoldings:
+    assert isinstance(holdings, NamedHoldings), "these tests' types have several small pages a large one"
+    return holdings
+
+
+def allocators(kv: JengaCoordinator) -> list[SmallPageAllocator]:
+    return [named(holdings).allocator for holdings in kv.holdings]
 
 
 def entries(kv: JengaCoordinator) -> list[tuple[int, ...]]:
@@ -57,15 +73,20 @@ def check_identity(kv: JengaCoordinator) -> None:
     for allocator, values in zip(kv.allocators, groups, strict=False):
         assert sum(values) == allocator.held_large * kv.large_slots
         assert min(values) >= 0
-        assert sum(allocator.free_count.values()) == allocator.free_small
     assert groups[-1][5] == kv.large_pages.free * kv.large_slots
     assert sum(kv.breakdown_values()) == kv.pool_slots
     held = sum(allocator.held_large for allocator in kv.allocators)
     assert held + kv.large_pages.free == kv.capacity.num_blocks
-    for manager, table, allocator in zip(kv.managers, kv.pages, kv.allocators, strict=True):
-        for seq_id, held_pages in table.items():
+    for manager, holdings in zip(kv.managers, kv.holdings, strict=True):
+        for seq_id in kv._requests:
             first, end = manager.held_blocks(seq_id)
-            assert len(held_pages) == end - first
+            assert holdings.held_count(seq_id) == end - first
+        if isinstance(holdings, WholeHoldings):  # (whole pages: counts, every held one a sequence's)
+            assert holdings.pages.free_small == 0
+            assert sum(holdings.held.values()) == holdings.pages.held_large
+            continue
+        table, allocator = named(holdings).held, named(holdings).allocator
+        assert sum(allocator.free_count.values()) == allocator.free_small
         # Every small page of a large page the type holds is held by one sequence or free, never both.
         held_ids = [page for pages in table.values() for page in pages]
         free_ids = [page for pages in allocator.preferred.values() for page in pages] + list(
@@ -112,7 +133,7 @@ def test_admit_grow_past_the_window_share_and_free_by_hand():
     kv.grow(1, 4)
     assert pages(kv, 1) == [[0, 1, 2, 9], [3, 4, 5]]
     assert kv.large_pages.free == 0
-    assert kv.allocators[1].preferred[kv._requests[1]] == {2: None}
+    assert allocators(kv)[1].preferred[kv._requests[1]] == {2: None}
     # Full: 2 large pages; used 13 x 2, reserved (16 - 13) x 2, small pages 10 and 11 free (16 slots).
     # Sliding: blocks 1-3 hold tokens 4..12 (9 x 3), reserved 3 x 3, small page 2 free (12).
     assert entries(kv) == [(26, 6, 0, 16, 0, 0), (27, 9, 0, 12, 0, 0), (0, 0, 0, 0, 0, 0)]
@@ -130,8 +151,9 @@ def test_admit_grow_past_the_window_share_and_free_by_hand():
     # Sliding: large page 2 (4, 5) goes back; large page 1 keeps B's 2 (3 is free again).
     kv.free(1)
     assert list(kv.large_pages.free_ids) == [0, 2]
-    assert kv.allocators[0].free_count == {3: 2} and kv.allocators[1].free_count == {1: 1}
-    assert kv.allocators[0].unowned == {9: None, 11: None}  # A's, whose request is gone
+    full, sliding = allocators(kv)
+    assert full.free_count == {3: 2} and sliding.free_count == {1: 1}
+    assert full.unowned == {9: None, 11: None}  # A's, whose request is gone
     assert entries(kv) == [(8, 0, 0, 16, 0, 0), (12, 0, 0, 12, 0, 0), (0, 0, 0, 0, 0, 48)]
     check_identity(kv)
     kv.free(2)
@@ -151,13 +173,14 @@ def test_unowned_small_pages_go_to_the_request_that_takes_one():
     kv.admit(2, prompt(4), 8, 9)
     assert pages(kv, 2) == [[7], [1]]
     kv.free(1)  # full 6 and 8 (large page 2, B holds 7) and sliding 0 (large page 0) are nobody's
-    assert kv.allocators[0].unowned == {8: None, 6: None} and kv.allocators[1].unowned == {0: None}
+    full, sliding = allocators(kv)
+    assert full.unowned == {8: None, 6: None} and sliding.unowned == {0: None}
     # C (prompt 4, final 12): least 0 + 0 again. Full takes 8 from the unowned list, and its sibling 6
     # becomes C's own; sliding takes 0.
     kv.admit(3, prompt(4), 12, 9)
     assert pages(kv, 3) == [[8], [0]]
     request = kv._requests[3]
-    assert kv.allocators[0].owner[2] == request and kv.allocators[0].preferred[request] == {6: None}
+    assert full.owner[2] == request and full.preferred[request] == {6: None}
     # C to 8 tokens: a block more in each. Sliding has no free small page: most 1 + 1 > 1, least
     # 0 + 1; full takes its own 6, sliding carves the last large page, 1 (small pages 2, 3).
     kv.grow(3, 4)
@@ -217,6 +240,78 @@ def test_the_identity_holds_per_group_and_in_total_under_random_operations(opera
         except OutOfKVMemory:
             pass
         check_identity(kv)
+
+
+def _named_everywhere(capacity: JengaCapacity, names: list[str]) -> JengaCoordinator:
+    """The same coordinator with every type's pages kept by id, whole ones too: the reference the
+    counted whole pages must agree with."""
+
+    class Named(JengaCoordinator):
+        def _type_pages(self, ratio: int) -> TypePages:
+            holdings = NamedHoldings(SmallPageAllocator(self.large_pages, ratio))
+            self.holdings.append(holdings)
+            return holdings.pages
+
+    return Named(capacity, names, 8)
+
+
+def _whole_page_capacities() -> list[tuple[JengaCapacity, list[str]]]:
+    """Two types whose small pages are whole large pages (equal layer counts, as gpt-oss's), and a
+    Mamba state of a whole large page beside full attention of two small pages a large page."""
+    equal = (JengaGroupSpec(FullAttention(), 2, 8, 1, 16), JengaGroupSpec(SlidingWindow(8), 2, 8, 1, 4))
+    state = Mamba2State(8, 1, 2, 4, 16, 4)
+    mixed = (JengaGroupSpec(state, 1, 16, 1, 1), JengaGroupSpec(FullAttention(), 2, 8, 2, 16))
+    return [
+        (JengaCapacity("equal", 64, 4, 8, equal, 12, 1, 8 * 12, 8), ["full", "sliding"]),
+        (JengaCapacity("mixed", 64, 4, 16, mixed, 8, 1, 16 * 8, 16), ["mamba2", "full"]),
+    ]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from([0, 1]),
+    st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40), st.integers(0, 30)), max_size=60),
+)
+def test_whole_pages_kept_as_counts_agree_with_pages_kept_by_id(which, operations):
+    """A type whose small page is a whole large page keeps counts (``WholeHoldings``): every breakdown,
+    fit and refusal equals the same operations over pages kept by id."""
+    capacity, names = _whole_page_capacities()[which]
+    counted, named_kv = JengaCoordinator(capacity, names, 8), _named_everywhere(capacity, names)
+    assert any(isinstance(h, WholeHoldings) for h in counted.holdings)
+    assert not any(isinstance(h, WholeHoldings) for h in named_kv.holdings)
+    live: dict[int, int] = {}
+    for kind, a, b in operations:
+        outcomes = []
+        for kv in (counted, named_kv):
+            try:
+                if kind == 0:
+                    seq_id = min(set(range(len(live) + 1)) - set(live))
+                    outcomes.append(kv.can_admit(prompt(a), min(64, a + b + 1)))
+                    kv.admit(seq_id, prompt(a), min(64, a + b + 1), 9)
+                elif kind == 1 and live:
+                    seq_id = sorted(live)[a % len(live)]
+                    tokens = min(1 + b, live[seq_id] - kv.seq_len(seq_id))
+                    if tokens:
+                        outcomes.append(kv.fits_growth([seq_id], tokens))
+                        kv.grow(seq_id, tokens)
+                elif kind == 2 and live:
+                    grow = [seq_id for seq_id in sorted(live) if kv.seq_len(seq_id) < live[seq_id]]
+                    if grow and kv.fits_growth(grow, 1):
+                        kv.grow_each(grow, [1] * len(grow))
+                elif kind == 3 and live:
+                    kv.free(sorted(live)[a % len(live)])
+                outcomes.append("done")
+            except OutOfKVMemory:
+                outcomes.append("refused")
+            outcomes.append(kv.group_breakdown_values())
+            outcomes.append(kv.available_slots())
+        assert outcomes[: len(outcomes) // 2] == outcomes[len(outcomes) // 2 :]
+        if kind == 0 and outcomes[1] == "done":
+            live[min(set(range(len(live) + 1)) - set(live))] = min(64, a + b + 1)
+        elif kind == 3 and live:
+            del live[sorted(live)[a % len(live)]]
+        check_identity(counted)
+        check_identity(named_kv)
 
 
 # -- sizing ---------------------------------------------------------------------------------------------

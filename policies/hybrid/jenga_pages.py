@@ -48,38 +48,65 @@ def quotas(free_large: int, needs: Sequence[tuple[int, int, int]]) -> list[int] 
 
 
 class LargePagePool:
-    """The large pages no type holds (``LargeBlockIDAllocator``): handed out oldest-freed first."""
+    """The large pages no type holds (``LargeBlockIDAllocator``): a count, and the ids not held by a
+    type that names its pages, handed out oldest-freed first. A type of whole small pages takes and
+    gives back by count (:class:`WholePages`): its pages need no ids, so the ids left here are only
+    ever at least as many as the free pages."""
 
     def __init__(self, num_pages: int):
         if num_pages <= 0:
             raise PolicyInputError(f"a large-page pool needs pages, got {num_pages}")
         self.num_pages = num_pages
+        self.free = num_pages
         self.free_ids: deque[int] = deque(range(num_pages))
 
-    @property
-    def free(self) -> int:
-        return len(self.free_ids)
-
     def take(self) -> int:
+        assert self.free > 0, "a large page the caller checked was free"
+        self.free -= 1
         return self.free_ids.popleft()
 
     def give_back(self, page: int) -> None:
+        self.free += 1
         self.free_ids.append(page)
 
+    def take_count(self, count: int) -> None:
+        assert count <= self.free, "large pages the caller checked were free"
+        self.free -= count
 
-class SmallPageAllocator:
-    """One layer type's small pages over the shared large pages (``SmallBlockIDAllocator``)."""
+    def give_back_count(self, count: int) -> None:
+        self.free += count
+
+
+class TypePages:
+    """What a coordinator reads of one layer type's small pages, however they are kept."""
 
     def __init__(self, large_pages: LargePagePool, ratio: int):
         if ratio <= 0:
             raise PolicyInputError(f"a large page holds a positive number of small pages, got {ratio}")
         self.large_pages = large_pages
         self.ratio = ratio
+        self.free_small = 0  # small pages of the type's large pages that no sequence holds
+
+    @property
+    def held_large(self) -> int:
+        raise NotImplementedError
+
+    def add_request(self, seq_id: int) -> None:
+        raise NotImplementedError
+
+    def remove_request(self, seq_id: int) -> None:
+        raise NotImplementedError
+
+
+class SmallPageAllocator(TypePages):
+    """One layer type's small pages over the shared large pages (``SmallBlockIDAllocator``)."""
+
+    def __init__(self, large_pages: LargePagePool, ratio: int):
+        super().__init__(large_pages, ratio)
         self.free_count: dict[int, int] = {}  # large page held by this type -> its free small pages
         self.owner: dict[int, int] = {}  # large page -> the request it prefers (it may be gone)
         self.preferred: dict[int, dict[int, None]] = {}  # live request -> its free small pages, in order
         self.unowned: dict[int, None] = {}  # free small pages whose large page's request is gone
-        self.free_small = 0
 
     @property
     def held_large(self) -> int:
@@ -241,6 +268,122 @@ class SmallPageAllocator:
                 free_small += count
                 own += count if mine else 0
         return returned, free_small, own
+
+
+class WholePages(TypePages):
+    """A type whose small page is a whole large page (``ratio`` 1), without a prefix cache: no page
+    of it is ever free inside the type, and which large page a sequence holds changes nothing (none
+    has siblings to keep together), so it keeps counts, not ids."""
+
+    def __init__(self, large_pages: LargePagePool):
+        super().__init__(large_pages, 1)
+        self.held = 0
+
+    @property
+    def held_large(self) -> int:
+        return self.held
+
+    def add_request(self, seq_id: int) -> None:
+        return None  # (no page is ever a request's preferred one)
+
+    def remove_request(self, seq_id: int) -> None:
+        return None
+
+    def take(self, count: int) -> None:
+        self.large_pages.take_count(count)
+        self.held += count
+
+    def give_back(self, count: int) -> None:
+        self.large_pages.give_back_count(count)
+        self.held -= count
+
+
+class TypeHoldings:
+    """One type's small pages as each sequence holds them, oldest first (a window or a chunk gives
+    back from the front), for a coordinator without prefix caching (with it, the managers' block
+    tables hold the pages: ``policies/hybrid/jenga_cache.py``)."""
+
+    def __init__(self, pages: TypePages):
+        self.pages = pages
+
+    def hold(self, seq_id: int, request: int, needed: int, quota: int) -> None:
+        """``needed`` more small pages for ``seq_id`` (the allocators' ``request``), at most ``quota``
+        of them from new large pages; the caller checked that they fit."""
+        raise NotImplementedError
+
+    def release_oldest(self, seq_id: int, count: int) -> None:
+        raise NotImplementedError
+
+    def release_all(self, seq_id: int) -> None:
+        raise NotImplementedError
+
+    def after_release_oldest(self, seq_id: int, request: int, count: int) -> tuple[int, int]:
+        """What giving back ``seq_id``'s ``count`` oldest pages would do, changing nothing: ``(large
+        pages given back, free small pages of the type after)``."""
+        raise NotImplementedError
+
+    def held_count(self, seq_id: int) -> int:
+        raise NotImplementedError
+
+
+class NamedHoldings(TypeHoldings):
+    """Small pages by id, over Jenga's small-page allocator (a type with ``ratio`` > 1, or any type
+    when a test wants the ids)."""
+
+    def __init__(self, allocator: SmallPageAllocator):
+        super().__init__(allocator)
+        self.allocator = allocator
+        self.held: dict[int, deque[int]] = {}
+
+    def hold(self, seq_id: int, request: int, needed: int, quota: int) -> None:
+        pages = self.allocator.allocate(request, needed, quota)
+        held = self.held.get(seq_id)
+        if held is None:
+            self.held[seq_id] = deque(pages)
+        else:
+            held.extend(pages)
+
+    def release_oldest(self, seq_id: int, count: int) -> None:
+        held = self.held[seq_id]
+        self.allocator.release([held.popleft() for _ in range(count)])
+
+    def release_all(self, seq_id: int) -> None:
+        self.allocator.release(self.held.pop(seq_id))
+
+    def after_release_oldest(self, seq_id: int, request: int, count: int) -> tuple[int, int]:
+        held = self.held[seq_id]
+        returned, free_small, _ = self.allocator.after_release(request, [held[i] for i in range(count)])
+        return returned, free_small
+
+    def held_count(self, seq_id: int) -> int:
+        return len(self.held[seq_id])
+
+
+class WholeHoldings(TypeHoldings):
+    """Counts of whole large pages (:class:`WholePages`): what a sequence holds is how many."""
+
+    def __init__(self, pages: WholePages):
+        super().__init__(pages)
+        self.whole = pages
+        self.held: dict[int, int] = {}
+
+    def hold(self, seq_id: int, request: int, needed: int, quota: int) -> None:
+        assert quota == needed, "a whole page has no free small pages: its quota is what it needs"
+        self.whole.take(needed)
+        self.held[seq_id] = self.held.get(seq_id, 0) + needed
+
+    def release_oldest(self, seq_id: int, count: int) -> None:
+        self.held[seq_id] -= count
+        self.whole.give_back(count)
+
+    def release_all(self, seq_id: int) -> None:
+        self.whole.give_back(self.held.pop(seq_id))
+
+    def after_release_oldest(self, seq_id: int, request: int, count: int) -> tuple[int, int]:
+        return count, 0
+
+    def held_count(self, seq_id: int) -> int:
+        return self.held[seq_id]
 
 
 def _pop_first(pages: dict[int, None], count: int) -> list[int]:

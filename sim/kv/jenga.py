@@ -28,7 +28,6 @@ large pages, and with the free large pages the groups sum to the pool at every i
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -37,7 +36,16 @@ from mypy_extensions import mypyc_attr
 from policies.base import NO_HIT, ChildSpec, MemoryBreakdown, OutOfKVMemory, PolicyStats, PoolSpec, PrefixHit
 from policies.hybrid.block_pool import SharedBlockPool
 from policies.hybrid.group import GroupManager, GroupSequence
-from policies.hybrid.jenga_pages import LargePagePool, SmallPageAllocator, quotas
+from policies.hybrid.jenga_pages import (
+    LargePagePool,
+    NamedHoldings,
+    SmallPageAllocator,
+    TypeHoldings,
+    TypePages,
+    WholeHoldings,
+    WholePages,
+    quotas,
+)
 from sim.hardware.jenga_capacity import JengaCapacity
 from sim.hardware.layers import FullAttention
 from sim.kv.allocators import group_manager  # (each layer kind's rules, as vllm-hybrid builds them)
@@ -62,22 +70,21 @@ class JengaCoordinator(KVCoordinator):
         self.large_pages = LargePagePool(capacity.num_blocks)
         self.large_slots = capacity.large_page_slots
         self.managers: list[GroupManager] = []
-        self.allocators: list[SmallPageAllocator] = []
+        self.allocators: list[TypePages] = []
+        self.holdings: list[TypeHoldings] = []  # per group, its sequences' pages (not with prefix caching)
         self.page_slots: list[int] = []  # slots of one small page, per group
         self.holds: list[bool] = []
-        self.pages: list[dict[int, deque[int]]] = []  # per group: sequence -> its held small pages
         groups = []
         for name, group in zip(names, capacity.groups, strict=True):
             slots = capacity.small_page_slots(group)
             most = capacity.num_blocks * group.ratio  # (what one type could ever hold)
             spec = PoolSpec(most * block_size, block_size, capacity.max_model_len, capacity.slot_bytes)
-            allocator = SmallPageAllocator(self.large_pages, group.ratio)
+            allocator = self._type_pages(group.ratio)
             manager = group_manager(group.kind, spec, self._type_pool(allocator), prefill_tokens)
             self.managers.append(manager)
             self.allocators.append(allocator)
             self.page_slots.append(slots)
             self.holds.append(group.holds_tokens)
-            self.pages.append({})
             groups.append(KVGroup(name, manager, capacity.slot_bytes))
         self.groups = tuple(groups)
         self.pool_slots = capacity.num_blocks * self.large_slots
@@ -96,7 +103,18 @@ class JengaCoordinator(KVCoordinator):
         self._requests: dict[int, int] = {}  # sequence -> the allocators' request id
         self._next_request = 0
 
-    def _type_pool(self, allocator: SmallPageAllocator) -> SharedBlockPool:
+    def _type_pages(self, ratio: int) -> TypePages:
+        """A type's small pages, and how its sequences hold them: by count when a small page is a whole
+        large page (no id of it is ever read), else by id."""
+        holdings: TypeHoldings
+        if ratio == 1:
+            holdings = WholeHoldings(WholePages(self.large_pages))
+        else:
+            holdings = NamedHoldings(SmallPageAllocator(self.large_pages, ratio))
+        self.holdings.append(holdings)
+        return holdings.pages
+
+    def _type_pool(self, allocator: TypePages) -> SharedBlockPool:
         """The block pool a type's manager keeps its runs over: here only a count (this coordinator
         gives each held position a small page); with prefix caching, the pages themselves
         (``sim/kv/jenga_prefix.py``)."""
@@ -159,8 +177,8 @@ class JengaCoordinator(KVCoordinator):
         )
         assert quota is not None, "a new request that was checked to fit"
         request = self._new_request(seq_id)
-        for group, (allocator, needed) in enumerate(zip(allocators, needs, strict=True)):
-            self.pages[group][seq_id] = deque(allocator.allocate(request, needed, quota[group]))
+        for holdings, needed, taken in zip(self.holdings, needs, quota, strict=True):
+            holdings.hold(seq_id, request, needed, taken)
 
     def _new_request(self, seq_id: int) -> int:
         """The allocators' id of a new sequence. (An id never used before: a large page remembers the
@@ -209,13 +227,12 @@ class JengaCoordinator(KVCoordinator):
         free_large = self.large_pages.free
         request = self._requests[seq_id]
         needs = []
-        for group, allocator in enumerate(self.allocators):
+        for group, holdings in enumerate(self.holdings):
             seq, _, first, end = plans[group][index]
             released, taken = moves(seq, first, end)
-            held = self.pages[group][seq_id]
-            returned, free_small, _ = allocator.after_release(request, [held[i] for i in range(released)])
+            returned, free_small = holdings.after_release_oldest(seq_id, request, released)
             free_large += returned
-            needs.append((taken, allocator.ratio, free_small))
+            needs.append((taken, holdings.pages.ratio, free_small))
         return quotas(free_large, needs)
 
     def _many_fit(self, plans: list[list[tuple]]) -> bool:
@@ -270,24 +287,23 @@ class JengaCoordinator(KVCoordinator):
         back before any type takes new ones (vLLM frees skipped blocks before allocating)."""
         request = self._requests[seq_id]
         taken = []
-        for group, allocator in enumerate(self.allocators):
+        for group, holdings in enumerate(self.holdings):
             seq, _, first, end = plans[group][index]
             released, new = moves(seq, first, end)
             taken.append(new)
             if released:
-                held = self.pages[group][seq_id]
-                allocator.release([held.popleft() for _ in range(released)])
-        for group, allocator in enumerate(self.allocators):
-            if taken[group]:
-                self.pages[group][seq_id].extend(allocator.allocate(request, taken[group], quota[group]))
+                holdings.release_oldest(seq_id, released)
+        for holdings, new, pages in zip(self.holdings, taken, quota, strict=True):
+            if new:
+                holdings.hold(seq_id, request, new, pages)
 
     def free(self, seq_id: int, finished: bool = True) -> None:
         for manager in self.managers:
             manager.free(seq_id, finished)  # (the first checks the sequence)
         request = self._requests.pop(seq_id)
-        for group, allocator in enumerate(self.allocators):
-            allocator.release(self.pages[group].pop(seq_id))
-            allocator.remove_request(request)
+        for holdings in self.holdings:
+            holdings.release_all(seq_id)
+            holdings.pages.remove_request(request)
 
     def growth_room(self, seq_id: int) -> int:
         return min(manager.growth_room(seq_id) for manager in self.managers)

@@ -61,7 +61,7 @@ from collections.abc import Callable, Sequence
 from policies.base import NO_HIT, ChildSpec, PolicyInputError, PolicyStats, PrefixHit
 from policies.hybrid.group import GroupManager
 from policies.hybrid.jenga_cache import SKIPPED_AGE, EvictionClock, JengaPageCache, LargePageEvictor
-from policies.hybrid.jenga_pages import SmallPageAllocator, quotas
+from policies.hybrid.jenga_pages import SmallPageAllocator, TypePages, quotas
 from policies.hybrid.prefix_pool import NO_BLOCK
 from policies.prefix import ContentChains
 from sim.hardware.jenga_capacity import JengaCapacity
@@ -93,7 +93,12 @@ class JengaPrefixCoordinator(JengaCoordinator):
     def follow_steps(self, steps: Callable[[], int]) -> None:
         self.clock.steps = steps
 
-    def _type_pool(self, allocator: SmallPageAllocator) -> JengaPageCache:
+    def _type_pages(self, ratio: int) -> TypePages:
+        """Pages by id for every type, whole ones too: a cached page is found by its id."""
+        return SmallPageAllocator(self.large_pages, ratio)
+
+    def _type_pool(self, allocator: TypePages) -> JengaPageCache:
+        assert isinstance(allocator, SmallPageAllocator), "_type_pages() names every page"
         cache = JengaPageCache(allocator, self.block_size, self.chains, self.clock, self.evictor)
         self.caches.append(cache)
         return cache
