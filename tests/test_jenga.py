@@ -75,6 +75,8 @@ def check_identity(kv: JengaCoordinator) -> None:
         assert min(values) >= 0
     assert groups[-1][5] == kv.large_pages.free * kv.large_slots
     assert sum(kv.breakdown_values()) == kv.pool_slots
+    used, reserved, internal, _, _, _ = kv.breakdown_values()
+    assert kv.sharing_slots() == (used + reserved + internal,) * 2  # (read from the identity)
     held = sum(allocator.held_large for allocator in kv.allocators)
     assert held + kv.large_pages.free == kv.capacity.num_blocks
     for manager, holdings in zip(kv.managers, kv.holdings, strict=True):

@@ -224,16 +224,24 @@ class JengaCoordinator(KVCoordinator):
     def _one_fits(self, seq_id: int, plans: list[list[tuple]], index: int) -> list[int] | None:
         """The quota of growing the ``index``-th planned sequence, its released blocks freed first,
         exactly as the allocators stand now; None when it does not fit."""
-        free_large = self.large_pages.free
+        return self._one_quota(seq_id, plans, index)[0]
+
+    def _one_quota(
+        self, seq_id: int, plans: list[list[tuple]], index: int
+    ) -> tuple[list[int] | None, list[tuple[int, int]]]:
+        """:meth:`_one_fits`, and per type the ``(blocks released, blocks taken)`` of that growth."""
+        free_large = self._free_large()
         request = self._requests[seq_id]
-        needs = []
+        moved: list[tuple[int, int]] = []
+        needs: list[tuple[int, int, int]] = []
         for group, holdings in enumerate(self.holdings):
             seq, _, first, end = plans[group][index]
             released, taken = moves(seq, first, end)
             returned, free_small = holdings.after_release_oldest(seq_id, request, released)
             free_large += returned
+            moved.append((released, taken))
             needs.append((taken, holdings.pages.ratio, free_small))
-        return quotas(free_large, needs)
+        return quotas(free_large, needs), moved
 
     def _many_fit(self, plans: list[list[tuple]]) -> bool:
         """Will several sequences' growth fit, whatever each one's quota takes? (Module docstring.)"""
@@ -256,22 +264,16 @@ class JengaCoordinator(KVCoordinator):
 
     def grow_each(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
         plans = self._plans(seq_ids, num_tokens)
-        if len(seq_ids) == 1:
-            # One sequence (a flush, nearly always): the quota that says it fits is the one it takes.
-            quota = self._one_fits(seq_ids[0], plans, 0)
-            if quota is None:
-                self._refuse_growth(seq_ids, plans)
-            self._take_pages(seq_ids[0], plans, 0, quota)
-        elif not self._many_fit(plans):
+        if len(seq_ids) > 1 and not self._many_fit(plans):
             self._refuse_growth(seq_ids, plans)
-        else:
-            for index, seq_id in enumerate(seq_ids):
-                quota = self._one_fits(seq_id, plans, index)  # (as the sequences before it left the pages)
-                assert quota is not None, "a growth that was checked to fit"
-                self._take_pages(seq_id, plans, index, quota)
+        nets = [0] * len(self.managers)  # blocks each type's runs gain, net
+        for index, seq_id in enumerate(seq_ids):
+            # (One sequence, nearly always, from a flush: the quota that says it fits is the one it
+            # takes. Several were checked together; each takes its quota as those before it left the
+            # pages.)
+            self._take_pages(seq_id, plans, index, nets)
         rooms: list[int] | None = None
-        for manager, plan in zip(self.managers, plans, strict=True):
-            net = sum((end - first) - (seq.end_block - seq.first_block) for seq, _, first, end in plan)
+        for manager, plan, net in zip(self.managers, plans, nets, strict=True):
             manager.shared_pool.adjust(net)
             more = manager.commit_growth(plan)
             rooms = more if rooms is None else [min(a, b) for a, b in zip(rooms, more, strict=True)]
@@ -282,20 +284,22 @@ class JengaCoordinator(KVCoordinator):
         needs = [sum(moves(seq, first, end)[1] for seq, _, first, end in plan) for plan in plans]
         self._refuse(f"growing sequences {list(seq_ids)}", needs)
 
-    def _take_pages(self, seq_id: int, plans: list[list[tuple]], index: int, quota: list[int]) -> None:
-        """The pages of the ``index``-th planned sequence's growth: every type's released pages go
-        back before any type takes new ones (vLLM frees skipped blocks before allocating)."""
-        request = self._requests[seq_id]
-        taken = []
-        for group, holdings in enumerate(self.holdings):
-            seq, _, first, end = plans[group][index]
-            released, new = moves(seq, first, end)
-            taken.append(new)
+    def _take_pages(self, seq_id: int, plans: list[list[tuple]], index: int, nets: list[int]) -> None:
+        """The pages of the ``index``-th planned sequence's growth, within the quota Jenga's rule gives
+        it as the pages stand (refused when there is none): every type's released pages go back
+        before any type takes new ones (vLLM frees skipped blocks before allocating). Adds each type's
+        net to ``nets``."""
+        quota, moved = self._one_quota(seq_id, plans, index)
+        if quota is None:
+            self._refuse_growth([seq_id], [[plan[index]] for plan in plans])
+        for group, (released, taken) in enumerate(moved):
+            nets[group] += taken - released
+        for holdings, (released, _) in zip(self.holdings, moved, strict=True):
             if released:
                 holdings.release_oldest(seq_id, released)
-        for holdings, new, pages in zip(self.holdings, taken, quota, strict=True):
-            if new:
-                holdings.hold(seq_id, request, new, pages)
+        for holdings, (_, taken), pages in zip(self.holdings, moved, quota, strict=True):
+            if taken:
+                holdings.hold(seq_id, self._requests[seq_id], taken, pages)
 
     def free(self, seq_id: int, finished: bool = True) -> None:
         for manager in self.managers:
@@ -366,8 +370,13 @@ class JengaCoordinator(KVCoordinator):
         }
 
     def sharing_slots(self) -> tuple[int, int]:
-        used, reserved, internal, _, _, _ = self.breakdown_values()
-        return used + reserved + internal, used + reserved + internal
+        # Per type used + reserved + internal = its large pages less its free small pages (the
+        # accounting identity), so no walk over the sequences' runs; nothing is shared.
+        held = sum(
+            a.held_large * self.large_slots - a.free_small * slots
+            for a, slots in zip(self.allocators, self.page_slots, strict=True)
+        )
+        return held, held
 
     def host_breakdown_values(self) -> tuple[int, int]:
         return 0, 0
