@@ -89,6 +89,7 @@ class MambaRadixTree(TwoPoolRadixTree[MambaNode]):
         self.full_tokens = 0
         self.states = 0
         self.full_locked = 0
+        self.full_shared = 0
         self.states_locked = 0
         self._next_node_id = 1
 
@@ -164,9 +165,7 @@ class MambaRadixTree(TwoPoolRadixTree[MambaNode]):
                 self.states_locked += 1
             node.mamba_lock_ref += 1
         while node is not self.root:
-            if node.full_lock_ref == 0:
-                self.full_locked += node.length
-            node.full_lock_ref += 1
+            self._lock_full(node)
             assert node.parent is not None
             node = node.parent
 
@@ -177,9 +176,7 @@ class MambaRadixTree(TwoPoolRadixTree[MambaNode]):
             if node.mamba_lock_ref == 0:
                 self.states_locked -= 1
         while node is not self.root:
-            node.full_lock_ref -= 1
-            if node.full_lock_ref == 0:
-                self.full_locked -= node.length
+            self._unlock_full(node)
             assert node.parent is not None
             node = node.parent
 

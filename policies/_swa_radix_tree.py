@@ -101,6 +101,7 @@ class SWARadixTree(TwoPoolRadixTree[SWANode]):
         self.full_tokens = 0
         self.swa_tokens = 0
         self.full_locked = 0
+        self.full_shared = 0
         self.swa_locked = 0
         self._next_node_id = 1
         self._next_uuid = NO_UUID + 1
@@ -187,9 +188,7 @@ class SWARadixTree(TwoPoolRadixTree[SWANode]):
         the SWA tokens it covers."""
         covered, uuid = 0, NO_UUID
         while node is not self.root:
-            if node.full_lock_ref == 0:
-                self.full_locked += node.length
-            node.full_lock_ref += 1
+            self._lock_full(node)
             if covered < self.window:
                 assert not node.swa_tombstone, "a lock's window reaches a tombstone"
                 if node.swa_lock_ref == 0:
@@ -209,9 +208,7 @@ class SWARadixTree(TwoPoolRadixTree[SWANode]):
         """``dec_lock_ref``: the full lock up to the root, the SWA lock up to the node ``uuid`` names."""
         in_window = True
         while node is not self.root:
-            node.full_lock_ref -= 1
-            if node.full_lock_ref == 0:
-                self.full_locked -= node.length
+            self._unlock_full(node)
             if in_window:
                 node.swa_lock_ref -= 1
                 if node.swa_lock_ref == 0:

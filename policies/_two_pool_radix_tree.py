@@ -108,6 +108,25 @@ class TwoPoolRadixTree(RadixKeys, Generic[TwoPoolNodeT]):
     root: TwoPoolNodeT
     full_lru: LRUList[TwoPoolNodeT]
     full_tokens: int
+    full_locked: int  # full slots of nodes a lock holds
+    full_shared: int  # full slots of nodes two or more locks hold (running requests share them)
+
+    def _lock_full(self, node: TwoPoolNodeT) -> None:
+        """One more lock on ``node``'s full slots (a split keeps both counts: its halves keep the locks)."""
+        locks = node.full_lock_ref
+        if locks == 0:
+            self.full_locked += node.length
+        elif locks == 1:
+            self.full_shared += node.length
+        node.full_lock_ref = locks + 1
+
+    def _unlock_full(self, node: TwoPoolNodeT) -> None:
+        locks = node.full_lock_ref - 1
+        node.full_lock_ref = locks
+        if locks == 0:
+            self.full_locked -= node.length
+        elif locks == 1:
+            self.full_shared -= node.length
 
     def _is_tombstone(self, node: TwoPoolNodeT) -> bool:
         raise NotImplementedError

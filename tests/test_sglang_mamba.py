@@ -146,6 +146,7 @@ def check_tree(tree: MambaRadixTree) -> None:
     every = nodes(tree)
     assert tree.full_tokens == sum(node.length for node in every)
     assert tree.full_locked == sum(node.length for node in every if node.full_lock_ref)
+    assert tree.full_shared == sum(node.length for node in every if node.full_lock_ref >= 2)
     assert tree.states == sum(node.has_state for node in every)
     assert tree.states_locked == sum(1 for node in every if node.has_state and node.mamba_lock_ref)
     assert all(node.has_state for node in every if not node.children)

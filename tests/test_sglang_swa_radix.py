@@ -50,6 +50,7 @@ def check_tree(tree: SWARadixTree) -> None:
     assert tree.full_tokens == sum(n.length for n in every)
     assert tree.swa_tokens == sum(n.length for n in every if not n.swa_tombstone)
     assert tree.full_locked == sum(n.length for n in every if n.full_lock_ref)
+    assert tree.full_shared == sum(n.length for n in every if n.full_lock_ref >= 2)
     assert tree.swa_locked == sum(n.length for n in every if n.swa_lock_ref)
     assert len(tree.full_lru) == len(every) and all(n in tree.full_lru for n in every)
     assert len(tree.swa_lru) == sum(not n.swa_tombstone for n in every)

@@ -187,10 +187,48 @@ def test_a_hybrid_pool_reports_what_its_full_attention_group_shares():
 
 @pytest.mark.python_sources  # a bare instance of the interface: compiled, it cannot be made
 def test_pools_that_do_not_track_sharing_report_none():
-    # SGLang's split pools and Jenga's pages: no credit (docs/architecture.md, "Still to do").
     from sim.kv.interface import KVCoordinator
 
     assert KVCoordinator.token_sharing(object.__new__(KVCoordinator)) == (0, 0)
+
+
+def test_sglangs_split_pools_report_the_tree_paths_running_requests_share():
+    """SGLang's SWA radix cache (window 4, pages of one token) and its Mamba radix cache: A's 10-token
+    prompt enters the tree and A locks it; B's prompt is those 10 tokens and 3 more: its match (the
+    prompt less its last token) is A's 10, which B locks too. The full pool's 10 tokens of that path
+    are shared and read twice: 10 re-read, 10 shared. A third holder re-reads them once more; the
+    Mamba states and the window's slots are each request's own (not counted)."""
+    from tests.test_sglang_mamba import coordinator as mamba_coordinator
+    from tests.test_sglang_swa_radix import coordinator as swa_coordinator
+
+    for kv in (swa_coordinator(4), mamba_coordinator(full=100, mamba=12)):
+        assert kv.may_share() and kv.token_sharing() == (0, 0)
+        kv.admit(1, ((1, 10),), 20, 101)
+        assert kv.token_sharing() == (0, 0)  # one holder
+        kv.admit(2, ((1, 10), (2, 3)), 20, 102)
+        assert kv.token_sharing() == (10, 10)
+        kv.admit(3, ((1, 10), (3, 3)), 20, 103)
+        assert kv.token_sharing() == (20, 10)
+        kv.free(1)
+        kv.free(2)
+        assert kv.token_sharing() == (0, 0)
+    assert not mamba_coordinator(radix=False).may_share()
+
+
+def test_jengas_prefix_cache_reports_what_its_full_attention_pages_share():
+    """Jenga's prefix caching over tests/test_jenga_prefix.py's two types (blocks of 4): A and B send
+    a 12-token system prompt and one token of their own; B hits A's 3 full pages in both types. The
+    full-attention type holds them once for two: 12 tokens re-read, 12 shared (the window's pages are
+    not what a step reads whole)."""
+    from tests.test_jenga_prefix import tiny
+
+    kv = tiny(large_pages=8)
+    assert kv.may_share() and kv.token_sharing() == (0, 0)
+    kv.admit(1, ((1, 12), (2, 1)), 20, 101)
+    assert kv.admit(2, ((1, 12), (3, 1)), 20, 102) == 12
+    assert kv.token_sharing() == (12, 12)
+    kv.free(1)
+    assert kv.token_sharing() == (0, 0)
 
 
 # ------------------------------------------------------------------------------- runs
@@ -317,3 +355,62 @@ def test_kvsim_gpus_shows_each_presets_cache():
         name: str(mib) for name, mib in L2_CACHE_MIB.items()
     }
     assert rows["H100-80GB"][column] == "50" and rows["MI300X-192GB"][column] == "256"
+
+
+def _hybrid_pools(name: str):
+    """A fresh pool of each hybrid prefix cache that shares what its full-attention layers hold
+    (max_model_len 160 or less, pages of one token or blocks of 4)."""
+    from tests.test_jenga_prefix import tiny
+    from tests.test_sglang_mamba import coordinator as mamba_coordinator
+    from tests.test_sglang_swa_radix import coordinator as swa_coordinator
+
+    return {
+        "sglang-swa-radix": lambda: swa_coordinator(8, full=600, swa=300),
+        "sglang-mamba-radix": lambda: mamba_coordinator(full=600, mamba=40),
+        "jenga-prefix": lambda: tiny(large_pages=60),
+    }[name]()
+
+
+@pytest.mark.parametrize("name", ["sglang-swa-radix", "sglang-mamba-radix", "jenga-prefix"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_hybrid_prefix_caches_get_the_credit_in_both_step_modes_alike(name, seed):
+    """Requests of which half share a system prompt, on each hybrid prefix cache: event skipping
+    equals single stepping with the credit on, and the credit is there (without a cache the requests
+    finish later in sum)."""
+    from sim.engine.core import Engine
+    from sim.engine.knobs import EngineKnobs
+
+    import numpy as np
+
+    from tests.engine_helpers import request
+
+    rng = np.random.default_rng(seed)
+    requests = [  # (short enough for the tiny Jenga pool's 64 tokens)
+        request(
+            i,
+            0.05 * i,
+            0,
+            int(rng.integers(5, 30)),
+            prompt=((1, 12),) * bool(rng.random() < 0.6) + ((100 + i, int(rng.integers(1, 9))),),
+        )
+        for i in range(40)
+    ]
+    block_size = 4 if name == "jenga-prefix" else 1
+
+    def run_pool(mode: str, cached: float) -> Engine:
+        engine = Engine(
+            _hybrid_pools(name),
+            CachedRoundCosts(cached=cached),
+            EngineKnobs(max_model_len=64, step_mode=mode),
+            iter(requests),
+            block_size=block_size,
+        )
+        engine.run()
+        return engine
+
+    skip = run_pool("skip", 24)
+    assert_same_results(run_pool("single", 24), skip)
+    assert skip.kv.token_sharing() == (0, 0)  # (all gone)
+    uncached = run_pool("skip", 0)
+    assert all(r.outcome == "finished" for r in skip.records + uncached.records)
+    assert sum(r.finish_s for r in uncached.records) > sum(r.finish_s for r in skip.records)

@@ -57,8 +57,8 @@ class SharedReads:
 def shared_reads_for(kv: KVCoordinator, cached_tokens_per_layer: float) -> SharedReads | None:
     """The credit, where the cost model gives one (a datasheet model on a GPU whose cache is known)
     and the pool can share (a prefix cache, forks sharing blocks; not plain paging or contiguous
-    reservations, whose steps then pay nothing for asking). A coordinator that does not track what
-    its full-attention layers share reports nothing (SGLang's split pools, Jenga's pages)."""
+    reservations, whose steps then pay nothing for asking; nor Jenga's pages without its prefix
+    cache, SGLang's pools without the radix cache)."""
     if cached_tokens_per_layer <= 0 or not kv.may_share():
         return None
     return SharedReads(kv, cached_tokens_per_layer)

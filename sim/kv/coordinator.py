@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from policies.base import KVCachePolicy, PolicyInputError
 from policies.hybrid.group import GroupManager
 from sim.kv.interface import Breakdown, KVCoordinator, KVGroup
-from sim.kv.multi_group import MultiGroupCoordinator, longest_common_hit
+from sim.kv.multi_group import MultiGroupCoordinator, group_token_sharing, longest_common_hit
 from sim.kv.single_group import SingleGroupCoordinator
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "KVGroup",
     "MultiGroupCoordinator",
     "SingleGroupCoordinator",
+    "group_token_sharing",
     "longest_common_hit",
     "make_coordinator",
 ]

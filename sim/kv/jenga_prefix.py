@@ -65,7 +65,7 @@ from policies.hybrid.jenga_pages import SmallPageAllocator, TypePages, quotas
 from policies.hybrid.prefix_pool import NO_BLOCK
 from policies.prefix import ContentChains
 from sim.hardware.jenga_capacity import JengaCapacity
-from sim.kv.coordinator import longest_common_hit
+from sim.kv.coordinator import group_token_sharing, longest_common_hit
 from sim.kv.jenga import JengaCoordinator, moves
 from token_content import TokenContent, content_length
 
@@ -272,6 +272,14 @@ class JengaPrefixCoordinator(JengaCoordinator):
             values += [cached * weight, 0]
         values += [0, 0, 0, 0, 0, self.large_pages.free * self.large_slots]
         return tuple(values)
+
+    def may_share(self) -> bool:
+        return self._hit_order[0].kind == "full"
+
+    def token_sharing(self) -> tuple[int, int]:
+        # (In tokens: a type's manager counts one slot per token of its layers.)
+        full = self._hit_order[0]
+        return group_token_sharing(full if full.kind == "full" else None)
 
     def sharing_slots(self) -> tuple[int, int]:
         physical = logical = 0

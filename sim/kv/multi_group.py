@@ -23,7 +23,7 @@ from policies.hybrid.group import GroupManager
 from sim.kv.interface import Breakdown, KVCoordinator, KVGroup
 from token_content import TokenContent, content_length, validate_content
 
-__all__ = ["MultiGroupCoordinator", "longest_common_hit"]
+__all__ = ["MultiGroupCoordinator", "group_token_sharing", "longest_common_hit"]
 
 
 class _SharedPool:
@@ -392,13 +392,7 @@ class MultiGroupCoordinator(KVCoordinator):
         return self._full_attention is not None and self._full_attention.tables is not None
 
     def token_sharing(self) -> tuple[int, int]:
-        # Every full-attention group holds the same token positions of the same sequences: the first
-        # one says what they all share (a pool's other kinds share windows or states, not read here).
-        full = self._full_attention
-        if full is None:
-            return 0, 0
-        physical, logical = full.sharing_slots()
-        return logical - physical, full.shared_slots()
+        return group_token_sharing(self._full_attention)
 
     def sharing_slots(self) -> tuple[int, int]:
         physical = logical = 0
@@ -443,6 +437,17 @@ class MultiGroupCoordinator(KVCoordinator):
     @property
     def host_tier(self) -> HostPool | None:
         return None
+
+
+def group_token_sharing(full: GroupManager | None) -> tuple[int, int]:
+    """``KVCoordinator.token_sharing`` of a pool of KV groups: every full-attention group holds the
+    same token positions of the same sequences, so the first one (``full``; None: the pool has none)
+    says what they all share (the other kinds share windows or states, which a step does not read
+    whole)."""
+    if full is None:
+        return 0, 0
+    physical, logical = full.sharing_slots()
+    return logical - physical, full.shared_slots()
 
 
 def longest_common_hit(groups: Sequence[GroupManager], prompt: TokenContent, namespace: int) -> int:

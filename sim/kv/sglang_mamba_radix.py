@@ -372,6 +372,9 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
         """The two pools; a Mamba slot holds no token."""
         return tuple(group.name for group in self.groups), (True, False)
 
+    def may_share(self) -> bool:
+        return self.radix  # (without the radix cache nothing is shared: no tree path is locked)
+
     def sharing_slots(self) -> tuple[int, int]:
         tree, own, running = self.tree, self._own, len(self.sequences)
         physical = tree.full_locked + own.slots + tree.states_locked + running

@@ -64,6 +64,9 @@ class TreeSequence(Protocol):
 
 
 class _Tree(Protocol):
+    full_locked: int
+    full_shared: int
+
     def longest_match(self, key: Key, namespace: int) -> Any: ...
 
     def match_prefix(self, key: Key, namespace: int) -> tuple[Any, int]: ...
@@ -87,6 +90,7 @@ class SGLangTreeCoordinator(KVCoordinator):
     page_slots: tuple[int, int]
     sequences: dict[int, Any]
     _stats: PolicyStats
+    _tree_held: int  # tree tokens the sequences hold (their locked paths), counted once per sequence
 
     def _part(self, index: int) -> Callable[[], Breakdown]:
         return lambda: self.pool_breakdown(index)
@@ -94,6 +98,16 @@ class SGLangTreeCoordinator(KVCoordinator):
     def _pages(self, tokens: int) -> int:
         """Slots of the whole pages holding ``tokens`` tokens."""
         return -(-tokens // self.page_size) * self.page_size
+
+    # -- what a decode step reads once ---------------------------------------------------------------
+    def may_share(self) -> bool:
+        return True
+
+    def token_sharing(self) -> tuple[int, int]:
+        """The full-attention pool's (a sliding window or a Mamba state is a sequence's own): paths of
+        the tree that several running sequences lock are read once. A sequence's own tokens past its
+        path are its alone."""
+        return self._tree_held - self.tree.full_locked, self.tree.full_shared
 
     # -- prefix hits ------------------------------------------------------------------------------
     def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
