@@ -377,11 +377,10 @@ def test_hybrid_prefix_caches_get_the_credit_in_both_step_modes_alike(name, seed
     """Requests of which half share a system prompt, on each hybrid prefix cache: event skipping
     equals single stepping with the credit on, and the credit is there (without a cache the requests
     finish later in sum)."""
-    from sim.engine.core import Engine
-    from sim.engine.knobs import EngineKnobs
-
     import numpy as np
 
+    from sim.engine.core import Engine
+    from sim.engine.knobs import EngineKnobs
     from tests.engine_helpers import request
 
     rng = np.random.default_rng(seed)
