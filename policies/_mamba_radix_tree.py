@@ -64,6 +64,9 @@ class MambaMatch:
     length: int
     full_unlocked: int = 0
     state_unlocked: int = 0
+    kv_length: int = 0
+    """The tokens the tree holds of the key, states or not (SGLang's full-KV match: past ``length``
+    where the deepest state comes before the key leaves the tree)."""
 
 
 def _sentinel(node_id: int) -> MambaNode:
@@ -107,11 +110,13 @@ class MambaRadixTree(TwoPoolRadixTree[MambaNode]):
         node, rest = self.root, key
         path: list[MambaNode] = []
         best = 0  # path entries served
+        walked = 0
         while rest:
             child = node.children.get(self.child_key(namespace, rest))
             if child is None:
                 break
             length = self.matched_length(child.key, rest)
+            walked += length
             if length < child.length:
                 break  # (a split's upper half has no state: it cannot end the hit)
             path.append(child)
@@ -121,7 +126,7 @@ class MambaRadixTree(TwoPoolRadixTree[MambaNode]):
         served = path[:best]
         full_unlocked = sum(item.length for item in served if item.full_lock_ref == 0)
         state_unlocked = 1 if served and served[-1].mamba_lock_ref == 0 else 0
-        return MambaMatch(sum(item.length for item in served), full_unlocked, state_unlocked)
+        return MambaMatch(sum(item.length for item in served), full_unlocked, state_unlocked, walked)
 
     def match_prefix(self, key: Key, namespace: int) -> tuple[MambaNode, int]:
         """SGLang's ``match_prefix``: the deepest node with a state on ``key``'s longest prefix (the root

@@ -19,7 +19,7 @@ from policies.base import ChildSpec, OutOfKVMemory
 from sim.config import validate_experiment
 from sim.hardware.sglang_mamba_capacity import sglang_mamba_kv_capacity
 from sim.kv.allocators import SGLangMambaLayout, sglang_hybrid_layout
-from sim.kv.sglang_mamba_radix import MambaRadixCoordinator
+from sim.kv.sglang_mamba_radix import MambaRadixCoordinator, MambaTracking
 from sim.kv.sglang_tree import prompt_key
 from sim.runner import prepare_experiment
 from tests.test_hybrid_runs import BREAKDOWN, refused_with, run
@@ -90,6 +90,33 @@ def test_qwen3_next_pools_by_hand_with_a_set_mamba_pool_and_ratio():
             "option page_size 16: SGLang's Mamba radix cache runs pages",
         ),
         ({"max_mamba_cache_size": 2, "radix_cache": True}, "no request can run (3 Mamba slots per running"),
+        (
+            {"max_mamba_cache_size": 4, "radix_cache": True, "mamba_scheduler_strategy": "extra_buffer"},
+            "no request can run (5 Mamba slots per running",
+        ),
+        ({"mamba_scheduler_strategy": "auto"}, "option mamba_scheduler_strategy must be one of no_buffer"),
+        (
+            {"mamba_scheduler_strategy": "extra_buffer"},
+            "option mamba_scheduler_strategy extra_buffer tracks the states SGLang's Mamba radix cache keeps",
+        ),
+        ({"mamba_track_interval": 128}, "option mamba_track_interval sets the extra-buffer strategy's"),
+        (
+            {"radix_cache": True, "mamba_scheduler_strategy": "extra_buffer", "page_size": 48},
+            "option mamba_track_interval 256 must be a multiple of option page_size 48",
+        ),
+        (
+            {
+                "radix_cache": True,
+                "mamba_scheduler_strategy": "extra_buffer",
+                "page_size": 96,
+                "mamba_track_interval": 192,
+            },
+            "option page_size 96: the extra-buffer strategy needs a page that divides 64 tokens",
+        ),
+        (
+            {"radix_cache": True, "mamba_scheduler_strategy": "extra_buffer", "mamba_track_interval": 0},
+            "option mamba_track_interval must be a positive integer, got 0",
+        ),
     ],
 )
 def test_bad_pool_options_are_refused_naming_the_option(options, message):
@@ -326,9 +353,9 @@ def test_a_fork_counts_the_slot_of_the_parent_s_state_cached_first():
 PROMPTS = [((1, 6),), ((1, 4), (2, 5)), ((1, 6), (3, 2)), ((4, 3),), ((1, 2), (5, 7))]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
-    radix=st.booleans(),
+    radix=st.sampled_from(["off", "no_buffer", "extra_buffer"]),
     chunk=st.sampled_from([3, 100]),
     operations=st.lists(
         st.tuples(
@@ -340,7 +367,14 @@ PROMPTS = [((1, 6),), ((1, 4), (2, 5)), ((1, 6), (3, 2)), ((4, 3),), ((1, 2), (5
     ),
 )
 def test_random_operations_keep_each_pool_whole(radix, chunk, operations):
-    kv = coordinator(full=30, mamba=5, radix=radix, chunk=chunk, page=1 if radix else 2)
+    """Both pools stay whole, with the radix cache or without, and with the extra buffer (states kept
+    at multiples of 2 tokens in a chunk and of 4 while decoding, pages of 2; a request holds 3 slots)."""
+    if radix == "extra_buffer":
+        kv = MambaRadixCoordinator(
+            30, 8, 2, 100, chunk + chunk % 2, (1, 1), ("full", "mamba2"), tracking=MambaTracking(2, 2, 4)
+        )
+    else:
+        kv = coordinator(full=30, mamba=5, radix=radix != "off", chunk=chunk, page=2 if radix == "off" else 1)
     next_id = 0
     for operation, index, amount in operations:
         live = list(kv.sequences)
@@ -371,6 +405,119 @@ def test_random_operations_keep_each_pool_whole(radix, chunk, operations):
     assert kv.tree.full_locked == kv.tree.states_locked == 0
     full, mamba = pools(kv)
     assert full[0] == mamba[0] == 0
+
+
+# -- the extra-buffer strategy (--mamba-scheduler-strategy extra_buffer) -------------------------------
+def test_the_extra_buffer_strategy_caps_the_running_requests_at_a_fifth_of_the_mamba_pool():
+    """Nemotron-H-8B, 3e9 B of KV: 13 Mamba slots (test_nemotron_h_pools_by_hand). A running request
+    holds its state and two tracking buffers, and the tree keeps two states while it prefills: 13 // 5
+    = 2 running requests, against 13 // 3 = 4 without the buffers. The pools do not change. Its states
+    are kept at multiples of the model's Mamba2 scan chunk (its config's 128; FLA's 64 for a gated
+    delta net, Qwen3-Next) and, while decoding, of 256 tokens; pages above one token are allowed."""
+    options = {"max_model_len": 8192, "radix_cache": True}
+    plain = sglang_mamba_kv_capacity(NEMOTRON, 3_000_000_000, **options)
+    extra = sglang_mamba_kv_capacity(
+        NEMOTRON, 3_000_000_000, mamba_scheduler_strategy="extra_buffer", **options
+    )
+    assert (plain.max_running_requests, extra.max_running_requests) == (4, 2)
+    assert (extra.mamba_slots, extra.full_tokens) == (plain.mamba_slots, plain.full_tokens) == (13, 102_063)
+    assert (extra.strategy, extra.cache_chunk, extra.track_interval) == ("extra_buffer", 128, 256)
+    assert (plain.strategy, plain.cache_chunk, plain.track_interval) == ("no_buffer", 0, 0)
+    qwen = sglang_mamba_kv_capacity(
+        "Qwen3-Next-80B-A3B", 40 * 2**30, mamba_scheduler_strategy="extra_buffer", page_size=16, **options
+    )
+    assert (qwen.cache_chunk, qwen.page_size) == (64, 16)
+    layout = sglang_hybrid_layout(
+        NEMOTRON, 3_000_000_000, max_model_len=8192, prefill_tokens=2048, prefix_caching=True,
+        mamba_scheduler_strategy="extra_buffer", mamba_track_interval=512,
+    )  # fmt: skip
+    kv = layout.make_coordinator()
+    assert isinstance(kv, MambaRadixCoordinator)
+    assert (kv.own_states, kv.tracking) == (3, MambaTracking(2, 128, 512))
+
+
+def buffered(mamba: int = 20) -> MambaRadixCoordinator:
+    """Prefill chunks of 128 tokens, states kept at multiples of 64 in a chunk and of 256 while
+    decoding, pages of one token, a roomy full pool."""
+    tracking = MambaTracking(2, 64, 256)
+    return MambaRadixCoordinator(
+        2000, mamba, 1, 1000, 128, (1, 1), ("full", "mamba2"), radix=True, tracking=tracking
+    )
+
+
+def test_the_extra_buffer_keeps_states_only_where_it_tracked_them_by_hand():
+    """A: a 200-token prompt, 100 output tokens. Chunks [0, 128) and [128, 200): states tracked at
+    0 + 2 x 64 = 128 and 128 + 1 x 64 = 192 enter the tree (no_buffer: at each chunk's end, 128 and
+    200); A holds its state and two buffers (3 slots) and locks 192. Its admission needed 3 + 1 + 1 =
+    5 Mamba slots. Finishing at 300 tokens (SGLang's committed KV: 299), its decoding reached 256:
+    [192, 256) enters the tree with that state; its KV past 256 is freed, not cached."""
+    kv = buffered()
+    kv.admit(1, ((1, 200),), 300, 101)
+    assert [node.length for node in sorted(nodes(kv.tree), key=lambda n: n.key)] == [128, 64]
+    assert kv.tree.states == 2 and kv.sequences[1].tree_len == 192
+    # Mamba: used = the locked state and A's 3 slots, cached = the state at 128, free 20 - 2 - 3.
+    assert pools(kv)[1] == (4, 0, 0, 0, 1, 15)
+    assert pools(kv)[0][0] == 200  # (the tree's 192 tokens locked and A's own 8)
+    kv.grow(1, 100)
+    kv.free(1)
+    assert (kv.tree.full_tokens, kv.tree.states) == (256, 3)
+    assert pools(kv)[1] == (0, 0, 0, 0, 3, 17)
+    check_tree(kv.tree)
+
+    # B: A's first 250 tokens (its prompt and 50 of its output), then 50 of its own; 10 output. The
+    # tree holds 250 of B's key, its deepest state is at 192: a hit of 192, and the branching point
+    # 250 // 64 x 64 = 192 is not past it. One chunk [192, 300): the state at 192 + 64 = 256 enters
+    # the tree, splitting A's [192, 256) at 250 (the upper half has no state). Needs 3 + 1 slots.
+    b_prompt = ((1, 200), (101, 50), (3, 50))
+    assert kv.can_admit(b_prompt, 310)
+    assert kv.admit(2, b_prompt, 310, 102) == 192
+    assert kv.sequences[2].tree_len == 256 and kv.tree.states == 4
+    kv.grow(2, 10)
+    kv.free(2)  # decoding to 309 committed reached no multiple of 256 past its prompt: nothing enters
+    assert (kv.tree.full_tokens, kv.tree.states) == (262, 4)
+
+    # C: 50 tokens, no hit: one chunk shorter than 64 tracks nothing, and nothing enters the tree.
+    kv.admit(3, ((5, 50),), 70, 103)
+    assert kv.sequences[3].tree_len == 0 and kv.tree.states == 4
+    kv.grow(3, 20)
+    kv.free(3)
+    assert (kv.tree.full_tokens, kv.tree.states) == (262, 4)
+    full, mamba = pools(kv)
+    assert full[0] == mamba[0] == 0
+
+
+def test_a_prompt_that_leaves_the_tree_past_its_deepest_state_tracks_the_branching_point():
+    """A's 400-token prompt in chunks of 128 leaves states at 128, 256, 384 (each chunk's last
+    multiple of 64). B shares its first 330 tokens: the tree holds 330 of B's key, the deepest state
+    on it is at 256 (a hit of 256), and B leaves the tree at 330: branching 330 // 64 x 64 = 320. B's
+    one chunk [256, 400) tracks 320 instead of 256 + 2 x 64 = 384, so the next prompt with that
+    branch hits at 320."""
+    kv = buffered()
+    kv.admit(1, ((1, 400),), 410, 101)
+    assert kv.tree.states == 3
+    kv.free(1, finished=False)
+    b_prompt = ((1, 330), (2, 70))
+    assert kv.admit(2, b_prompt, 410, 102) == 256
+    assert kv.sequences[2].tree_len == 320
+    kv.free(2, finished=False)
+    assert kv.admit(3, ((1, 330), (2, 10)), 400, 103) == 320
+
+
+def test_a_refused_admission_under_the_extra_buffer_counts_its_buffers():
+    """A Mamba pool of 6 slots: A (a 200-token prompt) holds 3 and leaves two states in the tree, one
+    locked; B (no hit) needs 3 + 1 + 1 = 5 of the 6 - 3 - 1 = 2 free or evictable: refused, nothing
+    changed. Once A is gone (its states evictable), B fits."""
+    kv = buffered(mamba=6)
+    kv.admit(1, ((1, 200),), 210, 101)
+    before = pools(kv)
+    assert not kv.can_admit(((2, 200),), 210)
+    with pytest.raises(OutOfKVMemory, match="needs 5 Mamba slots of the Mamba pool, 2 available"):
+        kv.admit(2, ((2, 200),), 210, 102)
+    assert pools(kv) == before
+    kv.free(1, finished=False)
+    assert kv.can_admit(((2, 200),), 210)
+    kv.admit(2, ((2, 200),), 210, 102)
+    pools(kv)
 
 
 # -- runs -----------------------------------------------------------------------------------------------
@@ -423,6 +570,28 @@ def test_nemotron_h_runs_with_and_without_the_radix_cache_and_both_pools_stay_wh
         assert (series[BREAKDOWN] >= 0).all().all()
 
 
+def test_the_extra_buffer_runs_pages_of_16_beside_the_default_and_both_pools_stay_whole(tmp_path):
+    """The same stream with SGLang's default strategy (pages of one token) and with the extra buffer
+    in pages of 16: two running requests (13 // 5) against four, states kept at multiples of
+    Nemotron-H's 128-token scan chunk, hits on the shared system prompts in both."""
+    extra = {
+        **ON,
+        "name": "extra",
+        "options": {"mamba_scheduler_strategy": "extra_buffer", "page_size": 16},
+    }
+    raw = shared_prefix_config([ON, extra])
+    prepared = prepare_experiment(validate_experiment(raw), tmp_path / "c.yaml")
+    assert [variant.hybrid.max_running_requests for variant in prepared.variants] == [4, 2]
+    results = run(raw, tmp_path)
+    for name in ("on", "extra"):
+        summary = results[name].summary
+        assert summary["requests_finished"] == 60 and summary["prefix_cache_hit_rate"] > 0.2
+        series = pd.read_parquet(tmp_path / "out" / name / "timeseries.parquet")
+        assert (series[BREAKDOWN].sum(axis=1) == summary["kv_pool_tokens"]).all()
+        assert (series[BREAKDOWN] >= 0).all().all()
+    assert results["extra"].summary["peak_running"] <= 2
+
+
 @pytest.mark.parametrize(
     ("model", "options", "caching", "message"),
     [
@@ -433,6 +602,24 @@ def test_nemotron_h_runs_with_and_without_the_radix_cache_and_both_pools_stay_wh
             "variants.0.policy: sglang-hybrid: option swa_full_tokens_ratio",
         ),
         (NEMOTRON, {"page_size": 16}, True, "variants.0.policy: sglang-hybrid: option page_size 16"),
+        (
+            NEMOTRON,
+            {"mamba_scheduler_strategy": "extra_buffer"},
+            False,
+            "variants.0.policy: sglang-hybrid: option mamba_scheduler_strategy extra_buffer tracks",
+        ),
+        (
+            NEMOTRON,
+            {"mamba_scheduler_strategy": "extra_buffer", "page_size": 96, "mamba_track_interval": 192},
+            True,
+            "option page_size 96: the extra-buffer strategy needs a page that divides 64",
+        ),
+        (
+            "gpt-oss-20b",
+            {"mamba_scheduler_strategy": "extra_buffer"},
+            True,
+            "option mamba_scheduler_strategy sizes SGLang's Mamba",
+        ),
         (
             NEMOTRON,
             {"mamba_full_memory_ratio": -1},

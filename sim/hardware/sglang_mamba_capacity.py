@@ -21,6 +21,20 @@ How SGLang sizes them (``python/sglang/srt/model_executor/model_runner_kv_cache_
    (``calculate_mamba_ratio``: 1 with ``--disable-radix-cache``, 3 with the radix cache, whose tree
    keeps states of its own), below SGLang's default ``min(max(int(max_total_num_tokens / context_len x
    512), 2048), 4096)``. kvsim takes the lesser of that and ``engine.max_num_seqs``.
+5. ``--mamba-scheduler-strategy`` (option ``mamba_scheduler_strategy``): ``no_buffer`` (kvsim's
+   default) or ``extra_buffer``, which needs the radix cache: each running request holds two tracking
+   buffers besides its state (``mamba_ping_pong_track_buffer_size`` 2 without speculative decoding),
+   so the ratio of step 4 is 3 + 2 = 5; the pools do not change. Its states are kept at multiples of
+   ``mamba_cache_chunk_size`` (the model's Mamba2 ``mamba_chunk_size``, else the FLA kernels' 64, at
+   least a page) in a prefill chunk and of ``mamba_track_interval`` (option, 256) while decoding;
+   pages above one token are allowed (``page_size`` dividing 64 or a multiple of it, the interval a
+   whole number of pages). Read at sgl-project/sglang 64bca5315f59ae6b7e57cf4d8a13180f0e7e518f
+   (2026-02-19: ``server_args.py``, ``_handle_mamba_radix_cache``, ``mamba_cache_chunk_size``;
+   ``init_memory_pool``'s ``MAMBA_CACHE_V2_ADDITIONAL_RATIO_*``; ``memory_pool.py``'s
+   ``HybridReqToTokenPool``). Since 8905cbd (2026-07-20: sgl-project/sglang#28151) SGLang's ``auto``
+   picks ``extra_buffer`` for Qwen3-Next, Qwen3.5, Nemotron-H and other supported models whenever
+   the overlap scheduler is on (its default) or pages are above one token; kvsim keeps
+   ``no_buffer`` unless the option says otherwise, so set ``extra_buffer`` to model a current server.
 
 Read at sgl-project/sglang commit 001ccef0072a4537d4ec6bdd50a73e6feb2c907d
 (``model_runner_kv_cache_mixin.py``) and 02e208ded6769bd3332cbdc6cf0da939f541514f
@@ -28,8 +42,8 @@ Read at sgl-project/sglang commit 001ccef0072a4537d4ec6bdd50a73e6feb2c907d
 ``mamba_ssm_dtype = "float32"``) from the public code index. No code is copied. kvsim's available KV
 bytes (:func:`sim.hardware.capacity.size_kv_pool`) stand for SGLang's ``rest_memory``. Not modelled:
 the one padding slot every pool keeps past its size (in the start-up lines' bytes only), the
-extra-buffer strategy (``--mamba-scheduler-strategy extra_buffer``: ratio 3 + 1 or 2), speculative
-decoding's intermediate states, ``--max-running-requests`` sizing the Mamba pool when the radix cache
+extra-buffer strategy's single buffer (speculative decoding, or no overlap scheduler in newer SGLang:
+ratio 3 + 1) and ``extra_buffer_lazy``, speculative decoding's intermediate states, ``--max-running-requests`` sizing the Mamba pool when the radix cache
 is off (kvsim's ``max_num_seqs`` defaults to vLLM's 256, not SGLang's unset: set
 ``max_mamba_cache_size`` to reproduce it), ``--max-total-tokens``.
 """
@@ -44,6 +58,7 @@ from sim.hardware.layers import (
     ChunkedLocal,
     FullAttention,
     GatedDeltaNetState,
+    Mamba2State,
     MlpOnly,
     SlidingWindow,
     StateKind,
@@ -53,7 +68,9 @@ from sim.hardware.models import ModelSpec, resolve_model
 
 __all__ = [
     "DEFAULT_MAMBA_FULL_MEMORY_RATIO",
+    "DEFAULT_MAMBA_TRACK_INTERVAL",
     "MAMBA_CACHE_RATIO_RADIX",
+    "MAMBA_STRATEGIES",
     "SGLangMambaCapacity",
     "has_state_layers",
     "sglang_mamba_kv_capacity",
@@ -63,6 +80,14 @@ DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
 """``ServerArgs.mamba_full_memory_ratio``'s default."""
 MAMBA_CACHE_RATIO_RADIX = 3
 """``MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO``: Mamba slots per running request with the radix cache."""
+EXTRA_BUFFER_RATIO = 2
+"""``MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP``: the extra-buffer strategy's two tracking buffers."""
+MAMBA_STRATEGIES = ("no_buffer", "extra_buffer")
+"""``--mamba-scheduler-strategy``'s values kvsim runs (``auto`` is SGLang's choice between them)."""
+DEFAULT_MAMBA_TRACK_INTERVAL = 256
+"""``ServerArgs.mamba_track_interval``: decode positions whose state the extra-buffer strategy tracks."""
+FLA_CHUNK_SIZE = 64
+"""The FLA kernels' chunk (``layers/attention/fla/chunk_delta_h.py``): the least prefill caching step."""
 CONV_DTYPE_BYTES = 2  # (bfloat16: SGLANG_MAMBA_CONV_DTYPE's default)
 DEFAULT_SSM_DTYPE = "float32"
 SGLANG_SSM_DTYPES = ("float32", "bfloat16", "float16")  # (mamba2_state_dtype's dtype_map)
@@ -95,6 +120,12 @@ class SGLangMambaCapacity:
     """One request's SSM states over every state layer."""
     mamba_slots: int
     """``max_mamba_cache_size``: states the Mamba pool holds."""
+    strategy: str
+    """``--mamba-scheduler-strategy``: ``no_buffer`` or ``extra_buffer`` (module docstring, step 5)."""
+    track_interval: int
+    """``mamba_track_interval`` (extra-buffer): decode positions, multiples of it, whose state is kept."""
+    cache_chunk: int
+    """``mamba_cache_chunk_size`` (extra-buffer): prefill states are kept at multiples of it."""
     full_tokens: int
     """``max_total_num_tokens``: tokens the full-attention pool holds, page-aligned."""
     max_running_requests: int
@@ -207,6 +238,8 @@ def sglang_mamba_kv_capacity(
     page_size: int = 1,
     kv_cache_dtype: str = "auto",
     tensor_parallel_size: int = 1,
+    mamba_scheduler_strategy: str | None = None,
+    mamba_track_interval: int | None = None,
 ) -> SGLangMambaCapacity:
     """SGLang's full-attention and Mamba pool sizes from ``available_kv_bytes`` (module docstring: the
     steps); ``max_model_len`` stands for SGLang's ``context_len``. ``ValueError``, naming the option,
@@ -230,13 +263,17 @@ def sglang_mamba_kv_capacity(
             f"option mamba_ssm_dtype must be one of SGLang's 'float32', 'bfloat16', 'float16', "
             f"got {mamba_ssm_dtype!r}"
         )
-    if radix_cache and page_size != 1:
+    strategy = _strategy(mamba_scheduler_strategy, radix_cache)
+    track_interval = _track_interval(mamba_track_interval, strategy, page_size)
+    if radix_cache and page_size != 1 and strategy == "no_buffer":
         raise ValueError(
             f"option page_size {page_size}: SGLang's Mamba radix cache runs pages of one token "
-            '("Page size must be 1 for MambaRadixCache v1"); set page_size 1 or turn prefix caching off'
+            '("Page size must be 1 for MambaRadixCache v1") unless option mamba_scheduler_strategy is '
+            "extra_buffer; set page_size 1, that strategy, or turn prefix caching off"
         )
     spec.check_tensor_parallel(tensor_parallel_size)
     full_layers, states = _layers(spec)
+    cache_chunk = _cache_chunk(states, page_size) if strategy == "extra_buffer" else 0
     layer_bytes = spec.kv_bytes_per_token_per_layer(kv_cache_dtype, tensor_parallel_size)
     try:
         conv_bytes = sum(kind.conv_state_elements(tensor_parallel_size) * CONV_DTYPE_BYTES for kind in states)
@@ -260,7 +297,9 @@ def sglang_mamba_kv_capacity(
     max_total_num_tokens = max(0, int(rest * GIB)) // cell_size
     # init_memory: the running requests, capped by the Mamba pool, then the page rounding.
     default_reqs = min(max(int(max_total_num_tokens / max_model_len * 512), 2048), 4096)
-    mamba_ratio = MAMBA_CACHE_RATIO_RADIX if radix_cache else 1
+    mamba_ratio = 1
+    if radix_cache:
+        mamba_ratio = MAMBA_CACHE_RATIO_RADIX + (EXTRA_BUFFER_RATIO if strategy == "extra_buffer" else 0)
     max_running = min(default_reqs, mamba_slots // mamba_ratio)
     full_tokens = max_total_num_tokens // page_size * page_size
     if full_tokens <= 0 or max_running <= 0:
@@ -284,7 +323,61 @@ def sglang_mamba_kv_capacity(
         conv_state_bytes=conv_bytes,
         ssm_state_bytes=ssm_bytes,
         mamba_slots=mamba_slots,
+        strategy=strategy,
+        track_interval=track_interval,
+        cache_chunk=cache_chunk,
         full_tokens=full_tokens,
         max_running_requests=max_running,
         context_len=max_model_len,
     )
+
+
+def _strategy(value: str | None, radix_cache: bool) -> str:
+    """``mamba_scheduler_strategy``: ``no_buffer`` unless set; ``extra_buffer`` only with the radix
+    cache (it tracks the states the tree keeps; without the tree SGLang runs no buffer)."""
+    if value is None:
+        return "no_buffer"
+    if value not in MAMBA_STRATEGIES:
+        raise ValueError(
+            f"option mamba_scheduler_strategy must be one of {', '.join(MAMBA_STRATEGIES)}, got {value!r}"
+        )
+    if value == "extra_buffer" and not radix_cache:
+        raise ValueError(
+            "option mamba_scheduler_strategy extra_buffer tracks the states SGLang's Mamba radix cache keeps: "
+            "it needs engine.enable_prefix_caching: true"
+        )
+    return value
+
+
+def _track_interval(value: int | None, strategy: str, page_size: int) -> int:
+    """``mamba_track_interval``: the extra-buffer strategy's only, a whole number of pages (SGLang
+    asserts ``mamba_track_interval % page_size == 0``)."""
+    if value is not None and strategy != "extra_buffer":
+        raise ValueError(
+            "option mamba_track_interval sets the extra-buffer strategy's decode tracking; set option "
+            "mamba_scheduler_strategy: extra_buffer with it"
+        )
+    if strategy != "extra_buffer":
+        return 0
+    interval = (
+        DEFAULT_MAMBA_TRACK_INTERVAL
+        if value is None
+        else _check_positive_int("option mamba_track_interval", value)
+    )
+    if interval % page_size:
+        raise ValueError(
+            f"option mamba_track_interval {interval} must be a multiple of option page_size {page_size}"
+        )
+    if max(FLA_CHUNK_SIZE, page_size) % min(FLA_CHUNK_SIZE, page_size):
+        raise ValueError(
+            f"option page_size {page_size}: the extra-buffer strategy needs a page that divides "
+            f"{FLA_CHUNK_SIZE} tokens or is a multiple of it"
+        )
+    return interval
+
+
+def _cache_chunk(states: list[StateKind], page_size: int) -> int:
+    """``mamba_cache_chunk_size``: the model's Mamba2 scan chunk (its config's ``mamba_chunk_size``),
+    else the FLA kernels' 64, and at least a page."""
+    chunks = [kind.chunk_size for kind in states if isinstance(kind, Mamba2State) and kind.chunk_size]
+    return max(chunks[0] if chunks else FLA_CHUNK_SIZE, page_size)

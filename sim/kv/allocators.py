@@ -75,7 +75,7 @@ from sim.hardware.sglang_hybrid_capacity import (
 )
 from sim.hardware.sglang_mamba_capacity import SGLangMambaCapacity, has_state_layers, sglang_mamba_kv_capacity
 from sim.kv.coordinator import KVCoordinator, KVGroup, make_coordinator
-from sim.kv.sglang_mamba_radix import MambaRadixCoordinator
+from sim.kv.sglang_mamba_radix import MambaRadixCoordinator, MambaTracking
 from sim.kv.sglang_swa_radix import SWARadixCoordinator
 
 __all__ = [
@@ -104,6 +104,8 @@ _OPTIONS: dict[str, tuple[str, ...]] = {
         "mamba_full_memory_ratio",
         "max_mamba_cache_size",
         "mamba_ssm_dtype",
+        "mamba_scheduler_strategy",
+        "mamba_track_interval",
     ),
     "jenga": ("large_page_bytes",),
 }
@@ -436,6 +438,7 @@ class SGLangMambaLayout:
             capacity.full_tokens, capacity.mamba_slots, capacity.page_size, self.max_model_len,
             self.prefill_tokens, (capacity.cell_size, capacity.mamba_cache_per_req),
             (FullAttention().label, capacity.state_label), radix=self.prefix_caching,
+            tracking=MambaTracking.of(capacity),
         )  # fmt: skip
 
 
@@ -454,6 +457,8 @@ def sglang_hybrid_layout(
     mamba_full_memory_ratio: float | None = None,
     max_mamba_cache_size: int | None = None,
     mamba_ssm_dtype: str | None = None,
+    mamba_scheduler_strategy: str | None = None,
+    mamba_track_interval: int | None = None,
 ) -> SGLangHybridLayout | SGLangMambaLayout:
     """``sglang-hybrid``'s layout from the bytes left for KV: SGLang's SWA pools, or for a model with
     Mamba / linear-attention layers its full-attention and Mamba pools; ``ValueError`` (naming the
@@ -463,6 +468,8 @@ def sglang_hybrid_layout(
         "mamba_full_memory_ratio": mamba_full_memory_ratio,
         "max_mamba_cache_size": max_mamba_cache_size,
         "mamba_ssm_dtype": mamba_ssm_dtype,
+        "mamba_scheduler_strategy": mamba_scheduler_strategy,
+        "mamba_track_interval": mamba_track_interval,
     }
     if has_state_layers(spec):
         if swa_full_tokens_ratio is not None:
@@ -481,7 +488,14 @@ def sglang_hybrid_layout(
             mamba_full_memory_ratio=mamba_full_memory_ratio,
             max_mamba_cache_size=max_mamba_cache_size,
             mamba_ssm_dtype=mamba_ssm_dtype,
+            mamba_scheduler_strategy=mamba_scheduler_strategy,
+            mamba_track_interval=mamba_track_interval,
         )
+        if mamba.page_size > 1 and prefill_tokens < max_model_len and prefill_tokens % mamba.page_size:
+            raise ValueError(
+                f"option page_size {mamba.page_size}: a prefill chunk of {prefill_tokens} tokens "
+                "(engine.max_num_batched_tokens) must be whole pages (SGLang: chunked_prefill_size % page_size == 0)"
+            )
         return SGLangMambaLayout(mamba, max_model_len, prefill_tokens, prefix_caching)
     given = [name for name, value in mamba_options.items() if value is not None]
     if given:

@@ -50,9 +50,27 @@ never fill, **external** past the last whole page, **cached** the tree's evictab
 Mamba pool: **used** the running requests' own slots and the tree's states a lock holds, **cached**
 the tree's other states, **free** the rest. ``evictions`` counts full pages and states evicted.
 
-Left out: the extra-buffer strategy (``--mamba-scheduler-strategy extra_buffer``, page sizes above
-1 with the radix cache), the chunk boundaries SGLang's batch budget moves (kvsim's are fixed
-multiples of ``prefill_tokens`` past the hit), HiCache, speculative decoding's states.
+The extra-buffer strategy (option ``mamba_scheduler_strategy: extra_buffer``, :class:`MambaTracking`;
+read at sgl-project/sglang 64bca5315f59ae6b7e57cf4d8a13180f0e7e518f: ``HybridReqToTokenPool.alloc``,
+``ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend`` and ``prepare_for_decode``,
+``MambaRadixCache.cache_unfinished_req`` / ``cache_finished_req``): a running request holds two
+tracking buffers besides its state (3 Mamba slots), into which the kernels write the states the tree
+will keep, and pages may hold more than one token. In a prefill chunk of at least ``cache_chunk``
+tokens the state at its last multiple of ``cache_chunk`` past the chunk's start is tracked (or, when
+the prompt left a cached path past its deepest state, at that branching point rounded down to
+``cache_chunk``, if it falls inside the chunk on the grid), and ``cache_unfinished_req`` inserts the
+prompt up to it (a chunk that tracked nothing inserts nothing); while decoding, the state at every
+multiple of ``interval`` is tracked, and ``cache_finished_req`` inserts the sequence up to the last
+one (its committed KV: its tokens less the last sampled one), freeing its KV past it rather than
+caching it; a sequence that tracked nothing while decoding inserts nothing. So short prompts and
+outputs leave less in the tree, and a prompt that shares a branch of a cached path gets a state where
+it leaves it. A fork tracks no state (the children lock the parent's path; SGLang has no rule for
+forks here). Admission needs the request's 3 slots, one more for its first insertion and one for a
+second while the first is still locked.
+
+Left out: the chunk boundaries SGLang's batch budget moves (kvsim's are fixed multiples of
+``prefill_tokens`` past the hit), the Mamba slot SGLang takes when it matches a waiting request
+(kvsim takes it at admission), HiCache, speculative decoding's states.
 """
 
 from __future__ import annotations
@@ -71,15 +89,37 @@ from policies.base import (
     PoolSpec,
     PrefixHit,
 )
+from sim.hardware.sglang_mamba_capacity import EXTRA_BUFFER_RATIO, SGLangMambaCapacity
 from sim.kv.coordinator import Breakdown, KVGroup
 from sim.kv.pool_view import PoolView
 from sim.kv.sglang_tree import OwnSlots, SGLangTreeCoordinator, content_key, prompt_key, sequence_segments
 from token_content import Segment, TokenContent, content_length
 
-__all__ = ["MambaRadixCoordinator", "MambaSequence"]
+__all__ = ["NO_TRACKING", "MambaRadixCoordinator", "MambaSequence", "MambaTracking"]
 
 FULL, MAMBA = 0, 1
 _POOL_NAMES = ("full-attention pool", "Mamba pool")
+
+
+@dataclass(frozen=True)
+class MambaTracking:
+    """The extra-buffer strategy's tracking (``buffers`` 0: SGLang's default ``no_buffer``): each
+    running request holds ``buffers`` slots more, into which the states at multiples of
+    ``cache_chunk`` in a prefill chunk and of ``interval`` while decoding are written; only those
+    states enter the tree (module docstring)."""
+
+    buffers: int = 0
+    cache_chunk: int = 0
+    interval: int = 0
+
+    @staticmethod
+    def of(capacity: SGLangMambaCapacity) -> MambaTracking:
+        if capacity.strategy != "extra_buffer":
+            return NO_TRACKING
+        return MambaTracking(EXTRA_BUFFER_RATIO, capacity.cache_chunk, capacity.track_interval)
+
+
+NO_TRACKING = MambaTracking()
 
 
 @dataclass(eq=False, slots=True)
@@ -121,14 +161,24 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
         slot_bytes: tuple[int, int],
         names: tuple[str, str],
         radix: bool = True,
+        tracking: MambaTracking = NO_TRACKING,
     ):
         if full_tokens < page_size or mamba_slots < 1 or prefill_tokens < 1:
             raise PolicyInputError(
                 f"the full pool needs a page of {page_size} tokens ({full_tokens}), the Mamba pool a slot "
                 f"({mamba_slots}), a prefill chunk a token ({prefill_tokens})"
             )
-        if radix and page_size != 1:
+        if radix and page_size != 1 and not tracking.buffers:
             raise PolicyInputError(f"SGLang's Mamba radix cache runs pages of one token, got {page_size}")
+        if tracking.buffers and (
+            not radix or tracking.cache_chunk % page_size or tracking.interval % page_size
+        ):
+            raise PolicyInputError(
+                f"the extra-buffer strategy tracks whole pages of {page_size} tokens with the radix cache, "
+                f"got chunk {tracking.cache_chunk}, interval {tracking.interval}, radix cache {radix}"
+            )
+        self.tracking = tracking
+        self.own_states = 1 + tracking.buffers  # a running request's Mamba slots
         self.page_size = page_size
         self.max_model_len = max_model_len
         self.prefill_tokens = prefill_tokens
@@ -157,7 +207,7 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
     def _free(self, index: int) -> int:
         if index == FULL:
             return self.page_slots[FULL] - self.tree.full_tokens - self._own.slots
-        return self.page_slots[MAMBA] - self.tree.states - len(self.sequences)
+        return self.page_slots[MAMBA] - self.tree.states - len(self.sequences) * self.own_states
 
     def _room(self, index: int) -> int:
         """Free plus evictable slots of a pool (``_get_mamba_token_info``: available + evictable)."""
@@ -220,22 +270,49 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
         """Where ``cache_unfinished_req`` runs for a prompt prefilled from ``hit``: after each chunk."""
         return [*range(hit + self.prefill_tokens, prompt_len, self.prefill_tokens), prompt_len]
 
-    def _admission_needs(self, prompt_len: int, hit: int, state_unlocked: int) -> tuple[int, int]:
+    def _cache_points(self, hit: int, prompt_len: int, branching: int) -> list[int]:
+        """The lengths whose state the prefill puts into the tree: each chunk's end; with the extra
+        buffer, in each chunk of at least ``cache_chunk`` tokens its last multiple of it past the
+        chunk's start, or the branching point (``_mamba_radix_cache_v2_req_prepare_for_extend``)."""
+        ends = self._chunk_ends(hit, prompt_len)
+        chunk = self.tracking.cache_chunk
+        if not chunk:
+            return ends
+        points, start = [], hit
+        for end in ends:
+            if start < branching < end and (branching - start) % chunk == 0:
+                points.append(branching)
+            elif end - start >= chunk:
+                points.append(start + (end - start) // chunk * chunk)
+            start = end
+        return points
+
+    def _branching(self, kv_length: int, hit: int) -> int:
+        """Where a prompt leaves a cached path past its deepest state, in whole cache chunks (0: none)."""
+        chunk = self.tracking.cache_chunk
+        return kv_length // chunk * chunk if chunk and kv_length > hit else 0
+
+    def _admission_needs(
+        self, prompt_len: int, hit: int, state_unlocked: int, branching: int
+    ) -> tuple[int, int]:
         """Full slots and Mamba slots (free or evictable) an admission needs (module docstring)."""
         if not self.radix:
             return self._pages(prompt_len), 1
-        chunks = len(self._chunk_ends(hit, prompt_len))
-        return self._pages(prompt_len - hit), 2 if chunks == 1 else 3 - state_unlocked
+        inserts = len(self._cache_points(hit, prompt_len, branching))
+        mamba = self.own_states + min(inserts, 1) + (1 - state_unlocked if inserts >= 2 else 0)
+        return self._pages(prompt_len - hit), mamba
 
     # -- sequences --------------------------------------------------------------------------------
     def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
         prompt_len = content_length(prompt)
+        branching = 0
         if self.radix:
             match = self.tree.longest_match(prompt_key(prompt, prompt_len, self.page_size), 0)
             hit, full_unlocked, state_unlocked = match.length, match.full_unlocked, match.state_unlocked
+            branching = self._branching(match.kv_length, hit)
         else:
             hit = full_unlocked = state_unlocked = 0
-        needs = self._admission_needs(prompt_len, hit, state_unlocked)
+        needs = self._admission_needs(prompt_len, hit, state_unlocked, branching)
         return (
             needs[FULL] <= self._room(FULL) - full_unlocked
             and needs[MAMBA] <= self._room(MAMBA) - state_unlocked
@@ -246,11 +323,15 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
     ) -> int:
         prompt_len = self._check_new(seq_id, prompt, final_len)
         node, hit = self.tree.root, 0
-        full_unlocked = state_unlocked = 0
+        full_unlocked = state_unlocked = branching = 0
         if self.radix:
-            node, hit = self.tree.match_prefix(prompt_key(prompt, prompt_len, self.page_size), namespace)
+            key = prompt_key(prompt, prompt_len, self.page_size)
+            if self.tracking.buffers:  # (where the prompt leaves the tree, before the match splits it)
+                kv_length = self.tree.longest_match(key, namespace).kv_length
+            node, hit = self.tree.match_prefix(key, namespace)
             full_unlocked, state_unlocked = self.tree.unlocked_by_lock(node)
-        needs = self._admission_needs(prompt_len, hit, state_unlocked)
+            branching = self._branching(kv_length, hit) if self.tracking.buffers else 0
+        needs = self._admission_needs(prompt_len, hit, state_unlocked, branching)
         rooms = (self._room(FULL) - full_unlocked, self._room(MAMBA) - state_unlocked)
         if needs[FULL] > rooms[FULL] or needs[MAMBA] > rooms[MAMBA]:
             raise self._refuse(f"admitting sequence {seq_id}", needs, rooms, hit)
@@ -259,12 +340,12 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
             tree_len=hit, num_tokens=prompt_len,
         )  # fmt: skip
         self._lock(seq, node)
-        self._make_free(MAMBA, 1)  # its own state (a copy of the hit's)
+        self._make_free(MAMBA, self.own_states)  # its own state (a copy of the hit's), and buffers
         self._make_free(FULL, self._pages(prompt_len - hit))
         self.sequences[seq_id] = seq
         self._account(seq, +1)
         if self.radix:
-            for end in self._chunk_ends(hit, prompt_len):
+            for end in self._cache_points(hit, prompt_len, branching):
                 self._cache_unfinished(seq, end)
         self._stats.prefix_cache_queries += prompt_len
         self._stats.prefix_cache_hits += hit
@@ -297,14 +378,15 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
         parent = self._fork_parent(parent_id, children)
-        caches = self.radix and parent.num_tokens > parent.tree_len
-        states = len(children) + caches  # (its copy cached at the parent's end needs a slot first)
+        # (With the extra buffer no state is tracked at a fork: the children hold the parent's path.)
+        caches = self.radix and not self.tracking.buffers and parent.num_tokens > parent.tree_len
+        states = len(children) * self.own_states + caches  # (its copy cached at its end first)
         if states > self._room(MAMBA):
             raise self._refuse(f"forking sequence {parent_id}", (0, states), (0, self._room(MAMBA)))
         if caches:
             self._cache_unfinished(parent, parent.num_tokens)
         end = self._pages(parent.num_tokens)
-        needs = ((end - parent.tree_len) * len(children), len(children))
+        needs = ((end - parent.tree_len) * len(children), len(children) * self.own_states)
         rooms = (self._room(FULL), self._room(MAMBA))
         if needs[FULL] > rooms[FULL] or needs[MAMBA] > rooms[MAMBA]:
             raise self._refuse(f"forking sequence {parent_id}", needs, rooms)
@@ -326,10 +408,21 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
         state at their end unless that node has one); a preempted one only frees its own slots."""
         seq = self._get(seq_id)
         self._account(seq, -1)
-        if finished and self.radix:
-            self.tree.insert(seq.key(seq.num_tokens), seq.namespace)
+        cached = self._cached_at_finish(seq) if finished and self.radix else 0
+        if cached:
+            self.tree.insert(seq.key(cached), seq.namespace)
         self.tree.unlock(seq.last_node)
         del self.sequences[seq_id]
+
+    def _cached_at_finish(self, seq: MambaSequence) -> int:
+        """The tokens ``cache_finished_req`` inserts: all of them; with the extra buffer, up to the
+        last multiple of ``interval`` its decoding reached, and none without one (its KV past the
+        tree is freed, not cached). SGLang's committed KV is its tokens less the last sampled one."""
+        interval = self.tracking.interval
+        if not interval:
+            return seq.num_tokens
+        tracked = (seq.num_tokens - 1) // interval * interval
+        return tracked if tracked > seq.base_len else 0
 
     def growth_room(self, seq_id: int) -> int:
         """Tokens before its next new page."""
@@ -351,7 +444,7 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
         tree = self.tree
         if index == MAMBA:
             return (
-                tree.states_locked + len(self.sequences),
+                tree.states_locked + len(self.sequences) * self.own_states,
                 0,
                 0,
                 0,
@@ -376,6 +469,6 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
         return self.radix  # (without the radix cache nothing is shared: no tree path is locked)
 
     def sharing_slots(self) -> tuple[int, int]:
-        tree, own, running = self.tree, self._own, len(self.sequences)
-        physical = tree.full_locked + own.slots + tree.states_locked + running
-        return physical, self._tree_held + own.slots + self._states_held + running
+        tree, own, own_states = self.tree, self._own, len(self.sequences) * self.own_states
+        physical = tree.full_locked + own.slots + tree.states_locked + own_states
+        return physical, self._tree_held + own.slots + self._states_held + own_states
