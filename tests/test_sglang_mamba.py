@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies._mamba_radix_tree import MambaNode, MambaRadixTree
-from policies.base import ChildSpec, OutOfKVMemory
+from policies.base import ChildSpec, OutOfKVMemory, PolicyInputError
 from sim.config import validate_experiment
 from sim.hardware.sglang_mamba_capacity import sglang_mamba_kv_capacity
 from sim.kv.allocators import SGLangMambaLayout, sglang_hybrid_layout
@@ -434,6 +434,27 @@ def test_the_extra_buffer_strategy_caps_the_running_requests_at_a_fifth_of_the_m
     kv = layout.make_coordinator()
     assert isinstance(kv, MambaRadixCoordinator)
     assert (kv.own_states, kv.tracking) == (3, MambaTracking(2, 128, 512))
+
+
+def test_the_extra_buffer_refuses_what_it_cannot_track_in_whole_pages():
+    for chunk, cache_chunk, interval in ((6, 4, 8), (8, 6, 8), (8, 4, 6)):  # (pages of 4 tokens)
+        with pytest.raises(PolicyInputError, match="the extra-buffer strategy tracks whole pages of 4"):
+            MambaRadixCoordinator(
+                40,
+                8,
+                4,
+                100,
+                chunk,
+                (1, 1),
+                ("full", "mamba2"),
+                tracking=MambaTracking(2, cache_chunk, interval),
+            )
+    with pytest.raises(PolicyInputError, match="radix cache False"):
+        MambaRadixCoordinator(
+            40, 8, 1, 100, 8, (1, 1), ("f", "m"), radix=False, tracking=MambaTracking(2, 4, 8)
+        )
+    # A prefill chunk as long as the longest prompt never ends inside one: any length will do.
+    MambaRadixCoordinator(40, 8, 4, 100, 101, (1, 1), ("full", "mamba2"), tracking=MambaTracking(2, 4, 8))
 
 
 def buffered(mamba: int = 20) -> MambaRadixCoordinator:

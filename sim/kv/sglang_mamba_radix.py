@@ -170,12 +170,15 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
             )
         if radix and page_size != 1 and not tracking.buffers:
             raise PolicyInputError(f"SGLang's Mamba radix cache runs pages of one token, got {page_size}")
+        # (A prefill chunk shorter than the longest prompt must be whole pages, as SGLang asserts.)
+        whole_chunks = prefill_tokens % page_size == 0 or prefill_tokens >= max_model_len
         if tracking.buffers and (
-            not radix or tracking.cache_chunk % page_size or tracking.interval % page_size
+            not radix or tracking.cache_chunk % page_size or tracking.interval % page_size or not whole_chunks
         ):
             raise PolicyInputError(
                 f"the extra-buffer strategy tracks whole pages of {page_size} tokens with the radix cache, "
-                f"got chunk {tracking.cache_chunk}, interval {tracking.interval}, radix cache {radix}"
+                f"got cache chunk {tracking.cache_chunk}, interval {tracking.interval}, prefill chunk "
+                f"{prefill_tokens}, radix cache {radix}"
             )
         self.tracking = tracking
         self.own_states = 1 + tracking.buffers  # a running request's Mamba slots
