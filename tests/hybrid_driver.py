@@ -172,6 +172,28 @@ def jenga_prefix_pages(large_pages: int = 40) -> KVCoordinator:
     return JengaPrefixCoordinator(jenga_capacity(large_pages, max_model_len=192), ["full", "sliding(8)"])
 
 
+def jenga_whole_pages(large_pages: int = 60) -> KVCoordinator:
+    """Two types of equal pages (gpt-oss's shape: as many full-attention as 8-token-window layers), so
+    each small page is a whole large page, kept by count (``WholeHoldings``)."""
+    from sim.hardware.jenga_capacity import JengaCapacity, JengaGroupSpec
+    from sim.hardware.layers import FullAttention, SlidingWindow
+    from sim.kv.jenga import JengaCoordinator
+
+    groups = (JengaGroupSpec(FullAttention(), 2, 8, 1, 32), JengaGroupSpec(SlidingWindow(8), 2, 8, 1, 9))
+    capacity = JengaCapacity("fuzz", 128, 4, 8, groups, large_pages, 1, 8 * large_pages, 8)
+    return JengaCoordinator(capacity, ["full", "sliding(8)"], 24)
+
+
+def sglang_mamba_extra_buffer() -> KVCoordinator:
+    """SGLang's Mamba radix cache under the extra-buffer strategy (``sim/kv/sglang_mamba_radix.py``):
+    pages of 2 tokens, prefill chunks of 12, states tracked at multiples of 4 in a chunk and of 8
+    while decoding; 3 Mamba slots a running request."""
+    from sim.kv.sglang_mamba_radix import MambaRadixCoordinator, MambaTracking
+
+    tracking = MambaTracking(2, 4, 8)
+    return MambaRadixCoordinator(160, 24, 2, 192, 12, (1, 1), ("full", "mamba2"), tracking=tracking)
+
+
 LAYOUTS: dict[str, Callable[[], KVCoordinator]] = {
     "vllm-hybrid-groups": vllm_groups,
     "vllm-hybrid-prefix": vllm_prefix_groups,
@@ -181,6 +203,8 @@ LAYOUTS: dict[str, Callable[[], KVCoordinator]] = {
     "sglang-hybrid-pools": sglang_pools,
     "jenga-pages": jenga_pages,
     "jenga-prefix": jenga_prefix_pages,
+    "jenga-whole-pages": jenga_whole_pages,
+    "sglang-mamba-extra-buffer": sglang_mamba_extra_buffer,
 }
 SHARED = 1  # the content every prefix-caching prompt starts with, at lengths that vary
 PROBES = [((SHARED, length), (2, 3)) for length in (3, 4, 8, 13, 20, 33, 60)]
@@ -192,7 +216,8 @@ class HybridDriver:
     def __init__(self, layout: str):
         self.kv = LAYOUTS[layout]()
         self.jenga = layout.startswith("jenga")
-        self.caching = layout.startswith("vllm-hybrid-prefix") or layout == "jenga-prefix"
+        self.sglang_tree = layout.startswith("sglang-mamba")
+        self.caching = layout.startswith("vllm-hybrid-prefix") or layout == "jenga-prefix" or self.sglang_tree
         self.policy = self.kv  # (what tests/fuzz.py reads its eviction count from)
         self.names, _ = self.kv.group_entries()
         self.final_len: dict[int, int] = {}
@@ -282,6 +307,13 @@ class HybridDriver:
             )
         if self.jenga:
             self._check_jenga()
+            return
+        if self.sglang_tree:
+            from tests.test_sglang_mamba import check_tree, pools
+
+            pools(kv)  # type: ignore[arg-type]
+            check_tree(kv.tree)  # type: ignore[attr-defined]
+            assert sorted(kv.sequences) == sorted(self.final_len)  # type: ignore[attr-defined]
             return
         if self.caching:
             self._check_prefix_caching(entries)

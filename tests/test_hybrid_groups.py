@@ -347,7 +347,15 @@ def test_a_shared_pool_is_checked_when_it_is_made():
 
 @pytest.mark.parametrize(
     "layout",
-    ["vllm-hybrid-groups", "vllm-hybrid-prefix", "sglang-hybrid-pools", "jenga-pages", "jenga-prefix"],
+    [
+        "vllm-hybrid-groups",
+        "vllm-hybrid-prefix",
+        "sglang-hybrid-pools",
+        "jenga-pages",
+        "jenga-prefix",
+        "jenga-whole-pages",
+        "sglang-mamba-extra-buffer",
+    ],
 )
 def test_fuzz_driver_keeps_every_group_whole(layout):
     """``make fuzz``'s hybrid variants, briefly: 3,000 seeded operations of its mix, each followed by
