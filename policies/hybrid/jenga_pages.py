@@ -248,26 +248,23 @@ class SmallPageAllocator(TypePages):
                 free[page] = None
                 self.free_small += 1
 
-    def after_release(self, seq_id: int, pages: list[int]) -> tuple[int, int, int]:
+    def after_release(self, pages: list[int]) -> tuple[int, int]:
         """What releasing ``pages`` (distinct, held) would do, changing nothing: ``(large pages given
-        back, free small pages of this type after, seq_id's preferred free small pages after)``."""
+        back, free small pages of this type after)``."""
         if self.ratio == 1:  # each page is a large page, given back whole; no free small page moves
-            return len(pages), self.free_small, len(self.preferred[seq_id])
+            return len(pages), self.free_small
         released: dict[int, int] = {}
         for page in pages:
             large = page // self.ratio
             released[large] = released.get(large, 0) + 1
-        returned, free_small, own = 0, self.free_small, len(self.preferred[seq_id])
+        returned, free_small = 0, self.free_small
         for large, count in released.items():
-            mine = self.owner[large] == seq_id
             if self.free_count[large] + count == self.ratio:
                 returned += 1  # its free small pages leave the type with it
                 free_small -= self.free_count[large]
-                own -= self.free_count[large] if mine else 0
             else:
                 free_small += count
-                own += count if mine else 0
-        return returned, free_small, own
+        return returned, free_small
 
 
 class WholePages(TypePages):
@@ -317,7 +314,7 @@ class TypeHoldings:
     def release_all(self, seq_id: int) -> None:
         raise NotImplementedError
 
-    def after_release_oldest(self, seq_id: int, request: int, count: int) -> tuple[int, int]:
+    def after_release_oldest(self, seq_id: int, count: int) -> tuple[int, int]:
         """What giving back ``seq_id``'s ``count`` oldest pages would do, changing nothing: ``(large
         pages given back, free small pages of the type after)``."""
         raise NotImplementedError
@@ -350,10 +347,9 @@ class NamedHoldings(TypeHoldings):
     def release_all(self, seq_id: int) -> None:
         self.allocator.release(self.held.pop(seq_id))
 
-    def after_release_oldest(self, seq_id: int, request: int, count: int) -> tuple[int, int]:
+    def after_release_oldest(self, seq_id: int, count: int) -> tuple[int, int]:
         held = self.held[seq_id]
-        returned, free_small, _ = self.allocator.after_release(request, [held[i] for i in range(count)])
-        return returned, free_small
+        return self.allocator.after_release([held[i] for i in range(count)])
 
     def held_count(self, seq_id: int) -> int:
         return len(self.held[seq_id])
@@ -379,7 +375,7 @@ class WholeHoldings(TypeHoldings):
     def release_all(self, seq_id: int) -> None:
         self.whole.give_back(self.held.pop(seq_id))
 
-    def after_release_oldest(self, seq_id: int, request: int, count: int) -> tuple[int, int]:
+    def after_release_oldest(self, seq_id: int, count: int) -> tuple[int, int]:
         return count, 0
 
     def held_count(self, seq_id: int) -> int:

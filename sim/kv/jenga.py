@@ -231,13 +231,12 @@ class JengaCoordinator(KVCoordinator):
     ) -> tuple[list[int] | None, list[tuple[int, int]]]:
         """:meth:`_one_fits`, and per type the ``(blocks released, blocks taken)`` of that growth."""
         free_large = self._free_large()
-        request = self._requests[seq_id]
         moved: list[tuple[int, int]] = []
         needs: list[tuple[int, int, int]] = []
         for group, holdings in enumerate(self.holdings):
             seq, _, first, end = plans[group][index]
             released, taken = moves(seq, first, end)
-            returned, free_small = holdings.after_release_oldest(seq_id, request, released)
+            returned, free_small = holdings.after_release_oldest(seq_id, released)
             free_large += returned
             moved.append((released, taken))
             needs.append((taken, holdings.pages.ratio, free_small))
