@@ -6,7 +6,7 @@ Read at sgl-project/sglang commit 00df707e8de4ab0110fb5527bf3c9dffc535671a,
 ``python/sglang/srt/mem_cache/mamba_radix_cache.py`` (``TreeNode``, ``LRUList``,
 ``_match_prefix_helper`` / ``_match_post_processor``, ``_split_node``, ``_insert_helper``,
 ``evict_full`` / ``evict_mamba`` / ``_evict_leaf_node``, ``inc_lock_ref`` / ``dec_lock_ref``,
-``_iteratively_delete_tombstone_leaf``), its default strategy (``no_buffer``: pages of one token);
+``_iteratively_delete_tombstone_leaf``), under its ``no_buffer`` strategy (pages of one token);
 no code is copied. The keys are the ``radix`` policy's (:class:`~policies._radix_tree.RadixKeys`),
 the two LRU lists the SWA tree's (:class:`~policies._two_pool_radix_tree.LRUList`). What the Mamba tree
 does, as SGLang runs it:
@@ -29,8 +29,9 @@ does, as SGLang runs it:
 
 Counted as SGLang counts them (``full_evictable_size`` / ``mamba_evictable_size``,
 ``*_protected_size``): ``full_tokens`` / ``states`` the tree's slots in each pool, ``full_locked`` /
-``states_locked`` those a lock holds. Left out: the extra-buffer strategy (ping-pong track buffers,
-``mamba_branching_seqlen``), HiCache, KV events and metrics.
+``states_locked`` those a lock holds. The extra-buffer strategies' tracking (ping-pong track buffers,
+``mamba_branching_seqlen``) is the coordinator's (``sim/kv/sglang_mamba_radix.py``, which says which
+states enter this tree). Left out: HiCache, KV events and metrics.
 """
 
 from __future__ import annotations

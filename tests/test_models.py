@@ -278,7 +278,7 @@ def test_resolve_model_missing_path_names_it(tmp_path: Path) -> None:
 
 def _same_shapes(a: ModelSpec, b: ModelSpec) -> None:
     for field in dataclasses.fields(ModelSpec):
-        if field.name != "name":
+        if field.name != "name" and field.compare:  # (architecture: a class name, not a shape)
             assert getattr(a, field.name) == getattr(b, field.name), field.name
 
 

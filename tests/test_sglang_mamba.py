@@ -7,7 +7,10 @@ keeping each pool's breakdown whole, runs beside vllm-hybrid, and the options th
 
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -17,15 +20,18 @@ from hypothesis import strategies as st
 from policies._mamba_radix_tree import MambaNode, MambaRadixTree
 from policies.base import ChildSpec, OutOfKVMemory, PolicyInputError
 from sim.config import validate_experiment
+from sim.hardware.models import model_from_hf_config, resolve_model
 from sim.hardware.sglang_mamba_capacity import sglang_mamba_kv_capacity
 from sim.kv.allocators import SGLangMambaLayout, sglang_hybrid_layout
 from sim.kv.sglang_mamba_radix import MambaRadixCoordinator, MambaTracking
 from sim.kv.sglang_tree import prompt_key
 from sim.runner import prepare_experiment
+from sim.runner.engines import runs_async_scheduling
 from tests.test_hybrid_runs import BREAKDOWN, refused_with, run
 from tests.test_hybrid_runs import config as hybrid_config
 
 NEMOTRON = "Nemotron-H-8B-Base-8K"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # -- sizing -------------------------------------------------------------------------------------------
@@ -41,7 +47,9 @@ def test_nemotron_h_pools_by_hand():
     (one pads) = 20,643,840 B = 0.02 GB; SSM 24 x 4,194,304 B x 14 = 1.3125 GB; K (and V) of 4 layers
     x 8 x 128 x 2 B x 102,064 tokens = 836,108,288 B = 0.78 GB."""
     plain = sglang_mamba_kv_capacity(NEMOTRON, 3_000_000_000, max_model_len=8192)
-    cached = sglang_mamba_kv_capacity(NEMOTRON, 3_000_000_000, max_model_len=8192, radix_cache=True)
+    cached = sglang_mamba_kv_capacity(
+        NEMOTRON, 3_000_000_000, max_model_len=8192, radix_cache=True, mamba_scheduler_strategy="no_buffer"
+    )
     assert plain.mamba_cache_per_req == 102_137_856 and plain.cell_size == 16_384
     assert (plain.conv_state_bytes, plain.ssm_state_bytes) == (24 * 61_440, 24 * 4_194_304)
     assert (plain.mamba_slots, plain.full_tokens) == (13, 102_063) == (cached.mamba_slots, cached.full_tokens)
@@ -86,15 +94,25 @@ def test_qwen3_next_pools_by_hand_with_a_set_mamba_pool_and_ratio():
         ({"max_mamba_cache_size": 0}, "option max_mamba_cache_size must be a positive integer, got 0"),
         ({"mamba_ssm_dtype": "fp8"}, "option mamba_ssm_dtype must be one of SGLang's"),
         (
-            {"radix_cache": True, "page_size": 16},
-            "option page_size 16: SGLang's Mamba radix cache runs pages",
+            {"radix_cache": True, "page_size": 16, "mamba_scheduler_strategy": "no_buffer"},
+            "option page_size 16: SGLang's Mamba radix cache runs pages of one token",
         ),
-        ({"max_mamba_cache_size": 2, "radix_cache": True}, "no request can run (3 Mamba slots per running"),
+        (
+            {"max_mamba_cache_size": 2, "radix_cache": True, "mamba_scheduler_strategy": "no_buffer"},
+            "no request can run (3 Mamba slots per running",
+        ),
         (
             {"max_mamba_cache_size": 4, "radix_cache": True, "mamba_scheduler_strategy": "extra_buffer"},
             "no request can run (5 Mamba slots per running",
         ),
-        ({"mamba_scheduler_strategy": "auto"}, "option mamba_scheduler_strategy must be one of no_buffer"),
+        (
+            {"mamba_scheduler_strategy": "lazy"},
+            "option mamba_scheduler_strategy must be one of auto, no_buffer, extra_buffer, extra_buffer_lazy",
+        ),
+        (
+            {"radix_cache": True, "mamba_scheduler_strategy": "extra_buffer_lazy", "overlap": False},
+            "option mamba_scheduler_strategy extra_buffer_lazy needs SGLang's overlap scheduler",
+        ),
         (
             {"mamba_scheduler_strategy": "extra_buffer"},
             "option mamba_scheduler_strategy extra_buffer tracks the states SGLang's Mamba radix cache keeps",
@@ -415,7 +433,7 @@ def test_the_extra_buffer_strategy_caps_the_running_requests_at_a_fifth_of_the_m
     are kept at multiples of the model's Mamba2 scan chunk (its config's 128; FLA's 64 for a gated
     delta net, Qwen3-Next) and, while decoding, of 256 tokens; pages above one token are allowed."""
     options = {"max_model_len": 8192, "radix_cache": True}
-    plain = sglang_mamba_kv_capacity(NEMOTRON, 3_000_000_000, **options)
+    plain = sglang_mamba_kv_capacity(NEMOTRON, 3_000_000_000, mamba_scheduler_strategy="no_buffer", **options)
     extra = sglang_mamba_kv_capacity(
         NEMOTRON, 3_000_000_000, mamba_scheduler_strategy="extra_buffer", **options
     )
@@ -427,13 +445,105 @@ def test_the_extra_buffer_strategy_caps_the_running_requests_at_a_fifth_of_the_m
         "Qwen3-Next-80B-A3B", 40 * 2**30, mamba_scheduler_strategy="extra_buffer", page_size=16, **options
     )
     assert (qwen.cache_chunk, qwen.page_size) == (64, 16)
-    layout = sglang_hybrid_layout(
-        NEMOTRON, 3_000_000_000, max_model_len=8192, prefill_tokens=2048, prefix_caching=True,
-        mamba_scheduler_strategy="extra_buffer", mamba_track_interval=512,
-    )  # fmt: skip
-    kv = layout.make_coordinator()
-    assert isinstance(kv, MambaRadixCoordinator)
-    assert (kv.own_states, kv.tracking) == (3, MambaTracking(2, 128, 512))
+    # Two tracking buffers with the overlap scheduler, one without (SGLang's ..._RATIO_NO_OVERLAP).
+    for overlap, buffers in ((True, 2), (False, 1)):
+        layout = sglang_hybrid_layout(
+            NEMOTRON, 3_000_000_000, max_model_len=8192, prefill_tokens=2048, prefix_caching=True,
+            mamba_scheduler_strategy="extra_buffer", mamba_track_interval=512, overlap=overlap,
+        )  # fmt: skip
+        kv = layout.make_coordinator()
+        assert isinstance(kv, MambaRadixCoordinator)
+        assert (kv.own_states, kv.tracking) == (1 + buffers, MambaTracking(buffers, 128, 512))
+
+
+def test_auto_resolves_the_strategy_as_sglang_does():
+    """SGLang's ``auto`` (its default since 2026-07): ``extra_buffer`` for a model class it lists when
+    the overlap scheduler is on or pages are above one token, else ``no_buffer``, which runs without
+    the overlap scheduler. Nemotron-H-8B, 3e9 B of KV, 13 Mamba slots: running requests 13 // (3 +
+    buffers), buffers 2 with overlap, 1 without (and for the lazy strategy), 0 for no_buffer."""
+    nemotron = resolve_model(NEMOTRON)
+    assert nemotron.architecture == "NemotronHForCausalLM"
+
+    def capacity(model=nemotron, **options):
+        return sglang_mamba_kv_capacity(model, 3_000_000_000, max_model_len=8192, radix_cache=True, **options)
+
+    def resolved(found):
+        return (found.strategy, found.track_buffers, found.max_running_requests, found.overlap)
+
+    assert resolved(capacity()) == ("extra_buffer", 2, 2, True)
+    assert resolved(capacity(overlap=False)) == ("no_buffer", 0, 4, False)
+    assert resolved(capacity(overlap=False, page_size=16)) == ("extra_buffer", 1, 3, False)
+    assert resolved(capacity(mamba_scheduler_strategy="extra_buffer", overlap=False)) == (
+        "extra_buffer",
+        1,
+        3,
+        False,
+    )
+    assert resolved(capacity(mamba_scheduler_strategy="extra_buffer_lazy")) == (
+        "extra_buffer_lazy",
+        1,
+        3,
+        True,
+    )
+    # no_buffer: SGLang turns the overlap scheduler off (or refuses it on); without the radix cache
+    # nothing is tracked and the overlap scheduler stays.
+    assert resolved(capacity(mamba_scheduler_strategy="no_buffer")) == ("no_buffer", 0, 4, False)
+    plain = sglang_mamba_kv_capacity(nemotron, 3_000_000_000, max_model_len=8192)
+    assert resolved(plain) == ("no_buffer", 0, 13, True)
+    # A model class SGLang does not list: auto runs no_buffer, and extra_buffer is refused; a model
+    # whose class is not known (a config without architectures) runs no_buffer unless told.
+    jamba_like = replace(nemotron, architecture="JambaForCausalLM")
+    unknown = replace(nemotron, architecture=None)
+    assert resolved(capacity(jamba_like)) == resolved(capacity(unknown)) == ("no_buffer", 0, 4, False)
+    assert resolved(capacity(unknown, mamba_scheduler_strategy="extra_buffer")) == (
+        "extra_buffer",
+        2,
+        2,
+        True,
+    )
+    with pytest.raises(
+        ValueError, match="SGLang runs it only for the model classes it lists .* not JambaForCausalLM"
+    ):
+        capacity(jamba_like, mamba_scheduler_strategy="extra_buffer")
+    with pytest.raises(
+        ValueError,
+        match=re.escape("with strategy no_buffer (auto: Nemotron-H-8B-Base-8K's model class is not known"),
+    ):
+        capacity(unknown, page_size=16)
+    with pytest.raises(
+        ValueError, match=re.escape("(auto: SGLang runs extra_buffer for JambaForCausalLM in no case)")
+    ):
+        capacity(jamba_like, page_size=16)
+
+
+def test_a_config_json_names_its_model_class(tmp_path):
+    config = tmp_path / "config.json"
+    text = (ROOT / "configs/models/qwen3-next-80b-a3b.config.json").read_text()
+    config.write_text(text)
+    assert model_from_hf_config(config, num_params=79_674_391_296).architecture == "Qwen3NextForCausalLM"
+    data = json.loads(text)
+    del data["architectures"]
+    config.write_text(json.dumps(data))
+    assert model_from_hf_config(config, num_params=79_674_391_296).architecture is None
+    data["architectures"] = "Qwen3NextForCausalLM"
+    config.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="architectures must be a list of model class names"):
+        model_from_hf_config(config, num_params=79_674_391_296)
+
+
+def test_no_buffer_runs_the_engine_without_async_scheduling(tmp_path):
+    """SGLang runs no_buffer without its overlap scheduler, so kvsim runs that variant without async
+    scheduling; auto's extra_buffer keeps it, and so does a run without the radix cache."""
+    auto = {**ON, "name": "auto", "options": {}}
+    raw = shared_prefix_config([OFF, ON, auto])
+    prepared = prepare_experiment(validate_experiment(raw), tmp_path / "c.yaml")
+    assert [variant.hybrid.capacity.strategy for variant in prepared.variants] == [
+        "no_buffer",
+        "no_buffer",
+        "extra_buffer",
+    ]
+    knobs = [runs_async_scheduling(variant) for variant in prepared.variants]
+    assert knobs == [True, False, True]
 
 
 def test_the_extra_buffer_refuses_what_it_cannot_track_in_whole_pages():
@@ -564,6 +674,7 @@ ON = {
     "name": "on",
     "policy": "sglang-hybrid",
     "engine": {"enable_prefix_caching": True, "max_num_batched_tokens": 512},
+    "options": {"mamba_scheduler_strategy": "no_buffer"},
 }
 
 
@@ -592,7 +703,7 @@ def test_nemotron_h_runs_with_and_without_the_radix_cache_and_both_pools_stay_wh
 
 
 def test_the_extra_buffer_runs_pages_of_16_beside_the_default_and_both_pools_stay_whole(tmp_path):
-    """The same stream with SGLang's default strategy (pages of one token) and with the extra buffer
+    """The same stream with the no-buffer strategy (pages of one token) and with the extra buffer
     in pages of 16: two running requests (13 // 5) against four, states kept at multiples of
     Nemotron-H's 128-token scan chunk, hits on the shared system prompts in both."""
     extra = {
@@ -622,7 +733,24 @@ def test_the_extra_buffer_runs_pages_of_16_beside_the_default_and_both_pools_sta
             False,
             "variants.0.policy: sglang-hybrid: option swa_full_tokens_ratio",
         ),
-        (NEMOTRON, {"page_size": 16}, True, "variants.0.policy: sglang-hybrid: option page_size 16"),
+        (
+            NEMOTRON,
+            {"page_size": 16, "mamba_radix_cache_strategy": "no_buffer"},
+            True,
+            "variants.0.policy: sglang-hybrid: option page_size 16",
+        ),
+        (
+            NEMOTRON,
+            {"mamba_radix_cache_strategy": "no_buffer", "mamba_scheduler_strategy": "no_buffer"},
+            True,
+            "options mamba_scheduler_strategy and mamba_radix_cache_strategy are one setting",
+        ),
+        (
+            NEMOTRON,
+            {"mamba_radix_cache_strategy": "extra"},
+            True,
+            "variants.0.policy: sglang-hybrid: option mamba_radix_cache_strategy must be one of auto",
+        ),
         (
             NEMOTRON,
             {"mamba_scheduler_strategy": "extra_buffer"},

@@ -129,7 +129,8 @@ class ModelSpec:
     ``kv_bytes_per_token`` keeps its meaning for every model: the K/V bytes of all attention layers
     treated as full attention (what an allocator that ignores windows holds per token); the kinds'
     own figures are :meth:`kv_bytes_per_token_by_kind` and :meth:`state_bytes_per_request`. The
-    engine and the cost models do not read the kinds yet (issue 39's engine and cost parts).
+    hybrid allocators (``sim/kv/``) and the cost models read the kinds; the uniform policies refuse a
+    model with state layers.
     """
 
     name: str
@@ -155,6 +156,11 @@ class ModelSpec:
     num_dense_layers: int = 0
     layer_kinds: tuple[LayerKind, ...] | None = dataclass_field(default=None, repr=False)
     routed_expert_bits: float | None = None
+    architecture: str | None = dataclass_field(default=None, compare=False)
+    """The Hugging Face model class (``config.json``'s ``architectures[0]``, e.g.
+    ``Qwen3NextForCausalLM``): what a server's per-architecture defaults key on (SGLang's Mamba
+    radix-cache strategy, ``sim/hardware/sglang_mamba_capacity.py``). None: not known (the presets
+    name it where a default depends on it). Not compared: two specs of the same shapes are equal."""
 
     def __post_init__(self) -> None:
         for field in (
@@ -201,6 +207,12 @@ class ModelSpec:
             raise ValueError(
                 f"model {self.name!r}: routed_expert_bits must be a number of bits in (0, 32] for a mixture "
                 f"of experts, got {bits!r}"
+            )
+        if self.architecture is not None and (
+            not isinstance(self.architecture, str) or not self.architecture
+        ):
+            raise ValueError(
+                f"model {self.name!r}: architecture must be a model class name, got {self.architecture!r}"
             )
         self._check_layer_kinds()
 
@@ -1164,6 +1176,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # qwen3_next.py and mamba_utils.py.
     "Qwen3-Next-80B-A3B": _preset(
         name="Qwen3-Next-80B-A3B",
+        architecture="Qwen3NextForCausalLM",
         num_layers=48,
         hidden_size=2048,
         num_attention_heads=16,
@@ -1204,6 +1217,7 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     # default (the SSD chunk vLLM's get_mamba_chunk_size reads; not checked against this checkpoint).
     "Nemotron-H-8B-Base-8K": _preset(
         name="Nemotron-H-8B-Base-8K",
+        architecture="NemotronHForCausalLM",
         num_layers=52,
         hidden_size=4096,
         num_attention_heads=32,
@@ -1655,10 +1669,23 @@ def model_from_hf_config(
             gated_mlp=gated,
             layer_kinds=layer_kinds,
             routed_expert_bits=routed_expert_bits if moe else None,
+            architecture=_architecture(cfg, where),
             **moe,
         )
     except ValueError as exc:
         raise ValueError(f"model config {where!r}: {exc}") from exc
+
+
+def _architecture(cfg: Mapping[str, Any], where: str) -> str | None:
+    """``architectures[0]`` (the model class transformers and the servers load); None when absent."""
+    architectures = cfg.get("architectures")
+    if architectures is None:
+        return None
+    if not isinstance(architectures, list) or not architectures or not isinstance(architectures[0], str):
+        raise ValueError(
+            f"model config {where!r}: architectures must be a list of model class names, got {architectures!r}"
+        )
+    return architectures[0]
 
 
 MXFP4_BITS = 4.25

@@ -21,20 +21,39 @@ How SGLang sizes them (``python/sglang/srt/model_executor/model_runner_kv_cache_
    (``calculate_mamba_ratio``: 1 with ``--disable-radix-cache``, 3 with the radix cache, whose tree
    keeps states of its own), below SGLang's default ``min(max(int(max_total_num_tokens / context_len x
    512), 2048), 4096)``. kvsim takes the lesser of that and ``engine.max_num_seqs``.
-5. ``--mamba-scheduler-strategy`` (option ``mamba_scheduler_strategy``): ``no_buffer`` (kvsim's
-   default) or ``extra_buffer``, which needs the radix cache: each running request holds two tracking
-   buffers besides its state (``mamba_ping_pong_track_buffer_size`` 2 without speculative decoding),
-   so the ratio of step 4 is 3 + 2 = 5; the pools do not change. Its states are kept at multiples of
-   ``mamba_cache_chunk_size`` (the model's Mamba2 ``mamba_chunk_size``, else the FLA kernels' 64, at
-   least a page) in a prefill chunk and of ``mamba_track_interval`` (option, 256) while decoding;
-   pages above one token are allowed (``page_size`` dividing 64 or a multiple of it, the interval a
-   whole number of pages). Read at sgl-project/sglang 64bca5315f59ae6b7e57cf4d8a13180f0e7e518f
-   (2026-02-19: ``server_args.py``, ``_handle_mamba_radix_cache``, ``mamba_cache_chunk_size``;
+5. The Mamba radix cache's strategy (option ``mamba_scheduler_strategy``, SGLang's
+   ``--mamba-scheduler-strategy``, since renamed ``--mamba-radix-cache-strategy``, which kvsim also
+   accepts as the option ``mamba_radix_cache_strategy``), with the radix cache only:
+
+   - ``auto`` (the default, SGLang's since 2026-07-20, sgl-project/sglang#28151):
+     ``extra_buffer`` when the overlap scheduler is on (kvsim's ``engine.async_scheduling``) or
+     pages are above one token, and the model's class (:attr:`ModelSpec.architecture`, a config's
+     ``architectures[0]``) is one SGLang's ``_MAMBA_EXTRA_BUFFER_ARCHS`` lists; else ``no_buffer``.
+     A model whose class is not known (no ``architectures`` in its config) resolves ``no_buffer``.
+   - ``no_buffer``: a request holds its state only (ratio of step 4: 3). SGLang runs it without the
+     overlap scheduler (``auto`` turns it off; given explicitly, SGLang asserts it is off), so kvsim
+     runs such a variant without async scheduling (:attr:`SGLangMambaCapacity.overlap`).
+   - ``extra_buffer``: each running request holds tracking buffers besides its state
+     (``mamba_ping_pong_track_buffer_size``): two with the overlap scheduler, one without, so the
+     ratio is 3 + 2 = 5 or 3 + 1 = 4; the pools do not change. Its states are kept at multiples of
+     ``mamba_cache_chunk_size`` (the model's Mamba2 ``mamba_chunk_size``, else the FLA kernels' 64,
+     at least a page) in a prefill chunk and of ``mamba_track_interval`` (option, 256) while
+     decoding; pages above one token are allowed (``page_size`` dividing 64 or a multiple of it, the
+     interval a whole number of pages). SGLang refuses it for a class its list does not name.
+   - ``extra_buffer_lazy`` (sgl-project/sglang#27118, 2026-06): one tracking buffer held (ratio 4),
+     the second taken on demand at a tracking boundary; it needs the overlap scheduler. kvsim runs
+     it as ``extra_buffer`` with one buffer and always finds the on-demand slot (SGLang skips caching
+     that state when the pool has none free at that instant).
+
+   Read at sgl-project/sglang 64bca5315f59ae6b7e57cf4d8a13180f0e7e518f (2026-02-19:
+   ``server_args.py``, ``_handle_mamba_radix_cache``, ``mamba_cache_chunk_size``;
    ``init_memory_pool``'s ``MAMBA_CACHE_V2_ADDITIONAL_RATIO_*``; ``memory_pool.py``'s
-   ``HybridReqToTokenPool``). Since 8905cbd (2026-07-20: sgl-project/sglang#28151) SGLang's ``auto``
-   picks ``extra_buffer`` for Qwen3-Next, Qwen3.5, Nemotron-H and other supported models whenever
-   the overlap scheduler is on (its default) or pages are above one token; kvsim keeps
-   ``no_buffer`` unless the option says otherwise, so set ``extra_buffer`` to model a current server.
+   ``HybridReqToTokenPool``) and, for ``auto``, the renamed flag, the buffers without overlap and the
+   lazy strategy, at bc0c93b5e4955c5b27133ca587401e91cf628d27 (``arg_groups/overrides.py``:
+   ``_MAMBA_EXTRA_BUFFER_ARCHS``, ``supports_mamba_cache_extra_buffer`` (which also needs the
+   ``triton`` linear-attention backend, SGLang's default), ``_mamba_radix_cache_resolution``;
+   ``arg_groups/mamba_hook.py``'s validations; ``MAMBA_CACHE_V2_ADDITIONAL_RATIO_NO_OVERLAP`` and
+   ``_OVERLAP_LAZY``, 1 each).
 
 Read at sgl-project/sglang commit 001ccef0072a4537d4ec6bdd50a73e6feb2c907d
 (``model_runner_kv_cache_mixin.py``) and 02e208ded6769bd3332cbdc6cf0da939f541514f
@@ -42,8 +61,7 @@ Read at sgl-project/sglang commit 001ccef0072a4537d4ec6bdd50a73e6feb2c907d
 ``mamba_ssm_dtype = "float32"``) from the public code index. No code is copied. kvsim's available KV
 bytes (:func:`sim.hardware.capacity.size_kv_pool`) stand for SGLang's ``rest_memory``. Not modelled:
 the one padding slot every pool keeps past its size (in the start-up lines' bytes only), the
-extra-buffer strategy's single buffer (speculative decoding, or no overlap scheduler in newer SGLang:
-ratio 3 + 1) and ``extra_buffer_lazy``, speculative decoding's intermediate states, ``--max-running-requests`` sizing the Mamba pool when the radix cache
+extra-buffer strategy's single buffer under speculative decoding and its intermediate states, ``--max-running-requests`` sizing the Mamba pool when the radix cache
 is off (kvsim's ``max_num_seqs`` defaults to vLLM's 256, not SGLang's unset: set
 ``max_mamba_cache_size`` to reproduce it), ``--max-total-tokens``.
 """
@@ -69,10 +87,12 @@ from sim.hardware.models import ModelSpec, resolve_model
 __all__ = [
     "DEFAULT_MAMBA_FULL_MEMORY_RATIO",
     "DEFAULT_MAMBA_TRACK_INTERVAL",
+    "EXTRA_BUFFER_ARCHITECTURES",
     "MAMBA_CACHE_RATIO_RADIX",
     "MAMBA_STRATEGIES",
     "SGLangMambaCapacity",
     "has_state_layers",
+    "resolve_strategy",
     "sglang_mamba_kv_capacity",
 ]
 
@@ -81,9 +101,25 @@ DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
 MAMBA_CACHE_RATIO_RADIX = 3
 """``MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO``: Mamba slots per running request with the radix cache."""
 EXTRA_BUFFER_RATIO = 2
-"""``MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP``: the extra-buffer strategy's two tracking buffers."""
-MAMBA_STRATEGIES = ("no_buffer", "extra_buffer")
-"""``--mamba-scheduler-strategy``'s values kvsim runs (``auto`` is SGLang's choice between them)."""
+"""``MAMBA_CACHE_V2_ADDITIONAL_RATIO_OVERLAP``: the extra-buffer strategy's tracking buffers with the
+overlap scheduler (``_NO_OVERLAP`` and the lazy strategy's ``_OVERLAP_LAZY``: 1)."""
+MAMBA_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
+"""``--mamba-radix-cache-strategy``'s values (``auto``: SGLang's choice between the next two)."""
+EXTRA_BUFFER_ARCHITECTURES = frozenset(
+    {
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
+        "Qwen3NextForCausalLM",
+        "InternS2PreviewForConditionalGeneration",
+        "MiniCPMV4_6ForConditionalGeneration",
+        "BailingMoeV2_5ForCausalLM",
+        "FalconH1ForCausalLM",
+        "GraniteMoeHybridForCausalLM",
+        "NemotronHForCausalLM",
+        "NemotronHPuzzleForCausalLM",
+    }
+)
+"""SGLang's ``_MAMBA_EXTRA_BUFFER_ARCHS`` at bc0c93b5: the model classes ``extra_buffer`` runs for."""
 DEFAULT_MAMBA_TRACK_INTERVAL = 256
 """``ServerArgs.mamba_track_interval``: decode positions whose state the extra-buffer strategy tracks."""
 FLA_CHUNK_SIZE = 64
@@ -121,7 +157,13 @@ class SGLangMambaCapacity:
     mamba_slots: int
     """``max_mamba_cache_size``: states the Mamba pool holds."""
     strategy: str
-    """``--mamba-scheduler-strategy``: ``no_buffer`` or ``extra_buffer`` (module docstring, step 5)."""
+    """The strategy SGLang runs: ``no_buffer``, ``extra_buffer`` or ``extra_buffer_lazy`` (``auto``
+    resolved; module docstring, step 5)."""
+    track_buffers: int
+    """Tracking buffers a running request holds besides its state (``no_buffer``: 0)."""
+    overlap: bool
+    """Whether SGLang runs its overlap scheduler (kvsim's async scheduling): off with ``no_buffer``
+    and the radix cache."""
     track_interval: int
     """``mamba_track_interval`` (extra-buffer): decode positions, multiples of it, whose state is kept."""
     cache_chunk: int
@@ -240,9 +282,13 @@ def sglang_mamba_kv_capacity(
     tensor_parallel_size: int = 1,
     mamba_scheduler_strategy: str | None = None,
     mamba_track_interval: int | None = None,
+    overlap: bool = True,
+    strategy_option: str = "mamba_scheduler_strategy",
 ) -> SGLangMambaCapacity:
     """SGLang's full-attention and Mamba pool sizes from ``available_kv_bytes`` (module docstring: the
-    steps); ``max_model_len`` stands for SGLang's ``context_len``. ``ValueError``, naming the option,
+    steps); ``max_model_len`` stands for SGLang's ``context_len``; ``overlap``: SGLang's overlap
+    scheduler asked for (kvsim's ``engine.async_scheduling``); ``strategy_option``: the option that
+    named the strategy (the old or the new name of SGLang's flag). ``ValueError``, naming the option,
     for invalid options, for a model the two pools do not fit, and (as SGLang, "Not enough memory")
     when a pool gets nothing or no request could run."""
     spec = resolve_model(model)
@@ -263,17 +309,29 @@ def sglang_mamba_kv_capacity(
             f"option mamba_ssm_dtype must be one of SGLang's 'float32', 'bfloat16', 'float16', "
             f"got {mamba_ssm_dtype!r}"
         )
-    strategy = _strategy(mamba_scheduler_strategy, radix_cache)
-    track_interval = _track_interval(mamba_track_interval, strategy, page_size)
-    if radix_cache and page_size != 1 and strategy == "no_buffer":
+    strategy = resolve_strategy(
+        mamba_scheduler_strategy,
+        radix_cache=radix_cache,
+        architecture=spec.architecture,
+        overlap=overlap,
+        page_size=page_size,
+        option=strategy_option,
+    )
+    tracks = strategy != "no_buffer"
+    track_interval = _track_interval(mamba_track_interval, tracks, page_size)
+    if radix_cache and page_size != 1 and not tracks:
+        auto = "" if mamba_scheduler_strategy not in (None, "auto") else f" (auto: {_why_no_buffer(spec)})"
         raise ValueError(
             f"option page_size {page_size}: SGLang's Mamba radix cache runs pages of one token "
-            '("Page size must be 1 for MambaRadixCache v1") unless option mamba_scheduler_strategy is '
-            "extra_buffer; set page_size 1, that strategy, or turn prefix caching off"
+            f'("no_buffer only supports page_size=1") with strategy no_buffer{auto}; set page_size 1, '
+            f"option {strategy_option} extra_buffer for a model SGLang runs it for, or turn prefix "
+            "caching off"
         )
+    track_buffers = _track_buffers(strategy, overlap)
+    server_overlap = overlap and not (radix_cache and strategy == "no_buffer")
     spec.check_tensor_parallel(tensor_parallel_size)
     full_layers, states = _layers(spec)
-    cache_chunk = _cache_chunk(states, page_size) if strategy == "extra_buffer" else 0
+    cache_chunk = _cache_chunk(states, page_size) if tracks else 0
     layer_bytes = spec.kv_bytes_per_token_per_layer(kv_cache_dtype, tensor_parallel_size)
     try:
         conv_bytes = sum(kind.conv_state_elements(tensor_parallel_size) * CONV_DTYPE_BYTES for kind in states)
@@ -299,7 +357,7 @@ def sglang_mamba_kv_capacity(
     default_reqs = min(max(int(max_total_num_tokens / max_model_len * 512), 2048), 4096)
     mamba_ratio = 1
     if radix_cache:
-        mamba_ratio = MAMBA_CACHE_RATIO_RADIX + (EXTRA_BUFFER_RATIO if strategy == "extra_buffer" else 0)
+        mamba_ratio = MAMBA_CACHE_RATIO_RADIX + track_buffers
     max_running = min(default_reqs, mamba_slots // mamba_ratio)
     full_tokens = max_total_num_tokens // page_size * page_size
     if full_tokens <= 0 or max_running <= 0:
@@ -324,6 +382,8 @@ def sglang_mamba_kv_capacity(
         ssm_state_bytes=ssm_bytes,
         mamba_slots=mamba_slots,
         strategy=strategy,
+        track_buffers=track_buffers,
+        overlap=server_overlap,
         track_interval=track_interval,
         cache_chunk=cache_chunk,
         full_tokens=full_tokens,
@@ -332,32 +392,71 @@ def sglang_mamba_kv_capacity(
     )
 
 
-def _strategy(value: str | None, radix_cache: bool) -> str:
-    """``mamba_scheduler_strategy``: ``no_buffer`` unless set; ``extra_buffer`` only with the radix
-    cache (it tracks the states the tree keeps; without the tree SGLang runs no buffer)."""
-    if value is None:
-        return "no_buffer"
+def resolve_strategy(
+    value: str | None,
+    *,
+    radix_cache: bool,
+    architecture: str | None,
+    overlap: bool,
+    page_size: int,
+    option: str = "mamba_scheduler_strategy",
+) -> str:
+    """The Mamba radix cache's strategy SGLang runs (module docstring, step 5): ``value`` (None:
+    ``auto``) resolved as ``_mamba_radix_cache_resolution`` does; without the radix cache nothing is
+    tracked (``no_buffer``). ``ValueError`` naming the option for a value SGLang refuses."""
+    value = "auto" if value is None else value
     if value not in MAMBA_STRATEGIES:
+        raise ValueError(f"option {option} must be one of {', '.join(MAMBA_STRATEGIES)}, got {value!r}")
+    if not radix_cache:
+        if value in ("extra_buffer", "extra_buffer_lazy"):
+            raise ValueError(
+                f"option {option} {value} tracks the states SGLang's Mamba radix cache "
+                "keeps: it needs engine.enable_prefix_caching: true"
+            )
+        return "no_buffer"
+    supported = architecture in EXTRA_BUFFER_ARCHITECTURES
+    if value == "auto":
+        return "extra_buffer" if supported and (overlap or page_size > 1) else "no_buffer"
+    if value != "no_buffer" and architecture is not None and not supported:
         raise ValueError(
-            f"option mamba_scheduler_strategy must be one of {', '.join(MAMBA_STRATEGIES)}, got {value!r}"
+            f"option {option} {value}: SGLang runs it only for the model classes it "
+            f"lists ({', '.join(sorted(EXTRA_BUFFER_ARCHITECTURES))}), not {architecture} "
+            '("extra_buffer is not supported for ...; use no_buffer")'
         )
-    if value == "extra_buffer" and not radix_cache:
+    if value == "extra_buffer_lazy" and not overlap:
         raise ValueError(
-            "option mamba_scheduler_strategy extra_buffer tracks the states SGLang's Mamba radix cache keeps: "
-            "it needs engine.enable_prefix_caching: true"
+            f"option {option} extra_buffer_lazy needs SGLang's overlap scheduler "
+            "(engine.async_scheduling: true)"
         )
     return value
 
 
-def _track_interval(value: int | None, strategy: str, page_size: int) -> int:
-    """``mamba_track_interval``: the extra-buffer strategy's only, a whole number of pages (SGLang
+def _why_no_buffer(spec: ModelSpec) -> str:
+    if spec.architecture is None:
+        return f"{spec.name}'s model class is not known (its config names no architectures)"
+    if spec.architecture not in EXTRA_BUFFER_ARCHITECTURES:
+        return f"SGLang runs extra_buffer for {spec.architecture} in no case"
+    return "the overlap scheduler is off"
+
+
+def _track_buffers(strategy: str, overlap: bool) -> int:
+    """A running request's tracking buffers: SGLang's ``MAMBA_CACHE_V2_ADDITIONAL_RATIO_*``."""
+    if strategy == "no_buffer":
+        return 0
+    if strategy == "extra_buffer" and overlap:
+        return EXTRA_BUFFER_RATIO
+    return 1
+
+
+def _track_interval(value: int | None, tracks: bool, page_size: int) -> int:
+    """``mamba_track_interval``: the extra-buffer strategies' only, a whole number of pages (SGLang
     asserts ``mamba_track_interval % page_size == 0``)."""
-    if value is not None and strategy != "extra_buffer":
+    if value is not None and not tracks:
         raise ValueError(
-            "option mamba_track_interval sets the extra-buffer strategy's decode tracking; set option "
-            "mamba_scheduler_strategy: extra_buffer with it"
+            "option mamba_track_interval sets the extra-buffer strategy's decode tracking, but the "
+            "strategy run is no_buffer; set option mamba_scheduler_strategy: extra_buffer with it"
         )
-    if strategy != "extra_buffer":
+    if not tracks:
         return 0
     interval = (
         DEFAULT_MAMBA_TRACK_INTERVAL

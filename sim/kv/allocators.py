@@ -105,6 +105,7 @@ _OPTIONS: dict[str, tuple[str, ...]] = {
         "max_mamba_cache_size",
         "mamba_ssm_dtype",
         "mamba_scheduler_strategy",
+        "mamba_radix_cache_strategy",  # (SGLang's later name for the same flag)
         "mamba_track_interval",
     ),
     "jenga": ("large_page_bytes",),
@@ -458,17 +459,26 @@ def sglang_hybrid_layout(
     max_mamba_cache_size: int | None = None,
     mamba_ssm_dtype: str | None = None,
     mamba_scheduler_strategy: str | None = None,
+    mamba_radix_cache_strategy: str | None = None,
     mamba_track_interval: int | None = None,
 ) -> SGLangHybridLayout | SGLangMambaLayout:
     """``sglang-hybrid``'s layout from the bytes left for KV: SGLang's SWA pools, or for a model with
     Mamba / linear-attention layers its full-attention and Mamba pools; ``ValueError`` (naming the
     option) for what it cannot run, and for an option of the other kind of pools."""
     spec = resolve_model(model)
+    if mamba_scheduler_strategy is not None and mamba_radix_cache_strategy is not None:
+        raise ValueError(
+            "options mamba_scheduler_strategy and mamba_radix_cache_strategy are one setting (SGLang "
+            "renamed --mamba-scheduler-strategy --mamba-radix-cache-strategy); give one of them"
+        )
+    strategy_option = "mamba_scheduler_strategy"
+    if mamba_radix_cache_strategy is not None:
+        mamba_scheduler_strategy, strategy_option = mamba_radix_cache_strategy, "mamba_radix_cache_strategy"
     mamba_options: dict[str, object] = {
         "mamba_full_memory_ratio": mamba_full_memory_ratio,
         "max_mamba_cache_size": max_mamba_cache_size,
         "mamba_ssm_dtype": mamba_ssm_dtype,
-        "mamba_scheduler_strategy": mamba_scheduler_strategy,
+        strategy_option: mamba_scheduler_strategy,
         "mamba_track_interval": mamba_track_interval,
     }
     if has_state_layers(spec):
@@ -490,6 +500,8 @@ def sglang_hybrid_layout(
             mamba_ssm_dtype=mamba_ssm_dtype,
             mamba_scheduler_strategy=mamba_scheduler_strategy,
             mamba_track_interval=mamba_track_interval,
+            overlap=overlap,
+            strategy_option=strategy_option,
         )
         if mamba.page_size > 1 and prefill_tokens < max_model_len and prefill_tokens % mamba.page_size:
             raise ValueError(

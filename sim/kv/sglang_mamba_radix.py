@@ -8,8 +8,9 @@ Read at sgl-project/sglang commit 00df707e8de4ab0110fb5527bf3c9dffc535671a
 ``_alloc_mamba_slot``, ``_match_post_processor``'s copy of the hit's state; the tree itself is
 :mod:`policies._mamba_radix_tree`), with ``alloc_req_slots`` (``mem_cache/common.py``: a request's
 Mamba slot, ``evict_mamba`` for the shortfall first) and ``_get_mamba_token_info`` (the scheduler's
-counts: free plus evictable per pool) from SGLang main in the public code index; its default
-``mamba_scheduler_strategy`` (``no_buffer``). No code is copied.
+counts: free plus evictable per pool) from SGLang main in the public code index; its
+``no_buffer`` strategy here, the extra buffers below (which strategy runs:
+``sim/hardware/sglang_mamba_capacity.py``, step 5). No code is copied.
 
 Every running request holds one Mamba slot of its own (``HybridReqToTokenPool.alloc``: the state its
 Mamba layers update in place) and its tokens in the full pool, in pages of ``page_size`` tokens. What
@@ -53,8 +54,9 @@ the tree's other states, **free** the rest. ``evictions`` counts full pages and 
 The extra-buffer strategy (option ``mamba_scheduler_strategy: extra_buffer``, :class:`MambaTracking`;
 read at sgl-project/sglang 64bca5315f59ae6b7e57cf4d8a13180f0e7e518f: ``HybridReqToTokenPool.alloc``,
 ``ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend`` and ``prepare_for_decode``,
-``MambaRadixCache.cache_unfinished_req`` / ``cache_finished_req``): a running request holds two
-tracking buffers besides its state (3 Mamba slots), into which the kernels write the states the tree
+``MambaRadixCache.cache_unfinished_req`` / ``cache_finished_req``): a running request holds
+tracking buffers besides its state (two with SGLang's overlap scheduler: 3 Mamba slots; one without
+it, or with ``extra_buffer_lazy``), into which the kernels write the states the tree
 will keep, and pages may hold more than one token. In a prefill chunk of at least ``cache_chunk``
 tokens the state at its last multiple of ``cache_chunk`` past the chunk's start is tracked (or, when
 the prompt left a cached path past its deepest state, at that branching point rounded down to
@@ -89,7 +91,7 @@ from policies.base import (
     PoolSpec,
     PrefixHit,
 )
-from sim.hardware.sglang_mamba_capacity import EXTRA_BUFFER_RATIO, SGLangMambaCapacity
+from sim.hardware.sglang_mamba_capacity import SGLangMambaCapacity
 from sim.kv.coordinator import Breakdown, KVGroup
 from sim.kv.pool_view import PoolView
 from sim.kv.sglang_tree import OwnSlots, SGLangTreeCoordinator, content_key, prompt_key, sequence_segments
@@ -103,7 +105,7 @@ _POOL_NAMES = ("full-attention pool", "Mamba pool")
 
 @dataclass(frozen=True)
 class MambaTracking:
-    """The extra-buffer strategy's tracking (``buffers`` 0: SGLang's default ``no_buffer``): each
+    """The extra-buffer strategies' tracking (``buffers`` 0: ``no_buffer``): each
     running request holds ``buffers`` slots more, into which the states at multiples of
     ``cache_chunk`` in a prefill chunk and of ``interval`` while decoding are written; only those
     states enter the tree (module docstring)."""
@@ -114,9 +116,9 @@ class MambaTracking:
 
     @staticmethod
     def of(capacity: SGLangMambaCapacity) -> MambaTracking:
-        if capacity.strategy != "extra_buffer":
+        if not capacity.track_buffers:
             return NO_TRACKING
-        return MambaTracking(EXTRA_BUFFER_RATIO, capacity.cache_chunk, capacity.track_interval)
+        return MambaTracking(capacity.track_buffers, capacity.cache_chunk, capacity.track_interval)
 
 
 NO_TRACKING = MambaTracking()

@@ -29,6 +29,14 @@ def _max_num_seqs(prepared: PreparedVariant) -> int:
     return prepared.engine.max_num_seqs
 
 
+def runs_async_scheduling(prepared: PreparedVariant) -> bool:
+    """``engine.async_scheduling``, off where SGLang turns its overlap scheduler off (``sglang-hybrid``
+    on a Mamba model with the radix cache's ``no_buffer`` strategy)."""
+    if isinstance(prepared.hybrid, SGLangMambaLayout):
+        return prepared.engine.async_scheduling and prepared.hybrid.capacity.overlap
+    return prepared.engine.async_scheduling
+
+
 def make_engine(
     config: ExperimentConfig,
     prepared: PreparedVariant,
@@ -62,7 +70,7 @@ def make_engine(
         max_prefill_tokens=engine_config.max_prefill_tokens,
         # a lockstep group's ranks step together, one iteration at a time (sim/engine/lockstep.py)
         step_mode="single" if prepared.lockstep else engine_config.step_mode,
-        async_scheduling=engine_config.async_scheduling,
+        async_scheduling=runs_async_scheduling(prepared),
         speculative=prepared.speculative,
         client_overhead_s=(
             prepared.costs.request_overhead_s
