@@ -535,15 +535,22 @@ def test_no_buffer_runs_the_engine_without_async_scheduling(tmp_path):
     """SGLang runs no_buffer without its overlap scheduler, so kvsim runs that variant without async
     scheduling; auto's extra_buffer keeps it, and so does a run without the radix cache."""
     auto = {**ON, "name": "auto", "options": {}}
-    raw = shared_prefix_config([OFF, ON, auto])
+    lazy = {**ON, "name": "lazy", "options": {"mamba_radix_cache_strategy": "extra_buffer_lazy"}}
+    synchronous = {**auto, "name": "sync", "engine": {**ON["engine"], "async_scheduling": False}}
+    raw = shared_prefix_config([OFF, ON, auto, lazy, synchronous])
     prepared = prepare_experiment(validate_experiment(raw), tmp_path / "c.yaml")
-    assert [variant.hybrid.capacity.strategy for variant in prepared.variants] == [
-        "no_buffer",
-        "no_buffer",
-        "extra_buffer",
+    capacities = [variant.hybrid.capacity for variant in prepared.variants]
+    assert [(found.strategy, found.track_buffers) for found in capacities] == [
+        ("no_buffer", 0),
+        ("no_buffer", 0),
+        ("extra_buffer", 2),
+        ("extra_buffer_lazy", 1),
+        ("no_buffer", 0),  # (auto without the overlap scheduler, pages of one token)
     ]
+    # 13 Mamba slots: 13 without the radix cache, 13 // 3, 13 // 5, 13 // 4, 13 // 3.
+    assert [variant.hybrid.max_running_requests for variant in prepared.variants] == [13, 4, 2, 3, 4]
     knobs = [runs_async_scheduling(variant) for variant in prepared.variants]
-    assert knobs == [True, False, True]
+    assert knobs == [True, False, True, True, False]
 
 
 def test_the_extra_buffer_refuses_what_it_cannot_track_in_whole_pages():
