@@ -60,7 +60,9 @@ def test_nemotron_h_pools_by_hand():
         "Mamba Cache is allocated. max_mamba_cache_size: 13, conv_state size: 0.02GB, ssm_state size: 1.31GB",
         "KV Cache is allocated. #tokens: 102063, K size: 0.78 GB, V size: 0.78 GB",
         "max_total_num_tokens=102063, max_running_requests=4, context_len=8192",
+        "mamba_radix_cache_strategy='no_buffer', disable_overlap_schedule=True",
     ]
+    assert len(plain.capacity_lines()) == 3  # (no radix cache: no strategy)
 
 
 def test_qwen3_next_pools_by_hand_with_a_set_mamba_pool_and_ratio():

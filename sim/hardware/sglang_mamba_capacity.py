@@ -202,10 +202,11 @@ class SGLangMambaCapacity:
     def capacity_lines(self) -> list[str]:
         """SGLang's start-up lines: ``MambaPool``'s (its buffers hold one padding slot more),
         ``MHATokenToKVPool``'s over the full-attention layers (``size + page_size`` tokens each), and
-        the scheduler's."""
+        the scheduler's; with the radix cache, the strategy and overlap scheduler it resolved to (as
+        the ``server_args`` line names them)."""
         padded = self.mamba_slots + 1
         half_cell = self.cell_size // 2 * (self.full_tokens + self.page_size)
-        return [
+        lines = [
             f"Mamba Cache is allocated. max_mamba_cache_size: {self.mamba_slots}, conv_state size: "
             f"{self.conv_state_bytes * padded / GIB:.2f}GB, ssm_state size: "
             f"{self.ssm_state_bytes * padded / GIB:.2f}GB",
@@ -214,6 +215,11 @@ class SGLangMambaCapacity:
             f"max_total_num_tokens={self.full_tokens}, max_running_requests={self.max_running_requests}, "
             f"context_len={self.context_len}",
         ]
+        if self.radix_cache:
+            lines.append(
+                f"mamba_radix_cache_strategy={self.strategy!r}, disable_overlap_schedule={not self.overlap}"
+            )
+        return lines
 
 
 def check_positive_number(name: str, value: object, what: str) -> float:
