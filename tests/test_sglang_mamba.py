@@ -21,7 +21,7 @@ from policies._mamba_radix_tree import MambaNode, MambaRadixTree
 from policies.base import ChildSpec, OutOfKVMemory, PolicyInputError
 from sim.config import validate_experiment
 from sim.hardware.models import model_from_hf_config, resolve_model
-from sim.hardware.sglang_mamba_capacity import sglang_mamba_kv_capacity
+from sim.hardware.sglang_mamba_capacity import EXTRA_BUFFER_ARCHITECTURES, sglang_mamba_kv_capacity
 from sim.kv.allocators import SGLangMambaLayout, sglang_hybrid_layout
 from sim.kv.sglang_mamba_radix import MambaRadixCoordinator, MambaTracking
 from sim.kv.sglang_tree import prompt_key
@@ -516,6 +516,67 @@ def test_auto_resolves_the_strategy_as_sglang_does():
         ValueError, match=re.escape("(auto: SGLang runs extra_buffer for JambaForCausalLM in no case)")
     ):
         capacity(jamba_like, page_size=16)
+
+
+def test_the_strategy_edges_and_their_messages():
+    """The edges of SGLang's resolution: ``auto`` takes the extra buffer for pages of 2 without the
+    overlap scheduler (any page above one token), ``no_buffer`` stays allowed for a class SGLang does
+    not list, the lazy strategy needs the radix cache as ``extra_buffer`` does; each refusal says
+    what to do, and an explicit ``no_buffer`` in pages of 16 is refused without an ``auto`` reason."""
+    nemotron = resolve_model(NEMOTRON)
+    jamba_like = replace(nemotron, architecture="JambaForCausalLM")
+
+    def capacity(model=nemotron, **options):
+        return sglang_mamba_kv_capacity(model, 3_000_000_000, max_model_len=8192, **options)
+
+    paged = capacity(radix_cache=True, overlap=False, page_size=2)
+    assert (paged.strategy, paged.track_buffers, paged.max_running_requests) == ("extra_buffer", 1, 3)
+    kept = capacity(jamba_like, radix_cache=True, mamba_scheduler_strategy="no_buffer")
+    assert (kept.strategy, kept.overlap) == ("no_buffer", False)
+    with pytest.raises(ValueError) as refused:
+        capacity(mamba_scheduler_strategy="extra_buffer_lazy")
+    assert str(refused.value) == (
+        "option mamba_scheduler_strategy extra_buffer_lazy tracks the states SGLang's Mamba radix cache "
+        "keeps: it needs engine.enable_prefix_caching: true"
+    )
+    with pytest.raises(ValueError) as refused:
+        capacity(radix_cache=True, mamba_scheduler_strategy="extra_buffer_lazy", overlap=False)
+    assert str(refused.value) == (
+        "option mamba_scheduler_strategy extra_buffer_lazy needs SGLang's overlap scheduler "
+        "(engine.async_scheduling: true)"
+    )
+    with pytest.raises(ValueError) as refused:
+        capacity(jamba_like, radix_cache=True, mamba_scheduler_strategy="extra_buffer_lazy")
+    listed = ", ".join(sorted(EXTRA_BUFFER_ARCHITECTURES))
+    assert str(refused.value) == (
+        f"option mamba_scheduler_strategy extra_buffer_lazy: SGLang runs it only for the model classes it "
+        f'lists ({listed}), not JambaForCausalLM ("extra_buffer is not supported for ...; use no_buffer")'
+    )
+    with pytest.raises(ValueError) as refused:
+        capacity(radix_cache=True, page_size=16, mamba_scheduler_strategy="no_buffer")
+    assert str(refused.value) == (
+        "option page_size 16: SGLang's Mamba radix cache runs pages of one token "
+        '("no_buffer only supports page_size=1") with strategy no_buffer; set page_size 1, option '
+        "mamba_scheduler_strategy extra_buffer for a model SGLang runs it for, or turn prefix caching off"
+    )
+
+
+def test_qwen3_next_pools_by_hand_on_two_gpus():
+    """Tensor parallel 2 splits the gated delta net's heads and the KV heads: a layer's conv state
+    3 x (2 x 8 x 128 + 16 x 128) = 12,288 elements at 2 B and SSM 16 x 128 x 128 = 262,144 at 4 B,
+    1,073,152 B; 36 layers: 38,633,472 B a request. A token: 12 full layers x 2 x 1 x 256 x 2 B =
+    12,288 B. 20 GiB at ratio 0.5: the states take 21,474,836,480 / 3 = 7,158,278,826.7 B: 185 slots
+    (7,147,192,320 B); the rest 14,327,644,160 B // 12,288 = 1,165,986 tokens."""
+    split = sglang_mamba_kv_capacity(
+        "Qwen3-Next-80B-A3B",
+        20 * 2**30,
+        max_model_len=32768,
+        mamba_full_memory_ratio=0.5,
+        tensor_parallel_size=2,
+    )
+    assert (split.conv_state_bytes, split.ssm_state_bytes) == (36 * 24_576, 36 * 1_048_576)
+    assert split.mamba_cache_per_req == 38_633_472 and split.cell_size == 12_288
+    assert (split.mamba_slots, split.full_tokens, split.max_running_requests) == (185, 1_165_986, 185)
 
 
 def test_a_config_json_names_its_model_class(tmp_path):
