@@ -135,6 +135,8 @@ def test_the_credit_by_hand():
     # Nothing shared, or shared without saying what: nothing.
     assert SharedReads(FakePool(1_000, 1_000, 0), 100).credit() == 0
     assert SharedReads(FakePool(1_000, 1_300, 0), 100).credit() == 0
+    # The least sharing there is: one token re-read from one shared token, credited from the start.
+    assert SharedReads(FakePool(1_000, 1_001, 1), 100).credit() == 1
 
 
 @pytest.mark.python_sources  # a stand-in pool: the compiled class takes only a KVCoordinator
@@ -152,6 +154,7 @@ def test_the_credit_changes_only_when_the_sharing_does():
 def test_a_credit_only_where_the_cost_model_gives_one_and_the_pool_can_share():
     assert shared_reads_for(FakePool(0, 0, 0), 0.0) is None
     assert shared_reads_for(FakePool(0, 0, 0), 10.0) is not None
+    assert shared_reads_for(FakePool(0, 0, 0), 1.0) is not None  # (a cache of one token is a cache)
     assert shared_reads_for(FakePool(0, 0, 0, may_share=False), 10.0) is None
 
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from policies import PolicyInputError, PoolSpec, make_policy
 from policies.radix import RadixPolicy
+from sim.engine.unbacked import UnbackedGrowth
 from tests.test_engine import (
     EQUIVALENCE_COSTS,
     SCENARIOS,
@@ -365,3 +366,60 @@ def test_hicache_radix_defers_growth_and_equals_single_stepping(write_policy, sc
     assert skip.unbacked is not None and skip.unbacked.switches >= 1
     assert_same_results(single, skip)
     assert single.policy.host_tier.stats == skip.policy.host_tier.stats
+
+
+# ------------------------------------------------------------------ when growth goes from one way to the other
+class _Pool:
+    """A stand-in pool: its free slots as set, and every ``defer_unbacked`` it is told."""
+
+    def __init__(self):
+        self.available = 0
+        self.told = []
+
+    def available_slots(self):
+        return self.available
+
+    def defer_unbacked(self, pending_tokens):
+        self.told.append(pending_tokens)
+
+
+class _Clock:
+    sequences = 3
+    now = 10
+
+    def __init__(self):
+        self.pending = 5
+
+    def pending_tokens(self):
+        return self.pending
+
+
+class _Batch:
+    running = ()
+
+
+@pytest.mark.python_sources  # stand-ins: the compiled class takes only the engine's own parts
+def test_growth_defers_with_four_iterations_of_room_and_goes_back_when_the_pool_is_short():
+    """Three decoding sequences with 5 pending tokens: growth is deferred once the free slots hold the
+    pending tokens and 4 more iterations (5 + 4 x 3 = 17), not at 16; it stays deferred while the
+    pool holds this iteration's tokens (0 slots left) and goes back to token by token at -1, the
+    pool counting only the tokens before this iteration while the sequences are told of them."""
+    pool, clock = _Pool(), _Clock()
+    growth = UnbackedGrowth(pool, clock, _Batch())
+    assert growth.active is False and growth.switches == 0
+    pool.available = 16
+    growth.at_iteration_start()
+    assert not growth.active and pool.told == []
+    pool.available = 17
+    growth.at_iteration_start()
+    assert growth.active and growth.switches == 1 and pool.told == [clock.pending_tokens]
+    assert growth.jump_limit(10) == 17 // 3 and growth.jump_limit(4) == 4
+    pool.available = 0
+    growth.at_iteration_start()
+    assert growth.active and growth.switches == 1
+    pool.available = -1
+    growth.at_iteration_start()
+    assert growth.active is False and growth.switches == 2
+    before_this_iteration, after = pool.told[1:]
+    assert before_this_iteration() == 5 - 3 and after is None
+    assert growth.jump_limit(10) == 10  # (told token by token: no limit of its own)
