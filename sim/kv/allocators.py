@@ -469,7 +469,7 @@ def sglang_hybrid_layout(
     if mamba_scheduler_strategy is not None and mamba_radix_cache_strategy is not None:
         raise ValueError(
             "options mamba_scheduler_strategy and mamba_radix_cache_strategy are one setting (SGLang "
-            "renamed --mamba-scheduler-strategy --mamba-radix-cache-strategy); give one of them"
+            "renamed --mamba-scheduler-strategy to --mamba-radix-cache-strategy); give one of them"
         )
     strategy_option = "mamba_scheduler_strategy"
     if mamba_radix_cache_strategy is not None:
