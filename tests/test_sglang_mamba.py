@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from policies._mamba_radix_tree import MambaNode, MambaRadixTree
 from policies.base import ChildSpec, OutOfKVMemory, PolicyInputError
 from sim.config import validate_experiment
+from sim.hardware.layers import GatedDeltaNetState, Mamba2State
 from sim.hardware.models import model_from_hf_config, resolve_model
 from sim.hardware.sglang_mamba_capacity import EXTRA_BUFFER_ARCHITECTURES, sglang_mamba_kv_capacity
 from sim.kv.allocators import SGLangMambaLayout, sglang_hybrid_layout
@@ -86,6 +87,31 @@ def test_qwen3_next_pools_by_hand_with_a_set_mamba_pool_and_ratio():
         "Qwen3-Next-80B-A3B", 20 * 2**30, max_model_len=32768, mamba_ssm_dtype="bfloat16"
     )
     assert bf16.mamba_cache_per_req == 36 * 548_864 * 2 == 39_518_208
+    # The same from a gated delta net whose config names its SSM dtype (Qwen3-Next's
+    # mamba_ssm_dtype: bfloat16, which SGLang reads), the option unset; float32 when it says auto.
+    qwen = resolve_model("Qwen3-Next-80B-A3B")
+    named = replace(
+        qwen,
+        layer_kinds=tuple(
+            replace(kind, ssm_dtype="bfloat16") if isinstance(kind, GatedDeltaNetState) else kind
+            for kind in qwen.layer_kinds or ()
+        ),
+    )
+    from_config = sglang_mamba_kv_capacity(named, 20 * 2**30, max_model_len=32768)
+    assert from_config.ssm_state_bytes == 36 * 524_288 * 2 and from_config.conv_state_bytes == 36 * 24_576 * 2
+    # A Mamba2 layer's dtype is vLLM's key (mamba_ssm_cache_dtype), which SGLang does not read: float32.
+    nemotron = resolve_model(NEMOTRON)
+    bf16_key = replace(
+        nemotron,
+        layer_kinds=tuple(
+            replace(kind, ssm_dtype="bfloat16") if isinstance(kind, Mamba2State) else kind
+            for kind in nemotron.layer_kinds or ()
+        ),
+    )
+    assert (
+        sglang_mamba_kv_capacity(bf16_key, 3_000_000_000, max_model_len=8192).ssm_state_bytes
+        == 24 * 4_194_304
+    )
 
 
 @pytest.mark.parametrize(
