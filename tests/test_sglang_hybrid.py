@@ -320,6 +320,10 @@ def test_beside_paged_and_vllm_hybrid_its_two_pools_stay_whole(tmp_path):
     series = pd.read_parquet(tmp_path / "out" / "sglang" / "timeseries.parquet")
     assert (series[BREAKDOWN].sum(axis=1) == summary["kv_pool_tokens"]).all()
     assert (series[BREAKDOWN] >= 0).all().all()
+    # Nothing is shared: the slots its sequences hold are the used, reserved and internal ones, the
+    # decoded tokens its pools have not been told of once among them.
+    held = series[["used_tokens", "reserved_tokens", "internal_fragmentation_tokens"]].sum(axis=1)
+    assert (series["physical_tokens"] == held).all() and (series["logical_tokens"] == held).all()
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from policies import PolicyInputError, PoolSpec, make_policy
 from policies.radix import RadixPolicy
 from sim.engine.unbacked import UnbackedGrowth
+from sim.kv.allocators import sglang_hybrid_layout
 from tests.test_engine import (
     EQUIVALENCE_COSTS,
     SCENARIOS,
@@ -423,3 +424,20 @@ def test_growth_defers_with_four_iterations_of_room_and_goes_back_when_the_pool_
     before_this_iteration, after = pool.told[1:]
     assert before_this_iteration() == 5 - 3 and after is None
     assert growth.jump_limit(10) == 10  # (told token by token: no limit of its own)
+
+
+def test_a_token_pool_counts_its_pending_tokens_once_in_the_slots_its_sequences_hold():
+    """SGLang's two token pools for gpt-oss without the radix cache: a 100-token prompt holds 100
+    slots in each (200); 5 decoded tokens the pools have not been told of fill one free slot each
+    in both (10 more, counted reserved): the sequences hold 210 slots, nothing shared. (The groups
+    once added their pending tokens to that count a second time: 220.)"""
+    kv = sglang_hybrid_layout(
+        "gpt-oss-20b", 2_000_000_000, max_model_len=4096, prefill_tokens=1024
+    ).make_coordinator()
+    kv.admit(1, ((1, 100),), 300, output_content_id=9)
+    pending = [0]
+    kv.defer_unbacked(lambda: pending[0])
+    pending[0] = 5
+    used, reserved, internal, *_ = kv.breakdown_values()
+    assert (used, reserved, internal) == (200, 10, 0)
+    assert kv.sharing_slots() == (210, 210)

@@ -513,13 +513,10 @@ class GroupManager(SequenceTable[GroupSequence]):
         return used, self._reserved, held - shared - used - self._reserved, 0, cached, 0
 
     def sharing_slots(self) -> tuple[int, int]:
+        # (From the breakdown, whose reserved slots already hold unbacked pending tokens.)
         physical, logical = super().sharing_slots()
         if self.tables is not None:
             logical += self.tables.excess * self.block_size
-        if self._pending_tokens is not None:
-            pending = self._pending_tokens()
-            physical += pending
-            logical += pending
         return physical, logical
 
     def can_defer_unbacked(self) -> bool:
