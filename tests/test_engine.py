@@ -40,6 +40,16 @@ def rows(engine, *extra):
     return [tuple(row) for row in frame[columns].itertuples(index=False)]
 
 
+def assert_physical_slots_are_the_held_ones(engine):
+    """At every row the slots live sequences hold (``physical_tokens``, what is shared counted once)
+    are the used, reserved and internally fragmented ones, and never more than they would hold
+    unshared (``logical_tokens``)."""
+    frame = engine.recorder.frame()
+    held = frame[["used_tokens", "reserved_tokens", "internal_fragmentation_tokens"]].sum(axis=1)
+    assert (frame["physical_tokens"] == held).all()
+    assert (frame["logical_tokens"] >= frame["physical_tokens"]).all()
+
+
 def times(engine):
     """Each request's times and outcome; NaN (never admitted, never finished) as None: tuples compare
     NaN by identity, which compiled code (sim.native) does not keep."""
@@ -412,6 +422,8 @@ def test_event_skipping_equals_single_stepping(policy, options, scenario, seed):
     run_both = run_both_modes(policy, pool, requests, options, beam_reparent_prob=0.2, **knobs)
     assert_same_results(run_both["single"], run_both["skip"])
     assert len(rows(run_both["skip"])) < len(rows(run_both["single"]))
+    for engine in run_both.values():
+        assert_physical_slots_are_the_held_ones(engine)
     jumps = run_both["skip"].jumps
     assert jumps.decode > 0
     if scenario == "chunked":

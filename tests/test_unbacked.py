@@ -17,6 +17,7 @@ from sim.kv.allocators import sglang_hybrid_layout
 from tests.test_engine import (
     EQUIVALENCE_COSTS,
     SCENARIOS,
+    assert_physical_slots_are_the_held_ones,
     assert_same_results,
     random_requests,
     run,
@@ -267,6 +268,8 @@ def test_sglang_swa_pools_defer_growth_and_equal_single_steps(full_tokens, swa_t
     skip = run_pools(requests, "skip", sglang_swa_pools(full_tokens, swa_tokens, window))
     assert skip.unbacked is not None and skip.unbacked.switches >= 1
     assert_same_results(single, skip)
+    assert_physical_slots_are_the_held_ones(single)
+    assert_physical_slots_are_the_held_ones(skip)
     end = single.env.now
     pool_slots = single.kv.pool_slots
     groups_single = single.group_series.time_averages(end, pool_slots)
