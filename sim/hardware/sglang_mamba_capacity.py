@@ -438,11 +438,11 @@ def resolve_strategy(
 
 
 def _why_no_buffer(spec: ModelSpec) -> str:
+    """Why ``auto`` fell to ``no_buffer`` in pages above one token (which alone pick the extra buffer
+    for a listed class): the model's class is unknown or not listed."""
     if spec.architecture is None:
         return f"{spec.name}'s model class is not known (its config names no architectures)"
-    if spec.architecture not in EXTRA_BUFFER_ARCHITECTURES:
-        return f"SGLang runs extra_buffer for {spec.architecture} in no case"
-    return "the overlap scheduler is off"
+    return f"SGLang runs extra_buffer for {spec.architecture} in no case"
 
 
 def _track_buffers(strategy: str, overlap: bool) -> int:
