@@ -12,7 +12,7 @@ from policies import PoolSpec
 from sim.config import EngineConfig
 from sim.engine.knobs import EngineKnobs
 from sim.engine.schedulers.sglang import SGLangScheduler, chunked_prefill_size_for
-from tests.engine_helpers import request
+from tests.engine_helpers import RoundCostModel, request
 from tests.test_engine import EQUIVALENCE_COSTS, SCENARIOS, assert_same_results, random_requests, run, times
 
 SGLANG = {"scheduler": "sglang"}
@@ -149,7 +149,11 @@ def test_chunked_prefill_size_and_max_prefill_tokens_are_honoured():
 @pytest.mark.parametrize("options", [{}, {"page_size": 16}])
 @pytest.mark.parametrize("schedule_policy", ["fcfs", "lpm"])
 @pytest.mark.parametrize("scenario", ["roomy", "chunked", "tight", "unchunked"])
-def test_event_skipping_equals_single_stepping(options, schedule_policy, scenario):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_event_skipping_equals_single_stepping(options, schedule_policy, scenario, overlap):
+    """With the overlap scheduler too (``async_scheduling``): skipping let a jump run one iteration
+    past an arrival, as vLLM's async scheduling does, while SGLang's admission saw the arrival at
+    once, so the two step modes disagreed (found by ``tools/fuzz_step_modes.py``)."""
     pool, knobs, shape = SCENARIOS[scenario]
     knobs = dict(knobs)
     if "max_num_batched_tokens" in knobs:
@@ -167,6 +171,7 @@ def test_event_skipping_equals_single_stepping(options, schedule_policy, scenari
             options=options,
             beam_reparent_prob=0.2,
             schedule_policy=schedule_policy,
+            async_scheduling=overlap,
             **SGLANG,
             **knobs,
         )
@@ -174,6 +179,42 @@ def test_event_skipping_equals_single_stepping(options, schedule_policy, scenari
     ]
     assert_same_results(*both)
     assert both[1].jumps.decode > 0
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_the_overlap_scheduler_sees_a_request_at_the_batch_after_next(step_mode):
+    """SGLang's overlap loop receives requests, schedules batch k+1 and launches it while batch k
+    runs: a request that arrives during batch k is first scheduled in batch k+2. R0 (10 + 20 out) runs
+    alone: prefill 0-1.1 s (1 + 10 x 0.01), then decode steps of 1.1 s (1 + 0.1 per sequence). R1
+    (10 + 2 out) arrives at 1.5 s, during the first decode step (1.1-2.2), which was scheduled at 0
+    ... so the step after it (2.2-3.3) was scheduled at 1.1, before R1 came: R1 is admitted at 3.3.
+    Without overlap it is admitted at 2.2."""
+    requests = [request(0, 0.0, 10, 20), request(1, 1.5, 10, 2)]
+    pool = PoolSpec(400, 16, 128)
+    costs = RoundCostModel(intercept_s=1.0, per_seq_s=0.1, prefill_per_token_s=0.01)
+    overlap = run("radix", pool, requests, step_mode, costs=costs, async_scheduling=True, **SGLANG)
+    plain = run("radix", pool, requests, step_mode, costs=costs, async_scheduling=False, **SGLANG)
+    assert admitted(plain)[1] == pytest.approx(2.2)
+    assert admitted(overlap)[1] == pytest.approx(3.3)
+    assert admitted(overlap)[0] == admitted(plain)[0] == 0.0  # (nothing running: seen at once)
+
+
+def test_a_retracted_request_goes_back_ahead_of_the_requests_not_received_yet():
+    """The queue holds A (queued at 1), B (at 5) and C (at 6); the iteration was scheduled at 4, so
+    SGLang has received A only. A request retracted now is appended to SGLang's queue behind A, and
+    B and C join when they are received: the order is A, retracted, B, C."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    def queued(name, at):
+        return SimpleNamespace(name=name, queued_s=at)
+
+    engine = SimpleNamespace(
+        waiting=deque([queued("A", 1.0), queued("B", 5.0), queued("C", 6.0)]), scheduled_at=lambda: 4.0
+    )
+    scheduler = SGLangScheduler(EngineKnobs(max_model_len=100, scheduler="sglang"))
+    scheduler.requeue(engine, queued("retracted", 0.5))
+    assert [state.name for state in engine.waiting] == ["A", "retracted", "B", "C"]
 
 
 def test_vllm_mode_ignores_the_sglang_keys():

@@ -43,6 +43,7 @@ from mypy_extensions import mypyc_attr
 
 from policies.base import OutOfKVMemory
 from sim.engine.schedulers.base import (
+    HEAD_NOT_SEEN,
     HEAD_OUT_OF_MEMORY,
     HEAD_OVER_BUDGET,
     HEAD_STUCK,
@@ -144,8 +145,12 @@ class SGLangScheduler(Scheduler):
         return running > 1 and engine.kv.available_slots() < RETRACT_DECODE_STEPS * running
 
     def requeue(self, engine: SchedulingEngine, state: RequestState) -> None:
-        """A retracted request rejoins the queue at its back (``_extend_requests_to_queue``)."""
+        """A retracted request rejoins the queue at its back (``_extend_requests_to_queue``), ahead
+        of the requests the scheduler has not received yet (:meth:`_set_aside_unseen`): they join
+        the queue when it receives them."""
+        unseen = self._set_aside_unseen(engine)
         engine.waiting.append(state)
+        engine.waiting.extend(unseen)
 
     def after_preemption(self, engine: SchedulingEngine) -> None:
         """Decode ran out of memory and requests were retracted until it fit: ``retract_decode``
@@ -213,10 +218,36 @@ class SGLangScheduler(Scheduler):
             return budget, 0, OUT_OF_BUDGET  # the decode batch took the whole chunk
         if not engine.batch_has_room(1):
             return budget, 0, HEAD_STUCK  # SGLang stops before ordering (batch_is_full)
+        unseen = self._set_aside_unseen(engine)
+        if not engine.waiting:
+            engine.waiting.extend(unseen)
+            return budget, 0, HEAD_NOT_SEEN
         hits = self.order_queue(engine)
         budget, stop = self._admission_round(engine, budget, chunks, hits)
         self.rematches = bool(engine.waiting) and stop != QUEUE_EMPTY
+        if unseen:
+            engine.waiting.extend(unseen)
+            if stop == QUEUE_EMPTY:
+                stop = HEAD_NOT_SEEN
         return budget, 0, stop
+
+    @staticmethod
+    def _set_aside_unseen(engine: SchedulingEngine) -> list[RequestState]:
+        """Take the requests queued after this iteration was scheduled off the queue's back and return
+        them, oldest first. With the overlap scheduler (``engine.async_scheduling``) SGLang's event
+        loop receives requests (``recv_requests``) before it schedules a batch, while the batch before
+        it runs: a request that arrives later waits for the next batch, and is not in the queue this
+        round orders and admits from. They are always the queue's back: arrivals are appended, and a
+        retracted request is put back ahead of them (:meth:`requeue`)."""
+        waiting = engine.waiting
+        if not waiting:
+            return []
+        seen_until_s = engine.scheduled_at()
+        unseen: list[RequestState] = []
+        while waiting and waiting[-1].queued_s > seen_until_s:
+            unseen.append(waiting.pop())
+        unseen.reverse()
+        return unseen
 
     def _admission_round(
         self, engine: SchedulingEngine, chunk_left: int, chunks: list[tuple[int, int]], hits: dict[int, int]
