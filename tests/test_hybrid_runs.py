@@ -256,3 +256,17 @@ def test_a_chunk_no_request_crosses_warns_too():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _warn_of_windows_past_max_model_len(variant, scout, 8193)  # a request of 8,193 tokens crosses it
+
+
+@pytest.mark.parametrize("policy", ["vllm-hybrid", "sglang-hybrid", "jenga"])
+def test_a_cluster_of_hybrid_replicas_runs_and_sums_to_its_replicas(policy, tmp_path):
+    """Two replicas behind a round-robin router. The replicas' summaries used to read each engine's
+    single policy, which an engine with several KV groups does not have: the run crashed after the
+    simulation (found by ``tools/fuzz_step_modes.py``). Each replica serves half the stream."""
+    raw = config("gpt-oss-20b", [{"name": policy, "policy": policy}])
+    raw["workload"]["num_requests"] = 40
+    raw["cluster"] = {"replicas": 2, "router": "round_robin"}
+    result = run(raw, tmp_path)[policy]
+    replicas = result.replica_summaries
+    assert [row["requests_routed"] for row in replicas] == [20, 20]
+    assert sum(row["requests_finished"] for row in replicas) == result.summary["requests_finished"] == 40

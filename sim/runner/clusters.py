@@ -82,7 +82,7 @@ def run_cluster(
     requests_table = sink.requests(columns=[*SUMMARY_REQUEST_COLUMNS, "replica"])
     replica_summaries = [
         variant_summary(
-            engine, requests_table[requests_table["replica"] == index], prepared, wall_s, [engine.policy]
+            engine, requests_table[requests_table["replica"] == index], prepared, wall_s, [policies[index]]
         )
         | {"replica": index, "role": "both", "requests_routed": cluster.routed[index]}
         for index, engine in enumerate(cluster.replicas)
@@ -165,7 +165,7 @@ def run_disaggregated(
     for index, engine in enumerate(cluster.replicas):
         role = cluster.role_of(index)
         served = requests_table["prefill_replica" if role == "prefill" else "replica"] == index
-        row = variant_summary(engine, requests_table[served], pools[index], wall_s, [engine.policy])
+        row = variant_summary(engine, requests_table[served], pools[index], wall_s, [policies[index]])
         replica_summaries.append(
             row | {"replica": index, "role": role, "requests_routed": cluster.routed[index]}
         )
