@@ -165,6 +165,15 @@ class JumpTimeline:
             return sum(j * d for j, d in enumerate(self.durations[:steps], start=1))
         return decode_token_weight_s(self.decode, steps, self.batch, self.context, self.rate)
 
+    def tokens_gained(self, steps: int) -> float:
+        """Tokens each sequence holds beyond iteration 1's while the ``steps``-th iteration after it
+        runs (one more per iteration, unless speculative decoding's ``growth`` says otherwise)."""
+        if steps <= 0:
+            return 0.0
+        if self.growth is not None:
+            return self.growth[steps - 1]
+        return float(steps)
+
     def iterations_ended_before(self, elapsed_s: float) -> int:
         """How many of the jump's iterations end strictly before ``elapsed_s`` (from its start); the
         next one is in progress then, unless all have ended."""

@@ -140,7 +140,8 @@ class JumpLanding:
             self._grow_inside(jump, jump.first_clock + started - 1)
         timeline = jump.timeline
         partial = elapsed - timeline.elapsed_s(started - 1)
-        area = timeline.token_weight_s(started - 2) + (started - 1) * partial if started > 1 else 0.0
+        # (The iteration in progress holds the tokens gained by its start, speculation included.)
+        area = timeline.token_weight_s(started - 2) + timeline.tokens_gained(started - 1) * partial
         self._add_token_area(timeline.batch, area)
         self.counters.iterations += ended
         if ended:
