@@ -214,14 +214,18 @@ class JumpPlanner:
     def _decode_jump(self, first_s: float, budget: int, limit: int) -> Jump | None:
         """Decode-only iterations: each has ``budget`` tokens left for admissions."""
         extra = limit
+        if self.disaggregated:
+            # A transfer's notice is taken at every iteration start, whatever the budget: sent blocks
+            # are freed, landed prompts queued (and can unblock any head: landed prompts hold their
+            # blocks, released blocks are room).
+            extra = min(extra, self._iterations_until_arrival(first_s))
         if budget > 0:
             if self._iteration.admission_stop in NEXT_TRIES_HEAD or self.scheduler.rematches:
                 return None  # the next iteration tries the head
-            if self._iteration.admission_stop == QUEUE_EMPTY or self.disaggregated:
-                # (A transfer's notice can unblock any head: landed prompts hold their blocks, and
-                # released blocks are room.) With async scheduling the iteration after the arrival's
-                # was scheduled before it came, so it can run too.
-                unseen = 1 if self.async_jumps and not self.disaggregated else 0
+            if self._iteration.admission_stop == QUEUE_EMPTY and not self.disaggregated:
+                # With async scheduling the iteration after the arrival's was scheduled before it
+                # came, so it can run too.
+                unseen = 1 if self.async_jumps else 0
                 extra = min(extra, self._iterations_until_arrival(first_s) + unseen)
         if extra <= 0:
             return None
@@ -303,6 +307,8 @@ class JumpPlanner:
             seen_s = started_s if self.async_jumps else elapsed_s
             if left > 0 and self._admission_may_change(seen_s, arrival_s):
                 break
+            if self.disaggregated and arrival_s <= elapsed_s:
+                break  # a transfer's notice is taken at this iteration's start, budget or not
             grown = step if schedule is None else self.clock.first_token_of(first + step) - start
             durations.append(self.iteration_cost.duration(batch, context + grown * rate, sized))
             all_chunks.append(chunks)
