@@ -54,7 +54,10 @@ def build_cluster(
     """A cluster of ``replicas`` (prefill, decode) engines with round-number costs (decode step 1 s,
     prefill 0.01 s per token, no fixed cost for prefill alone)."""
     knobs = EngineKnobs(
-        max_model_len=4096, max_num_seqs=16, max_num_batched_tokens=max_num_batched_tokens, step_mode=step_mode
+        max_model_len=4096,
+        max_num_seqs=16,
+        max_num_batched_tokens=max_num_batched_tokens,
+        step_mode=step_mode,
     )
     costs = costs or RoundCostModel(intercept_s=1.0, prefill_per_token_s=0.01)
     link = link or LinkSpec("custom", 32_000.0, 0.1, "fabric")

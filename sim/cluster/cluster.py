@@ -49,6 +49,9 @@ class Cluster:
         self.replicas: list[Engine] = [
             build_replica(index, self.env, self._bound_for(index), hook) for index in range(replicas)
         ]
+        if router.reads_kv_state:
+            for replica in self.replicas:
+                replica.let_arrivals_read_kv_state()
         self.routed = [0] * replicas  # requests each replica received
 
     def run(self, until_s: float | None = None) -> None:

@@ -120,6 +120,13 @@ class DisaggregatedCluster:
             self.replicas.append(build_replica(index, role, self.env, self._bound_for(index), hook, self))
         self.prefill_replicas = self.replicas[: prefill.replicas]
         self.decode_replicas = self.replicas[prefill.replicas :]
+        for router, pool in (
+            (self.prefill_router, self.prefill_replicas),
+            (self.decode_router, self.decode_replicas),
+        ):
+            if router.reads_kv_state:
+                for replica in pool:
+                    replica.let_arrivals_read_kv_state()
         self.routed = [0] * len(self.replicas)  # requests routed to each replica (a prompt, or a request)
         self.disaggregated = 0
         self.flights: dict[int, Flight] = {}

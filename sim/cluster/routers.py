@@ -53,6 +53,9 @@ def least_loaded(replicas: Sequence[Engine]) -> int:
 class Router(ABC):
     name: ClassVar[str]
     needs_prefix_lookup: ClassVar[bool] = False
+    reads_kv_state: ClassVar[bool] = False
+    """Whether :meth:`choose` reads the replicas' KV pools (free slots, cached prefixes): their
+    event-skipping jumps then stop before any arrival (``Engine.let_arrivals_read_kv_state``)."""
 
     @abstractmethod
     def choose(self, request: Request, replicas: Sequence[Engine]) -> int:
@@ -98,12 +101,12 @@ WAITING_WEIGHT = 4
 
 class LeastKV(Router):
     """The replica with the most free KV slots (evictable cached blocks count as free, as in vLLM's
-    ``kv_cache_usage_perc``), as the policy reports them at the arrival instant. With
-    ``step_mode: skip`` the blocks a replica takes inside an event-skipping jump are booked when the
-    jump ends, so an arrival during a jump's last iteration can see a few blocks more free than
-    single steps would (a real router reads scraped metrics, staler still)."""
+    ``kv_cache_usage_perc``), as the policy reports them at the arrival instant: with the blocks taken
+    at the start of the iteration in progress, in either step mode (``reads_kv_state``). A real
+    router reads scraped metrics, staler than that."""
 
     name = "least_kv"
+    reads_kv_state = True
 
     def choose(self, request: Request, replicas: Sequence[Engine]) -> int:
         free = [engine.kv.available_slots() for engine in replicas]
@@ -130,6 +133,7 @@ class SessionAffinity(Router):
 class PrefixAware(Router):
     name = "prefix_aware"
     needs_prefix_lookup = True
+    reads_kv_state = True
 
     def __init__(self, prefix_weight: float, load_weight: float, host_weight: float = 0.8) -> None:
         self.prefix_weight = prefix_weight

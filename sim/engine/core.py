@@ -305,6 +305,11 @@ class Engine:
         self._loop_process = self.env.process(self._loop())
         self._record()
 
+    def let_arrivals_read_kv_state(self) -> None:
+        """A cluster's router reads this replica's KV pool at every arrival (``Router.reads_kv_state``):
+        jumps end before the iteration an arrival falls in, so that it reads what single steps show."""
+        self.wakeup.planner.arrivals_read_state = True
+
     def submit(self, request: Request, record: RequestRecord | None = None) -> None:
         """A request a cluster's router sends to this replica arrives now (``record``: the one a
         disaggregated cluster keeps for it across its replicas)."""

@@ -158,6 +158,10 @@ class JumpPlanner:
         self.async_jumps = async_jumps
         # A transfer's notice can come at any time (a disaggregated cluster's replica).
         self.disaggregated = disaggregated
+        # A cluster's router reads this replica's KV state at every arrival (least_kv, prefix_aware):
+        # no jump may hold an iteration an arrival falls in, whose growth single steps have booked
+        # by then (a jump books it when it lands).
+        self.arrivals_read_state = False
         # When the next request arrives (asked only when a plan depends on it: under a cluster it is
         # the cluster's answer).
         self.next_arrival_s = next_arrival_s
@@ -214,6 +218,8 @@ class JumpPlanner:
     def _decode_jump(self, first_s: float, budget: int, limit: int) -> Jump | None:
         """Decode-only iterations: each has ``budget`` tokens left for admissions."""
         extra = limit
+        if self.arrivals_read_state:
+            extra = min(extra, self._iterations_until_arrival(first_s) - 1)
         if self.disaggregated:
             # A transfer's notice is taken at every iteration start, whatever the budget: sent blocks
             # are freed, landed prompts queued (and can unblock any head: landed prompts hold their
@@ -310,7 +316,10 @@ class JumpPlanner:
             if self.disaggregated and arrival_s <= elapsed_s:
                 break  # a transfer's notice is taken at this iteration's start, budget or not
             grown = step if schedule is None else self.clock.first_token_of(first + step) - start
-            durations.append(self.iteration_cost.duration(batch, context + grown * rate, sized))
+            duration = self.iteration_cost.duration(batch, context + grown * rate, sized)
+            if self.arrivals_read_state and arrival_s < elapsed_s + duration:
+                break  # an arrival falls in this iteration and reads the state its start booked
+            durations.append(duration)
             all_chunks.append(chunks)
             started_s = elapsed_s
             elapsed_s += durations[-1]
