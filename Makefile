@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 BASE := $(VENV)/.installed-base
 FULL := $(VENV)/.installed-dev-calibrate
 
-.PHONY: venv base demo test lint typecheck native docs fuzz bench mutation planted clean
+.PHONY: venv base demo test lint typecheck native docs fuzz fuzz-step-modes bench mutation planted clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -65,6 +65,10 @@ docs: $(BASE)
 # Millions of random policy operations, every invariant checked after each (minutes; not in `test`).
 fuzz: venv
 	$(BIN)/python -m tests.fuzz --ops 1000000 --jobs 2
+
+# Event skipping against single stepping on random whole experiments (failing cases: fuzz-step-modes/).
+fuzz-step-modes: venv
+	$(BIN)/python -m tests.fuzz_step_modes --cases 2000 --seed $${SEED:-1}
 
 bench: native
 	$(BIN)/python -m benchmarks
