@@ -275,7 +275,9 @@ class DecodeClock:
         room holds; returns the clock it was brought to. (Speculation: the drafts a step accepted
         past the room sit in the lookahead slots its sequences hold.)"""
         room = min(self.kv.growth_room(seq_id) for seq_id in state.seq_ids) if state.seq_ids else 0
-        fits = state.synced_clock + room
+        # (A room below 0: a speculative sequence's blocks no longer cover its lookahead slots, as
+        # after a swap-in; its next token takes blocks first. Nothing is told without them.)
+        fits = state.synced_clock + (room if room > 0 else 0)
         reached = at_clock if at_clock < fits else fits
         self.sync(state, reached)
         return reached
@@ -340,6 +342,8 @@ class DecodeClock:
     def reschedule_flush(self, state: RequestState) -> None:
         """After a sync: the iteration at which its sequences' held slots run out."""
         room = min(self.kv.growth_room(seq_id) for seq_id in state.seq_ids) if self.defer_growth else 0
+        if room < 0:
+            room = 0  # (its lookahead slots are short: the next token takes blocks)
         self._cancel_flush(state)
         self._schedule_flush(state, state.synced_clock + room + 1)
 
