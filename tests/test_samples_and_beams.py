@@ -318,10 +318,11 @@ class ForkRefusedForOneParent:
 def test_a_beam_step_whose_second_parent_cannot_fork_frees_the_first_parents_children():
     """Request 0's prompt is sequence 1 (request 1's is 2); its first token forks beams 3, 4, 5. At
     the first beam step beams 4 and 5 (indices 2 and 3) are freed as finished, to be replaced by a
-    child of beam 1 (sequence 6) and one of beam 3. Beam 3's fork runs out of memory: child 6, already
-    forked, is freed unfinished (it holds no decoded output) and the request, not alone, is
-    preempted. It reruns from its prompt later, with four new sequences that it frees as it
-    finishes; the pool ends empty."""
+    child of beam 1 (sequence 6) and one of beam 3 (7). Beam 3's fork runs out of memory once: child
+    6, already forked, is freed unfinished (it holds no decoded output), and the newest request,
+    request 1, is preempted, as vLLM preempts for a token; the retried fork fits. Request 0 finishes without a preemption, request 1 after one; the pool ends
+    empty. (kvsim used to preempt the forking request itself: two requests whose forks fit one at a
+    time then preempted each other for ever.)"""
     pool = PoolSpec(16 * 64, 16, 512)
     engine = Engine(
         make_policy("paged", pool),
@@ -339,15 +340,16 @@ def test_a_beam_step_whose_second_parent_cannot_fork_frees_the_first_parents_chi
     def first_step_refuses_the_second_survivor(state):
         if completions.beams.steps == 0:
             spy.refused_parent = state.seq_ids[1]
-        beam_step(state)
+        return beam_step(state)
 
     completions.beam_step = first_step_refuses_the_second_survivor
     engine.run()
-    assert spy.freed[:3] == [(5, True), (4, True), (6, False)]
-    rerun = spy.freed[3:-1]
-    assert len(rerun) == 4 and all(finished for _, finished in rerun) and min(rerun)[0] > 6
-    first = next(record for record in engine.records if record.request_id == 0)
-    assert (first.outcome, first.preemptions) == ("finished", 1)
+    # Then request 0's beams 1, 3 and the retried children 6, 7 as it finishes, and request 1's rerun
+    # (sequence 8). (Request 1's preemption frees its sequence 2 through the growth path, which the
+    # spy on the completions does not see.)
+    assert spy.freed == [(5, True), (4, True), (6, False), (1, True), (3, True), (6, True), (7, True), (8, True)]
+    preemptions = {record.request_id: (record.outcome, record.preemptions) for record in engine.records}
+    assert preemptions == {0: ("finished", 0), 1: ("finished", 1)}
     assert engine.counters.preemptions == 1
     assert engine.policy.breakdown().free == pool.kv_pool_tokens
 
@@ -475,3 +477,30 @@ def test_two_samples_taking_their_first_tokens_can_swap_out_two_victims(step_mod
     assert [records[i].preemptions for i in (1, 2)] == [1, 1]
     assert all(record.outcome == "finished" for record in records.values())
     assert (engine.counters.swapped_out_blocks, engine.counters.preemptions) == (2, 2)
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_two_requests_whose_forks_fit_one_at_a_time_both_finish(step_mode):
+    """Plain paging (a child copies its parent's blocks), blocks of 4, a pool of 23 blocks, a budget
+    of 20 tokens an iteration. A and B: 24-token prompts (6 blocks), 3 samples of 2 tokens. Iteration
+    1 (1.2 s: 1 s + 20 x 0.01) prefills 20 tokens of A; iteration 2 (1.2 s) the last 4 of A and 16 of
+    B, admitted with its 6 blocks. A's prompt is done at 2.4 s and its two children need 12 blocks:
+    11 are free. The newest request, B, is preempted; then they fit (17 free). A decodes its second
+    token in iteration 3 (its samples take a block each: 21 held) and finishes at 3.4 s; B, which
+    needs 6 blocks, waits until then, prefills 20 + 4 tokens (1.2 + 1.04 s: first token at 5.64 s),
+    forks alone and finishes at 6.64 s. (kvsim used to preempt the forking request instead: A, then
+    B at its own prompt's end, then A again, for ever.)"""
+    pool = PoolSpec(23 * 4, 4, 64)
+    requests = [request(0, 0.0, 24, 2, n=3), request(1, 0.0, 24, 2, n=3)]
+    engine = Engine(
+        make_policy("paged", pool),
+        RoundCostModel(),
+        EngineKnobs(max_model_len=64, max_num_batched_tokens=20, step_mode=step_mode),
+        iter(requests),
+        block_size=4,
+    )
+    engine.run(until_s=100.0)
+    got = {record.request_id: record for record in engine.records}
+    assert [(got[i].outcome, got[i].preemptions) for i in (0, 1)] == [("finished", 0), ("finished", 1)]
+    assert got[0].first_token_s == pytest.approx(2.4) and got[0].finish_s == pytest.approx(3.4)
+    assert got[1].first_token_s == pytest.approx(5.64) and got[1].finish_s == pytest.approx(6.64)

@@ -74,21 +74,21 @@ class Completions:
             if self.clock.generated(state) >= state.next_sample_end:
                 self.end_samples(state, now)
             else:
-                self.beam_step(state)
+                swapped_out += self.beam_step(state)
         return changed, swapped_out
 
     def start_decoding(self, state: RequestState) -> int:
         """The prompt is in (or back in, after a recompute): fork the samples/beams, and the
         iteration's token goes into every sequence. Returns blocks swapped out by preemptions."""
         self.batch.prefilling.remove(state)
+        swapped = 0
         if len(state.seq_ids) < state.width:
             self.batch.release_unforked(state)
             # Sample i (i >= 1) runs to its own length: the children take entries 1.. of sample_lens.
             final_lens = [state.final_len_of(index) for index in range(len(state.seq_ids), state.width)]
-            self.fork(state, [(state.seq_ids[0], final_lens)])
+            swapped = self.fork(state, [(state.seq_ids[0], final_lens)])
             if not state.is_running:
-                return 0  # the fork did not fit: the request was preempted
-        swapped = 0
+                return swapped  # the fork did not fit even alone, or the request was the victim
         # (A prefill replica samples its one token and stops: vLLM allocates it no slot.)
         for seq_id in list(state.seq_ids) if not self.handoff.prefill_only else ():
             outcome = self.growth.grow_or_preempt(state, seq_id, victims_at=self.clock.now)
@@ -106,10 +106,13 @@ class Completions:
             return NEVER
         return self.clock.now + self.beams.interval(len(state.seq_ids))
 
-    def fork(self, state: RequestState, forks: list[tuple[int, list[int]]]) -> None:
+    def fork(self, state: RequestState, forks: list[tuple[int, list[int]]]) -> int:
         """Add children to the request: for each ``(parent, final lengths)``, one child of ``parent``
-        per length. If they do not all fit, the request itself is preempted (a simplification: vLLM
-        V0 would preempt the newest request first)."""
+        per length. When they do not all fit, the scheduler's victims (vLLM: the newest request) are
+        preempted until they do, as for a token; the request itself when it is the victim, or
+        rejected when it is alone. (Preempting the forking request first, as kvsim did, let two
+        requests whose forks fit only one at a time preempt each other for ever.) Returns blocks
+        swapped out."""
         planned: list[tuple[int, list[ChildSpec]]] = []
         for parent, final_lens in forks:
             children = []
@@ -118,24 +121,28 @@ class Completions:
                 self._next_child_stream -= 1
             planned.append((parent, children))
         forked: list[int] = []
-        try:
-            for parent, children in planned:
-                self.kv.fork(parent, children)
-                forked.extend(child.seq_id for child in children)
-        except OutOfKVMemory:
-            for seq_id in forked:
-                self.kv.free(seq_id, finished=False)
-            if len(self.batch.running) == 1:
-                self.growth.reject_alone(state, self.clock.now)
-                return
-            self.growth.preempt(state, self.clock.now)
-            return
-        state.seq_ids.extend(forked)
-        self.batch.running_seqs += len(forked)
 
-    def beam_step(self, state: RequestState) -> None:
+        def fork_all() -> None:
+            try:
+                for parent, children in planned:
+                    self.kv.fork(parent, children)
+                    forked.extend(child.seq_id for child in children)
+            except OutOfKVMemory:
+                for seq_id in forked:
+                    self.kv.free(seq_id, finished=False)
+                forked.clear()
+                raise
+
+        outcome = self.growth.make_room(state, fork_all, self.clock.now)
+        if state.is_running:
+            state.seq_ids.extend(forked)
+            self.batch.running_seqs += len(forked)
+        return max(0, outcome - 1)
+
+    def beam_step(self, state: RequestState) -> int:
         """Some beams fall out of the top ``width``: each is freed and replaced by a fork of a
-        surviving beam (its blocks shared, its partly filled tail copied on the next write)."""
+        surviving beam (its blocks shared, its partly filled tail copied on the next write). Returns
+        blocks swapped out by preemptions."""
         self.clock.leave(state, self.clock.now)
         width = len(state.seq_ids)
         replaced = self.beams.replaced(width)
@@ -149,9 +156,10 @@ class Completions:
         children_of: dict[int, list[int]] = {}
         for parent in parents:
             children_of.setdefault(survivors[parent], []).append(final_len)
-        self.fork(state, list(children_of.items()))
+        swapped = self.fork(state, list(children_of.items()))
         if state.is_running:
             self.clock.enter(state, beam_due=self._next_beam_due(state))
+        return swapped
 
     def end_samples(self, state: RequestState, now: float) -> None:
         """Samples that generated their last token stop and free their blocks (blocks they share stay

@@ -5,6 +5,8 @@ recomputed later, or swapped to host memory (``preemption_mode: swap``, one sequ
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from policies.base import OutOfKVMemory
@@ -106,10 +108,17 @@ class DecodeGrowth:
         """Grow one sequence by a token; on OOM preempt the newest request until it fits. Victims are
         taken back to clock ``victims_at`` (a newer request has not decoded this iteration yet).
         Returns 0 when nothing was preempted, else 1 + blocks swapped out."""
+        return self.make_room(state, partial(self.kv.grow, seq_id, 1), victims_at)
+
+    def make_room(self, state: RequestState, attempt: Callable[[], None], victims_at: int) -> int:
+        """Run ``attempt``, a policy call for ``state`` that raises :class:`OutOfKVMemory` when the pool
+        is short (a token, a fork of samples), preempting the scheduler's victim (vLLM: the newest
+        request) until it succeeds or ``state`` itself is the one taken off. Returns 0 when nothing
+        was preempted, else 1 + blocks swapped out."""
         outcome = 0
         while True:
             try:
-                self.kv.grow(seq_id, 1)
+                attempt()
                 return outcome
             except OutOfKVMemory:
                 assert self.engine is not None
