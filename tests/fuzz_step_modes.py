@@ -287,6 +287,27 @@ def accounting_errors(result, label: str, single_engine: bool) -> list[str]:
     return found
 
 
+OUTCOMES = {"finished", "rejected", "failed_oom", "unfinished"}
+
+
+def outcome_errors(result, label: str, config: dict[str, Any]) -> list[str]:
+    """Every request of the stream has one row and one outcome; a run without ``until_s`` leaves
+    none unfinished."""
+    requests = result.requests
+    found = []
+    if requests["request_id"].duplicated().any():
+        found.append(f"{label}: a request has two rows")
+    unknown = set(requests["outcome"]) - OUTCOMES
+    if unknown:
+        found.append(f"{label}: outcomes {sorted(unknown)}")
+    if config.get("until_s") is None:
+        if len(requests) != config["workload"]["num_requests"]:
+            found.append(f"{label}: {len(requests)} requests, not {config['workload']['num_requests']}")
+        if (requests["outcome"] == "unfinished").any():
+            found.append(f"{label}: unfinished requests without until_s")
+    return found
+
+
 def run_case(config: dict[str, Any]) -> tuple[str, list[str]]:
     """("refused", [why]), ("same", []) or ("differs", [what])."""
     with tempfile.TemporaryDirectory() as folder:
@@ -303,6 +324,7 @@ def run_case(config: dict[str, Any]) -> tuple[str, list[str]]:
         single_engine = "cluster" not in config
         for name, result in by_name.items():
             found += accounting_errors(result, name, single_engine)
+            found += outcome_errors(result, name, config)
     return ("differs", found) if found else ("same", [])
 
 
