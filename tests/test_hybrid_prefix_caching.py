@@ -372,3 +372,34 @@ def test_a_prompt_of_whole_blocks_never_hits_its_last_token():
     kv.free(1)
     assert kv.lookup(prompt) == PrefixHit(12)
     assert kv.admit(2, prompt, 18, 102) == 12
+
+
+def _tables(kv: MultiGroupCoordinator, seq_ids: list[int]) -> list[list[int]]:
+    rows = []
+    for group in kv.groups:
+        tables = group.policy.tables
+        rows += [list(tables.by_seq[id(group.policy.sequences[seq_id])].table) for seq_id in seq_ids]
+    return rows
+
+
+@pytest.mark.parametrize("blocks", [14, 16, 24])
+def test_a_growth_of_several_sequences_is_committed_request_by_request(blocks):
+    """vLLM allocates request by request: each frees its groups' skipped blocks, then takes its new
+    ones. Growing two sequences in one call (event skipping flushes them together) must leave the pool
+    as growing them one after the other (single steps): the same block tables, the same free queue
+    (which cached blocks were evicted, in which order). Committing every release first, as kvsim did,
+    let the second sequence's released blocks be taken by the first (a pool short enough to evict
+    changed which cached blocks went; Marconi's eviction then differed between the step modes)."""
+    pools = []
+    for together in (True, False):
+        kv, full, window, pool = hybrid(blocks)
+        serve_and_free_a(kv)  # A's blocks stay cached: the takes below may evict them
+        kv.admit(2, ((3, 12),), 40, 102)
+        kv.admit(3, ((4, 12),), 40, 103)
+        if together:
+            kv.grow_each([2, 3], [8, 8])
+        else:
+            kv.grow(2, 8)
+            kv.grow(3, 8)
+        pools.append((_tables(kv, [2, 3]), pool.queue.order(), breakdowns(kv)))
+    assert pools[0] == pools[1]

@@ -361,6 +361,27 @@ class GroupManager(SequenceTable[GroupSequence]):
             )
         return net_blocks, plan
 
+    def planned_net_blocks(self, plan: list[tuple]) -> int:
+        """The net blocks of part of a plan (:meth:`plan_checked_growth`'s, for its sequences only)."""
+        if self.tables is not None:
+            return self.tables.net_blocks(
+                [(id(seq), seq.first_block, seq.end_block, first, end) for seq, _, first, end in plan]
+            )
+        net = 0
+        for seq, _, first, end in plan:
+            net += (end - first) - (seq.end_block - seq.first_block)
+        return net
+
+    @staticmethod
+    def planned_new_blocks(plan: list[tuple]) -> int:
+        """The blocks a plan takes, whatever it releases."""
+        taken = 0
+        for seq, _, first, end in plan:
+            start = seq.end_block if seq.end_block > first else first
+            if end > start:
+                taken += end - start
+        return taken
+
     def release_skipped(self, plan: list[tuple]) -> None:
         """With a prefix-caching pool, the blocks a planned growth releases go back (cached) before any
         group of the pool takes new ones (vLLM's ``remove_skipped_blocks``, then

@@ -233,8 +233,11 @@ class MultiGroupCoordinator(KVCoordinator):
             rooms = _least(rooms, group.policy.grow_each(seq_ids, num_tokens))
         for shared, net_blocks, plans in planned:
             shared.pool.adjust(net_blocks)
-            if shared.pool.caches_prefixes:  # every group's skipped blocks go back before any takes
-                for manager, plan in plans:
+            if shared.pool.caches_prefixes:
+                if _fits_in_request_order(shared, plans, len(seq_ids)):
+                    rooms = _commit_in_request_order(plans, len(seq_ids), rooms)
+                    continue
+                for manager, plan in plans:  # (every group's skipped blocks back before any takes)
                     manager.release_skipped(plan)
             for manager, plan in plans:
                 rooms = _least(rooms, manager.commit_growth(plan))
@@ -474,6 +477,38 @@ def longest_common_hit(groups: Sequence[GroupManager], prompt: TokenContent, nam
             break
         hit = length
     return hit
+
+
+def _fits_in_request_order(shared: _SharedPool, plans: list[tuple], sequences: int) -> bool:
+    """Whether the pool holds each sequence's new blocks when it allocates, after the skipped blocks
+    of those before it and its own went back (vLLM's order). Nothing to check when it holds every
+    new block whatever is released; else the running net after each sequence. When it does not, the
+    growth was checked on its net (every release first), and is committed in that order."""
+    spare = shared.pool.spare_blocks()
+    if sum(manager.planned_new_blocks(plan) for manager, plan in plans) <= spare:
+        return True
+    for index in range(1, sequences + 1):
+        if sum(manager.planned_net_blocks(plan[:index]) for manager, plan in plans) > spare:
+            return False
+    return True
+
+
+def _commit_in_request_order(plans: list[tuple], sequences: int, rooms: list[int] | None) -> list[int]:
+    """Commit a prefix-caching pool's planned growth sequence by sequence, as vLLM's scheduler
+    allocates request by request: each frees every group's skipped blocks (cached), then takes its
+    new ones. Which cached block an allocation evicts depends on that order, so a growth of several
+    sequences in one call (event skipping's flushes) and one sequence at a time (single steps) must
+    give the same. Returns the rooms after it, the least over the groups."""
+    by_group: list[list[int]] = [[] for _ in plans]
+    for index in range(sequences):
+        for manager, plan in plans:
+            manager.release_skipped(plan[index : index + 1])
+        for group, (manager, plan) in enumerate(plans):
+            by_group[group].extend(manager.commit_growth(plan[index : index + 1]))
+    for group_rooms in by_group:
+        rooms = _least(rooms, group_rooms)
+    assert rooms is not None
+    return rooms
 
 
 def _least(rooms: list[int] | None, more: list[int]) -> list[int]:
