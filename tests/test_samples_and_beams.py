@@ -347,7 +347,16 @@ def test_a_beam_step_whose_second_parent_cannot_fork_frees_the_first_parents_chi
     # Then request 0's beams 1, 3 and the retried children 6, 7 as it finishes, and request 1's rerun
     # (sequence 8). (Request 1's preemption frees its sequence 2 through the growth path, which the
     # spy on the completions does not see.)
-    assert spy.freed == [(5, True), (4, True), (6, False), (1, True), (3, True), (6, True), (7, True), (8, True)]
+    assert spy.freed == [
+        (5, True),
+        (4, True),
+        (6, False),
+        (1, True),
+        (3, True),
+        (6, True),
+        (7, True),
+        (8, True),
+    ]
     preemptions = {record.request_id: (record.outcome, record.preemptions) for record in engine.records}
     assert preemptions == {0: ("finished", 0), 1: ("finished", 1)}
     assert engine.counters.preemptions == 1
