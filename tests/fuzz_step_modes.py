@@ -75,6 +75,30 @@ MODELS = (
         (("sliding_window", 24),),
     ),
     ModelChoice(
+        "llama-chunked-48",
+        "H100-80GB",
+        1,
+        WINDOWED,
+        2048,
+        "tests/data/hf_configs/llama-3.1-8b.json",
+        (("attention_chunk_size", 48), ("no_rope_layers", [1, 1, 1, 0] * 8)),
+    ),
+    ModelChoice(
+        "gemma-like-window-40",
+        "H100-80GB",
+        1,
+        ("paged", "vllm-hybrid", "jenga"),
+        2048,
+        "tests/data/hf_configs/gemma2-like.json",
+        (
+            ("sliding_window", 40),
+            (
+                "layer_types",
+                ["full_attention" if (layer + 1) % 6 == 0 else "sliding_attention" for layer in range(26)],
+            ),
+        ),
+    ),
+    ModelChoice(
         "qwen3-next-small-state",
         "H200",
         2,
@@ -144,6 +168,8 @@ def draw_case(rng: random.Random, index: int, folder: Path) -> dict[str, Any]:
         engine["chunked_prefill_size"] = rng.choice([512, 2048, 8192])
         engine["max_prefill_tokens"] = rng.choice([2048, 16384])
     options: dict[str, Any] = {}
+    if policy == "radix" and rng.random() < 0.3:
+        options = {"page_size": rng.choice([4, 16])}
     if policy == "contiguous":
         options = rng.choice(
             [
@@ -197,6 +223,10 @@ def draw_case(rng: random.Random, index: int, folder: Path) -> dict[str, Any]:
         config["until_s"] = round(rng.uniform(1.0, 20.0), 3)
     if policy in ("prefix", "radix") and rng.random() < 0.25:
         config["offload"] = {"host_memory_gib": rng.choice([0.05, 1.0])}
+        if policy == "radix" and rng.random() < 0.5:
+            config["offload"]["write_policy"] = rng.choice(
+                ["write_through", "write_back", "write_through_selective"]
+            )
     if rng.random() < 0.12:
         caches = engine.get("enable_prefix_caching") or policy == "radix"
         routers = ["round_robin", "least_kv", *(["prefix_aware"] if caches else [])]

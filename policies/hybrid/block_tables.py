@@ -192,15 +192,25 @@ class GroupBlockTables:
             self._release(record.table[position])
             record.table[position] = NO_BLOCK
 
+    def note_growth(self, key: int, tokens: int) -> None:
+        """The sequence grew by ``tokens`` of its own output: the held blocks they filled are cached
+        (before any is released: :meth:`release_skipped`)."""
+        record = self.by_seq[key]
+        record.content.output_pending += tokens
+        self._cache_if_filled(record)
+
     def take_for_growth(self, key: int, end_block: int, first: int, end: int, tokens: int) -> None:
-        """The new blocks of a growth by ``tokens`` of its own output to the run ``[first, end)``."""
+        """The new blocks of a growth by ``tokens`` (told already: :meth:`note_growth`) to the run
+        ``[first, end)``; those the tokens filled are cached."""
         record = self.by_seq[key]
         start = max(end_block, first)
         if end > len(record.table):
             record.table += [NO_BLOCK] * (end - len(record.table))
         if end > start:
             record.table[start:end] = self.pool.take_blocks(end - start, f"growing in the {self.kind} group")
-        record.content.output_pending += tokens
+            self._cache_held(record, start)  # (their chains exist: note_growth extended them)
+
+    def _cache_if_filled(self, record: CachedSequence) -> None:
         if (record.content.segment_ends[-1] + record.content.output_pending) // self.block_size > len(
             record.chains
         ):

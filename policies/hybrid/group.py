@@ -389,13 +389,19 @@ class GroupManager(SequenceTable[GroupSequence]):
         tables = self.tables
         if tables is None:
             return
-        for seq, _, first, _ in plan:
+        for seq, tokens, first, _ in plan:
+            # The tokens come first: a block they fill was cached at the step that filled it (vLLM's
+            # ``cache_blocks`` at allocation), before a later step's ``remove_skipped_blocks`` lets it
+            # go. A growth of several tokens at once (event skipping's flushes) may fill a block and
+            # pass it (a chunk's last block, one token before the next chunk): cached, not blank.
+            tables.note_growth(id(seq), tokens)
             if first > seq.first_block:
                 tables.release_skipped(id(seq), seq.first_block, seq.end_block, first)
 
     def commit_growth(self, plan: list[tuple]) -> list[int]:
-        """Apply a :meth:`plan_growth` whose net blocks the caller has moved in or out of the pool;
-        returns each sequence's growth room after it."""
+        """Apply a :meth:`plan_growth` whose net blocks the caller has moved in or out of the pool (with
+        a prefix-caching pool, after :meth:`release_skipped`); returns each sequence's growth room
+        after it."""
         rooms = []
         tables = self.tables
         for seq, tokens, first, end in plan:
