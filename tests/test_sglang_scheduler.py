@@ -206,15 +206,20 @@ def test_a_retracted_request_goes_back_ahead_of_the_requests_not_received_yet():
     from collections import deque
     from types import SimpleNamespace
 
-    def queued(name, at):
-        return SimpleNamespace(name=name, queued_s=at)
+    from sim.engine.decoding import RequestState
+    from sim.outputs.metrics import RequestRecord
+
+    def queued(request_id, at):
+        state = RequestState(request(request_id, at, 8, 4), RequestRecord(request_id, at, 8, 4, 1, 1, 4))
+        state.queued_s = at
+        return state
 
     engine = SimpleNamespace(
-        waiting=deque([queued("A", 1.0), queued("B", 5.0), queued("C", 6.0)]), scheduled_at=lambda: 4.0
+        waiting=deque([queued(0, 1.0), queued(1, 5.0), queued(2, 6.0)]), scheduled_at=lambda: 4.0
     )
     scheduler = SGLangScheduler(EngineKnobs(max_model_len=100, scheduler="sglang"))
-    scheduler.requeue(engine, queued("retracted", 0.5))
-    assert [state.name for state in engine.waiting] == ["A", "retracted", "B", "C"]
+    scheduler.requeue(engine, queued(9, 0.5))  # (A 0, B 1, C 2, the retracted one 9)
+    assert [state.request.request_id for state in engine.waiting] == [0, 9, 1, 2]
 
 
 def test_vllm_mode_ignores_the_sglang_keys():
