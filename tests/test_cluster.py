@@ -3,6 +3,7 @@ replica against the single engine, both step modes, the cluster totals, and bad 
 
 from __future__ import annotations
 
+import random
 import statistics
 from pathlib import Path
 from types import SimpleNamespace
@@ -386,3 +387,44 @@ def test_plan_probe_of_a_cluster_measures_shares_over_every_replica_pool():
     steady = outcome.summaries[0]["steady"]
     shares = [steady[summary_key(name)] for name in MemoryBreakdown.CATEGORIES]
     assert sum(shares) == pytest.approx(1.0)
+
+
+class WatchingLeastKV(LeastKV):
+    """``least_kv`` that notes the free slots it reads at every arrival."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, tuple[int, ...]]] = []
+
+    def choose(self, request, replicas):
+        self.seen.append((request.arrival_s, tuple(engine.kv.available_slots() for engine in replicas)))
+        return super().choose(request, replicas)
+
+
+def test_a_router_reading_the_pools_sees_what_single_steps_show_at_every_arrival():
+    """Two replicas (blocks of 4, long outputs, so decode jumps take blocks inside them) behind
+    ``least_kv``: at every arrival the free slots it reads are single stepping's, the blocks taken at
+    the start of the iteration in progress included. (A jump that held the iteration an arrival falls
+    in booked that iteration's blocks only when it landed, after the router had read the pool.)"""
+    rng = random.Random(3)
+    arrival = 0.0
+    stream = []
+    for index in range(40):
+        arrival += rng.expovariate(0.6)
+        stream.append(request(index, arrival, rng.randint(4, 30), rng.randint(20, 60)))
+    seen = {}
+    for mode in ("single", "skip"):
+        pool = PoolSpec(4 * 120, 4, 256)
+
+        def build(index, env, upstream, follow_up, mode=mode, pool=pool):
+            return Engine(
+                make_policy("paged", pool), RoundCostModel(per_seq_s=0.05), EngineKnobs(max_model_len=256, step_mode=mode),
+                (), block_size=4, env=env, upstream=upstream, follow_up=follow_up,
+            )  # fmt: skip
+
+        router = WatchingLeastKV()
+        cluster = Cluster(2, build, router, iter(stream))
+        cluster.run()
+        seen[mode] = router.seen
+        if mode == "skip":
+            assert sum(engine.jumps.with_growth for engine in cluster.replicas) > 0
+    assert seen["skip"] == seen["single"]

@@ -345,25 +345,19 @@ class GroupManager(SequenceTable[GroupSequence]):
     ) -> tuple[int, list[tuple]]:
         """:meth:`plan_growth` of a growth already checked (by the same plan in another group of the
         coordinator: every group holds the same sequences at the same lengths)."""
-        net_blocks = 0
         plan: list[tuple] = []
         sequences = self.sequences
         for index in range(len(seq_ids)):
             seq = sequences[seq_ids[index]]
             tokens = num_tokens[index]
             first, end = self._run_after(seq, seq.num_tokens + tokens)
-            net_blocks += (end - first) - (seq.end_block - seq.first_block)
             plan.append((seq, tokens, first, end))
-        if self.tables is not None:
-            # (A released block another sequence still holds gives the pool nothing back.)
-            net_blocks = self.tables.net_blocks(
-                [(id(seq), seq.first_block, seq.end_block, first, end) for seq, _, first, end in plan]
-            )
-        return net_blocks, plan
+        return self.planned_net_blocks(plan), plan
 
     def planned_net_blocks(self, plan: list[tuple]) -> int:
-        """The net blocks of part of a plan (:meth:`plan_checked_growth`'s, for its sequences only)."""
+        """The net blocks a plan (or the part of it for some of its sequences) takes from the pool."""
         if self.tables is not None:
+            # (A released block another sequence still holds gives the pool nothing back.)
             return self.tables.net_blocks(
                 [(id(seq), seq.first_block, seq.end_block, first, end) for seq, _, first, end in plan]
             )

@@ -218,13 +218,13 @@ class JumpPlanner:
     def _decode_jump(self, first_s: float, budget: int, limit: int) -> Jump | None:
         """Decode-only iterations: each has ``budget`` tokens left for admissions."""
         extra = limit
-        if self.arrivals_read_state:
-            extra = min(extra, self._iterations_until_arrival(first_s) - 1)
-        if self.disaggregated:
-            # A transfer's notice is taken at every iteration start, whatever the budget: sent blocks
+        if self.arrivals_read_state or self.disaggregated:
+            # A router reading the pool: the jump ends before the iteration an arrival falls in. A
+            # transfer's notice is taken at every iteration start, whatever the budget: sent blocks
             # are freed, landed prompts queued (and can unblock any head: landed prompts hold their
             # blocks, released blocks are room).
-            extra = min(extra, self._iterations_until_arrival(first_s))
+            until = self._iterations_until_arrival(first_s)
+            extra = min(extra, until - 1 if self.arrivals_read_state else until)
         if budget > 0:
             if self._iteration.admission_stop in NEXT_TRIES_HEAD or self.scheduler.rematches:
                 return None  # the next iteration tries the head

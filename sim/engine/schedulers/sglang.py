@@ -219,16 +219,14 @@ class SGLangScheduler(Scheduler):
         if not engine.batch_has_room(1):
             return budget, 0, HEAD_STUCK  # SGLang stops before ordering (batch_is_full)
         unseen = self._set_aside_unseen(engine)
-        if not engine.waiting:
-            engine.waiting.extend(unseen)
-            return budget, 0, HEAD_NOT_SEEN
-        hits = self.order_queue(engine)
-        budget, stop = self._admission_round(engine, budget, chunks, hits)
-        self.rematches = bool(engine.waiting) and stop != QUEUE_EMPTY
-        if unseen:
-            engine.waiting.extend(unseen)
-            if stop == QUEUE_EMPTY:
-                stop = HEAD_NOT_SEEN
+        stop = HEAD_NOT_SEEN  # (every waiting request came after this iteration was scheduled)
+        if engine.waiting:
+            hits = self.order_queue(engine)
+            budget, stop = self._admission_round(engine, budget, chunks, hits)
+            self.rematches = bool(engine.waiting) and stop != QUEUE_EMPTY
+            if unseen and stop == QUEUE_EMPTY:
+                stop = HEAD_NOT_SEEN  # the next iteration sees them
+        engine.waiting.extend(unseen)
         return budget, 0, stop
 
     @staticmethod
