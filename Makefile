@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 BASE := $(VENV)/.installed-base
 FULL := $(VENV)/.installed-dev-calibrate
 
-.PHONY: venv base demo test lint typecheck native docs fuzz fuzz-step-modes bench mutation planted clean
+.PHONY: venv base demo test lint typecheck native docs fuzz fuzz-step-modes fuzz-builds bench mutation planted clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -69,6 +69,10 @@ fuzz: venv
 # Event skipping against single stepping on random whole experiments (failing cases: fuzz-step-modes/).
 fuzz-step-modes: venv
 	$(BIN)/python -m tests.fuzz_step_modes --cases 2000 --seed $${SEED:-1}
+
+# The same experiments under the compiled build and the sources, which must agree bit for bit.
+fuzz-builds: native
+	KVSIM_NATIVE=0 $(BIN)/python -m tests.fuzz_step_modes --builds --cases 1000 --seed $${SEED:-1}
 
 bench: native
 	$(BIN)/python -m benchmarks

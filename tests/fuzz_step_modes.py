@@ -8,6 +8,11 @@ stream) from the space users write, runs each in both modes through the runner, 
 case that differs, written out as a YAML experiment that reproduces it.
 
     .venv/bin/python -m tests.fuzz_step_modes --cases 200 --seed 1 [--out DIR] [--case N]   # make fuzz-step-modes
+    KVSIM_NATIVE=0 .venv/bin/python -m tests.fuzz_step_modes --builds ...   # make fuzz-builds
+
+With ``--builds`` every case also runs under the compiled build (``make native``), in a worker
+process, and the two builds must agree bit for bit: every summary value and a checksum of every
+table, for both variants (the compiled build's step modes are compared as well).
 
 A case the configuration checks refuse (an allocator that cannot hold the model, a pool smaller
 than one request) is counted and skipped: refusing it before anything runs is the promise there.
@@ -29,6 +34,7 @@ from typing import Any
 
 import yaml
 
+from policies.base import MemoryBreakdown
 from sim.config import ConfigError, validate_experiment
 from sim.hardware.models import resolve_model
 from sim.outputs.metrics import BREAKDOWN_COLUMNS
@@ -54,12 +60,16 @@ class ModelChoice:
     changes: tuple[tuple[str, Any], ...] = ()
 
 
-FULL = ("paged", "prefix", "contiguous", "radix", "vllm-hybrid", "sglang-hybrid", "jenga")
-WINDOWED = ("paged", "vllm-hybrid", "sglang-hybrid", "jenga")
+# The allocators each model runs on (those the configuration checks would refuse are not drawn:
+# sglang-hybrid needs full-attention and sliding-window layers, or Mamba ones).
+FULL = ("paged", "prefix", "contiguous", "radix", "vllm-hybrid", "jenga")
+WINDOWED = ("paged", "vllm-hybrid", "jenga")
+SWA_AND_FULL = ("paged", "vllm-hybrid", "sglang-hybrid", "jenga")
 STATES = ("vllm-hybrid", "sglang-hybrid")
+HYBRID = ("vllm-hybrid", "sglang-hybrid", "jenga")  # (none runs in a disaggregated cluster yet)
 MODELS = (
     ModelChoice("Llama-3.1-8B", "H100-80GB", 1, FULL, 4096),
-    ModelChoice("gpt-oss-20b", "H100-80GB", 1, WINDOWED, 4096),
+    ModelChoice("gpt-oss-20b", "H100-80GB", 1, SWA_AND_FULL, 4096),
     ModelChoice("Gemma-3-27B", "H100-80GB", 1, WINDOWED, 4096),
     ModelChoice("Mistral-7B-v0.1", "H100-80GB", 1, WINDOWED, 8192),
     ModelChoice("Llama-4-Scout-17B-16E", "H200", 2, WINDOWED, 16384),
@@ -69,7 +79,7 @@ MODELS = (
         "gpt-oss-20b-window-24",
         "H100-80GB",
         1,
-        WINDOWED,
+        SWA_AND_FULL,
         2048,
         "configs/models/gpt-oss-20b.config.json",
         (("sliding_window", 24),),
@@ -148,7 +158,11 @@ def draw_case(rng: random.Random, index: int, folder: Path) -> dict[str, Any]:
         # Pools from about two requests' worth to roomy (in full-attention tokens; the hybrid
         # allocators hold more tokens in the same bytes).
         "kv_cache_memory_bytes": int(
-            full_bytes_per_token * rng.choice([1.2, 2, 4, 10, 40]) * model.max_model_len
+            full_bytes_per_token
+            * rng.choice([1.2, 2, 4, 10, 40])
+            * model.max_model_len
+            # (A Mamba model's few attention layers hold little; its states fill the pool.)
+            * (8 if model.policies is STATES else 1)
         ),
     }
     if policy in ("prefix", "vllm-hybrid", "sglang-hybrid", "jenga"):
@@ -228,10 +242,11 @@ def draw_case(rng: random.Random, index: int, folder: Path) -> dict[str, Any]:
                 ["write_through", "write_back", "write_through_selective"]
             )
     if rng.random() < 0.12:
-        caches = engine.get("enable_prefix_caching") or policy == "radix"
+        # (prefix_aware reads a replica's prefix lookup, which the hybrid allocators do not offer.)
+        caches = (engine.get("enable_prefix_caching") or policy == "radix") and policy not in HYBRID
         routers = ["round_robin", "least_kv", *(["prefix_aware"] if caches else [])]
         config["cluster"] = {"replicas": 2, "router": rng.choice(routers)}
-    elif rng.random() < 0.08:
+    elif rng.random() < 0.08 and policy not in HYBRID:
         config["cluster"] = {
             "disaggregation": {"prefill": {"replicas": 1}, "decode": {"replicas": rng.randint(1, 2)}}
         }
@@ -261,22 +276,38 @@ def _add_features(
 
 def _close(a: Any, b: Any) -> bool:
     if isinstance(a, float) or isinstance(b, float):
-        if a is None or b is None:
-            return a is b
+        if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+            return False
         if math.isnan(a) and math.isnan(b):
             return True
         return math.isclose(a, b, rel_tol=REL, abs_tol=ABS)
     return bool(a == b)
 
 
-def differences(single, skip) -> list[str]:
-    """What differs between the two runs: summary values, then per-request fields."""
-    found = []
-    for key, value in single.summary.items():
-        if key in MODE_KEYS or not isinstance(value, (int, float)) or isinstance(value, bool):
+def summary_values(summary: dict[str, Any]) -> dict[str, Any]:
+    """A summary's values by key, nested ones (``kv_group_means``) by a dotted path, without those
+    that name the variant or describe how the engine got there (``MODE_KEYS``)."""
+    values: dict[str, Any] = {}
+    for key, value in summary.items():
+        if key in MODE_KEYS or key == "variant":
             continue
-        if not _close(value, skip.summary.get(key)):
-            found.append(f"summary {key}: single {value!r}, skip {skip.summary.get(key)!r}")
+        if isinstance(value, dict):
+            for inner, inner_value in summary_values(value).items():
+                values[f"{key}.{inner}"] = inner_value
+        else:
+            values[key] = value
+    return values
+
+
+def differences(single, skip) -> list[str]:
+    """What differs between the two runs: summary values (nested ones and missing ones too), then
+    per-request fields."""
+    found = []
+    a_values, b_values = summary_values(single.summary), summary_values(skip.summary)
+    for key in sorted(a_values.keys() | b_values.keys()):
+        value, other = a_values.get(key, "(absent)"), b_values.get(key, "(absent)")
+        if not _close(value, other):
+            found.append(f"summary {key}: single {value!r}, skip {other!r}")
     a = single.requests.sort_values("request_id").reset_index(drop=True)
     b = skip.requests.sort_values("request_id").reset_index(drop=True)
     if len(a) != len(b):
@@ -314,6 +345,36 @@ def accounting_errors(result, label: str, single_engine: bool) -> list[str]:
         found.append(
             f"{label}: row {row} physical {int(series['physical_tokens'].iloc[row])}, held {int(held.iloc[row])}"
         )
+    return found + group_accounting_errors(result, label, pool if single_engine else None)
+
+
+def group_accounting_errors(result, label: str, pool: int | None) -> list[str]:
+    """A hybrid allocator's split by KV group (``kv_groups``): at every instant its entries' six
+    categories sum to the pool (one engine's; a cluster's: the same throughout), none is negative,
+    and the last instant's split adds up, category by category, to the pool-wide series' last row."""
+    groups = getattr(result, "kv_group_timeseries", None)
+    if groups is None or groups.empty:
+        return []
+    columns = [f"{name}_tokens" for name in MemoryBreakdown.CATEGORIES]
+    entries = groups["kv_group"].nunique()
+    values = groups[columns].to_numpy()
+    if len(values) % entries:
+        return [f"{label}: kv_groups has {len(values)} rows for {entries} entries"]
+    instants = values.reshape(len(values) // entries, entries, len(columns))
+    totals = instants.sum(axis=(1, 2))
+    expected = pool if pool is not None else int(totals[0])
+    found = []
+    if (totals != expected).any():
+        row = int((totals != expected).argmax())
+        found.append(
+            f"{label}: kv_groups instant {row} sums to {int(totals[row])}, not the pool's {expected}"
+        )
+    if (values < 0).any():
+        found.append(f"{label}: kv_groups has a negative category")
+    last_split = instants[-1].sum(axis=0).tolist()
+    last_row = result.timeseries[columns].iloc[-1].tolist()
+    if last_split != last_row:
+        found.append(f"{label}: kv_groups' last instant {last_split}, the series' last row {last_row}")
     return found
 
 
@@ -343,6 +404,13 @@ def outcome_errors(result, label: str, config: dict[str, Any]) -> list[str]:
 
 def run_case(config: dict[str, Any]) -> tuple[str, list[str]]:
     """("refused", [why]), ("same", []) or ("differs", [what])."""
+    outcome, notes, _ = run_case_with_digest(config)
+    return outcome, notes
+
+
+def run_case_with_digest(config: dict[str, Any]) -> tuple[str, list[str], dict[str, Any]]:
+    """:func:`run_case`, and the digest of every variant's results (:func:`digest`; empty when
+    refused)."""
     with tempfile.TemporaryDirectory() as folder:
         try:
             with warnings.catch_warnings():
@@ -351,13 +419,117 @@ def run_case(config: dict[str, Any]) -> tuple[str, list[str]]:
                 results = run_experiment(experiment, Path(folder) / "fuzz.yaml", out_dir=Path(folder) / "out")
         except ConfigError as error:
             lines = str(error).splitlines()
-            return "refused", [" | ".join(line.strip() for line in lines[1:3]) or lines[0]]
+            return "refused", [" | ".join(line.strip() for line in lines[1:3]) or lines[0]], {}
         by_name = {result.name: result for result in results}
         found = differences(by_name["single"], by_name["skip"])
         single_engine = "cluster" not in config
         for name, result in by_name.items():
             found += accounting_errors(result, name, single_engine)
             found += outcome_errors(result, name, config)
+        digests = {name: digest(result) for name, result in by_name.items()}
+    return ("differs" if found else "same"), found, digests
+
+
+# -- the compiled build against the sources, on the same draws ------------------------------------
+def digest(result) -> dict[str, Any]:
+    """What two builds must give bit for bit: every summary value (nested ones by path) but the wall
+    time and the build's name, and a checksum of every table (requests, time series, per-group split)."""
+    from tools.golden_summaries import table_checksum
+
+    summary = summary_values(result.summary)  # (without the wall time, the build, the wake-ups)
+    summary["engine_wakeups"] = result.summary["engine_wakeups"]  # the same in one step mode
+    tables = {"requests": table_checksum(result.requests), "timeseries": table_checksum(result.timeseries)}
+    if getattr(result, "kv_group_timeseries", None) is not None:
+        tables["kv_groups"] = table_checksum(result.kv_group_timeseries)
+    return {"summary": summary, "tables": tables, "build": result.summary["engine_build"]}
+
+
+def digest_differences(sources: dict[str, Any], compiled: dict[str, Any]) -> list[str]:
+    """What differs between the two builds' digests of one case, variant by variant (exactly: floats
+    survive JSON by their shortest repr, which reads back to the same bits)."""
+    found = []
+    for name in sorted(sources.keys() | compiled.keys()):
+        a, b = sources.get(name), compiled.get(name)
+        if a is None or b is None:
+            found.append(f"{name}: only the {'compiled build' if a is None else 'sources'} ran it")
+            continue
+        for part in ("summary", "tables"):
+            for key in sorted(a[part].keys() | b[part].keys()):
+                x, y = a[part].get(key, "(absent)"), b[part].get(key, "(absent)")
+                same = x == y or (
+                    isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y)
+                )
+                if not same:
+                    found.append(f"{name} {part} {key}: sources {x!r}, compiled {y!r}")
+    return found
+
+
+REPLY = "@@fuzz-digest "  # marks the worker's replies among anything else written to its stdout
+
+
+def serve_digests() -> int:
+    """The worker of ``--builds``: for each experiment read as a JSON line, the step-mode outcome and
+    the digests, as one JSON line. Run it under the build to compare (``KVSIM_NATIVE=1``)."""
+    for line in sys.stdin:
+        outcome, notes, digests = run_case_with_digest(json.loads(line))
+        print(REPLY + json.dumps({"outcome": outcome, "notes": notes, "digests": digests}), flush=True)
+    return 0
+
+
+class CompiledWorker:
+    """A process running the compiled build (refusing to run without a current one), asked for the
+    digests of each case the sources run here."""
+
+    def __init__(self) -> None:
+        import os
+        import subprocess
+
+        from sim.native import engine_build
+
+        if engine_build() != "python":
+            raise SystemExit(
+                "--builds compares the compiled build with the sources run here: set KVSIM_NATIVE=0"
+            )
+        env = {**os.environ, "KVSIM_NATIVE": "1"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.fuzz_step_modes", "--worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+
+    def ask(self, config: dict[str, Any]) -> dict[str, Any]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps(config) + "\n")
+        self.process.stdin.flush()
+        for line in self.process.stdout:
+            if line.startswith(REPLY):
+                return json.loads(line[len(REPLY) :])
+        raise SystemExit(
+            f"the compiled build's worker ended (exit {self.process.wait()}): see its errors above"
+        )
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def builds_differences(config: dict[str, Any], worker: CompiledWorker) -> tuple[str, list[str]]:
+    """Both step-mode comparisons (the sources', the compiled build's) and the two builds' digests."""
+    outcome, notes, digests = run_case_with_digest(config)
+    reply = worker.ask(config)
+    found = [f"compiled: {note}" for note in reply["notes"]] if reply["outcome"] == "differs" else []
+    if outcome == "refused" or reply["outcome"] == "refused":
+        if outcome != reply["outcome"]:
+            found.append(f"refused by one build only: sources {outcome}, compiled {reply['outcome']}")
+        return ("differs", found) if found else ("refused", notes or reply["notes"])
+    builds = {digest["build"] for digest in reply["digests"].values()}
+    if builds == {"python"}:
+        raise SystemExit("--builds: the worker ran the sources, not a compiled build (make native)")
+    found += notes if outcome == "differs" else []
+    found += digest_differences(digests, reply["digests"])
     return ("differs", found) if found else ("same", [])
 
 
@@ -367,7 +539,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--case", type=int, default=None, help="run only this case number")
     parser.add_argument("--out", type=Path, default=Path("fuzz-step-modes"), help="where failing cases go")
+    parser.add_argument(
+        "--builds",
+        action="store_true",
+        help="also run every case under the compiled build (make native) and compare it with the sources",
+    )
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.worker:
+        return serve_digests()
+    worker = CompiledWorker() if args.builds else None
     counts = {"same": 0, "refused": 0, "differs": 0}
     started = time.perf_counter()
     for index in range(args.cases):
@@ -376,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         variant = config["variants"][1]
         label = f"case {index}: {Path(config['model']).name} {variant['policy']} {variant['options'] or ''}"
-        outcome, notes = run_case(config)
+        outcome, notes = run_case(config) if worker is None else builds_differences(config, worker)
         counts[outcome] += 1
         if outcome == "differs":
             args.out.mkdir(parents=True, exist_ok=True)
@@ -390,6 +571,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"{label}: same")
         sys.stdout.flush()
+    if worker is not None:
+        worker.close()
     print(f"{counts} in {time.perf_counter() - started:.0f} s")
     return 1 if counts["differs"] else 0
 

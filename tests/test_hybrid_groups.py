@@ -374,3 +374,22 @@ def test_fuzz_driver_keeps_every_group_whole(layout):
     driver.drain()
     assert {"admit", "grow", "fork", "free", "preempt", "decode_step"} <= set(driver.done)
     assert driver.failed["admit"] > 0 and driver.failed["grow"] + driver.failed["decode_step"] > 0
+
+
+def test_a_growth_fits_together_only_if_it_fits_request_by_request():
+    """Full + chunked local (C = 8) over 10 blocks. Request 1's 16-token prompt holds 4 + 4 blocks,
+    request 2's 4-token prompt 1 + 1: none free. Token 17 of request 1 needs full block 4 while its
+    chunk moves on to 16 (blocks 0-3 go, block 4 comes): net -2. Token 5 of request 2 needs block 1 in
+    both groups: +2. Together net 0, so the growth is allowed; but vLLM allocates request by request,
+    so it fits in the order 1, 2 and not in the order 2, 1 (request 2 would find no free block and be
+    preempted): the engine tells them together only when the order it tells them in fits."""
+    pool = SharedBlockPool(10, BLOCK)
+    kv = shared(FullAttentionGroup(spec(10), pool, 4096), ChunkedLocalGroup(spec(10), pool, 4096, chunk=8))
+    kv.admit(1, prompt(16), 40, 101)
+    kv.admit(2, prompt(4, 2), 40, 102)
+    assert pool.free_blocks == 0
+    assert kv.fits_growth_each([1, 2], [1, 1])
+    assert not kv.fits_growth_each([2, 1], [1, 1])
+    assert not kv.fits_growth_each([2], [1]) and kv.fits_growth_each([1], [1])
+    kv.grow_each([1, 2], [1, 1])
+    assert pool.free_blocks == 0

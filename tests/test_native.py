@@ -216,3 +216,22 @@ def test_the_request_stream_stays_lazy(tmp_path):
     stream = build_workload(config, seed=0, base_dir=tmp_path).requests()
     first = next(stream)  # the bad third row has not been read yet: nothing raised
     assert first.prompt_len == 10
+
+
+@pytest.mark.skipif(not _current_build(), reason="no current compiled build (make native)")
+def test_random_experiments_agree_between_the_builds(tmp_path):
+    """Twelve whole experiments drawn by the step-mode fuzzer (hybrid allocators, clusters, speculative
+    decoding and the rest) under the sources and the compiled build: every summary value and every
+    table's checksum the same bit for bit, in both step modes (``make fuzz-builds`` runs thousands)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.fuzz_step_modes", "--builds", "--cases", "12", "--seed", "4"]
+        + ["--out", str(tmp_path)],
+        cwd=ROOT,
+        env={**os.environ, "KVSIM_NATIVE": "0", "TQDM_DISABLE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    counts = json.loads(done.stdout.splitlines()[-1].split(" in ")[0].replace("'", '"'))
+    assert counts["differs"] == 0 and counts["same"] >= 8, counts

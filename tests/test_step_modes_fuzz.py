@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.fuzz_step_modes import accounting_errors, differences, draw_case, run_case
+from policies.base import MemoryBreakdown
+from tests.fuzz_step_modes import (
+    accounting_errors,
+    differences,
+    digest_differences,
+    draw_case,
+    group_accounting_errors,
+    run_case,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "tests" / "data" / "step_modes"
@@ -85,3 +93,62 @@ def test_the_comparison_names_what_differs():
         "skip: row 0 sums to 100, not the pool's 99",
         "skip: row 1 physical 14, held 13",
     ]
+
+
+def test_nested_and_missing_summary_values_are_compared():
+    """A KV group's time average (nested in ``kv_group_means``) and a value one run leaves empty are
+    each compared, not skipped."""
+    single = _Result({"kv_group_means": {"full": {"cached": 0.25}}, "ttft_p50_s": None, "wall_s": 1.0})
+    skip = _Result({"kv_group_means": {"full": {"cached": 0.2501}}, "ttft_p50_s": 0.5, "wall_s": 2.0})
+    import pandas as pd
+
+    single.requests = skip.requests = pd.DataFrame({"request_id": []})
+    assert differences(single, skip) == [
+        "summary kv_group_means.full.cached: single 0.25, skip 0.2501",
+        "summary ttft_p50_s: single None, skip 0.5",
+    ]
+
+
+def test_the_split_by_kv_group_is_checked_against_the_pool_and_the_series():
+    """Each instant of ``kv_groups`` (one row per entry) sums to the pool; its last instant adds up,
+    category by category, to the pool-wide series' last row."""
+    import pandas as pd
+
+    columns = [f"{name}_tokens" for name in MemoryBreakdown.CATEGORIES]
+    rows = [  # two instants, two entries: a group and the shared pool's free blocks
+        (0.0, "full", 0, 0, 0, 0, 0, 0),
+        (0.0, "shared", 0, 0, 0, 0, 0, 100),
+        (1.0, "full", 30, 2, 0, 0, 8, 0),
+        (1.0, "shared", 0, 0, 0, 0, 0, 60),
+    ]
+    groups = pd.DataFrame(rows, columns=["time_s", "kv_group", *columns])
+    series = pd.DataFrame([(0, 0, 0, 0, 0, 100), (30, 2, 0, 0, 8, 60)], columns=columns)
+    result = _Result({}, timeseries=series)
+    result.kv_group_timeseries = groups
+    assert group_accounting_errors(result, "skip", 100) == []
+    assert group_accounting_errors(result, "skip", 99) == [
+        "skip: kv_groups instant 0 sums to 100, not the pool's 99"
+    ]
+    result.timeseries = series.assign(cached_tokens=[0, 7], free_tokens=[100, 61])
+    assert group_accounting_errors(result, "skip", 100) == [
+        "skip: kv_groups' last instant [30, 2, 0, 0, 8, 60], the series' last row [30, 2, 0, 0, 7, 61]"
+    ]
+
+
+def test_two_builds_digests_are_compared_exactly():
+    """The compiled build against the sources: any summary value or table checksum that is not the
+    same bit for bit is named, with the variant."""
+    sources = {"skip": {"summary": {"ttft_p50_s": 0.5, "preemptions": 3}, "tables": {"requests": "ab12"}}}
+    same = {"skip": {"summary": {"ttft_p50_s": 0.5, "preemptions": 3}, "tables": {"requests": "ab12"}}}
+    assert digest_differences(sources, same) == []
+    compiled = {
+        "skip": {
+            "summary": {"ttft_p50_s": 0.5000000000000001, "preemptions": 3},
+            "tables": {"requests": "ff00"},
+        }
+    }
+    assert digest_differences(sources, compiled) == [
+        "skip summary ttft_p50_s: sources 0.5, compiled 0.5000000000000001",
+        "skip tables requests: sources 'ab12', compiled 'ff00'",
+    ]
+    assert digest_differences(sources, {}) == ["skip: only the sources ran it"]

@@ -59,7 +59,11 @@ class DecodeGrowth:
         # (Unbacked growth: the pool holds every pending token, this iteration's included, or growth
         # would be told token by token now; what is due is a release, sim/engine/unbacked.py.)
         unbacked = self.unbacked
-        if due and ((unbacked is not None and unbacked.active) or self.pool_holds(due, self.clock.now)):
+        if due and (
+            (unbacked is not None and unbacked.active)
+            or self.pool_holds(due, self.clock.now)
+            or self._fit_together(due)
+        ):
             self.clock.flush(due, self.clock.now)  # what one at a time would do, in one policy call
             return preempted, swapped
         for state in due:
@@ -94,6 +98,23 @@ class DecodeGrowth:
         for state in states:  # (a loop, not sum() of a generator: this runs at every flush)
             blocks += len(state.seq_ids) * ((at_clock - state.synced_clock) // block_size + 2)
         return blocks * block_size <= self.kv.available_slots()
+
+    def _fit_together(self, due: list[RequestState]) -> bool:
+        """Does the pool's own check pass for every due sequence's pending tokens at once? Then they are
+        told in one call, as when the cheap bound holds. A pool that frees before it takes (a window's
+        blocks leaving, cached) evicts by the order it sees them in, so this must not hang on how many
+        sequences are due: every running one when stepping singly, those whose room ran out when
+        skipping. The cheap bound counts them all; the pool's check sees only those that move blocks."""
+        if len(due) < 2:
+            return False  # (one: the loop below asks the same)
+        now = self.clock.now
+        seq_ids: list[int] = []
+        tokens: list[int] = []
+        for state in due:
+            for seq_id in state.seq_ids:
+                seq_ids.append(seq_id)
+                tokens.append(now - state.synced_clock)
+        return self.kv.fits_growth_each(seq_ids, tokens)
 
     def _grow_all_pending(self, state: RequestState) -> bool:
         """A flush when the pool is short: every sequence takes all its pending tokens in one call if

@@ -104,6 +104,11 @@ class KVCoordinator:
 
     def fits_growth(self, seq_ids: list[int], num_tokens: int) -> bool:
         """Could every sequence of ``seq_ids`` take ``num_tokens`` more tokens now?"""
+        return self.fits_growth_each(seq_ids, [num_tokens] * len(seq_ids))
+
+    def fits_growth_each(self, seq_ids: list[int], num_tokens: list[int]) -> bool:
+        """Would :meth:`grow_each` of these sequences and tokens succeed now? It depends only on the
+        sequences whose growth moves blocks: one that stays inside its held slots changes nothing."""
         raise NotImplementedError
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:

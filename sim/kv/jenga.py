@@ -255,8 +255,8 @@ class JengaCoordinator(KVCoordinator):
             return self._one_fits(seq_ids[0], plans, 0) is not None
         return self._many_fit(plans)
 
-    def fits_growth(self, seq_ids: list[int], num_tokens: int) -> bool:
-        return self._fits(seq_ids, self._plans(seq_ids, [num_tokens] * len(seq_ids)))
+    def fits_growth_each(self, seq_ids: list[int], num_tokens: list[int]) -> bool:
+        return self._fits(seq_ids, self._plans(seq_ids, num_tokens))
 
     def grow(self, seq_id: int, num_tokens: int) -> None:
         self.grow_each([seq_id], [num_tokens])

@@ -257,14 +257,20 @@ class MultiGroupCoordinator(KVCoordinator):
             plans.append((manager, plan))
         return net_blocks, plans
 
-    def fits_growth(self, seq_ids: list[int], num_tokens: int) -> bool:
-        tokens = [num_tokens] * len(seq_ids)
+    def fits_growth_each(self, seq_ids: list[int], num_tokens: list[int]) -> bool:
+        """Whether the growth fits as vLLM's scheduler allocates it, request by request (each frees its
+        skipped blocks, then takes): what :meth:`grow_each` would do without refusing, and what telling
+        the sequences one at a time would do without preempting any."""
         for group in self._own:
-            if _slots_needed(group.policy, seq_ids, tokens) > group.policy.available_slots():
+            if _slots_needed(group.policy, seq_ids, num_tokens) > group.policy.available_slots():
                 return False
-        return all(
-            self._plan(shared, seq_ids, tokens)[0] <= shared.pool.spare_blocks() for shared in self._shared
-        )
+        for shared in self._shared:
+            net_blocks, plans = self._plan(shared, seq_ids, num_tokens)
+            if net_blocks > shared.pool.spare_blocks() or not _fits_in_request_order(
+                shared, plans, len(seq_ids)
+            ):
+                return False
+        return True
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
         for shared in self._shared:

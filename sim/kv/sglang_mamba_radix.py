@@ -378,8 +378,8 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
             self._account(seq, +1)
         return [self.growth_room(seq_id) for seq_id in seq_ids]
 
-    def fits_growth(self, seq_ids: list[int], num_tokens: int) -> bool:
-        return self._planned_growth(seq_ids, [num_tokens] * len(seq_ids)) <= self._room(FULL)
+    def fits_growth_each(self, seq_ids: list[int], num_tokens: list[int]) -> bool:
+        return self._planned_growth(seq_ids, num_tokens) <= self._room(FULL)
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
         parent = self._fork_parent(parent_id, children)

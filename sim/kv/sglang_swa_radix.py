@@ -284,8 +284,8 @@ class SWARadixCoordinator(SGLangTreeCoordinator):
             self._account(seq, +1)
         return [self.growth_room(seq_id) for seq_id in seq_ids]
 
-    def fits_growth(self, seq_ids: list[int], num_tokens: int) -> bool:
-        full, swa = self._planned_growth(seq_ids, [num_tokens] * len(seq_ids))
+    def fits_growth_each(self, seq_ids: list[int], num_tokens: list[int]) -> bool:
+        full, swa = self._planned_growth(seq_ids, num_tokens)
         return full <= self._room(0) and swa <= self._room(1)
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:

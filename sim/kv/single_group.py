@@ -52,11 +52,11 @@ class SingleGroupCoordinator(KVCoordinator):
     def grow_each(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
         return self.policy.grow_each(seq_ids, num_tokens)
 
-    def fits_growth(self, seq_ids: list[int], num_tokens: int) -> bool:
+    def fits_growth_each(self, seq_ids: list[int], num_tokens: list[int]) -> bool:
         policy = self.policy
         needed = 0
-        for seq_id in seq_ids:
-            needed += policy.slots_needed_to_grow(seq_id, num_tokens)
+        for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+            needed += policy.slots_needed_to_grow(seq_id, tokens)
         return needed <= policy.available_slots()
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
