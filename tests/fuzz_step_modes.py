@@ -250,7 +250,63 @@ def draw_case(rng: random.Random, index: int, folder: Path) -> dict[str, Any]:
         config["cluster"] = {
             "disaggregation": {"prefill": {"replicas": 1}, "decode": {"replicas": rng.randint(1, 2)}}
         }
+    _add_serving_features(rng, spec.is_moe, policy, config)
     return config
+
+
+def _add_serving_features(rng: random.Random, moe: bool, policy: str, config: dict[str, Any]) -> None:
+    """Drawn after the rest (so that a seed's earlier draws stay as they were): the other routers, a
+    data-parallel server (expert-parallel ranks in lockstep for a mixture of experts), the derated
+    cost model, out-of-memory failures, client overhead, bursty or batched arrivals, few-shot
+    templates, identical sample lengths, beams that re-parent, and a replayed trace."""
+    engine, workload = config["engine"], config["workload"]
+    cluster = config.get("cluster")
+    if cluster is not None and "router" in cluster and rng.random() < 0.4:
+        cluster["router"] = rng.choice(["least_requests", "session_affinity", "vllm_dp"])
+    if rng.random() < 0.3:
+        config["cost_model"] = "derated"
+    if cluster is None and rng.random() < 0.12:
+        engine["data_parallel_size"] = 2
+        if moe and rng.random() < 0.6:
+            engine["enable_expert_parallel"] = True
+            config["cost_model"] = "derated"  # (expert parallelism is priced by the derated model only)
+    if rng.random() < 0.05:
+        engine["on_oom"] = "fail"
+    if rng.random() < 0.08:
+        engine["client_overhead_s"] = 0.05
+    if engine.get("preemption_mode") == "swap" and rng.random() < 0.5:
+        engine["swap_space"] = 0.01  # (GiB: a few requests' worth, so that swap space runs out)
+    if workload["arrival"]["kind"] == "poisson" and rng.random() < 0.2:
+        rate = workload["arrival"]["rate_per_s"]
+        workload["arrival"] = rng.choice(
+            [
+                {"kind": "gamma", "rate_per_s": rate, "cv": 3.0},
+                {"kind": "constant", "rate_per_s": rate},
+                {"kind": "batch", "at_s": 0.5},
+            ]
+        )
+    if engine.get("enable_prefix_caching") and rng.random() < 0.15:
+        workload["few_shot"] = {
+            "num_templates": rng.randint(1, 3),
+            "instruction_len": 40,
+            "num_shots": rng.randint(1, 4),
+            "shot_len": _lengths(rng, 20, 200),
+            "fraction": 0.7,
+        }
+    if "n" in workload and rng.random() < 0.3:
+        workload["sample_lengths"] = "identical"
+    if "beam_width" in workload:
+        engine["beam_reparent_prob"] = rng.choice([0.0, 0.5, 1.0])
+    if rng.random() < 0.08:
+        config["workload"] = {
+            "source": {"kind": "azure", "path": "traces/azure/AzureLLMInferenceTrace_conv.csv"},
+            "num_requests": workload["num_requests"],
+            "target_rate_per_s": rng.choice([2, 10, 50]),
+            "max_model_len": engine["max_model_len"],
+            **({"n": workload["n"]} if "n" in workload else {}),
+        }
+        if rng.random() < 0.3:
+            config["workload"]["max_concurrency"] = rng.randint(2, 8)
 
 
 def _add_features(
@@ -422,7 +478,8 @@ def run_case_with_digest(config: dict[str, Any]) -> tuple[str, list[str], dict[s
             return "refused", [" | ".join(line.strip() for line in lines[1:3]) or lines[0]], {}
         by_name = {result.name: result for result in results}
         found = differences(by_name["single"], by_name["skip"])
-        single_engine = "cluster" not in config
+        # (A cluster's, or a data-parallel server's, series are the ranks' totals; kv_pool_tokens is one's.)
+        single_engine = "cluster" not in config and config["engine"].get("data_parallel_size", 1) == 1
         for name, result in by_name.items():
             found += accounting_errors(result, name, single_engine)
             found += outcome_errors(result, name, config)

@@ -230,8 +230,9 @@ class JumpPlanner:
                 return None  # the next iteration tries the head
             if self._iteration.admission_stop == QUEUE_EMPTY and not self.disaggregated:
                 # With async scheduling the iteration after the arrival's was scheduled before it
-                # came, so it can run too.
-                unseen = 1 if self.async_jumps else 0
+                # came, so it can run too; not after one at iteration 1's very start (a follow-up
+                # sent at a completion), which the next iteration, scheduled then, sees.
+                unseen = 1 if self.async_jumps and self.next_arrival_s() > self._now_s else 0
                 extra = min(extra, self._iterations_until_arrival(first_s) + unseen)
         if extra <= 0:
             return None

@@ -266,9 +266,8 @@ class MultiGroupCoordinator(KVCoordinator):
                 return False
         for shared in self._shared:
             net_blocks, plans = self._plan(shared, seq_ids, num_tokens)
-            if net_blocks > shared.pool.spare_blocks() or not _fits_in_request_order(
-                shared, plans, len(seq_ids)
-            ):
+            in_order = _fits_in_request_order(shared, plans, len(seq_ids))
+            if net_blocks > shared.pool.spare_blocks() or not in_order:
                 return False
         return True
 
