@@ -435,6 +435,51 @@ def group_accounting_errors(result, label: str, pool: int | None) -> list[str]:
 
 
 OUTCOMES = {"finished", "rejected", "failed_oom", "unfinished"}
+OUTCOME_COUNTS = {
+    "finished": "requests_finished",
+    "rejected": "requests_rejected",
+    "failed_oom": "requests_failed_oom",
+    "unfinished": "requests_unfinished",
+}
+
+
+def consistency_errors(result, label: str, cut_short: bool) -> list[str]:
+    """The summary against the requests table it was computed from, and each request's times in
+    order: counts by outcome, preemptions, cache hits within the queries, arrival <= admission <=
+    first token <= finish, and the client's latencies from the engine's times."""
+    summary, requests = result.summary, result.requests
+    found = []
+    if summary["requests_total"] != len(requests):
+        found.append(f"{label}: requests_total {summary['requests_total']}, {len(requests)} rows")
+    counts = requests["outcome"].value_counts()
+    for outcome, key in OUTCOME_COUNTS.items():
+        if summary[key] != int(counts.get(outcome, 0)):
+            found.append(f"{label}: {key} {summary[key]}, {int(counts.get(outcome, 0))} rows {outcome}")
+    if summary["preemptions"] != int(requests["preemptions"].sum()):
+        found.append(
+            f"{label}: preemptions {summary['preemptions']}, the rows' {int(requests['preemptions'].sum())}"
+        )
+    if summary["prefix_cache_hits"] > summary["prefix_cache_queries"]:
+        found.append(
+            f"{label}: {summary['prefix_cache_hits']} hits of {summary['prefix_cache_queries']} queries"
+        )
+    if summary["iterations"] < summary["engine_wakeups"] and not cut_short:
+        # (until_s counts the wake-up whose iteration it cuts, not the iteration.)
+        found.append(f"{label}: {summary['iterations']} iterations in {summary['engine_wakeups']} wake-ups")
+    done = requests[requests["outcome"] == "finished"]
+    order = [("arrival_s", "admitted_s"), ("admitted_s", "first_token_s"), ("first_token_s", "finish_s")]
+    for early, late in order:
+        wrong = done[done[late] < done[early] - 1e-12]
+        if len(wrong):
+            row = wrong.iloc[0]
+            found.append(
+                f"{label}: request {row['request_id']} {late} {row[late]!r} before {early} {row[early]!r}"
+            )
+    for column, start, end in (("ttft_s", "arrival_s", "first_token_s"), ("e2e_s", "arrival_s", "finish_s")):
+        expected = done[end] - done[start] + done["client_overhead_s"]
+        if ((done[column] - expected).abs() > 1e-9).any():
+            found.append(f"{label}: {column} is not {end} - {start} + client_overhead_s")
+    return found
 
 
 def outcome_errors(result, label: str, config: dict[str, Any]) -> list[str]:
@@ -483,6 +528,7 @@ def run_case_with_digest(config: dict[str, Any]) -> tuple[str, list[str], dict[s
         for name, result in by_name.items():
             found += accounting_errors(result, name, single_engine)
             found += outcome_errors(result, name, config)
+            found += consistency_errors(result, name, config.get("until_s") is not None)
         digests = {name: digest(result) for name, result in by_name.items()}
     return ("differs" if found else "same"), found, digests
 

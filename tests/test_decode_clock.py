@@ -189,6 +189,27 @@ def test_decode_steps_and_their_tokens_add_up_over_two_spells():
 
 
 @pytest.mark.python_sources
+def test_a_request_told_this_iterations_token_leaves_without_it():
+    """Single steps tell every sequence its token, oldest first; SGLang may then retract one of them
+    as of the iteration before (its victim is the one with fewest decoded tokens, not the newest).
+    Told 5 tokens by clock 5, taken off as of clock 4: it has generated 4 (context 8 + 4), as a
+    request whose flush was not due would have, and the clock's sums are as if it had left at 4."""
+    clock, pool = _clock({1: 100, 2: 100}, defer_growth=False)
+    state, other = _decoding([1]), _decoding([2])
+    state.admission, other.admission = 1, 2
+    clock.enter(state)
+    clock.enter(other)
+    for _ in range(5):
+        clock.begin_iteration()
+        clock.flush(clock.due_flushes(NEVER_CLOCK), clock.now)
+    assert (state.generated, state.synced_clock) == (5, 5)
+    clock.leave(state, 4)
+    assert (state.generated, state.context, state.synced_clock) == (4, 12, 4)
+    assert (state.record.decode_steps, state.record.decode_step_tokens) == (4, 4)
+    assert clock.sequences == 1 and clock.sum_context() == 8 + 5  # the other one alone, at clock 5
+
+
+@pytest.mark.python_sources
 def test_a_speculative_request_leaving_keeps_the_drafts_past_its_room():
     """Every step accepts 2 drafts (3 tokens a step: iteration 1 holds clocks 1-3, iteration 2 4-6).
     A (two samples) and B decode from clock 0; A's sequences have 5 tokens of room. A leaves at clock

@@ -235,6 +235,8 @@ class DecodeClock:
     def leave(self, state: RequestState, at_clock: int) -> None:
         """``state`` stops decoding; its sequences are brought to ``at_clock`` in the policy first."""
         if self.schedule is None:
+            if state.synced_clock > at_clock:
+                self._take_back(state, at_clock)
             self.sync(state, at_clock)
         else:
             self._sync_leaving(state, at_clock)
@@ -245,6 +247,17 @@ class DecodeClock:
         state.decoding = False
         self._cancel_flush(state)
         state.end_version += 1
+
+    def _take_back(self, state: RequestState, at_clock: int) -> None:
+        """A request taken off the GPU as of ``at_clock`` that was told this iteration's token before
+        it was chosen (SGLang's retraction victim need not be the newest, and single steps tell every
+        sequence, oldest first): it leaves without the token, as one whose flush was not due yet does.
+        The policy still holds it; its sequences are freed next."""
+        taken = state.synced_clock - at_clock
+        self._synced_sum -= taken * len(state.seq_ids)
+        state.generated -= taken
+        state.context -= taken
+        state.synced_clock = at_clock
 
     def sync(self, state: RequestState, at_clock: int) -> None:
         """Tell the policy the tokens decoded up to ``at_clock``; they fit the growth room."""
