@@ -297,6 +297,16 @@ def _add_serving_features(rng: random.Random, moe: bool, policy: str, config: di
         workload["sample_lengths"] = "identical"
     if "beam_width" in workload:
         engine["beam_reparent_prob"] = rng.choice([0.0, 0.5, 1.0])
+    if policy == "prefix" and "shared_prefix" in workload and rng.random() < 0.3:
+        for variant in config["variants"]:
+            variant["pin_shared_prefixes"] = True
+    if policy in ("paged", "prefix") and engine["scheduler"] == "vllm" and rng.random() < 0.15:
+        # SGLang's scheduler over vLLM's allocators (kvsim warns that SGLang was not built for them).
+        for key in ("speculative", "preemption_mode", "watermark", "enable_chunked_prefill"):
+            engine.pop(key, None)
+        engine["max_num_batched_tokens"] = max(engine["max_num_batched_tokens"], engine["max_model_len"])
+        engine |= {"scheduler": "sglang", "schedule_policy": rng.choice(["fcfs", "lpm"])}
+        engine["schedule_conservativeness"] = rng.choice([0.3, 1.0, 2.0])
     if rng.random() < 0.08:
         config["workload"] = {
             "source": {"kind": "azure", "path": "traces/azure/AzureLLMInferenceTrace_conv.csv"},
