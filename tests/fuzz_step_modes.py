@@ -307,7 +307,17 @@ def _add_serving_features(rng: random.Random, moe: bool, policy: str, config: di
         engine["max_num_batched_tokens"] = max(engine["max_num_batched_tokens"], engine["max_model_len"])
         engine |= {"scheduler": "sglang", "schedule_policy": rng.choice(["fcfs", "lpm"])}
         engine["schedule_conservativeness"] = rng.choice([0.3, 1.0, 2.0])
-    if rng.random() < 0.08:
+    if workload["arrival"]["kind"] == "closed_loop" and rng.random() < 0.5:
+        workload["arrival"] |= {"ramp_up_s": 1.0, "send_delay_s": {"kind": "exponential", "mean": 0.05}}
+    if rng.random() < 0.1:
+        # Mooncake's conversations share prompt blocks by hash id (prefix hits from the trace itself).
+        config["workload"] = {
+            "source": {"kind": "mooncake", "path": "traces/mooncake/conversation_trace.jsonl"},
+            "num_requests": workload["num_requests"],
+            "target_rate_per_s": rng.choice([2, 10, 50]),
+            "max_model_len": engine["max_model_len"],
+        }
+    elif rng.random() < 0.08:
         config["workload"] = {
             "source": {"kind": "azure", "path": "traces/azure/AzureLLMInferenceTrace_conv.csv"},
             "num_requests": workload["num_requests"],
