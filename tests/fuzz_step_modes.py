@@ -21,6 +21,7 @@ than one request) is counted and skipped: refusing it before anything runs is th
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import random
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -656,6 +658,127 @@ def builds_differences(config: dict[str, Any], worker: CompiledWorker) -> tuple[
     return ("differs", found) if found else ("same", [])
 
 
+# -- shrinking a case that differs -----------------------------------------------------------------
+Simplification = Callable[[dict[str, Any]], dict[str, Any] | None]
+
+
+def _without(section: str, key: str) -> Simplification:
+    def simplify(config: dict[str, Any]) -> dict[str, Any] | None:
+        part = config if section == "" else config.get(section)
+        if not isinstance(part, dict) or key not in part:
+            return None
+        smaller = copy.deepcopy(config)
+        del (smaller if section == "" else smaller[section])[key]
+        return smaller
+
+    return simplify
+
+
+def _fewer_requests(config: dict[str, Any]) -> dict[str, Any] | None:
+    requests = config["workload"].get("num_requests", 0)
+    if requests <= 2:
+        return None
+    smaller = copy.deepcopy(config)
+    smaller["workload"]["num_requests"] = max(2, requests // 2)
+    return smaller
+
+
+def _shorter(column: str) -> Simplification:
+    def simplify(config: dict[str, Any]) -> dict[str, Any] | None:
+        lengths = config["workload"].get(column)
+        if not isinstance(lengths, dict) or lengths.get("high", 0) < 16:
+            return None
+        smaller = copy.deepcopy(config)
+        high = smaller["workload"][column]["high"] // 2
+        smaller["workload"][column] |= {"low": min(lengths["low"], high - 1), "high": high}
+        return smaller
+
+    return simplify
+
+
+def _with(section: str, key: str, value: Any) -> Simplification:
+    def simplify(config: dict[str, Any]) -> dict[str, Any] | None:
+        part = config if section == "" else config.get(section, {})
+        if part.get(key, None) == value or (section != "" and section not in config):
+            return None
+        smaller = copy.deepcopy(config)
+        (smaller if section == "" else smaller[section])[key] = value
+        return smaller
+
+    return simplify
+
+
+def _poisson_arrivals(config: dict[str, Any]) -> dict[str, Any] | None:
+    arrival = config["workload"].get("arrival")
+    if arrival is None or arrival["kind"] == "poisson":
+        return None
+    smaller = copy.deepcopy(config)
+    smaller["workload"]["arrival"] = {"kind": "poisson", "rate_per_s": arrival.get("rate_per_s", 5)}
+    return smaller
+
+
+SIMPLIFICATIONS: tuple[Simplification, ...] = (
+    _fewer_requests,
+    *(_without("", key) for key in ("cluster", "offload", "until_s")),
+    *(
+        _without("workload", key)
+        for key in (
+            "multi_turn",
+            "few_shot",
+            "shared_prefix",
+            "n",
+            "beam_width",
+            "sample_lengths",
+            "max_concurrency",
+        )
+    ),
+    _poisson_arrivals,
+    *(
+        _without("engine", key)
+        for key in (
+            "speculative",
+            "preemption_mode",
+            "watermark",
+            "kv_cache_dtype",
+            "client_overhead_s",
+            "swap_space",
+            "on_oom",
+            "beam_reparent_prob",
+            "schedule_conservativeness",
+        )
+    ),
+    _with("engine", "async_scheduling", False),
+    _with("", "cost_model", "analytic"),
+    _shorter("prompt_len"),
+    _shorter("output_len"),
+)
+
+
+def shrink(
+    config: dict[str, Any], differs: Callable[[dict[str, Any]], bool], budget: int = 80
+) -> dict[str, Any]:
+    """A smaller experiment that still differs: each simplification (fewer requests, a feature left
+    out, shorter lengths) is kept when the case still differs, until none helps or ``budget`` runs
+    are spent. (Data-parallel servers are kept whole: their two keys go together.)"""
+    runs = 0
+    progress = True
+    while progress and runs < budget:
+        progress = False
+        for simplify in SIMPLIFICATIONS:
+            smaller = simplify(config)
+            while smaller is not None and runs < budget:
+                runs += 1
+                try:
+                    still = differs(smaller)
+                except Exception:  # (a simplification the run cannot take: a trace too short to rescale)
+                    still = False
+                if not still:
+                    break
+                config, progress = smaller, True
+                smaller = simplify(config)
+    return config
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=100)
@@ -666,6 +789,9 @@ def main(argv: list[str] | None = None) -> int:
         "--builds",
         action="store_true",
         help="also run every case under the compiled build (make native) and compare it with the sources",
+    )
+    parser.add_argument(
+        "--no-shrink", action="store_true", help="write a case that differs as drawn, not shrunk first"
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -680,7 +806,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         variant = config["variants"][1]
         label = f"case {index}: {Path(config['model']).name} {variant['policy']} {variant['options'] or ''}"
-        outcome, notes = run_case(config) if worker is None else builds_differences(config, worker)
+
+        def compare(config: dict[str, Any]) -> tuple[str, list[str]]:
+            return run_case(config) if worker is None else builds_differences(config, worker)
+
+        outcome, notes = compare(config)
         counts[outcome] += 1
         if outcome == "differs":
             args.out.mkdir(parents=True, exist_ok=True)
@@ -689,6 +819,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label}: DIFFERS ({path})")
             for note in notes:
                 print(f"    {note}")
+            if not args.no_shrink:
+                smaller = shrink(config, lambda candidate: compare(candidate)[0] == "differs")
+                path = path.with_name(f"{path.stem}-shrunk.yaml")
+                path.write_text(yaml.safe_dump(smaller, sort_keys=False))
+                print(f"    shrunk: {path}")
         elif outcome == "refused":
             print(f"{label}: refused: {notes[0][:160]}")
         else:

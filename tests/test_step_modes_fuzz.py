@@ -152,3 +152,46 @@ def test_two_builds_digests_are_compared_exactly():
         "skip tables requests: sources 'ab12', compiled 'ff00'",
     ]
     assert digest_differences(sources, {}) == ["skip: only the sources ran it"]
+
+
+def test_a_case_that_differs_is_shrunk_to_what_still_differs():
+    """The shrinker keeps a simplification only while the case still differs: here a case differs
+    while it has a shared prefix and at least 5 requests. From 40 requests it halves to 5 (2 would
+    not differ), drops every other feature, and halves the prompt and output lengths while they are
+    at least 16 tokens high."""
+    from tests.fuzz_step_modes import shrink
+
+    config = {
+        "cost_model": "derated",
+        "until_s": 9.0,
+        "engine": {"watermark": 0.02, "async_scheduling": True},
+        "workload": {
+            "num_requests": 40,
+            "arrival": {"kind": "gamma", "rate_per_s": 3, "cv": 3.0},
+            "prompt_len": {"kind": "uniform", "low": 10, "high": 100},
+            "output_len": {"kind": "uniform", "low": 1, "high": 20},
+            "shared_prefix": {"num_prefixes": 2},
+            "multi_turn": {"turns": 2},
+            "n": 2,
+        },
+    }
+    calls = []
+
+    def differs(candidate):
+        calls.append(candidate)
+        workload = candidate["workload"]
+        return workload["num_requests"] >= 5 and "shared_prefix" in workload
+
+    assert shrink(config, differs) == {
+        "cost_model": "analytic",
+        "engine": {"async_scheduling": False},
+        "workload": {
+            "num_requests": 5,
+            "arrival": {"kind": "poisson", "rate_per_s": 3},
+            "prompt_len": {"kind": "uniform", "low": 10, "high": 12},  # 100 -> 50 -> 25 -> 12
+            "output_len": {"kind": "uniform", "low": 1, "high": 10},  # 20 -> 10
+            "shared_prefix": {"num_prefixes": 2},
+        },
+    }
+    assert config["workload"]["num_requests"] == 40  # (the case as drawn is not changed)
+    assert len(calls) <= 80
