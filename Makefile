@@ -68,11 +68,11 @@ fuzz: venv
 
 # Event skipping against single stepping on random whole experiments (failing cases: fuzz-step-modes/).
 fuzz-step-modes: venv
-	$(BIN)/python -m tests.fuzz_step_modes --cases 2000 --seed $${SEED:-1}
+	$(BIN)/python -m tests.fuzz_step_modes --cases 2000 --jobs 2 --seed $${SEED:-1}
 
 # The same experiments under the compiled build and the sources, which must agree bit for bit.
 fuzz-builds: native
-	KVSIM_NATIVE=0 $(BIN)/python -m tests.fuzz_step_modes --builds --cases 1000 --seed $${SEED:-1}
+	KVSIM_NATIVE=0 $(BIN)/python -m tests.fuzz_step_modes --builds --cases 1000 --jobs 2 --seed $${SEED:-1}
 
 bench: native
 	$(BIN)/python -m benchmarks

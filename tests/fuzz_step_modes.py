@@ -7,7 +7,7 @@ scenarios per feature; this draws whole experiments (model, allocator and its op
 stream) from the space users write, runs each in both modes through the runner, and reports every
 case that differs, written out as a YAML experiment that reproduces it.
 
-    .venv/bin/python -m tests.fuzz_step_modes --cases 200 --seed 1 [--out DIR] [--case N]   # make fuzz-step-modes
+    .venv/bin/python -m tests.fuzz_step_modes --cases 200 --seed 1 [--jobs 2] [--out DIR] [--case N]   # make fuzz-step-modes
     KVSIM_NATIVE=0 .venv/bin/python -m tests.fuzz_step_modes --builds ...   # make fuzz-builds
 
 With ``--builds`` every case also runs under the compiled build (``make native``), in a worker
@@ -30,6 +30,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -779,12 +780,65 @@ def shrink(
     return config
 
 
+class CaseRunner:
+    """Draws, runs and compares the cases of one seed (in one process; ``--jobs`` starts several),
+    writing those that differ (and their shrunk form) into ``out``."""
+
+    def __init__(self, seed: int, out: Path, builds: bool, shrink_cases: bool):
+        self.seed = seed
+        self.out = out
+        self.shrink_cases = shrink_cases
+        self.worker = CompiledWorker() if builds else None
+
+    def compare(self, config: dict[str, Any]) -> tuple[str, list[str]]:
+        return run_case(config) if self.worker is None else builds_differences(config, self.worker)
+
+    def run(self, index: int) -> tuple[str, list[str]]:
+        """Case ``index``'s outcome and the lines that report it."""
+        config = draw_case(random.Random(f"{self.seed}-{index}"), index, self.out)
+        variant = config["variants"][1]
+        label = f"case {index}: {Path(config['model']).name} {variant['policy']} {variant['options'] or ''}"
+        outcome, notes = self.compare(config)
+        if outcome == "refused":
+            return outcome, [f"{label}: refused: {notes[0][:160]}"]
+        if outcome == "same":
+            return outcome, [f"{label}: same"]
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / f"case-{self.seed}-{index}.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        lines = [f"{label}: DIFFERS ({path})", *(f"    {note}" for note in notes)]
+        if self.shrink_cases:
+            smaller = shrink(config, lambda candidate: self.compare(candidate)[0] == "differs")
+            path = path.with_name(f"{path.stem}-shrunk.yaml")
+            path.write_text(yaml.safe_dump(smaller, sort_keys=False))
+            lines.append(f"    shrunk: {path}")
+        return outcome, lines
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+
+
+_RUNNER: CaseRunner | None = None  # each --jobs process's own
+
+
+def _start_runner(seed: int, out: Path, builds: bool, shrink_cases: bool) -> None:
+    global _RUNNER
+    _RUNNER = CaseRunner(seed, out, builds, shrink_cases)
+
+
+def _run_index(index: int) -> tuple[str, list[str]]:
+    assert _RUNNER is not None, "_start_runner runs first in every process"
+    return _RUNNER.run(index)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--case", type=int, default=None, help="run only this case number")
     parser.add_argument("--out", type=Path, default=Path("fuzz-step-modes"), help="where failing cases go")
+    parser.add_argument("--jobs", type=int, default=1, help="processes running cases side by side")
     parser.add_argument(
         "--builds",
         action="store_true",
@@ -797,40 +851,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         return serve_digests()
-    worker = CompiledWorker() if args.builds else None
+    indices = [args.case] if args.case is not None else list(range(args.cases))
+    setup = (args.seed, args.out, args.builds, not args.no_shrink)
     counts = {"same": 0, "refused": 0, "differs": 0}
     started = time.perf_counter()
-    for index in range(args.cases):
-        config = draw_case(random.Random(f"{args.seed}-{index}"), index, args.out)
-        if args.case is not None and index != args.case:
-            continue
-        variant = config["variants"][1]
-        label = f"case {index}: {Path(config['model']).name} {variant['policy']} {variant['options'] or ''}"
-
-        def compare(config: dict[str, Any]) -> tuple[str, list[str]]:
-            return run_case(config) if worker is None else builds_differences(config, worker)
-
-        outcome, notes = compare(config)
+    if args.jobs > 1:
+        pool = ProcessPoolExecutor(max_workers=args.jobs, initializer=_start_runner, initargs=setup)
+        reports = pool.map(_run_index, indices)
+    else:
+        _start_runner(*setup)
+        reports = map(_run_index, indices)
+    for outcome, lines in reports:  # (in case order, whichever process ran each)
         counts[outcome] += 1
-        if outcome == "differs":
-            args.out.mkdir(parents=True, exist_ok=True)
-            path = args.out / f"case-{args.seed}-{index}.yaml"
-            path.write_text(yaml.safe_dump(config, sort_keys=False))
-            print(f"{label}: DIFFERS ({path})")
-            for note in notes:
-                print(f"    {note}")
-            if not args.no_shrink:
-                smaller = shrink(config, lambda candidate: compare(candidate)[0] == "differs")
-                path = path.with_name(f"{path.stem}-shrunk.yaml")
-                path.write_text(yaml.safe_dump(smaller, sort_keys=False))
-                print(f"    shrunk: {path}")
-        elif outcome == "refused":
-            print(f"{label}: refused: {notes[0][:160]}")
-        else:
-            print(f"{label}: same")
-        sys.stdout.flush()
-    if worker is not None:
-        worker.close()
+        print("\n".join(lines), flush=True)
+    if args.jobs > 1:
+        pool.shutdown()
+    elif _RUNNER is not None:
+        _RUNNER.close()
     print(f"{counts} in {time.perf_counter() - started:.0f} s")
     return 1 if counts["differs"] else 0
 
