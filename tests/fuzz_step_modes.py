@@ -314,22 +314,29 @@ def _add_serving_features(rng: random.Random, moe: bool, policy: str, config: di
         workload["arrival"] |= {"ramp_up_s": 1.0, "send_delay_s": {"kind": "exponential", "mean": 0.05}}
     if rng.random() < 0.1:
         # Mooncake's conversations share prompt blocks by hash id (prefix hits from the trace itself).
-        config["workload"] = {
-            "source": {"kind": "mooncake", "path": "traces/mooncake/conversation_trace.jsonl"},
-            "num_requests": workload["num_requests"],
-            "target_rate_per_s": rng.choice([2, 10, 50]),
-            "max_model_len": engine["max_model_len"],
-        }
+        config["workload"] = _replayed("mooncake", rng, workload["num_requests"], engine["max_model_len"])
     elif rng.random() < 0.08:
-        config["workload"] = {
-            "source": {"kind": "azure", "path": "traces/azure/AzureLLMInferenceTrace_conv.csv"},
-            "num_requests": workload["num_requests"],
-            "target_rate_per_s": rng.choice([2, 10, 50]),
-            "max_model_len": engine["max_model_len"],
-            **({"n": workload["n"]} if "n" in workload else {}),
-        }
+        config["workload"] = _replayed("azure", rng, workload["num_requests"], engine["max_model_len"])
+        if "n" in workload:
+            config["workload"]["n"] = workload["n"]
         if rng.random() < 0.3:
             config["workload"]["max_concurrency"] = rng.randint(2, 8)
+
+
+TRACES = {
+    "azure": "traces/azure/AzureLLMInferenceTrace_conv.csv",
+    "mooncake": "traces/mooncake/conversation_trace.jsonl",
+}
+
+
+def _replayed(kind: str, rng: random.Random, requests: int, max_model_len: int) -> dict[str, Any]:
+    """A shipped trace's first ``requests`` replayed at a drawn rate, capped at the model's length."""
+    return {
+        "source": {"kind": kind, "path": TRACES[kind]},
+        "num_requests": requests,
+        "target_rate_per_s": rng.choice([2, 10, 50]),
+        "max_model_len": max_model_len,
+    }
 
 
 def _add_features(
