@@ -534,7 +534,8 @@ def outcome_errors(result, label: str, config: dict[str, Any]) -> list[str]:
 
 
 def run_case(config: dict[str, Any]) -> tuple[str, list[str]]:
-    """("refused", [why]), ("same", []) or ("differs", [what])."""
+    """("refused", [why]), ("same", []), ("differs", [what]) or ("crashed", [the exception]): a run
+    that raises anything but a configuration error is a bug too."""
     outcome, notes, _ = run_case_with_digest(config)
     return outcome, notes
 
@@ -551,6 +552,8 @@ def run_case_with_digest(config: dict[str, Any]) -> tuple[str, list[str], dict[s
         except ConfigError as error:
             lines = str(error).splitlines()
             return "refused", [" | ".join(line.strip() for line in lines[1:3]) or lines[0]], {}
+        except Exception as error:  # (reported and kept like a difference; the next case runs)
+            return "crashed", [f"{type(error).__name__}: {error}"], {}
         by_name = {result.name: result for result in results}
         found = differences(by_name["single"], by_name["skip"])
         # (A cluster's, or a data-parallel server's, series are the ranks' totals; kv_pool_tokens is one's.)
@@ -653,6 +656,10 @@ def builds_differences(config: dict[str, Any], worker: CompiledWorker) -> tuple[
     """Both step-mode comparisons (the sources', the compiled build's) and the two builds' digests."""
     outcome, notes, digests = run_case_with_digest(config)
     reply = worker.ask(config)
+    if "crashed" in (outcome, reply["outcome"]):
+        crashes = [f"sources: {note}" for note in notes] if outcome == "crashed" else []
+        crashes += [f"compiled: {note}" for note in reply["notes"]] if reply["outcome"] == "crashed" else []
+        return "crashed", crashes
     found = [f"compiled: {note}" for note in reply["notes"]] if reply["outcome"] == "differs" else []
     if outcome == "refused" or reply["outcome"] == "refused":
         if outcome != reply["outcome"]:
@@ -813,9 +820,18 @@ class CaseRunner:
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / f"case-{self.seed}-{index}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
-        lines = [f"{label}: DIFFERS ({path})", *(f"    {note}" for note in notes)]
+        lines = [f"{label}: {outcome.upper()} ({path})", *(f"    {note}" for note in notes)]
         if self.shrink_cases:
-            smaller = shrink(config, lambda candidate: self.compare(candidate)[0] == "differs")
+            # (A crash shrinks only while it raises the same exception; a difference, while it differs.)
+            first_words = [note.split(":")[0:2] for note in notes] if outcome == "crashed" else None
+
+            def same_failure(candidate: dict[str, Any]) -> bool:
+                again, again_notes = self.compare(candidate)
+                return again == outcome and (
+                    first_words is None or [note.split(":")[0:2] for note in again_notes] == first_words
+                )
+
+            smaller = shrink(config, same_failure)
             path = path.with_name(f"{path.stem}-shrunk.yaml")
             path.write_text(yaml.safe_dump(smaller, sort_keys=False))
             lines.append(f"    shrunk: {path}")
@@ -860,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve_digests()
     indices = [args.case] if args.case is not None else list(range(args.cases))
     setup = (args.seed, args.out, args.builds, not args.no_shrink)
-    counts = {"same": 0, "refused": 0, "differs": 0}
+    counts = {"same": 0, "refused": 0, "differs": 0, "crashed": 0}
     started = time.perf_counter()
     if args.jobs > 1:
         pool = ProcessPoolExecutor(max_workers=args.jobs, initializer=_start_runner, initargs=setup)
@@ -876,7 +892,7 @@ def main(argv: list[str] | None = None) -> int:
     elif _RUNNER is not None:
         _RUNNER.close()
     print(f"{counts} in {time.perf_counter() - started:.0f} s")
-    return 1 if counts["differs"] else 0
+    return 1 if counts["differs"] or counts["crashed"] else 0
 
 
 if __name__ == "__main__":
