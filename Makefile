@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 BASE := $(VENV)/.installed-base
 FULL := $(VENV)/.installed-dev-calibrate
 
-.PHONY: venv base demo test lint typecheck native docs fuzz fuzz-step-modes fuzz-builds bench mutation planted clean
+.PHONY: venv base demo test lint typecheck native docs fuzz fuzz-step-modes fuzz-builds fuzz-bad-input bench mutation planted clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -69,6 +69,11 @@ fuzz: venv
 # Event skipping against single stepping on random whole experiments (failing cases: fuzz-step-modes/).
 fuzz-step-modes: venv
 	$(BIN)/python -m tests.fuzz_step_modes --cases 2000 --jobs 2 --seed $${SEED:-1}
+
+# Slips in the shipped files (wrong values, misspelt, unknown or missing keys) against the up-front
+# checks: each accepted, or refused with a message naming the file or the key (never a traceback).
+fuzz-bad-input: venv
+	$(BIN)/python -m tests.fuzz_bad_input --cases 10000 --seed $${SEED:-1}
 
 # The same experiments under the compiled build and the sources, which must agree bit for bit.
 fuzz-builds: native

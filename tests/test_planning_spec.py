@@ -295,3 +295,17 @@ def test_a_plan_without_a_cost_model_uses_the_runs_default(tmp_path):
     data.pop("cost_model", None)
     plan = load_plan_spec(write_yaml(tmp_path / "plan.yaml", data))
     assert plan.spec.cost_model == "derated"  # what `kvsim run` uses (issue 27: it was analytic)
+
+
+def test_a_plan_whose_search_key_runs_through_a_value_is_refused_naming_file_and_key(tmp_path):
+    """The search sets the rate at ``workload.arrival.rate_per_s``; a workload whose ``arrival`` is a
+    word, not a mapping, was a KeyError traceback (found by tests/fuzz_bad_input.py). It is a
+    configuration error naming the file, the candidate and the key the search sets."""
+    data = plan_data()
+    data["workload"]["arrival"] = "poisson"
+    path = write_yaml(tmp_path / "plan.yaml", data)
+    with pytest.raises(ConfigError) as raised:
+        load_plan_spec(path)
+    message = str(raised.value)
+    assert str(path) in message
+    assert "search sets workload.arrival.rate_per_s: workload.arrival holds 'poisson', not a mapping" in message

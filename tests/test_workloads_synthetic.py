@@ -443,3 +443,41 @@ def test_parallel_samples_draw_independent_lengths() -> None:
 def test_beams_all_run_to_the_request_length() -> None:
     requests = list(make(2, num_requests=20, n=1, beam_width=4).requests())
     assert all(r.sample_output_lens == () and r.output_lens == (r.output_len,) * 4 for r in requests)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            {
+                "shared_prefix": {
+                    "num_prefixes": 2,
+                    "prefix_len": {"kind": "uniform", "low": 16, "high": 1e30},
+                }
+            },
+            r"shared_prefix.prefix_len: 1e\+30 is too large for a count \(at most 2\*\*53\)",
+        ),
+        (
+            {"prompt_len": {"kind": "lognormal", "median": 1e30, "sigma": 0.5}},
+            r"prompt_len: median 1e\+30 is too large for a count",
+        ),
+        ({"output_len": {"kind": "constant", "value": 1e19}}, r"output_len: 1e\+19 is too large for a count"),
+    ],
+)
+def test_a_count_past_what_a_64_bit_draw_holds_is_refused_up_front(fields, message):
+    """Found by tests/fuzz_bad_input.py: a uniform bound of 1e30 tokens raised numpy's own error
+    (``high is out of bounds for int64``), and a lognormal median of 1e30 drew lengths that wrapped
+    negative in the cast to integers and failed inside the run. Counts are refused past 2**53."""
+    with pytest.raises(WorkloadError, match=message):
+        make(**fields)
+
+
+def test_a_wide_lognormals_tail_stays_a_count():
+    """A lognormal whose median is sane but whose tail runs past any count (sigma 80): its draws are
+    capped at 2**53 tokens, never cast into negative lengths; the engine rejects them as longer than
+    max_model_len."""
+    lengths = [
+        request.prompt_len
+        for request in first(make(prompt_len={"kind": "lognormal", "median": 100, "sigma": 80}), 200)
+    ]
+    assert min(lengths) >= 1 and max(lengths) == 2**53

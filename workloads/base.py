@@ -107,13 +107,15 @@ class Workload(ABC):
         return []
 
 
-def resolve_path(path: str | Path, base_dir: Path | None) -> Path:
-    """A data file named in a config: absolute, or relative to the YAML's folder, then the project root."""
+def resolve_path(path: str | Path, base_dir: Path | None, key: str | None = None) -> Path:
+    """A data file named in a config: absolute, or relative to the YAML's folder, then the project root.
+    ``key``: the config key that names it, for the error when it is not there."""
+    named_by = f" (named by {key})" if key else ""
     candidate = Path(path).expanduser()
     if candidate.is_absolute():
         if candidate.is_file():
             return candidate
-        raise TraceError("file not found", candidate)
+        raise TraceError(f"file not found{named_by}", candidate)
     tried = []
     for root in (base_dir, PROJECT_ROOT):
         if root is None:
@@ -122,4 +124,4 @@ def resolve_path(path: str | Path, base_dir: Path | None) -> Path:
         tried.append(str(full))
         if full.is_file():
             return full
-    raise TraceError(f"file not found (tried {', '.join(tried)})", path)
+    raise TraceError(f"file not found{named_by} (tried {', '.join(tried)})", path)

@@ -22,6 +22,10 @@ from workloads.config import (
 )
 
 
+LARGEST_COUNT = 2**53
+"""The largest value of an integer quantity (tokens, turns, samples) a distribution may name."""
+
+
 class Sampler:
     """Draws values of one configured quantity. ``integer`` quantities (token counts, turns, n) are
     rounded to the nearest int and clipped to ``[min, max]`` (``min`` defaults to ``floor``)."""
@@ -54,6 +58,7 @@ class Sampler:
             self._check_value(spec.value)
         elif isinstance(spec, UniformDist):
             self._check_value(spec.low)
+            self._check_value(spec.high)
             if integer and (spec.low != int(spec.low) or spec.high != int(spec.high)):
                 raise WorkloadError(f"{what}: uniform bounds must be integers, got {spec.low}..{spec.high}")
         elif isinstance(spec, ChoiceDist):
@@ -65,9 +70,17 @@ class Sampler:
                 self._probs = weights / weights.sum()
         elif isinstance(spec, TableDist):
             self._values = load_column(spec.path, spec.column, base_dir, what).astype(float)
+        if integer:
+            for name in ("mean", "median", "std"):  # (normal, lognormal, exponential)
+                value = getattr(spec, name, None)
+                if value is not None and not abs(value) <= LARGEST_COUNT:
+                    raise WorkloadError(f"{what}: {name} {value:g} is too large for a count (at most 2**53)")
         self.constant: float | None = self._as_constant()
 
     def _check_value(self, value: float) -> None:
+        if self.integer and not abs(value) <= LARGEST_COUNT:
+            # (Counts are drawn as 64-bit integers; past 2**53 a float no longer holds every integer.)
+            raise WorkloadError(f"{self.what}: {value:g} is too large for a count (at most 2**53)")
         if self.integer and value != int(value):
             raise WorkloadError(f"{self.what}: {value} is not an integer")
         if value < self.low:
@@ -83,8 +96,12 @@ class Sampler:
     def _finish(self, values: np.ndarray) -> np.ndarray:
         if self.integer:
             values = np.rint(values)
-        values = np.clip(values, self.low, self.high)
-        return values.astype(np.int64) if self.integer else values.astype(float)
+        if self.integer:
+            # (A tail draw past any count, from a wide lognormal, stays a count: it is rejected as
+            # longer than max_model_len like any other, where a cast would wrap it negative.)
+            values = np.clip(values, self.low, min(self.high, LARGEST_COUNT))
+            return values.astype(np.int64)
+        return np.clip(values, self.low, self.high).astype(float)
 
     def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
         spec = self.spec
@@ -163,7 +180,7 @@ def load_column(path: str | Path, column: str, base_dir: Path | None, what: str)
     the bytes themselves, not the modification time, which can miss a rewrite within one clock
     tick; Python's hash of them and a comparison cost a third of a cryptographic digest, which a
     plan paid three times a probe.) The array is shared, so it is read-only."""
-    full = resolve_path(path, base_dir)
+    full = resolve_path(path, base_dir, f"workload.{what}.path")
     try:
         content = full.read_bytes()
     except OSError:

@@ -321,7 +321,7 @@ def _lengths_only(
     from workloads.base import resolve_path
     from workloads.traces import RowCounts, TraceReader, field_map
 
-    path = resolve_path(config.source.path, base_dir)
+    path = resolve_path(config.source.path, base_dir, "workload.source.path")
     counts = RowCounts()
     accumulator = StatsAccumulator(block_sizes)
     for index, row in enumerate(

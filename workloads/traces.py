@@ -578,7 +578,7 @@ class TraceWorkload(Workload):
     def __init__(self, config: TraceWorkloadConfig, *, seed: int, base_dir: Path | None = None):
         self.config = config
         self.seed = int(seed)
-        self.path = resolve_path(config.source.path, base_dir)
+        self.path = resolve_path(config.source.path, base_dir, "workload.source.path")
         self.fields = field_map(config.source)
         self.block_len = self.fields.hash_block_len
         self._n = Sampler(config.n, what="n", integer=True, floor=1, base_dir=base_dir)

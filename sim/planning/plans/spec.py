@@ -491,13 +491,15 @@ class Plan:
     ) -> ExperimentConfig:
         data = copy.deepcopy(candidate.template)
         search = self.spec.search
-        set_key_path(data, search.rate_key, rate)
+        where = f"{self.path}: candidate {candidate.key}, rate {rate:g}/s, seed {seed}"
         count = requests if requests is not None else self.first_requests(candidate, rate)
-        set_key_path(data, search.count_key, count)
+        for key, value in ((search.rate_key, rate), (search.count_key, count)):
+            try:
+                set_key_path(data, key, value)
+            except KeyError as error:  # (the path runs through a value that is not a mapping)
+                raise ConfigError(f"{where}: search sets {key}: {error.args[0]}") from None
         data["seed"] = seed
-        return validate_experiment(
-            data, f"{self.path}: candidate {candidate.key}, rate {rate:g}/s, seed {seed}"
-        )
+        return validate_experiment(data, where)
 
     def probe_task(
         self, candidate: Candidate, rate: float, seed: int, requests: int | None = None
@@ -566,9 +568,9 @@ def _tokens_per_request(spec: PlanSpec, path: Path, sample: int = 2000) -> float
     data = copy.deepcopy(spec.workload)
     search = spec.search
     holder = {"workload": data}
-    set_key_path(holder, search.rate_key, search.start_rate_per_s)
-    set_key_path(holder, search.count_key, sample)
     try:
+        set_key_path(holder, search.rate_key, search.start_rate_per_s)
+        set_key_path(holder, search.count_key, sample)
         workload = build_workload(holder["workload"], seed=search.seeds[0], base_dir=path.parent)
     except Exception:  # the probes' own validation names the problem; sizing falls back on min_requests
         return 0.0
