@@ -308,4 +308,6 @@ def test_a_plan_whose_search_key_runs_through_a_value_is_refused_naming_file_and
         load_plan_spec(path)
     message = str(raised.value)
     assert str(path) in message
-    assert "search sets workload.arrival.rate_per_s: workload.arrival holds 'poisson', not a mapping" in message
+    assert (
+        "search sets workload.arrival.rate_per_s: workload.arrival holds 'poisson', not a mapping" in message
+    )

@@ -238,7 +238,9 @@ def test_relative_paths_resolve_next_to_the_yaml_then_from_the_project_root(tmp_
     }
     workload = build_workload(config, seed=0, base_dir=tmp_path)
     assert {request.output_len for request in workload.requests()} == {7}
-    with pytest.raises(TraceError, match=r"file not found \(named by workload.output_len.path\) \(tried .*missing\.csv"):
+    with pytest.raises(
+        TraceError, match=r"file not found \(named by workload.output_len.path\) \(tried .*missing\.csv"
+    ):
         build_workload(
             {**BASE, "output_len": {"kind": "table", "path": "missing.csv", "column": "o"}},
             seed=0,

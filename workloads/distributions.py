@@ -21,7 +21,6 @@ from workloads.config import (
     UniformDist,
 )
 
-
 LARGEST_COUNT = 2**53
 """The largest value of an integer quantity (tokens, turns, samples) a distribution may name."""
 
