@@ -208,15 +208,3 @@ def test_a_run_that_raises_is_reported_not_fatal(monkeypatch, tmp_path):
     monkeypatch.setattr(fuzz, "run_experiment", boom)
     config = draw_case(random.Random("suite-0"), 0, tmp_path)
     assert run_case(config) == ("crashed", ["RuntimeError: a policy's assertion"])
-
-
-OPEN = ROOT / "tests" / "data" / "step_modes_open"
-
-
-@pytest.mark.xfail(strict=True, reason="open: the step modes still differ (the file's header says how)")
-@pytest.mark.parametrize("path", sorted(OPEN.glob("*.yaml")), ids=lambda path: path.stem)
-def test_an_open_case_still_differs(path):
-    """Cases found and not yet fixed. Each must still differ (strict): once one agrees, this fails,
-    and the file moves to tests/data/step_modes/ with the fix."""
-    outcome, notes = run_case(yaml.safe_load(path.read_text()))
-    assert (outcome, notes) == ("same", [])

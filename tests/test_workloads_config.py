@@ -294,3 +294,23 @@ def test_length_column_is_read_once_per_file_content(tmp_path: Path, monkeypatch
         first[0] = 7  # shared between callers: nobody may change it
     path.write_text("o\n6\n12.0\n")  # same size
     assert load_column("lens.csv", "o", tmp_path, "output_len").tolist() == [6, 12] and len(parsed) == 2
+
+
+def test_a_count_of_distinct_prompts_past_a_million_is_refused_naming_its_key():
+    """Found by tests/fuzz_bad_input.py: ``num_prefixes: 9223372036854775808`` (2**63) raised Python's
+    OverflowError while the workload was built. Distinct prompts, templates, examples and users are
+    built up front, so more than a million of them is refused by the config check."""
+    from sim.config import ConfigError, validate_experiment
+
+    config = {
+        "name": "x",
+        "model": "Llama-3.1-8B",
+        "gpu": "H100-80GB",
+        "workload": {**BASE, "shared_prefix": {"num_prefixes": 2**63, "prefix_len": 16}},
+        "variants": [{"name": "paged", "policy": "paged"}],
+    }
+    with pytest.raises(
+        ConfigError,
+        match=r"workload.shared_prefix.num_prefixes: Input should be less than or equal to 1000000",
+    ):
+        validate_experiment(config)

@@ -48,6 +48,11 @@ config to another folder (a sweep's points) finds its paths by this mark."""
 SampleLengths = Literal["independent", "identical"]
 
 
+MOST_DISTINCT = 1_000_000
+"""The most distinct things of one kind a synthetic workload draws from (system prompts, templates,
+examples, users): each is built up front, so a count past it is a slip, not a workload."""
+
+
 class _Model(ConfigModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -223,7 +228,9 @@ class ClosedLoopArrival(_Model):
     ``limited_request_func``)."""
 
     kind: Literal["closed_loop"]
-    num_users: PositiveInt = Field(description="Concurrent users (vLLM benchmark: max_concurrency).")
+    num_users: PositiveInt = Field(
+        le=MOST_DISTINCT, description="Concurrent users (vLLM benchmark: max_concurrency)."
+    )
     think_time_s: TimeSpec = Field(0.0, description="Pause between a finish and the user's next request.")
     ramp_up_s: NonNegativeFloat = Field(0.0, description="First requests spread evenly over this time.")
     send_delay_s: TimeSpec = Field(
@@ -267,7 +274,7 @@ class SharedPrefixConfig(_Model):
     """``num_prefixes`` system prompts; each request (each conversation, in multi-turn workloads)
     starts with one of them, prefix ``i`` (0-based) chosen with probability ∝ 1/(i+1)^zipf_s."""
 
-    num_prefixes: PositiveInt = Field(description="Number of distinct system prompts (K).")
+    num_prefixes: PositiveInt = Field(le=MOST_DISTINCT, description="Number of distinct system prompts (K).")
     prefix_len: LengthSpec = Field(description="Tokens per system prompt (drawn once per prompt).")
     zipf_s: NonNegativeFloat = Field(1.0, description="Zipf exponent of popularity (0 = uniform).")
     fraction: float = Field(1.0, ge=0, le=1, description="Share of requests that have a system prompt.")
@@ -280,12 +287,12 @@ class FewShotConfig(_Model):
     request's own tokens, so a prefix cache sees: instruction (shared by all templates), then examples
     (shared by a template's users, and by templates that start with the same examples)."""
 
-    num_templates: PositiveInt = Field(description="Number of distinct templates.")
+    num_templates: PositiveInt = Field(le=MOST_DISTINCT, description="Number of distinct templates.")
     instruction_len: int = Field(0, ge=0, description="Tokens of the instruction common to all templates.")
-    num_shots: PositiveInt = Field(description="Examples per template.")
+    num_shots: PositiveInt = Field(le=MOST_DISTINCT, description="Examples per template.")
     shot_len: LengthSpec = Field(description="Tokens per example (drawn once per example).")
     example_pool_size: PositiveInt | None = Field(
-        None, description="Examples to draw from (default: num_templates * num_shots)."
+        None, le=MOST_DISTINCT, description="Examples to draw from (default: num_templates * num_shots)."
     )
     zipf_s: NonNegativeFloat = Field(1.0, description="Zipf exponent of template popularity.")
     fraction: float = Field(1.0, ge=0, le=1, description="Share of requests that use a template.")

@@ -200,6 +200,17 @@ class DecodeClock:
         # Only the full-attention layers read the shared prefix (a window holds a sequence's own tail).
         return attended - min(self.shared_reads.credit() * self.windows.full_share, attended)
 
+    def context_clamped(self) -> bool:
+        """Does the cache's credit for shared reads exceed the context it is taken from? Then the step
+        reads none of it, and goes on reading none as tokens grow until they outgrow the credit: not the
+        token per sequence an iteration that a jump counts (``sim/engine/shared_reads.py``)."""
+        if self.shared_reads is None or not self.sequences:
+            return False
+        if self.windows is None:
+            return self.shared_reads.credit() > self._offset_sum + self.sequences * self.now
+        attended = self.windows.attended(self._offset_sum, self.sequences, self.now)
+        return self.shared_reads.credit() * self.windows.full_share > attended
+
     def context_growth(self) -> float | None:
         """What :meth:`sum_context` grows by per token every sequence gains, when it is not simply the
         number of sequences (attention windows); None otherwise."""

@@ -181,6 +181,8 @@ class JumpPlanner:
         if any(state.prefilled >= state.tokens_to_prefill for state, _ in iteration.prefill_this_step):
             return None  # a prompt completes at the end of iteration 1
         clock = self.clock
+        if clock.context_clamped():
+            return None  # (the context read stays 0 for a while: steps, not a closed form)
         # (In iterations: the decode clock counts tokens, one per iteration without speculation.)
         limit = clock.iteration_ending(clock.next_end()) - clock.iteration  # up to the next completion
         if limit <= 0:
