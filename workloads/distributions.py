@@ -71,9 +71,11 @@ class Sampler:
             self._values = load_column(spec.path, spec.column, base_dir, what).astype(float)
         if integer:
             for name in ("mean", "median", "std"):  # (normal, lognormal, exponential)
-                value = getattr(spec, name, None)
-                if value is not None and not abs(value) <= LARGEST_COUNT:
-                    raise WorkloadError(f"{what}: {name} {value:g} is too large for a count (at most 2**53)")
+                parameter: float | None = getattr(spec, name, None)
+                if parameter is not None and not abs(parameter) <= LARGEST_COUNT:
+                    raise WorkloadError(
+                        f"{what}: {name} {parameter:g} is too large for a count (at most 2**53)"
+                    )
         self.constant: float | None = self._as_constant()
 
     def _check_value(self, value: float) -> None:
