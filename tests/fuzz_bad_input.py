@@ -46,12 +46,12 @@ WRONG_VALUES: tuple[Any, ...] = (
     *([], {}, None, True, [1, "x"], {"kind": "nope"}, [{"name": "x"}]),
 )
 
-Path_ = tuple[Any, ...]  # keys and indices from the document's root
+Place = tuple[Any, ...]  # where in a YAML document: its keys and list indices from the top
 
 
-def _places(node: Any, here: Path_ = ()) -> list[tuple[Path_, Any]]:
+def _places(node: Any, here: Place = ()) -> list[tuple[Place, Any]]:
     """Every place in a YAML document (mappings' values and lists' items), with what is there."""
-    found: list[tuple[Path_, Any]] = []
+    found: list[tuple[Place, Any]] = []
     if isinstance(node, dict):
         for key, value in node.items():
             found.append(((*here, key), value))
@@ -63,7 +63,7 @@ def _places(node: Any, here: Path_ = ()) -> list[tuple[Path_, Any]]:
     return found
 
 
-def _parent(document: Any, place: Path_) -> Any:
+def _parent(document: Any, place: Place) -> Any:
     for step in place[:-1]:
         document = document[step]
     return document
