@@ -317,9 +317,9 @@ class EngineConfig(_Strict):
     )
     chunked_prefill_size: int | None = Field(
         None,
-        description="scheduler sglang: most prompt tokens one iteration prefills, decode tokens "
-        "included (its iterations mix prefill and decode, as SGLang's --enable-mixed-chunk); -1: no "
-        "chunking (a prompt goes in whole). Default: SGLang's by GPU memory (server_args.py, "
+        description="scheduler sglang: most prompt tokens one iteration prefills (decode tokens "
+        "included when enable_mixed_chunk mixes them in); -1: no chunking (a prompt goes in whole). "
+        "Default: SGLang's by GPU memory (server_args.py, "
         "ServerArgs._handle_gpu_memory_settings): 2048 below 35 GB, 8192 below 160 GB, else 16384.",
     )
     max_prefill_tokens: int = Field(
@@ -327,6 +327,15 @@ class EngineConfig(_Strict):
         gt=0,
         description="scheduler sglang: prompt tokens admitted in one iteration; the first admission "
         "may exceed it (PrefillAdder.rem_input_tokens). SGLang's default: 16384 (server_args.py).",
+    )
+    enable_mixed_chunk: bool = Field(
+        False,
+        description="scheduler sglang: SGLang's --enable-mixed-chunk. Off (SGLang's default): prefill "
+        "batches go first (Scheduler.get_next_batch_to_run): an iteration that prefills anything, a "
+        "prompt in progress or an admission, decodes nothing, and the running requests decode only "
+        "when nothing can be prefilled. On: they decode in the same iteration, their tokens taken "
+        "out of chunked_prefill_size and max_prefill_tokens. A disaggregated cluster's replicas always "
+        "mix (SGLang's decode side merges landed prompts into the decode batch).",
     )
     speculative: SpeculativeConfig | None = Field(
         None,
@@ -387,6 +396,7 @@ SGLANG_ONLY_DEFAULTS: dict[str, Any] = {
     "schedule_conservativeness": 1.0,
     "chunked_prefill_size": None,
     "max_prefill_tokens": 16384,
+    "enable_mixed_chunk": False,
 }
 """The engine keys only SGLang's scheduler reads, with their defaults (anything else is refused under
 engine.scheduler vllm)."""

@@ -184,6 +184,8 @@ def draw_case(rng: random.Random, index: int, folder: Path) -> dict[str, Any]:
         engine["schedule_policy"] = rng.choice(["fcfs", "lpm"])
         engine["chunked_prefill_size"] = rng.choice([512, 2048, 8192])
         engine["max_prefill_tokens"] = rng.choice([2048, 16384])
+        if rng.random() < 0.3:
+            engine["enable_mixed_chunk"] = True  # (SGLang's default: prefill batches first)
     options: dict[str, Any] = {}
     if policy == "radix" and rng.random() < 0.3:
         options = {"page_size": rng.choice([4, 16])}
@@ -310,6 +312,7 @@ def _add_serving_features(rng: random.Random, moe: bool, policy: str, config: di
         engine["max_num_batched_tokens"] = max(engine["max_num_batched_tokens"], engine["max_model_len"])
         engine |= {"scheduler": "sglang", "schedule_policy": rng.choice(["fcfs", "lpm"])}
         engine["schedule_conservativeness"] = rng.choice([0.3, 1.0, 2.0])
+        engine["enable_mixed_chunk"] = rng.random() < 0.3
     if workload["arrival"]["kind"] == "closed_loop" and rng.random() < 0.5:
         workload["arrival"] |= {"ramp_up_s": 1.0, "send_delay_s": {"kind": "exponential", "mean": 0.05}}
     if rng.random() < 0.1:
@@ -760,6 +763,7 @@ SIMPLIFICATIONS: tuple[Simplification, ...] = (
             "on_oom",
             "beam_reparent_prob",
             "schedule_conservativeness",
+            "enable_mixed_chunk",
         )
     ),
     _with("engine", "async_scheduling", False),

@@ -12,6 +12,7 @@ from policies import PoolSpec
 from sim.config import EngineConfig
 from sim.engine.knobs import EngineKnobs
 from sim.engine.schedulers.sglang import SGLangScheduler, chunked_prefill_size_for
+from sim.outputs.metrics import ADMISSION_BLOCKERS
 from tests.engine_helpers import RoundCostModel, request
 from tests.test_engine import EQUIVALENCE_COSTS, SCENARIOS, assert_same_results, random_requests, run, times
 
@@ -41,31 +42,57 @@ def test_lpm_admits_the_longest_cached_prefix_first():
 
 
 @pytest.mark.parametrize("step_mode", ["single", "skip"])
-def test_new_token_ratio_decays_once_per_decode_only_iteration(step_mode):
+@pytest.mark.parametrize(
+    ("mixed", "iterations", "decays", "r0_finish"),
+    [(False, 52, 50, 53.1), (True, 51, 49, 52.1)],
+)
+def test_new_token_ratio_decays_once_per_decode_batch(step_mode, mixed, iterations, decays, r0_finish):
     """SGLang lowers new_token_ratio once per decode batch it runs (update_running_batch), from 0.7 by
-    0.602 / 600: not for a prefill-only iteration, nor for one that prefills a prompt beside the
-    decoding requests. R0 (prompt 100, output 51) prefills in iteration 1 and decodes in the 50 after
-    it; R1 (prompt 10, output 1) arrives at 10.5, during iteration 10 ([10, 11)), and prefills in
-    iteration 11 beside R0's decode. 50 - 1 = 49 decode-only iterations: 0.7 - 49 x 0.602 / 600."""
+    0.602 / 600: not for a prefill batch, nor (--enable-mixed-chunk) for one that prefills a prompt
+    beside the decoding requests. R0 (prompt 100, output 51) prefills in iteration 1 ([0, 2)) and
+    decodes 50 tokens after it; R1 (prompt 10, output 1) arrives at 10.5, during iteration 10
+    ([10, 11)), and is admitted at 11. By default its prefill is a batch of its own ([11, 12.1)): R0
+    waits for it, decodes its 41 tokens left from 12.1 and finishes at 53.1, after 52 iterations of
+    which 50 decode. Mixed, R1 prefills beside R0's token ([11, 12.1)): 51 iterations, 49 decode only,
+    R0 done at 2 + 50 + 0.1."""
     requests = [request(0, 0.0, 100, 51), request(1, 10.5, 10, 1)]
-    engine = run("radix", PoolSpec(4000, 16, 1024), requests, step_mode, **SGLANG)
+    engine = run("radix", PoolSpec(4000, 16, 1024), requests, step_mode, enable_mixed_chunk=mixed, **SGLANG)
     assert admitted(engine) == pytest.approx({0: 0.0, 1: 11.0})
-    assert engine.counters.iterations == 51
-    assert engine.scheduler.new_token_ratio == pytest.approx(0.7 - 49 * 0.602 / 600, rel=1e-12)
+    assert times(engine)[1] == pytest.approx((11.0, 12.1, 12.1, "finished"))
+    assert times(engine)[0][2] == pytest.approx(r0_finish)
+    assert engine.counters.iterations == iterations
+    assert engine.scheduler.new_token_ratio == pytest.approx(0.7 - decays * 0.602 / 600, rel=1e-12)
 
 
 @pytest.mark.parametrize("step_mode", ["single", "skip"])
-def test_iterations_that_prefill_chunks_beside_a_decode_do_not_decay_the_ratio(step_mode):
-    """chunked_prefill_size 10, less the one decoding request's token: chunks of 9. R0 (prompt 10,
-    output 30) prefills in iteration 1 and decodes in the 29 after it. R1 (prompt 50, output 1)
-    arrives at 5.5 and is admitted at 6.1; its 50 tokens take 6 chunks (9 x 5 + 5), each beside
-    R0's decode (1.0 + 0.09 or 0.05 s): its first token at 6.1 + 6 + 0.5 = 12.6. Skipping events,
-    those 6 iterations fall inside one jump. 29 - 6 = 23 decode-only iterations decay the ratio."""
+@pytest.mark.parametrize(
+    ("mixed", "r1_first_token", "r0_finish", "decays"),
+    [(False, 11.6, 35.6, 29), (True, 12.6, 30.6, 23)],
+)
+def test_a_chunked_prompt_stalls_the_decode_batch_unless_mixed(
+    step_mode, mixed, r1_first_token, r0_finish, decays
+):
+    """chunked_prefill_size 10. R0 (prompt 10, output 30) prefills in iteration 1 ([0, 1.1)) and
+    decodes 29 tokens after it; R1 (prompt 50, output 1) arrives at 5.5 and is admitted at 6.1. By
+    default its 50 tokens are 5 prefill batches of 10 (1.1 s each), R0 waiting: R1's first token at
+    11.6, R0's 24 tokens left from there, done at 35.6; all 29 decode batches decay the ratio. Mixed
+    (--enable-mixed-chunk), R0's token takes one of each chunk's 10: 6 chunks (9 x 5 + 5), each beside
+    R0's decode (1.0 + 0.09 or 0.05 s), R1's first token at 6.1 + 6 + 0.5 = 12.6, R0 done at 30.6;
+    29 - 6 = 23 decode-only iterations decay it. Skipping events, those 6 fall inside one jump."""
     requests = [request(0, 0.0, 10, 30), request(1, 5.5, 50, 1)]
-    engine = run("radix", PoolSpec(4000, 16, 1024), requests, step_mode, chunked_prefill_size=10, **SGLANG)
-    assert times(engine)[1] == pytest.approx((6.1, 12.6, 12.6, "finished"))
-    assert times(engine)[0][2] == pytest.approx(30.6)
-    assert engine.scheduler.new_token_ratio == pytest.approx(0.7 - 23 * 0.602 / 600, rel=1e-12)
+    engine = run(
+        "radix",
+        PoolSpec(4000, 16, 1024),
+        requests,
+        step_mode,
+        chunked_prefill_size=10,
+        enable_mixed_chunk=mixed,
+        **SGLANG,
+    )
+    assert times(engine)[1] == pytest.approx((6.1, r1_first_token, r1_first_token, "finished"))
+    assert times(engine)[0][2] == pytest.approx(r0_finish)
+    assert engine.counters.output_tokens == 30 + 1  # (a prefill batch decodes no token)
+    assert engine.scheduler.new_token_ratio == pytest.approx(0.7 - decays * 0.602 / 600, rel=1e-12)
 
 
 @pytest.mark.parametrize(("second_prompt", "second_admitted"), [(40, 1.6), (39, 0.0)])
@@ -98,15 +125,18 @@ def test_the_new_token_ratio_budget_refuses_what_vllm_admits():
     assert sglang.scheduler.new_token_ratio == pytest.approx(0.098)  # 799 decode steps: at the floor
 
 
-def test_a_retraction_takes_the_fewest_decoded_and_resets_the_ratio():
+@pytest.mark.parametrize(("mixed", "r0_finish", "r1_finish"), [(False, 61.3, 86.65), (True, 60.3, 86.64)])
+def test_a_retraction_takes_the_fewest_decoded_and_resets_the_ratio(mixed, r0_finish, r1_finish):
     """Pool of 100, conservativeness 0 (new_token_ratio 0: running requests reserve nothing; a new
-    one still budgets its own output). R0 (10 + 60 out) is admitted at 0; R1 (20 + 60 out) is refused
-    (20 + 60 >= 100 - 10 - 60), then admitted at 1.1 (80 < 88 free), first token at 2.3. At iteration
-    36 R0 takes its 36th token and the pool is full: R1, with fewer decoded tokens (34), is retracted
-    (its decoded tokens freed, not cached) and requeued; the ratio becomes (36 + 20 x 1) / 60. R1
-    fits again when R0 finishes at 60.3: its prompt (20) is still cached, its 34 decoded tokens are
-    recomputed (1.34 s), then 25 more steps: it finishes at 86.64."""
-    requests = [request(0, 0.0, 10, 60), request(1, 0.0, 20, 60)]
+    one still budgets its own output). R0 (10 + 60 out) is admitted at 0 and takes its first token at
+    1.1. R1 (20 + 60 out) arrives at 0.5 and is admitted at 1.1 (80 < 89 free); its prefill takes
+    1.2 s, first token at 2.3. By default R0 waits for that prefill batch; mixed, it decodes beside
+    it. Once the pool is full, at R0's 36th token, R1 is the victim (fewest decoded tokens, then the
+    longer prompt): retracted without this iteration's token (its decoded tokens freed, not cached)
+    and requeued; the ratio becomes (36 + 20 x 1) / 60. R1 fits again when R0 finishes: its prompt
+    (20) is still cached, its 35 (mixed: 34) decoded tokens are recomputed (1.35 s; mixed beside a
+    last decode, 1.34 s), then 24 (25) more steps."""
+    requests = [request(0, 0.0, 10, 60), request(1, 0.5, 20, 60)]
     for step_mode in ("single", "skip"):
         engine = run(
             "radix",
@@ -114,11 +144,12 @@ def test_a_retraction_takes_the_fewest_decoded_and_resets_the_ratio():
             requests,
             step_mode,
             schedule_conservativeness=0.0,
+            enable_mixed_chunk=mixed,
             **SGLANG,
         )
         got = times(engine)
-        assert got[0] == pytest.approx((0.0, 1.1, 60.3, "finished"))
-        assert got[1] == pytest.approx((1.1, 2.3, 86.64, "finished"))
+        assert got[0] == pytest.approx((0.0, 1.1, r0_finish, "finished"))
+        assert got[1] == pytest.approx((1.1, 2.3, r1_finish, "finished"))
         assert [record.preemptions for record in engine.records] == [0, 1]
         assert engine.scheduler.new_token_ratio == pytest.approx(56 / 60)  # no decay at conservativeness 0
         assert engine.policy.stats.prefix_cache_hits == 20  # R1's recompute hit its cached prompt
@@ -127,6 +158,34 @@ def test_a_retraction_takes_the_fewest_decoded_and_resets_the_ratio():
         # inserting it). It ends with 90: the other 60 were evicted.
         assert engine.policy.tree.total_tokens == 90
         assert engine.policy.stats.evictions == 10 + 20 + 60 + 60 - 90
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_a_request_refused_for_kv_tokens_waits_until_a_running_one_leaves(mixed, step_mode):
+    """batch_is_full: pool of 100, conservativeness 0. R0 (10 + 60 out) and R1 (20 + 60 out) both
+    arrive at 0: R0 is admitted (10 + 60 < 100), R1 refused in the same round (20 + 60 >= 90 - 60,
+    R0's own output budgeted). From the next iteration R1 would fit (80 < 89 free, running requests
+    reserving nothing), but SGLang tries the queue again only once the batch shrinks: R1 waits for R0
+    to finish at 1.1 + 59 = 60.1, then prefills (1.2 s) and decodes its 59 tokens left: done at 120.3.
+    Nothing is retracted. The wait is booked to KV memory."""
+    requests = [request(0, 0.0, 10, 60), request(1, 0.0, 20, 60)]
+    engine = run(
+        "radix",
+        PoolSpec(100, 4, 160),
+        requests,
+        step_mode,
+        schedule_conservativeness=0.0,
+        enable_mixed_chunk=mixed,
+        **SGLANG,
+    )
+    got = times(engine)
+    assert got[0] == pytest.approx((0.0, 1.1, 60.1, "finished"))
+    assert got[1] == pytest.approx((60.1, 61.3, 120.3, "finished"))
+    assert [record.preemptions for record in engine.records] == [0, 0]
+    frame = engine.recorder.frame()
+    waiting = frame[(frame.time_s > 0) & (frame.time_s < 60.1)]
+    assert len(waiting) and set(waiting.admission_blocker) == {ADMISSION_BLOCKERS.index("kv_memory")}
 
 
 def test_chunked_prefill_size_and_max_prefill_tokens_are_honoured():
@@ -251,6 +310,7 @@ def test_config_keys_and_defaults():
         1.0,
     )
     assert (engine.chunked_prefill_size, engine.max_prefill_tokens) == (None, 16384)
+    assert engine.enable_mixed_chunk is False  # SGLang's default: prefill batches first
     assert [chunked_prefill_size_for(gib * 2**30) for gib in (24, 80, 141, 192)] == [2048, 8192, 8192, 16384]
     for bad, message in [
         ({"scheduler": "tgi"}, "scheduler"),
@@ -264,7 +324,11 @@ def test_config_keys_and_defaults():
 
 def test_sglang_keys_under_the_vllm_scheduler_are_refused_naming_the_scheduler():
     # They used to be ignored silently (results identical to leaving them out, issue 41).
-    for bad in ({"schedule_policy": "lpm"}, {"max_prefill_tokens": 4096, "chunked_prefill_size": 512}):
+    for bad in (
+        {"schedule_policy": "lpm"},
+        {"max_prefill_tokens": 4096, "chunked_prefill_size": 512},
+        {"enable_mixed_chunk": True},  # (vLLM's iterations always mix)
+    ):
         with pytest.raises(ValidationError, match="engine.scheduler vllm ignores"):
             EngineConfig(**bad)
         assert EngineConfig(scheduler="sglang", **bad).scheduler == "sglang"
@@ -391,7 +455,8 @@ def test_new_token_ratio_after_a_retraction_by_hand():
 def test_sglang_settings_by_hand():
     """SGLang's server_args and constants: chunked_prefill_size <= 0 is no chunking (any prompt whole),
     1 is chunks of one token; new_token_ratio starts at min(0.7 x conservativeness, 1), floors at 0.14
-    of that, and decays to it in 600 steps; the prefill budget is the chunk less the decode tokens."""
+    of that, and decays to it in 600 steps; the prefill budget is the chunk, less the decode tokens
+    when they are mixed in."""
 
     def scheduler(**knobs) -> SGLangScheduler:
         return SGLangScheduler(EngineKnobs(max_model_len=4096, scheduler="sglang", **knobs))
@@ -400,7 +465,8 @@ def test_sglang_settings_by_hand():
     assert not unchunked.chunks_prompts and unchunked.prefill_budget(100) > 10**15
     one = scheduler(chunked_prefill_size=1)
     assert one.chunks_prompts and one.prefill_budget(0) == 1
-    assert scheduler(chunked_prefill_size=8192).prefill_budget(100) == 8092
+    assert scheduler(chunked_prefill_size=8192).prefill_budget(100) == 8192  # a prefill batch of its own
+    assert scheduler(chunked_prefill_size=8192, enable_mixed_chunk=True).prefill_budget(100) == 8092
     default = scheduler()
     assert default.new_token_ratio == pytest.approx(0.7) and default.min_new_token_ratio == pytest.approx(
         0.098

@@ -17,7 +17,7 @@ from sim.engine.handoff import KVHandOff
 from sim.engine.jumps import prefill_chunk
 from sim.engine.knobs import EngineKnobs
 from sim.engine.ledger import RequestLedger
-from sim.engine.schedulers.base import HEAD_NOT_SEEN, HEAD_OUT_OF_MEMORY, HEAD_OVER_BUDGET
+from sim.engine.schedulers.base import HEAD_LATCHED, HEAD_NOT_SEEN, HEAD_OUT_OF_MEMORY, HEAD_OVER_BUDGET
 from sim.kv.coordinator import KVCoordinator
 from sim.outputs.metrics import KV_MEMORY, MAX_NUM_SEQS, TOKEN_BUDGET, Counters
 from token_content import TokenContent, content_length
@@ -193,8 +193,10 @@ class AdmissionDesk:
         if self.counters.preemptions > preemptions_before or admission_stop in (
             HEAD_OUT_OF_MEMORY,
             HEAD_OVER_BUDGET,
+            HEAD_LATCHED,
         ):
-            # (Out of memory: the head's admission just failed, and nothing changed the pool since.)
+            # (Out of memory: the head's admission just failed, and nothing changed the pool since;
+            # latched: it failed before, and nothing left the batch since.)
             return KV_MEMORY
         state = self.waiting[0]
         if not self.batch_has_room(state.width):

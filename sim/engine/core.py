@@ -212,6 +212,9 @@ class Engine:
             self.handoff,
             counters,
         )
+        # Prefill batches first (SGLang's default), except on a disaggregated replica: its prompts
+        # are computed elsewhere, and SGLang's decode side merges them into the decode batch.
+        alternates = not self.scheduler.mixes_batches and not disaggregated
         iteration_cost = IterationCost(self.costs)
         planner = JumpPlanner(
             clock,
@@ -224,6 +227,7 @@ class Engine:
             async_jumps=self.knobs.async_scheduling and self._upstream is None,
             disaggregated=disaggregated,
             unbacked=self.unbacked,
+            alternates=alternates,
         )
         self.desk = AdmissionDesk(
             self.env,
@@ -266,6 +270,7 @@ class Engine:
             self.knobs.step_mode == "skip",
             self._next_arrival_s,
             self.unbacked,
+            alternates,
         )
 
     @property

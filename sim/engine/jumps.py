@@ -141,6 +141,7 @@ class JumpPlanner:
         async_jumps: bool,
         disaggregated: bool,
         unbacked: UnbackedGrowth | None = None,
+        alternates: bool = False,
     ):
         self.clock = clock
         self.kv = kv
@@ -166,6 +167,9 @@ class JumpPlanner:
         # the cluster's answer).
         self.next_arrival_s = next_arrival_s
         self.unbacked = unbacked  # a token-granular pool's deferred growth (sim/engine/unbacked.py)
+        # Prefill batches first (sim/engine/wakeup.py): an iteration that prefills decodes nothing,
+        # its decode clock stopped, so it is stepped, never jumped over.
+        self.alternates = alternates
         self._now_s = 0.0
         self._iteration = IterationOne(False, False, 0, [], [], 0, QUEUE_EMPTY)  # the current plan's
 
@@ -178,6 +182,8 @@ class JumpPlanner:
         self._now_s, self._iteration = now_s, iteration
         if iteration.preempted or iteration.swapped_in or iteration.swap_out_pending:
             return None  # the batch (or the swap traffic) of the next iteration differs from this one's
+        if self.alternates and iteration.prefill_this_step:
+            return None  # a prefill batch: the next iteration prefills again or decodes
         if any(state.prefilled >= state.tokens_to_prefill for state, _ in iteration.prefill_this_step):
             return None  # a prompt completes at the end of iteration 1
         clock = self.clock

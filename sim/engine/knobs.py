@@ -33,5 +33,6 @@ class EngineKnobs:
     schedule_conservativeness: float = 1.0
     chunked_prefill_size: int = 8192  # -1: no chunking
     max_prefill_tokens: int = 16384
+    enable_mixed_chunk: bool = False  # else prefill batches first, decoding requests waiting for them
     # Speculative decoding (engine.speculative): drafts per step, their acceptance, the lookahead slots.
     speculative: SpeculativeDecoding | None = None

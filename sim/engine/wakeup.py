@@ -1,7 +1,8 @@
-"""One wake-up of the engine: iteration 1 as vLLM schedules it (the decoding sequences' growth,
-the prompts in progress, then admissions), the jump over the deterministic iterations after it
-(``jumps.py`` plans it, ``landing.py`` applies it), and the books of what they produced once they
-end. What an iteration leaves to the next (blocks swapped out or copied at its end) waits here."""
+"""One wake-up of the engine: iteration 1 as the scheduler runs it (vLLM's order: the decoding
+sequences' growth, the prompts in progress, then admissions; or SGLang's, prefill batches first),
+the jump over the deterministic iterations after it (``jumps.py`` plans it, ``landing.py`` applies
+it), and the books of what they produced once they end. What an iteration leaves to the next
+(blocks swapped out or copied at its end) waits here."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class WakeUp:
         skip: bool,
         next_arrival_s: Callable[[], float],
         unbacked: UnbackedGrowth | None = None,
+        alternates: bool = False,
     ):
         self.env = env
         self.kv = kv
@@ -56,6 +58,10 @@ class WakeUp:
         self.jumps = JumpCounts()
         self.jump: Jump | None = None  # the wake-up in flight, when it spans several iterations
         self.decoded_seqs = 0  # sequences that decoded in each iteration of the current wake-up
+        self.decode_context = 0.0  # the context they read in iteration 1
+        # Prefill batches first (the scheduler's mixes_batches False, outside a disaggregated cluster):
+        # an iteration that prefills decodes nothing.
+        self.alternates = alternates
         self.iterations = 0
         self.first_iteration = 0  # the decode clock's number of the current wake-up's iteration 1
         self.swap_out_pending = 0  # blocks swapped out at an iteration's end: the next iteration moves them
@@ -94,42 +100,22 @@ class WakeUp:
         return jump.timeline.total_s
 
     def _first_iteration(self) -> float:
-        """One iteration as vLLM schedules it: decode growth, prompts in progress, then admissions."""
+        """One iteration as the scheduler runs it: decode growth, prompts in progress, then admissions
+        (or, prefill batches first, a decode batch only when nothing is prefilled)."""
         desk = self.desk
         copies_before = self.kv.cow_copies()
         loads_before = desk.host_loads()
         if self.handoff.notices_waiting:
             self.handoff.take_notices(self.kv, self.batch.waiting)
-        # 1. every decoding sequence takes a token (the policy hears of those that need a block)
-        self.clock.begin_iteration()
-        self.first_iteration = self.clock.iteration
-        if self.unbacked is not None:
-            self.unbacked.at_iteration_start()
-        self.growth.prepare_decode_step()
-        preempted, swap_blocks = self.growth.decode_growth()
-        if preempted:
-            self.scheduler.after_preemption(desk)
-        swap_blocks += self.swap_out_pending
-        self.swap_out_pending = 0
-        decode_batch = self.clock.sequences
-        decode_context = self.clock.sum_context()
-        budget = self.scheduler.prefill_budget(decode_batch)
-        # 2. prompts in progress, then 3. admissions (not after a preemption, as vLLM)
-        chunks: list[tuple[int, int]] = []
         desk.prefill_this_step = []
-        for state in self.batch.prefilling:
-            if state.prefilled < state.tokens_to_prefill and budget > 0:
-                budget = desk.schedule_prefill(state, budget, chunks)
-        self.admission_stop = NOT_TRIED
-        swap_in = 0
-        if not preempted:  # (not after a preemption, as vLLM; SGLang's retraction step admits nothing)
-            budget, swap_in, self.admission_stop = self.scheduler.admit(desk, budget, chunks)
-            swap_blocks += swap_in
-            if decode_batch and not desk.prefill_this_step:
-                self.scheduler.decode_steps(1)  # a decode batch (SGLang's update_running_batch)
+        chunks: list[tuple[int, int]] = []
+        if self.alternates:
+            preempted, swap_blocks, swap_in = self._prefill_first(chunks)
+        else:
+            preempted, swap_blocks, swap_in = self._mixed(chunks)
+        decode_batch = self.decoded_seqs
         self.preempted = preempted
         self.swapped_in = swap_in > 0
-        self.decoded_seqs = decode_batch
         self.iterations = 1
         # Prefix hits loaded from the host tier at admission: their transfer delays this iteration,
         # which needs them, like a swap-in (a host hit always leaves its prompt's last token to compute).
@@ -139,12 +125,69 @@ class WakeUp:
                 return self.costs.swap_blocks_s(swap_blocks) + load_s  # a swap-in alone: no forward pass
             self._check_progress()
             return 0.0
-        duration = self.iteration_cost.duration(decode_batch, decode_context, chunks)
+        duration = self.iteration_cost.duration(decode_batch, self.decode_context, chunks)
         copies = self.kv.cow_copies() - copies_before + self.copies_pending
         self.copies_pending = 0
         duration += self.costs.copy_blocks_s(copies) if copies else 0.0
         duration += self.costs.swap_blocks_s(swap_blocks) if swap_blocks else 0.0
         return duration + load_s
+
+    def _mixed(self, chunks: list[tuple[int, int]]) -> tuple[bool, int, int]:
+        """The decoding sequences take their tokens, then prompts in progress and admissions prefill
+        beside them within the budget they leave. Returns (preempted, blocks to swap, of which in)."""
+        preempted, swap_blocks = self._decode_step()
+        budget = self._prompts_in_progress(self.scheduler.prefill_budget(self.decoded_seqs), chunks)
+        self.admission_stop = NOT_TRIED
+        swap_in = 0
+        if not preempted:  # (not after a preemption, as vLLM; SGLang's retraction step admits nothing)
+            budget, swap_in, self.admission_stop = self.scheduler.admit(self.desk, budget, chunks)
+            if self.decoded_seqs and not self.desk.prefill_this_step:
+                self.scheduler.decode_steps(1)  # a decode batch (SGLang's update_running_batch)
+        return preempted, swap_blocks + swap_in, swap_in
+
+    def _prefill_first(self, chunks: list[tuple[int, int]]) -> tuple[bool, int, int]:
+        """SGLang's ``get_next_batch_to_run``: prompts in progress and admissions first, with the whole
+        budget; a prefill batch runs alone (the decoding sequences wait, their clock stopped), and
+        only an iteration that prefills nothing decodes."""
+        budget = self._prompts_in_progress(self.scheduler.prefill_budget(0), chunks)
+        budget, swap_in, self.admission_stop = self.scheduler.admit(self.desk, budget, chunks)
+        if self.desk.prefill_this_step:
+            self.decoded_seqs = 0
+            self.decode_context = 0.0
+            swap_blocks = self.swap_out_pending
+            self.swap_out_pending = 0
+            return False, swap_blocks + swap_in, swap_in
+        preempted, swap_blocks = self._decode_step()
+        if self.decoded_seqs and not preempted:
+            self.scheduler.decode_steps(1)  # update_running_batch without a retraction
+        return preempted, swap_blocks + swap_in, swap_in
+
+    def _decode_step(self) -> tuple[bool, int]:
+        """Every decoding sequence takes a token (the policy hears of those that need a block).
+        Returns whether that preempted, and the blocks to swap (with those left from before)."""
+        self.clock.begin_iteration()
+        self.first_iteration = self.clock.iteration
+        if self.unbacked is not None:
+            self.unbacked.at_iteration_start()
+        self.growth.prepare_decode_step()
+        preempted, swap_blocks = self.growth.decode_growth()
+        if preempted:
+            self.scheduler.after_preemption(self.desk)
+        swap_blocks += self.swap_out_pending
+        self.swap_out_pending = 0
+        # The batch this iteration decodes (a request swapped in by the admissions after this joins
+        # the next one).
+        self.decoded_seqs = self.clock.sequences
+        self.decode_context = self.clock.sum_context()
+        return preempted, swap_blocks
+
+    def _prompts_in_progress(self, budget: int, chunks: list[tuple[int, int]]) -> int:
+        """Schedule the next chunk of every prompt in progress within ``budget``; returns what is left."""
+        desk = self.desk
+        for state in self.batch.prefilling:
+            if state.prefilled < state.tokens_to_prefill and budget > 0:
+                budget = desk.schedule_prefill(state, budget, chunks)
+        return budget
 
     def land(self) -> bool:
         """The wake-up's time has passed: apply its jump, if it had one. Returns whether it had."""

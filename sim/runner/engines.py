@@ -68,6 +68,7 @@ def make_engine(
             else engine_config.chunked_prefill_size
         ),
         max_prefill_tokens=engine_config.max_prefill_tokens,
+        enable_mixed_chunk=engine_config.enable_mixed_chunk,
         # a lockstep group's ranks step together, one iteration at a time (sim/engine/lockstep.py)
         step_mode="single" if prepared.lockstep else engine_config.step_mode,
         async_scheduling=runs_async_scheduling(prepared),

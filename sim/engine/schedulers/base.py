@@ -4,6 +4,8 @@ The engine core (``sim/engine/core.py``) runs the iteration loop: decode growth,
 prompts in progress, completions, event skipping. At a few points it asks its scheduler:
 
 - :meth:`Scheduler.prefill_budget`: prompt tokens an iteration beside a decode batch may prefill;
+- :attr:`Scheduler.mixes_batches`: whether an iteration decodes and prefills together, or prefill
+  batches go first and the decoding requests wait for them (SGLang without mixed chunks);
 - :meth:`Scheduler.admit`: one admission round over the waiting queue (its order, the token and
   sequence budgets, what the policy can hold), returning why it stopped (:data:`QUEUE_EMPTY` ...);
 - :meth:`Scheduler.preemption_victim`, :meth:`Scheduler.requeue`, :meth:`Scheduler.after_preemption`:
@@ -41,6 +43,8 @@ HEAD_OVER_BUDGET = "kv budget"
 # async scheduling: the head was queued after this iteration was scheduled; the next one sees it
 HEAD_NOT_SEEN = "not seen"
 NOT_TRIED = "not tried"  # a preemption this iteration: no admission (vLLM), the batch changes anyway
+# (scheduler sglang) refused for KV memory before: nothing is tried until a running request leaves
+HEAD_LATCHED = "latched"
 NEXT_TRIES_HEAD = (OUT_OF_BUDGET, HEAD_OVER_BUDGET, HEAD_NOT_SEEN)  # so no jump past the next iteration
 
 
@@ -97,6 +101,10 @@ class Scheduler:
     def __init__(self, knobs: EngineKnobs):
         self.chunks_prompts = knobs.enable_chunked_prefill
         """Whether a prompt may be prefilled over several iterations."""
+        self.mixes_batches = True
+        """An iteration decodes the running batch and prefills prompts beside it (vLLM; SGLang with
+        ``--enable-mixed-chunk``). False: an iteration that prefills anything decodes nothing, and
+        one decodes only when nothing can be prefilled (SGLang's default, prefill batches first)."""
         self.rematches = False
         """The last admission round matched waiting prompts in the cache and the queue still waits:
         the next iteration matches them again (a cache access), so the engine may not jump past it."""

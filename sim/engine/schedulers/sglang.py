@@ -21,16 +21,24 @@ Followed from sgl-project/sglang 0.5.x, ``python/sglang/srt/managers/`` (no code
   decode step down to ``0.14 x start``; after a retraction it is reset to
   ``min(1, (decoded + 20 x batch) / sum of max_new_tokens)`` over the requests left
   (``ScheduleBatch.retract_decode``).
+- **Prefill batches first** (``Scheduler.get_next_batch_to_run``): an iteration runs a prefill batch
+  whenever the admission round (or the chunked prompt in progress) has one, and the decoding requests
+  wait for it; it decodes only when there is nothing to prefill. With ``--enable-mixed-chunk``
+  (``engine.enable_mixed_chunk``) the decoding requests join the prefill batch instead
+  (``mix_with_running``), their tokens taken out of its budgets (``mixed_with_decode_tokens``).
+- **batch_is_full**: a request refused for KV tokens (``AddReqResult.NO_TOKEN``) stops admissions until
+  a running request leaves the batch (it finishes or is retracted: ``update_running_batch`` and the
+  merge of the last batch reset the flag when the batch shrinks); only a prompt in progress is
+  prefilled meanwhile, beside which the queue is tried (``get_new_batch_prefill``).
 - **Retraction** (``ScheduleBatch.retract_decode``): when decode runs out of memory, requests are
   retracted fewest decoded tokens first, then longest prompt (ties: the newest), until the pool has
   20 tokens (``SGLANG_RETRACT_DECODE_STEPS``) per request left, at least one, never the last. Their KV
   is freed without entering the cache and they rejoin the queue at its back
   (``_extend_requests_to_queue``), to be recomputed.
 
-Where kvsim's engine still differs from SGLang's (documented in docs/modelling.md): every iteration
-mixes decode and prefill, as SGLang's ``--enable-mixed-chunk`` (by default SGLang alternates prefill
-and decode batches), so the ratio decays on iterations that prefill nothing; a prompt's KV is
-allocated whole at admission, not chunk by chunk; budgets are in tokens, not rounded to pages; the
+Where kvsim's engine still differs from SGLang's (documented in docs/modelling.md): a prompt's KV is
+allocated whole at admission, not chunk by chunk; a disaggregated replica's iterations stay mixed (its
+decode side merges landed prompts into the decode batch, ``get_new_prebuilt_batch``); budgets are in tokens, not rounded to pages; the
 lock re-check of ``add_one_req`` (the matched cache stops being evictable) and in-batch prefix
 deprioritisation are not modelled.
 """
@@ -43,6 +51,7 @@ from mypy_extensions import mypyc_attr
 
 from policies.base import OutOfKVMemory
 from sim.engine.schedulers.base import (
+    HEAD_LATCHED,
     HEAD_NOT_SEEN,
     HEAD_OUT_OF_MEMORY,
     HEAD_OVER_BUDGET,
@@ -102,13 +111,22 @@ class SGLangScheduler(Scheduler):
         self.new_token_ratio = self.init_new_token_ratio
         # A prompt may be prefilled over several iterations when chunked_prefill_size > 0.
         self.chunks_prompts = self.chunked_prefill_size > 0
+        self.mixes_batches = knobs.enable_mixed_chunk
+        # batch_is_full after a refusal for KV tokens, with the running requests it was set at: it
+        # stays set until fewer run (one finished or was retracted).
+        self.batch_is_full = False
+        self.running_when_full = 0
 
     def prefill_budget(self, decode_batch: int) -> int:
-        """Prompt tokens this iteration may prefill: the chunk size less the decode tokens mixed into
-        the batch (``PrefillAdder``'s ``rem_chunk_tokens`` with ``mixed_with_decode_tokens``)."""
+        """Prompt tokens this iteration may prefill: the chunk size, less the decode tokens mixed into
+        the batch when they are (``PrefillAdder``'s ``rem_chunk_tokens`` with
+        ``mixed_with_decode_tokens``)."""
         if not self.chunks_prompts:
             return UNLIMITED
-        return self.chunked_prefill_size - decode_batch
+        return self.chunked_prefill_size - self._mixed_decode_tokens(decode_batch)
+
+    def _mixed_decode_tokens(self, decode_batch: int) -> int:
+        return decode_batch if self.mixes_batches else 0
 
     # ------------------------------------------------------------------------- new_token_ratio
     def decode_steps(self, steps: int) -> None:
@@ -155,10 +173,11 @@ class SGLangScheduler(Scheduler):
     def after_preemption(self, engine: SchedulingEngine) -> None:
         """Decode ran out of memory and requests were retracted until it fit: ``retract_decode``
         goes on until the pool has room for 20 more tokens per request left, then re-estimates
-        ``new_token_ratio`` from them. (Found out while growing, so the requests retracted here
-        took this iteration's token; SGLang retracts before the step.)"""
+        ``new_token_ratio`` from them. (Found out while growing: the requests retracted here leave
+        without this iteration's token, as SGLang retracts before the step; one whose last token
+        it was would otherwise come back with its whole output as prompt.)"""
         while self.needs_more_room(engine):
-            engine.preempt(self.preemption_victim(engine), engine.clock.now)
+            engine.preempt(self.preemption_victim(engine), engine.clock.now - 1)
         self.reset_after_retraction(engine)
 
     # -------------------------------------------------------------------------------- admission
@@ -218,6 +237,8 @@ class SGLangScheduler(Scheduler):
             return budget, 0, OUT_OF_BUDGET  # the decode batch took the whole chunk
         if not engine.batch_has_room(1):
             return budget, 0, HEAD_STUCK  # SGLang stops before ordering (batch_is_full)
+        if self._still_full(engine) and not chunks:
+            return budget, 0, HEAD_LATCHED
         unseen = self._set_aside_unseen(engine)
         stop = HEAD_NOT_SEEN  # (every waiting request came after this iteration was scheduled)
         if engine.waiting:
@@ -227,7 +248,18 @@ class SGLangScheduler(Scheduler):
             if unseen and stop == QUEUE_EMPTY:
                 stop = HEAD_NOT_SEEN  # the next iteration sees them
         engine.waiting.extend(unseen)
+        if stop in (HEAD_OVER_BUDGET, HEAD_OUT_OF_MEMORY):
+            self.batch_is_full = True  # (AddReqResult.NO_TOKEN)
+        if self.batch_is_full:
+            self.running_when_full = len(engine.running)
         return budget, 0, stop
+
+    def _still_full(self, engine: SchedulingEngine) -> bool:
+        """Is ``batch_is_full`` still set? A running request that left since resets it (and an empty
+        batch: nothing is left to leave)."""
+        if self.batch_is_full and (len(engine.running) < self.running_when_full or not engine.running):
+            self.batch_is_full = False
+        return self.batch_is_full
 
     @staticmethod
     def _set_aside_unseen(engine: SchedulingEngine) -> list[RequestState]:
@@ -252,7 +284,11 @@ class SGLangScheduler(Scheduler):
     ) -> tuple[int, str]:
         """``add_one_req`` for each waiting request in order, until one is refused; returns the
         chunk budget left and why it stopped."""
-        input_left = self.max_prefill_tokens - engine.clock.sequences - sum(tokens for tokens, _ in chunks)
+        input_left = (
+            self.max_prefill_tokens
+            - self._mixed_decode_tokens(engine.clock.sequences)
+            - sum(tokens for tokens, _ in chunks)
+        )
         reserved = self.running_reservation(engine)
         kv = engine.kv
         admitted = 0
