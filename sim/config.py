@@ -334,8 +334,7 @@ class EngineConfig(_Strict):
         "batches go first (Scheduler.get_next_batch_to_run): an iteration that prefills anything, a "
         "prompt in progress or an admission, decodes nothing, and the running requests decode only "
         "when nothing can be prefilled. On: they decode in the same iteration, their tokens taken "
-        "out of chunked_prefill_size and max_prefill_tokens. A disaggregated cluster's replicas always "
-        "mix (SGLang's decode side merges landed prompts into the decode batch).",
+        "out of chunked_prefill_size and max_prefill_tokens.",
     )
     speculative: SpeculativeConfig | None = Field(
         None,

@@ -471,6 +471,7 @@ def test_sglangs_keys_and_the_cost_models_client_overhead_reach_the_engine():
         "schedule_conservativeness": 0.3,
         "chunked_prefill_size": 512,
         "max_prefill_tokens": 4096,
+        "enable_mixed_chunk": True,
     }
     variant, engine = built(tiny(keys, [{"name": "r", "policy": "radix"}]))
     assert variant.costs.request_overhead_s > 0  # (a serving overhead the default cost model adds)
@@ -483,9 +484,13 @@ def test_sglangs_keys_and_the_cost_models_client_overhead_reach_the_engine():
         schedule_conservativeness=0.3,
         chunked_prefill_size=512,
         max_prefill_tokens=4096,
+        enable_mixed_chunk=True,
         async_scheduling=True,  # engine.async_scheduling's default (the engine's is off)
         client_overhead_s=variant.costs.request_overhead_s,  # engine.client_overhead_s unset
     )
+    assert engine.scheduler.mixes_batches
+    _, default = built(tiny({"scheduler": "sglang"}, [{"name": "r", "policy": "radix"}]))
+    assert not default.scheduler.mixes_batches  # SGLang's default: prefill batches first
 
 
 def test_speculation_reaches_the_engine_and_a_lockstep_rank_steps_one_iteration_at_a_time():

@@ -188,6 +188,36 @@ def test_a_request_refused_for_kv_tokens_waits_until_a_running_one_leaves(mixed,
     assert len(waiting) and set(waiting.admission_blocker) == {ADMISSION_BLOCKERS.index("kv_memory")}
 
 
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_a_request_refused_at_its_prompts_end_gives_way_to_a_decode_batch(step_mode):
+    """Pool of 4 blocks of 16 (paged), conservativeness 0. R0 (16 + 20 out) prefills in [0, 1.16),
+    its first token taking a second block. R1 (16, two samples of 5) arrives at 0.5 and prefills in
+    [1.16, 2.32) (a third block); its samples' first tokens need two more blocks, one is free: R1,
+    fewest decoded, is preempted (kvsim gives a prompt its first tokens' slots at its end, SGLang at
+    the next decode batch, where it retracts). So [2.32, 3.32) is that decode batch: R0's second
+    token, the ratio re-estimated (min(1, (decoded + 20) / 20) = 1). Then R1 is over the budget (21 >= 32
+    free - 18 x 1 reserved) and waits for R0 to leave (batch_is_full): R0's 18 tokens left end at
+    21.32; R1 prefills again [21.32, 22.48) (its first token stays the one at 2.32), 4 more steps:
+    26.48. Without the decode batch after a preemption, R1 would be admitted and preempted at every
+    iteration while R0 never decoded (until_s bounds that)."""
+    requests = [request(0, 0.0, 16, 20), request(1, 0.5, 16, 5, n=2)]
+    engine = run(
+        "paged",
+        PoolSpec(64, 16, 256),
+        requests,
+        step_mode,
+        until_s=100.0,
+        schedule_conservativeness=0.0,
+        **SGLANG,
+    )
+    got = times(engine)
+    assert got[0] == pytest.approx((0.0, 1.16, 21.32, "finished"))
+    assert got[1] == pytest.approx((1.16, 2.32, 26.48, "finished"))
+    assert [record.preemptions for record in engine.records] == [0, 1]
+    assert engine.counters.iterations == 26
+    assert engine.scheduler.new_token_ratio == 1.0
+
+
 def test_chunked_prefill_size_and_max_prefill_tokens_are_honoured():
     """A 100-token prompt alone with chunked_prefill_size 30: chunks 30, 30, 30, 10, the first token
     at 1.3 x 3 + 1.1 = 5.0 s (max_num_batched_tokens plays no part). With -1 it goes in whole: 2.0 s.

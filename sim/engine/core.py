@@ -212,9 +212,7 @@ class Engine:
             self.handoff,
             counters,
         )
-        # Prefill batches first (SGLang's default), except on a disaggregated replica: its prompts
-        # are computed elsewhere, and SGLang's decode side merges them into the decode batch.
-        alternates = not self.scheduler.mixes_batches and not disaggregated
+        alternates = not self.scheduler.mixes_batches  # prefill batches first (SGLang's default)
         iteration_cost = IterationCost(self.costs)
         planner = JumpPlanner(
             clock,

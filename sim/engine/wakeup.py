@@ -59,9 +59,10 @@ class WakeUp:
         self.jump: Jump | None = None  # the wake-up in flight, when it spans several iterations
         self.decoded_seqs = 0  # sequences that decoded in each iteration of the current wake-up
         self.decode_context = 0.0  # the context they read in iteration 1
-        # Prefill batches first (the scheduler's mixes_batches False, outside a disaggregated cluster):
-        # an iteration that prefills decodes nothing.
+        # Prefill batches first (the scheduler's mixes_batches False): an iteration that prefills
+        # decodes nothing.
         self.alternates = alternates
+        self.retract_next = False  # (prefill batches first) the next iteration retracts and decodes
         self.iterations = 0
         self.first_iteration = 0  # the decode clock's number of the current wake-up's iteration 1
         self.swap_out_pending = 0  # blocks swapped out at an iteration's end: the next iteration moves them
@@ -149,6 +150,10 @@ class WakeUp:
         """SGLang's ``get_next_batch_to_run``: prompts in progress and admissions first, with the whole
         budget; a prefill batch runs alone (the decoding sequences wait, their clock stopped), and
         only an iteration that prefills nothing decodes."""
+        if self.retract_next:
+            self.retract_next = False
+            if self.clock.sequences:  # (nothing decoding: no decode batch to retract in)
+                return self._retracting_decode()
         budget = self._prompts_in_progress(self.scheduler.prefill_budget(0), chunks)
         budget, swap_in, self.admission_stop = self.scheduler.admit(self.desk, budget, chunks)
         if self.desk.prefill_this_step:
@@ -162,16 +167,28 @@ class WakeUp:
             self.scheduler.decode_steps(1)  # update_running_batch without a retraction
         return preempted, swap_blocks + swap_in, swap_in
 
-    def _decode_step(self) -> tuple[bool, int]:
+    def _retracting_decode(self) -> tuple[bool, int, int]:
+        """The decode batch after a prefill batch at whose end requests were preempted: kvsim gives a
+        finished prompt its first token's slot (and forks its samples) then, SGLang at the next
+        decode batch, where ``update_running_batch`` retracts. So this iteration is that decode
+        batch, admitting nothing, with the retraction's rules (more retracted until 20 tokens per
+        request are free, the ratio re-estimated). Without it, a request refused at its prompt's
+        end could be admitted again at every iteration, the decode batch never running."""
+        self.admission_stop = NOT_TRIED
+        _, swap_blocks = self._decode_step(retracts=True)
+        return True, swap_blocks, 0
+
+    def _decode_step(self, retracts: bool = False) -> tuple[bool, int]:
         """Every decoding sequence takes a token (the policy hears of those that need a block).
-        Returns whether that preempted, and the blocks to swap (with those left from before)."""
+        Returns whether that preempted, and the blocks to swap (with those left from before).
+        ``retracts``: the scheduler's after-preemption rules run even if nothing was preempted now."""
         self.clock.begin_iteration()
         self.first_iteration = self.clock.iteration
         if self.unbacked is not None:
             self.unbacked.at_iteration_start()
         self.growth.prepare_decode_step()
         preempted, swap_blocks = self.growth.decode_growth()
-        if preempted:
+        if preempted or retracts:
             self.scheduler.after_preemption(self.desk)
         swap_blocks += self.swap_out_pending
         self.swap_out_pending = 0
@@ -217,7 +234,9 @@ class WakeUp:
                 clock.tokens_per_sequence(self.first_iteration, last) * self.decoded_seqs
             )
         clock.end_iteration()
+        preemptions_before = self.counters.preemptions
         changed, swapped_out = self.completions.after_iterations(self.desk.prefill_this_step)
+        self.retract_next = self.alternates and self.counters.preemptions > preemptions_before
         self.swap_out_pending += swapped_out
         self.desk.prefill_this_step = []
         self.decoded_seqs = 0

@@ -37,8 +37,7 @@ Followed from sgl-project/sglang 0.5.x, ``python/sglang/srt/managers/`` (no code
   (``_extend_requests_to_queue``), to be recomputed.
 
 Where kvsim's engine still differs from SGLang's (documented in docs/modelling.md): a prompt's KV is
-allocated whole at admission, not chunk by chunk; a disaggregated replica's iterations stay mixed (its
-decode side merges landed prompts into the decode batch, ``get_new_prebuilt_batch``); budgets are in tokens, not rounded to pages; the
+allocated whole at admission, not chunk by chunk; budgets are in tokens, not rounded to pages; the
 lock re-check of ``add_one_req`` (the matched cache stops being evictable) and in-batch prefix
 deprioritisation are not modelled.
 """
