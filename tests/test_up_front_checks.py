@@ -404,3 +404,45 @@ def test_a_tiny_negative_share_prints_as_zero():
     assert table.splitlines()[1].split() == ["v", "0.0%", "-0.04%"]  # a real negative keeps its sign
     areas = averages_from_areas([-3e-15, 500.0, *([0.0] * 7)], end_s=10.0, kv_pool_tokens=100)
     assert areas["mean_used_frac"] == 0.0 and areas["mean_reserved_frac"] == 0.5
+
+
+@pytest.mark.parametrize(
+    ("line", "row", "message"),
+    [
+        (
+            40,
+            '{"timestamp": 39000, "input_length": -12, "output_length": 5, "hash_ids": [39]}',
+            ":40: input_length is negative (-12)",
+        ),
+        (40, '{"timestamp": 39000, "input_len', ":40: invalid or truncated JSON"),
+    ],
+)
+def test_a_bad_trace_row_late_in_the_file_fails_check_and_run_before_any_simulation(
+    tmp_path, capsys, monkeypatch, line, row, message
+):
+    """A broken row is refused with its file and line by ``kvsim check`` and by ``kvsim run`` before
+    the first simulation (the rows used to be read only as the engine consumed them: a row at line
+    9,001 of a trace failed after 9,000 requests were simulated, and ``kvsim check`` passed the file)."""
+    rows = [
+        f'{{"timestamp": {1000 * index}, "input_length": 64, "output_length": 8, "hash_ids": [{index}]}}'
+        for index in range(60)
+    ]
+    rows[line - 1] = row
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(rows) + "\n")
+    path = config_file(tmp_path, workload={"source": {"kind": "mooncake", "path": str(trace)}})
+    assert main(["check", str(path)]) == 2
+    assert f"{trace}{message}" in capsys.readouterr().err
+
+    from sim.engine.core import Engine
+
+    def no_simulation(*args, **kwargs):
+        raise AssertionError("a simulation started")
+
+    monkeypatch.setattr(Engine, "run", no_simulation)
+    code, out = run(tmp_path, path)
+    assert code == 2 and not out.exists()
+    assert f"{trace}{message}" in capsys.readouterr().err
+    rows[line - 1] = rows[0].replace('"timestamp": 0,', '"timestamp": 39000,')
+    trace.write_text("\n".join(rows) + "\n")
+    assert main(["check", str(path)]) == 0  # (the same file mended, once more from the top)

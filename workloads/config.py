@@ -544,7 +544,10 @@ class TraceWorkloadConfig(_Model):
         "cap (cut the output, then the prompt's tail; counted) or drop (counted).",
     )
     on_bad_row: Literal["error", "skip"] = Field(
-        "error", description="Malformed rows: fail with file and line, or skip and count them."
+        "error",
+        description="Malformed rows: fail with file and line, or skip and count them. Every row the "
+        "run will reach (its window, num_requests) is read before the first simulation, and by kvsim "
+        "check.",
     )
     on_unsorted: Literal["error", "sort"] = Field(
         "error", description="Timestamps going backwards: fail, or sort (loads the trace in memory; warns)."

@@ -572,6 +572,11 @@ def _spread_ties(
 # --------------------------------------------------------------------------------------------------
 
 
+_CHECKED_INPUTS: set[tuple[object, ...]] = set()
+"""Traces whose requests :meth:`TraceWorkload.check_input` built without an error, by file (path,
+size, modification time), settings and seed."""
+
+
 class TraceWorkload(Workload):
     """Requests replayed from a trace file (see the module docstring for the pipeline)."""
 
@@ -612,7 +617,8 @@ class TraceWorkload(Workload):
         """Rows after parsing, order check, window, length limits, sampling and num_requests."""
         cfg = self.config
         reader = TraceReader(self.path, self.fields, counts, cfg.on_bad_row)
-        rows: Iterator[TraceRow] = reader.rows()
+        raw = reader.rows()
+        rows: Iterator[TraceRow] = raw
         source = cfg.source
         has_times = self.fields.arrival is not None
         if isinstance(source, LengthTableSource) and source.order != "sequential":
@@ -634,6 +640,7 @@ class TraceWorkload(Workload):
         if cfg.num_requests is not None:
             rows = itertools.islice(rows, cfg.num_requests)
         self._reader = reader
+        self._raw_rows = raw
         return rows
 
     def _sample_rows(self, table: list[TraceRow]) -> Iterator[TraceRow]:
@@ -815,6 +822,29 @@ class TraceWorkload(Workload):
     def _why_empty(counts: RowCounts) -> str:
         shown = {key: value for key, value in counts.as_dict().items() if value and key != "requests"}
         return ", ".join(f"{key}={value}" for key, value in shown.items()) or "no rows"
+
+    def check_input(self) -> None:
+        """Build every request the run will replay (the rows its window and ``num_requests`` reach),
+        so that a malformed row, a hash list that does not fit its prompt or a trace out of order is
+        refused with its file and line before the first simulation, not after the requests before
+        it were simulated. Once per file, settings and seed in a process (a plan prepares every
+        candidate from the same trace). Skipped rows are warned of by the run, not here too."""
+        stat = self.path.stat()
+        key = (str(self.path.resolve()), stat.st_size, stat.st_mtime_ns, repr(self.config), self.seed)
+        if key in _CHECKED_INPUTS:
+            return
+        stream = self.records()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", TraceWarning)
+                for _ in stream:
+                    pass
+        finally:
+            stream.close()
+            raw = getattr(self, "_raw_rows", None)
+            if raw is not None:
+                raw.close()  # (a window or num_requests stops reading before the end: close the file)
+        _CHECKED_INPUTS.add(key)
 
     def requests(self) -> Iterator[Request]:
         stream = self._requests()

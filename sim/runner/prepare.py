@@ -27,6 +27,7 @@ def prepare_experiment(config: ExperimentConfig, config_path: Path) -> PreparedE
     base_dir = config_path.parent
     model, gpu = resolve_hardware(config, base_dir, config_path)
     workload = build_workload(config.workload, seed=config.seed, base_dir=base_dir)
+    workload.check_input()  # (a trace's rows: a bad one fails here, not inside a run)
     prefixes = workload.shared_prefixes()
     prepared: list[PreparedVariant] = []
     problems: dict[str, list[int]] = {}  # one line per message: a shared engine section fails every variant
