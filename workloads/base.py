@@ -104,6 +104,7 @@ class Workload(ABC):
     def check_input(self) -> None:
         """Read every input the stream will read, so that a malformed one is refused before any
         simulation rather than in the middle of one (a trace's rows). Nothing to read by default."""
+        return None
 
     def shared_prefixes(self) -> list[TokenContent]:
         """Prompt prefixes many requests start with (system prompts): what a server would pin in its

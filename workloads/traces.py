@@ -750,7 +750,7 @@ class TraceWorkload(Workload):
         return observed / cfg.target_rate_per_s
 
     # -- requests --------------------------------------------------------------------------------------
-    def records(self) -> Iterator[tuple[Request, TraceRow]]:
+    def records(self) -> Generator[tuple[Request, TraceRow], None, None]:
         """Each request with the row it came from (line number, hash ids...)."""
         self.counts = counts = RowCounts()
         self.ids = ids = ContentIds()
