@@ -264,11 +264,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """A trace warning (a row skipped or repaired, as the config asked) is news about the user's file:
-    one line, as kvsim's other warnings, without the Python source line that raised it."""
+    """A trace warning (a row skipped or repaired, as the config asked) or a config warning (a key
+    repeated, a policy SGLang's scheduler was not built for) is news about the user's file: one line,
+    as kvsim's other warnings, without the Python source line that raised it."""
+    from sim.config import ConfigWarning
     from workloads.base import TraceWarning
 
-    if issubclass(category, TraceWarning):
+    if issubclass(category, (TraceWarning, ConfigWarning)):
         _warn(str(message))
     else:
         _python_showwarning(message, category, filename, lineno, file, line)

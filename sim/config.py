@@ -22,6 +22,7 @@ from sim.costs.core import CostModelConfig
 from sim.kv.allocators import HYBRID_ALLOCATORS
 from sim.offload import OffloadConfig
 from sim.storage import RUN_FOLDER_ENTRIES
+from sim.yaml_input import RepeatedKey, load_yaml
 from workloads.config import FILE_FIELD, WorkloadConfig
 from workloads.config_base import ConfigModel
 
@@ -803,14 +804,34 @@ def yaml_mapping(path: Path) -> dict[str, Any]:
     except OSError as error:
         raise ConfigError(f"{path}: cannot read: {error.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data, repeated = load_yaml(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{path}:{where} malformed YAML: {getattr(error, 'problem', error)}") from None
+    _warn_of_repeated_keys(path, text, repeated)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
     return data
+
+
+_WARNED_REPEATS: set[tuple[str, str]] = set()
+"""Files (path and text) whose repeated keys were warned of: commands read a file more than once."""
+
+
+def _warn_of_repeated_keys(path: Path, text: str, repeated: list[RepeatedKey]) -> None:
+    """YAML keeps the last of a mapping's repeated keys, and earlier kvsim read such files: a warning,
+    not an error, once per file and content in a process."""
+    if not repeated or (str(path), text) in _WARNED_REPEATS:
+        return
+    _WARNED_REPEATS.add((str(path), text))
+    for item in repeated:
+        warnings.warn(
+            f"{path}: line {item.repeated_line}: key {item.key!r} repeats the one at line "
+            f"{item.first_line} of the same mapping; only the value at line {item.repeated_line} is used",
+            ConfigWarning,
+            stacklevel=3,
+        )
 
 
 def validate_experiment(data: dict[str, Any], path: str | Path = "<config>") -> ExperimentConfig:
@@ -919,7 +940,7 @@ def _format_problems(problems: list[Any], path: str | Path, data: Any) -> str:
     return format_problems(
         f"{path}: invalid experiment config",
         problems,
-        location=lambda problem: _data_path(
+        location=lambda problem: data_path(
             problem["loc"], data, keep_last=problem["type"] in ("extra_forbidden", "missing")
         ),
         known_keys_at=lambda location: _known_keys_at(data, location),
@@ -987,7 +1008,7 @@ def _without_mismatched_union_members(
     ]
 
 
-def _data_path(loc: tuple[Any, ...], data: Any, *, keep_last: bool) -> list[Any]:
+def data_path(loc: tuple[Any, ...], data: Any, *, keep_last: bool) -> list[Any]:
     """pydantic's error location without the union tags it inserts (``synthetic``, ``poisson``...):
     only the parts that index into the user's YAML are kept (plus the unknown or missing key)."""
     path: list[Any] = []

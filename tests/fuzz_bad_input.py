@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import yaml
 
 from sim.commands.bad_input import input_errors
 from sim.commands.check import check_file
+from sim.config import ConfigWarning
 
 ROOT = Path(__file__).resolve().parents[1]
 # (Replays read measured runs that a clone may not hold: they are checked by their own tests.)
@@ -107,6 +109,34 @@ def mutate(document: dict[str, Any], rng: random.Random) -> tuple[dict[str, Any]
     return slipped, Slip(f"{label}: {key} left out", [*where, key])
 
 
+TEXT_SLIPS = ("colon left out", "indented", "tab", "bracket", "repeated line", "cut short")
+
+
+def mutate_text(text: str, rng: random.Random) -> tuple[str, Slip]:
+    """One slip in a YAML file's text, as a hand editing it makes one: a key's colon left out, a line
+    indented or tabbed, a stray bracket, a line repeated (a repeated key: warned of, then accepted),
+    the file cut short. Whatever the YAML then says, the file is named by any refusal."""
+    lines = text.split("\n")
+    keyed = [index for index, line in enumerate(lines) if ": " in line or line.rstrip().endswith(":")]
+    index = rng.choice(keyed) if keyed else 0
+    kind = rng.choice(TEXT_SLIPS)
+    line = lines[index]
+    if kind == "colon left out":
+        lines[index] = line.replace(":", "", 1)
+    elif kind == "indented":
+        lines[index] = "  " + line
+    elif kind == "tab":
+        lines[index] = "\t" + line.lstrip(" ")
+    elif kind == "bracket":
+        cut = rng.randrange(len(line) + 1)
+        lines[index] = line[:cut] + rng.choice("{[]}") + line[cut:]
+    elif kind == "repeated line":
+        lines.insert(index + 1, line)
+    else:
+        return text[: rng.randrange(len(text))], Slip("cut short", [])
+    return "\n".join(lines), Slip(f"line {index + 1}: {kind}", [])
+
+
 def _absolute_paths(document: Any, folder: Path) -> Any:
     """``document`` with every string that names a file relative to ``folder`` made absolute, so that
     the slipped copy, checked from elsewhere, reads the same files."""
@@ -119,13 +149,15 @@ def _absolute_paths(document: Any, folder: Path) -> Any:
     return document
 
 
-def check_case(source: Path, document: dict[str, Any], slip: Slip, folder: Path) -> tuple[str, str]:
-    """("accepted" | "refused" | "bug", detail) for ``document``, written as ``source``'s name in
-    ``folder``. A refusal must name the file or the slip's keys."""
+def check_case(source: Path, document: dict[str, Any] | str, slip: Slip, folder: Path) -> tuple[str, str]:
+    """("accepted" | "refused" | "bug", detail) for ``document`` (or the text of one), written as
+    ``source``'s name in ``folder``. A refusal must name the file or the slip's keys."""
     path = folder / source.name
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    path.write_text(document if isinstance(document, str) else yaml.safe_dump(document, sort_keys=False))
     try:
-        check_file(path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConfigWarning)  # (a repeated key: the file still runs)
+            check_file(path)
     except input_errors() as error:
         message = str(error)
         if source.name not in message and not slip.named_by(message):
@@ -155,12 +187,18 @@ def main(argv: list[str] | None = None) -> int:
             if rng.random() < 0.25:  # (two slips at once: the second must not hide the first's message)
                 document, second = mutate(document, rng)
                 slip = Slip(f"{slip.text}; {second.text}", slip.names + second.names)
-            outcome, detail = check_case(source, document, slip, Path(scratch))
+            written: dict[str, Any] | str = document
+            if rng.random() < 0.2:  # (a slip in the text itself: its YAML, not its values)
+                written, in_text = mutate_text(yaml.safe_dump(document, sort_keys=False), rng)
+                slip = Slip(f"{slip.text}; {in_text.text}", slip.names)
+            outcome, detail = check_case(source, written, slip, Path(scratch))
             counts[outcome] += 1
             if outcome == "bug":
                 args.out.mkdir(parents=True, exist_ok=True)
                 kept = args.out / f"case-{args.seed}-{index}-{source.name}"
-                kept.write_text(yaml.safe_dump(document, sort_keys=False))
+                kept.write_text(
+                    written if isinstance(written, str) else yaml.safe_dump(written, sort_keys=False)
+                )
                 print(f"case {index}: {source.relative_to(ROOT)}, {slip.text}: {detail} ({kept})", flush=True)
     print(f"{counts} in {time.perf_counter() - started:.0f} s")
     return 1 if counts["bug"] else 0

@@ -446,3 +446,59 @@ def test_a_bad_trace_row_late_in_the_file_fails_check_and_run_before_any_simulat
     rows[line - 1] = rows[0].replace('"timestamp": 0,', '"timestamp": 39000,')
     trace.write_text("\n".join(rows) + "\n")
     assert main(["check", str(path)]) == 0  # (the same file mended, once more from the top)
+
+
+def test_a_repeated_key_is_warned_of_once_with_both_lines_and_the_last_value_is_used(tmp_path, capsys):
+    """YAML keeps the last of a mapping's repeated keys; kvsim used to say nothing. Line 5 repeats
+    ``engine`` (lines 3 and 5 hold the two sections) and line 4 ``block_size`` inside the first."""
+    path = tmp_path / "repeated.yaml"
+    path.write_text(
+        "name: repeated\n"  # 1
+        "seed: 1\n"  # 2
+        "engine: {max_model_len: 2048, block_size: 16,\n"  # 3
+        "  block_size: 32}\n"  # 4
+        "engine: {max_model_len: 4096}\n"  # 5
+        "model: Llama-3.1-8B\ngpu: A100-80GB\n"
+        "workload: {num_requests: 4, arrival: {kind: poisson, rate_per_s: 5}, prompt_len: 100, output_len: 10}\n"
+        "variants: [{name: p, policy: paged}]\n",
+        encoding="utf-8",
+    )
+    assert main(["check", str(path)]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "repeats" in line]
+    assert warned == [
+        f"kvsim: warning: {path}: line 5: key 'engine' repeats the one at line 3 of the same mapping; "
+        "only the value at line 5 is used",
+        f"kvsim: warning: {path}: line 4: key 'block_size' repeats the one at line 3 of the same mapping; "
+        "only the value at line 4 is used",
+    ]
+    assert load_experiment(path).engine.max_model_len == 4096
+    assert load_experiment(path).engine.block_size == 16  # (the second engine section has none)
+
+
+def test_the_key_checking_loader_reads_every_shipped_file_as_the_safe_loader_does():
+    from sim.yaml_input import load_yaml
+
+    shipped = sorted(ROOT.glob("configs/**/*.yaml"))
+    assert len(shipped) > 30
+    for path in shipped:
+        text = path.read_text(encoding="utf-8")
+        assert load_yaml(text) == (yaml.safe_load(text), []), path
+    merged = "base: &base {a: 1, b: 2}\nderived:\n  <<: *base\n  b: 3\n"
+    assert load_yaml(merged) == ({"base": {"a": 1, "b": 2}, "derived": {"a": 1, "b": 3}}, [])
+
+
+def test_an_unknown_sweep_key_with_a_bracket_is_named_with_the_keys_a_sweep_takes(tmp_path, capsys):
+    """Plan and sweep errors dropped every location part with a ``[`` (taken for pydantic's union
+    tags): an unknown key ``bogus_ke[y`` left no key at all and raised IndexError. The keys offered
+    are the ones a file writes (``set``, ``zip``), not the fields' names (``overrides``)."""
+    path = tmp_path / "sweep.yaml"
+    path.write_text(
+        f"name: s\nbase: {ROOT / 'configs' / 'quickstart.yaml'}\n"
+        "axes: {engine.block_size: [16, 32]}\nbogus_ke[y: 1\n",
+        encoding="utf-8",
+    )
+    assert main(["check", str(path)]) == 2
+    assert (
+        "  bogus_ke[y: unknown key; valid: axes, base, description, experiment, name, set, zip (got 1)"
+        in capsys.readouterr().err
+    )

@@ -169,7 +169,8 @@ class Draws:
 
 def zipf_probabilities(count: int, exponent: float) -> np.ndarray:
     """P(i) ∝ 1/(i+1)^exponent for i = 0..count-1 (item 0 is the most popular)."""
-    weights = 1.0 / np.arange(1, count + 1, dtype=float) ** exponent
+    with np.errstate(over="ignore"):  # (a huge exponent: every rank past the first weighs 1/inf = 0)
+        weights = 1.0 / np.arange(1, count + 1, dtype=float) ** exponent
     return weights / weights.sum()
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from sim.config import ConfigError, format_problems, models_in, yaml_mapping
+from sim.config import ConfigError, data_path, format_problems, models_in, yaml_mapping
 from workloads.config_base import ConfigModel
 
 
@@ -41,14 +41,11 @@ def format_schema_error(
     return format_problems(
         f"{path}: invalid {what}",
         error.errors(),
-        location=lambda problem: [part for part in problem["loc"] if not _is_union_tag(part)],
+        location=lambda problem: data_path(
+            problem["loc"], data, keep_last=problem["type"] in ("extra_forbidden", "missing")
+        ),
         known_keys_at=lambda location: _fields_at(model, location),
     )
-
-
-def _is_union_tag(part: Any) -> bool:
-    # pydantic inserts the member type of a union into the location ("list[any]", "float", ...).
-    return isinstance(part, str) and ("[" in part or part in {"float", "int", "str", "bool", "dict"})
 
 
 def _fields_at(model: type[BaseModel], location: list[Any]) -> list[str]:
@@ -57,13 +54,18 @@ def _fields_at(model: type[BaseModel], location: list[Any]) -> list[str]:
     for part in location:
         if isinstance(part, int):
             continue
-        field = getattr(current, "model_fields", {}).get(part)
+        field = _fields_by_key(current).get(part)
         if field is None:
             return []
         current = next(iter(models_in(field.annotation)), None)
         if current is None:
             return []
-    return list(getattr(current, "model_fields", {}))
+    return list(_fields_by_key(current))
+
+
+def _fields_by_key(model: Any) -> dict[str, Any]:
+    """A model's fields by the key a file gives them: the alias where one is set (``set``, ``zip``)."""
+    return {field.alias or name: field for name, field in getattr(model, "model_fields", {}).items()}
 
 
 def set_key_path(data: dict[str, Any], key_path: str, value: Any) -> None:
