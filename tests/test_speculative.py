@@ -739,3 +739,27 @@ def test_a_swapped_in_speculative_request_owes_its_lookahead_blocks_not_tokens()
         assert (frame[columns] >= 0).all().all()
         assert (frame[columns].sum(axis=1) == 160).all()
         assert frame["used_tokens"].iloc[-1] == 0
+
+
+@pytest.mark.parametrize("model_name", ["Llama-3.1-8B", "gpt-oss-20b", "Nemotron-H-8B-Base-8K"])
+@pytest.mark.parametrize(
+    "cost_model",
+    ["analytic", "derated", {"kind": "derated", "time_scale": 1.25}, {"kind": "analytic", "time_scale": 0.8}],
+)
+def test_identical_chunks_cost_what_the_list_of_them_costs(model_name, cost_model):
+    """``uniform_prefill_s`` (the speculative table's entry per batch size, in constant time; the list
+    took O(batch), so a table to max_num_seqs 2**63 never ended) against ``iteration_s`` of the list:
+    dense, windowed and Mamba layers, every kind of model and a time scale on each."""
+    costs = make_cost_model(cost_model, resolve_model(model_name), resolve_gpu("H100-80GB"), block_size=16)
+    for count in (0, 1, 7, 300):
+        for num_tokens, start in ((1, 0), (5, 0), (3, 1000)):
+            listed = costs.iteration_s(0, 0.0, [(num_tokens, start)] * count)
+            assert costs.uniform_prefill_s(count, num_tokens, start) == pytest.approx(listed, rel=1e-12)
+
+
+def test_a_huge_max_num_seqs_with_speculation_is_prepared_at_once(tmp_path):
+    config = load_experiment(
+        Path("configs/speculative-eagle3.yaml"), ["engine.max_num_seqs=1000000", "workload.num_requests=5"]
+    )
+    prepared = prepare_experiment(config, Path("configs/speculative-eagle3.yaml"))
+    assert len(prepared.variants) == len(config.variants)

@@ -137,6 +137,20 @@ class CostModel(ABC):
         chunks_s = sum(self.prefill_s(num_tokens, start) for num_tokens, start in prefill_chunks)
         return decode.with_prefill_s(batch_size, sum_context, self.prefill_fixed_s, chunks_s)
 
+    def uniform_prefill_s(self, count: int, num_tokens: int, start_pos: int) -> float:
+        """``iteration_s(0, 0, [(num_tokens, start_pos)] * count)``: an iteration of ``count``
+        identical prefill chunks and nothing else (what verifying speculative drafts costs, per batch
+        size up to ``max_num_seqs``), in constant time where the model's chunks add up (the list,
+        else: a model with rules of its own and no override of this)."""
+        if count <= 0:
+            return self.iteration_s(0, 0.0)
+        if self._linear is not None:
+            return self._linear.uniform_prefill_s(count, num_tokens, start_pos)
+        if type(self).iteration_s is not CostModel.iteration_s:
+            return self.iteration_s(0, 0.0, [(num_tokens, start_pos)] * count)
+        chunks_s = count * self.prefill_s(num_tokens, start_pos)
+        return self.decode.with_prefill_s(0, 0.0, self.prefill_fixed_s, chunks_s)
+
     @abstractmethod
     def copy_blocks_s(self, num_blocks: int) -> float:
         """Device-side copy of ``num_blocks`` KV blocks across all layers (copy-on-write)."""

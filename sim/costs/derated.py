@@ -421,6 +421,36 @@ class DeratedCostModel(DatasheetCostModel):
             )
         return seconds
 
+    def uniform_prefill_s(self, count: int, num_tokens: int, start_pos: int) -> float:
+        """:meth:`iteration_s` of ``count`` identical chunks alone, in constant time."""
+        if count <= 0 or num_tokens <= 0:
+            return self.iteration_s(0, 0.0, [(num_tokens, start_pos)] * max(count, 0))
+        tokens = count * num_tokens
+        seconds = (
+            self.gemm_s(tokens, count)
+            + self.elementwise_fixed_s
+            + (self.elementwise_per_token_s + self.embedding_row_s) * tokens
+            + self.all_reduce.seconds(tokens)
+            + self.iteration_overhead_s
+        )
+        states = self.prefill_states
+        if states.per_seq_s:
+            seconds += states.fixed_s + states.per_seq_s * count + states.per_token_s * tokens
+        windows = self.attention_windows
+        if windows:
+            chunk_s = (
+                self.prefill_attention_fixed_s
+                + self.prefill_attention_per_pair_s * attended_pairs(num_tokens, start_pos, windows)
+                + self.kv_read_per_token_s * attended_context(start_pos, windows)
+            )
+        else:
+            chunk_s = (
+                self.prefill_attention_fixed_s
+                + self.prefill_attention_per_pair_s * attention_pairs(num_tokens, start_pos)
+                + self.kv_read_per_token_s * start_pos
+            )
+        return seconds + count * chunk_s
+
     def prefill_s(self, num_tokens: int, start_pos: int) -> float:
         """A chunk's time in an iteration of its own, less :attr:`prefill_fixed_s` (in an iteration
         shared with other work it adds less: the matrix products grow sub-linearly below the ridge)."""

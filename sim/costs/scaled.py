@@ -77,6 +77,11 @@ class ScaledCostModel(WrappedCostModel):
             return self._linear.iteration_s(batch_size, sum_context, prefill_chunks)
         return self.time_scale * self.inner.iteration_s(batch_size, sum_context, prefill_chunks)
 
+    def uniform_prefill_s(self, count: int, num_tokens: int, start_pos: int) -> float:
+        if self._linear is not None:
+            return self._linear.uniform_prefill_s(count, num_tokens, start_pos)
+        return self.time_scale * self.inner.uniform_prefill_s(count, num_tokens, start_pos)
+
     def copy_blocks_s(self, num_blocks: int) -> float:
         return self.time_scale * self.inner.copy_blocks_s(num_blocks)
 

@@ -61,8 +61,9 @@ def _drafts_s(costs: CostModel, batch: int, num_speculative_tokens: int) -> floa
     """What verifying ``k`` drafts per request adds to a forward pass over ``batch`` requests."""
     if batch <= 0:
         return 0.0
-    verified = costs.iteration_s(0, 0, [(num_speculative_tokens + 1, 0)] * batch)
-    single = costs.iteration_s(0, 0, [(1, 0)] * batch)
+    # (Constant time per batch size: the table runs to max_num_seqs, which a file may set high.)
+    verified = costs.uniform_prefill_s(batch, num_speculative_tokens + 1, 0)
+    single = costs.uniform_prefill_s(batch, 1, 0)
     return max(0.0, verified - single)
 
 

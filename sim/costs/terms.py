@@ -101,6 +101,13 @@ class LinearIterationCost:
             chunks_s += prefill.chunk_s(num_tokens, start)
         return decode.with_prefill_s(batch_size, sum_context, prefill.fixed_s, chunks_s)
 
+    def uniform_prefill_s(self, count: int, num_tokens: int, start_pos: int) -> float:
+        """:meth:`iteration_s` of ``count`` identical chunks alone."""
+        if count <= 0:
+            return self.decode.step_s(0, 0.0)
+        chunks_s = count * self.prefill.chunk_s(num_tokens, start_pos)
+        return self.decode.with_prefill_s(0, 0.0, self.prefill.fixed_s, chunks_s)
+
 
 def expected_distinct_experts(tokens: float, num_experts: int, experts_per_token: int) -> float:
     """Expected number of distinct experts ``tokens`` tokens route to in one MoE layer, each token
