@@ -758,8 +758,11 @@ def test_identical_chunks_cost_what_the_list_of_them_costs(model_name, cost_mode
 
 
 def test_a_huge_max_num_seqs_with_speculation_is_prepared_at_once(tmp_path):
+    """The draft-cost table runs to the largest batch that can run: max_num_seqs, but never more
+    sequences than the pool holds tokens (a table to 2**63 never ended)."""
     config = load_experiment(
-        Path("configs/speculative-eagle3.yaml"), ["engine.max_num_seqs=1000000", "workload.num_requests=5"]
+        Path("configs/speculative-eagle3.yaml"),
+        ["engine.max_num_seqs=9223372036854775807", "workload.num_requests=5"],
     )
     prepared = prepare_experiment(config, Path("configs/speculative-eagle3.yaml"))
     assert len(prepared.variants) == len(config.variants)

@@ -129,7 +129,7 @@ def prepare_instance(
         )
         replica_policies = list(policies_made)
         policy = policies_made[0]
-    costs = engine_cost_model(config, model, gpu, engine_config, base_dir)
+    costs = engine_cost_model(config, model, gpu, engine_config, base_dir, capacity.kv_pool_tokens)
     pinned_tokens = 0
     if variant.pin_shared_prefixes:
         try:

@@ -115,11 +115,18 @@ def size_pool(model: ModelSpec, gpu: GpuSpec, engine: EngineConfig) -> KVCapacit
 
 
 def engine_cost_model(
-    config: ExperimentConfig, model: ModelSpec, gpu: GpuSpec, engine: EngineConfig, base_dir: Path
+    config: ExperimentConfig,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    engine: EngineConfig,
+    base_dir: Path,
+    kv_pool_tokens: int,
 ) -> CostModel:
     """The experiment's cost model for one instance of the engine section (block size, cache dtype,
     tensor parallelism; with expert parallelism, one data-parallel rank's); with speculative
-    decoding its decode step is the speculative step (``sim/costs/speculative.py``)."""
+    decoding its decode step is the speculative step (``sim/costs/speculative.py``), priced per batch
+    size up to the largest batch that can run (``max_num_seqs``, and no more sequences than the pool
+    of ``kv_pool_tokens`` holds tokens: a file may set ``max_num_seqs`` far past both)."""
     target = make_cost_model(
         config.cost_model,
         model,
@@ -149,5 +156,6 @@ def engine_cost_model(
             tensor_parallel_size=engine.tensor_parallel_size,
         )
         draft_decode = draft_costs.decode
-    step = speculative_step(target, speculative.num_speculative_tokens, draft_decode, engine.max_num_seqs)
+    largest_batch = min(engine.max_num_seqs, kv_pool_tokens)
+    step = speculative_step(target, speculative.num_speculative_tokens, draft_decode, largest_batch)
     return SpeculativeCostModel(target, step, f"{speculative.method}, k={speculative.num_speculative_tokens}")

@@ -46,5 +46,5 @@ def prepare_variant(config: ExperimentConfig, variant_name: str, base_dir: Path)
         raise ConfigError(f"variant {variant.name!r}: options: {option_error}")
     if not is_hybrid_allocator(policy_name):  # (a hybrid pool is sized and built by the run itself)
         make_policy(policy_name, pool, **variant.options)
-    engine_cost_model(config, model, gpu, engine, base_dir)
+    engine_cost_model(config, model, gpu, engine, base_dir, capacity.kv_pool_tokens)
     return capacity
