@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from policies import PoolSpec
 from sim.config import EngineConfig
 from sim.engine.knobs import EngineKnobs
+from sim.engine.schedulers import SCHEDULERS
 from sim.engine.schedulers.sglang import SGLangScheduler, chunked_prefill_size_for
 from sim.outputs.metrics import ADMISSION_BLOCKERS
 from tests.engine_helpers import RoundCostModel, request
@@ -216,6 +217,51 @@ def test_a_request_refused_at_its_prompts_end_gives_way_to_a_decode_batch(step_m
     assert [record.preemptions for record in engine.records] == [0, 1]
     assert engine.counters.iterations == 26
     assert engine.scheduler.new_token_ratio == 1.0
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_batch_is_full_resets_when_one_running_request_leaves(step_mode):
+    """Pool of 100, conservativeness 0. At 0, R0 (10 + 20 out) and R1 (10 + 50) are admitted (30 and
+    60 tokens against 100 and then 90 - 20 free), R2 (10 + 30) refused (40 >= 80 - 70): batch_is_full.
+    Both prefill in [0, 1.2). R0 finishes at 1.2 + 19 = 20.2: the batch shrinks from 2 to 1, the flag
+    resets, and R2 fits (40 < 70 free, R1 reserving nothing): it prefills in [20.2, 21.3), R1
+    waiting, and decodes its 29 tokens left while R1 does: R2 done at 50.3, R1 (30 tokens left at
+    21.3) at 51.3. Had the flag waited for an empty batch, R2 would start at R1's end."""
+    requests = [request(0, 0.0, 10, 20), request(1, 0.0, 10, 50), request(2, 0.0, 10, 30)]
+    engine = run("radix", PoolSpec(100, 4, 160), requests, step_mode, schedule_conservativeness=0.0, **SGLANG)
+    assert times(engine) == {
+        0: pytest.approx((0.0, 1.2, 20.2, "finished")),
+        1: pytest.approx((0.0, 1.2, 51.3, "finished")),
+        2: pytest.approx((20.2, 21.3, 50.3, "finished")),
+    }
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_the_ratio_never_decays_in_an_iteration_that_retracts(monkeypatch, mixed):
+    """``update_running_batch`` either retracts (and re-estimates the ratio) or decays it, never both
+    in one decode batch: recorded by iteration on a tight random stream that retracts twice."""
+    calls: list[tuple[str, int]] = []
+
+    class Recording(SGLangScheduler):
+        def decode_steps(self, steps: int) -> None:
+            calls.append(("decay", self.engine.clock.iteration))
+            super().decode_steps(steps)
+
+        def after_preemption(self, engine) -> None:
+            self.engine = engine
+            calls.append(("retract", engine.clock.iteration))
+            super().after_preemption(engine)
+
+        def admit(self, engine, budget, chunks):
+            self.engine = engine
+            return super().admit(engine, budget, chunks)
+
+    monkeypatch.setitem(SCHEDULERS, "sglang", Recording)
+    pool, _, shape = SCENARIOS["tight"]
+    engine = run("radix", pool, random_requests(3, 50, **shape), "single", enable_mixed_chunk=mixed, **SGLANG)
+    assert isinstance(engine.scheduler, Recording) and engine.counters.preemptions > 0
+    retracting = {iteration for kind, iteration in calls if kind == "retract"}
+    assert retracting and not retracting & {iteration for kind, iteration in calls if kind == "decay"}
 
 
 def test_chunked_prefill_size_and_max_prefill_tokens_are_honoured():
