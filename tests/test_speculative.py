@@ -766,3 +766,14 @@ def test_a_huge_max_num_seqs_with_speculation_is_prepared_at_once(tmp_path):
     )
     prepared = prepare_experiment(config, Path("configs/speculative-eagle3.yaml"))
     assert len(prepared.variants) == len(config.variants)
+
+
+def test_drafts_that_cannot_fit_a_sequence_are_refused_before_anything_is_built():
+    """k drafts and the step's own token sit in one sequence: k >= max_model_len is refused, naming
+    the key (at 2**63 the acceptance model, one rate per draft, never finished building)."""
+    config = load_experiment(
+        Path("configs/speculative-eagle3.yaml"),
+        ["variants.1.engine.speculative.num_speculative_tokens=9223372036854775808"],
+    )
+    with pytest.raises(ConfigError, match=r"num_speculative_tokens: 9223372036854775808 drafts per step"):
+        prepare_experiment(config, Path("configs/speculative-eagle3.yaml"))

@@ -158,7 +158,7 @@ def prepare_instance(
     prepared.offload = offload
     prepared.lockstep = costs.expert_parallel is not None
     prepared.hybrid = hybrid
-    prepared.speculative = speculative_knobs(engine_config, base_dir, key)
+    prepared.speculative = speculative_knobs(engine_config, base_dir, key, max_model_len)
     prepared.draft = engine_draft(model, engine_config)
     return prepared, warnings
 

@@ -35,14 +35,25 @@ def speculation_problem(policy_name: str, key: Callable[[str], str]) -> str:
 
 
 def speculative_knobs(
-    engine: EngineConfig, base_dir: Path | None = None, key: Callable[[str], str] | None = None
+    engine: EngineConfig,
+    base_dir: Path | None = None,
+    key: Callable[[str], str] | None = None,
+    max_model_len: int | None = None,
 ) -> SpeculativeDecoding | None:
     """What the engine needs of ``engine.speculative``: the acceptance distribution (a histogram file
-    read relative to ``base_dir``) and the slots a decoding sequence holds past its tokens."""
+    read relative to ``base_dir``) and the slots a decoding sequence holds past its tokens. Drafts
+    that could not sit in a sequence of ``max_model_len`` tokens beside its next one are refused
+    (before anything per draft is built: a file may say 2**63)."""
     speculative = engine.speculative
     if speculative is None:
         return None
     k = speculative.num_speculative_tokens
+    if max_model_len is not None and k >= max_model_len:
+        name = (key or (lambda name: f"engine.{name}"))("speculative") + ".num_speculative_tokens"
+        raise ConfigError(
+            f"{name}: {k} drafts per step cannot sit in a sequence of max_model_len {max_model_len} "
+            "beside its next token; give fewer than max_model_len"
+        )
     acceptance = speculative.acceptance
     if acceptance.rates is not None:
         model = AcceptanceModel.from_rates(acceptance.rates)
