@@ -502,3 +502,12 @@ def test_an_unknown_sweep_key_with_a_bracket_is_named_with_the_keys_a_sweep_take
         "  bogus_ke[y: unknown key; valid: axes, base, description, experiment, name, set, zip (got 1)"
         in capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_an_infinite_or_nan_distribution_parameter_is_refused_naming_its_key(tmp_path, value):
+    """A lognormal given by its mean with sigma .inf has mu = log(mean) - inf: it drew NaN lengths,
+    cast to -2**63 (numpy's 'invalid value encountered in cast'). Workload numbers must be finite."""
+    path = config_file(tmp_path, {"workload.prompt_len": {"kind": "lognormal", "mean": 100, "sigma": value}})
+    with pytest.raises(ConfigError, match=r"workload\.prompt_len\.sigma: Input should be a finite number"):
+        prepare(path)

@@ -54,7 +54,8 @@ examples, users): each is built up front, so a count past it is a slip, not a wo
 
 
 class _Model(ConfigModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # (No infinite or NaN numbers: a lognormal of sigma .inf, given by its mean, drew NaN lengths.)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class _Clipped(_Model):
