@@ -68,7 +68,8 @@ def check_slug(value: str, what: str) -> str:
 
 
 class _Strict(ConfigModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # (Numbers are finite: an infinite one raised deep inside, or ran as NaN.)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 _Section = TypeVar("_Section", bound=_Strict)

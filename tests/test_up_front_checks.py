@@ -511,3 +511,15 @@ def test_an_infinite_or_nan_distribution_parameter_is_refused_naming_its_key(tmp
     path = config_file(tmp_path, {"workload.prompt_len": {"kind": "lognormal", "mean": 100, "sigma": value}})
     with pytest.raises(ConfigError, match=r"workload\.prompt_len\.sigma: Input should be a finite number"):
         prepare(path)
+
+
+def test_an_infinite_plan_setting_is_refused_naming_its_key(tmp_path, capsys):
+    """``search.min_duration_s: .inf`` raised OverflowError from the probe sizing (found by
+    ``make fuzz-bad-input``): plan, sweep, replay and experiment numbers must be finite."""
+    source = ROOT / "configs" / "plan" / "cluster-routers-l4.yaml"
+    data = yaml.safe_load(source.read_text())
+    data.setdefault("search", {})["min_duration_s"] = float("inf")
+    path = tmp_path / source.name
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    assert main(["check", str(path)]) == 2
+    assert "search.min_duration_s: Input should be a finite number (got inf)" in capsys.readouterr().err

@@ -18,7 +18,8 @@ from workloads.config_base import ConfigModel
 
 
 class Strict(ConfigModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    # (Numbers are finite: an infinite one raised deep inside, or ran as NaN.)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True)
 
 
 def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:

@@ -47,7 +47,8 @@ FORMATS = ("blis_csv", "llmservingsim_bench", "vllm_bench_json")
 
 
 class _Strict(ConfigModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # (Numbers are finite: an infinite one raised deep inside, or ran as NaN.)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RunSource(_Strict):
