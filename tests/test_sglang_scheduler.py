@@ -20,6 +20,14 @@ from tests.test_engine import EQUIVALENCE_COSTS, SCENARIOS, assert_same_results,
 SGLANG = {"scheduler": "sglang"}
 
 
+def run_in_a_pool_of_100(requests, step_mode, **knobs):
+    """``radix`` under SGLang's scheduler in a pool of 100 tokens, conservativeness 0 (running
+    requests reserve nothing for their output; a new one still budgets its own)."""
+    return run(
+        "radix", PoolSpec(100, 4, 160), requests, step_mode, schedule_conservativeness=0.0, **SGLANG, **knobs
+    )
+
+
 def admitted(engine) -> dict[int, float]:
     return {record.request_id: record.admitted_s for record in engine.records}
 
@@ -139,15 +147,7 @@ def test_a_retraction_takes_the_fewest_decoded_and_resets_the_ratio(mixed, r0_fi
     last decode, 1.34 s), then 24 (25) more steps."""
     requests = [request(0, 0.0, 10, 60), request(1, 0.5, 20, 60)]
     for step_mode in ("single", "skip"):
-        engine = run(
-            "radix",
-            PoolSpec(100, 4, 160),
-            requests,
-            step_mode,
-            schedule_conservativeness=0.0,
-            enable_mixed_chunk=mixed,
-            **SGLANG,
-        )
+        engine = run_in_a_pool_of_100(requests, step_mode, enable_mixed_chunk=mixed)
         got = times(engine)
         assert got[0] == pytest.approx((0.0, 1.1, r0_finish, "finished"))
         assert got[1] == pytest.approx((1.1, 2.3, r1_finish, "finished"))
@@ -171,15 +171,7 @@ def test_a_request_refused_for_kv_tokens_waits_until_a_running_one_leaves(mixed,
     to finish at 1.1 + 59 = 60.1, then prefills (1.2 s) and decodes its 59 tokens left: done at 120.3.
     Nothing is retracted. The wait is booked to KV memory."""
     requests = [request(0, 0.0, 10, 60), request(1, 0.0, 20, 60)]
-    engine = run(
-        "radix",
-        PoolSpec(100, 4, 160),
-        requests,
-        step_mode,
-        schedule_conservativeness=0.0,
-        enable_mixed_chunk=mixed,
-        **SGLANG,
-    )
+    engine = run_in_a_pool_of_100(requests, step_mode, enable_mixed_chunk=mixed)
     got = times(engine)
     assert got[0] == pytest.approx((0.0, 1.1, 60.1, "finished"))
     assert got[1] == pytest.approx((60.1, 61.3, 120.3, "finished"))
@@ -196,8 +188,8 @@ def test_a_request_refused_at_its_prompts_end_gives_way_to_a_decode_batch(step_m
     [1.16, 2.32) (a third block); its samples' first tokens need two more blocks, one is free: R1,
     fewest decoded, is preempted (kvsim gives a prompt its first tokens' slots at its end, SGLang at
     the next decode batch, where it retracts). So [2.32, 3.32) is that decode batch: R0's second
-    token, the ratio re-estimated (min(1, (decoded + 20) / 20) = 1). Then R1 is over the budget (21 >= 32
-    free - 18 x 1 reserved) and waits for R0 to leave (batch_is_full): R0's 18 tokens left end at
+    token, the ratio re-estimated (min(1, (decoded + 20) / 20) = 1). Then R1 is over the budget
+    (21 >= 32 free - 18 x 1 reserved) and waits for R0 to leave (batch_is_full): R0's 18 tokens left end at
     21.32; R1 prefills again [21.32, 22.48) (its first token stays the one at 2.32), 4 more steps:
     26.48. Without the decode batch after a preemption, R1 would be admitted and preempted at every
     iteration while R0 never decoded (until_s bounds that)."""
@@ -228,7 +220,7 @@ def test_batch_is_full_resets_when_one_running_request_leaves(step_mode):
     waiting, and decodes its 29 tokens left while R1 does: R2 done at 50.3, R1 (30 tokens left at
     21.3) at 51.3. Had the flag waited for an empty batch, R2 would start at R1's end."""
     requests = [request(0, 0.0, 10, 20), request(1, 0.0, 10, 50), request(2, 0.0, 10, 30)]
-    engine = run("radix", PoolSpec(100, 4, 160), requests, step_mode, schedule_conservativeness=0.0, **SGLANG)
+    engine = run_in_a_pool_of_100(requests, step_mode)
     assert times(engine) == {
         0: pytest.approx((0.0, 1.2, 20.2, "finished")),
         1: pytest.approx((0.0, 1.2, 51.3, "finished")),
@@ -623,5 +615,5 @@ def test_a_request_that_exactly_fills_the_remaining_budget_is_refused(second_out
     tokens plus its output: 10 + 20 = 30 is refused (``add_one_req`` needs strictly less than what is
     left), 10 + 19 = 29 joins R0 at 0."""
     requests = [request(0, 0.0, 10, 60), request(1, 0.0, 10, second_output)]
-    engine = run("radix", PoolSpec(100, 4, 160), requests, schedule_conservativeness=0.0, **SGLANG)
+    engine = run_in_a_pool_of_100(requests, "skip")
     assert (admitted(engine)[1] == 0.0) is second_admitted
