@@ -475,8 +475,9 @@ def test_resolve_gpu_custom() -> None:
         ({"memory_gib": 80}, "missing one of hbm_bandwidth"),
         ({"memory_gib": 80, "memory_bytes": 1, "base": "T4"}, "give the memory once"),
         ({"base": "T4", "hbm_bandwidth_gbps": 300}, "unknown key"),
-        ({"base": "T4", "memory_gib": 0}, "memory_gib must be a positive number"),
-        ({"base": "T4", "memory_gib": "16"}, "memory_gib must be a positive number"),
+        ({"base": "T4", "memory_gib": 0}, "memory_gib must be a positive, finite number"),
+        ({"base": "T4", "memory_gib": "16"}, "memory_gib must be a positive, finite number"),
+        ({"base": "T4", "memory_gib": float("inf")}, "memory_gib must be a positive, finite number"),
         ({"base": 4}, "base must be a preset name"),
     ],
 )

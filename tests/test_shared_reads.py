@@ -84,10 +84,10 @@ def test_a_custom_gpu_names_its_cache_or_inherits_it():
     bare = {"memory_gib": 24, "hbm_bandwidth_gb_per_s": 300, "fp16_tflops": 100}
     assert resolve_gpu(bare).l2_cache_bytes == 0
     assert resolve_gpu(bare | {"l2_cache_mib": 2.5}).l2_cache_bytes == int(2.5 * MiB)
-    for bad in (-1, "big", True, None):
+    for bad in (-1, "big", True, None, float("inf")):
         with pytest.raises(ValueError) as error:
             resolve_gpu({"base": "L4", "l2_cache_mib": bad})
-        assert str(error.value) == f"custom GPU: l2_cache_mib must be a number >= 0, got {bad!r}"
+        assert str(error.value) == f"custom GPU: l2_cache_mib must be a finite number >= 0, got {bad!r}"
 
 
 def test_the_cache_holds_this_many_tokens_of_one_layer():

@@ -1046,7 +1046,7 @@ class CostModelConfig(ConfigModel):
     ``tensor_parallel_rescale: true`` lets a profile measured at one TP run at another.
     """
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     kind: Literal["derated", "analytic", "profile"] = "derated"
     """derated: the roofline with the GPU's efficiency factors; analytic: the plain roofline; profile:

@@ -65,6 +65,7 @@ these is below its binary capacity and above its decimal one, so "GB" is GiB for
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -163,8 +164,8 @@ class Efficiency:
                 if not isinstance(value, str):
                     raise ValueError(f"efficiency {item.name} must be a string, got {value!r}")
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ValueError(f"efficiency {item.name} must be a non-negative number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+                raise ValueError(f"efficiency {item.name} must be a finite number >= 0, got {value!r}")
             if not item.name.endswith("_s") and not 0 < value <= 1.5:
                 raise ValueError(
                     f"efficiency {item.name} is a share of the datasheet peak, in (0, 1.5]; got {value!r}"
@@ -522,11 +523,13 @@ class GpuSpec:
             )
         for field in ("hbm_bandwidth_bytes_per_s", "fp16_flops", "pcie_bandwidth_bytes_per_s"):
             value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise ValueError(f"GPU {self.name!r}: {field} must be a positive number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise ValueError(
+                    f"GPU {self.name!r}: {field} must be a positive, finite number, got {value!r}"
+                )
         nvlink = self.nvlink_bandwidth_bytes_per_s
         if nvlink is not None and (
-            isinstance(nvlink, bool) or not isinstance(nvlink, int | float) or not nvlink > 0
+            isinstance(nvlink, bool) or not isinstance(nvlink, int | float) or not 0 < nvlink < math.inf
         ):
             raise ValueError(
                 f"GPU {self.name!r}: nvlink_bandwidth_bytes_per_s must be a positive number or None, got {nvlink!r}"
@@ -889,8 +892,8 @@ def _l2_cache(spec: Mapping[str, object], default: int) -> int:
     if _L2_KEY not in spec:
         return default
     value = spec[_L2_KEY]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ValueError(f"custom GPU: {_L2_KEY} must be a number >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"custom GPU: {_L2_KEY} must be a finite number >= 0, got {value!r}")
     return int(value * MiB)
 
 
@@ -909,8 +912,8 @@ def _pick(spec: Mapping[str, object], keys: dict[str, int], what: str) -> float 
     if not given:
         return None
     value = spec[given[0]]
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"custom GPU: {given[0]} must be a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError(f"custom GPU: {given[0]} must be a positive, finite number, got {value!r}")
     return value * keys[given[0]]
 
 
@@ -925,8 +928,8 @@ def _links(spec: Mapping[str, object], nvlink: float | None, pcie: float) -> tup
         if value is None and key == "nvlink_gb_per_s":
             given[key] = None
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ValueError(f"custom GPU: {key} must be a positive number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+            raise ValueError(f"custom GPU: {key} must be a positive, finite number, got {value!r}")
         given[key] = float(value) * GB
     pcie_given = given.get("pcie_gb_per_s")
     return given.get("nvlink_gb_per_s", nvlink), pcie if pcie_given is None else pcie_given

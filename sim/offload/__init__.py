@@ -36,7 +36,7 @@ class OffloadConfig(ConfigModel):
     """``offload:``: keep cached KV the GPU evicts in host memory (the prefix policy's host tier, the
     radix policy's HiCache)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
 
     host_memory_gib: float = Field(gt=0)
     """Host memory for evicted cached blocks, in GiB (2^30 bytes) per engine. The tier holds
