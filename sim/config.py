@@ -67,6 +67,12 @@ def check_slug(value: str, what: str) -> str:
     return value
 
 
+MOST_INSTANCES = 1024
+"""The most engines (cluster replicas, a pool's replicas, data-parallel ranks) one variant runs: each
+holds its KV pool's books in memory, built before the first simulation (2**63 replicas exhausted
+memory)."""
+
+
 class _Strict(ConfigModel):
     # (Numbers are finite: an infinite one raised deep inside, or ran as NaN.)
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -239,6 +245,7 @@ class EngineConfig(_Strict):
     data_parallel_size: int = Field(
         1,
         gt=0,
+        le=MOST_INSTANCES,
         description="Data-parallel ranks of the server (vLLM --data-parallel-size), each with "
         "tensor_parallel_size GPUs, its own scheduler and KV pool, and requests spread over them by "
         "vLLM's balancer (router vllm_dp). A dense model's ranks run independently; a mixture of "
@@ -419,7 +426,10 @@ class PoolConfig(_Strict):
     """One pool of a disaggregated cluster: its replicas, their GPU, engine knobs, policy and router."""
 
     replicas: int = Field(
-        1, gt=0, description="Replicas in this pool, each with its own GPU(s) (tensor_parallel_size each)."
+        1,
+        gt=0,
+        le=MOST_INSTANCES,
+        description="Replicas in this pool, each with its own GPU(s) (tensor_parallel_size each).",
     )
     gpu: str | dict[str, Any] | None = Field(
         None, description="This pool's GPU (a preset name or custom values). Default: the experiment's `gpu`."
@@ -525,7 +535,10 @@ class ClusterConfig(_Strict):
     """Replicas of the engine behind a router, all simulated on one clock (``sim/cluster/``)."""
 
     replicas: int = Field(
-        1, gt=0, description="Engine replicas, each with its own GPU(s), KV pool and policy instance."
+        1,
+        gt=0,
+        le=MOST_INSTANCES,
+        description="Engine replicas, each with its own GPU(s), KV pool and policy instance.",
     )
     router: str = Field(
         "round_robin",

@@ -44,7 +44,7 @@ SHIPPED = sorted(
 )
 WRONG_VALUES: tuple[Any, ...] = (
     *("abc", "", "16", "1e3", "H100"),
-    *(-1, 0, -0.5, 1e-12, 1e30, 2**63, float("inf")),
+    *(-1, 0, -0.5, 1e-12, 1e30, 2**63, float("inf"), float("-inf"), float("nan")),
     *([], {}, None, True, [1, "x"], {"kind": "nope"}, [{"name": "x"}]),
 )
 

@@ -4,6 +4,7 @@ could not serve requests say so (and fail under --strict)."""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -523,3 +524,26 @@ def test_an_infinite_plan_setting_is_refused_naming_its_key(tmp_path, capsys):
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     assert main(["check", str(path)]) == 2
     assert "search.min_duration_s: Input should be a finite number (got inf)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("changes", "top", "message"),
+    [
+        (
+            {},
+            {"cluster": {"replicas": 2**63}},
+            "cluster.replicas: Input should be less than or equal to 1024",
+        ),
+        (
+            {"engine.data_parallel_size": 1025},
+            {},
+            "engine.data_parallel_size: Input should be less than or equal to 1024",
+        ),
+    ],
+)
+def test_more_engines_than_a_run_can_build_are_refused_naming_the_key(tmp_path, changes, top, message):
+    """Every replica and rank holds its pool's books in memory, built before the first simulation:
+    2**63 replicas exhausted memory (found by ``make fuzz-bad-input``). At most 1,024."""
+    path = config_file(tmp_path, changes, **top)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_experiment(path)
