@@ -547,3 +547,21 @@ def test_more_engines_than_a_run_can_build_are_refused_naming_the_key(tmp_path, 
     path = config_file(tmp_path, changes, **top)
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_experiment(path)
+
+
+def test_a_plan_candidates_drafts_that_cannot_fit_a_sequence_are_refused_by_check(tmp_path, capsys):
+    """The plan's candidates are prepared as its runs would be, speculative knobs included (they were
+    not: ``num_speculative_tokens`` past ``max_model_len`` was found only by the candidate's run)."""
+    source = ROOT / "configs" / "plan" / "llama31-8b-speculative-h100.yaml"
+    data = yaml.safe_load(source.read_text())
+    data["workload"]["length_pairs"]["path"] = str(
+        (source.parent / data["workload"]["length_pairs"]["path"]).resolve()
+    )
+    data["candidates"]["engine"]["speculative"][1]["num_speculative_tokens"] = 9000
+    path = tmp_path / source.name
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    assert main(["check", str(path)]) == 2
+    assert (
+        "engine.speculative.num_speculative_tokens: 9000 drafts per step cannot sit in a sequence of "
+        "max_model_len 8192" in capsys.readouterr().err
+    )

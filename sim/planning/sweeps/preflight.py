@@ -15,7 +15,14 @@ from sim.config import ConfigError, ExperimentConfig
 from sim.costs.core import CostModelError
 from sim.hardware.capacity import KVCapacity
 from sim.kv.allocators import is_hybrid_allocator
-from sim.runner import engine_cost_model, policy_name_for, resolve_hardware, size_pool, unknown_options_error
+from sim.runner import (
+    engine_cost_model,
+    policy_name_for,
+    resolve_hardware,
+    size_pool,
+    speculative_knobs,
+    unknown_options_error,
+)
 from workloads import WorkloadError, build_workload
 
 
@@ -47,4 +54,5 @@ def prepare_variant(config: ExperimentConfig, variant_name: str, base_dir: Path)
     if not is_hybrid_allocator(policy_name):  # (a hybrid pool is sized and built by the run itself)
         make_policy(policy_name, pool, **variant.options)
     engine_cost_model(config, model, gpu, engine, base_dir, capacity.kv_pool_tokens)
+    speculative_knobs(engine, base_dir, max_model_len=max_model_len)  # (drafts that fit a sequence)
     return capacity
