@@ -121,7 +121,7 @@ def _problem_lines(error: ConfigError) -> list[str]:
         ),
         (
             {"workload.prompt_len": {"kind": "lognormal", "median": float("nan"), "sigma": 1}},
-            "workload.prompt_len.median: Input should be greater than 0 (got nan)",
+            "workload.prompt_len.median: Input should be a finite number (got nan)",
         ),
         (
             {"variants.1.offload": {"host_memory_gib": 0}},

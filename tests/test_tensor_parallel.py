@@ -119,7 +119,7 @@ def test_gpu_presets_carry_their_datasheet_links() -> None:
     assert GPU_PRESETS["T4-16GB"].host_link_bytes_per_s == 16e9  # PCIe Gen3 x16
     custom = resolve_gpu({"base": "H100-80GB", "nvlink_gb_per_s": None, "pcie_gb_per_s": 64})
     assert custom.tensor_parallel_link_bytes_per_s == 32e9
-    with pytest.raises(ValueError, match="pcie_gb_per_s must be a positive number"):
+    with pytest.raises(ValueError, match="pcie_gb_per_s must be a positive, finite number"):
         resolve_gpu({"base": "H100-80GB", "pcie_gb_per_s": 0})
 
 
