@@ -19,8 +19,6 @@ from yaml.resolver import BaseResolver
 
 __all__ = ["RepeatedKey", "load_yaml"]
 
-MERGE_KEY = "<<"  # (a merge key's overrides are what it is for: never reported)
-
 
 @dataclass(frozen=True)
 class RepeatedKey:
@@ -39,9 +37,9 @@ def _construct_mapping(loader: _Loader, node: MappingNode, deep: bool = False) -
     first_lines: dict[Any, int] = {}
     for key_node, _ in node.value:
         if key_node.tag == "tag:yaml.org,2002:merge":
-            continue
+            continue  # (`<<: *base`: overriding the merged keys is what it is for)
         key = loader.construct_object(key_node, deep=True)
-        if not isinstance(key, Hashable) or key == MERGE_KEY:
+        if not isinstance(key, Hashable):
             continue  # (the safe constructor refuses an unhashable key itself, with its line)
         line = key_node.start_mark.line + 1
         if key in first_lines:

@@ -407,19 +407,25 @@ class DeratedCostModel(DatasheetCostModel):
                 states.fixed_s + states.per_seq_s * len(prefill_chunks) + states.per_token_s * chunk_tokens
             )
         for num_tokens, start in prefill_chunks:
-            if windows:  # (a windowed layer's queries see, and read, at most its window)
-                seconds += (
-                    self.prefill_attention_fixed_s
-                    + self.prefill_attention_per_pair_s * attended_pairs(num_tokens, start, windows)
-                    + self.kv_read_per_token_s * attended_context(start, windows)
-                )
-                continue
-            seconds += (
-                self.prefill_attention_fixed_s
-                + self.prefill_attention_per_pair_s * attention_pairs(num_tokens, start)
-                + self.kv_read_per_token_s * start
-            )
+            seconds += self._chunk_attention_s(num_tokens, start, windows)
         return seconds
+
+    def _chunk_attention_s(
+        self, num_tokens: int, start: int, windows: tuple[tuple[int, float], ...]
+    ) -> float:
+        """One prefill chunk's attention: its pairs and the context it reads (a windowed layer's
+        queries see, and read, at most its window)."""
+        if windows:
+            return (
+                self.prefill_attention_fixed_s
+                + self.prefill_attention_per_pair_s * attended_pairs(num_tokens, start, windows)
+                + self.kv_read_per_token_s * attended_context(start, windows)
+            )
+        return (
+            self.prefill_attention_fixed_s
+            + self.prefill_attention_per_pair_s * attention_pairs(num_tokens, start)
+            + self.kv_read_per_token_s * start
+        )
 
     def uniform_prefill_s(self, count: int, num_tokens: int, start_pos: int) -> float:
         """:meth:`iteration_s` of ``count`` identical chunks alone, in constant time."""
@@ -436,20 +442,7 @@ class DeratedCostModel(DatasheetCostModel):
         states = self.prefill_states
         if states.per_seq_s:
             seconds += states.fixed_s + states.per_seq_s * count + states.per_token_s * tokens
-        windows = self.attention_windows
-        if windows:
-            chunk_s = (
-                self.prefill_attention_fixed_s
-                + self.prefill_attention_per_pair_s * attended_pairs(num_tokens, start_pos, windows)
-                + self.kv_read_per_token_s * attended_context(start_pos, windows)
-            )
-        else:
-            chunk_s = (
-                self.prefill_attention_fixed_s
-                + self.prefill_attention_per_pair_s * attention_pairs(num_tokens, start_pos)
-                + self.kv_read_per_token_s * start_pos
-            )
-        return seconds + count * chunk_s
+        return seconds + count * self._chunk_attention_s(num_tokens, start_pos, self.attention_windows)
 
     def prefill_s(self, num_tokens: int, start_pos: int) -> float:
         """A chunk's time in an iteration of its own, less :attr:`prefill_fixed_s` (in an iteration
