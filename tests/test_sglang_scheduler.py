@@ -87,7 +87,11 @@ def test_a_chunked_prompt_stalls_the_decode_batch_unless_mixed(
     11.6, R0's 24 tokens left from there, done at 35.6; all 29 decode batches decay the ratio. Mixed
     (--enable-mixed-chunk), R0's token takes one of each chunk's 10: 6 chunks (9 x 5 + 5), each beside
     R0's decode (1.0 + 0.09 or 0.05 s), R1's first token at 6.1 + 6 + 0.5 = 12.6, R0 done at 30.6;
-    29 - 6 = 23 decode-only iterations decay it. Skipping events, those 6 fall inside one jump."""
+    29 - 6 = 23 decode-only iterations decay it. Skipping events, either way four wake-ups: R0's
+    prefill; its decode batches up to the one R1 arrives in; R1's admission and the iterations of its
+    prompt after it, one jump to the one that completes it (the 5 prefill batches alone, their decode
+    clock stopped; or the 6 mixed chunks, R1 having taken the whole queue); R0's decode batches to its
+    end."""
     requests = [request(0, 0.0, 10, 30), request(1, 5.5, 50, 1)]
     engine = run(
         "radix",
@@ -102,6 +106,8 @@ def test_a_chunked_prompt_stalls_the_decode_batch_unless_mixed(
     assert times(engine)[0][2] == pytest.approx(r0_finish)
     assert engine.counters.output_tokens == 30 + 1  # (a prefill batch decodes no token)
     assert engine.scheduler.new_token_ratio == pytest.approx(0.7 - decays * 0.602 / 600, rel=1e-12)
+    assert engine.counters.iterations == 1 + 29 + (5 if not mixed else 0)
+    assert engine.wakeups == (4 if step_mode == "skip" else engine.counters.iterations)
 
 
 @pytest.mark.parametrize(("second_prompt", "second_admitted"), [(40, 1.6), (39, 0.0)])

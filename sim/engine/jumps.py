@@ -48,6 +48,8 @@ class Jump:
     timeline: JumpTimeline
     chunks: list[list[tuple[RequestState, int]]]
     grows: bool
+    # False for prefill batches that run alone (prefill batches first): the decode clock stands still.
+    decodes: bool
 
     def __init__(
         self,
@@ -55,12 +57,14 @@ class Jump:
         first_clock: int,
         timeline: JumpTimeline,
         chunks: list[list[tuple[RequestState, int]]] | None = None,
+        decodes: bool = True,
     ) -> None:
         self.start_s = start_s
         self.first_clock = first_clock
         self.timeline = timeline
         self.chunks = [] if chunks is None else chunks
         self.grows = False
+        self.decodes = decodes
 
     @property
     def last_clock(self) -> int:
@@ -182,10 +186,10 @@ class JumpPlanner:
         self._now_s, self._iteration = now_s, iteration
         if iteration.preempted or iteration.swapped_in or iteration.swap_out_pending:
             return None  # the batch (or the swap traffic) of the next iteration differs from this one's
-        if self.alternates and iteration.prefill_this_step:
-            return None  # a prefill batch: the next iteration prefills again or decodes
         if any(state.prefilled >= state.tokens_to_prefill for state, _ in iteration.prefill_this_step):
             return None  # a prompt completes at the end of iteration 1
+        if self.alternates and iteration.prefill_this_step:
+            return self._prefill_batches_jump(first_s)
         clock = self.clock
         if clock.context_clamped():
             return None  # (the context read stays 0 for a while: steps, not a closed form)
@@ -282,20 +286,33 @@ class JumpPlanner:
             )
         return iterations_to_reach(self.costs.decode, batch, context, budget_s, rate)
 
+    def _prefill_batches_jump(self, first_s: float) -> Jump | None:
+        """Prefill batches first: iteration 1 ran a prefill batch alone, the decoding requests waiting
+        (their clock stopped), and so do the prefill batches after it that continue the prompts in
+        progress with the whole budget, up to the one that completes a prompt (its end may start a
+        decode batch, or preempt). Nothing grows or completes in them: only their admissions can
+        change what follows, as for the prefill iterations beside a decode batch."""
+        budget = self.scheduler.prefill_budget(0)
+        prompts = [state for state in self._iteration.prefilling if state.prefilled < state.tokens_to_prefill]
+        if not any(prefill_chunk(state, budget, self.chunks_prompts) for state in prompts):
+            return None  # the next iteration admits, or runs the decode batch
+        return self._prefill_jump(first_s, prompts, budget, UNLIMITED, decodes=False)
+
     def _prefill_jump(
-        self, first_s: float, prompts: list[RequestState], budget: int, limit: int
+        self, first_s: float, prompts: list[RequestState], budget: int, limit: int, decodes: bool = True
     ) -> Jump | None:
         """Iterations that prefill ``prompts`` in running order with ``budget`` tokens each, up to the
         one that completes a prompt; an iteration that leaves budget for admissions must not start
-        after an arrival (or at all, when the queue head is untried)."""
-        batch = self._iteration.decoded_seqs
-        context = self.clock.sum_context()
+        after an arrival (or at all, when the queue head is untried). ``decodes``: the decode batch
+        runs in each of them (else they are prefill batches alone, the decode clock stopped)."""
+        batch = self._iteration.decoded_seqs if decodes else 0
+        context = self.clock.sum_context() if decodes else 0.0
         positions = [state.prefilled for state in prompts]
         schedule = self.clock.schedule  # (speculation: each iteration grows the context by its tokens)
         first = self.clock.iteration
         start = self.clock.now
         growth = self.clock.context_growth()  # (attention windows: the attended context's, per token)
-        rate = batch if growth is None else growth
+        rate = (batch if growth is None else growth) if decodes else 0
         arrival_s = self.next_arrival_s() - self._now_s
         elapsed_s = first_s
         started_s = 0.0  # when the iteration before the next one started
@@ -336,6 +353,9 @@ class JumpPlanner:
                 break
         if not durations:
             return None
+        if not decodes:
+            timeline = JumpTimeline(first_s, len(durations), self.costs.decode, 0, 0.0, tuple(durations))
+            return Jump(self._now_s, self.clock.iteration, timeline, all_chunks, decodes=False)
         timeline = self._timeline(first_s, len(durations), batch, context, tuple(durations))
         return Jump(self._now_s, self.clock.iteration, timeline, all_chunks)
 

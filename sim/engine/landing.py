@@ -57,19 +57,27 @@ class JumpLanding:
     def _apply(self, jump: Jump, steps: int, prefill_this_step: list[tuple[RequestState, int]]) -> None:
         """The first ``steps`` iterations of the jump after iteration 1 took place: their growth, their
         prefill chunks and the area of the tokens they decoded."""
+        if not jump.decodes:
+            self._prefill(jump, steps, prefill_this_step)
+            return  # prefill batches alone: the decode clock stood still, nothing grew
         self._prepare_second_iteration(jump, jump.first_clock + steps)
         if jump.grows:
             self._grow_inside(jump, jump.first_clock + steps)
-        for chunks in jump.chunks[:steps]:
-            for state, chunk in chunks:
-                state.prefilled += chunk
-            prefill_this_step.extend(chunks)
+        self._prefill(jump, steps, prefill_this_step)
         # (A decoded token fills a slot in every KV group that holds tokens: slots_per_token.)
         self._add_token_area(jump.timeline.batch, jump.timeline.token_weight_s(steps))
         self.clock.advance(steps)
         if jump.timeline.batch:
             prefills = sum(1 for chunks in jump.chunks[:steps] if chunks)
             self.scheduler.decode_steps(steps - prefills)
+
+    @staticmethod
+    def _prefill(jump: Jump, steps: int, prefill_this_step: list[tuple[RequestState, int]]) -> None:
+        """The prefill chunks of the jump's first ``steps`` iterations after iteration 1."""
+        for chunks in jump.chunks[:steps]:
+            for state, chunk in chunks:
+                state.prefilled += chunk
+            prefill_this_step.extend(chunks)
 
     def _prepare_second_iteration(self, jump: Jump, last_clock: int) -> None:
         """Iteration 1 took free slots (its growth and admissions): the jump's next iteration, if it
@@ -133,6 +141,9 @@ class JumpLanding:
         """The run ended (``until_s``) inside a jump: book what single steps would have by now."""
         elapsed = now - jump.start_s
         ended = jump.timeline.iterations_ended_before(elapsed)
+        self.counters.iterations += ended
+        if not jump.decodes:
+            return  # prefill batches alone: no token decoded, nothing grew
         # Iteration ``ended + 1`` is in progress: its growth and tokens are in, its completions not.
         started = min(ended + 1, 1 + jump.timeline.extra)
         self._prepare_second_iteration(jump, jump.first_clock + started - 1)
@@ -143,7 +154,6 @@ class JumpLanding:
         # (The iteration in progress holds the tokens gained by its start, speculation included.)
         area = timeline.token_weight_s(started - 2) + timeline.tokens_gained(started - 1) * partial
         self._add_token_area(timeline.batch, area)
-        self.counters.iterations += ended
         if ended:
             tokens = self.clock.tokens_per_sequence(jump.first_clock, jump.first_clock + ended - 1)
             self.counters.output_tokens += tokens * timeline.batch

@@ -246,11 +246,15 @@ class SGLangScheduler(Scheduler):
             self.rematches = bool(engine.waiting) and stop != QUEUE_EMPTY
             if unseen and stop == QUEUE_EMPTY:
                 stop = HEAD_NOT_SEEN  # the next iteration sees them
-        engine.waiting.extend(unseen)
         if stop in (HEAD_OVER_BUDGET, HEAD_OUT_OF_MEMORY):
             self.batch_is_full = True  # (AddReqResult.NO_TOKEN)
         if self.batch_is_full:
             self.running_when_full = len(engine.running)
+        if not engine.waiting and not unseen:
+            # The round took the whole queue (its last request may have spent the budget): only an
+            # arrival can change what the next rounds do, as when it found the queue empty.
+            stop = QUEUE_EMPTY
+        engine.waiting.extend(unseen)
         return budget, 0, stop
 
     def _still_full(self, engine: SchedulingEngine) -> bool:
