@@ -231,7 +231,15 @@ class KVCachePolicy:
     # -- sequences ---------------------------------------------------------------------------------
     @abstractmethod
     def can_admit(self, prompt: TokenContent, final_len: int, namespace: int = 0) -> bool:
-        """Would :meth:`admit` (with the same ``namespace``) succeed right now? Changes nothing."""
+        """Would :meth:`admit` (with the same ``namespace``) succeed right now? Changes nothing but
+        what a policy notes of the request it was asked about (contiguous: the reference of its
+        external fragmentation): the scheduler asks before it admits."""
+
+    def can_admit_quietly(self, prompt: TokenContent, final_len: int, namespace: int = 0) -> bool:
+        """:meth:`can_admit` as a reading (the engine's report of what holds the queue back): not even
+        a note is left. Single steps read the queue's head at every iteration, skipped ones not, so
+        a note left by a reading would make the step modes report different memory."""
+        return self.can_admit(prompt, final_len, namespace)
 
     def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
         """The prefix-cache hit :meth:`admit` would get for ``prompt`` now, changing nothing (no

@@ -169,10 +169,12 @@ class ContiguousPolicy(KVCachePolicy):
         self._region_total += size
 
     def can_admit(self, prompt: TokenContent, final_len: int, namespace: int = 0) -> bool:
-        size = self._region_size(content_length(prompt), final_len)
         # The only side effect: this request becomes the external-fragmentation reference.
-        self._reference = size
-        return self._space.find(size) is not None
+        self._reference = self._region_size(content_length(prompt), final_len)
+        return self._space.find(self._reference) is not None
+
+    def can_admit_quietly(self, prompt: TokenContent, final_len: int, namespace: int = 0) -> bool:
+        return self._space.find(self._region_size(content_length(prompt), final_len)) is not None
 
     def admit(
         self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0

@@ -8,6 +8,7 @@ from policies import PoolSpec, make_policy
 from sim.engine.core import Engine, EngineKnobs
 from sim.outputs.metrics import ADMISSION_BLOCKERS, KV_MEMORY, MAX_NUM_SEQS, TOKEN_BUDGET
 from tests.engine_helpers import RoundCostModel, request
+from tests.test_engine import run
 
 
 def blockers(pool, requests, step_mode="skip", **knobs):
@@ -83,3 +84,44 @@ def test_a_request_the_schedule_has_not_seen_yet_is_held_back_by_nothing(step_mo
         async_scheduling=True,
     )
     assert got == {"none": pytest.approx(6.2)}
+
+
+def external_fragmentation_changes(engine) -> list[tuple[float, int]]:
+    """(time, external fragmentation in slots) at every row where it changes."""
+    changes: list[tuple[float, int]] = []
+    frame = engine.recorder.frame()
+    for time_s, external in zip(frame["time_s"], frame["external_fragmentation_tokens"], strict=True):
+        if not changes or changes[-1][1] != external:
+            changes.append((float(time_s), int(external)))
+    return changes
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_reading_the_head_leaves_what_the_pool_shows(step_mode):
+    """contiguous (oracle reservations, first fit) in 100 slots, 10 tokens an iteration (1 s + 0.01 s a
+    token). R0 (40 + 2) takes [0, 42), prefills 4 chunks of 10 to 4.4 s and decodes its last token to
+    5.4. R1 (50 + 10: a region of 60) arrives at 0.05; R0's chunks leave no budget, so the scheduler
+    first asks for it at 4.4: no hole of the 58 free slots holds it, all are external fragmentation
+    until R0 leaves. R1 runs in [0, 60) from 5.4 to 19.9 (5 chunks, 9 decode steps), its 40 free
+    slots too few for the next request of its size. Before 4.4 the pool was asked only about R0, whose
+    region the 58 free slots hold: none external. Single steps report what holds R1 back at every
+    iteration from 1.1 (the budget) and skipped ones not; that reading asks the pool quietly, so both
+    step modes show the same memory (it made R1 the pool's reference from 1.1, single steps only)."""
+    engine = run(
+        "contiguous",
+        PoolSpec(100, 1, 100),
+        [request(0, 0.0, 40, 2), request(1, 0.05, 50, 10)],
+        step_mode,
+        options={"reservation": "oracle", "placement": "first_fit"},
+        max_num_batched_tokens=10,
+    )
+    assert {record.request_id: (record.admitted_s, record.finish_s) for record in engine.records} == {
+        0: (0.0, pytest.approx(5.4)),
+        1: (pytest.approx(5.4), pytest.approx(19.9)),
+    }
+    assert external_fragmentation_changes(engine) == [
+        (0.0, 0),
+        (pytest.approx(4.4), 58),
+        (pytest.approx(5.4), 40),
+        (pytest.approx(19.9), 0),
+    ]

@@ -184,6 +184,9 @@ def test_external_fragmentation_blocks_a_request_until_a_neighbour_frees() -> No
     # reference is the last request (30): it fits the 30-slot hole, so nothing is external yet
     assert p.breakdown() == bd(used=60, reserved=0, internal=0, external=0, free=40)
 
+    # A reading (the engine's report of what holds the queue back) leaves the reference as it is.
+    assert not p.can_admit_quietly(tokens(35), 35)
+    assert p.breakdown() == bd(used=60, reserved=0, internal=0, external=0, free=40)
     assert not p.can_admit(tokens(35), 35)  # 35 <= 40 free, but no hole holds 35
     # the reference is now the waiting request of 35: no hole holds it, so all 40 free slots are external
     assert p.breakdown() == bd(used=60, reserved=0, internal=0, external=40, free=0)
@@ -193,6 +196,8 @@ def test_external_fragmentation_blocks_a_request_until_a_neighbour_frees() -> No
     assert p.stats.allocation_failures == 1
     assert not p._has_sequence(4)
     assert p.breakdown() == bd(used=60, reserved=0, internal=0, external=40, free=0)  # unchanged
+    assert p.can_admit_quietly(tokens(30), 30)  # (the 30-slot hole holds it; the reference stays 35)
+    assert p.breakdown() == bd(used=60, reserved=0, internal=0, external=40, free=0)
 
     p.free(3)  # [60, 90) merges with both neighbours: one hole [30, 100)
     assert p.free_pieces() == [(30, 70)]

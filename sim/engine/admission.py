@@ -73,8 +73,10 @@ class AdmissionDesk:
         return request.prompt
 
     def fits_watermark(self, content: TokenContent, final_len: int) -> bool:
-        if not self.kv.can_admit(content, final_len):
-            return False
+        return self.kv.can_admit(content, final_len) and self._leaves_watermark(content)
+
+    def _leaves_watermark(self, content: TokenContent) -> bool:
+        """Would admitting ``content`` leave the watermark's share of the pool free (vLLM V0's)?"""
         if self.knobs.watermark <= 0:
             return True
         prompt_slots = -(-content_length(content) // self.block_size) * self.block_size
@@ -203,6 +205,9 @@ class AdmissionDesk:
             return MAX_NUM_SEQS
         if state.kv_landed:
             return TOKEN_BUDGET  # it holds its blocks already
-        if not self.fits_watermark(self.content_on_admission(state), state.final_len_of(0)):
+        # (A reading: it must not change what the pool shows, which single steps would read more often.)
+        content = self.content_on_admission(state)
+        fits = self.kv.can_admit_quietly(content, state.final_len_of(0))
+        if not (fits and self._leaves_watermark(content)):
             return KV_MEMORY
         return TOKEN_BUDGET

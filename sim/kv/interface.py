@@ -91,6 +91,10 @@ class KVCoordinator:
     def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
         raise NotImplementedError
 
+    def can_admit_quietly(self, prompt: TokenContent, final_len: int) -> bool:
+        """:meth:`can_admit` as a reading, leaving no note (``KVCachePolicy.can_admit_quietly``)."""
+        return self.can_admit(prompt, final_len)
+
     def admit(
         self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
     ) -> int:

@@ -39,6 +39,9 @@ class SingleGroupCoordinator(KVCoordinator):
     def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
         return self.policy.can_admit(prompt, final_len + self.lookahead_slots)
 
+    def can_admit_quietly(self, prompt: TokenContent, final_len: int) -> bool:
+        return self.policy.can_admit_quietly(prompt, final_len + self.lookahead_slots)
+
     def admit(
         self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
     ) -> int:
