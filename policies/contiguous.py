@@ -31,7 +31,9 @@ Memory breakdown (slots; sums to the pool):
   it counts the tail too small for a whole reservation as paged policies count the pool's tail past
   the last whole block. The reference is the region size of the most recent reservation this policy
   was asked about: by ``can_admit`` (whether it fits or not: the scheduler asks before admitting, so a
-  request waiting for memory is the one measured), or by a *successful* ``admit`` or ``fork`` (the last
+  request waiting for memory is the one measured; the engine's report of what holds the queue's head
+  back asks ``can_admit_quietly``, which notes nothing: single steps would ask more often than
+  skipped ones), or by a *successful* ``admit`` or ``fork`` (the last
   child), which stands for "the next request of this size". A failed ``admit``/``fork`` changes
   nothing, the reference included, as every error must (see :class:`policies.base.KVCachePolicy`).
   For ``buddy`` the reference is the power-of-two chunk the request needs. Before any request it is

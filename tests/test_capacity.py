@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 
 from sim.hardware.capacity import (
+    BlocksBeyondGpuError,
     KVCapacity,
     ModelDoesNotFitError,
     estimate_activation_reserve,
@@ -279,6 +280,21 @@ def test_num_gpu_blocks_override_still_needs_room_for_the_activation_reserve() -
         num_gpu_blocks_override=1,
     )
     assert exact.activation_reserve_bytes == GiB
+
+
+def test_num_gpu_blocks_override_is_at_most_the_whole_gpu() -> None:
+    """Not checked against what the weights leave (vLLM's testing knob), but a pool larger than the
+    whole GPU is none: A100-80GB's 80 GiB hold 40,960 blocks of Llama-3.1-8B's 16 x 128 KiB."""
+    whole = size_kv_pool("Llama-3.1-8B", "A100-80GB", num_gpu_blocks_override=40_960)
+    assert whole.num_gpu_blocks == 40_960 and whole.kv_pool_bytes == 80 * GiB
+    with pytest.raises(BlocksBeyondGpuError) as error:
+        size_kv_pool("Llama-3.1-8B", "A100-80GB", num_gpu_blocks_override=40_961)
+    assert str(error.value) == (
+        "num_gpu_blocks_override: 40,961 blocks of 2,097,152 bytes (16 tokens x 131,072 bytes) are more than Llama-3.1-8B on "
+        "A100-80GB's whole memory holds (80.00 GiB: 40,960 blocks)"
+    )
+    with pytest.raises(BlocksBeyondGpuError):  # (was an OverflowError building the pool)
+        size_kv_pool("Llama-3.1-8B", "A100-80GB", num_gpu_blocks_override=2**63)
 
 
 def test_num_gpu_blocks_override_weights_alone_too_big() -> None:

@@ -46,6 +46,15 @@ DEFAULT_PROFILE_NUM_SEQS = 256
 Source = Literal["gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks_override"]
 
 
+class BlocksBeyondGpuError(ValueError):
+    """``num_gpu_blocks_override`` asks for more blocks than the GPU's whole memory holds; ``detail``
+    is the message without the key's name (a caller that knows its path in a file puts that first)."""
+
+    def __init__(self, detail: str):
+        super().__init__(f"num_gpu_blocks_override: {detail}")
+        self.detail = detail
+
+
 class ModelDoesNotFitError(ValueError):
     """The weights (plus the activation reserve) leave no room for even one KV block.
 
@@ -221,7 +230,8 @@ def size_kv_pool(
 
     * ``num_gpu_blocks_override``: exactly that many blocks (vLLM's testing knob). The model must
       still load (weights + reserve within the ``gpu_memory_utilization`` budget); the blocks
-      themselves are not checked against memory.
+      themselves are not checked against what the weights leave, only against the GPU's whole
+      memory (a pool larger than the GPU is an error).
     * ``kv_cache_memory_bytes``: that many bytes of KV cache, whatever the utilisation; weights,
       reserve and cache must fit in the GPU's whole memory.
     * otherwise ``memory_bytes x gpu_memory_utilization - weights - activation reserve``.
@@ -335,6 +345,13 @@ def size_kv_pool(
         left = budget - weights - reserve
         if left < 0:
             raise no_fit(budget_label, budget, left, "left before the KV cache:")
+        if num_gpu_blocks_override > card.memory_bytes // block_bytes:
+            # (What the weights leave is not checked, as in vLLM; more than the whole GPU is no pool.)
+            raise BlocksBeyondGpuError(
+                f"{num_gpu_blocks_override:,} blocks of {block_bytes:,} bytes ({block_size} tokens x "
+                f"{kv_bpt:,} bytes) are more than {where}'s whole memory holds ({_gib(card.memory_bytes)}: "
+                f"{card.memory_bytes // block_bytes:,} blocks)"
+            )
         blocks = num_gpu_blocks_override
         available = blocks * block_bytes
         source: Source = "num_gpu_blocks_override"

@@ -16,7 +16,7 @@ from sim.config import (
     ExperimentConfig,
     VariantConfig,
 )
-from sim.hardware.capacity import KVCapacity
+from sim.hardware.capacity import BlocksBeyondGpuError, KVCapacity
 from sim.hardware.gpus import GpuSpec
 from sim.hardware.models import ModelSpec
 from sim.kv.allocators import is_hybrid_allocator
@@ -33,7 +33,7 @@ from sim.runner.checks import (
 )
 from sim.runner.hybrid import hybrid_layout
 from sim.runner.prepared import PreparedVariant
-from sim.runner.resolve import engine_cost_model, engine_draft, policy_name_for, size_pool
+from sim.runner.resolve import engine_cost_model, engine_draft, engine_pool, policy_name_for
 from sim.runner.speculative import speculation_problem, speculative_knobs
 from token_content import TokenContent
 
@@ -62,8 +62,10 @@ def prepare_instance(
     warnings += parallel_warnings
     if not parallel_errors:
         try:
-            capacity = size_pool(model, gpu, engine_config)
-        except ConfigError as error:
+            capacity = engine_pool(model, gpu, engine_config)
+        except BlocksBeyondGpuError as error:
+            errors.insert(0, f"{key('num_gpu_blocks_override')}: {error.detail}")
+        except ValueError as error:
             errors.insert(0, f"model, {gpu_key}: {error}")
     if errors:
         raise ConfigError("\n".join(errors))  # one problem per line
