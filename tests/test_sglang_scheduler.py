@@ -218,6 +218,22 @@ def test_a_request_refused_at_its_prompts_end_gives_way_to_a_decode_batch(step_m
 
 
 @pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_each_sample_is_budgeted_as_a_request_of_its_own(step_mode):
+    """SGLang runs a request's n samples as n requests (the prompt cached first), each budgeted its
+    own output. R0 (20 + 10) prefills in [0, 1.2) and decodes to 10.2. R1 (20, two samples of 30)
+    arrives at 0.5 and is tried at 1.2: 20 + 2 x 30 = 80 new tokens against 100 - 21 = 79 free
+    (R0 reserves nothing at conservativeness 0): refused, and batch_is_full holds it until R0 leaves.
+    Budgeted once (20 + 30 = 50), it would have been admitted at 1.2. Admitted at 10.2, it prefills
+    to 11.4 and decodes 29 steps to 40.4."""
+    requests = [request(0, 0.0, 20, 10), request(1, 0.5, 20, 30, n=2)]
+    engine = run_in_a_pool_of_100(requests, step_mode)
+    assert times(engine) == {
+        0: pytest.approx((0.0, 1.2, 10.2, "finished")),
+        1: pytest.approx((10.2, 11.4, 40.4, "finished")),
+    }
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
 def test_batch_is_full_resets_when_one_running_request_leaves(step_mode):
     """Pool of 100, conservativeness 0. At 0, R0 (10 + 20 out) and R1 (10 + 50) are admitted (30 and
     60 tokens against 100 and then 90 - 20 free), R2 (10 + 30) refused (40 >= 80 - 70): batch_is_full.
@@ -256,7 +272,7 @@ def test_the_ratio_never_decays_in_an_iteration_that_retracts(monkeypatch, mixed
 
     monkeypatch.setitem(SCHEDULERS, "sglang", Recording)
     pool, _, shape = SCENARIOS["tight"]
-    engine = run("radix", pool, random_requests(3, 50, **shape), "single", enable_mixed_chunk=mixed, **SGLANG)
+    engine = run("radix", pool, random_requests(6, 50, **shape), "single", enable_mixed_chunk=mixed, **SGLANG)
     assert isinstance(engine.scheduler, Recording) and engine.counters.preemptions > 0
     retracting = {iteration for kind, iteration in calls if kind == "retract"}
     assert retracting and not retracting & {iteration for kind, iteration in calls if kind == "decay"}
@@ -447,9 +463,16 @@ class _Request:
 
 
 class _State:
-    def __init__(self, name: str, generated: int, prompt_len: int, longest_output_len: int = 100):
+    def __init__(
+        self, name: str, generated: int, prompt_len: int, longest_output_len: int = 100, samples: int = 1
+    ):
         self.name, self.generated, self.decoding = name, generated, True
         self.request = _Request(prompt_len, longest_output_len)
+        self.sample_lens = [longest_output_len] * samples
+
+    @property
+    def width(self) -> int:
+        return len(self.sample_lens)
 
 
 class _Clock:
@@ -509,6 +532,25 @@ def test_retraction_goes_on_until_twenty_free_tokens_per_request_but_never_the_l
 ):
     engine = _Engine([_State(str(index), 0, 10) for index in range(running)], free_slots)
     assert _sglang().needs_more_room(engine) is more  # type: ignore[arg-type]
+
+
+@pytest.mark.python_sources
+def test_samples_count_as_requests_in_budgets_and_retraction():
+    """A request of 3 samples of 100 tokens that decoded 20 is three SGLang requests: budgeted 3 x 80
+    (each clipped at 4,096 on its own), reserving 3 x 80 x 0.7; it needs 20 free tokens per sample
+    to stop retracting; and the ratio's estimate counts its decoded tokens, max_new_tokens and the
+    20-token steps three times."""
+    three = _State("a", 20, 10, longest_output_len=100, samples=3)
+    assert SGLangScheduler.budgeted_output(_Engine([three]), three) == 240  # type: ignore[arg-type]
+    huge = _State("b", 0, 10, longest_output_len=5000, samples=2)
+    assert SGLangScheduler.budgeted_output(_Engine([huge]), huge) == 2 * 4096  # type: ignore[arg-type]
+    assert _sglang().running_reservation(_Engine([three])) == pytest.approx(240 * 0.7)  # type: ignore[arg-type]
+    one = _State("c", 0, 10)
+    assert _sglang().needs_more_room(_Engine([three, one], free_slots=79)) is True  # type: ignore[arg-type]
+    assert _sglang().needs_more_room(_Engine([three, one], free_slots=80)) is False  # type: ignore[arg-type]
+    scheduler = _sglang()
+    scheduler.reset_after_retraction(_Engine([three, _State("d", 40, 5, 200)]))  # type: ignore[arg-type]
+    assert scheduler.new_token_ratio == pytest.approx((3 * 20 + 40 + 20 * 4) / (3 * 100 + 200))
 
 
 @pytest.mark.python_sources

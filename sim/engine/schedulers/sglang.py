@@ -36,6 +36,10 @@ Followed from sgl-project/sglang 0.5.x, ``python/sglang/srt/managers/`` (no code
   is freed without entering the cache and they rejoin the queue at its back
   (``_extend_requests_to_queue``), to be recomputed.
 
+A request with ``n > 1`` samples is forked after its prompt, as under vLLM; SGLang sends its ``n``
+samples as ``n`` requests once the prompt is cached, so each sample is budgeted, reserved and given
+retraction room as a request of its own.
+
 Where kvsim's engine still differs from SGLang's (documented in docs/modelling.md): a prompt's KV is
 allocated whole at admission, not chunk by chunk; budgets are in tokens, not rounded to pages; the
 lock re-check of ``add_one_req`` (the matched cache stops being evictable) and in-batch prefix
@@ -135,11 +139,15 @@ class SGLangScheduler(Scheduler):
         )
 
     def reset_after_retraction(self, engine: SchedulingEngine) -> None:
-        """``retract_decode``'s new estimate from the decoding requests left."""
-        decoding = [state for state in engine.running if state.decoding]
-        decoded = sum(engine.clock.generated(state) for state in decoding)
-        max_new = sum(state.request.longest_output_len for state in decoding)
-        estimate = (decoded + RETRACT_DECODE_STEPS * len(decoding)) / max_new if max_new else 1.0
+        """``retract_decode``'s new estimate from the decoding requests left, a sample each (SGLang
+        runs a request's ``n`` samples as ``n`` requests)."""
+        decoded = max_new = samples = 0
+        for state in engine.running:
+            if state.decoding:
+                decoded += engine.clock.generated(state) * state.width
+                max_new += sum(state.sample_lens)
+                samples += state.width
+        estimate = (decoded + RETRACT_DECODE_STEPS * samples) / max_new if max_new else 1.0
         self.new_token_ratio = min(1.0, estimate)
 
     # ------------------------------------------------------------------------------- retraction
@@ -156,10 +164,12 @@ class SGLangScheduler(Scheduler):
 
     @staticmethod
     def needs_more_room(engine: SchedulingEngine) -> bool:
-        """After a retraction: does the pool still hold fewer than 20 tokens per running request?
-        ``retract_decode`` goes on retracting then, but never the last request."""
-        running = len(engine.running)
-        return running > 1 and engine.kv.available_slots() < RETRACT_DECODE_STEPS * running
+        """After a retraction: does the pool still hold fewer than 20 tokens per running sample (an
+        SGLang request)? ``retract_decode`` goes on retracting then, but never the last request."""
+        if len(engine.running) <= 1:
+            return False
+        samples = sum(state.width for state in engine.running)
+        return engine.kv.available_slots() < RETRACT_DECODE_STEPS * samples
 
     def requeue(self, engine: SchedulingEngine, state: RequestState) -> None:
         """A retracted request rejoins the queue at its back (``_extend_requests_to_queue``), ahead
@@ -198,12 +208,10 @@ class SGLangScheduler(Scheduler):
 
     def running_reservation(self, engine: SchedulingEngine) -> float:
         """Tokens the running requests are expected to still decode: ``min(max_new - generated,
-        4096) x new_token_ratio`` each (``_get_running_request_total_token_offset``)."""
-        clock = engine.clock
+        4096) x new_token_ratio`` per sample (``_get_running_request_total_token_offset``)."""
         total = 0.0
         for state in engine.running:
-            left = state.request.longest_output_len - clock.generated(state)
-            total += min(left, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio
+            total += self.budgeted_output(engine, state) * self.new_token_ratio
         return total
 
     @staticmethod
@@ -220,9 +228,15 @@ class SGLangScheduler(Scheduler):
 
     @staticmethod
     def budgeted_output(engine: SchedulingEngine, state: RequestState) -> int:
-        """Output tokens ``add_one_req`` budgets an admitted request for."""
-        left = state.request.longest_output_len - engine.clock.generated(state)
-        return min(max(left, 0), CLIP_MAX_NEW_TOKENS)
+        """Output tokens ``add_one_req`` budgets a request for: ``min(max_new - generated, 4096)`` for
+        each of its samples still to finish, which SGLang runs as requests of their own (``n > 1``
+        sends ``n`` copies after the prompt is cached)."""
+        generated = engine.clock.generated(state)
+        total = 0
+        for length in state.sample_lens:
+            left = length - generated
+            total += CLIP_MAX_NEW_TOKENS if left > CLIP_MAX_NEW_TOKENS else left if left > 0 else 0
+        return total
 
     def admit(
         self, engine: SchedulingEngine, budget: int, chunks: list[tuple[int, int]]
