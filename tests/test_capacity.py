@@ -10,9 +10,10 @@ import dataclasses
 import pytest
 
 from sim.hardware.capacity import (
-    BlocksBeyondGpuError,
+    MOST_OVERRIDE_BLOCKS,
     KVCapacity,
     ModelDoesNotFitError,
+    OverrideTooLargeError,
     estimate_activation_reserve,
     size_kv_pool,
 )
@@ -282,18 +283,20 @@ def test_num_gpu_blocks_override_still_needs_room_for_the_activation_reserve() -
     assert exact.activation_reserve_bytes == GiB
 
 
-def test_num_gpu_blocks_override_is_at_most_the_whole_gpu() -> None:
-    """Not checked against what the weights leave (vLLM's testing knob), but a pool larger than the
-    whole GPU is none: A100-80GB's 80 GiB hold 40,960 blocks of Llama-3.1-8B's 16 x 128 KiB."""
-    whole = size_kv_pool("Llama-3.1-8B", "A100-80GB", num_gpu_blocks_override=40_960)
-    assert whole.num_gpu_blocks == 40_960 and whole.kv_pool_bytes == 80 * GiB
-    with pytest.raises(BlocksBeyondGpuError) as error:
-        size_kv_pool("Llama-3.1-8B", "A100-80GB", num_gpu_blocks_override=40_961)
+def test_num_gpu_blocks_override_may_pass_the_gpu_up_to_what_kvsim_builds() -> None:
+    """A what-if pool larger than the GPU (A100-80GB's 80 GiB hold 40,960 blocks of Llama-3.1-8B's
+    16 x 128 KiB) is built as asked, up to 2**27 blocks."""
+    what_if = size_kv_pool("Llama-3.1-8B", "A100-80GB", num_gpu_blocks_override=40_961)
+    assert what_if.num_gpu_blocks == 40_961 and what_if.kv_pool_bytes == 80 * GiB + 2 * MiB
+    most = size_kv_pool("Llama-3.1-8B", "A100-80GB", num_gpu_blocks_override=2**27)
+    assert most.num_gpu_blocks == MOST_OVERRIDE_BLOCKS == 134_217_728
+    with pytest.raises(OverrideTooLargeError) as error:
+        size_kv_pool("Llama-3.1-8B", "A100-80GB", num_gpu_blocks_override=2**27 + 1)
     assert str(error.value) == (
-        "num_gpu_blocks_override: 40,961 blocks of 2,097,152 bytes (16 tokens x 131,072 bytes) are more than Llama-3.1-8B on "
-        "A100-80GB's whole memory holds (80.00 GiB: 40,960 blocks)"
+        "num_gpu_blocks_override: 134,217,729 blocks are more than kvsim builds a pool of (134,217,728 "
+        "blocks; Llama-3.1-8B on A100-80GB holds 40,960 blocks of 2,097,152 bytes in all its memory)"
     )
-    with pytest.raises(BlocksBeyondGpuError):  # (was an OverflowError building the pool)
+    with pytest.raises(OverrideTooLargeError):  # (was an OverflowError building the pool)
         size_kv_pool("Llama-3.1-8B", "A100-80GB", num_gpu_blocks_override=2**63)
 
 

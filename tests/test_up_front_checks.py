@@ -211,13 +211,13 @@ def test_a_pool_smaller_than_max_model_len_is_refused_as_vllm_does(tmp_path):
     assert "Lower engine.max_model_len to at most 4,800" in str(error.value)
 
 
-def test_more_blocks_than_the_gpu_holds_are_refused_naming_the_key(tmp_path):
+def test_more_blocks_than_kvsim_builds_are_refused_naming_the_key(tmp_path):
     path = config_file(tmp_path, {"engine": {"max_model_len": 2048, "num_gpu_blocks_override": 2**63}})
     with pytest.raises(ConfigError) as error:
         prepare(path)
     assert (
-        "every variant: engine.num_gpu_blocks_override: 9,223,372,036,854,775,808 blocks of 2,097,152 bytes "
-        "(16 tokens x 131,072 bytes) are more than Llama-3.1-8B on A100-80GB's whole memory holds"
+        "every variant: engine.num_gpu_blocks_override: 9,223,372,036,854,775,808 blocks are more than "
+        "kvsim builds a pool of (134,217,728 blocks;"
     ) in str(error.value)
 
 

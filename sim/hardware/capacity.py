@@ -46,9 +46,16 @@ DEFAULT_PROFILE_NUM_SEQS = 256
 Source = Literal["gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks_override"]
 
 
-class BlocksBeyondGpuError(ValueError):
-    """``num_gpu_blocks_override`` asks for more blocks than the GPU's whole memory holds; ``detail``
-    is the message without the key's name (a caller that knows its path in a file puts that first)."""
+MOST_OVERRIDE_BLOCKS = 2**27
+"""The most blocks ``num_gpu_blocks_override`` may ask for. The override is a what-if (the README runs
+a pool of 250,000 blocks, 3.5 times what an H200 holds), but kvsim builds the pool's tables in memory,
+a few words a block: 2**27 blocks take about 4 GiB, and no GPU's pool comes near (an H200 holds about
+12 M one-token pages of a 0.5 B model)."""
+
+
+class OverrideTooLargeError(ValueError):
+    """``num_gpu_blocks_override`` is above :data:`MOST_OVERRIDE_BLOCKS`; ``detail`` is the message
+    without the key's name (a caller that knows its path in a file puts that first)."""
 
     def __init__(self, detail: str):
         super().__init__(f"num_gpu_blocks_override: {detail}")
@@ -230,8 +237,8 @@ def size_kv_pool(
 
     * ``num_gpu_blocks_override``: exactly that many blocks (vLLM's testing knob). The model must
       still load (weights + reserve within the ``gpu_memory_utilization`` budget); the blocks
-      themselves are not checked against what the weights leave, only against the GPU's whole
-      memory (a pool larger than the GPU is an error).
+      themselves are not checked against memory (a what-if pool may be larger than the GPU), only
+      against :data:`MOST_OVERRIDE_BLOCKS`, the most kvsim builds.
     * ``kv_cache_memory_bytes``: that many bytes of KV cache, whatever the utilisation; weights,
       reserve and cache must fit in the GPU's whole memory.
     * otherwise ``memory_bytes x gpu_memory_utilization - weights - activation reserve``.
@@ -345,12 +352,11 @@ def size_kv_pool(
         left = budget - weights - reserve
         if left < 0:
             raise no_fit(budget_label, budget, left, "left before the KV cache:")
-        if num_gpu_blocks_override > card.memory_bytes // block_bytes:
-            # (What the weights leave is not checked, as in vLLM; more than the whole GPU is no pool.)
-            raise BlocksBeyondGpuError(
-                f"{num_gpu_blocks_override:,} blocks of {block_bytes:,} bytes ({block_size} tokens x "
-                f"{kv_bpt:,} bytes) are more than {where}'s whole memory holds ({_gib(card.memory_bytes)}: "
-                f"{card.memory_bytes // block_bytes:,} blocks)"
+        if num_gpu_blocks_override > MOST_OVERRIDE_BLOCKS:
+            raise OverrideTooLargeError(
+                f"{num_gpu_blocks_override:,} blocks are more than kvsim builds a pool of "
+                f"({MOST_OVERRIDE_BLOCKS:,} blocks; {where} holds "
+                f"{card.memory_bytes // block_bytes:,} blocks of {block_bytes:,} bytes in all its memory)"
             )
         blocks = num_gpu_blocks_override
         available = blocks * block_bytes

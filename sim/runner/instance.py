@@ -16,7 +16,7 @@ from sim.config import (
     ExperimentConfig,
     VariantConfig,
 )
-from sim.hardware.capacity import BlocksBeyondGpuError, KVCapacity
+from sim.hardware.capacity import KVCapacity, OverrideTooLargeError
 from sim.hardware.gpus import GpuSpec
 from sim.hardware.models import ModelSpec
 from sim.kv.allocators import is_hybrid_allocator
@@ -63,7 +63,7 @@ def prepare_instance(
     if not parallel_errors:
         try:
             capacity = engine_pool(model, gpu, engine_config)
-        except BlocksBeyondGpuError as error:
+        except OverrideTooLargeError as error:
             errors.insert(0, f"{key('num_gpu_blocks_override')}: {error.detail}")
         except ValueError as error:
             errors.insert(0, f"model, {gpu_key}: {error}")
