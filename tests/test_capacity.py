@@ -285,15 +285,15 @@ def test_num_gpu_blocks_override_still_needs_room_for_the_activation_reserve() -
 
 def test_num_gpu_blocks_override_may_pass_the_gpu_up_to_what_kvsim_builds() -> None:
     """A what-if pool larger than the GPU (A100-80GB's 80 GiB hold 40,960 blocks of Llama-3.1-8B's
-    16 x 128 KiB) is built as asked, up to 2**27 blocks."""
+    16 x 128 KiB) is built as asked, up to 2**26 blocks."""
     what_if = size_kv_pool("Llama-3.1-8B", "A100-80GB", num_gpu_blocks_override=40_961)
     assert what_if.num_gpu_blocks == 40_961 and what_if.kv_pool_bytes == 80 * GiB + 2 * MiB
-    most = size_kv_pool("Llama-3.1-8B", "A100-80GB", num_gpu_blocks_override=2**27)
-    assert most.num_gpu_blocks == MOST_OVERRIDE_BLOCKS == 134_217_728
+    most = size_kv_pool("Llama-3.1-8B", "A100-80GB", num_gpu_blocks_override=2**26)
+    assert most.num_gpu_blocks == MOST_OVERRIDE_BLOCKS == 67_108_864
     with pytest.raises(OverrideTooLargeError) as error:
-        size_kv_pool("Llama-3.1-8B", "A100-80GB", num_gpu_blocks_override=2**27 + 1)
+        size_kv_pool("Llama-3.1-8B", "A100-80GB", num_gpu_blocks_override=2**26 + 1)
     assert str(error.value) == (
-        "num_gpu_blocks_override: 134,217,729 blocks are more than kvsim builds a pool of (134,217,728 "
+        "num_gpu_blocks_override: 67,108,865 blocks are more than kvsim builds a pool of (67,108,864 "
         "blocks; Llama-3.1-8B on A100-80GB holds 40,960 blocks of 2,097,152 bytes in all its memory)"
     )
     with pytest.raises(OverrideTooLargeError):  # (was an OverflowError building the pool)

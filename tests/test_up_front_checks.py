@@ -217,7 +217,7 @@ def test_more_blocks_than_kvsim_builds_are_refused_naming_the_key(tmp_path):
         prepare(path)
     assert (
         "every variant: engine.num_gpu_blocks_override: 9,223,372,036,854,775,808 blocks are more than "
-        "kvsim builds a pool of (134,217,728 blocks;"
+        "kvsim builds a pool of (67,108,864 blocks;"
     ) in str(error.value)
 
 
