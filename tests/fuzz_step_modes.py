@@ -735,8 +735,40 @@ def _poisson_arrivals(config: dict[str, Any]) -> dict[str, Any] | None:
     return smaller
 
 
+SGLANG_ONLY_KEYS = (
+    "schedule_policy",
+    "chunked_prefill_size",
+    "max_prefill_tokens",
+    "schedule_conservativeness",
+    "enable_mixed_chunk",
+)
+
+
+def _default_options(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The allocator with its default options (both variants share them)."""
+    if not any(variant.get("options") for variant in config.get("variants", [])):
+        return None
+    smaller = copy.deepcopy(config)
+    for variant in smaller["variants"]:
+        variant["options"] = {}
+    return smaller
+
+
+def _vllm_scheduler(config: dict[str, Any]) -> dict[str, Any] | None:
+    """vLLM's scheduler instead of SGLang's, without the keys only SGLang's reads."""
+    if config.get("engine", {}).get("scheduler", "vllm") == "vllm":
+        return None
+    smaller = copy.deepcopy(config)
+    smaller["engine"]["scheduler"] = "vllm"
+    for key in SGLANG_ONLY_KEYS:
+        smaller["engine"].pop(key, None)
+    return smaller
+
+
 SIMPLIFICATIONS: tuple[Simplification, ...] = (
     _fewer_requests,
+    _default_options,
+    _vllm_scheduler,
     *(_without("", key) for key in ("cluster", "offload", "until_s")),
     *(
         _without("workload", key)
@@ -776,8 +808,9 @@ SIMPLIFICATIONS: tuple[Simplification, ...] = (
 def shrink(
     config: dict[str, Any], differs: Callable[[dict[str, Any]], bool], budget: int = 80
 ) -> dict[str, Any]:
-    """A smaller experiment that still differs: each simplification (fewer requests, a feature left
-    out, shorter lengths) is kept when the case still differs, until none helps or ``budget`` runs
+    """A smaller experiment that still differs: each simplification (fewer requests, the allocator's
+    default options, vLLM's scheduler, a feature left out, shorter lengths) is kept when the case
+    still differs, until none helps or ``budget`` runs
     are spent. (Data-parallel servers are kept whole: their two keys go together.)"""
     runs = 0
     progress = True

@@ -197,6 +197,29 @@ def test_a_case_that_differs_is_shrunk_to_what_still_differs():
     assert len(calls) <= 80
 
 
+def test_the_shrinker_tries_the_default_options_and_vllms_scheduler():
+    """A case that differs whatever the allocator's options and the scheduler ends with neither: the
+    options emptied in both variants, SGLang's scheduler and the keys only it reads gone; one whose
+    difference needs SGLang's scheduler keeps it and its keys."""
+    from tests.fuzz_step_modes import shrink
+
+    options = {"reservation": "pow2", "placement": "buddy"}
+    config = {
+        "engine": {"scheduler": "sglang", "schedule_policy": "lpm", "chunked_prefill_size": 512},
+        "workload": {"num_requests": 2},
+        "variants": [{"name": "single", "options": options}, {"name": "skip", "options": options}],
+    }
+    assert shrink(config, lambda candidate: True) == {
+        "engine": {"scheduler": "vllm", "async_scheduling": False},  # (the shrinker sets both of these)
+        "cost_model": "analytic",
+        "workload": {"num_requests": 2},
+        "variants": [{"name": "single", "options": {}}, {"name": "skip", "options": {}}],
+    }
+    needs_sglang = shrink(config, lambda candidate: candidate["engine"]["scheduler"] == "sglang")
+    assert needs_sglang["engine"] == config["engine"] | {"async_scheduling": False}
+    assert needs_sglang["variants"][0]["options"] == {}
+
+
 def test_a_run_that_raises_is_reported_not_fatal(monkeypatch, tmp_path):
     """Anything but a configuration error raised by a run is a bug of its own: the case is reported
     as crashed, with the exception, and the fuzzer goes on to the next."""
