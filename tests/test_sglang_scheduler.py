@@ -110,6 +110,21 @@ def test_a_chunked_prompt_stalls_the_decode_batch_unless_mixed(
     assert engine.wakeups == (4 if step_mode == "skip" else engine.counters.iterations)
 
 
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_a_run_stopped_inside_the_prefill_batches(step_mode):
+    """The stream of the test above, stopped at 9.0 s, inside R1's third prefill batch ([8.3, 9.4)):
+    8 iterations ended (R0's prefill, its 5 decode batches, R1's first two prefill batches), R0 has
+    its first token and 5 more, and both requests are unfinished, whether the prefill batches were
+    stepped or jumped over (3 wake-ups)."""
+    requests = [request(0, 0.0, 10, 30), request(1, 5.5, 50, 1)]
+    engine = run(
+        "radix", PoolSpec(4000, 16, 1024), requests, step_mode, chunked_prefill_size=10, until_s=9.0, **SGLANG
+    )
+    assert engine.counters.iterations == 8 and engine.counters.output_tokens == 6
+    assert times(engine) == {0: (0.0, 1.1, None, "unfinished"), 1: (6.1, None, None, "unfinished")}
+    assert engine.wakeups == (3 if step_mode == "skip" else 9)
+
+
 @pytest.mark.parametrize(("second_prompt", "second_admitted"), [(40, 1.6), (39, 0.0)])
 def test_max_prefill_tokens_holds_the_second_prompt_to_the_next_iteration(second_prompt, second_admitted):
     """max_prefill_tokens 100 (``rem_input_tokens``): R0's 60 tokens are admitted (the first admission
