@@ -305,6 +305,8 @@ class HybridDriver:
             assert sum(entries[category::CATEGORIES]) == total[category], (
                 f"category {category} does not add up"
             )
+        # The observer reads what is shared from the breakdown it has read (StateObserver.averaged).
+        assert kv.sharing_slots_of(total) == kv.sharing_slots()
         if self.jenga:
             self._check_jenga()
             return

@@ -129,6 +129,9 @@ class _FakeKV:
     def sharing_slots(self):
         return 7, 9
 
+    def sharing_slots_of(self, breakdown):
+        return self.sharing_slots()
+
 
 class _FakeClock:
     def __init__(self, pending: int):

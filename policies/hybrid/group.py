@@ -347,12 +347,16 @@ class GroupManager(SequenceTable[GroupSequence]):
         coordinator: every group holds the same sequences at the same lengths)."""
         plan: list[tuple] = []
         sequences = self.sequences
+        net = 0
         for index in range(len(seq_ids)):
             seq = sequences[seq_ids[index]]
             tokens = num_tokens[index]
             first, end = self._run_after(seq, seq.num_tokens + tokens)
+            net += (end - first) - (seq.end_block - seq.first_block)
             plan.append((seq, tokens, first, end))
-        return self.planned_net_blocks(plan), plan
+        if self.tables is not None:
+            net = self.planned_net_blocks(plan)  # (a released block another sequence holds stays taken)
+        return net, plan
 
     def planned_net_blocks(self, plan: list[tuple]) -> int:
         """The net blocks a plan (or the part of it for some of its sequences) takes from the pool."""

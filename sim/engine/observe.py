@@ -9,7 +9,7 @@ from policies.base import MemoryBreakdown
 from sim.engine.decoding import DecodeClock
 
 if TYPE_CHECKING:
-    from sim.kv.coordinator import KVCoordinator
+    from sim.kv.coordinator import Breakdown, KVCoordinator
     from sim.outputs.metrics import Counters
 
 _NO_HOST_TIER = (0, 0, 0, 0, 0, 0)
@@ -46,15 +46,17 @@ class StateObserver:
         totals = (used, reserved, internal, external, cached, free)
         return self.averaged(running, totals), self._with_pending(groups)
 
-    def averaged(self, running: int, breakdown: tuple[int, ...] | None = None) -> tuple:
+    def averaged(self, running: int, breakdown: Breakdown | None = None) -> tuple:
         """The leading part of the state, whose time averages the summary reports (``breakdown``: the
         pool's, when the caller has read it already)."""
-        used, reserved, internal, external, cached, free = (
-            self.kv.breakdown_values() if breakdown is None else breakdown
-        )
+        if breakdown is None:
+            breakdown = self.kv.breakdown_values()
+            physical, logical = self.kv.sharing_slots()
+        else:
+            physical, logical = self.kv.sharing_slots_of(breakdown)
+        used, reserved, internal, external, cached, free = breakdown
         # Decoded tokens the policy has not been told of fill slots it still counts as reserved.
         pending = self.clock.pending_tokens() * self._slots_per_token
-        physical, logical = self.kv.sharing_slots()
         return (
             used + pending,
             reserved - pending,
@@ -73,14 +75,15 @@ class StateObserver:
         return self._with_pending(self.kv.group_breakdown_values())
 
     def _with_pending(self, group_values: tuple[int, ...]) -> tuple[int, ...]:
-        values = list(group_values)
         pending = self.clock.pending_tokens()
-        if pending:
-            # (``holds``: the slots a token fills in the entry; a bool is 1 or 0, jenga's groups more.)
-            for index, holds in enumerate(self.group_holds_tokens):
-                if holds:
-                    values[6 * index] += pending * holds
-                    values[6 * index + 1] -= pending * holds
+        if not pending:
+            return group_values
+        values = list(group_values)
+        # (``holds``: the slots a token fills in the entry; a bool is 1 or 0, jenga's groups more.)
+        for index, holds in enumerate(self.group_holds_tokens):
+            if holds:
+                values[6 * index] += pending * holds
+                values[6 * index + 1] -= pending * holds
         return tuple(values)
 
     def state(

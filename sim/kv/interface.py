@@ -165,6 +165,11 @@ class KVCoordinator:
     def sharing_slots(self) -> tuple[int, int]:
         raise NotImplementedError
 
+    def sharing_slots_of(self, breakdown: Breakdown) -> tuple[int, int]:
+        """:meth:`sharing_slots`, for a caller that has just read the pool's ``breakdown``: a
+        coordinator whose groups never share a slot reads it from there."""
+        return self.sharing_slots()
+
     def shared_slots(self) -> int:
         """Slots two or more live sequences hold, each counted once (0: not tracked)."""
         return 0

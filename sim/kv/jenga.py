@@ -377,6 +377,11 @@ class JengaCoordinator(KVCoordinator):
         )
         return held, held
 
+    def sharing_slots_of(self, breakdown: Breakdown) -> tuple[int, int]:
+        # (The identity again: what the types hold is the breakdown's used, reserved and internal.)
+        allocated = breakdown[0] + breakdown[1] + breakdown[2]
+        return allocated, allocated
+
     def host_breakdown_values(self) -> tuple[int, int]:
         return 0, 0
 

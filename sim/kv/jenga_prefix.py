@@ -65,7 +65,7 @@ from policies.hybrid.jenga_pages import SmallPageAllocator, TypePages, quotas
 from policies.hybrid.prefix_pool import NO_BLOCK
 from policies.prefix import ContentChains
 from sim.hardware.jenga_capacity import JengaCapacity
-from sim.kv.coordinator import group_token_sharing, longest_common_hit
+from sim.kv.coordinator import Breakdown, group_token_sharing, longest_common_hit
 from sim.kv.jenga import JengaCoordinator, moves
 from token_content import TokenContent, content_length
 
@@ -288,6 +288,9 @@ class JengaPrefixCoordinator(JengaCoordinator):
             physical += held * (slots // self.block_size)
             logical += unshared * (slots // self.block_size)
         return physical, logical
+
+    def sharing_slots_of(self, breakdown: Breakdown) -> tuple[int, int]:
+        return self.sharing_slots()  # (cached blocks are shared: the breakdown does not say how much)
 
     @property
     def stats(self) -> PolicyStats:

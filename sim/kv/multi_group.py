@@ -72,6 +72,10 @@ class MultiGroupCoordinator(KVCoordinator):
         self.context_tokens = self._context_tokens()
         # Prefix caching over a shared pool: its groups, full attention first (vLLM's order).
         self._caching: list[GroupManager] = self._caching_groups()
+        # Every group on one pool that caches nothing: then no slot is ever shared.
+        self._shares_nothing = (
+            not self._own and len(self._shared) == 1 and not self._shared[0].pool.caches_prefixes
+        )
         # What full-attention layers share (a group of a shared pool: pools of their own keep theirs).
         self._full_attention: GroupManager | None = next(
             (
@@ -409,6 +413,13 @@ class MultiGroupCoordinator(KVCoordinator):
             physical += group_physical
             logical += group_logical
         return physical, logical
+
+    def sharing_slots_of(self, breakdown: Breakdown) -> tuple[int, int]:
+        if not self._shares_nothing:
+            return self.sharing_slots()
+        # No group caches, so none shares: each holds what it allocated (the pool's part is free).
+        allocated = breakdown[0] + breakdown[1] + breakdown[2]
+        return allocated, allocated
 
     def host_breakdown_values(self) -> tuple[int, int]:
         return 0, 0
