@@ -356,6 +356,18 @@ class KVCachePolicy:
         have evicted token by token. Default: no."""
         return False
 
+    def defer_prompt_keys(self) -> bool:
+        """From now on make a prompt's blocks hittable only as the engine reports its chunks
+        scheduled (:meth:`prompt_scheduled`), not at admission. Returns whether this policy does;
+        one that caches nothing, or keys its prompts at admission, returns False and is told
+        nothing."""
+        return False
+
+    def prompt_scheduled(self, seq_id: int, tokens: int) -> None:
+        """The first ``tokens`` tokens of ``seq_id``'s admitted content are scheduled (computed in
+        this step or before): their full blocks may be cached from now on (after
+        :meth:`defer_prompt_keys`)."""
+
     def defer_unbacked(self, pending_tokens: Callable[[], int] | None) -> None:
         """From now on take decode growth unbacked, ``pending_tokens`` reading how many decoded
         tokens no slot holds yet (the engine's decode clock); None: back to growth told token by

@@ -34,6 +34,8 @@ from policies.base import (
 )
 from token_content import Segment, TokenContent, content_length
 
+ALL_PUBLISHED = 1 << 62  # SequenceState.publish_limit once every token may be cached
+
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
@@ -230,6 +232,10 @@ class SequenceState:
     # Tokens of its own output stream appended since ``segments`` were last brought up to date: a
     # decoding sequence grows at every flush, and only keying, forks and lazy runs read the segments.
     output_pending: int
+    # Tokens whose blocks may be cached (keyed): a prompt's blocks are allocated at admission, but
+    # vLLM caches a chunk's blocks only when the chunk is scheduled (``defer_prompt_keys``).
+    # ALL_PUBLISHED once the whole prompt was scheduled.
+    publish_limit: int
 
     def __init__(
         self,
@@ -254,6 +260,7 @@ class SequenceState:
         self.namespace = namespace
         self.lazy_key = None
         self.lazy_from = self.lazy_cached_blocks = self.output_pending = 0
+        self.publish_limit = ALL_PUBLISHED
 
     def fold_output(self) -> None:
         """Bring ``segments`` up to date with the output tokens appended since (``output_pending``)."""
@@ -300,6 +307,7 @@ class PagedPolicy(SequenceTable[SequenceState]):
         # Set once a fork shares a partly filled tail (prefix caching): until then no write can need
         # a copy-on-write, and the per-sequence check of the tail's references is skipped.
         self._tails_shared = False
+        self._prompt_keys_deferred = False  # (defer_prompt_keys: prefix caching only)
 
     # ---------------------------------------------------------------------------------------- queries
     def block_table(self, seq_id: int) -> list[int]:
@@ -421,6 +429,8 @@ class PagedPolicy(SequenceTable[SequenceState]):
         self._record_prefix_query(prompt_len, cached_tokens)
         # Host hits are loaded into fresh blocks, taken as if computed (they get their keys as they fill).
         loaded_tokens = self._load_from_host(host_hits)
+        if self._prompt_keys_deferred and cached_tokens + loaded_tokens < prompt_len:
+            seq.publish_limit = cached_tokens + loaded_tokens  # the rest as its chunks are scheduled
         self._extend(seq, prompt_len - cached_tokens)
         return cached_tokens + loaded_tokens
 
@@ -548,6 +558,8 @@ class PagedPolicy(SequenceTable[SequenceState]):
             self._live_blocks -= len(released)
             self._filled_sum -= slots
             self._target_sum -= slots
+            if seq.publish_limit < seq.num_tokens:
+                released = self._release_unpublished(seq, released)
             self._release_full_blocks(released)
         self._logical_blocks -= len(table)
         del self.sequences[seq_id]
@@ -650,6 +662,12 @@ class PagedPolicy(SequenceTable[SequenceState]):
         """Full blocks nobody holds any more (a sequence's, last block first) go back to the queue:
         here to its head in turn, reused first (vLLM puts hash-less freed blocks at the head too)."""
         self.free_queue.extendleft(block_ids)
+
+    def _release_unpublished(self, seq: SequenceState, released: list[int]) -> list[int]:
+        """``seq`` was freed before its whole prompt was scheduled (``defer_prompt_keys``): its
+        blocks past what was scheduled go back blank; returns the rest of ``released``. Plain paging
+        keys nothing: all of them."""
+        return released
 
     def _release_tail(self, block_id: int) -> None:
         """A partly filled tail nobody holds any more: it holds nothing reusable, to the head."""

@@ -14,6 +14,13 @@
   *cached* (hittable) in the free queue until it is handed out again, which evicts it: LRU.
   A freed sequence's blocks enter the queue tail-first, so its longest-prefix block is evicted first;
   a freed block holding no key goes to the head and is reused before any cached block (vLLM #42656).
+- When: a prompt's blocks are allocated at admission, but with the engine driving
+  (:meth:`PrefixCachingPolicy.defer_prompt_keys`) a full block is keyed, and so hittable, only once
+  the chunk that computes it is scheduled (:meth:`PrefixCachingPolicy.prompt_scheduled`), as vLLM's
+  ``allocate_slots`` calls ``cache_blocks`` up to the scheduled tokens; a request admitted later in
+  the same step hits what the steps so far scheduled. A sequence freed mid-prefill (preempted,
+  aborted) gives its unscheduled blocks back blank, to the head: they were never computed (vLLM never
+  allocated them). Called directly, without the engine, a prompt is keyed whole at admission.
 - A prefix hit never covers the prompt's last token: it must be computed to produce logits (vLLM's
   ``num_tokens - 1`` rule, ``KVCacheManager.get_computed_blocks``). Only full blocks are ever shared
   through the cache. :meth:`PrefixCachingPolicy.lookup` computes the hit without changing anything.
@@ -56,7 +63,7 @@ from collections.abc import Iterable, Iterator
 
 from policies._host_tier import HostTier
 from policies.base import NO_HIT, PolicyInputError, PoolSpec, PrefixHit, register
-from policies.paged import PagedPolicy, SequenceState, ceil_div
+from policies.paged import ALL_PUBLISHED, PagedPolicy, SequenceState, ceil_div
 from token_content import TokenContent, content_length, validate_content
 
 Piece = tuple[int, int, int]  # (content_id, first offset, end offset) within one token stream
@@ -391,7 +398,8 @@ class PrefixCachingPolicy(PagedPolicy):
         integer operations (this loop runs for every block of every prompt), only a block across
         segments needs its pieces listed."""
         block_size = self.block_size
-        block, last = seq.keyed_blocks, seq.num_tokens // block_size
+        filled = seq.num_tokens if seq.num_tokens < seq.publish_limit else seq.publish_limit
+        block, last = seq.keyed_blocks, filled // block_size
         if block >= last:
             return
         if seq.lazy_key is not None:
@@ -494,6 +502,28 @@ class PrefixCachingPolicy(PagedPolicy):
         if self._cached_by_key.setdefault(key, block_id) != block_id:
             self._later_holders.setdefault(key, []).append(block_id)
 
+    def defer_prompt_keys(self) -> bool:
+        self._prompt_keys_deferred = True
+        return True
+
+    def prompt_scheduled(self, seq_id: int, tokens: int) -> None:
+        """vLLM caches a prompt's full blocks as its chunks are scheduled (``allocate_slots`` calls
+        ``cache_blocks`` up to the scheduled tokens): a request admitted after this, in this step or
+        a later one, can hit them; blocks of chunks not yet scheduled it cannot."""
+        seq = self._get(seq_id)
+        if tokens <= seq.publish_limit:
+            return  # (already scheduled that far; ALL_PUBLISHED once its whole content was)
+        seq.publish_limit = ALL_PUBLISHED if tokens >= seq.num_tokens else tokens
+        self._on_blocks_filled(seq)
+
+    def _release_unpublished(self, seq: SequenceState, released: list[int]) -> list[int]:
+        """Preempted or aborted mid-prefill: its blocks past the scheduled chunks were never computed
+        (vLLM never allocated them) and hold no key. They hold nothing reusable: to the head, as
+        hash-less blocks; the keyed ones stay cached."""
+        keys = self._block_key
+        self.free_queue.extendleft([block_id for block_id in released if keys[block_id] is None])
+        return [block_id for block_id in released if keys[block_id] is not None]
+
     # ---------------------------------------------------------------------------------- free queue
     def _take_free_blocks(self, count: int) -> list[int]:
         # Blank blocks come first; past them the queue holds cached blocks, evicted oldest first.
@@ -589,6 +619,8 @@ class PrefixCachingPolicy(PagedPolicy):
         return 0
 
     def _give_child_blocks(self, parent: SequenceState, child: SequenceState) -> None:
+        if parent.publish_limit != ALL_PUBLISHED:
+            self.prompt_scheduled(parent.seq_id, parent.num_tokens)  # (a fork follows its prefill)
         if parent.lazy_key is not None:
             self._key_lazy_run(parent)  # the children share its blocks and key theirs after them
         child.block_table = list(parent.block_table)

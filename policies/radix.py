@@ -25,9 +25,11 @@ How a request's KV lives here, and which SGLang code each rule follows:
   chunked request), and its prompt plus output when it finishes (``cache_finished_req``). Only whole
   pages enter the tree; tokens already in the tree are deduplicated: the request's own copies are
   freed and it adopts the tree's (SGLang does, vLLM does not). An insertion walks the whole path, so
-  it refreshes the access time of every node on it even when nothing is new. kvsim's engine
-  allocates a prompt at admission and gives the policy no hook when a prefill chunk completes, so
-  the prompt is inserted at admission (as the ``prefix`` policy caches full blocks at admission).
+  it refreshes the access time of every node on it even when nothing is new. kvsim allocates a
+  prompt at admission and inserts it then (the engine reports chunks as they are scheduled,
+  ``prompt_scheduled``, which the ``prefix`` policy keys by, but this policy does not yet insert
+  chunk by chunk after each prefill batch): a request admitted while a prompt sharing its prefix is
+  still prefilling hits it, where SGLang's would compute its own copy and dedup on insertion.
   A sequence freed ``finished`` is inserted; one freed otherwise (preempted, retracted, aborted) is
   not: its own slots are freed (``release_kv_cache(..., is_insert=False)``, as ``retract_decode``
   releases a request), and only its prompt, inserted at admission, stays cached.

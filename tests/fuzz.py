@@ -24,12 +24,13 @@ from tests.test_host_tier import TierDriver
 from tests.test_policy_properties import VARIANTS, Driver
 
 # Operation mix: admissions and growth dominate, as in a server; forks and evictions are rarer.
-WEIGHTS = {"admit": 0.25, "grow": 0.25, "fork": 0.05, "free": 0.2, "preempt": 0.05, "match": 0.05}
-WEIGHTS |= {"decode_step": 0.05, "evict": 0.1}
+WEIGHTS = {"admit": 0.25, "grow": 0.25, "fork": 0.05, "free": 0.15, "preempt": 0.05, "match": 0.05}
+WEIGHTS |= {"decode_step": 0.05, "evict": 0.1, "schedule": 0.05}
 DRAIN_EVERY = 20_000
 """Free everything now and then (and check the empty pool), so runs do not sit in one full state."""
 
-NAMES = ["paged", "prefix", "prefix-pinned", "contiguous-max-first_fit", "contiguous-pow2-best_fit"]
+NAMES = ["paged", "prefix", "prefix-pinned", "prefix-deferred-keys"]
+NAMES += ["contiguous-max-first_fit", "contiguous-pow2-best_fit"]
 NAMES += ["contiguous-oracle-buddy", "radix-page-1", "radix-page-3"]
 NAMES += ["radix-hicache-31-write_through", "radix-page-3-hicache-32-write_back"]
 NAMES += ["radix-hicache-40-write_through_selective"]

@@ -36,6 +36,7 @@ VARIANTS = [
     ("paged", {}),
     ("prefix", {}),
     ("prefix", {"pin": ((1, 9),)}),  # a warm-up prefix pinned first: hits on pinned blocks
+    ("prefix", {"defer_keys": True}),  # prompts' blocks keyed as their chunks are scheduled (the engine's)
     ("contiguous", {"reservation": "max", "placement": "first_fit"}),
     ("contiguous", {"reservation": "pow2", "placement": "best_fit"}),
     ("contiguous", {"reservation": "oracle", "placement": "buddy"}),
@@ -119,7 +120,11 @@ def check_blocks_hold_the_content_of_their_owners(policy: PrefixCachingPolicy) -
     sharing, by hit or by fork, never shares wrong content."""
     for seq_id in policy.live_sequences():
         state = policy.sequences[seq_id]
-        full = state.num_tokens // policy.block_size
+        full = min(state.num_tokens, state.publish_limit) // policy.block_size
+        # Blocks past what was scheduled are its own, and hold no key (nothing can hit them).
+        unpublished = state.block_table[full : state.num_tokens // policy.block_size]
+        assert all(policy._block_key[block] is None for block in unpublished)
+        assert all(policy.ref_count[block] == 1 for block in unpublished)
         state.fold_output()
         contents = block_contents(state.segments, state.segment_ends, 0, full, policy.block_size)
         parent_chain = None
@@ -177,13 +182,27 @@ class Driver:
     LRU eviction) and free it again; on policies without a cache, free the newest sequence, as a
     preemption does."""
 
-    KINDS = ("admit", "grow", "grow_each", "fork", "free", "preempt", "match", "decode_step", "evict")
+    KINDS = (
+        "admit",
+        "schedule",
+        "grow",
+        "grow_each",
+        "fork",
+        "free",
+        "preempt",
+        "match",
+        "decode_step",
+        "evict",
+    )
 
     def __init__(self, name: str, options: dict, pool: PoolSpec = POOL, prompts: list = PROMPTS):
         options = dict(options)
         pinned = options.pop("pin", None)
         hicache = options.pop("hicache", None)
+        defer_keys = options.pop("defer_keys", False)
         self.policy = make_policy(name, pool, **options)
+        if defer_keys:
+            assert self.policy.defer_prompt_keys()
         if hicache is not None:
             self.policy.enable_host_tier(*hicache)
         if pinned is not None:
@@ -246,6 +265,18 @@ class Driver:
         self.model[seq_id] = [prompt_len, final_len, prompt_len]
         if self.contiguous:
             self.reference = self._region(prompt_len, final_len)
+        return True
+
+    def _schedule(self, choice: int, amount: int) -> bool:
+        """The engine schedules the next chunk of a live sequence's content (after
+        ``defer_prompt_keys``: its full blocks become hittable; otherwise nothing changes)."""
+        if not self.live:
+            return False
+        seq_id = self.live[choice % len(self.live)]
+        policy = self.policy
+        before = policy.breakdown()
+        policy.prompt_scheduled(seq_id, 1 + amount)
+        assert policy.breakdown() == before, "scheduling a chunk moved slots"
         return True
 
     def _grow(self, choice: int, amount: int) -> bool:

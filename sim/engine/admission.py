@@ -53,6 +53,9 @@ class AdmissionDesk:
         self.counters = counters
         self.chunks_prompts = chunks_prompts
         self.host_load_s = host_load_s
+        # Prompts' blocks are hittable as their chunks are scheduled, not at admission (vLLM's prefix
+        # cache; KVCoordinator.defer_prompt_keys): this desk tells the pool of every chunk.
+        self.publishes_prompts = kv.defer_prompt_keys()
         # This iteration's prompt chunks, (request, tokens), in the order they were scheduled.
         self.prefill_this_step: list[tuple[RequestState, int]] = []
         # Async scheduling: when the last iteration started and ended (see scheduled_at).
@@ -98,6 +101,7 @@ class AdmissionDesk:
             swapped_in = -(-state.swapped_tokens // self.block_size)
             self.batch.release_swap(state)
             state.tokens_to_prefill = state.prefilled = total
+            self._scheduled(state)
             self.clock.enter(state)
             return swapped_in
         state.tokens_to_prefill = total
@@ -113,8 +117,14 @@ class AdmissionDesk:
             return budget
         chunks.append((chunk, state.prefilled))
         state.prefilled += chunk
+        self._scheduled(state)
         self.prefill_this_step.append((state, chunk))
         return budget - chunk
+
+    def _scheduled(self, state: RequestState) -> None:
+        """``state``'s prompt is scheduled (or swapped in, or landed) up to ``prefilled``."""
+        if self.publishes_prompts:
+            self.kv.prompt_scheduled(state.seq_ids[0], state.prefilled)
 
     def admission_failed(self, state: RequestState) -> bool:
         """The queue head does not fit now. Returns True when it was removed (admission may go on)."""
@@ -180,6 +190,7 @@ class AdmissionDesk:
         self.batch.join(state)
         state.context = state.tokens_to_prefill = state.request.prompt_len
         state.prefilled = state.tokens_to_prefill - 1
+        self._scheduled(state)  # (vLLM caches a remote prompt's blocks once they have arrived)
         self.batch.prefilling.append(state)
 
     # -- what holds the queue back ----------------------------------------------------------------

@@ -254,6 +254,7 @@ class Engine:
             counters,
             self.group_series,
             self.unbacked,
+            self.desk.publishes_prompts,
         )
         self.wakeup = WakeUp(
             self.env,

@@ -32,8 +32,10 @@ class JumpLanding:
         counters: Counters,
         group_series: GroupSeries | None = None,
         unbacked: UnbackedGrowth | None = None,
+        publishes_prompts: bool = False,
     ):
         self.kv = kv
+        self.publishes_prompts = publishes_prompts  # (AdmissionDesk.publishes_prompts)
         self.clock = clock
         self.batch = batch
         self.growth = growth
@@ -71,12 +73,15 @@ class JumpLanding:
             prefills = sum(1 for chunks in jump.chunks[:steps] if chunks)
             self.scheduler.decode_steps(steps - prefills)
 
-    @staticmethod
-    def _prefill(jump: Jump, steps: int, prefill_this_step: list[tuple[RequestState, int]]) -> None:
-        """The prefill chunks of the jump's first ``steps`` iterations after iteration 1."""
+    def _prefill(self, jump: Jump, steps: int, prefill_this_step: list[tuple[RequestState, int]]) -> None:
+        """The prefill chunks of the jump's first ``steps`` iterations after iteration 1, each told to
+        the pool in the order it was scheduled, where the pool keys prompts' blocks as they are (no
+        admission inside a jump looks them up before it lands)."""
         for chunks in jump.chunks[:steps]:
             for state, chunk in chunks:
                 state.prefilled += chunk
+                if self.publishes_prompts:
+                    self.kv.prompt_scheduled(state.seq_ids[0], state.prefilled)
             prefill_this_step.extend(chunks)
 
     def _prepare_second_iteration(self, jump: Jump, last_clock: int) -> None:

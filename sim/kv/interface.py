@@ -143,6 +143,16 @@ class KVCoordinator:
         never does; a pool of several may (the coordinators that know better say so)."""
         return len(self.groups) > 1
 
+    def defer_prompt_keys(self) -> bool:
+        """Make prompts' blocks hittable as their chunks are scheduled (``KVCachePolicy.defer_prompt_keys``);
+        returns whether the pool does. A pool of several groups keys them at admission."""
+        return False
+
+    def prompt_scheduled(self, seq_id: int, tokens: int) -> None:
+        """``seq_id``'s first ``tokens`` tokens are scheduled (``KVCachePolicy.prompt_scheduled``);
+        called only where :meth:`defer_prompt_keys` returned True."""
+        raise NotImplementedError
+
     def can_defer_unbacked(self) -> bool:
         """Can decode growth go past the slots sequences hold (``KVCachePolicy.can_defer_unbacked``)?
         One group whose policy can: a pool of several groups tells each of every token."""

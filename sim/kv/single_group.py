@@ -80,6 +80,12 @@ class SingleGroupCoordinator(KVCoordinator):
     def prepare_decode_step(self, num_sequences: int) -> None:
         self.policy.prepare_decode_step(num_sequences)
 
+    def defer_prompt_keys(self) -> bool:
+        return self.policy.defer_prompt_keys()
+
+    def prompt_scheduled(self, seq_id: int, tokens: int) -> None:
+        self.policy.prompt_scheduled(seq_id, tokens)
+
     def can_defer_unbacked(self) -> bool:
         return self.policy.can_defer_unbacked() and not self.lookahead_slots
 
