@@ -36,6 +36,11 @@ class PolicyInputError(PolicyError, ValueError):
     The policy's state is unchanged when this is raised."""
 
 
+# A sequence's scheduled tokens once its whole content is (KVCachePolicy.prompt_scheduled): a prompt
+# allocated at admission is cached, or inserted, only as far as its chunks were scheduled.
+ALL_PUBLISHED = 1 << 62
+
+
 @dataclass(frozen=True)
 class PrefixHit:
     """What a prefix-cache lookup found for a prompt: ``cached_tokens`` tokens need no prefill.

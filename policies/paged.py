@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from policies.base import (
+    ALL_PUBLISHED,
     NO_HIT,
     ChildSpec,
     OutOfKVMemory,
@@ -33,8 +34,6 @@ from policies.base import (
     register,
 )
 from token_content import Segment, TokenContent, content_length
-
-ALL_PUBLISHED = 1 << 62  # SequenceState.publish_limit once every token may be cached
 
 
 def ceil_div(a: int, b: int) -> int:

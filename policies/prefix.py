@@ -62,8 +62,8 @@ from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 
 from policies._host_tier import HostTier
-from policies.base import NO_HIT, PolicyInputError, PoolSpec, PrefixHit, register
-from policies.paged import ALL_PUBLISHED, PagedPolicy, SequenceState, ceil_div
+from policies.base import ALL_PUBLISHED, NO_HIT, PolicyInputError, PoolSpec, PrefixHit, register
+from policies.paged import PagedPolicy, SequenceState, ceil_div
 from token_content import TokenContent, content_length, validate_content
 
 Piece = tuple[int, int, int]  # (content_id, first offset, end offset) within one token stream

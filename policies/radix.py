@@ -26,13 +26,14 @@ How a request's KV lives here, and which SGLang code each rule follows:
   pages enter the tree; tokens already in the tree are deduplicated: the request's own copies are
   freed and it adopts the tree's (SGLang does, vLLM does not). An insertion walks the whole path, so
   it refreshes the access time of every node on it even when nothing is new. kvsim allocates a
-  prompt at admission and inserts it then (the engine reports chunks as they are scheduled,
-  ``prompt_scheduled``, which the ``prefix`` policy keys by, but this policy does not yet insert
-  chunk by chunk after each prefill batch): a request admitted while a prompt sharing its prefix is
-  still prefilling hits it, where SGLang's would compute its own copy and dedup on insertion.
+  prompt at admission; with the engine driving (:meth:`RadixPolicy.defer_prompt_keys`) its whole
+  pages enter the tree as its chunks are scheduled (:meth:`RadixPolicy.prompt_scheduled`), one
+  iteration before SGLang, which inserts a chunk once its prefill batch ran: a request admitted in the
+  same round as a chunk hits it, where SGLang's would compute its own copy and dedup it on insertion.
+  Called directly, without the engine, a prompt is inserted whole at admission.
   A sequence freed ``finished`` is inserted; one freed otherwise (preempted, retracted, aborted) is
   not: its own slots are freed (``release_kv_cache(..., is_insert=False)``, as ``retract_decode``
-  releases a request), and only its prompt, inserted at admission, stays cached.
+  releases a request), and only what of its prompt was scheduled stays cached.
 - **Decoding** appends the sequence's own tokens; they enter the tree when it finishes.
 - **Forks** (``n > 1``, beams): the parent's whole pages are inserted into the tree and every child
   locks the same node, so all share the prompt (and any generated prefix) at token granularity with
@@ -73,6 +74,7 @@ from dataclasses import dataclass, field
 
 from policies._radix_tree import HiCachePool, Key, PrefixMatch, RadixNode, RadixTree
 from policies.base import (
+    ALL_PUBLISHED,
     NO_HIT,
     ChildSpec,
     PolicyInputError,
@@ -113,6 +115,9 @@ class RadixSequence:
     num_tokens: int = 0
     segments: list[Segment] = field(default_factory=list)
     segment_ends: list[int] = field(default_factory=list)
+    # Tokens of its content scheduled so far: the prompt enters the tree only that far
+    # (``RadixPolicy.defer_prompt_keys``).
+    scheduled: int = ALL_PUBLISHED
 
     def append(self, segment: Segment) -> None:
         """Extend the content; the sequence's own output stream grows in place."""
@@ -161,6 +166,7 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         self._hicache: HiCachePool | None = None
         # Unbacked decode growth (defer_unbacked): what reads the decoded tokens no slot holds yet.
         self._pending_tokens: Callable[[], int] | None = None
+        self._inserts_deferred = False  # (defer_prompt_keys)
 
     # ---------------------------------------------------------------------------------------- queries
     def available_slots(self) -> int:
@@ -268,7 +274,10 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         seq.num_tokens = prompt_len
         self.sequences[seq_id] = seq
         self._account(seq, +1)
-        self._insert_into_tree(seq)  # the prompt's prefill is done (see the module docstring)
+        if self._inserts_deferred:
+            seq.scheduled = matched  # the rest enters the tree as its chunks are scheduled
+        else:
+            self._insert_into_tree(seq)  # as if its prefill were done (see the module docstring)
         self.stats.prefix_cache_queries += prompt_len
         self.stats.prefix_cache_hits += matched - host
         return matched
@@ -333,6 +342,7 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         parent = self._get(parent_id)
         self._check_children(parent_id, parent.num_tokens, children)
         self._take_unbacked()
+        parent.scheduled = ALL_PUBLISHED  # (a fork follows its prefill: it inserts all it holds)
         whole_pages = self._page_floor(parent.num_tokens)
         partial_page = parent.num_tokens - whole_pages
         needed = self._pages(partial_page) * len(children)
@@ -379,10 +389,27 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         seq = self._get(seq_id)
         self._take_unbacked()
         if finished:
+            seq.scheduled = ALL_PUBLISHED  # (finished: every token was computed)
             self._insert_into_tree(seq)
         self._account(seq, -1)
         self.tree.unlock(seq.last_node)
         del self.sequences[seq_id]
+
+    def defer_prompt_keys(self) -> bool:
+        self._inserts_deferred = True
+        return True
+
+    def prompt_scheduled(self, seq_id: int, tokens: int) -> None:
+        """The prompt's whole pages enter the tree as far as its chunks are scheduled, each insertion
+        refreshing the path (SGLang inserts a chunk once its prefill batch ran,
+        ``cache_unfinished_req``; see the module docstring). A sequence preempted mid-prefill leaves
+        in the tree only what it had scheduled."""
+        seq = self._get(seq_id)
+        if tokens <= seq.scheduled:
+            return
+        self._take_unbacked()
+        seq.scheduled = ALL_PUBLISHED if tokens >= seq.num_tokens else tokens
+        self._insert_into_tree(seq)
 
     def can_defer_unbacked(self) -> bool:
         """With pages of one token no sequence holds room past its next token (pages of several give
@@ -510,7 +537,8 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         deduplicated (the sequence's copies are freed), and the sequence locks the new path end.
         The insertion walks the whole path even when nothing is new (``_insert_helper``), so the
         path's access time is refreshed."""
-        whole_pages = self._page_floor(seq.num_tokens)
+        tokens = seq.num_tokens if seq.num_tokens < seq.scheduled else seq.scheduled
+        whole_pages = self._page_floor(tokens)
         self._account(seq, -1)
         node, _already_cached = self.tree.insert(seq.key(whole_pages), seq.namespace)
         if node is not seq.last_node:

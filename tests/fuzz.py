@@ -31,7 +31,7 @@ DRAIN_EVERY = 20_000
 
 NAMES = ["paged", "prefix", "prefix-pinned", "prefix-deferred-keys"]
 NAMES += ["contiguous-max-first_fit", "contiguous-pow2-best_fit"]
-NAMES += ["contiguous-oracle-buddy", "radix-page-1", "radix-page-3"]
+NAMES += ["contiguous-oracle-buddy", "radix-page-1", "radix-page-3", "radix-page-3-deferred-inserts"]
 NAMES += ["radix-hicache-31-write_through", "radix-page-3-hicache-32-write_back"]
 NAMES += ["radix-hicache-40-write_through_selective"]
 assert len(NAMES) == len(VARIANTS)

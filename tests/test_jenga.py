@@ -36,6 +36,19 @@ def prompt(tokens: int):
     return ((1, tokens),)
 
 
+def test_a_single_sliding_window_type_releases_while_decoding():
+    """Mistral-7B-v0.1: every layer a 4,096-token window, so one layer type. Its blocks leave the
+    window as it decodes, which lets a refused request in: the jump planner must stop at those
+    releases (the step-mode fuzzer, seed 3001 case 339, found skipping ran past them). A type of
+    full attention alone never releases."""
+    window = JengaGroupSpec(SlidingWindow(8), 3, 12, 1, 6)
+    full = JengaGroupSpec(FullAttention(), 2, 12, 1, 16)
+    for spec, releases in ((window, True), (full, False)):
+        capacity = JengaCapacity("one type", 64, 4, 12, (spec,), 4, 1, 48, 12)
+        assert JengaCoordinator(capacity, ["only"], 64).releases_while_decoding() is releases
+    assert tiny().releases_while_decoding()
+
+
 def tiny(large_pages: int = 4, prefill_tokens: int = 64) -> JengaCoordinator:
     """Two layer types with different page bytes, one slot a byte (a token in one layer): blocks of 4
     tokens; full attention in 2 layers (small page 8 B), a sliding window of 8 tokens in 3 layers

@@ -42,6 +42,7 @@ VARIANTS = [
     ("contiguous", {"reservation": "oracle", "placement": "buddy"}),
     ("radix", {}),  # its tree is recounted independently in test_radix.py
     ("radix", {"page_size": 3}),
+    ("radix", {"page_size": 3, "defer_keys": True}),  # prompts inserted as their chunks are scheduled
     # HiCache (a host pool of that many blocks, just over the device pool or more, and a write policy)
     ("radix", {"hicache": (31, "write_through")}),
     ("radix", {"page_size": 3, "hicache": (32, "write_back")}),
@@ -269,14 +270,21 @@ class Driver:
 
     def _schedule(self, choice: int, amount: int) -> bool:
         """The engine schedules the next chunk of a live sequence's content (after
-        ``defer_prompt_keys``: its full blocks become hittable; otherwise nothing changes)."""
+        ``defer_prompt_keys``: its full blocks become hittable, or enter the radix tree; otherwise
+        nothing changes). Nothing is taken: only an insertion that finds its tokens in the tree
+        already gives the sequence's copies back (used or cached to free)."""
         if not self.live:
             return False
         seq_id = self.live[choice % len(self.live)]
         policy = self.policy
         before = policy.breakdown()
         policy.prompt_scheduled(seq_id, 1 + amount)
-        assert policy.breakdown() == before, "scheduling a chunk moved slots"
+        after = policy.breakdown()
+        unchanged = (before.reserved, before.internal_fragmentation, before.external_fragmentation)
+        assert (after.reserved, after.internal_fragmentation, after.external_fragmentation) == unchanged
+        assert after.free >= before.free and after.used <= before.used, f"{before} -> {after}"
+        if not self.has_cache or policy.name == "prefix":
+            assert after == before, f"scheduling a chunk moved slots: {before} -> {after}"
         return True
 
     def _grow(self, choice: int, amount: int) -> bool:

@@ -82,23 +82,81 @@ def test_a_sequence_freed_mid_prefill_caches_only_its_scheduled_blocks():
     assert policy.free_queue_order()[-1] == 4
 
 
+def test_radix_inserts_a_prompt_as_its_chunks_are_scheduled_and_deduplicates_then():
+    """Pages of 4, 10 pages. A and B are admitted with the same 14-token prompt before either has a
+    chunk scheduled: nothing to hit, each holds 4 pages of its own (14 used, 2 reserved each).
+    A's first 8 tokens enter the tree (2 pages, locked by A): nothing moves. B's first 8 find them
+    there: B adopts the tree's pages and its own 2 go back (SGLang's insert frees the request's
+    copies of cached tokens), so 8 used slots become free."""
+    policy = make_policy("radix", PoolSpec(10 * 4, 4, 64), page_size=4)
+    assert policy.defer_prompt_keys()
+    prompt = ids(1, 14)
+    assert policy.admit(0, prompt, 20, output_content_id=1000) == 0
+    assert policy.admit(1, prompt, 20, output_content_id=1001) == 0
+    assert policy.lookup(prompt).cached_tokens == 0
+    before = policy.breakdown().as_dict()
+    assert before == {
+        "used": 28,
+        "reserved": 4,
+        "internal_fragmentation": 0,
+        "external_fragmentation": 0,
+        "cached": 0,
+        "free": 8,
+    }
+    policy.prompt_scheduled(0, 9)  # two whole pages
+    assert policy.lookup(prompt).cached_tokens == 8
+    assert policy.breakdown().as_dict() == before
+    policy.prompt_scheduled(1, 8)
+    assert policy.breakdown().as_dict() == before | {"used": 20, "free": 16}
+    policy.prompt_scheduled(0, 14)  # the whole prompt: its whole pages, 12 tokens
+    assert policy.lookup(prompt).cached_tokens == 12
+    # B preempted: its own pages go, what it shares stays; A still holds the 12 tokens.
+    policy.free(1, finished=False)
+    assert policy.lookup(prompt).cached_tokens == 12
+    assert policy.breakdown().as_dict() == {
+        "used": 14,
+        "reserved": 2,
+        "internal_fragmentation": 0,
+        "external_fragmentation": 0,
+        "cached": 0,
+        "free": 24,
+    }
+
+
+def test_radix_inserts_a_finished_sequence_whole_whatever_was_reported():
+    """Finished means computed: its whole pages enter the tree (SGLang's ``cache_finished_req``),
+    here the prompt's 12 tokens and the 4 output tokens after them, though no chunk was reported."""
+    policy = make_policy("radix", PoolSpec(10 * 4, 4, 64), page_size=4)
+    assert policy.defer_prompt_keys()
+    prompt = ids(1, 14)
+    policy.admit(0, prompt, 18, output_content_id=1000)
+    policy.grow(0, 4)
+    policy.free(0, finished=True)
+    assert policy.lookup(prompt).cached_tokens == 12
+    assert policy.breakdown().cached == 16  # 18 tokens: 4 whole pages
+
+
+@pytest.mark.parametrize("policy, options", [("prefix", {}), ("radix", {}), ("radix", {"page_size": 4})])
 @pytest.mark.parametrize("step_mode", ["single", "skip"])
-def test_a_request_preempted_mid_prefill_hits_only_what_it_scheduled(step_mode):
-    """8 blocks of 4 tokens, 1 s an iteration, a budget of 9 tokens. R0 (4 prompt tokens, 7 output)
-    decodes from 1.0 (block 0 holds its prompt, its first four output tokens fill block 1); R1 (24
-    tokens) is admitted at 3.0 with the 6 free blocks and schedules a first chunk of 8 tokens (2
-    blocks). At 4.0 R0 needs its third block and none is free: R1, the newest, is preempted. Its 6
-    blocks and its 2 cached ones do not fit beside R0's 3 until R0 finishes at 7.0; it then hits
-    the 8 tokens it had scheduled (its other 4 blocks were never computed; keyed at admission they
-    gave a hit of 20) and computes 16: 9 then 7 tokens, its first token at 9.0, its second at 10.0."""
+def test_a_request_preempted_mid_prefill_hits_only_what_it_scheduled(step_mode, policy, options):
+    """8 blocks (or pages, or 32 slots) of 4 tokens, 1 s an iteration, a budget of 9 tokens. R0 (4
+    prompt tokens, 7 output) decodes from 1.0 (its prompt fills 4 slots, its first four output
+    tokens 4 more); R1 (24 tokens) is admitted at 3.0 with the 24 free slots and schedules a first
+    chunk of 8 tokens. At 4.0 R0 needs a ninth slot and none is free: R1, the newest, is preempted.
+    It does not fit beside R0 until R0 finishes at 7.0; it then hits the 8 tokens it had scheduled
+    and computes 16: 9 then 7 tokens, its first token at 9.0, its second at 10.0.
+
+    Keyed at admission, ``prefix`` gave it a hit of 20 (its never-computed blocks, cached at its
+    preemption), and ``radix`` one of 0 (its whole prompt, one leaf, was evicted for R0's token)."""
     pool = PoolSpec(8 * 4, 4, 64)
     engine = run(
-        "prefix",
+        policy,
         pool,
         [request(0, 0.0, 4, 7), request(1, 2.5, 24, 2)],
         step_mode=step_mode,
         costs=ConstantCost(1.0),
         max_num_batched_tokens=9,
+        options=options,
     )
     r0, r1 = sorted(engine.records, key=lambda record: record.request_id)
     assert (r0.first_token_s, r0.finish_s, r0.preemptions) == (1.0, 7.0, 0)

@@ -322,6 +322,10 @@ class JengaCoordinator(KVCoordinator):
     def prepare_decode_step(self, num_sequences: int) -> None:
         return None
 
+    def releases_while_decoding(self) -> bool:
+        # (Asked of the types, not of their count: one sliding-window type, as Mistral's, releases.)
+        return any(manager.releases_while_decoding() for manager in self.managers)
+
     # -- accounting -------------------------------------------------------------------------------
     def group_entries(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """Every group, then the large pages no type holds; and the slots a token fills in each (its
