@@ -412,11 +412,32 @@ class RadixTree(RadixKeys):
                 heapq.heapify(host.heap)
 
     # ------------------------------------------------------------------------------------ internals
+    def extend(self, node: RadixNode, rest: Key, namespace: int) -> RadixNode:
+        """:meth:`insert` of a key made of the path to ``node`` (a live sequence's locked path end)
+        and then ``rest``: the same touches (every node of the path, at one tick of the clock), splits
+        and new leaf, without matching the path again. Returns the node ending it."""
+        self._clock += 1
+        above = node
+        while above is not self.root:
+            self._touch(above)
+            assert above.parent is not None
+            above = above.parent
+        node, _, rest = self._walk_from(node, rest, namespace)
+        if rest:
+            node = self._add_leaf(node, rest, namespace)
+        if self.host is not None:
+            self._insert_hicache(node)
+        return node
+
     def _walk(self, key: Key, namespace: int) -> tuple[RadixNode, int, Key]:
         """Follow ``key`` from the root, touching each node and splitting the last one if the match
         ends inside it. Returns the last node matched, the tokens matched and the unmatched rest."""
         self._clock += 1
-        node, rest, matched = self.root, key, 0
+        return self._walk_from(self.root, key, namespace)
+
+    def _walk_from(self, node: RadixNode, key: Key, namespace: int) -> tuple[RadixNode, int, Key]:
+        """:meth:`_walk` from ``node`` on, in the clock's current tick."""
+        rest, matched = key, 0
         while rest:
             child = node.children.get(self.child_key(namespace, rest))
             if child is None:

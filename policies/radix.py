@@ -540,7 +540,9 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         tokens = seq.num_tokens if seq.num_tokens < seq.scheduled else seq.scheduled
         whole_pages = self._page_floor(tokens)
         self._account(seq, -1)
-        node, _already_cached = self.tree.insert(seq.key(whole_pages), seq.namespace)
+        # (Its first tree_len tokens are the path to its locked node: only the rest is matched.)
+        rest = block_pieces(seq.segments, seq.segment_ends, seq.tree_len, whole_pages)
+        node = self.tree.extend(seq.last_node, rest, seq.namespace)
         if node is not seq.last_node:
             self.tree.lock(node)
             self.tree.unlock(seq.last_node)
