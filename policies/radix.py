@@ -342,7 +342,6 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         parent = self._get(parent_id)
         self._check_children(parent_id, parent.num_tokens, children)
         self._take_unbacked()
-        parent.scheduled = ALL_PUBLISHED  # (a fork follows its prefill: it inserts all it holds)
         whole_pages = self._page_floor(parent.num_tokens)
         partial_page = parent.num_tokens - whole_pages
         needed = self._pages(partial_page) * len(children)
@@ -353,6 +352,7 @@ class RadixPolicy(SequenceTable[RadixSequence]):
             deduplicated = match.length - match.host_tokens - parent.tree_len
             available = self.available_slots() + deduplicated - match.unlocked_tokens
             self._ensure_available(needed, available, f"forking sequence {parent_id}")
+        parent.scheduled = ALL_PUBLISHED  # (a fork follows its prefill: it inserts all it holds)
         self._insert_into_tree(parent)
         self._make_free(needed)
         for child in children:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies import PoolSpec, make_policy
+from policies import ChildSpec, OutOfKVMemory, PoolSpec, make_policy
 from policies.prefix import PrefixCachingPolicy
 from tests.engine_helpers import ConstantCost, request
 from tests.test_engine import run
@@ -134,6 +134,19 @@ def test_radix_inserts_a_finished_sequence_whole_whatever_was_reported():
     policy.free(0, finished=True)
     assert policy.lookup(prompt).cached_tokens == 12
     assert policy.breakdown().cached == 16  # 18 tokens: 4 whole pages
+
+
+def test_a_refused_fork_leaves_what_was_scheduled_as_it_was():
+    """4 pages of 4, all held by A's 14 tokens: a child's copy of the partial last page does not fit,
+    and the refused fork changes nothing; A's first 8 tokens then enter the tree as reported."""
+    policy = make_policy("radix", PoolSpec(4 * 4, 4, 64), page_size=4)
+    assert policy.defer_prompt_keys()
+    prompt = ids(1, 14)
+    policy.admit(0, prompt, 20, output_content_id=1000)
+    with pytest.raises(OutOfKVMemory):
+        policy.fork(0, [ChildSpec(1, 20, 1001)])
+    policy.prompt_scheduled(0, 8)
+    assert policy.lookup(prompt).cached_tokens == 8
 
 
 @pytest.mark.parametrize("policy, options", [("prefix", {}), ("radix", {}), ("radix", {"page_size": 4})])
