@@ -54,8 +54,8 @@ class AdmissionDesk:
         self.chunks_prompts = chunks_prompts
         self.host_load_s = host_load_s
         # Prompts' blocks are hittable as their chunks are scheduled, not at admission (vLLM's prefix
-        # cache; KVCoordinator.defer_prompt_keys): this desk tells the pool of every chunk.
-        self.publishes_prompts = kv.defer_prompt_keys()
+        # cache; KVCoordinator.defer_prompt_keys): the desk and the jump landing report every chunk.
+        kv.defer_prompt_keys()
         # This iteration's prompt chunks, (request, tokens), in the order they were scheduled.
         self.prefill_this_step: list[tuple[RequestState, int]] = []
         # Async scheduling: when the last iteration started and ended (see scheduled_at).
@@ -123,8 +123,7 @@ class AdmissionDesk:
 
     def _scheduled(self, state: RequestState) -> None:
         """``state``'s prompt is scheduled (or swapped in, or landed) up to ``prefilled``."""
-        if self.publishes_prompts:
-            self.kv.prompt_scheduled(state.seq_ids[0], state.prefilled)
+        self.kv.prompt_scheduled(state.seq_ids[0], state.prefilled)
 
     def admission_failed(self, state: RequestState) -> bool:
         """The queue head does not fit now. Returns True when it was removed (admission may go on)."""

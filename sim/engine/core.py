@@ -254,7 +254,6 @@ class Engine:
             counters,
             self.group_series,
             self.unbacked,
-            self.desk.publishes_prompts,
         )
         self.wakeup = WakeUp(
             self.env,

@@ -32,10 +32,8 @@ class JumpLanding:
         counters: Counters,
         group_series: GroupSeries | None = None,
         unbacked: UnbackedGrowth | None = None,
-        publishes_prompts: bool = False,
     ):
         self.kv = kv
-        self.publishes_prompts = publishes_prompts  # (AdmissionDesk.publishes_prompts)
         self.clock = clock
         self.batch = batch
         self.growth = growth
@@ -80,8 +78,7 @@ class JumpLanding:
         for chunks in jump.chunks[:steps]:
             for state, chunk in chunks:
                 state.prefilled += chunk
-                if self.publishes_prompts:
-                    self.kv.prompt_scheduled(state.seq_ids[0], state.prefilled)
+                self.kv.prompt_scheduled(state.seq_ids[0], state.prefilled)
             prefill_this_step.extend(chunks)
 
     def _prepare_second_iteration(self, jump: Jump, last_clock: int) -> None:

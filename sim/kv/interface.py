@@ -149,9 +149,8 @@ class KVCoordinator:
         return False
 
     def prompt_scheduled(self, seq_id: int, tokens: int) -> None:
-        """``seq_id``'s first ``tokens`` tokens are scheduled (``KVCachePolicy.prompt_scheduled``);
-        called only where :meth:`defer_prompt_keys` returned True."""
-        raise NotImplementedError
+        """``seq_id``'s first ``tokens`` tokens are scheduled (``KVCachePolicy.prompt_scheduled``).
+        A pool that keys prompts at admission has nothing to do."""
 
     def can_defer_unbacked(self) -> bool:
         """Can decode growth go past the slots sequences hold (``KVCachePolicy.can_defer_unbacked``)?
