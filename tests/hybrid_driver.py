@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from policies.base import ChildSpec, OutOfKVMemory, PolicyInputError, PoolSpec
+from policies.base import ALL_PUBLISHED, ChildSpec, OutOfKVMemory, PolicyInputError, PoolSpec
 from policies.hybrid.block_pool import SharedBlockPool
 from policies.hybrid.block_tables import NO_BLOCK
 from policies.hybrid.chunked_local import ChunkedLocalGroup
@@ -200,6 +200,10 @@ LAYOUTS: dict[str, Callable[[], KVCoordinator]] = {
     "vllm-hybrid-prefix-mamba": vllm_prefix_mamba_groups,
     "vllm-hybrid-prefix-mamba-all": vllm_prefix_mamba_all_groups,
     "vllm-hybrid-prefix-marconi": vllm_marconi_mamba_groups,
+    # Prompts' held blocks cached as the engine reports their chunks scheduled (defer_prompt_keys).
+    "vllm-hybrid-prefix-deferred": vllm_prefix_groups,
+    "vllm-hybrid-prefix-mamba-deferred": vllm_prefix_mamba_groups,
+    "vllm-hybrid-prefix-marconi-deferred": vllm_marconi_mamba_groups,
     "sglang-hybrid-pools": sglang_pools,
     "jenga-pages": jenga_pages,
     "jenga-prefix": jenga_prefix_pages,
@@ -219,6 +223,11 @@ class HybridDriver:
         self.sglang_tree = layout.startswith("sglang-mamba")
         self.caching = layout.startswith("vllm-hybrid-prefix") or layout == "jenga-prefix" or self.sglang_tree
         self.policy = self.kv  # (what tests/fuzz.py reads its eviction count from)
+        # Tokens of each live sequence's prompt reported scheduled (the "-deferred" layouts).
+        self.defers = layout.endswith("-deferred")
+        if self.defers:
+            assert self.kv.defer_prompt_keys()
+        self.scheduled: dict[int, int] = {}
         self.names, _ = self.kv.group_entries()
         self.final_len: dict[int, int] = {}
         self.next_id = 1
@@ -248,7 +257,7 @@ class HybridDriver:
             if self.caching:  # a shared start of 0 to 60 tokens, then the request's own
                 prompt = ((SHARED, 3 * (choice % 21)), (seq_id, prompt_len))
                 final_len += 3 * (choice % 21)
-            self.kv.admit(seq_id, prompt, final_len, 1000 + seq_id)
+            self.scheduled[seq_id] = self.kv.admit(seq_id, prompt, final_len, 1000 + seq_id)
             self.final_len[seq_id] = final_len
             return True
         if not live:
@@ -269,6 +278,14 @@ class HybridDriver:
         if kind in ("free", "preempt"):
             self.kv.free(seq_id, finished=kind == "free")
             del self.final_len[seq_id]
+            self.scheduled.pop(seq_id, None)
+            return True
+        if kind == "schedule" and self.defers:
+            # The engine reports a chunk: held blocks gain identities, no slot moves.
+            before = self.kv.group_breakdown_values()
+            self.scheduled[seq_id] = self.scheduled.get(seq_id, 0) + 1 + amount
+            self.kv.prompt_scheduled(seq_id, self.scheduled[seq_id])
+            assert self.kv.group_breakdown_values() == before, "scheduling a chunk moved slots"
             return True
         if kind == "fork":
             child, self.next_id = self.next_id, self.next_id + 1
@@ -366,6 +383,8 @@ class HybridDriver:
                 assert manager.seq_len(seq_id) == kv.seq_len(seq_id)
             physical += held - tables.excess
             logical += held
+            if self.defers:
+                self._check_unscheduled_blocks_have_no_identity(manager)
             cached += pool.cached_in(tables.group)
             # The blocks of this group two or more sequences hold, each once (the shared-read credit's)
             holders = Counter(
@@ -389,6 +408,22 @@ class HybridDriver:
                 assert all(0 < stamp <= pool.clock for stamp in evictor.stamp.values())
         for probe in PROBES:
             self._check_common_hit(probe)
+
+    def _check_unscheduled_blocks_have_no_identity(self, manager: GroupManager) -> None:
+        """A held block past what its sequence scheduled was never computed: nothing can hit it."""
+        tables = manager.tables
+        assert tables is not None
+        for seq_id in self.final_len:
+            record = tables.by_seq[id(manager.sequences[seq_id])]
+            if record.keyed_end == ALL_PUBLISHED:
+                continue
+            assert record.keyed_end * BLOCK <= self.scheduled[seq_id], f"group {manager.kind}"
+            for position in range(record.keyed_end, len(record.table)):
+                block = record.table[position]
+                assert block == NO_BLOCK or not tables.pool.has_identity(block), (
+                    f"group {manager.kind}: sequence {seq_id}'s block at position {position} is cached, "
+                    f"{self.scheduled[seq_id]} tokens scheduled"
+                )
 
     def _check_common_hit(self, prompt: tuple[tuple[int, int], ...]) -> None:
         """The common hit never exceeds what a group holds: every block of it that a group's kind

@@ -350,6 +350,8 @@ def test_a_shared_pool_is_checked_when_it_is_made():
     [
         "vllm-hybrid-groups",
         "vllm-hybrid-prefix",
+        "vllm-hybrid-prefix-deferred",
+        "vllm-hybrid-prefix-marconi-deferred",
         "sglang-hybrid-pools",
         "jenga-pages",
         "jenga-prefix",
@@ -373,6 +375,7 @@ def test_fuzz_driver_keeps_every_group_whole(layout):
         driver.apply(kinds[pick], int(rng.integers(0, 50)), int(rng.integers(0, 21)))
     driver.drain()
     assert {"admit", "grow", "fork", "free", "preempt", "decode_step"} <= set(driver.done)
+    assert ("schedule" in driver.done) == driver.defers
     assert driver.failed["admit"] > 0 and driver.failed["grow"] + driver.failed["decode_step"] > 0
 
 

@@ -428,3 +428,85 @@ def test_a_chunks_last_block_filled_and_passed_in_one_growth_is_cached():
         pools.append((pool.cached_blocks, pool.queue.order(), tuple(chunked.breakdown_values())))
     assert pools[0] == pools[1]
     assert pools[0][0] == 3
+
+
+# -- prompts cached as their chunks are scheduled (the engine drives: defer_prompt_keys) -------------
+def test_a_prompt_is_hittable_in_every_group_as_far_as_it_was_scheduled():
+    """A's 14 tokens take blocks 0-3 (full) and 4-7 (window); nothing is cached until a chunk is
+    scheduled. 6 tokens scheduled: position 0 is full in both groups, a hit of 4 for B (which shares
+    A's 12 system tokens); 9: positions 0 and 1, 8. A preempted then: its keyed blocks stay cached
+    (1, 0 in the full group, 5, 4 in the window's, to the tail), the never-computed ones go back blank,
+    to the head (3, 2, then 7, 6, each given back before the next), B still hits 8 tokens."""
+    kv, full, window, pool = hybrid(10)
+    assert kv.defer_prompt_keys()
+    assert kv.admit(1, A_PROMPT, 16, 101) == 0
+    b_prompt = (SYSTEM, (3, 5))
+    assert kv.lookup(b_prompt) == NO_HIT
+    kv.prompt_scheduled(1, 6)
+    assert (full.lookup(b_prompt), window.lookup(b_prompt), kv.lookup(b_prompt)) == (PrefixHit(4),) * 3
+    kv.prompt_scheduled(1, 9)
+    assert kv.lookup(b_prompt) == PrefixHit(8)
+    kv.prompt_scheduled(1, 5)  # (behind what was scheduled: nothing changes)
+    assert kv.lookup(b_prompt) == PrefixHit(8)
+    kv.free(1, finished=False)
+    assert breakdowns(kv) == {
+        "full": (0, 0, 0, 0, 8, 0),
+        "sliding": (0, 0, 0, 0, 8, 0),
+        "shared pool": (0, 0, 0, 0, 0, 24),
+    }
+    assert pool.queue.order() == [6, 7, 2, 3, 8, 9, 1, 0, 5, 4]
+    assert kv.lookup(b_prompt) == PrefixHit(8)
+
+
+def test_a_prompt_scheduled_whole_or_decoding_is_cached_whole():
+    """The whole prompt scheduled: its 3 full blocks cached in both groups, B hits the 12 system
+    tokens. Without a report (a policy driven directly), a sequence that grows, or forks, has been
+    computed: its blocks are cached then."""
+    kv, _, _, _ = hybrid(10)
+    kv.defer_prompt_keys()
+    kv.admit(1, A_PROMPT, 16, 101)
+    kv.prompt_scheduled(1, 14)
+    assert kv.lookup((SYSTEM, (3, 5))) == PrefixHit(12)
+    for computed in (lambda kv: kv.grow(1, 1), lambda kv: kv.fork(1, [ChildSpec(2, 16, 102)])):
+        kv, _, _, _ = hybrid(12)
+        kv.defer_prompt_keys()
+        kv.admit(1, A_PROMPT, 16, 101)
+        computed(kv)
+        assert kv.lookup((SYSTEM, (3, 5))) == PrefixHit(12)
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_a_request_preempted_mid_prefill_hits_in_every_group_only_what_it_scheduled(step_mode):
+    """16 blocks of 4 tokens shared by a full-attention group and a window of 8, 1 s an iteration, a
+    budget of 9 tokens. R0 (4 prompt tokens, 7 output) decodes from 1.0. R1 (24 tokens) is admitted
+    at 3.0 with every block left: 6 in the full group, 5 in the window's (positions 1-5: its last
+    chunk, 18-23, and the 7 tokens before it), its position 0 passed through (cached); it schedules a
+    first chunk of 8 tokens. At 4.0 R0's 9th token needs a block in each group, one (cached) is
+    free: R1, the newest, is preempted, its positions 0 and 1 cached in both groups. Readmitted when
+    R0 finishes at 7.0, it hits those 8 tokens and computes 16, 9 then 7: its first token at 9.0,
+    its second at 10.0. Keyed at admission, it hit 20 tokens it had never computed and finished at
+    7.0."""
+    from sim.engine.core import Engine
+    from sim.engine.knobs import EngineKnobs
+    from tests.engine_helpers import ConstantCost, request
+
+    pool = PrefixCachingBlockPool(16, BLOCK)
+    spec = PoolSpec(16 * BLOCK, BLOCK, 64)
+    kv = make_coordinator(
+        [
+            KVGroup("full", FullAttentionGroup(spec, pool, 9)),
+            KVGroup("sliding", SlidingWindowGroup(spec, pool, 9, window=8)),
+        ]
+    )
+    engine = Engine(
+        kv,
+        ConstantCost(1.0),
+        EngineKnobs(max_model_len=64, step_mode=step_mode, max_num_batched_tokens=9),
+        iter([request(0, 0.0, 4, 7), request(1, 2.5, 24, 2)]),
+        block_size=BLOCK,
+    )
+    engine.run()
+    r0, r1 = sorted(engine.records, key=lambda record: record.request_id)
+    assert (r0.first_token_s, r0.finish_s, r0.preemptions) == (1.0, 7.0, 0)
+    assert (r1.admitted_s, r1.first_token_s, r1.finish_s, r1.preemptions) == (3.0, 9.0, 10.0, 1)
+    assert kv.stats.prefix_cache_hits == 8

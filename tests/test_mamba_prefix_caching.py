@@ -265,6 +265,41 @@ def test_a_preempted_request_is_readmitted_from_its_last_cached_state():
     assert cached_states(mamba) == 4
 
 
+def test_a_prompt_keyed_as_its_chunks_are_scheduled_leaves_only_those_states_and_blocks():
+    """With the engine reporting chunks (``defer_prompt_keys``): the 22-token prompt's passed states
+    (at 8 and 16) are cached at admission, its held ones (20 and 22, blocks 8, 9) and the full group's
+    blocks only once scheduled. The full group bounds the hit: 8 tokens scheduled, 8 (the Mamba group
+    alone would serve its state at 16); 19, 16; 20, 20. Preempted after 19 tokens, the state at 20 was
+    never computed and goes back blank, the full group keeps its 4 scheduled blocks: a hit of 16."""
+    probe = ((7, 22), (8, 4))
+    kv, full, mamba, _ = mamba_hybrid()
+    assert kv.defer_prompt_keys()
+    assert kv.admit(1, ((7, 22),), 30, 101) == 0
+    assert mamba_table(mamba, 1) == [NO_BLOCK] * 4 + [8, 9] and cached_states(mamba) == 2
+    assert kv.lookup(probe) == PrefixHit(0)
+    kv.prompt_scheduled(1, 8)
+    assert (kv.lookup(probe), full.lookup(probe), mamba.lookup(probe)) == (
+        PrefixHit(8),
+        PrefixHit(8),
+        PrefixHit(16),
+    )
+    kv.prompt_scheduled(1, 19)
+    assert kv.lookup(probe) == PrefixHit(16)
+    kv.prompt_scheduled(1, 20)
+    assert kv.lookup(probe) == PrefixHit(20)
+    kv, _, mamba, _ = mamba_hybrid()
+    kv.defer_prompt_keys()
+    kv.admit(1, ((7, 22),), 30, 101)
+    kv.prompt_scheduled(1, 19)
+    kv.free(1, finished=False)
+    assert parts(kv) == {
+        "full": (0, 0, 0, 0, 16, 0),
+        "mamba": (0, 0, 0, 0, 8, 0),
+        "shared pool": (0, 0, 0, 0, 0, 136),
+    }
+    assert kv.lookup(probe) == PrefixHit(16)
+
+
 # -- the accounting identity under random operations -----------------------------------------------
 
 

@@ -14,6 +14,13 @@ hit them:
 * **Growth**: every group's skipped blocks are released before any group takes new ones
   (``remove_skipped_blocks`` before ``allocate_new_blocks``); a block that fills is cached.
 * **Free**: the held blocks go back tail first (``SingleTypeKVCacheManager.free``), full ones cached.
+* **Chunks** (with the engine driving, :meth:`GroupBlockTables.defer_keys`): a held block of the
+  prompt is cached only once the chunk that computes it is scheduled (:meth:`GroupBlockTables.scheduled`,
+  vLLM's ``cache_blocks`` up to the scheduled tokens), so a request preempted mid-prefill leaves
+  cached only what it had scheduled: its other blocks go back blank, to the queue's head. The blocks
+  earlier chunks pass through (:meth:`GroupBlockTables._pass_through`: a window's, a Mamba group's
+  states) are still cached at admission; where a full-attention group shares the pool, its blocks,
+  all held, bound every hit to what was scheduled.
 * **Fork**: the children share the parent's full blocks (reference counts) and copy its partly filled
   one (kvsim's fork; vLLM's parallel samples share their prompt through the prefix cache alike).
 
@@ -25,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from policies.base import ChildSpec
+from policies.base import ALL_PUBLISHED, ChildSpec
 from policies.hybrid.prefix_pool import NO_BLOCK, PrefixCachingBlockPool, acquire_chains, find_chains
 from policies.paged import SequenceState
 from token_content import TokenContent
@@ -34,16 +41,19 @@ from token_content import TokenContent
 class CachedSequence:
     """One sequence's blocks in one group: ``table[p]`` is the block at position ``p`` (``NO_BLOCK``:
     released, or never held), ``chains[p]`` the content chain of full block ``p`` (every full block,
-    held or not: the next block's key needs it)."""
+    held or not: the next block's key needs it). Its held blocks at positions from ``keyed_end`` on
+    wait for their chunk to be scheduled before they are cached (``ALL_PUBLISHED``: none wait)."""
 
     content: SequenceState  # its token segments (``block_table`` unused)
     table: list[int]
     chains: list[int]
+    keyed_end: int
 
     def __init__(self, content: SequenceState, table: list[int], chains: list[int]) -> None:
         self.content = content
         self.table = table
         self.chains = chains
+        self.keyed_end = ALL_PUBLISHED
 
 
 class GroupBlockTables:
@@ -57,6 +67,35 @@ class GroupBlockTables:
         self.excess = 0  # references to held blocks past the first (shared blocks counted once)
         self.shared_blocks = 0  # blocks two or more sequences hold
         self.by_seq: dict[int, CachedSequence] = {}  # id(GroupSequence) -> its blocks
+        self.defers_keys = False  # (defer_keys)
+
+    def defer_keys(self) -> None:
+        """From now on a prompt's held blocks are cached as its chunks are scheduled
+        (:meth:`scheduled`), not at admission."""
+        self.defers_keys = True
+
+    def scheduled(self, key: int, tokens: int) -> None:
+        """The sequence's first ``tokens`` tokens are scheduled: its held blocks they fill are cached."""
+        record = self.by_seq[key]
+        if record.keyed_end == ALL_PUBLISHED:
+            return
+        keyed = record.keyed_end
+        record.keyed_end = (
+            ALL_PUBLISHED if tokens >= record.content.num_tokens else max(keyed, tokens // self.block_size)
+        )
+        self._cache_held(record, keyed)
+
+    def _publish_all(self, record: CachedSequence) -> None:
+        """Every token of the sequence was computed (it decodes, or forks): nothing waits any more."""
+        if record.keyed_end != ALL_PUBLISHED:
+            keyed = record.keyed_end
+            record.keyed_end = ALL_PUBLISHED
+            self._cache_held(record, keyed)
+
+    def key_end(self, record: CachedSequence) -> int:
+        """The end of the positions whose held blocks may be cached now: full, and scheduled."""
+        end = min(len(record.chains), len(record.table))
+        return end if end < record.keyed_end else record.keyed_end
 
     # -- prefix hits -----------------------------------------------------------------------------
     def prompt_chains(self, prompt: TokenContent, namespace: int, max_blocks: int) -> list[int]:
@@ -123,6 +162,8 @@ class GroupBlockTables:
         first, end = run
         record = self.by_seq[key]
         done = len(record.chains)
+        if self.defers_keys:
+            record.keyed_end = hit  # (the hit's blocks are cached already)
         self._extend_chains(record)
         self._pass_through(record, prefill_from, first, hit)
         start = max(first, hit)
@@ -175,7 +216,7 @@ class GroupBlockTables:
         """The held blocks at full positions from ``done`` on without an identity get theirs."""
         pool = self.pool
         table = record.table
-        for position in range(done, min(len(record.chains), len(table))):
+        for position in range(done, self.key_end(record)):
             block = table[position]
             if block != NO_BLOCK and not pool.has_identity(block):
                 pool.cache_block(self.group, block, record.chains[position])
@@ -196,6 +237,7 @@ class GroupBlockTables:
         """The sequence grew by ``tokens`` of its own output: the held blocks they filled are cached
         (before any is released: :meth:`release_skipped`)."""
         record = self.by_seq[key]
+        self._publish_all(record)
         record.content.output_pending += tokens
         self._cache_if_filled(record)
 
@@ -242,6 +284,7 @@ class GroupBlockTables:
         as nothing.)"""
         parent = self.by_seq[parent_key]
         pool = self.pool
+        self._publish_all(parent)  # (a fork follows its parent's prefill)
         parent.content.fold_output()
         full = len(parent.chains)
         table = list(parent.table)

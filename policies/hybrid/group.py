@@ -492,6 +492,18 @@ class GroupManager(SequenceTable[GroupSequence]):
             self._account(seq, 1)
             self.stats.fork_copied_tokens += max(0, partial_tokens)
 
+    def defer_prompt_keys(self) -> bool:
+        """With a prefix-caching pool, a prompt's held blocks are cached as its chunks are scheduled
+        (``GroupBlockTables.defer_keys``)."""
+        if self.tables is None:
+            return False
+        self.tables.defer_keys()
+        return True
+
+    def prompt_scheduled(self, seq_id: int, tokens: int) -> None:
+        if self.tables is not None:
+            self.tables.scheduled(id(self._get(seq_id)), tokens)
+
     def free(self, seq_id: int, finished: bool = True) -> None:
         seq = self._get(seq_id)
         self._account(seq, -1)

@@ -129,6 +129,8 @@ class StateBlockTables(GroupBlockTables):
         record = self.by_seq[key]
         pool = self.pool
         done = len(record.chains)
+        if self.defers_keys:
+            record.keyed_end = hit  # (the hit's state is cached already)
         self._extend_chains(record)
         table, chains = record.table, record.chains
         if hit and table[hit - 1] != NO_BLOCK and (hit - 1) not in held:

@@ -260,7 +260,7 @@ class MarconiStateTables(StateBlockTables):
     def _cache_held(self, record: CachedSequence, done: int) -> None:
         pool = self.pool
         table = record.table
-        for position in range(done, min(len(record.chains), len(table))):
+        for position in range(done, self.key_end(record)):
             block = table[position]
             if block != NO_BLOCK and not pool.has_identity(block) and self.admits(record, position):
                 self.cache_state(block, record.chains[position], position)

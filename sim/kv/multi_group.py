@@ -200,6 +200,17 @@ class MultiGroupCoordinator(KVCoordinator):
             policy.admit_capped(seq_id, prompt, final_len, output_content_id, namespace, cached)
         return cached
 
+    def defer_prompt_keys(self) -> bool:
+        """A prefix-caching pool caches a prompt's held blocks as its chunks are scheduled, in every
+        group (``GroupManager.defer_prompt_keys``)."""
+        for manager in self._caching:
+            manager.defer_prompt_keys()
+        return bool(self._caching)
+
+    def prompt_scheduled(self, seq_id: int, tokens: int) -> None:
+        for manager in self._caching:
+            manager.prompt_scheduled(seq_id, tokens)
+
     def _refuse(self, what: str, shortfall: tuple[str, int, int]) -> None:
         where, needed, available = shortfall
         self.policies[0].stats.allocation_failures += 1
