@@ -207,6 +207,7 @@ LAYOUTS: dict[str, Callable[[], KVCoordinator]] = {
     "sglang-hybrid-pools": sglang_pools,
     "jenga-pages": jenga_pages,
     "jenga-prefix": jenga_prefix_pages,
+    "jenga-prefix-deferred": jenga_prefix_pages,
     "jenga-whole-pages": jenga_whole_pages,
     "sglang-mamba-extra-buffer": sglang_mamba_extra_buffer,
 }
@@ -221,7 +222,7 @@ class HybridDriver:
         self.kv = LAYOUTS[layout]()
         self.jenga = layout.startswith("jenga")
         self.sglang_tree = layout.startswith("sglang-mamba")
-        self.caching = layout.startswith("vllm-hybrid-prefix") or layout == "jenga-prefix" or self.sglang_tree
+        self.caching = layout.startswith(("vllm-hybrid-prefix", "jenga-prefix")) or self.sglang_tree
         self.policy = self.kv  # (what tests/fuzz.py reads its eviction count from)
         # Tokens of each live sequence's prompt reported scheduled (the "-deferred" layouts).
         self.defers = layout.endswith("-deferred")
@@ -450,6 +451,9 @@ class HybridDriver:
         kv = self.kv
         if self.caching:
             test_jenga_prefix.check_identity(kv)  # type: ignore[arg-type]
+            if self.defers:
+                for manager in kv.managers:  # type: ignore[attr-defined]
+                    self._check_unscheduled_blocks_have_no_identity(manager)
             for probe in PROBES:
                 self._check_common_hit(probe)
         else:

@@ -355,6 +355,7 @@ def test_a_shared_pool_is_checked_when_it_is_made():
         "sglang-hybrid-pools",
         "jenga-pages",
         "jenga-prefix",
+        "jenga-prefix-deferred",
         "jenga-whole-pages",
         "sglang-mamba-extra-buffer",
     ],

@@ -386,3 +386,27 @@ def test_every_cached_page_has_the_same_stamp_in_both_step_modes(large_pages, se
     assert any(cache.stamps for cache in single.caches)
     assert [cache.stamps for cache in single.caches] == [cache.stamps for cache in skip.caches]
     assert [cache.whole for cache in single.caches] == [cache.whole for cache in skip.caches]
+
+
+def test_a_prompt_is_cached_in_every_type_as_far_as_it_was_scheduled():
+    """With the engine reporting chunks (``defer_prompt_keys``): A's 14 tokens hold small pages 0-3 of
+    the full type (large pages 0 and 1) and 4-7 of the window's (large pages 2 and 3), nothing cached
+    until a chunk is scheduled. 6 tokens scheduled: B, sharing A's 12 system tokens, hits 4; 9
+    tokens: 8. A preempted then: pages 0, 1 (full) and 4, 5 (window) stay cached, 2, 3, 6, 7 were
+    never computed and go back blank. The full type keeps large page 0 (pages 0, 1 cached, 2 blank:
+    16 + 8 bytes), the window large page 2 (24 cached); large pages 1 and 3 are free again."""
+    kv = tiny()
+    assert kv.defer_prompt_keys()
+    a_prompt, b_prompt = system(12, 2, 2), system(12, 5, 3)
+    assert kv.admit(1, a_prompt, 16, 101) == 0
+    assert (table(kv, 0, 1), table(kv, 1, 1)) == ([0, 1, 2, 3], [4, 5, 6, 7])
+    assert kv.lookup(b_prompt).cached_tokens == 0
+    kv.prompt_scheduled(1, 6)
+    assert kv.lookup(b_prompt).cached_tokens == 4
+    kv.prompt_scheduled(1, 9)
+    assert kv.lookup(b_prompt).cached_tokens == 8
+    check_identity(kv)
+    kv.free(1, finished=False)
+    check_identity(kv)
+    assert entries(kv) == [(0, 0, 0, 8, 16, 0), (0, 0, 0, 0, 24, 0), (0, 0, 0, 0, 0, 96)]
+    assert kv.lookup(b_prompt).cached_tokens == 8

@@ -30,7 +30,9 @@ What is modelled:
   allocated whole in every type (the artifact's sliding-window ``allocation_mode`` is ``"full"``
   with prefix caching, ``determine_sliding_window_mode``): a window's pages before the last window
   go back, cached, at the first decode step (``free_skipped_blocks``), so the next prompt with that
-  prefix can hit them. Room is Jenga's quota rule with a wholly cached large page counted as free
+  prefix can hit them. With the engine driving, a held page is cached only once the chunk that
+  computes it is scheduled (vLLM v0's ``mark_blocks_as_computed``, :meth:`JengaPrefixCoordinator.
+  defer_prompt_keys`). Room is Jenga's quota rule with a wholly cached large page counted as free
   and the other cached pages as their type's free small pages (``set_large_block_quota``), each
   checked exactly for one request, as it stands after the hit's pages are held.
 * **Eviction** (``policies/hybrid/jenga_cache.py``): a page is stamped when given back, the same
@@ -143,6 +145,18 @@ class JengaPrefixCoordinator(JengaCoordinator):
             cache.serve(request, pages)
             manager.take_admission_blocks(seq_id)
         return cached.cached_tokens
+
+    def defer_prompt_keys(self) -> bool:
+        """A prompt's pages are cached in every type as its chunks are scheduled (vLLM v0, which
+        the artifact runs, marks a chunk's blocks computed once it is scheduled), not at admission:
+        a request preempted mid-prefill leaves cached only what it had scheduled."""
+        for manager in self.managers:
+            manager.defer_prompt_keys()
+        return True
+
+    def prompt_scheduled(self, seq_id: int, tokens: int) -> None:
+        for manager in self.managers:
+            manager.prompt_scheduled(seq_id, tokens)
 
     def _admission_quota(
         self, prompt: TokenContent, namespace: int, hit: int
