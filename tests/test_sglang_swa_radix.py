@@ -179,6 +179,47 @@ def test_a_finished_request_leaves_the_swa_slots_it_freed_as_a_tombstone():
     stream_of_one_request()
 
 
+def test_a_prompt_enters_the_tree_as_its_chunks_are_scheduled():
+    """With the engine reporting chunks (``defer_prompt_keys``; SGLang's ``cache_unfinished_req`` after
+    each chunk). W = 4, 64 full and 32 SWA slots, pages of 1. A's 10-token prompt is admitted: nothing
+    in the tree. Its first 6 tokens scheduled enter it as a node A locks (their slots move from A's
+    own to the tree: no category changes). B, sharing A's first 8 tokens, hits 6, not 8, and locks the
+    node too. A, preempted, frees its 4 own tokens; the node stays. B's 12 tokens scheduled: its own
+    6 enter below; its SWA lock covers its last window only, so the first node's 6 SWA slots are
+    cached."""
+    kv = coordinator(4, full=64, swa=32)
+    assert kv.defer_prompt_keys()
+    assert kv.admit(1, ((1, 10),), 20, 101) == 0
+    assert shape(kv.tree) == []
+    kv.prompt_scheduled(1, 6)
+    assert shape(kv.tree) == [(6, False, 1, 1)]
+    assert kv.pool_breakdown(0) == (10, 0, 0, 0, 0, 54) and kv.pool_breakdown(1) == (10, 0, 0, 0, 0, 22)
+    b_prompt = ((1, 8), (5, 4))
+    assert kv.lookup(b_prompt).cached_tokens == 6
+    assert kv.admit(2, b_prompt, 20, 102) == 6
+    kv.free(1, finished=False)
+    assert shape(kv.tree) == [(6, False, 1, 1)]
+    assert kv.pool_breakdown(0) == (12, 0, 0, 0, 0, 52) and kv.pool_breakdown(1) == (12, 0, 0, 0, 0, 20)
+    kv.prompt_scheduled(2, 12)
+    assert shape(kv.tree) == [(6, False, 1, 0), (6, False, 1, 1)]
+    assert kv.pool_breakdown(0) == (12, 0, 0, 0, 0, 52) and kv.pool_breakdown(1) == (6, 0, 0, 0, 6, 20)
+    check_pools(kv)
+
+
+def test_a_finished_sequence_enters_the_tree_whole_whatever_was_reported():
+    """A finished sequence computed every token: ``cache_finished_req`` inserts all of its 12 (10 of
+    the prompt, 2 decoded), though only 4 were reported scheduled."""
+    kv = coordinator(4, full=64, swa=32)
+    kv.defer_prompt_keys()
+    kv.admit(1, ((1, 10),), 12, 101)
+    kv.prompt_scheduled(1, 4)
+    kv.grow(1, 2)
+    kv.free(1)
+    assert sum(length for length, *_ in shape(kv.tree)) == 12
+    assert kv.lookup(((1, 10), (101, 2), (9, 1))).cached_tokens == 12
+    check_pools(kv)
+
+
 @pytest.mark.parametrize(
     ("window", "hit", "full_after", "swa_after"),
     [
@@ -257,9 +298,12 @@ PROMPTS = [((1, 6),), ((1, 6), (2, 5)), ((1, 6), (3, 9)), ((4, 3),), ((1, 14),),
     window=st.integers(1, 9),
     page=st.sampled_from([1, 1, 2, 4]),
     pools=st.tuples(st.integers(24, 90), st.integers(12, 70)),
+    deferred=st.booleans(),
     operations=st.lists(
         st.tuples(
-            st.sampled_from(["admit", "grow", "grow", "free", "preempt", "fork", "decode", "match"]),
+            st.sampled_from(
+                ["admit", "grow", "grow", "free", "preempt", "fork", "decode", "match", "schedule"]
+            ),
             st.integers(0, 6),
             st.integers(0, len(PROMPTS) - 1),
             st.integers(1, 9),
@@ -267,12 +311,16 @@ PROMPTS = [((1, 6),), ((1, 6), (2, 5)), ((1, 6), (3, 9)), ((4, 3),), ((1, 14),),
         max_size=60,
     ),
 )
-def test_random_operations_keep_each_pool_whole(window, page, pools, operations):
+def test_random_operations_keep_each_pool_whole(window, page, pools, deferred, operations):
     """Admissions of prompts sharing prefixes, growths, forks, finishing and preemption, decode-step
-    evictions and scheduler matches: after each, each pool's breakdown sums to it, nothing is
-    negative, the tree's counters recount, and a refused operation changes no breakdown."""
+    evictions, scheduler matches and (``deferred``: prompts inserted as the engine schedules them)
+    chunks scheduled: after each, each pool's breakdown sums to it, nothing is negative, the tree's
+    counters recount, a refused operation changes no breakdown, and no sequence's tree path reaches
+    past what it scheduled."""
     full, swa = (max(tokens, page) // page * page for tokens in pools)
     kv = coordinator(window, full=full, swa=swa, page=page)
+    if deferred:
+        kv.defer_prompt_keys()
     next_id = 100
     for operation, seq, prompt_index, tokens in operations:
         before = kv.breakdown_values()
@@ -304,9 +352,13 @@ def test_random_operations_keep_each_pool_whole(window, page, pools, operations)
                 kv.prepare_decode_step(len(live))
             elif operation == "match":
                 kv.match(PROMPTS[prompt_index])
+            elif operation == "schedule" and seq in kv.sequences:
+                kv.prompt_scheduled(seq, tokens * 2)
         except OutOfKVMemory:
             assert operation == "fork"
         check_pools(kv)
+        for state in kv.sequences.values():
+            assert state.tree_len <= state.scheduled
     for seq in list(kv.sequences):
         kv.free(seq)
     assert kv.tree.full_locked == kv.tree.swa_locked == 0

@@ -17,9 +17,11 @@ slot in each). What happens when, in kvsim's terms (a prompt is allocated at adm
   (:meth:`~policies._swa_radix_tree.SWARadixTree.match_prefix`: the window rule, a split, the path
   refreshed, whether or not the request then fits, as the ``radix`` policy matches); the matched node
   is locked; each pool evicts its shortfall for the new tokens (``evict_from_tree_cache``: full
-  eviction first, then SWA) and they take slots in both; the prompt's whole pages then enter the tree
-  (``cache_unfinished_req``, which SGLang runs after each prefill chunk: tokens the tree held already
-  are freed, tombstones past the hit take the prompt's SWA slots back) and the request locks its end.
+  eviction first, then SWA) and they take slots in both. With the engine driving
+  (:meth:`SWARadixCoordinator.defer_prompt_keys`), the prompt's whole pages then enter the tree as its
+  chunks are scheduled (``cache_unfinished_req``, which SGLang runs after each prefill chunk: tokens
+  the tree held already are freed, tombstones past the hit take the prompt's SWA slots back) and the
+  request locks the end of what entered; called directly, the whole prompt enters at admission.
   With the prompt in the tree, SGLang's out-of-window SWA freeing frees none of it
   (``free_swa_out_of_window_slots`` never frees below ``cache_protected_len``): the tree's lock keeps
   the prompt's last window, the rest is SWA-evictable (tombstoned under pressure).
@@ -45,7 +47,8 @@ fragmentation** = slots past the pool's last whole page; **cached** = the tree's
 **free** = the rest. A tombstone's SWA slots are free. Statistics: queries and hits per successful
 admission, in tokens; ``evictions`` counts the pages evicted in both pools.
 
-Left out: chunked insertion (the prompt is inserted whole at admission), SGLang's checks of the
+Left out: a chunk enters the tree as it is scheduled, one iteration before SGLang inserts it
+(after its prefill batch ran); SGLang's checks of the
 scheduler's budget against locked nodes (``PrefillAdder``'s lock re-check), the early release of a
 decoding request's SWA lock (``dec_swa_lock_only``), HiCache, and the overlap scheduler's one-token
 lag.
@@ -59,6 +62,7 @@ from dataclasses import dataclass
 from policies._radix_tree import Key
 from policies._swa_radix_tree import NO_UUID, SWANode, SWARadixTree
 from policies.base import (
+    ALL_PUBLISHED,
     NO_HIT,
     ChildSpec,
     OutOfKVMemory,
@@ -96,6 +100,9 @@ class SWASequence:
     tree_len: int = 0
     num_tokens: int = 0
     swa_start: int = 0
+    # Tokens of its content scheduled so far: its prompt enters the tree only that far
+    # (``SWARadixCoordinator.defer_prompt_keys``).
+    scheduled: int = ALL_PUBLISHED
 
     def key(self, num_tokens: int) -> Key:
         """Its first ``num_tokens`` tokens as a tree key."""
@@ -136,6 +143,7 @@ class SWARadixCoordinator(SGLangTreeCoordinator):
         self._tree_held = 0  # tree tokens the sequences hold, counted once per sequence
         self._swa_held = 0  # SWA tokens the sequences' locks cover, counted once per sequence
         self._stats = PolicyStats()
+        self._inserts_deferred = False  # (defer_prompt_keys)
         self.groups = tuple(
             KVGroup(
                 name,
@@ -212,10 +220,14 @@ class SWARadixCoordinator(SGLangTreeCoordinator):
         seq.last_node = node
         seq.swa_uuid, seq.swa_locked = self.tree.lock(node)
 
+    def _insertable(self, seq: SWASequence) -> int:
+        """Its tokens that may enter the tree: its whole pages, as far as they were scheduled."""
+        tokens = seq.num_tokens if seq.num_tokens < seq.scheduled else seq.scheduled
+        return tokens // self.page_size * self.page_size
+
     def _insert(self, seq: SWASequence, swa_evicted: int) -> SWANode:
         """Its whole pages into the tree (``insert``): returns the node ending them."""
-        whole = seq.num_tokens // self.page_size * self.page_size
-        return self.tree.insert(seq.key(whole), seq.namespace, seq.tree_len, swa_evicted)
+        return self.tree.insert(seq.key(self._insertable(seq)), seq.namespace, seq.tree_len, swa_evicted)
 
     def _cache_unfinished(self, seq: SWASequence) -> None:
         """``cache_unfinished_req``: insert its whole pages, then lock their end in place of its path."""
@@ -223,7 +235,7 @@ class SWARadixCoordinator(SGLangTreeCoordinator):
         node = self._insert(seq, seq.swa_start)
         self.tree.unlock(seq.last_node, seq.swa_uuid)
         self._lock(seq, node)
-        seq.tree_len = seq.num_tokens // self.page_size * self.page_size
+        seq.tree_len = self._insertable(seq)
         seq.swa_start = max(seq.swa_start, seq.tree_len)
         self._account(seq, +1)
 
@@ -254,7 +266,10 @@ class SWARadixCoordinator(SGLangTreeCoordinator):
         self._make_free(needed + spare, needed + spare)
         self.sequences[seq_id] = seq
         self._account(seq, +1)
-        self._cache_unfinished(seq)  # the prompt's prefill is done
+        if self._inserts_deferred:
+            seq.scheduled = hit  # the rest as its chunks are scheduled (prompt_scheduled)
+        else:
+            self._cache_unfinished(seq)  # the prompt's prefill is done
         self._stats.prefix_cache_queries += prompt_len
         self._stats.prefix_cache_hits += hit
         return hit
@@ -290,6 +305,7 @@ class SWARadixCoordinator(SGLangTreeCoordinator):
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
         parent = self._fork_parent(parent_id, children)
+        parent.scheduled = ALL_PUBLISHED  # (a fork follows its parent's prefill)
         if parent.swa_start == parent.tree_len:
             # (It holds every own token's SWA slot, so its pages enter the tree whole and its lock's
             # window stays clear of tombstones; otherwise the children copy its own tokens.)
@@ -318,9 +334,25 @@ class SWARadixCoordinator(SGLangTreeCoordinator):
         seq = self._get(seq_id)
         self._account(seq, -1)
         if finished:
+            seq.scheduled = ALL_PUBLISHED  # (every token was computed)
             self._insert(seq, seq.swa_start)
         self.tree.unlock(seq.last_node, seq.swa_uuid)
         del self.sequences[seq_id]
+
+    def defer_prompt_keys(self) -> bool:
+        self._inserts_deferred = True
+        return True
+
+    def prompt_scheduled(self, seq_id: int, tokens: int) -> None:
+        """SGLang inserts a prompt's whole pages after each chunk (``cache_unfinished_req``): a request
+        admitted later can hit what was scheduled; a request preempted mid-prefill leaves only that
+        in the tree (kvsim inserts a chunk as it is scheduled, one iteration before SGLang does)."""
+        seq = self._get(seq_id)
+        if tokens <= seq.scheduled:
+            return  # (already scheduled that far; ALL_PUBLISHED once its whole content was)
+        seq.scheduled = ALL_PUBLISHED if tokens >= seq.num_tokens else tokens
+        if self._insertable(seq) > seq.tree_len:
+            self._cache_unfinished(seq)
 
     def growth_room(self, seq_id: int) -> int:
         """Tokens before its next new page, or its next decode eviction (an event: the slots it frees
