@@ -188,6 +188,10 @@ class JumpPlanner:
             return None  # the batch (or the swap traffic) of the next iteration differs from this one's
         if any(state.prefilled >= state.tokens_to_prefill for state, _ in iteration.prefill_this_step):
             return None  # a prompt completes at the end of iteration 1
+        if self.kv.scheduled_chunks_move_slots() and any(
+            state.prefilled < state.tokens_to_prefill for state in iteration.prefilling
+        ):
+            return None  # each chunk reported moves slots: observed at its own iteration
         if self.alternates and iteration.prefill_this_step:
             return self._prefill_batches_jump(first_s)
         clock = self.clock

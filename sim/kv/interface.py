@@ -153,6 +153,12 @@ class KVCoordinator:
         """``seq_id``'s first ``tokens`` tokens are scheduled (``KVCachePolicy.prompt_scheduled``).
         A pool that keys prompts at admission has nothing to do."""
 
+    def scheduled_chunks_move_slots(self) -> bool:
+        """Can a reported chunk (:meth:`prompt_scheduled`) move slots between the categories of the
+        breakdown? Then the engine steps the iterations that prefill, so that each move is observed
+        at its own iteration. Default: no (a chunk only makes held blocks hittable)."""
+        return False
+
     def can_defer_unbacked(self) -> bool:
         """Can decode growth go past the slots sequences hold (``KVCachePolicy.can_defer_unbacked``)?
         One group whose policy can: a pool of several groups tells each of every token."""

@@ -354,6 +354,11 @@ class SWARadixCoordinator(SGLangTreeCoordinator):
         if self._insertable(seq) > seq.tree_len:
             self._cache_unfinished(seq)
 
+    def scheduled_chunks_move_slots(self) -> bool:
+        """A chunk entering the tree moves its SWA slots outside the request's window from used to
+        cached (its lock covers the window only)."""
+        return self._inserts_deferred
+
     def growth_room(self, seq_id: int) -> int:
         """Tokens before its next new page, or its next decode eviction (an event: the slots it frees
         are free from then on)."""
