@@ -237,7 +237,8 @@ class GroupBlockTables:
         """The sequence grew by ``tokens`` of its own output: the held blocks they filled are cached
         (before any is released: :meth:`release_skipped`)."""
         record = self.by_seq[key]
-        self._publish_all(record)
+        if record.keyed_end != ALL_PUBLISHED:  # (this runs at every growth a sequence is told of)
+            self._publish_all(record)
         record.content.output_pending += tokens
         self._cache_if_filled(record)
 
