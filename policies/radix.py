@@ -27,10 +27,11 @@ How a request's KV lives here, and which SGLang code each rule follows:
   freed and it adopts the tree's (SGLang does, vLLM does not). An insertion walks the whole path, so
   it refreshes the access time of every node on it even when nothing is new. kvsim allocates a
   prompt at admission; with the engine driving (:meth:`RadixPolicy.defer_prompt_keys`) its whole
-  pages enter the tree as its chunks are scheduled (:meth:`RadixPolicy.prompt_scheduled`), one
-  iteration before SGLang, which inserts a chunk once its prefill batch ran: a request admitted in the
-  same round as a chunk hits it, where SGLang's would compute its own copy and dedup it on insertion.
-  Called directly, without the engine, a prompt is inserted whole at admission.
+  pages enter the tree as the engine reports its chunks (:meth:`RadixPolicy.prompt_scheduled`): under
+  SGLang's scheduler once the chunk's batch has run, as SGLang inserts it (a request admitted in the
+  same round computes its own copy and dedups it on insertion); under vLLM's as it is scheduled
+  (``sim/engine/chunk_reports.py``). Called directly, without the engine, a prompt is inserted whole
+  at admission.
   A sequence freed ``finished`` is inserted; one freed otherwise (preempted, retracted, aborted) is
   not: its own slots are freed (``release_kv_cache(..., is_insert=False)``, as ``retract_decode``
   releases a request), and only what of its prompt was scheduled stays cached.

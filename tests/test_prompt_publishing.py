@@ -187,3 +187,30 @@ def test_random_operations_with_prompts_keyed_as_scheduled_keep_every_invariant(
     for kind, choice, amount in operations:
         driver.apply(kind, choice, amount)
     driver.drain()
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+@pytest.mark.parametrize(("scheduler", "hits"), [("vllm", [0, 15, 15]), ("sglang", [0, 0, 15])])
+def test_sglang_caches_a_chunk_once_its_batch_ran(step_mode, scheduler, hits):
+    """Three requests with one 16-token prompt on ``radix`` (pages of 1), 1 s an iteration: R0 and R1
+    arrive at 0.0 and are admitted in one round, R2 at 2.5. SGLang inserts a prompt into its tree
+    after the batch that computed it ran (``cache_unfinished_req``): R1 cannot hit R0's prompt, R2
+    hits 15 tokens (a hit stops one short of the prompt). vLLM's scheduler caches a chunk as it
+    schedules it: R1 hits R0's 15 in the same round."""
+    shared = ((7, 16),)
+    engine = run(
+        "radix",
+        PoolSpec(64, 1, 64),
+        [request(index, arrival, 16, 3, prompt=shared) for index, arrival in enumerate((0.0, 0.0, 2.5))],
+        step_mode=step_mode,
+        costs=ConstantCost(1.0),
+        scheduler=scheduler,
+        max_num_batched_tokens=64,
+    )
+    records = sorted(engine.records, key=lambda record: record.request_id)
+    assert [record.cached_prompt_tokens for record in records] == hits
+    assert [(record.admitted_s, record.first_token_s) for record in records] == [
+        (0.0, 1.0),
+        (0.0, 1.0),
+        (3.0, 4.0),
+    ]

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import simpy
 
 from sim.engine.batch import Batch
+from sim.engine.chunk_reports import ChunkReports
 from sim.engine.decoding import DecodeClock, RequestState
 from sim.engine.growth import DecodeGrowth
 from sim.engine.handoff import KVHandOff
@@ -38,6 +39,7 @@ class AdmissionDesk:
         counters: Counters,
         chunks_prompts: bool,
         host_load_s: Callable[[float], float],
+        chunk_reports: ChunkReports,
     ):
         self.env = env
         self.knobs = knobs
@@ -53,9 +55,9 @@ class AdmissionDesk:
         self.counters = counters
         self.chunks_prompts = chunks_prompts
         self.host_load_s = host_load_s
-        # Prompts' blocks are hittable as their chunks are scheduled, not at admission (vLLM's prefix
-        # cache; KVCoordinator.defer_prompt_keys): the desk and the jump landing report every chunk.
-        kv.defer_prompt_keys()
+        # Prompts' blocks are hittable as their chunks are scheduled or have run, not at admission
+        # (sim/engine/chunk_reports.py): the desk and the jump landing report every chunk.
+        self.chunk_reports = chunk_reports
         # This iteration's prompt chunks, (request, tokens), in the order they were scheduled.
         self.prefill_this_step: list[tuple[RequestState, int]] = []
         # Async scheduling: when the last iteration started and ended (see scheduled_at).
@@ -123,7 +125,7 @@ class AdmissionDesk:
 
     def _scheduled(self, state: RequestState) -> None:
         """``state``'s prompt is scheduled (or swapped in, or landed) up to ``prefilled``."""
-        self.kv.prompt_scheduled(state.seq_ids[0], state.prefilled)
+        self.chunk_reports.scheduled(state)
 
     def admission_failed(self, state: RequestState) -> bool:
         """The queue head does not fit now. Returns True when it was removed (admission may go on)."""

@@ -44,6 +44,7 @@ from sim.engine.admission import AdmissionDesk
 from sim.engine.arrivals import Arrivals
 from sim.engine.batch import Batch
 from sim.engine.beams import BeamDraws
+from sim.engine.chunk_reports import ChunkReports
 from sim.engine.completions import Completions
 from sim.engine.decoding import DecodeClock, RequestState
 from sim.engine.errors import EngineStalled
@@ -227,6 +228,8 @@ class Engine:
             unbacked=self.unbacked,
             alternates=alternates,
         )
+        # When the pool hears of the prompt chunks scheduled: as scheduled (vLLM), or once run (SGLang).
+        chunk_reports = ChunkReports(kv, self.scheduler.caches_chunks_after_run)
         self.desk = AdmissionDesk(
             self.env,
             self.knobs,
@@ -241,6 +244,7 @@ class Engine:
             self._chunks_prompts,
             # Seconds to load blocks from the host tier (offload:); by default the swap link.
             host_load_s if host_load_s is not None else self.costs.swap_blocks_s,
+            chunk_reports,
         )
         self.growth.engine = self.desk  # the scheduler's victim choice sees what its admissions see
         landing = JumpLanding(
@@ -252,6 +256,7 @@ class Engine:
             self.recorder,
             self._observer,
             counters,
+            chunk_reports,
             self.group_series,
             self.unbacked,
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import partial
 
 from sim.engine.batch import Batch
+from sim.engine.chunk_reports import ChunkReports
 from sim.engine.decoding import DecodeClock, RequestState
 from sim.engine.growth import DecodeGrowth
 from sim.engine.jumps import Jump
@@ -30,6 +31,7 @@ class JumpLanding:
         recorder: Recorder,
         observer: StateObserver,
         counters: Counters,
+        chunk_reports: ChunkReports,
         group_series: GroupSeries | None = None,
         unbacked: UnbackedGrowth | None = None,
     ):
@@ -41,6 +43,7 @@ class JumpLanding:
         self.recorder = recorder
         self.observer = observer
         self.counters = counters
+        self.chunk_reports = chunk_reports  # (the pool hears of the prefill chunks through it)
         self.group_series = group_series  # a hybrid allocator's split by KV group (None: one group)
         self.unbacked = unbacked  # a token-granular pool's deferred growth (sim/engine/unbacked.py)
         # Where its pending tokens take free slots, per entry of the split by group.
@@ -78,7 +81,7 @@ class JumpLanding:
         for chunks in jump.chunks[:steps]:
             for state, chunk in chunks:
                 state.prefilled += chunk
-                self.kv.prompt_scheduled(state.seq_ids[0], state.prefilled)
+                self.chunk_reports.scheduled(state)
             prefill_this_step.extend(chunks)
 
     def _prepare_second_iteration(self, jump: Jump, last_clock: int) -> None:

@@ -234,6 +234,7 @@ class WakeUp:
                 clock.tokens_per_sequence(self.first_iteration, last) * self.decoded_seqs
             )
         clock.end_iteration()
+        self.desk.chunk_reports.batch_ran()  # (SGLang caches the chunks that ran before their completions)
         preemptions_before = self.counters.preemptions
         changed, swapped_out = self.completions.after_iterations(self.desk.prefill_this_step)
         self.retract_next = self.alternates and self.counters.preemptions > preemptions_before

@@ -47,8 +47,7 @@ fragmentation** = slots past the pool's last whole page; **cached** = the tree's
 **free** = the rest. A tombstone's SWA slots are free. Statistics: queries and hits per successful
 admission, in tokens; ``evictions`` counts the pages evicted in both pools.
 
-Left out: a chunk enters the tree as it is scheduled, one iteration before SGLang inserts it
-(after its prefill batch ran); SGLang's checks of the
+Left out: SGLang's checks of the
 scheduler's budget against locked nodes (``PrefillAdder``'s lock re-check), the early release of a
 decoding request's SWA lock (``dec_swa_lock_only``), HiCache, and the overlap scheduler's one-token
 lag.
@@ -346,7 +345,7 @@ class SWARadixCoordinator(SGLangTreeCoordinator):
     def prompt_scheduled(self, seq_id: int, tokens: int) -> None:
         """SGLang inserts a prompt's whole pages after each chunk (``cache_unfinished_req``): a request
         admitted later can hit what was scheduled; a request preempted mid-prefill leaves only that
-        in the tree (kvsim inserts a chunk as it is scheduled, one iteration before SGLang does)."""
+        in the tree (the engine reports a chunk once its batch ran: sim/engine/chunk_reports.py)."""
         seq = self._get(seq_id)
         if tokens <= seq.scheduled:
             return  # (already scheduled that far; ALL_PUBLISHED once its whole content was)

@@ -63,6 +63,7 @@ MODULES = (
     "sim.engine.arrivals",
     "sim.engine.batch",
     "sim.engine.beams",
+    "sim.engine.chunk_reports",
     "sim.engine.completions",
     "sim.engine.core",
     "sim.engine.decoding",

@@ -10,7 +10,8 @@ prompts in progress, completions, event skipping. At a few points it asks its sc
   sequence budgets, what the policy can hold), returning why it stopped (:data:`QUEUE_EMPTY` ...);
 - :meth:`Scheduler.preemption_victim`, :meth:`Scheduler.requeue`, :meth:`Scheduler.after_preemption`:
   who leaves when decode runs out of memory, where they wait, what else follows (SGLang's retraction);
-- :meth:`Scheduler.decode_steps`: per-step bookkeeping (SGLang's ``new_token_ratio``).
+- :meth:`Scheduler.decode_steps`: per-step bookkeeping (SGLang's ``new_token_ratio``);
+- :attr:`Scheduler.caches_chunks_after_run`: when a scheduled prompt chunk enters the prefix cache.
 
 A scheduler works on the engine only through :class:`SchedulingEngine`, the services the core
 offers (admit the queue's head, schedule its prefill, preempt, ...): this module imports nothing of
@@ -108,6 +109,10 @@ class Scheduler:
         self.rematches = False
         """The last admission round matched waiting prompts in the cache and the queue still waits:
         the next iteration matches them again (a cache access), so the engine may not jump past it."""
+        self.caches_chunks_after_run = False
+        """When a prompt's scheduled chunk becomes hittable: False, as it is scheduled (vLLM's
+        ``allocate_slots`` caches its blocks then); True, once its batch has run (SGLang's
+        ``cache_unfinished_req``), so a request admitted in the same round cannot hit it."""
 
     def prefill_budget(self, decode_batch: int) -> int:
         """Prompt tokens an iteration that decodes ``decode_batch`` sequences may prefill."""

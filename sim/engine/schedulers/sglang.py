@@ -115,6 +115,9 @@ class SGLangScheduler(Scheduler):
         # A prompt may be prefilled over several iterations when chunked_prefill_size > 0.
         self.chunks_prompts = self.chunked_prefill_size > 0
         self.mixes_batches = knobs.enable_mixed_chunk
+        # (get_next_batch_to_run inserts the chunked request's chunk, process_batch_result_prefill
+        # every other prompt of the batch: after it ran.)
+        self.caches_chunks_after_run = True
         # batch_is_full after a refusal for KV tokens, with the running requests it was set at: it
         # stays set until fewer run (one finished or was retracted).
         self.batch_is_full = False
