@@ -510,3 +510,33 @@ def test_a_request_preempted_mid_prefill_hits_in_every_group_only_what_it_schedu
     assert (r0.first_token_s, r0.finish_s, r0.preemptions) == (1.0, 7.0, 0)
     assert (r1.admitted_s, r1.first_token_s, r1.finish_s, r1.preemptions) == (3.0, 9.0, 10.0, 1)
     assert kv.stats.prefix_cache_hits == 8
+
+
+def test_a_block_an_earlier_chunk_passed_through_is_cached_once_that_chunk_is_scheduled():
+    """The setting of the test above (prefill 4 tokens a step, a window of 8, a 20-token prompt whose
+    window holds positions 1-4), the engine reporting chunks: position 0, which the first chunk
+    computes and the window then passes, is not taken at admission (the full group's blocks 0-4 and
+    the window's 5-8 are: 9-15 stay blank). 3 tokens scheduled: still nothing. 4: block 9 is taken
+    from the head, cached under position 0 and given back to the tail (free slots become cached
+    ones, which the coordinator announced: ``scheduled_chunks_move_slots``); a prompt sharing the
+    first block now hits it in both groups."""
+    pool = PrefixCachingBlockPool(16, BLOCK)
+    spec = PoolSpec(64, BLOCK, 4096)
+    window = SlidingWindowGroup(spec, pool, 4, window=8)
+    kv = make_coordinator([KVGroup("full", FullAttentionGroup(spec, pool, 4)), KVGroup("sliding", window)])
+    assert kv.defer_prompt_keys()
+    kv.admit(1, (SYSTEM, (2, 8)), 20, 101)
+    assert window.held_blocks(1) == (1, 5)
+    assert breakdowns(kv)["shared pool"] == (0, 0, 0, 0, 0, 28)
+    assert pool.queue.order() == [9, 10, 11, 12, 13, 14, 15]
+    kv.prompt_scheduled(1, 3)
+    assert breakdowns(kv)["sliding"] == (16, 0, 0, 0, 0, 0) and kv.scheduled_chunks_move_slots()
+    kv.prompt_scheduled(1, 4)
+    assert breakdowns(kv) == {
+        "full": (20, 0, 0, 0, 0, 0),
+        "sliding": (16, 0, 0, 0, 4, 0),
+        "shared pool": (0, 0, 0, 0, 0, 24),
+    }
+    assert pool.queue.order() == [10, 11, 12, 13, 14, 15, 9]
+    assert not kv.scheduled_chunks_move_slots()
+    assert kv.lookup(((1, 8), (4, 3))) == PrefixHit(4)

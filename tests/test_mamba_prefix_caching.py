@@ -266,38 +266,41 @@ def test_a_preempted_request_is_readmitted_from_its_last_cached_state():
 
 
 def test_a_prompt_keyed_as_its_chunks_are_scheduled_leaves_only_those_states_and_blocks():
-    """With the engine reporting chunks (``defer_prompt_keys``): the 22-token prompt's passed states
-    (at 8 and 16) are cached at admission, its held ones (20 and 22, blocks 8, 9) and the full group's
-    blocks only once scheduled. The full group bounds the hit: 8 tokens scheduled, 8 (the Mamba group
-    alone would serve its state at 16); 19, 16; 20, 20. Preempted after 19 tokens, the state at 20 was
-    never computed and goes back blank, the full group keeps its 4 scheduled blocks: a hit of 16."""
+    """With the engine reporting chunks (``defer_prompt_keys``): the 22-token prompt holds its last two
+    states (blocks 6, 7) and the full group's 6 blocks from admission, but caches nothing yet; the
+    states its earlier chunks write (at 8 and 16 tokens) are taken, cached and given back as those
+    chunks are scheduled. 8 tokens scheduled: the state at 8 (block 8, from the queue's head) and
+    the full group's first 2 blocks, a hit of 8; 19: the state at 16, 16; 20: 20. Preempted after 8
+    tokens instead: the full group keeps its 2 scheduled blocks and the Mamba group the state at 8,
+    a hit of 8; what was never computed goes back blank, to the head (6, 7: the held states; 2-5:
+    the full group's)."""
     probe = ((7, 22), (8, 4))
-    kv, full, mamba, _ = mamba_hybrid()
+    kv, full, mamba, pool = mamba_hybrid()
     assert kv.defer_prompt_keys()
     assert kv.admit(1, ((7, 22),), 30, 101) == 0
-    assert mamba_table(mamba, 1) == [NO_BLOCK] * 4 + [8, 9] and cached_states(mamba) == 2
+    assert mamba_table(mamba, 1) == [NO_BLOCK] * 4 + [6, 7] and cached_states(mamba) == 0
     assert kv.lookup(probe) == PrefixHit(0)
     kv.prompt_scheduled(1, 8)
-    assert (kv.lookup(probe), full.lookup(probe), mamba.lookup(probe)) == (
-        PrefixHit(8),
-        PrefixHit(8),
-        PrefixHit(16),
-    )
+    assert (full.lookup(probe), mamba.lookup(probe)) == (PrefixHit(8), PrefixHit(8))
+    assert cached_states(mamba) == 1
+    kv.prompt_scheduled(1, 12)  # (the chunk writing the state at 16 is not yet scheduled)
+    assert kv.lookup(probe) == PrefixHit(8) and cached_states(mamba) == 1
     kv.prompt_scheduled(1, 19)
-    assert kv.lookup(probe) == PrefixHit(16)
+    assert kv.lookup(probe) == PrefixHit(16) and cached_states(mamba) == 2
     kv.prompt_scheduled(1, 20)
     assert kv.lookup(probe) == PrefixHit(20)
-    kv, _, mamba, _ = mamba_hybrid()
+    kv, _, mamba, pool = mamba_hybrid()
     kv.defer_prompt_keys()
     kv.admit(1, ((7, 22),), 30, 101)
-    kv.prompt_scheduled(1, 19)
+    kv.prompt_scheduled(1, 8)
     kv.free(1, finished=False)
     assert parts(kv) == {
-        "full": (0, 0, 0, 0, 16, 0),
-        "mamba": (0, 0, 0, 0, 8, 0),
-        "shared pool": (0, 0, 0, 0, 0, 136),
+        "full": (0, 0, 0, 0, 8, 0),
+        "mamba": (0, 0, 0, 0, 4, 0),
+        "shared pool": (0, 0, 0, 0, 0, 148),
     }
-    assert kv.lookup(probe) == PrefixHit(16)
+    assert kv.lookup(probe) == PrefixHit(8)
+    assert pool.queue.order()[:6] == [6, 7, 2, 3, 4, 5] and pool.queue.order()[-3:] == [8, 1, 0]
 
 
 # -- the accounting identity under random operations -----------------------------------------------

@@ -434,3 +434,19 @@ def test_what_the_radix_cache_cannot_combine_with_is_refused(tmp_path, change, m
     if "engine" in change:
         change = {"variants": [{**CACHED, "engine": {**CACHED["engine"], **change["engine"]}}]}
     refused_with(raw, change, message, tmp_path)
+
+
+def test_a_report_for_a_decoding_sequence_inserts_nothing_until_it_finishes():
+    """Found by the property test below: a sequence that decoded past its prompt (its own SWA slots
+    partly freed) and is then reported scheduled must not enter the tree (its lock would reach the
+    tombstone its insertion makes): SGLang inserts nothing more until it finishes."""
+    kv = coordinator(3, full=24, swa=12)
+    kv.defer_prompt_keys()
+    kv.admit(0, PROMPTS[1], 40, 200)
+    kv.grow_each([0], [5])
+    kv.prompt_scheduled(0, 14)
+    assert shape(kv.tree) == []
+    check_pools(kv)
+    kv.free(0)
+    check_pools(kv)
+    assert sum(length for length, *_ in shape(kv.tree)) == 16

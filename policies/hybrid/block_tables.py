@@ -19,8 +19,8 @@ hit them:
   vLLM's ``cache_blocks`` up to the scheduled tokens), so a request preempted mid-prefill leaves
   cached only what it had scheduled: its other blocks go back blank, to the queue's head. The blocks
   earlier chunks pass through (:meth:`GroupBlockTables._pass_through`: a window's, a Mamba group's
-  states) are still cached at admission; where a full-attention group shares the pool, its blocks,
-  all held, bound every hit to what was scheduled.
+  states) are taken, cached and given back as their chunk is scheduled too (a pool that has no
+  block left to take then caches nothing there).
 * **Fork**: the children share the parent's full blocks (reference counts) and copy its partly filled
   one (kvsim's fork; vLLM's parallel samples share their prompt through the prefix cache alike).
 
@@ -48,12 +48,14 @@ class CachedSequence:
     table: list[int]
     chains: list[int]
     keyed_end: int
+    passes: list[int]  # positions earlier chunks pass through, waiting for their chunk (ascending)
 
     def __init__(self, content: SequenceState, table: list[int], chains: list[int]) -> None:
         self.content = content
         self.table = table
         self.chains = chains
         self.keyed_end = ALL_PUBLISHED
+        self.passes = []
 
 
 class GroupBlockTables:
@@ -68,6 +70,7 @@ class GroupBlockTables:
         self.shared_blocks = 0  # blocks two or more sequences hold
         self.by_seq: dict[int, CachedSequence] = {}  # id(GroupSequence) -> its blocks
         self.defers_keys = False  # (defer_keys)
+        self.pending_passes = 0  # positions of every sequence waiting to be passed through
 
     def defer_keys(self) -> None:
         """From now on a prompt's held blocks are cached as its chunks are scheduled
@@ -83,6 +86,7 @@ class GroupBlockTables:
         record.keyed_end = (
             ALL_PUBLISHED if tokens >= record.content.num_tokens else max(keyed, tokens // self.block_size)
         )
+        self._pass_scheduled(record)
         self._cache_held(record, keyed)
 
     def _publish_all(self, record: CachedSequence) -> None:
@@ -90,7 +94,41 @@ class GroupBlockTables:
         if record.keyed_end != ALL_PUBLISHED:
             keyed = record.keyed_end
             record.keyed_end = ALL_PUBLISHED
+            self._pass_scheduled(record)
             self._cache_held(record, keyed)
+
+    def _pass_scheduled(self, record: CachedSequence) -> None:
+        """The waiting positions the scheduled chunks passed through (``keyed_end``), in order."""
+        passes = record.passes
+        done = 0
+        while done < len(passes) and passes[done] < record.keyed_end:
+            if self.pool.free_blocks:  # (else vLLM's chunk would have waited: nothing is cached)
+                self._pass(record, passes[done])
+            done += 1
+        if done:
+            del passes[:done]
+            self.pending_passes -= done
+
+    def _pass(self, record: CachedSequence, position: int) -> None:
+        """A block of an earlier chunk at ``position``: taken from the queue's head (evicting what it
+        reaches), cached and given back, to the tail."""
+        (block,) = self.pool.take_blocks(1, f"prefilling in the {self.kind} group")
+        self.cache_passed(block, record.chains[position], position)
+        self.pool.release(block)
+
+    def cache_passed(self, block: int, chain: int, position: int) -> None:
+        """``block`` holds what an earlier chunk computed at ``position``: cached under ``chain``."""
+        self.pool.cache_block(self.group, block, chain)
+
+    def _wait_to_pass(self, record: CachedSequence, positions: list[int]) -> None:
+        """``positions`` (ascending) are passed through now, or, deferring, as their chunks are
+        scheduled (:meth:`_pass_scheduled`)."""
+        if not self.defers_keys:
+            for position in positions:
+                self._pass(record, position)
+            return
+        record.passes = positions
+        self.pending_passes += len(positions)
 
     def key_end(self, record: CachedSequence) -> int:
         """The end of the positions whose held blocks may be cached now: full, and scheduled."""
@@ -176,16 +214,11 @@ class GroupBlockTables:
         full, so cached. Each is taken from the queue's head (evicting what it reaches) and given back
         to its tail, cached; a block of the hit there (held since :meth:`hold_hit`) is given back.
         (In block order; vLLM frees each chunk's skipped blocks latest first.)"""
-        pool = self.pool
-        chains, table = record.chains, record.table
-        for position in range(prefill_from, first):
-            if position < hit:
-                self._release(table[position])
-                table[position] = NO_BLOCK
-            else:
-                (block,) = pool.take_blocks(1, f"prefilling in the {self.kind} group")
-                pool.cache_block(self.group, block, chains[position])
-                pool.release(block)
+        table = record.table
+        for position in range(prefill_from, min(first, hit)):
+            self._release(table[position])
+            table[position] = NO_BLOCK
+        self._wait_to_pass(record, list(range(max(prefill_from, hit), first)))
 
     def cache_full_blocks(self, record: CachedSequence) -> None:
         """Chains for the sequence's blocks that filled since, and its held new ones cached under them."""
@@ -261,10 +294,17 @@ class GroupBlockTables:
 
     def free(self, key: int, first_block: int, end_block: int) -> None:
         """Every held block back, the last first; the sequence's chains released."""
-        record = self.by_seq.pop(key)
+        record = self._forget(key)
         for position in range(end_block - 1, first_block - 1, -1):
             self._release(record.table[position])
         self.pool.chains.release_each(record.chains)
+
+    def _forget(self, key: int) -> CachedSequence:
+        """The freed sequence's record, out of the tables; the blocks it had yet to pass through were
+        never computed: nothing caches them."""
+        record = self.by_seq.pop(key)
+        self.pending_passes -= len(record.passes)
+        return record
 
     def _release(self, block: int) -> None:
         if self.pool.release(block):

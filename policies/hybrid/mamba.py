@@ -45,8 +45,9 @@ it, from the hit's end. From admission to its first decoded token a prompt holds
 its last chunk (the states of its last two chunk ends: for a prompt that is not a whole number of
 blocks, its last whole block and the block of its last token, contiguous; for one that is, the
 previous chunk's state and the last block, with null blocks between them); the states of the
-earlier chunk ends are taken, cached and given back there and then, in order (vLLM frees each at the
-chunk after it); a hit's state that the prefill moves past is given back likewise.
+earlier chunk ends are taken, cached and given back in order, at admission, or, with the engine
+reporting chunks, as the chunk that writes each is scheduled (vLLM frees each at the chunk after
+it); a hit's state that the prefill moves past is given back at admission.
 
 **All** (vLLM's ``mamba_cache_mode: all``, its default with prefix caching for a model whose Mamba
 layers support it, ``SupportsMambaPrefixCaching``: Mamba, Mamba2, Nemotron-H among them; the block
@@ -83,8 +84,8 @@ end, uncut; from admission to its first decoded token it holds what vLLM holds a
 (:meth:`MambaGroup.last_chunk_run`: from the block of the state that chunk reads to the block of the
 last token, one block per block of tokens, no null block between), over the plain
 :class:`~policies.hybrid.block_tables.GroupBlockTables`; the blocks of the earlier chunks and a hit's
-state the prefill moves past are taken or given back, each cached, there and then, in block order (as
-a sliding window's, ``GroupBlockTables._pass_through``), so that every full block of the prompt is a
+state the prefill moves past are taken or given back, each cached, in block order, as their chunks
+are scheduled (as a sliding window's, ``GroupBlockTables._pass_through``), so that every full block of the prompt is a
 cached state and a later prompt may hit at any block boundary full attention serves.
 
 Not modelled: a chunk shorter than the budget because the step's budget is shared with other
@@ -132,20 +133,19 @@ class StateBlockTables(GroupBlockTables):
         if self.defers_keys:
             record.keyed_end = hit  # (the hit's state is cached already)
         self._extend_chains(record)
-        table, chains = record.table, record.chains
+        table = record.table
         if hit and table[hit - 1] != NO_BLOCK and (hit - 1) not in held:
             self._release(table[hit - 1])
             table[hit - 1] = NO_BLOCK
-        for position in passed:
-            if not self.admits(record, position):
-                continue
-            (block,) = pool.take_blocks(1, f"prefilling in the {self.kind} group")
-            self.cache_state(block, chains[position], position)
-            pool.release(block)
+        self._wait_to_pass(record, [position for position in passed if self.admits(record, position)])
         for position in held:
             if table[position] == NO_BLOCK:
                 (table[position],) = pool.take_blocks(1, f"admitting into the {self.kind} group")
         self._cache_held(record, done)
+
+    def cache_passed(self, block: int, chain: int, position: int) -> None:
+        """The state an earlier chunk wrote at ``position``: a cached state."""
+        self.cache_state(block, chain, position)
 
     def admits(self, record: CachedSequence, position: int) -> bool:
         """Whether the state at the end of block ``position`` enters the cache (align: every one a
@@ -172,7 +172,7 @@ class StateBlockTables(GroupBlockTables):
                 table[position] = NO_BLOCK
 
     def free(self, key: int, first_block: int, end_block: int) -> None:
-        record = self.by_seq.pop(key)
+        record = self._forget(key)
         for position in range(end_block - 1, first_block - 1, -1):
             if record.table[position] != NO_BLOCK:
                 self._release(record.table[position])

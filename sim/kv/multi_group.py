@@ -211,6 +211,15 @@ class MultiGroupCoordinator(KVCoordinator):
         for manager in self._caching:
             manager.prompt_scheduled(seq_id, tokens)
 
+    def scheduled_chunks_move_slots(self) -> bool:
+        """A chunk that passes a block an earlier chunk computed (a window's, a Mamba group's state)
+        takes it, caches it and gives it back: free slots become cached ones."""
+        for manager in self._caching:
+            tables = manager.tables
+            if tables is not None and tables.pending_passes:
+                return True
+        return False
+
     def _refuse(self, what: str, shortfall: tuple[str, int, int]) -> None:
         where, needed, available = shortfall
         self.policies[0].stats.allocation_failures += 1

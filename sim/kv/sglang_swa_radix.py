@@ -349,6 +349,11 @@ class SWARadixCoordinator(SGLangTreeCoordinator):
         seq = self._get(seq_id)
         if tokens <= seq.scheduled:
             return  # (already scheduled that far; ALL_PUBLISHED once its whole content was)
+        if seq.num_tokens > seq.prompt_len:
+            # Decoding: its prompt was computed, and SGLang inserts nothing more until it finishes
+            # (a decode step may have freed its own SWA slots, which a lock must not reach).
+            seq.scheduled = ALL_PUBLISHED
+            return
         seq.scheduled = ALL_PUBLISHED if tokens >= seq.num_tokens else tokens
         if self._insertable(seq) > seq.tree_len:
             self._cache_unfinished(seq)
