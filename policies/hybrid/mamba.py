@@ -83,10 +83,11 @@ How kvsim runs it: decoding and hits as in align (the same ``held_run``, ``skipp
 end, uncut; from admission to its first decoded token it holds what vLLM holds at its last chunk
 (:meth:`MambaGroup.last_chunk_run`: from the block of the state that chunk reads to the block of the
 last token, one block per block of tokens, no null block between), over the plain
-:class:`~policies.hybrid.block_tables.GroupBlockTables`; the blocks of the earlier chunks and a hit's
-state the prefill moves past are taken or given back, each cached, in block order, as their chunks
-are scheduled (as a sliding window's, ``GroupBlockTables._pass_through``), so that every full block of the prompt is a
-cached state and a later prompt may hit at any block boundary full attention serves.
+:class:`~policies.hybrid.block_tables.GroupBlockTables`; a hit's state the prefill moves past is given
+back at admission, and the blocks of the earlier chunks are taken, cached and given back in block
+order as their chunks are scheduled (as a sliding window's, ``GroupBlockTables._pass_through``), so
+that every full block of the prompt is a cached state and a later prompt may hit at any block
+boundary full attention serves.
 
 Not modelled: a chunk shorter than the budget because the step's budget is shared with other
 requests (align: vLLM's chunk ends, and so the intermediate states it caches, then differ; the state
