@@ -310,9 +310,11 @@ class EngineConfig(_Strict):
     schedule_policy: Literal["fcfs", "lpm"] = Field(
         "fcfs",
         description="scheduler sglang: the waiting queue's order. fcfs: arrival order; lpm: longest "
-        "prefix match first (every waiting prompt matched in the cache each round), FCFS while more "
-        "than 128 wait (SchedulePolicy._determine_active_policy). SGLang's default is fcfs "
-        "(server_args.py schedule_policy).",
+        "prefix match first (every waiting prompt matched in the cache each round), a request that "
+        "hits at most 32 cached tokens but shares 32 or more with one ahead of it held back to the "
+        "end (in-batch prefix caching), FCFS while more than 128 wait "
+        "(SchedulePolicy._determine_active_policy) or without a prefix cache. SGLang's default is "
+        "fcfs (server_args.py schedule_policy).",
     )
     schedule_conservativeness: float = Field(
         1.0,

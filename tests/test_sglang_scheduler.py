@@ -52,6 +52,50 @@ def test_lpm_admits_the_longest_cached_prefix_first():
 
 @pytest.mark.parametrize("step_mode", ["single", "skip"])
 @pytest.mark.parametrize(
+    ("shared", "lpm_admitted", "lpm_cached"),
+    [
+        (40, {1: 0.0, 3: 0.0, 2: 5.9}, {1: 0, 2: 40, 3: 0}),
+        (31, {1: 0.0, 2: 0.0, 3: 6.0}, {1: 0, 2: 0, 3: 0}),
+    ],
+)
+def test_lpm_holds_back_a_request_sharing_a_new_prefix_with_one_ahead(
+    step_mode, shared, lpm_admitted, lpm_cached
+):
+    """In-batch prefix caching (``_compute_prefix_matches``). R1 and R2 (50 tokens each, 5 out) share
+    their first ``shared`` tokens, R3 (40) nothing; all arrive at 0 into an empty cache, two run at
+    once. FCFS admits R1 and R2 together: R2 cannot hit R1's prompt, which enters the tree after their
+    prefill batch ran (100 tokens: 2.0 s, then 4 decode steps: done at 6.0), and R3 (1.4 s) follows
+    at 6.0. Under lpm every hit is 0; with 40 shared tokens (at least 32) R2 is held back to the
+    queue's end: R1 and R3 prefill together (90 tokens, 1.9 s, done at 5.9) and R2 then hits R1's 40.
+    With 31 shared nothing is held back: lpm admits as FCFS does."""
+    requests = [
+        request(1, 0.0, 50, 5, prompt=((5, shared), (6, 50 - shared))),
+        request(2, 0.0, 50, 5, prompt=((5, shared), (7, 50 - shared))),
+        request(3, 0.0, 40, 5, prompt=((8, 40),)),
+    ]
+    pool = PoolSpec(400, 16, 128)
+    fcfs = run("radix", pool, requests, step_mode, max_num_seqs=2, **SGLANG)
+    lpm = run("radix", pool, requests, step_mode, max_num_seqs=2, schedule_policy="lpm", **SGLANG)
+    assert admitted(fcfs) == pytest.approx({1: 0.0, 2: 0.0, 3: 6.0})
+    assert {r.request_id: r.cached_prompt_tokens for r in fcfs.records} == {1: 0, 2: 0, 3: 0}
+    assert admitted(lpm) == pytest.approx(lpm_admitted)
+    assert {r.request_id: r.cached_prompt_tokens for r in lpm.records} == lpm_cached
+
+
+def test_lpm_holds_back_nothing_without_a_prefix_cache():
+    """SGLang runs FCFS when its radix cache is off (``_validate_and_adjust_policy``): with plain
+    paging R1 and R2, sharing 40 tokens, are admitted together as under FCFS."""
+    requests = [
+        request(1, 0.0, 50, 5, prompt=((5, 40), (6, 10))),
+        request(2, 0.0, 50, 5, prompt=((5, 40), (7, 10))),
+        request(3, 0.0, 40, 5, prompt=((8, 40),)),
+    ]
+    lpm = run("paged", PoolSpec(400, 16, 128), requests, max_num_seqs=2, schedule_policy="lpm", **SGLANG)
+    assert admitted(lpm) == pytest.approx({1: 0.0, 2: 0.0, 3: 6.0})
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+@pytest.mark.parametrize(
     ("mixed", "iterations", "decays", "r0_finish"),
     [(False, 52, 50, 53.1), (True, 51, 49, 52.1)],
 )
@@ -640,7 +684,8 @@ class _Waiting:
 
 
 class _MatchingEngine:
-    """A queue whose request i has i cached tokens (its content is its id)."""
+    """A queue whose request i has i cached tokens (its prompt is 40 tokens of stream i: no two share
+    a token), over a pool with a prefix cache."""
 
     def __init__(self, waiting: int):
         from collections import deque
@@ -649,12 +694,16 @@ class _MatchingEngine:
         self.kv = self
 
     @staticmethod
-    def content_on_admission(state: _Waiting) -> int:
-        return state.request.request_id
+    def content_on_admission(state: _Waiting) -> tuple[tuple[int, int], ...]:
+        return ((state.request.request_id, 40),)
 
     @staticmethod
-    def match(content: int) -> _Match:
-        return _Match(content)
+    def match(content: tuple[tuple[int, int], ...]) -> _Match:
+        return _Match(content[0][0])
+
+    @staticmethod
+    def may_share() -> bool:
+        return True
 
 
 @pytest.mark.python_sources

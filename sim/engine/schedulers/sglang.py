@@ -6,7 +6,12 @@ Followed from sgl-project/sglang 0.5.x, ``python/sglang/srt/managers/`` (no code
   ``lpm`` matches every waiting prompt in the cache (``_compute_prefix_matches``; a match splits and
   refreshes the tree, :meth:`KVCachePolicy.match`) and sorts the queue by matched tokens, longest
   first (a stable sort), unless more than :data:`LPM_QUEUE_LIMIT` wait
-  (``_determine_active_policy``). Under ``fcfs`` each request is matched when the admission loop
+  (``_determine_active_policy``). In-batch prefix caching holds some back to the queue's end: one
+  that hits at most 32 cached tokens and shares at least 32 leading tokens with a request ahead of
+  it (the requests so matched and not held back, kept in a trie of the round,
+  ``waiting_queue_radix_tree``), so that requests arriving together with one new prefix do not all
+  prefill it in one round (SGLang inserts a prompt into its tree after its batch ran). With no
+  prefix cache ``lpm`` is FCFS. Under ``fcfs`` each request is matched when the admission loop
   reaches it (``get_new_batch_prefill`` calls ``Req.init_next_round_input``).
 - **Admission** (``PrefillAdder.add_one_req``): a request is admitted while its new tokens plus
   ``min(max_new_tokens - generated, 4096)`` stay below the *remaining total tokens*: free plus
@@ -42,8 +47,7 @@ retraction room as a request of its own.
 
 Where kvsim's engine still differs from SGLang's (documented in docs/modelling.md): a prompt's KV is
 allocated whole at admission, not chunk by chunk; budgets are in tokens, not rounded to pages; the
-lock re-check of ``add_one_req`` (the matched cache stops being evictable) and in-batch prefix
-deprioritisation are not modelled.
+lock re-check of ``add_one_req`` (the matched cache stops being evictable) is not modelled.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from sim.engine.schedulers.base import (
     SchedulingEngine,
 )
 from token_content import TokenContent, content_length
+from token_content.prefixes import ContentPrefixes
 
 if TYPE_CHECKING:
     from sim.engine.decoding import RequestState
@@ -82,6 +87,12 @@ CLIP_MAX_NEW_TOKENS = 4096
 """``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``: the most output tokens a request is budgeted for."""
 LPM_QUEUE_LIMIT = 128
 """``SchedulePolicy._determine_active_policy``: ``lpm`` falls back to FCFS above this many waiting."""
+IN_BATCH_CHECK_TOKENS = 32
+"""``IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD``: a waiting request whose cache hit is at most this many
+tokens is checked against the requests ahead of it in the queue."""
+IN_BATCH_DEPRIORITIZE_TOKENS = 32
+"""``IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD``: sharing at least this many leading tokens with
+one of them holds it back to the queue's end for this round."""
 UNLIMITED = 1 << 62
 
 
@@ -195,16 +206,35 @@ class SGLangScheduler(Scheduler):
     # -------------------------------------------------------------------------------- admission
     def order_queue(self, engine: SchedulingEngine) -> dict[int, int]:
         """``calc_priority``: under ``lpm`` (and at most 128 waiting) every waiting prompt is matched
-        and the queue sorted by hit, longest first. Returns the hits found, by request id."""
+        and the queue sorted by hit, longest first, the requests in-batch prefix caching holds back
+        last (``_compute_prefix_matches``: one whose hit is at most :data:`IN_BATCH_CHECK_TOKENS`
+        and which shares at least :data:`IN_BATCH_DEPRIORITIZE_TOKENS` with a request ahead of it
+        that was not held back, so that one prefills the shared prefix and the others hit it in a
+        later round). Returns the hits found, by request id."""
         waiting = engine.waiting
         if not self.lpm or len(waiting) > LPM_QUEUE_LIMIT:
             return {}
         kv = engine.kv
-        hits = {
-            state.request.request_id: kv.match(engine.content_on_admission(state)).cached_tokens
-            for state in waiting
-        }
-        ordered = sorted(waiting, key=lambda state: -hits[state.request.request_id])
+        hits: dict[int, int] = {}
+        # With no prefix cache SGLang runs FCFS (``_validate_and_adjust_policy``), and every hit is 0.
+        in_batch = ContentPrefixes() if kv.may_share() else None
+        deprioritized: set[int] = set()
+        for state in waiting:
+            content = engine.content_on_admission(state)
+            request_id = state.request.request_id
+            hit = hits[request_id] = kv.match(content).cached_tokens
+            if in_batch is not None and hit <= IN_BATCH_CHECK_TOKENS:
+                prompt_len = content_length(content)
+                if in_batch.longest_shared(content, prompt_len) >= IN_BATCH_DEPRIORITIZE_TOKENS:
+                    deprioritized.add(request_id)
+                else:
+                    in_batch.add(content, prompt_len)
+        ordered = sorted(
+            waiting,
+            key=lambda state: (
+                UNLIMITED if state.request.request_id in deprioritized else -hits[state.request.request_id]
+            ),
+        )
         waiting.clear()
         waiting.extend(ordered)
         return hits
