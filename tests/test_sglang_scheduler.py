@@ -55,6 +55,7 @@ def test_lpm_admits_the_longest_cached_prefix_first():
     ("shared", "lpm_admitted", "lpm_cached"),
     [
         (40, {1: 0.0, 3: 0.0, 2: 5.9}, {1: 0, 2: 40, 3: 0}),
+        (32, {1: 0.0, 3: 0.0, 2: 5.9}, {1: 0, 2: 32, 3: 0}),
         (31, {1: 0.0, 2: 0.0, 3: 6.0}, {1: 0, 2: 0, 3: 0}),
     ],
 )
@@ -67,7 +68,7 @@ def test_lpm_holds_back_a_request_sharing_a_new_prefix_with_one_ahead(
     prefill batch ran (100 tokens: 2.0 s, then 4 decode steps: done at 6.0), and R3 (1.4 s) follows
     at 6.0. Under lpm every hit is 0; with 40 shared tokens (at least 32) R2 is held back to the
     queue's end: R1 and R3 prefill together (90 tokens, 1.9 s, done at 5.9) and R2 then hits R1's 40.
-    With 31 shared nothing is held back: lpm admits as FCFS does."""
+    So with 32 shared (SGLang's threshold); with 31 nothing is held back: lpm admits as FCFS does."""
     requests = [
         request(1, 0.0, 50, 5, prompt=((5, shared), (6, 50 - shared))),
         request(2, 0.0, 50, 5, prompt=((5, shared), (7, 50 - shared))),
@@ -80,6 +81,27 @@ def test_lpm_holds_back_a_request_sharing_a_new_prefix_with_one_ahead(
     assert {r.request_id: r.cached_prompt_tokens for r in fcfs.records} == {1: 0, 2: 0, 3: 0}
     assert admitted(lpm) == pytest.approx(lpm_admitted)
     assert {r.request_id: r.cached_prompt_tokens for r in lpm.records} == lpm_cached
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_lpm_checks_only_requests_that_hit_at_most_32_cached_tokens(step_mode):
+    """R0 (40 tokens of stream 1) and R9 (40 of stream 9), 5 out each, prefill together (1.8 s) and
+    finish at 5.8, their tokens then cached. A and B (R0's 40 and 10 new each) and C (40 fresh)
+    arrived meanwhile. At 5.8 A and B hit 40 cached tokens, more than 32: neither is checked against
+    the other, however much they share, and lpm admits them before C (0 hit), which follows when they
+    finish: 20 new tokens (1.2 s) and 4 decode steps, at 11.0."""
+    requests = [
+        request(0, 0.0, 40, 5, prompt=((1, 40),)),
+        request(9, 0.0, 40, 5, prompt=((9, 40),)),
+        request(1, 0.1, 50, 5, prompt=((1, 40), (2, 10))),
+        request(2, 0.2, 50, 5, prompt=((1, 40), (3, 10))),
+        request(3, 0.3, 40, 5, prompt=((8, 40),)),
+    ]
+    engine = run(
+        "radix", PoolSpec(800, 16, 128), requests, step_mode, max_num_seqs=2, schedule_policy="lpm", **SGLANG
+    )
+    assert admitted(engine) == pytest.approx({0: 0.0, 9: 0.0, 1: 5.8, 2: 5.8, 3: 11.0})
+    assert {r.request_id: r.cached_prompt_tokens for r in engine.records} == {0: 0, 9: 0, 1: 40, 2: 40, 3: 0}
 
 
 def test_lpm_holds_back_nothing_without_a_prefix_cache():
