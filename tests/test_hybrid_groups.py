@@ -358,6 +358,8 @@ def test_a_shared_pool_is_checked_when_it_is_made():
         "jenga-prefix-deferred",
         "jenga-whole-pages",
         "sglang-mamba-extra-buffer",
+        "sglang-mamba-no-buffer-deferred",
+        "sglang-mamba-extra-buffer-deferred",
     ],
 )
 def test_fuzz_driver_keeps_every_group_whole(layout):

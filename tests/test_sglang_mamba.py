@@ -294,6 +294,95 @@ def test_a_long_prompt_caches_a_state_at_every_chunk():
     assert not small.can_admit(((1, 10),), 12) and small.can_admit(((1, 4),), 12)
 
 
+def test_reported_chunks_enter_the_tree_as_they_come_and_a_preempted_prompt_leaves_only_them():
+    """Under the engine (``defer_prompt_keys``) ``cache_unfinished_req`` runs as each prefill chunk is
+    reported, at the chunk's end, wherever the engine cut it. A's 10-token prompt (12 out, 40 full
+    slots, 6 Mamba slots, pages of 1): admitted, it holds its 10 own tokens and its state, nothing in
+    the tree. Its first chunk of 4 reported: 4 tokens enter with a copy of its state (locked), so a
+    prompt sharing its first 9 tokens hits 4; a second chunk to 7: 7 (the state at 4 unlocked,
+    cached). Preempted there, it frees its 3 own tokens and its slot: the tree keeps 7, not 10.
+    Reported once more after that, or for a decoding sequence, nothing enters."""
+    kv = coordinator(mamba=6, chunk=4)
+    assert kv.defer_prompt_keys() and kv.scheduled_chunks_move_slots()
+    kv.admit(1, ((1, 10),), 12, 100)
+    assert pools(kv) == ((10, 0, 0, 0, 0, 30), (1, 0, 0, 0, 0, 5))
+    assert kv.lookup(((1, 9), (2, 3))).cached_tokens == 0
+    kv.prompt_scheduled(1, 4)
+    assert pools(kv) == ((10, 0, 0, 0, 0, 30), (2, 0, 0, 0, 0, 4))
+    assert kv.lookup(((1, 9), (2, 3))).cached_tokens == 4
+    kv.prompt_scheduled(1, 7)
+    kv.prompt_scheduled(1, 7)  # (already reported that far)
+    assert pools(kv) == ((10, 0, 0, 0, 0, 30), (2, 0, 0, 0, 1, 3))
+    assert kv.lookup(((1, 9), (2, 3))).cached_tokens == 7
+    kv.free(1, finished=False)
+    assert pools(kv) == ((0, 0, 0, 0, 7, 33), (0, 0, 0, 0, 2, 4))
+    check_tree(kv.tree)
+    # B: 3 of its 5 prompt tokens reported, then it decodes 2 (its prompt was computed): a report
+    # now inserts nothing, its decoded tokens least of all (SGLang inserts them when it finishes).
+    kv.admit(2, ((3, 5),), 8, 200)
+    kv.prompt_scheduled(2, 3)
+    kv.grow(2, 2)
+    kv.prompt_scheduled(2, 7)
+    assert (kv.tree.full_tokens, kv.tree.states) == (7 + 3, 3)
+    check_tree(kv.tree)
+
+
+def test_the_extra_buffer_tracks_a_state_in_each_reported_chunk():
+    """Extra buffer (pages of 2, states on a grid of 4 from each chunk's start): a 20-token prompt
+    whose chunks the engine cut at 6, 14 and 20. The first tracks the state at 4 (0 + 4), the second
+    the one at 14 (6 + 8), the third, of 6 tokens, the one at 18 (14 + 4); the tree's states: 4, 14,
+    18. A prompt sharing its first 17 tokens hits 14."""
+    kv = MambaRadixCoordinator(
+        160, 24, 2, 192, 12, (1, 1), ("full", "mamba2"), tracking=MambaTracking(2, 4, 8)
+    )
+    assert kv.defer_prompt_keys()
+    kv.admit(1, ((1, 20),), 24, 100)
+    probe = ((1, 17), (2, 5))
+    for tokens, hit in ((6, 4), (14, 14), (20, 14)):
+        kv.prompt_scheduled(1, tokens)
+        assert kv.lookup(probe).cached_tokens == hit
+    assert kv.tree.states == 3
+    check_tree(kv.tree)
+
+
+def run_preempted_mid_prefill(step_mode):
+    from sim.engine.core import Engine
+    from sim.engine.knobs import EngineKnobs
+    from tests.engine_helpers import ConstantCost, request
+
+    kv = MambaRadixCoordinator(32, 8, 1, 64, 9, (1, 1), ("full", "mamba2"))
+    engine = Engine(
+        kv,
+        ConstantCost(1.0),
+        EngineKnobs(max_model_len=64, step_mode=step_mode, max_num_batched_tokens=9),
+        iter([request(0, 0.0, 4, 7, prompt=((1, 4),)), request(1, 2.5, 24, 2, prompt=((2, 24),))]),
+        block_size=1,
+    )
+    engine.run()
+    return engine
+
+
+def test_a_request_preempted_mid_prefill_hits_only_the_chunks_it_computed():
+    """32 full slots (pages of 1), 8 Mamba slots, 1 s an iteration, a budget of 9 tokens. R0 (4
+    prompt tokens, 7 output) decodes from 1.0; R1 (24 tokens) is admitted at 3.0 with 24 of the 25
+    free slots and computes a first chunk of 8 beside R0's token, which enters the tree with a state.
+    At 4.0 R0's ninth token finds no slot free nor evictable: R1, the newest, is preempted, its 8
+    computed tokens left in the tree. It fits again when R0 finishes at 7.0, hits those 8 and
+    computes 16, 9 then 7: its first token at 9.0, its second at 10.0. Inserting a prompt's chunks
+    at admission, it hit 18 tokens it had never computed (a state every 9 tokens) and finished at
+    9.0. Both step modes give the same results, the chunk's state taken where it was scheduled."""
+    from tests.test_engine import assert_same_results
+
+    runs = {step_mode: run_preempted_mid_prefill(step_mode) for step_mode in ("single", "skip")}
+    for engine in runs.values():
+        r0, r1 = sorted(engine.records, key=lambda record: record.request_id)
+        assert (r0.first_token_s, r0.finish_s, r0.preemptions) == (1.0, 7.0, 0)
+        assert (r1.admitted_s, r1.first_token_s, r1.finish_s, r1.preemptions) == (3.0, 9.0, 10.0, 1)
+        assert engine.kv.stats.prefix_cache_hits == 8
+        check_tree(engine.kv.tree)
+    assert_same_results(runs["single"], runs["skip"])
+
+
 def test_without_the_radix_cache_a_request_holds_its_pages_and_one_mamba_slot():
     """ChunkCache: pages of 4, no hits; a third request finds no Mamba slot."""
     kv = coordinator(full=42, mamba=2, radix=False, page=4)

@@ -145,8 +145,7 @@ class KVCoordinator:
 
     def defer_prompt_keys(self) -> bool:
         """Make prompts' blocks hittable as their chunks are scheduled (``KVCachePolicy.defer_prompt_keys``);
-        returns whether the pool does. Default: it keys them at admission (SGLang's Mamba radix cache
-        does)."""
+        returns whether the pool does. Default: it caches no prompt."""
         return False
 
     def prompt_scheduled(self, seq_id: int, tokens: int) -> None:

@@ -23,13 +23,18 @@ happens when, in kvsim's terms (a prompt is allocated at admission):
   with a state; splits and refreshes the tree whether or not the request then fits); the matched
   node is locked; the request takes a Mamba slot (a copy of the hit's state; ``evict_mamba`` for the
   shortfall) and the prompt's new tokens full slots (full eviction for the shortfall). Then, as
-  ``cache_unfinished_req`` runs after each prefill chunk (kvsim: at every ``prefill_tokens`` past the
-  hit, and at the prompt's end), the prompt's tokens so far enter the tree with a copy of the
-  request's state in a new Mamba slot (``_alloc_mamba_slot``: ``evict_mamba`` if none is free; freed
-  again if that node had a state), and the request locks that node in place of the last. So a
-  request needs two Mamba slots free or evictable to be admitted (three with two chunks or more,
-  less the hit's state when only its lock held it), and locks the state at its prompt's end while
-  it decodes.
+  ``cache_unfinished_req`` runs after each prefill chunk, the prompt's tokens so far enter the tree
+  with a copy of the request's state in a new Mamba slot (``_alloc_mamba_slot``: ``evict_mamba`` if
+  none is free; freed again if that node had a state), and the request locks that node in place of
+  the last. Under the engine the chunks are the ones it schedules, each inserted when the engine
+  reports it (:meth:`MambaRadixCoordinator.prompt_scheduled`, after its batch ran:
+  ``sim/engine/chunk_reports.py``), so a request preempted mid-prefill leaves only its computed
+  chunks in the tree; used alone, the coordinator inserts them at admission, one chunk every
+  ``prefill_tokens`` past the hit and the prompt's end. Either way a request needs two Mamba slots
+  free or evictable to be admitted (three with two such chunks or more, less the hit's state when
+  only its lock held it), and locks the state at its prompt's end while it decodes. (SGLang asserts
+  that an insertion finds a slot, which its cap on running requests below ensures; should none be
+  free nor evictable at a reported chunk, kvsim caches no state there.)
 - **Decoding**: each token takes a full slot (evicting the shortfall); before a decode step the full
   pool evicts for a page per decoding request (as the ``radix`` policy does). The Mamba slot is
   updated in place: decoding never takes one.
@@ -70,9 +75,9 @@ it leaves it. A fork tracks no state (the children lock the parent's path; SGLan
 forks here). Admission needs the request's 3 slots, one more for its first insertion and one for a
 second while the first is still locked.
 
-Left out: the chunk boundaries SGLang's batch budget moves (kvsim's are fixed multiples of
-``prefill_tokens`` past the hit), the Mamba slot SGLang takes when it matches a waiting request
-(kvsim takes it at admission), HiCache, speculative decoding's states.
+Left out: the Mamba slot SGLang takes when it matches a waiting request (kvsim takes it at
+admission), the admission check's chunk count (kvsim counts chunks of ``prefill_tokens`` past the
+hit, not those the batch budget will cut), HiCache, speculative decoding's states.
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ from dataclasses import dataclass
 from policies._mamba_radix_tree import MambaNode, MambaRadixTree
 from policies._radix_tree import Key
 from policies.base import (
+    ALL_PUBLISHED,
     NO_HIT,
     ChildSpec,
     OutOfKVMemory,
@@ -139,6 +145,10 @@ class MambaSequence:
     last_node: MambaNode
     tree_len: int = 0
     num_tokens: int = 0
+    # Tokens of its prompt scheduled so far (``prompt_scheduled``): each report is a prefill chunk's
+    # end, where ``cache_unfinished_req`` runs; ALL_PUBLISHED once its prompt was all computed.
+    scheduled: int = ALL_PUBLISHED
+    branching: int = 0  # (extra buffer: where its prompt left a cached path, in whole cache chunks)
 
     def key(self, num_tokens: int) -> Key:
         """Its first ``num_tokens`` tokens as a tree key."""
@@ -196,6 +206,7 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
         self.slots_per_token = 1
         self.sequences: dict[int, MambaSequence] = {}
         self._own = OwnSlots()
+        self._inserts_deferred = False  # (defer_prompt_keys)
         self._tree_held = 0  # tree tokens the sequences hold, counted once per sequence
         self._states_held = 0  # tree states the sequences' locks hold, counted once per sequence
         self._stats = PolicyStats()
@@ -276,21 +287,29 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
         return [*range(hit + self.prefill_tokens, prompt_len, self.prefill_tokens), prompt_len]
 
     def _cache_points(self, hit: int, prompt_len: int, branching: int) -> list[int]:
-        """The lengths whose state the prefill puts into the tree: each chunk's end; with the extra
-        buffer, in each chunk of at least ``cache_chunk`` tokens its last multiple of it past the
-        chunk's start, or the branching point (``_mamba_radix_cache_v2_req_prepare_for_extend``)."""
-        ends = self._chunk_ends(hit, prompt_len)
-        chunk = self.tracking.cache_chunk
-        if not chunk:
-            return ends
+        """The lengths whose state a prefill in chunks of ``prefill_tokens`` from the hit puts into the
+        tree (:meth:`_cache_point` of each chunk)."""
         points, start = [], hit
-        for end in ends:
-            if start < branching < end and (branching - start) % chunk == 0:
-                points.append(branching)
-            elif end - start >= chunk:
-                points.append(start + (end - start) // chunk * chunk)
+        for end in self._chunk_ends(hit, prompt_len):
+            point = self._cache_point(start, end, branching)
+            if point:
+                points.append(point)
             start = end
         return points
+
+    def _cache_point(self, start: int, end: int, branching: int) -> int:
+        """The length whose state the prefill chunk of tokens ``[start, end)`` puts into the tree (0:
+        none): its end; with the extra buffer, in a chunk of at least ``cache_chunk`` tokens its last
+        multiple of it past the chunk's start, or the branching point
+        (``_mamba_radix_cache_v2_req_prepare_for_extend``)."""
+        chunk = self.tracking.cache_chunk
+        if not chunk:
+            return end
+        if start < branching < end and (branching - start) % chunk == 0:
+            return branching
+        if end - start >= chunk:
+            return start + (end - start) // chunk * chunk
+        return 0
 
     def _branching(self, kv_length: int, hit: int) -> int:
         """Where a prompt leaves a cached path past its deepest state, in whole cache chunks (0: none)."""
@@ -342,19 +361,49 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
             raise self._refuse(f"admitting sequence {seq_id}", needs, rooms, hit)
         seq = MambaSequence(
             seq_id, final_len, output_content_id, namespace, tuple(prompt), prompt_len, node,
-            tree_len=hit, num_tokens=prompt_len,
+            tree_len=hit, num_tokens=prompt_len, branching=branching,
         )  # fmt: skip
         self._lock(seq, node)
         self._make_free(MAMBA, self.own_states)  # its own state (a copy of the hit's), and buffers
         self._make_free(FULL, self._pages(prompt_len - hit))
         self.sequences[seq_id] = seq
         self._account(seq, +1)
-        if self.radix:
+        if self._inserts_deferred:
+            seq.scheduled = hit  # its chunks enter the tree as they are reported (prompt_scheduled)
+        elif self.radix:
             for end in self._cache_points(hit, prompt_len, branching):
                 self._cache_unfinished(seq, end)
         self._stats.prefix_cache_queries += prompt_len
         self._stats.prefix_cache_hits += hit
         return hit
+
+    def defer_prompt_keys(self) -> bool:
+        if not self.radix:
+            return False
+        self._inserts_deferred = True
+        return True
+
+    def prompt_scheduled(self, seq_id: int, tokens: int) -> None:
+        """``cache_unfinished_req`` after the prefill chunk that ends at ``tokens``: the prompt so far
+        (with the extra buffer, up to the state the chunk tracked) enters the tree with a copy of the
+        request's state. A request preempted mid-prefill leaves only its reported chunks there."""
+        seq = self._get(seq_id)
+        if tokens <= seq.scheduled:
+            return  # (already reported that far; ALL_PUBLISHED once its prompt was)
+        if seq.num_tokens > seq.base_len:
+            seq.scheduled = ALL_PUBLISHED  # decoding: SGLang inserts nothing more until it finishes
+            return
+        start = seq.scheduled
+        end = tokens if tokens < seq.num_tokens else seq.num_tokens
+        seq.scheduled = ALL_PUBLISHED if tokens >= seq.num_tokens else tokens
+        # (The tree holds whole pages: SGLang cuts its chunks on them, kvsim's engine need not.)
+        point = self._cache_point(start, end, seq.branching) // self.page_size * self.page_size
+        if point > seq.tree_len and self._room(MAMBA) > 0:
+            self._cache_unfinished(seq, point)
+
+    def scheduled_chunks_move_slots(self) -> bool:
+        """A chunk entering the tree takes a Mamba slot for its state (and may evict one)."""
+        return self._inserts_deferred
 
     def _planned_growth(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
         """The growths' new full slots (a Mamba slot is updated in place)."""
@@ -390,6 +439,7 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
             raise self._refuse(f"forking sequence {parent_id}", (0, states), (0, self._room(MAMBA)))
         if caches:
             self._cache_unfinished(parent, parent.num_tokens)
+        parent.scheduled = ALL_PUBLISHED  # (a fork follows its parent's prefill)
         end = self._pages(parent.num_tokens)
         needs = ((end - parent.tree_len) * len(children), len(children) * self.own_states)
         rooms = (self._room(FULL), self._room(MAMBA))
