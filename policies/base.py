@@ -41,6 +41,15 @@ class PolicyInputError(PolicyError, ValueError):
 ALL_PUBLISHED = 1 << 62
 
 
+def scheduled_mark(mark: int, tokens: int, num_tokens: int) -> int:
+    """A sequence of ``num_tokens`` tokens scheduled as far as ``mark``, told that its first
+    ``tokens`` are: how far it is scheduled now (:data:`ALL_PUBLISHED` once all of it is; ``mark``
+    itself when the report tells nothing new)."""
+    if tokens <= mark:
+        return mark
+    return ALL_PUBLISHED if tokens >= num_tokens else tokens
+
+
 @dataclass(frozen=True)
 class PrefixHit:
     """What a prefix-cache lookup found for a prompt: ``cached_tokens`` tokens need no prefill.

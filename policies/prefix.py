@@ -62,7 +62,15 @@ from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 
 from policies._host_tier import HostTier
-from policies.base import ALL_PUBLISHED, NO_HIT, PolicyInputError, PoolSpec, PrefixHit, register
+from policies.base import (
+    ALL_PUBLISHED,
+    NO_HIT,
+    PolicyInputError,
+    PoolSpec,
+    PrefixHit,
+    register,
+    scheduled_mark,
+)
 from policies.paged import PagedPolicy, SequenceState, ceil_div
 from token_content import TokenContent, content_length, validate_content
 
@@ -511,9 +519,10 @@ class PrefixCachingPolicy(PagedPolicy):
         ``cache_blocks`` up to the scheduled tokens): a request admitted after this, in this step or
         a later one, can hit them; blocks of chunks not yet scheduled it cannot."""
         seq = self._get(seq_id)
-        if tokens <= seq.publish_limit:
-            return  # (already scheduled that far; ALL_PUBLISHED once its whole content was)
-        seq.publish_limit = ALL_PUBLISHED if tokens >= seq.num_tokens else tokens
+        limit = scheduled_mark(seq.publish_limit, tokens, seq.num_tokens)
+        if limit == seq.publish_limit:
+            return  # (already scheduled that far)
+        seq.publish_limit = limit
         self._on_blocks_filled(seq)
 
     def _release_unpublished(self, seq: SequenceState, released: list[int]) -> list[int]:

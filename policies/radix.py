@@ -84,6 +84,7 @@ from policies.base import (
     SequenceTable,
     grow_each_arguments_error,
     register,
+    scheduled_mark,
     unknown_sequence,
 )
 from policies.prefix import block_pieces
@@ -406,10 +407,11 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         ``cache_unfinished_req``; see the module docstring). A sequence preempted mid-prefill leaves
         in the tree only what it had scheduled."""
         seq = self._get(seq_id)
-        if tokens <= seq.scheduled:
+        scheduled = scheduled_mark(seq.scheduled, tokens, seq.num_tokens)
+        if scheduled == seq.scheduled:
             return
         self._take_unbacked()
-        seq.scheduled = ALL_PUBLISHED if tokens >= seq.num_tokens else tokens
+        seq.scheduled = scheduled
         self._insert_into_tree(seq)
 
     def can_defer_unbacked(self) -> bool:

@@ -96,6 +96,7 @@ from policies.base import (
     PolicyStats,
     PoolSpec,
     PrefixHit,
+    scheduled_mark,
 )
 from sim.hardware.sglang_mamba_capacity import SGLangMambaCapacity
 from sim.kv.coordinator import Breakdown, KVGroup
@@ -388,14 +389,15 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
         (with the extra buffer, up to the state the chunk tracked) enters the tree with a copy of the
         request's state. A request preempted mid-prefill leaves only its reported chunks there."""
         seq = self._get(seq_id)
-        if tokens <= seq.scheduled:
-            return  # (already reported that far; ALL_PUBLISHED once its prompt was)
+        scheduled = scheduled_mark(seq.scheduled, tokens, seq.num_tokens)
+        if scheduled == seq.scheduled:
+            return  # (already reported that far)
         if seq.num_tokens > seq.base_len:
             seq.scheduled = ALL_PUBLISHED  # decoding: SGLang inserts nothing more until it finishes
             return
         start = seq.scheduled
         end = tokens if tokens < seq.num_tokens else seq.num_tokens
-        seq.scheduled = ALL_PUBLISHED if tokens >= seq.num_tokens else tokens
+        seq.scheduled = scheduled
         # (The tree holds whole pages: SGLang cuts its chunks on them, kvsim's engine need not.)
         point = self._cache_point(start, end, seq.branching) // self.page_size * self.page_size
         if point > seq.tree_len and self._room(MAMBA) > 0:

@@ -69,6 +69,7 @@ from policies.base import (
     PolicyStats,
     PoolSpec,
     PrefixHit,
+    scheduled_mark,
 )
 from policies.hybrid.group import NEVER
 from policies.hybrid.sglang_sliding_window import last_decode_eviction, next_decode_eviction
@@ -347,14 +348,15 @@ class SWARadixCoordinator(SGLangTreeCoordinator):
         admitted later can hit what was scheduled; a request preempted mid-prefill leaves only that
         in the tree (the engine reports a chunk once its batch ran: sim/engine/chunk_reports.py)."""
         seq = self._get(seq_id)
-        if tokens <= seq.scheduled:
-            return  # (already scheduled that far; ALL_PUBLISHED once its whole content was)
+        scheduled = scheduled_mark(seq.scheduled, tokens, seq.num_tokens)
+        if scheduled == seq.scheduled:
+            return  # (already scheduled that far)
         if seq.num_tokens > seq.prompt_len:
             # Decoding: its prompt was computed, and SGLang inserts nothing more until it finishes
             # (a decode step may have freed its own SWA slots, which a lock must not reach).
             seq.scheduled = ALL_PUBLISHED
             return
-        seq.scheduled = ALL_PUBLISHED if tokens >= seq.num_tokens else tokens
+        seq.scheduled = scheduled
         if self._insertable(seq) > seq.tree_len:
             self._cache_unfinished(seq)
 
