@@ -421,6 +421,12 @@ class KVCachePolicy:
     def available_slots(self) -> int:
         """Slots that growth can take right now (free plus evictable cache)."""
 
+    def available_slots_with_hit_locked(self, prompt: TokenContent) -> int:
+        """:meth:`available_slots` less the evictable slots that admitting ``prompt`` would lock (its
+        prefix hit's tokens no sequence holds). Default: :meth:`available_slots` (SGLang's
+        scheduler, which asks it, locks a hit in its radix tree: ``radix`` overrides this)."""
+        return self.available_slots()
+
     @abstractmethod
     def seq_len(self, seq_id: int) -> int:
         """Tokens the sequence holds now."""

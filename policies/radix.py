@@ -174,6 +174,17 @@ class RadixPolicy(SequenceTable[RadixSequence]):
     def available_slots(self) -> int:
         return self._free_slots() + self._cached_slots()
 
+    def available_slots_with_hit_locked(self, prompt: TokenContent) -> int:
+        """Free plus evictable slots once the matched node is locked (``add_one_req``'s
+        ``_lock_node`` before its budget check): the hit's device tokens no sequence locks are not
+        evictable then."""
+        self._take_unbacked()
+        prompt_len = content_length(prompt)
+        if prompt_len <= 0:
+            return self.available_slots()
+        match = self.tree.longest_match(self._prompt_key(prompt, prompt_len), 0)
+        return self.available_slots() - match.unlocked_tokens
+
     def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
         validate_content(prompt, "looked-up prompt", PolicyInputError)
         self._take_unbacked()

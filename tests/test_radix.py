@@ -191,6 +191,11 @@ def test_admission_counts_the_cache_it_locks_by_matching():
         policy.admit(2, ((1, 10), (3, 3)), 13, output_content_id=502)
     assert error.value.prefix_hit == PrefixHit(10)
     assert policy.can_admit(((1, 10), (3, 2)), 12)
+    # SGLang's scheduler checks its budget the same way (``add_one_req`` locks the match first).
+    assert policy.available_slots() == 12
+    assert policy.available_slots_with_hit_locked(((1, 10), (3, 3))) == 2
+    assert policy.available_slots_with_hit_locked(((1, 4), (3, 3))) == 8
+    assert policy.available_slots_with_hit_locked(((4, 6),)) == 12
     assert policy.admit(2, ((1, 10), (3, 2)), 12, output_content_id=502) == 10
     assert breakdown(policy) == (20, 0, 0, 0, 0, 0)
 

@@ -283,6 +283,19 @@ def test_a_stream_by_hand():
     assert kv.tree.full_locked == kv.tree.states_locked == 0
 
 
+def test_the_budget_with_a_hit_locked_leaves_out_the_hit_s_unlocked_full_tokens():
+    """After A (10 + 5 tokens) finished, 15 full tokens are cached and 25 free: 40 available. A prompt
+    hitting A's 15 tokens would lock them: 25 left; one hitting only the state at 10: 30."""
+    kv = coordinator()
+    kv.admit(1, ((1, 10),), 15, A_OUT)
+    kv.grow(1, 5)
+    kv.free(1)
+    assert kv.available_slots() == 40
+    assert kv.available_slots_with_hit_locked(((1, 10), (A_OUT, 5), (2, 3))) == 25
+    assert kv.available_slots_with_hit_locked(((1, 10), (A_OUT, 2), (3, 4))) == 30
+    assert coordinator(radix=False).available_slots_with_hit_locked(((1, 10),)) == 40
+
+
 def test_a_long_prompt_caches_a_state_at_every_chunk():
     """Chunks of 4 tokens: a 10-token prompt is cached at 4, 8 and 10 (``cache_unfinished_req`` after
     each chunk), so a prompt sharing its first 9 tokens hits 8. Three chunks need 3 Mamba slots."""

@@ -104,6 +104,25 @@ def test_lpm_checks_only_requests_that_hit_at_most_32_cached_tokens(step_mode):
     assert {r.request_id: r.cached_prompt_tokens for r in engine.records} == {0: 0, 9: 0, 1: 40, 2: 40, 3: 0}
 
 
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_the_budget_leaves_out_the_cached_prefix_a_request_would_lock(step_mode):
+    """``add_one_req`` locks the matched prefix before its budget check, so its cached tokens no
+    running request holds stop counting as evictable. Pool of 100, conservativeness 0. R0 (40
+    tokens of stream 1, 1 out) and R2 (5 tokens, 40 out) prefill together (1.45 s); R0 then ends,
+    its 41 tokens cached. R1 (R0's 40 and 10 new, 45 out) arrives at 2.0: at 2.45 R2 holds 7 slots,
+    so 52 are free and 41 evictable: 93, but 53 once R1's hit of 40 is locked, and R1 needs 10 + 45 =
+    55: refused (without the lock it would be admitted at 2.45). It is admitted when R2 finishes at
+    40.45 (100 available, 60 with the lock)."""
+    requests = [
+        request(0, 0.0, 40, 1, prompt=((1, 40),)),
+        request(2, 0.0, 5, 40, prompt=((9, 5),)),
+        request(1, 2.0, 50, 45, prompt=((1, 40), (2, 10))),
+    ]
+    engine = run_in_a_pool_of_100(requests, step_mode)
+    assert admitted(engine) == pytest.approx({0: 0.0, 2: 0.0, 1: 40.45})
+    assert {r.request_id: r.cached_prompt_tokens for r in engine.records} == {0: 0, 2: 0, 1: 40}
+
+
 def test_lpm_holds_back_nothing_without_a_prefix_cache():
     """SGLang runs FCFS when its radix cache is off (``_validate_and_adjust_policy``): with plain
     paging R1 and R2, sharing 40 tokens, are admitted together as under FCFS."""
@@ -353,7 +372,9 @@ def test_the_ratio_never_decays_in_an_iteration_that_retracts(monkeypatch, mixed
 
     monkeypatch.setitem(SCHEDULERS, "sglang", Recording)
     pool, _, shape = SCENARIOS["tight"]
-    engine = run("radix", pool, random_requests(6, 50, **shape), "single", enable_mixed_chunk=mixed, **SGLANG)
+    engine = run(
+        "radix", pool, random_requests(66, 50, **shape), "single", enable_mixed_chunk=mixed, **SGLANG
+    )
     assert isinstance(engine.scheduler, Recording) and engine.counters.preemptions > 0
     retracting = {iteration for kind, iteration in calls if kind == "retract"}
     assert retracting and not retracting & {iteration for kind, iteration in calls if kind == "decay"}

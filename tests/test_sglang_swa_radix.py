@@ -450,3 +450,17 @@ def test_a_report_for_a_decoding_sequence_inserts_nothing_until_it_finishes():
     kv.free(0)
     check_pools(kv)
     assert sum(length for length, *_ in shape(kv.tree)) == 16
+
+
+def test_the_budget_with_a_hit_locked_takes_its_unlocked_tokens_out_of_each_pool():
+    """SGLang's ``add_one_req`` checks its budget with the matched node locked. A full pool of 100
+    and an SWA pool of 40 hold X, Y, Z (16 tokens, cached in both): 100 and 40 available. X+Z+1 hits
+    12 (W = 4); locking it takes X and Z (12) out of the full pool's evictable tokens, but only the
+    window, Z (4), out of the SWA pool's: min(100 - 12, 40 - 4) = 36."""
+    kv = coordinator(4, full=100, swa=40)
+    for seq, tail in ((1, Y), (2, Z)):
+        kv.admit(seq, (X, tail), 20, 100 + seq)
+        kv.free(seq)
+    assert (kv.available_slots(), kv.lookup((X, Z, (9, 1))).cached_tokens) == (40, 12)
+    assert kv.available_slots_with_hit_locked((X, Z, (9, 1))) == 36
+    assert kv.available_slots_with_hit_locked(((7, 5),)) == 40  # (no hit: nothing locked)

@@ -127,6 +127,13 @@ class KVCoordinator:
     def available_slots(self) -> int:
         raise NotImplementedError
 
+    def available_slots_with_hit_locked(self, prompt: TokenContent) -> int:
+        """:meth:`available_slots` once the cached prefix ``prompt`` would hit is locked: its tokens
+        no running request holds are evictable now, and not once a request holds them (SGLang's
+        ``add_one_req`` locks the matched node before it checks its budget). Default: a pool whose
+        hits this does not apply to, or that caches nothing: :meth:`available_slots`."""
+        return self.available_slots()
+
     def seq_len(self, seq_id: int) -> int:
         raise NotImplementedError
 

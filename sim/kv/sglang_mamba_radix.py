@@ -490,6 +490,14 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
         """The full pool's free plus evictable slots (the scheduler's token budget)."""
         return self._room(FULL)
 
+    def available_slots_with_hit_locked(self, prompt: TokenContent) -> int:
+        """The same once the matched node is locked (``add_one_req``): less the hit's full tokens that
+        no sequence locks (without the radix cache nothing is matched)."""
+        if not self.radix:
+            return self._room(FULL)
+        match = self.tree.longest_match(prompt_key(prompt, content_length(prompt), self.page_size), 0)
+        return self._room(FULL) - match.full_unlocked
+
     def prepare_decode_step(self, num_sequences: int) -> None:
         """A page per decoding request free in the full pool before a decode step (the ``radix``
         policy's rule)."""

@@ -380,6 +380,13 @@ class SWARadixCoordinator(SGLangTreeCoordinator):
         ``rem_swa_tokens``): a token needs a slot in each."""
         return min(self._room(0), self._room(1))
 
+    def available_slots_with_hit_locked(self, prompt: TokenContent) -> int:
+        """The same once the matched node is locked (``add_one_req``): in each pool, less the hit's
+        tokens there that no sequence locks."""
+        prompt_len = content_length(prompt)
+        match = self.tree.longest_match(prompt_key(prompt, prompt_len, self.page_size), 0)
+        return min(self._room(0) - match.full_unlocked, self._room(1) - match.swa_unlocked)
+
     def prepare_decode_step(self, num_sequences: int) -> None:
         """A page per decoding request free in each pool before a decode step (the ``radix`` policy's rule)."""
         needed = num_sequences * self.page_size

@@ -74,6 +74,9 @@ class SingleGroupCoordinator(KVCoordinator):
     def available_slots(self) -> int:
         return self.policy.available_slots()
 
+    def available_slots_with_hit_locked(self, prompt: TokenContent) -> int:
+        return self.policy.available_slots_with_hit_locked(prompt)
+
     def seq_len(self, seq_id: int) -> int:
         return self.policy.seq_len(seq_id)
 

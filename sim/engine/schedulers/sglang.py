@@ -15,7 +15,8 @@ Followed from sgl-project/sglang 0.5.x, ``python/sglang/srt/managers/`` (no code
   reaches it (``get_new_batch_prefill`` calls ``Req.init_next_round_input``).
 - **Admission** (``PrefillAdder.add_one_req``): a request is admitted while its new tokens plus
   ``min(max_new_tokens - generated, 4096)`` stay below the *remaining total tokens*: free plus
-  evictable slots minus, for every running request, ``min(max_new_tokens - generated, 4096) x
+  evictable slots (less the cached tokens of its own hit that no running request holds: SGLang
+  locks the matched node, ``_lock_node``, before it checks) minus, for every running request, ``min(max_new_tokens - generated, 4096) x
   new_token_ratio`` (``_get_running_request_total_token_offset``), minus what this round admitted;
   and while this iteration's prompt tokens stay within ``max_prefill_tokens`` (``rem_input_tokens``;
   the first admission may exceed it) and ``chunked_prefill_size`` (``rem_chunk_tokens``): a request
@@ -46,8 +47,7 @@ samples as ``n`` requests once the prompt is cached, so each sample is budgeted,
 retraction room as a request of its own.
 
 Where kvsim's engine still differs from SGLang's (documented in docs/modelling.md): a prompt's KV is
-allocated whole at admission, not chunk by chunk; budgets are in tokens, not rounded to pages; the
-lock re-check of ``add_one_req`` (the matched cache stops being evictable) is not modelled.
+allocated whole at admission, not chunk by chunk; budgets are in tokens, not rounded to pages.
 """
 
 from __future__ import annotations
@@ -349,7 +349,8 @@ class SGLangScheduler(Scheduler):
             content = engine.content_on_admission(state)
             new_tokens = self.new_tokens(engine, state, content, hits)
             output = self.budgeted_output(engine, state)
-            if new_tokens + output >= kv.available_slots() - reserved:
+            # (add_one_req locks the matched prefix before it checks: its tokens stop being evictable)
+            if new_tokens + output >= kv.available_slots_with_hit_locked(content) - reserved:
                 if engine.admission_failed(state):
                     continue  # rejected, or failed (on_oom: fail)
                 return chunk_left, HEAD_OVER_BUDGET
