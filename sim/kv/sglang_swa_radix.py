@@ -47,10 +47,10 @@ fragmentation** = slots past the pool's last whole page; **cached** = the tree's
 **free** = the rest. A tombstone's SWA slots are free. Statistics: queries and hits per successful
 admission, in tokens; ``evictions`` counts the pages evicted in both pools.
 
-Left out: SGLang's checks of the
-scheduler's budget against locked nodes (``PrefillAdder``'s lock re-check), the early release of a
-decoding request's SWA lock (``dec_swa_lock_only``), HiCache, and the overlap scheduler's one-token
-lag.
+The scheduler's budget is checked with the hit locked (:meth:`SWARadixCoordinator.available_slots_with_hit_locked`,
+``add_one_req``'s ``_lock_node``). Left out: the early release of a decoding request's SWA lock
+(``dec_swa_lock_only``, which SGLang runs only with ``SGLANG_OPT_SWA_RELEASE_LEAF_LOCK_AFTER_WINDOW``
+set: off by default in ``environ.py``), HiCache, and the overlap scheduler's one-token lag.
 """
 
 from __future__ import annotations
