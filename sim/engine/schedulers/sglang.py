@@ -16,8 +16,9 @@ Followed from sgl-project/sglang 0.5.x, ``python/sglang/srt/managers/`` (no code
 - **Admission** (``PrefillAdder.add_one_req``): a request is admitted while its new tokens plus
   ``min(max_new_tokens - generated, 4096)`` stay below the *remaining total tokens*: free plus
   evictable slots (less the cached tokens of its own hit that no running request holds: SGLang
-  locks the matched node, ``_lock_node``, before it checks) minus, for every running request, ``min(max_new_tokens - generated, 4096) x
-  new_token_ratio`` (``_get_running_request_total_token_offset``), minus what this round admitted;
+  locks the matched node, ``_lock_node``, before it checks) minus, for every running request,
+  ``min(max_new_tokens - generated, 4096) x new_token_ratio``
+  (``_get_running_request_total_token_offset``), minus what this round admitted;
   and while this iteration's prompt tokens stay within ``max_prefill_tokens`` (``rem_input_tokens``;
   the first admission may exceed it) and ``chunked_prefill_size`` (``rem_chunk_tokens``): a request
   that does not fit the chunk left is truncated to it and becomes the one chunked request. The loop
