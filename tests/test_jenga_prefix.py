@@ -149,6 +149,40 @@ def test_the_identity_holds_per_type_and_in_total_under_random_operations(operat
     assert all(values[:3] == (0, 0, 0) for values in entries(kv))
 
 
+def test_a_fork_s_copied_tail_filled_by_a_growth_goes_back_cached():
+    """Found by the property test above in CI. A (15 tokens of the system prompt and 8 of its own) is
+    forked twice and preempted: each child holds A's full pages shared and its own copy of the
+    partly filled last one. A child's growth fills that copy before its window lets it go, so the
+    page gains an identity and goes back cached, not blank: its large page is not freed. The check
+    counted it blank, said a growth of 13 tokens fits, and the growth then found no quota (an
+    assertion). For every growth the check and the growth itself must agree, and a refused one
+    changes nothing."""
+
+    def forked():
+        kv = tiny(large_pages=8)
+        kv.admit(0, ((1, 15), (100, 8)), 50, 9)
+        kv.admit(1, ((1, 1),), 2, 9)
+        kv.fork(0, [ChildSpec(2, 50, 9)])
+        kv.fork(0, [ChildSpec(3, 50, 9)])
+        kv.free(0, finished=False)
+        kv.free(1, finished=False)
+        return kv
+
+    outcomes = {}
+    for tokens in range(1, 28):
+        kv = forked()
+        fits, before = kv.fits_growth([2], tokens), entries(kv)
+        try:
+            kv.grow(2, tokens)
+            outcomes[tokens] = True
+        except OutOfKVMemory:
+            assert entries(kv) == before
+            outcomes[tokens] = False
+        assert fits == outcomes[tokens]
+        check_identity(kv)
+    assert outcomes[9] and not outcomes[13]
+
+
 # -- by hand --------------------------------------------------------------------------------------------
 SYSTEM = ((1, 20),)  # 20 tokens of a system prompt: 5 full blocks of 4
 AFTER_SYSTEM = ((1, 20), (7, 4))  # that prompt and 4 tokens more: a hit of at most 5 blocks

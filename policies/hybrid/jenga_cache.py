@@ -165,13 +165,15 @@ class JengaPageCache(PrefixCachingBlockPool):
                 evictable -= count
         return lost, self.allocator.free_small + evictable
 
-    def after_release(self, pages: list[int]) -> tuple[int, int, int]:
+    def after_release(self, pages: list[int], keyed: int = 0) -> tuple[int, int, int]:
         """What giving back the distinct ``pages`` (each held once) would do, changing nothing:
-        ``(large pages freed, wholly cached large pages gained, free pages after)``."""
+        ``(large pages freed, wholly cached large pages gained, free pages after)``. The first
+        ``keyed`` of them gain an identity before they go back (a growth fills them: they go back
+        cached, not blank)."""
         blank: dict[int, int] = {}
         cached: dict[int, int] = {}
-        for page in pages:
-            into = blank if self.block_chain[page] == NO_BLOCK else cached
+        for index, page in enumerate(pages):
+            into = blank if index >= keyed and self.block_chain[page] == NO_BLOCK else cached
             into[page // self.ratio] = into.get(page // self.ratio, 0) + 1
         freed = gained = 0
         free_small, evictable = self.allocator.free_small, self.evictable

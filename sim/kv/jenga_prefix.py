@@ -223,20 +223,29 @@ class JengaPrefixCoordinator(JengaCoordinator):
         needs = []
         for group, cache in enumerate(self.caches):
             seq, _, first, end = plans[group][index]
-            freed, gained, free_pages = cache.after_release(self._released_pages(group, plans[group][index]))
+            freed, gained, free_pages = cache.after_release(*self._released_pages(group, plans[group][index]))
             free_large += freed + gained
             needs.append((moves(seq, first, end)[1], cache.ratio, free_pages))
         return quotas(free_large, needs)
 
-    def _released_pages(self, group: int, planned: tuple) -> list[int]:
+    def _released_pages(self, group: int, planned: tuple) -> tuple[list[int], int]:
         """The pages a planned growth gives back to the type: those that left its window or chunk and
-        that no other sequence holds."""
-        seq, _, first, _ = planned
+        that no other sequence holds; and how many of them (the first) its tokens fill first. The
+        growth is told before any page goes back (``GroupManager.release_skipped``), so a page it
+        fills (a fork's copy of a partly filled block) goes back cached, not blank."""
+        seq, tokens, first, _ = planned
         tables = self.managers[group].tables
         assert tables is not None
         table, ref_count = tables.by_seq[id(seq)].table, self.caches[group].ref_count
-        pages = (table[position] for position in range(seq.first_block, min(first, seq.end_block)))
-        return [page for page in pages if page != NO_BLOCK and ref_count[page] == 1]
+        filled_end = (seq.num_tokens + tokens) // self.block_size  # (blocks the grown sequence fills)
+        released: list[int] = []
+        keyed = 0
+        for position in range(seq.first_block, min(first, seq.end_block)):
+            page = table[position]
+            if page != NO_BLOCK and ref_count[page] == 1:
+                released.append(page)
+                keyed += position < filled_end
+        return released, keyed
 
     def grow_each(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
         plans = self._plans(seq_ids, num_tokens)
