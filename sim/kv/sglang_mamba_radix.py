@@ -96,7 +96,6 @@ from policies.base import (
     PolicyStats,
     PoolSpec,
     PrefixHit,
-    scheduled_mark,
 )
 from sim.hardware.sglang_mamba_capacity import SGLangMambaCapacity
 from sim.kv.coordinator import Breakdown, KVGroup
@@ -207,7 +206,6 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
         self.slots_per_token = 1
         self.sequences: dict[int, MambaSequence] = {}
         self._own = OwnSlots()
-        self._inserts_deferred = False  # (defer_prompt_keys)
         self._tree_held = 0  # tree tokens the sequences hold, counted once per sequence
         self._states_held = 0  # tree states the sequences' locks hold, counted once per sequence
         self._stats = PolicyStats()
@@ -379,33 +377,15 @@ class MambaRadixCoordinator(SGLangTreeCoordinator):
         return hit
 
     def defer_prompt_keys(self) -> bool:
-        if not self.radix:
-            return False
-        self._inserts_deferred = True
-        return True
+        return self.radix and super().defer_prompt_keys()  # (ChunkCache caches no prompt)
 
-    def prompt_scheduled(self, seq_id: int, tokens: int) -> None:
-        """``cache_unfinished_req`` after the prefill chunk that ends at ``tokens``: the prompt so far
-        (with the extra buffer, up to the state the chunk tracked) enters the tree with a copy of the
-        request's state. A request preempted mid-prefill leaves only its reported chunks there."""
-        seq = self._get(seq_id)
-        scheduled = scheduled_mark(seq.scheduled, tokens, seq.num_tokens)
-        if scheduled == seq.scheduled:
-            return  # (already reported that far)
-        if seq.num_tokens > seq.base_len:
-            seq.scheduled = ALL_PUBLISHED  # decoding: SGLang inserts nothing more until it finishes
-            return
-        start = seq.scheduled
-        end = tokens if tokens < seq.num_tokens else seq.num_tokens
-        seq.scheduled = scheduled
+    def _cache_chunk(self, seq: MambaSequence, start: int, end: int) -> None:
+        """The prompt so far (with the extra buffer, up to the state the chunk tracked) enters the tree
+        with a copy of the request's state in a new Mamba slot."""
         # (The tree holds whole pages: SGLang cuts its chunks on them, kvsim's engine need not.)
         point = self._cache_point(start, end, seq.branching) // self.page_size * self.page_size
         if point > seq.tree_len and self._room(MAMBA) > 0:
             self._cache_unfinished(seq, point)
-
-    def scheduled_chunks_move_slots(self) -> bool:
-        """A chunk entering the tree takes a Mamba slot for its state (and may evict one)."""
-        return self._inserts_deferred
 
     def _planned_growth(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
         """The growths' new full slots (a Mamba slot is updated in place)."""

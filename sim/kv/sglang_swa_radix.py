@@ -69,7 +69,6 @@ from policies.base import (
     PolicyStats,
     PoolSpec,
     PrefixHit,
-    scheduled_mark,
 )
 from policies.hybrid.group import NEVER
 from policies.hybrid.sglang_sliding_window import last_decode_eviction, next_decode_eviction
@@ -143,7 +142,6 @@ class SWARadixCoordinator(SGLangTreeCoordinator):
         self._tree_held = 0  # tree tokens the sequences hold, counted once per sequence
         self._swa_held = 0  # SWA tokens the sequences' locks cover, counted once per sequence
         self._stats = PolicyStats()
-        self._inserts_deferred = False  # (defer_prompt_keys)
         self.groups = tuple(
             KVGroup(
                 name,
@@ -339,31 +337,11 @@ class SWARadixCoordinator(SGLangTreeCoordinator):
         self.tree.unlock(seq.last_node, seq.swa_uuid)
         del self.sequences[seq_id]
 
-    def defer_prompt_keys(self) -> bool:
-        self._inserts_deferred = True
-        return True
-
-    def prompt_scheduled(self, seq_id: int, tokens: int) -> None:
-        """SGLang inserts a prompt's whole pages after each chunk (``cache_unfinished_req``): a request
-        admitted later can hit what was scheduled; a request preempted mid-prefill leaves only that
-        in the tree (the engine reports a chunk once its batch ran: sim/engine/chunk_reports.py)."""
-        seq = self._get(seq_id)
-        scheduled = scheduled_mark(seq.scheduled, tokens, seq.num_tokens)
-        if scheduled == seq.scheduled:
-            return  # (already scheduled that far)
-        if seq.num_tokens > seq.prompt_len:
-            # Decoding: its prompt was computed, and SGLang inserts nothing more until it finishes
-            # (a decode step may have freed its own SWA slots, which a lock must not reach).
-            seq.scheduled = ALL_PUBLISHED
-            return
-        seq.scheduled = scheduled
+    def _cache_chunk(self, seq: SWASequence, start: int, end: int) -> None:
+        """The prompt's whole pages scheduled so far enter the tree; its SWA slots outside the window
+        its lock covers move from used to cached."""
         if self._insertable(seq) > seq.tree_len:
             self._cache_unfinished(seq)
-
-    def scheduled_chunks_move_slots(self) -> bool:
-        """A chunk entering the tree moves its SWA slots outside the request's window from used to
-        cached (its lock covers the window only)."""
-        return self._inserts_deferred
 
     def growth_room(self, seq_id: int) -> int:
         """Tokens before its next new page, or its next decode eviction (an event: the slots it frees

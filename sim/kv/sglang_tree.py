@@ -12,12 +12,14 @@ from typing import Any, Protocol
 
 from policies._radix_tree import Key
 from policies.base import (
+    ALL_PUBLISHED,
     NO_HIT,
     MemoryBreakdown,
     PolicyInputError,
     PolicyStats,
     PrefixHit,
     grow_each_arguments_error,
+    scheduled_mark,
     unknown_sequence,
 )
 from policies.prefix import block_pieces
@@ -61,6 +63,7 @@ class TreeSequence(Protocol):
     base: tuple[Segment, ...]
     base_len: int
     num_tokens: int
+    scheduled: int  # tokens of its prompt reported scheduled (ALL_PUBLISHED: all of them)
 
 
 class _Tree(Protocol):
@@ -91,6 +94,8 @@ class SGLangTreeCoordinator(KVCoordinator):
     sequences: dict[int, Any]
     _stats: PolicyStats
     _tree_held: int  # tree tokens the sequences hold (their locked paths), counted once per sequence
+    # With the engine driving, prompts enter the tree as their chunks are reported (defer_prompt_keys).
+    _inserts_deferred: bool = False
 
     def _part(self, index: int) -> Callable[[], Breakdown]:
         return lambda: self.pool_breakdown(index)
@@ -126,6 +131,39 @@ class SGLangTreeCoordinator(KVCoordinator):
             return NO_HIT
         _, matched = self.tree.match_prefix(prompt_key(prompt, prompt_len, self.page_size), namespace)
         return PrefixHit(matched) if matched else NO_HIT
+
+    # -- prompts entering the tree chunk by chunk -----------------------------------------------------
+    def defer_prompt_keys(self) -> bool:
+        self._inserts_deferred = True
+        return True
+
+    def prompt_scheduled(self, seq_id: int, tokens: int) -> None:
+        """SGLang's ``cache_unfinished_req`` after a prefill chunk: the prompt so far enters the tree
+        (:meth:`_cache_chunk`). A request admitted later can hit it; a request preempted mid-prefill
+        leaves only its reported chunks there (the engine reports a chunk once its batch ran:
+        sim/engine/chunk_reports.py)."""
+        seq = self._get(seq_id)
+        scheduled = scheduled_mark(seq.scheduled, tokens, seq.num_tokens)
+        if scheduled == seq.scheduled:
+            return  # (already reported that far)
+        if seq.num_tokens > seq.base_len:
+            # Decoding: its prompt was computed, and SGLang inserts nothing more until it finishes
+            # (a decode step may have freed own slots of a window, which a lock must not reach).
+            seq.scheduled = ALL_PUBLISHED
+            return
+        start = seq.scheduled
+        seq.scheduled = scheduled
+        self._cache_chunk(seq, start, tokens if tokens < seq.num_tokens else seq.num_tokens)
+
+    def _cache_chunk(self, seq: Any, start: int, end: int) -> None:
+        """The prefill chunk of tokens ``[start, end)`` of ``seq``'s prompt ran: what of it enters the
+        tree, as the cache's ``cache_unfinished_req`` inserts it."""
+        raise NotImplementedError
+
+    def scheduled_chunks_move_slots(self) -> bool:
+        """A chunk entering the tree moves slots (a window's out of its lock to cached, a Mamba
+        state's slot taken)."""
+        return self._inserts_deferred
 
     # -- sequences --------------------------------------------------------------------------------
     def _check_new(self, seq_id: int, prompt: TokenContent, final_len: int) -> int:
