@@ -55,7 +55,7 @@ def test_the_windows_rates_count_arrivals_inside_and_completions_inside_by_hand(
     completions inside are 0 and 1 (0.2 per second, 150 output tokens: 15 per second). Output per
     request is over those that arrived inside and finished (1 and 2: 60); preemptions, rejections and
     failures per request arrived inside (3 / 4, 1 / 4, 1 / 4)."""
-    from sim.planning.sweeps.steady import _rates
+    from sim.planning.sweeps.steady import _rates, _Rows
 
     requests = pd.DataFrame(
         {
@@ -66,8 +66,9 @@ def test_the_windows_rates_count_arrivals_inside_and_completions_inside_by_hand(
             "preemptions": [0, 1, 2, 0, 0, 5],
         }
     )
-    inside = requests[(requests["arrival_s"] >= 10) & (requests["arrival_s"] <= 20)]
-    assert _rates(requests, inside, 10.0, 20.0) == pytest.approx(
+    rows = _Rows.of(requests)
+    inside = rows.arrived_within(10.0, 20.0)
+    assert _rates(rows, inside, 10.0, 20.0) == pytest.approx(
         {
             "window_s": 10.0,
             "arrival_rate_per_s": 0.4,
@@ -80,7 +81,7 @@ def test_the_windows_rates_count_arrivals_inside_and_completions_inside_by_hand(
         }
     )
     # A window of no time and no arrivals measures no rate.
-    empty = _rates(requests, inside.iloc[:0], 10.0, 10.0)
+    empty = _rates(rows, rows.arrived_within(10.0, 9.0), 10.0, 10.0)
     assert empty["window_s"] == 0.0
     assert all(empty[key] is None for key in empty if key != "window_s")
 

@@ -128,9 +128,8 @@ class FileSink:
         return frames[0]
 
     def close(self) -> None:
-        for stem, empty in (("requests", requests_frame([])), ("timeseries", None)):
-            if stem not in self._writers and empty is not None:
-                self._append(stem, empty)
+        if "requests" not in self._writers:  # a run that booked no request still writes the table
+            self._append("requests", requests_frame([]))
         for writer in self._writers.values():
             if not isinstance(writer, bool):
                 writer.close()

@@ -20,6 +20,7 @@ which its queue grew without end) shows as such a rise. The fill time is a lower
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -44,6 +45,47 @@ class SteadyWindow:
         return asdict(self)
 
 
+class _Rows:
+    """Some rows of a requests table, read as numpy arrays one column at a time, each once.
+
+    The window's cuts (in the window, finished, in its late half) are boolean masks over the
+    columns a measure reads, not copies of the whole table each: a capacity plan measures every
+    probe, and the copies took most of that."""
+
+    def __init__(self, read: Callable[[str], np.ndarray], length: int):
+        self._read = read
+        self._columns: dict[str, np.ndarray] = {}
+        self.length = length
+
+    @classmethod
+    def of(cls, frame: pd.DataFrame) -> _Rows:
+        return cls(lambda name: frame[name].to_numpy(), len(frame))
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        column = self._columns.get(name)
+        if column is None:
+            column = self._columns[name] = self._read(name)
+        return column
+
+    def __len__(self) -> int:
+        return self.length
+
+    def where(self, mask: np.ndarray) -> _Rows:
+        return _Rows(lambda name: self[name][mask], int(mask.sum()))
+
+    def finished(self) -> _Rows:
+        return self.where(self["outcome"] == "finished")
+
+    def arrived_within(self, start: float, end: float) -> _Rows:
+        arrival = self["arrival_s"]
+        return self.where((arrival >= start) & (arrival <= end))
+
+    def values(self, name: str) -> np.ndarray:
+        """A float column without its missing values (a latency the request never reached)."""
+        column = np.asarray(self[name], dtype=float)
+        return column[~np.isnan(column)]
+
+
 def window_bounds(requests: pd.DataFrame, window: SteadyWindow) -> tuple[float, float]:
     start, end, _ = window_and_fill_deficit(requests, window)
     return start, end
@@ -53,12 +95,16 @@ def window_and_fill_deficit(requests: pd.DataFrame, window: SteadyWindow) -> tup
     """The window's start and end, and by how much it opens before the system has filled (0 when the
     warm-up covered the fill; > 0 when the cap at half the window cut it short: the probe is too short
     for its rate, and what it measures is still the ramp-up)."""
-    times = requests["arrival_s"].to_numpy(dtype=float)
+    return _window_and_fill_deficit(_Rows.of(requests), window)
+
+
+def _window_and_fill_deficit(requests: _Rows, window: SteadyWindow) -> tuple[float, float, float]:
+    times = np.asarray(requests["arrival_s"], dtype=float)
     if len(times) == 0:
         return 0.0, 0.0, 0.0
     start = float(np.quantile(times, window.warmup_frac))
     end = float(np.quantile(times, 1.0 - window.drain_frac))
-    residence = requests.loc[requests["outcome"] == "finished", "e2e_s"].dropna()
+    residence = requests.finished().values("e2e_s")
     if not len(residence):
         return start, end, 0.0
     filled = float(times.min() + residence.mean())
@@ -76,12 +122,13 @@ def steady_metrics(
     """Latencies, rates, memory shares and admission stops over the steady-state window.
     ``pool_tokens``: the pool's slots (the memory shares' unit); ``context_tokens``: the tokens of
     context it holds (``KVCoordinator.context_tokens``, the fill time's; None: ``pool_tokens``)."""
-    start, end, fill_deficit = window_and_fill_deficit(requests, window)
-    metrics = _window_metrics(requests, requests, timeseries, pool_tokens, window, start, end)
+    rows = _Rows.of(requests)
+    start, end, fill_deficit = _window_and_fill_deficit(rows, window)
+    metrics = _window_metrics(rows, rows, timeseries, pool_tokens, window, start, end)
     head = ("window_start_s", "window_end_s", "window_requests")
     metrics = {key: metrics[key] for key in head} | {"fill_deficit_s": fill_deficit} | metrics
     fill_tokens = pool_tokens if context_tokens is None else context_tokens
-    metrics |= stationarity(requests, timeseries, start, end, fill_tokens, window.trend_segments)
+    metrics |= stationarity(rows, timeseries, start, end, fill_tokens, window.trend_segments)
     return metrics
 
 
@@ -99,31 +146,51 @@ def stopped_metrics(
     rest describes the run up to the stop. No fill or trend measures: the verdict needs none."""
     at = float(stopped["at_s"])
     start, end = float(stopped["window_first_s"]), min(float(stopped["window_end_s"]), at)
-    censored = censored_at(requests, at)
-    metrics = _window_metrics(censored, requests, timeseries, pool_tokens, window, start, end)
+    rows = _Rows.of(requests)
+    metrics = _window_metrics(_censored_at(rows, at), rows, timeseries, pool_tokens, window, start, end)
     return metrics | {"stopped_early": stopped, "latencies_are_lower_bounds": True}
 
 
 def censored_at(requests: pd.DataFrame, at: float) -> pd.DataFrame:
     """``requests`` with every unfinished one's latencies taken as they stood at ``at``: a first
     token, admission and finish not reached by then count as reached at ``at`` (lower bounds)."""
-    frame = requests.copy()
-    open_ = frame["outcome"] == "unfinished"
-    for column in ("admitted_s", "first_token_s", "finish_s"):
-        frame.loc[open_, column] = frame.loc[open_, column].fillna(at)
-    frame.loc[open_, "finish_s"] = at
-    frame.loc[open_, "outcome"] = "finished"
-    decode_tokens = (frame["output_tokens"] - 1).where(frame["output_tokens"] > 1)
-    frame["ttft_s"] = frame["first_token_s"] - frame["arrival_s"] + frame["client_overhead_s"]
-    frame["e2e_s"] = frame["finish_s"] - frame["arrival_s"] + frame["client_overhead_s"]
-    frame["tpot_s"] = (frame["finish_s"] - frame["first_token_s"]) / decode_tokens
-    frame["queue_s"] = frame["admitted_s"] - frame["arrival_s"]
-    return frame
+    return requests.assign(**_censored_columns(_Rows.of(requests), at))
+
+
+def _censored_at(requests: _Rows, at: float) -> _Rows:
+    censored = _censored_columns(requests, at)
+    return _Rows(lambda name: censored[name] if name in censored else requests[name], len(requests))
+
+
+def _censored_columns(requests: _Rows, at: float) -> dict[str, np.ndarray]:
+    open_ = requests["outcome"] == "unfinished"
+
+    def reached(name: str) -> np.ndarray:
+        column = np.asarray(requests[name], dtype=float)
+        return np.where(open_ & np.isnan(column), at, column)
+
+    outcome = np.array(requests["outcome"], dtype=object)
+    outcome[open_] = "finished"
+    arrival = np.asarray(requests["arrival_s"], dtype=float)
+    admitted, first_token = reached("admitted_s"), reached("first_token_s")
+    finish = np.where(open_, at, np.asarray(requests["finish_s"], dtype=float))
+    overhead, outputs = requests["client_overhead_s"], requests["output_tokens"]
+    # The latencies as the requests table derives them (sim.outputs.metrics.requests_frame).
+    return {
+        "outcome": outcome,
+        "admitted_s": admitted,
+        "first_token_s": first_token,
+        "finish_s": finish,
+        "ttft_s": first_token - arrival + overhead,
+        "e2e_s": finish - arrival + overhead,
+        "tpot_s": (finish - first_token) / np.where(outputs > 1, outputs - 1, np.nan),
+        "queue_s": admitted - arrival,
+    }
 
 
 def _window_metrics(
-    latencies: pd.DataFrame,
-    requests: pd.DataFrame,
+    latencies: _Rows,
+    requests: _Rows,
     timeseries: pd.DataFrame,
     pool_tokens: int,
     window: SteadyWindow,
@@ -133,12 +200,12 @@ def _window_metrics(
     """Everything measured over the window [start, end]: latencies from ``latencies`` (the requests
     table, or a stopped run's censored one), rates and counts from ``requests``, means from the
     series."""
-    inside = requests[(requests["arrival_s"] >= start) & (requests["arrival_s"] <= end)]
-    timed = latencies[(latencies["arrival_s"] >= start) & (latencies["arrival_s"] <= end)]
+    inside = requests.arrived_within(start, end)
+    timed = latencies.arrived_within(start, end)
     middle = (start + end) / 2
     metrics: dict[str, Any] = {"window_start_s": start, "window_end_s": end, "window_requests": len(inside)}
     metrics |= _latencies(timed, "", window)
-    metrics |= _latencies(timed[timed["arrival_s"] >= middle], "late_", window)
+    metrics |= _latencies(timed.where(timed["arrival_s"] >= middle), "late_", window)
     metrics |= _rates(requests, inside, start, end)
     metrics |= _series_means(timeseries, start, end, pool_tokens)
     growth = metrics.pop("waiting_growth", None)
@@ -148,13 +215,17 @@ def _window_metrics(
 
 def kv_tokens_per_request(requests: pd.DataFrame) -> float | None:
     """Mean KV tokens a request holds when it finishes: its prompt plus every sample's output."""
+    return _kv_tokens_per_request(_Rows.of(requests))
+
+
+def _kv_tokens_per_request(requests: _Rows) -> float | None:
     if not len(requests):
         return None
     return float((requests["prompt_tokens"] + requests["sample_output_tokens"]).mean())
 
 
 def stationarity(
-    requests: pd.DataFrame,
+    requests: pd.DataFrame | _Rows,
     timeseries: pd.DataFrame,
     start: float,
     end: float,
@@ -171,7 +242,8 @@ def stationarity(
     First against last, not neighbouring segments: a pool that fills slowly (each admitted request
     makes the batch slower, so requests stay longer and hold more) rises a little per segment, less
     than the noise between two neighbours, but plainly across the window."""
-    times = requests["arrival_s"].to_numpy(dtype=float)
+    rows = requests if isinstance(requests, _Rows) else _Rows.of(requests)
+    times = np.asarray(rows["arrival_s"], dtype=float)
     result: dict[str, float | None] = dict.fromkeys(
         (
             "tokens_per_request",
@@ -187,7 +259,7 @@ def stationarity(
     if len(times) < 2:
         return result
     span = float(times.max() - times.min())
-    tokens = kv_tokens_per_request(requests)
+    tokens = _kv_tokens_per_request(rows)
     result["tokens_per_request"] = tokens
     result["arrival_span_s"] = span
     if tokens and span > 0:
@@ -209,23 +281,23 @@ def stationarity(
     return result
 
 
-def _latencies(requests: pd.DataFrame, prefix: str, window: SteadyWindow) -> dict[str, float | None]:
+def _latencies(requests: _Rows, prefix: str, window: SteadyWindow) -> dict[str, float | None]:
     """Percentiles and means of the finished requests' latencies; the mean normalized latency (each
     request's E2E over its output tokens, the vLLM paper's metric); and the goodput SLO's attainment
     over every request (one that did not finish misses its targets)."""
-    finished = requests[requests["outcome"] == "finished"]
+    finished = requests.finished()
     result: dict[str, float | None] = {}
     for column in LATENCY_METRICS:
         name = column.removesuffix("_s")
-        values = finished[column].dropna().to_numpy(dtype=float)
+        values = finished.values(column)
         for q in (50, 99):
             result[f"{prefix}{name}_p{q}_s"] = float(np.percentile(values, q)) if len(values) else None
         result[f"{prefix}{name}_mean_s"] = float(values.mean()) if len(values) else None
-    outputs = finished["output_tokens"].to_numpy(dtype=float)
-    normalized = finished["e2e_s"].to_numpy(dtype=float)[outputs > 0] / outputs[outputs > 0]
+    outputs = np.asarray(finished["output_tokens"], dtype=float)
+    normalized = np.asarray(finished["e2e_s"], dtype=float)[outputs > 0] / outputs[outputs > 0]
     result[f"{prefix}normalized_latency_mean_s"] = float(normalized.mean()) if len(normalized) else None
     if window.goodput_ttft_s is not None or window.goodput_tpot_s is not None:
-        result[f"{prefix}attainment_frac"] = attainment(
+        result[f"{prefix}attainment_frac"] = _attainment(
             requests, window.goodput_ttft_s, window.goodput_tpot_s
         )
     return result
@@ -234,23 +306,29 @@ def _latencies(requests: pd.DataFrame, prefix: str, window: SteadyWindow) -> dic
 def attainment(requests: pd.DataFrame, ttft_s: float | None, tpot_s: float | None) -> float | None:
     """Share of ``requests`` that finished within both per-request targets (DistServe's SLO
     attainment). A single-token output has no TPOT: it meets a TPOT target trivially."""
+    return _attainment(_Rows.of(requests), ttft_s, tpot_s)
+
+
+def _attainment(requests: _Rows, ttft_s: float | None, tpot_s: float | None) -> float | None:
     if not len(requests):
         return None
-    met = (requests["outcome"] == "finished").to_numpy(copy=True)
+    met = np.array(requests["outcome"] == "finished", dtype=bool)
     if ttft_s is not None:
-        met &= requests["ttft_s"].to_numpy(dtype=float) <= ttft_s
+        met &= np.asarray(requests["ttft_s"], dtype=float) <= ttft_s
     if tpot_s is not None:
-        tpot = requests["tpot_s"].to_numpy(dtype=float)
+        tpot = np.asarray(requests["tpot_s"], dtype=float)
         met &= np.isnan(tpot) | (tpot <= tpot_s)
     return float(met.mean())
 
 
-def _rates(requests: pd.DataFrame, inside: pd.DataFrame, start: float, end: float) -> dict[str, Any]:
+def _rates(requests: _Rows, inside: _Rows, start: float, end: float) -> dict[str, Any]:
     duration = end - start
     count = len(inside)
-    finished = requests[requests["outcome"] == "finished"]
-    done_inside = finished[(finished["finish_s"] >= start) & (finished["finish_s"] <= end)]
-    window_finished = inside[inside["outcome"] == "finished"]
+    finished = requests.finished()
+    finish = finished["finish_s"]
+    done_inside = finished.where((finish >= start) & (finish <= end))
+    window_finished = inside.finished()
+    outcome = inside["outcome"]
     return {
         "window_s": duration,
         "arrival_rate_per_s": count / duration if duration > 0 else None,
@@ -263,8 +341,8 @@ def _rates(requests: pd.DataFrame, inside: pd.DataFrame, start: float, end: floa
         if len(window_finished)
         else None,
         "preemptions_per_request": float(inside["preemptions"].sum()) / count if count else None,
-        "rejected_frac": float((inside["outcome"] == "rejected").sum()) / count if count else None,
-        "failed_oom_frac": float((inside["outcome"] == "failed_oom").sum()) / count if count else None,
+        "rejected_frac": float((outcome == "rejected").sum()) / count if count else None,
+        "failed_oom_frac": float((outcome == "failed_oom").sum()) / count if count else None,
     }
 
 
