@@ -284,7 +284,7 @@ def test_length_column_is_read_once_per_file_content(tmp_path: Path, monkeypatch
     parsed = []
     read = distributions._read_column
     monkeypatch.setattr(distributions, "_read_column", lambda *args: parsed.append(args) or read(*args))
-    distributions._cached_column.cache_clear()
+    distributions.forget_parsed_columns()
     path = tmp_path / "lens.csv"
     path.write_text("o\n5\n12.0\n")
     first = load_column("lens.csv", "o", tmp_path, "output_len")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from pathlib import Path
 
@@ -178,23 +177,36 @@ def load_column(path: str | Path, column: str, base_dir: Path | None, what: str)
     """A positive integer column of a CSV file (lengths), with errors naming file, column and line.
 
     Parsed once per process for each content of the file: a capacity plan builds the same workload
-    for every probe, and parsing the file each time took about a fifth of a plan's time. (Keyed by
-    the bytes themselves, not the modification time, which can miss a rewrite within one clock
-    tick; Python's hash of them and a comparison cost a third of a cryptographic digest, which a
-    plan paid three times a probe.) The array is shared, so it is read-only."""
+    for every probe, and parsing the file each time took about a fifth of a plan's time. Keyed by the
+    bytes themselves, not the modification time, which can miss a rewrite within one clock tick: the
+    file is read again and compared with the bytes the column was parsed from (a tenth of a
+    millisecond for a megabyte; hashing them, as a cache key needs, took five times that, three
+    times a probe). The array is shared, so it is read-only."""
     full = resolve_path(path, base_dir, f"workload.{what}.path")
     try:
         content = full.read_bytes()
     except OSError:
         return _read_column(full, column, what)  # pandas names the problem
-    return _cached_column(full, content, column, what)
-
-
-@functools.lru_cache(maxsize=16)
-def _cached_column(full: Path, _content: bytes, column: str, what: str) -> np.ndarray:
+    key = (full, column)
+    cached = _parsed_columns.get(key)
+    if cached is not None and cached[0] == content:
+        return cached[1]
     values = _read_column(full, column, what)
     values.setflags(write=False)
+    _parsed_columns.pop(key, None)
+    _parsed_columns[key] = (content, values)
+    while len(_parsed_columns) > _PARSED_COLUMNS_KEPT:
+        del _parsed_columns[next(iter(_parsed_columns))]  # the oldest parsed
     return values
+
+
+_PARSED_COLUMNS_KEPT = 16
+_parsed_columns: dict[tuple[Path, str], tuple[bytes, np.ndarray]] = {}
+
+
+def forget_parsed_columns() -> None:
+    """Drop every column :func:`load_column` keeps (tests)."""
+    _parsed_columns.clear()
 
 
 def _read_column(full: Path, column: str, what: str) -> np.ndarray:
