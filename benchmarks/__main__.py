@@ -15,6 +15,7 @@ import argparse
 from benchmarks.bench_allocators import run_allocator_benchmarks
 from benchmarks.bench_cluster import run_cluster_benchmarks
 from benchmarks.bench_engine import run_engine_benchmarks
+from benchmarks.bench_plan import run_plan_benchmarks
 from benchmarks.bench_replay import run_replay_benchmarks
 from benchmarks.bench_traces import JOBS, run_trace_benchmarks
 from benchmarks.fresh import available_builds
@@ -33,6 +34,7 @@ def main() -> None:
     sizes = args.engine_sizes or ("2000" if args.quick else "10000,100000,1000000")
     run_engine_benchmarks([int(size) for size in sizes.split(",")], args.policies.split(","), builds)
     run_cluster_benchmarks(500 if args.quick else 2_000)
+    run_plan_benchmarks(builds, plan=not args.quick)  # the whole example plan: about 30 s
 
 
 if __name__ == "__main__":

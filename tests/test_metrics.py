@@ -198,3 +198,17 @@ def test_only_a_float_residue_is_taken_for_zero():
     real negative share are kept."""
     assert without_residue(-1e-17) == 0.0 and without_residue(3e-13) == 0.0
     assert without_residue(1e-12) == 1e-12 and without_residue(-0.25) == -0.25
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_a_run_that_booked_no_request_still_writes_its_requests_table(tmp_path, fmt) -> None:
+    """A sink closed before any request was booked (a run stopped before the first arrival) writes
+    the requests table with its columns and no row, so that reading it back works like any other."""
+    from sim.outputs.sinks import FileSink, read_requests
+
+    sink = FileSink(tmp_path, fmt)
+    sink.close()
+    table = read_requests(tmp_path / f"requests.{fmt}")
+    assert len(table) == 0
+    assert list(table.columns) == list(requests_frame([]).columns)
+    assert "ttft_s" in table.columns and "transfer_s" in table.columns

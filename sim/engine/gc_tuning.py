@@ -23,8 +23,7 @@ def fewer_collections(first_generation: int = YOUNG_COLLECTION_EVERY) -> Iterato
     a run allocates relies on prompt collection; the threshold is restored afterwards (a larger one,
     or a disabled collector, is left as it is)."""
     thresholds = gc.get_threshold()
-    if thresholds[0] and thresholds[0] < first_generation:
-        gc.set_threshold(first_generation, *thresholds[1:])
+    collect_less_often(first_generation)
     try:
         yield
     finally:
