@@ -234,3 +234,10 @@ def test_how_far_a_probe_is_from_a_steady_state_by_hand():
     assert all(
         value is None for value in stationarity(arrivals.iloc[:1], series, 0.0, 40.0, 1000, 4).values()
     )
+
+
+def test_censoring_keeps_the_outcome_column_s_type():
+    """The censored table's outcome column is the table's own type (text), not Python objects."""
+    original = requests()
+    original["outcome"] = original["outcome"].astype("string")
+    assert censored_at(original, 4.0)["outcome"].dtype == original["outcome"].dtype

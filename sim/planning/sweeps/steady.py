@@ -154,7 +154,9 @@ def stopped_metrics(
 def censored_at(requests: pd.DataFrame, at: float) -> pd.DataFrame:
     """``requests`` with every unfinished one's latencies taken as they stood at ``at``: a first
     token, admission and finish not reached by then count as reached at ``at`` (lower bounds)."""
-    return requests.assign(**_censored_columns(_Rows.of(requests), at))
+    columns: dict[str, Any] = _censored_columns(_Rows.of(requests), at)
+    columns["outcome"] = pd.array(columns["outcome"], dtype=requests["outcome"].dtype)  # text stays text
+    return requests.assign(**columns)
 
 
 def _censored_at(requests: _Rows, at: float) -> _Rows:
