@@ -38,11 +38,9 @@ POINT_REQUESTS = 1_200
 def points_once() -> dict[str, Any]:
     """The first-round probes, run twice (the first pass warms the caches a worker keeps between
     points); the second pass measured."""
-    from sim.engine.gc_tuning import collect_less_often
     from sim.planning.plans.spec import load_plan_spec
     from sim.planning.sweeps.tasks import run_point
 
-    collect_less_often()  # as a plan's local worker does
     plan = load_plan_spec(PLAN)
     with tempfile.TemporaryDirectory() as folder:
         tasks = [

@@ -23,18 +23,9 @@ def fewer_collections(first_generation: int = YOUNG_COLLECTION_EVERY) -> Iterato
     a run allocates relies on prompt collection; the threshold is restored afterwards (a larger one,
     or a disabled collector, is left as it is)."""
     thresholds = gc.get_threshold()
-    collect_less_often(first_generation)
+    if thresholds[0] and thresholds[0] < first_generation:
+        gc.set_threshold(first_generation, *thresholds[1:])
     try:
         yield
     finally:
         gc.set_threshold(*thresholds)
-
-
-def collect_less_often(first_generation: int = YOUNG_COLLECTION_EVERY) -> None:
-    """For a process that only runs simulations (a sweep's or a plan's local worker): the youngest
-    generation collected every ``first_generation`` allocations for the rest of its life, not only
-    during each run. Restoring Python's 700 after each point made the next allocation collect every
-    container the point had left alive: about 3.5 ms a point, of a plan probe's ~100 ms."""
-    thresholds = gc.get_threshold()
-    if thresholds[0] and thresholds[0] < first_generation:
-        gc.set_threshold(first_generation, *thresholds[1:])

@@ -62,9 +62,6 @@ def _start_worker() -> None:
     from tqdm import tqdm
 
     tqdm.set_lock(threading.RLock())
-    from sim.engine.gc_tuning import collect_less_often
-
-    collect_less_often()
 
 
 def _fork_server() -> Any:
