@@ -312,9 +312,24 @@ class EngineConfig(_Strict):
         description="scheduler sglang: the waiting queue's order. fcfs: arrival order; lpm: longest "
         "prefix match first (every waiting prompt matched in the cache each round), a request that "
         "hits at most 32 cached tokens but shares 32 or more with one ahead of it held back to the "
-        "end (in-batch prefix caching), FCFS while more than 128 wait "
+        "end (in-batch prefix caching: in_batch_prefix_check_tokens, "
+        "in_batch_prefix_deprioritize_tokens), FCFS while more than 128 wait "
         "(SchedulePolicy._determine_active_policy) or without a prefix cache. SGLang's default is "
         "fcfs (server_args.py schedule_policy).",
+    )
+    in_batch_prefix_check_tokens: int = Field(
+        32,
+        ge=0,
+        description="scheduler sglang, schedule_policy lpm: in-batch prefix caching checks a waiting "
+        "request against the requests ahead of it only when its cache hit is at most this many tokens "
+        "(SGLang's IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD environment variable, 32 by default).",
+    )
+    in_batch_prefix_deprioritize_tokens: int = Field(
+        32,
+        ge=1,
+        description="scheduler sglang, schedule_policy lpm: such a request is held back to the queue's "
+        "end for the round when it shares at least this many leading tokens with a request ahead of "
+        "it that was not held back (IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD, 32 by default).",
     )
     schedule_conservativeness: float = Field(
         1.0,
@@ -383,6 +398,21 @@ class EngineConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _in_batch_keys_need_lpm(self) -> EngineConfig:
+        # Only lpm orders the queue by prefix; under fcfs they would change nothing, silently.
+        changed = [
+            f"{name}: {getattr(self, name)!r}"
+            for name in ("in_batch_prefix_check_tokens", "in_batch_prefix_deprioritize_tokens")
+            if getattr(self, name) != SGLANG_ONLY_DEFAULTS[name]
+        ]
+        if self.scheduler == "sglang" and self.schedule_policy != "lpm" and changed:
+            raise ValueError(
+                f"{', '.join(changed)}: in-batch prefix caching runs under schedule_policy lpm only "
+                f"(schedule_policy is {self.schedule_policy!r}); set schedule_policy: lpm, or leave them out"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _speculation_needs_vllm(self) -> EngineConfig:
         if self.speculative is not None and self.scheduler != "vllm":
             raise ValueError(
@@ -403,6 +433,8 @@ class EngineConfig(_Strict):
 
 SGLANG_ONLY_DEFAULTS: dict[str, Any] = {
     "schedule_policy": "fcfs",
+    "in_batch_prefix_check_tokens": 32,
+    "in_batch_prefix_deprioritize_tokens": 32,
     "schedule_conservativeness": 1.0,
     "chunked_prefill_size": None,
     "max_prefill_tokens": 16384,

@@ -516,3 +516,28 @@ def test_an_explicit_client_overhead_even_zero_replaces_the_cost_models(client_o
     engine = make_engine(config, variant, variant.policy, iter([]), MemorySink())
     wanted = variant.costs.request_overhead_s if expected == "cost model" else expected
     assert engine.knobs.client_overhead_s == wanted
+
+
+def test_the_in_batch_thresholds_reach_sglang_s_scheduler():
+    """engine.in_batch_prefix_check_tokens / _deprioritize_tokens, from the config to the scheduler
+    that orders the queue (left out: SGLang's 32 and 32)."""
+    data = {
+        "name": "in-batch",
+        "model": "Llama-3.1-8B",
+        "gpu": "H100-80GB",
+        "engine": {
+            "max_model_len": 1024,
+            "scheduler": "sglang",
+            "schedule_policy": "lpm",
+            "in_batch_prefix_check_tokens": 64,
+            "in_batch_prefix_deprioritize_tokens": 16,
+        },
+        "workload": {"num_requests": 2, "arrival": {"kind": "batch"}, "prompt_len": 64, "output_len": 4},
+        "variants": [{"name": "radix", "policy": "radix"}],
+    }
+    for engine_keys, expected in ((data["engine"], (64, 16)), ({"scheduler": "sglang"}, (32, 32))):
+        config = validate_experiment({**data, "engine": engine_keys})
+        (variant,) = prepare_experiment(config, Path("/nonexistent/in-batch.yaml")).variants
+        engine = make_engine(config, variant, variant.policy, iter([]), MemorySink())
+        scheduler = engine.scheduler
+        assert (scheduler.in_batch_check_tokens, scheduler.in_batch_deprioritize_tokens) == expected

@@ -52,15 +52,18 @@ def test_lpm_admits_the_longest_cached_prefix_first():
 
 @pytest.mark.parametrize("step_mode", ["single", "skip"])
 @pytest.mark.parametrize(
-    ("shared", "lpm_admitted", "lpm_cached"),
+    ("shared", "threshold", "lpm_admitted", "lpm_cached"),
     [
-        (40, {1: 0.0, 3: 0.0, 2: 5.9}, {1: 0, 2: 40, 3: 0}),
-        (32, {1: 0.0, 3: 0.0, 2: 5.9}, {1: 0, 2: 32, 3: 0}),
-        (31, {1: 0.0, 2: 0.0, 3: 6.0}, {1: 0, 2: 0, 3: 0}),
+        (40, 32, {1: 0.0, 3: 0.0, 2: 5.9}, {1: 0, 2: 40, 3: 0}),
+        (32, 32, {1: 0.0, 3: 0.0, 2: 5.9}, {1: 0, 2: 32, 3: 0}),
+        (31, 32, {1: 0.0, 2: 0.0, 3: 6.0}, {1: 0, 2: 0, 3: 0}),
+        # engine.in_batch_prefix_deprioritize_tokens moves the boundary
+        (31, 31, {1: 0.0, 3: 0.0, 2: 5.9}, {1: 0, 2: 31, 3: 0}),
+        (40, 41, {1: 0.0, 2: 0.0, 3: 6.0}, {1: 0, 2: 0, 3: 0}),
     ],
 )
 def test_lpm_holds_back_a_request_sharing_a_new_prefix_with_one_ahead(
-    step_mode, shared, lpm_admitted, lpm_cached
+    step_mode, shared, threshold, lpm_admitted, lpm_cached
 ):
     """In-batch prefix caching (``_compute_prefix_matches``). R1 and R2 (50 tokens each, 5 out) share
     their first ``shared`` tokens, R3 (40) nothing; all arrive at 0 into an empty cache, two run at
@@ -68,7 +71,8 @@ def test_lpm_holds_back_a_request_sharing_a_new_prefix_with_one_ahead(
     prefill batch ran (100 tokens: 2.0 s, then 4 decode steps: done at 6.0), and R3 (1.4 s) follows
     at 6.0. Under lpm every hit is 0; with 40 shared tokens (at least 32) R2 is held back to the
     queue's end: R1 and R3 prefill together (90 tokens, 1.9 s, done at 5.9) and R2 then hits R1's 40.
-    So with 32 shared (SGLang's threshold); with 31 nothing is held back: lpm admits as FCFS does."""
+    So with 32 shared (SGLang's threshold); with 31 nothing is held back: lpm admits as FCFS does.
+    With the threshold at 31, 31 shared tokens hold R2 back; at 41, 40 do not."""
     requests = [
         request(1, 0.0, 50, 5, prompt=((5, shared), (6, 50 - shared))),
         request(2, 0.0, 50, 5, prompt=((5, shared), (7, 50 - shared))),
@@ -76,11 +80,47 @@ def test_lpm_holds_back_a_request_sharing_a_new_prefix_with_one_ahead(
     ]
     pool = PoolSpec(400, 16, 128)
     fcfs = run("radix", pool, requests, step_mode, max_num_seqs=2, **SGLANG)
-    lpm = run("radix", pool, requests, step_mode, max_num_seqs=2, schedule_policy="lpm", **SGLANG)
+    lpm = run(
+        "radix",
+        pool,
+        requests,
+        step_mode,
+        max_num_seqs=2,
+        schedule_policy="lpm",
+        in_batch_deprioritize_tokens=threshold,
+        **SGLANG,
+    )
     assert admitted(fcfs) == pytest.approx({1: 0.0, 2: 0.0, 3: 6.0})
     assert {r.request_id: r.cached_prompt_tokens for r in fcfs.records} == {1: 0, 2: 0, 3: 0}
     assert admitted(lpm) == pytest.approx(lpm_admitted)
     assert {r.request_id: r.cached_prompt_tokens for r in lpm.records} == lpm_cached
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+def test_a_higher_check_threshold_holds_back_a_request_that_hits_the_cache(step_mode):
+    """As below, with engine.in_batch_prefix_check_tokens 40: A and B (40 cached tokens each) are
+    now checked, and B shares A's first 40 tokens (at least 32): held back behind C. A and C
+    prefill together at 5.8 (10 + 40 new tokens: 1.5 s) and finish at 5.8 + 1.5 + 4 = 11.3, when B
+    is admitted, hitting the same 40 tokens."""
+    requests = [
+        request(0, 0.0, 40, 5, prompt=((1, 40),)),
+        request(9, 0.0, 40, 5, prompt=((9, 40),)),
+        request(1, 0.1, 50, 5, prompt=((1, 40), (2, 10))),
+        request(2, 0.2, 50, 5, prompt=((1, 40), (3, 10))),
+        request(3, 0.3, 40, 5, prompt=((8, 40),)),
+    ]
+    engine = run(
+        "radix",
+        PoolSpec(800, 16, 128),
+        requests,
+        step_mode,
+        max_num_seqs=2,
+        schedule_policy="lpm",
+        in_batch_check_tokens=40,
+        **SGLANG,
+    )
+    assert admitted(engine) == pytest.approx({0: 0.0, 9: 0.0, 1: 5.8, 3: 5.8, 2: 11.3})
+    assert {r.request_id: r.cached_prompt_tokens for r in engine.records} == {0: 0, 9: 0, 1: 40, 2: 40, 3: 0}
 
 
 @pytest.mark.parametrize("step_mode", ["single", "skip"])
@@ -503,12 +543,22 @@ def test_config_keys_and_defaults():
     )
     assert (engine.chunked_prefill_size, engine.max_prefill_tokens) == (None, 16384)
     assert engine.enable_mixed_chunk is False  # SGLang's default: prefill batches first
+    # SGLang's IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD and _DEPRIORITIZE_THRESHOLD
+    assert (engine.in_batch_prefix_check_tokens, engine.in_batch_prefix_deprioritize_tokens) == (32, 32)
     assert [chunked_prefill_size_for(gib * 2**30) for gib in (24, 80, 141, 192)] == [2048, 8192, 8192, 16384]
     for bad, message in [
         ({"scheduler": "tgi"}, "scheduler"),
         ({"chunked_prefill_size": 0}, "chunked_prefill_size must be a positive"),
         ({"schedule_conservativeness": -1}, "schedule_conservativeness"),
         ({"scheduler": "sglang", "preemption_mode": "swap"}, "retracts requests"),
+        (
+            {"scheduler": "sglang", "schedule_policy": "lpm", "in_batch_prefix_check_tokens": -1},
+            "check_tokens",
+        ),
+        (
+            {"scheduler": "sglang", "schedule_policy": "lpm", "in_batch_prefix_deprioritize_tokens": 0},
+            "deprioritize_tokens",
+        ),
     ]:
         with pytest.raises(ValidationError, match=message):
             EngineConfig(**bad)
@@ -520,12 +570,23 @@ def test_sglang_keys_under_the_vllm_scheduler_are_refused_naming_the_scheduler()
         {"schedule_policy": "lpm"},
         {"max_prefill_tokens": 4096, "chunked_prefill_size": 512},
         {"enable_mixed_chunk": True},  # (vLLM's iterations always mix)
+        {"schedule_policy": "lpm", "in_batch_prefix_check_tokens": 64},
     ):
         with pytest.raises(ValidationError, match="engine.scheduler vllm ignores"):
             EngineConfig(**bad)
         assert EngineConfig(scheduler="sglang", **bad).scheduler == "sglang"
     # their defaults, written out, change nothing under either scheduler and stay accepted
     assert EngineConfig(schedule_policy="fcfs", max_prefill_tokens=16384).scheduler == "vllm"
+
+
+def test_in_batch_thresholds_need_the_lpm_order():
+    """Only lpm holds requests back; under fcfs the thresholds would change nothing, so they are
+    refused there, naming the key and the order; their defaults written out stay accepted."""
+    with pytest.raises(ValidationError, match=r"in_batch_prefix_deprioritize_tokens: 16: .*lpm only.*'fcfs'"):
+        EngineConfig(scheduler="sglang", in_batch_prefix_deprioritize_tokens=16)
+    lpm = EngineConfig(scheduler="sglang", schedule_policy="lpm", in_batch_prefix_deprioritize_tokens=16)
+    assert lpm.in_batch_prefix_deprioritize_tokens == 16
+    assert EngineConfig(scheduler="sglang", in_batch_prefix_check_tokens=32).schedule_policy == "fcfs"
 
 
 def test_the_sglang_scheduler_on_a_policy_it_was_not_built_for_warns(tmp_path):

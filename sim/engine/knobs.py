@@ -30,6 +30,9 @@ class EngineKnobs:
     # scheduler sglang (sim/engine/schedulers/sglang.py; SGLang's server_args.py names and defaults):
     scheduler: str = "vllm"  # vllm | sglang
     schedule_policy: str = "fcfs"  # fcfs | lpm
+    # lpm's in-batch prefix caching (IN_BATCH_PREFIX_CACHING_CHECK / _DEPRIORITIZE_THRESHOLD)
+    in_batch_check_tokens: int = 32
+    in_batch_deprioritize_tokens: int = 32
     schedule_conservativeness: float = 1.0
     chunked_prefill_size: int = 8192  # -1: no chunking
     max_prefill_tokens: int = 16384

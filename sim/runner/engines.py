@@ -61,6 +61,8 @@ def make_engine(
         beam_reparent_prob=engine_config.beam_reparent_prob,
         scheduler=engine_config.scheduler,
         schedule_policy=engine_config.schedule_policy,
+        in_batch_check_tokens=engine_config.in_batch_prefix_check_tokens,
+        in_batch_deprioritize_tokens=engine_config.in_batch_prefix_deprioritize_tokens,
         schedule_conservativeness=engine_config.schedule_conservativeness,
         chunked_prefill_size=(
             chunked_prefill_size_for(resolve_gpu(config.gpu).memory_bytes)

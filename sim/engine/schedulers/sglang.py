@@ -88,12 +88,6 @@ CLIP_MAX_NEW_TOKENS = 4096
 """``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``: the most output tokens a request is budgeted for."""
 LPM_QUEUE_LIMIT = 128
 """``SchedulePolicy._determine_active_policy``: ``lpm`` falls back to FCFS above this many waiting."""
-IN_BATCH_CHECK_TOKENS = 32
-"""``IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD``: a waiting request whose cache hit is at most this many
-tokens is checked against the requests ahead of it in the queue."""
-IN_BATCH_DEPRIORITIZE_TOKENS = 32
-"""``IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD``: sharing at least this many leading tokens with
-one of them holds it back to the queue's end for this round."""
 UNLIMITED = 1 << 62
 
 
@@ -116,6 +110,11 @@ class SGLangScheduler(Scheduler):
     def __init__(self, knobs: EngineKnobs):
         super().__init__(knobs)
         self.lpm = knobs.schedule_policy == "lpm"
+        # In-batch prefix caching (IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD, _DEPRIORITIZE_THRESHOLD):
+        # a waiting request whose cache hit is at most the first is checked against the requests
+        # ahead of it; sharing at least the second with one of them holds it back for the round.
+        self.in_batch_check_tokens = knobs.in_batch_check_tokens
+        self.in_batch_deprioritize_tokens = knobs.in_batch_deprioritize_tokens
         self.max_prefill_tokens = knobs.max_prefill_tokens
         self.chunked_prefill_size = knobs.chunked_prefill_size if knobs.chunked_prefill_size > 0 else 0
         self.init_new_token_ratio = min(INIT_NEW_TOKEN_RATIO * knobs.schedule_conservativeness, 1.0)
@@ -208,8 +207,8 @@ class SGLangScheduler(Scheduler):
     def order_queue(self, engine: SchedulingEngine) -> dict[int, int]:
         """``calc_priority``: under ``lpm`` (and at most 128 waiting) every waiting prompt is matched
         and the queue sorted by hit, longest first, the requests in-batch prefix caching holds back
-        last (``_compute_prefix_matches``: one whose hit is at most :data:`IN_BATCH_CHECK_TOKENS`
-        and which shares at least :data:`IN_BATCH_DEPRIORITIZE_TOKENS` with a request ahead of it
+        last (``_compute_prefix_matches``: one whose hit is at most ``in_batch_check_tokens`` and
+        which shares at least ``in_batch_deprioritize_tokens`` with a request ahead of it
         that was not held back, so that one prefills the shared prefix and the others hit it in a
         later round). Returns the hits found, by request id."""
         waiting = engine.waiting
@@ -224,9 +223,9 @@ class SGLangScheduler(Scheduler):
             content = engine.content_on_admission(state)
             request_id = state.request.request_id
             hit = hits[request_id] = kv.match(content).cached_tokens
-            if in_batch is not None and hit <= IN_BATCH_CHECK_TOKENS:
+            if in_batch is not None and hit <= self.in_batch_check_tokens:
                 prompt_len = content_length(content)
-                if in_batch.longest_shared(content, prompt_len) >= IN_BATCH_DEPRIORITIZE_TOKENS:
+                if in_batch.longest_shared(content, prompt_len) >= self.in_batch_deprioritize_tokens:
                     deprioritized.add(request_id)
                 else:
                     in_batch.add(content, prompt_len)
