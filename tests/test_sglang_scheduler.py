@@ -96,51 +96,45 @@ def test_lpm_holds_back_a_request_sharing_a_new_prefix_with_one_ahead(
     assert {r.request_id: r.cached_prompt_tokens for r in lpm.records} == lpm_cached
 
 
-@pytest.mark.parametrize("step_mode", ["single", "skip"])
-def test_a_higher_check_threshold_holds_back_a_request_that_hits_the_cache(step_mode):
-    """As below, with engine.in_batch_prefix_check_tokens 40: A and B (40 cached tokens each) are
-    now checked, and B shares A's first 40 tokens (at least 32): held back behind C. A and C
-    prefill together at 5.8 (10 + 40 new tokens: 1.5 s) and finish at 5.8 + 1.5 + 4 = 11.3, when B
-    is admitted, hitting the same 40 tokens."""
-    requests = [
+def two_cached_then_three_waiting():
+    """R0 (40 tokens of stream 1) and R9 (40 of stream 9), 5 out each; meanwhile A and B (R0's 40 and
+    10 new each) and C (40 fresh)."""
+    return [
         request(0, 0.0, 40, 5, prompt=((1, 40),)),
         request(9, 0.0, 40, 5, prompt=((9, 40),)),
         request(1, 0.1, 50, 5, prompt=((1, 40), (2, 10))),
         request(2, 0.2, 50, 5, prompt=((1, 40), (3, 10))),
         request(3, 0.3, 40, 5, prompt=((8, 40),)),
     ]
+
+
+@pytest.mark.parametrize("step_mode", ["single", "skip"])
+@pytest.mark.parametrize(
+    ("check_tokens", "lpm_admitted"),
+    [
+        (32, {0: 0.0, 9: 0.0, 1: 5.8, 2: 5.8, 3: 11.0}),
+        (40, {0: 0.0, 9: 0.0, 1: 5.8, 3: 5.8, 2: 11.3}),
+    ],
+)
+def test_lpm_checks_only_requests_that_hit_at_most_32_cached_tokens(step_mode, check_tokens, lpm_admitted):
+    """R0 and R9 prefill together (1.8 s) and finish at 5.8, their tokens then cached. At 5.8 A and
+    B hit 40 cached tokens, more than 32: neither is checked against the other, however much they
+    share, and lpm admits them before C (0 hit), which follows when they finish: 20 new tokens
+    (1.2 s) and 4 decode steps, at 11.0. With engine.in_batch_prefix_check_tokens 40 both are
+    checked, and B shares A's first 40 tokens (at least 32): held back behind C. A and C prefill
+    together at 5.8 (10 + 40 new tokens: 1.5 s) and finish at 5.8 + 1.5 + 4 = 11.3, when B is
+    admitted, hitting the same 40 tokens."""
     engine = run(
         "radix",
         PoolSpec(800, 16, 128),
-        requests,
+        two_cached_then_three_waiting(),
         step_mode,
         max_num_seqs=2,
         schedule_policy="lpm",
-        in_batch_check_tokens=40,
+        in_batch_check_tokens=check_tokens,
         **SGLANG,
     )
-    assert admitted(engine) == pytest.approx({0: 0.0, 9: 0.0, 1: 5.8, 3: 5.8, 2: 11.3})
-    assert {r.request_id: r.cached_prompt_tokens for r in engine.records} == {0: 0, 9: 0, 1: 40, 2: 40, 3: 0}
-
-
-@pytest.mark.parametrize("step_mode", ["single", "skip"])
-def test_lpm_checks_only_requests_that_hit_at_most_32_cached_tokens(step_mode):
-    """R0 (40 tokens of stream 1) and R9 (40 of stream 9), 5 out each, prefill together (1.8 s) and
-    finish at 5.8, their tokens then cached. A and B (R0's 40 and 10 new each) and C (40 fresh)
-    arrived meanwhile. At 5.8 A and B hit 40 cached tokens, more than 32: neither is checked against
-    the other, however much they share, and lpm admits them before C (0 hit), which follows when they
-    finish: 20 new tokens (1.2 s) and 4 decode steps, at 11.0."""
-    requests = [
-        request(0, 0.0, 40, 5, prompt=((1, 40),)),
-        request(9, 0.0, 40, 5, prompt=((9, 40),)),
-        request(1, 0.1, 50, 5, prompt=((1, 40), (2, 10))),
-        request(2, 0.2, 50, 5, prompt=((1, 40), (3, 10))),
-        request(3, 0.3, 40, 5, prompt=((8, 40),)),
-    ]
-    engine = run(
-        "radix", PoolSpec(800, 16, 128), requests, step_mode, max_num_seqs=2, schedule_policy="lpm", **SGLANG
-    )
-    assert admitted(engine) == pytest.approx({0: 0.0, 9: 0.0, 1: 5.8, 2: 5.8, 3: 11.0})
+    assert admitted(engine) == pytest.approx(lpm_admitted)
     assert {r.request_id: r.cached_prompt_tokens for r in engine.records} == {0: 0, 9: 0, 1: 40, 2: 40, 3: 0}
 
 
