@@ -9,11 +9,14 @@ unconstrained optimum is already non-negative).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from sim.costs.least_squares import least_squares
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,11 @@ class LinearFit:
     coef: tuple[float, ...]
 
     def predict(self, features: Any) -> np.ndarray:
-        return np.asarray(features, dtype=float) @ np.asarray(self.coef, dtype=float)
+        # (Each row's products summed exactly, not ``@``: BLAS kernels round by CPU, sim/costs/least_squares.py.)
+        terms = np.asarray(features, dtype=float) * np.asarray(self.coef, dtype=float)
+        return np.array([math.fsum(row) for row in terms.reshape(-1, len(self.coef)).tolist()]).reshape(
+            terms.shape[:-1]
+        )
 
     def __getitem__(self, name: str) -> float:
         return self.coef[self.names.index(name)]
@@ -46,7 +53,7 @@ def fit_relative(features: Any, y: Any, names: Sequence[str], *, nonnegative: bo
     active = list(range(x.shape[1]))
     coef = np.zeros(x.shape[1])
     while active:
-        solution, *_ = np.linalg.lstsq(weighted_x[:, active], ones, rcond=None)
+        solution = least_squares(weighted_x[:, active], ones)  # (the same bits on every machine)
         coef[:] = 0.0
         coef[active] = solution
         negative = [index for index in active if coef[index] < 0]

@@ -77,6 +77,7 @@ from sim.costs.core import (
     layer_matmul_params,
     tensor_parallel_label,
 )
+from sim.costs.least_squares import least_squares
 from sim.costs.serving import NEUTRAL, ServingCalibration
 from sim.costs.terms import (
     AllToAllCost,
@@ -150,13 +151,14 @@ def relative_line(
     counts relative to that cost)."""
     x = np.asarray(xs, dtype=float)
     y = np.asarray(ys, dtype=float)
+    # (least_squares: the same bits on every machine, which LAPACK's lstsq is not.)
     if relative_to is None:
         design = np.column_stack([np.ones_like(x), x]) / y[:, None]
-        (intercept, slope), *_ = np.linalg.lstsq(design, np.ones_like(y), rcond=None)
+        intercept, slope = least_squares(design, np.ones_like(y))
     else:
         scale = np.asarray(relative_to, dtype=float)
         design = np.column_stack([np.ones_like(x), x]) / scale[:, None]
-        (intercept, slope), *_ = np.linalg.lstsq(design, y / scale, rcond=None)
+        intercept, slope = least_squares(design, y / scale)
     return float(intercept), float(slope)
 
 

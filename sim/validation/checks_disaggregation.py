@@ -19,6 +19,7 @@ import pandas as pd
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from sim.config import ConfigError
+from sim.costs.least_squares import least_squares
 from sim.outputs.canvas import subplots
 from sim.validation.claims import Claim, _Strict
 from sim.validation.registry import CheckOutput, Measured, RunContext, register_check
@@ -161,7 +162,8 @@ def local_slope(points: list[tuple[float, float]], center: float, half_width: fl
     if len({x for x, _ in near}) < 2:
         return None
     xs, ys = np.array([x for x, _ in near]), np.array([y for _, y in near])
-    return float(np.polyfit(xs, ys, 1)[0])
+    # (least_squares, not polyfit: the same bits on every machine.)
+    return float(least_squares(np.column_stack([xs, np.ones_like(xs)]), ys)[0])
 
 
 @dataclass
