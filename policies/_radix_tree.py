@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Hashable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mypy_extensions import mypyc_attr
 
@@ -99,30 +99,65 @@ def common_prefix_length(a: Key, b: Key) -> int:
     return shared
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, init=False)
 class RadixNode:
+    """(Its constructor is written out: compiled, it runs natively, once per node.)"""
+
     node_id: int
     key: Key
     length: int
     namespace: int
     parent: RadixNode | None
-    children: dict[Hashable, RadixNode] = field(default_factory=dict)
-    lock_ref: int = 0
-    last_access: int = 0
-    on_device: bool = True  # SGLang's ``not evicted``
-    backed_up: bool = False  # a host copy exists (SGLang's ``backuped``)
-    hit_count: int = 0
+    children: dict[Hashable, RadixNode]
+    lock_ref: int
+    last_access: int
+    on_device: bool  # SGLang's ``not evicted``
+    backed_up: bool  # a host copy exists (SGLang's ``backuped``)
+    hit_count: int
+
+    def __init__(
+        self,
+        node_id: int,
+        key: Key,
+        length: int,
+        namespace: int,
+        parent: RadixNode | None,
+        children: dict[Hashable, RadixNode] | None = None,
+        lock_ref: int = 0,
+        last_access: int = 0,
+        on_device: bool = True,
+        backed_up: bool = False,
+        hit_count: int = 0,
+    ) -> None:
+        self.node_id = node_id
+        self.key = key
+        self.length = length
+        self.namespace = namespace
+        self.parent = parent
+        self.children = {} if children is None else children
+        self.lock_ref = lock_ref
+        self.last_access = last_access
+        self.on_device = on_device
+        self.backed_up = backed_up
+        self.hit_count = hit_count
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class PrefixMatch:
     """What a side-effect-free walk found: matched tokens, how many of them sit in unlocked device
     nodes (they stop being evictable once a sequence locks the match), and how many of them (the
-    match's tail) are held in host memory only."""
+    match's tail) are held in host memory only. (Its constructor is written out: compiled, it runs
+    natively, once per walk.)"""
 
     length: int
     unlocked_tokens: int
-    host_tokens: int = 0
+    host_tokens: int
+
+    def __init__(self, length: int, unlocked_tokens: int, host_tokens: int = 0) -> None:
+        setattr_ = object.__setattr__  # (frozen: as the dataclass's own constructor sets them)
+        setattr_(self, "length", length)
+        setattr_(self, "unlocked_tokens", unlocked_tokens)
+        setattr_(self, "host_tokens", host_tokens)
 
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import ClassVar, Generic, Protocol, TypeVar
+from typing import ClassVar, Final, Generic, Protocol, TypeVar
 
 from mypy_extensions import mypyc_attr
 
@@ -38,7 +38,7 @@ class PolicyInputError(PolicyError, ValueError):
 
 # A sequence's scheduled tokens once its whole content is (KVCachePolicy.prompt_scheduled): a prompt
 # allocated at admission is cached, or inserted, only as far as its chunks were scheduled.
-ALL_PUBLISHED = 1 << 62
+ALL_PUBLISHED: Final = 1 << 61  # (below 2**62: compiled, a native int, not a boxed one)
 
 
 def scheduled_mark(mark: int, tokens: int, num_tokens: int) -> int:
@@ -163,16 +163,34 @@ class MemoryBreakdown:
         return {f"{name}_bytes": value * kv_bytes_per_token for name, value in self.as_dict().items()}
 
 
-@dataclass
+@dataclass(init=False)
 class PolicyStats:
-    """Cumulative counters. Names follow vLLM's metrics where vLLM has one (tokens, not blocks)."""
+    """Cumulative counters. Names follow vLLM's metrics where vLLM has one (tokens, not blocks).
+    (Its constructor is written out: compiled, it runs natively; a pool of several groups builds
+    one whenever the engine reads its counters.)"""
 
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    evictions: int = 0
-    cow_copies: int = 0  # blocks copied because a shared, partly filled block was written
-    fork_copied_tokens: int = 0  # tokens physically copied by forks that cannot share
-    allocation_failures: int = 0
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    evictions: int
+    cow_copies: int  # blocks copied because a shared, partly filled block was written
+    fork_copied_tokens: int  # tokens physically copied by forks that cannot share
+    allocation_failures: int
+
+    def __init__(
+        self,
+        prefix_cache_queries: int = 0,
+        prefix_cache_hits: int = 0,
+        evictions: int = 0,
+        cow_copies: int = 0,
+        fork_copied_tokens: int = 0,
+        allocation_failures: int = 0,
+    ) -> None:
+        self.prefix_cache_queries = prefix_cache_queries
+        self.prefix_cache_hits = prefix_cache_hits
+        self.evictions = evictions
+        self.cow_copies = cow_copies
+        self.fork_copied_tokens = fork_copied_tokens
+        self.allocation_failures = allocation_failures
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -68,13 +68,22 @@ RESERVATIONS = ("max", "pow2", "oracle")
 PLACEMENTS = ("first_fit", "best_fit", "buddy")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class _Sequence:
+    """(Its constructor is written out: compiled, it runs natively, once per sequence.)"""
+
     start: int
     size: int  # slots of the region (>= final_len)
     prompt_len: int  # the original prompt: forks size their children's reservations from it
     final_len: int
     length: int
+
+    def __init__(self, start: int, size: int, prompt_len: int, final_len: int, length: int) -> None:
+        self.start = start
+        self.size = size
+        self.prompt_len = prompt_len
+        self.final_len = final_len
+        self.length = length
 
 
 class ContiguousPolicy(KVCachePolicy):

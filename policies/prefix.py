@@ -60,6 +60,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
+from typing import Final
 
 from policies._host_tier import HostTier
 from policies.base import (
@@ -693,7 +694,7 @@ class PrefixCachingPolicy(PagedPolicy):
         return len(newly_pinned) * self.block_size
 
 
-_PIN_HOLDER_ID = -(2**62)  # a private sequence id, held only inside pin_prefix
+_PIN_HOLDER_ID: Final = -(2**62)  # a private sequence id, held only inside pin_prefix
 
 
 def _cumulative_ends(segments: list[tuple[int, int]]) -> list[int]:

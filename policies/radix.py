@@ -71,7 +71,8 @@ rest.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Final
 
 from policies._radix_tree import HiCachePool, Key, PrefixMatch, RadixNode, RadixTree
 from policies.base import (
@@ -100,26 +101,51 @@ def page_size_option(value: object) -> int:
 
 
 # HiRadixCache.load_back_threshold: a shorter host hit is recomputed rather than loaded.
-LOAD_BACK_THRESHOLD = 10
+LOAD_BACK_THRESHOLD: Final = 10
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class RadixSequence:
     """A sequence's first ``tree_len`` tokens are the tree path ending at ``last_node`` (locked);
-    the rest are its own, in whole pages."""
+    the rest are its own, in whole pages. (Its constructor is written out: compiled, it runs
+    natively, once per sequence.)"""
 
     seq_id: int
     final_len: int
     output_content_id: int
     namespace: int
     last_node: RadixNode
-    tree_len: int = 0
-    num_tokens: int = 0
-    segments: list[Segment] = field(default_factory=list)
-    segment_ends: list[int] = field(default_factory=list)
+    tree_len: int
+    num_tokens: int
+    segments: list[Segment]
+    segment_ends: list[int]
     # Tokens of its content scheduled so far: the prompt enters the tree only that far
     # (``RadixPolicy.defer_prompt_keys``).
-    scheduled: int = ALL_PUBLISHED
+    scheduled: int
+
+    def __init__(
+        self,
+        seq_id: int,
+        final_len: int,
+        output_content_id: int,
+        namespace: int,
+        last_node: RadixNode,
+        tree_len: int = 0,
+        num_tokens: int = 0,
+        segments: list[Segment] | None = None,
+        segment_ends: list[int] | None = None,
+        scheduled: int = ALL_PUBLISHED,
+    ) -> None:
+        self.seq_id = seq_id
+        self.final_len = final_len
+        self.output_content_id = output_content_id
+        self.namespace = namespace
+        self.last_node = last_node
+        self.tree_len = tree_len
+        self.num_tokens = num_tokens
+        self.segments = [] if segments is None else segments
+        self.segment_ends = [] if segment_ends is None else segment_ends
+        self.scheduled = scheduled
 
     def append(self, segment: Segment) -> None:
         """Extend the content; the sequence's own output stream grows in place."""

@@ -25,12 +25,12 @@ Negative ids are never used by workloads: the engine may use them for streams it
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import cast
+from typing import Final, cast
 
 from token_content import Segment, TokenContent
 
-PROMPT_SLOT = 0
-OUTPUT_SLOT = 1
+PROMPT_SLOT: Final = 0
+OUTPUT_SLOT: Final = 1
 
 _SHARED, _REQUEST, _HASH, _INTERNED = 0, 1, 2, 3
 CHAIN_PROMPTS = 4096  # prompts kept for reuse: a trace of unique chains must not hold them all

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from token_content import TokenContent, content_length
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Request:
     """One user request.
 
@@ -15,7 +15,8 @@ class Request:
     requests share exactly the tokens whose segments name the same stream at the same offsets.
     ``output_content_id`` names the stream the request generates, so a later conversation turn can
     put that same stream in its prompt and hit the cached blocks of this turn's answer (sample 0's,
-    when there are several).
+    when there are several). (Its constructor is written out: compiled, it runs natively, where a
+    dataclass's generated one stays interpreted; one is built per request.)
     """
 
     request_id: int
@@ -32,8 +33,30 @@ class Request:
     # Derived from ``prompt`` once: the engine reads it several times per request.
     prompt_len: int = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "prompt_len", content_length(self.prompt))
+    def __init__(
+        self,
+        request_id: int,
+        arrival_s: float,
+        prompt: TokenContent,
+        output_len: int,
+        output_content_id: int,
+        n: int = 1,
+        beam_width: int = 1,
+        session_id: int | None = None,
+        sample_output_lens: tuple[int, ...] = (),
+    ) -> None:
+        # (Frozen: set through object's setter, as the dataclass's own constructor would.)
+        setattr_ = object.__setattr__
+        setattr_(self, "request_id", request_id)
+        setattr_(self, "arrival_s", arrival_s)
+        setattr_(self, "prompt", prompt)
+        setattr_(self, "output_len", output_len)
+        setattr_(self, "output_content_id", output_content_id)
+        setattr_(self, "n", n)
+        setattr_(self, "beam_width", beam_width)
+        setattr_(self, "session_id", session_id)
+        setattr_(self, "sample_output_lens", sample_output_lens)
+        setattr_(self, "prompt_len", content_length(prompt))
 
     @property
     def width(self) -> int:

@@ -58,17 +58,34 @@ _SHA_LIMIT_BYTES = 512 << 20
 # --------------------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class TraceRow:
     """One request as read from a file. ``arrival_s`` is in seconds (datetime columns: after the
-    file's first row); ``nan`` when the source has no arrival times. ``line`` is 1-based."""
+    file's first row); ``nan`` when the source has no arrival times. ``line`` is 1-based. (Its
+    constructor is written out: compiled, it runs natively, once per row.)"""
 
     line: int
     arrival_s: float
     prompt_len: int
     output_len: int
-    hash_ids: list[Hashable] | None = None
-    session: Hashable | None = None
+    hash_ids: list[Hashable] | None
+    session: Hashable | None
+
+    def __init__(
+        self,
+        line: int,
+        arrival_s: float,
+        prompt_len: int,
+        output_len: int,
+        hash_ids: list[Hashable] | None = None,
+        session: Hashable | None = None,
+    ) -> None:
+        self.line = line
+        self.arrival_s = arrival_s
+        self.prompt_len = prompt_len
+        self.output_len = output_len
+        self.hash_ids = hash_ids
+        self.session = session
 
 
 @dataclass(frozen=True)

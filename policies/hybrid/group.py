@@ -24,6 +24,7 @@ index). Without it, nothing here changes.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Final
 
 from mypy_extensions import mypyc_attr
 
@@ -42,7 +43,7 @@ from policies.hybrid.block_tables import GroupBlockTables
 from policies.hybrid.prefix_pool import PrefixCachingBlockPool
 from token_content import TokenContent, content_length, validate_content
 
-NEVER = 1 << 62
+NEVER: Final = 1 << 61  # (below 2**62: compiled, a native int, not a boxed one)
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -333,7 +334,7 @@ class GroupManager(SequenceTable[GroupSequence]):
         the pool gives (negative: gets back) and, per sequence, its new run. Raises
         :class:`PolicyInputError` for an unknown sequence, one listed twice, or growth past its final
         length. A KV coordinator adds the groups' nets of one pool before it commits any."""
-        if len(seq_ids) != len(num_tokens) or len(set(seq_ids)) != len(seq_ids):
+        if len(seq_ids) != len(num_tokens) or (len(seq_ids) > 1 and len(set(seq_ids)) != len(seq_ids)):
             raise grow_each_arguments_error(seq_ids, num_tokens)
         for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
             seq = self._get(seq_id)

@@ -20,6 +20,8 @@ kept); the pool reports the blank free blocks and the tail past the last whole b
 
 from __future__ import annotations
 
+from typing import Final
+
 from mypy_extensions import mypyc_attr
 
 from policies.base import OutOfKVMemory, PolicyStats
@@ -27,7 +29,7 @@ from policies.hybrid.block_pool import SharedBlockPool
 from policies.paged import FreeBlockQueue
 from policies.prefix import ContentChains, block_contents
 
-NO_BLOCK = -1
+NO_BLOCK: Final = -1
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # (Jenga's per-type pages: policies/hybrid/jenga_cache.py)

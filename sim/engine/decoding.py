@@ -22,6 +22,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import Final
 
 from sim.engine.shared_reads import SharedReads
 from sim.engine.speculation import TokenSchedule
@@ -30,7 +31,7 @@ from sim.kv.coordinator import KVCoordinator
 from sim.outputs.metrics import RequestRecord
 from workloads.request import Request
 
-NEVER = 1 << 62
+NEVER: Final = 1 << 61  # (below 2**62: compiled, a native int, not a boxed one)
 
 
 @dataclass(slots=True, eq=False, init=False)
@@ -452,7 +453,7 @@ def _in_admission_order(due: list[_Entry]) -> list[RequestState]:
 
 _Entry = tuple[int, int, int, RequestState]  # (clock due, admission order, version, request)
 _ADMISSION = attrgetter("admission")
-_INSERTION_SORT_MAX = 16
+_INSERTION_SORT_MAX: Final = 16
 
 
 def _sort_by_admission(states: list[RequestState]) -> None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
 from sim.costs.terms import DecodeCost
 
-UNBOUNDED_STEPS = 1 << 62
+UNBOUNDED_STEPS: Final = 1 << 61  # (below 2**62: compiled, a native int, not a boxed one)
 
 
 def decode_series_s(
@@ -118,25 +119,47 @@ def scheduled_iterations_to_reach(
         window *= 2
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class JumpTimeline:
     """When the iterations of one engine wake-up start and end.
 
     Iteration 1 took ``first_s`` (whatever it did). The ``extra`` iterations after it decode the same
     ``batch``, whose summed context was ``context`` during iteration 1; they are decode-only (an
-    arithmetic series) unless ``durations`` lists them (prefill chunks make each one different)."""
+    arithmetic series) unless ``durations`` lists them (prefill chunks make each one different).
+    (Its constructor is written out: compiled, it runs natively, once per jump.)"""
 
     first_s: float
     extra: int
     decode: DecodeCost
     batch: int
     context: float
-    durations: tuple[float, ...] | None = None
+    durations: tuple[float, ...] | None
     # Speculative decoding: tokens each sequence has gained by the start of each iteration after the
     # first (else one per iteration); ``durations`` then lists every iteration.
-    growth: tuple[float, ...] | None = None
+    growth: tuple[float, ...] | None
     # Attention windows: what the attended context grows by per token (else ``batch``).
-    rate: float | None = None
+    rate: float | None
+
+    def __init__(
+        self,
+        first_s: float,
+        extra: int,
+        decode: DecodeCost,
+        batch: int,
+        context: float,
+        durations: tuple[float, ...] | None = None,
+        growth: tuple[float, ...] | None = None,
+        rate: float | None = None,
+    ) -> None:
+        setattr_ = object.__setattr__  # (frozen: as the dataclass's own constructor sets them)
+        setattr_(self, "first_s", first_s)
+        setattr_(self, "extra", extra)
+        setattr_(self, "decode", decode)
+        setattr_(self, "batch", batch)
+        setattr_(self, "context", context)
+        setattr_(self, "durations", durations)
+        setattr_(self, "growth", growth)
+        setattr_(self, "rate", rate)
 
     def after_first_s(self, steps: int) -> float:
         """Time of the first ``steps`` iterations after iteration 1."""

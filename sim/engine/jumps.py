@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from sim.engine.decoding import DecodeClock, RequestState
 from sim.engine.event_skip import (
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from sim.costs.terms import LinearIterationCost
     from sim.kv.coordinator import KVCoordinator
 
-UNLIMITED = 1 << 62
+UNLIMITED: Final = 1 << 61  # (below 2**62: compiled, a native int, not a boxed one)
 
 
 @dataclass(slots=True, init=False)
@@ -115,9 +115,10 @@ def prefill_chunk(
     return budget
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class IterationOne:
-    """What iteration 1 of the wake-up did that its successors depend on."""
+    """What iteration 1 of the wake-up did that its successors depend on. (Its constructor is
+    written out: compiled, it runs natively, once per wake-up.)"""
 
     preempted: bool
     swapped_in: bool
@@ -126,6 +127,24 @@ class IterationOne:
     prefilling: list[RequestState]
     decoded_seqs: int
     admission_stop: str
+
+    def __init__(
+        self,
+        preempted: bool,
+        swapped_in: bool,
+        swap_out_pending: int,
+        prefill_this_step: list[tuple[RequestState, int]],
+        prefilling: list[RequestState],
+        decoded_seqs: int,
+        admission_stop: str,
+    ) -> None:
+        self.preempted = preempted
+        self.swapped_in = swapped_in
+        self.swap_out_pending = swap_out_pending
+        self.prefill_this_step = prefill_this_step
+        self.prefilling = prefilling
+        self.decoded_seqs = decoded_seqs
+        self.admission_stop = admission_stop
 
 
 class JumpPlanner:

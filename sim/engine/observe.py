@@ -3,7 +3,7 @@ pool's breakdown as the engine sees it, the batch and the queue, the counters, t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from policies.base import MemoryBreakdown
 from sim.engine.decoding import DecodeClock
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from sim.outputs.metrics import Counters
 
 _NO_HOST_TIER = (0, 0, 0, 0, 0, 0)
-_WIDTH = len(MemoryBreakdown.CATEGORIES)  # used, reserved, internal, external, cached, free
+_WIDTH: Final = len(MemoryBreakdown.CATEGORIES)  # used, reserved, internal, external, cached, free
 
 
 class StateObserver:

@@ -23,10 +23,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 
-DRAW_BLOCK = 4096  # iterations drawn at once
+DRAW_BLOCK: Final = 4096  # iterations drawn at once
 SPECULATION_STREAM = 0x5BEC  # with the run's seed, the seed of the acceptance draws
 
 

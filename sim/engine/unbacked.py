@@ -19,12 +19,13 @@ they always fit (the pool holds every pending token, this iteration's included).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from sim.engine.batch import Batch
 from sim.engine.decoding import DecodeClock, RequestState
 from sim.kv.coordinator import KVCoordinator
 
-ROOM_ITERATIONS = 4
+ROOM_ITERATIONS: Final = 4
 """Iterations of every decoding sequence's tokens the pool must hold before growth is deferred again:
 going from one way to the other costs a call per sequence, about one iteration told token by token."""
 

@@ -551,7 +551,12 @@ def _least(rooms: list[int] | None, more: list[int]) -> list[int]:
     """Each sequence's growth room over the groups so far: the least."""
     if rooms is None:
         return more
-    return [room if room <= other else other for room, other in zip(rooms, more, strict=True)]
+    assert len(rooms) == len(more)
+    # (An index loop, not zip(strict=True): compiled, this runs at every flush of every group.)
+    for index in range(len(rooms)):
+        if more[index] < rooms[index]:
+            rooms[index] = more[index]
+    return rooms
 
 
 def _slots_needed(policy: KVCachePolicy, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:

@@ -88,6 +88,7 @@ MODULES = (
     "sim.kv.multi_group",
     "sim.kv.single_group",
     "sim.kv.jenga",
+    "sim.outputs.group_series",
     "sim.outputs.metrics",
     "token_content.segments",
     "workloads.content",

@@ -15,12 +15,14 @@ group whose slots hold tokens (not a Mamba group's state, nor a pool's free bloc
 
 from __future__ import annotations
 
+from typing import Final
+
 import pandas as pd
 
 from policies.base import MemoryBreakdown
 from sim.outputs.metrics import without_residue
 
-CATEGORIES = len(MemoryBreakdown.CATEGORIES)
+CATEGORIES: Final = len(MemoryBreakdown.CATEGORIES)
 TOKEN_COLUMNS = [f"{name}_tokens" for name in MemoryBreakdown.CATEGORIES]
 KV_GROUP_TIMESERIES = "kv_groups"  # the per-variant table's file stem
 

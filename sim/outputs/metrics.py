@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, fields
 from itertools import chain
 from operator import attrgetter
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import numpy as np
 import pandas as pd
@@ -83,9 +83,9 @@ STATE_COLUMNS = (
     # The host-memory tier (offload:), zero without one: its breakdown and cumulative counters.
     *HOST_COLUMNS,
 )
-AVERAGED = len(BREAKDOWN_COLUMNS) + 3  # the leading state columns that have time averages
-_CATEGORIES = len(BREAKDOWN_COLUMNS)
-RUNNING = STATE_COLUMNS.index("num_requests_running")
+AVERAGED: Final = len(BREAKDOWN_COLUMNS) + 3  # the leading state columns that have time averages
+_CATEGORIES: Final = len(BREAKDOWN_COLUMNS)
+RUNNING: Final = STATE_COLUMNS.index("num_requests_running")
 
 SERIES_COLUMNS = (
     "time_s",

@@ -22,7 +22,7 @@ the core, so the imports run one way. A new scheduler is one module with a subcl
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
@@ -35,17 +35,17 @@ if TYPE_CHECKING:
 
 
 # Why the admission round of an iteration stopped: what the next iterations' admissions depend on.
-QUEUE_EMPTY = "empty"  # an arrival could be admitted at the next iteration with a free token budget
-OUT_OF_BUDGET = "budget"  # the head was not tried: any iteration with a free token budget tries it
-HEAD_STUCK = "stuck"  # the head waits for a sequence to leave (max_num_seqs) or a smaller decode batch
-HEAD_OUT_OF_MEMORY = "memory"  # stuck: the head was tried and does not fit in KV memory now
+QUEUE_EMPTY: Final = "empty"  # an arrival could be admitted at the next iteration with a free token budget
+OUT_OF_BUDGET: Final = "budget"  # the head was not tried: any iteration with a free token budget tries it
+HEAD_STUCK: Final = "stuck"  # the head waits for a sequence to leave (max_num_seqs) or a smaller decode batch
+HEAD_OUT_OF_MEMORY: Final = "memory"  # stuck: the head was tried and does not fit in KV memory now
 # (scheduler sglang) the head is over the KV token budget, which new_token_ratio changes every step
-HEAD_OVER_BUDGET = "kv budget"
+HEAD_OVER_BUDGET: Final = "kv budget"
 # async scheduling: the head was queued after this iteration was scheduled; the next one sees it
-HEAD_NOT_SEEN = "not seen"
-NOT_TRIED = "not tried"  # a preemption this iteration: no admission (vLLM), the batch changes anyway
+HEAD_NOT_SEEN: Final = "not seen"
+NOT_TRIED: Final = "not tried"  # a preemption this iteration: no admission (vLLM), the batch changes anyway
 # (scheduler sglang) refused for KV memory before: nothing is tried until a running request leaves
-HEAD_LATCHED = "latched"
+HEAD_LATCHED: Final = "latched"
 NEXT_TRIES_HEAD = (OUT_OF_BUDGET, HEAD_OVER_BUDGET, HEAD_NOT_SEEN)  # so no jump past the next iteration
 
 

@@ -53,7 +53,7 @@ allocated whole at admission, not chunk by chunk; budgets are in tokens, not rou
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -76,19 +76,19 @@ if TYPE_CHECKING:
     from sim.engine.decoding import RequestState
     from sim.engine.knobs import EngineKnobs
 
-INIT_NEW_TOKEN_RATIO = 0.7
+INIT_NEW_TOKEN_RATIO: Final = 0.7
 """``SGLANG_INIT_NEW_TOKEN_RATIO`` (``environ.py``): new_token_ratio before conservativeness."""
-MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+MIN_NEW_TOKEN_RATIO_FACTOR: Final = 0.14
 """``SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR``: the floor, as a fraction of the initial ratio."""
-NEW_TOKEN_RATIO_DECAY_STEPS = 600
+NEW_TOKEN_RATIO_DECAY_STEPS: Final = 600
 """``SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS``: decode steps from the initial ratio to the floor."""
-RETRACT_DECODE_STEPS = 20
+RETRACT_DECODE_STEPS: Final = 20
 """``SGLANG_RETRACT_DECODE_STEPS``: tokens per request retraction leaves room for."""
-CLIP_MAX_NEW_TOKENS = 4096
+CLIP_MAX_NEW_TOKENS: Final = 4096
 """``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``: the most output tokens a request is budgeted for."""
-LPM_QUEUE_LIMIT = 128
+LPM_QUEUE_LIMIT: Final = 128
 """``SchedulePolicy._determine_active_policy``: ``lpm`` falls back to FCFS above this many waiting."""
-UNLIMITED = 1 << 62
+UNLIMITED: Final = 1 << 61  # (below 2**62: compiled, a native int, not a boxed one)
 
 
 def chunked_prefill_size_for(memory_bytes: int) -> int:
