@@ -351,7 +351,8 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         sequences = self.sequences
         grown: list[RadixSequence] = []
         needed = 0
-        for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+        assert len(seq_ids) == len(num_tokens)
+        for seq_id, tokens in zip(seq_ids, num_tokens):  # noqa: B905 (lengths checked above; compiled, strict=True costs a call with keywords)
             seq = sequences.get(seq_id)
             if seq is None:
                 raise unknown_sequence(seq_id)
@@ -363,7 +364,8 @@ class RadixPolicy(SequenceTable[RadixSequence]):
             return super().grow_each(seq_ids, num_tokens)  # evictions: one grow at a time
         rooms = []
         target_change = 0
-        for seq, tokens in zip(grown, num_tokens, strict=True):
+        assert len(grown) == len(num_tokens)
+        for seq, tokens in zip(grown, num_tokens):  # noqa: B905 (lengths checked above; compiled, strict=True costs a call with keywords)
             # (What _account's -1 then +1 would change, written as the difference.)
             own_limit = seq.final_len - seq.tree_len
             own_slots_before = self._pages(seq.num_tokens - seq.tree_len)

@@ -39,7 +39,7 @@ from policies.base import (
 )
 from token_content import TokenContent
 
-__all__ = ["Breakdown", "KVCoordinator", "KVGroup"]
+__all__ = ["Breakdown", "KVCoordinator", "KVGroup", "least_rooms"]
 
 Breakdown = tuple[int, int, int, int, int, int]
 
@@ -256,3 +256,16 @@ class KVCoordinator:
             for name, slots in group.policy.breakdown().as_dict().items():
                 totals[name] += slots * group.slot_bytes
         return totals
+
+
+def least_rooms(rooms: list[int] | None, more: list[int]) -> list[int]:
+    """Each sequence's growth room over a pool's groups so far: the least (``rooms``: the caller's own
+    list, lowered in place; None before the first group)."""
+    if rooms is None:
+        return more
+    assert len(rooms) == len(more)
+    # (An index loop, not zip(strict=True): compiled, this runs at every flush of every group.)
+    for index in range(len(rooms)):
+        if more[index] < rooms[index]:
+            rooms[index] = more[index]
+    return rooms

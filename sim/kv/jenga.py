@@ -50,6 +50,7 @@ from sim.hardware.jenga_capacity import JengaCapacity
 from sim.hardware.layers import FullAttention
 from sim.kv.allocators import group_manager  # (each layer kind's rules, as vllm-hybrid builds them)
 from sim.kv.coordinator import Breakdown, KVCoordinator, KVGroup
+from sim.kv.interface import least_rooms
 from token_content import TokenContent, content_length
 
 __all__ = ["JengaCoordinator"]
@@ -147,7 +148,8 @@ class JengaCoordinator(KVCoordinator):
             if quota is None:
                 return False
             free_large -= sum(quota)
-            for g, (needed, ratio, taken) in enumerate(zip(request, ratios, quota, strict=True)):
+            assert len(request) == len(ratios) == len(quota)
+            for g, (needed, ratio, taken) in enumerate(zip(request, ratios, quota)):  # noqa: B905 (lengths checked above; compiled, strict=True costs a call with keywords)
                 free_small[g] += taken * ratio - needed
         return True
 
@@ -177,7 +179,8 @@ class JengaCoordinator(KVCoordinator):
         )
         assert quota is not None, "a new request that was checked to fit"
         request = self._new_request(seq_id)
-        for holdings, needed, taken in zip(self.holdings, needs, quota, strict=True):
+        assert len(self.holdings) == len(needs) == len(quota)
+        for holdings, needed, taken in zip(self.holdings, needs, quota):  # noqa: B905 (lengths checked above; compiled, strict=True costs a call with keywords)
             holdings.hold(seq_id, request, needed, taken)
 
     def _new_request(self, seq_id: int) -> int:
@@ -272,10 +275,11 @@ class JengaCoordinator(KVCoordinator):
             # pages.)
             self._take_pages(seq_id, plans, index, nets)
         rooms: list[int] | None = None
-        for manager, plan, net in zip(self.managers, plans, nets, strict=True):
+        assert len(self.managers) == len(plans) == len(nets)
+        for manager, plan, net in zip(self.managers, plans, nets):  # noqa: B905 (lengths checked above; compiled, strict=True costs a call with keywords)
             manager.shared_pool.adjust(net)
             more = manager.commit_growth(plan)
-            rooms = more if rooms is None else [min(a, b) for a, b in zip(rooms, more, strict=True)]
+            rooms = least_rooms(rooms, more)
         assert rooms is not None
         return rooms
 
@@ -293,10 +297,12 @@ class JengaCoordinator(KVCoordinator):
             self._refuse_growth([seq_id], [[plan[index]] for plan in plans])
         for group, (released, taken) in enumerate(moved):
             nets[group] += taken - released
-        for holdings, (released, _) in zip(self.holdings, moved, strict=True):
+        assert len(self.holdings) == len(moved)
+        for holdings, (released, _) in zip(self.holdings, moved):  # noqa: B905 (lengths checked above; compiled, strict=True costs a call with keywords)
             if released:
                 holdings.release_oldest(seq_id, released)
-        for holdings, (_, taken), pages in zip(self.holdings, moved, quota, strict=True):
+        assert len(self.holdings) == len(moved) == len(quota)
+        for holdings, (_, taken), pages in zip(self.holdings, moved, quota):  # noqa: B905 (lengths checked above; compiled, strict=True costs a call with keywords)
             if taken:
                 holdings.hold(seq_id, self._requests[seq_id], taken, pages)
 
@@ -338,9 +344,10 @@ class JengaCoordinator(KVCoordinator):
 
     def group_breakdown_values(self) -> tuple[int, ...]:
         values: list[int] = []
-        for manager, allocator, slots, holds in zip(
-            self.managers, self.allocators, self.page_slots, self.holds, strict=True
-        ):
+        allocators, page_slots, token_groups = self.allocators, self.page_slots, self.holds
+        # (Indexes, not zip(strict=True): compiled, that is a call with keywords at every observation.)
+        for group, manager in enumerate(self.managers):
+            allocator, slots, holds = allocators[group], page_slots[group], token_groups[group]
             used, reserved, internal, _, _, _ = manager.breakdown_values()
             if holds:  # (the manager counts one slot per token of its group)
                 weight = slots // self.block_size

@@ -20,7 +20,7 @@ from policies.base import (
 )
 from policies.hybrid.block_pool import SharedBlockPool
 from policies.hybrid.group import GroupManager
-from sim.kv.interface import Breakdown, KVCoordinator, KVGroup
+from sim.kv.interface import Breakdown, KVCoordinator, KVGroup, least_rooms
 from token_content import TokenContent, content_length, validate_content
 
 __all__ = ["MultiGroupCoordinator", "group_token_sharing", "longest_common_hit"]
@@ -254,7 +254,7 @@ class MultiGroupCoordinator(KVCoordinator):
             planned.append((shared, net_blocks, plans))
         rooms: list[int] | None = None
         for group in self._own:
-            rooms = _least(rooms, group.policy.grow_each(seq_ids, num_tokens))
+            rooms = least_rooms(rooms, group.policy.grow_each(seq_ids, num_tokens))
         for shared, net_blocks, plans in planned:
             shared.pool.adjust(net_blocks)
             if shared.pool.caches_prefixes:
@@ -264,7 +264,7 @@ class MultiGroupCoordinator(KVCoordinator):
                 for manager, plan in plans:  # (every group's skipped blocks back before any takes)
                     manager.release_skipped(plan)
             for manager, plan in plans:
-                rooms = _least(rooms, manager.commit_growth(plan))
+                rooms = least_rooms(rooms, manager.commit_growth(plan))
         assert rooms is not None
         return rooms
 
@@ -542,25 +542,14 @@ def _commit_in_request_order(plans: list[tuple], sequences: int, rooms: list[int
         for group, (manager, plan) in enumerate(plans):
             by_group[group].extend(manager.commit_growth(plan[index : index + 1]))
     for group_rooms in by_group:
-        rooms = _least(rooms, group_rooms)
+        rooms = least_rooms(rooms, group_rooms)
     assert rooms is not None
-    return rooms
-
-
-def _least(rooms: list[int] | None, more: list[int]) -> list[int]:
-    """Each sequence's growth room over the groups so far: the least."""
-    if rooms is None:
-        return more
-    assert len(rooms) == len(more)
-    # (An index loop, not zip(strict=True): compiled, this runs at every flush of every group.)
-    for index in range(len(rooms)):
-        if more[index] < rooms[index]:
-            rooms[index] = more[index]
     return rooms
 
 
 def _slots_needed(policy: KVCachePolicy, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
     needed = 0
-    for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+    assert len(seq_ids) == len(num_tokens)
+    for seq_id, tokens in zip(seq_ids, num_tokens):  # noqa: B905 (lengths checked above; compiled, strict=True costs a call with keywords)
         needed += policy.slots_needed_to_grow(seq_id, tokens)
     return needed

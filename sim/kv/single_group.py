@@ -58,7 +58,8 @@ class SingleGroupCoordinator(KVCoordinator):
     def fits_growth_each(self, seq_ids: list[int], num_tokens: list[int]) -> bool:
         policy = self.policy
         needed = 0
-        for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+        assert len(seq_ids) == len(num_tokens)
+        for seq_id, tokens in zip(seq_ids, num_tokens):  # noqa: B905 (lengths checked above; compiled, strict=True costs a call with keywords)
             needed += policy.slots_needed_to_grow(seq_id, tokens)
         return needed <= policy.available_slots()
 
