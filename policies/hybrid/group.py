@@ -63,6 +63,11 @@ class GroupSequence:
         self.end_block = end_block
 
 
+GrowthStep = tuple[GroupSequence, int, int, int]
+"""One sequence's planned growth (``GroupManager.plan_growth``): the sequence, the tokens it grows
+by, and the run of blocks it holds after it (first, end)."""
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)
 class GroupManager(SequenceTable[GroupSequence]):
     """One KV group's blocks, taken from a pool other groups share. Subclasses: one layer kind each."""
@@ -329,7 +334,7 @@ class GroupManager(SequenceTable[GroupSequence]):
         self.release_skipped(plan)
         return self.commit_growth(plan)
 
-    def plan_growth(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> tuple[int, list[tuple]]:
+    def plan_growth(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> tuple[int, list[GrowthStep]]:
         """What growing ``seq_ids[i]`` by ``num_tokens[i]`` tokens does, changing nothing: the net blocks
         the pool gives (negative: gets back) and, per sequence, its new run. Raises
         :class:`PolicyInputError` for an unknown sequence, one listed twice, or growth past its final
@@ -344,10 +349,10 @@ class GroupManager(SequenceTable[GroupSequence]):
 
     def plan_checked_growth(
         self, seq_ids: Sequence[int], num_tokens: Sequence[int]
-    ) -> tuple[int, list[tuple]]:
+    ) -> tuple[int, list[GrowthStep]]:
         """:meth:`plan_growth` of a growth already checked (by the same plan in another group of the
         coordinator: every group holds the same sequences at the same lengths)."""
-        plan: list[tuple] = []
+        plan: list[GrowthStep] = []
         sequences = self.sequences
         net = 0
         for index in range(len(seq_ids)):
@@ -360,7 +365,7 @@ class GroupManager(SequenceTable[GroupSequence]):
             net = self.planned_net_blocks(plan)  # (a released block another sequence holds stays taken)
         return net, plan
 
-    def planned_net_blocks(self, plan: list[tuple]) -> int:
+    def planned_net_blocks(self, plan: list[GrowthStep]) -> int:
         """The net blocks a plan (or the part of it for some of its sequences) takes from the pool."""
         if self.tables is not None:
             # (A released block another sequence still holds gives the pool nothing back.)
@@ -373,7 +378,7 @@ class GroupManager(SequenceTable[GroupSequence]):
         return net
 
     @staticmethod
-    def planned_new_blocks(plan: list[tuple]) -> int:
+    def planned_new_blocks(plan: list[GrowthStep]) -> int:
         """The blocks a plan takes, whatever it releases."""
         taken = 0
         for seq, _, first, end in plan:
@@ -382,7 +387,7 @@ class GroupManager(SequenceTable[GroupSequence]):
                 taken += end - start
         return taken
 
-    def release_skipped(self, plan: list[tuple]) -> None:
+    def release_skipped(self, plan: list[GrowthStep]) -> None:
         """With a prefix-caching pool, the blocks a planned growth releases go back (cached) before any
         group of the pool takes new ones (vLLM's ``remove_skipped_blocks``, then
         ``allocate_new_blocks``); without one, the pool's count moved already."""
@@ -398,7 +403,7 @@ class GroupManager(SequenceTable[GroupSequence]):
             if first > seq.first_block:
                 tables.release_skipped(id(seq), seq.first_block, seq.end_block, first)
 
-    def commit_growth(self, plan: list[tuple]) -> list[int]:
+    def commit_growth(self, plan: list[GrowthStep]) -> list[int]:
         """Apply a :meth:`plan_growth` whose net blocks the caller has moved in or out of the pool (with
         a prefix-caching pool, after :meth:`release_skipped`); returns each sequence's growth room
         after it."""

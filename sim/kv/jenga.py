@@ -35,7 +35,7 @@ from mypy_extensions import mypyc_attr
 
 from policies.base import NO_HIT, ChildSpec, MemoryBreakdown, OutOfKVMemory, PolicyStats, PoolSpec, PrefixHit
 from policies.hybrid.block_pool import SharedBlockPool
-from policies.hybrid.group import GroupManager, GroupSequence
+from policies.hybrid.group import GroupManager, GroupSequence, GrowthStep
 from policies.hybrid.jenga_pages import (
     LargePagePool,
     NamedHoldings,
@@ -217,20 +217,20 @@ class JengaCoordinator(KVCoordinator):
         )
 
     # -- growth -----------------------------------------------------------------------------------
-    def _plans(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> list[list[tuple]]:
+    def _plans(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> list[list[GrowthStep]]:
         """Each group's plan (``GroupManager.plan_growth``): per sequence ``(seq, tokens, first, end)``."""
         first = self.managers[0]
         plans = [first.plan_growth(seq_ids, num_tokens)[1]]
         plans += [m.plan_checked_growth(seq_ids, num_tokens)[1] for m in self.managers[1:]]
         return plans
 
-    def _one_fits(self, seq_id: int, plans: list[list[tuple]], index: int) -> list[int] | None:
+    def _one_fits(self, seq_id: int, plans: list[list[GrowthStep]], index: int) -> list[int] | None:
         """The quota of growing the ``index``-th planned sequence, its released blocks freed first,
         exactly as the allocators stand now; None when it does not fit."""
         return self._one_quota(seq_id, plans, index)[0]
 
     def _one_quota(
-        self, seq_id: int, plans: list[list[tuple]], index: int
+        self, seq_id: int, plans: list[list[GrowthStep]], index: int
     ) -> tuple[list[int] | None, list[tuple[int, int]]]:
         """:meth:`_one_fits`, and per type the ``(blocks released, blocks taken)`` of that growth."""
         free_large = self._free_large()
@@ -245,7 +245,7 @@ class JengaCoordinator(KVCoordinator):
             needs.append((taken, holdings.pages.ratio, free_small))
         return quotas(free_large, needs), moved
 
-    def _many_fit(self, plans: list[list[tuple]]) -> bool:
+    def _many_fit(self, plans: list[list[GrowthStep]]) -> bool:
         """Will several sequences' growth fit, whatever each one's quota takes? (Module docstring.)"""
         new = [sum(moves(seq, first, end)[1] for seq, _, first, end in plan) for plan in plans]
         if self._free_large() >= sum(new):
@@ -253,7 +253,7 @@ class JengaCoordinator(KVCoordinator):
         releases = any(moves(seq, first, end)[0] for plan in plans for seq, _, first, end in plan)
         return not releases and all(self._free_pages(group) >= n for group, n in enumerate(new))
 
-    def _fits(self, seq_ids: Sequence[int], plans: list[list[tuple]]) -> bool:
+    def _fits(self, seq_ids: Sequence[int], plans: list[list[GrowthStep]]) -> bool:
         if len(seq_ids) == 1:
             return self._one_fits(seq_ids[0], plans, 0) is not None
         return self._many_fit(plans)
@@ -283,11 +283,11 @@ class JengaCoordinator(KVCoordinator):
         assert rooms is not None
         return rooms
 
-    def _refuse_growth(self, seq_ids: Sequence[int], plans: list[list[tuple]]) -> NoReturn:
+    def _refuse_growth(self, seq_ids: Sequence[int], plans: list[list[GrowthStep]]) -> NoReturn:
         needs = [sum(moves(seq, first, end)[1] for seq, _, first, end in plan) for plan in plans]
         self._refuse(f"growing sequences {list(seq_ids)}", needs)
 
-    def _take_pages(self, seq_id: int, plans: list[list[tuple]], index: int, nets: list[int]) -> None:
+    def _take_pages(self, seq_id: int, plans: list[list[GrowthStep]], index: int, nets: list[int]) -> None:
         """The pages of the ``index``-th planned sequence's growth, within the quota Jenga's rule gives
         it as the pages stand (refused when there is none): every type's released pages go back
         before any type takes new ones (vLLM frees skipped blocks before allocating). Adds each type's

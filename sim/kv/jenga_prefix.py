@@ -61,7 +61,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from policies.base import NO_HIT, ChildSpec, PolicyInputError, PolicyStats, PrefixHit
-from policies.hybrid.group import GroupManager
+from policies.hybrid.group import GroupManager, GrowthStep
 from policies.hybrid.jenga_cache import SKIPPED_AGE, EvictionClock, JengaPageCache, LargePageEvictor
 from policies.hybrid.jenga_pages import SmallPageAllocator, TypePages, quotas
 from policies.hybrid.prefix_pool import NO_BLOCK
@@ -216,7 +216,7 @@ class JengaPrefixCoordinator(JengaCoordinator):
                 manager.fork(parent_id, [child])
 
     # -- growth -----------------------------------------------------------------------------------
-    def _one_fits(self, seq_id: int, plans: list[list[tuple]], index: int) -> list[int] | None:
+    def _one_fits(self, seq_id: int, plans: list[list[GrowthStep]], index: int) -> list[int] | None:
         """The quota of growing the ``index``-th planned sequence once the pages it gives back are
         cached or blank, exactly as the pools stand now; None when it does not fit."""
         free_large = self._free_large()
@@ -261,7 +261,7 @@ class JengaPrefixCoordinator(JengaCoordinator):
                 manager.release_skipped([plan[index]])
         return [self._take_growth(seq_id, plans, index) for index, seq_id in enumerate(seq_ids)]
 
-    def _take_growth(self, seq_id: int, plans: list[list[tuple]], index: int) -> int:
+    def _take_growth(self, seq_id: int, plans: list[list[GrowthStep]], index: int) -> int:
         """The new pages of one planned sequence, each type within its quota; its growth room after."""
         quota = self._one_fits(seq_id, plans, index)
         assert quota is not None, "a growth that was checked to fit"

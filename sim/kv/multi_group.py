@@ -19,11 +19,13 @@ from policies.base import (
     PrefixHit,
 )
 from policies.hybrid.block_pool import SharedBlockPool
-from policies.hybrid.group import GroupManager
+from policies.hybrid.group import GroupManager, GrowthStep
 from sim.kv.interface import Breakdown, KVCoordinator, KVGroup, least_rooms
 from token_content import TokenContent, content_length, validate_content
 
 __all__ = ["MultiGroupCoordinator", "group_token_sharing", "longest_common_hit"]
+
+GroupPlan = tuple[GroupManager, list[GrowthStep]]  # a group and its plan of one growth
 
 
 class _SharedPool:
@@ -243,7 +245,7 @@ class MultiGroupCoordinator(KVCoordinator):
                     f"growing sequences {seq_ids}",
                     (f"KV group {group.name!r}", needed, group.policy.available_slots()),
                 )
-        planned = []
+        planned: list[tuple[_SharedPool, int, list[GroupPlan]]] = []
         for shared in self._shared:
             net_blocks, plans = self._plan(shared, seq_ids, num_tokens)
             if net_blocks > shared.pool.spare_blocks():
@@ -269,12 +271,12 @@ class MultiGroupCoordinator(KVCoordinator):
         return rooms
 
     @staticmethod
-    def _plan(shared: _SharedPool, seq_ids: list[int], num_tokens: list[int]) -> tuple[int, list[tuple]]:
+    def _plan(shared: _SharedPool, seq_ids: list[int], num_tokens: list[int]) -> tuple[int, list[GroupPlan]]:
         """The groups' plans of one growth and their net blocks. The first group checks the growth
         (every group holds the same sequences at the same lengths); the others only plan it."""
         first = shared.managers[0]
         net_blocks, plan = first.plan_growth(seq_ids, num_tokens)
-        plans = [(first, plan)]
+        plans: list[GroupPlan] = [(first, plan)]
         for manager in shared.managers[1:]:
             blocks, plan = manager.plan_checked_growth(seq_ids, num_tokens)
             net_blocks += blocks
@@ -515,7 +517,7 @@ def longest_common_hit(groups: Sequence[GroupManager], prompt: TokenContent, nam
     return hit
 
 
-def _fits_in_request_order(shared: _SharedPool, plans: list[tuple], sequences: int) -> bool:
+def _fits_in_request_order(shared: _SharedPool, plans: list[GroupPlan], sequences: int) -> bool:
     """Whether the pool holds each sequence's new blocks when it allocates, after the skipped blocks
     of those before it and its own went back (vLLM's order). Nothing to check when it holds every
     new block whatever is released; else the running net after each sequence. When it does not, the
@@ -529,7 +531,7 @@ def _fits_in_request_order(shared: _SharedPool, plans: list[tuple], sequences: i
     return True
 
 
-def _commit_in_request_order(plans: list[tuple], sequences: int, rooms: list[int] | None) -> list[int]:
+def _commit_in_request_order(plans: list[GroupPlan], sequences: int, rooms: list[int] | None) -> list[int]:
     """Commit a prefix-caching pool's planned growth sequence by sequence, as vLLM's scheduler
     allocates request by request: each frees every group's skipped blocks (cached), then takes its
     new ones. Which cached block an allocation evicts depends on that order, so a growth of several
