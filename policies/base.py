@@ -336,7 +336,6 @@ class KVCachePolicy:
         pass its final length, or if the pool may not hold them all (:meth:`slots_needed_to_grow`
         summed, so a shared tail that only its first writer copies counts for every sharer)."""
         self._check_grow_each(seq_ids, num_tokens)
-        assert len(seq_ids) == len(num_tokens)
         for seq_id, tokens in zip(seq_ids, num_tokens):  # noqa: B905 (lengths checked above; compiled, strict=True costs a call with keywords)
             self.grow(seq_id, tokens)
         return [self.growth_room(seq_id) for seq_id in seq_ids]
@@ -345,7 +344,6 @@ class KVCachePolicy:
         if len(seq_ids) != len(num_tokens) or len(set(seq_ids)) != len(seq_ids):
             raise grow_each_arguments_error(seq_ids, num_tokens)
         needed = 0
-        assert len(seq_ids) == len(num_tokens)
         for seq_id, tokens in zip(seq_ids, num_tokens):  # noqa: B905 (lengths checked above; compiled, strict=True costs a call with keywords)
             self._check_growth(seq_id, tokens, self.seq_len(seq_id), self.final_len(seq_id))
             needed += self.slots_needed_to_grow(seq_id, tokens)

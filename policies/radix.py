@@ -351,7 +351,6 @@ class RadixPolicy(SequenceTable[RadixSequence]):
         sequences = self.sequences
         grown: list[RadixSequence] = []
         needed = 0
-        assert len(seq_ids) == len(num_tokens)
         for seq_id, tokens in zip(seq_ids, num_tokens):  # noqa: B905 (lengths checked above; compiled, strict=True costs a call with keywords)
             seq = sequences.get(seq_id)
             if seq is None:

@@ -341,7 +341,6 @@ class GroupManager(SequenceTable[GroupSequence]):
         length. A KV coordinator adds the groups' nets of one pool before it commits any."""
         if len(seq_ids) != len(num_tokens) or (len(seq_ids) > 1 and len(set(seq_ids)) != len(seq_ids)):
             raise grow_each_arguments_error(seq_ids, num_tokens)
-        assert len(seq_ids) == len(num_tokens)
         for seq_id, tokens in zip(seq_ids, num_tokens):  # noqa: B905 (lengths checked above; compiled, strict=True costs a call with keywords)
             seq = self._get(seq_id)
             self._check_growth(seq_id, tokens, seq.num_tokens, seq.final_len)
