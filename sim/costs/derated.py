@@ -151,14 +151,10 @@ def relative_line(
     counts relative to that cost)."""
     x = np.asarray(xs, dtype=float)
     y = np.asarray(ys, dtype=float)
-    # (least_squares: the same bits on every machine, which LAPACK's lstsq is not.)
-    if relative_to is None:
-        design = np.column_stack([np.ones_like(x), x]) / y[:, None]
-        intercept, slope = least_squares(design, np.ones_like(y))
-    else:
-        scale = np.asarray(relative_to, dtype=float)
-        design = np.column_stack([np.ones_like(x), x]) / scale[:, None]
-        intercept, slope = least_squares(design, y / scale)
+    scale = y if relative_to is None else np.asarray(relative_to, dtype=float)
+    design = np.column_stack([np.ones_like(x), x]) / scale[:, None]
+    # (y / y is exactly 1. least_squares: the same bits on every machine, which LAPACK's lstsq is not.)
+    intercept, slope = least_squares(design, y / scale)
     return float(intercept), float(slope)
 
 
