@@ -76,7 +76,7 @@ def allocators(kv: JengaCoordinator) -> list[SmallPageAllocator]:
 
 def entries(kv: JengaCoordinator) -> list[tuple[int, ...]]:
     values = kv.group_breakdown_values()
-    return [values[index : index + 6] for index in range(0, len(values), 6)]
+    return [tuple(values[index : index + 6]) for index in range(0, len(values), 6)]
 
 
 def check_identity(kv: JengaCoordinator) -> None:

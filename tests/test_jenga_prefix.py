@@ -33,7 +33,7 @@ def tiny(large_pages: int = 6) -> JengaPrefixCoordinator:
 
 def entries(kv: JengaPrefixCoordinator) -> list[tuple[int, ...]]:
     values = kv.group_breakdown_values()
-    return [values[index : index + 6] for index in range(0, len(values), 6)]
+    return [tuple(values[index : index + 6]) for index in range(0, len(values), 6)]
 
 
 def table(kv: JengaPrefixCoordinator, group: int, seq_id: int) -> list[int]:

@@ -11,8 +11,8 @@ from sim.results import load_results, write_run_files
 from tests.test_hybrid_runs import BREAKDOWN, config, run
 
 
-def breakdown(used=0, reserved=0, internal=0, external=0, cached=0, free=0) -> tuple[int, ...]:
-    return (used, reserved, internal, external, cached, free)
+def breakdown(used=0, reserved=0, internal=0, external=0, cached=0, free=0) -> list[int]:
+    return [used, reserved, internal, external, cached, free]
 
 
 def test_areas_by_hand():
@@ -124,7 +124,7 @@ class _FakeKV:
         return ("full", "mamba", "jenga-sliding"), (True, 0, 3)
 
     def group_breakdown_values(self):
-        return (10, 20, 0, 0, 0, 70) + (5, 0, 0, 0, 0, 95) + (30, 60, 0, 0, 0, 10)
+        return [10, 20, 0, 0, 0, 70, 5, 0, 0, 0, 0, 95, 30, 60, 0, 0, 0, 10]  # a new list, as a coordinator's
 
     def sharing_slots(self):
         return 7, 9
@@ -148,7 +148,7 @@ def test_pending_tokens_move_from_reserved_to_used_by_each_groups_slots_per_toke
     from sim.engine.observe import StateObserver
 
     observer = StateObserver(_FakeKV(), _FakeClock(2), counters=None)
-    assert observer.group_values() == ((12, 18, 0, 0, 0, 70) + (5, 0, 0, 0, 0, 95) + (36, 54, 0, 0, 0, 10))
+    assert observer.group_values() == [12, 18, 0, 0, 0, 70, 5, 0, 0, 0, 0, 95, 36, 54, 0, 0, 0, 10]
     observer.clock = _FakeClock(0)
     assert observer.group_values() == _FakeKV().group_breakdown_values()
 
@@ -163,7 +163,7 @@ def test_one_reading_of_the_groups_gives_the_pools_totals_and_the_split():
     observer = StateObserver(_FakeKV(), _FakeClock(2), counters=None)
     averaged, groups = observer.observe(running=3)
     assert averaged == (53, 72, 0, 0, 0, 175, 3, 7, 9)
-    assert groups == (12, 18, 0, 0, 0, 70) + (5, 0, 0, 0, 0, 95) + (36, 54, 0, 0, 0, 10)
+    assert groups == [12, 18, 0, 0, 0, 70, 5, 0, 0, 0, 0, 95, 36, 54, 0, 0, 0, 10]
 
 
 def test_a_token_decoded_inside_a_jump_fills_as_many_slots_as_its_group_says():
@@ -172,7 +172,7 @@ def test_a_token_decoded_inside_a_jump_fills_as_many_slots_as_its_group_says():
     group of one slot per token, none in a shared pool's free blocks. Over 1 s of a 50-slot pool with
     10 reserved slots in each group: used 0.12 and 0.04, reserved 0.08 and 0.16."""
     series = GroupSeries(("jenga small", "full", "shared pool"), (3, 1, False))
-    series.observe(0.0, (0, 10, 0, 0, 0, 0) * 2 + (0, 0, 0, 0, 0, 30))
+    series.observe(0.0, [0, 10, 0, 0, 0, 0] * 2 + [0, 0, 0, 0, 0, 30])
     series.add_token_area(2.0)
     means = series.time_averages(1.0, 50)
     assert (means["jenga small"]["used"], means["jenga small"]["reserved"]) == pytest.approx((0.12, 0.08))

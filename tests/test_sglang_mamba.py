@@ -200,7 +200,7 @@ def pools(kv: MambaRadixCoordinator) -> tuple[tuple[int, ...], tuple[int, ...]]:
     full, mamba = kv.pool_breakdown(0), kv.pool_breakdown(1)
     assert sum(full) == kv.pool_tokens[0] and sum(mamba) == kv.pool_tokens[1]
     assert min(full) >= 0 and min(mamba) >= 0
-    assert kv.group_breakdown_values() == full + mamba
+    assert kv.group_breakdown_values() == [*full, *mamba]
     return full, mamba
 
 

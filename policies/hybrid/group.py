@@ -339,12 +339,16 @@ class GroupManager(SequenceTable[GroupSequence]):
         the pool gives (negative: gets back) and, per sequence, its new run. Raises
         :class:`PolicyInputError` for an unknown sequence, one listed twice, or growth past its final
         length. A KV coordinator adds the groups' nets of one pool before it commits any."""
+        self.check_growth(seq_ids, num_tokens)
+        return self.plan_checked_growth(seq_ids, num_tokens)
+
+    def check_growth(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> None:
+        """Raises what :meth:`plan_growth` raises for a growth it refuses; nothing else."""
         if len(seq_ids) != len(num_tokens) or (len(seq_ids) > 1 and len(set(seq_ids)) != len(seq_ids)):
             raise grow_each_arguments_error(seq_ids, num_tokens)
         for seq_id, tokens in zip(seq_ids, num_tokens):  # noqa: B905 (lengths checked above; compiled, strict=True costs a call with keywords)
             seq = self._get(seq_id)
             self._check_growth(seq_id, tokens, seq.num_tokens, seq.final_len)
-        return self.plan_checked_growth(seq_ids, num_tokens)
 
     def plan_checked_growth(
         self, seq_ids: Sequence[int], num_tokens: Sequence[int]
@@ -363,6 +367,33 @@ class GroupManager(SequenceTable[GroupSequence]):
         if self.tables is not None:
             net = self.planned_net_blocks(plan)  # (a released block another sequence holds stays taken)
         return net, plan
+
+    def net_blocks_to_grow(self, seq_ids: list[int], num_tokens: list[int]) -> int:
+        """:meth:`plan_checked_growth`'s net blocks without the plan, in a pool that caches nothing
+        (:meth:`grow_checked` then grows: a coordinator's fast path, ``sim/kv/multi_group.py``)."""
+        assert self.tables is None, "a prefix-caching pool's net depends on what other sequences hold"
+        sequences = self.sequences
+        net = 0
+        for index in range(len(seq_ids)):
+            seq = sequences[seq_ids[index]]
+            first, end = self._run_after(seq, seq.num_tokens + num_tokens[index])
+            net += (end - first) - (seq.end_block - seq.first_block)
+        return net
+
+    def grow_checked(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
+        """:meth:`plan_checked_growth` and :meth:`commit_growth` in one pass, in a pool that caches
+        nothing, its net blocks moved by the caller (:meth:`net_blocks_to_grow`); returns each
+        sequence's growth room after it. (No plan is built: at every flush of every group, its
+        tuples were a third of the growth's time.)"""
+        assert self.tables is None, "a prefix-caching pool releases before it takes: commit_growth"
+        sequences = self.sequences
+        rooms = []
+        for index in range(len(seq_ids)):
+            seq = sequences[seq_ids[index]]
+            tokens = num_tokens[index]
+            first, end = self._run_after(seq, seq.num_tokens + tokens)
+            rooms.append(self._grow_to(seq, tokens, first, end))
+        return rooms
 
     def planned_net_blocks(self, plan: list[GrowthStep]) -> int:
         """The net blocks a plan (or the part of it for some of its sequences) takes from the pool."""
@@ -411,12 +442,16 @@ class GroupManager(SequenceTable[GroupSequence]):
         for seq, tokens, first, end in plan:
             if tables is not None:
                 tables.take_for_growth(id(seq), seq.end_block, first, end, tokens)
-            self._account_growth(seq, tokens, first, end)
-            seq.num_tokens += tokens
-            seq.first_block = first
-            seq.end_block = end
-            rooms.append(self._room(seq))
+            rooms.append(self._grow_to(seq, tokens, first, end))
         return rooms
+
+    def _grow_to(self, seq: GroupSequence, tokens: int, first: int, end: int) -> int:
+        """``seq`` grows by ``tokens`` to the run ``[first, end)``; returns its growth room after."""
+        self._account_growth(seq, tokens, first, end)
+        seq.num_tokens += tokens
+        seq.first_block = first
+        seq.end_block = end
+        return self._room(seq)
 
     def _run_after(self, seq: GroupSequence, num_tokens: int) -> tuple[int, int]:
         """The run ``seq`` holds once it has ``num_tokens`` tokens: released blocks stay released, and

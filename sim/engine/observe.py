@@ -25,10 +25,14 @@ class StateObserver:
         self.clock = clock
         self.counters = counters
         self.group_names, self.group_holds_tokens = kv.group_entries()
+        # (entry's used offset, slots a token fills there) of every entry whose slots hold tokens
+        self._token_offsets = [
+            (index * _WIDTH, int(holds)) for index, holds in enumerate(self.group_holds_tokens) if holds
+        ]
         # A hybrid allocator's split by KV group is recorded beside the totals (sim/outputs/group_series.py).
         self.split_by_group = len(kv.groups) > 1
 
-    def observe(self, running: int) -> tuple[tuple, tuple[int, ...] | None]:
+    def observe(self, running: int) -> tuple[tuple, list[int] | None]:
         """:meth:`averaged` and, with a split by group, :meth:`group_values`, from one reading of
         the groups: their breakdowns sum to the pool's (``KVCoordinator.group_breakdowns``), so
         the pool's is their column sums, not a second walk over every group."""
@@ -69,26 +73,24 @@ class StateObserver:
             logical,
         )
 
-    def group_values(self) -> tuple[int, ...]:
+    def group_values(self) -> list[int]:
         """Every KV group's breakdown (``KVCoordinator.group_breakdown_values``), a decoded token the
         policies have not been told of moved from reserved to used in each group that holds tokens."""
         return self._with_pending(self.kv.group_breakdown_values())
 
-    def _with_pending(self, group_values: tuple[int, ...]) -> tuple[int, ...]:
+    def _with_pending(self, group_values: list[int]) -> list[int]:
+        """``group_values`` (a new list the coordinator made) with the pending tokens moved, in place."""
         pending = self.clock.pending_tokens()
-        if not pending:
-            return group_values
-        values = list(group_values)
-        # (``holds``: the slots a token fills in the entry; a bool is 1 or 0, jenga's groups more.)
-        for index, holds in enumerate(self.group_holds_tokens):
-            if holds:
-                values[6 * index] += pending * holds
-                values[6 * index + 1] -= pending * holds
-        return tuple(values)
+        if pending:
+            # (``slots``: what a token fills in the entry; a flag counts 1, jenga's groups more.)
+            for offset, slots in self._token_offsets:
+                group_values[offset] += pending * slots
+                group_values[offset + 1] -= pending * slots
+        return group_values
 
     def state(
         self, running: int, waiting: int, running_seqs: int, admission_blocker: int
-    ) -> tuple[tuple, tuple[int, ...] | None]:
+    ) -> tuple[tuple, list[int] | None]:
         """The whole state (the averaged part, the queue, the counters and the host tier's part) and,
         with a split by group, :meth:`group_values`."""
         averaged, groups = self.observe(running)

@@ -242,12 +242,13 @@ class KVCoordinator:
         slots a token fills there: ``jenga``'s groups, ``sim/kv/jenga.py``)."""
         return tuple(group.name for group in self.groups), tuple(True for _ in self.groups)
 
-    def group_breakdown_values(self) -> tuple[int, ...]:
-        """Every entry's breakdown, flat, in :meth:`group_entries` order."""
+    def group_breakdown_values(self) -> list[int]:
+        """Every entry's breakdown, flat, in :meth:`group_entries` order: a new list, the caller's to
+        change (the engine moves its pending tokens into it and keeps it, at every observation)."""
         values: list[int] = []
         for group in self.groups:
             values.extend(group.policy.breakdown_values())
-        return tuple(values)
+        return values
 
     def breakdown_bytes(self) -> dict[str, int]:
         """The breakdown in bytes over every group (each group's slots at its own ``slot_bytes``)."""

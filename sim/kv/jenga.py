@@ -342,7 +342,7 @@ class JengaCoordinator(KVCoordinator):
         # (Named as the figures and outputs name a pool the groups share: its free memory is no group's.)
         return tuple(g.name for g in self.groups) + ("shared pool (large pages)",), weights + (0,)
 
-    def group_breakdown_values(self) -> tuple[int, ...]:
+    def group_breakdown_values(self) -> list[int]:
         values: list[int] = []
         allocators, page_slots, token_groups = self.allocators, self.page_slots, self.holds
         # (Indexes, not zip(strict=True): compiled, that is a call with keywords at every observation.)
@@ -360,7 +360,7 @@ class JengaCoordinator(KVCoordinator):
                 )
             values += [used, reserved, internal, allocator.free_small * slots, 0, 0]
         values += [0, 0, 0, 0, 0, self.large_pages.free * self.large_slots]
-        return tuple(values)
+        return values
 
     def group_breakdowns(self) -> dict[str, MemoryBreakdown]:
         names, _ = self.group_entries()

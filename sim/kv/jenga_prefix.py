@@ -284,7 +284,7 @@ class JengaPrefixCoordinator(JengaCoordinator):
             allocator.remove_request(request)
 
     # -- accounting -------------------------------------------------------------------------------
-    def group_breakdown_values(self) -> tuple[int, ...]:
+    def group_breakdown_values(self) -> list[int]:
         """Per type its manager's used, reserved, internal and cached pages (a page several sequences
         hold counted once), its blank free small pages external; then the free large pages."""
         values: list[int] = []
@@ -294,7 +294,7 @@ class JengaPrefixCoordinator(JengaCoordinator):
             values += [used * weight, reserved * weight, internal * weight, allocator.free_small * slots]
             values += [cached * weight, 0]
         values += [0, 0, 0, 0, 0, self.large_pages.free * self.large_slots]
-        return tuple(values)
+        return values
 
     def may_share(self) -> bool:
         return self._hit_order[0].kind == "full"

@@ -238,6 +238,8 @@ class MultiGroupCoordinator(KVCoordinator):
         """Every group or none: each own pool and each shared pool is checked before any group grows.
         A shared pool's groups are planned together and their net taken at once (vLLM frees every
         group's skipped blocks before it allocates)."""
+        if self._shares_nothing:
+            return self._grow_in_plain_pool(seq_ids, num_tokens)
         for group in self._own:
             needed = _slots_needed(group.policy, seq_ids, num_tokens)
             if needed > group.policy.available_slots():
@@ -267,6 +269,29 @@ class MultiGroupCoordinator(KVCoordinator):
                     manager.release_skipped(plan)
             for manager, plan in plans:
                 rooms = least_rooms(rooms, manager.commit_growth(plan))
+        assert rooms is not None
+        return rooms
+
+    def _grow_in_plain_pool(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
+        """:meth:`grow_each` when every group draws on one pool that caches nothing (``vllm-hybrid``
+        without prefix caching): what it does, each group's growth made in one pass after the pool
+        gave the net blocks (nothing is released before another group takes: there is no cache to
+        release into)."""
+        shared = self._shared[0]
+        managers = shared.managers
+        managers[0].check_growth(seq_ids, num_tokens)  # (every group holds the same sequences)
+        net_blocks = 0
+        for manager in managers:
+            net_blocks += manager.net_blocks_to_grow(seq_ids, num_tokens)
+        if net_blocks > shared.pool.spare_blocks():
+            self._refuse(
+                f"growing sequences {seq_ids}",
+                ("the shared block pool", net_blocks * shared.pool.block_size, shared.pool.free_slots()),
+            )
+        shared.pool.adjust(net_blocks)
+        rooms: list[int] | None = None
+        for manager in managers:
+            rooms = least_rooms(rooms, manager.grow_checked(seq_ids, num_tokens))
         assert rooms is not None
         return rooms
 
@@ -405,15 +430,15 @@ class MultiGroupCoordinator(KVCoordinator):
             holds.append(False)
         return tuple(names), tuple(holds)
 
-    def group_breakdown_values(self) -> tuple[int, ...]:
+    def group_breakdown_values(self) -> list[int]:
         """Every entry's breakdown, flat, in :meth:`group_entries` order (what the recorder keeps of a
-        hybrid run, ``sim/outputs/group_series.py``)."""
+        hybrid run, ``sim/outputs/group_series.py``): a new list, the caller's to change."""
         values: list[int] = []
         for policy in self.policies:
             values.extend(policy.breakdown_values())
         for shared in self._shared:
             values.extend(shared.pool.breakdown_values())
-        return tuple(values)
+        return values
 
     def breakdown_bytes(self) -> dict[str, int]:
         totals = super().breakdown_bytes()

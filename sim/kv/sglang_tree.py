@@ -220,8 +220,8 @@ class SGLangTreeCoordinator(KVCoordinator):
     def pool_breakdown(self, index: int) -> Breakdown:
         raise NotImplementedError
 
-    def group_breakdown_values(self) -> tuple[int, ...]:
-        return self.pool_breakdown(0) + self.pool_breakdown(1)
+    def group_breakdown_values(self) -> list[int]:
+        return [*self.pool_breakdown(0), *self.pool_breakdown(1)]
 
     def breakdown_values(self) -> Breakdown:
         first, second = self.pool_breakdown(0), self.pool_breakdown(1)

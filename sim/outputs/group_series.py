@@ -40,14 +40,14 @@ class GroupSeries:
             (index * CATEGORIES, int(holds)) for index, holds in enumerate(holds_tokens) if holds
         ]
         self._area = [0.0] * (len(names) * CATEGORIES)
-        self._state: tuple[int, ...] | None = None
+        self._state: list[int] | None = None
         self._since = 0.0
         self._times: list[float] = []
-        self._rows: list[tuple[int, ...]] = []
+        self._rows: list[list[int]] = []
 
-    def record(self, time_s: float, values: tuple[int, ...]) -> None:
-        """``values`` (every entry's breakdown, flat, in ``names`` order) hold from ``time_s`` on; a
-        row is kept when they changed."""
+    def record(self, time_s: float, values: list[int]) -> None:
+        """``values`` (every entry's breakdown, flat, in ``names`` order; kept, so never changed after)
+        hold from ``time_s`` on; a row is kept when they changed."""
         if values == self._state:
             return
         self.observe(time_s, values)
@@ -56,14 +56,18 @@ class GroupSeries:
         self._times.append(time_s)
         self._rows.append(values)
 
-    def observe(self, time_s: float, values: tuple[int, ...]) -> None:
+    def observe(self, time_s: float, values: list[int]) -> None:
         """``values`` hold from ``time_s`` on, without a row (a change inside an event-skipping jump)."""
         previous = self._state
         if previous is not None:
             elapsed = time_s - self._since
             area = self._area
             for index in range(len(area)):
-                area[index] = area[index] + previous[index] * elapsed
+                count: int = previous[index]
+                # (Zero adds nothing, and most entries are structurally zero: a group's free slots, a
+                # pool's used ones. Skipped: each sum is a boxed float made and dropped.)
+                if count:
+                    area[index] = area[index] + count * elapsed
         self._state = values
         self._since = time_s
 

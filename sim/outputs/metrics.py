@@ -229,8 +229,10 @@ class Recorder:
             area = self._area
             for index in range(len(area)):
                 count: int = previous[index]  # (a slot or request count: exact as a float)
-                # (Written out, not +=: compiled, this is then a native float addition.)
-                area[index] = area[index] + count * elapsed
+                # (Written out, not +=: compiled, this is then a native float addition. A zero count
+                # adds exactly nothing, and skipping it saves a boxed float.)
+                if count:
+                    area[index] = area[index] + count * elapsed
         self._state = state
         self._since = time_s
 
