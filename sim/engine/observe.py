@@ -25,10 +25,8 @@ class StateObserver:
         self.clock = clock
         self.counters = counters
         self.group_names, self.group_holds_tokens = kv.group_entries()
-        # (entry's used offset, slots a token fills there) of every entry whose slots hold tokens
-        self._token_offsets = [
-            (index * _WIDTH, int(holds)) for index, holds in enumerate(self.group_holds_tokens) if holds
-        ]
+        # Per entry, the slots a token fills there (a flag counts 1; jenga's groups say how many).
+        self._entry_token_slots = [int(holds) for holds in self.group_holds_tokens]
         # A hybrid allocator's split by KV group is recorded beside the totals (sim/outputs/group_series.py).
         self.split_by_group = len(kv.groups) > 1
 
@@ -39,16 +37,26 @@ class StateObserver:
         if not self.split_by_group:
             return self.averaged(running), None
         groups = self.kv.group_breakdown_values()
+        pending = self.clock.pending_tokens()
+        token_slots = self._entry_token_slots
         used = reserved = internal = external = cached = free = 0
-        for start in range(0, len(groups), _WIDTH):  # (a loop, not slices: it runs compiled)
-            used += groups[start]
-            reserved += groups[start + 1]
+        # (One loop, not slices: it runs compiled. The totals are the policies' own; averaged() moves
+        # the pending tokens in them, this loop in each entry.)
+        for entry in range(len(token_slots)):
+            start = entry * _WIDTH
+            entry_used, entry_reserved = groups[start], groups[start + 1]
+            used += entry_used
+            reserved += entry_reserved
             internal += groups[start + 2]
             external += groups[start + 3]
             cached += groups[start + 4]
             free += groups[start + 5]
+            moved = pending * token_slots[entry]
+            if moved:
+                groups[start] = entry_used + moved
+                groups[start + 1] = entry_reserved - moved
         totals = (used, reserved, internal, external, cached, free)
-        return self.averaged(running, totals), self._with_pending(groups)
+        return self.averaged(running, totals), groups
 
     def averaged(self, running: int, breakdown: Breakdown | None = None) -> tuple:
         """The leading part of the state, whose time averages the summary reports (``breakdown``: the
@@ -82,10 +90,9 @@ class StateObserver:
         """``group_values`` (a new list the coordinator made) with the pending tokens moved, in place."""
         pending = self.clock.pending_tokens()
         if pending:
-            # (``slots``: what a token fills in the entry; a flag counts 1, jenga's groups more.)
-            for offset, slots in self._token_offsets:
-                group_values[offset] += pending * slots
-                group_values[offset + 1] -= pending * slots
+            for entry, slots in enumerate(self._entry_token_slots):
+                group_values[entry * _WIDTH] += pending * slots
+                group_values[entry * _WIDTH + 1] -= pending * slots
         return group_values
 
     def state(
