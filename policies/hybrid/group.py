@@ -68,6 +68,11 @@ GrowthStep = tuple[GroupSequence, int, int, int]
 by, and the run of blocks it holds after it (first, end)."""
 
 
+def held_change(seq: GroupSequence, first: int, end: int) -> int:
+    """The blocks the run ``[first, end)`` holds beyond ``seq``'s run now (negative: fewer)."""
+    return (end - first) - (seq.end_block - seq.first_block)
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)
 class GroupManager(SequenceTable[GroupSequence]):
     """One KV group's blocks, taken from a pool other groups share. Subclasses: one layer kind each."""
@@ -362,7 +367,7 @@ class GroupManager(SequenceTable[GroupSequence]):
             seq = sequences[seq_ids[index]]
             tokens = num_tokens[index]
             first, end = self._run_after(seq, seq.num_tokens + tokens)
-            net += (end - first) - (seq.end_block - seq.first_block)
+            net += held_change(seq, first, end)
             plan.append((seq, tokens, first, end))
         if self.tables is not None:
             net = self.planned_net_blocks(plan)  # (a released block another sequence holds stays taken)
@@ -377,7 +382,7 @@ class GroupManager(SequenceTable[GroupSequence]):
         for index in range(len(seq_ids)):
             seq = sequences[seq_ids[index]]
             first, end = self._run_after(seq, seq.num_tokens + num_tokens[index])
-            net += (end - first) - (seq.end_block - seq.first_block)
+            net += held_change(seq, first, end)
         return net
 
     def grow_checked(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
@@ -404,7 +409,7 @@ class GroupManager(SequenceTable[GroupSequence]):
             )
         net = 0
         for seq, _, first, end in plan:
-            net += (end - first) - (seq.end_block - seq.first_block)
+            net += held_change(seq, first, end)
         return net
 
     @staticmethod
@@ -473,7 +478,7 @@ class GroupManager(SequenceTable[GroupSequence]):
         if self.tables is not None:
             return self.plan_checked_growth([seq_id], [num_tokens])[0] * self.block_size
         first, end = self._run_after(seq, seq.num_tokens + num_tokens)
-        return ((end - first) - (seq.end_block - seq.first_block)) * self.block_size
+        return held_change(seq, first, end) * self.block_size
 
     def growth_room(self, seq_id: int) -> int:
         """Tokens before the next change of its run: a new block needed, or one released (a release
@@ -573,7 +578,7 @@ class GroupManager(SequenceTable[GroupSequence]):
         self._reserved += ((held_after if held_after < final_len else final_len) - after) - (
             (held_before if held_before < final_len else final_len) - before
         )
-        self._held_blocks += (end - first) - (seq.end_block - seq.first_block)
+        self._held_blocks += held_change(seq, first, end)
 
     def breakdown_values(self) -> tuple[int, int, int, int, int, int]:
         """What this group holds; the shared pool reports its free blocks (the coordinator adds them)."""
