@@ -93,9 +93,13 @@ def check_identity(kv: JengaCoordinator) -> None:
     held = sum(allocator.held_large for allocator in kv.allocators)
     assert held + kv.large_pages.free == kv.capacity.num_blocks
     for manager, holdings in zip(kv.managers, kv.holdings, strict=True):
+        runs = 0
         for seq_id in kv._requests:
             first, end = manager.held_blocks(seq_id)
             assert holdings.held_count(seq_id) == end - first
+            runs += end - first
+        # The count the type's runs are kept over holds what they hold.
+        assert manager.shared_pool.num_blocks - manager.shared_pool.free_blocks == runs
         if isinstance(holdings, WholeHoldings):  # (whole pages: counts, every held one a sequence's)
             assert holdings.pages.free_small == 0
             assert sum(holdings.held.values()) == holdings.pages.held_large
@@ -282,6 +286,50 @@ def _whole_page_capacities() -> list[tuple[JengaCapacity, list[str]]]:
     ]
 
 
+def test_a_flush_over_whole_pages_follows_jengas_rule_for_several_sequences():
+    """Two types of whole pages (full attention, an 8-token window; 4-token blocks), 14 large pages,
+    two sequences of 12 tokens: each holds 3 pages of each type, 2 are free. The next token takes a
+    full-attention page and a window page for each and gives back each one's oldest window page.
+    Together (an engine flush) Jenga's rule needs the 2 free pages to hold the 4 new ones: refused,
+    nothing changed. One sequence alone fits: 2 free + 1 given back hold its 2, 1 left free. Pages
+    kept by id (the general path) agree at each step."""
+    equal = (JengaGroupSpec(FullAttention(), 2, 8, 1, 16), JengaGroupSpec(SlidingWindow(8), 2, 8, 1, 4))
+    capacity = JengaCapacity("equal", 64, 4, 8, equal, 14, 1, 8 * 14, 8)
+    for kv in (
+        JengaCoordinator(capacity, ["full", "sliding"], 8),
+        _named_everywhere(capacity, ["full", "sliding"]),
+    ):
+        for seq_id in (0, 1):
+            kv.admit(seq_id, prompt(12), 64, 9)
+        assert [kv.managers[1].held_blocks(seq_id) for seq_id in (0, 1)] == [(0, 3), (0, 3)]
+        assert kv.large_pages.free == 2
+        before = kv.group_breakdown_values()
+        with pytest.raises(OutOfKVMemory, match="needs 32 slots"):
+            kv.grow_each([0, 1], [1, 1])
+        assert kv.group_breakdown_values() == before and kv.large_pages.free == 2
+        kv.grow_each([0], [1])
+        assert kv.large_pages.free == 1
+        assert [manager.held_blocks(0) for manager in kv.managers] == [(0, 4), (1, 4)]
+        check_identity(kv)
+
+
+def test_a_growth_past_a_window_gives_back_only_the_pages_it_held():
+    """A 12-token sequence holds window blocks 0-2; growing it by 12 tokens at once (a flush), its
+    window is blocks 4-5: it gives back its 3 pages (not 4: block 3 was never held) and takes 2,
+    and full attention takes 3. 14 large pages: 6 held, then 6 - 3 + 5 = 8."""
+    equal = (JengaGroupSpec(FullAttention(), 2, 8, 1, 16), JengaGroupSpec(SlidingWindow(8), 2, 8, 1, 4))
+    capacity = JengaCapacity("equal", 64, 4, 8, equal, 14, 1, 8 * 14, 8)
+    for kv in (
+        JengaCoordinator(capacity, ["full", "sliding"], 8),
+        _named_everywhere(capacity, ["full", "sliding"]),
+    ):
+        kv.admit(0, prompt(12), 64, 9)
+        kv.grow_each([0], [12])
+        assert [manager.held_blocks(0) for manager in kv.managers] == [(0, 6), (4, 6)]
+        assert kv.large_pages.free == 14 - 8
+        check_identity(kv)
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     st.sampled_from([0, 1]),
@@ -311,7 +359,8 @@ def test_whole_pages_kept_as_counts_agree_with_pages_kept_by_id(which, operation
                         kv.grow(seq_id, tokens)
                 elif kind == 2 and live:
                     grow = [seq_id for seq_id in sorted(live) if kv.seq_len(seq_id) < live[seq_id]]
-                    if grow and kv.fits_growth(grow, 1):
+                    if grow:  # (tried whatever fits_growth says: a refusal must agree too)
+                        outcomes.append(kv.fits_growth(grow, 1))
                         kv.grow_each(grow, [1] * len(grow))
                 elif kind == 3 and live:
                     kv.free(sorted(live)[a % len(live)])

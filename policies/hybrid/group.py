@@ -68,6 +68,12 @@ GrowthStep = tuple[GroupSequence, int, int, int]
 by, and the run of blocks it holds after it (first, end)."""
 
 
+def moves(seq: GroupSequence, first: int, end: int) -> tuple[int, int]:
+    """``(blocks released, blocks taken)`` when ``seq``'s run becomes ``[first, end)``: a run that
+    jumps past its last held block releases only what it held."""
+    return min(first, seq.end_block) - seq.first_block, end - max(first, seq.end_block)
+
+
 def held_change(seq: GroupSequence, first: int, end: int) -> int:
     """The blocks the run ``[first, end)`` holds beyond ``seq``'s run now (negative: fewer)."""
     return (end - first) - (seq.end_block - seq.first_block)
@@ -384,6 +390,12 @@ class GroupManager(SequenceTable[GroupSequence]):
             first, end = self._run_after(seq, seq.num_tokens + num_tokens[index])
             net += held_change(seq, first, end)
         return net
+
+    def growth_moves(self, seq_id: int, num_tokens: int) -> tuple[int, int]:
+        """:func:`moves` of growing ``seq_id`` (checked) by ``num_tokens``, changing nothing."""
+        seq = self.sequences[seq_id]
+        first, end = self._run_after(seq, seq.num_tokens + num_tokens)
+        return moves(seq, first, end)
 
     def grow_checked(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
         """:meth:`plan_checked_growth` and :meth:`commit_growth` in one pass, in a pool that caches

@@ -39,7 +39,7 @@ from policies.base import (
 )
 from token_content import TokenContent
 
-__all__ = ["Breakdown", "KVCoordinator", "KVGroup", "least_rooms"]
+__all__ = ["Breakdown", "KVCoordinator", "KVGroup", "append_breakdown", "least_rooms"]
 
 Breakdown = tuple[int, int, int, int, int, int]
 
@@ -270,3 +270,16 @@ def least_rooms(rooms: list[int] | None, more: list[int]) -> list[int]:
         if more[index] < rooms[index]:
             rooms[index] = more[index]
     return rooms
+
+
+def append_breakdown(values: list[int], breakdown: Breakdown) -> None:
+    """``breakdown``'s six values at the end of ``values`` (a flat list of group breakdowns). Element
+    by element, not ``extend``: compiled, a breakdown is then never made a tuple object, and this
+    runs for every group at every observation of a hybrid pool."""
+    used, reserved, internal, external, cached, free = breakdown
+    values.append(used)
+    values.append(reserved)
+    values.append(internal)
+    values.append(external)
+    values.append(cached)
+    values.append(free)

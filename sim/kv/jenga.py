@@ -35,7 +35,7 @@ from mypy_extensions import mypyc_attr
 
 from policies.base import NO_HIT, ChildSpec, MemoryBreakdown, OutOfKVMemory, PolicyStats, PoolSpec, PrefixHit
 from policies.hybrid.block_pool import SharedBlockPool
-from policies.hybrid.group import GroupManager, GroupSequence, GrowthStep
+from policies.hybrid.group import GroupManager, GrowthStep, moves
 from policies.hybrid.jenga_pages import (
     LargePagePool,
     NamedHoldings,
@@ -50,16 +50,10 @@ from sim.hardware.jenga_capacity import JengaCapacity
 from sim.hardware.layers import FullAttention
 from sim.kv.allocators import group_manager  # (each layer kind's rules, as vllm-hybrid builds them)
 from sim.kv.coordinator import Breakdown, KVCoordinator, KVGroup
-from sim.kv.interface import least_rooms
+from sim.kv.interface import append_breakdown, least_rooms
 from token_content import TokenContent, content_length
 
-__all__ = ["JengaCoordinator"]
-
-
-def moves(seq: GroupSequence, first: int, end: int) -> tuple[int, int]:
-    """``(blocks released, blocks taken)`` when ``seq``'s run becomes ``[first, end)``: a run that
-    jumps past its last held block releases only what it held."""
-    return min(first, seq.end_block) - seq.first_block, end - max(first, seq.end_block)
+__all__ = ["JengaCoordinator", "moves"]
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -103,6 +97,13 @@ class JengaCoordinator(KVCoordinator):
         self._stats = PolicyStats()
         self._requests: dict[int, int] = {}  # sequence -> the allocators' request id
         self._next_request = 0
+        # Every type's small page a whole large page (equal page sizes, as gpt-oss's two kinds):
+        # Jenga's quota is then what each type needs, and growth needs no plans (_grow_whole_pages).
+        self._whole_pages: list[WholeHoldings] = [
+            holdings for holdings in self.holdings if isinstance(holdings, WholeHoldings)
+        ]
+        if len(self._whole_pages) != len(self.holdings):
+            self._whole_pages = []
 
     def _type_pages(self, ratio: int) -> TypePages:
         """A type's small pages, and how its sequences hold them: by count when a small page is a whole
@@ -265,6 +266,8 @@ class JengaCoordinator(KVCoordinator):
         self.grow_each([seq_id], [num_tokens])
 
     def grow_each(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
+        if self._whole_pages:
+            return self._grow_whole_pages(seq_ids, num_tokens)
         plans = self._plans(seq_ids, num_tokens)
         if len(seq_ids) > 1 and not self._many_fit(plans):
             self._refuse_growth(seq_ids, plans)
@@ -282,6 +285,51 @@ class JengaCoordinator(KVCoordinator):
             rooms = least_rooms(rooms, more)
         assert rooms is not None
         return rooms
+
+    def _grow_whole_pages(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
+        """:meth:`grow_each` when every type's small page is a whole large page: each type's quota is
+        the pages it needs (no type has free small pages), so one sequence fits when the free large
+        pages and those its growth releases hold what it takes, and several (checked together, as
+        :meth:`_many_fit` does) when the free ones alone hold every new page. What it changes is what
+        the general path changes, sequence by sequence, every type's releases before its takes,
+        without building the plans."""
+        managers, holdings = self.managers, self._whole_pages
+        managers[0].check_growth(seq_ids, num_tokens)  # (every group holds the same sequences)
+        if not self._whole_pages_fit(seq_ids, num_tokens):
+            self._refuse_growth(seq_ids, self._plans(seq_ids, num_tokens))
+        groups = len(managers)
+        nets = [0] * groups  # blocks each type's runs gain, net
+        taken_by_group = [0] * groups
+        for index in range(len(seq_ids)):
+            seq_id, tokens = seq_ids[index], num_tokens[index]
+            for group in range(groups):
+                released, taken = managers[group].growth_moves(seq_id, tokens)
+                if released:
+                    holdings[group].release_oldest(seq_id, released)
+                taken_by_group[group] = taken
+                nets[group] += taken - released
+            for group in range(groups):
+                taken = taken_by_group[group]
+                if taken:
+                    holdings[group].hold(seq_id, self._requests[seq_id], taken, taken)
+        rooms: list[int] | None = None
+        for group in range(groups):
+            manager = managers[group]
+            manager.shared_pool.adjust(nets[group])
+            rooms = least_rooms(rooms, manager.grow_checked(seq_ids, num_tokens))
+        assert rooms is not None
+        return rooms
+
+    def _whole_pages_fit(self, seq_ids: list[int], num_tokens: list[int]) -> bool:
+        balance = self.large_pages.free  # (large pages free once the growth is made)
+        several = len(seq_ids) > 1
+        for manager in self.managers:
+            for index in range(len(seq_ids)):
+                released, taken = manager.growth_moves(seq_ids[index], num_tokens[index])
+                # (Several: the general rule, _many_fit, counts no release: the free pages must hold
+                # every new one.)
+                balance += (0 if several else released) - taken
+        return balance >= 0
 
     def _refuse_growth(self, seq_ids: Sequence[int], plans: list[list[GrowthStep]]) -> NoReturn:
         needs = [sum(moves(seq, first, end)[1] for seq, _, first, end in plan) for plan in plans]
@@ -358,8 +406,8 @@ class JengaCoordinator(KVCoordinator):
                     0,
                     0,
                 )
-            values += [used, reserved, internal, allocator.free_small * slots, 0, 0]
-        values += [0, 0, 0, 0, 0, self.large_pages.free * self.large_slots]
+            append_breakdown(values, (used, reserved, internal, allocator.free_small * slots, 0, 0))
+        append_breakdown(values, (0, 0, 0, 0, 0, self.large_pages.free * self.large_slots))
         return values
 
     def group_breakdowns(self) -> dict[str, MemoryBreakdown]:

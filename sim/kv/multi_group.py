@@ -20,7 +20,7 @@ from policies.base import (
 )
 from policies.hybrid.block_pool import SharedBlockPool
 from policies.hybrid.group import GroupManager, GrowthStep
-from sim.kv.interface import Breakdown, KVCoordinator, KVGroup, least_rooms
+from sim.kv.interface import Breakdown, KVCoordinator, KVGroup, append_breakdown, least_rooms
 from token_content import TokenContent, content_length, validate_content
 
 __all__ = ["MultiGroupCoordinator", "group_token_sharing", "longest_common_hit"]
@@ -435,9 +435,9 @@ class MultiGroupCoordinator(KVCoordinator):
         hybrid run, ``sim/outputs/group_series.py``): a new list, the caller's to change."""
         values: list[int] = []
         for policy in self.policies:
-            _append_breakdown(values, policy.breakdown_values())
+            append_breakdown(values, policy.breakdown_values())
         for shared in self._shared:
-            _append_breakdown(values, shared.pool.breakdown_values())
+            append_breakdown(values, shared.pool.breakdown_values())
         return values
 
     def breakdown_bytes(self) -> dict[str, int]:
@@ -572,17 +572,6 @@ def _commit_in_request_order(plans: list[GroupPlan], sequences: int, rooms: list
         rooms = least_rooms(rooms, group_rooms)
     assert rooms is not None
     return rooms
-
-
-def _append_breakdown(values: list[int], breakdown: Breakdown) -> None:
-    """(Element by element, not ``extend``: compiled, a breakdown is then never made a tuple object.)"""
-    used, reserved, internal, external, cached, free = breakdown
-    values.append(used)
-    values.append(reserved)
-    values.append(internal)
-    values.append(external)
-    values.append(cached)
-    values.append(free)
 
 
 def _slots_needed(policy: KVCachePolicy, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
