@@ -289,29 +289,35 @@ class JengaCoordinator(KVCoordinator):
     def _grow_whole_pages(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
         """:meth:`grow_each` when every type's small page is a whole large page: each type's quota is
         the pages it needs (no type has free small pages), so one sequence fits when the free large
-        pages and those its growth releases hold what it takes, and several (checked together, as
+        pages and those its growth gives back hold what it takes, and several (checked together, as
         :meth:`_many_fit` does) when the free ones alone hold every new page. What it changes is what
         the general path changes, sequence by sequence, every type's releases before its takes,
         without building the plans."""
         managers, holdings = self.managers, self._whole_pages
         managers[0].check_growth(seq_ids, num_tokens)  # (every group holds the same sequences)
-        if not self._whole_pages_fit(seq_ids, num_tokens):
+        groups, count = len(managers), len(seq_ids)
+        # Per sequence, per type (at index * groups + group): the pages given back and taken.
+        released, taken = [0] * (groups * count), [0] * (groups * count)
+        all_released = all_taken = 0
+        for index in range(count):
+            for group in range(groups):
+                gives, takes = managers[group].growth_moves(seq_ids[index], num_tokens[index])
+                released[index * groups + group], taken[index * groups + group] = gives, takes
+                all_released += gives
+                all_taken += takes
+        if self.large_pages.free + (all_released if count == 1 else 0) < all_taken:
             self._refuse_growth(seq_ids, self._plans(seq_ids, num_tokens))
-        groups = len(managers)
         nets = [0] * groups  # blocks each type's runs gain, net
-        taken_by_group = [0] * groups
-        for index in range(len(seq_ids)):
-            seq_id, tokens = seq_ids[index], num_tokens[index]
+        for index in range(count):
+            seq_id, first = seq_ids[index], index * groups
             for group in range(groups):
-                released, taken = managers[group].growth_moves(seq_id, tokens)
-                if released:
-                    holdings[group].release_oldest(seq_id, released)
-                taken_by_group[group] = taken
-                nets[group] += taken - released
+                if released[first + group]:
+                    holdings[group].release_oldest(seq_id, released[first + group])
             for group in range(groups):
-                taken = taken_by_group[group]
-                if taken:
-                    holdings[group].hold(seq_id, self._requests[seq_id], taken, taken)
+                if taken[first + group]:
+                    pages = taken[first + group]
+                    holdings[group].hold(seq_id, self._requests[seq_id], pages, pages)
+                nets[group] += taken[first + group] - released[first + group]
         rooms: list[int] | None = None
         for group in range(groups):
             manager = managers[group]
@@ -319,17 +325,6 @@ class JengaCoordinator(KVCoordinator):
             rooms = least_rooms(rooms, manager.grow_checked(seq_ids, num_tokens))
         assert rooms is not None
         return rooms
-
-    def _whole_pages_fit(self, seq_ids: list[int], num_tokens: list[int]) -> bool:
-        balance = self.large_pages.free  # (large pages free once the growth is made)
-        several = len(seq_ids) > 1
-        for manager in self.managers:
-            for index in range(len(seq_ids)):
-                released, taken = manager.growth_moves(seq_ids[index], num_tokens[index])
-                # (Several: the general rule, _many_fit, counts no release: the free pages must hold
-                # every new one.)
-                balance += (0 if several else released) - taken
-        return balance >= 0
 
     def _refuse_growth(self, seq_ids: Sequence[int], plans: list[list[GrowthStep]]) -> NoReturn:
         needs = [sum(moves(seq, first, end)[1] for seq, _, first, end in plan) for plan in plans]
