@@ -53,7 +53,7 @@ from sim.kv.coordinator import Breakdown, KVCoordinator, KVGroup
 from sim.kv.interface import append_breakdown, least_rooms
 from token_content import TokenContent, content_length
 
-__all__ = ["JengaCoordinator", "moves"]
+__all__ = ["JengaCoordinator"]
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -99,11 +99,8 @@ class JengaCoordinator(KVCoordinator):
         self._next_request = 0
         # Every type's small page a whole large page (equal page sizes, as gpt-oss's two kinds):
         # Jenga's quota is then what each type needs, and growth needs no plans (_grow_whole_pages).
-        self._whole_pages: list[WholeHoldings] = [
-            holdings for holdings in self.holdings if isinstance(holdings, WholeHoldings)
-        ]
-        if len(self._whole_pages) != len(self.holdings):
-            self._whole_pages = []
+        whole = [holdings for holdings in self.holdings if isinstance(holdings, WholeHoldings)]
+        self._whole_pages: list[WholeHoldings] = whole if len(whole) == len(self.holdings) else []
 
     def _type_pages(self, ratio: int) -> TypePages:
         """A type's small pages, and how its sequences hold them: by count when a small page is a whole
@@ -309,15 +306,15 @@ class JengaCoordinator(KVCoordinator):
             self._refuse_growth(seq_ids, self._plans(seq_ids, num_tokens))
         nets = [0] * groups  # blocks each type's runs gain, net
         for index in range(count):
-            seq_id, first = seq_ids[index], index * groups
+            seq_id, start = seq_ids[index], index * groups
             for group in range(groups):
-                if released[first + group]:
-                    holdings[group].release_oldest(seq_id, released[first + group])
+                if released[start + group]:
+                    holdings[group].release_oldest(seq_id, released[start + group])
             for group in range(groups):
-                if taken[first + group]:
-                    pages = taken[first + group]
+                if taken[start + group]:
+                    pages = taken[start + group]
                     holdings[group].hold(seq_id, self._requests[seq_id], pages, pages)
-                nets[group] += taken[first + group] - released[first + group]
+                nets[group] += taken[start + group] - released[start + group]
         rooms: list[int] | None = None
         for group in range(groups):
             manager = managers[group]

@@ -61,14 +61,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from policies.base import NO_HIT, ChildSpec, PolicyInputError, PolicyStats, PrefixHit
-from policies.hybrid.group import GroupManager, GrowthStep
+from policies.hybrid.group import GroupManager, GrowthStep, moves
 from policies.hybrid.jenga_cache import SKIPPED_AGE, EvictionClock, JengaPageCache, LargePageEvictor
 from policies.hybrid.jenga_pages import SmallPageAllocator, TypePages, quotas
 from policies.hybrid.prefix_pool import NO_BLOCK
 from policies.prefix import ContentChains
 from sim.hardware.jenga_capacity import JengaCapacity
 from sim.kv.coordinator import Breakdown, group_token_sharing, longest_common_hit
-from sim.kv.jenga import JengaCoordinator, moves
+from sim.kv.jenga import JengaCoordinator
 from token_content import TokenContent, content_length
 
 __all__ = ["JengaPrefixCoordinator"]
