@@ -102,7 +102,7 @@ def check_identity(kv: JengaCoordinator) -> None:
         assert manager.shared_pool.num_blocks - manager.shared_pool.free_blocks == runs
         if isinstance(holdings, WholeHoldings):  # (whole pages: counts, every held one a sequence's)
             assert holdings.pages.free_small == 0
-            assert sum(holdings.held.values()) == holdings.pages.held_large
+            assert sum(holdings.held_count(seq_id) for seq_id in kv._requests) == holdings.pages.held_large
             continue
         table, allocator = named(holdings).held, named(holdings).allocator
         assert sum(allocator.free_count.values()) == allocator.free_small
@@ -275,14 +275,17 @@ def _named_everywhere(capacity: JengaCapacity, names: list[str]) -> JengaCoordin
 
 
 def _whole_page_capacities() -> list[tuple[JengaCapacity, list[str]]]:
-    """Two types whose small pages are whole large pages (equal layer counts, as gpt-oss's), and a
-    Mamba state of a whole large page beside full attention of two small pages a large page."""
+    """Two types whose small pages are whole large pages (equal layer counts, as gpt-oss's); a Mamba
+    state of a whole large page beside full attention of two small pages a large page; and a window
+    of whole pages (it gives pages back as it decodes) beside such full attention."""
     equal = (JengaGroupSpec(FullAttention(), 2, 8, 1, 16), JengaGroupSpec(SlidingWindow(8), 2, 8, 1, 4))
     state = Mamba2State(8, 1, 2, 4, 16, 4)
     mixed = (JengaGroupSpec(state, 1, 16, 1, 1), JengaGroupSpec(FullAttention(), 2, 8, 2, 16))
+    window = (JengaGroupSpec(FullAttention(), 2, 8, 2, 16), JengaGroupSpec(SlidingWindow(8), 4, 16, 1, 4))
     return [
         (JengaCapacity("equal", 64, 4, 8, equal, 12, 1, 8 * 12, 8), ["full", "sliding"]),
         (JengaCapacity("mixed", 64, 4, 16, mixed, 8, 1, 16 * 8, 16), ["mamba2", "full"]),
+        (JengaCapacity("window", 64, 4, 16, window, 8, 1, 16 * 8, 16), ["full", "sliding"]),
     ]
 
 
@@ -332,7 +335,7 @@ def test_a_growth_past_a_window_gives_back_only_the_pages_it_held():
 
 @settings(max_examples=100, deadline=None)
 @given(
-    st.sampled_from([0, 1]),
+    st.sampled_from([0, 1, 2]),
     st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40), st.integers(0, 30)), max_size=60),
 )
 def test_whole_pages_kept_as_counts_agree_with_pages_kept_by_id(which, operations):

@@ -26,7 +26,7 @@ first, so runs are reproducible.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 
 from policies.base import PolicyInputError
@@ -356,30 +356,33 @@ class NamedHoldings(TypeHoldings):
 
 
 class WholeHoldings(TypeHoldings):
-    """Counts of whole large pages (:class:`WholePages`): what a sequence holds is how many."""
+    """Counts of whole large pages (:class:`WholePages`). What a sequence holds is how many: the
+    length of its run of blocks, which the type's manager keeps (``runs``, its ``held_blocks``), so it
+    is not kept here a second time. A growth moves only the type's count (a coordinator may move
+    several sequences' net at once)."""
 
-    def __init__(self, pages: WholePages):
+    def __init__(self, pages: WholePages, runs: Callable[[int], tuple[int, int]]):
         super().__init__(pages)
         self.whole = pages
-        self.held: dict[int, int] = {}
+        self.runs = runs
 
     def hold(self, seq_id: int, request: int, needed: int, quota: int) -> None:
         assert quota == needed, "a whole page has no free small pages: its quota is what it needs"
         self.whole.take(needed)
-        self.held[seq_id] = self.held.get(seq_id, 0) + needed
 
     def release_oldest(self, seq_id: int, count: int) -> None:
-        self.held[seq_id] -= count
         self.whole.give_back(count)
 
     def release_all(self, seq_id: int) -> None:
-        self.whole.give_back(self.held.pop(seq_id))
+        """(Before the manager forgets the sequence's run: its length is what goes back.)"""
+        self.whole.give_back(self.held_count(seq_id))
 
     def after_release_oldest(self, seq_id: int, count: int) -> tuple[int, int]:
         return count, 0
 
     def held_count(self, seq_id: int) -> int:
-        return self.held[seq_id]
+        first, end = self.runs(seq_id)
+        return end - first
 
 
 def _pop_first(pages: dict[int, None], count: int) -> list[int]:

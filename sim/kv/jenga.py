@@ -29,6 +29,7 @@ large pages, and with the free large pages the groups sum to the pool at every i
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import NoReturn
 
 from mypy_extensions import mypyc_attr
@@ -99,19 +100,24 @@ class JengaCoordinator(KVCoordinator):
         self._next_request = 0
         # Every type's small page a whole large page (equal page sizes, as gpt-oss's two kinds):
         # Jenga's quota is then what each type needs, and growth needs no plans (_grow_whole_pages).
-        whole = [holdings for holdings in self.holdings if isinstance(holdings, WholeHoldings)]
-        self._whole_pages: list[WholeHoldings] = whole if len(whole) == len(self.holdings) else []
+        whole = [holdings.whole for holdings in self.holdings if isinstance(holdings, WholeHoldings)]
+        self._whole_pages: list[WholePages] = whole if len(whole) == len(self.holdings) else []
 
     def _type_pages(self, ratio: int) -> TypePages:
         """A type's small pages, and how its sequences hold them: by count when a small page is a whole
         large page (no id of it is ever read), else by id."""
         holdings: TypeHoldings
         if ratio == 1:
-            holdings = WholeHoldings(WholePages(self.large_pages))
+            # (Its sequences' counts are their runs, which this type's manager, made next, keeps.)
+            runs = partial(self._runs_of, len(self.holdings))
+            holdings = WholeHoldings(WholePages(self.large_pages), runs)
         else:
             holdings = NamedHoldings(SmallPageAllocator(self.large_pages, ratio))
         self.holdings.append(holdings)
         return holdings.pages
+
+    def _runs_of(self, group: int, seq_id: int) -> tuple[int, int]:
+        return self.managers[group].held_blocks(seq_id)
 
     def _type_pool(self, allocator: TypePages) -> SharedBlockPool:
         """The block pool a type's manager keeps its runs over: here only a count (this coordinator
@@ -287,38 +293,29 @@ class JengaCoordinator(KVCoordinator):
         """:meth:`grow_each` when every type's small page is a whole large page: each type's quota is
         the pages it needs (no type has free small pages), so one sequence fits when the free large
         pages and those its growth gives back hold what it takes, and several (checked together, as
-        :meth:`_many_fit` does) when the free ones alone hold every new page. What it changes is what
-        the general path changes, sequence by sequence, every type's releases before its takes,
-        without building the plans."""
-        managers, holdings = self.managers, self._whole_pages
+        :meth:`_many_fit` does) when the free ones alone hold every new page. Pages are counts, and a
+        sequence's are its runs' lengths (``WholeHoldings``): each type gives back all it releases,
+        then takes all it needs, without plans and without a step per sequence."""
+        managers, pages = self.managers, self._whole_pages
         managers[0].check_growth(seq_ids, num_tokens)  # (every group holds the same sequences)
-        groups, count = len(managers), len(seq_ids)
-        # Per sequence, per type (at index * groups + group): the pages given back and taken.
-        released, taken = [0] * (groups * count), [0] * (groups * count)
-        all_released = all_taken = 0
-        for index in range(count):
-            for group in range(groups):
-                gives, takes = managers[group].growth_moves(seq_ids[index], num_tokens[index])
-                released[index * groups + group], taken[index * groups + group] = gives, takes
-                all_released += gives
-                all_taken += takes
-        if self.large_pages.free + (all_released if count == 1 else 0) < all_taken:
-            self._refuse_growth(seq_ids, self._plans(seq_ids, num_tokens))
-        nets = [0] * groups  # blocks each type's runs gain, net
-        for index in range(count):
-            seq_id, start = seq_ids[index], index * groups
-            for group in range(groups):
-                if released[start + group]:
-                    holdings[group].release_oldest(seq_id, released[start + group])
-            for group in range(groups):
-                if taken[start + group]:
-                    pages = taken[start + group]
-                    holdings[group].hold(seq_id, self._requests[seq_id], pages, pages)
-                nets[group] += taken[start + group] - released[start + group]
-        rooms: list[int] | None = None
+        groups = len(managers)
+        released, taken = [0] * groups, [0] * groups
         for group in range(groups):
             manager = managers[group]
-            manager.shared_pool.adjust(nets[group])
+            for index in range(len(seq_ids)):
+                gives, takes = manager.growth_moves(seq_ids[index], num_tokens[index])
+                released[group] += gives
+                taken[group] += takes
+        all_released, all_taken = sum(released), sum(taken)
+        if self.large_pages.free + (all_released if len(seq_ids) == 1 else 0) < all_taken:
+            self._refuse_growth(seq_ids, self._plans(seq_ids, num_tokens))
+        for group in range(groups):  # (every type's releases before any takes, as vLLM frees first)
+            pages[group].give_back(released[group])
+        rooms: list[int] | None = None
+        for group in range(groups):
+            pages[group].take(taken[group])
+            manager = managers[group]
+            manager.shared_pool.adjust(taken[group] - released[group])
             rooms = least_rooms(rooms, manager.grow_checked(seq_ids, num_tokens))
         assert rooms is not None
         return rooms
@@ -347,12 +344,13 @@ class JengaCoordinator(KVCoordinator):
                 holdings.hold(seq_id, self._requests[seq_id], taken, pages)
 
     def free(self, seq_id: int, finished: bool = True) -> None:
-        for manager in self.managers:
-            manager.free(seq_id, finished)  # (the first checks the sequence)
+        self.managers[0].held_blocks(seq_id)  # (checks the sequence before anything changes)
         request = self._requests.pop(seq_id)
-        for holdings in self.holdings:
+        for holdings in self.holdings:  # (before the managers forget the runs whole pages count)
             holdings.release_all(seq_id)
             holdings.pages.remove_request(request)
+        for manager in self.managers:
+            manager.free(seq_id, finished)
 
     def growth_room(self, seq_id: int) -> int:
         return min(manager.growth_room(seq_id) for manager in self.managers)
