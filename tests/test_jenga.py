@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.base import ChildSpec, OutOfKVMemory
+from policies.base import ChildSpec, OutOfKVMemory, PolicyInputError
 from policies.hybrid.jenga_pages import (
     NamedHoldings,
     SmallPageAllocator,
@@ -314,6 +314,49 @@ def test_a_flush_over_whole_pages_follows_jengas_rule_for_several_sequences():
         assert kv.large_pages.free == 1
         assert [manager.held_blocks(0) for manager in kv.managers] == [(0, 4), (1, 4)]
         check_identity(kv)
+
+
+def test_a_new_request_over_whole_pages_may_take_the_last_free_ones():
+    """Two types of whole pages, 14 large pages; two 12-token sequences hold 3 of each type: 2 free. A
+    4-token prompt needs one page of each type, exactly the 2 free: it fits, and none is left. A
+    5-token prompt needs two of each (4) and does not."""
+    equal = (JengaGroupSpec(FullAttention(), 2, 8, 1, 16), JengaGroupSpec(SlidingWindow(8), 2, 8, 1, 4))
+    capacity = JengaCapacity("equal", 64, 4, 8, equal, 14, 1, 8 * 14, 8)
+    for kv in (
+        JengaCoordinator(capacity, ["full", "sliding"], 8),
+        _named_everywhere(capacity, ["full", "sliding"]),
+    ):
+        for seq_id in (0, 1):
+            kv.admit(seq_id, prompt(12), 64, 9)
+        assert kv.large_pages.free == 2
+        assert not kv.can_admit(prompt(5), 64)
+        assert kv.can_admit(prompt(4), 64)
+        kv.admit(2, prompt(4), 64, 9)
+        assert kv.large_pages.free == 0
+        assert [manager.held_blocks(2) for manager in kv.managers] == [(0, 1), (0, 1)]
+        check_identity(kv)
+
+
+@pytest.mark.parametrize(
+    ("seq_ids", "tokens", "message"),
+    [
+        ([0], [53], "passes its final length 64"),
+        ([0, 7], [1, 1], "unknown sequence id 7"),
+        ([0, 0], [1, 1], "distinct sequence ids"),
+        ([0], [0], "cannot grow by 0 tokens"),
+    ],
+)
+def test_a_bad_growth_over_whole_pages_is_refused_with_nothing_changed(seq_ids, tokens, message):
+    """The growth over whole pages checks what every growth checks, before any type moves a page."""
+    equal = (JengaGroupSpec(FullAttention(), 2, 8, 1, 16), JengaGroupSpec(SlidingWindow(8), 2, 8, 1, 4))
+    kv = JengaCoordinator(JengaCapacity("equal", 64, 4, 8, equal, 14, 1, 8 * 14, 8), ["full", "sliding"], 8)
+    assert kv._whole_pages
+    kv.admit(0, prompt(12), 64, 9)
+    before = (kv.group_breakdown_values(), kv.large_pages.free)
+    with pytest.raises(PolicyInputError, match=re.escape(message)):
+        kv.grow_each(seq_ids, tokens)
+    assert (kv.group_breakdown_values(), kv.large_pages.free) == before
+    check_identity(kv)
 
 
 def test_a_growth_past_a_window_gives_back_only_the_pages_it_held():

@@ -79,6 +79,12 @@ def held_change(seq: GroupSequence, first: int, end: int) -> int:
     return (end - first) - (seq.end_block - seq.first_block)
 
 
+def check_grow_each_arguments(seq_ids: Sequence[int], num_tokens: Sequence[int]) -> None:
+    """Raises unless ``seq_ids`` are distinct and ``num_tokens`` pairs a count with each."""
+    if len(seq_ids) != len(num_tokens) or (len(seq_ids) > 1 and len(set(seq_ids)) != len(seq_ids)):
+        raise grow_each_arguments_error(seq_ids, num_tokens)
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)
 class GroupManager(SequenceTable[GroupSequence]):
     """One KV group's blocks, taken from a pool other groups share. Subclasses: one layer kind each."""
@@ -355,8 +361,7 @@ class GroupManager(SequenceTable[GroupSequence]):
 
     def check_growth(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> None:
         """Raises what :meth:`plan_growth` raises for a growth it refuses; nothing else."""
-        if len(seq_ids) != len(num_tokens) or (len(seq_ids) > 1 and len(set(seq_ids)) != len(seq_ids)):
-            raise grow_each_arguments_error(seq_ids, num_tokens)
+        check_grow_each_arguments(seq_ids, num_tokens)
         for seq_id, tokens in zip(seq_ids, num_tokens):  # noqa: B905 (lengths checked above; compiled, strict=True costs a call with keywords)
             seq = self._get(seq_id)
             self._check_growth(seq_id, tokens, seq.num_tokens, seq.final_len)
@@ -379,38 +384,50 @@ class GroupManager(SequenceTable[GroupSequence]):
             net = self.planned_net_blocks(plan)  # (a released block another sequence holds stays taken)
         return net, plan
 
-    def net_blocks_to_grow(self, seq_ids: list[int], num_tokens: list[int]) -> int:
-        """:meth:`plan_checked_growth`'s net blocks without the plan, in a pool that caches nothing
-        (:meth:`grow_checked` then grows: a coordinator's fast path, ``sim/kv/multi_group.py``)."""
+    def growth_moves(self, seq_ids: list[int], num_tokens: list[int], check: bool) -> tuple[int, int]:
+        """:func:`moves` of growing every ``seq_ids[i]`` by ``num_tokens[i]``, summed: ``(blocks
+        released, blocks taken)``, changing nothing; in a pool that caches nothing, :meth:`grow_checked`
+        then grows (a coordinator's fast path: ``sim/kv/multi_group.py``, ``sim/kv/jenga.py``). With
+        ``check``, it first raises what :meth:`check_growth` raises (one group checks for all: every
+        group holds the same sequences at the same lengths)."""
         assert self.tables is None, "a prefix-caching pool's net depends on what other sequences hold"
+        if check:
+            check_grow_each_arguments(seq_ids, num_tokens)
         sequences = self.sequences
-        net = 0
+        released = taken = 0
         for index in range(len(seq_ids)):
-            seq = sequences[seq_ids[index]]
-            first, end = self._run_after(seq, seq.num_tokens + num_tokens[index])
-            net += held_change(seq, first, end)
-        return net
+            tokens = num_tokens[index]
+            if check:
+                seq = self._get(seq_ids[index])
+                self._check_growth(seq_ids[index], tokens, seq.num_tokens, seq.final_len)
+            else:
+                seq = sequences[seq_ids[index]]
+            first, end = self._run_after(seq, seq.num_tokens + tokens)
+            gives, takes = moves(seq, first, end)
+            released += gives
+            taken += takes
+        return released, taken
 
-    def growth_moves(self, seq_id: int, num_tokens: int) -> tuple[int, int]:
-        """:func:`moves` of growing ``seq_id`` (checked) by ``num_tokens``, changing nothing."""
-        seq = self.sequences[seq_id]
-        first, end = self._run_after(seq, seq.num_tokens + num_tokens)
-        return moves(seq, first, end)
-
-    def grow_checked(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
+    def grow_checked(self, seq_ids: list[int], num_tokens: list[int], rooms: list[int] | None) -> list[int]:
         """:meth:`plan_checked_growth` and :meth:`commit_growth` in one pass, in a pool that caches
-        nothing, its net blocks moved by the caller (:meth:`net_blocks_to_grow`); returns each
-        sequence's growth room after it. (No plan is built: at every flush of every group, its
-        tuples were a third of the growth's time.)"""
+        nothing, its net blocks moved by the caller (:meth:`growth_moves`); returns each sequence's
+        growth room after it, the least of it and ``rooms[i]`` (other groups' rooms, lowered in place)
+        when given. (No plan is built: at every flush of every group, its tuples were a third of the
+        growth's time.)"""
         assert self.tables is None, "a prefix-caching pool releases before it takes: commit_growth"
+        assert rooms is None or len(rooms) == len(seq_ids)
         sequences = self.sequences
-        rooms = []
+        least: list[int] = [] if rooms is None else rooms
         for index in range(len(seq_ids)):
             seq = sequences[seq_ids[index]]
             tokens = num_tokens[index]
             first, end = self._run_after(seq, seq.num_tokens + tokens)
-            rooms.append(self._grow_to(seq, tokens, first, end))
-        return rooms
+            room = self._grow_to(seq, tokens, first, end)
+            if rooms is None:
+                least.append(room)
+            elif room < least[index]:
+                least[index] = room
+        return least
 
     def planned_net_blocks(self, plan: list[GrowthStep]) -> int:
         """The net blocks a plan (or the part of it for some of its sequences) takes from the pool."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from mypy_extensions import mypyc_attr
 
@@ -39,7 +40,7 @@ from policies.base import (
 )
 from token_content import TokenContent
 
-__all__ = ["Breakdown", "KVCoordinator", "KVGroup", "append_breakdown", "least_rooms"]
+__all__ = ["Breakdown", "KVCoordinator", "KVGroup", "least_rooms", "put_breakdown", "zero_breakdowns"]
 
 Breakdown = tuple[int, int, int, int, int, int]
 
@@ -272,14 +273,31 @@ def least_rooms(rooms: list[int] | None, more: list[int]) -> list[int]:
     return rooms
 
 
-def append_breakdown(values: list[int], breakdown: Breakdown) -> None:
-    """``breakdown``'s six values at the end of ``values`` (a flat list of group breakdowns). Element
-    by element, not ``extend``: compiled, a breakdown is then never made a tuple object, and this
-    runs for every group at every observation of a hybrid pool."""
+_WIDTH: Final = len(MemoryBreakdown.CATEGORIES)  # used, reserved, internal, external, cached, free
+
+
+def zero_breakdowns(entries: int) -> list[int]:
+    """A flat list of ``entries`` breakdowns, every value zero (:func:`put_breakdown` fills it)."""
+    return [0] * (_WIDTH * entries)
+
+
+def put_breakdown(values: list[int], entry: int, breakdown: Breakdown) -> None:
+    """``breakdown``'s six values as the ``entry``-th of ``values`` (:func:`zero_breakdowns`'s list).
+    Only the values that are not zero are written, and one by one: compiled, a breakdown is then
+    never made a tuple object, and most of a group split's values are zero by construction (a
+    group's free slots, a pool's used ones). This runs for every group at every observation of a
+    hybrid pool."""
     used, reserved, internal, external, cached, free = breakdown
-    values.append(used)
-    values.append(reserved)
-    values.append(internal)
-    values.append(external)
-    values.append(cached)
-    values.append(free)
+    start = entry * _WIDTH
+    if used:
+        values[start] = used
+    if reserved:
+        values[start + 1] = reserved
+    if internal:
+        values[start + 2] = internal
+    if external:
+        values[start + 3] = external
+    if cached:
+        values[start + 4] = cached
+    if free:
+        values[start + 5] = free

@@ -51,7 +51,7 @@ from sim.hardware.jenga_capacity import JengaCapacity
 from sim.hardware.layers import FullAttention
 from sim.kv.allocators import group_manager  # (each layer kind's rules, as vllm-hybrid builds them)
 from sim.kv.coordinator import Breakdown, KVCoordinator, KVGroup
-from sim.kv.interface import append_breakdown, least_rooms
+from sim.kv.interface import least_rooms, put_breakdown, zero_breakdowns
 from token_content import TokenContent, content_length
 
 __all__ = ["JengaCoordinator"]
@@ -144,6 +144,12 @@ class JengaCoordinator(KVCoordinator):
     def _new_requests_fit(self, needs: list[list[int]]) -> bool:
         """Do new requests, each needing ``needs[i][g]`` small pages of group ``g``, fit one after the
         other? (A new request has no preferred pages: it takes its whole quota.)"""
+        if self._whole_pages:  # (every quota is what its type needs: no type has free small pages)
+            needed = 0
+            for request in needs:
+                for pages in request:
+                    needed += pages
+            return needed <= self.large_pages.free
         free_large = self._free_large()
         free_small = [self._free_pages(group) for group in range(len(self.allocators))]
         for request in needs:
@@ -297,16 +303,16 @@ class JengaCoordinator(KVCoordinator):
         sequence's are its runs' lengths (``WholeHoldings``): each type gives back all it releases,
         then takes all it needs, without plans and without a step per sequence."""
         managers, pages = self.managers, self._whole_pages
-        managers[0].check_growth(seq_ids, num_tokens)  # (every group holds the same sequences)
         groups = len(managers)
-        released, taken = [0] * groups, [0] * groups
+        released: list[int] = []
+        taken: list[int] = []
+        all_released = all_taken = 0
         for group in range(groups):
-            manager = managers[group]
-            for index in range(len(seq_ids)):
-                gives, takes = manager.growth_moves(seq_ids[index], num_tokens[index])
-                released[group] += gives
-                taken[group] += takes
-        all_released, all_taken = sum(released), sum(taken)
+            gives, takes = managers[group].growth_moves(seq_ids, num_tokens, group == 0)  # (the first checks)
+            released.append(gives)
+            taken.append(takes)
+            all_released += gives
+            all_taken += takes
         if self.large_pages.free + (all_released if len(seq_ids) == 1 else 0) < all_taken:
             self._refuse_growth(seq_ids, self._plans(seq_ids, num_tokens))
         for group in range(groups):  # (every type's releases before any takes, as vLLM frees first)
@@ -316,7 +322,7 @@ class JengaCoordinator(KVCoordinator):
             pages[group].take(taken[group])
             manager = managers[group]
             manager.shared_pool.adjust(taken[group] - released[group])
-            rooms = least_rooms(rooms, manager.grow_checked(seq_ids, num_tokens))
+            rooms = manager.grow_checked(seq_ids, num_tokens, rooms)
         assert rooms is not None
         return rooms
 
@@ -381,10 +387,12 @@ class JengaCoordinator(KVCoordinator):
         return tuple(g.name for g in self.groups) + ("shared pool (large pages)",), weights + (0,)
 
     def group_breakdown_values(self) -> list[int]:
-        values: list[int] = []
+        managers = self.managers
+        values = zero_breakdowns(len(managers) + 1)
         allocators, page_slots, token_groups = self.allocators, self.page_slots, self.holds
         # (Indexes, not zip(strict=True): compiled, that is a call with keywords at every observation.)
-        for group, manager in enumerate(self.managers):
+        for group in range(len(managers)):
+            manager = managers[group]
             allocator, slots, holds = allocators[group], page_slots[group], token_groups[group]
             used, reserved, internal, _, _, _ = manager.breakdown_values()
             if holds:  # (the manager counts one slot per token of its group)
@@ -396,8 +404,8 @@ class JengaCoordinator(KVCoordinator):
                     0,
                     0,
                 )
-            append_breakdown(values, (used, reserved, internal, allocator.free_small * slots, 0, 0))
-        append_breakdown(values, (0, 0, 0, 0, 0, self.large_pages.free * self.large_slots))
+            put_breakdown(values, group, (used, reserved, internal, allocator.free_small * slots, 0, 0))
+        put_breakdown(values, len(managers), (0, 0, 0, 0, 0, self.large_pages.free * self.large_slots))
         return values
 
     def group_breakdowns(self) -> dict[str, MemoryBreakdown]:

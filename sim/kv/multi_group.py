@@ -20,7 +20,7 @@ from policies.base import (
 )
 from policies.hybrid.block_pool import SharedBlockPool
 from policies.hybrid.group import GroupManager, GrowthStep
-from sim.kv.interface import Breakdown, KVCoordinator, KVGroup, append_breakdown, least_rooms
+from sim.kv.interface import Breakdown, KVCoordinator, KVGroup, least_rooms, put_breakdown, zero_breakdowns
 from token_content import TokenContent, content_length, validate_content
 
 __all__ = ["MultiGroupCoordinator", "group_token_sharing", "longest_common_hit"]
@@ -279,10 +279,10 @@ class MultiGroupCoordinator(KVCoordinator):
         release into)."""
         shared = self._shared[0]
         managers = shared.managers
-        managers[0].check_growth(seq_ids, num_tokens)  # (every group holds the same sequences)
         net_blocks = 0
-        for manager in managers:
-            net_blocks += manager.net_blocks_to_grow(seq_ids, num_tokens)
+        for index in range(len(managers)):  # (the first checks the growth for every group)
+            released, taken = managers[index].growth_moves(seq_ids, num_tokens, index == 0)
+            net_blocks += taken - released
         if net_blocks > shared.pool.spare_blocks():
             self._refuse(
                 f"growing sequences {seq_ids}",
@@ -291,7 +291,7 @@ class MultiGroupCoordinator(KVCoordinator):
         shared.pool.adjust(net_blocks)
         rooms: list[int] | None = None
         for manager in managers:
-            rooms = least_rooms(rooms, manager.grow_checked(seq_ids, num_tokens))
+            rooms = manager.grow_checked(seq_ids, num_tokens, rooms)
         assert rooms is not None
         return rooms
 
@@ -433,11 +433,12 @@ class MultiGroupCoordinator(KVCoordinator):
     def group_breakdown_values(self) -> list[int]:
         """Every entry's breakdown, flat, in :meth:`group_entries` order (what the recorder keeps of a
         hybrid run, ``sim/outputs/group_series.py``): a new list, the caller's to change."""
-        values: list[int] = []
-        for policy in self.policies:
-            append_breakdown(values, policy.breakdown_values())
-        for shared in self._shared:
-            append_breakdown(values, shared.pool.breakdown_values())
+        policies, shared_pools = self.policies, self._shared
+        values = zero_breakdowns(len(policies) + len(shared_pools))
+        for entry in range(len(policies)):
+            put_breakdown(values, entry, policies[entry].breakdown_values())
+        for index in range(len(shared_pools)):
+            put_breakdown(values, len(policies) + index, shared_pools[index].pool.breakdown_values())
         return values
 
     def breakdown_bytes(self) -> dict[str, int]:
