@@ -55,12 +55,14 @@ class GroupSequence:
     final_len: int
     first_block: int  # blocks before it were released
     end_block: int  # one past its last held block
+    checked_in: int  # the last checked growth that listed it (GroupManager.growth_moves)
 
     def __init__(self, num_tokens: int, final_len: int, first_block: int, end_block: int) -> None:
         self.num_tokens = num_tokens
         self.final_len = final_len
         self.first_block = first_block
         self.end_block = end_block
+        self.checked_in = 0
 
 
 GrowthStep = tuple[GroupSequence, int, int, int]
@@ -77,12 +79,6 @@ def moves(seq: GroupSequence, first: int, end: int) -> tuple[int, int]:
 def held_change(seq: GroupSequence, first: int, end: int) -> int:
     """The blocks the run ``[first, end)`` holds beyond ``seq``'s run now (negative: fewer)."""
     return (end - first) - (seq.end_block - seq.first_block)
-
-
-def check_grow_each_arguments(seq_ids: Sequence[int], num_tokens: Sequence[int]) -> None:
-    """Raises unless ``seq_ids`` are distinct and ``num_tokens`` pairs a count with each."""
-    if len(seq_ids) != len(num_tokens) or (len(seq_ids) > 1 and len(set(seq_ids)) != len(seq_ids)):
-        raise grow_each_arguments_error(seq_ids, num_tokens)
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -107,6 +103,7 @@ class GroupManager(SequenceTable[GroupSequence]):
         self._used = self._reserved = self._held_blocks = 0  # running sums: the breakdown is O(1)
         self.tables: GroupBlockTables | None = None  # block ids, with a prefix-caching pool only
         self._admitting: dict[int, int] = {}  # sequence id -> its hit, between the admission's steps
+        self._growths_checked = 0  # growth_moves' stamps
         # Unbacked decode growth (defer_unbacked): what reads the decoded tokens no block holds yet.
         self._pending_tokens: Callable[[], int] | None = None
         if isinstance(shared_pool, PrefixCachingBlockPool):
@@ -361,7 +358,8 @@ class GroupManager(SequenceTable[GroupSequence]):
 
     def check_growth(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> None:
         """Raises what :meth:`plan_growth` raises for a growth it refuses; nothing else."""
-        check_grow_each_arguments(seq_ids, num_tokens)
+        if len(seq_ids) != len(num_tokens) or (len(seq_ids) > 1 and len(set(seq_ids)) != len(seq_ids)):
+            raise grow_each_arguments_error(seq_ids, num_tokens)
         for seq_id, tokens in zip(seq_ids, num_tokens):  # noqa: B905 (lengths checked above; compiled, strict=True costs a call with keywords)
             seq = self._get(seq_id)
             self._check_growth(seq_id, tokens, seq.num_tokens, seq.final_len)
@@ -392,13 +390,21 @@ class GroupManager(SequenceTable[GroupSequence]):
         group holds the same sequences at the same lengths)."""
         assert self.tables is None, "a prefix-caching pool's net depends on what other sequences hold"
         if check:
-            check_grow_each_arguments(seq_ids, num_tokens)
+            if len(seq_ids) != len(num_tokens):
+                raise grow_each_arguments_error(seq_ids, num_tokens)
+            # A sequence met twice in one growth is listed twice: a stamp per growth, not a set of ids
+            # (this runs at every flush).
+            self._growths_checked += 1
+        stamp = self._growths_checked
         sequences = self.sequences
         released = taken = 0
         for index in range(len(seq_ids)):
             tokens = num_tokens[index]
             if check:
                 seq = self._get(seq_ids[index])
+                if seq.checked_in == stamp:
+                    raise grow_each_arguments_error(seq_ids, num_tokens)
+                seq.checked_in = stamp
                 self._check_growth(seq_ids[index], tokens, seq.num_tokens, seq.final_len)
             else:
                 seq = sequences[seq_ids[index]]
