@@ -155,13 +155,11 @@ class MambaSequence:
         return content_key(sequence_segments(self), num_tokens)
 
 
-class MambaRadixCoordinator(SGLangTreeCoordinator):
+class MambaRadixCoordinator(SGLangTreeCoordinator[MambaRadixTree]):
     """See the module docstring. ``full_tokens`` / ``mamba_slots``: the pools
     (``SGLangMambaCapacity``); ``prefill_tokens``: a prefill chunk (where ``cache_unfinished_req``
     caches states); ``slot_bytes``: one full-pool token's and one Mamba slot's bytes; ``names``: the
     two groups' names, full attention first; ``radix``: the radix cache (off: ``ChunkCache``)."""
-
-    tree: MambaRadixTree
 
     def __init__(
         self,

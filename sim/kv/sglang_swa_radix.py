@@ -108,11 +108,9 @@ class SWASequence:
         return content_key(sequence_segments(self), num_tokens)
 
 
-class SWARadixCoordinator(SGLangTreeCoordinator):
+class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
     """See the module docstring. ``full_tokens`` / ``swa_tokens``: the pools (``SGLangHybridCapacity``);
     ``names``: the two groups' names, full attention first; ``max_model_len``: the longest sequence."""
-
-    tree: SWARadixTree
 
     def __init__(
         self,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from policies._radix_tree import Key
 from policies.base import (
@@ -75,6 +75,9 @@ class _Tree(Protocol):
     def match_prefix(self, key: Key, namespace: int) -> tuple[Any, int]: ...
 
 
+TreeT = TypeVar("TreeT", bound=_Tree)
+
+
 def sequence_segments(seq: TreeSequence) -> tuple[Segment, ...]:
     """A sequence's content: its base, then the tokens it generated itself."""
     generated = seq.num_tokens - seq.base_len
@@ -82,11 +85,11 @@ def sequence_segments(seq: TreeSequence) -> tuple[Segment, ...]:
     return (*[segment for segment in seq.base if segment[1] > 0], *own)
 
 
-class SGLangTreeCoordinator(KVCoordinator):
+class SGLangTreeCoordinator(KVCoordinator, Generic[TreeT]):
     """The shared part (see the module docstring); a subclass sets :attr:`tree`, :attr:`pool_tokens`,
     :attr:`page_slots`, builds its groups and gives :meth:`pool_breakdown`."""
 
-    tree: _Tree
+    tree: TreeT  # (a type parameter: compiled, a subclass may not narrow an attribute's type)
     page_size: int
     max_model_len: int
     pool_tokens: tuple[int, int]
