@@ -7,6 +7,10 @@ holds every attention layer's K/V, ``vllm-hybrid`` runs vLLM's hybrid manager (i
 group releases blocks as the window moves), ``sglang-hybrid`` SGLang's two token pools, ``jenga``
 Jenga's two-level pages (``--policies`` picks some). Each variant runs in a fresh interpreter; the
 engine's wall time (``wall_s``) is compared.
+
+``--prefix-caching`` turns ``engine.enable_prefix_caching`` on (vLLM's default) and compares each
+hybrid allocator with its own server's full-attention cache on the same stream: ``vllm-hybrid`` and
+``jenga`` with ``prefix``, ``sglang-hybrid`` with ``radix``.
 """
 
 from __future__ import annotations
@@ -33,7 +37,14 @@ print(json.dumps({key: result.summary[key] for key in ("wall_s", "engine_wakeups
 HYBRID_POLICIES = ("vllm-hybrid", "sglang-hybrid", "jenga")
 
 
-def experiment(policy: str, requests: int) -> dict:
+def full_attention_policy(policy: str, prefix_caching: bool) -> str:
+    """The full-attention policy a hybrid allocator's replay is compared with."""
+    if not prefix_caching:
+        return "paged"
+    return "radix" if policy == "sglang-hybrid" else "prefix"
+
+
+def experiment(policy: str, requests: int, prefix_caching: bool = False) -> dict:
     return {
         "name": "bench-hybrid",
         "seed": 7,
@@ -43,7 +54,7 @@ def experiment(policy: str, requests: int) -> dict:
             "block_size": 16,
             "max_model_len": 16384,
             "max_num_batched_tokens": 8192,
-            "enable_prefix_caching": False,
+            "enable_prefix_caching": prefix_caching,
             "kv_cache_memory_bytes": 8_000_000_000,
         },
         "cost_model": "analytic",
@@ -57,9 +68,9 @@ def experiment(policy: str, requests: int) -> dict:
     }
 
 
-def run_once(policy: str, requests: int, root: str = str(ROOT)) -> dict:
+def run_once(policy: str, requests: int, root: str = str(ROOT), prefix_caching: bool = False) -> dict:
     output = subprocess.run(
-        [sys.executable, "-c", _RUN, json.dumps(experiment(policy, requests))],
+        [sys.executable, "-c", _RUN, json.dumps(experiment(policy, requests, prefix_caching))],
         cwd=root,
         check=True,
         capture_output=True,
@@ -79,19 +90,27 @@ def main(argv: list[str] | None = None) -> int:
         choices=HYBRID_POLICIES,
         help="hybrid allocators to time against paged (default: all)",
     )
+    parser.add_argument(
+        "--prefix-caching",
+        action="store_true",
+        help="prefix caching on, each allocator against its server's full-attention cache",
+    )
     args = parser.parse_args(argv)
-    walls: dict[str, list[float]] = {policy: [] for policy in ("paged", *args.policies)}
+    baselines = {policy: full_attention_policy(policy, args.prefix_caching) for policy in args.policies}
+    walls: dict[str, list[float]] = {
+        policy: [] for policy in (*dict.fromkeys(baselines.values()), *args.policies)
+    }
     for _ in range(args.rounds):
         for policy in walls:
-            row = run_once(policy, args.requests)
+            row = run_once(policy, args.requests, prefix_caching=args.prefix_caching)
             walls[policy].append(row["wall_s"])
             print(
                 f"  {policy:<14} {row['wall_s']:.2f} s engine wall, {row['engine_wakeups']:,} wake-ups, "
                 f"peak {row['peak_running']} running"
             )
     best = {policy: min(values) for policy, values in walls.items()}
-    for policy in args.policies:
-        print(f"{policy} / paged (best of {args.rounds}): {best[policy] / best['paged']:.2f}x")
+    for policy, baseline in baselines.items():
+        print(f"{policy} / {baseline} (best of {args.rounds}): {best[policy] / best[baseline]:.2f}x")
     return 0
 
 
