@@ -99,6 +99,17 @@ def block_pieces(
     return tuple(pieces)
 
 
+class ChainEntry:
+    """A content chain's key and how many hold its id (cached blocks, child chains, lazy runs)."""
+
+    key: ChainKey
+    holders: int
+
+    def __init__(self, key: ChainKey) -> None:
+        self.key = key
+        self.holders = 1
+
+
 class ContentChains:
     """Interned exact identities of block contents: a :data:`ChainKey` (parent's chain id, what the
     block holds, namespace) -> id.
@@ -111,7 +122,7 @@ class ContentChains:
 
     def __init__(self) -> None:
         self._id_of: dict[ChainKey, int] = {}
-        self._entry_of: dict[int, list] = {}  # chain id -> [its key, its holders]
+        self._entry_of: dict[int, ChainEntry] = {}
         self._next_id = 0
 
     def __len__(self) -> int:
@@ -125,7 +136,7 @@ class ContentChains:
         """One more holder of ``key`` (a block being cached): its id, interned if new."""
         chain = self._id_of.get(key)
         if chain is not None:
-            self._entry_of[chain][1] += 1
+            self._entry_of[chain].holders += 1
             return chain
         return self.intern_new(key)
 
@@ -134,32 +145,33 @@ class ContentChains:
         chain = self._next_id
         self._next_id += 1
         self._id_of[key] = chain
-        self._entry_of[chain] = [key, 1]
-        if key[0] is not None:
-            self._entry_of[key[0]][1] += 1
+        self._entry_of[chain] = ChainEntry(key)
+        parent: int | None = key[0]
+        if parent is not None:
+            self._entry_of[parent].holders += 1
         return chain
 
     def hold(self, chain: int | None) -> None:
         """One more reference to an id that is held already (``None``: no parent, nothing to hold)."""
         if chain is not None:
-            self._entry_of[chain][1] += 1
+            self._entry_of[chain].holders += 1
 
     def release(self, chain: int | None) -> None:
         """One holder fewer; an id nobody holds is forgotten, and releases its parent in turn."""
-        self.release_each((chain,))
+        entry_of = self._entry_of
+        while chain is not None:
+            entry = entry_of[chain]
+            entry.holders -= 1
+            if entry.holders:
+                return
+            del entry_of[chain]
+            del self._id_of[entry.key]
+            chain = entry.key[0]
 
     def release_each(self, chains: Iterable[int | None]) -> None:
         """:meth:`release` of each id in turn (evictions release many at once)."""
-        entry_of, id_of = self._entry_of, self._id_of
         for chain in chains:
-            while chain is not None:
-                entry = entry_of[chain]
-                entry[1] -= 1
-                if entry[1]:
-                    break
-                del entry_of[chain]
-                del id_of[entry[0]]
-                chain = entry[0][0]
+            self.release(chain)
 
 
 def block_contents(

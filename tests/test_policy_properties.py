@@ -154,7 +154,7 @@ def check_content_chains_are_exactly_those_held(policy: PrefixCachingPolicy) -> 
     def hold(chain: int | None) -> None:
         while chain is not None and chain not in held:
             held.add(chain)
-            chain = entries[chain][0][0]  # the parent its key names
+            chain = entries[chain].key[0]  # the parent its key names
 
     for block_id in range(policy.num_blocks):
         if isinstance(policy._block_key[block_id], tuple):
