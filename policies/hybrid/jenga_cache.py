@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from typing import Final
 
 from policies.hybrid.jenga_pages import SmallPageAllocator
 from policies.hybrid.prefix_pool import NO_BLOCK, PrefixCachingBlockPool
@@ -52,8 +53,18 @@ SKIPPED_AGE = 200
 """How much older (in scheduler steps) a page a window or a chunk released while its request runs is
 stamped."""
 
-Stamp = tuple[int, int, int]
-"""(time, request, order given back): the smallest is evicted first."""
+Stamp = int
+"""(time, request, order given back), compared in that order, as one int (``EvictionClock.stamp``):
+the smallest is evicted first. (One int, not a tuple: the eviction heaps compare stamps at every
+page taken, and a tuple's comparison is a generic call per element.)"""
+
+_PART_BITS: Final = 40  # request ids and orders below 2**40 keep the parts' order
+
+
+def stamp_parts(stamp: Stamp) -> tuple[int, int, int]:
+    """A stamp's (time, request, order given back)."""
+    mask = (1 << _PART_BITS) - 1
+    return stamp >> 2 * _PART_BITS, (stamp >> _PART_BITS) & mask, stamp & mask
 
 
 class EvictionClock:
@@ -83,7 +94,8 @@ class EvictionClock:
 
     def stamp(self) -> Stamp:
         self._order += 1
-        return (self.time - self.age, self.request, self._order)
+        assert 0 <= self.request < 1 << _PART_BITS and self._order < 1 << _PART_BITS
+        return ((((self.time - self.age) << _PART_BITS) + self.request) << _PART_BITS) + self._order
 
 
 class LargePageEvictor:
