@@ -289,6 +289,26 @@ def _whole_page_capacities() -> list[tuple[JengaCapacity, list[str]]]:
     ]
 
 
+def _fourteen_whole_pages() -> JengaCapacity:
+    """Two types of whole pages (full attention, an 8-token window; 4-token blocks), 14 large pages."""
+    equal = (JengaGroupSpec(FullAttention(), 2, 8, 1, 16), JengaGroupSpec(SlidingWindow(8), 2, 8, 1, 4))
+    return JengaCapacity("equal", 64, 4, 8, equal, 14, 1, 8 * 14, 8)
+
+
+def _two_sequences_of_twelve_tokens() -> list[JengaCoordinator]:
+    """Over :func:`_fourteen_whole_pages`, pages counted and pages kept by id (the general path), each
+    with two 12-token sequences (0 and 1) admitted: 3 pages of each type each, 2 large pages free."""
+    capacity = _fourteen_whole_pages()
+    coordinators = [
+        JengaCoordinator(capacity, ["full", "sliding"], 8),
+        _named_everywhere(capacity, ["full", "sliding"]),
+    ]
+    for kv in coordinators:
+        for seq_id in (0, 1):
+            kv.admit(seq_id, prompt(12), 64, 9)
+    return coordinators
+
+
 def test_a_flush_over_whole_pages_follows_jengas_rule_for_several_sequences():
     """Two types of whole pages (full attention, an 8-token window; 4-token blocks), 14 large pages,
     two sequences of 12 tokens: each holds 3 pages of each type, 2 are free. The next token takes a
@@ -296,14 +316,7 @@ def test_a_flush_over_whole_pages_follows_jengas_rule_for_several_sequences():
     Together (an engine flush) Jenga's rule needs the 2 free pages to hold the 4 new ones: refused,
     nothing changed. One sequence alone fits: 2 free + 1 given back hold its 2, 1 left free. Pages
     kept by id (the general path) agree at each step."""
-    equal = (JengaGroupSpec(FullAttention(), 2, 8, 1, 16), JengaGroupSpec(SlidingWindow(8), 2, 8, 1, 4))
-    capacity = JengaCapacity("equal", 64, 4, 8, equal, 14, 1, 8 * 14, 8)
-    for kv in (
-        JengaCoordinator(capacity, ["full", "sliding"], 8),
-        _named_everywhere(capacity, ["full", "sliding"]),
-    ):
-        for seq_id in (0, 1):
-            kv.admit(seq_id, prompt(12), 64, 9)
+    for kv in _two_sequences_of_twelve_tokens():
         assert [kv.managers[1].held_blocks(seq_id) for seq_id in (0, 1)] == [(0, 3), (0, 3)]
         assert kv.large_pages.free == 2
         before = kv.group_breakdown_values()
@@ -320,14 +333,7 @@ def test_a_new_request_over_whole_pages_may_take_the_last_free_ones():
     """Two types of whole pages, 14 large pages; two 12-token sequences hold 3 of each type: 2 free. A
     4-token prompt needs one page of each type, exactly the 2 free: it fits, and none is left. A
     5-token prompt needs two of each (4) and does not."""
-    equal = (JengaGroupSpec(FullAttention(), 2, 8, 1, 16), JengaGroupSpec(SlidingWindow(8), 2, 8, 1, 4))
-    capacity = JengaCapacity("equal", 64, 4, 8, equal, 14, 1, 8 * 14, 8)
-    for kv in (
-        JengaCoordinator(capacity, ["full", "sliding"], 8),
-        _named_everywhere(capacity, ["full", "sliding"]),
-    ):
-        for seq_id in (0, 1):
-            kv.admit(seq_id, prompt(12), 64, 9)
+    for kv in _two_sequences_of_twelve_tokens():
         assert kv.large_pages.free == 2
         assert not kv.can_admit(prompt(5), 64)
         assert kv.can_admit(prompt(4), 64)
@@ -348,8 +354,7 @@ def test_a_new_request_over_whole_pages_may_take_the_last_free_ones():
 )
 def test_a_bad_growth_over_whole_pages_is_refused_with_nothing_changed(seq_ids, tokens, message):
     """The growth over whole pages checks what every growth checks, before any type moves a page."""
-    equal = (JengaGroupSpec(FullAttention(), 2, 8, 1, 16), JengaGroupSpec(SlidingWindow(8), 2, 8, 1, 4))
-    kv = JengaCoordinator(JengaCapacity("equal", 64, 4, 8, equal, 14, 1, 8 * 14, 8), ["full", "sliding"], 8)
+    kv = JengaCoordinator(_fourteen_whole_pages(), ["full", "sliding"], 8)
     assert kv._whole_pages
     kv.admit(0, prompt(12), 64, 9)
     before = (kv.group_breakdown_values(), kv.large_pages.free)
@@ -363,8 +368,7 @@ def test_a_growth_past_a_window_gives_back_only_the_pages_it_held():
     """A 12-token sequence holds window blocks 0-2; growing it by 12 tokens at once (a flush), its
     window is blocks 4-5: it gives back its 3 pages (not 4: block 3 was never held) and takes 2,
     and full attention takes 3. 14 large pages: 6 held, then 6 - 3 + 5 = 8."""
-    equal = (JengaGroupSpec(FullAttention(), 2, 8, 1, 16), JengaGroupSpec(SlidingWindow(8), 2, 8, 1, 4))
-    capacity = JengaCapacity("equal", 64, 4, 8, equal, 14, 1, 8 * 14, 8)
+    capacity = _fourteen_whole_pages()
     for kv in (
         JengaCoordinator(capacity, ["full", "sliding"], 8),
         _named_everywhere(capacity, ["full", "sliding"]),
