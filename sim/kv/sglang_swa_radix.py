@@ -195,10 +195,11 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
         """Add (+1) or remove (-1) the sequence's own slots from each pool's sums."""
         end = self._pages(seq.num_tokens)
         filled = min(end, seq.final_len)
-        for own, start in zip(self._own, (seq.tree_len, seq.swa_start), strict=True):
-            own.tokens += sign * (seq.num_tokens - start)
-            own.slots += sign * (end - start)
-            own.target += sign * (filled - start)
+        # (Each pool written out, not zip(strict=True): compiled, that is a call with keywords, and this
+        # runs twice at every growth of every sequence.)
+        full, swa = self._own
+        full.add(sign, seq.num_tokens, seq.tree_len, end, filled)
+        swa.add(sign, seq.num_tokens, seq.swa_start, end, filled)
         self._tree_held += sign * seq.tree_len
         self._swa_held += sign * seq.swa_locked
 
@@ -287,8 +288,9 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
             raise self._refuse(f"growing sequences {list(seq_ids)}", needs, rooms)
         # (SWA's shortfall after the decode evictions free their slots is the net need's.)
         self._make_free(*needs)
-        for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
-            seq = self.sequences[seq_id]
+        for index in range(len(seq_ids)):  # (lengths checked by _planned_growth)
+            seq = self.sequences[seq_ids[index]]
+            tokens = num_tokens[index]
             self._account(seq, -1)
             seq.swa_start = self._swa_start(seq, seq.num_tokens + tokens)
             seq.num_tokens += tokens

@@ -38,6 +38,13 @@ class OwnSlots:
     slots: int = 0
     target: int = 0
 
+    def add(self, sign: int, num_tokens: int, start: int, end: int, filled: int) -> None:
+        """Add (+1) or remove (-1) a sequence of ``num_tokens`` tokens whose own slots of this pool
+        run from ``start`` to ``end`` (``filled``: to its final length or ``end``, the lesser)."""
+        self.tokens += sign * (num_tokens - start)
+        self.slots += sign * (end - start)
+        self.target += sign * (filled - start)
+
 
 def content_key(segments: Sequence[Segment], num_tokens: int) -> Key:
     """The first ``num_tokens`` tokens of ``segments`` (empty ones skipped) as a tree key."""
@@ -203,9 +210,11 @@ class SGLangTreeCoordinator(KVCoordinator, Generic[TreeT]):
 
     def _growths(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> Iterator[tuple[Any, int]]:
         """Each growth's sequence and tokens, checked (distinct ids, within its final length)."""
-        if len(seq_ids) != len(num_tokens) or len(set(seq_ids)) != len(seq_ids):
+        if len(seq_ids) != len(num_tokens) or (len(seq_ids) > 1 and len(set(seq_ids)) != len(seq_ids)):
             raise grow_each_arguments_error(seq_ids, num_tokens)
-        for seq_id, tokens in zip(seq_ids, num_tokens, strict=True):
+        # (Indexes, lengths checked above: compiled, zip(strict=True) is a call with keywords.)
+        for index in range(len(seq_ids)):
+            seq_id, tokens = seq_ids[index], num_tokens[index]
             seq = self._get(seq_id)
             if tokens <= 0 or seq.num_tokens + tokens > seq.final_len:
                 raise PolicyInputError(
