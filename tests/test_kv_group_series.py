@@ -148,9 +148,9 @@ def test_pending_tokens_move_from_reserved_to_used_by_each_groups_slots_per_toke
     from sim.engine.observe import StateObserver
 
     observer = StateObserver(_FakeKV(), _FakeClock(2), counters=None)
-    assert observer.group_values() == [12, 18, 0, 0, 0, 70, 5, 0, 0, 0, 0, 95, 36, 54, 0, 0, 0, 10]
+    assert observer.observe(0)[1] == [12, 18, 0, 0, 0, 70, 5, 0, 0, 0, 0, 95, 36, 54, 0, 0, 0, 10]
     observer.clock = _FakeClock(0)
-    assert observer.group_values() == _FakeKV().group_breakdown_values()
+    assert observer.observe(0)[1] == _FakeKV().group_breakdown_values()
 
 
 @pytest.mark.python_sources  # hands the observer stand-ins for the coordinator and the clock

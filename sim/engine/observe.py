@@ -31,9 +31,11 @@ class StateObserver:
         self.split_by_group = len(kv.groups) > 1
 
     def observe(self, running: int) -> tuple[tuple, list[int] | None]:
-        """:meth:`averaged` and, with a split by group, :meth:`group_values`, from one reading of
-        the groups: their breakdowns sum to the pool's (``KVCoordinator.group_breakdowns``), so
-        the pool's is their column sums, not a second walk over every group."""
+        """:meth:`averaged` and, with a split by group, every group's breakdown
+        (``KVCoordinator.group_breakdown_values``, its list kept) with the decoded tokens the policies
+        have not been told of moved from reserved to used in each group that holds tokens, from one
+        reading of the groups: their breakdowns sum to the pool's, so the pool's is their column sums,
+        not a second walk over every group."""
         if not self.split_by_group:
             return self.averaged(running), None
         groups = self.kv.group_breakdown_values()
@@ -81,25 +83,11 @@ class StateObserver:
             logical,
         )
 
-    def group_values(self) -> list[int]:
-        """Every KV group's breakdown (``KVCoordinator.group_breakdown_values``), a decoded token the
-        policies have not been told of moved from reserved to used in each group that holds tokens."""
-        return self._with_pending(self.kv.group_breakdown_values())
-
-    def _with_pending(self, group_values: list[int]) -> list[int]:
-        """``group_values`` (a new list the coordinator made) with the pending tokens moved, in place."""
-        pending = self.clock.pending_tokens()
-        if pending:
-            for entry, slots in enumerate(self._entry_token_slots):
-                group_values[entry * _WIDTH] += pending * slots
-                group_values[entry * _WIDTH + 1] -= pending * slots
-        return group_values
-
     def state(
         self, running: int, waiting: int, running_seqs: int, admission_blocker: int
     ) -> tuple[tuple, list[int] | None]:
         """The whole state (the averaged part, the queue, the counters and the host tier's part) and,
-        with a split by group, :meth:`group_values`."""
+        with a split by group, every group's breakdown (:meth:`observe`)."""
         averaged, groups = self.observe(running)
         stats = self.kv.stats
         counters = self.counters
