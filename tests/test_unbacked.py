@@ -336,6 +336,61 @@ def test_sglang_swa_pools_stopped_inside_a_jump_equal_single_stepping(until_s):
     assert_same_results(*both)
 
 
+# ------------------------------------------------------------ SGLang's SWA radix cache over both pools
+def sglang_swa_radix(full_tokens: int, swa_tokens: int, window: int):
+    from sim.kv.sglang_swa_radix import SWARadixCoordinator
+
+    return SWARadixCoordinator(full_tokens, swa_tokens, 1, window, 160, 1, ("full", "sliding"))
+
+
+SWA_RADIX_POOLS = [(4000, 4000, 8, 0.4), (400, 120, 8, 0.1), (200, 400, 16, 0.1), (160, 60, 4, 0.05), (300, 200, 8, 0.05)]
+
+
+@pytest.mark.parametrize(("full_tokens", "swa_tokens", "window", "gap"), SWA_RADIX_POOLS)
+@pytest.mark.parametrize("seed", [1, 2])
+def test_sglang_swa_radix_cache_defers_growth_and_equals_single_steps(full_tokens, swa_tokens, window, gap, seed):
+    """SGLang's SWA radix cache (``sglang-hybrid`` with prefix caching): decoded tokens take a free
+    slot of each pool unbacked, and evict from the tree at the steps SGLang's decode allocation
+    would, each step's shortfall in both pools at once; a sequence's SWA frees every window stay
+    events of their own. Every outcome, the evictions and the time averages (pool-wide and per
+    pool) equal single stepping, where the cache hears of every token."""
+    requests = random_requests(seed, 60, gap=gap)
+    single = run_pools(requests, "single", sglang_swa_radix(full_tokens, swa_tokens, window))
+    skip = run_pools(requests, "skip", sglang_swa_radix(full_tokens, swa_tokens, window))
+    assert single.unbacked is None
+    assert skip.unbacked is not None and skip.unbacked.switches >= 1
+    assert_same_results(single, skip)
+    end = single.env.now
+    pool_slots = single.kv.pool_slots
+    groups_single = single.group_series.time_averages(end, pool_slots)
+    groups_skip = skip.group_series.time_averages(end, pool_slots)
+    for name, means in groups_single.items():
+        for category, value in means.items():
+            assert groups_skip[name][category] == pytest.approx(value, rel=1e-9, abs=1e-12), (name, category)
+    assert skip.wakeups < single.wakeups
+
+
+def test_tight_swa_radix_pools_evict_inside_jumps_as_single_steps_do():
+    """The tight cases of the test above do what it is for: the tree evicts while growth is
+    deferred (inside jumps), and growth goes back to token by token when the pools run short."""
+    requests = random_requests(1, 60, gap=0.05)
+    skip = run_pools(requests, "skip", sglang_swa_radix(160, 60, 4))
+    single = run_pools(requests, "single", sglang_swa_radix(160, 60, 4))
+    assert_same_results(single, skip)
+    assert skip.kv.stats.evictions > 0
+    assert skip.unbacked is not None and skip.unbacked.switches >= 2
+
+
+@pytest.mark.parametrize("until_s", [0.7, 2.35, 6.0])
+def test_sglang_swa_radix_cache_stopped_inside_a_jump_equals_single_stepping(until_s):
+    requests = random_requests(3, 50, gap=0.1, forks=False)
+    both = [
+        run_pools(requests, mode, sglang_swa_radix(400, 160, 8), until_s=until_s) for mode in ("single", "skip")
+    ]
+    assert both[0].env.now == both[1].env.now == until_s
+    assert_same_results(*both)
+
+
 def hicache_radix(pool: PoolSpec, host_blocks: int, write_policy: str) -> RadixPolicy:
     policy = make_policy("radix", pool)
     policy.enable_host_tier(host_blocks, write_policy)

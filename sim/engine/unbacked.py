@@ -1,5 +1,6 @@
 """Decode growth a token-granular pool does not back: SGLang's pages of one token (``radix``, and
-``sglang-hybrid``'s full-attention and SWA token pools) leave no sequence room past its next token,
+``sglang-hybrid``'s full-attention and SWA token pools, with or without its SWA radix cache) leave no
+sequence room past its next token,
 so deferring growth to held slots (``decoding.py``) would still tell the pool of every decoded
 token, and each iteration would cost as many policy calls as sequences.
 
@@ -11,9 +12,11 @@ iteration whose tokens the free and evictable slots could not hold, and at a wak
 they cannot, every sequence is told of its tokens up to the previous iteration and growth goes back
 to being told token by token (where the reference's out-of-memory handling runs), until the pool
 has room again for :data:`ROOM_ITERATIONS` iterations. Inside a jump the evictions the pending tokens
-make are placed at the iterations single steps would have made them, each observed then. A
-sequence's own events stay flushes: the SWA pool's bulk frees (every window) fall due as before, and
-they always fit (the pool holds every pending token, this iteration's included).
+make are placed at the iterations single steps would have made them, each observed then, and before
+the flushes of the same iteration (a decode step's allocation evicts before the step; a flush may
+free slots a later iteration's tokens then take without evicting). A sequence's own events stay
+flushes: the SWA pool's bulk frees (every window) fall due as before, and they always fit (the pool
+holds every pending token, this iteration's included).
 """
 
 from __future__ import annotations

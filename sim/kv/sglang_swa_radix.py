@@ -55,7 +55,7 @@ set: off by default in ``environ.py``), HiCache, and the overlap scheduler's one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from policies._radix_tree import Key
@@ -151,8 +151,11 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
 
     # -- pools ------------------------------------------------------------------------------------
     def _free(self, index: int) -> int:
+        """A pool's free slots, less those the pending tokens of unbacked growth took."""
         tree = self.tree.full_tokens if index == 0 else self.tree.swa_tokens
-        return self.page_slots[index] - tree - self._own[index].slots
+        free = self.page_slots[index] - tree - self._own[index].slots
+        pending = self._pending_tokens
+        return free if pending is None else free - pending()
 
     def _room(self, index: int) -> int:
         """Free plus evictable slots of a pool (``full_available_size() + full_evictable_size()``)."""
@@ -238,6 +241,7 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
 
     # -- sequences --------------------------------------------------------------------------------
     def can_admit(self, prompt: TokenContent, final_len: int) -> bool:
+        self._take_unbacked()
         prompt_len = content_length(prompt)
         match = self.tree.longest_match(prompt_key(prompt, prompt_len, self.page_size), 0)
         needed = self._pages(prompt_len - match.length)
@@ -247,6 +251,7 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
         self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
     ) -> int:
         prompt_len = self._check_new(seq_id, prompt, final_len)
+        self._take_unbacked()
         node, hit = self.tree.match_prefix(prompt_key(prompt, prompt_len, self.page_size), namespace)
         needed = self._pages(prompt_len - hit)
         full_unlocked, swa_unlocked = self.tree.unlocked_by_lock(node)
@@ -282,6 +287,7 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
     def grow_each(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
         """Every sequence or none: both pools are checked for the growths together (SWA: net of the
         decode evictions that run first, ``maybe_evict_swa``), then each pool evicts its shortfall."""
+        self._take_unbacked()
         needs = self._planned_growth(seq_ids, num_tokens)
         rooms = (self._room(0), self._room(1))
         if needs[0] > rooms[0] or needs[1] > rooms[1]:
@@ -298,11 +304,13 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
         return [self.growth_room(seq_id) for seq_id in seq_ids]
 
     def fits_growth_each(self, seq_ids: list[int], num_tokens: list[int]) -> bool:
+        self._take_unbacked()
         full, swa = self._planned_growth(seq_ids, num_tokens)
         return full <= self._room(0) and swa <= self._room(1)
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
         parent = self._fork_parent(parent_id, children)
+        self._take_unbacked()
         parent.scheduled = ALL_PUBLISHED  # (a fork follows its parent's prefill)
         if parent.swa_start == parent.tree_len:
             # (It holds every own token's SWA slot, so its pages enter the tree whole and its lock's
@@ -330,6 +338,7 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
         """``cache_finished_req`` for a finished sequence (its whole pages inserted, those whose SWA
         slots it freed as a tombstone); a preempted one only frees its own slots."""
         seq = self._get(seq_id)
+        self._take_unbacked()
         self._account(seq, -1)
         if finished:
             seq.scheduled = ALL_PUBLISHED  # (every token was computed)
@@ -344,10 +353,13 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
             self._cache_unfinished(seq)
 
     def growth_room(self, seq_id: int) -> int:
-        """Tokens before its next new page, or its next decode eviction (an event: the slots it frees
-        are free from then on)."""
+        """Tokens before its next new page (with unbacked growth: its end), or its next decode eviction
+        (an event: the slots it frees are free from then on)."""
         seq = self._get(seq_id)
-        room = min(self._pages(seq.num_tokens), seq.final_len) - seq.num_tokens
+        if self._pending_tokens is None:
+            room = min(self._pages(seq.num_tokens), seq.final_len) - seq.num_tokens
+        else:
+            room = seq.final_len - seq.num_tokens
         step = next_decode_eviction(seq.num_tokens - seq.prompt_len - 1, self.window)
         if step != NEVER:
             room = min(room, max(0, seq.prompt_len + step - seq.num_tokens))
@@ -361,25 +373,73 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
     def available_slots_with_hit_locked(self, prompt: TokenContent) -> int:
         """The same once the matched node is locked (``add_one_req``): in each pool, less the hit's
         tokens there that no sequence locks."""
+        self._take_unbacked()
         prompt_len = content_length(prompt)
         match = self.tree.longest_match(prompt_key(prompt, prompt_len, self.page_size), 0)
         return min(self._room(0) - match.full_unlocked, self._room(1) - match.swa_unlocked)
 
     def prepare_decode_step(self, num_sequences: int) -> None:
-        """A page per decoding request free in each pool before a decode step (the ``radix`` policy's rule)."""
+        """A page per decoding request free in each pool before a decode step (the ``radix`` policy's
+        rule). With unbacked growth the step's tokens are pending already: they evict what they need."""
+        if self._pending_tokens is not None:
+            self._take_unbacked()
+            return
         needed = num_sequences * self.page_size
         self._make_free(needed, needed)
 
+    # -- unbacked decode growth (sim/engine/unbacked.py) ------------------------------------------
+    def can_defer_unbacked(self) -> bool:
+        """Pages of one token leave no sequence room past its next token (larger pages give room
+        already), so its decode growth may go unbacked: a pending token takes a free slot of each
+        pool, evicting as SGLang's decode allocation would (:meth:`defer_unbacked`)."""
+        return self.page_size == 1 and not self.lookahead_slots
+
+    def defer_unbacked(self, pending_tokens: Callable[[], int] | None) -> None:
+        """From now on (``None``: no longer) the pending tokens take free slots of both pools.
+
+        SGLang evicts before each decode step what the step's tokens need beyond the free slots,
+        each pool's shortfall in one ``evict_from_tree_cache`` call (full first, then SWA). Unlike
+        the ``radix`` policy's single LRU order, two shortfalls evicted together need not free what
+        the same tokens evicted step by step free (a full eviction may free the SWA slots a step's
+        SWA eviction would have taken elsewhere). So the engine asks for each step's evictions at
+        that step (:meth:`evict_for_unbacked`, ``UnbackedGrowth.evict_inside``, and
+        :meth:`prepare_decode_step` at a wake-up), and every query and operation first takes what
+        the pending tokens need (they are those of steps already evicted for): the same calls with
+        the same shortfalls as growth told token by token. A sequence's decode evictions stay events
+        of its own (:meth:`growth_room`)."""
+        if pending_tokens is not None and not self.can_defer_unbacked():
+            raise PolicyInputError(f"pages of {self.page_size} tokens cannot defer decode growth past held slots")
+        self._take_unbacked()
+        self._pending_tokens = pending_tokens
+
+    def evict_for_unbacked(self, ahead_tokens: int) -> int:
+        if self._pending_tokens is None:
+            raise PolicyInputError("decode growth is not deferred: nothing to evict for")
+        self._take_unbacked(ahead_tokens)
+        return min(self._free(0), self._free(1))
+
+    def unbacked_draws(self) -> tuple[int, ...]:
+        return (1, 1)  # (a pending token takes a free slot of each pool)
+
+    def _take_unbacked(self, ahead_tokens: int = 0) -> None:
+        if self._pending_tokens is not None:
+            self._make_free(ahead_tokens, ahead_tokens)
+
     # -- accounting -------------------------------------------------------------------------------
     def pool_breakdown(self, index: int) -> Breakdown:
-        """Pool ``index``'s breakdown (0: full attention, 1: SWA); sums to the pool."""
+        """Pool ``index``'s breakdown (0: full attention, 1: SWA); sums to the pool. Unbacked tokens
+        are counted as reserved (where the engine moves decoded tokens it has not told the pool of to
+        used) and taken from the free slots."""
+        self._take_unbacked()
         tree, own = self.tree, self._own[index]
+        pending = self._pending_tokens
+        unbacked = 0 if pending is None else pending()
         tokens, locked = (
             (tree.full_tokens, tree.full_locked) if index == 0 else (tree.swa_tokens, tree.swa_locked)
         )
         return (
             locked + own.tokens,
-            own.target - own.tokens,
+            own.target - own.tokens + unbacked,
             own.slots - own.target,
             self.pool_tokens[index] - self.page_slots[index],
             tokens - locked,
@@ -387,5 +447,8 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
         )
 
     def sharing_slots(self) -> tuple[int, int]:
-        physical = self.tree.full_locked + self.tree.swa_locked + self._own[0].slots + self._own[1].slots
-        return physical, self._tree_held + self._swa_held + self._own[0].slots + self._own[1].slots
+        own = self._own[0].slots + self._own[1].slots
+        pending = self._pending_tokens
+        if pending is not None:
+            own += 2 * pending()  # (an unbacked token holds a slot of each pool)
+        return self.tree.full_locked + self.tree.swa_locked + own, self._tree_held + self._swa_held + own

@@ -106,6 +106,8 @@ class SGLangTreeCoordinator(KVCoordinator, Generic[TreeT]):
     _tree_held: int  # tree tokens the sequences hold (their locked paths), counted once per sequence
     # With the engine driving, prompts enter the tree as their chunks are reported (defer_prompt_keys).
     _inserts_deferred: bool = False
+    # Unbacked decode growth (defer_unbacked): what reads the decoded tokens no slot holds yet.
+    _pending_tokens: Callable[[], int] | None = None
 
     def _part(self, index: int) -> Callable[[], Breakdown]:
         return lambda: self.pool_breakdown(index)
@@ -113,6 +115,11 @@ class SGLangTreeCoordinator(KVCoordinator, Generic[TreeT]):
     def _pages(self, tokens: int) -> int:
         """Slots of the whole pages holding ``tokens`` tokens."""
         return -(-tokens // self.page_size) * self.page_size
+
+    def _take_unbacked(self, ahead_tokens: int = 0) -> None:
+        """Unbacked growth: evict what the pending tokens, and ``ahead_tokens`` more, need beyond the
+        free slots. Every query and operation that reads the tree takes them first, so the tree is
+        the one token-by-token growth would have left. (A coordinator that never defers: nothing.)"""
 
     # -- what a decode step reads once ---------------------------------------------------------------
     def may_share(self) -> bool:
@@ -127,6 +134,7 @@ class SGLangTreeCoordinator(KVCoordinator, Generic[TreeT]):
     # -- prefix hits ------------------------------------------------------------------------------
     def lookup(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
         validate_content(prompt, "looked-up prompt", PolicyInputError)
+        self._take_unbacked()
         prompt_len = content_length(prompt)
         if prompt_len <= 0:
             return NO_HIT
@@ -136,6 +144,7 @@ class SGLangTreeCoordinator(KVCoordinator, Generic[TreeT]):
     def match(self, prompt: TokenContent, namespace: int = 0) -> PrefixHit:
         """The scheduler's ``match_prefix``: splits and refreshes the tree."""
         validate_content(prompt, "matched prompt", PolicyInputError)
+        self._take_unbacked()
         prompt_len = content_length(prompt)
         if prompt_len <= 0:
             return NO_HIT
@@ -161,6 +170,7 @@ class SGLangTreeCoordinator(KVCoordinator, Generic[TreeT]):
             # (a decode step may have freed own slots of a window, which a lock must not reach).
             seq.scheduled = ALL_PUBLISHED
             return
+        self._take_unbacked()
         start = seq.scheduled
         seq.scheduled = scheduled
         self._cache_chunk(seq, start, tokens if tokens < seq.num_tokens else seq.num_tokens)
