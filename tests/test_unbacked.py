@@ -343,6 +343,71 @@ def sglang_swa_radix(full_tokens: int, swa_tokens: int, window: int):
     return SWARadixCoordinator(full_tokens, swa_tokens, 1, window, 160, 1, ("full", "sliding"))
 
 
+def swa_cached_leaf_and_b() -> object:
+    """SGLang's SWA radix cache, both pools of 12 slots, window 4: A (6 tokens) finished, a 6-token
+    leaf cached in both pools; B holds 4 prompt tokens of its own in each, to reach 10."""
+    kv = sglang_swa_radix(12, 12, 4)
+    kv.admit(1, ((1, 6),), 6, output_content_id=501)
+    kv.free(1)
+    kv.admit(2, ((2, 4),), 10, output_content_id=502)
+    assert kv.pool_breakdown(0) == kv.pool_breakdown(1) == (4, 0, 0, 0, 6, 2)
+    return kv
+
+
+def test_swa_radix_pending_tokens_take_a_free_slot_of_each_pool_then_evict_the_leaf_at_the_third():
+    """B's first two decoded tokens take the two free slots of each pool (counted reserved). The
+    third finds none: the leaf is evicted whole, from both pools (6 + 6 one-token pages), when the
+    cache is next read, leaving 12 - 7 = 5 free in each. Told of its 3 tokens, B holds them."""
+    kv = swa_cached_leaf_and_b()
+    pending = Pending()
+    kv.defer_unbacked(pending)
+    assert kv.growth_room(2) == 1  # (its first decode eviction, SGLang's step 1: an event of its own)
+    pending.tokens = 2
+    assert kv.pool_breakdown(0) == kv.pool_breakdown(1) == (4, 2, 0, 0, 6, 0)
+    assert kv.available_slots() == 6
+    assert kv.stats.evictions == 0
+    pending.tokens = 3
+    assert kv.pool_breakdown(0) == kv.pool_breakdown(1) == (4, 3, 0, 0, 0, 5)
+    assert kv.stats.evictions == 12
+    assert kv.sharing_slots() == (14, 14)
+    assert kv.evict_for_unbacked(5) == 5  # (five more ahead fit: nothing evicted; the free slots)
+    pending.tokens = 0  # the engine stops counting them before it tells the pool
+    kv.grow(2, 3)
+    assert kv.pool_breakdown(0) == (7, 0, 0, 0, 0, 5)
+    assert kv.stats.evictions == 12
+
+
+def test_swa_radix_tokens_told_one_at_a_time_evict_at_the_same_token():
+    """The reference: a page per decoding request free in each pool before each decode step."""
+    kv = swa_cached_leaf_and_b()
+    for token, evictions in ((1, 0), (2, 0), (3, 12)):
+        kv.prepare_decode_step(1)
+        kv.grow(2, 1)
+        assert kv.stats.evictions == evictions, token
+    assert kv.pool_breakdown(0) == (7, 0, 0, 0, 0, 5)
+
+
+@pytest.mark.parametrize("read", ["lookup", "match"])
+def test_a_swa_radix_lookup_or_match_sees_the_tree_after_the_pending_tokens_evicted(read):
+    """Each read of the tree first takes the pending tokens: the leaf they evicted is no hit."""
+    kv = swa_cached_leaf_and_b()
+    pending = Pending()
+    kv.defer_unbacked(pending)
+    assert getattr(kv, read)(((1, 6), (9, 1))).cached_tokens == 6
+    pending.tokens = 3
+    assert getattr(kv, read)(((1, 6), (9, 1))).cached_tokens == 0
+
+
+def test_only_swa_radix_pages_of_one_token_defer():
+    assert sglang_swa_radix(12, 12, 4).can_defer_unbacked()
+    from sim.kv.sglang_swa_radix import SWARadixCoordinator
+
+    paged = SWARadixCoordinator(64, 64, 4, 8, 160, 1, ("full", "sliding"))
+    assert not paged.can_defer_unbacked()
+    with pytest.raises(PolicyInputError, match="pages of 4 tokens"):
+        paged.defer_unbacked(Pending())
+
+
 SWA_RADIX_POOLS = [(4000, 4000, 8, 0.4), (400, 120, 8, 0.1), (200, 400, 16, 0.1), (160, 60, 4, 0.05), (300, 200, 8, 0.05)]
 
 

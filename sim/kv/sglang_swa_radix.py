@@ -29,7 +29,10 @@ slot in each). What happens when, in kvsim's terms (a prompt is allocated at adm
   steps (``maybe_evict_swa``: steps ``i`` with ``i % W == 1``) the sequence frees its own SWA slots
   before ``pre_len - max(W, page)``, floored to a page (the radix cache's threshold). Before each
   decode step each pool evicts for a page per decoding request (``alloc_token_slots`` /
-  ``alloc_paged_token_slots_decode``, as the ``radix`` policy does).
+  ``alloc_paged_token_slots_decode``, as the ``radix`` policy does). With pages of one token and the
+  engine skipping events, decode growth is deferred unbacked (:meth:`SWARadixCoordinator.defer_unbacked`,
+  ``sim/engine/unbacked.py``): a decoded token takes a free slot of each pool, evicting at the step
+  SGLang would, and a sequence is told of its tokens at its decode evictions and when it leaves.
 - **Finishing** (``cache_finished_req``): its whole pages are inserted, those whose SWA slots it
   freed as a tombstone; its partial last page is freed; its lock is released. A preempted or
   retracted request frees its own slots and inserts nothing (``release_kv_cache(is_insert=False)``).
