@@ -62,10 +62,13 @@ def vllm_groups(blocks: int = 64, prefill_tokens: int = 24) -> MultiGroupCoordin
     return kv
 
 
-def vllm_prefix_groups(blocks: int = 64, prefill_tokens: int = 24) -> MultiGroupCoordinator:
+def vllm_prefix_groups(
+    blocks: int = 64, prefill_tokens: int = 24, lazy_keys: bool = False
+) -> MultiGroupCoordinator:
     """:func:`vllm_groups` with prefix caching: full, sliding window (8) and chunked local (8) groups
-    over a pool of blocks with identities (the Mamba group's states: :func:`vllm_prefix_mamba_groups`)."""
-    pool = PrefixCachingBlockPool(blocks, BLOCK, pool_slots=blocks * BLOCK + 3)
+    over a pool of blocks with identities (the Mamba group's states: :func:`vllm_prefix_mamba_groups`);
+    ``lazy_keys``: blocks past a sequence's first new key keyed only when reached (as vllm-hybrid runs)."""
+    pool = PrefixCachingBlockPool(blocks, BLOCK, pool_slots=blocks * BLOCK + 3, lazy_keys=lazy_keys)
     spec = PoolSpec(blocks * BLOCK, BLOCK, 4096)
     kv = make_coordinator(
         [
@@ -205,6 +208,8 @@ def sglang_mamba_no_buffer() -> KVCoordinator:
 LAYOUTS: dict[str, Callable[[], KVCoordinator]] = {
     "vllm-hybrid-groups": vllm_groups,
     "vllm-hybrid-prefix": vllm_prefix_groups,
+    "vllm-hybrid-prefix-lazy": lambda: vllm_prefix_groups(lazy_keys=True),
+    "vllm-hybrid-prefix-lazy-deferred": lambda: vllm_prefix_groups(lazy_keys=True),
     "vllm-hybrid-prefix-mamba": vllm_prefix_mamba_groups,
     "vllm-hybrid-prefix-mamba-all": vllm_prefix_mamba_all_groups,
     "vllm-hybrid-prefix-marconi": vllm_marconi_mamba_groups,

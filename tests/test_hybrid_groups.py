@@ -360,6 +360,8 @@ def test_a_shared_pool_is_checked_when_it_is_made():
         "sglang-mamba-extra-buffer",
         "sglang-mamba-no-buffer-deferred",
         "sglang-mamba-extra-buffer-deferred",
+        "vllm-hybrid-prefix-lazy",
+        "vllm-hybrid-prefix-lazy-deferred",
     ],
 )
 def test_fuzz_driver_keeps_every_group_whole(layout):

@@ -408,12 +408,20 @@ def test_only_swa_radix_pages_of_one_token_defer():
         paged.defer_unbacked(Pending())
 
 
-SWA_RADIX_POOLS = [(4000, 4000, 8, 0.4), (400, 120, 8, 0.1), (200, 400, 16, 0.1), (160, 60, 4, 0.05), (300, 200, 8, 0.05)]
+SWA_RADIX_POOLS = [
+    (4000, 4000, 8, 0.4),
+    (400, 120, 8, 0.1),
+    (200, 400, 16, 0.1),
+    (160, 60, 4, 0.05),
+    (300, 200, 8, 0.05),
+]
 
 
 @pytest.mark.parametrize(("full_tokens", "swa_tokens", "window", "gap"), SWA_RADIX_POOLS)
 @pytest.mark.parametrize("seed", [1, 2])
-def test_sglang_swa_radix_cache_defers_growth_and_equals_single_steps(full_tokens, swa_tokens, window, gap, seed):
+def test_sglang_swa_radix_cache_defers_growth_and_equals_single_steps(
+    full_tokens, swa_tokens, window, gap, seed
+):
     """SGLang's SWA radix cache (``sglang-hybrid`` with prefix caching): decoded tokens take a free
     slot of each pool unbacked, and evict from the tree at the steps SGLang's decode allocation
     would, each step's shortfall in both pools at once; a sequence's SWA frees every window stay
@@ -450,7 +458,8 @@ def test_tight_swa_radix_pools_evict_inside_jumps_as_single_steps_do():
 def test_sglang_swa_radix_cache_stopped_inside_a_jump_equals_single_stepping(until_s):
     requests = random_requests(3, 50, gap=0.1, forks=False)
     both = [
-        run_pools(requests, mode, sglang_swa_radix(400, 160, 8), until_s=until_s) for mode in ("single", "skip")
+        run_pools(requests, mode, sglang_swa_radix(400, 160, 8), until_s=until_s)
+        for mode in ("single", "skip")
     ]
     assert both[0].env.now == both[1].env.now == until_s
     assert_same_results(*both)

@@ -33,7 +33,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from policies.base import ALL_PUBLISHED, ChildSpec
-from policies.hybrid.prefix_pool import NO_BLOCK, PrefixCachingBlockPool, acquire_chains, find_chains
+from policies.hybrid.prefix_pool import LAZY, NO_BLOCK, LazyRun, PrefixCachingBlockPool, acquire_chains
+from policies.prefix import block_contents
 from policies.paged import SequenceState
 from token_content import TokenContent
 
@@ -42,13 +43,16 @@ class CachedSequence:
     """One sequence's blocks in one group: ``table[p]`` is the block at position ``p`` (``NO_BLOCK``:
     released, or never held), ``chains[p]`` the content chain of full block ``p`` (every full block,
     held or not: the next block's key needs it). Its held blocks at positions from ``keyed_end`` on
-    wait for their chunk to be scheduled before they are cached (``ALL_PUBLISHED``: none wait)."""
+    wait for their chunk to be scheduled before they are cached (``ALL_PUBLISHED``: none wait). Its
+    chains from ``lazy.first`` on are :data:`~policies.hybrid.prefix_pool.LAZY` while its lazy run
+    is not keyed (``policies/hybrid/prefix_pool.py``)."""
 
     content: SequenceState  # its token segments (``block_table`` unused)
     table: list[int]
     chains: list[int]
     keyed_end: int
     passes: list[int]  # positions earlier chunks pass through, waiting for their chunk (ascending)
+    lazy: LazyRun | None
 
     def __init__(self, content: SequenceState, table: list[int], chains: list[int]) -> None:
         self.content = content
@@ -56,6 +60,14 @@ class CachedSequence:
         self.chains = chains
         self.keyed_end = ALL_PUBLISHED
         self.passes = []
+        self.lazy = None
+
+    def lazy_run(self) -> LazyRun | None:
+        """Its lazy run, while not keyed (a lookup may have keyed it since)."""
+        run = self.lazy
+        if run is not None and run.keyed:
+            self.lazy = run = None
+        return run
 
 
 class GroupBlockTables:
@@ -113,7 +125,13 @@ class GroupBlockTables:
         """A block of an earlier chunk at ``position``: taken from the queue's head (evicting what it
         reaches), cached and given back, to the tail."""
         (block,) = self.pool.take_blocks(1, f"prefilling in the {self.kind} group")
-        self.cache_passed(block, record.chains[position], position)
+        chain = record.chains[position]
+        if chain == LAZY:
+            run = record.lazy
+            assert run is not None
+            self.pool.mark_lazy(self.group, block, run, position)
+        else:
+            self.cache_passed(block, chain, position)
         self.pool.release(block)
 
     def cache_passed(self, block: int, chain: int, position: int) -> None:
@@ -139,9 +157,7 @@ class GroupBlockTables:
     def prompt_chains(self, prompt: TokenContent, namespace: int, max_blocks: int) -> list[int]:
         """The chains of the prompt's first ``max_blocks`` blocks that some block holds, in order."""
         content = _content_of(0, prompt, 0, namespace)
-        return find_chains(
-            self.pool.chains, content.segments, content.segment_ends, max_blocks, self.block_size, namespace
-        )
+        return self.pool.find_chains(content.segments, content.segment_ends, max_blocks, namespace)
 
     def is_cached(self, chain: int) -> bool:
         return self.pool.cached_block(self.group, chain) != NO_BLOCK
@@ -227,12 +243,16 @@ class GroupBlockTables:
         self._cache_held(record, done)
 
     def _extend_chains(self, record: CachedSequence) -> None:
-        """The content chains of the sequence's full blocks that have none yet (held by it)."""
+        """The content chains of the sequence's full blocks that have none yet (held by it); with lazy
+        keys, past its first key nothing holds, a lazy run's marks (:meth:`_extend_lazily`)."""
         content = record.content
         content.fold_output()
         last = (content.segment_ends[-1] if content.segment_ends else 0) // self.block_size
         done = len(record.chains)
         if done >= last:
+            return
+        if self.pool.lazy_keys:
+            self._extend_lazily(record, done, last)
             return
         record.chains += acquire_chains(
             self.pool.chains,
@@ -245,14 +265,48 @@ class GroupBlockTables:
             content.namespace,
         )
 
+    def _extend_lazily(self, record: CachedSequence, done: int, last: int) -> None:
+        """:meth:`_extend_chains` with lazy keys: each key is acquired while something holds it; the
+        first that nothing holds starts the sequence's lazy run in this group (unless a run of this
+        group is filed under it: then those are keyed, and it is acquired), and the rest are marks."""
+        chains = record.chains
+        if record.lazy_run() is not None:
+            chains += [LAZY] * (last - done)
+            return
+        pool = self.pool
+        content = record.content
+        namespace = content.namespace
+        parent = chains[-1] if chains else None
+        position = done
+        for piece in block_contents(content.segments, content.segment_ends, done, last, self.block_size):
+            key = (parent, *piece, namespace)
+            chain = pool.chains.find(key)
+            if chain is None and not (
+                pool.reaches_run_of(key, self.group) and pool.chains.find(key) is not None
+            ):
+                record.lazy = pool.start_run(key, parent, position, self.group, content, chains)
+                chains += [LAZY] * (last - position)
+                return
+            parent = pool.chains.acquire(key)
+            chains.append(parent)
+            position += 1
+
     def _cache_held(self, record: CachedSequence, done: int) -> None:
-        """The held blocks at full positions from ``done`` on without an identity get theirs."""
+        """The held blocks at full positions from ``done`` on without an identity get theirs (a lazy
+        run's positions: its mark)."""
         pool = self.pool
         table = record.table
+        chains = record.chains
         for position in range(done, self.key_end(record)):
             block = table[position]
             if block != NO_BLOCK and not pool.has_identity(block):
-                pool.cache_block(self.group, block, record.chains[position])
+                chain = chains[position]
+                if chain == LAZY:
+                    run = record.lazy
+                    assert run is not None
+                    pool.mark_lazy(self.group, block, run, position)
+                else:
+                    pool.cache_block(self.group, block, chain)
 
     def released_by(self, key: int, first_block: int, end_block: int, first: int) -> list[int]:
         """The blocks a sequence holding ``[first_block, end_block)`` releases when its run starts at
@@ -293,11 +347,19 @@ class GroupBlockTables:
             self.cache_full_blocks(record)
 
     def free(self, key: int, first_block: int, end_block: int) -> None:
-        """Every held block back, the last first; the sequence's chains released."""
+        """Every held block back, the last first; the sequence's chains released (a lazy run's marks
+        stay, for a lookup that may reach them)."""
         record = self._forget(key)
         for position in range(end_block - 1, first_block - 1, -1):
             self._release(record.table[position])
-        self.pool.chains.release_each(record.chains)
+        run = record.lazy_run()
+        if run is None:
+            self.pool.chains.release_each(record.chains)
+            return
+        self.pool.chains.release_each(record.chains[: run.first])
+        run.live = False
+        if not run.identified:
+            self.pool.drop_run(run)
 
     def _forget(self, key: int) -> CachedSequence:
         """The freed sequence's record, out of the tables; the blocks it had yet to pass through were
@@ -326,6 +388,9 @@ class GroupBlockTables:
         parent = self.by_seq[parent_key]
         pool = self.pool
         self._publish_all(parent)  # (a fork follows its parent's prefill)
+        run = parent.lazy_run()
+        if run is not None:
+            pool.key_runs(run.key)  # (the children share its blocks and key theirs after them)
         parent.content.fold_output()
         full = len(parent.chains)
         table = list(parent.table)

@@ -14,6 +14,17 @@ hashes a request's blocks once, ``request.block_hashes``); each group keys its c
 id in a map of its own. Duplicates are kept, as vLLM keeps them: a chain may name several cached
 blocks of one group, and a hit takes the earliest cached (``get_one_block``).
 
+Lazy keys (a speed-up with identical results, the ``prefix`` policy's, ``policies/prefix.py``): on
+streams with little reuse nearly every block is keyed, cached, then evicted unused, each a chain
+interned and forgotten. With ``lazy_keys`` a group's blocks past a sequence's first key nothing holds
+(past its prefix hit) form a :class:`LazyRun`, filed under that key: they are only marked cached
+(:data:`LAZY`). Any block after that key can be hit only through it, so the first lookup
+(:meth:`PrefixCachingBlockPool.find_chains`), fork, or sequence of the same group that reaches it keys
+every run filed there (:meth:`PrefixCachingBlockPool.key_runs`): their still-marked blocks are cached
+under their chains in the order they were marked, as they would have been. Each group keeps its own
+run (the groups' caches are apart); a sequence's groups file theirs under the same key. Only pools
+whose groups cache every full block alike use them (not Mamba states, Jenga's pages or Marconi).
+
 Accounting: the groups report what they hold and their cached blocks (reference count 0, identity
 kept); the pool reports the blank free blocks and the tail past the last whole block.
 """
@@ -26,10 +37,50 @@ from mypy_extensions import mypyc_attr
 
 from policies.base import OutOfKVMemory, PolicyStats
 from policies.hybrid.block_pool import SharedBlockPool
-from policies.paged import FreeBlockQueue
-from policies.prefix import ContentChains, block_contents
+from policies.paged import FreeBlockQueue, SequenceState
+from policies.prefix import ChainKey, ContentChains, block_contents
 
 NO_BLOCK: Final = -1
+LAZY: Final = -2
+"""A lazy run's position without a chain yet (in a sequence's chains), or a block marked cached by a
+lazy run (as its identity)."""
+
+
+class LazyRun:
+    """One group's full blocks of one sequence from position ``first`` on, cached without keys: the key
+    of block ``first`` (``key``) was held by nothing when it filled. ``chains`` is the sequence's own
+    list of chains (:data:`LAZY` from ``first`` on) while it lives (``live``)."""
+
+    key: ChainKey
+    parent: int | None  # the chain before it, held by the run (as its first block's key would hold it)
+    first: int
+    group: int
+    content: SequenceState  # the sequence's tokens: what the keys are made of
+    chains: list[int]
+    live: bool
+    keyed: bool  # keyed since (the sequence's later blocks get their chains at once)
+    marked: list[int]  # (block, position) pairs, flat, in the order the blocks were cached
+    identified: int  # blocks marked by this run now (held or cached)
+
+    def __init__(
+        self,
+        key: ChainKey,
+        parent: int | None,
+        first: int,
+        group: int,
+        content: SequenceState,
+        chains: list[int],
+    ) -> None:
+        self.key = key
+        self.parent = parent
+        self.first = first
+        self.group = group
+        self.content = content
+        self.chains = chains
+        self.live = True
+        self.keyed = False
+        self.marked = []
+        self.identified = 0
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # (Jenga's per-type pages: policies/hybrid/jenga_cache.py)
@@ -37,9 +88,15 @@ class PrefixCachingBlockPool(SharedBlockPool):
     """A :class:`SharedBlockPool` whose blocks have ids, reference counts and cache identities.
     ``free_blocks`` counts every block an allocation may take: blank ones and evictable cached ones."""
 
-    def __init__(self, num_blocks: int, block_size: int, pool_slots: int | None = None):
+    def __init__(
+        self, num_blocks: int, block_size: int, pool_slots: int | None = None, lazy_keys: bool = False
+    ):
         super().__init__(num_blocks, block_size, pool_slots)
         self.caches_prefixes = True
+        self.lazy_keys = lazy_keys  # (see the module docstring)
+        self.lazy_runs: dict[ChainKey, list[LazyRun]] = {}  # first key -> the runs filed under it
+        self.block_run: list[LazyRun | None] = [None] * num_blocks  # a marked block's run
+        self.block_position: list[int] = [0] * num_blocks  # a marked block's position in its run
         self.chains = ContentChains()
         self.queue = FreeBlockQueue(range(num_blocks))
         self.ref_count: list[int] = [0] * num_blocks
@@ -89,11 +146,28 @@ class PrefixCachingBlockPool(SharedBlockPool):
     def _evict(self, block: int) -> None:
         group = self.block_group[block]
         chain = self.block_chain[block]
+        if chain == LAZY:
+            self._evict_lazy(block, group)
+            return
         holders = self._caches[group][chain]
         holders.remove(block)
         if not holders:
             del self._caches[group][chain]
         self.chains.release(chain)
+        self.block_chain[block] = self.block_group[block] = NO_BLOCK
+        self._cached[group] -= 1
+        self.cached_blocks -= 1
+        self._stats[group].evictions += 1
+
+    def _evict_lazy(self, block: int, group: int) -> None:
+        """A block a lazy run marked is evicted: nothing was keyed; a freed run none of whose blocks is
+        marked any more is forgotten."""
+        run = self.block_run[block]
+        assert run is not None
+        self.block_run[block] = None
+        run.identified -= 1
+        if not run.identified and not run.live:
+            self.drop_run(run)
         self.block_chain[block] = self.block_group[block] = NO_BLOCK
         self._cached[group] -= 1
         self.cached_blocks -= 1
@@ -138,6 +212,123 @@ class PrefixCachingBlockPool(SharedBlockPool):
     def has_identity(self, block: int) -> bool:
         return self.block_chain[block] != NO_BLOCK
 
+    # -- lazy runs ----------------------------------------------------------------------------------
+    def start_run(
+        self,
+        key: ChainKey,
+        parent: int | None,
+        first: int,
+        group: int,
+        content: SequenceState,
+        chains: list[int],
+    ) -> LazyRun:
+        """A lazy run of ``group`` from position ``first``, whose key ``key`` nothing holds: filed
+        under it, holding its parent."""
+        run = LazyRun(key, parent, first, group, content, chains)
+        self.chains.hold(parent)
+        runs = self.lazy_runs.get(key)
+        if runs is None:
+            self.lazy_runs[key] = [run]
+        else:
+            runs.append(run)
+        return run
+
+    def reaches_run_of(self, key: ChainKey, group: int) -> bool:
+        """A sequence of ``group`` reaches ``key``, which nothing holds: if a run of the same group is
+        filed under it (another sequence with the same tokens), every run there is keyed first
+        (True); runs of other groups only (the same sequence's) it joins (False)."""
+        runs = self.lazy_runs.get(key)
+        if runs is None:
+            return False
+        for run in runs:
+            if run.group == group:
+                self.key_runs(key)
+                return True
+        return False
+
+    def mark_lazy(self, group: int, block: int, run: LazyRun, position: int) -> None:
+        """A held block at ``position`` of ``run`` is full: cached, keyed if a lookup ever reaches it."""
+        self.block_chain[block] = LAZY
+        self.block_group[block] = group
+        self.block_run[block] = run
+        self.block_position[block] = position
+        run.marked += (block, position)
+        run.identified += 1
+
+    def key_runs(self, key: ChainKey) -> None:
+        """Key every run filed under ``key`` (a lookup, a fork or a sequence of one of their groups
+        reached it): its blocks as they would have been keyed, in the order they were cached."""
+        for run in self.lazy_runs.pop(key):
+            self._key_run(run)
+
+    def _key_run(self, run: LazyRun) -> None:
+        """The chains of the run's positions up to the last it needs (the live sequence's full blocks,
+        or its last still-marked block), each held once by the sequence while it lives, and its
+        marked blocks cached under them."""
+        run.keyed = True
+        marked = run.marked
+        block_run, block_position = self.block_run, self.block_position
+        end = run.first
+        if run.live:
+            end = len(run.chains)
+        else:
+            for index in range(0, len(marked), 2):
+                block = marked[index]
+                if block_run[block] is run and block_position[block] >= end:
+                    end = block_position[block] + 1
+        content = run.content
+        ids = acquire_chains(
+            self.chains, content.segments, content.segment_ends, run.first, end, self.block_size,
+            run.parent, content.namespace,
+        )  # fmt: skip
+        self.chains.release(run.parent)  # (its first key holds it now)
+        cache = self._caches[run.group]
+        for index in range(0, len(marked), 2):
+            block, position = marked[index], marked[index + 1]
+            if block_run[block] is run and block_position[block] == position:
+                block_run[block] = None
+                chain = ids[position - run.first]
+                self.chains.hold(chain)
+                self.block_chain[block] = chain
+                cache.setdefault(chain, []).append(block)
+        run.marked = []
+        run.identified = 0
+        if run.live:
+            run.chains[run.first :] = ids  # (the sequence's own holds)
+        else:
+            self.chains.release_each(ids)
+
+    def drop_run(self, run: LazyRun) -> None:
+        """A run nothing can reach any more (freed, none of its blocks marked): forgotten."""
+        runs = self.lazy_runs[run.key]
+        runs.remove(run)
+        if not runs:
+            del self.lazy_runs[run.key]
+        self.chains.release(run.parent)
+
+    def find_chains(
+        self, segments: list[tuple[int, int]], ends: list[int], last: int, namespace: int
+    ) -> list[int]:
+        """The chain ids of the first blocks (at most ``last``) of the content laid out as ``segments``,
+        up to the first one nothing holds: no block anywhere holds that content after this prefix,
+        nor any later one. The lazy runs filed under a key it reaches are keyed first; nothing else
+        changes (a lookup)."""
+        found: list[int] = []
+        parent: int | None = None
+        chains, lazy_runs = self.chains, self.lazy_runs
+        for content in block_contents(segments, ends, 0, last, self.block_size):
+            key = (parent, *content, namespace)
+            chain = chains.find(key)
+            if chain is None:
+                if key not in lazy_runs:
+                    break
+                self.key_runs(key)
+                chain = chains.find(key)
+                assert chain is not None  # (a filed run holds what it needs: a live sequence, or blocks)
+            found.append(chain)
+            parent = chain
+        return found
+
     # -- what the pool itself reports ---------------------------------------------------------------
     def adjust(self, net_blocks: int) -> None:
         """Nothing: with identities, the groups take and release the blocks themselves."""
@@ -146,28 +337,6 @@ class PrefixCachingBlockPool(SharedBlockPool):
         """The tail and the blank free blocks (the groups report their cached blocks)."""
         tail = self.pool_slots - self.num_blocks * self.block_size
         return 0, 0, 0, tail, 0, (self.free_blocks - self.cached_blocks) * self.block_size
-
-
-def find_chains(
-    chains: ContentChains,
-    segments: list[tuple[int, int]],
-    ends: list[int],
-    last: int,
-    block_size: int,
-    namespace: int,
-) -> list[int]:
-    """The chain ids of the first blocks (at most ``last``) of the content laid out as ``segments``,
-    up to the first one nothing holds: no block anywhere holds that content after this prefix, nor
-    any later one. Changes nothing (a lookup)."""
-    found: list[int] = []
-    parent: int | None = None
-    for content in block_contents(segments, ends, 0, last, block_size):
-        chain = chains.find((parent, *content, namespace))
-        if chain is None:
-            break
-        found.append(chain)
-        parent = chain
-    return found
 
 
 def acquire_chains(

@@ -186,6 +186,9 @@ class HybridLayout:
             else SharedBlockPool
         )
         shared = pool_type(self.capacity.num_blocks, spec.block_size, spec.kv_pool_tokens)
+        if pool_type is PrefixCachingBlockPool:
+            # (A Mamba group caches states, not every full block: policies/hybrid/mamba.py keys them.)
+            shared.lazy_keys = not any(isinstance(group.kind, STATE_KINDS) for group in self.capacity.groups)
         mode = self.mamba_cache_mode
         groups = []
         for name, group in zip(self.group_names(), self.capacity.groups, strict=True):

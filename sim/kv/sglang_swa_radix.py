@@ -411,7 +411,9 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
         the same shortfalls as growth told token by token. A sequence's decode evictions stay events
         of its own (:meth:`growth_room`)."""
         if pending_tokens is not None and not self.can_defer_unbacked():
-            raise PolicyInputError(f"pages of {self.page_size} tokens cannot defer decode growth past held slots")
+            raise PolicyInputError(
+                f"pages of {self.page_size} tokens cannot defer decode growth past held slots"
+            )
         self._take_unbacked()
         self._pending_tokens = pending_tokens
 

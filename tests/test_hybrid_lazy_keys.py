@@ -1,0 +1,217 @@
+"""Lazy keys on vllm-hybrid's prefix-caching pool (``policies/hybrid/prefix_pool.py``) change nothing:
+random operation streams applied in lockstep to a pool with lazy keys and to the eager reference (every
+full block of every group keyed at once) leave both with the same block tables, free queue order,
+reference counts, per-group breakdowns, statistics and prefix hits after every operation; at the end,
+with every lazy run keyed, both caches hold the same blocks under the same content in every group."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.hybrid.group import GroupManager
+from policies.hybrid.prefix_pool import LAZY, NO_BLOCK, PrefixCachingBlockPool
+from tests.hybrid_driver import BLOCK, PROBES, SHARED, HybridDriver, vllm_prefix_groups
+
+
+class RepeatingDriver(HybridDriver):
+    """The fuzz driver, plus prompts that repeat an earlier one (a lazy run reached by a sequence of
+    the same group) and lookups of an earlier prompt (reached by a lookup)."""
+
+    def __init__(self, layout: str):
+        super().__init__(layout)
+        self.prompts: list[tuple[tuple[int, int], ...]] = []
+
+    def _apply(self, kind: str, choice: int, amount: int) -> bool:
+        if kind == "repeat" and self.prompts:
+            prompt = self.prompts[choice % len(self.prompts)]
+            seq_id, self.next_id = self.next_id, self.next_id + 1
+            final_len = sum(length for _, length in prompt) + 1 + amount
+            self.scheduled[seq_id] = self.kv.admit(seq_id, prompt, final_len, 1000 + seq_id)
+            self.final_len[seq_id] = final_len
+            return True
+        if kind == "lookup" and self.prompts:
+            self.kv.lookup(self.prompts[choice % len(self.prompts)] + ((7, 1 + amount),))
+            return True
+        if kind == "admit":
+            # (The driver's prompt for this id, as it builds it: kept to repeat and look up.)
+            seq_id, prompt_len = self.next_id, 1 + amount * 3
+            self.prompts.append(((SHARED, 3 * (choice % 21)), (seq_id, prompt_len)))
+        return super()._apply(kind, choice, amount)
+
+
+KINDS = [
+    "admit",
+    "admit",
+    "repeat",
+    "grow",
+    "decode_step",
+    "decode_step",
+    "free",
+    "preempt",
+    "fork",
+    "match",
+    "lookup",
+    "schedule",
+]
+
+
+def pool_of(driver: HybridDriver) -> PrefixCachingBlockPool:
+    manager = driver.kv.groups[0].policy
+    assert isinstance(manager, GroupManager) and isinstance(manager.shared_pool, PrefixCachingBlockPool)
+    return manager.shared_pool
+
+
+def observed(driver: HybridDriver) -> tuple:
+    """What a lazy key may not change: every group's block tables and statistics, the pool's queue,
+    reference counts and which blocks keep an identity (cached or held), the breakdowns, the hits."""
+    pool = pool_of(driver)
+    groups = []
+    for group in driver.kv.groups:
+        manager = group.policy
+        assert isinstance(manager, GroupManager) and manager.tables is not None
+        tables = [manager.tables.by_seq[id(manager.sequences[seq])].table for seq in sorted(driver.final_len)]
+        groups.append((tables, vars(manager.stats), pool.cached_in(manager.tables.group)))
+    identities = [(pool.has_identity(block), pool.block_group[block]) for block in range(pool.num_blocks)]
+    return (
+        groups,
+        pool.queue.order(),
+        list(pool.ref_count),
+        identities,
+        pool.free_blocks,
+        pool.cached_blocks,
+        driver.kv.group_breakdown_values(),
+        dict(driver.done),
+        dict(driver.failed),
+    )
+
+
+def cached_contents(driver: HybridDriver) -> list[dict[tuple, list[int]]]:
+    """Per group, the blocks cached under each content (a chain spelled out to the root)."""
+    pool = pool_of(driver)
+    entries = pool.chains._entry_of
+
+    def spelled(chain: int) -> tuple:
+        path = []
+        while chain is not None:
+            key = entries[chain].key
+            path.append(key[1:])
+            chain = key[0]
+        return tuple(reversed(path))
+
+    return [{spelled(chain): list(blocks) for chain, blocks in cache.items()} for cache in pool._caches]
+
+
+def lockstep(layout_suffix: str) -> tuple[RepeatingDriver, RepeatingDriver]:
+    lazy = RepeatingDriver("vllm-hybrid-prefix-lazy" + layout_suffix)
+    eager = RepeatingDriver("vllm-hybrid-prefix" + layout_suffix)
+    assert pool_of(lazy).lazy_keys and not pool_of(eager).lazy_keys
+    return lazy, eager
+
+
+def key_every_run(driver: HybridDriver) -> None:
+    pool = pool_of(driver)
+    for key in list(pool.lazy_runs):
+        if key in pool.lazy_runs:
+            pool.key_runs(key)
+
+
+operation = st.tuples(st.sampled_from(KINDS), st.integers(0, 49), st.integers(0, 20))
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.sampled_from(["", "-deferred"]), st.lists(operation, max_size=90))
+def test_lazy_keys_match_eager_keys(deferral, operations):
+    lazy, eager = lockstep(deferral)
+    for kind, choice, amount in operations:
+        lazy.apply(kind, choice, amount)
+        eager.apply(kind, choice, amount)
+        assert observed(lazy) == observed(eager), kind
+        for probe in PROBES:
+            assert lazy.kv.lookup(probe) == eager.kv.lookup(probe)
+    key_every_run(lazy)
+    assert not pool_of(lazy).lazy_runs
+    assert LAZY not in pool_of(lazy).block_chain
+    assert cached_contents(lazy) == cached_contents(eager)
+    lazy.drain()
+    eager.drain()
+    assert observed(lazy) == observed(eager)
+    assert cached_contents(lazy) == cached_contents(eager)
+
+
+def test_lazy_keys_match_eager_keys_over_a_long_stream():
+    """3,000 seeded operations of the mix, with memory binding: the same checks as above."""
+    import numpy as np
+
+    for deferral in ("", "-deferred"):
+        lazy, eager = lockstep(deferral)
+        rng = np.random.default_rng(11)
+        for pick in rng.choice(len(KINDS), size=3000):
+            choice, amount = int(rng.integers(0, 50)), int(rng.integers(0, 21))
+            lazy.apply(KINDS[pick], choice, amount)
+            eager.apply(KINDS[pick], choice, amount)
+            assert observed(lazy) == observed(eager), KINDS[pick]
+        assert lazy.failed["admit"] > 0 and pool_of(lazy).lazy_runs
+        assert sum(vars(group.policy.stats)["evictions"] for group in lazy.kv.groups) > 0
+        key_every_run(lazy)
+        assert cached_contents(lazy) == cached_contents(eager)
+
+
+def two_groups(blocks: int = 12):
+    kv = vllm_prefix_groups(blocks, prefill_tokens=4096, lazy_keys=True)
+    return kv, kv.groups[0].policy.shared_pool
+
+
+def test_a_prompt_past_its_hit_is_marked_not_keyed_until_a_lookup_reaches_it():
+    """A (12 tokens: 3 blocks, nothing cached) finishes: its blocks are cached in every group but no
+    chain is made for them; the pool files one run per group under A's first key. A lookup of A's
+    prompt reaches that key: the runs are keyed, and the hit is what eager keys give (2 blocks: the
+    last token is computed)."""
+    kv, pool = two_groups()
+    prompt = ((5, 12),)
+    kv.admit(1, prompt, 12, 101)
+    kv.free(1)
+    assert len(pool.chains) == 0
+    assert pool.block_chain.count(LAZY) == pool.cached_blocks > 0
+    (runs,) = pool.lazy_runs.values()
+    assert sorted(run.group for run in runs) == [0, 1, 2]
+    assert kv.lookup(prompt).cached_tokens == 8
+    assert not pool.lazy_runs and LAZY not in pool.block_chain
+    assert len(pool.chains) == 3
+
+
+def test_an_evicted_lazy_run_leaves_nothing_behind():
+    """A's cached blocks are all taken by B (12 blocks, 3 groups of 4 each): A's runs are forgotten
+    with their last block; B's own runs, filed under B's first key, are all that is left, and no
+    chain was ever made."""
+    kv, pool = two_groups()
+    kv.admit(1, ((5, 12),), 12, 101)
+    kv.free(1)
+    kv.admit(2, ((6, 4 * BLOCK),), 4 * BLOCK, 102)
+    assert pool.cached_blocks == 0
+    assert list(pool.lazy_runs) == [(None, 6, 0, BLOCK, 0)]
+    assert pool.block_run.count(None) == pool.num_blocks - pool.block_chain.count(LAZY)
+    assert len(pool.chains) == 0
+
+
+def test_a_sequence_reaching_a_run_of_its_own_group_keys_it_first():
+    """Z caches content 5's first block (keyed by A's lookup). A (blocks: 5, then 6) starts its runs at
+    block 1 and finishes. B has A's prompt: its lookup stops at block 0 (the last block is computed),
+    so B itself reaches A's key when its blocks fill: A's runs are keyed, and B's blocks cached under
+    the same chains after A's (duplicates, the earliest hit first, as eager keys have them)."""
+    kv, pool = two_groups(blocks=40)
+    kv.admit(1, ((5, 4), (7, 1)), 5, 100)
+    kv.free(1)
+    prompt = ((5, 4), (6, 4))
+    assert kv.lookup(prompt).cached_tokens == 4  # (keys Z's run)
+    kv.admit(2, prompt, 8, 101)
+    kv.free(2)
+    (key,) = pool.lazy_runs
+    assert key[2:4] == (0, BLOCK) and key[1] == 6  # A's block 1
+    kv.admit(3, prompt, 8, 102)
+    assert not pool.lazy_runs and LAZY not in pool.block_chain
+    full = kv.groups[0].policy.tables
+    chain = pool.find_chains([(5, 4), (6, 4)], [4, 8], 2, 0)[1]
+    a_block, b_block = pool._caches[full.group][chain]
+    assert pool.ref_count[a_block] == 0 and pool.ref_count[b_block] == 1
+    assert pool.cached_block(full.group, chain) == a_block
