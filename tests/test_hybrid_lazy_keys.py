@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.hybrid.group import GroupManager
-from policies.hybrid.prefix_pool import LAZY, NO_BLOCK, PrefixCachingBlockPool
+from policies.hybrid.prefix_pool import LAZY, PrefixCachingBlockPool
 from tests.hybrid_driver import BLOCK, PROBES, SHARED, HybridDriver, vllm_prefix_groups
 
 
