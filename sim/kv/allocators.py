@@ -178,17 +178,16 @@ class HybridLayout:
         """One replica's groups over a pool of its own."""
         spec = self.pool
         marconi = self.marconi
-        pool_type = (
-            MarconiBlockPool
-            if marconi is not None
-            else PrefixCachingBlockPool
-            if self.prefix_caching
-            else SharedBlockPool
-        )
-        shared = pool_type(self.capacity.num_blocks, spec.block_size, spec.kv_pool_tokens)
-        if pool_type is PrefixCachingBlockPool:
-            # (A Mamba group caches states, not every full block: policies/hybrid/mamba.py keys them.)
-            shared.lazy_keys = not any(isinstance(group.kind, STATE_KINDS) for group in self.capacity.groups)
+        blocks, tokens = self.capacity.num_blocks, spec.kv_pool_tokens
+        shared: SharedBlockPool
+        if marconi is not None:
+            shared = MarconiBlockPool(blocks, spec.block_size, tokens)
+        elif self.prefix_caching:
+            # Lazy keys unless a Mamba group caches states, not every full block (policies/hybrid/mamba.py).
+            states = any(isinstance(group.kind, STATE_KINDS) for group in self.capacity.groups)
+            shared = PrefixCachingBlockPool(blocks, spec.block_size, tokens, lazy_keys=not states)
+        else:
+            shared = SharedBlockPool(blocks, spec.block_size, tokens)
         mode = self.mamba_cache_mode
         groups = []
         for name, group in zip(self.group_names(), self.capacity.groups, strict=True):
