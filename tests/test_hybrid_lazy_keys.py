@@ -86,8 +86,9 @@ def observed(driver: HybridDriver) -> tuple:
     )
 
 
-def cached_contents(driver: HybridDriver) -> list[dict[tuple, list[int]]]:
-    """Per group, the blocks cached under each content (a chain spelled out to the root)."""
+def cached_contents(driver: HybridDriver) -> list[object]:
+    """Per group, the blocks cached under each content (a chain spelled out to the root); then every
+    live chain with its holders."""
     pool = pool_of(driver)
     entries = pool.chains._entry_of
 
@@ -99,7 +100,10 @@ def cached_contents(driver: HybridDriver) -> list[dict[tuple, list[int]]]:
             chain = key[0]
         return tuple(reversed(path))
 
-    return [{spelled(chain): list(blocks) for chain, blocks in cache.items()} for cache in pool._caches]
+    caches = [{spelled(chain): list(blocks) for chain, blocks in cache.items()} for cache in pool._caches]
+    # Every chain alive, with how many hold it: a lazy run holds what its first key would have held.
+    holders = {spelled(chain): entry.holders for chain, entry in entries.items()}
+    return [*caches, holders]
 
 
 def lockstep(layout_suffix: str) -> tuple[RepeatingDriver, RepeatingDriver]:

@@ -252,7 +252,9 @@ class PrefixCachingBlockPool(SharedBlockPool):
         self.block_group[block] = group
         self.block_run[block] = run
         self.block_position[block] = position
-        run.marked += (block, position)
+        marked = run.marked
+        marked.append(block)  # (two appends: a pair would be a tuple made and dropped per block)
+        marked.append(position)
         run.identified += 1
 
     def key_runs(self, key: ChainKey) -> None:
