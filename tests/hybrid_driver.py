@@ -167,12 +167,25 @@ def jenga_pages(large_pages: int = 40) -> KVCoordinator:
     return JengaCoordinator(jenga_capacity(large_pages), ["full", "sliding(8)"], 24)
 
 
-def jenga_prefix_pages(large_pages: int = 40) -> KVCoordinator:
+def jenga_prefix_pages(large_pages: int = 40, lazy_keys: bool = True) -> KVCoordinator:
     """The same with prefix caching (``sim/kv/jenga_prefix.py``): cached small pages, whole large
-    pages evicted first; prompts start with up to 60 shared tokens."""
+    pages evicted first; prompts start with up to 60 shared tokens. ``lazy_keys``: as jenga runs
+    (False: the eager reference, tests/test_hybrid_lazy_keys.py)."""
     from sim.kv.jenga_prefix import JengaPrefixCoordinator
 
-    return JengaPrefixCoordinator(jenga_capacity(large_pages, max_model_len=192), ["full", "sliding(8)"])
+    capacity = jenga_capacity(large_pages, max_model_len=192)
+    return JengaPrefixCoordinator(capacity, ["full", "sliding(8)"], lazy_keys=lazy_keys)
+
+
+def jenga_prefix_whole_pages(lazy_keys: bool = True) -> KVCoordinator:
+    """Prefix caching over pages that are each a whole large page (gpt-oss's shape)."""
+    from sim.hardware.jenga_capacity import JengaCapacity, JengaGroupSpec
+    from sim.hardware.layers import FullAttention, SlidingWindow
+    from sim.kv.jenga_prefix import JengaPrefixCoordinator
+
+    groups = (JengaGroupSpec(FullAttention(), 2, 8, 1, 32), JengaGroupSpec(SlidingWindow(8), 2, 8, 1, 9))
+    capacity = JengaCapacity("fuzz-whole", 192, 4, 8, groups, 60, 1, 8 * 60, 8)
+    return JengaPrefixCoordinator(capacity, ["full", "sliding(8)"], lazy_keys=lazy_keys)
 
 
 def jenga_whole_pages(large_pages: int = 60) -> KVCoordinator:
@@ -221,6 +234,12 @@ LAYOUTS: dict[str, Callable[[], KVCoordinator]] = {
     "jenga-pages": jenga_pages,
     "jenga-prefix": jenga_prefix_pages,
     "jenga-prefix-deferred": jenga_prefix_pages,
+    "jenga-prefix-eager": lambda: jenga_prefix_pages(lazy_keys=False),
+    "jenga-prefix-eager-deferred": lambda: jenga_prefix_pages(lazy_keys=False),
+    "jenga-prefix-whole": jenga_prefix_whole_pages,
+    "jenga-prefix-whole-deferred": jenga_prefix_whole_pages,
+    "jenga-prefix-whole-eager": lambda: jenga_prefix_whole_pages(lazy_keys=False),
+    "jenga-prefix-whole-eager-deferred": lambda: jenga_prefix_whole_pages(lazy_keys=False),
     "jenga-whole-pages": jenga_whole_pages,
     "sglang-mamba-extra-buffer": sglang_mamba_extra_buffer,
     "sglang-mamba-no-buffer-deferred": sglang_mamba_no_buffer,

@@ -1,16 +1,21 @@
-"""Lazy keys on vllm-hybrid's prefix-caching pool (``policies/hybrid/prefix_pool.py``) change nothing:
-random operation streams applied in lockstep to a pool with lazy keys and to the eager reference (every
-full block of every group keyed at once) leave both with the same block tables, free queue order,
-reference counts, per-group breakdowns, statistics and prefix hits after every operation; at the end,
-with every lazy run keyed, both caches hold the same blocks under the same content in every group."""
+"""Lazy keys on vllm-hybrid's prefix-caching pool and on Jenga's type pools (``policies/hybrid/
+prefix_pool.py``) change nothing: random operation streams applied in lockstep to pools with lazy keys
+and to the eager reference (every full block of every group keyed at once) leave both with the same
+block tables, free queue order (Jenga: page stamps and wholly cached large pages), reference counts,
+per-group breakdowns, statistics and prefix hits after every operation; at the end, with every lazy
+run keyed, both caches hold the same blocks under the same content in every group, and every chain
+has as many holders."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.hybrid.group import GroupManager
+from policies.hybrid.jenga_cache import JengaPageCache
 from policies.hybrid.prefix_pool import LAZY, PrefixCachingBlockPool
+from tests import test_jenga, test_jenga_prefix  # noqa: F401  (the Jenga checks' modules, imported here: not inside @given)
 from tests.hybrid_driver import BLOCK, PROBES, SHARED, HybridDriver, vllm_prefix_groups
 
 
@@ -56,30 +61,45 @@ KINDS = [
 ]
 
 
+def managers(driver: HybridDriver) -> list[GroupManager]:
+    found = [group.policy for group in driver.kv.groups]
+    assert all(isinstance(manager, GroupManager) and manager.tables is not None for manager in found)
+    return found  # type: ignore[return-value]
+
+
+def pools_of(driver: HybridDriver) -> list[PrefixCachingBlockPool]:
+    """The pools, once each: vllm-hybrid's one, or Jenga's one per type."""
+    pools: dict[int, PrefixCachingBlockPool] = {}
+    for manager in managers(driver):
+        assert isinstance(manager.shared_pool, PrefixCachingBlockPool)
+        pools.setdefault(id(manager.shared_pool), manager.shared_pool)
+    return list(pools.values())
+
+
 def pool_of(driver: HybridDriver) -> PrefixCachingBlockPool:
-    manager = driver.kv.groups[0].policy
-    assert isinstance(manager, GroupManager) and isinstance(manager.shared_pool, PrefixCachingBlockPool)
-    return manager.shared_pool
+    return pools_of(driver)[0]
 
 
 def observed(driver: HybridDriver) -> tuple:
-    """What a lazy key may not change: every group's block tables and statistics, the pool's queue,
-    reference counts and which blocks keep an identity (cached or held), the breakdowns, the hits."""
-    pool = pool_of(driver)
+    """What a lazy key may not change: every group's block tables and statistics, each pool's order of
+    eviction (vLLM's free queue; Jenga's stamps and wholly cached large pages), reference counts and
+    which blocks keep an identity (cached or held), the breakdowns, the operations done and refused."""
     groups = []
-    for group in driver.kv.groups:
-        manager = group.policy
-        assert isinstance(manager, GroupManager) and manager.tables is not None
-        tables = [manager.tables.by_seq[id(manager.sequences[seq])].table for seq in sorted(driver.final_len)]
-        groups.append((tables, vars(manager.stats), pool.cached_in(manager.tables.group)))
-    identities = [(pool.has_identity(block), pool.block_group[block]) for block in range(pool.num_blocks)]
+    for manager in managers(driver):
+        tables = manager.tables
+        assert tables is not None
+        held = [tables.by_seq[id(manager.sequences[seq])].table for seq in sorted(driver.final_len)]
+        groups.append((held, vars(manager.stats), tables.pool.cached_in(tables.group)))
+    pools = []
+    for pool in pools_of(driver):
+        order = (
+            (dict(pool.stamps), dict(pool.whole)) if isinstance(pool, JengaPageCache) else pool.queue.order()
+        )
+        identities = [(pool.has_identity(block), pool.block_group[block]) for block in range(pool.num_blocks)]
+        pools.append((order, list(pool.ref_count), identities, pool.free_blocks, pool.cached_blocks))
     return (
         groups,
-        pool.queue.order(),
-        list(pool.ref_count),
-        identities,
-        pool.free_blocks,
-        pool.cached_blocks,
+        pools,
         driver.kv.group_breakdown_values(),
         dict(driver.done),
         dict(driver.failed),
@@ -89,8 +109,8 @@ def observed(driver: HybridDriver) -> tuple:
 def cached_contents(driver: HybridDriver) -> list[object]:
     """Per group, the blocks cached under each content (a chain spelled out to the root); then every
     live chain with its holders."""
-    pool = pool_of(driver)
-    entries = pool.chains._entry_of
+    pools = pools_of(driver)
+    entries = pools[0].chains._entry_of
 
     def spelled(chain: int) -> tuple:
         path = []
@@ -100,16 +120,29 @@ def cached_contents(driver: HybridDriver) -> list[object]:
             chain = key[0]
         return tuple(reversed(path))
 
-    caches = [{spelled(chain): list(blocks) for chain, blocks in cache.items()} for cache in pool._caches]
+    caches = [
+        {spelled(chain): list(blocks) for chain, blocks in cache.items()}
+        for pool in pools
+        for cache in pool._caches
+    ]
     # Every chain alive, with how many hold it: a lazy run holds what its first key would have held.
     holders = {spelled(chain): entry.holders for chain, entry in entries.items()}
     return [*caches, holders]
 
 
-def lockstep(layout_suffix: str) -> tuple[RepeatingDriver, RepeatingDriver]:
-    lazy = RepeatingDriver("vllm-hybrid-prefix-lazy" + layout_suffix)
-    eager = RepeatingDriver("vllm-hybrid-prefix" + layout_suffix)
-    assert pool_of(lazy).lazy_keys and not pool_of(eager).lazy_keys
+LAYOUTS = {  # lazy, eager
+    "vllm-hybrid": ("vllm-hybrid-prefix-lazy", "vllm-hybrid-prefix"),
+    "jenga": ("jenga-prefix", "jenga-prefix-eager"),
+    "jenga-whole-pages": ("jenga-prefix-whole", "jenga-prefix-whole-eager"),
+}
+
+
+def lockstep(allocator: str, layout_suffix: str) -> tuple[RepeatingDriver, RepeatingDriver]:
+    lazy_layout, eager_layout = LAYOUTS[allocator]
+    lazy = RepeatingDriver(lazy_layout + layout_suffix)
+    eager = RepeatingDriver(eager_layout + layout_suffix)
+    assert all(pool.lazy_keys for pool in pools_of(lazy))
+    assert not any(pool.lazy_keys for pool in pools_of(eager))
     return lazy, eager
 
 
@@ -118,15 +151,16 @@ def key_every_run(driver: HybridDriver) -> None:
     for key in list(pool.lazy_runs):
         if key in pool.lazy_runs:
             pool.key_runs(key)
+    assert all(not other.lazy_runs and LAZY not in other.block_chain for other in pools_of(driver))
 
 
 operation = st.tuples(st.sampled_from(KINDS), st.integers(0, 49), st.integers(0, 20))
 
 
 @settings(max_examples=120, deadline=None)
-@given(st.sampled_from(["", "-deferred"]), st.lists(operation, max_size=90))
-def test_lazy_keys_match_eager_keys(deferral, operations):
-    lazy, eager = lockstep(deferral)
+@given(st.sampled_from(sorted(LAYOUTS)), st.sampled_from(["", "-deferred"]), st.lists(operation, max_size=90))
+def test_lazy_keys_match_eager_keys(allocator, deferral, operations):
+    lazy, eager = lockstep(allocator, deferral)
     for kind, choice, amount in operations:
         lazy.apply(kind, choice, amount)
         eager.apply(kind, choice, amount)
@@ -134,8 +168,6 @@ def test_lazy_keys_match_eager_keys(deferral, operations):
         for probe in PROBES:
             assert lazy.kv.lookup(probe) == eager.kv.lookup(probe)
     key_every_run(lazy)
-    assert not pool_of(lazy).lazy_runs
-    assert LAZY not in pool_of(lazy).block_chain
     assert cached_contents(lazy) == cached_contents(eager)
     lazy.drain()
     eager.drain()
@@ -143,12 +175,13 @@ def test_lazy_keys_match_eager_keys(deferral, operations):
     assert cached_contents(lazy) == cached_contents(eager)
 
 
-def test_lazy_keys_match_eager_keys_over_a_long_stream():
+@pytest.mark.parametrize("allocator", sorted(LAYOUTS))
+def test_lazy_keys_match_eager_keys_over_a_long_stream(allocator):
     """3,000 seeded operations of the mix, with memory binding: the same checks as above."""
     import numpy as np
 
     for deferral in ("", "-deferred"):
-        lazy, eager = lockstep(deferral)
+        lazy, eager = lockstep(allocator, deferral)
         rng = np.random.default_rng(11)
         for pick in rng.choice(len(KINDS), size=3000):
             choice, amount = int(rng.integers(0, 50)), int(rng.integers(0, 21))

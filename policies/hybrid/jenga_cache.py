@@ -46,8 +46,8 @@ from collections.abc import Callable
 from typing import Final
 
 from policies.hybrid.jenga_pages import SmallPageAllocator
-from policies.hybrid.prefix_pool import NO_BLOCK, PrefixCachingBlockPool
-from policies.prefix import ContentChains
+from policies.hybrid.prefix_pool import NO_BLOCK, LazyRun, PrefixCachingBlockPool
+from policies.prefix import ChainKey, ContentChains
 
 SKIPPED_AGE = 200
 """How much older (in scheduler steps) a page a window or a chunk released while its request runs is
@@ -59,6 +59,14 @@ the smallest is evicted first. (One int, not a tuple: the eviction heaps compare
 page taken, and a tuple's comparison is a generic call per element.)"""
 
 _PART_BITS: Final = 40  # request ids and orders below 2**40 keep the parts' order
+_INDEX_BITS: Final = 40  # a page or large page below 2**40: an eviction heap's entry is one int
+_INDEX_MASK: Final = (1 << _INDEX_BITS) - 1
+
+
+def _queued(stamp: Stamp, index: int) -> int:
+    """An eviction heap's entry: ``stamp``, then the page (or large page) ``index``, as one int (the
+    heaps pop one at every page taken: ints compare without a tuple's generic call per element)."""
+    return (stamp << _INDEX_BITS) + index
 
 
 def stamp_parts(stamp: Stamp) -> tuple[int, int, int]:
@@ -136,8 +144,17 @@ class JengaPageCache(PrefixCachingBlockPool):
         chains: ContentChains,
         clock: EvictionClock,
         evictor: LargePageEvictor,
+        lazy_runs: dict[ChainKey, list[LazyRun]] | None = None,
     ):
-        super().__init__(allocator.large_pages.num_pages * allocator.ratio, block_size)
+        """``lazy_runs``: every type's lazy runs (``policies/hybrid/prefix_pool.py``), with lazy keys;
+        None: every full page keyed at once."""
+        super().__init__(
+            allocator.large_pages.num_pages * allocator.ratio,
+            block_size,
+            lazy_keys=lazy_runs is not None,
+            lazy_runs=lazy_runs,
+        )
+        assert self.num_blocks <= _INDEX_MASK, "page ids past an eviction heap entry's bits"
         self.chains = chains  # (one for every type: a prompt's blocks have one chain in each)
         self.allocator = allocator
         self.ratio = allocator.ratio
@@ -147,8 +164,8 @@ class JengaPageCache(PrefixCachingBlockPool):
         self.stamps: dict[int, Stamp] = {}  # cached page -> its stamp
         self.cached_per_large: dict[int, int] = {}  # large page -> its cached pages
         self.whole: dict[int, Stamp] = {}  # large pages all of whose pages are cached -> latest stamp
-        self._page_queue: list[tuple[Stamp, int]] = []  # cached pages (stale entries skipped)
-        self._whole_queue: list[tuple[Stamp, int]] = []  # wholly cached large pages (likewise)
+        self._page_queue: list[int] = []  # cached pages (_queued; stale entries skipped)
+        self._whole_queue: list[int] = []  # wholly cached large pages (likewise)
         self.request = 0
         self.quota = 0
 
@@ -267,11 +284,15 @@ class JengaPageCache(PrefixCachingBlockPool):
         cached = self.cached_per_large.get(large, 0) + 1
         self.cached_per_large[large] = cached
         if cached == self.ratio:  # wholly cached: its latest stamp (``Level1LRUEvictor.add``)
-            latest = max(self.stamps[large * self.ratio + index] for index in range(self.ratio))
+            latest = stamp
+            stamps = self.stamps
+            for sibling in range(large * self.ratio, large * self.ratio + self.ratio):
+                if stamps[sibling] > latest:
+                    latest = stamps[sibling]
             self.whole[large] = latest
-            heapq.heappush(self._whole_queue, (latest, large))
+            heapq.heappush(self._whole_queue, _queued(latest, large))
         else:
-            heapq.heappush(self._page_queue, (stamp, page))
+            heapq.heappush(self._page_queue, _queued(stamp, page))
 
     def _forget_stamp(self, page: int) -> None:
         """``page`` is cached no more: its large page, if it was wholly cached, is not now, and its
@@ -286,14 +307,15 @@ class JengaPageCache(PrefixCachingBlockPool):
         if self.whole.pop(large, None) is not None:
             for sibling in range(large * self.ratio, large * self.ratio + self.ratio):
                 if sibling in self.stamps:
-                    heapq.heappush(self._page_queue, (self.stamps[sibling], sibling))
+                    heapq.heappush(self._page_queue, _queued(self.stamps[sibling], sibling))
 
     def _evict_oldest_page(self) -> int:
         """The type's oldest cached page outside a wholly cached large page, evicted (``evict_level1``):
         it is the caller's now."""
         while True:
-            stamp, page = heapq.heappop(self._page_queue)
-            if self.stamps.get(page) == stamp and page // self.ratio not in self.whole:
+            entry = heapq.heappop(self._page_queue)
+            page = entry & _INDEX_MASK
+            if self.stamps.get(page) == entry >> _INDEX_BITS and page // self.ratio not in self.whole:
                 break
         self._forget_stamp(page)
         self._evict(page)
@@ -302,15 +324,16 @@ class JengaPageCache(PrefixCachingBlockPool):
     def oldest_whole(self) -> Stamp | None:
         """The latest stamp of this type's wholly cached large page evicted first, None without one."""
         queue = self._whole_queue
-        while queue and self.whole.get(queue[0][1]) != queue[0][0]:
+        while queue and self.whole.get(queue[0] & _INDEX_MASK) != queue[0] >> _INDEX_BITS:
             heapq.heappop(queue)  # (stale: no longer wholly cached, or cached again since)
-        return queue[0][0] if queue else None
+        return queue[0] >> _INDEX_BITS if queue else None
 
     def evict_oldest_whole(self) -> None:
         """Every page of the oldest wholly cached large page evicted; the large page goes back to the
         shared pool (``evict_level0``, ``remove_blocks_from_evictor``)."""
-        stamp, large = heapq.heappop(self._whole_queue)
-        assert self.whole.get(large) == stamp, "oldest_whole() first"
+        entry = heapq.heappop(self._whole_queue)
+        large = entry & _INDEX_MASK
+        assert self.whole.get(large) == entry >> _INDEX_BITS, "oldest_whole() first"
         del self.whole[large]
         del self.cached_per_large[large]
         for page in range(large * self.ratio, large * self.ratio + self.ratio):

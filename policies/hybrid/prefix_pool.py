@@ -23,7 +23,8 @@ interned and forgotten. With ``lazy_keys`` a group's blocks past a sequence's fi
 every run filed there (:meth:`PrefixCachingBlockPool.key_runs`): their still-marked blocks are cached
 under their chains in the order they were marked, as they would have been. Each group keeps its own
 run (the groups' caches are apart); a sequence's groups file theirs under the same key. Only pools
-whose groups cache every full block alike use them (not Mamba states, Jenga's pages or Marconi).
+whose groups cache every full block alike use them (not Mamba states, nor Marconi's); Jenga's types,
+a pool each over one set of chains, share one registry of runs.
 
 Accounting: the groups report what they hold and their cached blocks (reference count 0, identity
 kept); the pool reports the blank free blocks and the tail past the last whole block.
@@ -51,6 +52,7 @@ class LazyRun:
     of block ``first`` (``key``) was held by nothing when it filled. ``chains`` is the sequence's own
     list of chains (:data:`LAZY` from ``first`` on) while it lives (``live``)."""
 
+    pool: PrefixCachingBlockPool  # where its blocks are (pools sharing chains share their runs)
     key: ChainKey
     parent: int | None  # the chain before it, held by the run (as its first block's key would hold it)
     first: int
@@ -64,6 +66,7 @@ class LazyRun:
 
     def __init__(
         self,
+        pool: PrefixCachingBlockPool,
         key: ChainKey,
         parent: int | None,
         first: int,
@@ -71,6 +74,7 @@ class LazyRun:
         content: SequenceState,
         chains: list[int],
     ) -> None:
+        self.pool = pool
         self.key = key
         self.parent = parent
         self.first = first
@@ -89,12 +93,20 @@ class PrefixCachingBlockPool(SharedBlockPool):
     ``free_blocks`` counts every block an allocation may take: blank ones and evictable cached ones."""
 
     def __init__(
-        self, num_blocks: int, block_size: int, pool_slots: int | None = None, lazy_keys: bool = False
+        self,
+        num_blocks: int,
+        block_size: int,
+        pool_slots: int | None = None,
+        lazy_keys: bool = False,
+        lazy_runs: dict[ChainKey, list[LazyRun]] | None = None,
     ):
+        """``lazy_runs``: the runs of every pool whose blocks share this one's chains (Jenga's types);
+        a pool of its own by default."""
         super().__init__(num_blocks, block_size, pool_slots)
         self.caches_prefixes = True
         self.lazy_keys = lazy_keys  # (see the module docstring)
-        self.lazy_runs: dict[ChainKey, list[LazyRun]] = {}  # first key -> the runs filed under it
+        # First key -> the runs filed under it (a key reached keys them in every pool sharing it).
+        self.lazy_runs: dict[ChainKey, list[LazyRun]] = {} if lazy_runs is None else lazy_runs
         self.block_run: list[LazyRun | None] = [None] * num_blocks  # a marked block's run
         self.block_position: list[int] = [0] * num_blocks  # a marked block's position in its run
         self.chains = ContentChains()
@@ -224,7 +236,7 @@ class PrefixCachingBlockPool(SharedBlockPool):
     ) -> LazyRun:
         """A lazy run of ``group`` from position ``first``, whose key ``key`` nothing holds: filed
         under it, holding its parent."""
-        run = LazyRun(key, parent, first, group, content, chains)
+        run = LazyRun(self, key, parent, first, group, content, chains)
         self.chains.hold(parent)
         runs = self.lazy_runs.get(key)
         if runs is None:
@@ -241,7 +253,7 @@ class PrefixCachingBlockPool(SharedBlockPool):
         if runs is None:
             return False
         for run in runs:
-            if run.group == group:
+            if run.group == group and run.pool is self:
                 self.key_runs(key)
                 return True
         return False
@@ -261,9 +273,9 @@ class PrefixCachingBlockPool(SharedBlockPool):
         """Key every run filed under ``key`` (a lookup, a fork or a sequence of one of their groups
         reached it): its blocks as they would have been keyed, in the order they were cached."""
         for run in self.lazy_runs.pop(key):
-            self._key_run(run)
+            run.pool.key_run(run)
 
-    def _key_run(self, run: LazyRun) -> None:
+    def key_run(self, run: LazyRun) -> None:
         """The chains of the run's positions up to the last it needs (the live sequence's full blocks,
         or its last still-marked block), each held once by the sequence while it lives, and its
         marked blocks cached under them."""

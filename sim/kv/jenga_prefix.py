@@ -64,8 +64,8 @@ from policies.base import NO_HIT, ChildSpec, PolicyInputError, PolicyStats, Pref
 from policies.hybrid.group import GroupManager, GrowthStep, moves
 from policies.hybrid.jenga_cache import SKIPPED_AGE, EvictionClock, JengaPageCache, LargePageEvictor
 from policies.hybrid.jenga_pages import SmallPageAllocator, TypePages, quotas
-from policies.hybrid.prefix_pool import NO_BLOCK
-from policies.prefix import ContentChains
+from policies.hybrid.prefix_pool import NO_BLOCK, LazyRun
+from policies.prefix import ChainKey, ContentChains
 from sim.hardware.jenga_capacity import JengaCapacity
 from sim.kv.coordinator import Breakdown, group_token_sharing, longest_common_hit
 from sim.kv.jenga import JengaCoordinator
@@ -75,7 +75,9 @@ __all__ = ["JengaPrefixCoordinator"]
 
 
 class JengaPrefixCoordinator(JengaCoordinator):
-    def __init__(self, capacity: JengaCapacity, names: Sequence[str]):
+    def __init__(self, capacity: JengaCapacity, names: Sequence[str], lazy_keys: bool = True):
+        """``lazy_keys``: a page past a sequence's first key nothing holds is keyed only when reached
+        (``policies/hybrid/prefix_pool.py``); False: every full page keyed at once (the reference)."""
         states = [group.kind.label for group in capacity.groups if not group.holds_tokens]
         if states:
             raise PolicyInputError(
@@ -84,6 +86,8 @@ class JengaPrefixCoordinator(JengaCoordinator):
         self.clock = EvictionClock()
         self.evictor = LargePageEvictor()
         self.chains = ContentChains()
+        # Every type's lazy runs (None: no lazy keys).
+        self.lazy_runs: dict[ChainKey, list[LazyRun]] | None = {} if lazy_keys else None
         self.caches: list[JengaPageCache] = []  # per type, filled by _type_pool
         # (A prompt is allocated whole: the chunk a prefill holds at once is the longest prompt.)
         super().__init__(capacity, names, capacity.max_model_len)
@@ -101,7 +105,9 @@ class JengaPrefixCoordinator(JengaCoordinator):
 
     def _type_pool(self, allocator: TypePages) -> JengaPageCache:
         assert isinstance(allocator, SmallPageAllocator), "_type_pages() names every page"
-        cache = JengaPageCache(allocator, self.block_size, self.chains, self.clock, self.evictor)
+        cache = JengaPageCache(
+            allocator, self.block_size, self.chains, self.clock, self.evictor, self.lazy_runs
+        )
         self.caches.append(cache)
         return cache
 
