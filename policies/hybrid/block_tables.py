@@ -34,8 +34,8 @@ from collections.abc import Sequence
 
 from policies.base import ALL_PUBLISHED, ChildSpec
 from policies.hybrid.prefix_pool import LAZY, NO_BLOCK, LazyRun, PrefixCachingBlockPool, acquire_chains
-from policies.prefix import block_contents
 from policies.paged import SequenceState
+from policies.prefix import block_contents
 from token_content import TokenContent
 
 

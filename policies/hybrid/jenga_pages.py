@@ -159,7 +159,8 @@ class SmallPageAllocator(TypePages):
         large = self.large_pages.take()
         first = large * ratio
         count = min(count, ratio)
-        self.preferred[seq_id].update(dict.fromkeys(range(first + count, first + ratio)))
+        if count < ratio:  # (pages of one large page each, gpt-oss's: nothing left over)
+            self.preferred[seq_id].update(dict.fromkeys(range(first + count, first + ratio)))
         self.free_count[large] = ratio - count
         self.owner[large] = seq_id
         self.free_small += ratio - count
