@@ -421,13 +421,16 @@ class GroupBlockTables:
         """Blocks the pool gives (negative: gets back) for growths ``(key, first_block, end_block,
         first, end)``: the new positions, less the released blocks no other holder keeps."""
         net = 0
-        released: dict[int, int] = {}
+        shared: dict[int, int] = {}  # released blocks others may hold too -> times released here
+        ref_count = self.pool.ref_count
         for key, first_block, end_block, first, end in plans:
             net += end - max(end_block, first)
             for block in self.released_by(key, first_block, end_block, first):
-                released[block] = released.get(block, 0) + 1
-        ref_count = self.pool.ref_count
-        for block, count in released.items():
+                if block != NO_BLOCK and ref_count[block] == 1:
+                    net -= 1  # (its one holder releases it: listed once, no count needed)
+                else:
+                    shared[block] = shared.get(block, 0) + 1
+        for block, count in shared.items():
             if ref_count[block] == count:
                 net -= 1
         return net
