@@ -127,9 +127,7 @@ class GroupBlockTables:
         (block,) = self.pool.take_blocks(1, f"prefilling in the {self.kind} group")
         chain = record.chains[position]
         if chain == LAZY:
-            run = record.lazy
-            assert run is not None
-            self.pool.mark_lazy(self.group, block, run, position)
+            self._mark(record, block, position)
         else:
             self.cache_passed(block, chain, position)
         self.pool.release(block)
@@ -281,14 +279,15 @@ class GroupBlockTables:
         for piece in block_contents(content.segments, content.segment_ends, done, last, self.block_size):
             key = (parent, *piece, namespace)
             chain = pool.chains.find(key)
-            if chain is None and not (
-                pool.reaches_run_of(key, self.group) and pool.chains.find(key) is not None
-            ):
+            if chain is None and pool.reaches_run_of(key, self.group):
+                chain = pool.chains.find(key)  # (keyed just now)
+            if chain is None:
                 record.lazy = pool.start_run(key, parent, position, self.group, content, chains)
                 chains += [LAZY] * (last - position)
                 return
-            parent = pool.chains.acquire(key)
-            chains.append(parent)
+            pool.chains.hold(chain)
+            chains.append(chain)
+            parent = chain
             position += 1
 
     def _cache_held(self, record: CachedSequence, done: int) -> None:
@@ -302,11 +301,15 @@ class GroupBlockTables:
             if block != NO_BLOCK and not pool.has_identity(block):
                 chain = chains[position]
                 if chain == LAZY:
-                    run = record.lazy
-                    assert run is not None
-                    pool.mark_lazy(self.group, block, run, position)
+                    self._mark(record, block, position)
                 else:
                     pool.cache_block(self.group, block, chain)
+
+    def _mark(self, record: CachedSequence, block: int, position: int) -> None:
+        """A held block at ``position`` of the sequence's lazy run is full: marked cached."""
+        run = record.lazy
+        assert run is not None  # (a LAZY chain belongs to a run not yet keyed)
+        self.pool.mark_lazy(self.group, block, run, position)
 
     def released_by(self, key: int, first_block: int, end_block: int, first: int) -> list[int]:
         """The blocks a sequence holding ``[first_block, end_block)`` releases when its run starts at
