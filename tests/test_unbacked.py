@@ -270,6 +270,12 @@ def test_sglang_swa_pools_defer_growth_and_equal_single_steps(full_tokens, swa_t
     assert_same_results(single, skip)
     assert_physical_slots_are_the_held_ones(single)
     assert_physical_slots_are_the_held_ones(skip)
+    assert_same_group_means(single, skip)
+    assert skip.wakeups < single.wakeups
+
+
+def assert_same_group_means(single, skip) -> None:
+    """Each group's time-averaged breakdown equal, up to float rounding."""
     end = single.env.now
     pool_slots = single.kv.pool_slots
     groups_single = single.group_series.time_averages(end, pool_slots)
@@ -277,7 +283,6 @@ def test_sglang_swa_pools_defer_growth_and_equal_single_steps(full_tokens, swa_t
     for name, means in groups_single.items():
         for category, value in means.items():
             assert groups_skip[name][category] == pytest.approx(value, rel=1e-9, abs=1e-12), (name, category)
-    assert skip.wakeups < single.wakeups
 
 
 def vllm_hybrid_pool(blocks: int, window: int):
@@ -318,18 +323,6 @@ def test_a_radix_run_stopped_inside_a_jump_equals_single_stepping(scenario, unti
     requests = random_requests(3, 50, **(shape | {"forks": False}))
     both = [
         run("radix", pool, requests, mode, costs=EQUIVALENCE_COSTS, until_s=until_s, **knobs)
-        for mode in ("single", "skip")
-    ]
-    assert both[0].env.now == both[1].env.now == until_s
-    assert_same_results(*both)
-
-
-@pytest.mark.parametrize("until_s", [0.7, 2.35, 6.0])
-def test_sglang_swa_pools_stopped_inside_a_jump_equal_single_stepping(until_s):
-    """The same for SGLang's two token pools: a pending token took a free slot of each."""
-    requests = random_requests(3, 50, gap=0.1, forks=False)
-    both = [
-        run_pools(requests, mode, sglang_swa_pools(400, 160, 8), until_s=until_s)
         for mode in ("single", "skip")
     ]
     assert both[0].env.now == both[1].env.now == until_s
@@ -433,13 +426,7 @@ def test_sglang_swa_radix_cache_defers_growth_and_equals_single_steps(
     assert single.unbacked is None
     assert skip.unbacked is not None and skip.unbacked.switches >= 1
     assert_same_results(single, skip)
-    end = single.env.now
-    pool_slots = single.kv.pool_slots
-    groups_single = single.group_series.time_averages(end, pool_slots)
-    groups_skip = skip.group_series.time_averages(end, pool_slots)
-    for name, means in groups_single.items():
-        for category, value in means.items():
-            assert groups_skip[name][category] == pytest.approx(value, rel=1e-9, abs=1e-12), (name, category)
+    assert_same_group_means(single, skip)
     assert skip.wakeups < single.wakeups
 
 
@@ -455,12 +442,13 @@ def test_tight_swa_radix_pools_evict_inside_jumps_as_single_steps_do():
 
 
 @pytest.mark.parametrize("until_s", [0.7, 2.35, 6.0])
-def test_sglang_swa_radix_cache_stopped_inside_a_jump_equals_single_stepping(until_s):
+@pytest.mark.parametrize("radix_cache", [False, True])
+def test_sglang_swa_pools_stopped_inside_a_jump_equal_single_stepping(until_s, radix_cache):
+    """The same for SGLang's two token pools, with its SWA radix cache or without: a pending token
+    took a free slot of each (and, with the cache, made the evictions of the steps begun by then)."""
     requests = random_requests(3, 50, gap=0.1, forks=False)
-    both = [
-        run_pools(requests, mode, sglang_swa_radix(400, 160, 8), until_s=until_s)
-        for mode in ("single", "skip")
-    ]
+    pools = sglang_swa_radix if radix_cache else sglang_swa_pools
+    both = [run_pools(requests, mode, pools(400, 160, 8), until_s=until_s) for mode in ("single", "skip")]
     assert both[0].env.now == both[1].env.now == until_s
     assert_same_results(*both)
 

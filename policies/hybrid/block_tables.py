@@ -282,7 +282,7 @@ class GroupBlockTables:
             if chain is None and pool.reaches_run_of(key, self.group):
                 chain = pool.chains.find(key)  # (keyed just now)
             if chain is None:
-                record.lazy = pool.start_run(key, parent, position, self.group, content, chains)
+                record.lazy = pool.file_run(LazyRun(pool, key, parent, position, self.group, content, chains))
                 chains += [LAZY] * (last - position)
                 return
             pool.chains.hold(chain)

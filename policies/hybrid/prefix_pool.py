@@ -225,22 +225,13 @@ class PrefixCachingBlockPool(SharedBlockPool):
         return self.block_chain[block] != NO_BLOCK
 
     # -- lazy runs ----------------------------------------------------------------------------------
-    def start_run(
-        self,
-        key: ChainKey,
-        parent: int | None,
-        first: int,
-        group: int,
-        content: SequenceState,
-        chains: list[int],
-    ) -> LazyRun:
-        """A lazy run of ``group`` from position ``first``, whose key ``key`` nothing holds: filed
-        under it, holding its parent."""
-        run = LazyRun(self, key, parent, first, group, content, chains)
-        self.chains.hold(parent)
-        runs = self.lazy_runs.get(key)
+    def file_run(self, run: LazyRun) -> LazyRun:
+        """A new lazy run of this pool, whose first key nothing holds: filed under it, holding its
+        parent."""
+        self.chains.hold(run.parent)
+        runs = self.lazy_runs.get(run.key)
         if runs is None:
-            self.lazy_runs[key] = [run]
+            self.lazy_runs[run.key] = [run]
         else:
             runs.append(run)
         return run
