@@ -412,17 +412,20 @@ SWA_RADIX_POOLS = [
 
 @pytest.mark.parametrize(("full_tokens", "swa_tokens", "window", "gap"), SWA_RADIX_POOLS)
 @pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("scheduler", ["vllm", "sglang"])
 def test_sglang_swa_radix_cache_defers_growth_and_equals_single_steps(
-    full_tokens, swa_tokens, window, gap, seed
+    full_tokens, swa_tokens, window, gap, seed, scheduler
 ):
     """SGLang's SWA radix cache (``sglang-hybrid`` with prefix caching): decoded tokens take a free
     slot of each pool unbacked, and evict from the tree at the steps SGLang's decode allocation
     would, each step's shortfall in both pools at once; a sequence's SWA frees every window stay
     events of their own. Every outcome, the evictions and the time averages (pool-wide and per
-    pool) equal single stepping, where the cache hears of every token."""
+    pool) equal single stepping, where the cache hears of every token, under either scheduler."""
     requests = random_requests(seed, 60, gap=gap)
-    single = run_pools(requests, "single", sglang_swa_radix(full_tokens, swa_tokens, window))
-    skip = run_pools(requests, "skip", sglang_swa_radix(full_tokens, swa_tokens, window))
+    single = run_pools(
+        requests, "single", sglang_swa_radix(full_tokens, swa_tokens, window), scheduler=scheduler
+    )
+    skip = run_pools(requests, "skip", sglang_swa_radix(full_tokens, swa_tokens, window), scheduler=scheduler)
     assert single.unbacked is None
     assert skip.unbacked is not None and skip.unbacked.switches >= 1
     assert_same_results(single, skip)
