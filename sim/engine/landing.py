@@ -99,17 +99,16 @@ class JumpLanding:
         unbacked = self.unbacked
         if unbacked is not None and not unbacked.active:
             unbacked = None
-        observe = partial(self._observe, jump)
         clock = self.clock
         while (due := clock.iteration_needing(clock.next_flush())) <= last_clock:
             if unbacked is not None:
                 # (The iteration's tokens evict before its flushes grow, as a decode step's allocation
                 # evicts before the step: a flush may free slots a later iteration's tokens take.)
-                unbacked.evict_inside(jump.first_clock, due, observe)
+                unbacked.evict_inside(jump.first_clock, due, partial(self._observe, jump))
             token = clock.first_token_of(due)
             self._flush_group(jump, clock.due_flushes(token), due, last_clock)
         if unbacked is not None:
-            unbacked.evict_inside(jump.first_clock, last_clock, observe)
+            unbacked.evict_inside(jump.first_clock, last_clock, partial(self._observe, jump))
         # Copy-on-write only follows a fork, which ends a wake-up: its write is the next iteration 1.
         assert self.kv.cow_copies() == copies_before, "a copy-on-write inside a jump"
 
