@@ -105,17 +105,17 @@ def check_identity(kv: JengaCoordinator) -> None:
             assert sum(holdings.held_count(seq_id) for seq_id in kv._requests) == holdings.pages.held_large
             continue
         table, allocator = named(holdings).held, named(holdings).allocator
-        assert sum(allocator.free_count.values()) == allocator.free_small
+        assert sum(allocator.free_counts().values()) == allocator.free_small
         # Every small page of a large page the type holds is held by one sequence or free, never both.
         held_ids = [page for pages in table.values() for page in pages]
         free_ids = [page for pages in allocator.preferred.values() for page in pages] + list(
             allocator.unowned
         )
         carved = {
-            large * allocator.ratio + i for large in allocator.free_count for i in range(allocator.ratio)
+            large * allocator.ratio + i for large in allocator.free_counts() for i in range(allocator.ratio)
         }
         assert len(held_ids) + len(free_ids) == len(carved) and set(held_ids) | set(free_ids) == carved
-        for large, free in allocator.free_count.items():
+        for large, free in allocator.free_counts().items():
             assert free == sum(1 for page in free_ids if page // allocator.ratio == large) < allocator.ratio
 
 
@@ -171,7 +171,7 @@ def test_admit_grow_past_the_window_share_and_free_by_hand():
     kv.free(1)
     assert list(kv.large_pages.free_ids) == [0, 2]
     full, sliding = allocators(kv)
-    assert full.free_count == {3: 2} and sliding.free_count == {1: 1}
+    assert full.free_counts() == {3: 2} and sliding.free_counts() == {1: 1}
     assert full.unowned == {9: None, 11: None}  # A's, whose request is gone
     assert entries(kv) == [(8, 0, 0, 16, 0, 0), (12, 0, 0, 12, 0, 0), (0, 0, 0, 0, 0, 48)]
     check_identity(kv)

@@ -95,8 +95,8 @@ class OnePageAtATime:
 def _state(allocator: SmallPageAllocator) -> tuple:
     return (
         list(allocator.large_pages.free_ids),
-        allocator.free_count,
-        allocator.owner,
+        allocator.free_counts(),
+        allocator.owners(),
         {request: list(free) for request, free in allocator.preferred.items()},
         list(allocator.unowned),
         allocator.free_small,
@@ -109,7 +109,7 @@ def test_a_prompt_of_whole_large_pages_and_a_part_by_hand():
     allocator = SmallPageAllocator(LargePagePool(4), ratio=2)
     allocator.add_request(7)
     assert allocator.allocate(7, 5, 3) == [0, 1, 2, 3, 4]
-    assert (allocator.free_count, allocator.owner, allocator.preferred) == (
+    assert (allocator.free_counts(), allocator.owners(), allocator.preferred) == (
         {0: 0, 1: 0, 2: 1},
         {0: 7, 1: 7, 2: 7},
         {7: {5: None}},

@@ -68,9 +68,9 @@ def check_identity(kv: JengaPrefixCoordinator) -> None:
                 references[row[position]] = references.get(row[position], 0) + 1
             assert all(page == -1 for page in row[: seq.first_block]), seq_id
         blank = [page for pages in allocator.preferred.values() for page in pages] + list(allocator.unowned)
-        cached = list(cache.stamps)
+        cached = list(cache.cached_stamps())
         carved = {
-            large * allocator.ratio + i for large in allocator.free_count for i in range(allocator.ratio)
+            large * allocator.ratio + i for large in allocator.free_counts() for i in range(allocator.ratio)
         }
         every = list(references) + blank + cached
         assert len(every) == len(set(every)) and set(every) == carved
@@ -78,14 +78,14 @@ def check_identity(kv: JengaPrefixCoordinator) -> None:
             assert cache.ref_count[page] == references.get(page, 0)
         for page in cached:
             assert cache.has_identity(page)
-        for large, free in allocator.free_count.items():
+        for large, free in allocator.free_counts().items():
             assert free == sum(1 for page in blank if page // allocator.ratio == large) < allocator.ratio
         whole = {
             large
-            for large in allocator.free_count
-            if all(large * allocator.ratio + i in cache.stamps for i in range(allocator.ratio))
+            for large in allocator.free_counts()
+            if all(cache.stamps[large * allocator.ratio + i] is not None for i in range(allocator.ratio))
         }
-        assert set(cache.whole) == whole
+        assert set(cache.whole_stamps()) == whole
         assert cache.cached_in(tables.group) == len(cached)
 
 
@@ -228,13 +228,13 @@ def test_the_pool_after_a_small_stream_by_hand():
     kv.grow(1, 1)
     assert table(kv, 1, 1) == [-1, -1, -1, 7, 8, 9]
     assert entries(kv) == [(42, 6, 0, 0, 0, 0), (27, 9, 0, 0, 36, 0), (0, 0, 0, 0, 0, 24)]
-    assert set(kv.caches[1].whole) == {2}
+    assert set(kv.caches[1].whole_stamps()) == {2}
     # A ends: pages go back tail first; block 5 (one token) is blank, the full blocks cached. Full:
     # pages 0-4 cached (40), page 5 blank (8); sliding: pages 4-8 cached (60), page 9 blank (12).
     # Wholly cached: full large page 0 (pages 0-2), sliding 2 (4, 5) and 3 (6, 7).
     kv.free(1)
     assert entries(kv) == [(0, 0, 0, 8, 40, 0), (0, 0, 0, 12, 60, 0), (0, 0, 0, 0, 0, 24)]
-    assert set(kv.caches[0].whole) == {0} and set(kv.caches[1].whole) == {2, 3}
+    assert set(kv.caches[0].whole_stamps()) == {0} and set(kv.caches[1].whole_stamps()) == {2, 3}
     assert kv.available_slots() == (1 + 3) // 2 * 4  # (free and wholly cached large pages, both types)
     check_identity(kv)
     # B: 8 tokens of its own (no hit), 2 blocks per type. Quotas at most 1 + 1 <= 1 free + 3 wholly
@@ -296,7 +296,7 @@ def test_eviction_frees_a_whole_large_page_first_then_a_single_page():
     # Full, no quota: A's blank page 5, then B's own 17, then a single cached page, the type's
     # oldest outside a wholly cached large page: block 4 of A's prompt (page 4: A's pages went back
     # tail first, the deepest first).
-    assert table(kv, 0, 3) == [5, 17, 4] and 4 not in kv.caches[0].stamps
+    assert table(kv, 0, 3) == [5, 17, 4] and kv.caches[0].stamps[4] is None
     # Sliding, a new large page in its quota and none free: the wholly cached large page whose latest
     # page went back first, whatever its type: full's 0 (A's full pages went back before its sliding
     # ones). Sliding carves it (pages 0, 1), then takes B's own 5.
@@ -365,7 +365,7 @@ def test_a_windows_released_pages_go_before_an_older_requests():
     # gives back blocks 0-2, and large page 2 (blocks 0, 1) is wholly cached, stamped 4 - 200.
     kv.free(2)
     kv.grow(1, 1)
-    assert {large: stamp_parts(stamp) for large, stamp in kv.caches[1].whole.items()} == {
+    assert {large: stamp_parts(stamp) for large, stamp in kv.caches[1].whole_stamps().items()} == {
         6: (3, 1, 4),
         2: (-196, 0, 7),
     }
@@ -421,9 +421,9 @@ def test_every_cached_page_has_the_same_stamp_in_both_step_modes(large_pages, se
         engine.run()
         pools.append(kv)
     single, skip = pools
-    assert any(cache.stamps for cache in single.caches)
-    assert [cache.stamps for cache in single.caches] == [cache.stamps for cache in skip.caches]
-    assert [cache.whole for cache in single.caches] == [cache.whole for cache in skip.caches]
+    assert any(cache.cached_stamps() for cache in single.caches)
+    assert [cache.cached_stamps() for cache in single.caches] == [cache.cached_stamps() for cache in skip.caches]
+    assert [cache.whole_stamps() for cache in single.caches] == [cache.whole_stamps() for cache in skip.caches]
 
 
 def test_a_prompt_is_cached_in_every_type_as_far_as_it_was_scheduled():

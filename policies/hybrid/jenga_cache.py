@@ -114,7 +114,7 @@ class LargePageEvictor:
         self.caches: list[JengaPageCache] = []
 
     def whole_large_pages(self) -> int:
-        return sum(len(cache.whole) for cache in self.caches)
+        return sum(cache.whole_count for cache in self.caches)
 
     def evict_oldest(self) -> None:
         oldest: JengaPageCache | None = None
@@ -161,9 +161,16 @@ class JengaPageCache(PrefixCachingBlockPool):
         self.clock = clock
         self.evictor = evictor
         evictor.caches.append(self)
-        self.stamps: dict[int, Stamp] = {}  # cached page -> its stamp
-        self.cached_per_large: dict[int, int] = {}  # large page -> its cached pages
-        self.whole: dict[int, Stamp] = {}  # large pages all of whose pages are cached -> latest stamp
+        # By page and by large page (ids are dense: lists, not dicts, as every page taken may evict
+        # one, and every page given back is stamped): a cached page's stamp, else None; a large
+        # page's cached pages; the latest stamp of a large page all of whose pages are cached, else
+        # None.
+        num_large = allocator.large_pages.num_pages
+        self.stamps: list[Stamp | None] = [None] * self.num_blocks
+        self.cached_per_large: list[int] = [0] * num_large
+        self.whole: list[Stamp | None] = [None] * num_large
+        self.stamped_count = 0  # cached pages
+        self.whole_count = 0  # wholly cached large pages
         self._page_queue: list[int] = []  # cached pages (_queued; stale entries skipped)
         self._whole_queue: list[int] = []  # wholly cached large pages (likewise)
         self.request = 0
@@ -173,7 +180,7 @@ class JengaPageCache(PrefixCachingBlockPool):
     @property
     def evictable(self) -> int:
         """Cached pages outside wholly cached large pages (those count as free large pages)."""
-        return len(self.stamps) - self.ratio * len(self.whole)
+        return self.stamped_count - self.ratio * self.whole_count
 
     def free_pages(self) -> int:
         """What Jenga's quota rule counts as this type's free small pages: blank and evictable ones."""
@@ -187,7 +194,7 @@ class JengaPageCache(PrefixCachingBlockPool):
             touched[page // self.ratio] = touched.get(page // self.ratio, 0) + 1
         lost, evictable = 0, self.evictable
         for large, count in touched.items():
-            if large in self.whole:
+            if self.whole[large] is not None:
                 lost += 1
                 evictable += self.ratio - count
             else:
@@ -208,7 +215,7 @@ class JengaPageCache(PrefixCachingBlockPool):
         free_small, evictable = self.allocator.free_small, self.evictable
         for large in blank.keys() | cached.keys():
             was_blank = self.allocator.free_count[large]
-            was_cached = self.cached_per_large.get(large, 0)
+            was_cached = self.cached_per_large[large]
             if was_blank + blank.get(large, 0) == self.ratio:
                 freed += 1
                 free_small -= was_blank
@@ -241,13 +248,23 @@ class JengaPageCache(PrefixCachingBlockPool):
         own = allocator.preferred[request]
         if own:
             return allocator.take_own(own, count)
-        if self.quota > 0 and allocator.large_pages.free:
+        # Whole large pages (a prompt's, mostly) are carved, and evicted for, a run at a time: the
+        # same pages in the same order as one at a time (a carved page changes no cache's order).
+        whole = min(self.quota, count // self.ratio)
+        free_large = allocator.large_pages.free
+        if self.quota > 0 and free_large:
+            if whole:
+                whole = min(whole, free_large)
+                self.quota -= whole
+                return allocator.carve_whole(request, whole)
             self.quota -= 1
             return allocator.carve(request, count)
         if allocator.unowned:
             return allocator.adopt_unowned(request)
-        if self.quota > 0 and self.evictor.whole_large_pages():
-            self.evictor.evict_oldest()  # (a large page is free now: the next round carves it)
+        evictable_large = self.evictor.whole_large_pages()
+        if self.quota > 0 and evictable_large:
+            for _ in range(max(1, min(whole, evictable_large))):
+                self.evictor.evict_oldest()  # (free large pages now: the next round carves them)
             return []
         if allocator.others_free() is not None:
             return allocator.take_others(count)
@@ -276,20 +293,33 @@ class JengaPageCache(PrefixCachingBlockPool):
             self.cached_blocks += 1
         return False
 
+    def cached_stamps(self) -> dict[int, Stamp]:
+        """Every cached page -> its stamp, in page order."""
+        return {page: stamp for page, stamp in enumerate(self.stamps) if stamp is not None}
+
+    def whole_stamps(self) -> dict[int, Stamp]:
+        """Every wholly cached large page -> its latest stamp, in page order."""
+        return {large: stamp for large, stamp in enumerate(self.whole) if stamp is not None}
+
     # -- the cached pages' order ------------------------------------------------------------------
     def _stamp(self, page: int) -> None:
         stamp = self.clock.stamp()
-        self.stamps[page] = stamp
-        large = page // self.ratio
-        cached = self.cached_per_large.get(large, 0) + 1
+        stamps = self.stamps
+        stamps[page] = stamp
+        self.stamped_count += 1
+        ratio = self.ratio
+        large = page // ratio
+        cached = self.cached_per_large[large] + 1
         self.cached_per_large[large] = cached
-        if cached == self.ratio:  # wholly cached: its latest stamp (``Level1LRUEvictor.add``)
+        if cached == ratio:  # wholly cached: its latest stamp (``Level1LRUEvictor.add``)
             latest = stamp
-            stamps = self.stamps
-            for sibling in range(large * self.ratio, large * self.ratio + self.ratio):
-                if stamps[sibling] > latest:
-                    latest = stamps[sibling]
+            for sibling in range(large * ratio, large * ratio + ratio):
+                sibling_stamp = stamps[sibling]
+                assert sibling_stamp is not None
+                if sibling_stamp > latest:
+                    latest = sibling_stamp
             self.whole[large] = latest
+            self.whole_count += 1
             heapq.heappush(self._whole_queue, _queued(latest, large))
         else:
             heapq.heappush(self._page_queue, _queued(stamp, page))
@@ -297,17 +327,18 @@ class JengaPageCache(PrefixCachingBlockPool):
     def _forget_stamp(self, page: int) -> None:
         """``page`` is cached no more: its large page, if it was wholly cached, is not now, and its
         other cached pages are evictable one by one again."""
-        del self.stamps[page]
+        stamps = self.stamps
+        stamps[page] = None
+        self.stamped_count -= 1
         large = page // self.ratio
-        left = self.cached_per_large[large] - 1
-        if left:
-            self.cached_per_large[large] = left
-        else:
-            del self.cached_per_large[large]
-        if self.whole.pop(large, None) is not None:
+        self.cached_per_large[large] -= 1
+        if self.whole[large] is not None:
+            self.whole[large] = None
+            self.whole_count -= 1
             for sibling in range(large * self.ratio, large * self.ratio + self.ratio):
-                if sibling in self.stamps:
-                    heapq.heappush(self._page_queue, _queued(self.stamps[sibling], sibling))
+                sibling_stamp = stamps[sibling]
+                if sibling_stamp is not None:
+                    heapq.heappush(self._page_queue, _queued(sibling_stamp, sibling))
 
     def _evict_oldest_page(self) -> int:
         """The type's oldest cached page outside a wholly cached large page, evicted (``evict_level1``):
@@ -315,7 +346,7 @@ class JengaPageCache(PrefixCachingBlockPool):
         while True:
             entry = heapq.heappop(self._page_queue)
             page = entry & _INDEX_MASK
-            if self.stamps.get(page) == entry >> _INDEX_BITS and page // self.ratio not in self.whole:
+            if self.stamps[page] == entry >> _INDEX_BITS and self.whole[page // self.ratio] is None:
                 break
         self._forget_stamp(page)
         self._evict(page)
@@ -323,8 +354,8 @@ class JengaPageCache(PrefixCachingBlockPool):
 
     def oldest_whole(self) -> Stamp | None:
         """The latest stamp of this type's wholly cached large page evicted first, None without one."""
-        queue = self._whole_queue
-        while queue and self.whole.get(queue[0] & _INDEX_MASK) != queue[0] >> _INDEX_BITS:
+        queue, whole = self._whole_queue, self.whole
+        while queue and whole[queue[0] & _INDEX_MASK] != queue[0] >> _INDEX_BITS:
             heapq.heappop(queue)  # (stale: no longer wholly cached, or cached again since)
         return queue[0] >> _INDEX_BITS if queue else None
 
@@ -333,10 +364,13 @@ class JengaPageCache(PrefixCachingBlockPool):
         shared pool (``evict_level0``, ``remove_blocks_from_evictor``)."""
         entry = heapq.heappop(self._whole_queue)
         large = entry & _INDEX_MASK
-        assert self.whole.get(large) == entry >> _INDEX_BITS, "oldest_whole() first"
-        del self.whole[large]
-        del self.cached_per_large[large]
-        for page in range(large * self.ratio, large * self.ratio + self.ratio):
-            del self.stamps[page]
+        assert self.whole[large] == entry >> _INDEX_BITS, "oldest_whole() first"
+        self.whole[large] = None
+        self.whole_count -= 1
+        self.cached_per_large[large] = 0
+        ratio = self.ratio
+        for page in range(large * ratio, large * ratio + ratio):
+            self.stamps[page] = None
             self._evict(page)
+        self.stamped_count -= ratio
         self.allocator.give_back_large(large)

@@ -28,8 +28,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
+from typing import Final
 
 from policies.base import PolicyInputError
+
+NOT_HELD: Final = -1
+"""A large page's free small pages and owner while no type (or another type) holds it."""
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -103,14 +107,36 @@ class SmallPageAllocator(TypePages):
 
     def __init__(self, large_pages: LargePagePool, ratio: int):
         super().__init__(large_pages, ratio)
-        self.free_count: dict[int, int] = {}  # large page held by this type -> its free small pages
-        self.owner: dict[int, int] = {}  # large page -> the request it prefers (it may be gone)
+        # Per large page (ids are dense: lists, not dicts, as a page is carved and given back at every
+        # page a prompt takes): its free small pages while this type holds it, else NOT_HELD; the
+        # request it prefers (it may be gone).
+        self.free_count: list[int] = [NOT_HELD] * large_pages.num_pages
+        self.owner: list[int] = [NOT_HELD] * large_pages.num_pages
         self.preferred: dict[int, dict[int, None]] = {}  # live request -> its free small pages, in order
         self.unowned: dict[int, None] = {}  # free small pages whose large page's request is gone
+        self._held = 0
 
     @property
     def held_large(self) -> int:
-        return len(self.free_count)
+        return self._held
+
+    def free_counts(self) -> dict[int, int]:
+        """Every large page this type holds -> its free small pages, in page order."""
+        return {large: free for large, free in enumerate(self.free_count) if free != NOT_HELD}
+
+    def owners(self) -> dict[int, int]:
+        """Every large page this type holds -> the request it prefers, in page order."""
+        return {large: self.owner[large] for large in self.free_counts()}
+
+    def _hold(self, large: int, free: int, seq_id: int) -> None:
+        self.free_count[large] = free
+        self.owner[large] = seq_id
+        self._held += 1
+
+    def _drop(self, large: int) -> None:
+        self.free_count[large] = self.owner[large] = NOT_HELD
+        self._held -= 1
+        self.large_pages.give_back(large)
 
     def add_request(self, seq_id: int) -> None:
         self.preferred[seq_id] = {}
@@ -161,8 +187,7 @@ class SmallPageAllocator(TypePages):
         count = min(count, ratio)
         if count < ratio:  # (pages of one large page each, gpt-oss's: nothing left over)
             self.preferred[seq_id].update(dict.fromkeys(range(first + count, first + ratio)))
-        self.free_count[large] = ratio - count
-        self.owner[large] = seq_id
+        self._hold(large, ratio - count, seq_id)
         self.free_small += ratio - count
         return list(range(first, first + count))
 
@@ -172,17 +197,16 @@ class SmallPageAllocator(TypePages):
         ratio = self.ratio
         take = self.large_pages.take
         free_count, owner = self.free_count, self.owner
-        if ratio == 1:  # (each small page is its large page)
-            larges = [take() for _ in range(count)]
-            free_count.update(dict.fromkeys(larges, 0))
-            owner.update(dict.fromkeys(larges, seq_id))
-            return larges
         pages: list[int] = []
         for _ in range(count):
             large = take()
             free_count[large] = 0
             owner[large] = seq_id
-            pages += range(large * ratio, large * ratio + ratio)
+            if ratio == 1:  # (each small page is its large page)
+                pages.append(large)
+            else:
+                pages += range(large * ratio, large * ratio + ratio)
+        self._held += count
         return pages
 
     def adopt_unowned(self, seq_id: int) -> list[int]:
@@ -215,9 +239,7 @@ class SmallPageAllocator(TypePages):
         """A large page of this type with no blank small page, whose every small page was cached and is
         evicted now, goes back to the shared pool (prefix caching: ``policies/hybrid/jenga_cache.py``)."""
         assert self.free_count[large] == 0, "a large page with blank small pages is given back by release()"
-        del self.free_count[large]
-        del self.owner[large]
-        self.large_pages.give_back(large)
+        self._drop(large)
 
     def release(self, pages: Iterable[int]) -> None:
         """Small pages are free again, in order: each its large page's request's, or anyone's; a large
@@ -225,11 +247,8 @@ class SmallPageAllocator(TypePages):
         ratio = self.ratio
         free_count, owner, preferred, unowned = self.free_count, self.owner, self.preferred, self.unowned
         if ratio == 1:  # (every layer type's pages of one size: each small page is a large page)
-            give_back = self.large_pages.give_back
             for page in pages:
-                del free_count[page]
-                del owner[page]
-                give_back(page)
+                self._drop(page)
             return
         for page in pages:
             large = page // ratio
@@ -240,10 +259,8 @@ class SmallPageAllocator(TypePages):
                 for sibling in range(first, first + ratio):
                     if sibling != page:
                         del free[sibling]
-                del free_count[large]
-                del owner[large]
+                self._drop(large)
                 self.free_small -= ratio - 1
-                self.large_pages.give_back(large)
             else:
                 free_count[large] = count
                 free[page] = None
