@@ -95,7 +95,9 @@ def observed(driver: HybridDriver) -> tuple:
     pools = []
     for pool in pools_of(driver):
         order = (
-            (pool.cached_stamps(), pool.whole_stamps()) if isinstance(pool, JengaPageCache) else pool.queue.order()
+            (pool.cached_stamps(), pool.whole_stamps())
+            if isinstance(pool, JengaPageCache)
+            else pool.queue.order()
         )
         identities = [(pool.has_identity(block), pool.block_group[block]) for block in range(pool.num_blocks)]
         pools.append((order, list(pool.ref_count), identities, pool.free_blocks, pool.cached_blocks))

@@ -422,8 +422,12 @@ def test_every_cached_page_has_the_same_stamp_in_both_step_modes(large_pages, se
         pools.append(kv)
     single, skip = pools
     assert any(cache.cached_stamps() for cache in single.caches)
-    assert [cache.cached_stamps() for cache in single.caches] == [cache.cached_stamps() for cache in skip.caches]
-    assert [cache.whole_stamps() for cache in single.caches] == [cache.whole_stamps() for cache in skip.caches]
+    assert [cache.cached_stamps() for cache in single.caches] == [
+        cache.cached_stamps() for cache in skip.caches
+    ]
+    assert [cache.whole_stamps() for cache in single.caches] == [
+        cache.whole_stamps() for cache in skip.caches
+    ]
 
 
 def test_a_prompt_is_cached_in_every_type_as_far_as_it_was_scheduled():
