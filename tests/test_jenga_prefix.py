@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.base import ChildSpec, OutOfKVMemory
-from policies.hybrid.jenga_cache import stamp_parts
+from policies.hybrid.jenga_cache import WholeQueue, WholeRuns, stamp_parts
 from sim.hardware.jenga_capacity import JengaCapacity, JengaGroupSpec
 from sim.hardware.layers import FullAttention, SlidingWindow
 from sim.kv.jenga_prefix import JengaPrefixCoordinator
@@ -452,3 +452,55 @@ def test_a_prompt_is_cached_in_every_type_as_far_as_it_was_scheduled():
     check_identity(kv)
     assert entries(kv) == [(0, 0, 0, 8, 16, 0), (0, 0, 0, 0, 24, 0), (0, 0, 0, 0, 0, 96)]
     assert kv.lookup(b_prompt).cached_tokens == 8
+
+
+def test_whole_runs_by_hand():
+    """Pages 5, 6, 7 given back with consecutive stamps 10-12 are one run; 3 at 4 another, older. A
+    hit on 6 leaves 5 then 7; a run emptied and dropped is not the one a later stamp extends."""
+    runs = WholeRuns()
+    whole: list[int | None] = [None] * 10
+    for stamp, page in ((10, 5), (11, 6), (12, 7), (4, 3)):
+        whole[page] = stamp
+        runs.push(stamp, page)
+    assert len(runs.runs) == 2 and runs.runs[10].pages == [5, 6, 7]
+    whole[6] = None  # (a hit)
+    evicted = []
+    while runs.oldest(whole) is not None:
+        page = runs.pop_oldest(whole)
+        evicted.append(page)
+        whole[page] = None
+    assert evicted == [3, 5, 7] and runs.runs == {} and runs.tail is None
+    whole[8] = 13
+    runs.push(13, 8)
+    assert runs.oldest(whole) == 13 and runs.pop_oldest(whole) == 8
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["cache", "hit", "evict"]), st.integers(0, 11), st.integers(0, 3)),
+        max_size=120,
+    )
+)
+def test_whole_runs_evict_in_the_heaps_order(operations):
+    """Whole pages given fresh stamps (a few request-time prefixes, one order counter, as
+    ``EvictionClock`` gives them), hit and evicted at random: the runs evict the pages the heap of
+    entries evicts, in the same order."""
+    runs, heap = WholeRuns(), WholeQueue()
+    whole: list[int | None] = [None] * 12
+    order = 0
+    for kind, page, prefix in operations:
+        if kind == "cache" and whole[page] is None:
+            order += 1
+            whole[page] = (prefix << 20) + order
+            runs.push(whole[page], page)
+            heap.push(whole[page], page)
+        elif kind == "hit":
+            whole[page] = None
+        elif kind == "evict":
+            oldest = heap.oldest(whole)
+            assert runs.oldest(whole) == oldest
+            if oldest is not None:
+                evicted = heap.pop_oldest(whole)
+                assert runs.pop_oldest(whole) == evicted
+                whole[evicted] = None

@@ -106,6 +106,102 @@ class EvictionClock:
         return ((((self.time - self.age) << _PART_BITS) + self.request) << _PART_BITS) + self._order
 
 
+class WholeQueue:
+    """A type's wholly cached large pages, oldest latest stamp first: a heap of entries (``_queued``),
+    a stale one (the large page no longer wholly cached, or cached again since) skipped when it comes
+    up."""
+
+    def __init__(self) -> None:
+        self.heap: list[int] = []
+
+    def push(self, latest: Stamp, large: int) -> None:
+        heapq.heappush(self.heap, _queued(latest, large))
+
+    def oldest(self, whole: list[Stamp | None]) -> Stamp | None:
+        """The oldest entry's stamp (``whole``: each large page's latest stamp while wholly cached),
+        None without one."""
+        heap = self.heap
+        while heap and whole[heap[0] & _INDEX_MASK] != heap[0] >> _INDEX_BITS:
+            heapq.heappop(heap)
+        return heap[0] >> _INDEX_BITS if heap else None
+
+    def pop_oldest(self, whole: list[Stamp | None]) -> int:
+        """The large page :meth:`oldest` named, taken out."""
+        entry = heapq.heappop(self.heap)
+        large = entry & _INDEX_MASK
+        assert whole[large] == entry >> _INDEX_BITS, "oldest() first"
+        return large
+
+
+class WholeRuns(WholeQueue):
+    """:class:`WholeQueue` for pages that are each a whole large page (``ratio`` 1, every type of
+    gpt-oss, Gemma 3 or Llama 4): a page's latest stamp is the one it was just given, so the pages a
+    request gives back at once arrive with consecutive stamps, and are kept as one run, the heap
+    holding one key per run (its first stamp), not one entry per page.
+
+    Why a run's key may stay its first stamp while its head moves on: stamps are never given twice,
+    so a stamp between a run's first and its head was that run's own, and is gone or stale; no other
+    run's valid page lies there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: dict[Stamp, StampRun] = {}  # first stamp -> run
+        self.top: StampRun | None = None  # the run whose first stamp is the heap's least
+        self.tail: StampRun | None = None  # the run the next consecutive stamp extends
+
+    def push(self, latest: Stamp, large: int) -> None:
+        tail = self.tail
+        if tail is not None and tail.next_stamp == latest:
+            tail.pages.append(large)
+            tail.next_stamp = latest + 1
+            return
+        tail = self.tail = StampRun(latest, large)
+        self.runs[latest] = tail
+        heapq.heappush(self.heap, latest)
+        if self.top is None or latest < self.top.first:
+            self.top = tail
+
+    def oldest(self, whole: list[Stamp | None]) -> Stamp | None:
+        run = self.top
+        while run is not None:
+            pages, index, stamp = run.pages, run.head, run.head_stamp
+            while index < len(pages):
+                if whole[pages[index]] == stamp:
+                    run.head, run.head_stamp = index, stamp
+                    return stamp
+                index += 1  # (stale)
+                stamp += 1
+            heap = self.heap
+            heapq.heappop(heap)
+            del self.runs[run.first]
+            if run is self.tail:
+                self.tail = None
+            run = self.top = self.runs[heap[0]] if heap else None
+        return None
+
+    def pop_oldest(self, whole: list[Stamp | None]) -> int:
+        run = self.top
+        assert run is not None, "oldest() first"
+        large = run.pages[run.head]
+        assert whole[large] == run.head_stamp, "oldest() first"
+        run.head += 1
+        run.head_stamp += 1
+        return large
+
+
+class StampRun:
+    """Large pages given consecutive stamps from ``first`` on, in that order; those before ``head``
+    are gone. (``head_stamp`` and ``next_stamp`` are kept, not summed at each use: a stamp is a
+    multi-digit int, and a sum a new object.)"""
+
+    def __init__(self, first: Stamp, large: int) -> None:
+        self.first = first
+        self.pages = [large]
+        self.head = 0
+        self.head_stamp = first  # the stamp of pages[head]
+        self.next_stamp = first + 1  # the stamp the next page joining the run has
+
+
 class LargePageEvictor:
     """Every type's wholly cached large pages (``Level0LRUEvictor``): evicts the one whose latest
     stamp is the oldest, whatever its type."""
@@ -172,7 +268,7 @@ class JengaPageCache(PrefixCachingBlockPool):
         self.stamped_count = 0  # cached pages
         self.whole_count = 0  # wholly cached large pages
         self._page_queue: list[int] = []  # cached pages (_queued; stale entries skipped)
-        self._whole_queue: list[int] = []  # wholly cached large pages (likewise)
+        self._whole_queue = WholeRuns() if self.ratio == 1 else WholeQueue()
         self.request = 0
         self.quota = 0
 
@@ -206,6 +302,10 @@ class JengaPageCache(PrefixCachingBlockPool):
         ``(large pages freed, wholly cached large pages gained, free pages after)``. The first
         ``keyed`` of them gain an identity before they go back (a growth fills them: they go back
         cached, not blank)."""
+        if self.ratio == 1:  # (each page its own large page: freed when blank, else wholly cached)
+            chain = self.block_chain
+            freed = sum(1 for index, page in enumerate(pages) if index >= keyed and chain[page] == NO_BLOCK)
+            return freed, len(pages) - freed, self.allocator.free_small + self.evictable
         blank: dict[int, int] = {}
         cached: dict[int, int] = {}
         for index, page in enumerate(pages):
@@ -320,7 +420,7 @@ class JengaPageCache(PrefixCachingBlockPool):
                     latest = sibling_stamp
             self.whole[large] = latest
             self.whole_count += 1
-            heapq.heappush(self._whole_queue, _queued(latest, large))
+            self._whole_queue.push(latest, large)
         else:
             heapq.heappush(self._page_queue, _queued(stamp, page))
 
@@ -354,17 +454,12 @@ class JengaPageCache(PrefixCachingBlockPool):
 
     def oldest_whole(self) -> Stamp | None:
         """The latest stamp of this type's wholly cached large page evicted first, None without one."""
-        queue, whole = self._whole_queue, self.whole
-        while queue and whole[queue[0] & _INDEX_MASK] != queue[0] >> _INDEX_BITS:
-            heapq.heappop(queue)  # (stale: no longer wholly cached, or cached again since)
-        return queue[0] >> _INDEX_BITS if queue else None
+        return self._whole_queue.oldest(self.whole)
 
     def evict_oldest_whole(self) -> None:
         """Every page of the oldest wholly cached large page evicted; the large page goes back to the
         shared pool (``evict_level0``, ``remove_blocks_from_evictor``)."""
-        entry = heapq.heappop(self._whole_queue)
-        large = entry & _INDEX_MASK
-        assert self.whole[large] == entry >> _INDEX_BITS, "oldest_whole() first"
+        large = self._whole_queue.pop_oldest(self.whole)
         self.whole[large] = None
         self.whole_count -= 1
         self.cached_per_large[large] = 0
