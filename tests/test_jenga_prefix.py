@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.base import ChildSpec, OutOfKVMemory
-from policies.hybrid.jenga_cache import WholeQueue, WholeRuns, stamp_parts
+from policies.hybrid.jenga_cache import SKIPPED_AGE, EvictionClock, WholeQueue, WholeRuns, stamp_parts
 from sim.hardware.jenga_capacity import JengaCapacity, JengaGroupSpec
 from sim.hardware.layers import FullAttention, SlidingWindow
 from sim.kv.jenga_prefix import JengaPrefixCoordinator
@@ -504,3 +504,18 @@ def test_whole_runs_evict_in_the_heaps_order(operations):
                 evicted = heap.pop_oldest(whole)
                 assert runs.pop_oldest(whole) == evicted
                 whole[evicted] = None
+
+
+def test_the_eviction_clock_stamps_time_request_and_order():
+    """Driven without an engine, each operation is a step: stamps carry the step (less the age
+    served), the request, and a count of stamps given, whichever of tick() and serve() came last."""
+    clock = EvictionClock()
+    clock.serve(3)
+    assert stamp_parts(clock.stamp()) == (0, 3, 1)
+    clock.tick()
+    assert stamp_parts(clock.stamp()) == (1, 3, 2)
+    clock.tick()
+    clock.serve(5, SKIPPED_AGE)
+    assert stamp_parts(clock.stamp() + (SKIPPED_AGE << 80)) == (2, 5, 3)
+    clock.serve(4)
+    assert stamp_parts(clock.stamp()) == (2, 4, 4)

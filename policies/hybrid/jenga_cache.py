@@ -84,6 +84,7 @@ class EvictionClock:
         self.request = 0
         self.age = 0
         self._order = 0
+        self._base = 0  # the stamp's (time, request) part, as tick() and serve() leave them
         # The engine's scheduler step of the operation in progress (KVCoordinator.follow_steps); None:
         # the clock counts the coordinator's operations instead (a pool driven without an engine).
         self.steps: Callable[[], int] | None = None
@@ -94,16 +95,23 @@ class EvictionClock:
         time, or the flushes of a jump) changes no stamp's order."""
         steps = self.steps
         self.time = self.time + 1 if steps is None else steps()
+        self._rebase()
 
     def serve(self, request: int, age: int = 0) -> None:
         """The pages given back next are ``request``'s, stamped ``age`` older than now."""
         self.request = request
         self.age = age
+        self._rebase()
+
+    def _rebase(self) -> None:
+        # (Once per operation or request, not per page: a stamp's parts are multi-digit ints.)
+        assert 0 <= self.request < 1 << _PART_BITS
+        self._base = (((self.time - self.age) << _PART_BITS) + self.request) << _PART_BITS
 
     def stamp(self) -> Stamp:
         self._order += 1
-        assert 0 <= self.request < 1 << _PART_BITS and self._order < 1 << _PART_BITS
-        return ((((self.time - self.age) << _PART_BITS) + self.request) << _PART_BITS) + self._order
+        assert self._order < 1 << _PART_BITS
+        return self._base + self._order
 
 
 class WholeQueue:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Final
 
+import numpy as np
 import pandas as pd
 
 from policies.base import MemoryBreakdown
@@ -93,12 +94,19 @@ class GroupSeries:
 
     def frame(self) -> pd.DataFrame:
         """The rows in long form: ``time_s``, ``kv_group``, then one column per category (slots)."""
-        records = []
-        for time_s, values in zip(self._times, self._rows, strict=True):
-            for index, name in enumerate(self.names):
-                start = index * CATEGORIES
-                records.append((time_s, name, *values[start : start + CATEGORIES]))
-        return pd.DataFrame.from_records(records, columns=["time_s", "kv_group", *TOKEN_COLUMNS])
+        groups = len(self.names)
+        if not self._rows:
+            return pd.DataFrame.from_records([], columns=["time_s", "kv_group", *TOKEN_COLUMNS])
+        # Built by column (a row of every group's categories per observation is one row of the array;
+        # a tuple per row and group was most of the time a hybrid run spent writing its curves).
+        values = np.array(self._rows, dtype=np.int64).reshape(len(self._rows) * groups, CATEGORIES)
+        columns: dict[str, object] = {
+            "time_s": np.repeat(np.array(self._times, dtype=np.float64), groups),
+            "kv_group": np.tile(np.array(self.names, dtype=object), len(self._rows)),
+        }
+        for offset, column in enumerate(TOKEN_COLUMNS):
+            columns[column] = values[:, offset]
+        return pd.DataFrame(columns)
 
     def time_averages(self, end_s: float, pool_slots: int) -> dict[str, dict[str, float]]:
         """Per entry, each category's time-averaged share of the whole pool over [0, end_s]: the
