@@ -220,15 +220,20 @@ class LargePageEvictor:
     def whole_large_pages(self) -> int:
         return sum(cache.whole_count for cache in self.caches)
 
-    def evict_oldest(self) -> None:
-        oldest: JengaPageCache | None = None
-        oldest_stamp: Stamp | None = None
-        for cache in self.caches:
-            stamp = cache.oldest_whole()
-            if stamp is not None and (oldest_stamp is None or stamp < oldest_stamp):
-                oldest, oldest_stamp = cache, stamp
-        assert oldest is not None, "a quota the evictor's wholly cached large pages were counted for"
-        oldest.evict_oldest_whole()
+    def evict_oldest(self, count: int = 1) -> None:
+        """The ``count`` oldest, one after another. (Each type's oldest is read once, then again only
+        for the type evicted from: an eviction moves no other type's order.)"""
+        caches = self.caches
+        oldest = [cache.oldest_whole() for cache in caches]
+        for _ in range(count):
+            chosen = -1
+            chosen_stamp: Stamp | None = None
+            for index, stamp in enumerate(oldest):
+                if stamp is not None and (chosen_stamp is None or stamp < chosen_stamp):
+                    chosen, chosen_stamp = index, stamp
+            assert chosen >= 0, "a quota the evictor's wholly cached large pages were counted for"
+            caches[chosen].evict_oldest_whole()
+            oldest[chosen] = caches[chosen].oldest_whole()
 
 
 class JengaPageCache(PrefixCachingBlockPool):
@@ -371,8 +376,8 @@ class JengaPageCache(PrefixCachingBlockPool):
             return allocator.adopt_unowned(request)
         evictable_large = self.evictor.whole_large_pages()
         if self.quota > 0 and evictable_large:
-            for _ in range(max(1, min(whole, evictable_large))):
-                self.evictor.evict_oldest()  # (free large pages now: the next round carves them)
+            # (Free large pages now: the next round carves them.)
+            self.evictor.evict_oldest(max(1, min(whole, evictable_large)))
             return []
         if allocator.others_free() is not None:
             return allocator.take_others(count)
