@@ -37,6 +37,7 @@ def test_areas_by_hand():
     assert list(frame["time_s"]) == [0.0] * 3 + [4.0] * 3
     assert list(frame["kv_group"]) == ["a", "b", "pool"] * 2
     assert list(frame.loc[3, BREAKDOWN]) == [20, 0, 1, 0, 0, 0]
+    assert [str(dtype) for dtype in frame.dtypes] == ["float64", "object"] + ["int64"] * len(BREAKDOWN)
 
 
 def test_mismatched_flags_refused():
