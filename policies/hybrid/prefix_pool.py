@@ -108,7 +108,6 @@ class PrefixCachingBlockPool(SharedBlockPool):
         # First key -> the runs filed under it (a key reached keys them in every pool sharing it).
         self.lazy_runs: dict[ChainKey, list[LazyRun]] = {} if lazy_runs is None else lazy_runs
         self.block_run: list[LazyRun | None] = [None] * num_blocks  # a marked block's run
-        self.block_position: list[int] = [0] * num_blocks  # a marked block's position in its run
         self.chains = ContentChains()
         self.queue = FreeBlockQueue(range(num_blocks))
         self.ref_count: list[int] = [0] * num_blocks
@@ -254,7 +253,6 @@ class PrefixCachingBlockPool(SharedBlockPool):
         self.block_chain[block] = LAZY
         self.block_group[block] = group
         self.block_run[block] = run
-        self.block_position[block] = position
         marked = run.marked
         marked.append(block)  # (two appends: a pair would be a tuple made and dropped per block)
         marked.append(position)
@@ -272,15 +270,15 @@ class PrefixCachingBlockPool(SharedBlockPool):
         marked blocks cached under them."""
         run.keyed = True
         marked = run.marked
-        block_run, block_position = self.block_run, self.block_position
+        block_run = self.block_run
+        live = self._live_marks(run)
         end = run.first
         if run.live:
             end = len(run.chains)
         else:
             for index in range(0, len(marked), 2):
-                block = marked[index]
-                if block_run[block] is run and block_position[block] >= end:
-                    end = block_position[block] + 1
+                if live[index // 2] and marked[index + 1] >= end:
+                    end = marked[index + 1] + 1
         content = run.content
         ids = acquire_chains(
             self.chains, content.segments, content.segment_ends, run.first, end, self.block_size,
@@ -290,7 +288,7 @@ class PrefixCachingBlockPool(SharedBlockPool):
         cache = self._caches[run.group]
         for index in range(0, len(marked), 2):
             block, position = marked[index], marked[index + 1]
-            if block_run[block] is run and block_position[block] == position:
+            if live[index // 2]:
                 block_run[block] = None
                 chain = ids[position - run.first]
                 self.chains.hold(chain)
@@ -302,6 +300,21 @@ class PrefixCachingBlockPool(SharedBlockPool):
             run.chains[run.first :] = ids  # (the sequence's own holds)
         else:
             self.chains.release_each(ids)
+
+    def _live_marks(self, run: LazyRun) -> list[bool]:
+        """Which of the run's (block, position) pairs still stand: a block's last pair, if the run
+        still marks it (an earlier pair of the same block was evicted, and the block marked again at
+        another position). (Found here, where a run is keyed, not kept per block at each mark: a
+        block's position stored at every mark cost most of marking.)"""
+        marked, block_run = run.marked, self.block_run
+        live = [False] * (len(marked) // 2)
+        seen: set[int] = set()
+        for index in range(len(marked) - 2, -1, -2):
+            block = marked[index]
+            if block not in seen:
+                seen.add(block)
+                live[index // 2] = block_run[block] is run
+        return live
 
     def drop_run(self, run: LazyRun) -> None:
         """A run nothing can reach any more (freed, none of its blocks marked): forgotten."""
