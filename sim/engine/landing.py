@@ -97,18 +97,23 @@ class JumpLanding:
         the pool has every block they take."""
         copies_before = self.kv.cow_copies()
         unbacked = self.unbacked
-        if unbacked is not None and not unbacked.active:
-            unbacked = None
+        # The pending tokens' evictions up to an iteration, observed at theirs (built once per
+        # landing, and only while growth is unbacked).
+        evict_until = None
+        if unbacked is not None and unbacked.active:
+            evict_until = partial(
+                unbacked.evict_inside, jump.first_clock, observe=partial(self._observe, jump)
+            )
         clock = self.clock
         while (due := clock.iteration_needing(clock.next_flush())) <= last_clock:
-            if unbacked is not None:
+            if evict_until is not None:
                 # (The iteration's tokens evict before its flushes grow, as a decode step's allocation
                 # evicts before the step: a flush may free slots a later iteration's tokens take.)
-                unbacked.evict_inside(jump.first_clock, due, partial(self._observe, jump))
+                evict_until(due)
             token = clock.first_token_of(due)
             self._flush_group(jump, clock.due_flushes(token), due, last_clock)
-        if unbacked is not None:
-            unbacked.evict_inside(jump.first_clock, last_clock, partial(self._observe, jump))
+        if evict_until is not None:
+            evict_until(last_clock)
         # Copy-on-write only follows a fork, which ends a wake-up: its write is the next iteration 1.
         assert self.kv.cow_copies() == copies_before, "a copy-on-write inside a jump"
 
