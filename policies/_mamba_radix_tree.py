@@ -37,37 +37,70 @@ states enter this tree). Left out: HiCache, KV events and metrics.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from policies._radix_tree import Key, key_length, split_key
 from policies._two_pool_radix_tree import LRUList, TwoPoolRadixTree
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, init=False)
 class MambaNode:
     node_id: int
     key: Key
     length: int
     namespace: int
     parent: MambaNode | None
-    children: dict[Hashable, MambaNode] = field(default_factory=dict)
-    full_lock_ref: int = 0
-    mamba_lock_ref: int = 0
-    has_state: bool = False
+    children: dict[Hashable, MambaNode]
+    full_lock_ref: int
+    mamba_lock_ref: int
+    has_state: bool
     """False: a tombstone (SGLang's ``mamba_value is None``)."""
 
+    # (The constructor is written out: compiled, it runs natively, where a dataclass's generated one
+    # stays interpreted; a node is built per insertion and split.)
+    def __init__(
+        self,
+        node_id: int,
+        key: Key,
+        length: int,
+        namespace: int,
+        parent: MambaNode | None,
+        full_lock_ref: int = 0,
+        mamba_lock_ref: int = 0,
+        has_state: bool = False,
+    ) -> None:
+        self.node_id = node_id
+        self.key = key
+        self.length = length
+        self.namespace = namespace
+        self.parent = parent
+        self.children = {}
+        self.full_lock_ref = full_lock_ref
+        self.mamba_lock_ref = mamba_lock_ref
+        self.has_state = has_state
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, init=False)
 class MambaMatch:
     """What a side-effect-free match found: the tokens served, and what locking its node would take
-    out of each pool's evictable cache (its path's full slots, its state, that no lock holds yet)."""
+    out of each pool's evictable cache (its path's full slots, its state, that no lock holds yet).
+    (Its constructor is written out, as :class:`MambaNode`'s: one is built per match.)"""
 
     length: int
-    full_unlocked: int = 0
-    state_unlocked: int = 0
-    kv_length: int = 0
+    full_unlocked: int
+    state_unlocked: int
+    kv_length: int
     """The tokens the tree holds of the key, states or not (SGLang's full-KV match: past ``length``
     where the deepest state comes before the key leaves the tree)."""
+
+    def __init__(
+        self, length: int, full_unlocked: int = 0, state_unlocked: int = 0, kv_length: int = 0
+    ) -> None:
+        setattr_ = object.__setattr__
+        setattr_(self, "length", length)
+        setattr_(self, "full_unlocked", full_unlocked)
+        setattr_(self, "state_unlocked", state_unlocked)
+        setattr_(self, "kv_length", kv_length)
 
 
 def _sentinel(node_id: int) -> MambaNode:

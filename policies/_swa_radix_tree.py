@@ -47,7 +47,7 @@ early release of a decoding request's SWA lock (``dec_swa_lock_only``), KV event
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from policies._radix_tree import Key, key_length, split_key
 from policies._two_pool_radix_tree import LRUList, TwoPoolRadixTree
@@ -55,29 +55,60 @@ from policies._two_pool_radix_tree import LRUList, TwoPoolRadixTree
 NO_UUID = 0  # (SGLang's ``swa_uuid = None``)
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, init=False)
 class SWANode:
     node_id: int
     key: Key
     length: int
     namespace: int
     parent: SWANode | None
-    children: dict[Hashable, SWANode] = field(default_factory=dict)
-    full_lock_ref: int = 0
-    swa_lock_ref: int = 0
-    swa_tombstone: bool = False
-    swa_uuid: int = NO_UUID
+    children: dict[Hashable, SWANode]
+    full_lock_ref: int
+    swa_lock_ref: int
+    swa_tombstone: bool
+    swa_uuid: int
+
+    # (The constructor is written out: compiled, it runs natively, where a dataclass's generated one
+    # stays interpreted; a node is built per insertion and split.)
+    def __init__(
+        self,
+        node_id: int,
+        key: Key,
+        length: int,
+        namespace: int,
+        parent: SWANode | None,
+        full_lock_ref: int = 0,
+        swa_lock_ref: int = 0,
+        swa_tombstone: bool = False,
+        swa_uuid: int = NO_UUID,
+    ) -> None:
+        self.node_id = node_id
+        self.key = key
+        self.length = length
+        self.namespace = namespace
+        self.parent = parent
+        self.children = {}
+        self.full_lock_ref = full_lock_ref
+        self.swa_lock_ref = swa_lock_ref
+        self.swa_tombstone = swa_tombstone
+        self.swa_uuid = swa_uuid
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class SWAMatch:
     """What a side-effect-free match found: the tokens served, and what locking its node would take
     out of each pool's evictable cache (its path's full slots and its window's SWA slots no lock
-    holds yet)."""
+    holds yet). (Its constructor is written out, as :class:`SWANode`'s: one is built per match.)"""
 
     length: int
-    full_unlocked: int = 0
-    swa_unlocked: int = 0
+    full_unlocked: int
+    swa_unlocked: int
+
+    def __init__(self, length: int, full_unlocked: int = 0, swa_unlocked: int = 0) -> None:
+        setattr_ = object.__setattr__
+        setattr_(self, "length", length)
+        setattr_(self, "full_unlocked", full_unlocked)
+        setattr_(self, "swa_unlocked", swa_unlocked)
 
 
 def _swa_unlocked(node: SWANode) -> bool:

@@ -50,18 +50,25 @@ def scheduled_mark(mark: int, tokens: int, num_tokens: int) -> int:
     return ALL_PUBLISHED if tokens >= num_tokens else tokens
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class PrefixHit:
     """What a prefix-cache lookup found for a prompt: ``cached_tokens`` tokens need no prefill.
 
     ``block_ids`` are the cached blocks the hit would reuse, in prompt order (block-based caches);
     empty for policies that do not hand out block ids (no cache, or the token-granular radix tree).
     ``host_tokens`` follow the GPU hit: tokens the host-memory tier holds, which admission loads back
-    (``offload:``; 0 without a host tier)."""
+    (``offload:``; 0 without a host tier). (Its constructor is written out: compiled, it runs
+    natively, where a dataclass's generated one stays interpreted; one is built per lookup.)"""
 
     cached_tokens: int
-    block_ids: tuple[int, ...] = ()
-    host_tokens: int = 0
+    block_ids: tuple[int, ...]
+    host_tokens: int
+
+    def __init__(self, cached_tokens: int, block_ids: tuple[int, ...] = (), host_tokens: int = 0) -> None:
+        setattr_ = object.__setattr__
+        setattr_(self, "cached_tokens", cached_tokens)
+        setattr_(self, "block_ids", block_ids)
+        setattr_(self, "host_tokens", host_tokens)
 
     @property
     def total_tokens(self) -> int:

@@ -130,11 +130,13 @@ class MambaTracking:
 NO_TRACKING = MambaTracking()
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, init=False)
 class MambaSequence:
     """A sequence: ``base`` (its prompt, or its parent's tokens at a fork) then its own output stream.
     Its first ``tree_len`` tokens are the tree path ending at ``last_node`` (locked, with the state
-    there); it holds its own full slots from ``tree_len`` on, in whole pages, and one Mamba slot."""
+    there); it holds its own full slots from ``tree_len`` on, in whole pages, and one Mamba slot.
+    (Its constructor is written out: compiled, it runs natively, where a dataclass's generated one
+    stays interpreted; one is built per admission and fork.)"""
 
     seq_id: int
     final_len: int
@@ -143,12 +145,38 @@ class MambaSequence:
     base: tuple[Segment, ...]
     base_len: int
     last_node: MambaNode
-    tree_len: int = 0
-    num_tokens: int = 0
+    tree_len: int
+    num_tokens: int
     # Tokens of its prompt scheduled so far (``prompt_scheduled``): each report is a prefill chunk's
     # end, where ``cache_unfinished_req`` runs; ALL_PUBLISHED once its prompt was all computed.
-    scheduled: int = ALL_PUBLISHED
-    branching: int = 0  # (extra buffer: where its prompt left a cached path, in whole cache chunks)
+    scheduled: int
+    branching: int  # (extra buffer: where its prompt left a cached path, in whole cache chunks)
+
+    def __init__(
+        self,
+        seq_id: int,
+        final_len: int,
+        output_content_id: int,
+        namespace: int,
+        base: tuple[Segment, ...],
+        base_len: int,
+        last_node: MambaNode,
+        tree_len: int = 0,
+        num_tokens: int = 0,
+        scheduled: int = ALL_PUBLISHED,
+        branching: int = 0,
+    ) -> None:
+        self.seq_id = seq_id
+        self.final_len = final_len
+        self.output_content_id = output_content_id
+        self.namespace = namespace
+        self.base = base
+        self.base_len = base_len
+        self.last_node = last_node
+        self.tree_len = tree_len
+        self.num_tokens = num_tokens
+        self.scheduled = scheduled
+        self.branching = branching
 
     def key(self, num_tokens: int) -> Key:
         """Its first ``num_tokens`` tokens as a tree key."""

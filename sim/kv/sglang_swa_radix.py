@@ -77,17 +77,27 @@ from policies.hybrid.group import NEVER
 from policies.hybrid.sglang_sliding_window import last_decode_eviction, next_decode_eviction
 from sim.kv.coordinator import Breakdown, KVGroup
 from sim.kv.pool_view import PoolView
-from sim.kv.sglang_tree import OwnSlots, SGLangTreeCoordinator, content_key, prompt_key, sequence_segments
+from sim.kv.sglang_tree import (
+    OwnSlots,
+    SGLangTreeCoordinator,
+    check_growth,
+    check_growth_lists,
+    content_key,
+    prompt_key,
+    sequence_segments,
+)
 from token_content import Segment, TokenContent, content_length
 
 __all__ = ["SWARadixCoordinator", "SWASequence"]
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, init=False)
 class SWASequence:
     """A sequence: ``base`` (its prompt, or its parent's tokens at a fork) then its own output stream.
     Its first ``tree_len`` tokens are the tree path ending at ``last_node`` (locked); it holds its own
-    SWA slots from ``swa_start`` on, its own full slots from ``tree_len`` on, in whole pages."""
+    SWA slots from ``swa_start`` on, its own full slots from ``tree_len`` on, in whole pages. (Its
+    constructor is written out: compiled, it runs natively, where a dataclass's generated one stays
+    interpreted; one is built per admission and fork.)"""
 
     seq_id: int
     final_len: int
@@ -99,12 +109,44 @@ class SWASequence:
     last_node: SWANode
     swa_uuid: int
     swa_locked: int  # SWA tokens its lock covers (its window of the tree path)
-    tree_len: int = 0
-    num_tokens: int = 0
-    swa_start: int = 0
+    tree_len: int
+    num_tokens: int
+    swa_start: int
     # Tokens of its content scheduled so far: its prompt enters the tree only that far
     # (``SWARadixCoordinator.defer_prompt_keys``).
-    scheduled: int = ALL_PUBLISHED
+    scheduled: int
+
+    def __init__(
+        self,
+        seq_id: int,
+        final_len: int,
+        output_content_id: int,
+        namespace: int,
+        base: tuple[Segment, ...],
+        base_len: int,
+        prompt_len: int,
+        last_node: SWANode,
+        swa_uuid: int,
+        swa_locked: int,
+        tree_len: int = 0,
+        num_tokens: int = 0,
+        swa_start: int = 0,
+        scheduled: int = ALL_PUBLISHED,
+    ) -> None:
+        self.seq_id = seq_id
+        self.final_len = final_len
+        self.output_content_id = output_content_id
+        self.namespace = namespace
+        self.base = base
+        self.base_len = base_len
+        self.prompt_len = prompt_len
+        self.last_node = last_node
+        self.swa_uuid = swa_uuid
+        self.swa_locked = swa_locked
+        self.tree_len = tree_len
+        self.num_tokens = num_tokens
+        self.swa_start = swa_start
+        self.scheduled = scheduled
 
     def key(self, num_tokens: int) -> Key:
         """Its first ``num_tokens`` tokens as a tree key."""
@@ -140,6 +182,10 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
         self.slots_per_token = 2
         self.sequences: dict[int, SWASequence] = {}
         self._own = (OwnSlots(), OwnSlots())
+        # The same by pool index, in lists: compiled, indexing a tuple attribute by a variable boxes
+        # the whole tuple first, and the free slots are read at every query and growth.
+        self._own_by_pool = list(self._own)
+        self._page_slots_by_pool = list(self.page_slots)
         self._tree_held = 0  # tree tokens the sequences hold, counted once per sequence
         self._swa_held = 0  # SWA tokens the sequences' locks cover, counted once per sequence
         self._stats = PolicyStats()
@@ -155,20 +201,30 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
     # -- pools ------------------------------------------------------------------------------------
     def _free(self, index: int) -> int:
         """A pool's free slots, less those the pending tokens of unbacked growth took."""
-        tree = self.tree.full_tokens if index == 0 else self.tree.swa_tokens
-        free = self.page_slots[index] - tree - self._own[index].slots
         pending = self._pending_tokens
-        return free if pending is None else free - pending()
+        return self._free_of(index, 0 if pending is None else pending())
 
-    def _room(self, index: int) -> int:
-        """Free plus evictable slots of a pool (``full_available_size() + full_evictable_size()``)."""
-        evictable = self.tree.full_evictable if index == 0 else self.tree.swa_evictable
-        return self._free(index) + evictable
+    def _free_of(self, index: int, unbacked: int) -> int:
+        """A pool's free slots, less ``unbacked`` pending tokens (read once by a caller of both)."""
+        tree = self.tree.full_tokens if index == 0 else self.tree.swa_tokens
+        return self._page_slots_by_pool[index] - tree - self._own_by_pool[index].slots - unbacked
+
+    def _rooms(self) -> tuple[int, int]:
+        """Free plus evictable slots of each pool (``full_available_size() + full_evictable_size()``,
+        and SWA's)."""
+        pending = self._pending_tokens
+        unbacked = 0 if pending is None else pending()
+        return (
+            self._free_of(0, unbacked) + self.tree.full_evictable,
+            self._free_of(1, unbacked) + self.tree.swa_evictable,
+        )
 
     def _make_free(self, full_needed: int, swa_needed: int) -> None:
         """``evict_from_tree_cache``: evict each pool's shortfall (full eviction first, then SWA)."""
-        full_short = max(0, full_needed - self._free(0))
-        swa_short = max(0, swa_needed - self._free(1))
+        pending = self._pending_tokens
+        unbacked = 0 if pending is None else pending()
+        full_short = max(0, full_needed - self._free_of(0, unbacked))
+        swa_short = max(0, swa_needed - self._free_of(1, unbacked))
         if full_short or swa_short:
             full_freed, swa_freed = self.tree.evict(full_short, swa_short)
             self._stats.evictions += (full_freed + swa_freed) // self.page_size
@@ -209,14 +265,28 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
         self._tree_held += sign * seq.tree_len
         self._swa_held += sign * seq.swa_locked
 
-    def _growth_needs(self, seq: SWASequence, tokens: int) -> tuple[int, int]:
-        """New slots of each pool growing ``seq`` by ``tokens`` takes (SWA: net of its eviction)."""
-        grown = seq.num_tokens + tokens
-        full = self._pages(grown) - self._pages(seq.num_tokens)
-        swa = (self._pages(grown) - self._swa_start(seq, grown)) - (
-            self._pages(seq.num_tokens) - seq.swa_start
-        )
-        return full, swa
+    def _planned_growth(
+        self, seq_ids: Sequence[int], num_tokens: Sequence[int]
+    ) -> tuple[int, int, list[SWASequence], list[int]]:
+        """The growths' new slots in each pool (SWA: net of the decode evictions that run first), the
+        sequences, checked, and where each then holds its own SWA slots from."""
+        check_growth_lists(seq_ids, num_tokens)
+        sequences, swa_starts = [], []
+        full = swa = 0
+        # (Typed sequences, read by index: compiled, the shared generator's are untyped attribute
+        # reads, and this runs at every growth.)
+        for index in range(len(seq_ids)):
+            seq = self._get(seq_ids[index])
+            held, tokens = seq.num_tokens, num_tokens[index]
+            check_growth(seq.seq_id, held, tokens, seq.final_len)
+            grown = held + tokens
+            swa_start = self._swa_start(seq, grown)
+            held_pages, grown_pages = self._pages(held), self._pages(grown)
+            full += grown_pages - held_pages
+            swa += (grown_pages - swa_start) - (held_pages - seq.swa_start)
+            sequences.append(seq)
+            swa_starts.append(swa_start)
+        return full, swa, sequences, swa_starts
 
     # -- the tree ---------------------------------------------------------------------------------
     def _lock(self, seq: SWASequence, node: SWANode) -> None:
@@ -248,7 +318,8 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
         prompt_len = content_length(prompt)
         match = self.tree.longest_match(prompt_key(prompt, prompt_len, self.page_size), 0)
         needed = self._pages(prompt_len - match.length)
-        return needed <= self._room(0) - match.full_unlocked and needed <= self._room(1) - match.swa_unlocked
+        full_room, swa_room = self._rooms()
+        return needed <= full_room - match.full_unlocked and needed <= swa_room - match.swa_unlocked
 
     def admit(
         self, seq_id: int, prompt: TokenContent, final_len: int, output_content_id: int, namespace: int = 0
@@ -258,7 +329,8 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
         node, hit = self.tree.match_prefix(prompt_key(prompt, prompt_len, self.page_size), namespace)
         needed = self._pages(prompt_len - hit)
         full_unlocked, swa_unlocked = self.tree.unlocked_by_lock(node)
-        rooms = (self._room(0) - full_unlocked, self._room(1) - swa_unlocked)
+        full_room, swa_room = self._rooms()
+        rooms = (full_room - full_unlocked, swa_room - swa_unlocked)
         if needed > rooms[0] or needed > rooms[1]:
             raise self._refuse(f"admitting sequence {seq_id}", (needed, needed), rooms, hit)
         seq = SWASequence(
@@ -279,37 +351,31 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
         self._stats.prefix_cache_hits += hit
         return hit
 
-    def _planned_growth(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> tuple[int, int]:
-        """The growths' new slots in each pool (SWA: net of the decode evictions that run first)."""
-        full = swa = 0
-        for seq, tokens in self._growths(seq_ids, num_tokens):
-            more_full, more_swa = self._growth_needs(seq, tokens)
-            full, swa = full + more_full, swa + more_swa
-        return full, swa
-
     def grow_each(self, seq_ids: list[int], num_tokens: list[int]) -> list[int]:
         """Every sequence or none: both pools are checked for the growths together (SWA: net of the
         decode evictions that run first, ``maybe_evict_swa``), then each pool evicts its shortfall."""
         self._take_unbacked()
-        needs = self._planned_growth(seq_ids, num_tokens)
-        rooms = (self._room(0), self._room(1))
-        if needs[0] > rooms[0] or needs[1] > rooms[1]:
-            raise self._refuse(f"growing sequences {list(seq_ids)}", needs, rooms)
+        full, swa, sequences, swa_starts = self._planned_growth(seq_ids, num_tokens)
+        full_room, swa_room = self._rooms()
+        if full > full_room or swa > swa_room:
+            raise self._refuse(f"growing sequences {list(seq_ids)}", (full, swa), (full_room, swa_room))
         # (SWA's shortfall after the decode evictions free their slots is the net need's.)
-        self._make_free(*needs)
-        for index in range(len(seq_ids)):  # (lengths checked by _planned_growth)
-            seq = self.sequences[seq_ids[index]]
-            tokens = num_tokens[index]
+        self._make_free(full, swa)
+        rooms = []
+        for index in range(len(sequences)):
+            seq = sequences[index]
             self._account(seq, -1)
-            seq.swa_start = self._swa_start(seq, seq.num_tokens + tokens)
-            seq.num_tokens += tokens
+            seq.swa_start = swa_starts[index]
+            seq.num_tokens += num_tokens[index]
             self._account(seq, +1)
-        return [self.growth_room(seq_id) for seq_id in seq_ids]
+            rooms.append(self._growth_room(seq))
+        return rooms
 
     def fits_growth_each(self, seq_ids: list[int], num_tokens: list[int]) -> bool:
         self._take_unbacked()
-        full, swa = self._planned_growth(seq_ids, num_tokens)
-        return full <= self._room(0) and swa <= self._room(1)
+        full, swa, _, _ = self._planned_growth(seq_ids, num_tokens)
+        full_room, swa_room = self._rooms()
+        return full <= full_room and swa <= swa_room
 
     def fork(self, parent_id: int, children: Sequence[ChildSpec]) -> None:
         parent = self._fork_parent(parent_id, children)
@@ -321,7 +387,7 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
             self._cache_unfinished(parent)
         end = self._pages(parent.num_tokens)
         needs = ((end - parent.tree_len) * len(children), (end - parent.swa_start) * len(children))
-        rooms = (self._room(0), self._room(1))
+        rooms = self._rooms()
         if needs[0] > rooms[0] or needs[1] > rooms[1]:
             raise self._refuse(f"forking sequence {parent_id}", needs, rooms)
         self._make_free(*needs)
@@ -358,7 +424,9 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
     def growth_room(self, seq_id: int) -> int:
         """Tokens before its next new page (with unbacked growth: its end), or its next decode eviction
         (an event: the slots it frees are free from then on)."""
-        seq = self._get(seq_id)
+        return self._growth_room(self._get(seq_id))
+
+    def _growth_room(self, seq: SWASequence) -> int:
         if self._pending_tokens is None:
             room = min(self._pages(seq.num_tokens), seq.final_len) - seq.num_tokens
         else:
@@ -371,7 +439,8 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
     def available_slots(self) -> int:
         """The scarcer pool's free plus evictable slots (``PrefillAdder``'s ``rem_total_tokens`` and
         ``rem_swa_tokens``): a token needs a slot in each."""
-        return min(self._room(0), self._room(1))
+        full_room, swa_room = self._rooms()
+        return min(full_room, swa_room)
 
     def available_slots_with_hit_locked(self, prompt: TokenContent) -> int:
         """The same once the matched node is locked (``add_one_req``): in each pool, less the hit's
@@ -379,7 +448,8 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
         self._take_unbacked()
         prompt_len = content_length(prompt)
         match = self.tree.longest_match(prompt_key(prompt, prompt_len, self.page_size), 0)
-        return min(self._room(0) - match.full_unlocked, self._room(1) - match.swa_unlocked)
+        full_room, swa_room = self._rooms()
+        return min(full_room - match.full_unlocked, swa_room - match.swa_unlocked)
 
     def prepare_decode_step(self, num_sequences: int) -> None:
         """A page per decoding request free in each pool before a decode step (the ``radix`` policy's
@@ -436,19 +506,20 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
         are counted as reserved (where the engine moves decoded tokens it has not told the pool of to
         used) and taken from the free slots."""
         self._take_unbacked()
-        tree, own = self.tree, self._own[index]
+        tree, own = self.tree, self._own_by_pool[index]
         pending = self._pending_tokens
         unbacked = 0 if pending is None else pending()
-        tokens, locked = (
-            (tree.full_tokens, tree.full_locked) if index == 0 else (tree.swa_tokens, tree.swa_locked)
-        )
+        if index == 0:
+            pool, tokens, locked = self.pool_tokens[0], tree.full_tokens, tree.full_locked
+        else:
+            pool, tokens, locked = self.pool_tokens[1], tree.swa_tokens, tree.swa_locked
         return (
             locked + own.tokens,
             own.target - own.tokens + unbacked,
             own.slots - own.target,
-            self.pool_tokens[index] - self.page_slots[index],
+            pool - self._page_slots_by_pool[index],
             tokens - locked,
-            self._free(index),
+            self._free_of(index, unbacked),
         )
 
     def sharing_slots(self) -> tuple[int, int]:

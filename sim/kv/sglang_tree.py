@@ -92,6 +92,20 @@ def sequence_segments(seq: TreeSequence) -> tuple[Segment, ...]:
     return (*[segment for segment in seq.base if segment[1] > 0], *own)
 
 
+def check_growth_lists(seq_ids: Sequence[int], num_tokens: Sequence[int]) -> None:
+    """A growth of several sequences names each once, with its tokens."""
+    if len(seq_ids) != len(num_tokens) or (len(seq_ids) > 1 and len(set(seq_ids)) != len(seq_ids)):
+        raise grow_each_arguments_error(seq_ids, num_tokens)
+
+
+def check_growth(seq_id: int, held_tokens: int, tokens: int, final_len: int) -> None:
+    """A sequence of ``held_tokens`` grows by ``tokens``, within its final length."""
+    if tokens <= 0 or held_tokens + tokens > final_len:
+        raise PolicyInputError(
+            f"sequence {seq_id}: cannot grow {held_tokens} by {tokens} tokens (final length {final_len})"
+        )
+
+
 class SGLangTreeCoordinator(KVCoordinator, Generic[TreeT]):
     """The shared part (see the module docstring); a subclass sets :attr:`tree`, :attr:`pool_tokens`,
     :attr:`page_slots`, builds its groups and gives :meth:`pool_breakdown`."""
@@ -220,16 +234,12 @@ class SGLangTreeCoordinator(KVCoordinator, Generic[TreeT]):
 
     def _growths(self, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> Iterator[tuple[Any, int]]:
         """Each growth's sequence and tokens, checked (distinct ids, within its final length)."""
-        if len(seq_ids) != len(num_tokens) or (len(seq_ids) > 1 and len(set(seq_ids)) != len(seq_ids)):
-            raise grow_each_arguments_error(seq_ids, num_tokens)
+        check_growth_lists(seq_ids, num_tokens)
         # (Indexes, lengths checked above: compiled, zip(strict=True) is a call with keywords.)
         for index in range(len(seq_ids)):
             seq_id, tokens = seq_ids[index], num_tokens[index]
             seq = self._get(seq_id)
-            if tokens <= 0 or seq.num_tokens + tokens > seq.final_len:
-                raise PolicyInputError(
-                    f"sequence {seq_id}: cannot grow {seq.num_tokens} by {tokens} tokens (final length {seq.final_len})"
-                )
+            check_growth(seq_id, seq.num_tokens, tokens, seq.final_len)
             yield seq, tokens
 
     def grow(self, seq_id: int, num_tokens: int) -> None:
