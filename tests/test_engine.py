@@ -262,6 +262,8 @@ def test_preemption_recompute_frees_the_newest_request(step_mode):
     records = {r.request_id: r for r in engine.records}
     assert (records[0].preemptions, records[1].preemptions) == (0, 4)
     assert engine.counters.preemptions == 4
+    # Each preemption follows one refused token: the pool is asked again only once a victim is off.
+    assert engine.kv.stats.allocation_failures == 4
     got = times(engine)
     assert got[0] == pytest.approx((0.0, 1.08, 6.20, "finished"))
     assert got[1] == pytest.approx((0.0, 1.08, 12.24, "finished"))
