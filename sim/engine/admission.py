@@ -18,13 +18,19 @@ from sim.engine.handoff import KVHandOff
 from sim.engine.jumps import prefill_chunk
 from sim.engine.knobs import EngineKnobs
 from sim.engine.ledger import RequestLedger
-from sim.engine.schedulers.base import HEAD_LATCHED, HEAD_NOT_SEEN, HEAD_OUT_OF_MEMORY, HEAD_OVER_BUDGET
+from sim.engine.schedulers.base import (
+    HEAD_LATCHED,
+    HEAD_NOT_SEEN,
+    HEAD_OUT_OF_MEMORY,
+    HEAD_OVER_BUDGET,
+    SchedulingEngine,
+)
 from sim.kv.coordinator import KVCoordinator
 from sim.outputs.metrics import KV_MEMORY, MAX_NUM_SEQS, TOKEN_BUDGET, Counters
 from token_content import TokenContent, content_length
 
 
-class AdmissionDesk:
+class AdmissionDesk(SchedulingEngine):
     def __init__(
         self,
         env: simpy.Environment,

@@ -22,7 +22,7 @@ the core, so the imports run one way. A new scheduler is one module with a subcl
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -49,9 +49,11 @@ HEAD_LATCHED: Final = "latched"
 NEXT_TRIES_HEAD = (OUT_OF_BUDGET, HEAD_OVER_BUDGET, HEAD_NOT_SEEN)  # so no jump past the next iteration
 
 
-class SchedulingEngine(Protocol):
+class SchedulingEngine:
     """The engine core as a scheduler sees it: its queues and pool, and the steps of admitting and
-    preempting a request, which keep the core's own books (batch counts, records, prefill chunks)."""
+    preempting a request, which keep the core's own books (batch counts, records, prefill chunks).
+    The engine's admission desk (``sim/engine/admission.py``) is one. (A base class, not a protocol:
+    compiled, a scheduler's calls through a protocol were Python calls, several per admission.)"""
 
     waiting: deque[RequestState]
     running: list[RequestState]
@@ -60,37 +62,42 @@ class SchedulingEngine(Protocol):
 
     def batch_has_room(self, width: int) -> bool:
         """Whether ``width`` more sequences stay within ``max_num_seqs``."""
-        ...
+        raise NotImplementedError
 
-    def content_on_admission(self, state: RequestState) -> TokenContent: ...
+    def content_on_admission(self, state: RequestState) -> TokenContent:
+        raise NotImplementedError
 
-    def fits_watermark(self, content: TokenContent, final_len: int) -> bool: ...
+    def fits_watermark(self, content: TokenContent, final_len: int) -> bool:
+        raise NotImplementedError
 
     def admission_failed(self, state: RequestState) -> bool:
         """The queue's head does not fit now: True when it was removed (rejected or failed)."""
-        ...
+        raise NotImplementedError
 
-    def new_seq_id(self) -> int: ...
+    def new_seq_id(self) -> int:
+        raise NotImplementedError
 
     def start_running(self, state: RequestState, seq_id: int, cached: int, content: TokenContent) -> int:
         """The head, admitted as ``seq_id``, leaves the queue and runs; returns blocks swapped in."""
-        ...
+        raise NotImplementedError
 
     def schedule_prefill(self, state: RequestState, budget: int, chunks: list[tuple[int, int]]) -> int:
         """Schedule ``state``'s next prompt chunk in this iteration; returns the budget left."""
-        ...
+        raise NotImplementedError
 
-    def await_kv(self, state: RequestState, seq_id: int, cached: int) -> None: ...
+    def await_kv(self, state: RequestState, seq_id: int, cached: int) -> None:
+        raise NotImplementedError
 
-    def start_landed(self, state: RequestState) -> None: ...
+    def start_landed(self, state: RequestState) -> None:
+        raise NotImplementedError
 
     def scheduled_at(self) -> float:
         """When the iteration starting now was scheduled (earlier under async scheduling)."""
-        ...
+        raise NotImplementedError
 
     def preempt(self, state: RequestState, at_clock: int) -> int:
         """Take ``state`` off the GPU; returns blocks swapped out."""
-        ...
+        raise NotImplementedError
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # compiled, it still takes schedulers written in Python
