@@ -489,19 +489,26 @@ def test_a_retracted_request_goes_back_ahead_of_the_requests_not_received_yet():
     SGLang has received A only. A request retracted now is appended to SGLang's queue behind A, and
     B and C join when they are received: the order is A, retracted, B, C."""
     from collections import deque
-    from types import SimpleNamespace
 
     from sim.engine.decoding import RequestState
+    from sim.engine.schedulers.base import SchedulingEngine
     from sim.outputs.metrics import RequestRecord
+
+    class QueueOnly(SchedulingEngine):
+        """An engine with a queue and the time its iteration was scheduled, nothing else."""
+
+        def __init__(self, waiting):
+            self.waiting = waiting
+
+        def scheduled_at(self):
+            return 4.0
 
     def queued(request_id, at):
         state = RequestState(request(request_id, at, 8, 4), RequestRecord(request_id, at, 8, 4, 1, 1, 4))
         state.queued_s = at
         return state
 
-    engine = SimpleNamespace(
-        waiting=deque([queued(0, 1.0), queued(1, 5.0), queued(2, 6.0)]), scheduled_at=lambda: 4.0
-    )
+    engine = QueueOnly(deque([queued(0, 1.0), queued(1, 5.0), queued(2, 6.0)]))
     scheduler = SGLangScheduler(EngineKnobs(max_model_len=100, scheduler="sglang"))
     scheduler.requeue(engine, queued(9, 0.5))  # (A 0, B 1, C 2, the retracted one 9)
     assert [state.request.request_id for state in engine.waiting] == [0, 9, 1, 2]

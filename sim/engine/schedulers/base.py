@@ -49,6 +49,7 @@ HEAD_LATCHED: Final = "latched"
 NEXT_TRIES_HEAD = (OUT_OF_BUDGET, HEAD_OVER_BUDGET, HEAD_NOT_SEEN)  # so no jump past the next iteration
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled, it still takes test doubles written in Python
 class SchedulingEngine:
     """The engine core as a scheduler sees it: its queues and pool, and the steps of admitting and
     preempting a request, which keep the core's own books (batch counts, records, prefill chunks).
