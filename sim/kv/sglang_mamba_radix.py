@@ -226,7 +226,7 @@ class MambaRadixCoordinator(SGLangTreeCoordinator[MambaRadixTree]):
         self.radix = radix
         self.tree = MambaRadixTree(page_size)
         self.pool_tokens = (full_tokens, mamba_slots)
-        self.page_slots = (full_tokens // page_size * page_size, mamba_slots)
+        self.page_slots = [full_tokens // page_size * page_size, mamba_slots]
         self.pool_slots = full_tokens + mamba_slots
         self.context_tokens = full_tokens  # (the full-attention pool holds every token)
         self.slots_per_token = 1

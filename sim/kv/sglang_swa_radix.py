@@ -176,16 +176,14 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
         self.max_model_len = max_model_len
         self.tree = SWARadixTree(page_size, window)
         self.pool_tokens = (full_tokens, swa_tokens)
-        self.page_slots = (full_tokens // page_size * page_size, swa_tokens // page_size * page_size)
+        self.page_slots = [full_tokens // page_size * page_size, swa_tokens // page_size * page_size]
         self.pool_slots = full_tokens + swa_tokens
         self.context_tokens = full_tokens  # (the full-attention pool holds every token)
         self.slots_per_token = 2
         self.sequences: dict[int, SWASequence] = {}
-        self._own = (OwnSlots(), OwnSlots())
-        # The same by pool index, in lists: compiled, indexing a tuple attribute by a variable boxes
-        # the whole tuple first, and the free slots are read at every query and growth.
-        self._own_by_pool = list(self._own)
-        self._page_slots_by_pool = list(self.page_slots)
+        # (By pool index, in lists: compiled, indexing a tuple attribute by a variable boxes the whole
+        # tuple first, and the free slots are read at every query and growth.)
+        self._own = [OwnSlots(), OwnSlots()]
         self._tree_held = 0  # tree tokens the sequences hold, counted once per sequence
         self._swa_held = 0  # SWA tokens the sequences' locks cover, counted once per sequence
         self._stats = PolicyStats()
@@ -207,7 +205,7 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
     def _free_of(self, index: int, unbacked: int) -> int:
         """A pool's free slots, less ``unbacked`` pending tokens (read once by a caller of both)."""
         tree = self.tree.full_tokens if index == 0 else self.tree.swa_tokens
-        return self._page_slots_by_pool[index] - tree - self._own_by_pool[index].slots - unbacked
+        return self.page_slots[index] - tree - self._own[index].slots - unbacked
 
     def _rooms(self) -> tuple[int, int]:
         """Free plus evictable slots of each pool (``full_available_size() + full_evictable_size()``,
@@ -506,7 +504,7 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
         are counted as reserved (where the engine moves decoded tokens it has not told the pool of to
         used) and taken from the free slots."""
         self._take_unbacked()
-        tree, own = self.tree, self._own_by_pool[index]
+        tree, own = self.tree, self._own[index]
         pending = self._pending_tokens
         unbacked = 0 if pending is None else pending()
         if index == 0:
@@ -517,7 +515,7 @@ class SWARadixCoordinator(SGLangTreeCoordinator[SWARadixTree]):
             locked + own.tokens,
             own.target - own.tokens + unbacked,
             own.slots - own.target,
-            pool - self._page_slots_by_pool[index],
+            pool - self.page_slots[index],
             tokens - locked,
             self._free_of(index, unbacked),
         )

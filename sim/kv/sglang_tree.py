@@ -114,7 +114,7 @@ class SGLangTreeCoordinator(KVCoordinator, Generic[TreeT]):
     page_size: int
     max_model_len: int
     pool_tokens: tuple[int, int]
-    page_slots: tuple[int, int]
+    page_slots: list[int]  # by pool index
     sequences: dict[int, Any]
     _stats: PolicyStats
     _tree_held: int  # tree tokens the sequences hold (their locked paths), counted once per sequence
