@@ -296,7 +296,10 @@ class GroupBlockTables:
         pool = self.pool
         table = record.table
         chains = record.chains
-        for position in range(done, self.key_end(record)):
+        end = self.key_end(record)
+        run = record.lazy
+        keyed_end = end if run is None or run.keyed or run.first >= end else max(done, run.first)
+        for position in range(done, keyed_end):
             block = table[position]
             if block != NO_BLOCK and not pool.has_identity(block):
                 chain = chains[position]
@@ -304,6 +307,9 @@ class GroupBlockTables:
                     self._mark(record, block, position)
                 else:
                     pool.cache_block(self.group, block, chain)
+        if keyed_end < end:
+            assert run is not None
+            pool.mark_lazy_each(self.group, table, keyed_end, end, run)
 
     def _mark(self, record: CachedSequence, block: int, position: int) -> None:
         """A held block at ``position`` of the sequence's lazy run is full: marked cached."""
@@ -311,17 +317,14 @@ class GroupBlockTables:
         assert run is not None  # (a LAZY chain belongs to a run not yet keyed)
         self.pool.mark_lazy(self.group, block, run, position)
 
-    def released_by(self, key: int, first_block: int, end_block: int, first: int) -> list[int]:
-        """The blocks a sequence holding ``[first_block, end_block)`` releases when its run starts at
-        ``first``, in the order vLLM frees them (``remove_skipped_blocks``: the latest first)."""
-        table = self.by_seq[key].table
-        return [table[position] for position in range(min(first, end_block) - 1, first_block - 1, -1)]
-
     def release_skipped(self, key: int, first_block: int, end_block: int, first: int) -> None:
-        record = self.by_seq[key]
-        for position in range(min(first, end_block) - 1, first_block - 1, -1):
-            self._release(record.table[position])
-            record.table[position] = NO_BLOCK
+        """A sequence holding ``[first_block, end_block)`` whose run now starts at ``first`` gives back
+        the blocks before it, the latest first (vLLM's ``remove_skipped_blocks``)."""
+        table = self.by_seq[key].table
+        end = min(first, end_block)
+        if end > first_block:
+            self._release_run(table, first_block, end)
+            table[first_block:end] = [NO_BLOCK] * (end - first_block)
 
     def note_growth(self, key: int, tokens: int) -> None:
         """The sequence grew by ``tokens`` of its own output: the held blocks they filled are cached
@@ -353,8 +356,8 @@ class GroupBlockTables:
         """Every held block back, the last first; the sequence's chains released (a lazy run's marks
         stay, for a lookup that may reach them)."""
         record = self._forget(key)
-        for position in range(end_block - 1, first_block - 1, -1):
-            self._release(record.table[position])
+        if end_block > first_block:
+            self._release_run(record.table, first_block, end_block)
         run = record.lazy_run()
         if run is None:
             self.pool.chains.release_each(record.chains)
@@ -376,6 +379,20 @@ class GroupBlockTables:
             self.excess -= 1
             if self.pool.ref_count[block] == 1:
                 self.shared_blocks -= 1
+
+    def _release_run(self, table: list[int], start: int, end: int) -> None:
+        """:meth:`_release` of the blocks at positions ``start`` to ``end - 1``, the last first (as
+        vLLM frees them), each held (no null entry among them)."""
+        blocks = table[start:end]
+        blocks.reverse()
+        if self.pool.release_each(blocks):  # some stay held by other sequences: shared ones
+            ref_count = self.pool.ref_count
+            for block in blocks:
+                count = ref_count[block]
+                if count:
+                    self.excess -= 1
+                    if count == 1:
+                        self.shared_blocks -= 1
 
     # -- forks -----------------------------------------------------------------------------------
     def partial_blocks(self, key: int, first_block: int, end_block: int) -> int:
@@ -426,10 +443,16 @@ class GroupBlockTables:
         net = 0
         shared: dict[int, int] = {}  # released blocks others may hold too -> times released here
         ref_count = self.pool.ref_count
+        by_seq = self.by_seq
         for key, first_block, end_block, first, end in plans:
             net += end - max(end_block, first)
-            for block in self.released_by(key, first_block, end_block, first):
-                if block != NO_BLOCK and ref_count[block] == 1:
+            table = by_seq[key].table
+            # (The blocks it releases, read in place: this runs at every growth of every sequence.)
+            for position in range(first_block, min(first, end_block)):
+                block = table[position]
+                if block == NO_BLOCK:
+                    continue  # (a Mamba group's null entry between its states: nothing released)
+                if ref_count[block] == 1:
                     net -= 1  # (its one holder releases it: listed once, no count needed)
                 else:
                     shared[block] = shared.get(block, 0) + 1

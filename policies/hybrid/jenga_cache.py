@@ -393,6 +393,9 @@ class JengaPageCache(PrefixCachingBlockPool):
         self.ref_count[block] += 1
         return shared
 
+    def release_each(self, blocks: list[int]) -> bool:
+        return self.release_one_by_one(blocks)  # (each release does more here)
+
     def release(self, block: int) -> bool:
         count = self.ref_count[block] - 1
         self.ref_count[block] = count

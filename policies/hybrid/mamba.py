@@ -157,14 +157,6 @@ class StateBlockTables(GroupBlockTables):
         """``block``, the state after blocks ``0..position``, cached under ``chain``."""
         self.pool.cache_block(self.group, block, chain)
 
-    def released_by(self, key: int, first_block: int, end_block: int, first: int) -> list[int]:
-        table = self.by_seq[key].table
-        return [
-            table[position]
-            for position in range(min(first, end_block) - 1, first_block - 1, -1)
-            if table[position] != NO_BLOCK
-        ]
-
     def release_skipped(self, key: int, first_block: int, end_block: int, first: int) -> None:
         table = self.by_seq[key].table
         for position in range(min(first, end_block) - 1, first_block - 1, -1):

@@ -225,6 +225,9 @@ class MarconiBlockPool(PrefixCachingBlockPool):
                 del evictor.stamp[block]
         return super().touch(block)
 
+    def release_each(self, blocks: list[int]) -> bool:
+        return self.release_one_by_one(blocks)  # (each release does more here)
+
     def release(self, block: int) -> bool:
         held = super().release(block)
         if not held and self.block_chain[block] != NO_BLOCK:

@@ -61,7 +61,12 @@ class LazyRun:
     chains: list[int]
     live: bool
     keyed: bool  # keyed since (the sequence's later blocks get their chains at once)
-    marked: list[int]  # (block, position) pairs, flat, in the order the blocks were cached
+    marked: list[int]  # the blocks it marked, in the order they were cached
+    # Where the positions of ``marked`` are not consecutive: flat (index in ``marked``, position)
+    # pairs, one per stretch of consecutive positions. (A position stored per mark was a boxed int
+    # made per block of every prompt, and freed with the run.)
+    stretches: list[int]
+    next_position: int  # the position a mark continuing the last stretch has
     identified: int  # blocks marked by this run now (held or cached)
 
     def __init__(
@@ -84,6 +89,24 @@ class LazyRun:
         self.live = True
         self.keyed = False
         self.marked = []
+        self.stretches = []
+        self.next_position = -1
+        self.identified = 0
+
+    def mark_positions(self) -> list[int]:
+        """The position of each block of ``marked``."""
+        stretches = self.stretches
+        positions: list[int] = []
+        for index in range(0, len(stretches), 2):
+            end = stretches[index + 2] if index + 2 < len(stretches) else len(self.marked)
+            first = stretches[index + 1]
+            positions.extend(range(first, first + end - stretches[index]))
+        return positions
+
+    def forget_marks(self) -> None:
+        self.marked = []
+        self.stretches = []
+        self.next_position = -1
         self.identified = 0
 
 
@@ -147,12 +170,47 @@ class PrefixCachingBlockPool(SharedBlockPool):
             )
         evicted_from = self.queue.blank
         blocks = self.queue.take(count)
-        for index in range(evicted_from, count):
-            self._evict(blocks[index])
+        if evicted_from < count:
+            self._evict_each(blocks, evicted_from)
+        ref_count = self.ref_count
         for block in blocks:
-            self.ref_count[block] = 1
+            ref_count[block] = 1
         self.free_blocks -= count
         return blocks
+
+    def _evict_each(self, blocks: list[int], start: int) -> None:
+        """:meth:`_evict` of ``blocks[start:]`` in turn. A lazy run's blocks are evicted here, not one
+        call each: once the cache fills, every block a prompt takes is an eviction, and nearly all
+        of them lazy (a sliding window's prompt passes through a block per ``block_size`` tokens)."""
+        chain_of, group_of, run_of = self.block_chain, self.block_group, self.block_run
+        lazy = 0
+        group, stretch = NO_BLOCK, 0  # (counted per stretch of one group: see release_each)
+        for index in range(start, len(blocks)):
+            block = blocks[index]
+            if chain_of[block] != LAZY:
+                self._evict(block)
+                continue
+            lazy += 1
+            if group_of[block] != group:
+                self._count_evicted(group, stretch)
+                group, stretch = group_of[block], 0
+            stretch += 1
+            run = run_of[block]
+            assert run is not None
+            run_of[block] = None
+            identified = run.identified - 1
+            run.identified = identified
+            if not identified and not run.live:
+                self.drop_run(run)
+            chain_of[block] = NO_BLOCK
+            group_of[block] = NO_BLOCK
+        self._count_evicted(group, stretch)
+        self.cached_blocks -= lazy
+
+    def _count_evicted(self, group: int, blocks: int) -> None:
+        if blocks:
+            self._cached[group] -= blocks
+            self._stats[group].evictions += blocks
 
     def _evict(self, block: int) -> None:
         group = self.block_group[block]
@@ -220,6 +278,52 @@ class PrefixCachingBlockPool(SharedBlockPool):
         self.block_group[block] = group
         self._caches[group].setdefault(chain, []).append(block)
 
+    def release_each(self, blocks: list[int]) -> bool:
+        """:meth:`release` of each block in turn; True when some stay held (by other sequences). The
+        blank ones go to the head in one extension and the cached ones to the tail in another: the
+        two ends are apart, so each keeps the order of one-by-one releases. (A sequence gives back
+        every block it holds at once, and a sliding window all of a prompt's past blocks.)"""
+        ref_count, chain_of, group_of = self.ref_count, self.block_chain, self.block_group
+        blank: list[int] = []
+        keyed: list[int] = []
+        held = False
+        # Each group's count of cached blocks moves once per stretch of its blocks (once per call,
+        # in practice: a list element moved per block is a boxed int made per block).
+        group, stretch = NO_BLOCK, 0
+        for block in blocks:
+            count = ref_count[block] - 1
+            ref_count[block] = count
+            if count:
+                held = True
+            elif chain_of[block] == NO_BLOCK:
+                blank.append(block)
+            else:
+                keyed.append(block)
+                if group_of[block] != group:
+                    self._count_cached(group, stretch)
+                    group, stretch = group_of[block], 0
+                stretch += 1
+        self._count_cached(group, stretch)
+        if blank:
+            self.queue.extendleft(blank)
+        if keyed:
+            self.queue.extend(keyed)
+            self.cached_blocks += len(keyed)
+        self.free_blocks += len(blank) + len(keyed)
+        return held
+
+    def _count_cached(self, group: int, blocks: int) -> None:
+        if blocks:
+            self._cached[group] += blocks
+
+    def release_one_by_one(self, blocks: list[int]) -> bool:
+        """:meth:`release_each` for a pool whose :meth:`release` does more (Jenga's, Marconi's)."""
+        held = False
+        for block in blocks:
+            if self.release(block):
+                held = True
+        return held
+
     def has_identity(self, block: int) -> bool:
         return self.block_chain[block] != NO_BLOCK
 
@@ -253,10 +357,32 @@ class PrefixCachingBlockPool(SharedBlockPool):
         self.block_chain[block] = LAZY
         self.block_group[block] = group
         self.block_run[block] = run
-        marked = run.marked
-        marked.append(block)  # (two appends: a pair would be a tuple made and dropped per block)
-        marked.append(position)
+        if position != run.next_position:
+            run.stretches += (len(run.marked), position)
+        run.marked.append(block)
+        run.next_position = position + 1
         run.identified += 1
+
+    def mark_lazy_each(self, group: int, table: list[int], start: int, end: int, run: LazyRun) -> None:
+        """:meth:`mark_lazy` of each held block at positions ``start`` to ``end - 1`` of ``table`` that
+        has no identity yet, in order (a prompt's blocks past its first key fill together)."""
+        chain_of, group_of, run_of = self.block_chain, self.block_group, self.block_run
+        marked = run.marked
+        next_position = run.next_position
+        marks = 0
+        for position in range(start, end):
+            block = table[position]
+            if block != NO_BLOCK and chain_of[block] == NO_BLOCK:
+                chain_of[block] = LAZY
+                group_of[block] = group
+                run_of[block] = run
+                if position != next_position:
+                    run.stretches += (len(marked), position)
+                marked.append(block)
+                next_position = position + 1
+                marks += 1
+        run.next_position = next_position
+        run.identified += marks
 
     def key_runs(self, key: ChainKey) -> None:
         """Key every run filed under ``key`` (a lookup, a fork or a sequence of one of their groups
@@ -270,15 +396,16 @@ class PrefixCachingBlockPool(SharedBlockPool):
         marked blocks cached under them."""
         run.keyed = True
         marked = run.marked
+        positions = run.mark_positions()
         block_run = self.block_run
         live = self._live_marks(run)
         end = run.first
         if run.live:
             end = len(run.chains)
         else:
-            for index in range(0, len(marked), 2):
-                if live[index // 2] and marked[index + 1] >= end:
-                    end = marked[index + 1] + 1
+            for index in range(len(marked)):
+                if live[index] and positions[index] >= end:
+                    end = positions[index] + 1
         content = run.content
         ids = acquire_chains(
             self.chains, content.segments, content.segment_ends, run.first, end, self.block_size,
@@ -286,34 +413,33 @@ class PrefixCachingBlockPool(SharedBlockPool):
         )  # fmt: skip
         self.chains.release(run.parent)  # (its first key holds it now)
         cache = self._caches[run.group]
-        for index in range(0, len(marked), 2):
-            block, position = marked[index], marked[index + 1]
-            if live[index // 2]:
+        for index in range(len(marked)):
+            if live[index]:
+                block = marked[index]
                 block_run[block] = None
-                chain = ids[position - run.first]
+                chain = ids[positions[index] - run.first]
                 self.chains.hold(chain)
                 self.block_chain[block] = chain
                 cache.setdefault(chain, []).append(block)
-        run.marked = []
-        run.identified = 0
+        run.forget_marks()
         if run.live:
             run.chains[run.first :] = ids  # (the sequence's own holds)
         else:
             self.chains.release_each(ids)
 
     def _live_marks(self, run: LazyRun) -> list[bool]:
-        """Which of the run's (block, position) pairs still stand: a block's last pair, if the run
-        still marks it (an earlier pair of the same block was evicted, and the block marked again at
-        another position). (Found here, where a run is keyed, not kept per block at each mark: a
-        block's position stored at every mark cost most of marking.)"""
+        """Which of the run's marks still stand: a block's last mark, if the run still marks it (an
+        earlier mark of the same block was evicted, and the block marked again at another position).
+        (Found here, where a run is keyed, not kept per block at each mark: a block's position stored
+        at every mark cost most of marking.)"""
         marked, block_run = run.marked, self.block_run
-        live = [False] * (len(marked) // 2)
+        live = [False] * len(marked)
         seen: set[int] = set()
-        for index in range(len(marked) - 2, -1, -2):
+        for index in range(len(marked) - 1, -1, -1):
             block = marked[index]
             if block not in seen:
                 seen.add(block)
-                live[index // 2] = block_run[block] is run
+                live[index] = block_run[block] is run
         return live
 
     def drop_run(self, run: LazyRun) -> None:
