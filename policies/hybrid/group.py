@@ -461,29 +461,36 @@ class GroupManager(SequenceTable[GroupSequence]):
         """With a prefix-caching pool, the blocks a planned growth releases go back (cached) before any
         group of the pool takes new ones (vLLM's ``remove_skipped_blocks``, then
         ``allocate_new_blocks``); without one, the pool's count moved already."""
-        tables = self.tables
-        if tables is None:
+        if self.tables is None:
             return
-        for seq, tokens, first, _ in plan:
-            # The tokens come first: a block they fill was cached at the step that filled it (vLLM's
-            # ``cache_blocks`` at allocation), before a later step's ``remove_skipped_blocks`` lets it
-            # go. A growth of several tokens at once (event skipping's flushes) may fill a block and
-            # pass it (a chunk's last block, one token before the next chunk): cached, not blank.
-            tables.note_growth(id(seq), tokens)
-            if first > seq.first_block:
-                tables.release_skipped(id(seq), seq.first_block, seq.end_block, first)
+        for step in plan:
+            self.release_skipped_of(step)
+
+    def release_skipped_of(self, step: GrowthStep) -> None:
+        """:meth:`release_skipped` of one sequence's planned growth (a prefix-caching pool's)."""
+        tables = self.tables
+        assert tables is not None
+        seq, tokens, first, _ = step
+        # The tokens come first: a block they fill was cached at the step that filled it (vLLM's
+        # ``cache_blocks`` at allocation), before a later step's ``remove_skipped_blocks`` lets it
+        # go. A growth of several tokens at once (event skipping's flushes) may fill a block and
+        # pass it (a chunk's last block, one token before the next chunk): cached, not blank.
+        tables.note_growth(id(seq), tokens)
+        if first > seq.first_block:
+            tables.release_skipped(id(seq), seq.first_block, seq.end_block, first)
 
     def commit_growth(self, plan: list[GrowthStep]) -> list[int]:
         """Apply a :meth:`plan_growth` whose net blocks the caller has moved in or out of the pool (with
         a prefix-caching pool, after :meth:`release_skipped`); returns each sequence's growth room
         after it."""
-        rooms = []
-        tables = self.tables
-        for seq, tokens, first, end in plan:
-            if tables is not None:
-                tables.take_for_growth(id(seq), seq.end_block, first, end, tokens)
-            rooms.append(self._grow_to(seq, tokens, first, end))
-        return rooms
+        return [self.commit_step(step) for step in plan]
+
+    def commit_step(self, step: GrowthStep) -> int:
+        """:meth:`commit_growth` of one sequence's planned growth; returns its growth room after."""
+        seq, tokens, first, end = step
+        if self.tables is not None:
+            self.tables.take_for_growth(id(seq), seq.end_block, first, end, tokens)
+        return self._grow_to(seq, tokens, first, end)
 
     def _grow_to(self, seq: GroupSequence, tokens: int, first: int, end: int) -> int:
         """``seq`` grows by ``tokens`` to the run ``[first, end)``; returns its growth room after."""

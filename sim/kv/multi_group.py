@@ -563,16 +563,22 @@ def _commit_in_request_order(plans: list[GroupPlan], sequences: int, rooms: list
     new ones. Which cached block an allocation evicts depends on that order, so a growth of several
     sequences in one call (event skipping's flushes) and one sequence at a time (single steps) must
     give the same. Returns the rooms after it, the least over the groups."""
-    by_group: list[list[int]] = [[] for _ in plans]
+    least: list[int] = [] if rooms is None else rooms
     for index in range(sequences):
         for manager, plan in plans:
-            manager.release_skipped(plan[index : index + 1])
-        for group, (manager, plan) in enumerate(plans):
-            by_group[group].extend(manager.commit_growth(plan[index : index + 1]))
-    for group_rooms in by_group:
-        rooms = least_rooms(rooms, group_rooms)
-    assert rooms is not None
-    return rooms
+            manager.release_skipped_of(plan[index])
+        first, first_plan = plans[0]
+        room = first.commit_step(first_plan[index])
+        for group in range(1, len(plans)):
+            manager, plan = plans[group]
+            group_room = manager.commit_step(plan[index])
+            if group_room < room:
+                room = group_room
+        if rooms is None:
+            least.append(room)
+        elif room < least[index]:
+            least[index] = room
+    return least
 
 
 def _slots_needed(policy: KVCachePolicy, seq_ids: Sequence[int], num_tokens: Sequence[int]) -> int:
