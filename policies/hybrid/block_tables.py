@@ -30,8 +30,6 @@ the references past the first, which the group subtracts from what its runs add 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from policies.base import ALL_PUBLISHED, ChildSpec
 from policies.hybrid.prefix_pool import LAZY, NO_BLOCK, LazyRun, PrefixCachingBlockPool, acquire_chains
 from policies.paged import SequenceState
@@ -437,25 +435,32 @@ class GroupBlockTables:
         )
         self.by_seq[child_key] = CachedSequence(content, table, list(parent.chains))
 
-    def net_blocks(self, plans: Sequence[tuple[int, int, int, int, int]]) -> int:
-        """Blocks the pool gives (negative: gets back) for growths ``(key, first_block, end_block,
-        first, end)``: the new positions, less the released blocks no other holder keeps."""
-        net = 0
-        shared: dict[int, int] = {}  # released blocks others may hold too -> times released here
+    def net_blocks_of(
+        self, key: int, first_block: int, end_block: int, first: int, end: int, shared: dict[int, int]
+    ) -> int:
+        """One growth's part of the blocks the pool gives (negative: gets back) for a growth of
+        several sequences: a sequence holding ``[first_block, end_block)`` grows to ``[first, end)``.
+        Its new positions, less the released blocks it alone holds; the released blocks others may
+        hold too are counted into ``shared`` (block -> times released), for :meth:`shared_net`."""
+        net = end - max(end_block, first)
+        table = self.by_seq[key].table
         ref_count = self.pool.ref_count
-        by_seq = self.by_seq
-        for key, first_block, end_block, first, end in plans:
-            net += end - max(end_block, first)
-            table = by_seq[key].table
-            # (The blocks it releases, read in place: this runs at every growth of every sequence.)
-            for position in range(first_block, min(first, end_block)):
-                block = table[position]
-                if block == NO_BLOCK:
-                    continue  # (a Mamba group's null entry between its states: nothing released)
-                if ref_count[block] == 1:
-                    net -= 1  # (its one holder releases it: listed once, no count needed)
-                else:
-                    shared[block] = shared.get(block, 0) + 1
+        # (The blocks it releases, read in place: this runs at every growth of every sequence.)
+        for position in range(first_block, min(first, end_block)):
+            block = table[position]
+            if block == NO_BLOCK:
+                continue  # (a Mamba group's null entry between its states: nothing released)
+            if ref_count[block] == 1:
+                net -= 1  # (its one holder releases it: listed once, no count needed)
+            else:
+                shared[block] = shared.get(block, 0) + 1
+        return net
+
+    def shared_net(self, shared: dict[int, int]) -> int:
+        """The blocks :meth:`net_blocks_of` found released by several holders that every holder
+        releases: they go back to the pool (negative)."""
+        ref_count = self.pool.ref_count
+        net = 0
         for block, count in shared.items():
             if ref_count[block] == count:
                 net -= 1

@@ -437,12 +437,14 @@ class GroupManager(SequenceTable[GroupSequence]):
 
     def planned_net_blocks(self, plan: list[GrowthStep]) -> int:
         """The net blocks a plan (or the part of it for some of its sequences) takes from the pool."""
-        if self.tables is not None:
-            # (A released block another sequence still holds gives the pool nothing back.)
-            return self.tables.net_blocks(
-                [(id(seq), seq.first_block, seq.end_block, first, end) for seq, _, first, end in plan]
-            )
+        tables = self.tables
         net = 0
+        if tables is not None:
+            # (A released block another sequence still holds gives the pool nothing back.)
+            shared: dict[int, int] = {}
+            for seq, _, first, end in plan:
+                net += tables.net_blocks_of(id(seq), seq.first_block, seq.end_block, first, end, shared)
+            return net + tables.shared_net(shared) if shared else net
         for seq, _, first, end in plan:
             net += held_change(seq, first, end)
         return net
