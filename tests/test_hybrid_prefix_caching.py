@@ -405,6 +405,22 @@ def test_a_growth_of_several_sequences_is_committed_request_by_request(blocks):
     assert pools[0] == pools[1]
 
 
+def test_a_growth_committed_request_by_request_reports_the_least_room_over_the_groups():
+    """Each sequence's room after a growth (tokens before its next change: a new block, or a block the
+    window lets go) is the least over the groups, as each group reports it; the window's is often
+    the smaller (a release comes before the next block is needed), and the engine must wake up then."""
+    kv, full, window, _ = hybrid(32)
+    kv.admit(2, ((3, 10),), 60, 102)
+    kv.admit(3, ((4, 7),), 60, 103)
+    window_smaller = 0
+    for _ in range(30):
+        rooms = kv.grow_each([2, 3], [1, 1])
+        expected = [min(full.growth_room(seq_id), window.growth_room(seq_id)) for seq_id in (2, 3)]
+        assert rooms == expected
+        window_smaller += sum(window.growth_room(seq_id) < full.growth_room(seq_id) for seq_id in (2, 3))
+    assert window_smaller > 0  # (the case where the first group's room would not do)
+
+
 def test_a_chunks_last_block_filled_and_passed_in_one_growth_is_cached():
     """Chunks of 12 tokens (3 blocks of 4), a 9-token prompt (blocks 0-2 held). Grown by 4 tokens in
     one call, as event skipping flushes a sequence at the token where the chunk passes, it fills block
