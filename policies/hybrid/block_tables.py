@@ -296,6 +296,8 @@ class GroupBlockTables:
         chains = record.chains
         end = self.key_end(record)
         run = record.lazy
+        # A run not yet keyed holds every chain from its first position on (all LAZY), so the
+        # positions split in two: those before it get their chains, the rest are marked in one call.
         keyed_end = end if run is None or run.keyed or run.first >= end else max(done, run.first)
         for position in range(done, keyed_end):
             block = table[position]
