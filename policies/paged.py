@@ -40,6 +40,11 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _none_held(ref_count: list[int], blocks: list[int], start: int) -> bool:
+    """Whether nobody holds any of ``blocks[start:]``."""
+    return all(not ref_count[blocks[index]] for index in range(start, len(blocks)))
+
+
 class FreeBlockQueue:
     """Free block ids in the order they are handed out (head first), as vLLM's free block queue.
 
@@ -543,8 +548,14 @@ class PagedPolicy(SequenceTable[SequenceState]):
                     self._shared_blocks -= 1
             # Usually the sequence held every block alone: the list is then one slice. (Compiled,
             # appending block ids one by one would box each of them anew.)
-            if released_count == len(full_blocks):
+            kept = len(full_blocks) - released_count
+            if not kept:
                 released = full_blocks[::-1]
+            elif _none_held(ref_count, full_blocks, kept):
+                # Others still hold its first blocks (a shared prompt prefix, the usual case): the
+                # rest is a slice as well.
+                released = full_blocks[kept:]
+                released.reverse()
             else:
                 released = [block_id for block_id in reversed(full_blocks) if not ref_count[block_id]]
         else:
