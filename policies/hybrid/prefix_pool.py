@@ -190,6 +190,8 @@ class PrefixCachingBlockPool(SharedBlockPool):
             if chain_of[block] != LAZY:
                 self._evict(block)
                 continue
+            # (_evict_lazy's work, written out: a call per block here was 3 % of a vllm-hybrid
+            # replay with caching.)
             lazy += 1
             if group_of[block] != group:
                 self._count_evicted(group, stretch)
