@@ -3,11 +3,14 @@ worked out in the comments."""
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from sim.outputs.metrics import (
+    RECORD_FIELDS,
     STATE_COLUMNS,
     Recorder,
     RequestRecord,
@@ -163,6 +166,28 @@ def test_requests_frame_splits_a_disaggregated_ttft_by_hand():
     assert (frame.iloc[1]["queue_s"], frame.iloc[1]["ttft_s"]) == (0.25, 1.0)
     assert frame["arrival_s"].dtype == "float64" and frame["prompt_tokens"].dtype == "int64"
     assert frame["outcome"].tolist() == ["unfinished", "unfinished"]
+
+
+def test_the_requests_table_reads_every_field_back_unchanged():
+    """The table packs each record's numbers into one row of bytes: each field set to a value of its
+    own (1, 2, 3, ... in field order, floats with a half added, an int field past 2**53, text fields
+    their name), every column reads its field back unchanged, and two records keep their order."""
+    record = RequestRecord(0, 0.0, 0, 0, 1, 1, 0)
+    expected = []
+    for number, field in enumerate(fields(RequestRecord), start=1):
+        value: object = field.name if field.name in ("outcome", "reason") else number
+        if getattr(field.type, "__name__", str(field.type)) == "float":
+            value = number + 0.5
+        if field.name == "transfer_bytes":
+            value = 2**53 + number  # (exact only as an int64, not through a float)
+        setattr(record, field.name, value)
+        expected.append(value)
+    assert tuple(field.name for field in fields(RequestRecord)) == RECORD_FIELDS
+    frame = requests_frame([record, RequestRecord(7, 0.25, 3, 2, 1, 1, 2)])
+    assert [frame[name].iloc[0] for name in RECORD_FIELDS] == expected
+    assert frame["request_id"].tolist() == [1, 7] and frame["arrival_s"].tolist() == [2.5, 0.25]
+    assert frame["outcome"].tolist() == ["outcome", "unfinished"]
+    assert frame["transfer_bytes"].dtype == "int64" and frame["finish_s"].dtype == "float64"
 
 
 def test_cumulative_area_between_rows_and_after_the_last():
