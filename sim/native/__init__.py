@@ -34,9 +34,10 @@ from types import ModuleType
 
 # The engine's hot path: what a wake-up runs (engine, decode clock, jumps, arrivals, policies, the
 # recorder, the cost model and its per-iteration terms, the request and the length of its token
-# content, and the trace reader that streams requests into the run: interpreted, reading a 9,000-
-# request trace took a fifth of its replay's instructions). Their classes become native
-# classes; the rest stays Python.
+# content, and the trace reader and synthetic generator that stream requests into the run:
+# interpreted, reading a 9,000-request trace took a fifth of its replay's instructions, and a plan's
+# probes spent 5 % of their time drawing requests). Their classes become native classes; the rest
+# stays Python.
 MODULES = (
     "policies._free_space",
     "policies._host_tier",
@@ -99,8 +100,12 @@ MODULES = (
     "sim.outputs.group_series",
     "sim.outputs.metrics",
     "token_content.segments",
+    "workloads.arrivals",
     "workloads.content",
+    "workloads.distributions",
     "workloads.request",
+    "workloads.samples",
+    "workloads.synthetic",
     "workloads.traces",
 )
 PACKAGES = (
