@@ -58,10 +58,10 @@ class Cluster:
         self.env.process(self._arrivals.process())
         for replica in self.replicas:
             replica.start()
-        with fewer_collections():
+        with fewer_collections():  # (the replicas' tables too: sim/engine/core.py, Engine.run)
             self.env.run(until=until_s)
-        for replica in self.replicas:
-            replica.finish()
+            for replica in self.replicas:
+                replica.finish()
 
     # ------------------------------------------------------------------------------------ arrivals
     def _route(self, request: Request) -> None:

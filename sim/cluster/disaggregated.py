@@ -137,10 +137,10 @@ class DisaggregatedCluster:
         self.env.process(self._arrivals.process())
         for replica in self.replicas:
             replica.start()
-        with fewer_collections():
+        with fewer_collections():  # (the replicas' tables too: sim/engine/core.py, Engine.run)
             self.env.run(until=until_s)
-        for replica in self.replicas:
-            replica.finish()
+            for replica in self.replicas:
+                replica.finish()
 
     def role_of(self, index: int) -> str:
         return "prefill" if index < self.prefill_shape.replicas else "decode"
