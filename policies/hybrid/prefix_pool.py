@@ -32,7 +32,7 @@ kept); the pool reports the blank free blocks and the tail past the last whole b
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, cast
 
 from mypy_extensions import mypyc_attr
 
@@ -45,6 +45,14 @@ NO_BLOCK: Final = -1
 LAZY: Final = -2
 """A lazy run's position without a chain yet (in a sequence's chains), or a block marked cached by a
 lazy run (as its identity)."""
+
+
+def as_objects(blocks: list[int]) -> list[object]:
+    """The same list, its items read as objects: compiled, a block id read from a ``list[int]`` is
+    unboxed, and boxed anew (an allocation past 256) when it is put in another list; read as an
+    object, the list's own int object is put there. (A loop over a prompt's or a window's blocks
+    did that per block: nearly half the time a ``vllm-hybrid`` replay with caching spent allocating.)"""
+    return cast(list[object], blocks)
 
 
 class LazyRun:
@@ -286,30 +294,31 @@ class PrefixCachingBlockPool(SharedBlockPool):
         two ends are apart, so each keeps the order of one-by-one releases. (A sequence gives back
         every block it holds at once, and a sliding window all of a prompt's past blocks.)"""
         ref_count, chain_of, group_of = self.ref_count, self.block_chain, self.block_group
-        blank: list[int] = []
-        keyed: list[int] = []
+        blank: list[object] = []
+        keyed: list[object] = []
         held = False
         # Each group's count of cached blocks moves once per stretch of its blocks (once per call,
         # in practice: a list element moved per block is a boxed int made per block).
         group, stretch = NO_BLOCK, 0
-        for block in blocks:
+        for item in as_objects(blocks):
+            block = cast(int, item)
             count = ref_count[block] - 1
             ref_count[block] = count
             if count:
                 held = True
             elif chain_of[block] == NO_BLOCK:
-                blank.append(block)
+                blank.append(item)
             else:
-                keyed.append(block)
+                keyed.append(item)
                 if group_of[block] != group:
                     self._count_cached(group, stretch)
                     group, stretch = group_of[block], 0
                 stretch += 1
         self._count_cached(group, stretch)
         if blank:
-            self.queue.extendleft(blank)
+            self.queue.extendleft(cast(list[int], blank))
         if keyed:
-            self.queue.extend(keyed)
+            self.queue.extend(cast(list[int], keyed))
             self.cached_blocks += len(keyed)
         self.free_blocks += len(blank) + len(keyed)
         return held
@@ -369,18 +378,20 @@ class PrefixCachingBlockPool(SharedBlockPool):
         """:meth:`mark_lazy` of each held block at positions ``start`` to ``end - 1`` of ``table`` that
         has no identity yet, in order (a prompt's blocks past its first key fill together)."""
         chain_of, group_of, run_of = self.block_chain, self.block_group, self.block_run
-        marked = run.marked
+        marked = as_objects(run.marked)
+        held = as_objects(table)
         next_position = run.next_position
         marks = 0
         for position in range(start, end):
-            block = table[position]
+            item = held[position]
+            block = cast(int, item)
             if block != NO_BLOCK and chain_of[block] == NO_BLOCK:
                 chain_of[block] = LAZY
                 group_of[block] = group
                 run_of[block] = run
                 if position != next_position:
                     run.stretches += (len(marked), position)
-                marked.append(block)
+                marked.append(item)
                 next_position = position + 1
                 marks += 1
         run.next_position = next_position
