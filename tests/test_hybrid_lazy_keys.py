@@ -99,7 +99,7 @@ def observed(driver: HybridDriver) -> tuple:
             if isinstance(pool, JengaPageCache)
             else pool.queue.order()
         )
-        identities = [(pool.has_identity(block), pool.block_group[block]) for block in range(pool.num_blocks)]
+        identities = [(pool.has_identity(block), pool.group_of(block)) for block in range(pool.num_blocks)]
         pools.append((order, list(pool.ref_count), identities, pool.free_blocks, pool.cached_blocks))
     return (
         groups,

@@ -97,11 +97,11 @@ def test_mark_lazy_each_is_mark_lazy_of_each_blank_held_block_in_turn(blocks, ho
         pool.take_blocks(8, "the test")
         _key(pool, 0, 3)  # block 3 has an identity already: neither marks it
     run_batch, run_one = _run(batch, start), _run(one_by_one, start)
-    batch.mark_lazy_each(0, table, start, len(table), run_batch)
+    batch.mark_lazy_each(table, start, len(table), run_batch)
     for position in range(start, len(table)):
         block = table[position]
         if block != NO_BLOCK and not one_by_one.has_identity(block):
-            one_by_one.mark_lazy(0, block, run_one, position)
+            one_by_one.mark_lazy(block, run_one, position)
     assert run_batch.marked == run_one.marked
     assert run_batch.mark_positions() == run_one.mark_positions()
     assert run_batch.identified == run_one.identified
@@ -120,7 +120,7 @@ def test_a_runs_mark_positions_are_kept_as_stretches():
     pool.take_blocks(8, "the test")
     run = _run(pool, 2)
     for block, position in ((0, 4), (1, 5), (2, 6), (3, 9), (4, 10), (5, 2)):
-        pool.mark_lazy(0, block, run, position)
+        pool.mark_lazy(block, run, position)
     assert run.marked == [0, 1, 2, 3, 4, 5]
     assert run.stretches == [0, 4, 3, 9, 5, 2]
     assert run.mark_positions() == [4, 5, 6, 9, 10, 2]
@@ -138,7 +138,7 @@ def test_a_take_evicts_lazy_and_keyed_blocks_alike():
         pool.add_group(group_stats)
     pool.take_blocks(8, "the test")
     run = pool.file_run(_run(pool, 0))
-    pool.mark_lazy_each(0, [0, 1, 2, 3], 0, 4, run)
+    pool.mark_lazy_each([0, 1, 2, 3], 0, 4, run)
     _key(pool, 1, 4)
     _key(pool, 1, 5)
     run.live = False
@@ -150,3 +150,35 @@ def test_a_take_evicts_lazy_and_keyed_blocks_alike():
     assert (stats[0].evictions, stats[1].evictions) == (4, 2)
     assert run.identified == 0 and pool.lazy_runs == {}
     assert pool.block_chain == [NO_BLOCK] * 8 and pool.block_run == [None] * 8
+
+
+def test_a_take_counts_each_stretch_of_lazy_runs_off_its_own_run_and_group():
+    # Run A (group 0) marks blocks 0, 1 and 5, run B (group 1) marks 3 and 4, block 2 is keyed in
+    # group 1. Released in the order 0-7 and all taken again, the evictions come off the queue as
+    # A A keyed B B A: A is counted off in two stretches, and each run is forgotten when its last
+    # mark goes (both are freed).
+    stats = [PolicyStats(), PolicyStats()]
+    pool = PrefixCachingBlockPool(8, 4, lazy_keys=True)
+    for group_stats in stats:
+        pool.add_group(group_stats)
+    pool.take_blocks(8, "the test")
+    run_a = pool.file_run(_run(pool, 0))
+    run_b = pool.file_run(LazyRun(pool, (None, 8, 0, 4, 0), None, 0, 1, run_a.content, []))
+    pool.mark_lazy_each([0, 1, NO_BLOCK, NO_BLOCK, NO_BLOCK, 5], 0, 6, run_a)
+    pool.mark_lazy_each([3, 4], 0, 2, run_b)
+    _key(pool, 1, 2)
+    run_a.live = run_b.live = False
+    assert [pool.group_of(block) for block in range(8)] == [0, 0, 1, 1, 1, 0, NO_BLOCK, NO_BLOCK]
+    assert pool.release_each([0, 1, 2, 3, 4, 5, 6, 7]) is False
+    assert (pool.cached_blocks, pool.cached_in(0), pool.cached_in(1)) == (6, 3, 3)
+    assert pool.take_blocks(2, "the test") == [7, 6]
+    assert pool.take_blocks(4, "the test") == [0, 1, 2, 3]
+    # A keeps its mark of block 5, B of block 4: neither is forgotten yet.
+    assert (run_a.identified, run_b.identified) == (1, 1)
+    assert set(pool.lazy_runs) == {run_a.key, run_b.key}
+    assert (stats[0].evictions, stats[1].evictions) == (2, 2)
+    assert pool.take_blocks(2, "the test") == [4, 5]
+    assert (run_a.identified, run_b.identified) == (0, 0) and pool.lazy_runs == {}
+    assert (stats[0].evictions, stats[1].evictions) == (3, 3)
+    assert (pool.cached_blocks, pool.cached_in(0), pool.cached_in(1)) == (0, 0, 0)
+    assert pool.ref_count == [1] * 8

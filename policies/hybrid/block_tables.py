@@ -76,6 +76,10 @@ class GroupBlockTables:
         self.group = group
         self.block_size = block_size
         self.kind = kind
+        # What a take is for, should it fail: made once, not at every take (a growth's own cost).
+        self._prefill_take = f"prefilling in the {kind} group"
+        self._admission_take = f"admitting into the {kind} group"
+        self._growth_take = f"growing in the {kind} group"
         self.excess = 0  # references to held blocks past the first (shared blocks counted once)
         self.shared_blocks = 0  # blocks two or more sequences hold
         self.by_seq: dict[int, CachedSequence] = {}  # id(GroupSequence) -> its blocks
@@ -122,7 +126,7 @@ class GroupBlockTables:
     def _pass(self, record: CachedSequence, position: int) -> None:
         """A block of an earlier chunk at ``position``: taken from the queue's head (evicting what it
         reaches), cached and given back, to the tail."""
-        (block,) = self.pool.take_blocks(1, f"prefilling in the {self.kind} group")
+        (block,) = self.pool.take_blocks(1, self._prefill_take)
         chain = record.chains[position]
         if chain == LAZY:
             self._mark(record, block, position)
@@ -217,7 +221,7 @@ class GroupBlockTables:
         self._extend_chains(record)
         self._pass_through(record, prefill_from, first, hit)
         start = max(first, hit)
-        record.table[start:end] = self.pool.take_blocks(end - start, f"admitting into the {self.kind} group")
+        record.table[start:end] = self.pool.take_blocks(end - start, self._admission_take)
         self._cache_held(record, done)
 
     def _pass_through(self, record: CachedSequence, prefill_from: int, first: int, hit: int) -> None:
@@ -309,13 +313,13 @@ class GroupBlockTables:
                     pool.cache_block(self.group, block, chain)
         if keyed_end < end:
             assert run is not None
-            pool.mark_lazy_each(self.group, table, keyed_end, end, run)
+            pool.mark_lazy_each(table, keyed_end, end, run)
 
     def _mark(self, record: CachedSequence, block: int, position: int) -> None:
         """A held block at ``position`` of the sequence's lazy run is full: marked cached."""
         run = record.lazy
         assert run is not None  # (a LAZY chain belongs to a run not yet keyed)
-        self.pool.mark_lazy(self.group, block, run, position)
+        self.pool.mark_lazy(block, run, position)
 
     def release_skipped(self, key: int, first_block: int, end_block: int, first: int) -> None:
         """A sequence holding ``[first_block, end_block)`` whose run now starts at ``first`` gives back
@@ -343,7 +347,7 @@ class GroupBlockTables:
         if end > len(record.table):
             record.table += [NO_BLOCK] * (end - len(record.table))
         if end > start:
-            record.table[start:end] = self.pool.take_blocks(end - start, f"growing in the {self.kind} group")
+            record.table[start:end] = self.pool.take_blocks(end - start, self._growth_take)
             self._cache_held(record, start)  # (their chains exist: note_growth extended them)
 
     def _cache_if_filled(self, record: CachedSequence) -> None:

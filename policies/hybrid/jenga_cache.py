@@ -405,7 +405,7 @@ class JengaPageCache(PrefixCachingBlockPool):
             self.allocator.release([block])
         else:
             self._stamp(block)
-            self._cached[self.block_group[block]] += 1
+            self._cached[self.group_of(block)] += 1
             self.cached_blocks += 1
         return False
 

@@ -143,7 +143,8 @@ class PrefixCachingBlockPool(SharedBlockPool):
         self.queue = FreeBlockQueue(range(num_blocks))
         self.ref_count: list[int] = [0] * num_blocks
         self.block_chain: list[int] = [NO_BLOCK] * num_blocks  # its identity, or NO_BLOCK
-        self.block_group: list[int] = [NO_BLOCK] * num_blocks  # the group whose cache holds it
+        # The group whose cache holds a keyed block, or NO_BLOCK (a lazy mark's is its run's: group_of).
+        self.block_group: list[int] = [NO_BLOCK] * num_blocks
         self._caches: list[dict[int, list[int]]] = []  # per group: chain id -> blocks, earliest first
         self._cached: list[int] = []  # per group: its free blocks that keep an identity
         self._stats: list[PolicyStats] = []  # per group: where its evictions are counted
@@ -178,56 +179,68 @@ class PrefixCachingBlockPool(SharedBlockPool):
             )
         evicted_from = self.queue.blank
         blocks = self.queue.take(count)
-        if evicted_from < count:
-            self._evict_each(blocks, evicted_from)
         ref_count = self.ref_count
-        for block in blocks:
-            ref_count[block] = 1
+        if evicted_from < count:
+            for index in range(evicted_from):
+                ref_count[blocks[index]] = 1
+            self._evict_each(blocks, evicted_from)  # (which holds them once, in the same pass)
+        else:
+            for block in blocks:
+                ref_count[block] = 1
         self.free_blocks -= count
         return blocks
 
     def _evict_each(self, blocks: list[int], start: int) -> None:
-        """:meth:`_evict` of ``blocks[start:]`` in turn. A lazy run's blocks are evicted here, not one
-        call each: once the cache fills, every block a prompt takes is an eviction, and nearly all
-        of them lazy (a sliding window's prompt passes through a block per ``block_size`` tokens)."""
-        chain_of, group_of, run_of = self.block_chain, self.block_group, self.block_run
+        """:meth:`_evict` of ``blocks[start:]`` in turn, each then held once (:meth:`take_blocks`). A
+        lazy run's blocks are evicted here, not one call each: once the cache fills, every block a
+        prompt takes is an eviction, and nearly all of them lazy (a sliding window's prompt passes
+        through a block per ``block_size`` tokens). They come off the queue a stretch of one run at
+        a time (a run's blocks are given back together), and each stretch is counted off its run
+        and its group at once."""
+        chain_of, run_of, ref_count = self.block_chain, self.block_run, self.ref_count
         lazy = 0
-        group, stretch = NO_BLOCK, 0  # (counted per stretch of one group: see release_each)
+        run: LazyRun | None = None  # the run of the stretch being counted
+        stretch = 0
         for index in range(start, len(blocks)):
             block = blocks[index]
+            ref_count[block] = 1
             if chain_of[block] != LAZY:
+                if run is not None:  # (counted first: a run forgotten releases a chain, as before)
+                    self._evict_marks(run, stretch)
+                    run, stretch = None, 0
                 self._evict(block)
                 continue
-            # (_evict_lazy's work, written out: a call per block here was 3 % of a vllm-hybrid
-            # replay with caching.)
             lazy += 1
-            if group_of[block] != group:
-                self._count_evicted(group, stretch)
-                group, stretch = group_of[block], 0
+            owner = run_of[block]
+            if owner is not run:
+                if run is not None:
+                    self._evict_marks(run, stretch)
+                run, stretch = owner, 0
             stretch += 1
-            run = run_of[block]
-            assert run is not None
             run_of[block] = None
-            identified = run.identified - 1
-            run.identified = identified
-            if not identified and not run.live:
-                self.drop_run(run)
             chain_of[block] = NO_BLOCK
-            group_of[block] = NO_BLOCK
-        self._count_evicted(group, stretch)
+        if run is not None:
+            self._evict_marks(run, stretch)
         self.cached_blocks -= lazy
 
-    def _count_evicted(self, group: int, blocks: int) -> None:
-        if blocks:
-            self._cached[group] -= blocks
-            self._stats[group].evictions += blocks
+    def _evict_marks(self, run: LazyRun, blocks: int) -> None:
+        """``blocks`` blocks ``run`` marked were evicted (their identities are cleared by the caller):
+        counted off the run and its group; a freed run none of whose blocks is marked any more is
+        forgotten."""
+        group = run.group
+        self._cached[group] -= blocks
+        self._stats[group].evictions += blocks
+        identified = run.identified - blocks
+        run.identified = identified
+        if not identified and not run.live:
+            self.drop_run(run)
 
     def _evict(self, block: int) -> None:
-        group = self.block_group[block]
         chain = self.block_chain[block]
         if chain == LAZY:
-            self._evict_lazy(block, group)
+            self._evict_lazy(block)
             return
+        group = self.block_group[block]
         holders = self._caches[group][chain]
         holders.remove(block)
         if not holders:
@@ -238,19 +251,25 @@ class PrefixCachingBlockPool(SharedBlockPool):
         self.cached_blocks -= 1
         self._stats[group].evictions += 1
 
-    def _evict_lazy(self, block: int, group: int) -> None:
-        """A block a lazy run marked is evicted: nothing was keyed; a freed run none of whose blocks is
-        marked any more is forgotten."""
+    def _evict_lazy(self, block: int) -> None:
+        """A block a lazy run marked is evicted: nothing was keyed."""
         run = self.block_run[block]
         assert run is not None
         self.block_run[block] = None
-        run.identified -= 1
-        if not run.identified and not run.live:
-            self.drop_run(run)
-        self.block_chain[block] = self.block_group[block] = NO_BLOCK
-        self._cached[group] -= 1
+        self.block_chain[block] = NO_BLOCK
         self.cached_blocks -= 1
-        self._stats[group].evictions += 1
+        self._evict_marks(run, 1)
+
+    def group_of(self, block: int) -> int:
+        """The group whose cache holds ``block`` (one with an identity: keyed, or marked by a lazy
+        run, whose group it is), else ``NO_BLOCK``. (A mark writes no group per block: a prompt's
+        every block is marked.)"""
+        chain = self.block_chain[block]
+        if chain == LAZY:
+            run = self.block_run[block]
+            assert run is not None
+            return run.group
+        return self.block_group[block] if chain != NO_BLOCK else NO_BLOCK
 
     def touch(self, block: int) -> bool:
         """One more holder of a cached block (a prefix hit); True when others held it already. A free
@@ -276,7 +295,7 @@ class PrefixCachingBlockPool(SharedBlockPool):
             self.queue.appendleft(block)
         else:
             self.queue.append(block)
-            self._cached[self.block_group[block]] += 1
+            self._cached[self.group_of(block)] += 1
             self.cached_blocks += 1
         self.free_blocks += 1
         return False
@@ -293,7 +312,8 @@ class PrefixCachingBlockPool(SharedBlockPool):
         blank ones go to the head in one extension and the cached ones to the tail in another: the
         two ends are apart, so each keeps the order of one-by-one releases. (A sequence gives back
         every block it holds at once, and a sliding window all of a prompt's past blocks.)"""
-        ref_count, chain_of, group_of = self.ref_count, self.block_chain, self.block_group
+        ref_count, chain_of, run_of = self.ref_count, self.block_chain, self.block_run
+        group_of = self.block_group  # (a keyed block's group; a lazy mark's is its run's)
         blank: list[object] = []
         keyed: list[object] = []
         held = False
@@ -306,14 +326,22 @@ class PrefixCachingBlockPool(SharedBlockPool):
             ref_count[block] = count
             if count:
                 held = True
-            elif chain_of[block] == NO_BLOCK:
+                continue
+            chain = chain_of[block]
+            if chain == NO_BLOCK:
                 blank.append(item)
+                continue
+            keyed.append(item)
+            if chain == LAZY:
+                run = run_of[block]
+                assert run is not None
+                owner = run.group
             else:
-                keyed.append(item)
-                if group_of[block] != group:
-                    self._count_cached(group, stretch)
-                    group, stretch = group_of[block], 0
-                stretch += 1
+                owner = group_of[block]
+            if owner != group:
+                self._count_cached(group, stretch)
+                group, stretch = owner, 0
+            stretch += 1
         self._count_cached(group, stretch)
         if blank:
             self.queue.extendleft(cast(list[int], blank))
@@ -363,10 +391,10 @@ class PrefixCachingBlockPool(SharedBlockPool):
                 return True
         return False
 
-    def mark_lazy(self, group: int, block: int, run: LazyRun, position: int) -> None:
-        """A held block at ``position`` of ``run`` is full: cached, keyed if a lookup ever reaches it."""
+    def mark_lazy(self, block: int, run: LazyRun, position: int) -> None:
+        """A held block at ``position`` of ``run`` is full: cached (in the run's group), keyed if a
+        lookup ever reaches it."""
         self.block_chain[block] = LAZY
-        self.block_group[block] = group
         self.block_run[block] = run
         if position != run.next_position:
             run.stretches += (len(run.marked), position)
@@ -374,10 +402,10 @@ class PrefixCachingBlockPool(SharedBlockPool):
         run.next_position = position + 1
         run.identified += 1
 
-    def mark_lazy_each(self, group: int, table: list[int], start: int, end: int, run: LazyRun) -> None:
+    def mark_lazy_each(self, table: list[int], start: int, end: int, run: LazyRun) -> None:
         """:meth:`mark_lazy` of each held block at positions ``start`` to ``end - 1`` of ``table`` that
         has no identity yet, in order (a prompt's blocks past its first key fill together)."""
-        chain_of, group_of, run_of = self.block_chain, self.block_group, self.block_run
+        chain_of, run_of = self.block_chain, self.block_run
         marked = as_objects(run.marked)
         held = as_objects(table)
         next_position = run.next_position
@@ -387,7 +415,6 @@ class PrefixCachingBlockPool(SharedBlockPool):
             block = cast(int, item)
             if block != NO_BLOCK and chain_of[block] == NO_BLOCK:
                 chain_of[block] = LAZY
-                group_of[block] = group
                 run_of[block] = run
                 if position != next_position:
                     run.stretches += (len(marked), position)
@@ -433,6 +460,7 @@ class PrefixCachingBlockPool(SharedBlockPool):
                 chain = ids[positions[index] - run.first]
                 self.chains.hold(chain)
                 self.block_chain[block] = chain
+                self.block_group[block] = run.group
                 cache.setdefault(chain, []).append(block)
         run.forget_marks()
         if run.live:
