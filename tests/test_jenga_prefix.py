@@ -506,6 +506,63 @@ def test_whole_runs_evict_in_the_heaps_order(operations):
                 whole[evicted] = None
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["cache", "hit", "evict"]),
+            st.integers(0, 11),
+            st.integers(0, 3),
+            st.integers(1, 5),
+            st.one_of(st.none(), st.integers(0, 5 << 20)),
+        ),
+        max_size=120,
+    )
+)
+def test_whole_runs_evict_batches_in_the_heaps_order(operations):
+    """As above, each eviction a batch: at most ``most`` pages while their stamps stay below
+    ``before`` (None: any). The runs' batch and the heap's are the pages the heap evicts one at a
+    time while they qualify, each then wholly cached no more."""
+    queues = {"runs": WholeRuns(), "heap": WholeQueue(), "one by one": WholeQueue()}
+    wholes: dict[str, list[int | None]] = {name: [None] * 12 for name in queues}
+    order = 0
+    for kind, page, prefix, most, before in operations:
+        if kind == "cache" and wholes["one by one"][page] is None:
+            order += 1
+            for name, queue in queues.items():
+                wholes[name][page] = (prefix << 20) + order
+                queue.push((prefix << 20) + order, page)
+        elif kind == "hit":
+            for whole in wholes.values():
+                whole[page] = None
+        elif kind == "evict":
+            one_by_one, whole = queues["one by one"], wholes["one by one"]
+            expected = []
+            while len(expected) < most:
+                oldest = one_by_one.oldest(whole)
+                if oldest is None or (before is not None and oldest >= before):
+                    break
+                expected.append(one_by_one.pop_oldest(whole))
+                whole[expected[-1]] = None
+            assert queues["heap"].pop_oldest_before(wholes["heap"], most, before) == expected
+            assert queues["runs"].pop_oldest_before(wholes["runs"], most, before) == expected
+            assert wholes["runs"] == wholes["heap"] == whole
+
+
+def test_a_batch_takes_a_large_page_made_whole_twice_with_one_stamp_once():
+    """Large page 2 made whole at stamp 9, a page of it hit and cached again with an older stamp (a
+    window's): whole again, still at 9, a second entry. A batch evicts it once, then page 4."""
+    queue = WholeQueue()
+    whole: list[int | None] = [None] * 6
+    whole[2] = 9
+    queue.push(9, 2)
+    queue.push(9, 2)
+    whole[4] = 11
+    queue.push(11, 4)
+    assert queue.pop_oldest_before(whole, 3, None) == [2, 4]
+    assert whole == [None] * 6 and queue.oldest(whole) is None
+
+
 def test_the_eviction_clock_stamps_time_request_and_order():
     """Driven without an engine, each operation is a step: stamps carry the step (less the age
     served), the request, and a count of stamps given, whichever of tick() and serve() came last."""

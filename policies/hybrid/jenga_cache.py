@@ -140,6 +140,21 @@ class WholeQueue:
         assert whole[large] == entry >> _INDEX_BITS, "oldest() first"
         return large
 
+    def pop_oldest_before(self, whole: list[Stamp | None], most: int, before: Stamp | None) -> list[int]:
+        """The oldest entries' large pages, taken out in order while their latest stamp is below
+        ``before`` (None: whatever it is), ``most`` at most; each is wholly cached no more (``whole``
+        None), so that a second entry of the same page and stamp is stale. (A large page made whole
+        twice keeps its latest stamp when the page cached again is stamped older: a window's.)"""
+        taken: list[int] = []
+        while len(taken) < most:
+            stamp = self.oldest(whole)
+            if stamp is None or (before is not None and stamp >= before):
+                break
+            large = self.pop_oldest(whole)
+            whole[large] = None
+            taken.append(large)
+        return taken
+
 
 class WholeRuns(WholeQueue):
     """:class:`WholeQueue` for pages that are each a whole large page (``ratio`` 1, every type of
@@ -196,6 +211,27 @@ class WholeRuns(WholeQueue):
         run.head_stamp += 1
         return large
 
+    def pop_oldest_before(self, whole: list[Stamp | None], most: int, before: Stamp | None) -> list[int]:
+        # A run's pages are taken in one pass while they stay below ``before`` (a prompt evicts a run
+        # at a time: one call of oldest() and pop_oldest() per page was most of its cost).
+        taken: list[int] = []
+        while len(taken) < most:
+            stamp = self.oldest(whole)
+            if stamp is None or (before is not None and stamp >= before):
+                break
+            run = self.top
+            assert run is not None
+            pages, index = run.pages, run.head
+            while index < len(pages) and len(taken) < most and (before is None or stamp < before):
+                large = pages[index]
+                if whole[large] == stamp:  # (else stale: a hit took it out since)
+                    whole[large] = None
+                    taken.append(large)
+                index += 1
+                stamp += 1
+            run.head, run.head_stamp = index, stamp
+        return taken
+
 
 class StampRun:
     """Large pages given consecutive stamps from ``first`` on, in that order; those before ``head``
@@ -221,18 +257,25 @@ class LargePageEvictor:
         return sum(cache.whole_count for cache in self.caches)
 
     def evict_oldest(self, count: int = 1) -> None:
-        """The ``count`` oldest, one after another. (Each type's oldest is read once, then again only
-        for the type evicted from: an eviction moves no other type's order.)"""
+        """The ``count`` oldest, one after another: from the type whose oldest is the oldest, as many
+        as are older than every other type's oldest, then again. (Each type's oldest is read once,
+        then again only for the type evicted from: an eviction moves no other type's order.)"""
         caches = self.caches
         oldest = [cache.oldest_whole() for cache in caches]
-        for _ in range(count):
+        while count > 0:
             chosen = -1
             chosen_stamp: Stamp | None = None
+            runner_up: Stamp | None = None  # the oldest of the other types
             for index, stamp in enumerate(oldest):
-                if stamp is not None and (chosen_stamp is None or stamp < chosen_stamp):
+                if stamp is None:
+                    continue
+                if chosen_stamp is None or stamp < chosen_stamp:
+                    runner_up = chosen_stamp
                     chosen, chosen_stamp = index, stamp
+                elif runner_up is None or stamp < runner_up:
+                    runner_up = stamp
             assert chosen >= 0, "a quota the evictor's wholly cached large pages were counted for"
-            caches[chosen].evict_oldest_whole()
+            count -= caches[chosen].evict_oldest_wholes(count, runner_up)
             oldest[chosen] = caches[chosen].oldest_whole()
 
 
@@ -472,16 +515,19 @@ class JengaPageCache(PrefixCachingBlockPool):
         """The latest stamp of this type's wholly cached large page evicted first, None without one."""
         return self._whole_queue.oldest(self.whole)
 
-    def evict_oldest_whole(self) -> None:
-        """Every page of the oldest wholly cached large page evicted; the large page goes back to the
-        shared pool (``evict_level0``, ``remove_blocks_from_evictor``)."""
-        large = self._whole_queue.pop_oldest(self.whole)
-        self.whole[large] = None
-        self.whole_count -= 1
-        self.cached_per_large[large] = 0
-        ratio = self.ratio
-        for page in range(large * ratio, large * ratio + ratio):
-            self.stamps[page] = None
-            self._evict(page)
-        self.stamped_count -= ratio
-        self.allocator.give_back_large(large)
+    def evict_oldest_wholes(self, most: int, before: Stamp | None) -> int:
+        """This type's oldest wholly cached large pages whose latest stamp is below ``before`` (None:
+        any), ``most`` at most (one at least: the caller's oldest), each evicted page by page and given
+        back to the shared pool (``evict_level0``, ``remove_blocks_from_evictor``); how many."""
+        larges = self._whole_queue.pop_oldest_before(self.whole, most, before)
+        assert larges, "the oldest of every type's wholly cached large pages"
+        cached_per_large, stamps, ratio = self.cached_per_large, self.stamps, self.ratio
+        for large in larges:
+            cached_per_large[large] = 0
+            for page in range(large * ratio, large * ratio + ratio):
+                stamps[page] = None
+                self._evict(page)
+        self.whole_count -= len(larges)
+        self.stamped_count -= ratio * len(larges)
+        self.allocator.give_back_larges(larges)
+        return len(larges)

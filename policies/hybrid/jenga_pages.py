@@ -73,6 +73,10 @@ class LargePagePool:
         self.free += 1
         self.free_ids.append(page)
 
+    def give_back_each(self, pages: list[int]) -> None:
+        self.free += len(pages)
+        self.free_ids.extend(pages)
+
     def take_count(self, count: int) -> None:
         assert count <= self.free, "large pages the caller checked were free"
         self.free -= count
@@ -235,11 +239,16 @@ class SmallPageAllocator(TypePages):
         assert victim is not None, "small pages the caller checked were free"
         return self.take_own(victim, count)
 
-    def give_back_large(self, large: int) -> None:
-        """A large page of this type with no blank small page, whose every small page was cached and is
-        evicted now, goes back to the shared pool (prefix caching: ``policies/hybrid/jenga_cache.py``)."""
-        assert self.free_count[large] == 0, "a large page with blank small pages is given back by release()"
-        self._drop(large)
+    def give_back_larges(self, larges: list[int]) -> None:
+        """Large pages of this type with no blank small page, whose every small page was cached and is
+        evicted now, go back to the shared pool in order (prefix caching:
+        ``policies/hybrid/jenga_cache.py``)."""
+        free_count, owner = self.free_count, self.owner
+        for large in larges:
+            assert free_count[large] == 0, "a large page with blank small pages is given back by release()"
+            free_count[large] = owner[large] = NOT_HELD
+        self._held -= len(larges)
+        self.large_pages.give_back_each(larges)
 
     def release(self, pages: Iterable[int]) -> None:
         """Small pages are free again, in order: each its large page's request's, or anyone's; a large
