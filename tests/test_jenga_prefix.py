@@ -10,8 +10,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.base import ChildSpec, OutOfKVMemory
-from policies.hybrid.jenga_cache import SKIPPED_AGE, EvictionClock, WholeQueue, WholeRuns, stamp_parts
+from policies.base import ChildSpec, OutOfKVMemory, PolicyStats
+from policies.hybrid.jenga_cache import (
+    SKIPPED_AGE,
+    EvictionClock,
+    JengaPageCache,
+    LargePageEvictor,
+    WholeQueue,
+    WholeRuns,
+    stamp_parts,
+)
+from policies.hybrid.jenga_pages import LargePagePool, SmallPageAllocator
+from policies.prefix import ContentChains
 from sim.hardware.jenga_capacity import JengaCapacity, JengaGroupSpec
 from sim.hardware.layers import FullAttention, SlidingWindow
 from sim.kv.jenga_prefix import JengaPrefixCoordinator
@@ -506,36 +516,40 @@ def test_whole_runs_evict_in_the_heaps_order(operations):
                 whole[evicted] = None
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     st.lists(
         st.tuples(
             st.sampled_from(["cache", "hit", "evict"]),
             st.integers(0, 11),
-            st.integers(0, 3),
+            st.integers(0, 1),  # (two request-time prefixes: runs of consecutive stamps are common)
             st.integers(1, 5),
-            st.one_of(st.none(), st.integers(0, 5 << 20)),
+            st.one_of(st.none(), st.integers(0, 200)),  # the bound: a stamp given so far, by rank
         ),
         max_size=120,
     )
 )
 def test_whole_runs_evict_batches_in_the_heaps_order(operations):
-    """As above, each eviction a batch: at most ``most`` pages while their stamps stay below
-    ``before`` (None: any). The runs' batch and the heap's are the pages the heap evicts one at a
-    time while they qualify, each then wholly cached no more."""
+    """As above, each eviction a batch: at most ``most`` pages while their stamps stay below a bound
+    (None: any; else one of the stamps given, often inside a run). The runs' batch and the heap's are
+    the pages the heap evicts one at a time while they qualify, each then wholly cached no more."""
     queues = {"runs": WholeRuns(), "heap": WholeQueue(), "one by one": WholeQueue()}
     wholes: dict[str, list[int | None]] = {name: [None] * 12 for name in queues}
-    order = 0
-    for kind, page, prefix, most, before in operations:
+    given_stamps: list[int] = []
+    for kind, page, prefix, most, rank in operations:
         if kind == "cache" and wholes["one by one"][page] is None:
-            order += 1
+            stamp = (prefix << 20) + len(given_stamps) + 1
+            given_stamps.append(stamp)
             for name, queue in queues.items():
-                wholes[name][page] = (prefix << 20) + order
-                queue.push((prefix << 20) + order, page)
+                wholes[name][page] = stamp
+                queue.push(stamp, page)
         elif kind == "hit":
             for whole in wholes.values():
                 whole[page] = None
         elif kind == "evict":
+            before = (
+                None if rank is None or not given_stamps else sorted(given_stamps)[rank % len(given_stamps)]
+            )
             one_by_one, whole = queues["one by one"], wholes["one by one"]
             expected = []
             while len(expected) < most:
@@ -561,6 +575,33 @@ def test_a_batch_takes_a_large_page_made_whole_twice_with_one_stamp_once():
     queue.push(11, 4)
     assert queue.pop_oldest_before(whole, 3, None) == [2, 4]
     assert whole == [None] * 6 and queue.oldest(whole) is None
+
+
+def test_whole_pages_are_evicted_in_stamp_order_across_types():
+    """Two types of whole pages (ratio 1) over 8 large pages: type A holds 0-3, type B 4-7, each
+    cached and given back alternately (A0 B4 A1 B5 ...). Three pages for type A evict the three
+    oldest of either type, A0, B4, A1, and A carves those large pages in that order."""
+    large_pages = LargePagePool(8)
+    clock, evictor, chains = EvictionClock(), LargePageEvictor(), ContentChains()
+    kinds = [JengaPageCache(SmallPageAllocator(large_pages, 1), 4, chains, clock, evictor) for _ in range(2)]
+    for kind in kinds:
+        kind.add_group(PolicyStats())
+        kind.allocator.add_request(1)
+        kind.serve(1, 4)
+    held = [kind.take_blocks(4, "the test") for kind in kinds]
+    assert held == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    for kind, pages in zip(kinds, held, strict=True):
+        for page in pages:
+            kind.cache_block(0, page, chains.acquire((None, page, 0, 4, 0)))
+    clock.serve(1)
+    for a_page, b_page in zip(*held, strict=True):
+        assert not kinds[0].release(a_page) and not kinds[1].release(b_page)
+    assert evictor.whole_large_pages() == 8 and large_pages.free == 0
+    kinds[0].allocator.add_request(2)
+    kinds[0].serve(2, 3)
+    assert kinds[0].take_blocks(3, "the test") == [0, 4, 1]
+    assert [kind.whole_count for kind in kinds] == [2, 3]
+    assert kinds[0].oldest_whole() == kinds[0].whole[2] and kinds[1].oldest_whole() == kinds[1].whole[5]
 
 
 def test_the_eviction_clock_stamps_time_request_and_order():
