@@ -563,6 +563,19 @@ def test_whole_runs_evict_batches_in_the_heaps_order(operations):
             assert wholes["runs"] == wholes["heap"] == whole
 
 
+def test_a_batch_stops_inside_a_run_at_its_bound():
+    """Pages 1, 2, 3 given back with stamps 10-12 are one run; a batch below 12 takes 1 and 2, leaving 3
+    the oldest; a batch of at most one page then takes it."""
+    runs = WholeRuns()
+    whole: list[int | None] = [None] * 4
+    for stamp, page in ((10, 1), (11, 2), (12, 3)):
+        whole[page] = stamp
+        runs.push(stamp, page)
+    assert runs.pop_oldest_before(whole, 5, 12) == [1, 2]
+    assert whole == [None, None, None, 12] and runs.oldest(whole) == 12
+    assert runs.pop_oldest_before(whole, 1, None) == [3] and runs.oldest(whole) is None
+
+
 def test_a_batch_takes_a_large_page_made_whole_twice_with_one_stamp_once():
     """Large page 2 made whole at stamp 9, a page of it hit and cached again with an older stamp (a
     window's): whole again, still at 9, a second entry. A batch evicts it once, then page 4."""
