@@ -128,15 +128,21 @@ def test_a_runs_mark_positions_are_kept_as_stretches():
     assert all(pool.block_chain[block] == LAZY for block in range(6))
 
 
-def test_a_take_evicts_lazy_and_keyed_blocks_alike():
-    # Blocks 0-3 marked by one run (group 0) and 4-5 keyed (group 1), all released to the tail in that
-    # order, then 2 blank ones taken and 6 more: the six cached blocks are evicted, each counted in
-    # its group, and the run, freed and wholly evicted, is forgotten.
+def _two_group_pool() -> tuple[PrefixCachingBlockPool, list[PolicyStats]]:
+    """8 blocks of 4 slots, two groups (their stats), every block taken, in id order."""
     stats = [PolicyStats(), PolicyStats()]
     pool = PrefixCachingBlockPool(8, 4, lazy_keys=True)
     for group_stats in stats:
         pool.add_group(group_stats)
     pool.take_blocks(8, "the test")
+    return pool, stats
+
+
+def test_a_take_evicts_lazy_and_keyed_blocks_alike():
+    # Blocks 0-3 marked by one run (group 0) and 4-5 keyed (group 1), all released to the tail in that
+    # order, then 2 blank ones taken and 6 more: the six cached blocks are evicted, each counted in
+    # its group, and the run, freed and wholly evicted, is forgotten.
+    pool, stats = _two_group_pool()
     run = pool.file_run(_run(pool, 0))
     pool.mark_lazy_each([0, 1, 2, 3], 0, 4, run)
     _key(pool, 1, 4)
@@ -157,11 +163,7 @@ def test_a_take_counts_each_stretch_of_lazy_runs_off_its_own_run_and_group():
     # group 1. Released in the order 0-7 and all taken again, the evictions come off the queue as
     # A A keyed B B A: A is counted off in two stretches, and each run is forgotten when its last
     # mark goes (both are freed).
-    stats = [PolicyStats(), PolicyStats()]
-    pool = PrefixCachingBlockPool(8, 4, lazy_keys=True)
-    for group_stats in stats:
-        pool.add_group(group_stats)
-    pool.take_blocks(8, "the test")
+    pool, stats = _two_group_pool()
     run_a = pool.file_run(_run(pool, 0))
     run_b = pool.file_run(LazyRun(pool, (None, 8, 0, 4, 0), None, 0, 1, run_a.content, []))
     pool.mark_lazy_each([0, 1, NO_BLOCK, NO_BLOCK, NO_BLOCK, 5], 0, 6, run_a)
